@@ -1,0 +1,160 @@
+"""The ``stimsim`` command line: train models, manage data, check models, run experiments, benchmark."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import stimsim
+from stimsim.errors import StimsimError
+
+
+def _cmd_train(args) -> int:
+    from stimsim.models.training import load_training_config, train
+
+    model_dir = train(load_training_config(args.config), args.out, progress=not args.no_progress)
+    print(f"model saved to {model_dir}; loss curves in {Path(args.out) / 'loss_curves.png'}")
+    return 0
+
+
+def _cmd_data_list(args) -> int:
+    from stimsim.data.manifest import load_manifests
+
+    for name, entry in sorted(load_manifests().items()):
+        size_mb = sum(f.size_bytes or 0 for f in entry.files) / 1e6
+        print(f"{name:<16} {entry.kind:<10} {len(entry.files):>4} file(s) {size_mb:9.2f} MB  {entry.description}")
+    return 0
+
+
+def _cmd_data_fetch(args) -> int:
+    from stimsim.data.manifest import fetch
+
+    paths = fetch(args.name, mirror=args.mirror)
+    print(f"{args.name}: {len(paths)} file(s) verified in {paths[0].parent if paths else '-'}")
+    return 0
+
+
+def _cmd_data_verify(args) -> int:
+    from stimsim.data.manifest import verify_all
+
+    failed = False
+    for name, statuses in verify_all(mirror=args.mirror).items():
+        counts = {}
+        for _, status in statuses:
+            counts[status] = counts.get(status, 0) + 1
+        bad = counts.get("mismatch", 0) + counts.get("missing", 0)
+        failed |= bad > 0
+        print(f"{name:<16} " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+        for rel, status in statuses:
+            if status in ("mismatch", "missing"):
+                print(f"    {status}: {rel}")
+    return 1 if failed else 0
+
+
+def _cmd_models_list(args) -> int:
+    from stimsim.models.registry import available_models, model_path
+
+    for name in available_models():
+        spec = json.loads((model_path(name) / "model.json").read_text())
+        layers = ", ".join(f"{layer} ({info.get('area') or '-'})" for layer, info in spec["layers"].items())
+        print(f"{name:<20} {spec['architecture']['family']:<14} layers: {layers}")
+    return 0
+
+
+def _cmd_models_check(args) -> int:
+    from stimsim.models.evaluation import check_model
+    from stimsim.models.registry import load_model
+
+    model = load_model(args.name)
+    figure = args.figure or f"{model.name}_face_dprime.png"
+    report = check_model(model, n_shuffles=args.shuffles, figure_path=figure)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for key, value in report.items():
+            print(f"{key:<26} {value}")
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from stimsim.paradigms.runner import run_experiment
+
+    summary = run_experiment(args.experiment, args.out, model=args.model, progress=not args.no_progress)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    from stimsim.bench import run_benchmark
+
+    report = run_benchmark(quick=args.quick)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for key, value in report.items():
+            print(f"{key:<28} {value}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stimsim", description=(
+        "Model-guided cortical microstimulation: topographic vision models, perturbation modules, "
+        "in-silico experiments."))
+    parser.add_argument("--version", action="version", version=f"stimsim {stimsim.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    train = commands.add_parser("train", help="train a topographic model from a TOML configuration")
+    train.add_argument("config", help="training configuration (TOML), e.g. experiments/train_stimsim_topo_seed0.toml")
+    train.add_argument("--out", required=True, help="run directory (checkpoints, loss curves, model/); re-run to resume")
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train.set_defaults(handler=_cmd_train)
+
+    data = commands.add_parser("data", help="datasets and checkpoints listed in data_manifests/")
+    data_commands = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    listing = data_commands.add_parser("list", help="list every manifest entry")
+    listing.set_defaults(handler=_cmd_data_list)
+    fetch = data_commands.add_parser("fetch", help="fetch an entry into the cache and verify its checksums")
+    fetch.add_argument("name")
+    fetch.add_argument("--mirror", help="local mirror directory (default: $STIMSIM_MIRROR_DIR)")
+    fetch.set_defaults(handler=_cmd_data_fetch)
+    verify = data_commands.add_parser("verify", help="verify every file present; exit 0 only if all present files verify")
+    verify.add_argument("--mirror", help="local mirror directory (default: $STIMSIM_MIRROR_DIR)")
+    verify.set_defaults(handler=_cmd_data_verify)
+
+    models = commands.add_parser("models", help="shipped topographic models")
+    model_commands = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    model_list = model_commands.add_parser("list", help="list available models")
+    model_list.set_defaults(handler=_cmd_models_list)
+    check = model_commands.add_parser("check", help="evaluate a model: accuracy, face selectivity, clustering on IT")
+    check.add_argument("name", help="shipped model name or model directory")
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+    check.add_argument("--figure", help="PNG path of the IT face-d′ map (default: NAME_face_dprime.png)")
+    check.add_argument("--shuffles", type=int, default=1000, help="position shuffles for cluster_p (default 1000)")
+    check.set_defaults(handler=_cmd_models_check)
+
+    run = commands.add_parser("run", help="run an experiment definition (TOML) and write results to --out")
+    run.add_argument("experiment", help="experiment file, e.g. experiments/afraz2006.toml")
+    run.add_argument("--out", required=True, help="output directory (results.nc, summary.json, figures)")
+    run.add_argument("--model", help="model name or directory (overrides the experiment file)")
+    run.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    run.set_defaults(handler=_cmd_run)
+
+    bench = commands.add_parser("bench", help="benchmark the simulation engine against the plain approach")
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not the reported numbers)")
+    bench.set_defaults(handler=_cmd_bench)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (StimsimError, FileNotFoundError) as exc:
+        print(f"stimsim: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

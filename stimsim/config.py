@@ -1,0 +1,80 @@
+"""Reading TOML configurations strictly: unknown keys, missing keys and wrong types are errors."""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from stimsim.errors import ConfigError, FileFormatError
+
+_MISSING = object()
+
+
+def load_toml(path) -> dict:
+    """Parse a TOML file; a syntax error names the file and the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"configuration file not found: {path}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise FileFormatError(path, f"invalid TOML ({exc})") from None
+
+
+class Section:
+    """A table of a configuration that hands out typed values and refuses unknown keys.
+
+    ``where`` names the table in error messages (e.g. ``"train.toml [training]"``).
+    """
+
+    def __init__(self, values: dict | None, where: str):
+        if values is not None and not isinstance(values, dict):
+            raise ConfigError(f"{where} must be a table, got {type(values).__name__}")
+        self.values = dict(values or {})
+        self.where = where
+        self._used: set[str] = set()
+
+    def get(self, key: str, kind, default=_MISSING, choices=None, minimum=None, maximum=None):
+        """The value of ``key`` converted to ``kind``; checked against ``choices`` and bounds."""
+        self._used.add(key)
+        if key not in self.values:
+            if default is _MISSING:
+                raise ConfigError(f"{self.where}: missing required key {key!r}")
+            return default
+        value = self.values[key]
+        try:
+            if kind is float and isinstance(value, bool) or kind is int and isinstance(value, bool):
+                raise TypeError
+            if kind is float and isinstance(value, int):
+                value = float(value)
+            if kind is int and isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if not isinstance(value, kind):
+                raise TypeError
+        except TypeError:
+            raise ConfigError(f"{self.where}: {key!r} must be {_kind_name(kind)}, got {value!r}") from None
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{self.where}: {key!r} must be one of {list(choices)}, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise ConfigError(f"{self.where}: {key!r} must be >= {minimum}, got {value!r}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(f"{self.where}: {key!r} must be <= {maximum}, got {value!r}")
+        return value
+
+    def section(self, key: str, required: bool = False) -> "Section":
+        self._used.add(key)
+        if required and key not in self.values:
+            raise ConfigError(f"{self.where}: missing required table [{key}]")
+        return Section(self.values.get(key), f"{self.where}.{key}")
+
+    def finish(self):
+        """Raise if the table holds keys nobody asked for (typos are errors, not ignored)."""
+        unknown = sorted(set(self.values) - self._used)
+        if unknown:
+            raise ConfigError(f"{self.where}: unknown key(s) {unknown}; allowed: {sorted(self._used)}")
+
+
+def _kind_name(kind) -> str:
+    if isinstance(kind, tuple):
+        return " or ".join(k.__name__ for k in kind)
+    return {float: "a number", int: "an integer", str: "a string", bool: "true or false", list: "a list",
+            dict: "a table"}.get(kind, kind.__name__)

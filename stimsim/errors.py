@@ -1,0 +1,29 @@
+"""Exceptions that tell a user what is wrong with their input, and where."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class StimsimError(Exception):
+    """Base class of the errors stimsim raises for user input."""
+
+
+class FileFormatError(StimsimError, ValueError):
+    """A file exists but its content is not what stimsim expects."""
+
+    def __init__(self, path, problem: str):
+        self.path = Path(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class ConfigError(StimsimError, ValueError):
+    """A configuration (TOML file or parameters) has unknown, missing or invalid values."""
+
+
+class DataError(StimsimError):
+    """A dataset or checkpoint is missing, unreachable or fails its checksum."""
+
+
+class SafetyError(StimsimError, ValueError):
+    """A stimulation protocol exceeds a safety limit and no override was given."""

@@ -1,0 +1,159 @@
+"""Turn plain images (files, PIL images, arrays, tensors) into a model's input tensor."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from stimsim.errors import ConfigError, FileFormatError
+
+#: ITU-R BT.601 luma weights for RGB → grayscale.
+_LUMA_RGB = (0.299, 0.587, 0.114)
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How a model wants its images.
+
+    size_px : images are resized to size_px × size_px (bilinear, antialiased).
+    channels : 1 (grayscale) or 3 (RGB); colour images are converted to luma, gray ones repeated.
+    mean, std : per-channel normalisation applied to intensities in [0, 1].
+    """
+
+    size_px: int = 224
+    channels: int = 3
+    mean: tuple[float, ...] = (0.485, 0.456, 0.406)
+    std: tuple[float, ...] = (0.229, 0.224, 0.225)
+
+    def __post_init__(self):
+        if self.size_px < 8:
+            raise ConfigError(f"preprocessing.size_px must be >= 8, got {self.size_px}")
+        if self.channels not in (1, 3):
+            raise ConfigError(f"preprocessing.channels must be 1 or 3, got {self.channels}")
+        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
+        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
+        if len(self.mean) != self.channels or len(self.std) != self.channels:
+            raise ConfigError(f"preprocessing.mean and .std need {self.channels} value(s) each")
+        if min(self.std) <= 0:
+            raise ConfigError("preprocessing.std values must be > 0")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Preprocessing":
+        unknown = set(values) - {"size_px", "channels", "mean", "std"}
+        if unknown:
+            raise ConfigError(f"unknown preprocessing key(s) {sorted(unknown)}")
+        return cls(**values)
+
+    def __call__(self, images) -> torch.Tensor:
+        """Images → float32 tensor (N, channels, size_px, size_px), normalised."""
+        batch = to_unit_tensor(images)
+        batch = _match_channels(batch, self.channels)
+        if batch.shape[-2:] != (self.size_px, self.size_px):
+            batch = F.interpolate(batch, size=(self.size_px, self.size_px), mode="bilinear",
+                                  align_corners=False, antialias=True).clamp_(0.0, 1.0)
+        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.std).view(1, -1, 1, 1)
+        return (batch - mean) / std
+
+
+def load_image(path) -> np.ndarray:
+    """Read an image file as a float32 array in [0, 1], (H, W) or (H, W, 3)."""
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    try:
+        with Image.open(path) as img:
+            img.load()
+            if img.mode in ("I;16", "I;16B", "I"):
+                arr = np.asarray(img, dtype=np.float32)
+                return arr / max(float(arr.max()), 1.0)
+            img = img.convert("L") if img.mode in ("L", "1", "LA") else img.convert("RGB")
+            arr = np.asarray(img, dtype=np.float32) / 255.0
+    except FileNotFoundError:
+        raise FileNotFoundError(f"image file not found: {path}") from None
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise FileFormatError(path, f"cannot decode image ({exc})") from None
+    return arr
+
+
+def to_unit_tensor(images) -> torch.Tensor:
+    """Images as a float32 tensor (N, C, H, W) with intensities in [0, 1].
+
+    Accepts one image or a sequence of them: file paths, PIL images, numpy arrays
+    ((H, W), (H, W, C) or stacked (N, H, W[, C]); uint8 0–255 or float 0–1) and tensors
+    ((C, H, W) or (N, C, H, W), float 0–1). Images in a sequence must share their size.
+    """
+    if isinstance(images, torch.Tensor):
+        tensor = images.detach().to(torch.float32)
+        if tensor.dim() == 3:
+            tensor = tensor.unsqueeze(0)
+        if tensor.dim() != 4:
+            raise ValueError(f"image tensors must be (C, H, W) or (N, C, H, W), got shape {tuple(tensor.shape)}")
+        return tensor
+    if isinstance(images, np.ndarray):
+        return _arrays_to_tensor([images] if images.ndim == 2 or (images.ndim == 3 and images.shape[-1] in (3, 4))
+                                 else list(images))
+    if isinstance(images, (str, Path)) or _is_pil(images):
+        images = [images]
+    arrays = [_single_to_array(item) for item in images]
+    if not arrays:
+        raise ValueError("no images given")
+    return _arrays_to_tensor(arrays)
+
+
+def _is_pil(obj) -> bool:
+    from PIL import Image
+
+    return isinstance(obj, Image.Image)
+
+
+def _single_to_array(item) -> np.ndarray:
+    if isinstance(item, (str, Path)):
+        return load_image(item)
+    if _is_pil(item):
+        return np.asarray(item.convert("RGB") if item.mode not in ("L", "RGB") else item, dtype=np.float32) / 255.0
+    if isinstance(item, torch.Tensor):
+        return item.detach().cpu().numpy().transpose(1, 2, 0) if item.dim() == 3 else item.detach().cpu().numpy()
+    return np.asarray(item)
+
+
+def _arrays_to_tensor(arrays) -> torch.Tensor:
+    converted = []
+    for arr in arrays:
+        arr = np.asarray(arr)
+        if arr.dtype == np.uint8:
+            arr = arr.astype(np.float32) / 255.0
+        arr = arr.astype(np.float32, copy=False)
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+        if arr.ndim != 3 or arr.shape[-1] not in (1, 3, 4):
+            raise ValueError(f"an image array must be (H, W) or (H, W, 1|3|4), got shape {arr.shape}")
+        converted.append(arr[..., :3] if arr.shape[-1] == 4 else arr)
+    shapes = {a.shape[:2] for a in converted}
+    if len(shapes) > 1:
+        size = max(max(s) for s in shapes)
+        converted = [_resize_array(a, size) for a in converted]
+    channels = max(a.shape[-1] for a in converted)
+    converted = [np.repeat(a, channels, axis=-1) if a.shape[-1] < channels else a for a in converted]
+    return torch.from_numpy(np.stack(converted)).permute(0, 3, 1, 2).contiguous()
+
+
+def _resize_array(arr: np.ndarray, size: int) -> np.ndarray:
+    tensor = torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1).unsqueeze(0)
+    out = F.interpolate(tensor, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    return out[0].permute(1, 2, 0).numpy()
+
+
+def _match_channels(batch: torch.Tensor, channels: int) -> torch.Tensor:
+    if batch.shape[1] == channels:
+        return batch
+    if channels == 1:
+        weights = torch.tensor(_LUMA_RGB, dtype=batch.dtype).view(1, 3, 1, 1)
+        return (batch * weights).sum(1, keepdim=True)
+    return batch.expand(-1, 3, -1, -1)

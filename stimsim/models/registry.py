@@ -1,0 +1,35 @@
+"""Models by name: stimsim's shipped default models, or any model directory by path."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from stimsim.errors import DataError
+from stimsim.models.topographic import TopographicModel
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "shipped_models"
+
+#: The shipped model used when none is named.
+DEFAULT_MODEL = "stimsim-topo-s0"
+
+
+def available_models() -> list[str]:
+    """Names of the shipped models."""
+    if not SHIPPED_DIR.is_dir():
+        return []
+    return sorted(p.name for p in SHIPPED_DIR.iterdir() if (p / "model.json").is_file())
+
+
+def model_path(name_or_path) -> Path:
+    """Directory of a shipped model name, or the given model directory."""
+    path = Path(name_or_path)
+    if (path / "model.json").is_file():
+        return path
+    if (SHIPPED_DIR / str(name_or_path) / "model.json").is_file():
+        return SHIPPED_DIR / str(name_or_path)
+    raise DataError(f"unknown model {name_or_path!r}: not a model directory, and not one of the shipped models "
+                    f"{available_models()}")
+
+
+def load_model(name_or_path=DEFAULT_MODEL) -> TopographicModel:
+    """Load a shipped model by name or a model directory by path (checksums verified)."""
+    return TopographicModel.load(model_path(name_or_path))

@@ -1,0 +1,197 @@
+"""Topographic models: a network run as named stages, with a cortical sheet for chosen layers.
+
+A model directory holds everything needed to rebuild a model exactly::
+
+    model.json          architecture, layers (sheet file, area), preprocessing, readout layer,
+                        training config, provenance, sha256 of every other file
+    weights.pt          the network's state dict (loaded with ``weights_only=True``)
+    positions/<layer>.npz   TDANN-format positions of each topographic layer
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import xarray as xr
+from torch import nn
+
+from stimsim.errors import ConfigError, DataError, FileFormatError
+from stimsim.io import atomic_save, atomic_write_json, sha256_of
+from stimsim.models.architectures import build_network, sequential_stages
+from stimsim.models.preprocessing import Preprocessing
+from stimsim.sheet import CorticalSheet
+
+MODEL_FORMAT = "stimsim-model/1"
+
+
+class TopographicModel:
+    """A network whose layers named in ``sheets`` have unit positions on a cortical sheet.
+
+    Parameters
+    ----------
+    network : the torch network (kept in eval mode by this class).
+    sheets : layer name → CorticalSheet; layer names are stage names (see ``stage_names``).
+    preprocessing : how plain images become the network's input.
+    architecture : ``{"family": ..., "kwargs": {...}}`` to rebuild the network (see architectures).
+    readout_layer : the layer a behavioural decoder reads (default: the last topographic layer).
+    areas : layer name → cortical area label (e.g. ``{"it": "IT"}``); layers can be named by area.
+    name, metadata : free description; metadata holds training config and provenance.
+    """
+
+    def __init__(self, network: nn.Module, sheets: dict[str, CorticalSheet], preprocessing: Preprocessing,
+                 architecture: dict, readout_layer: str | None = None, areas: dict[str, str] | None = None,
+                 name: str = "model", metadata: dict | None = None):
+        self.network = network.eval()
+        self.preprocessing = preprocessing
+        self.architecture = dict(architecture)
+        self.name = name
+        self.metadata = dict(metadata or {})
+        example = torch.zeros(2, preprocessing.channels, preprocessing.size_px, preprocessing.size_px)
+        self.stages = sequential_stages(network, example)
+        self.stage_names = [n for n, _ in self.stages]
+        self.areas = dict(areas or {})
+        self.sheets: dict[str, CorticalSheet] = {}
+        dims = self.stage_output_dims(example)
+        for layer, sheet in sheets.items():
+            if layer not in dims:
+                raise ConfigError(f"layer {layer!r} is not a stage of this network; stages: {self.stage_names}")
+            if tuple(sheet.dims) != dims[layer]:
+                raise ConfigError(f"sheet for layer {layer!r} has dims {sheet.dims}, but the layer outputs {dims[layer]}")
+            self.sheets[layer] = sheet
+        for layer in self.areas:
+            if layer not in self.sheets:
+                raise ConfigError(f"area given for layer {layer!r}, which has no sheet")
+        self.readout_layer = self.resolve_layer(readout_layer) if readout_layer else (
+            max(self.sheets, key=self.stage_names.index) if self.sheets else self.stage_names[-1])
+
+    # --- structure ------------------------------------------------------------------------
+    @property
+    def layers(self) -> list[str]:
+        """Topographic layers, in network order."""
+        return sorted(self.sheets, key=self.stage_names.index)
+
+    def resolve_layer(self, layer: str) -> str:
+        """A stage name, given a stage name or an area label such as ``"IT"``."""
+        if layer in self.stage_names:
+            return layer
+        matches = [name for name, area in self.areas.items() if area == layer]
+        if len(matches) == 1:
+            return matches[0]
+        raise ConfigError(
+            f"unknown layer {layer!r}; stages: {self.stage_names}; areas: {self.areas or 'none'}"
+        )
+
+    def sheet(self, layer: str) -> CorticalSheet:
+        layer = self.resolve_layer(layer)
+        if layer not in self.sheets:
+            raise ConfigError(f"layer {layer!r} has no cortical sheet; topographic layers: {self.layers}")
+        return self.sheets[layer]
+
+    def stage_output_dims(self, example: torch.Tensor) -> dict[str, tuple[int, int, int]]:
+        """Output dims (C, H, W) of every stage for the model's input size; flat outputs are (C, 1, 1)."""
+        dims = {}
+        with torch.no_grad():
+            x = example
+            for name, module in self.stages:
+                x = module(x)
+                shape = tuple(x.shape[1:])
+                dims[name] = shape if len(shape) == 3 else (int(np.prod(shape)), 1, 1)
+        return dims
+
+    # --- running --------------------------------------------------------------------------
+    def preprocess(self, images) -> torch.Tensor:
+        return self.preprocessing(images)
+
+    def run_stages(self, x: torch.Tensor, start: str | None = None, stop: str | None = None) -> torch.Tensor:
+        """Run the stages after ``start`` (from the input if None) up to and including ``stop``
+        (the last stage if None) on ``x``."""
+        first = 0 if start is None else self.stage_names.index(self.resolve_layer(start)) + 1
+        last = len(self.stages) - 1 if stop is None else self.stage_names.index(self.resolve_layer(stop))
+        if last < first - 1:
+            raise ConfigError(f"stage {stop!r} comes before {start!r}")
+        with torch.no_grad():
+            for _, module in self.stages[first:last + 1]:
+                x = module(x)
+        return x
+
+    def activations(self, images, layer: str, batch_size: int = 64) -> torch.Tensor:
+        """Activations of ``layer`` for ``images``, flattened to (N_images, N_units) in C-major order."""
+        layer = self.resolve_layer(layer)
+        inputs = self.preprocess(images)
+        outputs = [self.run_stages(inputs[i:i + batch_size], stop=layer).flatten(1)
+                   for i in range(0, len(inputs), batch_size)]
+        return torch.cat(outputs)
+
+    def activations_xarray(self, images, layer: str, stimulus_ids=None, batch_size: int = 64) -> xr.DataArray:
+        """Activations as a labelled array (stimulus_id × unit) with unit coords x_mm, y_mm, channel."""
+        layer = self.resolve_layer(layer)
+        values = self.activations(images, layer, batch_size).numpy()
+        if stimulus_ids is None:
+            stimulus_ids = [f"image_{i:05d}" for i in range(len(values))]
+        if len(stimulus_ids) != len(values):
+            raise ValueError(f"got {len(stimulus_ids)} stimulus_ids for {len(values)} images")
+        coords = {"stimulus_id": list(stimulus_ids), "unit": np.arange(values.shape[1])}
+        if layer in self.sheets:
+            sheet = self.sheets[layer]
+            coords.update(x_mm=("unit", sheet.coordinates_mm[:, 0]), y_mm=("unit", sheet.coordinates_mm[:, 1]),
+                          channel=("unit", sheet.unit_channels()))
+        return xr.DataArray(values, dims=("stimulus_id", "unit"), coords=coords, name="activation",
+                            attrs={"model": self.name, "layer": layer, "units": "model activation (a.u.)"})
+
+    # --- files ----------------------------------------------------------------------------
+    def save(self, directory) -> Path:
+        """Write the model directory (weights, positions, model.json with checksums)."""
+        directory = Path(directory)
+        (directory / "positions").mkdir(parents=True, exist_ok=True)
+        files = {}
+        atomic_save(directory / "weights.pt", lambda tmp: torch.save(self.network.state_dict(), tmp))
+        files["weights.pt"] = sha256_of(directory / "weights.pt")
+        layers = {}
+        for layer, sheet in self.sheets.items():
+            rel = f"positions/{layer}.npz"
+            sheet.save(directory / rel)
+            files[rel] = sha256_of(directory / rel)
+            layers[layer] = {"positions_file": rel, "area": self.areas.get(layer)}
+        atomic_write_json(directory / "model.json", {
+            "format": MODEL_FORMAT,
+            "name": self.name,
+            "architecture": self.architecture,
+            "layers": layers,
+            "readout_layer": self.readout_layer,
+            "preprocessing": self.preprocessing.to_dict(),
+            "metadata": self.metadata,
+            "files_sha256": files,
+        })
+        return directory
+
+    @classmethod
+    def load(cls, directory) -> "TopographicModel":
+        """Load a model directory, verifying the sha256 of every file it lists."""
+        directory = Path(directory)
+        spec_path = directory / "model.json"
+        if not spec_path.is_file():
+            raise DataError(f"{directory} is not a stimsim model directory (no model.json)")
+        try:
+            spec = json.loads(spec_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise FileFormatError(spec_path, f"not valid JSON ({exc})") from None
+        if spec.get("format") != MODEL_FORMAT:
+            raise FileFormatError(spec_path, f"format is {spec.get('format')!r}, expected {MODEL_FORMAT!r}")
+        for rel, expected in spec["files_sha256"].items():
+            path = directory / rel
+            if not path.is_file():
+                raise DataError(f"model {directory}: file {rel} is missing")
+            actual = sha256_of(path)
+            if actual != expected:
+                raise DataError(f"model {directory}: checksum mismatch for {rel} (sha256 {actual}, expected {expected})")
+        arch = spec["architecture"]
+        network = build_network(arch["family"], **arch.get("kwargs", {}))
+        state = torch.load(directory / "weights.pt", map_location="cpu", weights_only=True)
+        network.load_state_dict(state)
+        preprocessing = Preprocessing.from_dict(spec["preprocessing"])
+        sheets = {layer: CorticalSheet.load(directory / info["positions_file"]) for layer, info in spec["layers"].items()}
+        areas = {layer: info["area"] for layer, info in spec["layers"].items() if info.get("area")}
+        return cls(network, sheets, preprocessing, arch, readout_layer=spec.get("readout_layer"), areas=areas,
+                   name=spec.get("name", directory.name), metadata=spec.get("metadata", {}))

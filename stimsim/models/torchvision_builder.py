@@ -1,0 +1,211 @@
+"""Any sequential torchvision network as a topographic model, with positions assigned by stimsim.
+
+The chosen layers get TDANN-style retinotopic positions (``stimsim.models.positions.build_sheet``),
+optionally swap-optimised on the network's responses to a few images
+(``stimsim.models.swap.swap_optimize``; Margalit et al. 2024, Neuron). Weights come from a state
+dict file read with ``torch.load(weights_only=True)`` (no arbitrary unpickling) or from memory.
+"""
+from __future__ import annotations
+
+import pickle
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from stimsim.errors import ConfigError, FileFormatError
+from stimsim.io import sha256_of
+from stimsim.models.architectures import build_network
+from stimsim.models.positions import build_sheet
+from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.swap import swap_optimize
+from stimsim.models.topographic import TopographicModel
+
+#: Keys of one layer's sheet spec: required ones first.
+SHEET_SPEC_REQUIRED = ("sheet_size_mm", "neighborhood_width_mm")
+SHEET_SPEC_OPTIONAL = ("area", "n_neighborhoods")
+
+#: How many offending keys an error message lists.
+_KEYS_SHOWN = 5
+
+
+def read_checkpoint_file(path):
+    """Read a torch checkpoint with ``weights_only=True`` (tensors and plain containers only).
+
+    A file that needs other Python objects is refused with a ``FileFormatError`` instead of being
+    unpickled, since unpickling a downloaded file can run arbitrary code.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file not found: {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        detail = f"it references {found.group(1)}" if found else "torch.load(weights_only=True) refused it"
+        raise FileFormatError(
+            path,
+            f"holds Python objects other than tensors and plain containers ({detail}), and stimsim never unpickles "
+            "arbitrary objects from a file since that can run code; in an environment you trust, load it and "
+            "torch.save only the nested dicts of tensors you need",
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise FileFormatError(path, f"not a readable torch checkpoint ({exc})") from None
+
+
+def load_weights(network: nn.Module, state_dict, source=None) -> None:
+    """Load ``state_dict`` (parameter name → tensor) into ``network``, all keys and shapes checked.
+
+    ``source`` is the file the state dict came from (errors are then ``FileFormatError`` naming it),
+    or None for a state dict given in memory (errors are ``ConfigError``). Missing BatchNorm
+    ``num_batches_tracked`` counters are tolerated (old checkpoints lack them).
+    """
+    def fail(problem):
+        if source is None:
+            raise ConfigError(f"state dict: {problem}")
+        raise FileFormatError(source, problem)
+
+    if not isinstance(state_dict, Mapping):
+        fail(f"expected a state dict (parameter name -> tensor), got {type(state_dict).__name__}")
+    not_tensors = [key for key, value in state_dict.items() if not isinstance(value, torch.Tensor)]
+    if not_tensors:
+        fail(f"expected a state dict (parameter name -> tensor); not tensors: {_some(not_tensors)}")
+    expected = network.state_dict()
+    missing = [key for key in expected if key not in state_dict and not key.endswith("num_batches_tracked")]
+    unexpected = [key for key in state_dict if key not in expected]
+    wrong_shape = [f"{key} {tuple(state_dict[key].shape)} (network: {tuple(expected[key].shape)})"
+                   for key in expected if key in state_dict and state_dict[key].shape != expected[key].shape]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing key(s): {_some(missing)}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected key(s): {_some(unexpected)}")
+    if wrong_shape:
+        problems.append(f"{len(wrong_shape)} key(s) with the wrong shape: {_some(wrong_shape)}")
+    if problems:
+        fail(f"does not match {type(network).__name__}: " + "; ".join(problems))
+    network.load_state_dict(dict(state_dict), strict=False)
+
+
+def _some(keys) -> str:
+    keys = list(keys)
+    shown = ", ".join(str(k) for k in keys[:_KEYS_SHOWN])
+    return shown + (f", ... ({len(keys) - _KEYS_SHOWN} more)" if len(keys) > _KEYS_SHOWN else "")
+
+
+def build_torchvision_model(arch: str, state_dict, layers: dict, preprocessing: Preprocessing = Preprocessing(),
+                            seed: int = 0, swap_images=None, swap_steps: int = 0, network_kwargs: dict | None = None,
+                            readout_layer: str | None = None, name: str | None = None) -> TopographicModel:
+    """A torchvision network whose ``layers`` get positions on cortical sheets.
+
+    Parameters
+    ----------
+    arch : a torchvision model name (``torchvision.models.list_models()``), e.g. ``"resnet18"``.
+    state_dict : path of a state dict file, a state dict, or None (random initial weights).
+    layers : stage name (e.g. ``"layer4.1"``, ``"features.10"``) → sheet spec, a dict with
+        ``sheet_size_mm`` (side of the square sheet, mm), ``neighborhood_width_mm`` (spatial-loss
+        neighbourhood width, mm) and optionally ``area`` (label such as ``"IT"``) and
+        ``n_neighborhoods`` (default 256).
+    preprocessing : input size and normalisation (default 224 px RGB, ImageNet mean/std).
+    seed : layer i gets positions from seed + 2·i (and its swap optimisation the same seed).
+    swap_images, swap_steps : if swap_steps > 0, each layer's positions are swap-optimised for
+        ``swap_steps`` steps on the network's responses to ``swap_images`` (>= 2 images).
+    network_kwargs : extra keyword arguments of the torchvision constructor (e.g. ``num_classes``).
+    readout_layer : layer a decoder reads (default: the last topographic layer).
+    name : model name (default: ``arch``).
+
+    Example
+    -------
+    >>> model = build_torchvision_model("resnet18", None, {"layer4.1": {"sheet_size_mm": 10.0,
+    ...     "neighborhood_width_mm": 2.0, "area": "IT"}}, Preprocessing(size_px=64))
+    >>> model.sheet("IT").dims
+    (512, 2, 2)
+    """
+    network_kwargs = dict(network_kwargs or {})
+    if "weights" in network_kwargs or "arch" in network_kwargs:
+        raise ConfigError("network_kwargs may not contain 'weights' or 'arch'; pass weights through state_dict")
+    if preprocessing.channels != 3:
+        raise ConfigError(f"torchvision networks take RGB input: preprocessing.channels must be 3, "
+                          f"got {preprocessing.channels}")
+    if not isinstance(layers, Mapping) or not layers:
+        raise ConfigError("layers must be a non-empty dict: layer name -> sheet spec")
+    specs = {layer: _check_sheet_spec(layer, spec) for layer, spec in layers.items()}
+    labels = [spec["area"] for spec in specs.values() if spec["area"]]
+    if len(labels) != len(set(labels)):
+        raise ConfigError(f"area labels must differ between layers (a label names one layer), got {labels}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be an integer >= 0, got {seed!r}")
+    if isinstance(swap_steps, bool) or not isinstance(swap_steps, int) or swap_steps < 0:
+        raise ConfigError(f"swap_steps must be an integer >= 0, got {swap_steps!r}")
+    if swap_steps > 0 and swap_images is None:
+        raise ConfigError("swap_steps > 0 needs swap_images (>= 2 images to compute responses on)")
+    if swap_steps == 0 and swap_images is not None:
+        raise ConfigError("swap_images were given but swap_steps is 0; set swap_steps > 0 to swap-optimise positions")
+
+    architecture = {"family": "torchvision", "kwargs": {"arch": arch, **network_kwargs}}
+    try:
+        network = build_network("torchvision", **architecture["kwargs"])
+    except TypeError as exc:
+        raise ConfigError(f"torchvision {arch!r} does not accept network_kwargs {network_kwargs}: {exc}") from None
+    metadata = {"builder": "stimsim.models.torchvision_builder.build_torchvision_model", "seed": seed,
+                "layers": specs, "swap_steps": swap_steps}
+    if state_dict is not None:
+        if isinstance(state_dict, (str, Path)):
+            path = Path(state_dict)
+            load_weights(network, read_checkpoint_file(path), source=path)
+            metadata["weights"] = {"path": str(path), "sha256": sha256_of(path)}
+        else:
+            load_weights(network, state_dict)
+            metadata["weights"] = {"path": None, "sha256": None}
+    plain = TopographicModel(network, {}, preprocessing, architecture, name=name or arch)
+    example = torch.zeros(1, preprocessing.channels, preprocessing.size_px, preprocessing.size_px)
+    dims = plain.stage_output_dims(example)
+    unknown = [layer for layer in specs if layer not in dims]
+    if unknown:
+        raise ConfigError(f"layer(s) {unknown} are not stages of {arch}; stages: {plain.stage_names}")
+    sheets, swap_losses = {}, {}
+    for index, (layer, spec) in enumerate(specs.items()):
+        layer_seed = seed + 2 * index
+        sheet = build_sheet(layer, dims[layer], spec["sheet_size_mm"], spec["neighborhood_width_mm"],
+                            n_neighborhoods=spec["n_neighborhoods"], seed=layer_seed)
+        if swap_steps > 0:
+            responses = plain.activations(swap_images, layer)
+            sheet, history = swap_optimize(sheet, responses, swap_steps, seed=layer_seed)
+            swap_losses[layer] = {"initial": float(history[0]), "final": float(history[-1])}
+        sheets[layer] = sheet
+    if swap_losses:
+        metadata["swap_spatial_loss"] = swap_losses
+    areas = {layer: spec["area"] for layer, spec in specs.items() if spec.get("area")}
+    return TopographicModel(network, sheets, preprocessing, architecture, readout_layer=readout_layer, areas=areas,
+                            name=name or arch, metadata=metadata)
+
+
+def _check_sheet_spec(layer: str, spec) -> dict:
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"layer {layer!r}: the sheet spec must be a dict with keys {SHEET_SPEC_REQUIRED}")
+    unknown = set(spec) - set(SHEET_SPEC_REQUIRED) - set(SHEET_SPEC_OPTIONAL)
+    if unknown:
+        raise ConfigError(f"layer {layer!r}: unknown sheet spec key(s) {sorted(unknown)}; allowed: "
+                          f"{SHEET_SPEC_REQUIRED + SHEET_SPEC_OPTIONAL}")
+    missing = [key for key in SHEET_SPEC_REQUIRED if key not in spec]
+    if missing:
+        raise ConfigError(f"layer {layer!r}: sheet spec lacks {missing}")
+    checked = {}
+    for key in SHEET_SPEC_REQUIRED:
+        try:
+            checked[key] = float(spec[key])
+        except (TypeError, ValueError):
+            raise ConfigError(f"layer {layer!r}: {key} must be a number (mm), got {spec[key]!r}") from None
+    if checked["sheet_size_mm"] <= 0:
+        raise ConfigError(f"layer {layer!r}: sheet_size_mm must be > 0, got {spec['sheet_size_mm']}")
+    n_neighborhoods = spec.get("n_neighborhoods", 256)
+    if isinstance(n_neighborhoods, bool) or not isinstance(n_neighborhoods, int) or n_neighborhoods < 1:
+        raise ConfigError(f"layer {layer!r}: n_neighborhoods must be an integer >= 1, got {n_neighborhoods!r}")
+    checked["n_neighborhoods"] = n_neighborhoods
+    area = spec.get("area")
+    if area is not None and (not isinstance(area, str) or not area):
+        raise ConfigError(f"layer {layer!r}: area must be a non-empty string such as 'IT', got {area!r}")
+    checked["area"] = area
+    return checked

@@ -1,0 +1,361 @@
+"""Training topographic models: task loss + α · TDANN relative spatial loss, resumable.
+
+``stimsim train CONFIG.toml --out DIR`` runs :func:`train`. Every random draw of a step (batch,
+augmentation, spatial-loss neighbourhoods) is seeded by (seed, step), so a run killed and resumed
+from its last checkpoint ends with exactly the weights of an uninterrupted run (on CPU).
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from stimsim.config import Section, load_toml
+from stimsim.errors import ConfigError
+from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance
+from stimsim.models.architectures import build_network
+from stimsim.models.positions import build_sheet
+from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.spatial_loss import layer_spatial_loss
+from stimsim.models.topographic import TopographicModel
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+@dataclass
+class LayerSheetSpec:
+    """Sheet of one topographic layer: side (mm), spatial-loss neighbourhood width (mm), area label."""
+    sheet_size_mm: float
+    neighborhood_width_mm: float
+    area: str | None = None
+
+
+@dataclass
+class TrainingConfig:
+    """Everything a training run needs; built from TOML by :func:`load_training_config`."""
+    name: str
+    family: str
+    model_kwargs: dict
+    preprocessing: Preprocessing
+    layers: dict[str, LayerSheetSpec]
+    readout_layer: str | None
+    data_sets: list[dict]
+    label: str
+    seed: int = 0
+    steps: int = 1000
+    batch_size: int = 128
+    learning_rate: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    warmup_steps: int = 50
+    task: str = "supervised"
+    simclr_temperature: float = 0.1
+    augment: bool = True
+    checkpoint_every_steps: int = 100
+    spatial_alpha: float = 0.25
+    spatial_layers: list[str] = field(default_factory=list)
+    neighborhoods_per_step: int = 8
+    raw: dict = field(default_factory=dict)
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.raw, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_training_config(path_or_dict) -> TrainingConfig:
+    """Read and validate a training configuration (TOML path or already-parsed dict)."""
+    raw = load_toml(path_or_dict) if isinstance(path_or_dict, (str, Path)) else dict(path_or_dict)
+    where = str(path_or_dict) if isinstance(path_or_dict, (str, Path)) else "training config"
+    top = Section(raw, where)
+    name = top.get("name", str)
+    model = top.section("model", required=True)
+    family = model.get("family", str)
+    model_kwargs = model.get("kwargs", dict, {})
+    readout_layer = model.get("readout_layer", str, None)
+    pre = model.section("preprocessing", required=True)
+    preprocessing = Preprocessing(size_px=pre.get("size_px", int, minimum=8), channels=pre.get("channels", int, choices=(1, 3)),
+                                  mean=tuple(pre.get("mean", list)), std=tuple(pre.get("std", list)))
+    pre.finish()
+    layers_section = model.section("layers", required=True)
+    layers = {}
+    for layer in list(layers_section.values):
+        spec = layers_section.section(layer)
+        layers[layer] = LayerSheetSpec(spec.get("sheet_size_mm", float, minimum=1e-3),
+                                       spec.get("neighborhood_width_mm", float, minimum=1e-3),
+                                       spec.get("area", str, None))
+        spec.finish()
+    layers_section.finish()
+    model.finish()
+
+    data = top.section("data", required=True)
+    label = data.get("label", str, "category")
+    sets = data.get("sets", list)
+    for i, entry in enumerate(sets):
+        if not isinstance(entry, dict) or "source" not in entry:
+            raise ConfigError(f"{where} [data] sets[{i}] must be a table with a 'source' key")
+    data.finish()
+
+    tr = top.section("training", required=True)
+    spatial = top.section("spatial_loss")
+    config = TrainingConfig(
+        name=name, family=family, model_kwargs=model_kwargs, preprocessing=preprocessing, layers=layers,
+        readout_layer=readout_layer, data_sets=sets, label=label,
+        seed=tr.get("seed", int, 0, minimum=0),
+        steps=tr.get("steps", int, minimum=1),
+        batch_size=tr.get("batch_size", int, 128, minimum=2),
+        learning_rate=tr.get("learning_rate", float, 0.05, minimum=0.0),
+        momentum=tr.get("momentum", float, 0.9, minimum=0.0, maximum=1.0),
+        weight_decay=tr.get("weight_decay", float, 5e-4, minimum=0.0),
+        warmup_steps=tr.get("warmup_steps", int, 50, minimum=0),
+        task=tr.get("task", str, "supervised", choices=("supervised", "simclr")),
+        simclr_temperature=tr.get("simclr_temperature", float, 0.1, minimum=1e-4),
+        augment=tr.get("augment", bool, True),
+        checkpoint_every_steps=tr.get("checkpoint_every_steps", int, 100, minimum=1),
+        spatial_alpha=spatial.get("alpha", float, 0.25, minimum=0.0),
+        spatial_layers=spatial.get("layers", list, []),
+        neighborhoods_per_step=spatial.get("neighborhoods_per_step", int, 8, minimum=1),
+        raw=raw,
+    )
+    tr.finish()
+    spatial.finish()
+    top.finish()
+    unknown = [layer for layer in config.spatial_layers if layer not in layers]
+    if unknown:
+        raise ConfigError(f"{where} [spatial_loss] layers {unknown} have no sheet in [model.layers]")
+    return config
+
+
+def build_untrained_model(config: TrainingConfig) -> TopographicModel:
+    """The network (seeded initial weights) with retinotopically initialised sheets."""
+    torch.manual_seed(config.seed)
+    network = build_network(config.family, **config.model_kwargs)
+    probe = TopographicModel(network, {}, config.preprocessing, {"family": config.family, "kwargs": config.model_kwargs})
+    size = config.preprocessing.size_px
+    dims = probe.stage_output_dims(torch.zeros(2, config.preprocessing.channels, size, size))
+    sheets = {}
+    for i, (layer, spec) in enumerate(config.layers.items()):
+        if layer not in dims:
+            raise ConfigError(f"[model.layers] {layer!r} is not a stage of {config.family}; stages: {list(dims)}")
+        sheets[layer] = build_sheet(layer, dims[layer], spec.sheet_size_mm, spec.neighborhood_width_mm,
+                                    seed=config.seed * 100 + i)
+    areas = {layer: spec.area for layer, spec in config.layers.items() if spec.area}
+    return TopographicModel(network, sheets, config.preprocessing, {"family": config.family, "kwargs": config.model_kwargs},
+                            readout_layer=config.readout_layer, areas=areas, name=config.name)
+
+
+def augment_batch(batch: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Random affine (rotation ±15°, scale 0.75–1.25, shift ±15 %), horizontal flip, contrast 0.7–1.3
+    and brightness ±0.3 (normalised units) per image; deterministic given ``generator``."""
+    n = batch.shape[0]
+
+    def uniform(low, high):
+        return low + (high - low) * torch.rand(n, generator=generator)
+
+    angle = uniform(-math.pi / 12, math.pi / 12)
+    scale = uniform(0.75, 1.25)
+    flip = torch.where(torch.rand(n, generator=generator) < 0.5, -1.0, 1.0)
+    shift = uniform(-0.15, 0.15), uniform(-0.15, 0.15)
+    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
+    theta = torch.stack([torch.stack([cos * flip, -sin, shift[0]], 1), torch.stack([sin * flip, cos, shift[1]], 1)], 1)
+    grid = F.affine_grid(theta, list(batch.shape), align_corners=False)
+    warped = F.grid_sample(batch, grid, padding_mode="zeros", align_corners=False)
+    contrast = uniform(0.7, 1.3).view(-1, 1, 1, 1)
+    brightness = uniform(-0.3, 0.3).view(-1, 1, 1, 1)
+    return warped * contrast + brightness
+
+
+def simclr_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
+    """NT-Xent loss of SimCLR (Chen et al. 2020) for two views (B, D) of the same images."""
+    z = F.normalize(torch.cat([z1, z2]), dim=1)
+    similarity = z @ z.T / temperature
+    similarity.fill_diagonal_(float("-inf"))
+    n = z1.shape[0]
+    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)])
+    return F.cross_entropy(similarity, targets)
+
+
+@dataclass
+class TrainingData:
+    """Training images (preprocessed, normalised) by class, plus the held-out stimulus ids."""
+    images: torch.Tensor
+    labels: np.ndarray
+    classes: list[str]
+    holdout_ids: list[str]
+
+    def sample(self, rng: np.random.Generator, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A class-balanced batch: classes drawn uniformly, then an image of that class."""
+        classes = rng.integers(len(self.classes), size=batch_size)
+        index = np.array([rng.choice(self._members[c]) for c in classes])
+        return self.images[index], torch.as_tensor(classes)
+
+    def __post_init__(self):
+        self._members = [np.flatnonzero(self.labels == i) for i in range(len(self.classes))]
+        empty = [self.classes[i] for i, m in enumerate(self._members) if len(m) == 0]
+        if empty:
+            raise ConfigError(f"no training images for class(es) {empty}")
+
+
+def load_training_data(config: TrainingConfig) -> TrainingData:
+    """Build the training images from the configured stimulus sets, holding out a seeded,
+    class-stratified fraction of each set (``holdout_fraction``) for evaluation."""
+    from stimsim.data.stimuli import load_stimulus_source
+
+    images, labels, holdout = [], [], []
+    for entry in config.data_sets:
+        entry = dict(entry)
+        fraction = float(entry.pop("holdout_fraction", 0.0))
+        if not 0 <= fraction < 1:
+            raise ConfigError(f"[data] holdout_fraction must be in [0, 1), got {fraction}")
+        stimuli = load_stimulus_source(entry)
+        if config.label not in stimuli.labels:
+            raise ConfigError(f"stimulus set {stimuli.name!r} has no label {config.label!r}; labels: {list(stimuli.labels)}")
+        keep = np.ones(len(stimuli), bool)
+        rng = np.random.default_rng(config.seed)
+        for value in np.unique(stimuli.labels[config.label]):
+            members = np.flatnonzero(stimuli.labels[config.label] == value)
+            held = rng.choice(members, size=int(round(fraction * len(members))), replace=False)
+            keep[held] = False
+        holdout += [sid for sid, k in zip(stimuli.stimulus_id, keep) if not k]
+        kept = stimuli.subset(np.flatnonzero(keep))
+        images.append(config.preprocessing(kept.images))
+        labels += list(kept.labels[config.label])
+    classes = sorted(set(labels))
+    index = {c: i for i, c in enumerate(classes)}
+    return TrainingData(torch.cat(images), np.array([index[c] for c in labels]), classes, holdout)
+
+
+def _learning_rate(config: TrainingConfig, step: int) -> float:
+    if step < config.warmup_steps:
+        return config.learning_rate * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(config.steps - config.warmup_steps, 1)
+    return config.learning_rate * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _forward_with_layers(model: TopographicModel, x: torch.Tensor, keep: set[str]):
+    outputs = {}
+    for name, module in model.stages:
+        x = module(x)
+        if name in keep:
+            outputs[name] = x
+    return x, outputs
+
+
+def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_step: int | None = None,
+          data: TrainingData | None = None) -> Path:
+    """Train (or resume) into ``out_dir``; returns the saved model directory ``out_dir/model``.
+
+    ``stop_after_step`` ends the run early after that step's checkpoint (used to test resuming).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = data or load_training_data(config)
+    n_classes = config.model_kwargs.get("n_classes")
+    if config.task == "supervised" and n_classes is not None and n_classes != len(data.classes):
+        raise ConfigError(f"model kwargs n_classes = {n_classes} but the data have {len(data.classes)} classes: {data.classes}")
+    model = build_untrained_model(config)
+    network = model.network
+    optimizer = torch.optim.SGD(network.parameters(), lr=config.learning_rate, momentum=config.momentum,
+                                weight_decay=config.weight_decay, nesterov=config.momentum > 0)
+    coords = {layer: torch.as_tensor(model.sheets[layer].coordinates_mm, dtype=torch.float32) for layer in config.spatial_layers}
+    neighborhoods = {layer: torch.as_tensor(model.sheets[layer].neighborhood_indices) for layer in config.spatial_layers}
+    start, history, cpu_seconds = 0, [], 0.0
+    checkpoint_path = out_dir / CHECKPOINT_NAME
+    if checkpoint_path.exists():
+        state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+        if state["fingerprint"] != config.fingerprint():
+            raise ConfigError(f"{checkpoint_path} belongs to a different configuration; use another --out directory")
+        network.load_state_dict(state["network"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, history, cpu_seconds = state["step"], state["history"], state["cpu_seconds"]
+
+    network.train()
+    clock = time.process_time()
+    bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc=f"train {config.name}",
+               disable=not progress)
+    for step in bar:
+        rng = np.random.default_rng([config.seed, step])
+        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        for group in optimizer.param_groups:
+            group["lr"] = _learning_rate(config, step)
+        images, targets = data.sample(rng, config.batch_size)
+        view = augment_batch(images, generator) if config.augment else images
+        logits, layer_out = _forward_with_layers(model, view, set(config.spatial_layers))
+        if config.task == "supervised":
+            task_loss = F.cross_entropy(logits, targets)
+        else:
+            second, _ = _forward_with_layers(model, augment_batch(images, generator), set())
+            task_loss = simclr_loss(logits, second, config.simclr_temperature)
+        spatial = {}
+        for layer in config.spatial_layers:
+            pick = rng.choice(len(neighborhoods[layer]), size=config.neighborhoods_per_step, replace=False)
+            spatial[layer] = layer_spatial_loss(layer_out[layer].flatten(1), coords[layer], neighborhoods[layer][pick])
+        total = task_loss + config.spatial_alpha * sum(spatial.values(), torch.zeros(()))
+        optimizer.zero_grad()
+        total.backward()
+        optimizer.step()
+        record = {"step": step + 1, "lr": optimizer.param_groups[0]["lr"], "task_loss": task_loss.item(),
+                  "total_loss": total.item()}
+        record.update({f"spatial_loss_{layer}": value.item() for layer, value in spatial.items()})
+        history.append(record)
+        bar.set_postfix(task=f"{record['task_loss']:.3f}",
+                        spatial=f"{np.mean([v for k, v in record.items() if k.startswith('spatial')] or [0]):.3f}")
+        done = step + 1
+        if done % config.checkpoint_every_steps == 0 or done == config.steps or done == stop_after_step:
+            cpu_total = cpu_seconds + time.process_time() - clock
+            atomic_save(checkpoint_path, lambda tmp: torch.save({
+                "fingerprint": config.fingerprint(), "step": done, "network": network.state_dict(),
+                "optimizer": optimizer.state_dict(), "history": history, "cpu_seconds": cpu_total}, tmp))
+        if done == stop_after_step:
+            break
+    bar.close()
+    cpu_seconds += time.process_time() - clock
+    network.eval()
+    write_history(history, out_dir)
+    if len(history) < config.steps:
+        return out_dir
+    model.metadata = {"training": config.raw, "classes": data.classes, "holdout_stimulus_ids": data.holdout_ids,
+                      "training_cpu_seconds": round(cpu_seconds, 1), "provenance": provenance()}
+    model.save(out_dir / "model")
+    atomic_write_json(out_dir / "training_run.json", {**provenance(config.raw), "cpu_seconds": round(cpu_seconds, 1),
+                                                      "steps": config.steps})
+    return out_dir / "model"
+
+
+def write_history(history: list[dict], out_dir: Path):
+    """Loss curves as ``loss_history.csv`` and ``loss_curves.png`` (task and per-layer spatial loss)."""
+    if not history:
+        return
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(history[-1])
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(history)
+    atomic_write_text(out_dir / "loss_history.csv", buffer.getvalue())
+    steps = [h["step"] for h in history]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    axes[0].plot(steps, [h["task_loss"] for h in history], lw=0.8)
+    axes[0].set(xlabel="step", ylabel="task loss", title="task loss")
+    for key in keys:
+        if key.startswith("spatial_loss_"):
+            axes[1].plot(steps, [h[key] for h in history], lw=0.8, label=key.removeprefix("spatial_loss_"))
+    axes[1].set(xlabel="step", ylabel="spatial loss", title="spatial loss per layer")
+    if axes[1].lines:
+        axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    atomic_save(out_dir / "loss_curves.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)

@@ -1,0 +1,50 @@
+"""Stimulation: perturbation specs with units, spread laws, and the safety gate."""
+from stimsim.stimulation.perturbations import (
+    ARIKAN2002_VARIANCE_MM2,
+    CHARGE_BALANCED_WAVEFORMS,
+    CHOW2010_VARIANCE_MM2,
+    ELECTRODE_COMBINATIONS,
+    MAX_CURRENT_UA,
+    PERTURBATION_KINDS,
+    STIMULATION_FORMS,
+    Ablation,
+    Condition,
+    ElectricalStimulation,
+    MuscimolInactivation,
+    OptogeneticSuppression,
+    Perturbation,
+    UnitEffect,
+    perturbation_from_dict,
+)
+from stimsim.stimulation.safety import (
+    SHANNON_K_LIMIT,
+    UTAH_TIP_AREA_UM2,
+    SafetyLimits,
+    SafetyReport,
+    charge_density_uC_per_cm2,
+    charge_per_phase_nC,
+    check_protocol,
+    enforce,
+    shannon_k,
+)
+from stimsim.stimulation.spread import (
+    KUMARAVELU_SLOPE_MM_PER_UA,
+    KUMARAVELU_THRESHOLD_UA,
+    SPREAD_LAWS,
+    TEHOVNIK_K_DEFAULT_UA_PER_MM2,
+    electrical_profile,
+    gaussian_profile,
+    kumaravelu_length_mm,
+    spread_extent_mm,
+    tehovnik_radius_mm,
+)
+
+__all__ = [
+    "ARIKAN2002_VARIANCE_MM2", "CHARGE_BALANCED_WAVEFORMS", "CHOW2010_VARIANCE_MM2", "ELECTRODE_COMBINATIONS",
+    "MAX_CURRENT_UA", "PERTURBATION_KINDS", "STIMULATION_FORMS", "Ablation", "Condition", "ElectricalStimulation",
+    "MuscimolInactivation", "OptogeneticSuppression", "Perturbation", "UnitEffect", "perturbation_from_dict",
+    "SHANNON_K_LIMIT", "UTAH_TIP_AREA_UM2", "SafetyLimits", "SafetyReport", "charge_density_uC_per_cm2",
+    "charge_per_phase_nC", "check_protocol", "enforce", "shannon_k",
+    "KUMARAVELU_SLOPE_MM_PER_UA", "KUMARAVELU_THRESHOLD_UA", "SPREAD_LAWS", "TEHOVNIK_K_DEFAULT_UA_PER_MM2",
+    "electrical_profile", "gaussian_profile", "kumaravelu_length_mm", "spread_extent_mm", "tehovnik_radius_mm",
+]

@@ -1,0 +1,106 @@
+"""Safety gate: charge per phase, charge density, Shannon's k, overrides."""
+import json
+import math
+
+import pytest
+
+from stimsim.errors import ConfigError, SafetyError
+from stimsim.stimulation import (
+    ElectricalStimulation,
+    OptogeneticSuppression,
+    SafetyLimits,
+    charge_per_phase_nC,
+    check_protocol,
+    enforce,
+    shannon_k,
+)
+
+
+def protocol(current_uA=50.0, **params):
+    return ElectricalStimulation(((0.0, 0.0),), current_uA=current_uA, **params)
+
+
+def test_charge_per_phase_density_and_shannon_k_known_values():
+    assert charge_per_phase_nC(50, 0.2) == pytest.approx(10.0)
+    report = check_protocol(protocol(50, pulse_width_ms=0.2), SafetyLimits(electrode_area_um2=2000))
+    assert report.charge_per_phase_nC == pytest.approx(10.0)
+    # 0.01 µC on 2000 µm² = 2e-5 cm² → 500 µC/cm²; k = log10(500) + log10(0.01)
+    assert report.charge_density_uC_per_cm2 == pytest.approx(500.0)
+    assert report.shannon_k == pytest.approx(math.log10(500) - 2)
+    assert shannon_k(60.0, 2000.0) == pytest.approx(math.log10(3000) + math.log10(0.06))
+
+
+@pytest.mark.parametrize("current_uA", [35.0, 50.0])
+@pytest.mark.parametrize("frequency_Hz, train_ms", [(150.0, 200.0), (200.0, 50.0)])
+def test_typical_it_protocols_pass(current_uA, frequency_Hz, train_ms):
+    stim = protocol(current_uA, frequency_Hz=frequency_Hz, train_ms=train_ms, pulse_width_ms=0.2,
+                    interphase_ms=0.1, waveform="biphasic_cathodic_first")
+    report = enforce(stim)
+    assert report.passed and not report.violations and not report.overridden
+    assert report.charge_balanced and report.shannon_k < 1.85
+
+
+def test_high_current_on_a_utah_tip_is_refused_naming_shannon_k():
+    stim = protocol(300.0, frequency_Hz=150, train_ms=200)
+    report = check_protocol(stim)
+    assert not report.passed
+    assert report.shannon_k == pytest.approx(math.log10(3000) + math.log10(0.06))  # ≈ 2.26
+    with pytest.raises(SafetyError, match=r"Shannon's k = 2\.255 exceeds the limit max_shannon_k = 1\.85"):
+        enforce(stim)
+
+
+def test_override_runs_the_protocol_and_is_recorded():
+    stim = protocol(300.0, frequency_Hz=150, train_ms=200)
+    report = enforce(stim, override="  replicating Moeller et al. 2017, approved protocol 12  ")
+    assert report.passed is False and report.overridden is True
+    assert report.override_reason == "replicating Moeller et al. 2017, approved protocol 12"
+    record = json.loads(json.dumps(report.to_dict()))
+    assert record["overridden"] is True and record["passed"] is False
+    assert "Shannon" in record["violations"][0]
+    assert record["limits"] == {"max_shannon_k": 1.85, "electrode_area_um2": 2000.0, "max_charge_per_phase_nC": None}
+    assert record["charge_per_phase_nC"] == pytest.approx(60.0)
+
+
+def test_override_of_a_passing_protocol_overrides_nothing():
+    report = enforce(protocol(50.0), override="not needed")
+    assert report.passed and not report.overridden and report.override_reason is None
+
+
+@pytest.mark.parametrize("override", ["", "   ", True, 1])
+def test_override_must_be_a_reason(override):
+    with pytest.raises(ConfigError, match="override must be None or a non-empty reason"):
+        enforce(protocol(300.0), override=override)
+
+
+def test_limits_depend_on_electrode_area_and_can_be_stricter():
+    # a larger electrode lowers the charge density: 300 µA on 20,000 µm² gives k ≈ 1.26
+    assert enforce(protocol(300.0), SafetyLimits(electrode_area_um2=20000)).passed
+    with pytest.raises(SafetyError, match="max_shannon_k = 0.5"):
+        enforce(protocol(50.0), SafetyLimits(max_shannon_k=0.5))
+    with pytest.raises(SafetyError, match="charge per phase 10 nC exceeds the limit max_charge_per_phase_nC = 5 nC"):
+        enforce(protocol(50.0), SafetyLimits(max_charge_per_phase_nC=5))
+    report = check_protocol(protocol(300.0), SafetyLimits(max_charge_per_phase_nC=5))
+    assert len(report.violations) == 2
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"electrode_area_um2": 0}, "electrode_area_um2 must be > 0"),
+    ({"max_shannon_k": float("nan")}, "max_shannon_k must be a finite number"),
+    ({"max_charge_per_phase_nC": -1}, "max_charge_per_phase_nC must be None or a finite number > 0"),
+])
+def test_bad_limits_are_refused(params, message):
+    with pytest.raises(ConfigError, match=message):
+        SafetyLimits(**params)
+
+
+def test_charge_imbalance_is_a_violation_even_if_the_spec_was_tampered_with():
+    stim = protocol(50.0)
+    object.__setattr__(stim, "waveform", "monophasic_cathodic")
+    report = check_protocol(stim)
+    assert not report.charge_balanced and not report.passed
+    assert "not charge-balanced" in report.violations[0]
+
+
+def test_only_electrical_protocols_are_checked():
+    with pytest.raises(TypeError, match="ElectricalStimulation"):
+        check_protocol(OptogeneticSuppression(((0.0, 0.0),), power_mW=1.0))
