@@ -1,0 +1,540 @@
+"""Data manifests, the local cache and mirrors: where every dataset and checkpoint comes from.
+
+Every dataset or checkpoint stimsim can use is described by one JSON file in the repository's
+``data_manifests/`` directory (override with the environment variable ``STIMSIM_MANIFEST_DIR``)::
+
+    {"name": "afraz2006", "kind": "dataset" | "checkpoint",
+     "description": "...", "citation": "...", "licence": "...",
+     "source": {"kind": "url" | "python_package" | "system" | "manual", ...},
+     "mirror_subdir": "optional folder name inside a mirror (default: name)",
+     "files": [{"path": "relative/path.csv", "size_bytes": 1234, "sha256": "64 hex digits"}]}
+
+Source kinds and their keys (``homepage`` is allowed for every kind):
+
+- ``url``: ``{"url": base}``; a file is downloaded from ``base + "/" + path`` (http, https or
+  file URLs) into the cache.
+- ``python_package``: ``{"package": "skimage", "install_hint": "..."}``; files ship inside an
+  installed Python package, ``path`` is relative to the package's directory; used in place.
+- ``system``: ``{"directory": "/usr/share/...", "install_hint": "apt-get install ..."}``; files
+  installed by the operating system, used in place.
+- ``manual``: ``{"instructions": "..."}``; nothing can be fetched automatically: the files come
+  from a mirror directory (or are put into the cache by hand) as the instructions say.
+
+A **mirror** is a local directory holding ``<mirror>/<mirror_subdir or name>/<path>`` (for
+machines without internet); pass ``mirror=`` or set ``STIMSIM_MIRROR_DIR``. Fetched files land in
+the **cache**, ``<cache>/<name>/<path>``, with ``cache`` = ``STIMSIM_CACHE_DIR`` or
+``$XDG_CACHE_HOME/stimsim`` or ``~/.cache/stimsim``.
+
+A file is looked for in this order: the cache, the source's own directory (``python_package``
+and ``system``), the mirror (copied into the cache), the URL (downloaded into the cache).
+Size and sha256 are checked every time a path is handed out; a file whose sha256 is unknown
+(``null``, allowed only for files never seen, such as published checkpoints) is handed out after
+its size check, if any, and reported as ``"unverified"``.
+
+:func:`verify` reports one status per file without fetching anything: ``"ok"``, ``"mismatch"``
+(present but wrong size or checksum), ``"unverified"`` (present, no known checksum) or
+``"missing"`` (not fetched yet: neither in the cache nor in the source's own directory).
+Only ``"mismatch"`` is a failure: :func:`verification_passed` is true when everything present
+verifies, which is what ``stimsim data verify`` turns into its exit status.
+"""
+from __future__ import annotations
+
+import hashlib
+import http.client
+import importlib.util
+import json
+import os
+import re
+import shutil
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from stimsim.errors import ConfigError, DataError, FileFormatError
+from stimsim.io import atomic_save, sha256_of
+
+MANIFEST_DIR_ENV = "STIMSIM_MANIFEST_DIR"
+MIRROR_DIR_ENV = "STIMSIM_MIRROR_DIR"
+CACHE_DIR_ENV = "STIMSIM_CACHE_DIR"
+
+ENTRY_KINDS = ("dataset", "checkpoint")
+SOURCE_KINDS = ("url", "python_package", "system", "manual")
+#: Status of one file reported by :func:`verify`.
+STATUSES = ("ok", "missing", "mismatch", "unverified")
+#: Seconds to wait for a server before a download counts as unreachable.
+DOWNLOAD_TIMEOUT_S = 10.0
+
+_ENTRY_KEYS = {"name", "kind", "description", "citation", "licence", "source", "files"}
+_OPTIONAL_ENTRY_KEYS = {"mirror_subdir"}
+_FILE_KEYS = {"path", "size_bytes", "sha256"}
+_SOURCE_KEYS = {
+    "url": ({"url"}, {"homepage"}),
+    "python_package": ({"package"}, {"install_hint", "homepage"}),
+    "system": ({"directory"}, {"install_hint", "homepage"}),
+    "manual": ({"instructions"}, {"homepage"}),
+}
+_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+_SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_URL_SCHEMES = ("http", "https", "file")
+_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    """One file of an entry: ``path`` relative to the entry root (POSIX), its size in bytes and
+    sha256 (``None`` when never seen)."""
+
+    path: str
+    size_bytes: int | None
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class ManifestSource:
+    """Where an entry's files come from; which fields are set depends on ``kind``."""
+
+    kind: str
+    url: str | None = None
+    package: str | None = None
+    directory: str | None = None
+    instructions: str | None = None
+    install_hint: str | None = None
+    homepage: str | None = None
+
+    def local_root(self) -> Path | None:
+        """Directory holding the files in place (``python_package``, ``system``), or ``None``
+        for remote and manual sources and for a package that is not installed."""
+        if self.kind == "system":
+            return Path(self.directory)
+        if self.kind == "python_package":
+            try:
+                spec = importlib.util.find_spec(self.package)
+            except ModuleNotFoundError:  # a dotted name whose parent package is missing
+                return None
+            if spec is None or not spec.submodule_search_locations:
+                return None
+            return Path(list(spec.submodule_search_locations)[0])
+        return None
+
+    def describe(self) -> str:
+        """One line saying where the files come from, for messages and listings."""
+        if self.kind == "url":
+            return f"download from {self.url}"
+        if self.kind == "python_package":
+            return f"inside the installed Python package '{self.package}'"
+        if self.kind == "system":
+            return f"system directory {self.directory}"
+        return "manual download (see the entry's instructions)"
+
+    def to_dict(self) -> dict:
+        out = {"kind": self.kind}
+        for key in ("url", "package", "directory", "instructions", "install_hint", "homepage"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One dataset or checkpoint: what it is, whom to cite, where it comes from, its files."""
+
+    name: str
+    kind: str
+    description: str
+    citation: str
+    licence: str
+    source: ManifestSource
+    files: tuple[ManifestFile, ...]
+    mirror_subdir: str | None = None
+    manifest_path: Path | None = None
+
+    def file(self, rel: str) -> ManifestFile:
+        """The file spec of ``rel``; a path the entry does not list raises :class:`DataError`."""
+        for spec in self.files:
+            if spec.path == rel:
+                return spec
+        examples = ", ".join(spec.path for spec in self.files[:3])
+        raise DataError(
+            f"data entry '{self.name}' has no file '{rel}' ({len(self.files)} file(s), e.g. {examples})"
+        )
+
+    def cache_path(self, rel: str) -> Path:
+        """Where ``rel`` of this entry lives in the cache."""
+        return cache_dir() / self.name / rel
+
+    def mirror_path(self, rel: str, mirror) -> Path:
+        """Where ``rel`` of this entry lives inside the mirror directory ``mirror``."""
+        return Path(mirror) / (self.mirror_subdir or self.name) / rel
+
+    def to_dict(self) -> dict:
+        out = {
+            "name": self.name,
+            "kind": self.kind,
+            "description": self.description,
+            "citation": self.citation,
+            "licence": self.licence,
+            "source": self.source.to_dict(),
+            "files": [{"path": f.path, "size_bytes": f.size_bytes, "sha256": f.sha256} for f in self.files],
+        }
+        if self.mirror_subdir is not None:
+            out["mirror_subdir"] = self.mirror_subdir
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict, manifest_path=None) -> "ManifestEntry":
+        """Build an entry from its JSON object; anything malformed raises :class:`FileFormatError`."""
+        where = Path(manifest_path) if manifest_path is not None else Path("<manifest>")
+
+        def fail(problem):
+            raise FileFormatError(where, problem)
+
+        if not isinstance(values, dict):
+            fail("a manifest must be a JSON object")
+        missing = _ENTRY_KEYS - set(values)
+        unknown = set(values) - _ENTRY_KEYS - _OPTIONAL_ENTRY_KEYS
+        if missing:
+            fail(f"missing key(s) {sorted(missing)}")
+        if unknown:
+            fail(f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_ENTRY_KEYS | _OPTIONAL_ENTRY_KEYS)}")
+        for key in ("name", "kind", "description", "citation", "licence"):
+            if not isinstance(values[key], str) or not values[key].strip():
+                fail(f"'{key}' must be a non-empty string")
+        name = values["name"]
+        if not _NAME_PATTERN.match(name):
+            fail(f"name '{name}' must be lower-case letters, digits, '_', '.' or '-'")
+        if values["kind"] not in ENTRY_KINDS:
+            fail(f"kind '{values['kind']}' is not one of {list(ENTRY_KINDS)}")
+        mirror_subdir = values.get("mirror_subdir")
+        if mirror_subdir is not None:
+            if not isinstance(mirror_subdir, str) or _rel_path_problem(mirror_subdir):
+                fail(f"mirror_subdir {mirror_subdir!r} must be a relative path inside the mirror")
+        source = _parse_source(values["source"], fail)
+        files = _parse_files(values["files"], fail)
+        return cls(name=name, kind=values["kind"], description=values["description"],
+                   citation=values["citation"], licence=values["licence"], source=source,
+                   files=files, mirror_subdir=mirror_subdir,
+                   manifest_path=Path(manifest_path) if manifest_path is not None else None)
+
+
+def _parse_source(values, fail) -> ManifestSource:
+    if not isinstance(values, dict) or "kind" not in values:
+        fail("'source' must be an object with a 'kind'")
+    kind = values["kind"]
+    if kind not in SOURCE_KINDS:
+        fail(f"source kind '{kind}' is not one of {list(SOURCE_KINDS)}")
+    required, optional = _SOURCE_KEYS[kind]
+    keys = set(values) - {"kind"}
+    if required - keys:
+        fail(f"a '{kind}' source needs key(s) {sorted(required - keys)}")
+    if keys - required - optional:
+        fail(f"unknown key(s) {sorted(keys - required - optional)} in a '{kind}' source; "
+             f"allowed: {sorted(required | optional)}")
+    for key in keys:
+        if not isinstance(values[key], str) or not values[key].strip():
+            fail(f"source '{key}' must be a non-empty string")
+    if kind == "url" and urllib.parse.urlparse(values["url"]).scheme not in _URL_SCHEMES:
+        fail(f"source url {values['url']!r} must start with one of {[s + '://' for s in _URL_SCHEMES]}")
+    if kind == "system" and not Path(values["directory"]).is_absolute():
+        fail(f"a 'system' source directory must be absolute, got {values['directory']!r}")
+    return ManifestSource(kind=kind, **{key: values[key] for key in keys})
+
+
+def _parse_files(values, fail) -> tuple[ManifestFile, ...]:
+    if not isinstance(values, list) or not values:
+        fail("'files' must be a non-empty list")
+    files, seen = [], set()
+    for item in values:
+        if not isinstance(item, dict):
+            fail("every item of 'files' must be an object")
+        if set(item) != _FILE_KEYS:
+            fail(f"a file item needs exactly the keys {sorted(_FILE_KEYS)}, got {sorted(item)}")
+        rel, size, digest = item["path"], item["size_bytes"], item["sha256"]
+        problem = _rel_path_problem(rel) if isinstance(rel, str) else "it is not a string"
+        if problem:
+            fail(f"file path {rel!r} is not a usable relative path: {problem}")
+        if rel in seen:
+            fail(f"file path '{rel}' is listed twice")
+        seen.add(rel)
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+            fail(f"size_bytes of '{rel}' must be an integer >= 0 or null, got {size!r}")
+        if digest is not None and (not isinstance(digest, str) or not _SHA256_PATTERN.match(digest)):
+            fail(f"sha256 of '{rel}' must be 64 lower-case hex digits or null, got {digest!r}")
+        if digest is not None and size is None:
+            fail(f"'{rel}' has a sha256 but no size_bytes: give both when the file is known")
+        files.append(ManifestFile(path=rel, size_bytes=size, sha256=digest))
+    return tuple(files)
+
+
+def _rel_path_problem(rel: str) -> str | None:
+    if not rel or "\\" in rel:
+        return "it must be a non-empty POSIX path"
+    parts = PurePosixPath(rel).parts
+    if PurePosixPath(rel).is_absolute():
+        return "it must be relative"
+    if any(part in ("..", ".") for part in parts) or rel.endswith("/") or "//" in rel:
+        return "it must not contain '.', '..' or empty parts"
+    return None
+
+
+# --------------------------------------------------------------------------- directories
+
+
+def _env_path(variable: str) -> Path | None:
+    value = os.environ.get(variable, "").strip()
+    return Path(value).expanduser() if value else None
+
+
+def manifest_dir() -> Path:
+    """The directory of manifest JSON files: ``STIMSIM_MANIFEST_DIR`` or the repository's
+    ``data_manifests/``."""
+    import stimsim
+
+    return _env_path(MANIFEST_DIR_ENV) or Path(stimsim.__file__).resolve().parents[1] / "data_manifests"
+
+
+def cache_dir() -> Path:
+    """The cache: ``STIMSIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/stimsim``, else ``~/.cache/stimsim``."""
+    explicit = _env_path(CACHE_DIR_ENV)
+    if explicit is not None:
+        return explicit
+    xdg = _env_path("XDG_CACHE_HOME")
+    return (xdg if xdg is not None else Path.home() / ".cache") / "stimsim"
+
+
+def mirror_dir(mirror=None) -> Path | None:
+    """The mirror directory: ``mirror`` when given, else ``STIMSIM_MIRROR_DIR``, else ``None``."""
+    if mirror is not None:
+        return Path(mirror).expanduser()
+    return _env_path(MIRROR_DIR_ENV)
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def load_manifests(directory=None) -> dict[str, ManifestEntry]:
+    """All entries of the manifest directory (default :func:`manifest_dir`), keyed by name.
+
+    Each ``<name>.json`` holds one entry whose ``name`` must equal the file name.
+    """
+    directory = Path(directory) if directory is not None else manifest_dir()
+    if not directory.is_dir():
+        raise DataError(f"manifest directory {directory} does not exist (set {MANIFEST_DIR_ENV} "
+                        f"to a directory of <name>.json manifests)")
+    entries = {}
+    for path in sorted(directory.glob("*.json")):
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise FileFormatError(path, f"not valid JSON ({exc})") from None
+        entry = ManifestEntry.from_dict(values, manifest_path=path)
+        if entry.name != path.stem:
+            raise FileFormatError(path, f"entry name '{entry.name}' must match the file name '{path.stem}'")
+        entries[entry.name] = entry
+    return entries
+
+
+def get_entry(name: str) -> ManifestEntry:
+    """The entry called ``name``; an unknown name raises :class:`DataError` listing known names."""
+    entries = load_manifests()
+    if name not in entries:
+        known = ", ".join(sorted(entries)) or "none"
+        raise DataError(f"unknown data entry '{name}'; known entries: {known} (manifests in {manifest_dir()})")
+    return entries[name]
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def file_status(path, spec: ManifestFile) -> str:
+    """``"missing"``, ``"mismatch"``, ``"unverified"`` (no known sha256) or ``"ok"`` for the file at
+    ``path`` checked against ``spec``."""
+    path = Path(path)
+    if not path.is_file():
+        return "missing"
+    if spec.size_bytes is not None and path.stat().st_size != spec.size_bytes:
+        return "mismatch"
+    if spec.sha256 is None:
+        return "unverified"
+    return "ok" if sha256_of(path) == spec.sha256 else "mismatch"
+
+
+def _checked(path: Path, spec: ManifestFile, entry: ManifestEntry, advice: str) -> Path:
+    """Hand out ``path`` after checking its size and sha256; a mismatch raises :class:`DataError`
+    that ends with ``advice``."""
+    size = path.stat().st_size
+    wrong_size = spec.size_bytes is not None and size != spec.size_bytes
+    if not wrong_size and spec.sha256 is None:
+        return path
+    actual = sha256_of(path)
+    if wrong_size or actual != spec.sha256:
+        raise _mismatch_error(entry, spec, path, size, actual, advice)
+    return path
+
+
+def _mismatch_error(entry, spec, path, actual_size, actual_sha256, advice) -> DataError:
+    return DataError(
+        f"checksum mismatch for '{spec.path}' of data entry '{entry.name}' at {path}: "
+        f"expected sha256 {spec.sha256 or '(unknown)'} and {spec.size_bytes if spec.size_bytes is not None else '?'} "
+        f"bytes, found sha256 {actual_sha256} and {actual_size} bytes; {advice}"
+    )
+
+
+def verify(name: str) -> list[tuple[str, str]]:
+    """``(path, status)`` for every file of entry ``name``, without fetching anything.
+
+    The file checked is the one :func:`entry_path` would hand out first (cache, then the
+    source's own directory); ``"missing"`` means not fetched yet.
+    """
+    entry = get_entry(name)
+    local_root = entry.source.local_root()
+    results = []
+    for spec in entry.files:
+        path = entry.cache_path(spec.path)
+        if not path.is_file() and local_root is not None:
+            path = local_root / spec.path
+        results.append((spec.path, file_status(path, spec)))
+    return results
+
+
+def verify_all() -> dict[str, list[tuple[str, str]]]:
+    """:func:`verify` for every entry of the manifest directory, keyed by entry name."""
+    return {name: verify(name) for name in load_manifests()}
+
+
+def verification_passed(results) -> bool:
+    """True when nothing present fails its check (no ``"mismatch"``); ``"missing"`` (not fetched
+    yet) and ``"unverified"`` (no known checksum) do not fail. Accepts the output of
+    :func:`verify` or of :func:`verify_all`."""
+    groups = results.values() if isinstance(results, dict) else [results]
+    return all(status != "mismatch" for group in groups for _, status in group)
+
+
+# --------------------------------------------------------------------------- fetching
+
+
+def _install(dest: Path, spec: ManifestFile, entry: ManifestEntry, origin: str, open_stream) -> Path:
+    """Copy the bytes of ``open_stream()`` to ``dest`` atomically, checking size and sha256 on the
+    way; a mismatch leaves nothing at ``dest`` and raises :class:`DataError`."""
+
+    def save(tmp):
+        digest, size = hashlib.sha256(), 0
+        with open_stream() as source, open(tmp, "wb") as out:
+            for chunk in iter(lambda: source.read(_CHUNK_BYTES), b""):
+                digest.update(chunk)
+                size += len(chunk)
+                out.write(chunk)
+        actual = digest.hexdigest()
+        wrong_size = spec.size_bytes is not None and size != spec.size_bytes
+        if wrong_size or (spec.sha256 is not None and actual != spec.sha256):
+            raise _mismatch_error(entry, spec, origin, size, actual,
+                                  advice="the source copy is damaged or a different version; nothing was cached")
+
+    return atomic_save(dest, save)
+
+
+def _download(url: str, timeout_s: float):
+    return urllib.request.urlopen(url, timeout=timeout_s)
+
+
+def _resolve_file(entry: ManifestEntry, spec: ManifestFile, mirror, timeout_s: float) -> Path:
+    """A verified local path of one file, fetching it into the cache when needed."""
+    cached = entry.cache_path(spec.path)
+    if cached.is_file():
+        return _checked(cached, spec, entry, advice=f"delete {cached} and fetch '{entry.name}' again")
+    looked = [f"cache {cached} (absent)"]
+    local_root = entry.source.local_root()
+    if local_root is not None:
+        in_place = local_root / spec.path
+        if in_place.is_file():
+            reinstall = f" ({entry.source.install_hint})" if entry.source.install_hint else ""
+            return _checked(in_place, spec, entry,
+                            advice=f"the installed copy is damaged or another version; reinstall it{reinstall}")
+        looked.append(f"{entry.source.describe()}: {in_place} (absent)")
+    elif entry.source.kind == "python_package":
+        looked.append(f"Python package '{entry.source.package}' (not installed)")
+    elif entry.source.kind == "system":
+        looked.append(f"{entry.source.describe()} (absent)")
+    mirror_root = mirror_dir(mirror)
+    if mirror_root is not None:
+        mirrored = entry.mirror_path(spec.path, mirror_root)
+        if mirrored.is_file():
+            return _install(cached, spec, entry, str(mirrored), lambda: open(mirrored, "rb"))
+        looked.append(f"mirror {mirrored} (absent)")
+    else:
+        looked.append(f"no mirror directory (pass mirror= or set {MIRROR_DIR_ENV})")
+    if entry.source.kind == "url":
+        url = entry.source.url.rstrip("/") + "/" + urllib.parse.quote(spec.path)
+        try:
+            return _install(cached, spec, entry, url, lambda: _download(url, timeout_s))
+        except urllib.error.HTTPError as exc:
+            looked.append(f"download {url} failed (HTTP {exc.code} {exc.reason})")
+        except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", exc)
+            looked.append(f"download {url} failed ({reason}): the server is unreachable from this machine")
+    if entry.source.instructions:
+        advice = entry.source.instructions
+    else:
+        advice = (f"A copy placed at <mirror>/{entry.mirror_subdir or entry.name}/{spec.path}, with the mirror "
+                  f"passed as mirror= or set in {MIRROR_DIR_ENV}, is used and cached.")
+        if entry.source.install_hint:
+            advice += f" To install the source: {entry.source.install_hint}"
+    raise DataError(
+        f"file '{spec.path}' of data entry '{entry.name}' is not available. Looked in: "
+        + "; ".join(looked) + ". " + advice
+    )
+
+
+def _check_timeout(timeout_s: float) -> float:
+    if not timeout_s > 0:
+        raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    return float(timeout_s)
+
+
+def fetch(name: str, mirror=None, timeout_s: float = DOWNLOAD_TIMEOUT_S) -> list[Path]:
+    """Make every file of entry ``name`` available locally; returns their verified paths, in
+    manifest order (cache paths, or in-place paths for ``python_package``/``system`` sources)."""
+    timeout_s = _check_timeout(timeout_s)
+    entry = get_entry(name)
+    return [_resolve_file(entry, spec, mirror, timeout_s) for spec in entry.files]
+
+
+def entry_paths(name: str, rels, mirror=None, timeout_s: float = DOWNLOAD_TIMEOUT_S) -> list[Path]:
+    """Verified local paths of several files ``rels`` of entry ``name`` (one manifest read for all)."""
+    timeout_s = _check_timeout(timeout_s)
+    entry = get_entry(name)
+    return [_resolve_file(entry, entry.file(rel), mirror, timeout_s) for rel in rels]
+
+
+def entry_path(name: str, rel: str | None = None, mirror=None,
+               timeout_s: float = DOWNLOAD_TIMEOUT_S) -> Path:
+    """Verified local path of file ``rel`` of entry ``name``, fetched if needed.
+
+    With ``rel=None``: the entry's root directory, after every file is fetched and verified —
+    the source's own directory when it holds every file, otherwise ``<cache>/<name>`` (files
+    found in place are copied there so that the root holds them all).
+    """
+    timeout_s = _check_timeout(timeout_s)
+    entry = get_entry(name)
+    if rel is not None:
+        return _resolve_file(entry, entry.file(rel), mirror, timeout_s)
+    paths = [_resolve_file(entry, spec, mirror, timeout_s) for spec in entry.files]
+    local_root = entry.source.local_root()
+    if local_root is not None and all(p == local_root / s.path for p, s in zip(paths, entry.files)):
+        return local_root
+    for path, spec in zip(paths, entry.files):
+        cached = entry.cache_path(spec.path)
+        if path != cached:
+            _install(cached, spec, entry, str(path), lambda src=path: open(src, "rb"))
+    return cache_dir() / entry.name
+
+
+def remove_cached(name: str) -> Path:
+    """Delete the cached copy of entry ``name`` (``<cache>/<name>``); returns that directory."""
+    entry = get_entry(name)
+    target = cache_dir() / entry.name
+    if target.is_dir():
+        shutil.rmtree(target)
+    return target

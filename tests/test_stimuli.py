@@ -1,0 +1,313 @@
+"""Stimulus sets: construction, validation, file round trips, the named sets and pixel noise."""
+import csv
+from collections import Counter
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import xarray as xr
+from PIL import Image
+
+from stimsim.data import manifest
+from stimsim.data.stimuli import (
+    FASHION_MNIST_CLASSES,
+    StimulusSet,
+    fashion_mnist,
+    from_folder,
+    from_table,
+    lfw_subset,
+    moeller2017,
+    pixel_noise,
+)
+from stimsim.errors import FileFormatError
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(manifest.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(manifest.MANIFEST_DIR_ENV, raising=False)
+    monkeypatch.delenv(manifest.MIRROR_DIR_ENV, raising=False)
+
+
+def _png(path, array):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(path)
+    return array
+
+
+@pytest.fixture
+def image_folder(tmp_path):
+    rng = np.random.default_rng(3)
+    root = tmp_path / "stimuli"
+    written = {
+        "faces/f1.png": _png(root / "faces" / "f1.png", rng.integers(0, 256, (6, 5), dtype=np.uint8)),
+        "faces/f2.png": _png(root / "faces" / "f2.png", rng.integers(0, 256, (6, 5), dtype=np.uint8)),
+        "houses/deep/h1.png": _png(root / "houses" / "deep" / "h1.png",
+                                   rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)),
+    }
+    (root / "houses" / "notes.txt").write_text("not an image")
+    return root, written
+
+
+def _small_set(n=4, name="small", prefix="s"):
+    images = [np.full((3, 4), i / 10, dtype=np.float32) for i in range(n)]
+    return StimulusSet(name=name, images=images, stimulus_id=np.asarray([f"{prefix}{i}" for i in range(n)]),
+                       labels={"category": np.asarray(["a", "b"] * (n // 2)), "size_deg": np.arange(n) * 1.5})
+
+
+# --------------------------------------------------------------------------- the container
+
+
+def test_stimulus_set_validation():
+    good = [np.zeros((2, 2), np.float32)] * 2
+    with pytest.raises(ValueError, match="unique"):
+        StimulusSet("x", good, np.asarray(["a", "a"]))
+    with pytest.raises(ValueError, match="2 images but 1"):
+        StimulusSet("x", good, np.asarray(["a"]))
+    with pytest.raises(ValueError, match="dtype uint8"):
+        StimulusSet("x", [np.zeros((2, 2), np.uint8)], np.asarray(["a"]))
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        StimulusSet("x", [np.full((2, 2), 1.5)], np.asarray(["a"]))
+    with pytest.raises(ValueError, match=r"\(H, W\) or \(H, W, 3\)"):
+        StimulusSet("x", [np.zeros((2, 2, 4))], np.asarray(["a"]))
+    with pytest.raises(ValueError, match="one value per image"):
+        StimulusSet("x", good, np.asarray(["a", "b"]), labels={"category": ["face"]})
+    with pytest.raises(ValueError, match="reserved|other than 'stimulus_id'"):
+        StimulusSet("x", good, np.asarray(["a", "b"]), labels={"stimulus_id": ["p", "q"]})
+    converted = StimulusSet("x", [np.zeros((2, 2), np.float64)], ["a"])
+    assert converted.images[0].dtype == np.float32
+
+
+def test_subset_concat_and_coords():
+    stimuli = _small_set()
+    picked = stimuli.subset(stimuli.labels["category"] == "b")
+    assert list(picked.stimulus_id) == ["s1", "s3"]
+    assert picked.labels["size_deg"].tolist() == [1.5, 4.5]
+    assert float(picked.images[1][0, 0]) == pytest.approx(0.3)
+    assert list(stimuli.subset([3, 0]).stimulus_id) == ["s3", "s0"]
+    with pytest.raises(ValueError, match="indices must lie"):
+        stimuli.subset([4])
+    with pytest.raises(ValueError, match="boolean mask"):
+        stimuli.subset([True, False])
+
+    both = StimulusSet.concat(stimuli, _small_set(prefix="t"))
+    assert len(both) == 8 and both.name == "small+small"
+    assert list(both.stimulus_id[3:5]) == ["s3", "t0"]
+    with pytest.raises(ValueError, match="unique"):
+        StimulusSet.concat(stimuli, stimuli)
+    with pytest.raises(ValueError, match="different labels"):
+        StimulusSet.concat(stimuli, _small_set(prefix="t").with_labels(extra=np.zeros(4)))
+
+    coords = stimuli.with_labels(is_face=np.asarray([True, False, True, False])).to_coords()
+    responses = xr.DataArray(np.arange(8.0).reshape(4, 2), dims=("stimulus_id", "unit"), coords=coords)
+    assert responses.sel(stimulus_id="s2").is_face.item()
+    assert responses.where(responses.category == "a", drop=True).stimulus_id.values.tolist() == ["s0", "s2"]
+
+
+# --------------------------------------------------------------------------- folders and tables
+
+
+def test_from_folder_labels_ids_and_pixels(image_folder):
+    root, written = image_folder
+    stimuli = from_folder(root)
+    assert stimuli.name == "stimuli"
+    assert list(stimuli.stimulus_id) == sorted(written)
+    assert list(stimuli.labels["category"]) == ["faces", "faces", "houses"]
+    for stimulus_id, image in zip(stimuli.stimulus_id, stimuli.images):
+        np.testing.assert_allclose(image, written[stimulus_id] / 255.0, atol=1e-6)
+    assert stimuli.images[2].shape == (4, 4, 3)
+    assert from_folder(root, label_from=None).labels == {}
+
+
+def test_from_folder_refuses_loose_images_and_empty_folders(image_folder, tmp_path):
+    root, _ = image_folder
+    _png(root / "loose.png", np.zeros((2, 2), np.uint8))
+    with pytest.raises(FileFormatError, match="loose.png"):
+        from_folder(root)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileFormatError, match="no image files"):
+        from_folder(tmp_path / "empty")
+    with pytest.raises(ValueError, match="label_from"):
+        from_folder(root, label_from="filename")
+
+
+def test_csv_table_round_trip(image_folder):
+    root, written = image_folder
+    table = root / "table.csv"
+    with open(table, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["stimulus_id", "path", "category", "repeat", "contrast", "session"])
+        writer.writerow(["face_1", "faces/f1.png", "face", "1", "0.5", "1_2"])
+        writer.writerow(["house_1", str(root / "houses" / "deep" / "h1.png"), "house", "2", "1", "3_4"])
+    stimuli = from_table(table)
+    assert stimuli.name == "table"
+    assert list(stimuli.stimulus_id) == ["face_1", "house_1"]
+    assert stimuli.labels["category"].tolist() == ["face", "house"]
+    assert stimuli.labels["repeat"].dtype == np.int64 and stimuli.labels["repeat"].tolist() == [1, 2]
+    assert stimuli.labels["contrast"].dtype == np.float64
+    assert stimuli.labels["session"].tolist() == ["1_2", "3_4"]
+    np.testing.assert_allclose(stimuli.images[0], written["faces/f1.png"] / 255.0, atol=1e-6)
+
+    table.write_text("stimulus_id,path\nmissing,faces/none.png\n")
+    with pytest.raises(FileFormatError, match="line 2: image file .*none.png not found"):
+        from_table(table)
+    table.write_text("stimulus_id,file\na,faces/f1.png\n")
+    with pytest.raises(FileFormatError, match=r"missing column\(s\) \['path'\]"):
+        from_table(table)
+    table.write_text("stimulus_id,path\na,faces/f1.png\na,faces/f2.png\n")
+    with pytest.raises(FileFormatError, match="repeated"):
+        from_table(table)
+
+
+def test_hdf5_round_trip(tmp_path):
+    stimuli = _small_set()
+    path = stimuli.to_hdf5(tmp_path / "set.h5")
+    again = from_table(path)
+    assert again.name == "small"
+    assert list(again.stimulus_id) == list(stimuli.stimulus_id)
+    assert again.labels["category"].tolist() == ["a", "b", "a", "b"]
+    np.testing.assert_array_equal(again.labels["size_deg"], stimuli.labels["size_deg"])
+    for original, loaded in zip(stimuli.images, again.images):
+        np.testing.assert_array_equal(original, loaded)
+
+    with h5py.File(tmp_path / "uint8.hdf5", "w") as handle:
+        handle["images"] = np.array([[[0, 255]], [[51, 102]]], dtype=np.uint8)[..., None]
+        handle["stimulus_id"] = np.array([b"p", b"q"])
+        handle["choice"] = np.array([0, 1])
+    loaded = from_table(tmp_path / "uint8.hdf5")
+    np.testing.assert_allclose(loaded.images[1], [[0.2, 0.4]], atol=1e-6)
+    assert loaded.labels["choice"].tolist() == [0, 1]
+
+    with h5py.File(tmp_path / "bad.h5", "w") as handle:
+        handle["images"] = np.zeros((2, 3, 3), np.float32)
+        handle["stimulus_id"] = np.array([b"p", b"q"])
+        handle["maps"] = np.zeros((2, 3))
+    with pytest.raises(FileFormatError, match="'maps' must be a 1-D dataset"):
+        from_table(tmp_path / "bad.h5")
+    with pytest.raises(ValueError, match="one shape"):
+        StimulusSet("mixed", [np.zeros((2, 2)), np.zeros((3, 3))], ["a", "b"]).to_hdf5(tmp_path / "m.h5")
+    with pytest.raises(ValueError, match="unknown table type"):
+        from_table(Path(__file__))
+
+
+# --------------------------------------------------------------------------- named sets
+
+
+def test_lfw_subset_faces_then_nonfaces():
+    stimuli = lfw_subset()
+    assert len(stimuli) == 200
+    assert Counter(stimuli.labels["category"].tolist()) == {"face": 100, "nonface": 100}
+    assert list(stimuli.labels["category"][:100]) == ["face"] * 100
+    assert stimuli.stimulus_id[0] == "lfw_face_000" and stimuli.stimulus_id[199] == "lfw_nonface_099"
+    assert all(image.shape == (25, 25) and image.dtype == np.float32 for image in stimuli.images)
+    from skimage.data import lfw_subset as skimage_lfw
+
+    np.testing.assert_allclose(np.stack(stimuli.images), skimage_lfw(), atol=1e-6)
+
+
+@pytest.mark.skipif(not FASHION_MNIST_DIR.is_dir(), reason="Debian package dataset-fashion-mnist not installed")
+def test_fashion_mnist_shapes_labels_and_sampling():
+    full = fashion_mnist("test")
+    assert len(full) == 10000
+    assert Counter(full.labels["category"].tolist()) == {name: 1000 for name in FASHION_MNIST_CLASSES}
+    assert full.images[0].shape == (28, 28) and 0.0 <= full.images[0].min() <= full.images[0].max() <= 1.0
+    # the first test image of Fashion-MNIST is an ankle boot
+    assert full.labels["category"][0] == "ankle_boot" and full.labels["class_index"][0] == 9
+
+    sample = fashion_mnist("test", n_per_class=3, seed=1)
+    assert len(sample) == 30
+    assert set(Counter(sample.labels["class_index"].tolist()).values()) == {3}
+    index = int(sample.stimulus_id[0].rsplit("_", 1)[1])
+    np.testing.assert_array_equal(sample.images[0], full.images[index])
+    assert list(fashion_mnist("test", n_per_class=3, seed=1).stimulus_id) == list(sample.stimulus_id)
+    assert list(fashion_mnist("test", n_per_class=3, seed=2).stimulus_id) != list(sample.stimulus_id)
+    with pytest.raises(ValueError, match="split"):
+        fashion_mnist("validation")
+    with pytest.raises(ValueError, match="exceeds"):
+        fashion_mnist("test", n_per_class=1001)
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "moeller2017").is_dir(), reason="shared Moeller 2017 data not present")
+def test_moeller2017_faces_and_objects():
+    stimuli = moeller2017(("Faces", "Objects"), mirror=SHARED_DATA)
+    faces = stimuli.subset(stimuli.labels["stimulus_set"] == "Faces")
+    assert len(faces) == 191
+    assert len(set(faces.labels["identity"].tolist())) == 32
+    expressions = Counter(faces.labels["expression"].tolist())
+    assert set(expressions) == {"Anger", "Disgust", "Fear", "None", "Sad", "Surprise"}
+    assert expressions["None"] == 31  # identity r008 has no neutral image
+    missing = [i for i in set(faces.labels["identity"].tolist())
+               if (faces.labels["identity"] == i).sum() != 6]
+    assert missing == ["r008"]
+    assert set(faces.labels["category"].tolist()) == {"face"}
+
+    objects = stimuli.subset(stimuli.labels["stimulus_set"] == "Objects")
+    assert len(objects) == 84
+    first = objects.stimulus_id.tolist().index(
+        "Objects/ID_alarmclock156_ALOI_objects-none-ORI_A-45_E00-alarmclock156.png")
+    assert objects.labels["identity"][first] == "alarmclock156"
+    assert objects.labels["view"][first] == "A-45_E00"
+    assert objects.labels["azimuth_deg"][first] == -45.0
+    assert objects.labels["expression"][first] == ""
+    assert faces.images[0].shape == (400, 400, 3) and faces.images[0].max() <= 1.0
+
+    abstract = moeller2017("Abstract_Faces", mirror=SHARED_DATA)
+    assert len(abstract) == 16
+    assert Counter(abstract.labels["rendering"].tolist()) == {"cartoon": 4, "linedrawing": 4, "mooney": 4,
+                                                               "silhouette": 4}
+    assert set(abstract.labels["identity"].tolist()) == {"BR", "SN", "WM", "BT"}
+    with pytest.raises(ValueError, match="folders"):
+        moeller2017(("Faces", "Cars"), mirror=SHARED_DATA)
+
+
+# --------------------------------------------------------------------------- pixel noise
+
+
+def test_pixel_noise_levels_fraction_and_determinism():
+    rng = np.random.default_rng(0)
+    images = [rng.random((40, 50)).astype(np.float32), rng.random((30, 30, 3)).astype(np.float32)]
+    stimuli = StimulusSet("pair", images, ["img_a", "img_b"], labels={"category": ["face", "nonface"]})
+    noisy = pixel_noise(stimuli, [100, 40, 0], seed=7)
+    assert len(noisy) == 6
+    assert noisy.stimulus_id.tolist() == ["img_a_signal100", "img_b_signal100", "img_a_signal40",
+                                          "img_b_signal40", "img_a_signal0", "img_b_signal0"]
+    assert noisy.labels["signal_percent"].tolist() == [100, 100, 40, 40, 0, 0]
+    assert noisy.labels["category"].tolist() == ["face", "nonface"] * 3
+    # 100 % signal: the original image
+    np.testing.assert_array_equal(noisy.images[0], images[0])
+    np.testing.assert_array_equal(noisy.images[1], images[1])
+    # 40 % signal: exactly 60 % of the pixel positions replaced (all channels of a colour pixel)
+    changed_gray = noisy.images[2] != images[0]
+    assert changed_gray.sum() == round(0.6 * 40 * 50)
+    changed_rgb = np.any(noisy.images[3] != images[1], axis=-1)
+    assert changed_rgb.sum() == round(0.6 * 30 * 30)
+    kept = ~changed_gray
+    np.testing.assert_array_equal(noisy.images[2][kept], images[0][kept])
+    assert 0.0 <= noisy.images[3].min() and noisy.images[3].max() <= 1.0
+    # noise is uniform in [0, 1]: mean ≈ 0.5, sd ≈ 1/sqrt(12)
+    pure = noisy.images[4]
+    assert abs(pure.mean() - 0.5) < 0.03 and abs(pure.std() - 12 ** -0.5) < 0.02
+    # 0 % signal does not depend on the image, only on (seed, level, id)
+    other = StimulusSet("other", [np.zeros((40, 50), np.float32)], ["img_a"], labels={"category": ["face"]})
+    np.testing.assert_array_equal(pixel_noise(other, [0], seed=7).images[0], pure)
+    # deterministic given the seed, different for another seed
+    np.testing.assert_array_equal(pixel_noise(stimuli, [40], seed=7).images[0], noisy.images[2])
+    assert not np.array_equal(pixel_noise(stimuli, [40], seed=8).images[0], noisy.images[2])
+
+
+@pytest.mark.parametrize("levels", [[], [120], [-5], [50, 50], ["high"]])
+def test_pixel_noise_refuses_bad_levels(levels):
+    with pytest.raises(ValueError, match="signal"):
+        pixel_noise(_small_set(), levels)
+
+
+def test_pixel_noise_refuses_bad_seed_and_renoising():
+    with pytest.raises(ValueError, match="seed"):
+        pixel_noise(_small_set(), [50], seed=-1)
+    noisy = pixel_noise(_small_set(), [50])
+    with pytest.raises(ValueError, match="already has a 'signal_percent'"):
+        pixel_noise(noisy, [50])
