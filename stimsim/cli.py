@@ -87,8 +87,10 @@ def _cmd_run(args) -> int:
 
 def _cmd_bench(args) -> int:
     from stimsim.bench import run_benchmark
+    from stimsim.models.registry import DEFAULT_MODEL, available_models, load_model
 
-    report = run_benchmark(quick=args.quick)
+    default_model = load_model(args.model) if args.model or DEFAULT_MODEL in available_models() else None
+    report = run_benchmark(quick=args.quick, default_model=default_model)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -143,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmark the simulation engine against the plain approach")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not the reported numbers)")
+    bench.add_argument("--model", help="small model measured besides the ResNet-18 (default: the shipped default model)")
     bench.set_defaults(handler=_cmd_bench)
     return parser
 

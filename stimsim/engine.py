@@ -1,0 +1,474 @@
+"""Batched, cached simulation of (condition × image) → choice probabilities.
+
+The engine follows the data flow of a perturbation experiment (Schrimpf et al. 2024, bioRxiv
+2024.01.09.572970; Mehrer et al. 2025, arXiv 2510.03684): images run through the topographic model
+up to the perturbed layer L, a condition's effect changes the activity of L's units
+(``activity × multiplier + additive``, on the output flattened in C-major order), the later stages run
+on the perturbed activity, and a frozen decoder reads its layer and returns choice probabilities.
+
+:func:`simulate` computes the activity of L once per image and reuses it for every condition, batching
+conditions together, so a sweep of many sites costs one pass through the early stages plus one pass
+through the stages after L per (condition, image) pair. :func:`simulate_plain` is the reference: one full
+forward pass per condition with a hook on L. Both return the same labelled array.
+
+Conditions follow the ``stimsim.stimulation.Condition`` protocol (``label``, ``layer()``,
+``effect(sheet)`` → an effect with ``multiplier``, ``additive`` and ``is_identity``, ``describe()``);
+decoders follow the ``stimsim.behavior`` protocol (``layer``, ``choices``,
+``probabilities(features (K, B, F), stimulus_index (B,)) → (K, B, n_choices)``).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from stimsim.errors import ConfigError, FileFormatError
+from stimsim.io import atomic_write_bytes, atomic_write_json
+
+#: Default memory budget for the perturbed activity of one pass (bytes).
+DEFAULT_MAX_CHUNK_BYTES = 1 << 30
+
+#: Format tag of the ``store.json`` file of a simulation store.
+STORE_FORMAT = "stimsim-simulation-store/1"
+
+#: Coordinate names the engine sets itself; condition parameters and stimulus labels may not use them.
+RESERVED_COORDS = ("condition", "stimulus_id", "choice", "perturbed_layer")
+
+#: Live tensors of the largest later stage counted per (condition, image) pair when sizing chunks: a
+#: residual block holds its input, its shortcut and two intermediate maps at once.
+_LIVE_TENSORS_PER_STAGE = 4
+
+
+def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coords=None, batch_size: int = 64,
+             store=None, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, progress: bool = True) -> xr.DataArray:
+    """Choice probabilities for every (condition, image) pair, computed in batches.
+
+    Parameters
+    ----------
+    model : a ``TopographicModel``.
+    images : anything ``model.preprocess`` accepts (files, arrays in [0, 1], tensors).
+    conditions : sequence of conditions with unique labels; a condition perturbs one layer that has a
+        cortical sheet and does not come after the decoder's layer, or none (control).
+    decoder : frozen decoder (``layer``, ``choices``, ``probabilities``).
+    stimulus_ids : one unique id per image (default ``image_00000``, ...).
+    stimulus_coords : name → array of length n_images, extra labels on the ``stimulus_id`` dimension.
+    batch_size : images per pass when computing unperturbed activity.
+    store : directory; each finished chunk of conditions is written there atomically, and calling again
+        with the same inputs resumes from it (finished chunks are loaded, not recomputed).
+    max_chunk_bytes : memory budget (bytes) of one pass of perturbed activity through the later stages;
+        decides how many conditions (and images) are batched together. The unperturbed activity of each
+        perturbed layer (n_images × units, float32) is held besides it.
+    progress : show a progress bar over chunks.
+
+    Returns
+    -------
+    ``xarray.DataArray`` ``choice_probability`` with dims (condition, stimulus_id, choice); coords: condition
+    labels, ``perturbed_layer`` ("" for control), every parameter of ``Condition.describe()`` (NaN or "" where
+    a condition lacks it) and the stimulus coords; attrs: model, perturbed layers, decoder layer.
+    """
+    if isinstance(max_chunk_bytes, bool) or not isinstance(max_chunk_bytes, (int, np.integer)) or max_chunk_bytes < 1:
+        raise ConfigError(f"max_chunk_bytes must be a positive integer (bytes), got {max_chunk_bytes!r}")
+    setup = _Setup(model, images, conditions, decoder, stimulus_ids, stimulus_coords, batch_size)
+    chunks = _chunk_plan(setup, int(max_chunk_bytes))
+    probabilities = np.full((len(setup.conditions), setup.n_images, len(setup.choices)), np.nan)
+    done = np.zeros(len(setup.conditions), dtype=bool)
+    store_dir = None
+    if store is not None:
+        store_dir = Path(store)
+        _open_store(store_dir, setup, probabilities, done)
+    runner = _Runner(setup)
+    for layer, indices, images_per_pass in tqdm(chunks, desc="simulate", unit="chunk", disable=not progress):
+        todo = indices[~done[indices]]
+        if len(todo) == 0:
+            continue
+        if layer is None:
+            chunk = np.broadcast_to(runner.control(), (len(todo),) + probabilities.shape[1:])
+        else:
+            chunk = runner.perturbed(layer, [setup.conditions[i] for i in todo], images_per_pass)
+        probabilities[todo] = chunk
+        done[todo] = True
+        if store_dir is not None:
+            _write_chunk(store_dir, todo, probabilities[todo])
+    return _to_dataarray(setup, probabilities)
+
+
+def simulate_plain(model, images, conditions, decoder, stimulus_ids=None, stimulus_coords=None,
+                   batch_size: int = 64, progress: bool = True) -> xr.DataArray:
+    """Reference simulation: for each condition, a forward hook on the perturbed layer's stage applies the
+    effect and the whole network runs from the images. Same arguments and output as :func:`simulate`."""
+    setup = _Setup(model, images, conditions, decoder, stimulus_ids, stimulus_coords, batch_size)
+    stage_modules = dict(model.stages)
+    probabilities = np.empty((len(setup.conditions), setup.n_images, len(setup.choices)))
+    for row, (condition, layer) in enumerate(tqdm(list(zip(setup.conditions, setup.layers)), desc="simulate (plain)",
+                                                  unit="condition", disable=not progress)):
+        handle = None
+        if layer is not None:
+            multiplier, additive = _effect_tensors([condition], model.sheet(layer))
+            handle = stage_modules[layer].register_forward_hook(_effect_hook(multiplier[0], additive[0]))
+        try:
+            for start in range(0, setup.n_images, batch_size):
+                stop = min(start + batch_size, setup.n_images)
+                features = model.run_stages(setup.inputs[start:stop], stop=setup.decoder_layer).flatten(1)
+                probabilities[row, start:stop] = _decode(setup, features[None], start, stop)[0]
+        finally:
+            if handle is not None:
+                handle.remove()
+    return _to_dataarray(setup, probabilities)
+
+
+# --- inputs ------------------------------------------------------------------------------------
+class _Setup:
+    """Validated inputs of one simulation: preprocessed images, resolved layers, labels."""
+
+    def __init__(self, model, images, conditions, decoder, stimulus_ids, stimulus_coords, batch_size):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer (images per pass), got {batch_size!r}")
+        for attribute in ("layer", "choices", "probabilities"):
+            if not hasattr(decoder, attribute):
+                raise ConfigError(f"decoder {type(decoder).__name__} has no {attribute!r}; a decoder needs "
+                                  "layer, choices and probabilities(features, stimulus_index)")
+        self.model = model
+        self.decoder = decoder
+        self.batch_size = int(batch_size)
+        self.decoder_layer = model.resolve_layer(decoder.layer)
+        self.choices = tuple(decoder.choices)
+        if not self.choices:
+            raise ConfigError("decoder.choices is empty; a decoder needs at least one choice label")
+        self.conditions = list(conditions)
+        if not self.conditions:
+            raise ConfigError("no conditions given; pass at least one (an empty Condition is the control)")
+        labels = [str(c.label) for c in self.conditions]
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        if repeated:
+            raise ConfigError(f"condition labels must be unique; repeated: {repeated}")
+        self.labels = labels
+        self.layers = [self._condition_layer(c) for c in self.conditions]
+        self.inputs = model.preprocess(images)
+        self.n_images = len(self.inputs)
+        if stimulus_ids is None:
+            stimulus_ids = [f"image_{i:05d}" for i in range(self.n_images)]
+        self.stimulus_ids = [str(s) for s in stimulus_ids]
+        if len(self.stimulus_ids) != self.n_images:
+            raise ConfigError(f"got {len(self.stimulus_ids)} stimulus_ids for {self.n_images} images")
+        if len(set(self.stimulus_ids)) != self.n_images:
+            raise ConfigError("stimulus_ids must be unique")
+        self.descriptions = [dict(c.describe()) for c in self.conditions]
+        self.parameter_coords = _parameter_coords(self.descriptions)
+        self.stimulus_coords = self._stimulus_coords(stimulus_coords or {})
+
+    def _condition_layer(self, condition):
+        layer = condition.layer()
+        if layer is None:
+            return None
+        layer = self.model.resolve_layer(layer)
+        self.model.sheet(layer)
+        names = self.model.stage_names
+        if names.index(layer) > names.index(self.decoder_layer):
+            raise ConfigError(
+                f"condition {condition.label!r} perturbs layer {layer!r}, which comes after the decoder's layer "
+                f"{self.decoder_layer!r}; perturb the decoder's layer or an earlier one"
+            )
+        return layer
+
+    def _stimulus_coords(self, coords: dict) -> dict:
+        checked = {}
+        for name, values in coords.items():
+            if name in RESERVED_COORDS or name in self.parameter_coords:
+                raise ConfigError(f"stimulus coord {name!r} clashes with a coordinate the engine sets "
+                                  f"({list(RESERVED_COORDS)} and the condition parameters)")
+            values = np.asarray(values)
+            if values.shape != (self.n_images,):
+                raise ConfigError(f"stimulus coord {name!r} must have one value per image ({self.n_images}), "
+                                  f"got shape {values.shape}")
+            checked[name] = values
+        return checked
+
+
+def _parameter_coords(descriptions: list[dict]) -> dict[str, np.ndarray]:
+    """One array per parameter named by any condition: float (NaN where missing) when every given value is
+    a number, bool when every condition gives a bool, else strings ("" where missing)."""
+    names = list(dict.fromkeys(name for description in descriptions for name in description))
+    coords = {}
+    for name in names:
+        if name in RESERVED_COORDS:
+            raise ConfigError(f"condition parameter {name!r} clashes with a coordinate the engine sets "
+                              f"{list(RESERVED_COORDS)}")
+        given = [d[name] for d in descriptions if name in d]
+        if len(given) == len(descriptions) and all(isinstance(v, (bool, np.bool_)) for v in given):
+            coords[name] = np.array(given, dtype=bool)
+        elif all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+                 for v in given):
+            coords[name] = np.array([float(d[name]) if name in d else np.nan for d in descriptions])
+        else:
+            coords[name] = np.array([str(d[name]) if name in d else "" for d in descriptions], dtype=object)
+    return coords
+
+
+# --- chunking ----------------------------------------------------------------------------------
+def _chunk_plan(setup: _Setup, max_chunk_bytes: int) -> list[tuple[str | None, np.ndarray, int]]:
+    """Chunks of conditions as (layer, condition indices, images per pass), grouped by layer in order of first
+    appearance; the control conditions form one chunk."""
+    groups: dict[str | None, list[int]] = {}
+    for index, layer in enumerate(setup.layers):
+        groups.setdefault(layer, []).append(index)
+    perturbed = [layer for layer in groups if layer is not None]
+    units = {}
+    if perturbed:
+        example = setup.inputs[:1]
+        dims = setup.model.stage_output_dims(example)
+        units = {name: int(np.prod(d)) for name, d in dims.items()}
+    names = setup.model.stage_names
+    plan = []
+    for layer, indices in groups.items():
+        indices = np.asarray(indices, dtype=np.int64)
+        if layer is None:
+            plan.append((None, indices, setup.n_images))
+            continue
+        later = names[names.index(layer):names.index(setup.decoder_layer) + 1]
+        element_bytes = setup.inputs.element_size()
+        pair_bytes = element_bytes * (units[layer] + _LIVE_TENSORS_PER_STAGE * max(units[name] for name in later))
+        pairs = max_chunk_bytes // pair_bytes
+        if pairs < 1:
+            raise ConfigError(f"max_chunk_bytes={max_chunk_bytes} is below the memory of one (condition, image) "
+                              f"pair perturbed at {layer!r} (about {pair_bytes} bytes); raise it")
+        images_per_pass = int(min(setup.n_images, pairs))
+        per_chunk = int(max(1, pairs // setup.n_images))
+        plan.extend((layer, indices[i:i + per_chunk], images_per_pass) for i in range(0, len(indices), per_chunk))
+    return plan
+
+
+# --- computing ---------------------------------------------------------------------------------
+class _Runner:
+    """Runs chunks, caching unperturbed activity per layer and the control probabilities."""
+
+    def __init__(self, setup: _Setup):
+        self.setup = setup
+        self._activity: dict[str, torch.Tensor] = {}
+        self._control: np.ndarray | None = None
+
+    def activity(self, layer: str) -> torch.Tensor:
+        """Unperturbed output of ``layer`` for every image, (n_images, *layer output shape)."""
+        if layer not in self._activity:
+            s = self.setup
+            self._activity[layer] = torch.cat([s.model.run_stages(s.inputs[i:i + s.batch_size], stop=layer)
+                                               for i in range(0, s.n_images, s.batch_size)])
+        return self._activity[layer]
+
+    def control(self) -> np.ndarray:
+        """Unperturbed choice probabilities, (n_images, n_choices)."""
+        if self._control is None:
+            s = self.setup
+            features = self.activity(s.decoder_layer).flatten(1)
+            self._control = _decode(s, features[None], 0, s.n_images)[0]
+        return self._control
+
+    def perturbed(self, layer: str, conditions: list, images_per_pass: int) -> np.ndarray:
+        """Probabilities (k, n_images, n_choices) for conditions perturbing ``layer``."""
+        s = self.setup
+        result = np.empty((len(conditions), s.n_images, len(s.choices)))
+        multiplier, additive = _effect_tensors(conditions, s.model.sheet(layer))
+        identity = np.array([c is None for c in multiplier], dtype=bool)
+        if identity.any():
+            result[identity] = self.control()
+        rows = np.flatnonzero(~identity)
+        if len(rows) == 0:
+            return result
+        activity = self.activity(layer)
+        shape = activity.shape[1:]
+        flat = activity.flatten(1)
+        m = torch.stack([multiplier[r] for r in rows])[:, None, :].to(flat.dtype)
+        a = torch.stack([additive[r] for r in rows])[:, None, :].to(flat.dtype)
+        for start in range(0, s.n_images, images_per_pass):
+            stop = min(start + images_per_pass, s.n_images)
+            perturbed = flat[None, start:stop] * m
+            perturbed.add_(a)
+            x = perturbed.reshape((len(rows) * (stop - start),) + tuple(shape))
+            if layer != s.decoder_layer:
+                x = s.model.run_stages(x, start=layer, stop=s.decoder_layer)
+            result[rows, start:stop] = _decode(s, x.reshape(len(rows), stop - start, -1), start, stop)
+        return result
+
+
+def _effect_tensors(conditions: list, sheet) -> tuple[list, list]:
+    """Per condition, the (N,) float32 multiplier and additive tensors, or None for both when the effect is
+    the identity."""
+    multipliers, additives = [], []
+    for condition in conditions:
+        effect = condition.effect(sheet)
+        multiplier = np.asarray(effect.multiplier, dtype=np.float64)
+        additive = np.asarray(effect.additive, dtype=np.float64)
+        if multiplier.shape != (sheet.n_units,) or additive.shape != (sheet.n_units,):
+            raise ValueError(f"condition {condition.label!r}: effect has multiplier {multiplier.shape} and additive "
+                             f"{additive.shape}, but layer {sheet.name!r} has {sheet.n_units} units")
+        if effect.is_identity:
+            multipliers.append(None)
+            additives.append(None)
+        else:
+            multipliers.append(torch.tensor(multiplier, dtype=torch.float32))
+            additives.append(torch.tensor(additive, dtype=torch.float32))
+    return multipliers, additives
+
+
+def _effect_hook(multiplier: torch.Tensor | None, additive: torch.Tensor | None):
+    """Forward hook replacing a stage's output by output × multiplier + additive (C-major flattening)."""
+    def hook(module, inputs, output):
+        if multiplier is None:
+            return output
+        flat = output.flatten(1)
+        perturbed = flat * multiplier.to(flat.dtype)
+        perturbed.add_(additive.to(flat.dtype))
+        return perturbed.reshape(output.shape)
+
+    return hook
+
+
+def _decode(setup: _Setup, features: torch.Tensor, start: int, stop: int) -> np.ndarray:
+    """Decoder probabilities for features (k, stop − start, F) of images start..stop − 1, as float64."""
+    with torch.no_grad():
+        out = setup.decoder.probabilities(features, torch.arange(start, stop, dtype=torch.long))
+    out = torch.as_tensor(out)
+    expected = (features.shape[0], stop - start, len(setup.choices))
+    if tuple(out.shape) != expected:
+        raise ValueError(f"decoder {type(setup.decoder).__name__}.probabilities returned shape {tuple(out.shape)}, "
+                         f"expected {expected} (conditions, images, choices)")
+    return out.detach().cpu().numpy().astype(np.float64)
+
+
+# --- output ------------------------------------------------------------------------------------
+def _to_dataarray(setup: _Setup, probabilities: np.ndarray) -> xr.DataArray:
+    coords = {
+        "condition": np.array(setup.labels, dtype=object),
+        "stimulus_id": np.array(setup.stimulus_ids, dtype=object),
+        "choice": list(setup.choices),
+        "perturbed_layer": ("condition", np.array([layer or "" for layer in setup.layers], dtype=object)),
+    }
+    coords.update({name: ("condition", values) for name, values in setup.parameter_coords.items()})
+    coords.update({name: ("stimulus_id", values) for name, values in setup.stimulus_coords.items()})
+    names = setup.model.stage_names
+    layers = sorted({layer for layer in setup.layers if layer is not None}, key=names.index)
+    return xr.DataArray(probabilities, dims=("condition", "stimulus_id", "choice"), coords=coords,
+                        name="choice_probability",
+                        attrs={"model": setup.model.name, "perturbed_layers": ",".join(layers),
+                               "decoder_layer": setup.decoder_layer, "units": "probability"})
+
+
+# --- store -------------------------------------------------------------------------------------
+def _open_store(directory: Path, setup: _Setup, probabilities: np.ndarray, done: np.ndarray) -> None:
+    """Create the store, or check its fingerprint and load its finished chunks into ``probabilities``."""
+    fingerprint = _fingerprint(setup)
+    spec_path = directory / "store.json"
+    if not spec_path.is_file():
+        if directory.is_dir() and any(directory.iterdir()):
+            raise ConfigError(f"store directory {directory} is not empty and holds no store.json; "
+                              "give an empty or new directory")
+        atomic_write_json(spec_path, {"format": STORE_FORMAT, "fingerprint": fingerprint,
+                                      "n_conditions": len(setup.conditions), "n_images": setup.n_images,
+                                      "choices": [str(c) for c in setup.choices]})
+        return
+    try:
+        spec = json.loads(spec_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise FileFormatError(spec_path, f"not valid JSON ({exc})") from None
+    if not isinstance(spec, dict) or spec.get("format") != STORE_FORMAT:
+        raise FileFormatError(spec_path, f"not a simulation store (format should be {STORE_FORMAT!r})")
+    stored = spec.get("fingerprint", {})
+    differing = sorted(key for key in set(stored) | set(fingerprint) if stored.get(key) != fingerprint.get(key))
+    if differing:
+        raise ConfigError(f"store {directory} was written for different inputs (they differ in: "
+                          f"{', '.join(differing)}); resume only with the same call, or give a new directory")
+    for path in sorted(directory.glob("chunk_*.npz")):
+        indices, values = _read_chunk(path, probabilities.shape)
+        probabilities[indices] = values
+        done[indices] = True
+
+
+def _write_chunk(directory: Path, indices: np.ndarray, values: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    np.savez(buffer, condition_index=np.asarray(indices, dtype=np.int64), probability=np.asarray(values))
+    atomic_write_bytes(directory / f"chunk_{int(indices.min()):08d}.npz", buffer.getvalue())
+
+
+def _read_chunk(path: Path, shape: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            indices = archive["condition_index"]
+            values = archive["probability"]
+    except Exception as exc:  # numpy raises many types for a damaged archive
+        raise FileFormatError(path, f"not a readable chunk archive ({exc})") from None
+    if (indices.ndim != 1 or values.shape != (len(indices),) + shape[1:] or len(indices) == 0
+            or indices.min() < 0 or indices.max() >= shape[0]):
+        raise FileFormatError(path, f"chunk does not fit this store ({len(indices)} condition indices, "
+                                    f"probabilities {values.shape}; store has {shape[0]} conditions × {shape[1:]})")
+    return indices, values
+
+
+def _fingerprint(setup: _Setup) -> dict[str, str]:
+    """sha256 digests of what the result depends on: model (name, architecture, preprocessing, weights,
+    sheets), preprocessed images, stimulus ids, conditions (label, layer, ``describe()`` and ``to_dict()``
+    when they have one) and decoder."""
+    model = setup.model
+    model_digest = hashlib.sha256(_canonical_json({
+        "name": model.name, "architecture": model.architecture, "preprocessing": model.preprocessing.to_dict(),
+        "stages": model.stage_names,
+    }).encode())
+    _update_with_state(model_digest, model.network.state_dict())
+    for layer in sorted(model.sheets):
+        model_digest.update(layer.encode())
+        model_digest.update(np.ascontiguousarray(model.sheets[layer].coordinates_mm).tobytes())
+    images_digest = hashlib.sha256(str(tuple(setup.inputs.shape)).encode())
+    _update_with_state(images_digest, {"inputs": setup.inputs})
+    conditions = [[label, layer, description, c.to_dict() if callable(getattr(c, "to_dict", None)) else None]
+                  for label, layer, description, c in zip(setup.labels, setup.layers, setup.descriptions,
+                                                          setup.conditions)]
+    return {
+        "model": model_digest.hexdigest(),
+        "images": images_digest.hexdigest(),
+        "stimulus_ids": _sha256_text(_canonical_json(setup.stimulus_ids)),
+        "conditions": _sha256_text(_canonical_json(conditions)),
+        "decoder": _decoder_fingerprint(setup),
+    }
+
+
+def _decoder_fingerprint(setup: _Setup) -> str:
+    """Digest of the decoder's frozen numbers: its ``to_dict()`` when it has one, else its pickled state."""
+    decoder = setup.decoder
+    if callable(getattr(decoder, "to_dict", None)):
+        state = _canonical_json(decoder.to_dict())
+    else:
+        try:
+            state = hashlib.sha256(pickle.dumps(decoder, protocol=4)).hexdigest()
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"store= needs a decoder with to_dict() or one that can be pickled; "
+                              f"{type(decoder).__name__} cannot be pickled ({exc})") from None
+    return _sha256_text(_canonical_json([type(decoder).__qualname__, setup.decoder_layer,
+                                         [str(c) for c in setup.choices], state]))
+
+
+def _update_with_state(digest, tensors: dict) -> None:
+    for name, tensor in tensors.items():
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def _canonical_json(obj) -> str:
+    return json.dumps(obj, sort_keys=True, default=_json_value)
+
+
+def _json_value(obj):
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return repr(obj)
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,249 @@
+"""Tests of the batched simulation engine (stimsim.engine) and its benchmark (stimsim.bench)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from stimsim import engine
+from stimsim.behavior import LogisticDecoder
+from stimsim.bench import run_benchmark
+from stimsim.engine import simulate, simulate_plain
+from stimsim.errors import ConfigError
+from stimsim.models.architectures import build_network
+from stimsim.models.positions import retinotopic_positions
+from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.topographic import TopographicModel
+from stimsim.sheet import CorticalSheet
+from stimsim.stimulation import Ablation, Condition, ElectricalStimulation
+
+N_IMAGES = 12
+IT_SHEET_MM = 10.0
+V4_SHEET_MM = 20.0
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    kwargs = {"n_classes": 2, "it_units": 64}
+    network = build_network("stimsim_topo", **kwargs)
+    sheets = {
+        "v4": CorticalSheet("v4", (128, 4, 4), retinotopic_positions((128, 4, 4), V4_SHEET_MM, seed=1)),
+        "it": CorticalSheet("it", (64, 1, 1), retinotopic_positions((64, 1, 1), IT_SHEET_MM, seed=2)),
+    }
+    return TopographicModel(network, sheets, Preprocessing(size_px=32, channels=1, mean=(0.5,), std=(0.25,)),
+                            {"family": "stimsim_topo", "kwargs": kwargs}, areas={"it": "IT", "v4": "V4"},
+                            name="tiny_topo")
+
+
+@pytest.fixture(scope="module")
+def images():
+    rng = np.random.default_rng(0)
+    brightness = np.repeat([0.0, 0.5], N_IMAGES // 2)
+    return (rng.uniform(0.0, 0.5, size=(N_IMAGES, 32, 32)) + brightness[:, None, None]).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def labels():
+    return np.repeat(["dark", "bright"], N_IMAGES // 2)
+
+
+@pytest.fixture(scope="module")
+def decoder(model, images, labels):
+    return LogisticDecoder.fit(model.activations(images, "it"), labels, layer="it", C=1.0)
+
+
+def it_site(label, x_mm, y_mm, **kwargs):
+    params = {"current_uA": 300.0, "frequency_Hz": 200.0, **kwargs}
+    return Condition(label, (ElectricalStimulation(((x_mm, y_mm),), layer="IT", **params),))
+
+
+def v4_site(label, x_mm, y_mm):
+    return Condition(label, (ElectricalStimulation(((x_mm, y_mm),), current_uA=300.0, frequency_Hz=200.0,
+                                                   layer="V4"),))
+
+
+def it_sites(n):
+    return [it_site(f"it_{i}", 1.0 + 8.0 * i / max(n - 1, 1), 5.0) for i in range(n)]
+
+
+def test_engine_matches_plain_at_it_and_pre_it(model, images, decoder):
+    conditions = [Condition("control"), *it_sites(4), v4_site("v4_a", 4.0, 4.0), v4_site("v4_b", 15.0, 12.0),
+                  it_site("it_additive", 5.0, 5.0, form="additive", activation_per_Hz=0.01)]
+    fast = simulate(model, images, conditions, decoder, progress=False)
+    plain = simulate_plain(model, images, conditions, decoder, progress=False)
+    assert fast.dims == ("condition", "stimulus_id", "choice")
+    assert fast.shape == (len(conditions), N_IMAGES, 2)
+    np.testing.assert_allclose(fast.values, plain.values, rtol=0, atol=1e-5)
+    xr.testing.assert_identical(fast.copy(data=plain.values), plain)
+    # stimulation changes behaviour (so the agreement above is not trivial), at both layers
+    control = fast.sel(condition="control").values
+    for label in ("it_1", "v4_a", "it_additive"):
+        assert np.abs(fast.sel(condition=label).values - control).max() > 1e-3
+    np.testing.assert_allclose(fast.sum("choice").values, 1.0, atol=1e-6)
+    # labels: condition parameters as coords, NaN / "" where a condition lacks them
+    assert list(fast.perturbed_layer.values) == ["", "it", "it", "it", "it", "v4", "v4", "it"]
+    assert math.isnan(float(fast.current_uA.sel(condition="control")))
+    assert float(fast.current_uA.sel(condition="it_0")) == 300.0
+    assert float(fast.site_x_mm.sel(condition="v4_b")) == 15.0
+    assert fast.kind.sel(condition="control").item() == "control"
+    assert fast.attrs["perturbed_layers"] == "v4,it"
+    assert fast.attrs["decoder_layer"] == "it"
+    assert fast.attrs["model"] == "tiny_topo"
+
+
+def test_control_and_identity_reproduce_unperturbed_output_exactly(model, images, decoder):
+    conditions = [it_site("it_0", 5.0, 5.0), Condition("control"), it_site("zero_Hz", 5.0, 5.0, frequency_Hz=0.0),
+                  v4_site("v4_a", 4.0, 4.0)]
+    result = simulate(model, images, conditions, decoder, progress=False)
+    unperturbed = decoder.probabilities(model.activations(images, "it")[None])[0].numpy()
+    assert np.array_equal(result.sel(condition="control").values, unperturbed.astype(np.float64))
+    assert np.array_equal(result.sel(condition="zero_Hz").values, unperturbed.astype(np.float64))
+
+
+def test_known_effects_at_the_decoder_layer(model, images, decoder):
+    sheet = model.sheet("it")
+    stim = it_site("stim", 3.0, 7.0)
+    lesion = Condition("lesion", (Ablation(((5.0, 5.0),), radius_mm=100.0, layer="IT"),))
+    result = simulate(model, images, [stim, lesion], decoder, progress=False)
+    # stimulation at the decoder's layer: the decoder sees activity × gain(d)
+    activity = model.activations(images, "it")
+    gain = torch.tensor(stim.effect(sheet).multiplier, dtype=torch.float32)
+    assert gain.max() > 2.0  # 300 µA, 200 Hz: gain = 1 + (200/30)·exp(−d/λ) near the electrode
+    expected = decoder.probabilities((activity * gain)[None])[0].numpy()
+    np.testing.assert_allclose(result.sel(condition="stim").values, expected, rtol=0, atol=1e-7)
+    # lesion of the whole IT sheet: every image gives the decoder's response to silence
+    silence = decoder.probabilities(torch.zeros(1, 1, sheet.n_units))[0, 0].numpy()
+    np.testing.assert_allclose(result.sel(condition="lesion").values, np.tile(silence, (N_IMAGES, 1)), atol=1e-7)
+
+
+def test_chunks_stay_within_the_memory_budget(model, images, decoder, monkeypatch):
+    conditions = [*it_sites(3), v4_site("v4_a", 4.0, 4.0), v4_site("v4_b", 12.0, 6.0)]
+    budget_bytes = 100_000  # a few (condition, image) pairs perturbed at V4 (2048 units)
+    perturbed_bytes = []
+    real_run_stages = model.run_stages
+
+    def recording_run_stages(x, start=None, stop=None):
+        if start is not None:
+            perturbed_bytes.append(x.nelement() * x.element_size())
+        return real_run_stages(x, start=start, stop=stop)
+
+    monkeypatch.setattr(model, "run_stages", recording_run_stages)
+    small = simulate(model, images, conditions, decoder, max_chunk_bytes=budget_bytes, progress=False)
+    monkeypatch.undo()
+    assert len(perturbed_bytes) > 2  # the V4 conditions ran in several passes over the images
+    assert max(perturbed_bytes) <= budget_bytes
+    plain = simulate_plain(model, images, conditions, decoder, progress=False)
+    np.testing.assert_allclose(small.values, plain.values, rtol=0, atol=1e-5)
+    with pytest.raises(ConfigError, match="max_chunk_bytes"):
+        simulate(model, images, conditions, decoder, max_chunk_bytes=1000, progress=False)
+
+
+def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder, tmp_path, monkeypatch):
+    conditions = [Condition("control"), *it_sites(5)]
+    budget_bytes = 2 * N_IMAGES * 1280  # two IT conditions per chunk on this model
+    uninterrupted = simulate(model, images, conditions, decoder, max_chunk_bytes=budget_bytes, progress=False)
+    store = tmp_path / "store"
+
+    real_write = engine._write_chunk
+    writes = []
+
+    def write_then_die(directory, indices, values):
+        writes.append(indices)
+        if len(writes) == 3:
+            raise RuntimeError("killed")
+        real_write(directory, indices, values)
+
+    monkeypatch.setattr(engine, "_write_chunk", write_then_die)
+    with pytest.raises(RuntimeError, match="killed"):
+        simulate(model, images, conditions, decoder, store=store, max_chunk_bytes=budget_bytes, progress=False)
+    monkeypatch.undo()
+    finished = {conditions[i].label for chunk in writes[:2] for i in chunk}
+    assert "control" in finished and len(finished) == 3
+    assert len(list(store.glob("chunk_*.npz"))) == 2
+
+    computed = []
+    real_effect = Condition.effect
+
+    def recording_effect(self, sheet):
+        computed.append(self.label)
+        return real_effect(self, sheet)
+
+    monkeypatch.setattr(Condition, "effect", recording_effect)
+    resumed = simulate(model, images, conditions, decoder, store=store, max_chunk_bytes=budget_bytes,
+                       progress=False)
+    xr.testing.assert_identical(resumed, uninterrupted)
+    assert set(computed) == {c.label for c in conditions} - finished
+    assert len(list(store.glob("chunk_*.npz"))) == 4
+
+    computed.clear()
+    again = simulate(model, images, conditions, decoder, store=store, max_chunk_bytes=budget_bytes, progress=False)
+    xr.testing.assert_identical(again, uninterrupted)
+    assert computed == []
+
+
+def test_store_refuses_other_inputs(model, images, labels, decoder, tmp_path):
+    conditions = [Condition("control"), *it_sites(2)]
+    store = tmp_path / "store"
+    simulate(model, images, conditions, decoder, store=store, progress=False)
+    changed = [Condition("control"), it_site("it_0", 1.0, 5.0, current_uA=100.0), it_sites(2)[1]]
+    with pytest.raises(ConfigError, match="conditions"):
+        simulate(model, images, changed, decoder, store=store, progress=False)
+    with pytest.raises(ConfigError, match="images"):
+        simulate(model, images[::-1].copy(), conditions, decoder, store=store, progress=False)
+    other_decoder = LogisticDecoder.fit(model.activations(images, "it"), labels, layer="it", C=0.01)
+    with pytest.raises(ConfigError, match="decoder"):
+        simulate(model, images, conditions, other_decoder, store=store, progress=False)
+    with pytest.raises(ConfigError, match="stimulus_ids"):
+        simulate(model, images, conditions, decoder, store=store, progress=False,
+                 stimulus_ids=[f"s{i}" for i in range(N_IMAGES)])
+    unrelated = tmp_path / "unrelated"
+    unrelated.mkdir()
+    (unrelated / "notes.txt").write_text("field notes")
+    with pytest.raises(ConfigError, match="store.json"):
+        simulate(model, images, conditions, decoder, store=unrelated, progress=False)
+
+
+def test_labels_round_trip_through_netcdf(model, images, labels, decoder, tmp_path):
+    ids = [f"img{i:02d}" for i in range(N_IMAGES)]
+    result = simulate(model, images, [Condition("control"), *it_sites(2)], decoder, stimulus_ids=ids,
+                      stimulus_coords={"brightness": labels}, progress=False)
+    assert list(result.stimulus_id.values) == ids
+    assert list(result.brightness.values) == list(labels)
+    assert list(result.choice.values) == list(decoder.choices)
+    path = tmp_path / "result.nc"
+    result.to_netcdf(path, engine="h5netcdf")
+    with xr.load_dataarray(path, engine="h5netcdf") as loaded:
+        np.testing.assert_array_equal(loaded.values, result.values)
+        assert list(loaded.condition.values) == list(result.condition.values)
+        np.testing.assert_array_equal(loaded.current_uA.values, result.current_uA.values)
+
+
+def test_invalid_inputs_are_refused(model, images, labels, decoder):
+    v4_decoder = LogisticDecoder.fit(model.activations(images, "v4"), labels, layer="v4", C=1.0)
+    with pytest.raises(ConfigError, match="after the decoder"):
+        simulate(model, images, it_sites(1), v4_decoder, progress=False)
+    with pytest.raises(ConfigError, match="unique"):
+        simulate(model, images, [it_site("a", 1.0, 1.0), it_site("a", 2.0, 2.0)], decoder, progress=False)
+    with pytest.raises(ConfigError, match="one value per image"):
+        simulate(model, images, it_sites(1), decoder, stimulus_coords={"x": [1, 2]}, progress=False)
+    with pytest.raises(ConfigError, match="clashes"):
+        simulate(model, images, it_sites(1), decoder, stimulus_coords={"current_uA": np.zeros(N_IMAGES)},
+                 progress=False)
+    with pytest.raises(ConfigError, match="batch_size"):
+        simulate(model, images, it_sites(1), decoder, batch_size=0, progress=False)
+    with pytest.raises(ConfigError, match="no conditions"):
+        simulate(model, images, [], decoder, progress=False)
+
+
+def test_benchmark_quick_mode(model):
+    report = run_benchmark(quick=True, default_model=model)
+    keys = ("speedup_it", "speedup_pre_it", "max_abs_diff_it", "max_abs_diff_pre_it", "engine_pairs_per_s_it",
+            "plain_pairs_per_s_it", "engine_pairs_per_s_pre_it", "plain_pairs_per_s_pre_it")
+    for key in (*keys, "peak_rss_MB"):
+        assert math.isfinite(report[key]) and report[key] >= 0, key
+    for key in keys:
+        assert math.isfinite(report["default_model"][key]), key
+    assert report["max_abs_diff_it"] < 1e-5 and report["max_abs_diff_pre_it"] < 1e-5
+    assert report["default_model"]["it_layer"] == "it" and report["default_model"]["pre_it_layer"] == "v4"

@@ -1,0 +1,94 @@
+"""Training: the task and spatial losses fall, runs resume exactly, configs are strict."""
+import numpy as np
+import pytest
+import torch
+
+from stimsim.cli import main
+from stimsim.errors import ConfigError
+from stimsim.models.topographic import TopographicModel
+from stimsim.models.training import load_training_config, load_training_data, train
+
+
+def small_config(**training):
+    """A fast configuration: a small stimsim_topo net on the LFW crops (face vs non-face)."""
+    return {
+        "name": "tiny",
+        "model": {
+            "family": "stimsim_topo",
+            "kwargs": {"n_classes": 2, "it_units": 256},
+            "preprocessing": {"size_px": 32, "channels": 1, "mean": [0.45], "std": [0.25]},
+            "layers": {
+                "pit": {"sheet_size_mm": 4.0, "neighborhood_width_mm": 2.0, "area": "pIT"},
+                "it": {"sheet_size_mm": 4.0, "neighborhood_width_mm": 1.5, "area": "IT"},
+            },
+        },
+        "data": {"label": "category", "sets": [{"source": "lfw_subset", "holdout_fraction": 0.2}]},
+        "training": {"seed": 3, "steps": 60, "batch_size": 32, "learning_rate": 0.05, "warmup_steps": 5,
+                     "checkpoint_every_steps": 20, **training},
+        "spatial_loss": {"alpha": 1.0, "layers": ["pit", "it"], "neighborhoods_per_step": 4},
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny_data():
+    return load_training_data(load_training_config(small_config()))
+
+
+def _history(run_dir):
+    import csv
+
+    with open(run_dir / "loss_history.csv") as handle:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(handle)]
+
+
+def test_task_and_spatial_losses_fall(tmp_path, tiny_data):
+    config = load_training_config(small_config(steps=120))
+    model_dir = train(config, tmp_path, progress=False, data=tiny_data)
+    history = _history(tmp_path)
+    first, last = history[:20], history[-20:]
+    for key in ("task_loss", "spatial_loss_pit", "spatial_loss_it"):
+        assert np.mean([h[key] for h in last]) < np.mean([h[key] for h in first]) - 0.02, key
+    assert (tmp_path / "loss_curves.png").stat().st_size > 1000
+    model = TopographicModel.load(model_dir)
+    assert model.metadata["holdout_stimulus_ids"] and model.metadata["classes"] == ["face", "nonface"]
+    held = set(model.metadata["holdout_stimulus_ids"])
+    assert len(held) == 40 and len(tiny_data.images) == 160
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path, tiny_data):
+    config = load_training_config(small_config(steps=40))
+    straight = TopographicModel.load(train(config, tmp_path / "straight", progress=False, data=tiny_data))
+    assert train(config, tmp_path / "killed", progress=False, data=tiny_data, stop_after_step=20) == tmp_path / "killed"
+    assert not (tmp_path / "killed" / "model").exists()
+    resumed = TopographicModel.load(train(config, tmp_path / "killed", progress=False, data=tiny_data))
+    for (name, a), (_, b) in zip(straight.network.state_dict().items(), resumed.network.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert _history(tmp_path / "straight") == _history(tmp_path / "killed")
+
+
+def test_checkpoint_of_another_config_is_refused(tmp_path, tiny_data):
+    train(load_training_config(small_config(steps=20)), tmp_path, progress=False, data=tiny_data, stop_after_step=20)
+    other = load_training_config(small_config(steps=20, learning_rate=0.01))
+    with pytest.raises(ConfigError, match="different configuration"):
+        train(other, tmp_path, progress=False, data=tiny_data)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c["training"].update(stepz=3), "unknown key"),
+    (lambda c: c["model"]["layers"]["it"].pop("sheet_size_mm"), "sheet_size_mm"),
+    (lambda c: c["training"].update(batch_size=1), "batch_size"),
+    (lambda c: c["spatial_loss"].update(layers=["v9"]), "v9"),
+    (lambda c: c["training"].update(task="dreaming"), "task"),
+])
+def test_bad_configs_are_refused(mutate, message):
+    config = small_config()
+    mutate(config)
+    with pytest.raises(ConfigError, match=message):
+        load_training_config(config)
+
+
+def test_train_command_reports_bad_toml(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = 'x'\n[training\n")
+    assert main(["train", str(bad), "--out", str(tmp_path / "run")]) == 2
+    assert "bad.toml" in capsys.readouterr().err
