@@ -60,6 +60,9 @@ def swap_optimize(sheet: CorticalSheet, responses, n_steps: int, seed: int = 0, 
             f"sheet {sheet.name!r} has no neighbourhoods of >= 2 units; add them with "
             "sheet.with_neighborhoods(width_mm, n_neighborhoods) before swap optimisation"
         )
+    if np.any(np.diff(np.sort(sheet.neighborhood_indices, axis=1), axis=1) == 0):
+        raise ValueError(f"sheet {sheet.name!r}: a neighbourhood lists the same unit twice; each row of "
+                         "neighborhood_indices must hold distinct unit indices")
     state = _SwapState(values, sheet.coordinates_mm, sheet.neighborhood_indices)
     rng = np.random.default_rng(seed)
     history = [state.mean_loss()]

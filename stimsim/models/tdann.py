@@ -80,13 +80,13 @@ def read_vissl_trunk(checkpoint_path) -> dict[str, torch.Tensor]:
         node, where = node[key], f"{where}[{key!r}]"
     if not isinstance(node, Mapping):
         raise FileFormatError(path, f"{where} is a {type(node).__name__}, expected a state dict")
-    base = {key[len(_BASE_PREFIX):]: value for key, value in node.items() if key.startswith(_BASE_PREFIX)}
-    blocks = {_block_to_torchvision(key[len(_BLOCKS_PREFIX):]): value for key, value in node.items()
-              if key.startswith(_BLOCKS_PREFIX)}
-    others = [key for key in node if not key.startswith((_BASE_PREFIX, _BLOCKS_PREFIX))]
+    others = [key for key in node if not (isinstance(key, str) and key.startswith((_BASE_PREFIX, _BLOCKS_PREFIX)))]
     if others:
         raise FileFormatError(path, f"{where} has keys outside '{_BASE_PREFIX}' and '{_BLOCKS_PREFIX}': "
                                     f"{others[:5]}")
+    base = {key[len(_BASE_PREFIX):]: value for key, value in node.items() if key.startswith(_BASE_PREFIX)}
+    blocks = {_block_to_torchvision(key[len(_BLOCKS_PREFIX):]): value for key, value in node.items()
+              if key.startswith(_BLOCKS_PREFIX)}
     if base:
         for key, value in blocks.items():
             if key not in base or not _same_tensor(value, base[key]):
@@ -140,14 +140,14 @@ def load_tdann(checkpoint_path, positions_dir, layers=None, name: str | None = N
     if len(set(labels.values())) != len(labels):
         raise ConfigError(f"area labels must differ between layers (a label names one layer), got {labels}")
 
-    network = build_network("tdann_resnet18")
-    load_weights(network, read_vissl_trunk(checkpoint_path), source=checkpoint_path)
-    dims = _output_dims(network, list(position_files), TDANN_PREPROCESSING.size_px)
+    dims = _output_dims(list(position_files), TDANN_PREPROCESSING.size_px)
     sheets = {}
     for layer, path in position_files.items():
         sheet = CorticalSheet.load(path, expected_dims=dims[layer])
         sheets[layer] = CorticalSheet(layer, sheet.dims, sheet.coordinates_mm, sheet.neighborhood_indices,
                                       sheet.neighborhood_width_mm)
+    network = build_network("tdann_resnet18")
+    load_weights(network, read_vissl_trunk(checkpoint_path), source=checkpoint_path)
     metadata = {
         "source": "TDANN",
         "citation": TDANN_CITATION,
@@ -186,17 +186,16 @@ def _position_files(positions_dir: Path, layers) -> dict[str, Path]:
     return found
 
 
-def _output_dims(network: torch.nn.Module, layers: list[str], size_px: int) -> dict[str, tuple[int, int, int]]:
-    """Output dims (C, H, W) of ``layers`` for one size_px × size_px RGB image."""
-    dims, handles = {}, []
+def _output_dims(layers: list[str], size_px: int) -> dict[str, tuple[int, int, int]]:
+    """Output dims (C, H, W) of ``layers`` of the TDANN network for a size_px × size_px RGB image,
+    traced on torch's "meta" device (shapes only, no arithmetic)."""
+    with torch.device("meta"):
+        network = build_network("tdann_resnet18").eval()
+    dims = {}
     for layer in layers:
         def record(module, inputs, output, layer=layer):
             dims[layer] = tuple(int(d) for d in output.shape[1:])
-        handles.append(network.get_submodule(layer).register_forward_hook(record))
-    try:
-        with torch.no_grad():
-            network.eval()(torch.zeros(1, 3, size_px, size_px))
-    finally:
-        for handle in handles:
-            handle.remove()
+        network.get_submodule(layer).register_forward_hook(record)
+    with torch.no_grad():
+        network(torch.zeros(1, 3, size_px, size_px, device="meta"))
     return dims

@@ -109,7 +109,8 @@ def build_torchvision_model(arch: str, state_dict, layers: dict, preprocessing: 
         neighbourhood width, mm) and optionally ``area`` (label such as ``"IT"``) and
         ``n_neighborhoods`` (default 256).
     preprocessing : input size and normalisation (default 224 px RGB, ImageNet mean/std).
-    seed : layer i gets positions from seed + 2·i (and its swap optimisation the same seed).
+    seed : seeds the random initial weights (used when state_dict is None, without touching torch's
+        global random state); layer i gets positions and swap choices from seed + 2·i.
     swap_images, swap_steps : if swap_steps > 0, each layer's positions are swap-optimised for
         ``swap_steps`` steps on the network's responses to ``swap_images`` (>= 2 images).
     network_kwargs : extra keyword arguments of the torchvision constructor (e.g. ``num_classes``).
@@ -146,19 +147,22 @@ def build_torchvision_model(arch: str, state_dict, layers: dict, preprocessing: 
 
     architecture = {"family": "torchvision", "kwargs": {"arch": arch, **network_kwargs}}
     try:
-        network = build_network("torchvision", **architecture["kwargs"])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            network = build_network("torchvision", **architecture["kwargs"])
     except TypeError as exc:
         raise ConfigError(f"torchvision {arch!r} does not accept network_kwargs {network_kwargs}: {exc}") from None
     metadata = {"builder": "stimsim.models.torchvision_builder.build_torchvision_model", "seed": seed,
                 "layers": specs, "swap_steps": swap_steps}
-    if state_dict is not None:
-        if isinstance(state_dict, (str, Path)):
-            path = Path(state_dict)
-            load_weights(network, read_checkpoint_file(path), source=path)
-            metadata["weights"] = {"path": str(path), "sha256": sha256_of(path)}
-        else:
-            load_weights(network, state_dict)
-            metadata["weights"] = {"path": None, "sha256": None}
+    if state_dict is None:
+        metadata["weights"] = {"source": f"random initial weights (torch seed {seed})"}
+    elif isinstance(state_dict, (str, Path)):
+        path = Path(state_dict)
+        load_weights(network, read_checkpoint_file(path), source=path)
+        metadata["weights"] = {"source": "file", "path": str(path), "sha256": sha256_of(path)}
+    else:
+        load_weights(network, state_dict)
+        metadata["weights"] = {"source": "state dict given in memory"}
     plain = TopographicModel(network, {}, preprocessing, architecture, name=name or arch)
     example = torch.zeros(1, preprocessing.channels, preprocessing.size_px, preprocessing.size_px)
     dims = plain.stage_output_dims(example)

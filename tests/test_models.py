@@ -1,0 +1,375 @@
+"""Topographic models: TDANN loader, model directories, preprocessing, torchvision builder."""
+from __future__ import annotations
+
+import pickle
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from PIL import Image
+
+from stimsim.errors import ConfigError, DataError, FileFormatError
+from stimsim.models.positions import build_sheet, retinotopic_positions
+from stimsim.models.preprocessing import Preprocessing, to_unit_tensor
+from stimsim.models.swap import swap_optimize
+from stimsim.models.tdann import TDANN_AREAS, load_tdann, read_vissl_trunk
+from stimsim.models.topographic import TopographicModel
+from stimsim.models.torchvision_builder import build_torchvision_model
+from stimsim.sheet import CorticalSheet
+
+MOELLER_FACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "moeller2017" / "Faces"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Small tensors on a shared 2-core machine run faster on one intra-op thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def resnet18_state() -> dict:
+    """A torchvision resnet18 state dict (fc included) with non-trivial BatchNorm statistics."""
+    torch.manual_seed(0)
+    net = torchvision.models.resnet18(weights=None)
+    generator = torch.Generator().manual_seed(1)
+    for module in net.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.copy_(0.1 * torch.randn(module.running_mean.shape, generator=generator))
+            module.running_var.copy_(torch.rand(module.running_var.shape, generator=generator) + 0.5)
+    return net.state_dict()
+
+
+def vissl_checkpoint(state: dict) -> dict:
+    """A VISSL checkpoint as TDANN's spatial_resnet18 trunk writes it: ``base_model.`` keys, plus the
+    same tensors again under ``_feature_blocks.`` with TDANN's block names."""
+    trunk = {f"base_model.{key}": value for key, value in state.items()}
+    for key, value in state.items():
+        if key.startswith(("conv1.", "layer1.0.", "layer4.1.")):
+            trunk["_feature_blocks." + key.replace("layer1.0.", "layer1_0.").replace("layer4.1.", "layer4_1.")] = value
+    return {"phase_idx": 155, "iteration": 1000,
+            "classy_state_dict": {"base_model": {"model": {"trunk": trunk, "heads": {}}, "meta": {}}}}
+
+
+def save_spacetorch_pickle(sheet: CorticalSheet, path: Path) -> None:
+    """Write ``sheet`` as a TDANN ``.pkl`` (a pickled spacetorch LayerPositions)."""
+    names = ("spacetorch", "spacetorch.models", "spacetorch.models.positions")
+    modules = {name: types.ModuleType(name) for name in names}
+    layer_positions = type("LayerPositions", (), {"__module__": "spacetorch.models.positions"})
+    modules["spacetorch.models.positions"].LayerPositions = layer_positions
+    obj = layer_positions()
+    obj.__dict__.update(name=sheet.name, dims=sheet.dims, coordinates=sheet.coordinates_mm,
+                        neighborhood_indices=sheet.neighborhood_indices, neighborhood_width=3.0)
+    sys.modules.update(modules)
+    try:
+        path.write_bytes(pickle.dumps(obj, protocol=4))
+    finally:
+        for name in names:
+            del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def tdann_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tdann")
+    state = resnet18_state()
+    checkpoint = root / "simclr_swap" / "model_final_checkpoint_phase199.torch"
+    checkpoint.parent.mkdir()
+    torch.save(vissl_checkpoint(state), checkpoint)
+    positions = root / "positions"
+    positions.mkdir()
+    build_sheet("layer4.1", (512, 7, 7), 70.0, 3.0, n_neighborhoods=8).save(positions / "layer4.1.npz")
+    save_spacetorch_pickle(CorticalSheet("layer3.1", (256, 14, 14), retinotopic_positions((256, 14, 14), 22.4)),
+                           positions / "layer3.1.pkl")
+    return checkpoint, positions, state
+
+
+@pytest.fixture(scope="module")
+def tdann_model(tdann_files):
+    checkpoint, positions, _ = tdann_files
+    return load_tdann(checkpoint, positions)
+
+
+def rgb_images(n=2, size=64, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+
+
+# --- TDANN loader ---------------------------------------------------------------------------------
+def test_tdann_layers_areas_and_dims(tdann_model):
+    model = tdann_model
+    assert model.layers == ["layer3.1", "layer4.1"]
+    assert model.resolve_layer("IT") == "layer4.1" and model.resolve_layer("V4") == "layer3.1"
+    assert model.sheet("IT").dims == (512, 7, 7) and model.sheet("IT").n_units == 25_088
+    assert model.sheet("V4").dims == (256, 14, 14)
+    assert model.readout_layer == "layer4.1"
+    assert model.architecture == {"family": "tdann_resnet18", "kwargs": {}}
+    assert model.preprocessing == Preprocessing(224, 3, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    assert len(set(TDANN_AREAS.values())) == len(TDANN_AREAS)  # every label names one layer
+    assert model.metadata["checkpoint"]["sha256"] and set(model.metadata["positions"]) == {"layer3.1", "layer4.1"}
+
+
+def test_tdann_activations_equal_plain_torchvision(tdann_files, tdann_model):
+    _, _, state = tdann_files
+    reference = torchvision.models.resnet18(weights=None)
+    reference.load_state_dict(state)
+    reference.eval()
+    captured = {}
+    reference.layer4[1].register_forward_hook(lambda m, i, o: captured.update(it=o.flatten(1)))
+    images = rgb_images()
+    with torch.no_grad():
+        reference(tdann_model.preprocess(images))
+    activations = tdann_model.activations(images, "IT")
+    assert activations.shape == (2, 25_088)
+    torch.testing.assert_close(activations, captured["it"], rtol=1e-5, atol=1e-5)
+
+
+def test_tdann_subset_of_layers_and_area_override(tdann_files):
+    checkpoint, positions, _ = tdann_files
+    model = load_tdann(checkpoint, positions, layers=["layer4.1"], areas={"layer4.1": "VTC"}, name="tdann")
+    assert model.layers == ["layer4.1"] and model.resolve_layer("VTC") == "layer4.1" and model.name == "tdann"
+    with pytest.raises(FileNotFoundError, match="layer2.0"):
+        load_tdann(checkpoint, positions, layers=["layer2.0"])
+    with pytest.raises(ConfigError, match="TDANN layers"):
+        load_tdann(checkpoint, positions, layers=["fc"])
+    with pytest.raises(ConfigError, match="area labels must differ"):
+        load_tdann(checkpoint, positions, areas={"layer3.1": "IT"})
+
+
+def test_tdann_positions_are_checked(tdann_files, tmp_path):
+    checkpoint, positions, _ = tdann_files
+    bad = tmp_path / "positions"
+    bad.mkdir()
+    CorticalSheet("layer4.1", (512, 8, 8), np.zeros((512 * 64, 2))).save(bad / "layer4.1.npz")
+    with pytest.raises(FileFormatError, match=r"\(512, 8, 8\).*\(512, 7, 7\)") as info:
+        load_tdann(checkpoint, bad)
+    assert info.value.path == bad / "layer4.1.npz"
+    (bad / "layer4.1.pkl").write_bytes(b"")
+    with pytest.raises(ConfigError, match="keep one"):
+        load_tdann(checkpoint, bad)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="no TDANN positions"):
+        load_tdann(checkpoint, empty)
+
+
+def test_vissl_trunk_from_standard_feature_blocks(tmp_path):
+    state = {key: value for key, value in resnet18_state().items()}
+    path = tmp_path / "vissl.torch"
+    torch.save({"classy_state_dict": {"base_model": {"model": {"trunk": {
+        f"_feature_blocks.{key}": value for key, value in state.items()}}}}}, path)
+    trunk = read_vissl_trunk(path)
+    assert set(trunk) == {key for key in state if not key.startswith("fc.")}
+    torch.testing.assert_close(trunk["layer4.1.bn2.running_var"], state["layer4.1.bn2.running_var"])
+
+
+class _Marker:
+    """Unpickling this would create a marker file."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def _malformed(state, tmp_path):
+    # every tensor a stride-0 view of one stored zero: right keys and shapes, tiny files
+    light = {key: torch.zeros(1, dtype=value.dtype).expand(value.shape) if value.dim() else value
+             for key, value in state.items()}
+    trunk = vissl_checkpoint(light)["classy_state_dict"]["base_model"]["model"]["trunk"]
+    missing = {k: v for k, v in trunk.items() if k != "base_model.layer2.0.conv1.weight"}
+    wrong_shape = {**trunk, "base_model.layer2.0.conv1.weight": torch.zeros(128, 64, 5, 5)}
+    alias_mismatch = {**trunk, "_feature_blocks.conv1.weight": torch.ones(64, 3, 7, 7)}
+
+    def nest(t):
+        return {"classy_state_dict": {"base_model": {"model": {"trunk": t}}}}
+
+    return {
+        "not_a_dict": ([torch.zeros(1)], "expected a dict"),
+        "no_classy": ({"model": {}}, "no key 'classy_state_dict'"),
+        "trunk_not_dict": (nest([1, 2]), "expected a state dict"),
+        "missing_key": (nest(missing), "missing key.*layer2.0.conv1.weight"),
+        "wrong_shape": (nest(wrong_shape), r"wrong shape.*layer2.0.conv1.weight \(128, 64, 5, 5\)"),
+        "alias_mismatch": (nest(alias_mismatch), "does not match 'base_model.conv1.weight'"),
+        "foreign_keys": (nest({**trunk, "head.weight": torch.zeros(1)}), "head.weight"),
+        "unsafe": ({"classy_state_dict": _Marker(tmp_path / "marker")}, "never unpickles"),
+    }
+
+
+@pytest.mark.parametrize("case", ["not_a_dict", "no_classy", "trunk_not_dict", "missing_key", "wrong_shape",
+                                  "alias_mismatch", "foreign_keys", "unsafe", "damaged"])
+def test_malformed_checkpoints_are_refused(tdann_files, tmp_path, case):
+    checkpoint, positions, state = tdann_files
+    path = tmp_path / "bad.torch"
+    if case == "damaged":
+        path.write_bytes(checkpoint.read_bytes()[:5000])
+        message = "not a readable torch checkpoint"
+    else:
+        content, message = _malformed(state, tmp_path)[case]
+        torch.save(content, path)
+    with pytest.raises(FileFormatError, match=message) as info:
+        load_tdann(path, positions)
+    assert info.value.path == path
+    assert not (tmp_path / "marker").exists()
+
+
+# --- model directories ------------------------------------------------------------------------------
+def test_model_directory_round_trip_and_checksums(tdann_model, tmp_path):
+    directory = tdann_model.save(tmp_path / "model")
+    loaded = TopographicModel.load(directory)
+    assert loaded.layers == tdann_model.layers and loaded.areas == tdann_model.areas
+    assert loaded.architecture == {"family": "tdann_resnet18", "kwargs": {}}
+    assert loaded.readout_layer == "layer4.1" and loaded.preprocessing == tdann_model.preprocessing
+    np.testing.assert_allclose(loaded.sheet("IT").coordinates_mm, tdann_model.sheet("IT").coordinates_mm, rtol=1e-6)
+    images = rgb_images(seed=3)
+    assert torch.equal(loaded.activations(images, "V4"), tdann_model.activations(images, "V4"))
+    weights = directory / "weights.pt"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="checksum mismatch for weights.pt"):
+        TopographicModel.load(directory)
+
+
+def test_activations_xarray_coords(tdann_model):
+    images = rgb_images(seed=4)
+    array = tdann_model.activations_xarray(images, "V4", stimulus_ids=["a", "b"])
+    sheet = tdann_model.sheet("V4")
+    assert array.dims == ("stimulus_id", "unit") and array.shape == (2, 256 * 14 * 14)
+    assert list(array.stimulus_id.values) == ["a", "b"]
+    np.testing.assert_array_equal(array.x_mm.values, sheet.coordinates_mm[:, 0])
+    np.testing.assert_array_equal(array.y_mm.values, sheet.coordinates_mm[:, 1])
+    np.testing.assert_array_equal(array.channel.values[[0, 196, 196 * 255]], [0, 1, 255])
+    assert array.attrs["layer"] == "layer3.1"
+    with pytest.raises(ValueError, match="stimulus_ids"):
+        tdann_model.activations_xarray(images, "V4", stimulus_ids=["a"])
+
+
+# --- preprocessing ------------------------------------------------------------------------------------
+def test_preprocessing_accepts_every_image_kind(tmp_path):
+    gray = np.full((20, 20), 128, dtype=np.uint8)
+    red = np.zeros((20, 20, 3), dtype=np.uint8)
+    red[..., 0] = 255
+    Image.fromarray(gray).save(tmp_path / "gray.png")
+    Image.fromarray(red).save(tmp_path / "red.png")
+    to_gray = Preprocessing(size_px=16, channels=1, mean=(0.0,), std=(1.0,))
+    expected = {"gray": 128 / 255, "red": 0.299}  # BT.601 luma of pure red
+    inputs = {
+        "paths": [tmp_path / "gray.png", str(tmp_path / "red.png")],
+        "pil": [Image.open(tmp_path / "gray.png"), Image.open(tmp_path / "red.png")],
+        "arrays": [gray, red],
+        "float arrays": [gray / 255.0, red / 255.0],
+        "tensor": torch.stack([torch.full((3, 20, 20), 128 / 255), torch.from_numpy(red / 255.0).permute(2, 0, 1)]),
+    }
+    for kind, images in inputs.items():
+        out = to_gray(images)
+        assert out.shape == (2, 1, 16, 16), kind
+        torch.testing.assert_close(out[0], torch.full((1, 16, 16), expected["gray"]), atol=1e-5, rtol=0, msg=kind)
+        torch.testing.assert_close(out[1], torch.full((1, 16, 16), expected["red"]), atol=1e-5, rtol=0, msg=kind)
+    rgb = Preprocessing(size_px=16)(tmp_path / "gray.png")  # gray repeated into RGB, ImageNet-normalised
+    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
+    torch.testing.assert_close(rgb[0, :, 0, 0], (128 / 255 - mean) / std)
+    assert to_unit_tensor(gray).shape == (1, 1, 20, 20)
+    assert to_unit_tensor(np.stack([gray, gray])).shape == (2, 1, 20, 20)
+
+
+def test_preprocessing_resizes_mixed_sizes_and_rejects_bad_input(tmp_path):
+    out = Preprocessing(size_px=32)([np.zeros((10, 10), np.uint8), np.zeros((40, 30, 3), np.uint8)])
+    assert out.shape == (2, 3, 32, 32)
+    (tmp_path / "not_an_image.png").write_text("hello")
+    with pytest.raises(FileFormatError, match="cannot decode image"):
+        Preprocessing()(tmp_path / "not_an_image.png")
+    with pytest.raises(FileNotFoundError):
+        Preprocessing()(tmp_path / "absent.png")
+    with pytest.raises(ConfigError, match="channels"):
+        Preprocessing(channels=2)
+    with pytest.raises(ConfigError, match="mean"):
+        Preprocessing(channels=1)
+    with pytest.raises(ConfigError, match="unknown preprocessing"):
+        Preprocessing.from_dict({"size": 32})
+
+
+@pytest.mark.skipif(not MOELLER_FACES.is_dir(), reason="real stimulus images not available")
+def test_preprocessing_real_stimulus_images():
+    paths = sorted(MOELLER_FACES.iterdir())[:3]
+    out = Preprocessing(size_px=64, channels=1, mean=(0.0,), std=(1.0,))(paths)
+    assert out.shape == (3, 1, 64, 64)
+    assert 0.0 <= out.min() and out.max() <= 1.0 and out.std() > 0.05
+
+
+# --- torchvision builder ------------------------------------------------------------------------------
+SMALL = Preprocessing(size_px=64)
+
+
+def test_torchvision_resnet18_from_a_state_dict_file(tmp_path):
+    state = resnet18_state()
+    torch.save(state, tmp_path / "resnet18.pt")
+    layers = {"layer4.1": {"sheet_size_mm": 10.0, "neighborhood_width_mm": 2.0, "area": "IT"},
+              "layer3.1": {"sheet_size_mm": 8.0, "neighborhood_width_mm": 2.0, "area": "V4", "n_neighborhoods": 16}}
+    model = build_torchvision_model("resnet18", tmp_path / "resnet18.pt", layers, SMALL)
+    assert model.layers == ["layer3.1", "layer4.1"] and model.readout_layer == "layer4.1"
+    assert model.sheet("IT").dims == (512, 2, 2) and model.sheet("V4").dims == (256, 4, 4)
+    assert model.sheet("V4").neighborhood_indices.shape[0] == 16
+    x0, x1, y0, y1 = model.sheet("IT").extent_mm
+    assert 0 <= x0 and x1 <= 10 and 0 <= y0 and y1 <= 10
+    reference = torchvision.models.resnet18(weights=None)
+    reference.load_state_dict(state)
+    images = rgb_images(seed=5)
+    with torch.no_grad():
+        logits = reference.eval()(SMALL(images))
+    torch.testing.assert_close(model.run_stages(SMALL(images)), logits)
+    saved = TopographicModel.load(model.save(tmp_path / "model"))
+    assert torch.equal(saved.activations(images, "IT"), model.activations(images, "IT"))
+    assert saved.architecture == {"family": "torchvision", "kwargs": {"arch": "resnet18"}}
+    # old checkpoints without BatchNorm counters load too
+    old_style = {key: value for key, value in state.items() if not key.endswith("num_batches_tracked")}
+    model = build_torchvision_model("resnet18", old_style, {"layer4.1": layers["layer4.1"]}, SMALL)
+    assert torch.equal(model.activations(images, "IT"), saved.activations(images, "IT"))
+
+
+def test_torchvision_alexnet_with_swap_optimised_positions():
+    images = rgb_images(n=4, seed=6)
+    layers = {"features.10": {"sheet_size_mm": 10.0, "neighborhood_width_mm": 3.0, "area": "IT",
+                              "n_neighborhoods": 16}}
+    plain = build_torchvision_model("alexnet", None, layers, SMALL, seed=1)
+    state = torch.random.get_rng_state()
+    again = build_torchvision_model("alexnet", None, layers, SMALL, seed=1)  # seeded init, global RNG untouched
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert torch.equal(again.activations(images, "IT"), plain.activations(images, "IT"))
+    swapped = build_torchvision_model("alexnet", plain.network.state_dict(), layers, SMALL, seed=1,
+                                      swap_images=images, swap_steps=20)
+    sheet, before = swapped.sheet("IT"), plain.sheet("IT")
+    assert sheet.dims == (256, 3, 3)
+    np.testing.assert_array_equal(np.sort(sheet.coordinates_mm, axis=0), np.sort(before.coordinates_mm, axis=0))
+    expected, history = swap_optimize(before, plain.activations(images, "IT"), 20, seed=1)
+    np.testing.assert_array_equal(sheet.coordinates_mm, expected.coordinates_mm)
+    losses = swapped.metadata["swap_spatial_loss"]["features.10"]
+    assert losses["final"] == pytest.approx(history[-1]) and losses["final"] < losses["initial"]
+
+
+def test_torchvision_builder_errors(tmp_path):
+    layer = {"layer4.1": {"sheet_size_mm": 10.0, "neighborhood_width_mm": 2.0}}
+    state = resnet18_state()
+    renamed = {("module." + k if k.startswith("fc.") else k): v for k, v in state.items()}
+    with pytest.raises(ConfigError, match=r"2 missing key\(s\): fc.weight, fc.bias.*unexpected.*module.fc"):
+        build_torchvision_model("resnet18", renamed, layer, SMALL)
+    torch.save(renamed, tmp_path / "renamed.pt")
+    with pytest.raises(FileFormatError, match="missing key") as info:
+        build_torchvision_model("resnet18", tmp_path / "renamed.pt", layer, SMALL)
+    assert info.value.path == tmp_path / "renamed.pt"
+    with pytest.raises(ConfigError, match="not stages of resnet18"):
+        build_torchvision_model("resnet18", None, {"layer9": layer["layer4.1"]}, SMALL)
+    with pytest.raises(ConfigError, match="unknown sheet spec key"):
+        build_torchvision_model("resnet18", None, {"layer4.1": {**layer["layer4.1"], "size_mm": 3}}, SMALL)
+    with pytest.raises(ConfigError, match="lacks"):
+        build_torchvision_model("resnet18", None, {"layer4.1": {"sheet_size_mm": 10.0}}, SMALL)
+    with pytest.raises(ConfigError, match="swap_images"):
+        build_torchvision_model("resnet18", None, layer, SMALL, swap_steps=5)
+    with pytest.raises(ConfigError, match="unknown torchvision architecture"):
+        build_torchvision_model("resnet1000", None, layer, SMALL)
+    with pytest.raises(ConfigError, match="channels must be 3"):
+        build_torchvision_model("resnet18", None, layer, Preprocessing(size_px=64, channels=1, mean=(0.5,), std=(0.5,)))
