@@ -51,6 +51,22 @@ STIM_FREQUENCY_HZ = 150.0
 DECODER_C = 1e-3
 
 
+def time_load_and_activations(model_name: str, n_images: int = 100) -> dict:
+    """Seconds to load a (shipped) model from disk, checksums included, and to compute its IT
+    activations for ``n_images`` images (target for the shipped models: under 5 s on 2 cores)."""
+    from stimsim.models.registry import load_model
+
+    images, _ = _face_images(n_images)
+    start = time.perf_counter()
+    model = load_model(model_name)
+    loaded = time.perf_counter()
+    it_layer, _ = _it_layers(model)
+    model.activations(images, it_layer)
+    done = time.perf_counter()
+    return {"model": model_name, "n_images": n_images, "load_s": loaded - start, "activations_s": done - loaded,
+            "total_s": done - start}
+
+
 def run_benchmark(quick: bool = False, default_model: TopographicModel | None = None,
                   max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, seed: int = 0, progress: bool = False) -> dict:
     """Time engine and plain simulation on a ResNet-18 (and on ``default_model`` when given).

@@ -86,11 +86,13 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from stimsim.bench import run_benchmark
+    from stimsim.bench import run_benchmark, time_load_and_activations
     from stimsim.models.registry import DEFAULT_MODEL, available_models, load_model
 
-    default_model = load_model(args.model) if args.model or DEFAULT_MODEL in available_models() else None
-    report = run_benchmark(quick=args.quick, default_model=default_model)
+    name = args.model or (DEFAULT_MODEL if DEFAULT_MODEL in available_models() else None)
+    report = run_benchmark(quick=args.quick, default_model=load_model(name) if name else None)
+    if name:
+        report["default_model_load_and_activations"] = time_load_and_activations(name)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -11,6 +11,9 @@ SHIPPED_DIR = Path(__file__).resolve().parent.parent / "shipped_models"
 #: The shipped model used when none is named.
 DEFAULT_MODEL = "stimsim-topo-s0"
 
+#: Data manifest entry listing every shipped model file with its sha256.
+SHIPPED_MANIFEST_ENTRY = "stimsim_default_models"
+
 
 def available_models() -> list[str]:
     """Names of the shipped models."""
@@ -31,5 +34,13 @@ def model_path(name_or_path) -> Path:
 
 
 def load_model(name_or_path=DEFAULT_MODEL) -> TopographicModel:
-    """Load a shipped model by name or a model directory by path (checksums verified)."""
-    return TopographicModel.load(model_path(name_or_path))
+    """Load a shipped model by name or a model directory by path (checksums verified; a shipped
+    model's files are also checked against its data manifest entry)."""
+    path = model_path(name_or_path)
+    if path.parent == SHIPPED_DIR:
+        from stimsim.data.manifest import entry_paths, get_entry
+
+        prefix = f"shipped_models/{path.name}/"
+        entry_paths(SHIPPED_MANIFEST_ENTRY, [f.path for f in get_entry(SHIPPED_MANIFEST_ENTRY).files
+                                             if f.path.startswith(prefix)])
+    return TopographicModel.load(path)

@@ -1,0 +1,306 @@
+"""Categorisation paradigm: which class does the model report for an image, with and without a
+perturbation at each site?
+
+The task of Afraz, Kiani & Esteky 2006 (Nature 442:692) is the two-choice case: face or non-face,
+on images whose visual signal is degraded by replacing a fraction of the pixels with uniform noise.
+A logistic decoder on the readout layer is fitted on unperturbed images (clean and noisy) and
+frozen; the remaining (test) images are then shown under every condition. Per site:
+
+* expected accuracy (mean probability of the correct choice) and Δaccuracy = stimulated − control,
+  with a bootstrap interval over test images (paired);
+* two-choice tasks: ΔP(positive), the mean change of the probability of the positive choice;
+* with noise levels: P(positive) against the signed signal level (positive class +s %, other
+  classes −s %) is fitted with a logistic psychometric function, and the shift
+  x50(control) − x50(stimulated) is in % signal (positive = towards the positive choice, as in
+  Afraz et al. 2006).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import xarray as xr
+
+from stimsim.behavior import LogisticDecoder, bootstrap_ci, fit_psychometric, psychometric_shift_percent
+from stimsim.data.stimuli import StimulusSet, pixel_noise
+from stimsim.errors import ConfigError
+from stimsim.paradigms.comparisons import shift_summary, site_correlation, stratum_mean
+from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
+from stimsim.paradigms.spec import ExperimentSpec
+
+
+
+@dataclass(frozen=True, eq=False)
+class CategorizationTrials:
+    """Fitting and test images of a categorisation experiment, and the frozen decoder.
+
+    Both sets carry the labels ``true_choice``, ``signal_percent`` (100 without noise),
+    ``base_stimulus_id`` (the clean image a noisy copy comes from) and ``source_set``; with a
+    positive class also ``signed_signal_percent``.
+    """
+
+    choices: tuple[str, ...]
+    positive: str | None
+    fit: StimulusSet
+    test: StimulusSet
+    decoder: LogisticDecoder
+    psychometric: bool
+
+    @property
+    def images(self) -> list:
+        return self.test.images
+
+    @property
+    def stimulus_ids(self) -> np.ndarray:
+        return self.test.stimulus_id
+
+    @property
+    def stimulus_coords(self) -> dict:
+        return dict(self.test.labels)
+
+    def record(self) -> dict:
+        """What to store about the trials and the decoder (JSON-friendly)."""
+        return {
+            "choices": list(self.choices),
+            "positive": self.positive,
+            "n_fit_images": len(self.fit),
+            "n_test_images": len(self.test),
+            "decoder_layer": self.decoder.layer,
+            "decoder_fit_params": dict(self.decoder.readout.fit_params),
+            "fit_stimulus_ids": self.fit.stimulus_id.tolist(),
+            "test_stimulus_ids": self.test.stimulus_id.tolist(),
+        }
+
+
+def true_choices(spec: ExperimentSpec, stimuli: StimulusSet) -> np.ndarray:
+    """The correct choice of every image: its label, or positive / negative in a two-choice task."""
+    label, positive = spec.stimuli.label, spec.stimuli.positive
+    if label not in stimuli.labels:
+        raise ConfigError(f"{spec.source} [stimuli]: the images have no label {label!r}; labels: "
+                          f"{sorted(stimuli.labels)}")
+    values = np.asarray(stimuli.labels[label]).astype(str)
+    if positive is None:
+        if len(np.unique(values)) < 2:
+            raise ConfigError(f"{spec.source} [stimuli]: label {label!r} has a single value {values[0]!r}; a "
+                              f"categorisation needs at least 2 classes")
+        return values
+    if not np.any(values == positive):
+        raise ConfigError(f"{spec.source} [stimuli]: no image has {label} = {positive!r}; values: "
+                          f"{sorted(set(values.tolist()))}")
+    if np.all(values == positive):
+        raise ConfigError(f"{spec.source} [stimuli]: every image has {label} = {positive!r}; add images of other "
+                          f"classes for the {spec.stimuli.negative!r} choice")
+    return np.where(values == positive, positive, spec.stimuli.negative)
+
+
+def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> CategorizationTrials:
+    """Split the clean images into fitting and test images (stratified by choice; all noisy copies of
+    an image on the same side), add noise, and fit the frozen decoder on the fitting images."""
+    choice = true_choices(spec, stimuli)
+    selected = np.arange(len(stimuli))
+    if spec.stimuli.n_per_choice is not None:
+        rng = np.random.default_rng([spec.seed, 3])
+        picks = []
+        for value in np.unique(choice):
+            members = np.flatnonzero(choice == value)
+            if len(members) < spec.stimuli.n_per_choice:
+                raise ConfigError(f"{spec.source} [stimuli]: n_per_choice = {spec.stimuli.n_per_choice} but choice "
+                                  f"{value!r} has only {len(members)} images")
+            picks.append(rng.choice(members, size=spec.stimuli.n_per_choice, replace=False))
+        selected = np.sort(np.concatenate(picks))
+    clean = StimulusSet(name=stimuli.name, images=[stimuli.images[i] for i in selected],
+                        stimulus_id=stimuli.stimulus_id[selected],
+                        labels={"true_choice": choice[selected],
+                                "source_set": np.asarray(stimuli.labels["source_set"])[selected]})
+    is_fit_clean = _stratified_split(clean.labels["true_choice"], spec.decoder.fit_fraction,
+                                     np.random.default_rng([spec.seed, 5]), spec.source)
+    if spec.stimuli.signal_percent is not None:
+        shown = pixel_noise(clean, spec.stimuli.signal_percent, seed=spec.seed)
+        base_ids = np.tile(clean.stimulus_id, len(spec.stimuli.signal_percent))
+        is_fit = np.tile(is_fit_clean, len(spec.stimuli.signal_percent))
+    else:
+        shown = clean.with_labels(signal_percent=np.full(len(clean), 100.0))
+        base_ids, is_fit = clean.stimulus_id, is_fit_clean
+    labels = {"base_stimulus_id": base_ids}
+    if spec.stimuli.positive is not None:
+        sign = np.where(shown.labels["true_choice"] == spec.stimuli.positive, 1.0, -1.0)
+        labels["signed_signal_percent"] = sign * shown.labels["signal_percent"]
+    shown = shown.with_labels(**labels)
+    fit, test = shown.subset(is_fit, name=f"{shown.name}_fit"), shown.subset(~is_fit, name=f"{shown.name}_test")
+    layer = model.resolve_layer(spec.decoder.layer)
+    features = model.activations(fit.images, layer).numpy()
+    decoder = LogisticDecoder.fit(features, fit.labels["true_choice"], layer=layer, C=spec.decoder.C,
+                                  seed=spec.seed, max_iter=spec.decoder.max_iter)
+    choices = tuple(decoder.choices)
+    psychometric = spec.stimuli.positive is not None and spec.stimuli.signal_percent is not None
+    return CategorizationTrials(choices=choices, positive=spec.stimuli.positive, fit=fit, test=test,
+                                decoder=decoder, psychometric=psychometric)
+
+
+def _stratified_split(classes: np.ndarray, fit_fraction: float, rng, where: str) -> np.ndarray:
+    """Boolean mask: a ``fit_fraction`` share of each class (at least one, and at least one left)."""
+    is_fit = np.zeros(len(classes), dtype=bool)
+    for value in np.unique(classes):
+        members = np.flatnonzero(classes == value)
+        n_fit = int(round(fit_fraction * len(members)))
+        if n_fit < 1 or n_fit > len(members) - 1:
+            raise ConfigError(f"{where} [decoder]: fit_fraction = {fit_fraction} leaves class {value!r} "
+                              f"({len(members)} images) without fitting or test images; add images or change it")
+        is_fit[rng.choice(members, size=n_fit, replace=False)] = True
+    return is_fit
+
+
+def analyse(spec: ExperimentSpec, trials: CategorizationTrials, probabilities: xr.DataArray,
+            selection: SiteSelection) -> tuple[xr.Dataset, dict]:
+    """Per-site metrics (dim ``site``; psychometric curves on ``condition`` × ``signal_level_percent``)
+    and the summary numbers of a categorisation run. ``probabilities`` is the engine's output for the
+    control condition and one condition per site, labelled as the sites."""
+    site_labels = [site.label for site in selection.sites]
+    conditions = [CONTROL_LABEL] + site_labels
+    p = probabilities.sel(condition=conditions).values
+    choice_index = {choice: i for i, choice in enumerate(probabilities["choice"].values.tolist())}
+    truth = trials.test.labels["true_choice"]
+    correct = p[:, np.arange(p.shape[1]), [choice_index[c] for c in truth]]
+    analysis = spec.analysis
+    accuracy = correct.mean(axis=1)
+    delta = accuracy[1:] - accuracy[0]
+    intervals = np.array([_paired_interval(correct[k], correct[0], analysis, spec.seed)
+                          for k in range(1, len(conditions))]).reshape(-1, 2)
+    site_dprime = np.array([site.dprime for site in selection.sites])
+    distance = selection.distance_to_peak_mm()
+    variables = {
+        "accuracy": ("site", accuracy[1:]),
+        "delta_accuracy": ("site", delta),
+        "delta_accuracy_ci_low": ("site", intervals[:, 0]),
+        "delta_accuracy_ci_high": ("site", intervals[:, 1]),
+        "control_accuracy": ((), accuracy[0]),
+    }
+    summary = {
+        "n_sites": len(site_labels),
+        "n_test_images": int(p.shape[1]),
+        "n_fit_images": len(trials.fit),
+        "choices": list(trials.choices),
+        "control_accuracy": float(accuracy[0]),
+    }
+    mean_delta = stratum_mean(delta, analysis.n_boot, analysis.ci, spec.seed)
+    summary["mean_delta_accuracy"], summary["mean_delta_accuracy_ci"] = mean_delta["mean"], mean_delta["ci"]
+    for name, x in (("dprime", site_dprime), ("distance", distance)):
+        result = site_correlation(x, delta, analysis.n_perm, analysis.n_boot, analysis.ci, spec.seed)
+        summary[f"delta_accuracy_vs_{name}_r"] = result["r"]
+        summary[f"delta_accuracy_vs_{name}_p"] = result["p"]
+    coords = {"site": site_labels}
+    if trials.positive is not None:
+        p_positive = p[:, :, choice_index[trials.positive]]
+        change = p_positive[1:].mean(axis=1) - p_positive[0].mean()
+        variables["delta_p_positive"] = ("site", change)
+        summary["mean_delta_p_positive"] = float(change.mean())
+    if trials.psychometric:
+        psychometric_vars, psychometric_summary = _psychometric(trials, p[:, :, choice_index[trials.positive]],
+                                                                site_dprime, spec)
+        coords["condition"] = conditions
+        variables.update(psychometric_vars)
+        summary.update(psychometric_summary)
+    dataset = xr.Dataset(variables, coords=coords)
+    dataset["delta_accuracy"].attrs.update(units="fraction correct", description="stimulated − control")
+    return dataset, summary
+
+
+def _paired_interval(stimulated: np.ndarray, control: np.ndarray, analysis, seed: int) -> tuple[float, float]:
+    """Bootstrap interval of mean(stimulated − control) over images (pairs resampled together)."""
+    _, low, high = bootstrap_ci(lambda s, c: np.mean(s - c), stimulated, control, n_boot=analysis.n_boot,
+                                ci=analysis.ci, seed=seed)
+    return low, high
+
+
+def _psychometric(trials: CategorizationTrials, p_positive: np.ndarray, site_dprime: np.ndarray,
+                  spec: ExperimentSpec) -> tuple[dict, dict]:
+    signed = trials.test.labels["signed_signal_percent"]
+    levels = np.unique(signed)
+    members = [signed == level for level in levels]
+    counts = np.array([m.sum() for m in members], dtype=np.float64)
+    curves = np.stack([p_positive[:, m].mean(axis=1) for m in members], axis=1)
+    fits = [fit_psychometric(levels, curve, weights=counts) for curve in curves]
+    control = fits[0]
+    shifts = np.array([psychometric_shift_percent(control, fit) for fit in fits[1:]])
+    n_failed = sum(not fit.success for fit in fits)
+    variables = {
+        "signal_level_percent": ("signal_level_percent", levels),
+        "p_positive_curve": (("condition", "signal_level_percent"), curves),
+        "n_images_per_level": ("signal_level_percent", counts),
+        "midpoint_percent": ("site", np.array([fit.midpoint_percent for fit in fits[1:]])),
+        "slope_per_percent": ("site", np.array([fit.slope for fit in fits[1:]])),
+        "fit_success": ("site", np.array([fit.success for fit in fits[1:]], dtype=bool)),
+        "fit_message": ("site", np.array([fit.message for fit in fits[1:]], dtype=object)),
+        "psychometric_shift_percent": ("site", shifts),
+        "control_midpoint_percent": ((), control.midpoint_percent),
+        "control_fit_message": ((), control.message),
+    }
+    analysis = spec.analysis
+    summary = {
+        "control_midpoint_percent": control.midpoint_percent if control.success else None,
+        "control_fit_message": control.message,
+        "n_failed_fits": n_failed,
+        **shift_summary("model", site_dprime, shifts, spec.sites.dprime_threshold, analysis.n_perm,
+                        analysis.n_boot, analysis.ci, spec.seed),
+    }
+    return variables, summary
+
+
+def plot_site_effects(dataset: xr.Dataset, path, title: str) -> None:
+    """Per-site effect (psychometric shift if measured, else Δaccuracy) against the site's d′ and its
+    distance from the d′-map peak; PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from stimsim.io import atomic_save
+
+    if "psychometric_shift_percent" in dataset:
+        effect, label = dataset["psychometric_shift_percent"].values, "psychometric shift (% signal)"
+    else:
+        effect, label = dataset["delta_accuracy"].values, "Δ accuracy (stimulated − control)"
+    groups = dataset["site_group"].values.astype(str)
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6))
+    for ax, (coord, xlabel) in zip(axes, (("site_dprime", "site d′ (multi-unit)"),
+                                          ("distance_to_peak_mm", "distance from d′ peak (mm)"))):
+        x = dataset[coord].values
+        for group in dict.fromkeys(groups):
+            mask = groups == group
+            ax.scatter(x[mask], effect[mask], s=18, alpha=0.8, linewidths=0, label=group)
+        ax.axhline(0, color="grey", lw=0.6, ls=":")
+        ax.set(xlabel=xlabel, ylabel=label)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+
+
+def plot_psychometric(dataset: xr.Dataset, path, title: str) -> None:
+    """Mean P(positive) per signed signal level for the control and for the sites with the largest
+    and the smallest shift; PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from stimsim.io import atomic_save
+
+    levels = dataset["signal_level_percent"].values
+    curves = dataset["p_positive_curve"]
+    shifts = dataset["psychometric_shift_percent"].values
+    sites = dataset["site"].values
+    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    ax.plot(levels, curves.sel(condition=CONTROL_LABEL).values, "o-", color="k", label="control")
+    if np.isfinite(shifts).any():
+        for index, colour in ((int(np.nanargmax(shifts)), "tab:red"), (int(np.nanargmin(shifts)), "tab:blue")):
+            ax.plot(levels, curves.sel(condition=sites[index]).values, "o--", color=colour,
+                    label=f"{sites[index]} (shift {shifts[index]:+.1f} %)")
+    ax.axhline(0.5, color="grey", lw=0.6, ls=":")
+    ax.set(xlabel="signed signal level (%; positive class > 0)", ylabel="P(positive choice)", title=title,
+           ylim=(-0.02, 1.02))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)

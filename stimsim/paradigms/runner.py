@@ -1,0 +1,300 @@
+"""Running an experiment file end to end: ``stimsim run EXPERIMENT.toml --out DIR``.
+
+Steps: read and check the file (:mod:`stimsim.paradigms.spec`; an unsafe protocol is refused
+there), load the model and the images, choose the sites from the localizer's selectivity map
+(:mod:`stimsim.paradigms.sites`), fit the frozen decoder on unperturbed trials, simulate the control
+condition and one condition per site with the batched engine (:func:`stimsim.engine.simulate`,
+resumable: the chunks it finishes are kept under ``DIR/simulation_store``), compute the paradigm's
+per-site metrics, compare with published data when asked, and write into ``DIR`` (each file
+atomically):
+
+``results.nc``
+    xarray Dataset (NetCDF4, h5netcdf engine): ``choice_probability`` (condition × stimulus_id ×
+    choice) with the stimulation parameters as condition coordinates (the stimulated position as
+    ``condition_site_x_mm`` / ``condition_site_y_mm``); per-site metrics on the ``site`` dimension
+    with ``site_x_mm``, ``site_y_mm``, ``site_group``, ``site_dprime``, ``site_n_units`` and
+    ``distance_to_peak_mm``; ``unit_dprime`` of every unit of the stimulated layer; published data
+    (``data_*``) when compared. Its attributes hold the experiment, model, safety report, comparison
+    source and software versions as JSON text. A site's label is the label of its condition.
+``summary.json``
+    headline numbers (also returned); JSON null where a number is undefined. Categorisation:
+    ``control_accuracy``, ``mean_delta_accuracy`` (+ ``_ci``), ``delta_accuracy_vs_dprime_r`` / ``_p``
+    and ``..._vs_distance_...``; two-choice: ``mean_delta_p_positive``; with noise levels:
+    ``control_midpoint_percent``, ``n_failed_fits``, ``model_r`` / ``model_p`` /
+    ``model_p_permutation`` / ``model_r_ci`` (psychometric shift against site d′) and
+    ``model_mean_shift_selective`` / ``_other`` (+ ``_ci``, ``model_n_...``). Same/different:
+    ``model_<group>_<trial>_hit_rate_control``, ``..._hit_rate_<site group>`` and
+    ``..._hit_drop_<site group>`` (control − stimulated; the localizer's preferred group without the
+    ``<group>_`` prefix, e.g. ``model_same_hit_drop_inside``). Compared data add the same numbers
+    with a ``data_`` prefix.
+``config.json``
+    the experiment as run, model name and checksums, sites, conditions, safety report, decoder fit
+    and trials, notes, time and software versions (:func:`stimsim.io.provenance`).
+``decoder.json``
+    the frozen decoder's numbers (``stimsim.behavior.decoder_from_dict`` rebuilds it).
+figures (PNG)
+    ``sites.png`` (the d′ map and the sites) and the paradigm's figures.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import xarray as xr
+
+from stimsim.data.stimuli import StimulusSet, load_stimulus_source
+from stimsim.engine import simulate
+from stimsim.errors import ConfigError, DataError
+from stimsim.io import atomic_save, atomic_write_json, provenance, sha256_of
+from stimsim.models.registry import load_model, model_path
+from stimsim.models.topographic import TopographicModel
+from stimsim.paradigms import categorization, comparisons, same_different
+from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection, plot_sites, select_sites
+from stimsim.paradigms.spec import ExperimentSpec, load_experiment
+from stimsim.stimulation import Condition
+
+#: Name of the engine's resumable store inside the output directory.
+STORE_DIRNAME = "simulation_store"
+RESULTS_FILE, SUMMARY_FILE, CONFIG_FILE, DECODER_FILE = "results.nc", "summary.json", "config.json", "decoder.json"
+
+
+def run_experiment(experiment, out_dir, model=None, progress: bool = True, figures: bool = True) -> dict:
+    """Run an experiment and write its results into ``out_dir``; returns the summary.
+
+    experiment : path of an experiment file, or an :class:`~stimsim.paradigms.spec.ExperimentSpec`.
+    model : None (the file's ``model``), a shipped model name or model directory (overrides the
+        file), or a loaded ``TopographicModel``.
+    progress : show progress bars.
+    figures : write the PNG figures (the data files are always written).
+    """
+    spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
+    if isinstance(model, (str, Path)):
+        spec = spec.with_model(str(model))
+    topo, model_record = _load_model(spec, model)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+
+    layer = topo.resolve_layer(spec.layer)
+    sheet = topo.sheet(layer)
+    localizer = spec.sites.localizer
+    labels = _experiment_labels(spec) | ({localizer.label} if localizer.sets is None else set())
+    stimuli = load_stimuli(spec.stimuli.sets, sorted(labels), topo, notes, f"{spec.source} [stimuli]")
+    localizer_images = stimuli if localizer.sets is None else load_stimuli(
+        localizer.sets, [localizer.label], topo, notes, f"{spec.source} [sites.localizer]")
+    localizer_values = np.asarray(localizer_images.labels[localizer.label]).astype(str)
+    if not np.any(localizer_values == localizer.positive):
+        raise ConfigError(f"{spec.source} [sites.localizer]: no localizer image has {localizer.label} = "
+                          f"{localizer.positive!r}; values: {sorted(set(localizer_values.tolist()))}")
+    responses = topo.activations(localizer_images.images, layer).numpy()
+    try:
+        selection = select_sites(spec.sites, sheet, responses, localizer_values == localizer.positive, spec.seed)
+    except ConfigError as exc:
+        raise ConfigError(f"{spec.source}: {exc}") from None
+
+    conditions = [Condition(CONTROL_LABEL)] + [
+        Condition(site.label, (spec.perturbation_at(site.position_mm),)) for site in selection.sites]
+    paradigm = categorization if spec.paradigm == "categorization" else same_different
+    trials = paradigm.prepare(spec, topo, stimuli)
+    probabilities = simulate(topo, trials.images, conditions, trials.decoder, stimulus_ids=trials.stimulus_ids,
+                             stimulus_coords=trials.stimulus_coords, store=out_dir / STORE_DIRNAME,
+                             progress=progress)
+    if spec.paradigm == "categorization":
+        metrics, summary = categorization.analyse(spec, trials, probabilities, selection)
+    else:
+        metrics, summary = same_different.analyse(spec, trials, probabilities, selection, localizer.positive)
+
+    data, data_summary = None, {}
+    analysis = spec.analysis
+    if spec.comparison == "afraz2006":
+        data, data_summary = comparisons.compare_afraz2006(analysis.n_perm, analysis.n_boot, analysis.ci, spec.seed)
+    elif spec.comparison == "moeller2017":
+        data, data_summary = comparisons.compare_moeller2017(
+            list(trials.groups), lambda group: same_different.group_prefix(group, localizer.positive))
+
+    summary = _json_ready({
+        "experiment": spec.name, "paradigm": spec.paradigm, "model": model_record["name"], "layer": layer,
+        "site_method": spec.sites.method, **summary, **data_summary,
+    })
+    created = provenance()
+    config = _json_ready({
+        "experiment": spec.to_dict(),
+        "experiment_file": spec.source,
+        "experiment_sha256": spec.sha256(),
+        "model": model_record,
+        "layer": layer,
+        "sites": selection.to_records(),
+        "site_selection": {"method": selection.method, "peak_mm": list(selection.peak_mm),
+                           "recording_radius_mm": selection.recording_radius_mm,
+                           "smoothing_sigma_mm": selection.smoothing_sigma_mm,
+                           "n_localizer_images": int(len(localizer_images)),
+                           "localizer_preferred": localizer.positive},
+        "conditions": [c.to_dict() for c in conditions],
+        "safety": spec.safety if spec.safety is not None else "not applicable: no electrical stimulation",
+        "trials": trials.record(),
+        "comparison": None if data is None else dict(data.attrs),
+        "notes": notes,
+        "created_utc": created["created_utc"],
+        "software": created["software"],
+    })
+    dataset = _results_dataset(probabilities, metrics, selection, data, sheet, layer)
+    dataset.attrs.update({
+        "experiment": spec.name, "paradigm": spec.paradigm, "model": model_record["name"], "layer": layer,
+        "experiment_json": json.dumps(config["experiment"], sort_keys=True),
+        "model_json": json.dumps(config["model"], sort_keys=True),
+        "safety_json": json.dumps(config["safety"], sort_keys=True),
+        "comparison_json": json.dumps(config["comparison"], sort_keys=True),
+        "software_json": json.dumps(config["software"], sort_keys=True),
+        "created_utc": config["created_utc"],
+        "notes": "; ".join(notes),
+    })
+    atomic_save(out_dir / RESULTS_FILE, lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
+    decoder = trials.decoder if spec.paradigm == "categorization" else trials.pair_decoder
+    atomic_write_json(out_dir / DECODER_FILE, decoder.to_dict())
+    if figures:
+        _write_figures(spec, dataset, selection, sheet, data, summary, out_dir)
+    atomic_write_json(out_dir / CONFIG_FILE, config)
+    atomic_write_json(out_dir / SUMMARY_FILE, summary)
+    return summary
+
+
+# --- inputs -------------------------------------------------------------------------------------
+def _experiment_labels(spec: ExperimentSpec) -> set[str]:
+    if spec.paradigm == "categorization":
+        return {spec.stimuli.label}
+    return {spec.pairs.identity_label, spec.pairs.group_label}
+
+
+def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
+    """The images of ``sets`` (tables for ``load_stimulus_source``, optionally ``heldout_only``) in
+    one set that keeps the ``labels`` named, as text, plus ``source_set`` (the set's name).
+
+    ``heldout_only`` keeps the images listed in the model's ``metadata["holdout_stimulus_ids"]``; a
+    model that lists none keeps all images, which is written to ``notes`` and warned about."""
+    held = set(model.metadata.get("holdout_stimulus_ids", []))
+    parts = []
+    for index, entry in enumerate(sets):
+        params = dict(entry)
+        heldout_only = params.pop("heldout_only", False)
+        try:
+            loaded = load_stimulus_source(params)
+        except (ConfigError, ValueError, TypeError) as exc:
+            raise ConfigError(f"{where} sets[{index}]: {exc}") from None
+        if heldout_only:
+            if not held:
+                message = (f"{where} sets[{index}] ({loaded.name}): heldout_only requested but model "
+                           f"{model.name!r} lists no held-out stimuli; all {len(loaded)} images are used")
+                notes.append(message)
+                warnings.warn(message, stacklevel=2)
+            else:
+                keep = np.array([sid in held for sid in loaded.stimulus_id])
+                if not keep.any():
+                    raise ConfigError(f"{where} sets[{index}] ({loaded.name}): none of its images is among the "
+                                      f"{len(held)} the model's training held out")
+                loaded = loaded.subset(keep)
+        missing = [label for label in labels if label not in loaded.labels]
+        if missing:
+            raise ConfigError(f"{where} sets[{index}] ({loaded.name}): no label(s) {missing}; it has "
+                              f"{sorted(loaded.labels)}")
+        kept = {label: np.asarray(loaded.labels[label]).astype(str) for label in labels}
+        kept["source_set"] = np.full(len(loaded), loaded.name)
+        parts.append(StimulusSet(name=loaded.name, images=loaded.images, stimulus_id=loaded.stimulus_id,
+                                 labels=kept))
+    try:
+        return StimulusSet.concat(*parts)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _load_model(spec: ExperimentSpec, model):
+    """The model and the record stored with results (name, where from, checksums)."""
+    if isinstance(model, TopographicModel):
+        return model, {"name": model.name, "source": "in-memory model", "state_sha256": _state_sha256(model)}
+    if model is not None and not isinstance(model, (str, Path)):
+        raise ConfigError(f"model must be a name, a model directory or a TopographicModel, got {type(model).__name__}")
+    directory = model_path(spec.model)
+    topo = load_model(directory)
+    record = {"name": topo.name, "source": str(directory),
+              "weights_sha256": sha256_of(directory / "weights.pt"),
+              "model_json_sha256": sha256_of(directory / "model.json"),
+              "state_sha256": _state_sha256(topo)}
+    return topo, record
+
+
+def _state_sha256(model) -> str:
+    """sha256 of the network's parameters and buffers (names, shapes, dtypes and bytes)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.network.state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+# --- outputs ------------------------------------------------------------------------------------
+def _results_dataset(probabilities: xr.DataArray, metrics: xr.Dataset, selection: SiteSelection,
+                     data: xr.Dataset | None, sheet, layer: str) -> xr.Dataset:
+    renames = {name: f"condition_{name}" for name in ("site_x_mm", "site_y_mm") if name in probabilities.coords}
+    probabilities = probabilities.rename(renames)
+    dataset = xr.Dataset({"choice_probability": probabilities})
+    sites = selection.sites
+    dataset = dataset.merge(metrics.assign_coords(
+        site_x_mm=("site", [s.x_mm for s in sites]), site_y_mm=("site", [s.y_mm for s in sites]),
+        site_group=("site", np.array([s.group for s in sites], dtype=object)),
+        site_dprime=("site", [s.dprime for s in sites]), site_n_units=("site", [s.n_units for s in sites]),
+        distance_to_peak_mm=("site", selection.distance_to_peak_mm()),
+    ))
+    dataset["unit_dprime"] = xr.DataArray(
+        selection.unit_dprime, dims=("unit",),
+        coords={"unit": np.arange(sheet.n_units), "unit_x_mm": ("unit", sheet.coordinates_mm[:, 0]),
+                "unit_y_mm": ("unit", sheet.coordinates_mm[:, 1])},
+        attrs={"layer": layer, "description": "d′ of each unit, localizer preferred class vs the rest"})
+    if data is not None:
+        dataset = dataset.merge(data)
+    return dataset
+
+
+def _write_figures(spec, dataset, selection, sheet, data, summary, out_dir: Path) -> None:
+    plot_sites(selection, sheet, out_dir / "sites.png", f"{spec.name}: {selection.method} sites on {sheet.name}")
+    if spec.paradigm == "categorization":
+        categorization.plot_site_effects(dataset, out_dir / "site_effects.png", f"{spec.name}: effect per site")
+        if "psychometric_shift_percent" in dataset:
+            categorization.plot_psychometric(dataset, out_dir / "psychometric.png", spec.name)
+        if spec.comparison == "afraz2006":
+            comparisons.plot_afraz2006(dataset["site_dprime"].values, dataset["psychometric_shift_percent"].values,
+                                       data, summary, out_dir / "afraz2006_comparison.png",
+                                       spec.sites.dprime_threshold)
+    else:
+        name = "moeller2017_comparison.png" if spec.comparison == "moeller2017" else "hit_rates.png"
+        same_different.plot_hit_rates(dataset, out_dir / name, f"{spec.name}: same/different hit rates", data=data)
+
+
+def _json_ready(value):
+    """Numbers, lists and dicts for JSON: numpy scalars as Python numbers, NaN and inf as null."""
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [_json_ready(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def load_results(out_dir) -> tuple[xr.Dataset, dict, dict]:
+    """Read a run's ``results.nc``, ``summary.json`` and ``config.json`` back."""
+    out_dir = Path(out_dir)
+    paths = [out_dir / RESULTS_FILE, out_dir / SUMMARY_FILE, out_dir / CONFIG_FILE]
+    absent = [str(p) for p in paths if not p.is_file()]
+    if absent:
+        raise DataError(f"{out_dir} is not a finished experiment run: missing {absent}")
+    dataset = xr.load_dataset(paths[0], engine="h5netcdf")
+    return dataset, json.loads(paths[1].read_text()), json.loads(paths[2].read_text())

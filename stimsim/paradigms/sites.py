@@ -1,0 +1,282 @@
+"""Choosing stimulation sites on a cortical sheet from the selectivity of the units around them.
+
+A site's selectivity is that of a multi-unit recording: the responses of the units within
+``recording_radius_mm`` of the site are averaged per image, and d′ of that average is taken between
+the localizer's preferred class and the rest (Afraz, Kiani & Esteky 2006 measured the face
+selectivity of the multi-unit activity at each stimulation site). "Selective" means d′ above a
+threshold (d′ > 1 for face-selective sites, DESIGN.md §4).
+
+Methods (see :mod:`stimsim.paradigms.spec`): explicit positions; selectivity strata (n sites above
+the threshold and n at or below it, drawn at random among candidate grid points); the face patch
+(inside = peak of the smoothed unit-d′ map, outside = the least selective candidate far from it);
+a regular grid.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy import sparse
+from scipy.spatial import cKDTree
+
+from stimsim.behavior.metrics import dprime
+from stimsim.errors import ConfigError
+from stimsim.paradigms.spec import SitesSpec
+from stimsim.sheet import CorticalSheet
+from stimsim.topography import peak_location_mm
+
+#: Label of the unperturbed condition of an experiment; site i is condition ``site_<iii>``.
+CONTROL_LABEL = "control"
+
+
+@dataclass(frozen=True)
+class Site:
+    """One stimulation site: ``label`` (also its condition's label), position in sheet mm, ``group``
+    (e.g. "selective", "other", "inside", "outside"), multi-unit ``dprime`` and the number of units
+    within the recording radius."""
+
+    label: str
+    x_mm: float
+    y_mm: float
+    group: str
+    dprime: float
+    n_units: int
+
+    @property
+    def position_mm(self) -> tuple[float, float]:
+        return (self.x_mm, self.y_mm)
+
+
+@dataclass(frozen=True, eq=False)
+class SiteSelection:
+    """The chosen sites, with the map they were chosen on.
+
+    unit_dprime : (N,) d′ of every unit of the sheet (localizer preferred class vs the rest).
+    peak_mm : peak of the unit-d′ map smoothed with ``smoothing_sigma_mm`` (the face-patch centre).
+    """
+
+    sites: tuple[Site, ...]
+    method: str
+    unit_dprime: np.ndarray
+    peak_mm: tuple[float, float]
+    recording_radius_mm: float
+    smoothing_sigma_mm: float
+
+    def distance_to_peak_mm(self) -> np.ndarray:
+        """Distance (mm) of every site from the peak of the smoothed d′ map."""
+        positions = np.array([s.position_mm for s in self.sites], dtype=np.float64).reshape(-1, 2)
+        return np.linalg.norm(positions - np.asarray(self.peak_mm), axis=1)
+
+    def to_records(self) -> list[dict]:
+        """One JSON-friendly record per site, with its distance to the d′ peak."""
+        return [{**asdict(site), "distance_to_peak_mm": float(d)}
+                for site, d in zip(self.sites, self.distance_to_peak_mm())]
+
+
+def unit_dprime(responses, is_positive) -> np.ndarray:
+    """d′ of every unit: responses (n_images, N) of the preferred class (``is_positive``) vs the rest."""
+    responses, is_positive = _check_responses(responses, is_positive)
+    return dprime(responses[is_positive], responses[~is_positive])
+
+
+def multi_unit_dprime(responses, is_positive, sheet: CorticalSheet, points_mm,
+                      radius_mm: float) -> tuple[np.ndarray, np.ndarray]:
+    """Multi-unit d′ at each point: d′ of the mean response of the units within ``radius_mm``.
+
+    Returns (dprime (P,), n_units (P,)); d′ is NaN at points with no unit within the radius.
+    """
+    responses, is_positive = _check_responses(responses, is_positive)
+    if responses.shape[1] != sheet.n_units:
+        raise ValueError(f"responses have {responses.shape[1]} units, sheet {sheet.name!r} has {sheet.n_units}")
+    if not radius_mm > 0:
+        raise ConfigError(f"recording_radius_mm must be > 0 mm, got {radius_mm}")
+    points = np.asarray(points_mm, dtype=np.float64).reshape(-1, 2)
+    neighbours = cKDTree(sheet.coordinates_mm).query_ball_point(points, radius_mm)
+    counts = np.array([len(n) for n in neighbours], dtype=np.int64)
+    rows = np.concatenate([np.asarray(n, dtype=np.int64) for n in neighbours]) if counts.sum() else np.zeros(0, int)
+    cols = np.repeat(np.arange(len(points)), counts)
+    weights = 1.0 / counts[cols]
+    averaging = sparse.csr_matrix((weights, (rows, cols)), shape=(sheet.n_units, len(points)))
+    multi_unit = np.asarray(averaging.T.dot(responses.T).T)
+    values = np.full(len(points), np.nan)
+    recorded = counts > 0
+    if recorded.any():
+        values[recorded] = dprime(multi_unit[is_positive][:, recorded], multi_unit[~is_positive][:, recorded])
+    return values, counts
+
+
+def candidate_points_mm(sheet: CorticalSheet, step_mm: float, margin_mm: float) -> np.ndarray:
+    """Points of a square grid ``step_mm`` apart, centred on the sheet's bounding box and at least
+    ``margin_mm`` inside it; (P, 2) mm, row-major from the lowest y."""
+    if not step_mm > 0:
+        raise ConfigError(f"grid step must be > 0 mm, got {step_mm}")
+    if margin_mm < 0:
+        raise ConfigError(f"margin_mm must be >= 0 mm, got {margin_mm}")
+    x0, x1, y0, y1 = sheet.extent_mm
+    axes = []
+    for low, high in ((x0 + margin_mm, x1 - margin_mm), (y0 + margin_mm, y1 - margin_mm)):
+        if high < low:
+            raise ConfigError(f"margin_mm = {margin_mm} mm leaves no room on sheet {sheet.name!r} "
+                              f"(extent x [{x0:g}, {x1:g}], y [{y0:g}, {y1:g}] mm)")
+        n = int(np.floor((high - low) / step_mm + 1e-9)) + 1
+        start = (low + high) / 2 - (n - 1) * step_mm / 2
+        axes.append(start + step_mm * np.arange(n))
+    xs, ys = np.meshgrid(axes[0], axes[1])
+    return np.stack([xs.ravel(), ys.ravel()], axis=1)
+
+
+def select_sites(spec: SitesSpec, sheet: CorticalSheet, responses, is_positive, seed: int = 0) -> SiteSelection:
+    """Choose the sites that ``spec`` describes on ``sheet``, from the localizer ``responses``
+    (n_images, N) and ``is_positive`` (n_images,) bool; random draws use ``seed``."""
+    responses, is_positive = _check_responses(responses, is_positive)
+    unit_values = unit_dprime(responses, is_positive)
+    peak = _peak_on_sheet(unit_values, sheet, spec.smoothing_sigma_mm)
+    radius = spec.recording_radius_mm
+    if spec.method == "explicit":
+        points = np.asarray(spec.sites_mm, dtype=np.float64)
+        off = [tuple(p) for p in points if not sheet.contains(p)]
+        if off:
+            x0, x1, y0, y1 = sheet.extent_mm
+            raise ConfigError(f"[sites] sites {off} mm lie off sheet {sheet.name!r} (x in [{x0:g}, {x1:g}], "
+                              f"y in [{y0:g}, {y1:g}] mm)")
+        groups = list(spec.groups)
+    elif spec.method == "selectivity":
+        points, groups = _selectivity_strata(spec, sheet, responses, is_positive, seed)
+    elif spec.method == "face_patch":
+        points, groups = _face_patch(spec, sheet, responses, is_positive, peak)
+    elif spec.method == "grid":
+        points = candidate_points_mm(sheet, spec.grid_step_mm, spec.margin_mm)
+        groups = ["grid"] * len(points)
+    else:
+        raise ConfigError(f"unknown site method {spec.method!r}")
+    values, counts = multi_unit_dprime(responses, is_positive, sheet, points, radius)
+    empty = [tuple(np.round(p, 3)) for p, n in zip(points, counts) if n == 0]
+    if empty:
+        raise ConfigError(f"[sites] no unit of sheet {sheet.name!r} lies within recording_radius_mm = {radius} mm "
+                          f"of site(s) {empty[:5]}; move them or widen the radius")
+    sites = tuple(Site(label=f"site_{i:03d}", x_mm=float(p[0]), y_mm=float(p[1]), group=str(g),
+                       dprime=float(v), n_units=int(n))
+                  for i, (p, g, v, n) in enumerate(zip(points, groups, values, counts)))
+    return SiteSelection(sites=sites, method=spec.method, unit_dprime=unit_values, peak_mm=peak,
+                         recording_radius_mm=radius, smoothing_sigma_mm=spec.smoothing_sigma_mm)
+
+
+def _selectivity_strata(spec: SitesSpec, sheet, responses, is_positive, seed):
+    """n_selective points with d′ > threshold, then n_other with d′ <= threshold, each sorted by
+    decreasing d′, drawn at random (at least ``min_separation_mm`` apart)."""
+    candidates = candidate_points_mm(sheet, spec.candidate_step_mm, spec.margin_mm)
+    values, counts = multi_unit_dprime(responses, is_positive, sheet, candidates, spec.recording_radius_mm)
+    recorded = counts > 0
+    strata = (("selective", spec.n_selective, recorded & (values > spec.dprime_threshold)),
+              ("other", spec.n_other, recorded & (values <= spec.dprime_threshold)))
+    rng = np.random.default_rng([seed, 17])
+    chosen_points, groups = [], []
+    for group, wanted, pool in strata:
+        if wanted == 0:
+            continue
+        indices = np.flatnonzero(pool)
+        picked = _draw_separated(candidates, indices, wanted, spec.min_separation_mm, chosen_points, rng)
+        if len(picked) < wanted:
+            relation = ">" if group == "selective" else "<="
+            raise ConfigError(
+                f"[sites] only {len(picked)} candidate points (of {len(indices)} with multi-unit d′ {relation} "
+                f"{spec.dprime_threshold:g}, {spec.candidate_step_mm:g} mm grid, at least "
+                f"{spec.min_separation_mm:g} mm apart) are available for the {wanted} '{group}' sites requested; lower n_{group}, change "
+                f"dprime_threshold, candidate_step_mm or min_separation_mm")
+        picked = sorted(picked, key=lambda i: -values[i])
+        chosen_points.extend(candidates[i] for i in picked)
+        groups.extend([group] * len(picked))
+    return np.array(chosen_points).reshape(-1, 2), groups
+
+
+def _draw_separated(candidates, indices, wanted, min_separation_mm, already, rng) -> list[int]:
+    """Up to ``wanted`` indices drawn in random order, each at least ``min_separation_mm`` from every
+    point already chosen (including ``already``)."""
+    picked, taken = [], [np.asarray(p) for p in already]
+    for index in rng.permutation(indices):
+        point = candidates[index]
+        if min_separation_mm > 0 and taken:
+            if np.min(np.linalg.norm(np.array(taken) - point, axis=1)) < min_separation_mm:
+                continue
+        picked.append(int(index))
+        taken.append(point)
+        if len(picked) == wanted:
+            break
+    return picked
+
+
+def _face_patch(spec: SitesSpec, sheet, responses, is_positive, peak):
+    """Inside = the smoothed-map peak; outside = the candidate with the lowest multi-unit d′ at
+    least ``outside_min_distance_mm`` away from it."""
+    candidates = candidate_points_mm(sheet, spec.candidate_step_mm, spec.margin_mm)
+    values, counts = multi_unit_dprime(responses, is_positive, sheet, candidates, spec.recording_radius_mm)
+    far = (np.linalg.norm(candidates - np.asarray(peak), axis=1) >= spec.outside_min_distance_mm) & (counts > 0)
+    if not far.any():
+        raise ConfigError(f"[sites] no candidate point lies {spec.outside_min_distance_mm:g} mm or more from the face-"
+                          f"patch peak ({peak[0]:.2f}, {peak[1]:.2f}) mm on sheet {sheet.name!r}; lower "
+                          f"outside_min_distance_mm")
+    outside = np.flatnonzero(far)[np.argmin(values[far])]
+    return np.array([peak, candidates[outside]]), ["inside", "outside"]
+
+
+def _peak_on_sheet(values: np.ndarray, sheet: CorticalSheet, sigma_mm: float) -> tuple[float, float]:
+    """Peak of the smoothed d′ map. The map's grid may run up to half a grid step (0.05 mm) past the
+    outermost units; a peak there is moved onto the sheet's bounding box so that it can be stimulated."""
+    x, y = peak_location_mm(_finite_for_map(values), sheet, sigma_mm)
+    x0, x1, y0, y1 = sheet.extent_mm
+    return float(np.clip(x, x0, x1)), float(np.clip(y, y0, y1))
+
+
+def _check_responses(responses, is_positive) -> tuple[np.ndarray, np.ndarray]:
+    responses = np.asarray(responses, dtype=np.float64)
+    is_positive = np.asarray(is_positive)
+    if responses.ndim != 2:
+        raise ValueError(f"responses must be (n_images, n_units), got shape {responses.shape}")
+    if is_positive.dtype != np.bool_ or is_positive.shape != (responses.shape[0],):
+        raise ValueError(f"is_positive must be a boolean array of shape ({responses.shape[0]},)")
+    n_positive = int(is_positive.sum())
+    if n_positive < 2 or responses.shape[0] - n_positive < 2:
+        raise ConfigError(f"the localizer needs at least 2 images of the preferred class and 2 others, got "
+                          f"{n_positive} and {responses.shape[0] - n_positive}")
+    return responses, is_positive
+
+
+def _finite_for_map(values: np.ndarray) -> np.ndarray:
+    """d′ values for smoothing: perfectly separated units (±inf) would swamp the map, so they are
+    refused rather than clipped."""
+    if not np.all(np.isfinite(values)):
+        n_bad = int(np.sum(~np.isfinite(values)))
+        raise ConfigError(f"{n_bad} unit(s) have infinite d′ (constant responses within both classes); the "
+                          f"localizer needs more varied images")
+    return values
+
+
+def plot_sites(selection: SiteSelection, sheet: CorticalSheet, path, title: str) -> None:
+    """Units coloured by d′, sites marked by group, the smoothed-map peak as a star; PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from stimsim.io import atomic_save
+
+    fig, ax = plt.subplots(figsize=(5.2, 4.4))
+    values = selection.unit_dprime
+    order = np.argsort(values)
+    limit = max(1.0, float(np.nanmax(np.abs(values))))
+    points = ax.scatter(sheet.coordinates_mm[order, 0], sheet.coordinates_mm[order, 1], c=values[order],
+                        s=max(2.0, 6000 / sheet.n_units), cmap="RdBu_r", vmin=-limit, vmax=limit, linewidths=0)
+    fig.colorbar(points, ax=ax, label="unit d′ (preferred class vs rest)")
+    groups = list(dict.fromkeys(site.group for site in selection.sites))
+    markers = "ovs^Dpx+"
+    for index, group in enumerate(groups):
+        xy = np.array([site.position_mm for site in selection.sites if site.group == group])
+        ax.scatter(xy[:, 0], xy[:, 1], marker=markers[index % len(markers)], facecolors="none", edgecolors="k",
+                   s=40, linewidths=1.0, label=group)
+    ax.scatter([selection.peak_mm[0]], [selection.peak_mm[1]], marker="*", color="gold", edgecolors="k", s=160,
+               label="d′ peak", zorder=5)
+    ax.legend(fontsize=7, loc="upper right", framealpha=0.8)
+    ax.set(xlabel="x (mm)", ylabel="y (mm)", title=title, aspect="equal")
+    fig.tight_layout()
+    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)

@@ -1,0 +1,505 @@
+"""Experiment files: a TOML description of an in-silico stimulation experiment, read strictly.
+
+An experiment file declares what a lab would write in its methods section: the model, the task,
+the images, how the behavioural decoder is fitted, where the sites are, what is done at every site,
+the safety limits and which published data to compare with. Every key is checked: an unknown key,
+a missing required key or a value outside its allowed range is an error that names the key and the
+file. Units are part of the key names (``current_uA``, ``radius_mm``, ``volume_uL``, ...).
+Examples: ``experiments/afraz2006.toml``, ``experiments/moeller2017.toml``,
+``experiments/muscimol_categorization.toml``.
+
+Top level
+---------
+``name`` (text, required), ``description`` (text), ``citation`` (text),
+``paradigm`` (``"categorization"`` or ``"same_different"``, required),
+``model`` (shipped model name or model directory; default ``"stimsim-topo-s0"``; ``stimsim run --model``
+overrides it), ``layer`` (the layer stimulated, a stage name or an area label; default ``"IT"``),
+``seed`` (integer >= 0, default 0: every random draw of the run — noise, splits, site draws,
+pairs, bootstrap — derives from it, so a run on CPU is reproducible; an image set's own ``seed``
+key, e.g. Fashion-MNIST's draw, is that set's).
+
+``[stimuli]``
+    ``sets`` (required): a list of tables, each handed to ``stimsim.data.stimuli.load_stimulus_source``
+    (``source`` plus that source's own keys, e.g. ``{ source = "fashion_mnist", split = "test",
+    n_per_class = 3 }``), plus the optional key ``heldout_only = true``: keep only the images the
+    model's training run held out (the model's ``metadata["holdout_stimulus_ids"]``).
+    Categorisation only: ``label`` (the label holding the class, default ``"category"``);
+    ``positive`` (optional: a two-choice task, this class against all others, which are merged into
+    the choice ``negative``, default ``"non<positive>"``; without it every label value is a choice);
+    ``n_per_choice`` (optional: draw this many images of each choice at random).
+    ``[stimuli.noise]`` (categorisation only, optional): ``signal_percent = [0, 15, ...]``, the
+    visual-signal levels of Afraz et al. 2006 (a fraction 1 − s/100 of the pixels replaced by uniform
+    noise); with ``positive`` the choices are fitted as a psychometric function of the signed signal
+    level (positive class +s, others −s).
+
+``[pairs]`` (same/different only)
+    ``identity_label`` (default ``"identity"``), ``group_label`` (default ``"category"``: pairs are
+    drawn within one group, e.g. faces with faces), ``groups`` (default: every value of the group
+    label), ``n_same_per_group``, ``n_different_per_group`` (ordered pairs drawn per group; "same" =
+    same identity, different image; "different" = different identities), ``stimulated_image``
+    (``"second"``, default, or ``"first"``: the image of each pair seen during stimulation; the other
+    image is seen without it).
+
+``[decoder]``
+    ``C`` (inverse L2 regularisation, default 1e-3 as in Brain-Score), ``fit_fraction`` (default 0.5:
+    the share of images — of pairs for same/different — used to fit the decoder, stratified by
+    choice; the rest are the test trials that are simulated), ``layer`` (default: the top-level
+    ``layer``), ``max_iter`` (default 1000). Categorisation splits by clean image, so all noisy
+    copies of an image fall on the same side. The decoder is fitted on unperturbed activity and
+    then frozen.
+
+``[sites]``
+    ``method``: ``"explicit"`` (``sites_mm = [[x, y], ...]``, optional ``groups = [...]``, one name
+    per site), ``"selectivity"`` (``n_selective`` sites with multi-unit d′ > ``dprime_threshold`` and
+    ``n_other`` sites with d′ <= it, drawn at random among the points of a ``candidate_step_mm`` grid,
+    default 0.25 mm, at least ``min_separation_mm`` apart, default 0), ``"face_patch"`` (inside = the
+    peak of the smoothed unit-d′ map; outside = the point of the candidate grid with the lowest
+    multi-unit d′ at least ``outside_min_distance_mm``, default 3, from it) or ``"grid"`` (a regular
+    grid, ``grid_step_mm`` apart, default 2). Keys for every method: ``recording_radius_mm`` (a site's
+    multi-unit response is the mean of the units within this radius; default 0.5),
+    ``dprime_threshold`` (default 1.0: "selective" = d′ > 1), ``smoothing_sigma_mm`` (σ of the
+    Gaussian that smooths the unit-d′ map whose peak is the face-patch centre, from which every
+    site's ``distance_to_peak_mm`` is measured; default 0.5). All methods but ``explicit``:
+    ``margin_mm`` (grid and candidate points keep this distance from the sheet's edge; default 0.5).
+    Sites are in model-sheet millimetres.
+    ``[sites.localizer]``: the images that define selectivity (d′ of ``positive`` against the rest of
+    ``label``): ``label``, ``positive``, optional ``sets`` (as in ``[stimuli]``; default: the
+    experiment's own clean images). Categorisation with ``positive`` defaults to ``[stimuli]``'s
+    label and positive class.
+
+``[stimulation]``
+    One perturbation template applied at every site: ``kind`` (``"electrical"``, ``"optogenetic"``,
+    ``"muscimol"``, ``"ablation"``) and that perturbation's parameters with units (see
+    :mod:`stimsim.stimulation.perturbations`; e.g. ``current_uA``, ``frequency_Hz``,
+    ``pulse_width_ms``, ``train_ms`` / ``power_mW`` / ``volume_uL`` / ``radius_mm``). ``sites_mm``
+    and ``layer`` come from ``[sites]`` and the top-level ``layer``.
+
+``[safety]`` (electrical stimulation only)
+    ``max_shannon_k`` (default 1.85), ``electrode_area_um2`` (default: a Utah-array tip),
+    ``max_charge_per_phase_nC`` (optional), ``override`` (optional reason to run a protocol that
+    violates a limit; it is recorded with the results). A violation without an override refuses
+    the file.
+
+``[comparison]`` (optional)
+    ``dataset``: published data to set beside the model — ``"afraz2006"`` (categorisation with
+    noise and a positive class; per-site psychometric shift against d′) or ``"moeller2017"``
+    (same/different with ``face_patch`` sites and ``[pairs] groups`` among ``"face"`` and
+    ``"object"``; hit rates with and without stimulation).
+
+``[analysis]`` (optional)
+    ``n_boot`` (bootstrap resamples, default 1000), ``n_perm`` (permutations of correlation tests,
+    default 1000), ``ci`` (confidence level, default 0.95).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from stimsim.config import Section, load_toml
+from stimsim.errors import ConfigError, SafetyError
+from stimsim.models.registry import DEFAULT_MODEL
+from stimsim.paradigms.comparisons import MOELLER2017_CLASSES
+from stimsim.stimulation import SafetyLimits, enforce, perturbation_from_dict
+
+PARADIGMS = ("categorization", "same_different")
+SITE_METHODS = ("explicit", "selectivity", "face_patch", "grid")
+STIMULATED_IMAGES = ("second", "first")
+#: Published datasets an experiment can be compared with, and the paradigm each needs.
+COMPARISON_PARADIGMS = {"afraz2006": "categorization", "moeller2017": "same_different"}
+
+
+@dataclass(frozen=True)
+class StimuliSpec:
+    """The images of an experiment: ``sets`` (source tables), and for categorisation the class
+    ``label``, optional ``positive``/``negative`` choices, ``n_per_choice`` and noise levels (%)."""
+
+    sets: tuple[dict, ...]
+    label: str | None = None
+    positive: str | None = None
+    negative: str | None = None
+    n_per_choice: int | None = None
+    signal_percent: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class PairsSpec:
+    """How same/different pairs are drawn (see the module docstring)."""
+
+    identity_label: str
+    group_label: str
+    groups: tuple[str, ...] | None
+    n_same_per_group: int
+    n_different_per_group: int
+    stimulated_image: str
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """Decoder fitting: regularisation ``C``, share of trials for fitting, readout layer."""
+
+    C: float
+    fit_fraction: float
+    layer: str
+    max_iter: int
+
+
+@dataclass(frozen=True)
+class LocalizerSpec:
+    """Images defining site selectivity: d′ of ``positive`` against the rest of ``label``;
+    ``sets`` None = the experiment's own clean images."""
+
+    label: str
+    positive: str
+    sets: tuple[dict, ...] | None
+
+
+@dataclass(frozen=True)
+class SitesSpec:
+    """How stimulation sites are chosen on the sheet (mm); see the module docstring."""
+
+    method: str
+    localizer: LocalizerSpec
+    recording_radius_mm: float = 0.5
+    margin_mm: float = 0.5
+    dprime_threshold: float = 1.0
+    sites_mm: tuple[tuple[float, float], ...] = ()
+    groups: tuple[str, ...] = ()
+    n_selective: int = 0
+    n_other: int = 0
+    candidate_step_mm: float = 0.25
+    min_separation_mm: float = 0.0
+    smoothing_sigma_mm: float = 0.5
+    outside_min_distance_mm: float = 3.0
+    grid_step_mm: float = 2.0
+
+
+@dataclass(frozen=True)
+class AnalysisSpec:
+    """Uncertainty settings: bootstrap resamples, permutations, confidence level."""
+
+    n_boot: int = 1000
+    n_perm: int = 1000
+    ci: float = 0.95
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """A validated experiment file. ``raw`` is the file's content as parsed (stored with results),
+    ``source`` the file it came from, ``safety`` the safety report with its limits and any override
+    reason (electrical stimulation only)."""
+
+    name: str
+    description: str
+    citation: str
+    paradigm: str
+    model: str
+    layer: str
+    seed: int
+    stimuli: StimuliSpec
+    decoder: DecoderSpec
+    sites: SitesSpec
+    stimulation: dict
+    analysis: AnalysisSpec
+    pairs: PairsSpec | None = None
+    safety: dict | None = None
+    comparison: str | None = None
+    source: str = ""
+    raw: dict = dataclasses.field(default_factory=dict)
+
+    def perturbation_at(self, site_mm):
+        """The ``[stimulation]`` template applied at one site (x, y) mm on ``layer``."""
+        record = {**self.stimulation, "sites_mm": [[float(site_mm[0]), float(site_mm[1])]], "layer": self.layer}
+        return perturbation_from_dict(record)
+
+    def with_model(self, model: str) -> "ExperimentSpec":
+        """A copy that uses ``model`` (a shipped name or a model directory)."""
+        if not isinstance(model, str) or not model.strip():
+            raise ConfigError(f"model must be a shipped model name or a model directory, got {model!r}")
+        return dataclasses.replace(self, model=model)
+
+    def to_dict(self) -> dict:
+        """The experiment as stored with results: the file's content plus the resolved model."""
+        return {**self.raw, "model": self.model, "layer": self.layer, "seed": self.seed}
+
+    def sha256(self) -> str:
+        """Digest of :meth:`to_dict` (canonical JSON)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def load_experiment(path) -> ExperimentSpec:
+    """Read and validate an experiment file (TOML)."""
+    path = Path(path)
+    return parse_experiment(load_toml(path), where=str(path))
+
+
+def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
+    """Validate an already-parsed experiment (``where`` names it in error messages)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: an experiment must be a table, got {type(raw).__name__}")
+    top = Section(raw, where)
+    name = _text(top, "name")
+    description = top.get("description", str, "")
+    citation = top.get("citation", str, "")
+    paradigm = top.get("paradigm", str, choices=PARADIGMS)
+    model = _text(top, "model", DEFAULT_MODEL)
+    layer = _text(top, "layer", "IT")
+    seed = top.get("seed", int, 0, minimum=0)
+
+    stimuli = _parse_stimuli(top.section("stimuli", required=True), paradigm)
+    pairs = _parse_pairs(top.section("pairs", required=True)) if paradigm == "same_different" else None
+    decoder = _parse_decoder(top.section("decoder"), layer)
+    sites = _parse_sites(top.section("sites", required=True), stimuli)
+    stimulation = _parse_stimulation(top.section("stimulation", required=True), layer)
+    safety = _parse_safety(top, stimulation, layer)
+    comparison = _parse_comparison(top.section("comparison"), paradigm, stimuli, sites, pairs)
+    analysis = _parse_analysis(top.section("analysis"))
+    top.finish()
+    return ExperimentSpec(
+        name=name, description=description, citation=citation, paradigm=paradigm, model=model, layer=layer,
+        seed=seed, stimuli=stimuli, decoder=decoder, sites=sites, stimulation=stimulation, analysis=analysis,
+        pairs=pairs, safety=safety, comparison=comparison,
+        source=where, raw=json.loads(json.dumps(raw, default=str)),
+    )
+
+
+# --- blocks -----------------------------------------------------------------------------------
+def _text(section: Section, key: str, default=None) -> str:
+    value = section.get(key, str) if default is None else section.get(key, str, default)
+    if not value.strip():
+        raise ConfigError(f"{section.where}: {key!r} must be non-empty text")
+    return value
+
+
+def _positive_number(section: Section, key: str, default: float, unit: str, strict: bool = True) -> float:
+    value = section.get(key, float, default)
+    if not math.isfinite(value) or (value <= 0 if strict else value < 0):
+        bound = "> 0" if strict else ">= 0"
+        raise ConfigError(f"{section.where}: {key!r} must be a finite number {bound} {unit}, got {value!r}")
+    return value
+
+
+def _source_sets(values, where: str) -> tuple[dict, ...]:
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f"{where}: 'sets' must be a non-empty list of tables, each with a 'source'")
+    sets = []
+    for index, entry in enumerate(values):
+        if not isinstance(entry, dict) or not isinstance(entry.get("source"), str) or not entry["source"].strip():
+            raise ConfigError(f"{where}: sets[{index}] must be a table with a 'source' name, got {entry!r}")
+        if "heldout_only" in entry and not isinstance(entry["heldout_only"], bool):
+            raise ConfigError(f"{where}: sets[{index}].heldout_only must be true or false, "
+                              f"got {entry['heldout_only']!r}")
+        sets.append(dict(entry))
+    return tuple(sets)
+
+
+def _parse_stimuli(section: Section, paradigm: str) -> StimuliSpec:
+    sets = _source_sets(section.get("sets", list), section.where)
+    if paradigm == "same_different":
+        section.finish()
+        return StimuliSpec(sets=sets)
+    label = _text(section, "label", "category")
+    positive = section.get("positive", str, None)
+    negative = section.get("negative", str, None)
+    if negative is not None and positive is None:
+        raise ConfigError(f"{section.where}: 'negative' names the merged choice of a two-choice task; "
+                          f"give 'positive' too")
+    if positive is not None:
+        negative = negative if negative is not None else f"non{positive}"
+        if negative == positive:
+            raise ConfigError(f"{section.where}: 'negative' must differ from 'positive' ({positive!r})")
+    n_per_choice = section.get("n_per_choice", int, None, minimum=1)
+    noise = section.section("noise")
+    levels = None
+    if noise.values:
+        levels = noise.get("signal_percent", list)
+        if not levels or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in levels):
+            raise ConfigError(f"{noise.where}: 'signal_percent' must be a non-empty list of numbers (%), "
+                              f"got {levels!r}")
+        levels = tuple(float(v) for v in levels)
+        if any(not 0 <= v <= 100 for v in levels) or len(set(levels)) != len(levels):
+            raise ConfigError(f"{noise.where}: 'signal_percent' levels must be distinct percentages in [0, 100], "
+                              f"got {list(levels)}")
+        if positive is not None and len(levels) < 2:
+            raise ConfigError(f"{noise.where}: a psychometric fit needs at least 2 signal levels, got {list(levels)}")
+    noise.finish()
+    section.finish()
+    return StimuliSpec(sets=sets, label=label, positive=positive, negative=negative, n_per_choice=n_per_choice,
+                       signal_percent=levels)
+
+
+def _parse_pairs(section: Section) -> PairsSpec:
+    groups = section.get("groups", list, None)
+    if groups is not None:
+        if not groups or not all(isinstance(g, str) and g for g in groups) or len(set(groups)) != len(groups):
+            raise ConfigError(f"{section.where}: 'groups' must be a non-empty list of distinct names, got {groups!r}")
+        groups = tuple(groups)
+    spec = PairsSpec(
+        identity_label=_text(section, "identity_label", "identity"),
+        group_label=_text(section, "group_label", "category"),
+        groups=groups,
+        n_same_per_group=section.get("n_same_per_group", int, minimum=2),
+        n_different_per_group=section.get("n_different_per_group", int, minimum=2),
+        stimulated_image=section.get("stimulated_image", str, "second", choices=STIMULATED_IMAGES),
+    )
+    section.finish()
+    return spec
+
+
+def _parse_decoder(section: Section, layer: str) -> DecoderSpec:
+    fit_fraction = section.get("fit_fraction", float, 0.5)
+    if not 0 < fit_fraction < 1:
+        raise ConfigError(f"{section.where}: 'fit_fraction' must lie strictly between 0 and 1 (the share of "
+                          f"trials used to fit the decoder), got {fit_fraction!r}")
+    spec = DecoderSpec(C=_positive_number(section, "C", 1e-3, "(inverse regularisation strength)"),
+                       fit_fraction=fit_fraction, layer=_text(section, "layer", layer),
+                       max_iter=section.get("max_iter", int, 1000, minimum=1))
+    section.finish()
+    return spec
+
+
+def _parse_localizer(section: Section, stimuli: StimuliSpec) -> LocalizerSpec:
+    if not section.values:
+        if stimuli.positive is None:
+            raise ConfigError(f"{section.where}: site selectivity needs a localizer: give [sites.localizer] "
+                              f"with 'label' and 'positive' (the preferred class, e.g. \"face\")")
+        return LocalizerSpec(label=stimuli.label, positive=stimuli.positive, sets=None)
+    sets = section.get("sets", list, None)
+    spec = LocalizerSpec(label=_text(section, "label"), positive=_text(section, "positive"),
+                         sets=None if sets is None else _source_sets(sets, section.where))
+    section.finish()
+    return spec
+
+
+def _parse_sites(section: Section, stimuli: StimuliSpec) -> SitesSpec:
+    method = section.get("method", str, choices=SITE_METHODS)
+    localizer = _parse_localizer(section.section("localizer"), stimuli)
+    common = dict(
+        recording_radius_mm=_positive_number(section, "recording_radius_mm", 0.5, "mm"),
+        dprime_threshold=section.get("dprime_threshold", float, 1.0),
+        smoothing_sigma_mm=_positive_number(section, "smoothing_sigma_mm", 0.5, "mm"),
+    )
+    if not math.isfinite(common["dprime_threshold"]):
+        raise ConfigError(f"{section.where}: 'dprime_threshold' must be a finite number")
+    if method == "explicit":
+        sites_mm = _explicit_sites(section.get("sites_mm", list), section.where)
+        groups = section.get("groups", list, None)
+        if groups is None:
+            groups = ["explicit"] * len(sites_mm)
+        if len(groups) != len(sites_mm) or not all(isinstance(g, str) and g for g in groups):
+            raise ConfigError(f"{section.where}: 'groups' must hold one non-empty name per site "
+                              f"({len(sites_mm)}), got {groups!r}")
+        spec = SitesSpec(method=method, localizer=localizer, sites_mm=sites_mm, groups=tuple(groups), **common)
+    else:
+        common["margin_mm"] = _positive_number(section, "margin_mm", 0.5, "mm", strict=False)
+        if method == "selectivity":
+            spec = SitesSpec(
+                method=method, localizer=localizer, **common,
+                n_selective=section.get("n_selective", int, minimum=0),
+                n_other=section.get("n_other", int, minimum=0),
+                candidate_step_mm=_positive_number(section, "candidate_step_mm", 0.25, "mm"),
+                min_separation_mm=_positive_number(section, "min_separation_mm", 0.0, "mm", strict=False),
+            )
+            if spec.n_selective + spec.n_other < 1:
+                raise ConfigError(f"{section.where}: n_selective + n_other must be at least 1")
+        elif method == "face_patch":
+            spec = SitesSpec(
+                method=method, localizer=localizer, **common,
+                candidate_step_mm=_positive_number(section, "candidate_step_mm", 0.25, "mm"),
+                outside_min_distance_mm=_positive_number(section, "outside_min_distance_mm", 3.0, "mm"),
+            )
+        else:
+            spec = SitesSpec(method=method, localizer=localizer, **common,
+                             grid_step_mm=_positive_number(section, "grid_step_mm", 2.0, "mm"))
+    section.finish()
+    return spec
+
+
+def _explicit_sites(values, where: str) -> tuple[tuple[float, float], ...]:
+    problem = f"{where}: 'sites_mm' must be a non-empty list of [x_mm, y_mm] pairs, got {values!r}"
+    if not values:
+        raise ConfigError(problem)
+    sites = []
+    for pair in values:
+        if (not isinstance(pair, list) or len(pair) != 2
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in pair)):
+            raise ConfigError(problem)
+        sites.append((float(pair[0]), float(pair[1])))
+    return tuple(sites)
+
+
+def _parse_stimulation(section: Section, layer: str) -> dict:
+    """The perturbation template; its keys are checked by the perturbation class itself."""
+    template = dict(section.values)
+    for key, origin in (("sites_mm", "[sites]"), ("layer", "the top-level 'layer'")):
+        if key in template:
+            raise ConfigError(f"{section.where}: {key!r} is not set here; it comes from {origin}")
+    try:
+        perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": layer})
+    except ConfigError as exc:
+        raise ConfigError(f"{section.where}: {exc}") from None
+    return template
+
+
+def _parse_safety(top: Section, stimulation: dict, layer: str) -> dict | None:
+    """The safety report of an electrical protocol (refused without an override if it violates a
+    limit); None for other perturbations."""
+    section = top.section("safety")
+    if stimulation["kind"] != "electrical":
+        if section.values:
+            raise ConfigError(f"{section.where}: safety limits apply to electrical stimulation only; this "
+                              f"experiment uses {stimulation['kind']!r} — remove [safety]")
+        return None
+    try:
+        limits = SafetyLimits(
+            max_shannon_k=section.get("max_shannon_k", float, SafetyLimits.max_shannon_k),
+            electrode_area_um2=section.get("electrode_area_um2", float, SafetyLimits.electrode_area_um2),
+            max_charge_per_phase_nC=section.get("max_charge_per_phase_nC", float, None),
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{section.where}: {exc}") from None
+    override = section.get("override", str, None)
+    if override is not None and not override.strip():
+        raise ConfigError(f"{section.where}: 'override' must be a reason (non-empty text)")
+    section.finish()
+    stim = perturbation_from_dict({**stimulation, "sites_mm": [[0.0, 0.0]], "layer": layer})
+    try:
+        report = enforce(stim, limits, override=override)
+    except SafetyError as exc:
+        raise SafetyError(f"{top.where}: {exc}") from None
+    return report.to_dict()
+
+
+def _parse_comparison(section: Section, paradigm: str, stimuli: StimuliSpec, sites: SitesSpec,
+                      pairs: PairsSpec | None) -> str | None:
+    if not section.values:
+        return None
+    dataset = section.get("dataset", str, choices=tuple(COMPARISON_PARADIGMS))
+    section.finish()
+    if COMPARISON_PARADIGMS[dataset] != paradigm:
+        raise ConfigError(f"{section.where}: {dataset!r} is a {COMPARISON_PARADIGMS[dataset]} experiment; this "
+                          f"file's paradigm is {paradigm!r}")
+    if dataset == "afraz2006" and (stimuli.positive is None or stimuli.signal_percent is None):
+        raise ConfigError(f"{section.where}: the afraz2006 comparison needs psychometric shifts: give "
+                          f"[stimuli] positive and [stimuli.noise] signal_percent")
+    if dataset == "moeller2017" and sites.method != "face_patch":
+        raise ConfigError(f"{section.where}: the moeller2017 comparison needs sites inside and outside the face "
+                          f"patch: use [sites] method = \"face_patch\"")
+    if dataset == "moeller2017" and (pairs.groups is None or not set(pairs.groups) <= set(MOELLER2017_CLASSES)):
+        raise ConfigError(f"{section.where}: the moeller2017 comparison needs [pairs] groups drawn from "
+                          f"{sorted(MOELLER2017_CLASSES)} (the stimulus classes of the published table), got "
+                          f"{None if pairs.groups is None else list(pairs.groups)}")
+    return dataset
+
+
+def _parse_analysis(section: Section) -> AnalysisSpec:
+    spec = AnalysisSpec(n_boot=section.get("n_boot", int, 1000, minimum=2),
+                        n_perm=section.get("n_perm", int, 1000, minimum=1),
+                        ci=section.get("ci", float, 0.95))
+    if not 0 < spec.ci < 1:
+        raise ConfigError(f"{section.where}: 'ci' must lie strictly between 0 and 1, got {spec.ci!r}")
+    section.finish()
+    return spec

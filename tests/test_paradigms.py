@@ -1,0 +1,486 @@
+"""Tests of experiment files and their runner (stimsim.paradigms): spec parsing, site selection,
+the categorisation and same/different paradigms, comparisons with published data."""
+import json
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+from PIL import Image
+
+from stimsim.cli import main as cli_main
+from stimsim.config import load_toml
+from stimsim.data import manifest
+from stimsim.data.stimuli import StimulusSet
+from stimsim.errors import ConfigError, SafetyError
+from stimsim.models.architectures import build_network
+from stimsim.models.positions import retinotopic_positions
+from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.topographic import TopographicModel
+from stimsim.paradigms import categorization, comparisons, same_different
+from stimsim.paradigms.runner import load_results, run_experiment
+from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, select_sites
+from stimsim.paradigms.spec import LocalizerSpec, SitesSpec, load_experiment, parse_experiment
+from stimsim.sheet import CorticalSheet
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "experiments"
+SHARED_DATA = REPO.parent / "shared" / "data"
+SHIPPED_MODELS = REPO / "stimsim" / "shipped_models"
+IT_UNITS = 256
+SHEET_MM = 10.0
+
+needs_shared_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="shared published data not available")
+
+TINY_CATEGORIZATION = """
+name = "tiny_faces"
+paradigm = "categorization"
+layer = "IT"
+seed = 3
+
+[stimuli]
+sets = [{ source = "lfw_subset", heldout_only = true }]
+label = "category"
+positive = "face"
+n_per_choice = 10
+
+[stimuli.noise]
+signal_percent = [0, 50, 100]
+
+[decoder]
+C = 0.01
+fit_fraction = 0.5
+
+[sites]
+method = "explicit"
+sites_mm = [[2.0, 2.0], [5.0, 5.0], [8.0, 3.0]]
+groups = ["a", "b", "b"]
+recording_radius_mm = 1.5
+
+[stimulation]
+kind = "electrical"
+current_uA = 100
+frequency_Hz = 200
+pulse_width_ms = 0.2
+train_ms = 50
+
+[analysis]
+n_boot = 20
+n_perm = 20
+"""
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def data_dirs(tmp_path_factory):
+    """A private cache, and the shared published data as the mirror."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv(manifest.CACHE_DIR_ENV, str(tmp_path_factory.mktemp("cache")))
+    patch.setenv(manifest.MIRROR_DIR_ENV, str(SHARED_DATA))
+    yield
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """An untrained stimsim_topo network with a 256-unit IT sheet of 10 mm; it lists the first 30
+    LFW faces and non-faces as held out by its (notional) training."""
+    torch.manual_seed(0)
+    kwargs = {"n_classes": 2, "it_units": IT_UNITS}
+    network = build_network("stimsim_topo", **kwargs)
+    # positions rounded to float32, as a saved model stores them, so a saved copy is the same model
+    positions = retinotopic_positions((IT_UNITS, 1, 1), SHEET_MM, seed=2).astype(np.float32).astype(np.float64)
+    sheets = {"it": CorticalSheet("it", (IT_UNITS, 1, 1), positions)}
+    held = [f"lfw_{kind}_{i:03d}" for kind in ("face", "nonface") for i in range(30)]
+    return TopographicModel(network, sheets, Preprocessing(size_px=32, channels=1, mean=(0.45,), std=(0.25,)),
+                            {"family": "stimsim_topo", "kwargs": kwargs}, readout_layer="it", areas={"it": "IT"},
+                            name="tiny_topo", metadata={"holdout_stimulus_ids": held})
+
+
+@pytest.fixture(scope="module")
+def tiny_toml(tmp_path_factory):
+    path = tmp_path_factory.mktemp("experiments") / "tiny_faces.toml"
+    path.write_text(TINY_CATEGORIZATION)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_toml, tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run_a")
+    summary = run_experiment(tiny_toml, out, model=tiny_model, progress=False)
+    return out, summary
+
+
+def _raw(name: str) -> dict:
+    return load_toml(EXPERIMENTS / f"{name}.toml")
+
+
+def _grid_sheet(step_mm: float = 0.5, size_mm: float = 10.0) -> CorticalSheet:
+    axis = np.arange(0.0, size_mm + 1e-9, step_mm)
+    xs, ys = np.meshgrid(axis, axis)
+    coords = np.stack([xs.ravel(), ys.ravel()], axis=1)
+    return CorticalSheet("synthetic", (len(coords), 1, 1), coords)
+
+
+# --- spec ---------------------------------------------------------------------------------------
+def test_shipped_experiment_files_parse():
+    afraz = load_experiment(EXPERIMENTS / "afraz2006.toml")
+    assert afraz.paradigm == "categorization" and afraz.comparison == "afraz2006"
+    assert (afraz.sites.n_selective, afraz.sites.n_other, afraz.sites.dprime_threshold) == (31, 55, 1.0)
+    stim = afraz.perturbation_at((1.0, 2.0))
+    assert (stim.current_uA, stim.frequency_Hz, stim.pulse_width_ms, stim.train_ms) == (50, 200, 0.2, 50)
+    assert stim.sites_mm == ((1.0, 2.0),) and stim.layer == "IT"
+    # 50 µA × 0.2 ms = 10 nC on a 2000 µm² tip: D = 500 µC/cm², k = log10(500) + log10(0.01) = 0.699
+    assert afraz.safety["passed"] and afraz.safety["shannon_k"] == pytest.approx(0.69897, abs=1e-4)
+    muscimol = load_experiment(EXPERIMENTS / "muscimol_categorization.toml")
+    assert muscimol.stimulation == {"kind": "muscimol", "volume_uL": 1.0} and muscimol.safety is None
+
+
+def test_moeller_spec_carries_a_recorded_safety_override():
+    spec = load_experiment(EXPERIMENTS / "moeller2017.toml")
+    # 300 µA × 0.2 ms = 60 nC: D = 3000 µC/cm², k = log10(3000) + log10(0.06) = 2.255 > 1.85
+    assert spec.safety["shannon_k"] == pytest.approx(2.2553, abs=1e-3)
+    assert spec.safety["passed"] is False and spec.safety["overridden"] is True
+    assert "Moeller et al. 2017" in spec.safety["override_reason"]
+    raw = _raw("moeller2017")
+    del raw["safety"]["override"]
+    with pytest.raises(SafetyError, match="Shannon's k"):
+        parse_experiment(raw, where="moeller2017.toml")
+
+
+@pytest.mark.parametrize("table, key", [
+    (None, "stimulus_count"),
+    ("stimuli", "labl"),
+    ("sites", "n_selectiv"),
+    ("decoder", "c"),
+    ("stimulation", "current_mA"),
+    ("analysis", "n_bootstrap"),
+])
+def test_unknown_key_refused_and_named(table, key):
+    raw = _raw("afraz2006")
+    (raw if table is None else raw[table])[key] = 1
+    with pytest.raises(ConfigError) as error:
+        parse_experiment(raw, where="afraz2006.toml")
+    assert key in str(error.value) and "afraz2006.toml" in str(error.value)
+
+
+@pytest.mark.parametrize("table, key, value, expected", [
+    ("stimulation", "current_uA", 5.0, "current_uA"),
+    ("stimulation", "pulse_width_ms", -0.2, "pulse_width_ms"),
+    ("stimulation", "frequency_Hz", "200 Hz", "frequency_Hz"),
+    ("sites", "recording_radius_mm", 0.0, "recording_radius_mm"),
+    ("decoder", "fit_fraction", 1.0, "fit_fraction"),
+    ("stimuli", "positive", 1, "positive"),
+])
+def test_bad_values_refused_with_what_is_allowed(table, key, value, expected):
+    raw = _raw("afraz2006")
+    raw[table][key] = value
+    with pytest.raises(ConfigError, match=expected):
+        parse_experiment(raw, where="afraz2006.toml")
+
+
+def test_bad_values_of_other_blocks_refused():
+    raw = _raw("muscimol_categorization")
+    raw["stimulation"]["volume_uL"] = -1.0
+    with pytest.raises(ConfigError, match=r"volume_uL must be in \[0, 10\] µL"):
+        parse_experiment(raw)
+    raw = _raw("muscimol_categorization")
+    raw["safety"] = {"max_shannon_k": 1.85}
+    with pytest.raises(ConfigError, match="electrical stimulation only"):
+        parse_experiment(raw)
+    raw = _raw("moeller2017")
+    raw["pairs"]["stimulated_image"] = "both"
+    with pytest.raises(ConfigError, match="stimulated_image"):
+        parse_experiment(raw)
+    raw = _raw("moeller2017")
+    raw["pairs"]["groups"] = ["face", "house"]
+    with pytest.raises(ConfigError, match="groups drawn from"):
+        parse_experiment(raw)
+    raw = _raw("moeller2017")
+    raw["stimulation"]["sites_mm"] = [[1.0, 1.0]]
+    with pytest.raises(ConfigError, match=r"comes from \[sites\]"):
+        parse_experiment(raw)
+    raw = _raw("afraz2006")
+    del raw["stimuli"]["noise"]
+    with pytest.raises(ConfigError, match="afraz2006 comparison needs psychometric shifts"):
+        parse_experiment(raw)
+
+
+# --- sites --------------------------------------------------------------------------------------
+def test_multi_unit_dprime_known_value():
+    sheet = CorticalSheet("s", (3, 1, 1), [[0.0, 0.0], [0.2, 0.0], [5.0, 5.0]])
+    responses = np.array([[1.0, 3.0, 9.0], [3.0, 5.0, 9.0], [0.0, 0.0, 0.0], [2.0, 0.0, 1.0]])
+    is_positive = np.array([True, True, False, False])
+    values, counts = multi_unit_dprime(responses, is_positive, sheet, [[0.1, 0.0], [9.0, 0.0]], 0.5)
+    # mean of units 0 and 1: faces 2 and 4, others 0 and 1 -> d' = (3 - 0.5) / sqrt((2 + 0.5) / 2)
+    assert counts.tolist() == [2, 0]
+    assert values[0] == pytest.approx(2.5 / np.sqrt(1.25))
+    assert np.isnan(values[1])
+
+
+def _synthetic_face_patch(sheet, centre=(3.0, 3.0), n_images=40, seed=0):
+    """Units respond to faces in proportion to a Gaussian bump around ``centre``; noise elsewhere."""
+    rng = np.random.default_rng(seed)
+    is_face = np.arange(n_images) < n_images // 2
+    distance = sheet.distances_mm(centre)
+    tuning = 3.0 * np.exp(-distance ** 2 / (2 * 1.0 ** 2)) - 0.5 * (distance > 6)
+    responses = rng.normal(0.0, 1.0, (n_images, sheet.n_units)) + np.outer(is_face, tuning)
+    return responses, is_face
+
+
+def test_selectivity_strata_have_requested_sizes_and_d_prime_order():
+    sheet = _grid_sheet()
+    responses, is_face = _synthetic_face_patch(sheet)
+    spec = SitesSpec(method="selectivity", localizer=LocalizerSpec("category", "face", None), n_selective=5,
+                     n_other=7, dprime_threshold=1.0, recording_radius_mm=0.6, candidate_step_mm=0.5,
+                     min_separation_mm=0.5)
+    selection = select_sites(spec, sheet, responses, is_face, seed=1)
+    groups = [s.group for s in selection.sites]
+    dprimes = np.array([s.dprime for s in selection.sites])
+    assert groups == ["selective"] * 5 + ["other"] * 7
+    assert np.all(dprimes[:5] > 1.0) and np.all(dprimes[5:] <= 1.0)
+    assert np.all(np.diff(dprimes[:5]) <= 0) and np.all(np.diff(dprimes[5:]) <= 0)
+    positions = np.array([s.position_mm for s in selection.sites])
+    gaps = np.linalg.norm(positions[:, None] - positions[None], axis=-1)[np.triu_indices(12, 1)]
+    assert gaps.min() >= 0.5 - 1e-9
+    # selective sites sit in the bump around (3, 3)
+    assert np.all(np.linalg.norm(positions[:5] - [3.0, 3.0], axis=1) < 2.5)
+    assert [s.label for s in selection.sites] == [f"site_{i:03d}" for i in range(12)]
+    again = select_sites(spec, sheet, responses, is_face, seed=1)
+    assert again.sites == selection.sites
+    too_many = SitesSpec(**{**spec.__dict__, "n_selective": 500})
+    with pytest.raises(ConfigError, match="lower n_selective"):
+        select_sites(too_many, sheet, responses, is_face, seed=1)
+
+
+def test_face_patch_inside_at_peak_and_outside_far_and_unselective():
+    sheet = _grid_sheet()
+    responses, is_face = _synthetic_face_patch(sheet, centre=(3.0, 6.0))
+    spec = SitesSpec(method="face_patch", localizer=LocalizerSpec("category", "face", None),
+                     recording_radius_mm=0.6, outside_min_distance_mm=4.0)
+    selection = select_sites(spec, sheet, responses, is_face)
+    inside, outside = selection.sites
+    assert (inside.group, outside.group) == ("inside", "outside")
+    assert np.hypot(inside.x_mm - 3.0, inside.y_mm - 6.0) < 0.5
+    assert selection.distance_to_peak_mm()[1] >= 4.0
+    assert inside.dprime > 2.0 and outside.dprime < 0.0
+
+
+def test_grid_and_explicit_sites():
+    sheet = _grid_sheet()
+    points = candidate_points_mm(sheet, step_mm=2.0, margin_mm=1.0)
+    assert len(points) == 25 and points.min() == pytest.approx(1.0) and points.max() == pytest.approx(9.0)
+    responses, is_face = _synthetic_face_patch(sheet)
+    spec = SitesSpec(method="explicit", localizer=LocalizerSpec("category", "face", None),
+                     sites_mm=((11.0, 2.0),), groups=("x",))
+    with pytest.raises(ConfigError, match="off sheet"):
+        select_sites(spec, sheet, responses, is_face)
+
+
+# --- pairs --------------------------------------------------------------------------------------
+def test_sample_pairs_same_and_different_identities():
+    identity = np.repeat(["a", "b", "c", "d"], 3)
+    group = np.repeat(["face", "face", "object", "object"], 3)
+    first, second, pair_group, same = same_different.sample_pairs(identity, group, ("face", "object"), 6, 9, seed=0)
+    assert len(first) == 30 and same.sum() == 12
+    assert np.all(first != second)
+    assert np.all((identity[first] == identity[second]) == same)
+    assert np.all(group[first] == pair_group) and np.all(group[second] == pair_group)
+    assert len({(a, b) for a, b in zip(first, second)}) == 30
+    with pytest.raises(ConfigError, match="offers 12 same pairs"):
+        same_different.sample_pairs(identity, group, ("face",), 13, 2, seed=0)
+
+
+# --- categorisation analysis ----------------------------------------------------------------------
+def test_psychometric_shift_recovers_a_known_midpoint_shift():
+    levels = np.array([-100.0, -60.0, -30.0, -10.0, 0.0, 10.0, 30.0, 60.0, 100.0])
+    truth = np.where(levels >= 0, "face", "nonface")
+    ids = [f"s{i}" for i in range(len(levels))]
+    test = StimulusSet("synthetic", [np.zeros((4, 4), np.float32)] * len(levels), np.array(ids),
+                       {"true_choice": truth, "signed_signal_percent": levels})
+    trials = types.SimpleNamespace(test=test, fit=test, choices=("face", "nonface"), positive="face",
+                                   psychometric=True)
+
+    def p_face(midpoint):
+        return 1.0 / (1.0 + np.exp(-0.08 * (levels - midpoint)))
+
+    curves = np.stack([p_face(5.0), p_face(-7.0), p_face(5.0)])
+    probabilities = xr.DataArray(np.stack([curves, 1 - curves], axis=-1), dims=("condition", "stimulus_id", "choice"),
+                                 coords={"condition": ["control", "site_000", "site_001"], "stimulus_id": ids,
+                                         "choice": ["face", "nonface"]})
+    selection = types.SimpleNamespace(
+        sites=(types.SimpleNamespace(label="site_000", dprime=2.0),
+               types.SimpleNamespace(label="site_001", dprime=0.0)),
+        distance_to_peak_mm=lambda: np.array([0.0, 4.0]))
+    spec = types.SimpleNamespace(analysis=types.SimpleNamespace(n_boot=10, n_perm=10, ci=0.9), seed=0,
+                                 sites=types.SimpleNamespace(dprime_threshold=1.0))
+    metrics, summary = categorization.analyse(spec, trials, probabilities, selection)
+    # x50 moves from +5 % to −7 %: 12 % signal towards "face"; the other site changes nothing
+    assert metrics["psychometric_shift_percent"].values == pytest.approx([12.0, 0.0], abs=1e-4)
+    assert summary["control_midpoint_percent"] == pytest.approx(5.0, abs=1e-4)
+    assert summary["model_mean_shift_selective"] == pytest.approx(12.0, abs=1e-4)
+    assert summary["model_mean_shift_other"] == pytest.approx(0.0, abs=1e-4)
+    assert summary["n_failed_fits"] == 0
+    assert metrics["delta_p_positive"].values[0] > 0 and metrics["delta_p_positive"].values[1] == 0
+
+
+# --- runs ---------------------------------------------------------------------------------------
+def test_categorization_run_writes_results_that_reload(tiny_run):
+    out, summary = tiny_run
+    for name in ("results.nc", "summary.json", "config.json", "decoder.json", "sites.png", "site_effects.png",
+                 "psychometric.png"):
+        assert (out / name).is_file(), name
+    dataset, stored_summary, config = load_results(out)
+    assert stored_summary == summary
+    assert summary["n_sites"] == 3 and summary["model"] == "tiny_topo"
+    # 10 faces + 10 non-faces, half for fitting, 3 signal levels
+    assert summary["n_fit_images"] == 30 and summary["n_test_images"] == 30
+    for key in ("control_accuracy", "mean_delta_accuracy", "model_r", "model_p", "model_mean_shift_selective",
+                "model_mean_shift_other", "n_failed_fits", "control_midpoint_percent"):
+        assert key in summary
+    probabilities = dataset["choice_probability"]
+    assert probabilities.dims == ("condition", "stimulus_id", "choice")
+    assert probabilities.sizes == {"condition": 4, "stimulus_id": 30, "choice": 2}
+    assert np.allclose(probabilities.sum("choice"), 1.0)
+    assert probabilities["current_uA"].values[1:].tolist() == [100.0] * 3
+    assert probabilities["condition_site_x_mm"].values[1:].tolist() == [2.0, 5.0, 8.0]
+    assert dataset["site_x_mm"].values.tolist() == [2.0, 5.0, 8.0]
+    assert dataset["site_group"].values.tolist() == ["a", "b", "b"]
+    assert set(np.unique(dataset["signal_percent"].values)) == {0.0, 50.0, 100.0}
+    assert dataset["delta_accuracy"].values == pytest.approx(
+        dataset["accuracy"].values - float(dataset["control_accuracy"]))
+    # only the images the model lists as held out were used
+    used = set(config["trials"]["fit_stimulus_ids"] + config["trials"]["test_stimulus_ids"])
+    assert all(int(sid.split("_")[2]) < 30 for sid in used)
+    assert config["model"]["source"] == "in-memory model" and len(config["model"]["state_sha256"]) == 64
+    assert config["experiment"]["name"] == "tiny_faces" and config["experiment"]["seed"] == 3
+    assert config["safety"]["passed"] is True
+    assert "torch" in config["software"] and config["notes"] == []
+    assert json.loads(dataset.attrs["experiment_json"])["stimulation"]["current_uA"] == 100
+
+
+def test_cli_run_with_a_model_directory_reproduces_the_run(tiny_run, tiny_model, tiny_toml, tmp_path, capsys):
+    out, summary = tiny_run
+    model_dir = tiny_model.save(tmp_path / "model")
+    code = cli_main(["run", str(tiny_toml), "--out", str(tmp_path / "out"), "--model", str(model_dir),
+                     "--no-progress"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model"]["source"] == str(model_dir)
+    assert config["model"]["weights_sha256"] == json.loads((model_dir / "model.json").read_text())[
+        "files_sha256"]["weights.pt"]
+    # same seed, same weights: the same numbers
+    assert printed == summary
+    first = xr.load_dataset(out / "results.nc", engine="h5netcdf")
+    second = xr.load_dataset(tmp_path / "out" / "results.nc", engine="h5netcdf")
+    np.testing.assert_array_equal(first["choice_probability"].values, second["choice_probability"].values)
+    np.testing.assert_array_equal(first["psychometric_shift_percent"].values,
+                                  second["psychometric_shift_percent"].values)
+
+
+def test_muscimol_example_runs_at_tiny_size(tiny_model, tmp_path):
+    raw = _raw("muscimol_categorization")
+    raw["stimuli"]["n_per_choice"] = 8
+    raw["stimuli"]["noise"]["signal_percent"] = [0, 50, 100]
+    raw["sites"].update(grid_step_mm=3.0, recording_radius_mm=1.5)
+    raw["analysis"].update(n_boot=20, n_perm=20)
+    spec = parse_experiment(raw, where="muscimol_categorization.toml")
+    summary = run_experiment(spec, tmp_path, model=tiny_model, progress=False, figures=False)
+    dataset, _, config = load_results(tmp_path)
+    assert not list(tmp_path.glob("*.png"))
+    assert summary["n_sites"] == 9 and summary["site_method"] == "grid"
+    assert dataset["kind"].values.tolist() == ["control"] + ["muscimol"] * 9
+    assert dataset["volume_uL"].values[1:].tolist() == [1.0] * 9
+    assert config["safety"].startswith("not applicable")
+    # silencing only removes activity: with 1 µL the site's own units are fully silenced
+    assert np.all(np.isfinite(dataset["delta_accuracy"].values))
+    assert dataset["distance_to_peak_mm"].sizes == {"site": 9}
+
+
+def _write_pair_table(directory: Path) -> Path:
+    """4 'face' and 4 'object' identities × 3 images (16 px gray) as a stimulus table."""
+    rng = np.random.default_rng(0)
+    rows = ["stimulus_id,path,identity,category"]
+    for category in ("face", "object"):
+        for identity in range(4):
+            prototype = rng.uniform(0, 1, (16, 16))
+            for version in range(3):
+                image = np.clip(prototype + rng.normal(0, 0.1, (16, 16)), 0, 1)
+                name = f"{category}_{identity}_{version}.png"
+                Image.fromarray((image * 255).astype(np.uint8)).save(directory / name)
+                rows.append(f"{category}_{identity}_{version},{name},{category}{identity},{category}")
+    table = directory / "pairs.csv"
+    table.write_text("\n".join(rows) + "\n")
+    return table
+
+
+@needs_shared_data
+def test_same_different_run_records_override_and_hit_rates(tiny_model, tmp_path):
+    table = _write_pair_table(tmp_path)
+    raw = _raw("moeller2017")
+    raw["stimuli"]["sets"] = [{"source": "table", "path": str(table)}]
+    raw["pairs"].update(n_same_per_group=12, n_different_per_group=12)
+    raw["sites"].update(recording_radius_mm=1.5, outside_min_distance_mm=2.0)
+    raw["analysis"].update(n_boot=20, n_perm=20)
+    spec = parse_experiment(raw, where="moeller2017.toml")
+    summary = run_experiment(spec, tmp_path / "out", model=tiny_model, progress=False)
+    dataset, _, config = load_results(tmp_path / "out")
+    assert config["safety"]["overridden"] is True and "Moeller" in config["safety"]["override_reason"]
+    assert "Moeller" in json.loads(dataset.attrs["safety_json"])["override_reason"]
+    assert dataset["site_group"].values.tolist() == ["inside", "outside"]
+    assert summary["n_test_pairs"] == 24 and summary["stimulated_image"] == "second"
+    for key in ("model_same_hit_drop_inside", "model_same_hit_drop_outside", "model_different_hit_drop_inside",
+                "model_object_same_hit_drop_inside", "data_same_hit_drop_inside", "data_same_hit_drop_outside"):
+        assert key in summary
+    drop = summary["model_same_hit_rate_control"] - summary["model_same_hit_rate_inside"]
+    assert summary["model_same_hit_drop_inside"] == pytest.approx(drop)
+    assert dataset["hit_rate"].dims == ("site", "pair_group", "trial_type")
+    assert dataset["current_uA"].values[1:].tolist() == [300.0, 300.0]
+    assert (tmp_path / "out" / "moeller2017_comparison.png").is_file()
+    pairs = {p["pair"]: p for p in config["trials"]["pairs"]}
+    for pair_id, second, same, category in zip(dataset["stimulus_id"].values, dataset["second_stimulus_id"].values,
+                                               dataset["same_identity"].values, dataset["pair_category"].values):
+        # every simulated trial is a test pair, stimulated during its second image
+        assert not pairs[pair_id]["fit"] and pairs[pair_id]["second"] == second
+        assert pairs[pair_id]["same"] == same and pairs[pair_id]["group"] == category
+        first_identity, second_identity = pairs[pair_id]["first"].split("_")[1], second.split("_")[1]
+        assert (first_identity == second_identity) == same
+
+
+# --- published data -------------------------------------------------------------------------------
+@needs_shared_data
+def test_afraz2006_data_known_values():
+    data, summary = comparisons.compare_afraz2006(n_perm=200, n_boot=200, ci=0.95, seed=0)
+    assert data.sizes["data_site"] == 86
+    selectivity = data["data_face_selectivity"].values
+    shift = data["data_psychometric_shift_percent"].values
+    assert summary["data_r"] == pytest.approx(np.corrcoef(selectivity, shift)[0, 1])
+    assert summary["data_r"] == pytest.approx(0.552, abs=1e-3) and summary["data_p"] < 1e-6
+    assert summary["data_n_selective"] == int(np.sum(selectivity > 1))
+    assert summary["data_mean_shift_selective"] > summary["data_mean_shift_other"] > 0
+
+
+@needs_shared_data
+def test_moeller2017_pooled_hit_rates_known_values():
+    data, summary = comparisons.compare_moeller2017(["face", "object"], lambda g: "" if g == "face" else f"{g}_")
+    # faces inside the patch, monkeys 1 + 2: same hits 613 + 332 of 1084 trials; with stimulation 33 + 36 of 479
+    assert summary["data_same_hit_rate_inside_off"] == pytest.approx(945 / 1084)
+    assert summary["data_same_hit_rate_inside_on"] == pytest.approx(69 / 479)
+    assert summary["data_same_hit_drop_inside"] == pytest.approx(945 / 1084 - 69 / 479)
+    assert summary["data_same_hit_drop_outside"] == pytest.approx(57 / 63 - 18 / 21)
+    assert summary["data_object_same_hit_drop_outside"] is None
+    assert float(data["data_hits"].sel(data_location="inside", pair_group="object", trial_type="same",
+                                       stimulation="off")) == 750
+
+
+# --- shipped model --------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHIPPED_MODELS / "stimsim-topo-s0" / "model.json").is_file(),
+                    reason="no shipped model in stimsim/shipped_models/")
+def test_muscimol_example_runs_on_the_shipped_model(tmp_path):
+    summary = run_experiment(EXPERIMENTS / "muscimol_categorization.toml", tmp_path, progress=False)
+    assert summary["model"] == "stimsim-topo-s0" and summary["n_sites"] == 25
+    assert summary["control_accuracy"] > 0.6
