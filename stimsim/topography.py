@@ -68,20 +68,27 @@ def clustering_test(values, coordinates_mm, radius_mm: float = 1.0, n_shuffles: 
     return ClusteringTest(observed, float(null.mean()), float(null.std()), float(p_value), n_shuffles, radius_mm)
 
 
+def smoothed_values_at(values, sheet: CorticalSheet, points_mm, sigma_mm: float = 0.5) -> np.ndarray:
+    """Gaussian-weighted mean (σ = ``sigma_mm``) of a per-unit value around each point (M, 2) in mm;
+    NaN where no unit lies within 3σ."""
+    values = np.asarray(values, float)
+    points = np.asarray(points_mm, float).reshape(-1, 2)
+    result = np.full(len(points), np.nan)
+    for i, neighbours in enumerate(cKDTree(sheet.coordinates_mm).query_ball_point(points, 3 * sigma_mm)):
+        if neighbours:
+            d2 = np.sum((sheet.coordinates_mm[neighbours] - points[i]) ** 2, axis=1)
+            weights = np.exp(-d2 / (2 * sigma_mm ** 2))
+            result[i] = np.dot(weights, values[neighbours]) / weights.sum()
+    return result
+
+
 def smoothed_map(values, sheet: CorticalSheet, sigma_mm: float = 0.5, grid_step_mm: float = 0.1):
     """Gaussian-smoothed map of a per-unit value on a regular grid: (x_mm, y_mm, map[y, x])."""
-    values = np.asarray(values, float)
     x0, x1, y0, y1 = sheet.extent_mm
     xs = np.arange(x0, x1 + grid_step_mm / 2, grid_step_mm)
     ys = np.arange(y0, y1 + grid_step_mm / 2, grid_step_mm)
     grid = np.stack(np.meshgrid(xs, ys), -1).reshape(-1, 2)
-    tree = cKDTree(sheet.coordinates_mm)
-    result = np.empty(len(grid))
-    for i, neighbours in enumerate(tree.query_ball_point(grid, 3 * sigma_mm)):
-        d2 = np.sum((sheet.coordinates_mm[neighbours] - grid[i]) ** 2, axis=1)
-        weights = np.exp(-d2 / (2 * sigma_mm ** 2))
-        result[i] = np.dot(weights, values[neighbours]) / weights.sum() if len(neighbours) else np.nan
-    return xs, ys, result.reshape(len(ys), len(xs))
+    return xs, ys, smoothed_values_at(values, sheet, grid, sigma_mm).reshape(len(ys), len(xs))
 
 
 def peak_location_mm(values, sheet: CorticalSheet, sigma_mm: float = 0.5) -> tuple[float, float]:

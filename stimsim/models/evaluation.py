@@ -29,7 +29,8 @@ def heldout_images(model: TopographicModel, objects_per_class: int = 50, seed: i
     if held:
         lfw = lfw.subset(np.array([sid in held for sid in lfw.stimulus_id]))
     objects = fashion_mnist(split="test", n_per_class=objects_per_class, seed=seed)
-    stimuli = StimulusSet.concat(lfw, objects)
+    stimuli = StimulusSet.concat(*(StimulusSet(s.name, s.images, s.stimulus_id, {"category": s.labels["category"]})
+                                   for s in (lfw, objects)))
     categories = np.asarray(stimuli.labels["category"])
     return stimuli, categories == "face", categories
 
@@ -73,6 +74,6 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
     }
     if figure_path is not None:
         plot_sheet_map(dprime, sheet, Path(figure_path),
-                       f"{model.name}: face d′ on {layer} (Moran's I {clustering.morans_i:.2f})")
+                       f"{model.name}: face d′ on {layer}\nMoran's I {clustering.morans_i:.2f}, p = {clustering.p_value:.3g}")
         report["figure"] = str(figure_path)
     return report

@@ -23,7 +23,7 @@ from stimsim.behavior.metrics import dprime
 from stimsim.errors import ConfigError
 from stimsim.paradigms.spec import SitesSpec
 from stimsim.sheet import CorticalSheet
-from stimsim.topography import peak_location_mm
+from stimsim.topography import peak_location_mm, smoothed_values_at
 
 #: Label of the unperturbed condition of an experiment; site i is condition ``site_<iii>``.
 CONTROL_LABEL = "control"
@@ -206,17 +206,21 @@ def _draw_separated(candidates, indices, wanted, min_separation_mm, already, rng
 
 
 def _face_patch(spec: SitesSpec, sheet, responses, is_positive, peak):
-    """Inside = the smoothed-map peak; outside = the candidate with the lowest multi-unit d′ at
-    least ``outside_min_distance_mm`` away from it."""
+    """Inside = the candidate point where the unit-d′ map smoothed with ``smoothing_sigma_mm`` is
+    highest (the face-patch centre, kept ``margin_mm`` from the edge); outside = the candidate at
+    least ``outside_min_distance_mm`` from it where that smoothed map is lowest. With σ about the
+    stimulation's spread length λ(I), "outside" is where the stimulation reaches the fewest
+    face-selective units."""
     candidates = candidate_points_mm(sheet, spec.candidate_step_mm, spec.margin_mm)
-    values, counts = multi_unit_dprime(responses, is_positive, sheet, candidates, spec.recording_radius_mm)
-    far = (np.linalg.norm(candidates - np.asarray(peak), axis=1) >= spec.outside_min_distance_mm) & (counts > 0)
+    smoothed = smoothed_values_at(unit_dprime(responses, is_positive), sheet, candidates, spec.smoothing_sigma_mm)
+    inside = int(np.nanargmax(smoothed))
+    far = (np.linalg.norm(candidates - candidates[inside], axis=1) >= spec.outside_min_distance_mm) & np.isfinite(smoothed)
     if not far.any():
         raise ConfigError(f"[sites] no candidate point lies {spec.outside_min_distance_mm:g} mm or more from the face-"
-                          f"patch peak ({peak[0]:.2f}, {peak[1]:.2f}) mm on sheet {sheet.name!r}; lower "
-                          f"outside_min_distance_mm")
-    outside = np.flatnonzero(far)[np.argmin(values[far])]
-    return np.array([peak, candidates[outside]]), ["inside", "outside"]
+                          f"patch centre ({candidates[inside][0]:.2f}, {candidates[inside][1]:.2f}) mm on sheet "
+                          f"{sheet.name!r}; lower outside_min_distance_mm")
+    outside = np.flatnonzero(far)[np.nanargmin(smoothed[far])]
+    return np.array([candidates[inside], candidates[outside]]), ["inside", "outside"]
 
 
 def _peak_on_sheet(values: np.ndarray, sheet: CorticalSheet, sigma_mm: float) -> tuple[float, float]:
