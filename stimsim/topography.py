@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy.spatial import cKDTree
 
+from stimsim.figures import pyplot, save_figure
 from stimsim.sheet import CorticalSheet
 
 
@@ -101,13 +102,7 @@ def peak_location_mm(values, sheet: CorticalSheet, sigma_mm: float = 0.5) -> tup
 def plot_sheet_map(values, sheet: CorticalSheet, path, title: str, label: str = "face d′",
                    vmin: float = -2.0, vmax: float = 2.0):
     """Scatter the units on the sheet coloured by ``values``; saved as PNG at ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from stimsim.io import atomic_save
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.6, 4))
     order = np.argsort(values)
     points = ax.scatter(sheet.coordinates_mm[order, 0], sheet.coordinates_mm[order, 1], c=np.asarray(values)[order],
@@ -115,5 +110,4 @@ def plot_sheet_map(values, sheet: CorticalSheet, path, title: str, label: str = 
     fig.colorbar(points, ax=ax, label=label)
     ax.set(xlabel="x (mm)", ylabel="y (mm)", title=title, aspect="equal")
     fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
+    save_figure(fig, path)

@@ -24,13 +24,7 @@ from stimsim.sheet import CorticalSheet
 MOELLER_FACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "moeller2017" / "Faces"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Small tensors on a shared 2-core machine run faster on one intra-op thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def resnet18_state() -> dict:

@@ -12,13 +12,7 @@ from stimsim.models.swap import swap_optimize
 from stimsim.sheet import CorticalSheet
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Small tensors on a shared 2-core machine run faster on one intra-op thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- retinotopic positions --------------------------------------------------------------------

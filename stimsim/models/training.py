@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from stimsim.config import Section, load_toml
 from stimsim.errors import ConfigError
+from stimsim.figures import pyplot, save_figure
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance
 from stimsim.models.architectures import build_network
 from stimsim.models.positions import build_sheet
@@ -335,11 +336,7 @@ def write_history(history: list[dict], out_dir: Path):
         return
     import io
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     keys = list(history[-1])
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=keys)
@@ -357,5 +354,4 @@ def write_history(history: list[dict], out_dir: Path):
     if axes[1].lines:
         axes[1].legend(fontsize=7)
     fig.tight_layout()
-    atomic_save(out_dir / "loss_curves.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_figure(fig, out_dir / "loss_curves.png", dpi=110)

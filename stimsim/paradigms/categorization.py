@@ -24,6 +24,7 @@ import xarray as xr
 from stimsim.behavior import LogisticDecoder, bootstrap_ci, fit_psychometric, psychometric_shift_percent
 from stimsim.data.stimuli import StimulusSet, pixel_noise
 from stimsim.errors import ConfigError
+from stimsim.figures import pyplot, save_figure
 from stimsim.paradigms.comparisons import shift_summary, site_correlation, stratum_mean
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
 from stimsim.paradigms.spec import ExperimentSpec
@@ -249,13 +250,7 @@ def _psychometric(trials: CategorizationTrials, p_positive: np.ndarray, site_dpr
 def plot_site_effects(dataset: xr.Dataset, path, title: str) -> None:
     """Per-site effect (psychometric shift if measured, else Δaccuracy) against the site's d′ and its
     distance from the d′-map peak; PNG at ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from stimsim.io import atomic_save
-
+    plt = pyplot()
     if "psychometric_shift_percent" in dataset:
         effect, label = dataset["psychometric_shift_percent"].values, "psychometric shift (% signal)"
     else:
@@ -273,20 +268,13 @@ def plot_site_effects(dataset: xr.Dataset, path, title: str) -> None:
     axes[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_psychometric(dataset: xr.Dataset, path, title: str) -> None:
     """Mean P(positive) per signed signal level for the control and for the sites with the largest
     and the smallest shift; PNG at ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from stimsim.io import atomic_save
-
+    plt = pyplot()
     levels = dataset["signal_level_percent"].values
     curves = dataset["p_positive_curve"]
     shifts = dataset["psychometric_shift_percent"].values
@@ -302,5 +290,4 @@ def plot_psychometric(dataset: xr.Dataset, path, title: str) -> None:
            ylim=(-0.02, 1.02))
     ax.legend(fontsize=7)
     fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
+    save_figure(fig, path)

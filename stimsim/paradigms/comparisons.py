@@ -20,6 +20,7 @@ import xarray as xr
 from stimsim.behavior.metrics import bootstrap_ci, pearson_with_permutation
 from stimsim.data.manifest import entry_path
 from stimsim.errors import FileFormatError
+from stimsim.figures import pyplot, save_figure
 
 AFRAZ2006_ENTRY = "afraz2006"
 AFRAZ2006_FILE = "sites_stim100-150ms.csv"
@@ -136,7 +137,7 @@ def plot_afraz2006(model_dprime, model_shift, data: xr.Dataset, summary: dict, p
                    model_threshold: float) -> None:
     """Psychometric shift against site d′, model beside monkeys, with the same axis labels; dashed
     lines mark each side's selectivity threshold. PNG at ``path``."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9.0, 4.0))
     panels = (("model", "model", np.asarray(model_dprime), np.asarray(model_shift), model_threshold, "tab:blue"),
               ("data", "monkeys (Afraz et al. 2006)", data["data_face_selectivity"].values,
@@ -155,7 +156,7 @@ def plot_afraz2006(model_dprime, model_shift, data: xr.Dataset, summary: dict, p
         ax.set(xlabel="site face selectivity d′", ylabel="psychometric shift (% signal)",
                title=f"{who}\n{int(usable.sum())} sites, {stats}")
     fig.tight_layout()
-    _save(fig, path, plt)
+    save_figure(fig, path)
 
 
 # --- Moeller et al. 2017 -----------------------------------------------------------------------
@@ -252,17 +253,3 @@ def _read_csv(path, required: tuple[str, ...]) -> list[dict]:
     return rows
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path, plt) -> None:
-    from stimsim.io import atomic_save
-
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)

@@ -25,6 +25,7 @@ import xarray as xr
 from stimsim.behavior import SAME_DIFFERENT_CHOICES, BoundSameDifferentDecoder, SameDifferentDecoder, bootstrap_ci
 from stimsim.data.stimuli import StimulusSet
 from stimsim.errors import ConfigError
+from stimsim.figures import pyplot, save_figure
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
 from stimsim.paradigms.spec import ExperimentSpec
 
@@ -223,13 +224,7 @@ def plot_hit_rates(dataset: xr.Dataset, path, title: str, data: xr.Dataset | Non
     """Bar chart of hit rates without and with stimulation per trial type and site group, one panel
     per pair group; with ``data`` (Moeller et al. 2017 counts) a second row shows the monkeys'
     rates for the same cells. PNG at ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from stimsim.io import atomic_save
-
+    plt = pyplot()
     groups = [str(g) for g in dataset["pair_group"].values]
     site_groups = list(dict.fromkeys(dataset["site_group"].values.astype(str).tolist()))
     rows = [("model", None)] + ([("monkeys (Moeller et al. 2017)", data)] if data is not None else [])
@@ -263,5 +258,4 @@ def plot_hit_rates(dataset: xr.Dataset, path, title: str, data: xr.Dataset | Non
                 ax.legend(fontsize=7, loc="lower left")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
+    save_figure(fig, path)

@@ -21,6 +21,7 @@ from scipy.spatial import cKDTree
 
 from stimsim.behavior.metrics import dprime
 from stimsim.errors import ConfigError
+from stimsim.figures import pyplot, save_figure
 from stimsim.paradigms.spec import SitesSpec
 from stimsim.sheet import CorticalSheet
 from stimsim.topography import peak_location_mm, smoothed_values_at
@@ -257,13 +258,7 @@ def _finite_for_map(values: np.ndarray) -> np.ndarray:
 
 def plot_sites(selection: SiteSelection, sheet: CorticalSheet, path, title: str) -> None:
     """Units coloured by d′, sites marked by group, the smoothed-map peak as a star; PNG at ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from stimsim.io import atomic_save
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 4.4))
     values = selection.unit_dprime
     order = np.argsort(values)
@@ -282,5 +277,4 @@ def plot_sites(selection: SiteSelection, sheet: CorticalSheet, path, title: str)
     ax.legend(fontsize=7, loc="upper right", framealpha=0.8)
     ax.set(xlabel="x (mm)", ylabel="y (mm)", title=title, aspect="equal")
     fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
+    save_figure(fig, path)
