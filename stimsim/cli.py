@@ -23,7 +23,7 @@ def _cmd_data_list(args) -> int:
 
     for name, entry in sorted(load_manifests().items()):
         size_mb = sum(f.size_bytes or 0 for f in entry.files) / 1e6
-        print(f"{name:<16} {entry.kind:<10} {len(entry.files):>4} file(s) {size_mb:9.2f} MB  {entry.description}")
+        print(f"{name:<24} {entry.kind:<10} {len(entry.files):>4} file(s) {size_mb:9.2f} MB  {entry.source.describe()}")
     return 0
 
 
@@ -36,20 +36,18 @@ def _cmd_data_fetch(args) -> int:
 
 
 def _cmd_data_verify(args) -> int:
-    from stimsim.data.manifest import verify_all
+    from stimsim.data.manifest import verification_passed, verify_all
 
-    failed = False
-    for name, statuses in verify_all(mirror=args.mirror).items():
+    results = verify_all()
+    for name, statuses in sorted(results.items()):
         counts = {}
         for _, status in statuses:
             counts[status] = counts.get(status, 0) + 1
-        bad = counts.get("mismatch", 0) + counts.get("missing", 0)
-        failed |= bad > 0
-        print(f"{name:<16} " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+        print(f"{name:<24} " + ", ".join(f"{n} {'not fetched' if s == 'missing' else s}" for s, n in sorted(counts.items())))
         for rel, status in statuses:
-            if status in ("mismatch", "missing"):
-                print(f"    {status}: {rel}")
-    return 1 if failed else 0
+            if status == "mismatch":
+                print(f"    checksum mismatch: {rel}")
+    return 0 if verification_passed(results) else 1
 
 
 def _cmd_models_list(args) -> int:
@@ -122,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("name")
     fetch.add_argument("--mirror", help="local mirror directory (default: $STIMSIM_MIRROR_DIR)")
     fetch.set_defaults(handler=_cmd_data_fetch)
-    verify = data_commands.add_parser("verify", help="verify every file present; exit 0 only if all present files verify")
-    verify.add_argument("--mirror", help="local mirror directory (default: $STIMSIM_MIRROR_DIR)")
+    verify = data_commands.add_parser("verify", help="check the sha256 of every file present (cache or in place); "
+                                                     "exit 0 only if all present files verify")
     verify.set_defaults(handler=_cmd_data_verify)
 
     models = commands.add_parser("models", help="shipped topographic models")

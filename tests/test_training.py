@@ -92,3 +92,11 @@ def test_train_command_reports_bad_toml(tmp_path, capsys):
     bad.write_text("name = 'x'\n[training\n")
     assert main(["train", str(bad), "--out", str(tmp_path / "run")]) == 2
     assert "bad.toml" in capsys.readouterr().err
+
+
+def test_simclr_task_trains_without_labels_in_the_loss(tmp_path, tiny_data):
+    config = load_training_config(small_config(steps=30, task="simclr", simclr_temperature=0.1))
+    train(config, tmp_path, progress=False, data=tiny_data)
+    history = _history(tmp_path)
+    assert all(np.isfinite(h["task_loss"]) for h in history)
+    assert np.mean([h["task_loss"] for h in history[-10:]]) < np.mean([h["task_loss"] for h in history[:5]])

@@ -1,0 +1,56 @@
+"""The command line: help everywhere, data and model listings, exit codes."""
+from pathlib import Path
+
+import pytest
+
+from stimsim import __version__
+from stimsim.cli import build_parser, main
+
+SUBCOMMANDS = [["train"], ["data"], ["data", "list"], ["data", "fetch"], ["data", "verify"], ["models"],
+               ["models", "list"], ["models", "check"], ["run"], ["bench"]]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"stimsim {__version__}"
+
+
+@pytest.mark.parametrize("words", SUBCOMMANDS, ids=" ".join)
+def test_every_subcommand_has_help(words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([*words, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: stimsim" in capsys.readouterr().out
+
+
+def test_data_list_names_every_entry(capsys):
+    assert main(["data", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("afraz2006", "moeller2017", "lfw_subset", "fashion_mnist", "tdann", "stimsim_default_models"):
+        assert name in out
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "data").is_dir(),
+                    reason="needs the published data mirror")
+def test_data_fetch_and_verify(capsys):
+    assert main(["data", "fetch", "afraz2006"]) == 0
+    assert main(["data", "verify"]) == 0
+    out = capsys.readouterr().out
+    assert "afraz2006" in out and "mismatch" not in out
+
+
+def test_data_fetch_of_unknown_entry_is_a_clear_error(capsys):
+    assert main(["data", "fetch", "no_such_dataset"]) == 2
+    assert "no_such_dataset" in capsys.readouterr().err
+
+
+def test_models_list(capsys):
+    assert main(["models", "list"]) == 0
+    assert "stimsim-topo-s0" in capsys.readouterr().out
+
+
+def test_run_reports_a_missing_experiment_file(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "missing.toml"), "--out", str(tmp_path / "out")]) == 2
+    assert "missing.toml" in capsys.readouterr().err
