@@ -13,8 +13,10 @@ from stimsim.errors import StimsimError
 def _cmd_train(args) -> int:
     from stimsim.models.training import load_training_config, train
 
-    model_dir = train(load_training_config(args.config), args.out, progress=not args.no_progress)
-    print(f"model saved to {model_dir}; loss curves in {Path(args.out) / 'loss_curves.png'}")
+    config = load_training_config(args.config)
+    out = Path(args.out or Path("runs") / config.name)
+    model_dir = train(config, out, progress=not args.no_progress)
+    print(f"model saved to {model_dir}; loss curves in {out / 'loss_curves.png'}")
     return 0
 
 
@@ -108,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train a topographic model from a TOML configuration")
     train.add_argument("config", help="training configuration (TOML), e.g. experiments/train_stimsim_topo_seed0.toml")
-    train.add_argument("--out", required=True, help="run directory (checkpoints, loss curves, model/); re-run to resume")
+    train.add_argument("--out", help="run directory (checkpoints, loss curves, model/; default runs/NAME); "
+                                     "re-run the same command to resume")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.set_defaults(handler=_cmd_train)
 
@@ -154,7 +157,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (StimsimError, FileNotFoundError) as exc:
+    except (StimsimError, FileNotFoundError, ValueError) as exc:
         print(f"stimsim: error: {exc}", file=sys.stderr)
         return 2
 
