@@ -169,6 +169,14 @@ class CorticalSheet:
         rows = np.stack([np.sort(rng.choice(m, size=q, replace=False)) for m in members])
         return CorticalSheet(self.name, self.dims, self.coordinates_mm, rows, width_mm)
 
+    def scaled(self, factor: float) -> "CorticalSheet":
+        """A copy with every position and the neighbourhood width multiplied by ``factor`` (e.g. to
+        express a model sheet in millimetres of cortex)."""
+        if not factor > 0:
+            raise ValueError(f"scale factor must be > 0, got {factor}")
+        return CorticalSheet(self.name, self.dims, self.coordinates_mm * factor, self.neighborhood_indices,
+                             self.neighborhood_width_mm * factor)
+
     # --- files ----------------------------------------------------------------------------
     def save(self, path) -> Path:
         """Write a TDANN-format ``.npz`` positions file (atomically)."""

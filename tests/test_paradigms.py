@@ -487,3 +487,40 @@ def test_muscimol_example_runs_on_the_shipped_model(tmp_path):
     assert summary["control_accuracy"] > 0.6
     # silencing hurts face/non-face categorisation most near the face patch
     assert summary["delta_accuracy_vs_distance_r"] > 0 and summary["delta_accuracy_vs_distance_p"] < 0.05
+
+
+# --- model-mm ↔ cortex-mm scale -------------------------------------------------------------------
+def test_scale_is_validated_recorded_and_used_by_the_moeller_file():
+    assert load_experiment(EXPERIMENTS / "moeller2017.toml").cortex_mm_per_model_mm == 2.0
+    assert load_experiment(EXPERIMENTS / "afraz2006.toml").cortex_mm_per_model_mm == 1.0
+    for bad in (0.0, -2.0, 1000.0):
+        raw = _raw("afraz2006")
+        raw["cortex_mm_per_model_mm"] = bad
+        with pytest.raises(ConfigError, match="cortex_mm_per_model_mm"):
+            parse_experiment(raw, where="afraz2006.toml")
+    raw = _raw("afraz2006")
+    raw["cortex_mm_per_model_mm"] = 2.5
+    assert parse_experiment(raw).to_dict()["cortex_mm_per_model_mm"] == 2.5
+
+
+def test_scaled_sheet_is_the_same_experiment_in_cortex_millimetres(tiny_model):
+    """An ablation of radius r at (x, y) cortex mm on a sheet scaled by k acts on exactly the units an
+    ablation of radius r/k at (x/k, y/k) acts on in model mm."""
+    from stimsim.behavior import LogisticDecoder
+    from stimsim.data.stimuli import lfw_subset
+    from stimsim.engine import simulate
+    from stimsim.stimulation import Ablation, Condition
+
+    images = lfw_subset().images[::20]
+    labels = ["face"] * 5 + ["nonface"] * 5
+    decoder = LogisticDecoder.fit(tiny_model.activations(images, "it"), labels, layer="it")
+    scaled = tiny_model.with_sheet_scale("IT", 2.0)
+    assert scaled.sheet("it").size_mm == pytest.approx(2 * tiny_model.sheet("it").size_mm)
+    assert tiny_model.sheet("it").size_mm < SHEET_MM + 1e-9  # the original model is unchanged
+    in_cortex = simulate(scaled, images, [Condition("lesion", (Ablation(sites_mm=((8.0, 6.0),), radius_mm=3.0),))],
+                         decoder, progress=False)
+    in_model = simulate(tiny_model, images, [Condition("lesion", (Ablation(sites_mm=((4.0, 3.0),), radius_mm=1.5),))],
+                        decoder, progress=False)
+    assert np.array_equal(in_cortex.values, in_model.values)
+    unperturbed = simulate(tiny_model, images, [Condition("control")], decoder, progress=False)
+    assert not np.allclose(in_model.values, unperturbed.values)

@@ -240,3 +240,14 @@ def test_damaged_and_missing_files(tmp_path):
     (tmp_path / "positions.txt").write_text("0 0\n")
     with pytest.raises(FileFormatError, match=".npz or .pkl"):
         CorticalSheet.load(tmp_path / "positions.txt")
+
+
+def test_scaled_sheet_multiplies_positions_and_neighbourhood_width():
+    coords = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
+    sheet = CorticalSheet("s", (3, 1, 1), coords, np.array([[0, 1, 2]]), 1.5)
+    doubled = sheet.scaled(2.0)
+    assert np.array_equal(doubled.coordinates_mm, 2 * coords)
+    assert doubled.neighborhood_width_mm == 3.0 and np.array_equal(doubled.neighborhood_indices, [[0, 1, 2]])
+    assert doubled.distances_mm((0.0, 0.0)).tolist() == [0.0, 2.0, 4.0]
+    with pytest.raises(ValueError, match="> 0"):
+        sheet.scaled(0.0)

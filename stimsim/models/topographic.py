@@ -9,6 +9,7 @@ A model directory holds everything needed to rebuild a model exactly::
 """
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -88,6 +89,13 @@ class TopographicModel:
         if layer not in self.sheets:
             raise ConfigError(f"layer {layer!r} has no cortical sheet; topographic layers: {self.layers}")
         return self.sheets[layer]
+
+    def with_sheet_scale(self, layer: str, cortex_mm_per_model_mm: float) -> "TopographicModel":
+        """A view of this model (same network) whose ``layer`` sheet is scaled to cortex millimetres."""
+        layer = self.resolve_layer(layer)
+        view = copy.copy(self)
+        view.sheets = {**self.sheets, layer: self.sheet(layer).scaled(cortex_mm_per_model_mm)}
+        return view
 
     def stage_output_dims(self, example: torch.Tensor) -> dict[str, tuple[int, int, int]]:
         """Output dims (C, H, W) of every stage for the model's input size; flat outputs are (C, 1, 1)."""

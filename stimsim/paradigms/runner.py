@@ -81,6 +81,8 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     notes: list[str] = []
 
     layer = topo.resolve_layer(spec.layer)
+    if spec.cortex_mm_per_model_mm != 1.0:
+        topo = topo.with_sheet_scale(layer, spec.cortex_mm_per_model_mm)
     sheet = topo.sheet(layer)
     localizer = spec.sites.localizer
     labels = _experiment_labels(spec) | ({localizer.label} if localizer.sets is None else set())
@@ -119,6 +121,7 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
 
     summary = _json_ready({
         "experiment": spec.name, "paradigm": spec.paradigm, "model": model_record["name"], "layer": layer,
+        "cortex_mm_per_model_mm": spec.cortex_mm_per_model_mm, "sheet_size_mm": sheet.size_mm,
         "site_method": spec.sites.method, **summary, **data_summary,
     })
     created = provenance()

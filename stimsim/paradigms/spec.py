@@ -14,6 +14,10 @@ Top level
 ``paradigm`` (``"categorization"`` or ``"same_different"``, required),
 ``model`` (shipped model name or model directory; default ``"stimsim-topo-s0"``; ``stimsim run --model``
 overrides it), ``layer`` (the layer stimulated, a stage name or an area label; default ``"IT"``),
+``cortex_mm_per_model_mm`` (number in (0, 100], default 1: how many millimetres of cortex one
+millimetre of the model's sheet stands for; the stimulated layer's sheet is scaled by it before sites
+are chosen and stimulation spreads, so every length in the file — sites, radii, margins — is in
+cortex mm; recorded with the results),
 ``seed`` (integer >= 0, default 0: every random draw of the run — noise, splits, site draws,
 pairs, bootstrap — derives from it, so a run on CPU is reproducible; an image set's own ``seed``
 key, e.g. Fashion-MNIST's draw, is that set's).
@@ -207,6 +211,7 @@ class ExperimentSpec:
     pairs: PairsSpec | None = None
     safety: dict | None = None
     comparison: str | None = None
+    cortex_mm_per_model_mm: float = 1.0
     source: str = ""
     raw: dict = dataclasses.field(default_factory=dict)
 
@@ -223,7 +228,8 @@ class ExperimentSpec:
 
     def to_dict(self) -> dict:
         """The experiment as stored with results: the file's content plus the resolved model."""
-        return {**self.raw, "model": self.model, "layer": self.layer, "seed": self.seed}
+        return {**self.raw, "model": self.model, "layer": self.layer, "seed": self.seed,
+                "cortex_mm_per_model_mm": self.cortex_mm_per_model_mm}
 
     def sha256(self) -> str:
         """Digest of :meth:`to_dict` (canonical JSON)."""
@@ -248,6 +254,9 @@ def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
     model = _text(top, "model", DEFAULT_MODEL)
     layer = _text(top, "layer", "IT")
     seed = top.get("seed", int, 0, minimum=0)
+    scale = top.get("cortex_mm_per_model_mm", float, 1.0)
+    if not 0 < scale <= 100:
+        raise ConfigError(f"{where}: 'cortex_mm_per_model_mm' must be in (0, 100], got {scale}")
 
     stimuli = _parse_stimuli(top.section("stimuli", required=True), paradigm)
     pairs = _parse_pairs(top.section("pairs", required=True)) if paradigm == "same_different" else None
@@ -261,7 +270,7 @@ def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
     return ExperimentSpec(
         name=name, description=description, citation=citation, paradigm=paradigm, model=model, layer=layer,
         seed=seed, stimuli=stimuli, decoder=decoder, sites=sites, stimulation=stimulation, analysis=analysis,
-        pairs=pairs, safety=safety, comparison=comparison,
+        pairs=pairs, safety=safety, comparison=comparison, cortex_mm_per_model_mm=scale,
         source=where, raw=json.loads(json.dumps(raw, default=str)),
     )
 
