@@ -524,3 +524,17 @@ def test_scaled_sheet_is_the_same_experiment_in_cortex_millimetres(tiny_model):
     assert np.array_equal(in_cortex.values, in_model.values)
     unperturbed = simulate(tiny_model, images, [Condition("control")], decoder, progress=False)
     assert not np.allclose(in_model.values, unperturbed.values)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHIPPED_MODELS / "stimsim-topo-s0" / "model.json").is_file(),
+                    reason="no shipped model in stimsim/shipped_models/")
+def test_afraz_runs_on_a_fresh_machine_without_the_published_data(tmp_path, monkeypatch):
+    monkeypatch.delenv("STIMSIM_MIRROR_DIR", raising=False)
+    monkeypatch.setenv("STIMSIM_CACHE_DIR", str(tmp_path / "empty-cache"))
+    with pytest.warns(UserWarning, match="comparison with 'afraz2006' skipped"):
+        summary = run_experiment(EXPERIMENTS / "afraz2006.toml", tmp_path / "out", progress=False)
+    assert summary["model_r"] > 0 and "stimsim data fetch afraz2006" in summary["comparison_skipped"]
+    assert "data_r" not in summary
+    assert not (tmp_path / "out" / "afraz2006_comparison.png").exists()
+    assert (tmp_path / "out" / "results.nc").is_file()

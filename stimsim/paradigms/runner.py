@@ -113,11 +113,20 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
 
     data, data_summary = None, {}
     analysis = spec.analysis
-    if spec.comparison == "afraz2006":
-        data, data_summary = comparisons.compare_afraz2006(analysis.n_perm, analysis.n_boot, analysis.ci, spec.seed)
-    elif spec.comparison == "moeller2017":
-        data, data_summary = comparisons.compare_moeller2017(
-            list(trials.groups), lambda group: same_different.group_prefix(group, localizer.positive))
+    try:
+        if spec.comparison == "afraz2006":
+            data, data_summary = comparisons.compare_afraz2006(analysis.n_perm, analysis.n_boot, analysis.ci,
+                                                               spec.seed)
+        elif spec.comparison == "moeller2017":
+            data, data_summary = comparisons.compare_moeller2017(
+                list(trials.groups), lambda group: same_different.group_prefix(group, localizer.positive))
+    except DataError as exc:
+        # the model's results stand on their own; the published data are optional
+        message = (f"comparison with {spec.comparison!r} skipped, its data are not available here "
+                   f"(fetch them with `stimsim data fetch {spec.comparison} --mirror DIR`): {exc}")
+        notes.append(message)
+        warnings.warn(message, stacklevel=2)
+        data_summary = {"comparison_skipped": message}
 
     summary = _json_ready({
         "experiment": spec.name, "paradigm": spec.paradigm, "model": model_record["name"], "layer": layer,
@@ -268,12 +277,12 @@ def _write_figures(spec, dataset, selection, sheet, data, summary, out_dir: Path
         categorization.plot_site_effects(dataset, out_dir / "site_effects.png", f"{spec.name}: effect per site")
         if "psychometric_shift_percent" in dataset:
             categorization.plot_psychometric(dataset, out_dir / "psychometric.png", spec.name)
-        if spec.comparison == "afraz2006":
+        if spec.comparison == "afraz2006" and data is not None:
             comparisons.plot_afraz2006(dataset["site_dprime"].values, dataset["psychometric_shift_percent"].values,
                                        data, summary, out_dir / "afraz2006_comparison.png",
                                        spec.sites.dprime_threshold)
     else:
-        name = "moeller2017_comparison.png" if spec.comparison == "moeller2017" else "hit_rates.png"
+        name = "moeller2017_comparison.png" if spec.comparison == "moeller2017" and data is not None else "hit_rates.png"
         same_different.plot_hit_rates(dataset, out_dir / name, f"{spec.name}: same/different hit rates", data=data)
 
 
