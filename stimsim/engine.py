@@ -19,7 +19,6 @@ decoders follow the ``stimsim.behavior`` protocol (``layer``, ``choices``,
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import pickle
 from pathlib import Path
@@ -30,7 +29,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from stimsim.errors import ConfigError, FileFormatError
-from stimsim.io import atomic_write_bytes, atomic_write_json
+from stimsim.io import atomic_save, atomic_write_json
 
 #: Default memory budget for the perturbed activity of one pass (bytes).
 DEFAULT_MAX_CHUNK_BYTES = 1 << 30
@@ -383,25 +382,26 @@ def _open_store(directory: Path, setup: _Setup, probabilities: np.ndarray, done:
     if differing:
         raise ConfigError(f"store {directory} was written for different inputs (they differ in: "
                           f"{', '.join(differing)}); resume only with the same call, or give a new directory")
-    for path in sorted(directory.glob("chunk_*.npz")):
+    for path in sorted(directory.glob("chunk_*.nc")):
         indices, values = _read_chunk(path, probabilities.shape)
         probabilities[indices] = values
         done[indices] = True
 
 
 def _write_chunk(directory: Path, indices: np.ndarray, values: np.ndarray) -> None:
-    buffer = io.BytesIO()
-    np.savez(buffer, condition_index=np.asarray(indices, dtype=np.int64), probability=np.asarray(values))
-    atomic_write_bytes(directory / f"chunk_{int(indices.min()):08d}.npz", buffer.getvalue())
+    """One finished chunk as NetCDF4 (HDF5): probabilities of the conditions ``indices``."""
+    chunk = xr.Dataset({"probability": (("condition_index", "stimulus", "choice"), np.asarray(values))},
+                       coords={"condition_index": np.asarray(indices, dtype=np.int64)})
+    atomic_save(directory / f"chunk_{int(indices.min()):08d}.nc", lambda tmp: chunk.to_netcdf(tmp, engine="h5netcdf"))
 
 
 def _read_chunk(path: Path, shape: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            indices = archive["condition_index"]
-            values = archive["probability"]
-    except Exception as exc:  # numpy raises many types for a damaged archive
-        raise FileFormatError(path, f"not a readable chunk archive ({exc})") from None
+        with xr.open_dataset(path, engine="h5netcdf") as chunk:
+            indices = chunk["condition_index"].values
+            values = chunk["probability"].values
+    except Exception as exc:  # h5py and xarray raise many types for a damaged file
+        raise FileFormatError(path, f"not a readable chunk file ({exc})") from None
     if (indices.ndim != 1 or values.shape != (len(indices),) + shape[1:] or len(indices) == 0
             or indices.min() < 0 or indices.max() >= shape[0]):
         raise FileFormatError(path, f"chunk does not fit this store ({len(indices)} condition indices, "

@@ -161,7 +161,7 @@ def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder,
     monkeypatch.undo()
     finished = {conditions[i].label for chunk in writes[:2] for i in chunk}
     assert "control" in finished and len(finished) == 3
-    assert len(list(store.glob("chunk_*.npz"))) == 2
+    assert len(list(store.glob("chunk_*.nc"))) == 2
 
     computed = []
     real_effect = Condition.effect
@@ -175,7 +175,7 @@ def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder,
                        progress=False)
     xr.testing.assert_identical(resumed, uninterrupted)
     assert set(computed) == {c.label for c in conditions} - finished
-    assert len(list(store.glob("chunk_*.npz"))) == 4
+    assert len(list(store.glob("chunk_*.nc"))) == 4
 
     computed.clear()
     again = simulate(model, images, conditions, decoder, store=store, max_chunk_bytes=budget_bytes, progress=False)
