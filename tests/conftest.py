@@ -21,3 +21,69 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+_CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                   "--disable-component-update", "--disable-sync", "--no-first-run", "--enable-logging=stderr",
+                   "--v=0", "--virtual-time-budget=5000")
+
+#: Injected into a copy of a report before it is opened: counts the images that decoded to real pixels.
+_RENDER_PROBE = ("<script>window.addEventListener('load', () => { const all = [...document.images];"
+                 " const ok = all.filter(i => i.complete && i.naturalWidth > 0).length;"
+                 " const div = document.createElement('div'); div.id = 'render-probe';"
+                 " div.textContent = ok + '/' + all.length; document.body.appendChild(div); });</script>")
+
+
+@pytest.fixture
+def chromium_render(tmp_path):
+    """``render(html_path) -> (dom, images_ok, images_total, console_lines)``: the report opened in headless
+    Chromium (a copy with a probe script that counts decoded images); ``console_lines`` are the page's
+    console messages. ``screenshot=PATH`` also writes a PNG of the page. Skips when Chromium is missing."""
+    import re
+    import shutil
+    import subprocess
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("headless Chromium is not installed (Debian package 'chromium'; .ci/install installs it)")
+
+    def render(html_path, screenshot=None):
+        html = Path(html_path).read_text()
+        probed = tmp_path / f"probed_{Path(html_path).name}"
+        probed.write_text(html.replace("</body>", _RENDER_PROBE + "</body>"))
+        profile = tmp_path / "chromium-profile"
+        run = subprocess.run([chromium, *_CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom",
+                              probed.as_uri()], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        if screenshot is not None:
+            shot = subprocess.run([chromium, *_CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1280,1600",
+                                   f"--screenshot={screenshot}", Path(html_path).resolve().as_uri()],
+                                  capture_output=True, text=True, timeout=120)
+            assert shot.returncode == 0, shot.stderr[-2000:]
+        probe = re.search(r'<div id="render-probe">(\d+)/(\d+)</div>', run.stdout)
+        assert probe, "the page never finished loading (no probe output)"
+        console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
+        return run.stdout, int(probe.group(1)), int(probe.group(2)), console
+
+    return render
+
+
+@pytest.fixture
+def pdf_pages(tmp_path):
+    """``pages(pdf_path) -> (texts, pngs)``: each page's text (pdftotext) and a PNG per page (pdftoppm).
+    Skips when poppler-utils is missing."""
+    import shutil
+    import subprocess
+
+    if shutil.which("pdftoppm") is None or shutil.which("pdftotext") is None:
+        pytest.skip("pdftoppm/pdftotext are not installed (Debian package 'poppler-utils'; .ci/install installs it)")
+
+    def pages(pdf_path):
+        prefix = tmp_path / "page"
+        subprocess.run(["pdftoppm", "-r", "40", "-png", str(pdf_path), str(prefix)], check=True, timeout=120)
+        pngs = sorted(tmp_path.glob("page-*.png"))
+        text = subprocess.run(["pdftotext", "-layout", str(pdf_path), "-"], check=True, capture_output=True,
+                              text=True, timeout=120).stdout
+        return text.split("\f")[:len(pngs)], pngs
+
+    return pages

@@ -1,0 +1,93 @@
+"""Reports: self-contained HTML from templates, the same content as PDF, rendered by real viewers."""
+import base64
+import io
+import re
+
+import numpy as np
+import pytest
+from PIL import Image as PILImage
+
+from stimsim.figures import pyplot
+from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png, format_value, image_png
+
+
+def _example_report():
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([0, 1], [0, 1])
+    rng = np.random.default_rng(0)
+    thumbs = tuple(Image(image_png(rng.random((8, 8)), scale=3), alt=f"step {k}") for k in range(3))
+    table = Table(("rank", "electrode id", "ΔAUC", "images"),
+                  [(1, "12", 0.01234, thumbs), (2, "40", float("nan"), thumbs)], caption="Ranked sites")
+    section = Section("Sites", [Paragraph("Tags <b>stay</b> text & are escaped."),
+                                Image(figure_png(fig), caption="identity line"), table,
+                                Listing({"pose": {"x_mm": 1.5, "rotation_deg": -20.0}}, caption="pose")])
+    return Report("Site plan", [section], subtitle="virtual subject",
+                  parameters={"current_uA": 50.0, "task": {"name": "sequence_2afc"}},
+                  software={"stimsim": "0.1.0"})
+
+
+def test_format_value_by_hand():
+    assert format_value(0.01234) == "0.0123"
+    assert format_value(12.345, digits=3) == "12.3"
+    assert format_value(-0.5) == "−0.500"
+    assert format_value(float("nan")) == "–"
+    assert format_value(None) == "–"
+    assert format_value(np.int64(7)) == "7"
+    assert format_value(True) == "yes"
+    assert format_value(2.5e-6) == "2.50e−06"
+    assert format_value((1.0, 2.0)) == "1.00, 2.00"
+
+
+def test_image_png_round_trip_and_validation():
+    pixels = np.array([[0.0, 1.0], [0.5, 0.25]])
+    decoded = np.asarray(PILImage.open(io.BytesIO(image_png(pixels, scale=2))))
+    assert decoded.shape == (4, 4)
+    assert decoded[0, 0] == 0 and decoded[0, 3] == 255 and decoded[3, 0] == 128 and decoded[3, 3] == 64
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        image_png(pixels * 2)
+    with pytest.raises(ValueError, match="PNG"):
+        Image(b"GIF89a")
+    with pytest.raises(ValueError, match="header has 2"):
+        Table(("a", "b"), [(1, 2, 3)])
+
+
+def test_html_is_self_contained_and_escaped():
+    html = _example_report().to_html()
+    sources = re.findall(r'<img src="([^"]+)"', html)
+    assert len(sources) == 1 + 2 * 3  # the figure and three thumbnails in each of two rows
+    for source in sources:
+        assert source.startswith("data:image/png;base64,")
+        assert base64.b64decode(source.split(",", 1)[1]).startswith(b"\x89PNG")
+    assert not re.search(r'(src|href)="(?!data:)', html)  # nothing fetched from elsewhere
+    assert "Tags &lt;b&gt;stay&lt;/b&gt; text &amp; are escaped." in html
+    for text in ("<th>electrode id</th>", "<td>0.0123</td>", "<td>–</td>", "pose.rotation_deg", "−20.00",
+                 "current_uA", "task.name", "sequence_2afc", "Software"):
+        assert text in html
+
+
+def test_write_is_atomic_pair(tmp_path):
+    html_path, pdf_path = _example_report().write(tmp_path / "out")
+    assert html_path.read_text().startswith("<!DOCTYPE html>")
+    assert pdf_path.read_bytes().startswith(b"%PDF")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.html", "report.pdf"]  # no temp files
+
+
+def test_report_renders_in_chromium(tmp_path, chromium_render):
+    html_path, _ = _example_report().write(tmp_path)
+    dom, images_ok, images_total, console = chromium_render(html_path, screenshot=tmp_path / "page.png")
+    assert images_total == 7 and images_ok == 7
+    assert console == []
+    assert re.search(r"<th>rank</th>\s*<th>electrode id</th>", dom)
+    shot = np.asarray(PILImage.open(tmp_path / "page.png").convert("L"))
+    assert (shot < 128).mean() > 0.005  # text, table rules and the figure drew dark pixels
+
+
+def test_report_pdf_pages_have_the_table(tmp_path, pdf_pages):
+    _, pdf_path = _example_report().write(tmp_path)
+    texts, pngs = pdf_pages(pdf_path)
+    assert len(pngs) >= 1
+    assert re.search(r"rank\s+electrode id\s+ΔAUC", texts[0])
+    assert "0.0123" in texts[0]
+    first = np.asarray(PILImage.open(pngs[0]).convert("L"))
+    assert (first < 128).mean() > 0.002
