@@ -1,0 +1,161 @@
+"""The whole analysis of recorded sessions: per-site effects, statistics across sites (pooled and per
+subject), reliability, and the comparison with a plan's predictions; saved as one result set."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+from scipy import stats
+
+from stimsim.analysis.comparison import compare_predictions, expected_correlation, load_plan_predictions
+from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, site_effects, \
+    split_half_reliability
+
+#: Per-site permutation p below which a site counts as significant in the summary.
+SITE_ALPHA = 0.05
+
+
+@dataclass
+class Analysis:
+    """Everything :func:`analyze` found. ``sites``: one row per (subject, electrode) with its effects
+    (and ``predicted_delta_auc`` given a plan); ``summary``: the numbers of ``summary.json``."""
+
+    sessions: pd.DataFrame
+    counts: SiteCounts
+    sites: pd.DataFrame
+    summary: dict
+    parameters: dict = field(default_factory=dict)
+
+    def to_dataset(self) -> xr.Dataset:
+        """Labelled arrays: counts and P(high) per (site, condition, step); per-site effects on site."""
+        site = np.arange(len(self.sites))
+        data = xr.Dataset(
+            {"n_trials": (("site", "condition", "step"), self.counts.n),
+             "n_high": (("site", "condition", "step"), self.counts.n_high),
+             "p_high": (("site", "condition", "step"), self.counts.p_high)},
+            coords={"site": site, "condition": list(CONDITIONS), "step": self.counts.steps,
+                    "subject_id": ("site", self.sites["subject_id"].astype(str).to_numpy()),
+                    "electrode": ("site", self.sites["electrode"].astype(str).to_numpy())})
+        for name in self.sites.columns:
+            if name not in ("subject_id", "electrode"):
+                data[name] = ("site", self.sites[name].to_numpy(dtype=float))
+        data["current_uA"].attrs["units"] = "uA"
+        data["shift_steps"].attrs["description"] = "x50(sham) - x50(stimulated), steps; > 0: towards 'high'"
+        data["delta_auc"].attrs["description"] = "AUC of P(high) over steps scaled to [0, 1], stimulated - sham"
+        data.attrs["summary_json"] = json.dumps(self.summary, default=_json_number)
+        data.attrs["parameters_json"] = json.dumps(self.parameters, default=str)
+        return data
+
+
+def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: int = 1000,
+            n_splits: int = 100, ci: float = 0.95, seed: int = 0) -> Analysis:
+    """Analyse a validated session table (:func:`stimsim.analysis.sessions.load_sessions`).
+
+    ``n_boot`` bootstrap resamples per site, ``n_perm`` label permutations per site (and 10 × as many
+    for the statistics across sites), ``n_splits`` random split halves; everything is seeded by ``seed``.
+    """
+    parameters = {"plan_dir": str(plan_dir) if plan_dir else None, "n_boot": n_boot, "n_perm": n_perm,
+                  "n_splits": n_splits, "ci": ci, "seed": seed, "site_alpha": SITE_ALPHA}
+    counts = count_trials(sessions)
+    sites = site_effects(counts, n_boot=n_boot, n_perm=n_perm, ci=ci, seed=seed, sessions=sessions)
+    plan_summary = {}
+    if plan_dir is not None:
+        plan_sites, plan_summary = load_plan_predictions(plan_dir)
+        sites = sites.merge(plan_sites[["electrode_id", "predicted_delta_auc"]].rename(
+            columns={"electrode_id": "electrode"}), on="electrode", how="left")
+
+    summary = {"n_trials": int(len(sessions)),
+               "n_subjects": int(sessions["subject_id"].nunique()),
+               "n_sessions": int(sessions[["subject_id", "session_id"]].drop_duplicates().shape[0]),
+               "n_steps": int(counts.steps.size),
+               "ci": ci,
+               **_group_summary(sites, counts, plan_summary, n_perm, n_splits, seed)}
+    subjects = sorted(sites["subject_id"].unique())
+    if len(subjects) > 1:
+        summary["per_subject"] = {
+            str(subject): _group_summary(sites[sites["subject_id"] == subject].reset_index(drop=True),
+                                         _subset(counts, counts.subject_id == subject), plan_summary, n_perm,
+                                         n_splits, seed)
+            for subject in subjects}
+    return Analysis(sessions, counts, sites, summary, parameters)
+
+
+def _subset(counts: SiteCounts, keep: np.ndarray) -> SiteCounts:
+    return SiteCounts(counts.subject_id[keep], counts.electrode[keep], counts.steps, counts.n[keep],
+                      counts.n_high[keep], counts.current_uA[keep])
+
+
+def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, n_perm: int, n_splits: int,
+                   seed: int) -> dict:
+    """Statistics across the sites of one group (all subjects pooled, or one subject)."""
+    significant = sites["permutation_p"] < SITE_ALPHA
+    summary = {**across_sites(sites["delta_auc"], n_perm=10 * n_perm, seed=seed),
+               "mean_psychometric_shift_steps": _nanmean(sites["shift_steps"]),
+               "n_sites_significant": int(significant.sum()), "site_alpha": SITE_ALPHA,
+               "n_sites_significant_chance": SITE_ALPHA * len(sites),
+               **split_half_reliability(counts, n_splits=n_splits, seed=seed)}
+    if "predicted_delta_auc" not in sites:
+        return summary
+    comparison = compare_predictions(sites["predicted_delta_auc"], sites["delta_auc"], summary["noise_ceiling"],
+                                     n_perm=10 * n_perm, seed=seed)
+    summary.update(comparison)
+    summary["permutation_p"] = comparison["predicted_vs_observed_permutation_p"]
+    direction = np.sign(sites["predicted_delta_auc"]) * sites["delta_auc"]
+    direction = direction[np.isfinite(direction)].to_numpy()
+    summary["shift_in_predicted_direction"] = _nanmean(direction)
+    summary["shift_in_predicted_direction_wilcoxon_p"] = (
+        float(stats.wilcoxon(direction, alternative="greater").pvalue) if direction.size > 1 and np.ptp(direction) > 0
+        else float("nan"))
+    planned_r = plan_summary.get("predicted_vs_true_r")
+    if planned_r is not None:
+        expected, low, high = expected_correlation(float(planned_r), summary["noise_ceiling"],
+                                                   comparison["n_sites_compared"])
+        summary.update({"plan_predicted_vs_true_r": float(planned_r),
+                        "expected_predicted_vs_observed_r": expected,
+                        "expected_predicted_vs_observed_r_95": [low, high]})
+    return summary
+
+
+def _nanmean(values) -> float:
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if values.size else float("nan")
+
+
+def _json_number(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def json_ready(value):
+    """Summary values for JSON: NaN and infinities become null (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {key: json_ready(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(item) for item in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def save_analysis(analysis: Analysis, out_dir, sources=()) -> Path:
+    """Write ``results.nc``, ``sites.csv`` and ``summary.json`` (with provenance) into ``out_dir``."""
+    from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = provenance({**analysis.parameters, "sessions": [str(path) for path in sources]})
+    dataset = analysis.to_dataset()
+    dataset.attrs["provenance_json"] = json.dumps(record, default=str)
+    atomic_save(out_dir / "results.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
+    atomic_write_text(out_dir / "sites.csv", analysis.sites.to_csv(index=False))
+    atomic_write_json(out_dir / "summary.json", {**json_ready(analysis.summary), "provenance": record})
+    return out_dir

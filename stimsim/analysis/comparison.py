@@ -1,0 +1,90 @@
+"""Predictions against outcomes: the plan's predicted per-site ΔAUC against the observed ones.
+
+Mehrer et al. 2025 (arXiv 2510.03684) report the per-site model-vs-monkey Pearson r with a
+permutation p, and that the model over-estimated effect magnitudes; here also the slope of observed on
+predicted (1 = right magnitude, below 1 = over-estimation) and the correlation divided by the square
+root of the observed effects' noise ceiling (correction for attenuation, Spearman 1904).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from stimsim.errors import FileFormatError
+
+#: Columns of the plan's sites.csv that the comparison reads.
+PLAN_SITE_COLUMNS = ("electrode_id", "predicted_delta_auc")
+
+
+def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
+    """``sites.csv`` (electrode_id as text, predicted_delta_auc, ...) and ``summary.json`` of a plan."""
+    plan_dir = Path(plan_dir)
+    sites_path, summary_path = plan_dir / "sites.csv", plan_dir / "summary.json"
+    for path in (sites_path, summary_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"plan directory {plan_dir} has no {path.name} (made by `stimsim plan`)")
+    sites = pd.read_csv(sites_path, dtype={"electrode_id": str})
+    missing = [name for name in PLAN_SITE_COLUMNS if name not in sites]
+    if missing:
+        raise FileFormatError(sites_path, f"missing column(s) {missing}")
+    if sites["electrode_id"].duplicated().any():
+        raise FileFormatError(sites_path, "an electrode_id appears twice")
+    try:
+        summary = json.loads(summary_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise FileFormatError(summary_path, f"invalid JSON ({exc})") from None
+    return sites, summary
+
+
+def expected_correlation(predicted_vs_true_r: float, noise_ceiling: float, n_sites: int,
+                         ci: float = 0.95) -> tuple[float, float, float]:
+    """What r(predicted, observed) should be if the plan correlates with the true effects at
+    ``predicted_vs_true_r`` and the observed effects have reliability ``noise_ceiling``:
+    r·sqrt(reliability) (attenuation), with a Fisher-z interval for ``n_sites`` sites."""
+    if not (math.isfinite(predicted_vs_true_r) and math.isfinite(noise_ceiling)) or noise_ceiling <= 0 \
+            or n_sites < 4:
+        return float("nan"), float("nan"), float("nan")
+    expected = predicted_vs_true_r * math.sqrt(min(noise_ceiling, 1.0))
+    half_width = stats.norm.ppf((1 + ci) / 2) / math.sqrt(n_sites - 3)
+    z = math.atanh(max(min(expected, 0.999999), -0.999999))
+    return expected, math.tanh(z - half_width), math.tanh(z + half_width)
+
+
+def compare_predictions(predicted, observed, noise_ceiling: float = float("nan"), n_perm: int = 10000,
+                        seed: int = 0) -> dict:
+    """Per-site predicted vs observed effects: Pearson r, its two-sided permutation p (scipy,
+    pairings shuffled) and the 95 % interval of r under that null (chance), the slope of observed on
+    predicted with its standard error, and r / sqrt(noise_ceiling). Sites where either is NaN are
+    left out."""
+    predicted = np.asarray(predicted, dtype=float)
+    observed = np.asarray(observed, dtype=float)
+    usable = np.isfinite(predicted) & np.isfinite(observed)
+    a, b = predicted[usable], observed[usable]
+    result = {"n_sites_compared": int(usable.sum()), "predicted_vs_observed_r_chance": 0.0, "slope_ideal": 1.0}
+    if a.size < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        nan = float("nan")
+        return {**result, "predicted_vs_observed_r": nan, "predicted_vs_observed_p": nan,
+                "predicted_vs_observed_permutation_p": nan, "predicted_vs_observed_r_null_95": [nan, nan],
+                "slope": nan, "slope_se": nan, "intercept": nan, "noise_ceiled_r": nan}
+    r = stats.pearsonr(a, b)
+    permutation = stats.permutation_test((a, b), lambda x, y, axis=-1: _pearson(x, y, axis), vectorized=True,
+                                         n_resamples=n_perm, permutation_type="pairings",
+                                         alternative="two-sided", random_state=seed)
+    fit = stats.linregress(a, b)
+    ceiled = float(r.statistic / math.sqrt(noise_ceiling)) if noise_ceiling > 0 else float("nan")
+    return {**result, "predicted_vs_observed_r": float(r.statistic), "predicted_vs_observed_p": float(r.pvalue),
+            "predicted_vs_observed_permutation_p": float(permutation.pvalue),
+            "predicted_vs_observed_r_null_95": np.quantile(permutation.null_distribution, [0.025, 0.975]).tolist(),
+            "slope": float(fit.slope), "slope_se": float(fit.stderr), "intercept": float(fit.intercept),
+            "noise_ceiled_r": ceiled}
+
+
+def _pearson(x, y, axis=-1):
+    x = x - x.mean(axis=axis, keepdims=True)
+    y = y - y.mean(axis=axis, keepdims=True)
+    return (x * y).sum(axis=axis) / np.sqrt((x * x).sum(axis=axis) * (y * y).sum(axis=axis))

@@ -1,0 +1,307 @@
+"""Behavioural sessions in: NWB ``trials`` tables and CSV / HDF5 trial tables, validated whole.
+
+One row per trial of the 2AFC image-sequence task (Mehrer et al. 2025, arXiv 2510.03684): the
+sequence of site ``electrode`` is shown at ``step`` 0..6 (0 = the "low" end, 6 = the "high" end),
+the site is stimulated or not (``stimulated_electrode`` = the electrode id, or ``"sham"``), and the
+animal chooses ``"low"`` or ``"high"``. Column names and their meaning: :data:`COLUMNS`.
+
+A file with any problem is refused whole (:class:`~stimsim.errors.FileFormatError` naming the file,
+and every problem's row and column), never half-loaded. Labs that name their columns differently
+pass a mapping ``{lab_name: stimsim_name}`` (:func:`parse_column_mapping`, :func:`load_column_mapping`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from stimsim.errors import ConfigError, FileFormatError
+
+#: Choices of the 2AFC between the two ends of a sequence.
+CHOICES = ("low", "high")
+
+#: Value of ``stimulated_electrode`` on sham trials.
+SHAM = "sham"
+
+#: Columns of a session table: name -> (required, meaning).
+COLUMNS = {
+    "electrode": (True, "site whose image sequence is shown (text id, e.g. '17')"),
+    "step": (True, "position along the sequence, integer 0..n_steps-1 (0 = 'low' end)"),
+    "stimulated_electrode": (True, "electrode id stimulated on this trial, or 'sham'"),
+    "current_uA": (True, "stimulation current, µA; 0 on sham trials"),
+    "choice": (True, "'low' or 'high'"),
+    "start_time": (False, "trial start, s"),
+    "stop_time": (False, "trial stop, s"),
+    "stimulus_id": (False, "image id, e.g. '17_seq0_step3'"),
+    "sequence": (False, "index of the site's sequence (integer)"),
+    "correct": (False, "choice matches the nearer end (bool; middle step: false)"),
+    "subject_id": (False, "subject (tables; NWB: subject.subject_id). Default 'subject'"),
+    "session_id": (False, "session (tables; NWB: session_id). Default: the file name"),
+}
+REQUIRED = tuple(name for name, (required, _) in COLUMNS.items() if required)
+
+#: Column names that hold a current without µA in the name: refused with an explanation.
+_UNITLESS_CURRENT = ("current", "current_mA", "current_ma", "amplitude", "current_A", "current_nA")
+
+#: How many problems one error message lists.
+_MAX_PROBLEMS_LISTED = 10
+
+
+def parse_column_mapping(text: str) -> dict[str, str]:
+    """``"lab_name=stimsim_name,..."`` -> ``{lab_name: stimsim_name}`` (command-line form)."""
+    mapping = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        lab, sep, ours = (piece.strip() for piece in item.partition("="))
+        if not sep or not lab or not ours:
+            raise ConfigError(f"--columns: {item!r} is not of the form lab_name=stimsim_name")
+        mapping[lab] = ours
+    return _checked_mapping(mapping, "--columns")
+
+
+def load_column_mapping(path) -> dict[str, str]:
+    """Read ``[columns]`` (``lab_name = "stimsim_name"``) from a TOML file."""
+    from stimsim.config import load_toml
+
+    document = load_toml(path)
+    unknown = set(document) - {"columns"}
+    if unknown or not isinstance(document.get("columns"), dict):
+        raise ConfigError(f"{path}: expected one table [columns] of lab_name = \"stimsim_name\" entries"
+                          + (f"; unknown keys {sorted(unknown)}" if unknown else ""))
+    if not all(isinstance(value, str) for value in document["columns"].values()):
+        raise ConfigError(f"{path} [columns]: every value must be a stimsim column name (text)")
+    return _checked_mapping(document["columns"], str(path))
+
+
+def column_mapping(spec: str | None) -> dict[str, str]:
+    """A mapping from the command line: a TOML file path if it ends in .toml, else ``a=b,c=d``."""
+    if not spec:
+        return {}
+    if spec.endswith(".toml"):
+        return load_column_mapping(spec)
+    return parse_column_mapping(spec)
+
+
+def _checked_mapping(mapping: dict[str, str], where: str) -> dict[str, str]:
+    unknown = sorted(set(mapping.values()) - set(COLUMNS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown stimsim column(s) {unknown}; allowed: {', '.join(COLUMNS)}")
+    targets = list(mapping.values())
+    doubled = sorted({name for name in targets if targets.count(name) > 1})
+    if doubled:
+        raise ConfigError(f"{where}: several lab columns map onto {doubled}")
+    return dict(mapping)
+
+
+def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None) -> pd.DataFrame:
+    """Read and validate session files (``.nwb``, ``.csv``, ``.h5``/``.hdf5``) into one table.
+
+    Parameters
+    ----------
+    paths : one path or several (several sessions and subjects at once).
+    columns : ``{lab_name: stimsim_name}`` for files whose columns are named differently.
+    electrodes : ids the sessions may name (from a plan or an array layout); None: any.
+
+    Returns a DataFrame with the columns of :data:`COLUMNS` (optional ones filled: ``subject_id``
+    'subject', ``session_id`` the file stem, times/sequence/stimulus_id NaN or empty where absent),
+    plus ``file`` and ``row`` (1-based data row in its file). Any problem raises FileFormatError.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    paths = [Path(path) for path in paths]
+    if not paths:
+        raise ConfigError("no session files given")
+    known = None if electrodes is None else {str(electrode) for electrode in electrodes}
+    tables = [_validated(_read_raw(path, columns or {}), path, known) for path in paths]
+    sessions = pd.concat(tables, ignore_index=True)
+    per_file = sessions.drop_duplicates(["file", "subject_id", "session_id"])
+    duplicated = per_file.duplicated(["subject_id", "session_id"])
+    if duplicated.any():
+        again = per_file[duplicated].iloc[0]
+        raise FileFormatError(again["file"], f"session {again['session_id']!r} of subject "
+                              f"{again['subject_id']!r} is also in another file given")
+    return sessions
+
+
+def _read_raw(path: Path, mapping: dict[str, str]) -> pd.DataFrame:
+    """The file's trials as a DataFrame with stimsim column names (mapping applied), unvalidated."""
+    if not path.is_file():
+        raise FileNotFoundError(f"session file not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".nwb":
+        table, subject_id, session_id = _read_nwb(path)
+    elif suffix == ".csv":
+        try:
+            table = pd.read_csv(path, dtype=str, keep_default_na=False)
+        except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+            raise FileFormatError(path, f"not a readable CSV table ({exc})") from None
+        subject_id = session_id = None
+    elif suffix in (".h5", ".hdf5"):
+        table = _read_hdf5(path)
+        subject_id = session_id = None
+    else:
+        raise FileFormatError(path, f"unknown session format {suffix!r}; use .nwb, .csv, .h5 or .hdf5")
+    missing_lab = sorted(set(mapping) - set(table.columns))
+    if missing_lab:
+        raise FileFormatError(path, f"column mapping names column(s) {missing_lab} that the file does not "
+                                    f"have; its columns: {', '.join(map(str, table.columns))}")
+    table = table.rename(columns=mapping)
+    if subject_id is not None and "subject_id" not in table:
+        table["subject_id"] = subject_id
+    if session_id is not None and "session_id" not in table:
+        table["session_id"] = session_id
+    return table
+
+
+def _read_nwb(path: Path):
+    from pynwb import NWBHDF5IO
+
+    try:
+        with NWBHDF5IO(str(path), "r") as io:
+            nwbfile = io.read()
+            if nwbfile.trials is None:
+                raise FileFormatError(path, "the NWB file has no trials table")
+            table = nwbfile.trials.to_dataframe().reset_index(drop=True)
+            subject = nwbfile.subject.subject_id if nwbfile.subject is not None else None
+            return table, subject, nwbfile.session_id
+    except FileFormatError:
+        raise
+    except (OSError, KeyError, ValueError) as exc:
+        raise FileFormatError(path, f"not a readable NWB file ({exc})") from None
+
+
+def _read_hdf5(path: Path) -> pd.DataFrame:
+    """A group ``trials`` with one 1-D dataset per column, or a compound dataset ``trials``."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as handle:
+            if "trials" not in handle:
+                raise FileFormatError(path, "no 'trials' group or dataset; expected /trials with one "
+                                            "1-D dataset per column (or a compound dataset)")
+            node = handle["trials"]
+            if isinstance(node, h5py.Dataset):
+                if node.dtype.names is None:
+                    raise FileFormatError(path, "/trials is a plain dataset; it must be a compound "
+                                                "dataset or a group of columns")
+                data = node[()]
+                columns = {name: data[name] for name in node.dtype.names}
+            else:
+                columns = {name: node[name][()] for name in node if isinstance(node[name], h5py.Dataset)}
+    except FileFormatError:
+        raise
+    except OSError as exc:
+        raise FileFormatError(path, f"not a readable HDF5 file ({exc})") from None
+    lengths = {name: np.shape(values)[0] if np.ndim(values) else -1 for name, values in columns.items()}
+    if len(set(lengths.values())) > 1 or -1 in lengths.values():
+        raise FileFormatError(path, f"/trials columns must be 1-D and of equal length, got lengths {lengths}")
+    decoded = {name: [v.decode() if isinstance(v, bytes) else v for v in values] if np.asarray(values).dtype.kind
+               in "OS" else values for name, values in columns.items()}
+    return pd.DataFrame(decoded)
+
+
+def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None) -> pd.DataFrame:
+    """Check every rule on the whole file; raise one error listing its problems, or return the table."""
+    present = set(raw.columns)
+    unitless = [name for name in raw.columns if name in _UNITLESS_CURRENT]
+    if unitless and "current_uA" not in present:
+        raise FileFormatError(path, f"column {unitless[0]!r} holds a current without µA in its name; stimsim "
+                                    f"reads currents only from 'current_uA' (microamperes). If the values are "
+                                    f"in µA map it: --columns {unitless[0]}=current_uA; if they are in mA, "
+                                    f"convert them to µA (× 1000) first")
+    missing = [name for name in REQUIRED if name not in present]
+    if missing:
+        raise FileFormatError(path, f"missing column(s) {missing}; a session table needs {list(REQUIRED)} "
+                                    f"(its columns: {', '.join(map(str, raw.columns))}; map lab names with "
+                                    f"--columns lab_name=stimsim_name)")
+    if len(raw) == 0:
+        raise FileFormatError(path, "empty session: the trials table has no rows")
+
+    problems: list[str] = []
+    rows = np.arange(1, len(raw) + 1)
+
+    def report(mask, column: str, what: str, values=None):
+        mask = np.asarray(mask, dtype=bool)
+        if mask.any():
+            bad = rows[mask]
+            shown = ", ".join(str(r) for r in bad[:5]) + (f" (+{bad.size - 5} more)" if bad.size > 5 else "")
+            example = f"; e.g. {values[mask][0]!r}" if values is not None else ""
+            problems.append(f"column {column!r}, row(s) {shown}: {what}{example}")
+
+    table = pd.DataFrame({"file": str(path), "row": rows})
+    for name in ("electrode", "stimulated_electrode", "choice"):
+        text = raw[name].map(_as_text).to_numpy(dtype=object)
+        report(text == "", name, "empty value")
+        table[name] = text
+    table["choice"] = table["choice"].str.lower()
+    report(~table["choice"].isin(CHOICES), "choice", f"choice outside the task's options {list(CHOICES)}",
+           table["choice"].to_numpy())
+    table["stimulated_electrode"] = np.where(table["stimulated_electrode"].str.lower() == SHAM, SHAM,
+                                             table["stimulated_electrode"])
+    stimulated = table["stimulated_electrode"].to_numpy() != SHAM
+    report(stimulated & (table["stimulated_electrode"] != table["electrode"]).to_numpy(), "stimulated_electrode",
+           "stimulated electrode differs from the electrode whose sequence is shown (per-site analysis "
+           "pairs a site's sequence with its own stimulation or sham)", table["stimulated_electrode"].to_numpy())
+    if known is not None:
+        report(~table["electrode"].isin(known) & (table["electrode"] != ""), "electrode",
+               f"electrode not in the plan/layout ({len(known)} known ids)", table["electrode"].to_numpy())
+
+    step = pd.to_numeric(raw["step"], errors="coerce").to_numpy(dtype=float)
+    report(~np.isfinite(step) | (step != np.round(step)) | (step < 0), "step",
+           "step must be an integer >= 0", raw["step"].to_numpy())
+    table["step"] = np.where(np.isfinite(step), step, -1).astype(int)
+
+    current = pd.to_numeric(raw["current_uA"], errors="coerce").to_numpy(dtype=float)
+    report(~np.isfinite(current) | (current < 0), "current_uA", "current must be a number >= 0 µA",
+           raw["current_uA"].to_numpy())
+    report(~stimulated & (current > 0), "current_uA", "sham trial with a current > 0 µA", current)
+    report(stimulated & (current == 0), "current_uA", "stimulated trial with a current of 0 µA", current)
+    table["current_uA"] = current
+
+    for name in ("start_time", "stop_time"):
+        values = pd.to_numeric(raw[name], errors="coerce").to_numpy(dtype=float) if name in raw else \
+            np.full(len(raw), np.nan)
+        if name in raw:
+            report(~np.isfinite(values), name, "time must be a number (s)", raw[name].to_numpy())
+        table[name] = values
+    if "start_time" in raw and "stop_time" in raw:
+        report(table["stop_time"] < table["start_time"], "stop_time", "trial stops before it starts")
+    if "sequence" in raw:
+        sequence = pd.to_numeric(raw["sequence"], errors="coerce").to_numpy(dtype=float)
+        report(~np.isfinite(sequence) | (sequence != np.round(sequence)), "sequence", "sequence must be an integer",
+               raw["sequence"].to_numpy())
+        table["sequence"] = np.where(np.isfinite(sequence), sequence, -1).astype(int)
+    else:
+        table["sequence"] = 0
+    if "correct" in raw:
+        correct = raw["correct"].map(_as_bool)
+        report(correct.isna().to_numpy(), "correct", "correct must be true/false", raw["correct"].to_numpy())
+        table["correct"] = correct.fillna(False).astype(bool).to_numpy()
+    else:
+        table["correct"] = np.nan
+    table["stimulus_id"] = raw["stimulus_id"].map(_as_text).to_numpy(dtype=object) if "stimulus_id" in raw else ""
+    for name, default in (("subject_id", "subject"), ("session_id", path.stem)):
+        table[name] = raw[name].map(_as_text).replace("", default).to_numpy(dtype=object) if name in raw else default
+
+    if problems:
+        listed = problems[:_MAX_PROBLEMS_LISTED]
+        more = f"; and {len(problems) - len(listed)} more problem(s)" if len(problems) > len(listed) else ""
+        raise FileFormatError(path, "refused (nothing loaded): " + "; ".join(listed) + more)
+    return table
+
+
+def _as_text(value) -> str:
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return ""
+    if isinstance(value, bytes):
+        value = value.decode()
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return str(int(value))
+    return str(value).strip()
+
+
+def _as_bool(value):
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    text = _as_text(value).lower()
+    return {"true": True, "1": True, "false": False, "0": False}.get(text)

@@ -1,0 +1,162 @@
+"""Per-site effects and statistics against hand computations, planted truths and direct formulas."""
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+import statsmodels.api as sm
+from scipy import stats
+
+from stimsim.analysis.effects import across_sites, count_trials, fit_grouped_logistic, site_effects, \
+    spearman_brown, split_half_reliability
+from stimsim.analysis.synthetic import planted_curves, planted_session
+
+
+def trials(electrode, stimulated, step_choices):
+    """Rows of one site: ``step_choices`` = [(step, 'low'|'high'), ...]."""
+    return [{"subject_id": "m", "session_id": "s", "electrode": electrode, "step": step,
+             "stimulated_electrode": electrode if stimulated else "sham", "current_uA": 50.0 if stimulated else 0.0,
+             "choice": choice} for step, choice in step_choices]
+
+
+def test_delta_auc_by_hand_on_a_tiny_table():
+    # 3 steps at x = 0, 0.5, 1. Sham P(high) = 0, 1/2, 1 → AUC = 0.25·(0 + 0.5) + 0.25·(0.5 + 1) = 0.5.
+    # Stimulated P(high) = 1/2, 1, 1 → AUC = 0.25·(0.5 + 1) + 0.25·(1 + 1) = 0.875. ΔAUC = 0.375.
+    rows = (trials("7", False, [(0, "low"), (0, "low"), (1, "low"), (1, "high"), (2, "high"), (2, "high")])
+            + trials("7", True, [(0, "low"), (0, "high"), (1, "high"), (1, "high"), (2, "high"), (2, "high")]))
+    sessions = pd.DataFrame(rows)
+    counts = count_trials(sessions)
+    assert counts.n.tolist() == [[[2, 2, 2], [2, 2, 2]]]
+    effects = site_effects(counts, n_boot=200, sessions=sessions, n_perm=200)
+    assert effects["delta_auc"].iloc[0] == pytest.approx(0.375)
+    assert effects["n_sham"].iloc[0] == 6 and effects["current_uA"].iloc[0] == 50.0
+
+
+@pytest.fixture(scope="module")
+def planted():
+    rng = np.random.default_rng(3)
+    stim_logodds = rng.normal(0.0, 1.0, 60)
+    sessions = planted_session(stim_logodds, trials_per_site=600, slope_logodds=8.0, seed=4)
+    counts = count_trials(sessions)
+    return stim_logodds, sessions, counts, site_effects(counts, n_boot=500, n_perm=300, sessions=sessions, seed=5)
+
+
+def true_delta_auc(stim_logodds, slope_logodds=8.0):
+    curves = planted_curves(stim_logodds, slope_logodds)
+    x = np.linspace(0, 1, 7)
+    area = ((curves[..., 1:] + curves[..., :-1]) / 2 * np.diff(x)).sum(axis=-1)
+    return area[:, 1] - area[:, 0]
+
+
+def test_planted_effects_recovered_with_calibrated_intervals(planted):
+    stim_logodds, _, _, effects = planted
+    truth = true_delta_auc(stim_logodds)
+    assert np.corrcoef(truth, effects["delta_auc"])[0, 1] > 0.95
+    covered = (effects["delta_auc_low"] <= truth) & (truth <= effects["delta_auc_high"])
+    assert 0.85 <= covered.mean() <= 1.0  # nominal 95 %, 60 sites
+    # logistic regression: the stimulation term is the planted log-odds shift, within its standard errors
+    z = (effects["stim_logodds"] - stim_logodds) / effects["stim_logodds_se"]
+    assert np.mean(np.abs(z) < 1.96) >= 0.85
+    # psychometric shift: x50 moves by c / b of the sequence, i.e. 6·c/8 steps
+    shift_truth = 6 * stim_logodds / 8.0
+    assert np.corrcoef(shift_truth, effects["shift_steps"])[0, 1] > 0.95
+    inside = (effects["shift_steps_low"] <= shift_truth) & (shift_truth <= effects["shift_steps_high"])
+    assert inside.mean() >= 0.85
+    assert effects["slope_logodds_per_step"].mean() == pytest.approx(8.0 / 6, rel=0.1)
+
+
+def test_permutation_p_small_for_strong_sites_and_uniformish_for_null(planted):
+    stim_logodds, _, _, effects = planted
+    strong = np.abs(stim_logodds) > 1.5
+    assert (effects["permutation_p"][strong] < 0.01).all()
+    null = planted_session(np.zeros(40), trials_per_site=200, seed=9)
+    null_effects = site_effects(count_trials(null), n_boot=50, n_perm=200, sessions=null, seed=1)
+    assert 0.0 <= np.mean(null_effects["permutation_p"] < 0.05) <= 0.2
+
+
+def test_site_permutation_p_agrees_with_scipy_exact_test():
+    rows = (trials("1", False, [(0, "low"), (1, "low"), (2, "high"), (0, "low"), (1, "high"), (2, "high")])
+            + trials("1", True, [(0, "high"), (1, "high"), (2, "high"), (0, "low"), (1, "high"), (2, "high")]))
+    sessions = pd.DataFrame(rows)
+    counts = count_trials(sessions)
+    ours = site_effects(counts, n_boot=10, n_perm=20000, sessions=sessions)["permutation_p"].iloc[0]
+    code = sessions["step"].to_numpy() * 2 + (sessions["choice"] == "high").to_numpy()
+    stimulated = (sessions["stimulated_electrode"] != "sham").to_numpy()
+
+    def delta(a, b):
+        def auc(codes):
+            p = [np.mean(codes[codes // 2 == s] % 2) if np.any(codes // 2 == s) else np.nan for s in range(3)]
+            return 0.25 * (p[0] + p[1]) + 0.25 * (p[1] + p[2])
+        return auc(a) - auc(b)
+
+    exact = stats.permutation_test((code[stimulated], code[~stimulated]), delta, n_resamples=np.inf,
+                                   permutation_type="independent", vectorized=False)
+    # scipy counts |null| >= |observed| with NaN (emptied steps) never counting, as ours does.
+    null = exact.null_distribution
+    exact_p = np.mean(np.abs(null) >= abs(exact.statistic) - 1e-12)
+    assert ours == pytest.approx(exact_p, abs=0.01)
+
+
+def test_batched_logistic_fit_equals_statsmodels():
+    rng = np.random.default_rng(0)
+    x = np.linspace(0, 1, 7)
+    n = rng.integers(5, 40, size=(5, 2, 7))
+    curves = planted_curves(rng.normal(0, 1, 5), 6.0)
+    n_high = rng.binomial(n, curves)
+    ours = fit_grouped_logistic(n_high, n, x)
+    for i in range(5):
+        design = np.column_stack([np.ones(14), np.tile(x, 2), np.repeat([0.0, 1.0], 7)])
+        endog = np.column_stack([n_high[i].ravel(), (n[i] - n_high[i]).ravel()])
+        reference = sm.GLM(endog, design, family=sm.families.Binomial()).fit().params
+        assert ours[i] == pytest.approx(reference, abs=1e-6)
+    separated = fit_grouped_logistic(np.array([[0, 0, 0, 5, 5, 5, 5], [0, 0, 0, 5, 5, 5, 5]]), 5, x)
+    assert np.isnan(separated).all()  # step-like choices: no maximum-likelihood fit
+
+
+def test_wilcoxon_and_cohens_d_against_direct_formulas():
+    values = np.array([0.12, -0.03, 0.25, 0.08, -0.11, 0.31, 0.05, 0.19, -0.02, 0.14])
+    result = across_sites(values, n_perm=2000, seed=0)
+    ranks = stats.rankdata(np.abs(values))
+    w_plus, w_minus = ranks[values > 0].sum(), ranks[values < 0].sum()
+    assert result["wilcoxon_statistic"] == min(w_plus, w_minus)
+    # exact two-sided p by enumerating all 2^10 sign patterns of the ranks
+    signs = np.array(list(itertools.product([0, 1], repeat=values.size)))
+    w_all = signs @ ranks
+    centre = ranks.sum() / 2
+    exact_p = np.mean(np.abs(w_all - centre) >= abs(w_plus - centre))
+    assert result["wilcoxon_p"] == pytest.approx(exact_p)
+    mean = values.sum() / values.size
+    sd = np.sqrt(((values - mean) ** 2).sum() / (values.size - 1))
+    assert result["cohens_d"] == pytest.approx(mean / sd)
+    assert result["mean_shift"] == pytest.approx(mean)
+    # sign-flip permutation of the mean, enumerated
+    flipped = np.where(signs == 1, 1, -1) * np.abs(values)
+    exact_perm = np.mean(np.abs(flipped.mean(axis=1)) >= abs(mean) - 1e-12)
+    assert result["mean_shift_permutation_p"] == pytest.approx(exact_perm, abs=0.02)
+
+
+def test_nan_sites_are_left_out_and_counted():
+    result = across_sites([0.1, np.nan, 0.2, 0.3], n_perm=100)
+    assert result["n_sites"] == 3 and result["n_sites_without_effect"] == 1
+    assert result["mean_shift"] == pytest.approx(0.2)
+
+
+def test_spearman_brown_on_known_numbers():
+    assert spearman_brown(0.5) == pytest.approx(2 / 3)
+    assert spearman_brown(0.6, factor=3) == pytest.approx(1.8 / 2.2)
+    assert spearman_brown(np.array([0.0, 1.0])).tolist() == [0.0, 1.0]
+
+
+def test_noise_ceiling_matches_the_binomial_reliability(planted):
+    """Reliability = var(true ΔAUC) / (var(true) + mean sampling variance of ΔAUC): the sampling
+    variance of a trapezoid AUC is Σ w_j² p_j (1 − p_j) / n_j over steps and both conditions."""
+    stim_logodds, _, counts, _ = planted
+    reliability = split_half_reliability(counts, n_splits=50, seed=2)
+    truth = true_delta_auc(stim_logodds)
+    curves = planted_curves(stim_logodds, 8.0)
+    weights = np.full(7, 1 / 6)
+    weights[[0, -1]] = 1 / 12
+    sampling = (weights ** 2 * curves * (1 - curves) / counts.n).sum(axis=(1, 2))
+    expected = truth.var() / (truth.var() + sampling.mean())
+    assert reliability["noise_ceiling"] == pytest.approx(expected, abs=0.05)
+    assert reliability["noise_ceiling"] == pytest.approx(spearman_brown(reliability["split_half_r"]))

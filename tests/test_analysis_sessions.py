@@ -1,0 +1,196 @@
+"""Session files in: NWB, CSV and HDF5 tables, column mappings, and every validation error."""
+from datetime import datetime, timezone
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+
+from stimsim.analysis.sessions import column_mapping, load_column_mapping, load_sessions, parse_column_mapping
+from stimsim.analysis.synthetic import planted_session
+from stimsim.errors import ConfigError, FileFormatError
+
+
+@pytest.fixture
+def table():
+    return planted_session([0.5, -0.5, 0.0], trials_per_site=40, seed=1)
+
+
+def write_csv(frame, path):
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_csv_round_trip_keeps_every_trial(tmp_path, table):
+    loaded = load_sessions(write_csv(table, tmp_path / "s.csv"))
+    assert len(loaded) == len(table)
+    assert loaded["electrode"].tolist() == table["electrode"].tolist()
+    assert loaded["step"].tolist() == table["step"].tolist()
+    assert loaded["choice"].tolist() == table["choice"].tolist()
+    assert np.array_equal(loaded["current_uA"].to_numpy(), table["current_uA"].to_numpy())
+    assert loaded["row"].tolist() == list(range(1, len(table) + 1))
+    assert set(loaded["session_id"]) == {"planted"}
+
+
+def test_hdf5_group_of_columns_and_compound_dataset(tmp_path, table):
+    grouped = tmp_path / "grouped.h5"
+    with h5py.File(grouped, "w") as handle:
+        group = handle.create_group("trials")
+        for name in ("electrode", "stimulated_electrode", "choice"):
+            group[name] = table[name].astype(str).to_numpy().astype("S")
+        group["step"] = table["step"].to_numpy()
+        group["current_uA"] = table["current_uA"].to_numpy()
+    compound = tmp_path / "compound.hdf5"
+    records = np.array(list(zip(table["electrode"].astype("S"), table["stimulated_electrode"].astype("S"),
+                                table["choice"].astype("S"), table["step"], table["current_uA"])),
+                       dtype=[("electrode", "S8"), ("stimulated_electrode", "S8"), ("choice", "S4"),
+                              ("step", "i4"), ("current_uA", "f8")])
+    with h5py.File(compound, "w") as handle:
+        handle["trials"] = records
+    for path in (grouped, compound):
+        loaded = load_sessions(path)
+        assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist()
+        assert loaded["choice"].tolist() == table["choice"].tolist()
+        assert loaded["step"].tolist() == table["step"].tolist()
+
+
+def write_lab_nwb(path, table, subject_id="monkey_b", session_id="2026-11-30"):
+    """An NWB file written with plain pynwb and a lab's own trial column names."""
+    from pynwb import NWBHDF5IO, NWBFile
+    from pynwb.file import Subject
+
+    nwbfile = NWBFile(session_description="microstimulation 2AFC", identifier=session_id,
+                      session_start_time=datetime(2026, 11, 30, tzinfo=timezone.utc), session_id=session_id,
+                      subject=Subject(subject_id=subject_id, species="Macaca mulatta"))
+    nwbfile.add_trial_column("site", "electrode whose morph sequence is shown")
+    nwbfile.add_trial_column("morph_level", "step along the sequence")
+    nwbfile.add_trial_column("stim_channel", "stimulated channel or sham")
+    nwbfile.add_trial_column("amplitude_uA", "current in microamperes")
+    nwbfile.add_trial_column("response", "low or high")
+    for row in table.itertuples():
+        nwbfile.add_trial(start_time=row.start_time, stop_time=row.stop_time, site=row.electrode,
+                          morph_level=int(row.step), stim_channel=row.stimulated_electrode,
+                          amplitude_uA=float(row.current_uA), response=row.choice)
+    with NWBHDF5IO(str(path), "w") as io:
+        io.write(nwbfile)
+    return path
+
+
+LAB_MAPPING = {"site": "electrode", "morph_level": "step", "stim_channel": "stimulated_electrode",
+               "amplitude_uA": "current_uA", "response": "choice"}
+
+
+def test_plain_pynwb_file_with_lab_columns_reads_through_a_mapping(tmp_path, table):
+    path = write_lab_nwb(tmp_path / "lab.nwb", table)
+    with pytest.raises(FileFormatError, match="missing column"):
+        load_sessions(path)
+    loaded = load_sessions(path, columns=LAB_MAPPING)
+    assert len(loaded) == len(table)
+    assert set(loaded["subject_id"]) == {"monkey_b"} and set(loaded["session_id"]) == {"2026-11-30"}
+    assert loaded["choice"].tolist() == table["choice"].tolist()
+    assert np.allclose(loaded["start_time"], table["start_time"])
+
+
+def test_mapping_from_command_line_text_and_toml(tmp_path):
+    text = "site=electrode, morph_level=step,stim_channel=stimulated_electrode,amplitude_uA=current_uA,response=choice"
+    assert parse_column_mapping(text) == LAB_MAPPING
+    toml = tmp_path / "lab.toml"
+    toml.write_text("[columns]\n" + "\n".join(f'{k} = "{v}"' for k, v in LAB_MAPPING.items()) + "\n")
+    assert load_column_mapping(toml) == LAB_MAPPING
+    assert column_mapping(str(toml)) == column_mapping(text) == LAB_MAPPING
+    with pytest.raises(ConfigError, match="unknown stimsim column"):
+        parse_column_mapping("site=electrode_name")
+    with pytest.raises(ConfigError, match="lab_name=stimsim_name"):
+        parse_column_mapping("site")
+    with pytest.raises(ConfigError, match="several lab columns"):
+        parse_column_mapping("a=electrode,b=electrode")
+
+
+def test_mapping_naming_an_absent_column_is_refused(tmp_path, table):
+    with pytest.raises(FileFormatError, match=r"mapping names column\(s\) \['chan'\]"):
+        load_sessions(write_csv(table, tmp_path / "s.csv"), columns={"chan": "electrode"})
+
+
+def test_missing_columns_named(tmp_path, table):
+    path = write_csv(table.drop(columns=["choice", "step"]), tmp_path / "s.csv")
+    with pytest.raises(FileFormatError, match=r"s\.csv: missing column\(s\) \['step', 'choice'\]"):
+        load_sessions(path)
+
+
+def test_unknown_electrodes_named_with_row(tmp_path, table):
+    path = write_csv(table, tmp_path / "s.csv")
+    assert len(load_sessions(path, electrodes=["1", "2", "3"])) == len(table)
+    first_row_of_3 = int(np.flatnonzero(table["electrode"] == "3")[0]) + 1
+    with pytest.raises(FileFormatError, match=rf"column 'electrode', row\(s\) {first_row_of_3}\b.*not in the plan"):
+        load_sessions(path, electrodes=["1", "2"])
+
+
+@pytest.mark.parametrize("name", ["current", "current_mA"])
+def test_currents_without_microamperes_in_the_name_are_explained(tmp_path, table, name):
+    path = write_csv(table.rename(columns={"current_uA": name}), tmp_path / "s.csv")
+    with pytest.raises(FileFormatError, match=rf"column '{name}' holds a current without µA.*current_uA"):
+        load_sessions(path)
+    if name == "current":  # values in µA: the mapping reads them
+        assert len(load_sessions(path, columns={"current": "current_uA"})) == len(table)
+
+
+def test_sham_row_with_current_is_refused_whole(tmp_path, table):
+    broken = table.copy()
+    sham_row = int(np.flatnonzero(broken["stimulated_electrode"] == "sham")[3])
+    broken.loc[sham_row, "current_uA"] = 25.0
+    with pytest.raises(FileFormatError, match=rf"refused \(nothing loaded\).*'current_uA', row\(s\) {sham_row + 1}:"
+                                              r" sham trial with a current"):
+        load_sessions(write_csv(broken, tmp_path / "s.csv"))
+
+
+def test_choice_outside_the_options(tmp_path, table):
+    broken = table.copy()
+    broken.loc[5, "choice"] = "left"
+    with pytest.raises(FileFormatError, match=r"'choice', row\(s\) 6: choice outside the task's options"
+                                              r" \['low', 'high'\]; e\.g\. 'left'"):
+        load_sessions(write_csv(broken, tmp_path / "s.csv"))
+
+
+def test_empty_session(tmp_path, table):
+    with pytest.raises(FileFormatError, match="empty session"):
+        load_sessions(write_csv(table.iloc[:0], tmp_path / "s.csv"))
+
+
+def test_other_row_problems_are_all_listed(tmp_path, table):
+    broken = table.astype({"step": object}).copy()
+    broken.loc[0, "step"] = "2.5"
+    stimulated_row = int(np.flatnonzero(broken["stimulated_electrode"] != "sham")[0])
+    broken.loc[stimulated_row, "stimulated_electrode"] = "99"
+    broken.loc[1, "stop_time"] = broken.loc[1, "start_time"] - 1
+    with pytest.raises(FileFormatError) as error:
+        load_sessions(write_csv(broken, tmp_path / "s.csv"))
+    message = str(error.value)
+    assert "'step', row(s) 1: step must be an integer" in message
+    assert f"'stimulated_electrode', row(s) {stimulated_row + 1}: stimulated electrode differs" in message
+    assert "'stop_time', row(s) 2: trial stops before it starts" in message
+
+
+def test_one_broken_file_among_several_loads_nothing(tmp_path, table):
+    good = write_csv(table, tmp_path / "good.csv")
+    broken = table.copy()
+    broken.loc[len(broken) - 1, "choice"] = "maybe"
+    bad = write_csv(broken.assign(session_id="other"), tmp_path / "bad.csv")
+    with pytest.raises(FileFormatError, match=r"bad\.csv"):
+        load_sessions([good, bad])
+
+
+def test_several_subjects_and_sessions(tmp_path):
+    a = planted_session([1.0, 0.0], 20, subject_id="m1", session_id="day1", seed=1)
+    b = planted_session([1.0, 0.0], 20, subject_id="m2", session_id="day1", seed=2)
+    loaded = load_sessions([write_csv(a, tmp_path / "a.csv"), write_csv(b, tmp_path / "b.csv")])
+    assert loaded.groupby("subject_id").size().to_dict() == {"m1": 40, "m2": 40}
+    with pytest.raises(FileFormatError, match="also in another file"):
+        load_sessions([tmp_path / "a.csv", write_csv(a, tmp_path / "a_copy.csv")])
+
+
+def test_unknown_format_and_missing_file(tmp_path):
+    (tmp_path / "s.xlsx").write_text("x")
+    with pytest.raises(FileFormatError, match="unknown session format"):
+        load_sessions(tmp_path / "s.xlsx")
+    with pytest.raises(FileNotFoundError):
+        load_sessions(tmp_path / "absent.csv")
