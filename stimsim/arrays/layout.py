@@ -1,0 +1,264 @@
+"""Electrode array layouts: electrode ids and their positions (mm) in the array's own frame.
+
+The array frame has its origin at the centre of the array (the midpoint of the bounding box of the
+electrode grid), x to the right along the columns and y up along the rows, as seen on the
+Blackrock map (column 0 on the left, row 0 at the bottom).
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stimsim.arrays.pose import ArrayPose
+from stimsim.errors import ConfigError, FileFormatError
+
+#: Electrode pitch of Utah arrays (Blackrock Microsystems), mm.
+UTAH_PITCH_MM = 0.4
+#: Utah grids stimsim builds: grid side → whether the four corners are unconnected.
+UTAH_GRIDS = {"10x10": (10, True), "8x8": (8, False)}
+#: Blackrock banks of 32 channels each, in channel order.
+CMP_BANKS = "ABCD"
+CMP_CHANNELS_PER_BANK = 32
+
+
+@dataclass(frozen=True, eq=False)
+class ArrayLayout:
+    """Electrode ids (text) and positions (mm, array frame, centre at 0, 0) of one array.
+
+    name : e.g. ``"utah_10x10"`` or the file the layout came from.
+    electrode_ids : N unique ids as text, e.g. ``"1"`` … ``"96"``.
+    positions_mm : (N, 2) float array, row i = (x, y) of electrode i.
+    labels : optional N extra labels (e.g. a Blackrock ``elec12`` label), or empty.
+    """
+
+    name: str
+    electrode_ids: tuple
+    positions_mm: np.ndarray
+    labels: tuple = ()
+
+    def __post_init__(self):
+        ids = tuple(str(i) for i in self.electrode_ids)
+        if not ids:
+            raise ValueError(f"array {self.name!r}: a layout needs at least one electrode")
+        if any(not i.strip() for i in ids):
+            raise ValueError(f"array {self.name!r}: electrode ids must be non-empty text")
+        seen, repeated = set(), []
+        for i in ids:
+            if i in seen:
+                repeated.append(i)
+            seen.add(i)
+        if repeated:
+            raise ValueError(f"array {self.name!r}: electrode ids must be unique; repeated: {sorted(set(repeated))}")
+        positions = np.asarray(self.positions_mm, dtype=np.float64)
+        if positions.shape != (len(ids), 2):
+            raise ValueError(f"array {self.name!r}: positions_mm must have shape ({len(ids)}, 2), got {positions.shape}")
+        if not np.all(np.isfinite(positions)):
+            raise ValueError(f"array {self.name!r}: positions_mm holds NaN or infinite values")
+        labels = tuple(str(label) for label in self.labels)
+        if labels and len(labels) != len(ids):
+            raise ValueError(f"array {self.name!r}: {len(labels)} labels for {len(ids)} electrodes")
+        positions.setflags(write=False)
+        object.__setattr__(self, "electrode_ids", ids)
+        object.__setattr__(self, "positions_mm", positions)
+        object.__setattr__(self, "labels", labels)
+
+    def __len__(self) -> int:
+        return len(self.electrode_ids)
+
+    def index_of(self, electrode_id) -> int:
+        """Row of ``electrode_id`` in this layout; an unknown id is a ConfigError."""
+        try:
+            return self.electrode_ids.index(str(electrode_id))
+        except ValueError:
+            raise ConfigError(f"array {self.name!r} has no electrode {str(electrode_id)!r}; "
+                              f"ids: {_preview(self.electrode_ids)}") from None
+
+    def subset(self, electrode_ids) -> "ArrayLayout":
+        """The electrodes named by ``electrode_ids``, in that order (positions unchanged)."""
+        rows = [self.index_of(i) for i in electrode_ids]
+        return ArrayLayout(self.name, tuple(self.electrode_ids[r] for r in rows), self.positions_mm[rows],
+                           tuple(self.labels[r] for r in rows) if self.labels else ())
+
+    def position_of(self, electrode_id) -> tuple[float, float]:
+        """(x, y) of one electrode in the array frame, mm."""
+        x, y = self.positions_mm[self.index_of(electrode_id)]
+        return float(x), float(y)
+
+    def on_sheet(self, pose: ArrayPose) -> np.ndarray:
+        """(N, 2) sheet positions (mm) of the electrodes when the array sits at ``pose``."""
+        return pose.apply(self.positions_mm)
+
+    @property
+    def radius_mm(self) -> float:
+        """Largest distance of an electrode from the array centre, mm."""
+        return float(np.max(np.linalg.norm(self.positions_mm, axis=1)))
+
+    def to_dict(self) -> dict:
+        out = {"name": self.name, "electrode_ids": list(self.electrode_ids),
+               "positions_mm": self.positions_mm.tolist()}
+        if self.labels:
+            out["labels"] = list(self.labels)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ArrayLayout":
+        return cls(data["name"], tuple(data["electrode_ids"]), np.asarray(data["positions_mm"]),
+                   tuple(data.get("labels", ())))
+
+    @classmethod
+    def from_positions(cls, name: str, electrode_ids, positions_mm, labels=()) -> "ArrayLayout":
+        """A layout from positions in any frame, moved so the bounding box's midpoint is at 0, 0."""
+        positions = np.asarray(positions_mm, dtype=np.float64)
+        if positions.ndim != 2 or positions.shape[1:] != (2,) or len(positions) == 0:
+            raise ValueError(f"array {name!r}: positions_mm must have shape (N, 2), got {positions.shape}")
+        return cls(name, tuple(electrode_ids), positions - (positions.min(0) + positions.max(0)) / 2, tuple(labels))
+
+    # --- files ----------------------------------------------------------------------------
+    @classmethod
+    def from_csv(cls, path, name: str | None = None) -> "ArrayLayout":
+        """Read a layout from a CSV with columns ``electrode_id, x_mm, y_mm`` (one row per
+        electrode, positions in any frame: they are centred on the bounding box's midpoint)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"array layout file not found: {path}")
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle)
+            columns = reader.fieldnames or []
+            missing = [c for c in ("electrode_id", "x_mm", "y_mm") if c not in columns]
+            if missing:
+                raise FileFormatError(path, f"missing column(s) {missing}; an array layout CSV needs "
+                                            f"electrode_id, x_mm, y_mm (found {columns})")
+            ids, positions = [], []
+            for row_number, row in enumerate(reader, start=2):
+                electrode_id = (row["electrode_id"] or "").strip()
+                if not electrode_id:
+                    raise FileFormatError(path, f"row {row_number}, column electrode_id: empty")
+                if electrode_id in ids:
+                    raise FileFormatError(path, f"row {row_number}, column electrode_id: {electrode_id!r} "
+                                                f"repeats row {ids.index(electrode_id) + 2}")
+                xy = []
+                for column in ("x_mm", "y_mm"):
+                    try:
+                        value = float(row[column])
+                    except (TypeError, ValueError):
+                        raise FileFormatError(path, f"row {row_number}, column {column}: {row[column]!r} "
+                                                    "is not a number") from None
+                    if not np.isfinite(value):
+                        raise FileFormatError(path, f"row {row_number}, column {column}: must be finite")
+                    xy.append(value)
+                ids.append(electrode_id)
+                positions.append(xy)
+        if not ids:
+            raise FileFormatError(path, "no electrode rows")
+        return cls.from_positions(name or path.stem, ids, np.asarray(positions))
+
+    @classmethod
+    def from_cmp(cls, path, pitch_mm: float = UTAH_PITCH_MM, electrode_id: str = "channel",
+                 name: str | None = None) -> "ArrayLayout":
+        """Read a Blackrock map file (``.cmp``).
+
+        Format: lines starting with ``//`` are comments; the first other line is the map's
+        description (e.g. ``Cerebus mapping for array ... SN ...``); every further line is
+        ``col row bank elec [label]`` separated by tabs or spaces — col 0-based from left to right,
+        row 0-based from bottom to top, bank A–D, elec 1–32 within the bank, label optional
+        (e.g. ``elec12``). Position = (col, row) × ``pitch_mm``, centred.
+
+        electrode_id : ``"channel"`` — the Cerebus channel number (bank index × 32 + elec, as the
+            recording system numbers channels) — or ``"label"`` — the label column.
+        """
+        path = Path(path)
+        if electrode_id not in ("channel", "label"):
+            raise ConfigError(f"electrode_id must be 'channel' or 'label', got {electrode_id!r}")
+        if not pitch_mm > 0:
+            raise ConfigError(f"pitch_mm must be > 0, got {pitch_mm}")
+        if not path.is_file():
+            raise FileNotFoundError(f"array map file not found: {path}")
+        ids, positions, labels, cells = [], [], [], {}
+        description = None
+        for line_number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            text = line.strip()
+            if not text or text.startswith("//"):
+                continue
+            if description is None:
+                description = text
+                continue
+            fields = text.split()
+            if len(fields) < 4:
+                raise FileFormatError(path, f"line {line_number}: expected 'col row bank elec [label]', got {text!r}")
+            try:
+                col, row = int(fields[0]), int(fields[1])
+            except ValueError:
+                raise FileFormatError(path, f"line {line_number}: col and row must be integers, got "
+                                            f"{fields[0]!r}, {fields[1]!r}") from None
+            bank = fields[2].upper()
+            if bank not in CMP_BANKS:
+                raise FileFormatError(path, f"line {line_number}, column bank: {fields[2]!r} is not one of "
+                                            f"{list(CMP_BANKS)}")
+            try:
+                elec = int(fields[3])
+            except ValueError:
+                elec = -1
+            if not 1 <= elec <= CMP_CHANNELS_PER_BANK:
+                raise FileFormatError(path, f"line {line_number}, column elec: {fields[3]!r} is not an "
+                                            f"integer in 1–{CMP_CHANNELS_PER_BANK}")
+            if col < 0 or row < 0:
+                raise FileFormatError(path, f"line {line_number}: col and row must be >= 0")
+            label = fields[4] if len(fields) > 4 else ""
+            if electrode_id == "label" and not label:
+                raise FileFormatError(path, f"line {line_number}, column label: empty, but ids come from labels")
+            this_id = label if electrode_id == "label" else str(CMP_BANKS.index(bank) * CMP_CHANNELS_PER_BANK + elec)
+            if (col, row) in cells:
+                raise FileFormatError(path, f"line {line_number}: grid position col {col}, row {row} repeats "
+                                            f"line {cells[(col, row)]}")
+            if this_id in ids:
+                raise FileFormatError(path, f"line {line_number}: electrode {this_id!r} appears twice")
+            cells[(col, row)] = line_number
+            ids.append(this_id)
+            positions.append((col * pitch_mm, row * pitch_mm))
+            labels.append(label)
+        if not ids:
+            raise FileFormatError(path, "no electrode lines (expected a description line, then "
+                                        "'col row bank elec label' lines)")
+        return cls.from_positions(name or path.stem, ids, np.asarray(positions, dtype=np.float64),
+                                  labels if all(labels) else ())
+
+
+def utah_array(kind: str = "10x10", pitch_mm: float = UTAH_PITCH_MM) -> ArrayLayout:
+    """A Utah array grid: ``"10x10"`` (96 electrodes, the four corners unconnected) or ``"8x8"`` (64).
+
+    Ids ``"1"`` … ``"N"`` run row by row from the bottom-left electrode (left to right, then up),
+    skipping unconnected corners; positions at ``pitch_mm`` spacing, centred on the grid.
+    """
+    if kind not in UTAH_GRIDS:
+        raise ConfigError(f"unknown Utah array {kind!r}; choose one of {sorted(UTAH_GRIDS)}")
+    if not pitch_mm > 0:
+        raise ConfigError(f"pitch_mm must be > 0, got {pitch_mm}")
+    side, corners_unconnected = UTAH_GRIDS[kind]
+    corners = {(0, 0), (0, side - 1), (side - 1, 0), (side - 1, side - 1)} if corners_unconnected else set()
+    cells = [(col, row) for row in range(side) for col in range(side) if (col, row) not in corners]
+    positions = (np.asarray(cells, dtype=np.float64) - (side - 1) / 2) * pitch_mm
+    return ArrayLayout(f"utah_{kind}", tuple(str(i + 1) for i in range(len(cells))), positions)
+
+
+def load_layout(spec) -> ArrayLayout:
+    """A layout from a Utah kind (``"10x10"``, ``"8x8"``, ``"utah_10x10"``) or a ``.csv``/``.cmp`` path."""
+    text = str(spec)
+    kind = text[len("utah_"):] if text.startswith("utah_") else text
+    if kind in UTAH_GRIDS:
+        return utah_array(kind)
+    path = Path(text)
+    if path.suffix.lower() == ".cmp":
+        return ArrayLayout.from_cmp(path)
+    if path.suffix.lower() == ".csv":
+        return ArrayLayout.from_csv(path)
+    raise ConfigError(f"array {text!r}: give a Utah kind {sorted(UTAH_GRIDS)} or a .csv / .cmp layout file")
+
+
+def _preview(ids, n: int = 8) -> str:
+    ids = list(ids)
+    return ", ".join(ids[:n]) + (f", … ({len(ids)} in all)" if len(ids) > n else "")
+
+

@@ -1,0 +1,408 @@
+"""Passive-viewing recordings: one response per (image presentation, electrode), read from NetCDF
+or NWB, averaged per image, with split-half reliability per electrode.
+
+In memory a :class:`Recordings` holds an ``xarray.DataArray`` named ``response`` with dims
+``("presentation", "electrode")``, a ``stimulus_id`` coordinate on ``presentation`` and text
+electrode ids, plus the :class:`~stimsim.arrays.ArrayLayout` of the array.
+
+**NetCDF layout** (``save_netcdf`` writes it; any file with these names, or names mapped onto them,
+is read): variable ``response`` (presentation × electrode), coordinates ``stimulus_id``
+(presentation), ``electrode`` (ids), and optionally ``x_mm``, ``y_mm`` (electrode; array frame).
+Positions read from a file are kept as they are (the pose of an array rotates about its frame's
+origin); pass a ``layout`` to use another frame.
+
+**NWB layout** (plain pynwb; ``save_nwb`` writes it):
+
+- ``electrodes`` table, one row per electrode, with the ``group`` (one ``ElectrodeGroup`` per array)
+  and the columns ``electrode_id`` (text) and ``x_mm``, ``y_mm`` (position on the array, mm);
+  without an ``electrode_id`` column the table's ``label`` column, else its row ids, are the ids.
+- a ``TimeIntervals`` table named ``presentations`` (in ``nwbfile.intervals``; a ``DynamicTable`` of
+  that name anywhere in the file is read as well), one row per image presentation, with
+  ``start_time``, ``stop_time`` (s), ``stimulus_id`` (text) and ``response``: a 2-D column
+  (presentation × electrode) whose column j belongs to row j of the electrodes table.
+  A ragged column (one list per row, of the electrodes table's length) is read too.
+
+``names`` maps stimsim's names (``response``, ``stimulus_id``, ``electrode``, ``presentation``,
+``x_mm``, ``y_mm``) onto the lab's, e.g. ``{"response": "mua", "stimulus_id": "image"}``: in NetCDF
+they are variable/dimension/coordinate names, in NWB ``presentation`` names the table, ``electrode``
+the electrodes table's id column, the others its columns.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from stimsim.arrays.layout import ArrayLayout
+from stimsim.errors import ConfigError, DataError, FileFormatError
+from stimsim.io import atomic_save
+
+#: stimsim's names for the fields of a recordings file; ``names`` maps them onto a lab's.
+FIELD_NAMES = ("response", "stimulus_id", "electrode", "presentation", "x_mm", "y_mm")
+DEFAULT_NAMES = {"response": "response", "stimulus_id": "stimulus_id", "electrode": "electrode",
+                 "presentation": "presentation", "x_mm": "x_mm", "y_mm": "y_mm"}
+NWB_DEFAULT_NAMES = {**DEFAULT_NAMES, "electrode": "electrode_id", "presentation": "presentations"}
+
+
+@dataclass(frozen=True, eq=False)
+class Recordings:
+    """Responses (presentation × electrode) with stimulus ids, electrode ids and the array layout.
+
+    response : DataArray named ``response``; attrs may hold ``units`` and ``window_ms``.
+    layout : the array's layout, restricted to the recorded electrodes (same order).
+    source : the file the recordings came from (named in error messages), or ``"<memory>"``.
+    """
+
+    response: xr.DataArray
+    layout: ArrayLayout
+    source: str = "<memory>"
+
+    def __post_init__(self):
+        response = self.response
+        if response.dims != ("presentation", "electrode"):
+            raise ValueError(f"response must have dims ('presentation', 'electrode'), got {response.dims}")
+        ids = tuple(str(i) for i in response["electrode"].values)
+        if ids != self.layout.electrode_ids:
+            raise ValueError(f"{self.source}: electrode ids {ids[:5]}… do not match the layout's order")
+        response = response.assign_coords(
+            electrode=np.asarray(ids, dtype=object).astype(str),
+            stimulus_id=("presentation", np.asarray(response["stimulus_id"].values).astype(str)))
+        response = response.astype(np.float64).rename("response")
+        object.__setattr__(self, "response", response)
+
+    # --- constructors ---------------------------------------------------------------------
+    @classmethod
+    def from_arrays(cls, responses, stimulus_ids, layout: ArrayLayout, attrs: dict | None = None,
+                    source: str = "<memory>") -> "Recordings":
+        """Build from a (presentation × electrode) array whose columns follow ``layout``."""
+        values = np.asarray(responses, dtype=np.float64)
+        if values.shape != (len(stimulus_ids), len(layout)):
+            raise ValueError(f"responses have shape {values.shape}; expected ({len(stimulus_ids)}, {len(layout)})")
+        data = xr.DataArray(values, dims=("presentation", "electrode"), name="response",
+                            coords={"presentation": np.arange(len(values)),
+                                    "stimulus_id": ("presentation", np.asarray(stimulus_ids).astype(str)),
+                                    "electrode": np.asarray(layout.electrode_ids)},
+                            attrs=dict(attrs or {}))
+        recordings = cls(data, layout, source)
+        recordings.validate()
+        return recordings
+
+    # --- views ----------------------------------------------------------------------------
+    @property
+    def electrode_ids(self) -> tuple:
+        return self.layout.electrode_ids
+
+    @property
+    def stimulus_ids(self) -> np.ndarray:
+        """Unique stimulus ids in order of first presentation."""
+        ids = self.response["stimulus_id"].values
+        _, first = np.unique(ids, return_index=True)
+        return ids[np.sort(first)]
+
+    def repeats(self) -> xr.DataArray:
+        """Number of presentations of every stimulus (DataArray on ``stimulus_id``)."""
+        ids, counts = np.unique(self.response["stimulus_id"].values, return_counts=True)
+        counts = xr.DataArray(counts, dims="stimulus_id", coords={"stimulus_id": ids}, name="repeats")
+        return counts.sel(stimulus_id=self.stimulus_ids)
+
+    def per_image(self) -> xr.DataArray:
+        """Mean response over repeats: DataArray (stimulus_id × electrode), in first-shown order."""
+        mean = self.response.groupby("stimulus_id").mean("presentation")
+        mean = mean.sel(stimulus_id=self.stimulus_ids)
+        mean.attrs = dict(self.response.attrs)
+        return mean.rename("response")
+
+    def select_electrodes(self, electrode_ids) -> "Recordings":
+        """The recordings of ``electrode_ids`` only (in that order)."""
+        layout = self.layout.subset(electrode_ids)
+        return Recordings(self.response.sel(electrode=list(layout.electrode_ids)), layout, self.source)
+
+    def select_stimuli(self, stimulus_ids) -> "Recordings":
+        """The presentations of ``stimulus_ids`` only (e.g. a bootstrap or cross-validation split)."""
+        keep = np.isin(self.response["stimulus_id"].values, np.asarray(stimulus_ids).astype(str))
+        return Recordings(self.response.isel(presentation=np.flatnonzero(keep)), self.layout, self.source)
+
+    def split_half_reliability(self, seed: int = 0, n_splits: int = 20) -> xr.DataArray:
+        """Per-electrode split-half reliability, Spearman–Brown corrected (Spearman 1910, Brown 1910).
+
+        For each of ``n_splits`` random splits (seeded) the repeats of every image are divided into
+        two halves; the Pearson r across images between the two halves' means is corrected to the
+        full number of repeats, r_SB = 2r / (1 + r); the result is the mean over splits.
+        Every image needs at least 2 repeats.
+        """
+        if n_splits < 1:
+            raise ConfigError(f"n_splits must be >= 1, got {n_splits}")
+        counts = self.repeats()
+        too_few = counts.stimulus_id.values[counts.values < 2]
+        if len(too_few):
+            raise DataError(f"{self.source}: split-half reliability needs at least 2 repeats of every image; "
+                            f"{len(too_few)} stimulus_id(s) have fewer: {_preview(too_few)}")
+        rng = np.random.default_rng(seed)
+        values = self.response.values
+        ids = self.response["stimulus_id"].values
+        groups = [np.flatnonzero(ids == s) for s in self.stimulus_ids]
+        corrected = np.zeros((n_splits, values.shape[1]))
+        for split in range(n_splits):
+            half_a = np.empty((len(groups), values.shape[1]))
+            half_b = np.empty_like(half_a)
+            for g, rows in enumerate(groups):
+                order = rng.permutation(rows)
+                half = len(order) // 2
+                half_a[g] = values[order[:half]].mean(0)
+                half_b[g] = values[order[half:]].mean(0)
+            r = _columnwise_pearson(half_a, half_b)
+            corrected[split] = 2 * r / (1 + r)
+        return xr.DataArray(corrected.mean(0), dims="electrode", coords={"electrode": list(self.electrode_ids)},
+                            name="split_half_reliability",
+                            attrs={"method": "Spearman-Brown corrected split-half Pearson r", "n_splits": n_splits,
+                                   "seed": seed})
+
+    # --- checks ---------------------------------------------------------------------------
+    def validate(self, where: str = "response"):
+        """Raise a DataError naming file, field, row and electrode for the first NaN/inf response."""
+        values = self.response.values
+        bad = np.argwhere(~np.isfinite(values))
+        if len(bad):
+            row, col = bad[0]
+            raise DataError(f"{self.source}: {where}, row {row} (stimulus_id "
+                            f"'{self.response['stimulus_id'].values[row]}'), electrode {self.electrode_ids[col]!r}: "
+                            f"response is {values[row, col]} ({len(bad)} non-finite value(s) in all)")
+
+    def check_stimuli(self, stimulus_ids, images_source: str = "the image set"):
+        """Raise a DataError if a presented stimulus_id is not among ``stimulus_ids`` (the images)."""
+        known = set(np.asarray(stimulus_ids).astype(str))
+        presented = self.response["stimulus_id"].values
+        unknown_rows = [i for i, s in enumerate(presented) if s not in known]
+        if unknown_rows:
+            first = unknown_rows[0]
+            names = sorted({presented[i] for i in unknown_rows})
+            raise DataError(f"{self.source}: stimulus_id, row {first}: '{presented[first]}' is not in "
+                            f"{images_source}; {len(names)} unknown stimulus id(s): {_preview(names)}")
+
+    # --- files ----------------------------------------------------------------------------
+    def save_netcdf(self, path) -> Path:
+        """Write the NetCDF layout (atomically)."""
+        data = self.response.assign_coords(x_mm=("electrode", self.layout.positions_mm[:, 0]),
+                                           y_mm=("electrode", self.layout.positions_mm[:, 1]))
+        dataset = data.to_dataset(name="response")
+        dataset.attrs["array"] = self.layout.name
+        dataset.attrs.update({k: v for k, v in self.response.attrs.items() if isinstance(v, (str, int, float))})
+        return atomic_save(path, lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
+
+    def save_nwb(self, path, subject_id: str = "subject", session_id: str = "passive_viewing",
+                 presentation_s: float = 0.1, interval_s: float = 0.2) -> Path:
+        """Write the NWB layout with pynwb: electrodes table + a ``presentations`` TimeIntervals table.
+        Presentation i runs from i·``interval_s`` for ``presentation_s`` seconds."""
+        from pynwb import NWBHDF5IO, NWBFile
+        from pynwb.epoch import TimeIntervals
+        from pynwb.file import Subject
+
+        units = self.response.attrs.get("units", "a.u.")
+        window = self.response.attrs.get("window_ms", "")
+        nwbfile = NWBFile(session_description="passive viewing: one response per image presentation and electrode",
+                          identifier=f"{subject_id}-{session_id}", session_id=session_id,
+                          session_start_time=datetime(2000, 1, 1, tzinfo=timezone.utc),
+                          subject=Subject(subject_id=subject_id, species="Macaca mulatta"))
+        device = nwbfile.create_device(name="array", description=f"multi-electrode array {self.layout.name}")
+        group = nwbfile.create_electrode_group(name=self.layout.name, description="one array",
+                                               location="IT", device=device)
+        nwbfile.add_electrode_column(name="electrode_id", description="electrode id (text)")
+        nwbfile.add_electrode_column(name="x_mm", description="x position on the array, mm (array frame)")
+        nwbfile.add_electrode_column(name="y_mm", description="y position on the array, mm (array frame)")
+        for electrode_id, (x, y) in zip(self.electrode_ids, self.layout.positions_mm):
+            nwbfile.add_electrode(group=group, location="IT", electrode_id=electrode_id, x_mm=float(x), y_mm=float(y))
+        table = TimeIntervals(name="presentations", description="image presentations of passive viewing")
+        table.add_column(name="stimulus_id", description="id of the image shown")
+        table.add_column(name="response", description=f"response ({units}; window {window} ms) of every electrode; "
+                                                        "column j = row j of the electrodes table")
+        values = self.response.values
+        for i, stimulus_id in enumerate(self.response["stimulus_id"].values):
+            start = i * interval_s
+            table.add_row(start_time=start, stop_time=start + presentation_s, stimulus_id=str(stimulus_id),
+                          response=values[i])
+        nwbfile.add_time_intervals(table)
+
+        def write(tmp):
+            with NWBHDF5IO(tmp, "w") as io:
+                io.write(nwbfile)
+
+        return atomic_save(path, write)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None = None,
+                    stimulus_ids=None, images_source: str = "the image set") -> Recordings:
+    """Read recordings from ``.nc`` or ``.nwb`` (see the module docstring for the layouts).
+
+    names : stimsim field name → the lab's name (see :data:`FIELD_NAMES`).
+    layout : the array layout; without it the positions stored in the file (x_mm, y_mm) are used.
+        Every recorded electrode must be in the layout.
+    stimulus_ids : the ids of the images the lab showed (e.g. of a stimulus set); every presented
+        stimulus_id must be among them.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"recordings file not found: {path}")
+    names = dict(names or {})
+    unknown = sorted(set(names) - set(FIELD_NAMES))
+    if unknown:
+        raise ConfigError(f"names: unknown field(s) {unknown}; stimsim's fields are {list(FIELD_NAMES)}")
+    suffix = path.suffix.lower()
+    if suffix in (".nc", ".nc4", ".netcdf", ".h5netcdf"):
+        values, stimulus_id, electrode_ids, positions, attrs, where = _read_netcdf(path, {**DEFAULT_NAMES, **names})
+    elif suffix == ".nwb":
+        values, stimulus_id, electrode_ids, positions, attrs, where = _read_nwb(path, {**NWB_DEFAULT_NAMES, **names})
+    else:
+        raise FileFormatError(path, "recordings must be a NetCDF (.nc) or NWB (.nwb) file")
+    duplicates = sorted({i for i in electrode_ids if electrode_ids.count(i) > 1})
+    if duplicates:
+        raise FileFormatError(path, f"{where['electrode']}: electrode id(s) repeated: {_preview(duplicates)}")
+    if layout is None:
+        if positions is None:
+            raise ConfigError(f"{path}: the file has no electrode positions ({where['positions']}); "
+                              "give the array layout (a Utah kind, .csv or .cmp)")
+        layout = ArrayLayout(path.stem, tuple(electrode_ids), positions)
+    else:
+        missing = [i for i in electrode_ids if i not in layout.electrode_ids]
+        if missing:
+            raise DataError(f"{path}: {where['electrode']}: {len(missing)} recorded electrode(s) are not in the "
+                            f"array layout {layout.name!r}: {_preview(missing)} (layout ids: "
+                            f"{_preview(layout.electrode_ids)})")
+        layout = layout.subset(electrode_ids)
+    data = xr.DataArray(values, dims=("presentation", "electrode"), name="response",
+                        coords={"presentation": np.arange(len(values)),
+                                "stimulus_id": ("presentation", np.asarray(stimulus_id).astype(str)),
+                                "electrode": np.asarray(layout.electrode_ids)}, attrs=attrs)
+    result = Recordings(data, layout, str(path))
+    result.validate(where["response"])
+    if stimulus_ids is not None:
+        result.check_stimuli(stimulus_ids, images_source)
+    return result
+
+
+def _read_netcdf(path: Path, names: dict):
+    try:
+        dataset = xr.open_dataset(path, engine="h5netcdf")
+    except Exception as exc:  # xarray/h5py raise many types for a damaged or foreign file
+        raise FileFormatError(path, f"not a readable NetCDF4 file ({exc})") from None
+    with dataset:
+        response_name = names["response"]
+        if response_name not in dataset:
+            raise FileFormatError(path, f"no variable {response_name!r} (response); variables: "
+                                        f"{sorted(dataset.data_vars)}; map yours with names={{'response': ...}}")
+        response = dataset[response_name]
+        dims = {names["presentation"]: "presentation", names["electrode"]: "electrode"}
+        if set(response.dims) != set(dims):
+            raise FileFormatError(path, f"variable {response_name!r} has dims {response.dims}; expected "
+                                        f"({names['presentation']!r}, {names['electrode']!r})")
+        response = response.transpose(names["presentation"], names["electrode"])
+        if names["stimulus_id"] not in response.coords and names["stimulus_id"] not in dataset:
+            raise FileFormatError(path, f"no coordinate {names['stimulus_id']!r} (stimulus_id) on "
+                                        f"{names['presentation']!r}")
+        stimulus_id = dataset[names["stimulus_id"]]
+        if stimulus_id.dims != (names["presentation"],):
+            raise FileFormatError(path, f"{names['stimulus_id']!r} must lie on dim {names['presentation']!r}, "
+                                        f"got {stimulus_id.dims}")
+        if names["electrode"] not in dataset.coords:
+            raise FileFormatError(path, f"no coordinate {names['electrode']!r} holding electrode ids")
+        electrode_ids = [_id_text(v) for v in dataset[names["electrode"]].values]
+        positions = None
+        if names["x_mm"] in dataset and names["y_mm"] in dataset:
+            positions = np.column_stack([dataset[names["x_mm"]].values, dataset[names["y_mm"]].values]).astype(float)
+        attrs = {k: v for k, v in response.attrs.items() if isinstance(v, (str, int, float))}
+        values = np.asarray(response.values, dtype=np.float64)
+        stimulus_values = [str(s) for s in stimulus_id.values]
+    where = {"response": f"variable {names['response']!r}", "electrode": f"coordinate {names['electrode']!r}",
+             "positions": f"coordinates {names['x_mm']!r}, {names['y_mm']!r}"}
+    return values, stimulus_values, electrode_ids, positions, attrs, where
+
+
+def _read_nwb(path: Path, names: dict):
+    from hdmf.common import DynamicTable
+    from pynwb import NWBHDF5IO
+
+    try:
+        io = NWBHDF5IO(str(path), "r")
+        nwbfile = io.read()
+    except Exception as exc:  # pynwb/h5py raise many types for a damaged or foreign file
+        raise FileFormatError(path, f"not a readable NWB file ({exc})") from None
+    with io:
+        if nwbfile.electrodes is None or len(nwbfile.electrodes) == 0:
+            raise FileFormatError(path, "the NWB file has no electrodes table")
+        electrodes = nwbfile.electrodes
+        columns = set(electrodes.colnames)
+        id_column = names["electrode"]
+        if id_column in columns:
+            electrode_ids = [_id_text(v) for v in electrodes[id_column].data[:]]
+            id_where = f"electrodes table, column {id_column!r}"
+        elif "label" in columns:
+            electrode_ids = [_id_text(v) for v in electrodes["label"].data[:]]
+            id_where = "electrodes table, column 'label'"
+        else:
+            electrode_ids = [str(int(v)) for v in electrodes.id.data[:]]
+            id_where = "electrodes table, row ids"
+        positions = None
+        if names["x_mm"] in columns and names["y_mm"] in columns:
+            positions = np.column_stack([np.asarray(electrodes[names["x_mm"]].data[:], dtype=float),
+                                         np.asarray(electrodes[names["y_mm"]].data[:], dtype=float)])
+        table_name = names["presentation"]
+        candidates = [obj for obj in nwbfile.objects.values()
+                      if isinstance(obj, DynamicTable) and obj.name == table_name]
+        if not candidates:
+            tables = sorted({obj.name for obj in nwbfile.objects.values() if isinstance(obj, DynamicTable)})
+            raise FileFormatError(path, f"no table named {table_name!r} (presentations); tables in the file: "
+                                        f"{tables}; map yours with names={{'presentation': ...}}")
+        table = candidates[0]
+        where_table = f"table {table_name!r}"
+        for field in ("stimulus_id", "response"):
+            if names[field] not in table.colnames:
+                raise FileFormatError(path, f"{where_table}: no column {names[field]!r} ({field}); columns: "
+                                            f"{list(table.colnames)}")
+        stimulus_id = [_id_text(v) for v in table[names["stimulus_id"]].data[:]]
+        column = table[names["response"]]
+        n_electrodes = len(electrode_ids)
+        if hasattr(column, "target"):  # a ragged column: VectorIndex over VectorData
+            rows = [np.asarray(column[i], dtype=float) for i in range(len(table))]
+            for i, row in enumerate(rows):
+                if row.shape != (n_electrodes,):
+                    raise FileFormatError(path, f"{where_table}, column {names['response']!r}, row {i}: "
+                                                f"{row.size} values for {n_electrodes} electrodes")
+            values = np.stack(rows) if rows else np.zeros((0, n_electrodes))
+        else:
+            values = np.asarray(column.data[:], dtype=float)
+            if values.ndim == 1 and n_electrodes == 1:
+                values = values[:, None]
+            if values.ndim != 2 or values.shape[1] != n_electrodes:
+                raise FileFormatError(path, f"{where_table}, column {names['response']!r}: shape {values.shape}; "
+                                            f"expected (presentations, {n_electrodes} electrodes of the "
+                                            "electrodes table)")
+        attrs = {"units_description": column.description}
+    where = {"response": f"{where_table}, column {names['response']!r}", "electrode": id_where,
+             "positions": f"electrodes table columns {names['x_mm']!r}, {names['y_mm']!r}"}
+    return values, stimulus_id, electrode_ids, positions, attrs, where
+
+
+def _id_text(value) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _columnwise_pearson(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a - a.mean(0)
+    b = b - b.mean(0)
+    denominator = np.sqrt((a ** 2).sum(0) * (b ** 2).sum(0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denominator > 0, (a * b).sum(0) / denominator, np.nan)
+
+
+def _preview(values, n: int = 8) -> str:
+    values = [str(v) for v in values]
+    return ", ".join(values[:n]) + (f", … ({len(values)} in all)" if len(values) > n else "")

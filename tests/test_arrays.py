@@ -1,0 +1,123 @@
+"""Array layouts: Utah grids, CSV and Blackrock .cmp files, poses and the anatomical frame."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stimsim.arrays import AnatomicalPose, ArrayLayout, ArrayPose, load_layout, pose_error, utah_array
+from stimsim.errors import ConfigError, FileFormatError
+
+CMP_FIXTURE = Path(__file__).parent / "data" / "example_array.cmp"
+
+
+def _nearest_neighbour_mm(positions):
+    d = np.linalg.norm(positions[:, None] - positions[None], axis=2)
+    np.fill_diagonal(d, np.inf)
+    return d.min(1)
+
+
+@pytest.mark.parametrize("kind, n, side", [("10x10", 96, 10), ("8x8", 64, 8)])
+def test_utah_grids_have_their_ids_pitch_and_extent(kind, n, side):
+    layout = utah_array(kind)
+    assert len(layout) == n
+    assert layout.electrode_ids == tuple(str(i) for i in range(1, n + 1))
+    np.testing.assert_allclose(_nearest_neighbour_mm(layout.positions_mm), 0.4)
+    half = (side - 1) * 0.4 / 2
+    np.testing.assert_allclose(layout.positions_mm.min(0), [-half, -half])
+    np.testing.assert_allclose(layout.positions_mm.max(0), [half, half])
+
+
+def test_utah_10x10_leaves_the_four_corners_unconnected():
+    positions = utah_array("10x10").positions_mm
+    for corner in [(-1.8, -1.8), (1.8, -1.8), (-1.8, 1.8), (1.8, 1.8)]:
+        assert np.min(np.linalg.norm(positions - corner, axis=1)) > 0.39
+    # electrode 1 is the second cell of the bottom row; electrode 9 starts the second row
+    np.testing.assert_allclose(utah_array("10x10").position_of("1"), (-1.4, -1.8))
+    np.testing.assert_allclose(utah_array("10x10").position_of("9"), (-1.8, -1.4))
+
+
+def test_pose_rotates_about_the_centre_then_translates():
+    layout = ArrayLayout("two", ("a", "b"), np.array([[1.0, 0.0], [0.0, 2.0]]))
+    on_sheet = layout.on_sheet(ArrayPose(5.0, 3.0, rotation_deg=90.0))
+    np.testing.assert_allclose(on_sheet, [[5.0, 4.0], [3.0, 3.0]], atol=1e-12)
+    scaled = layout.on_sheet(ArrayPose(0.0, 0.0, rotation_deg=180.0, scale=2.0))
+    np.testing.assert_allclose(scaled, [[-2.0, 0.0], [0.0, -4.0]], atol=1e-12)
+    pose = ArrayPose(1.0, -2.0, 33.0, 1.5)
+    np.testing.assert_allclose(pose.inverse(pose.apply(layout.positions_mm)), layout.positions_mm, atol=1e-12)
+    assert ArrayPose.from_dict(pose.to_dict()) == pose
+
+
+def test_rotation_keeps_pitch_and_ids_survive_subset_and_rotation():
+    layout = utah_array("10x10")
+    on_sheet = layout.on_sheet(ArrayPose(5.0, 5.0, rotation_deg=37.0))
+    np.testing.assert_allclose(_nearest_neighbour_mm(on_sheet), 0.4)
+    np.testing.assert_allclose(on_sheet.mean(0), [5.0, 5.0], atol=1e-12)
+    part = layout.subset(["96", "1", "50"])
+    assert part.electrode_ids == ("96", "1", "50")
+    np.testing.assert_allclose(part.positions_mm[1], layout.position_of("1"))
+    np.testing.assert_allclose(part.on_sheet(ArrayPose(5, 5, 37))[0], on_sheet[layout.index_of("96")])
+
+
+def test_pose_error_wraps_angles():
+    errors = pose_error(ArrayPose(3.0, 4.0, 359.0), ArrayPose(0.0, 0.0, 1.0))
+    assert errors["pose_error_mm"] == pytest.approx(5.0)
+    assert errors["pose_error_deg"] == pytest.approx(2.0)
+
+
+def test_cmp_file_is_parsed_with_channels_positions_and_labels():
+    layout = ArrayLayout.from_cmp(CMP_FIXTURE)
+    # channel = bank index * 32 + elec: A1 → 1, A3 → 3, B2 → 34, C17 → 81, A2 → 2, D32 → 128
+    assert layout.electrode_ids == ("1", "3", "34", "81", "2", "128")
+    assert layout.labels == ("elec6", "elec5", "elec4", "elec3", "elec2", "elec1")
+    # 3 columns × 2 rows at 0.4 mm, centred: columns at -0.4, 0, 0.4; rows at -0.2 (row 0), 0.2 (row 1)
+    np.testing.assert_allclose(layout.position_of("1"), (-0.4, 0.2))
+    np.testing.assert_allclose(layout.position_of("128"), (0.4, -0.2))
+    np.testing.assert_allclose(layout.position_of("2"), (0.0, -0.2))
+    by_label = ArrayLayout.from_cmp(CMP_FIXTURE, electrode_id="label")
+    np.testing.assert_allclose(by_label.position_of("elec1"), (0.4, -0.2))
+
+
+def test_cmp_errors_name_the_line(tmp_path):
+    bad = tmp_path / "bad.cmp"
+    bad.write_text("Cerebus mapping\n0\t0\tA\t1\telec1\n1\t0\tE\t2\telec2\n")
+    with pytest.raises(FileFormatError, match=r"bad.cmp: line 3, column bank"):
+        ArrayLayout.from_cmp(bad)
+    bad.write_text("Cerebus mapping\n0\t0\tA\t1\n0\t0\tA\t2\n")
+    with pytest.raises(FileFormatError, match="line 3: grid position col 0, row 0 repeats line 2"):
+        ArrayLayout.from_cmp(bad)
+    bad.write_text("Cerebus mapping\n0\t0\tA\t40\n")
+    with pytest.raises(FileFormatError, match="column elec"):
+        ArrayLayout.from_cmp(bad)
+
+
+def test_csv_layout_and_its_errors(tmp_path):
+    path = tmp_path / "custom.csv"
+    path.write_text("electrode_id,x_mm,y_mm\nch7,1.0,1.0\nch2,2.0,1.0\nch9,1.0,3.0\n")
+    layout = ArrayLayout.from_csv(path)
+    assert layout.electrode_ids == ("ch7", "ch2", "ch9")
+    np.testing.assert_allclose(layout.positions_mm, [[-0.5, -1.0], [0.5, -1.0], [-0.5, 1.0]])
+    assert load_layout(path).electrode_ids == layout.electrode_ids
+    path.write_text("electrode_id,x_mm,y_mm\nch7,1.0,1.0\nch2,two,1.0\n")
+    with pytest.raises(FileFormatError, match="row 3, column x_mm"):
+        ArrayLayout.from_csv(path)
+    path.write_text("id,x,y\n1,0,0\n")
+    with pytest.raises(FileFormatError, match=r"missing column\(s\)"):
+        ArrayLayout.from_csv(path)
+    with pytest.raises(ConfigError, match="no electrode '200'"):
+        utah_array().subset(["1", "200"])
+    with pytest.raises(ConfigError, match="unknown Utah array"):
+        utah_array("6x6")
+
+
+def test_anatomical_frame_from_electrode_one():
+    layout = utah_array("10x10")
+    anatomy = AnatomicalPose(ap_mm=10.0, ml_mm=20.0, rotation_deg=90.0, hemisphere="left", reference="1")
+    coords = anatomy.electrode_coordinates(layout)
+    assert coords["1"] == pytest.approx((10.0, 20.0))
+    # electrode 2 is 0.4 mm along +x; rotated 90° that is lateral; left hemisphere → ML decreases
+    assert coords["2"] == pytest.approx((10.0, 19.6))
+    # electrode 9 sits at (dx, dy) = (-0.4, +0.4) from electrode 1; rotated by 90°:
+    # anterior = dx·cos − dy·sin = -0.4, lateral = dx·sin + dy·cos = -0.4 → ML = 20 − (−0.4) in the left hemisphere
+    assert coords["9"] == pytest.approx((9.6, 20.4))
+    with pytest.raises(ConfigError, match="hemisphere"):
+        AnatomicalPose(0, 0, hemisphere="top")

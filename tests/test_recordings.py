@@ -1,0 +1,141 @@
+"""Recordings: NetCDF and plain-pynwb NWB files, lab names, averaging, reliability, validation."""
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from stimsim.arrays import utah_array
+from stimsim.errors import ConfigError, DataError, FileFormatError
+from stimsim.recordings import Recordings, load_recordings
+
+
+def _planted(n_images=40, n_repeats=3, layout=None, seed=0, signal_sd=1.0, noise_sd=1.0):
+    layout = layout or utah_array("8x8").subset(["1", "2", "3", "4", "5"])
+    rng = np.random.default_rng(seed)
+    signal = rng.normal(0, signal_sd, (n_images, len(layout)))
+    order = rng.permutation(np.repeat(np.arange(n_images), n_repeats))
+    values = signal[order] + rng.normal(0, noise_sd, (len(order), len(layout)))
+    ids = np.array([f"img{i:03d}" for i in order])
+    return Recordings.from_arrays(values, ids, layout, {"units": "spikes/s"}), signal, order, values
+
+
+def test_per_image_is_the_mean_over_repeats():
+    recordings, _, order, values = _planted()
+    mean = recordings.per_image()
+    assert mean.dims == ("stimulus_id", "electrode")
+    for image in (0, 7, 39):
+        expected = values[order == image].mean(0)
+        np.testing.assert_allclose(mean.sel(stimulus_id=f"img{image:03d}").values, expected)
+    assert set(recordings.repeats().values) == {3}
+    assert list(mean.electrode.values) == ["1", "2", "3", "4", "5"]
+
+
+def test_split_half_reliability_matches_the_spearman_brown_prediction():
+    # signal variance 1, trial noise variance 1, 4 repeats → reliability of the mean = 1 / (1 + 1/4) = 0.8
+    recordings, *_ = _planted(n_images=3000, n_repeats=4)
+    reliability = recordings.split_half_reliability(seed=1, n_splits=5)
+    np.testing.assert_allclose(reliability.values, 0.8, atol=0.03)
+    noise_only, *_ = _planted(n_images=3000, n_repeats=4, signal_sd=0.0)
+    assert np.all(np.abs(noise_only.split_half_reliability(seed=1, n_splits=5).values) < 0.1)
+
+
+def test_reliability_needs_two_repeats_and_names_the_images():
+    recordings, *_ = _planted(n_repeats=1)
+    with pytest.raises(DataError, match="at least 2 repeats.*40 stimulus_id"):
+        recordings.split_half_reliability()
+
+
+def test_netcdf_round_trip_and_lab_names(tmp_path):
+    recordings, *_ = _planted()
+    path = recordings.save_netcdf(tmp_path / "rec.nc")
+    back = load_recordings(path)
+    np.testing.assert_allclose(back.response.values, recordings.response.values)
+    np.testing.assert_allclose(back.layout.positions_mm, recordings.layout.positions_mm)
+    assert back.electrode_ids == recordings.electrode_ids
+    # a lab's own names: integer channel ids, 'mua' on (trial, channel), 'image' ids
+    lab = xr.Dataset({"mua": (("trial", "channel"), recordings.response.values)},
+                     coords={"channel": [1, 2, 3, 4, 5], "image": ("trial", recordings.response.stimulus_id.values)})
+    lab.to_netcdf(tmp_path / "lab.nc", engine="h5netcdf")
+    names = {"response": "mua", "presentation": "trial", "electrode": "channel", "stimulus_id": "image"}
+    read = load_recordings(tmp_path / "lab.nc", names=names, layout=utah_array("8x8"))
+    np.testing.assert_allclose(read.per_image().values, recordings.per_image().values)
+    np.testing.assert_allclose(read.layout.positions_mm, utah_array("8x8").positions_mm[:5])
+    with pytest.raises(FileFormatError, match="no variable 'response'"):
+        load_recordings(tmp_path / "lab.nc", layout=utah_array("8x8"))
+    with pytest.raises(ConfigError, match="no electrode positions"):
+        load_recordings(tmp_path / "lab.nc", names=names)
+
+
+def _write_plain_nwb(path, values, stimulus_ids, channel_names, x_um, y_um, ragged=False):
+    """An NWB file as a lab would write it with pynwb alone, in its own names."""
+    from pynwb import NWBHDF5IO, NWBFile
+    from pynwb.epoch import TimeIntervals
+
+    nwbfile = NWBFile(session_description="passive fixation", identifier="lab-file",
+                      session_start_time=datetime(2024, 5, 1, 10, tzinfo=timezone.utc))
+    device = nwbfile.create_device(name="UtahArray", description="Blackrock 8x8")
+    group = nwbfile.create_electrode_group(name="array_IT", description="IT array", location="IT", device=device)
+    nwbfile.add_electrode_column(name="channel_name", description="channel")
+    nwbfile.add_electrode_column(name="pos_x", description="x on array, mm")
+    nwbfile.add_electrode_column(name="pos_y", description="y on array, mm")
+    for name, x, y in zip(channel_names, x_um, y_um):
+        nwbfile.add_electrode(group=group, location="IT", channel_name=name, pos_x=x / 1000, pos_y=y / 1000)
+    table = TimeIntervals(name="image_presentations", description="RSVP")
+    table.add_column(name="image_name", description="image")
+    table.add_column(name="mua", description="MUA 70-170 ms", index=ragged)
+    for i, (image, row) in enumerate(zip(stimulus_ids, values)):
+        table.add_row(start_time=0.3 * i, stop_time=0.3 * i + 0.1, image_name=image,
+                      mua=list(row) if ragged else row)
+    nwbfile.add_time_intervals(table)
+    with NWBHDF5IO(str(path), "w") as io:
+        io.write(nwbfile)
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_nwb_written_with_plain_pynwb_is_read_with_lab_names(tmp_path, ragged):
+    recordings, *_ = _planted()
+    path = tmp_path / "lab.nwb"
+    x_um = [0.0, 400.0, 800.0, 0.0, 400.0]
+    y_um = [0.0, 0.0, 0.0, 400.0, 400.0]
+    _write_plain_nwb(path, recordings.response.values, recordings.response.stimulus_id.values,
+                     ["e1", "e2", "e3", "e4", "e5"], x_um, y_um, ragged=ragged)
+    names = {"presentation": "image_presentations", "response": "mua", "stimulus_id": "image_name",
+             "electrode": "channel_name", "x_mm": "pos_x", "y_mm": "pos_y"}
+    read = load_recordings(path, names=names)
+    assert read.electrode_ids == ("e1", "e2", "e3", "e4", "e5")
+    np.testing.assert_allclose(read.response.values, recordings.response.values)
+    np.testing.assert_allclose(read.layout.positions_mm[:, 0], np.array(x_um) / 1000)
+    np.testing.assert_allclose(read.layout.positions_mm[:, 1], np.array(y_um) / 1000)
+    np.testing.assert_allclose(read.per_image().values, recordings.per_image().values)
+
+
+def test_stimsim_nwb_round_trip(tmp_path):
+    recordings, *_ = _planted()
+    back = load_recordings(recordings.save_nwb(tmp_path / "rec.nwb"))
+    np.testing.assert_allclose(back.response.values, recordings.response.values)
+    assert back.electrode_ids == recordings.electrode_ids
+    np.testing.assert_allclose(back.layout.positions_mm, recordings.layout.positions_mm)
+
+
+def test_validation_names_file_field_and_row(tmp_path):
+    recordings, *_ = _planted()
+    values = recordings.response.values.copy()
+    values[17, 2] = np.nan
+    broken = recordings.response.copy(data=values).to_dataset(name="response")
+    broken.to_netcdf(tmp_path / "nan.nc", engine="h5netcdf")
+    with pytest.raises(DataError, match=r"nan.nc: variable 'response', row 17 .*electrode '3'"):
+        load_recordings(tmp_path / "nan.nc", layout=utah_array("8x8"))
+    path = recordings.save_netcdf(tmp_path / "rec.nc")
+    with pytest.raises(DataError, match=r"rec.nc: coordinate 'electrode': 5 recorded electrode\(s\) are not in"):
+        load_recordings(path, layout=utah_array("8x8").subset(["10", "11"]))
+    shown = recordings.response.stimulus_id.values
+    known = sorted(set(shown) - {"img017"})
+    first_row = int(np.flatnonzero(shown == "img017")[0])
+    with pytest.raises(DataError, match=rf"rec.nc: stimulus_id, row {first_row}: 'img017' is not in images.h5"):
+        load_recordings(path, stimulus_ids=known, images_source="images.h5")
+    with pytest.raises(ConfigError, match="unknown field"):
+        load_recordings(path, names={"resp": "x"})
+    (tmp_path / "text.nwb").write_text("not hdf5")
+    with pytest.raises(FileFormatError, match="not a readable NWB file"):
+        load_recordings(tmp_path / "text.nwb")
