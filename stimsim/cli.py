@@ -101,6 +101,17 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _cmd_subject_make(args) -> int:
+    from stimsim.subject import VirtualSubject
+
+    subject = VirtualSubject.from_file(args.config)
+    out = subject.save(args.out)
+    print(f"virtual subject ({subject.config['subject']['model']}, {len(subject.layout)} electrodes, "
+          f"{len(subject.dead_electrodes)} dead) written to {out}: recordings.nc, recordings.nwb, stimuli.npz; "
+          "truth.json holds the hidden pose")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stimsim", description=(
         "Model-guided cortical microstimulation: topographic vision models, perturbation modules, "
@@ -150,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not the reported numbers)")
     bench.add_argument("--model", help="small model measured besides the ResNet-18 (default: the shipped default model)")
     bench.set_defaults(handler=_cmd_bench)
+    subject = commands.add_parser("subject", help="virtual subjects: a model with an implanted array")
+    subject_commands = subject.add_subparsers(dest="subject_command", metavar="ACTION", required=True)
+    subject_make = subject_commands.add_parser("make", help="implant an array at a hidden pose and record passive "
+                                                            "viewing (recordings.nc, recordings.nwb, truth.json)")
+    subject_make.add_argument("config", help="subject configuration (TOML), e.g. experiments/subject_default.toml")
+    subject_make.add_argument("--out", required=True, help="subject directory")
+    subject_make.set_defaults(handler=_cmd_subject_make)
     return parser
 
 

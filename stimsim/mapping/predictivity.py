@@ -1,0 +1,107 @@
+"""Model selection: how well each candidate model's IT features predict every recorded electrode.
+
+Per electrode, the out-of-fold R² of ridge regression from the model's IT activations to the
+electrode's per-image response, over ``n_folds`` cross-validation folds (Mehrer et al. 2025: 10-fold
+ridge predictivity for every model × array pair; the best pair is registered). The ridge penalty is
+chosen inside each training fold by scikit-learn's efficient leave-one-out ``RidgeCV`` (one penalty
+per electrode); features are centred and divided by one common SD (per-unit scaling would blow up
+units that are nearly silent on the training images). Chance level: the same procedure with the images' features shuffled against the
+responses (R² ≤ 0 expected).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+from sklearn.linear_model import RidgeCV
+from sklearn.model_selection import KFold
+
+from stimsim.data.stimuli import StimulusSet
+from stimsim.errors import ConfigError, DataError
+
+IT_AREA = "IT"
+#: Ridge penalties searched inside every training fold.
+DEFAULT_ALPHAS = tuple(np.logspace(-1, 6, 15))
+
+
+def aligned_features(per_image: xr.DataArray, model, images: StimulusSet, source: str = "recordings") -> np.ndarray:
+    """IT activations (N_images × N_units, float64) of ``images`` in the order of ``per_image``'s
+    stimulus ids; every recorded stimulus id must be in ``images``."""
+    if not isinstance(images, StimulusSet):
+        raise ConfigError("images must be a StimulusSet (the images shown during the recordings)")
+    position = {stimulus_id: i for i, stimulus_id in enumerate(images.stimulus_id)}
+    ids = [str(s) for s in per_image["stimulus_id"].values]
+    missing = [s for s in ids if s not in position]
+    if missing:
+        raise DataError(f"{source}: stimulus_id: {len(missing)} recorded image(s) are not in the image set "
+                        f"'{images.name}': {', '.join(missing[:8])}{' …' if len(missing) > 8 else ''}")
+    chosen = images.subset(np.array([position[s] for s in ids], dtype=np.int64))
+    return model.activations(chosen.images, IT_AREA).numpy().astype(np.float64)
+
+
+def cross_validated_r2(features: np.ndarray, responses: np.ndarray, n_folds: int = 10, seed: int = 0,
+                       alphas=DEFAULT_ALPHAS) -> np.ndarray:
+    """Out-of-fold R² of every column of ``responses`` (N × E) predicted from ``features`` (N × F)."""
+    n_images = len(responses)
+    if n_folds < 2:
+        raise ConfigError(f"n_folds must be >= 2, got {n_folds}")
+    if n_images < 2 * n_folds:
+        raise DataError(f"recordings of {n_images} images; {n_folds}-fold cross-validation needs at least "
+                        f"{2 * n_folds} images (2 per fold)")
+    predictions = np.empty_like(responses, dtype=np.float64)
+    folds = KFold(n_splits=n_folds, shuffle=True, random_state=seed)
+    for train, test in folds.split(features):
+        mean = features[train].mean(0)
+        scale = features[train].std() or 1.0   # one scale for all units: silent units stay silent
+        ridge = RidgeCV(alphas=alphas, alpha_per_target=True)
+        ridge.fit((features[train] - mean) / scale, responses[train])
+        predictions[test] = ridge.predict((features[test] - mean) / scale).reshape(len(test), -1)
+    residual = ((responses - predictions) ** 2).sum(0)
+    total = ((responses - responses.mean(0)) ** 2).sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, 1.0 - residual / total, np.nan)
+
+
+def model_predictivity(per_image_responses: xr.DataArray, model, images: StimulusSet, n_folds: int = 10,
+                       seed: int = 0, alphas=DEFAULT_ALPHAS, source: str = "recordings") -> xr.DataArray:
+    """Per-electrode cross-validated ridge R² of ``per_image_responses`` (stimulus_id × electrode)
+    from ``model``'s IT features; attrs ``chance_median_r2`` from features shuffled across images."""
+    features = aligned_features(per_image_responses, model, images, source)
+    responses = per_image_responses.transpose("stimulus_id", "electrode").values.astype(np.float64)
+    r2 = cross_validated_r2(features, responses, n_folds, seed, alphas)
+    shuffled = features[np.random.default_rng([seed, 0x5F]).permutation(len(features))]
+    chance = cross_validated_r2(shuffled, responses, n_folds, seed, alphas)
+    return xr.DataArray(r2, dims="electrode", coords={"electrode": per_image_responses["electrode"].values},
+                        name="cv_r2", attrs={"model": model.name, "n_folds": n_folds, "seed": seed,
+                                             "method": "ridge (RidgeCV per training fold), out-of-fold R²",
+                                             "chance_median_r2": float(np.nanmedian(chance))})
+
+
+def select_model(per_image_responses: xr.DataArray, candidates, images: StimulusSet, n_folds: int = 10,
+                 seed: int = 0, source: str = "recordings") -> tuple[pd.DataFrame, dict]:
+    """Rank candidate models by the median electrode R².
+
+    candidates : model names/directories or loaded models (a dict name → model is accepted too).
+    Returns (table sorted best first: rank, model, median_r2, mean_r2, chance_median_r2, n_electrodes;
+    dict model name → per-electrode R² DataArray).
+    """
+    from stimsim.models.registry import load_model
+
+    if isinstance(candidates, dict):
+        models = dict(candidates)
+    else:
+        models = {}
+        for candidate in candidates:
+            loaded = load_model(candidate) if isinstance(candidate, str) else candidate
+            models[str(candidate) if isinstance(candidate, str) else loaded.name] = loaded
+    if not models:
+        raise ConfigError("select_model needs at least one candidate model")
+    scores, rows = {}, []
+    for name, model in models.items():
+        r2 = model_predictivity(per_image_responses, model, images, n_folds, seed, source=source)
+        scores[name] = r2
+        rows.append({"model": name, "median_r2": float(r2.median()), "mean_r2": float(r2.mean()),
+                     "chance_median_r2": r2.attrs["chance_median_r2"], "n_electrodes": int(r2.size)})
+    table = pd.DataFrame(rows).sort_values("median_r2", ascending=False, kind="stable").reset_index(drop=True)
+    table.insert(0, "rank", np.arange(1, len(table) + 1))
+    return table, scores

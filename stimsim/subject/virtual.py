@@ -1,0 +1,388 @@
+"""A virtual subject: a topographic model with an array implanted at a hidden pose, recorded while it
+views images passively.
+
+Each electrode records the pooled activity of the model units within ``radius_mm`` of its position
+on the IT sheet (their mean activation, in units of the standard deviation of IT activations over
+the stimulus set), turned into a firing rate ``baseline_rate_Hz + gain_e · pooled`` with a
+per-electrode gain (log-normal around ``gain_Hz_per_sd``); a trial's response is a Poisson spike
+count in the response window divided by its duration (spikes/s). Dead electrodes record the
+baseline's Poisson noise only. Every image is shown ``repeats`` times, each repeat in a new random
+order.
+
+A subject directory (``stimsim subject make CONFIG.toml --out DIR``) holds ``subject.toml`` (the
+configuration as given), ``recordings.nc`` and ``recordings.nwb`` (the same recordings in both
+formats, see :mod:`stimsim.recordings`), ``stimuli.npz`` (the images shown, keyed by stimulus id,
+with their labels) and ``truth.json`` (model, pose, dead electrodes, gains, seed — for validation
+only; a planner never reads it).
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from stimsim.arrays.layout import ArrayLayout, load_layout
+from stimsim.arrays.pose import ArrayPose
+from stimsim.config import Section, load_toml
+from stimsim.data.stimuli import StimulusSet, load_stimulus_source
+from stimsim.errors import ConfigError, FileFormatError
+from stimsim.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance
+from stimsim.recordings import Recordings
+
+#: IT area label of the models a subject is built from.
+IT_AREA = "IT"
+#: Image sets recorded when a configuration names none: the LFW crops and 80 Fashion-MNIST test
+#: images per class (1,000 images).
+DEFAULT_STIMULI = ({"source": "lfw_subset"},
+                   {"source": "fashion_mnist", "split": "test", "n_per_class": 80, "seed": 0})
+SUBJECT_FILES = ("subject.toml", "recordings.nc", "recordings.nwb", "stimuli.npz", "truth.json")
+
+
+class VirtualSubject:
+    """A model with an implanted array. Build with :meth:`create` (from a configuration dict) or
+    :meth:`load` (a subject directory); :meth:`record` simulates passive-viewing recordings."""
+
+    def __init__(self, config: dict, model, layout: ArrayLayout, pose: ArrayPose, dead_electrodes: tuple,
+                 gains_Hz_per_sd: dict, recording: dict, seed: int, lapse_rate: float, stimuli_spec: tuple,
+                 source: str):
+        self.config = config
+        self.model = model
+        self.layout = layout
+        self.pose = pose
+        self.dead_electrodes = tuple(dead_electrodes)
+        self.gains_Hz_per_sd = dict(gains_Hz_per_sd)
+        self.recording = dict(recording)
+        self.recording_radius_mm = float(recording["radius_mm"])
+        self.seed = int(seed)
+        self.lapse_rate = float(lapse_rate)
+        self.stimuli_spec = tuple(dict(s) for s in stimuli_spec)
+        self.source = source
+        self.directory: Path | None = None
+        self.config_text: str | None = None
+        self.config_dir: Path | None = None
+        self._stimuli: StimulusSet | None = None
+
+    # --- construction ---------------------------------------------------------------------
+    @classmethod
+    def create(cls, config: dict, source: str = "<config>", model=None) -> "VirtualSubject":
+        """Build a subject from a configuration (the tables of ``experiments/subject_default.toml``).
+        ``source`` names the configuration in error messages; ``model`` replaces the named model
+        (an already loaded TopographicModel, e.g. in tests)."""
+        from stimsim.models.registry import load_model
+
+        root = Section(config, source)
+        subject = root.section("subject", required=True)
+        model_name = subject.get("model", str)
+        seed = subject.get("seed", int, minimum=0)
+        lapse_rate = subject.get("lapse_rate", float, 0.02, minimum=0.0, maximum=1.0)
+        scale = subject.get("cortex_mm_per_model_mm", float, 1.0, minimum=1e-6)
+        subject.finish()
+        if model is None:
+            model = load_model(model_name)
+        if scale != 1.0:
+            model = model.with_sheet_scale(IT_AREA, scale)
+        sheet = model.sheet(IT_AREA)
+
+        array = root.section("array", required=True)
+        layout_spec = array.get("layout", str, "10x10")
+        layout = load_layout(_resolve(layout_spec, source))
+        pose_table = array.get("pose", dict, None)
+        dead_fraction = array.get("dead_fraction", float, 0.0, minimum=0.0, maximum=1.0)
+        dead_list = array.get("dead_electrodes", list, None)
+        array.finish()
+
+        rec = root.section("recording")
+        recording = {
+            "radius_mm": rec.get("radius_mm", float, 0.25, minimum=1e-6),
+            "repeats": rec.get("repeats", int, 4, minimum=1),
+            "window_ms": rec.get("window_ms", list, [70.0, 170.0]),
+            "baseline_rate_Hz": rec.get("baseline_rate_Hz", float, 20.0, minimum=0.0),
+            "gain_Hz_per_sd": rec.get("gain_Hz_per_sd", float, 60.0, minimum=0.0),
+            "gain_log_sd": rec.get("gain_log_sd", float, 0.3, minimum=0.0),
+            "noise": rec.get("noise", str, "poisson", choices=("poisson", "none")),
+        }
+        rec.finish()
+        window = recording["window_ms"]
+        if (len(window) != 2 or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in window)
+                or not 0 <= window[0] < window[1]):
+            raise ConfigError(f"{source} [recording]: window_ms must be [start, stop] with 0 <= start < stop, "
+                              f"got {window!r}")
+        recording["window_ms"] = [float(w) for w in window]
+
+        stimuli_spec = config.get("stimuli", list(DEFAULT_STIMULI))
+        if not isinstance(stimuli_spec, list) or not stimuli_spec or not all(isinstance(s, dict) for s in stimuli_spec):
+            raise ConfigError(f"{source}: [[stimuli]] must be one or more tables such as "
+                              "{source = \"lfw_subset\"}")
+        unknown = sorted(set(config) - {"subject", "array", "recording", "stimuli"})
+        if unknown:
+            raise ConfigError(f"{source}: unknown table(s) {unknown}; allowed: subject, array, recording, stimuli")
+
+        rng = np.random.default_rng([seed, 0x5B])
+        if pose_table is None:
+            pose = random_pose(layout, sheet, rng, margin_mm=recording["radius_mm"])
+        else:
+            try:
+                pose = ArrayPose.from_dict(pose_table)
+            except ConfigError as exc:
+                raise ConfigError(f"{source} [array] pose: {exc}") from None
+            off = _electrodes_off_sheet(layout, pose, sheet, 0.0)
+            if off:
+                raise ConfigError(f"{source} [array] pose: electrode(s) {off[:8]} fall off the IT sheet "
+                                  f"(extent {_extent_text(sheet)} mm) at this pose")
+        dead = _dead_electrodes(layout, dead_list, dead_fraction, rng, source)
+        gains = np.exp(rng.normal(math.log(max(recording["gain_Hz_per_sd"], 1e-12)), recording["gain_log_sd"],
+                                  len(layout))) if recording["gain_Hz_per_sd"] > 0 else np.zeros(len(layout))
+        gain_map = {i: (0.0 if i in dead else float(g)) for i, g in zip(layout.electrode_ids, gains)}
+        subject = cls(config, model, layout, pose, tuple(i for i in layout.electrode_ids if i in dead), gain_map,
+                      recording, seed, lapse_rate, tuple(stimuli_spec), source)
+        for electrode_id, units in zip(layout.electrode_ids, subject.recorded_units()):
+            if len(units) == 0:
+                raise ConfigError(f"{source} [recording]: radius_mm = {recording['radius_mm']} reaches no model unit "
+                                  f"from electrode {electrode_id!r}; use a larger radius")
+        return subject
+
+    @classmethod
+    def from_file(cls, path, model=None) -> "VirtualSubject":
+        """Build a subject from a configuration file (TOML)."""
+        path = Path(path)
+        subject = cls.create(load_toml(path), source=str(path), model=model)
+        subject.config_text = path.read_text()
+        subject.config_dir = path.parent
+        return subject
+
+    @classmethod
+    def load(cls, directory, model=None) -> "VirtualSubject":
+        """A subject from its directory (made by :meth:`save` or ``stimsim subject make``)."""
+        directory = Path(directory)
+        missing = [name for name in ("subject.toml", "truth.json") if not (directory / name).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{directory} is not a subject directory: missing {missing}")
+        config = load_toml(directory / "subject.toml")
+        try:
+            truth = json.loads((directory / "truth.json").read_text())
+        except json.JSONDecodeError as exc:
+            raise FileFormatError(directory / "truth.json", f"not valid JSON ({exc})") from None
+        subject = cls.create(config, source=str(directory / "subject.toml"), model=model)
+        layout = ArrayLayout.from_dict(truth["layout"])
+        subject.layout = layout
+        subject.pose = ArrayPose.from_dict(truth["pose"])
+        subject.dead_electrodes = tuple(truth["dead_electrodes"])
+        subject.gains_Hz_per_sd = {str(k): float(v) for k, v in truth["gains"].items()}
+        subject.directory = directory
+        return subject
+
+    # --- the implant ----------------------------------------------------------------------
+    @property
+    def sheet(self):
+        return self.model.sheet(IT_AREA)
+
+    @property
+    def working_electrodes(self) -> tuple:
+        return tuple(i for i in self.layout.electrode_ids if i not in self.dead_electrodes)
+
+    def electrode_sites_mm(self) -> dict:
+        """Electrode id → its true position on the model's IT sheet (mm)."""
+        sites = self.layout.on_sheet(self.pose)
+        return {i: (float(x), float(y)) for i, (x, y) in zip(self.layout.electrode_ids, sites)}
+
+    def recorded_units(self) -> list:
+        """For every electrode (layout order), the indices of the IT units within the recording radius."""
+        return [self.sheet.units_within(point, self.recording_radius_mm) for point in self.layout.on_sheet(self.pose)]
+
+    def stimuli(self) -> StimulusSet:
+        """The images this subject is shown (from ``stimuli.npz`` in its directory, or built from the
+        configuration's [[stimuli]] definition)."""
+        if self._stimuli is None:
+            if self.directory is not None and (self.directory / "stimuli.npz").is_file():
+                self._stimuli = read_stimuli_npz(self.directory / "stimuli.npz")
+            else:
+                self._stimuli = build_stimuli(self.stimuli_spec)
+        return self._stimuli
+
+    # --- recording ------------------------------------------------------------------------
+    def expected_rates_Hz(self, images) -> np.ndarray:
+        """(N_images, N_electrodes) noise-free firing rates (spikes/s) of every electrode.
+
+        The activation scale (SD of IT activations) is that of the images given."""
+        activations = self.model.activations(images, IT_AREA).numpy().astype(np.float64)
+        scale = activations.std()
+        if not scale > 0:
+            raise ConfigError("the model's IT activations do not vary over these images; cannot record")
+        pooled = np.column_stack([activations[:, units].mean(1) for units in self.recorded_units()]) / scale
+        gains = np.array([self.gains_Hz_per_sd[i] for i in self.layout.electrode_ids])
+        return self.recording["baseline_rate_Hz"] + np.maximum(pooled, 0.0) * gains
+
+    def record(self, stimuli: StimulusSet | None = None, repeats: int | None = None,
+               seed: int | None = None) -> Recordings:
+        """Simulate a passive-viewing session: every image ``repeats`` times, one block per repeat in a
+        new random order; Poisson spike counts in the response window (spikes/s)."""
+        stimuli = stimuli if stimuli is not None else self.stimuli()
+        repeats = int(repeats if repeats is not None else self.recording["repeats"])
+        if repeats < 1:
+            raise ConfigError(f"repeats must be >= 1, got {repeats}")
+        rng = np.random.default_rng([self.seed if seed is None else seed, 0x7EC])
+        rates = self.expected_rates_Hz(stimuli.images)
+        order = np.concatenate([rng.permutation(len(stimuli)) for _ in range(repeats)])
+        window_s = (self.recording["window_ms"][1] - self.recording["window_ms"][0]) / 1000.0
+        expected = rates[order]
+        if self.recording["noise"] == "poisson":
+            responses = rng.poisson(expected * window_s) / window_s
+        else:
+            responses = expected
+        attrs = {"units": "spikes/s", "window_ms": f"{self.recording['window_ms'][0]:g}-"
+                                                   f"{self.recording['window_ms'][1]:g}",
+                 "subject": "virtual"}
+        return Recordings.from_arrays(responses, stimuli.stimulus_id[order], self.layout, attrs)
+
+    # --- files ----------------------------------------------------------------------------
+    def truth(self) -> dict:
+        """What only validation may read: model, pose, dead electrodes, gains, seed."""
+        return {"model": self.config["subject"]["model"], "pose": self.pose.to_dict(),
+                "dead_electrodes": list(self.dead_electrodes), "array": self.layout.name,
+                "layout": self.layout.to_dict(), "recording_radius_mm": self.recording_radius_mm,
+                "gains": self.gains_Hz_per_sd, "seed": self.seed, "lapse_rate": self.lapse_rate,
+                "electrode_sites_mm": self.electrode_sites_mm(), "provenance": provenance()}
+
+    def save(self, directory, recordings: Recordings | None = None) -> Path:
+        """Write the subject directory (config, recordings in NetCDF and NWB, images, truth)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        stimuli = self.stimuli()
+        recordings = recordings if recordings is not None else self.record(stimuli)
+        text = self.config_text
+        config = self.config
+        if self.config_dir is not None:
+            layout_spec = config.get("array", {}).get("layout", "10x10")
+            resolved = _resolve(layout_spec, self.config_dir)
+            if str(resolved) != str(layout_spec):
+                shutil.copyfile(resolved, directory / Path(resolved).name)
+                config = {**config, "array": {**config["array"], "layout": Path(resolved).name}}
+                text = None
+        atomic_write_text(directory / "subject.toml", text if text is not None else to_toml(config))
+        write_stimuli_npz(directory / "stimuli.npz", stimuli)
+        recordings.save_netcdf(directory / "recordings.nc")
+        recordings.save_nwb(directory / "recordings.nwb", subject_id=f"virtual-{self.seed}")
+        atomic_write_json(directory / "truth.json", self.truth())
+        self.directory = directory
+        return directory
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def random_pose(layout: ArrayLayout, sheet, rng: np.random.Generator, margin_mm: float = 0.0) -> ArrayPose:
+    """A pose drawn uniformly: rotation in [0, 360) deg, then the centre uniformly among the positions
+    where every electrode lies at least ``margin_mm`` inside the sheet's bounding box."""
+    x0, x1, y0, y1 = sheet.extent_mm
+    for _ in range(100):
+        rotation = float(rng.uniform(0.0, 360.0))
+        rotated = ArrayPose(0.0, 0.0, rotation).apply(layout.positions_mm)
+        low = np.array([x0, y0]) + margin_mm - rotated.min(0)
+        high = np.array([x1, y1]) - margin_mm - rotated.max(0)
+        if np.all(high >= low):
+            x, y = rng.uniform(low, high)
+            return ArrayPose(float(x), float(y), rotation)
+    raise ConfigError(f"array {layout.name!r} ({2 * layout.radius_mm:.2f} mm across) does not fit on the IT sheet "
+                      f"(extent {_extent_text(sheet)} mm, margin {margin_mm} mm) at any pose")
+
+
+def build_stimuli(spec) -> StimulusSet:
+    """The image set of a [[stimuli]] definition: the sets in order, keeping the labels they share."""
+    sets = [load_stimulus_source(entry) for entry in spec]
+    if len(sets) == 1:
+        return sets[0]
+    shared = set.intersection(*(set(s.labels) for s in sets))
+    sets = [StimulusSet(s.name, s.images, s.stimulus_id, {k: v for k, v in s.labels.items() if k in shared})
+            for s in sets]
+    return StimulusSet.concat(*sets)
+
+
+def _electrodes_off_sheet(layout, pose, sheet, margin_mm) -> list:
+    return [i for i, point in zip(layout.electrode_ids, layout.on_sheet(pose)) if not sheet.contains(point, margin_mm)]
+
+
+def _extent_text(sheet) -> str:
+    x0, x1, y0, y1 = sheet.extent_mm
+    return f"x {x0:.2f}–{x1:.2f}, y {y0:.2f}–{y1:.2f}"
+
+
+def _dead_electrodes(layout, dead_list, dead_fraction, rng, source) -> set:
+    if dead_list is not None:
+        ids = [str(i) for i in dead_list]
+        unknown = [i for i in ids if i not in layout.electrode_ids]
+        if unknown:
+            raise ConfigError(f"{source} [array] dead_electrodes: unknown electrode id(s) {unknown}; the layout "
+                              f"{layout.name!r} has ids {layout.electrode_ids[0]}…{layout.electrode_ids[-1]}")
+        return set(ids)
+    n_dead = int(round(dead_fraction * len(layout)))
+    return set(rng.choice(np.asarray(layout.electrode_ids), size=n_dead, replace=False).tolist())
+
+
+def _resolve(spec: str, base) -> str:
+    """A layout file named relative to the configuration file's folder, or a Utah kind as given."""
+    if str(spec).lower().endswith((".csv", ".cmp")):
+        base_dir = Path(base) if Path(base).is_dir() else Path(str(base)).parent
+        candidate = Path(spec)
+        if not candidate.is_absolute() and (base_dir / candidate).is_file():
+            return str(base_dir / candidate)
+    return str(spec)
+
+
+def write_stimuli_npz(path, stimuli: StimulusSet) -> Path:
+    """The images (one array each, any size) with their ids and labels, as one ``.npz``."""
+    arrays = {"stimulus_id": stimuli.stimulus_id.astype(str), "name": np.array(stimuli.name)}
+    for index, image in enumerate(stimuli.images):
+        arrays[f"image_{index:06d}"] = image
+    for key, values in stimuli.labels.items():
+        arrays[f"label_{key}"] = values
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+def read_stimuli_npz(path) -> StimulusSet:
+    """Read the images written by :func:`write_stimuli_npz`."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            ids = archive["stimulus_id"].astype(str)
+            images = [archive[f"image_{i:06d}"] for i in range(len(ids))]
+            labels = {key[len("label_"):]: archive[key] for key in archive.files if key.startswith("label_")}
+            name = str(archive["name"][()])
+    except (OSError, KeyError, ValueError) as exc:
+        raise FileFormatError(path, f"not a stimsim stimuli archive ({exc})") from None
+    return StimulusSet(name=name, images=images, stimulus_id=ids, labels=labels)
+
+
+def to_toml(config: dict) -> str:
+    """TOML text of a configuration made of tables of scalars/lists/inline tables and arrays of tables."""
+    lines = []
+    for table, values in config.items():
+        if isinstance(values, list):
+            for entry in values:
+                lines.append(f"[[{table}]]")
+                lines.extend(f"{key} = {_toml_value(value)}" for key, value in entry.items())
+                lines.append("")
+        else:
+            lines.append(f"[{table}]")
+            lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise ConfigError(f"cannot write {type(value).__name__} to TOML")

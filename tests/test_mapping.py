@@ -1,0 +1,122 @@
+"""Mapping: ridge predictivity and model selection, registration recovery of a planted pose,
+bootstrap stability, back-mapping, and bad input."""
+import numpy as np
+import pytest
+
+from stimsim.arrays import AnatomicalPose, ArrayPose, pose_error, utah_array
+from stimsim.errors import ConfigError, DataError
+from stimsim.mapping import (RegistrationProblem, bootstrap_registration, cross_validated_r2, register,
+                             select_model)
+from stimsim.models.registry import load_model
+from stimsim.subject import VirtualSubject
+
+STIMULI = [{"source": "lfw_subset"}, {"source": "fashion_mnist", "split": "test", "n_per_class": 10, "seed": 1}]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("stimsim-topo-s2")
+
+
+@pytest.fixture(scope="module")
+def recorded(model, one_torch_thread):
+    """Subject = the planning model (same instance), 10×10 array at a hidden pose drawn from the seed,
+    Poisson trial noise, 5 % dead electrodes, 300 images × 2 repeats."""
+    config = {"subject": {"model": "stimsim-topo-s2", "seed": 21},
+              "array": {"layout": "10x10", "dead_fraction": 0.05},
+              "recording": {"repeats": 2, "noise": "poisson"}, "stimuli": STIMULI}
+    subject = VirtualSubject.create(config, model=model)
+    recordings = subject.record()
+    problem = RegistrationProblem(recordings.per_image(), model, subject.stimuli(), recordings.layout,
+                                  electrodes=subject.working_electrodes)
+    return subject, recordings, problem
+
+
+def test_ridge_predictivity_recovers_a_planted_linear_code():
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(300, 40))
+    signal = features @ rng.normal(size=(40, 5))
+    noise_sd = signal.std(0) / 3            # explainable variance fraction = 9 / (9 + 1) = 0.9
+    responses = signal + rng.normal(size=signal.shape) * noise_sd
+    r2 = cross_validated_r2(features, responses, n_folds=10, seed=0)
+    assert np.all(r2 > 0.8) and np.all(r2 <= 0.92)
+    chance = cross_validated_r2(features[rng.permutation(300)], responses, n_folds=10, seed=0)
+    assert np.all(chance < 0.05)
+
+
+def test_same_instance_registration_recovers_the_hidden_pose(recorded, model):
+    subject, recordings, problem = recorded
+    reliability = recordings.split_half_reliability(seed=0, n_splits=2)
+    registration = register(recordings.per_image(), model, subject.stimuli(), recordings.layout,
+                            reliability=reliability, problem=problem)
+    errors = pose_error(registration.pose, subject.pose)
+    assert errors["pose_error_mm"] <= 0.2
+    assert errors["pose_error_deg"] <= 5.0
+    assert registration.mean_correlation > registration.chance_mean_correlation_p95
+    # the fit's per-electrode r: working electrodes well fitted, dead ones at chance
+    working = registration.electrode_correlation.sel(electrode=list(subject.working_electrodes))
+    dead = registration.electrode_correlation.sel(electrode=list(subject.dead_electrodes))
+    assert float(working.median()) > 0.5 and np.all(np.abs(dead.values) < 0.3)
+    ceiled = registration.noise_ceiled_correlation.sel(electrode=list(subject.working_electrodes))
+    assert np.all(ceiled.values >= working.values - 1e-12)
+    true_sites = subject.electrode_sites_mm()
+    fitted_sites = registration.electrode_sites_mm()
+    assert max(np.hypot(*np.subtract(true_sites[e], fitted_sites[e])) for e in true_sites) < 0.3
+
+
+def test_bootstrap_spread_is_small_for_a_well_determined_pose(recorded, model):
+    subject, recordings, problem = recorded
+    boot = bootstrap_registration(recordings.per_image(), model, subject.stimuli(), recordings.layout,
+                                  n_boot=3, seed=0, problem=problem)
+    assert boot.sd_x_mm < 0.1 and boot.sd_y_mm < 0.1 and boot.sd_rotation_deg < 2.0
+    assert float(boot.electrode_consistency.min()) == 1.0
+    assert set(boot.to_dict()) >= {"sd_x_mm", "sd_y_mm", "sd_rotation_deg", "electrode_consistency"}
+
+
+def test_model_selection_ranks_the_subjects_own_instance_first(model, one_torch_thread):
+    config = {"subject": {"model": "stimsim-topo-s2", "seed": 5}, "array": {"layout": "8x8"},
+              "recording": {"repeats": 2}, "stimuli": [{"source": "lfw_subset"}]}
+    subject = VirtualSubject.create(config, model=model)
+    per_image = subject.record().per_image()
+    table, scores = select_model(per_image, {"stimsim-topo-s2": model, "stimsim-topo-s0": load_model("stimsim-topo-s0")},
+                                 subject.stimuli(), n_folds=5)
+    assert table["model"].tolist()[0] == "stimsim-topo-s2"
+    assert list(table["rank"]) == [1, 2]
+    assert np.all(table["median_r2"] > table["chance_median_r2"])
+    assert scores["stimsim-topo-s2"].sizes["electrode"] == 64
+
+
+def test_back_mapping_to_electrodes_array_mm_and_anatomy(recorded, model):
+    subject, recordings, problem = recorded
+    registration = register(recordings.per_image(), model, subject.stimuli(), recordings.layout, problem=problem)
+    sites = registration.electrode_sites_mm()
+    anatomy = AnatomicalPose(ap_mm=12.0, ml_mm=-18.0, rotation_deg=30.0, hemisphere="left", reference="1")
+    table = registration.back_map([sites["17"], sites["80"]], anatomical=anatomy)
+    assert table["electrode_id"].tolist() == ["17", "80"]
+    np.testing.assert_allclose(table["distance_mm"], 0.0, atol=1e-9)
+    np.testing.assert_allclose(table.loc[0, ["array_x_mm", "array_y_mm"]].to_numpy(float),
+                               utah_array("10x10").position_of("17"))
+    np.testing.assert_allclose(table.loc[1, ["ap_mm", "ml_mm"]].to_numpy(float),
+                               anatomy.electrode_coordinates(utah_array("10x10"))["80"])
+    sites_table = registration.site_table(anatomy)
+    assert sites_table["electrode_id"].tolist() == list(recordings.layout.electrode_ids)
+    np.testing.assert_allclose(sites_table.loc[0, ["ap_mm", "ml_mm"]].to_numpy(float), (12.0, -18.0))
+    assert registration.to_dict()["pose"] == registration.pose.to_dict()
+
+
+def test_bad_mapping_input_is_named(recorded, model):
+    subject, recordings, _ = recorded
+    per_image = recordings.per_image()
+    with pytest.raises(DataError, match=r"electrode: 96 recorded electrode\(s\) are not in the array layout"):
+        register(per_image, model, subject.stimuli(), utah_array("8x8").subset(["1"]).__class__(
+            "other", tuple(f"ch{i}" for i in range(5)), np.zeros((5, 2))))
+    with pytest.raises(DataError, match="15 images; 10-fold cross-validation needs at least 20"):
+        select_model(per_image.isel(stimulus_id=slice(0, 15)), {"s2": model}, subject.stimuli())
+    with pytest.raises(DataError, match="not in the image set"):
+        register(per_image, model, subject.stimuli().subset(np.arange(100)), recordings.layout)
+    huge = utah_array("10x10", pitch_mm=1.6)
+    with pytest.raises(ConfigError, match="does not fit on the IT sheet"):
+        register(per_image, model, subject.stimuli(), huge)
+    with pytest.raises(DataError, match="chosen for registration were not recorded"):
+        register(per_image, model, subject.stimuli(), recordings.layout, electrodes=["1", "200"])
+    assert ArrayPose(0, 0).scale == 1.0

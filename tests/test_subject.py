@@ -1,0 +1,111 @@
+"""Virtual subject: hidden pose, pooled recordings with gains and noise, dead electrodes, files."""
+import json
+
+import numpy as np
+import pytest
+
+from stimsim.arrays import ArrayPose, utah_array
+from stimsim.cli import main
+from stimsim.data.stimuli import lfw_subset
+from stimsim.errors import ConfigError
+from stimsim.models.registry import load_model
+from stimsim.recordings import load_recordings
+from stimsim.subject import VirtualSubject
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("stimsim-topo-s2")
+
+
+def _config(**array):
+    return {"subject": {"model": "stimsim-topo-s2", "seed": 3},
+            "array": {"layout": "8x8", **array},
+            "recording": {"radius_mm": 0.3, "repeats": 2, "noise": "none"},
+            "stimuli": [{"source": "lfw_subset"}]}
+
+
+def test_noise_free_recording_is_baseline_plus_gain_times_pooled_units(model, one_torch_thread):
+    pose = ArrayPose(5.0, 4.5, 20.0)
+    subject = VirtualSubject.create(_config(pose=pose.to_dict(), dead_electrodes=["5"]), model=model)
+    images = lfw_subset().subset(np.arange(0, 200, 10))
+    recordings = subject.record(images)
+    assert recordings.response.sizes == {"presentation": 40, "electrode": 64}
+    activations = model.activations(images.images, "IT").numpy().astype(np.float64)
+    coords = model.sheet("IT").coordinates_mm
+    means = recordings.per_image().sel(stimulus_id=list(images.stimulus_id))
+    for electrode in ("1", "30", "64"):
+        site = pose.apply(utah_array("8x8").position_of(electrode))[0]
+        near = np.hypot(*(coords - site).T) <= 0.3
+        expected = 20.0 + subject.gains_Hz_per_sd[electrode] * activations[:, near].mean(1) / activations.std()
+        np.testing.assert_allclose(means.sel(electrode=electrode).values, expected, rtol=1e-6)
+    np.testing.assert_allclose(means.sel(electrode="5").values, 20.0)
+    assert subject.dead_electrodes == ("5",)
+    np.testing.assert_allclose(subject.electrode_sites_mm()["1"], pose.apply(utah_array("8x8").position_of("1"))[0])
+
+
+def test_random_pose_is_seeded_and_keeps_the_array_on_the_sheet(model):
+    x0, x1, y0, y1 = model.sheet("IT").extent_mm
+    poses = []
+    for seed in range(6):
+        config = _config(dead_fraction=0.25)
+        config["subject"]["seed"] = seed
+        subject = VirtualSubject.create(config, model=model)
+        sites = np.array(list(subject.electrode_sites_mm().values()))
+        assert sites[:, 0].min() >= x0 + 0.3 - 1e-9 and sites[:, 0].max() <= x1 - 0.3 + 1e-9
+        assert sites[:, 1].min() >= y0 + 0.3 - 1e-9 and sites[:, 1].max() <= y1 - 0.3 + 1e-9
+        assert len(subject.dead_electrodes) == 16
+        poses.append(subject.pose)
+    assert len({p.rotation_deg for p in poses}) == 6
+    assert VirtualSubject.create(_config(), model=model).pose == VirtualSubject.create(_config(), model=model).pose
+
+
+def test_poisson_noise_gives_the_expected_reliability_ordering(model, one_torch_thread):
+    config = _config(dead_electrodes=["1", "2"])
+    config["recording"].update(noise="poisson", repeats=4)
+    subject = VirtualSubject.create(config, model=model)
+    reliability = subject.record().split_half_reliability(seed=0, n_splits=4)
+    # dead electrodes record noise only (chance level 0); working ones track the images
+    assert np.all(np.abs(reliability.sel(electrode=["1", "2"]).values) < 0.3)
+    assert np.median(reliability.drop_sel(electrode=["1", "2"]).values) > 0.5
+
+
+def test_bad_subject_configurations_name_file_and_field(model, tmp_path):
+    with pytest.raises(ConfigError, match=r"<config> \[array\] dead_electrodes: unknown electrode id\(s\) \['99'\]"):
+        VirtualSubject.create(_config(dead_electrodes=["3", "99"]), model=model)
+    with pytest.raises(ConfigError, match=r"\[array\] pose: electrode\(s\) .* fall off the IT sheet"):
+        VirtualSubject.create(_config(pose={"x_mm": 0.5, "y_mm": 5.0}), model=model)
+    big = tmp_path / "big.csv"
+    big.write_text("electrode_id,x_mm,y_mm\na,0,0\nb,15,0\n")
+    config = _config()
+    config["array"]["layout"] = str(big)
+    with pytest.raises(ConfigError, match="does not fit on the IT sheet"):
+        VirtualSubject.create(config, model=model)
+    config = _config()
+    config["recording"]["radius_mm"] = 0.001
+    with pytest.raises(ConfigError, match="reaches no model unit"):
+        VirtualSubject.create(config, model=model)
+
+
+def test_subject_make_writes_both_formats_and_the_truth(tmp_path, one_torch_thread):
+    config = tmp_path / "subject.toml"
+    config.write_text('[subject]\nmodel = "stimsim-topo-s2"\nseed = 4\n[array]\nlayout = "8x8"\n'
+                      'dead_fraction = 0.1\n[recording]\nrepeats = 2\n[[stimuli]]\nsource = "lfw_subset"\n')
+    out = tmp_path / "subject"
+    assert main(["subject", "make", str(config), "--out", str(out)]) == 0
+    truth = json.loads((out / "truth.json").read_text())
+    assert set(truth) >= {"model", "pose", "dead_electrodes", "array", "recording_radius_mm", "gains", "seed"}
+    assert len(truth["dead_electrodes"]) == 6
+    from_nc = load_recordings(out / "recordings.nc")
+    from_nwb = load_recordings(out / "recordings.nwb")
+    np.testing.assert_allclose(from_nc.response.values, from_nwb.response.values)
+    assert from_nc.response.sizes == {"presentation": 400, "electrode": 64}
+    loaded = VirtualSubject.load(out)
+    assert loaded.pose == ArrayPose.from_dict(truth["pose"])
+    assert loaded.dead_electrodes == tuple(truth["dead_electrodes"])
+    assert list(loaded.stimuli().stimulus_id) == list(lfw_subset().stimulus_id)
+    from_nc.check_stimuli(loaded.stimuli().stimulus_id)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(config.read_text().replace('dead_fraction = 0.1', 'dead_electrodes = ["0"]'))
+    assert main(["subject", "make", str(bad), "--out", str(tmp_path / "bad")]) == 2
+    assert not (tmp_path / "bad").exists()
