@@ -120,3 +120,20 @@ def test_bad_mapping_input_is_named(recorded, model):
     with pytest.raises(DataError, match="chosen for registration were not recorded"):
         register(per_image, model, subject.stimuli(), recordings.layout, electrodes=["1", "200"])
     assert ArrayPose(0, 0).scale == 1.0
+
+
+def test_optional_scale_recovers_a_stretched_array(model, tmp_path, one_torch_thread):
+    # the subject's array is the 10×10 grid at 0.46 mm pitch; the lab's layout says 0.4 mm → scale 1.15
+    stretched = utah_array("10x10", pitch_mm=0.46)
+    layout_file = tmp_path / "stretched.csv"
+    layout_file.write_text("electrode_id,x_mm,y_mm\n" + "".join(
+        f"{i},{x},{y}\n" for i, (x, y) in zip(stretched.electrode_ids, stretched.positions_mm)))
+    config = {"subject": {"model": "stimsim-topo-s2", "seed": 8},
+              "array": {"layout": str(layout_file), "pose": {"x_mm": 5.0, "y_mm": 4.8, "rotation_deg": 200.0}},
+              "recording": {"repeats": 2}, "stimuli": STIMULI}
+    subject = VirtualSubject.create(config, model=model)
+    per_image = subject.record().per_image()
+    fit = register(per_image, model, subject.stimuli(), utah_array("10x10"), allow_scale=True)
+    assert fit.pose.scale == pytest.approx(1.15, abs=0.05)
+    errors = pose_error(fit.pose, subject.pose)
+    assert errors["pose_error_mm"] <= 0.2 and errors["pose_error_deg"] <= 5.0

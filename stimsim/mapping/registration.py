@@ -16,7 +16,7 @@ the distribution of the score over the coarse search's poses.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -312,11 +312,14 @@ def register(per_image_responses: xr.DataArray, model, images: StimulusSet, layo
         layout electrode still gets its mapped point and correlation.
     reliability : per-electrode split-half reliability; gives ``noise_ceiled_correlation`` = r / √rel.
     seed : kept for the record (the search is deterministic).
+    problem : a prepared :class:`RegistrationProblem` (its settings apply), to reuse its pooled sheet.
     """
-    settings = settings or RegistrationSettings(allow_scale=allow_scale)
-    if settings.allow_scale != allow_scale and allow_scale:
-        settings = RegistrationSettings(**{**settings.__dict__, "allow_scale": True})
-    problem = problem or RegistrationProblem(per_image_responses, model, images, layout, settings, electrodes, source)
+    if problem is None:
+        settings = settings or RegistrationSettings(allow_scale=allow_scale)
+        if allow_scale and not settings.allow_scale:
+            settings = replace(settings, allow_scale=True)
+        problem = RegistrationProblem(per_image_responses, model, images, layout, settings, electrodes, source)
+    settings = problem.settings
     pose, best, coarse_scores = problem.fit()
     recorded_ids = [str(e) for e in per_image_responses["electrode"].values]
     full = layout.subset([e for e in layout.electrode_ids if e in recorded_ids])
