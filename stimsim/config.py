@@ -15,7 +15,9 @@ def load_toml(path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"configuration file not found: {path}")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise FileFormatError(path, f"not UTF-8 text (byte {exc.start}: {exc.reason}); save the file as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise FileFormatError(path, f"invalid TOML ({exc})") from None
 
@@ -64,13 +66,21 @@ class Section:
         self._used.add(key)
         if required and key not in self.values:
             raise ConfigError(f"{self.where}: missing required table [{key}]")
-        return Section(self.values.get(key), f"{self.where}.{key}")
+        return Section(self.values.get(key), table_location(self.where, key))
 
     def finish(self):
         """Raise if the table holds keys nobody asked for (typos are errors, not ignored)."""
         unknown = sorted(set(self.values) - self._used)
         if unknown:
             raise ConfigError(f"{self.where}: unknown key(s) {unknown}; allowed: {sorted(self._used)}")
+
+
+def table_location(where: str, key: str) -> str:
+    """How error messages name the table ``key`` inside ``where``: ``x.toml [stimuli]``, then
+    ``x.toml [stimuli.noise]``."""
+    if where.endswith("]") and " [" in where:
+        return f"{where[:-1]}.{key}]"
+    return f"{where} [{key}]"
 
 
 def _kind_name(kind) -> str:

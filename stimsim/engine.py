@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +29,8 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from stimsim.errors import ConfigError, FileFormatError
-from stimsim.io import atomic_save, atomic_write_json
+from stimsim.errors import ConfigError, FileFormatError, SafetyError
+from stimsim.io import atomic_save, atomic_write_json, is_temporary_file
 
 #: Default memory budget for the perturbed activity of one pass (bytes).
 DEFAULT_MAX_CHUNK_BYTES = 1 << 30
@@ -46,7 +47,8 @@ _LIVE_TENSORS_PER_STAGE = 4
 
 
 def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coords=None, batch_size: int = 64,
-             store=None, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, progress: bool = True) -> xr.DataArray:
+             store=None, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, progress: bool = True,
+             safety_limits=None, safety_override: str | None = None) -> xr.DataArray:
     """Choice probabilities for every (condition, image) pair, computed in batches.
 
     Parameters
@@ -59,29 +61,37 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
     stimulus_ids : one unique id per image (default ``image_00000``, ...).
     stimulus_coords : name → array of length n_images, extra labels on the ``stimulus_id`` dimension.
     batch_size : images per pass when computing unperturbed activity.
-    store : directory; each finished chunk of conditions is written there atomically, and calling again
-        with the same inputs resumes from it (finished chunks are loaded, not recomputed).
+    store : directory; each finished chunk of conditions is written there atomically with a checksum
+        bound to the store's inputs, and calling again with the same inputs resumes from it (finished
+        chunks are loaded, not recomputed; a chunk that does not verify is named in a warning, removed
+        and recomputed, never used).
     max_chunk_bytes : memory budget (bytes) of one pass of perturbed activity through the later stages;
         decides how many conditions (and images) are batched together. The unperturbed activity of each
         perturbed layer (n_images × units, float32) is held besides it.
     progress : show a progress bar over chunks.
+    safety_limits : :class:`stimsim.stimulation.SafetyLimits` every electrical stimulation is checked
+        against (default: the default limits); limits looser than the defaults count as an override.
+    safety_override : reason (text) to simulate protocols that violate a limit; without it such a
+        condition raises SafetyError. Recorded in the result's attrs.
 
     Returns
     -------
     ``xarray.DataArray`` ``choice_probability`` with dims (condition, stimulus_id, choice); coords: condition
     labels, ``perturbed_layer`` ("" for control), every parameter of ``Condition.describe()`` (NaN or "" where
-    a condition lacks it) and the stimulus coords; attrs: model, perturbed layers, decoder layer.
+    a condition lacks it) and the stimulus coords; attrs: model, perturbed layers, decoder layer,
+    safety limits and override reason.
     """
     if isinstance(max_chunk_bytes, bool) or not isinstance(max_chunk_bytes, (int, np.integer)) or max_chunk_bytes < 1:
         raise ConfigError(f"max_chunk_bytes must be a positive integer (bytes), got {max_chunk_bytes!r}")
-    setup = _Setup(model, images, conditions, decoder, stimulus_ids, stimulus_coords, batch_size)
+    setup = _Setup(model, images, conditions, decoder, stimulus_ids, stimulus_coords, batch_size, safety_limits,
+                   safety_override)
     chunks = _chunk_plan(setup, int(max_chunk_bytes))
     probabilities = np.full((len(setup.conditions), setup.n_images, len(setup.choices)), np.nan)
     done = np.zeros(len(setup.conditions), dtype=bool)
-    store_dir = None
+    store_dir = store_id = None
     if store is not None:
         store_dir = Path(store)
-        _open_store(store_dir, setup, probabilities, done)
+        store_id = _open_store(store_dir, setup, probabilities, done)
     runner = _Runner(setup)
     for layer, indices, images_per_pass in tqdm(chunks, desc="simulate", unit="chunk", disable=not progress):
         todo = indices[~done[indices]]
@@ -94,15 +104,17 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
         probabilities[todo] = chunk
         done[todo] = True
         if store_dir is not None:
-            _write_chunk(store_dir, todo, probabilities[todo])
+            _write_chunk(store_dir, todo, probabilities[todo], store_id)
     return _to_dataarray(setup, probabilities)
 
 
 def simulate_plain(model, images, conditions, decoder, stimulus_ids=None, stimulus_coords=None,
-                   batch_size: int = 64, progress: bool = True) -> xr.DataArray:
+                   batch_size: int = 64, progress: bool = True, safety_limits=None,
+                   safety_override: str | None = None) -> xr.DataArray:
     """Reference simulation: for each condition, a forward hook on the perturbed layer's stage applies the
     effect and the whole network runs from the images. Same arguments and output as :func:`simulate`."""
-    setup = _Setup(model, images, conditions, decoder, stimulus_ids, stimulus_coords, batch_size)
+    setup = _Setup(model, images, conditions, decoder, stimulus_ids, stimulus_coords, batch_size, safety_limits,
+                   safety_override)
     stage_modules = dict(model.stages)
     probabilities = np.empty((len(setup.conditions), setup.n_images, len(setup.choices)))
     for row, (condition, layer) in enumerate(tqdm(list(zip(setup.conditions, setup.layers)), desc="simulate (plain)",
@@ -126,7 +138,8 @@ def simulate_plain(model, images, conditions, decoder, stimulus_ids=None, stimul
 class _Setup:
     """Validated inputs of one simulation: preprocessed images, resolved layers, labels."""
 
-    def __init__(self, model, images, conditions, decoder, stimulus_ids, stimulus_coords, batch_size):
+    def __init__(self, model, images, conditions, decoder, stimulus_ids, stimulus_coords, batch_size,
+                 safety_limits=None, safety_override=None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer (images per pass), got {batch_size!r}")
         for attribute in ("layer", "choices", "probabilities"):
@@ -148,6 +161,7 @@ class _Setup:
         if repeated:
             raise ConfigError(f"condition labels must be unique; repeated: {repeated}")
         self.labels = labels
+        self.safety = _safety_gate(self.conditions, safety_limits, safety_override)
         self.layers = [self._condition_layer(c) for c in self.conditions]
         self.inputs = model.preprocess(images)
         self.n_images = len(self.inputs)
@@ -188,6 +202,26 @@ class _Setup:
                                   f"got shape {values.shape}")
             checked[name] = values
         return checked
+
+
+def _safety_gate(conditions: list, limits, override) -> dict[str, str]:
+    """Check every electrical stimulation against the safety limits (``stimsim.stimulation.enforce``);
+    returns the attrs that record the limits and the override reason."""
+    from stimsim.stimulation import ElectricalStimulation, SafetyLimits, enforce
+
+    limits = SafetyLimits() if limits is None else limits
+    if not isinstance(limits, SafetyLimits):
+        raise ConfigError(f"safety_limits must be a SafetyLimits, got {type(limits).__name__}")
+    overridden = False
+    for condition in conditions:
+        for perturbation in getattr(condition, "perturbations", ()):
+            if isinstance(perturbation, ElectricalStimulation):
+                try:
+                    overridden |= enforce(perturbation, limits, override=override).overridden
+                except SafetyError as exc:
+                    raise SafetyError(f"condition {condition.label!r}: {exc}") from None
+    return {"safety_limits_json": json.dumps(limits.to_dict(), sort_keys=True),
+            "safety_override": override.strip() if overridden else ""}
 
 
 def _parameter_coords(descriptions: list[dict]) -> dict[str, np.ndarray]:
@@ -355,58 +389,90 @@ def _to_dataarray(setup: _Setup, probabilities: np.ndarray) -> xr.DataArray:
     return xr.DataArray(probabilities, dims=("condition", "stimulus_id", "choice"), coords=coords,
                         name="choice_probability",
                         attrs={"model": setup.model.name, "perturbed_layers": ",".join(layers),
-                               "decoder_layer": setup.decoder_layer, "units": "probability"})
+                               "decoder_layer": setup.decoder_layer, "units": "probability", **setup.safety})
 
 
 # --- store -------------------------------------------------------------------------------------
-def _open_store(directory: Path, setup: _Setup, probabilities: np.ndarray, done: np.ndarray) -> None:
-    """Create the store, or check its fingerprint and load its finished chunks into ``probabilities``."""
+def _open_store(directory: Path, setup: _Setup, probabilities: np.ndarray, done: np.ndarray) -> str:
+    """Create the store, or check its fingerprint and load its verified chunks into ``probabilities``;
+    returns the store's id (the digest of its fingerprint) that binds every chunk to it."""
     fingerprint = _fingerprint(setup)
+    store_id = _sha256_text(_canonical_json(fingerprint))
     spec_path = directory / "store.json"
     if not spec_path.is_file():
-        if directory.is_dir() and any(directory.iterdir()):
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"store directory {directory} is a file; give a directory")
+        leftovers = [p for p in directory.iterdir() if not is_temporary_file(p.name)] if directory.is_dir() else []
+        if leftovers:
             raise ConfigError(f"store directory {directory} is not empty and holds no store.json; "
                               "give an empty or new directory")
         atomic_write_json(spec_path, {"format": STORE_FORMAT, "fingerprint": fingerprint,
                                       "n_conditions": len(setup.conditions), "n_images": setup.n_images,
                                       "choices": [str(c) for c in setup.choices]})
-        return
+        return store_id
     try:
         spec = json.loads(spec_path.read_text())
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise FileFormatError(spec_path, f"not valid JSON ({exc})") from None
     if not isinstance(spec, dict) or spec.get("format") != STORE_FORMAT:
         raise FileFormatError(spec_path, f"not a simulation store (format should be {STORE_FORMAT!r})")
     stored = spec.get("fingerprint", {})
+    stored = stored if isinstance(stored, dict) else {}
     differing = sorted(key for key in set(stored) | set(fingerprint) if stored.get(key) != fingerprint.get(key))
     if differing:
         raise ConfigError(f"store {directory} was written for different inputs (they differ in: "
                           f"{', '.join(differing)}); resume only with the same call, or give a new directory")
     for path in sorted(directory.glob("chunk_*.nc")):
-        indices, values = _read_chunk(path, probabilities.shape)
+        try:
+            indices, values = _read_chunk(path, probabilities.shape, store_id)
+        except FileFormatError as exc:
+            warnings.warn(f"simulation store: {exc}; the chunk is discarded and recomputed", stacklevel=3)
+            path.unlink()
+            continue
         probabilities[indices] = values
         done[indices] = True
+    return store_id
 
 
-def _write_chunk(directory: Path, indices: np.ndarray, values: np.ndarray) -> None:
-    """One finished chunk as NetCDF4 (HDF5): probabilities of the conditions ``indices``."""
-    chunk = xr.Dataset({"probability": (("condition_index", "stimulus", "choice"), np.asarray(values))},
-                       coords={"condition_index": np.asarray(indices, dtype=np.int64)})
+def _write_chunk(directory: Path, indices: np.ndarray, values: np.ndarray, store_id: str) -> None:
+    """One finished chunk as NetCDF4 (HDF5): probabilities of the conditions ``indices``, with the store's
+    id and the sha256 of its numbers as attributes."""
+    indices = np.asarray(indices, dtype=np.int64)
+    values = np.asarray(values, dtype=np.float64)
+    chunk = xr.Dataset({"probability": (("condition_index", "stimulus", "choice"), values)},
+                       coords={"condition_index": indices},
+                       attrs={"store_id": store_id, "sha256": _chunk_sha256(store_id, indices, values)})
     atomic_save(directory / f"chunk_{int(indices.min()):08d}.nc", lambda tmp: chunk.to_netcdf(tmp, engine="h5netcdf"))
 
 
-def _read_chunk(path: Path, shape: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+def _read_chunk(path: Path, shape: tuple[int, int, int], store_id: str) -> tuple[np.ndarray, np.ndarray]:
+    """The condition indices and probabilities of a chunk, after checking that it belongs to the store
+    ``store_id``, fits its shape and that its numbers match their checksum (FileFormatError otherwise)."""
     try:
         with xr.open_dataset(path, engine="h5netcdf") as chunk:
             indices = chunk["condition_index"].values
             values = chunk["probability"].values
+            attrs = dict(chunk.attrs)
     except Exception as exc:  # h5py and xarray raise many types for a damaged file
         raise FileFormatError(path, f"not a readable chunk file ({exc})") from None
     if (indices.ndim != 1 or values.shape != (len(indices),) + shape[1:] or len(indices) == 0
             or indices.min() < 0 or indices.max() >= shape[0]):
         raise FileFormatError(path, f"chunk does not fit this store ({len(indices)} condition indices, "
                                     f"probabilities {values.shape}; store has {shape[0]} conditions × {shape[1:]})")
+    if attrs.get("store_id") != store_id:
+        raise FileFormatError(path, "chunk belongs to another store (written for other inputs)")
+    indices, values = np.asarray(indices, dtype=np.int64), np.asarray(values, dtype=np.float64)
+    if attrs.get("sha256") != _chunk_sha256(store_id, indices, values):
+        raise FileFormatError(path, "chunk fails its checksum (its numbers were changed after it was written)")
     return indices, values
+
+
+def _chunk_sha256(store_id: str, indices: np.ndarray, values: np.ndarray) -> str:
+    digest = hashlib.sha256(store_id.encode())
+    digest.update(f"{indices.shape}{values.shape}".encode())
+    digest.update(np.ascontiguousarray(indices, dtype="<i8").tobytes())
+    digest.update(np.ascontiguousarray(values, dtype="<f8").tobytes())
+    return digest.hexdigest()
 
 
 def _fingerprint(setup: _Setup) -> dict[str, str]:

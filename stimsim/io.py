@@ -1,4 +1,11 @@
-"""Small file utilities: atomic writes, checksums, provenance of results."""
+"""Small file utilities: atomic writes, result sets, checksums, provenance of results.
+
+Every file is written through a temporary sibling (``.NAME.<random>.tmp…``) and a rename, with the
+permissions the user's umask gives new files (colleagues on a shared server can read results when
+the umask allows it). :class:`ResultSet` writes the files of one result (a run's results, summary,
+config and figures) as one set: a manifest ``result_set.json`` is written last with the sha256 of
+every file, :func:`read_result_set` refuses a set whose files do not match it, and a directory that
+holds files stimsim did not write is refused unless the caller forces it."""
 from __future__ import annotations
 
 import hashlib
@@ -10,15 +17,40 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from stimsim.errors import ConfigError, DataError
+
+#: File of a result set's manifest (written last).
+RESULT_SET_FILE = "result_set.json"
+RESULT_SET_FORMAT = "stimsim-result-set/1"
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _temp_file(path: Path) -> str:
+    """A new empty temporary file beside ``path`` with the permissions of a new file under the umask."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{path.suffix}")
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())
+    return tmp
+
+
+def is_temporary_file(name: str) -> bool:
+    """Whether ``name`` is a temporary file of an atomic write (left behind only by a killed process)."""
+    return name.startswith(".") and ".tmp" in name
+
 
 def atomic_write_bytes(path, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file and a rename, so a killed process
     leaves either the old file or the new one, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = _temp_file(path)
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with open(tmp, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -42,8 +74,7 @@ def atomic_save(path, save_fn) -> Path:
     that need a file name, e.g. ``torch.save`` or ``xarray.Dataset.to_netcdf``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
-    os.close(fd)
+    tmp = _temp_file(path)
     try:
         save_fn(tmp)
         os.replace(tmp, path)
@@ -106,3 +137,119 @@ def _json_default(obj):
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"cannot write {type(obj).__name__} to JSON")
+
+
+# --- result sets -----------------------------------------------------------------------------
+class ResultSet:
+    """The files of one result, written into ``directory`` as one set.
+
+    ``ResultSet(directory, kind, keep=("simulation_store",), force=False)`` checks the directory: it
+    may be new or empty, or hold a set stimsim wrote before (the files its manifest names, the
+    entries in ``keep`` and temporary files of a killed write); anything else is refused with
+    :class:`~stimsim.errors.ConfigError` unless ``force`` is true. :meth:`claim` (or ``result_set / name``)
+    records a file's name before the caller writes it atomically, so a killed run's files stay
+    recognisable as stimsim's; :meth:`write` and :meth:`write_json` claim and write in one call;
+    :meth:`finish` removes the files of an older set that this one did not write, and writes the
+    manifest with the sha256 of every file last. Until then the directory holds no complete set.
+    """
+
+    def __init__(self, directory, kind: str, keep: tuple[str, ...] = (), force: bool = False):
+        if not str(directory).strip():
+            raise ConfigError("the output directory is empty text; give a directory path")
+        directory = Path(directory)
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"output directory {directory} is a file, not a directory")
+        self.directory, self.kind, self.keep = directory, kind, tuple(keep)
+        previous = _read_manifest(directory) if (directory / RESULT_SET_FILE).is_file() else None
+        self._previous = set(previous["files"]) if previous else set()
+        if directory.is_dir():
+            foreign = sorted(entry.name for entry in directory.iterdir()
+                             if entry.name not in self._previous | set(self.keep) | {RESULT_SET_FILE}
+                             and not is_temporary_file(entry.name))
+            if foreign and not force:
+                shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+                raise ConfigError(f"output directory {directory} holds files stimsim did not write ({shown}); "
+                                  "give a new or empty directory, or force overwriting (--force)")
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            probe = _temp_file(directory / RESULT_SET_FILE)
+            Path(probe).unlink()
+        except (PermissionError, FileExistsError, NotADirectoryError, OSError) as exc:
+            raise ConfigError(f"cannot write into output directory {directory}: {exc.strerror or exc}") from None
+        self._claimed: list[str] = []
+        self._write_manifest(complete=False)
+
+    def claim(self, name: str) -> Path:
+        """Record ``name`` (a plain file name) as a file of this set and return its path; the caller
+        writes it there atomically. ``result_set / name`` does the same."""
+        if not isinstance(name, str) or Path(name).name != name or name in (RESULT_SET_FILE, ".", ".."):
+            raise ValueError(f"result file names are plain names inside the directory, got {name!r}")
+        if name not in self._claimed:
+            self._claimed.append(name)
+            self._write_manifest(complete=False)
+        return self.directory / name
+
+    __truediv__ = claim
+
+    def write(self, name: str, save_fn) -> Path:
+        """Write the file ``name`` by ``save_fn(temporary path)`` and a rename (see :func:`atomic_save`)."""
+        return atomic_save(self.claim(name), save_fn)
+
+    def write_json(self, name: str, obj) -> Path:
+        return atomic_write_json(self.claim(name), obj)
+
+    def finish(self) -> Path:
+        """Remove the older set's files this set did not rewrite, then write the manifest with the
+        sha256 of every file of the set."""
+        absent = [name for name in self._claimed if not (self.directory / name).is_file()]
+        if absent:
+            raise RuntimeError(f"result set in {self.directory}: files {absent} were announced but not written")
+        for stale in sorted(self._previous - set(self._claimed)):
+            (self.directory / stale).unlink(missing_ok=True)
+        self._write_manifest(complete=True)
+        return self.directory / RESULT_SET_FILE
+
+    def _write_manifest(self, complete: bool) -> None:
+        if complete:
+            files = {name: sha256_of(self.directory / name) for name in sorted(self._claimed)}
+        else:
+            files = {name: None for name in sorted(self._previous | set(self._claimed))}
+        atomic_write_json(self.directory / RESULT_SET_FILE, {
+            "format": RESULT_SET_FORMAT, "kind": self.kind, "complete": complete, "files": files})
+
+
+def read_result_set(directory, required: tuple[str, ...] = ()) -> dict[str, Path]:
+    """The files of the complete result set in ``directory`` (name → path), each checked against
+    the manifest's sha256; a missing, incomplete or mismatched set raises DataError."""
+    directory = Path(directory)
+    if not (directory / RESULT_SET_FILE).is_file():
+        raise DataError(f"{directory} holds no finished result set (no {RESULT_SET_FILE}); the run did not finish "
+                        "or the directory was not written by stimsim")
+    manifest = _read_manifest(directory)
+    if not manifest.get("complete"):
+        raise DataError(f"{directory}: the result set is incomplete (the run writing it did not finish); run it again")
+    missing = [name for name in required if name not in manifest["files"]]
+    if missing:
+        raise DataError(f"{directory}: the result set has no {missing}")
+    paths = {}
+    for name, expected in manifest["files"].items():
+        path = directory / name
+        if Path(name).name != name or not path.is_file():
+            raise DataError(f"{directory}: {name} of the result set is missing")
+        if sha256_of(path) != expected:
+            raise DataError(f"{path} does not belong to the result set in {directory} (its sha256 differs from "
+                            f"the one in {RESULT_SET_FILE}: it was changed or written by another run)")
+        paths[name] = path
+    return paths
+
+
+def _read_manifest(directory: Path) -> dict:
+    path = directory / RESULT_SET_FILE
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: not a result set manifest ({exc})") from None
+    if (not isinstance(manifest, dict) or manifest.get("format") != RESULT_SET_FORMAT
+            or not isinstance(manifest.get("files"), dict)):
+        raise DataError(f"{path}: not a result set manifest (format should be {RESULT_SET_FORMAT!r})")
+    return manifest

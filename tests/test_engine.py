@@ -1,5 +1,8 @@
 """Tests of the batched simulation engine (stimsim.engine) and its benchmark (stimsim.bench)."""
+import functools
 import math
+import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -9,14 +12,18 @@ import xarray as xr
 from stimsim import engine
 from stimsim.behavior import LogisticDecoder
 from stimsim.bench import run_benchmark
-from stimsim.engine import simulate, simulate_plain
-from stimsim.errors import ConfigError
+from stimsim.errors import ConfigError, SafetyError
 from stimsim.models.architectures import build_network
 from stimsim.models.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
 from stimsim.sheet import CorticalSheet
-from stimsim.stimulation import Ablation, Condition, ElectricalStimulation
+from stimsim.stimulation import Ablation, Condition, ElectricalStimulation, SafetyLimits
+
+#: 300 µA exceeds Shannon's limit on a Utah tip; these tests want strong in-silico effects, no protocol.
+OVERRIDE = "engine tests: strong in-silico effects, no protocol proposed"
+simulate = functools.partial(engine.simulate, safety_override=OVERRIDE)
+simulate_plain = functools.partial(engine.simulate_plain, safety_override=OVERRIDE)
 
 N_IMAGES = 12
 IT_SHEET_MM = 10.0
@@ -149,11 +156,11 @@ def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder,
     real_write = engine._write_chunk
     writes = []
 
-    def write_then_die(directory, indices, values):
+    def write_then_die(directory, indices, values, store_id):
         writes.append(indices)
         if len(writes) == 3:
             raise RuntimeError("killed")
-        real_write(directory, indices, values)
+        real_write(directory, indices, values, store_id)
 
     monkeypatch.setattr(engine, "_write_chunk", write_then_die)
     with pytest.raises(RuntimeError, match="killed"):
@@ -203,6 +210,82 @@ def test_store_refuses_other_inputs(model, images, labels, decoder, tmp_path):
     (unrelated / "notes.txt").write_text("field notes")
     with pytest.raises(ConfigError, match="store.json"):
         simulate(model, images, conditions, decoder, store=unrelated, progress=False)
+
+
+def _alter_chunk(path, change):
+    """Change the probabilities stored in a chunk file in place, keeping its shape and attributes."""
+    import h5py
+
+    with h5py.File(path, "r+") as handle:
+        handle["probability"][...] = change(handle["probability"][...])
+
+
+def test_a_changed_or_foreign_chunk_is_never_used(model, images, decoder, tmp_path):
+    conditions = [Condition("control"), *it_sites(3)]
+    budget_bytes = 2 * N_IMAGES * 1280  # two IT conditions per chunk
+    expected = simulate(model, images, conditions, decoder, max_chunk_bytes=budget_bytes, progress=False)
+    store = tmp_path / "store"
+    simulate(model, images, conditions, decoder, store=store, max_chunk_bytes=budget_bytes, progress=False)
+    chunks = sorted(store.glob("chunk_*.nc"))
+    assert len(chunks) == 3
+    # one flipped number: same shape, same indices, different value
+    _alter_chunk(chunks[1], lambda values: np.where(np.arange(values.size).reshape(values.shape) == 0,
+                                                    1.0 - values, values))
+    with pytest.warns(UserWarning, match=rf"{chunks[1].name}.*fails its checksum.*recomputed"):
+        again = simulate(model, images, conditions, decoder, store=store, max_chunk_bytes=budget_bytes,
+                         progress=False)
+    xr.testing.assert_identical(again, expected)
+    # a valid chunk of a run at another current, copied in under the same name
+    other_store = tmp_path / "other"
+    stronger = [Condition("control"), *(it_site(c.label, *c.perturbations[0].sites_mm[0], current_uA=400.0)
+                                        for c in conditions[1:])]
+    simulate(model, images, stronger, decoder, store=other_store, max_chunk_bytes=budget_bytes, progress=False)
+    shutil.copy(other_store / chunks[2].name, chunks[2])
+    with pytest.warns(UserWarning, match=rf"{chunks[2].name}.*another store"):
+        again = simulate(model, images, conditions, decoder, store=store, max_chunk_bytes=budget_bytes,
+                         progress=False)
+    xr.testing.assert_identical(again, expected)
+    # the recomputed chunks were written back and verify now
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        xr.testing.assert_identical(simulate(model, images, conditions, decoder, store=store,
+                                             max_chunk_bytes=budget_bytes, progress=False), expected)
+
+
+def test_a_store_with_a_stray_temporary_file_resumes(model, images, decoder, tmp_path):
+    conditions = [Condition("control"), *it_sites(2)]
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / ".store.json.k3j2l.tmp").write_text("{")  # a kill while writing store.json
+    first = simulate(model, images, conditions, decoder, store=store, progress=False)
+    (store / ".chunk_00000001.nc.x81a.tmp.nc").write_bytes(b"half a chunk")
+    xr.testing.assert_identical(simulate(model, images, conditions, decoder, store=store, progress=False), first)
+
+
+def test_the_engine_enforces_the_safety_limits(model, images, decoder):
+    strong = it_sites(2)  # 300 µA: Shannon's k ≈ 2.26 on a Utah tip, above 1.85
+    with pytest.raises(SafetyError, match=r"condition 'it_0'.*Shannon's k = 2\.255 exceeds"):
+        engine.simulate(model, images, strong, decoder, progress=False)
+    with pytest.raises(SafetyError, match="Shannon"):
+        engine.simulate_plain(model, images, strong, decoder, progress=False)
+    # loosening a limit is an override too, even when the protocol would then pass
+    with pytest.raises(SafetyError, match="max_shannon_k = 1000 is above the default limit 1.85"):
+        engine.simulate(model, images, strong, decoder, safety_limits=SafetyLimits(max_shannon_k=1000),
+                        progress=False)
+    with pytest.raises(SafetyError, match="electrode_area_um2 = 1e\\+15"):
+        engine.simulate(model, images, strong, decoder, safety_limits=SafetyLimits(electrode_area_um2=1e15),
+                        progress=False)
+    overridden = engine.simulate(model, images, strong, decoder, safety_override=" approved protocol 7 ",
+                                 progress=False)
+    assert overridden.attrs["safety_override"] == "approved protocol 7"
+    gentle = [it_site("gentle", 5.0, 5.0, current_uA=50.0)]  # k ≈ 0.70
+    result = engine.simulate(model, images, gentle, decoder, progress=False)
+    assert result.attrs["safety_override"] == ""
+    assert '"max_shannon_k": 1.85' in result.attrs["safety_limits_json"]
+    # a stricter limit binds even the gentle protocol
+    with pytest.raises(SafetyError, match="max_shannon_k = 0.5"):
+        engine.simulate(model, images, gentle, decoder, safety_limits=SafetyLimits(max_shannon_k=0.5),
+                        progress=False)
 
 
 def test_labels_round_trip_through_netcdf(model, images, labels, decoder, tmp_path):

@@ -1,6 +1,7 @@
 """Safety gate: charge per phase, charge density, Shannon's k, overrides."""
 import json
 import math
+import re
 
 import pytest
 
@@ -74,7 +75,11 @@ def test_override_must_be_a_reason(override):
 
 def test_limits_depend_on_electrode_area_and_can_be_stricter():
     # a larger electrode lowers the charge density: 300 µA on 20,000 µm² gives k ≈ 1.26
-    assert enforce(protocol(300.0), SafetyLimits(electrode_area_um2=20000)).passed
+    larger = check_protocol(protocol(300.0), SafetyLimits(electrode_area_um2=20000))
+    assert larger.shannon_k == pytest.approx(math.log10(60e-3 / 2e-4) + math.log10(60e-3))
+    assert larger.shannon_k < 1.85
+    # a smaller electrode than the Utah tip is stricter and needs no override
+    assert enforce(protocol(20.0), SafetyLimits(electrode_area_um2=1000)).passed
     with pytest.raises(SafetyError, match="max_shannon_k = 0.5"):
         enforce(protocol(50.0), SafetyLimits(max_shannon_k=0.5))
     with pytest.raises(SafetyError, match="charge per phase 10 nC exceeds the limit max_charge_per_phase_nC = 5 nC"):
@@ -104,3 +109,21 @@ def test_charge_imbalance_is_a_violation_even_if_the_spec_was_tampered_with():
 def test_only_electrical_protocols_are_checked():
     with pytest.raises(TypeError, match="ElectricalStimulation"):
         check_protocol(OptogeneticSuppression(((0.0, 0.0),), power_mW=1.0))
+
+
+@pytest.mark.parametrize("limits, named", [
+    (SafetyLimits(max_shannon_k=1000), "max_shannon_k = 1000 is above the default limit 1.85"),
+    (SafetyLimits(electrode_area_um2=1e15), "electrode_area_um2 = 1e+15 µm² is larger than the default"),
+    (SafetyLimits(electrode_area_um2=20000), "electrode_area_um2 = 20000 µm² is larger than the default"),
+])
+def test_limits_looser_than_the_defaults_need_an_override(limits, named):
+    stim = protocol(3000.0)
+    with pytest.raises(SafetyError, match=re.escape(named)):
+        enforce(stim, limits)
+    # even a protocol that passes at the defaults: the loosened limit itself is what needs a reason
+    with pytest.raises(SafetyError, match=re.escape(named)):
+        enforce(protocol(50.0), limits)
+    report = enforce(stim, limits, override="bench test of a macroelectrode")
+    assert report.overridden and not report.passed
+    assert any(named in violation for violation in report.violations)
+    assert report.to_dict()["override_reason"] == "bench test of a macroelectrode"

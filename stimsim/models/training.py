@@ -109,7 +109,7 @@ def load_training_config(path_or_dict) -> TrainingConfig:
     config = TrainingConfig(
         name=name, family=family, model_kwargs=model_kwargs, preprocessing=preprocessing, layers=layers,
         readout_layer=readout_layer, data_sets=sets, label=label,
-        seed=tr.get("seed", int, 0, minimum=0),
+        seed=tr.get("seed", int, 0, minimum=0, maximum=2**32 - 1),
         steps=tr.get("steps", int, minimum=1),
         batch_size=tr.get("batch_size", int, 128, minimum=2),
         learning_rate=tr.get("learning_rate", float, 0.05, minimum=0.0),

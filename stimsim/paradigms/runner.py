@@ -5,8 +5,10 @@ there), load the model and the images, choose the sites from the localizer's sel
 (:mod:`stimsim.paradigms.sites`), fit the frozen decoder on unperturbed trials, simulate the control
 condition and one condition per site with the batched engine (:func:`stimsim.engine.simulate`,
 resumable: the chunks it finishes are kept under ``DIR/simulation_store``), compute the paradigm's
-per-site metrics, compare with published data when asked, and write into ``DIR`` (each file
-atomically):
+per-site metrics, compare with published data when asked, and write into ``DIR`` one result set
+(:class:`stimsim.io.ResultSet`: each file atomically, then ``result_set.json`` with the sha256 of
+every file; :func:`load_results` refuses a set that does not match it, and a ``DIR`` holding files
+stimsim did not write is refused unless forced):
 
 ``results.nc``
     xarray Dataset (NetCDF4, h5netcdf engine): ``choice_probability`` (condition × stimulus_id ×
@@ -50,34 +52,37 @@ import xarray as xr
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.engine import simulate
 from stimsim.errors import ConfigError, DataError
-from stimsim.io import atomic_save, atomic_write_json, provenance, sha256_of
+from stimsim.io import ResultSet, provenance, read_result_set, sha256_of
 from stimsim.models.registry import load_model, model_path
 from stimsim.models.topographic import TopographicModel
 from stimsim.paradigms import categorization, comparisons, same_different
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection, plot_sites, select_sites
 from stimsim.paradigms.spec import ExperimentSpec, load_experiment
-from stimsim.stimulation import Condition
+from stimsim.stimulation import Condition, SafetyLimits
 
 #: Name of the engine's resumable store inside the output directory.
 STORE_DIRNAME = "simulation_store"
 RESULTS_FILE, SUMMARY_FILE, CONFIG_FILE, DECODER_FILE = "results.nc", "summary.json", "config.json", "decoder.json"
 
 
-def run_experiment(experiment, out_dir, model=None, progress: bool = True, figures: bool = True) -> dict:
-    """Run an experiment and write its results into ``out_dir``; returns the summary.
+def run_experiment(experiment, out_dir, model=None, progress: bool = True, figures: bool = True,
+                   force: bool = False) -> dict:
+    """Run an experiment and write its results into ``out_dir`` as one result set
+    (:class:`stimsim.io.ResultSet`); returns the summary.
 
     experiment : path of an experiment file, or an :class:`~stimsim.paradigms.spec.ExperimentSpec`.
     model : None (the file's ``model``), a shipped model name or model directory (overrides the
         file), or a loaded ``TopographicModel``.
     progress : show progress bars.
     figures : write the PNG figures (the data files are always written).
+    force : write into ``out_dir`` even if it holds files stimsim did not write.
     """
     spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
     if isinstance(model, (str, Path)):
         spec = spec.with_model(str(model))
+    results = ResultSet(out_dir, "experiment run", keep=(STORE_DIRNAME,), force=force)
+    out_dir = results.directory
     topo, model_record = _load_model(spec, model)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
 
     layer = topo.resolve_layer(spec.layer)
@@ -105,7 +110,7 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     trials = paradigm.prepare(spec, topo, stimuli)
     probabilities = simulate(topo, trials.images, conditions, trials.decoder, stimulus_ids=trials.stimulus_ids,
                              stimulus_coords=trials.stimulus_coords, store=out_dir / STORE_DIRNAME,
-                             progress=progress)
+                             progress=progress, **_safety_arguments(spec))
     if spec.paradigm == "categorization":
         metrics, summary = categorization.analyse(spec, trials, probabilities, selection)
     else:
@@ -165,13 +170,14 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
         "created_utc": config["created_utc"],
         "notes": "; ".join(notes),
     })
-    atomic_save(out_dir / RESULTS_FILE, lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
+    results.write(RESULTS_FILE, lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
     decoder = trials.decoder if spec.paradigm == "categorization" else trials.pair_decoder
-    atomic_write_json(out_dir / DECODER_FILE, decoder.to_dict())
+    results.write_json(DECODER_FILE, decoder.to_dict())
     if figures:
-        _write_figures(spec, dataset, selection, sheet, data, summary, out_dir)
-    atomic_write_json(out_dir / CONFIG_FILE, config)
-    atomic_write_json(out_dir / SUMMARY_FILE, summary)
+        _write_figures(spec, dataset, selection, sheet, data, summary, results)
+    results.write_json(CONFIG_FILE, config)
+    results.write_json(SUMMARY_FILE, summary)
+    results.finish()
     return summary
 
 
@@ -248,6 +254,13 @@ def _state_sha256(model) -> str:
     return digest.hexdigest()
 
 
+def _safety_arguments(spec: ExperimentSpec) -> dict:
+    """The experiment's safety limits and override reason, for the engine's own safety gate."""
+    if spec.safety is None:
+        return {}
+    return {"safety_limits": SafetyLimits(**spec.safety["limits"]), "safety_override": spec.safety["override_reason"]}
+
+
 # --- outputs ------------------------------------------------------------------------------------
 def _results_dataset(probabilities: xr.DataArray, metrics: xr.Dataset, selection: SiteSelection,
                      data: xr.Dataset | None, sheet, layer: str) -> xr.Dataset:
@@ -271,7 +284,7 @@ def _results_dataset(probabilities: xr.DataArray, metrics: xr.Dataset, selection
     return dataset
 
 
-def _write_figures(spec, dataset, selection, sheet, data, summary, out_dir: Path) -> None:
+def _write_figures(spec, dataset, selection, sheet, data, summary, out_dir: ResultSet) -> None:
     plot_sites(selection, sheet, out_dir / "sites.png", f"{spec.name}: {selection.method} sites on {sheet.name}")
     if spec.paradigm == "categorization":
         categorization.plot_site_effects(dataset, out_dir / "site_effects.png", f"{spec.name}: effect per site")
@@ -302,11 +315,9 @@ def _json_ready(value):
 
 
 def load_results(out_dir) -> tuple[xr.Dataset, dict, dict]:
-    """Read a run's ``results.nc``, ``summary.json`` and ``config.json`` back."""
-    out_dir = Path(out_dir)
-    paths = [out_dir / RESULTS_FILE, out_dir / SUMMARY_FILE, out_dir / CONFIG_FILE]
-    absent = [str(p) for p in paths if not p.is_file()]
-    if absent:
-        raise DataError(f"{out_dir} is not a finished experiment run: missing {absent}")
+    """Read a run's ``results.nc``, ``summary.json`` and ``config.json`` back; a set that is
+    incomplete or mixes files of different runs is refused (DataError)."""
+    files = read_result_set(out_dir, required=(RESULTS_FILE, SUMMARY_FILE, CONFIG_FILE))
+    paths = [files[RESULTS_FILE], files[SUMMARY_FILE], files[CONFIG_FILE]]
     dataset = xr.load_dataset(paths[0], engine="h5netcdf")
     return dataset, json.loads(paths[1].read_text()), json.loads(paths[2].read_text())

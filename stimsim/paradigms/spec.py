@@ -18,7 +18,7 @@ overrides it), ``layer`` (the layer stimulated, a stage name or an area label; d
 millimetre of the model's sheet stands for; the stimulated layer's sheet is scaled by it before sites
 are chosen and stimulation spreads, so every length in the file — sites, radii, margins — is in
 cortex mm; recorded with the results),
-``seed`` (integer >= 0, default 0: every random draw of the run — noise, splits, site draws,
+``seed`` (integer in [0, 2³² − 1], default 0: every random draw of the run — noise, splits, site draws,
 pairs, bootstrap — derives from it, so a run on CPU is reproducible; an image set's own ``seed``
 key, e.g. Fashion-MNIST's draw, is that set's).
 
@@ -110,6 +110,8 @@ from stimsim.paradigms.comparisons import MOELLER2017_CLASSES
 from stimsim.stimulation import SafetyLimits, enforce, perturbation_from_dict
 
 PARADIGMS = ("categorization", "same_different")
+#: Largest seed: numpy and scikit-learn take seeds below 2³².
+MAX_SEED = 2**32 - 1
 SITE_METHODS = ("explicit", "selectivity", "face_patch", "grid")
 STIMULATED_IMAGES = ("second", "first")
 #: Published datasets an experiment can be compared with, and the paradigm each needs.
@@ -236,10 +238,36 @@ class ExperimentSpec:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
 
 
+#: Stimulus sources whose ``path`` names a file or folder.
+_PATH_SOURCES = ("table", "folder")
+
+
 def load_experiment(path) -> ExperimentSpec:
-    """Read and validate an experiment file (TOML)."""
+    """Read and validate an experiment file (TOML). Relative paths in it (stimulus tables and
+    folders, a model directory) are taken relative to the file's own folder."""
     path = Path(path)
-    return parse_experiment(load_toml(path), where=str(path))
+    return parse_experiment(_resolve_paths(load_toml(path), path.parent), where=str(path))
+
+
+def _resolve_paths(raw: dict, base: Path) -> dict:
+    """``raw`` with the relative ``path`` of path-based stimulus sets and a relative model directory
+    made absolute against ``base`` (a model that names a shipped model stays a name)."""
+    raw = json.loads(json.dumps(raw, default=str))
+
+    def resolve(sets):
+        for entry in sets if isinstance(sets, list) else ():
+            if (isinstance(entry, dict) and entry.get("source") in _PATH_SOURCES and isinstance(entry.get("path"), str)
+                    and entry["path"] and not Path(entry["path"]).is_absolute()):
+                entry["path"] = str((base / entry["path"]).absolute())
+
+    for table in (raw.get("stimuli"), (raw.get("sites") or {}).get("localizer") if isinstance(raw.get("sites"), dict)
+                  else None):
+        if isinstance(table, dict):
+            resolve(table.get("sets"))
+    model = raw.get("model")
+    if isinstance(model, str) and model.strip() and not Path(model).is_absolute() and (base / model).is_dir():
+        raw["model"] = str((base / model).absolute())
+    return raw
 
 
 def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
@@ -253,7 +281,7 @@ def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
     paradigm = top.get("paradigm", str, choices=PARADIGMS)
     model = _text(top, "model", DEFAULT_MODEL)
     layer = _text(top, "layer", "IT")
-    seed = top.get("seed", int, 0, minimum=0)
+    seed = top.get("seed", int, 0, minimum=0, maximum=MAX_SEED)
     scale = top.get("cortex_mm_per_model_mm", float, 1.0)
     if not 0 < scale <= 100:
         raise ConfigError(f"{where}: 'cortex_mm_per_model_mm' must be in (0, 100], got {scale}")
@@ -280,6 +308,9 @@ def _text(section: Section, key: str, default=None) -> str:
     value = section.get(key, str) if default is None else section.get(key, str, default)
     if not value.strip():
         raise ConfigError(f"{section.where}: {key!r} must be non-empty text")
+    if any(not character.isprintable() for character in value):
+        raise ConfigError(f"{section.where}: {key!r} must be printable text without control characters "
+                          f"(NUL, newline, ...), got {value!r}")
     return value
 
 

@@ -11,7 +11,9 @@ For a protocol with current I (µA) and phase width PW (ms) on an electrode of g
 
 ``check_protocol`` measures a protocol against :class:`SafetyLimits`; ``enforce`` refuses a protocol
 that violates a limit (:class:`~stimsim.errors.SafetyError`) unless an override reason is given, and
-then records the override in the report.
+then records the override in the report. Limits may be tightened freely; a limit looser than its
+default (a higher ``max_shannon_k``, a larger ``electrode_area_um2`` than the Utah tip's) is itself a
+violation, so loosening a limit needs an override reason like any other.
 """
 from __future__ import annotations
 
@@ -63,6 +65,19 @@ class SafetyLimits:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def loosened(self) -> list[str]:
+        """Messages naming every limit set looser than its default (empty when none is)."""
+        defaults = SafetyLimits()
+        messages = []
+        if self.max_shannon_k > defaults.max_shannon_k:
+            messages.append(f"max_shannon_k = {self.max_shannon_k:g} is above the default limit "
+                            f"{defaults.max_shannon_k:g}")
+        if self.electrode_area_um2 > defaults.electrode_area_um2:
+            messages.append(f"electrode_area_um2 = {self.electrode_area_um2:g} µm² is larger than the default "
+                            f"electrode's {defaults.electrode_area_um2:g} µm² (a Utah-array tip), which lowers "
+                            f"the charge density checked")
+        return messages
 
 
 @dataclass(frozen=True)
@@ -119,7 +134,8 @@ def check_protocol(stim: ElectricalStimulation, limits: SafetyLimits | None = No
     density = charge_density_uC_per_cm2(charge_nC, limits.electrode_area_um2)
     k = shannon_k(charge_nC, limits.electrode_area_um2)
     balanced = stim.waveform in CHARGE_BALANCED_WAVEFORMS
-    violations = []
+    violations = [f"{message}; a limit looser than its default counts as an override"
+                  for message in limits.loosened()]
     if k > limits.max_shannon_k:
         violations.append(
             f"Shannon's k = {k:.3f} exceeds the limit max_shannon_k = {limits.max_shannon_k:g} "
@@ -158,6 +174,7 @@ def enforce(stim: ElectricalStimulation, limits: SafetyLimits | None = None,
     if override is None:
         raise SafetyError(
             "stimulation protocol refused: " + "; ".join(report.violations)
-            + ". To run it anyway, pass override='<reason>' (the reason is recorded with the results)."
+            + ". To run it anyway, give an override reason (override='<reason>' in Python, `override = \"...\"`"
+            " in an experiment file's [safety]); the reason is recorded with the results."
         )
     return dataclasses.replace(report, overridden=True, override_reason=override.strip())

@@ -1,0 +1,56 @@
+"""Experiment and training files: mistakes found early, named with the file and the table."""
+from pathlib import Path
+
+import pytest
+
+from stimsim.config import load_toml
+from stimsim.errors import ConfigError, FileFormatError
+from stimsim.models.training import load_training_config
+from stimsim.paradigms.spec import load_experiment, parse_experiment
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def _afraz() -> dict:
+    return load_toml(EXPERIMENTS / "afraz2006.toml")
+
+
+def test_a_nul_in_the_name_is_refused_when_the_file_is_read():
+    raw = _afraz()
+    raw["name"] = "afraz\x00run"
+    with pytest.raises(ConfigError, match=r"x.toml: 'name' must be printable text without control characters"):
+        parse_experiment(raw, where="x.toml")
+
+
+@pytest.mark.parametrize("seed", [2**70, 2**32, -1])
+def test_a_seed_outside_what_the_random_generators_take_is_refused(seed):
+    raw = _afraz()
+    raw["seed"] = seed
+    with pytest.raises(ConfigError, match=r"x.toml: 'seed' must be (<= 4294967295|>= 0)"):
+        parse_experiment(raw, where="x.toml")
+
+
+def test_training_seed_is_bounded_too():
+    raw = load_toml(EXPERIMENTS / "train_stimsim_topo_seed0.toml")
+    raw["training"]["seed"] = 2**70
+    with pytest.raises(ConfigError, match=r"\[training\]: 'seed' must be <= 4294967295"):
+        load_training_config(raw)
+
+
+def test_a_file_that_is_not_utf8_names_the_file(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('name = "Müller"\n'.encode("latin-1"))
+    with pytest.raises(FileFormatError, match=rf"{path}: not UTF-8 text") as error:
+        load_experiment(path)
+    assert error.value.path == path
+
+
+def test_error_locations_name_the_file_then_the_table():
+    raw = _afraz()
+    raw["stimulation"]["current_mA"] = 1
+    with pytest.raises(ConfigError, match=r"x\.toml \[stimulation\]"):
+        parse_experiment(raw, where="x.toml")
+    raw = _afraz()
+    raw["stimuli"]["noise"]["signal_percent"] = [150]
+    with pytest.raises(ConfigError, match=r"x\.toml \[stimuli\.noise\]: 'signal_percent'"):
+        parse_experiment(raw, where="x.toml")

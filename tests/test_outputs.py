@@ -1,0 +1,197 @@
+"""Outputs: result sets written as one, files that follow the umask, --out checks, relative paths."""
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from stimsim.errors import ConfigError, DataError
+from stimsim.io import RESULT_SET_FILE, ResultSet, atomic_write_json, read_result_set
+from stimsim.models.architectures import build_network
+from stimsim.models.positions import retinotopic_positions
+from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.topographic import TopographicModel
+from stimsim.paradigms.runner import load_results, run_experiment
+from stimsim.sheet import CorticalSheet
+
+EXPERIMENT = """
+name = "bright_dark"
+paradigm = "categorization"
+model = "model"
+seed = {seed}
+
+[stimuli]
+sets = [{{ source = "table", path = "images/table.csv" }}]
+label = "category"
+positive = "bright"
+
+[decoder]
+C = 1.0
+
+[sites]
+method = "explicit"
+sites_mm = [[2.0, 2.0], [6.0, 6.0]]
+recording_radius_mm = 2.0
+
+[stimulation]
+kind = "electrical"
+current_uA = 50
+frequency_Hz = 200
+
+[analysis]
+n_boot = 10
+n_perm = 10
+"""
+
+
+@pytest.fixture(scope="module")
+def experiment_dir(tmp_path_factory):
+    """An experiment folder: two files (seeds 0 and 1), a model directory and an image table, all named
+    by paths relative to the folder."""
+    root = tmp_path_factory.mktemp("experiment")
+    images = root / "images"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    rows = ["stimulus_id,path,category"]
+    for i in range(16):
+        category = "bright" if i % 2 else "dark"
+        pixels = rng.uniform(0, 0.5, (16, 16)) + (0.5 if category == "bright" else 0.0)
+        Image.fromarray((pixels * 255).astype(np.uint8)).save(images / f"im{i:02d}.png")
+        rows.append(f"im{i:02d},im{i:02d}.png,{category}")
+    (images / "table.csv").write_text("\n".join(rows) + "\n")
+    torch.manual_seed(0)
+    kwargs = {"n_classes": 2, "it_units": 64}
+    positions = retinotopic_positions((64, 1, 1), 8.0, seed=1).astype(np.float32).astype(np.float64)
+    TopographicModel(build_network("stimsim_topo", **kwargs), {"it": CorticalSheet("it", (64, 1, 1), positions)},
+                     Preprocessing(size_px=16, channels=1, mean=(0.5,), std=(0.25,)),
+                     {"family": "stimsim_topo", "kwargs": kwargs}, areas={"it": "IT"}, name="tiny").save(root / "model")
+    for seed in (0, 1):
+        (root / f"seed{seed}.toml").write_text(EXPERIMENT.format(seed=seed))
+    return root
+
+
+@pytest.fixture
+def elsewhere(tmp_path, monkeypatch):
+    """Run from a folder that is not the experiment's."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_relative_paths_resolve_against_the_experiment_file(experiment_dir, elsewhere):
+    summary = run_experiment(experiment_dir / "seed0.toml", "out", progress=False, figures=False)
+    assert summary["model"] == "tiny" and summary["n_sites"] == 2
+    _, _, config = load_results(elsewhere / "out")
+    assert config["model"]["source"] == str(experiment_dir / "model")
+    assert config["experiment"]["stimuli"]["sets"][0]["path"] == str(experiment_dir / "images" / "table.csv")
+
+
+def test_a_run_killed_between_its_files_leaves_no_loadable_mix(experiment_dir, elsewhere, monkeypatch):
+    out = elsewhere / "out"
+    first = run_experiment(experiment_dir / "seed0.toml", out, progress=False, figures=False)
+    old_summary = (out / "summary.json").read_text()
+    # running it again (resuming from its store) dies after results.nc and before summary.json
+    real = ResultSet.write_json
+
+    def die_at_summary(self, name, obj):
+        if name == "summary.json":
+            raise KeyboardInterrupt
+        return real(self, name, obj)
+
+    monkeypatch.setattr(ResultSet, "write_json", die_at_summary)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(experiment_dir / "seed0.toml", out, progress=False, figures=False)
+    monkeypatch.undo()
+    assert (out / "summary.json").read_text() == old_summary  # the old summary beside new results
+    with pytest.raises(DataError, match="incomplete"):
+        load_results(out)
+    # running again finishes the set
+    again = run_experiment(experiment_dir / "seed0.toml", out, progress=False, figures=False)
+    assert load_results(out)[1] == again == first
+
+
+def test_a_file_from_another_run_is_refused(experiment_dir, elsewhere):
+    run_experiment(experiment_dir / "seed0.toml", "a", progress=False, figures=False)
+    run_experiment(experiment_dir / "seed1.toml", "b", progress=False, figures=False)
+    assert (elsewhere / "a" / "results.nc").read_bytes() != (elsewhere / "b" / "results.nc").read_bytes()
+    shutil.copy(elsewhere / "b" / "results.nc", elsewhere / "a" / "results.nc")
+    with pytest.raises(DataError, match=r"results.nc does not belong to the result set"):
+        load_results(elsewhere / "a")
+    with pytest.raises(DataError, match="no finished result set"):
+        load_results(experiment_dir / "images")
+
+
+def test_foreign_files_in_out_are_not_overwritten(experiment_dir, elsewhere):
+    out = elsewhere / "mine"
+    out.mkdir()
+    (out / "summary.json").write_text("my notes")
+    with pytest.raises(ConfigError, match=r"holds files stimsim did not write \(summary.json\).*--force"):
+        run_experiment(experiment_dir / "seed0.toml", out, progress=False, figures=False)
+    assert (out / "summary.json").read_text() == "my notes"
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+    run_experiment(experiment_dir / "seed0.toml", out, progress=False, figures=False, force=True)
+    load_results(out)
+    # stimsim's own set, and a killed write's temporary file, are rewritten without --force
+    (out / ".results.nc.abc123.tmp.nc").write_bytes(b"partial")
+    run_experiment(experiment_dir / "seed0.toml", out, progress=False, figures=False)
+
+
+def test_files_follow_the_umask(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        atomic_write_json(tmp_path / "a.json", {"x": 1})
+        result = ResultSet(tmp_path / "set", "test")
+        result.write_json("b.json", {"y": 2})
+        result.finish()
+        os.umask(0o077)
+        atomic_write_json(tmp_path / "c.json", {"x": 1})
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "set" / "b.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "set" / RESULT_SET_FILE).stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "c.json").stat().st_mode) == 0o600
+
+
+def test_result_set_replaces_an_older_set_whole(tmp_path):
+    first = ResultSet(tmp_path, "test")
+    first.write_json("summary.json", {"run": 1})
+    first.write_json("old_figure.json", {"run": 1})
+    first.finish()
+    second = ResultSet(tmp_path, "test")
+    second.write_json("summary.json", {"run": 2})
+    second.finish()
+    files = read_result_set(tmp_path, required=("summary.json",))
+    assert sorted(files) == ["summary.json"] and not (tmp_path / "old_figure.json").exists()
+    manifest = json.loads((tmp_path / RESULT_SET_FILE).read_text())
+    assert manifest["complete"] is True and len(manifest["files"]["summary.json"]) == 64
+    with pytest.raises(DataError, match="has no"):
+        read_result_set(tmp_path, required=("results.nc",))
+    with pytest.raises(ValueError, match="plain names"):
+        second.claim("../escape.json")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda root: "", "empty text"),
+    (lambda root: (root / "file.txt").write_text("x") and root / "file.txt", "is a file"),
+    (lambda root: (root / "file.txt").write_text("x") and root / "file.txt" / "sub", "cannot write into"),
+])
+def test_unusable_output_directories_are_clear_errors(tmp_path, make, message):
+    with pytest.raises(ConfigError, match=message):
+        ResultSet(make(tmp_path), "test")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_read_only_output_directory_is_a_clear_error(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        with pytest.raises(ConfigError, match="cannot write into output directory"):
+            ResultSet(locked, "test")
+    finally:
+        locked.chmod(0o755)
