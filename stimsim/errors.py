@@ -27,3 +27,7 @@ class DataError(StimsimError):
 
 class SafetyError(StimsimError, ValueError):
     """A stimulation protocol exceeds a safety limit and no override was given."""
+
+
+class TrainingDiverged(StimsimError):
+    """Training produced a non-finite loss or weight; the last good checkpoint is kept."""

@@ -100,3 +100,47 @@ def test_simclr_task_trains_without_labels_in_the_loss(tmp_path, tiny_data):
     history = _history(tmp_path)
     assert all(np.isfinite(h["task_loss"]) for h in history)
     assert np.mean([h["task_loss"] for h in history[-10:]]) < np.mean([h["task_loss"] for h in history[:5]])
+
+
+def test_a_diverging_run_stops_at_the_first_non_finite_loss_and_keeps_its_last_good_checkpoint(
+        tmp_path, tiny_data, monkeypatch):
+    from stimsim.errors import TrainingDiverged
+    from stimsim.models import training
+
+    config = load_training_config(small_config(steps=20, checkpoint_every_steps=5))
+    real = training.layer_spatial_loss
+    calls = []
+
+    def nan_from_step_8(*args):  # two spatial layers: calls 14 and 15 belong to step 8
+        calls.append(1)
+        loss = real(*args)
+        return loss * float("nan") if len(calls) > 14 else loss
+
+    monkeypatch.setattr(training, "layer_spatial_loss", nan_from_step_8)
+    with pytest.raises(TrainingDiverged, match=r"diverged at step 8: the loss is not finite.*last good checkpoint"):
+        train(config, tmp_path, progress=False, data=tiny_data)
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert checkpoint["step"] == 5
+    assert all(torch.isfinite(v).all() for v in checkpoint["network"].values() if v.is_floating_point())
+    assert not (tmp_path / "model").exists()
+    assert len(_history(tmp_path)) == 7  # the finite steps, for the loss curves
+
+
+def test_a_huge_learning_rate_is_stopped_not_saved(tmp_path, tiny_data):
+    from stimsim.errors import TrainingDiverged
+
+    config = load_training_config(small_config(steps=10, learning_rate=1e8, warmup_steps=0))
+    with pytest.raises(TrainingDiverged, match=r"diverged at step \d+: .*not finite.*Lower learning_rate \(now 1e\+08\)"):
+        train(config, tmp_path, progress=False, data=tiny_data)
+    assert not (tmp_path / "model").exists()
+
+
+def test_a_damaged_checkpoint_is_a_clear_error(tmp_path, tiny_data):
+    from stimsim.errors import FileFormatError
+
+    config = load_training_config(small_config(steps=10, checkpoint_every_steps=5))
+    train(config, tmp_path, progress=False, data=tiny_data, stop_after_step=5)
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:3000])
+    with pytest.raises(FileFormatError, match="checkpoint.pt: not a readable torch checkpoint"):
+        train(config, tmp_path, progress=False, data=tiny_data)

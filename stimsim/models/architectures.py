@@ -100,16 +100,20 @@ def sequential_stages(network: nn.Module, example_input: torch.Tensor) -> list[t
     with torch.no_grad():
         expected = network(example_input)
         x = example_input
-        for _, module in stages:
-            x = module(x)
-        if x.dim() > expected.dim() and x.flatten(1).shape == expected.shape:
+        try:
+            for _, module in stages:
+                x = module(x)
+        except RuntimeError:  # a child cannot take its predecessor's output: the forward does more
+            x = None
+        if x is not None and x.dim() > expected.dim() and x.flatten(1).shape == expected.shape:
             stages.append(("flatten", nn.Flatten(1)))
             x = x.flatten(1)
     network.train(was_training)
-    if x.shape != expected.shape or not torch.allclose(x, expected, atol=1e-5, rtol=1e-4):
+    if x is None or x.shape != expected.shape or not torch.allclose(x, expected, atol=1e-5, rtol=1e-4):
         raise ConfigError(
             f"{type(network).__name__} cannot be run as a sequence of its children "
             "(its forward does more than call them in order); stimsim supports sequential networks "
-            "such as ResNet, VGG, AlexNet, MobileNet, EfficientNet, ConvNeXt and RegNet"
+            "such as ResNet, VGG, AlexNet, MobileNet v3, EfficientNet, ConvNeXt and RegNet (not MobileNet v2, "
+            "whose forward pools between its children)"
         )
     return stages

@@ -6,12 +6,17 @@ A model directory holds everything needed to rebuild a model exactly::
                         training config, provenance, sha256 of every other file
     weights.pt          the network's state dict (loaded with ``weights_only=True``)
     positions/<layer>.npz   TDANN-format positions of each topographic layer
+
+Loading verifies the directory whole: ``files_sha256`` must cover ``weights.pt`` and every positions
+file, name only files inside the directory, and match them; the weights must fit the architecture
+and be finite. Saving the same model twice gives the same bytes.
 """
 from __future__ import annotations
 
 import copy
+import io
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
@@ -19,7 +24,7 @@ import xarray as xr
 from torch import nn
 
 from stimsim.errors import ConfigError, DataError, FileFormatError
-from stimsim.io import atomic_save, atomic_write_json, sha256_of
+from stimsim.io import atomic_write_bytes, atomic_write_json, sha256_of
 from stimsim.models.architectures import build_network, sequential_stages
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.sheet import CorticalSheet
@@ -154,7 +159,11 @@ class TopographicModel:
         directory = Path(directory)
         (directory / "positions").mkdir(parents=True, exist_ok=True)
         files = {}
-        atomic_save(directory / "weights.pt", lambda tmp: torch.save(self.network.state_dict(), tmp))
+        state = self.network.state_dict()
+        _refuse_non_finite(state, f"model {self.name!r}")
+        buffer = io.BytesIO()  # saved through memory, so no temporary file name ends up in the archive
+        torch.save(state, buffer)
+        atomic_write_bytes(directory / "weights.pt", buffer.getvalue())
         files["weights.pt"] = sha256_of(directory / "weights.pt")
         layers = {}
         for layer, sheet in self.sheets.items():
@@ -176,30 +185,71 @@ class TopographicModel:
 
     @classmethod
     def load(cls, directory) -> "TopographicModel":
-        """Load a model directory, verifying the sha256 of every file it lists."""
+        """Load a model directory, verifying that ``files_sha256`` covers every file the model needs and
+        that each matches; weights that do not fit the architecture or are not finite are refused."""
+        from stimsim.models.torchvision_builder import load_weights, read_checkpoint_file
+
         directory = Path(directory)
         spec_path = directory / "model.json"
         if not spec_path.is_file():
             raise DataError(f"{directory} is not a stimsim model directory (no model.json)")
         try:
-            spec = json.loads(spec_path.read_text())
-        except json.JSONDecodeError as exc:
+            spec = json.loads(spec_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise FileFormatError(spec_path, f"not valid JSON ({exc})") from None
-        if spec.get("format") != MODEL_FORMAT:
-            raise FileFormatError(spec_path, f"format is {spec.get('format')!r}, expected {MODEL_FORMAT!r}")
-        for rel, expected in spec["files_sha256"].items():
-            path = directory / rel
+        if not isinstance(spec, dict) or spec.get("format") != MODEL_FORMAT:
+            found = spec.get("format") if isinstance(spec, dict) else None
+            raise FileFormatError(spec_path, f"format is {found!r}, expected {MODEL_FORMAT!r}")
+        checksums = spec.get("files_sha256")
+        layers = spec.get("layers")
+        arch = spec.get("architecture")
+        if not isinstance(checksums, dict) or not isinstance(layers, dict) or not isinstance(arch, dict):
+            raise FileFormatError(spec_path, "needs 'files_sha256', 'layers' and 'architecture' tables; without "
+                                             "files_sha256 the model's files cannot be verified")
+        needed = ["weights.pt"] + [info.get("positions_file") if isinstance(info, dict) else None
+                                   for info in layers.values()]
+        uncovered = [str(rel) for rel in needed if rel not in checksums]
+        if uncovered:
+            raise FileFormatError(spec_path, f"files_sha256 does not cover {uncovered}; every file the model "
+                                             f"needs must be listed with its sha256")
+        for rel, expected in checksums.items():
+            path = _inside(directory, rel, spec_path)
             if not path.is_file():
                 raise DataError(f"model {directory}: file {rel} is missing")
             actual = sha256_of(path)
             if actual != expected:
                 raise DataError(f"model {directory}: checksum mismatch for {rel} (sha256 {actual}, expected {expected})")
-        arch = spec["architecture"]
-        network = build_network(arch["family"], **arch.get("kwargs", {}))
-        state = torch.load(directory / "weights.pt", map_location="cpu", weights_only=True)
-        network.load_state_dict(state)
-        preprocessing = Preprocessing.from_dict(spec["preprocessing"])
-        sheets = {layer: CorticalSheet.load(directory / info["positions_file"]) for layer, info in spec["layers"].items()}
-        areas = {layer: info["area"] for layer, info in spec["layers"].items() if info.get("area")}
+        try:
+            network = build_network(arch["family"], **arch.get("kwargs", {}))
+            preprocessing = Preprocessing.from_dict(spec["preprocessing"])
+        except (KeyError, TypeError) as exc:
+            raise FileFormatError(spec_path, f"incomplete architecture or preprocessing ({exc!r})") from None
+        weights_path = directory / "weights.pt"
+        state = read_checkpoint_file(weights_path)
+        load_weights(network, state, source=weights_path)
+        _refuse_non_finite(network.state_dict(), str(weights_path))
+        sheets = {layer: CorticalSheet.load(directory / info["positions_file"]) for layer, info in layers.items()}
+        areas = {layer: info["area"] for layer, info in layers.items() if info.get("area")}
         return cls(network, sheets, preprocessing, arch, readout_layer=spec.get("readout_layer"), areas=areas,
                    name=spec.get("name", directory.name), metadata=spec.get("metadata", {}))
+
+
+def _inside(directory: Path, rel, spec_path: Path) -> Path:
+    """``directory / rel`` for a relative path that stays inside ``directory`` (FileFormatError otherwise)."""
+    if not isinstance(rel, str) or not rel or PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts \
+            or "\\" in rel:
+        raise FileFormatError(spec_path, f"file {rel!r} in files_sha256 is not a relative path inside the model "
+                                         "directory")
+    path = directory / rel
+    if not path.resolve().is_relative_to(directory.resolve()):
+        raise FileFormatError(spec_path, f"file {rel!r} in files_sha256 leads outside the model directory")
+    return path
+
+
+def _refuse_non_finite(state: dict, where: str) -> None:
+    """DataError naming the tensors of ``state`` that hold NaN or infinite values."""
+    bad = [name for name, tensor in state.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if bad:
+        raise DataError(f"{where}: weights are not finite (NaN or infinite values in {', '.join(bad[:5])}"
+                        f"{f' and {len(bad) - 5} more' if len(bad) > 5 else ''}); the model diverged or the file "
+                        "is damaged")

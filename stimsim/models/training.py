@@ -2,7 +2,9 @@
 
 ``stimsim train CONFIG.toml --out DIR`` runs :func:`train`. Every random draw of a step (batch,
 augmentation, spatial-loss neighbourhoods) is seeded by (seed, step), so a run killed and resumed
-from its last checkpoint ends with exactly the weights of an uninterrupted run (on CPU).
+from its last checkpoint ends with exactly the weights of an uninterrupted run (on CPU). A step whose
+loss or updated weights are not finite stops the run (:class:`~stimsim.errors.TrainingDiverged`
+naming the step); the last good checkpoint stays as it was.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from stimsim.config import Section, load_toml
-from stimsim.errors import ConfigError
+from stimsim.errors import ConfigError, FileFormatError, TrainingDiverged
 from stimsim.figures import pyplot, save_figure
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance
 from stimsim.models.architectures import build_network
@@ -270,12 +272,7 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
     start, history, cpu_seconds = 0, [], 0.0
     checkpoint_path = out_dir / CHECKPOINT_NAME
     if checkpoint_path.exists():
-        state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-        if state["fingerprint"] != config.fingerprint():
-            raise ConfigError(f"{checkpoint_path} belongs to a different configuration; use another --out directory")
-        network.load_state_dict(state["network"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, history, cpu_seconds = state["step"], state["history"], state["cpu_seconds"]
+        start, history, cpu_seconds = _resume(checkpoint_path, config, network, optimizer)
 
     network.train()
     clock = time.process_time()
@@ -299,9 +296,17 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
             pick = rng.choice(len(neighborhoods[layer]), size=config.neighborhoods_per_step, replace=False)
             spatial[layer] = layer_spatial_loss(layer_out[layer].flatten(1), coords[layer], neighborhoods[layer][pick])
         total = task_loss + config.spatial_alpha * sum(spatial.values(), torch.zeros(()))
+        if not torch.isfinite(total):
+            _diverged(f"the loss is not finite (task loss {task_loss.item()}, total {total.item()})", step, config,
+                      history, out_dir, bar)
         optimizer.zero_grad()
         total.backward()
         optimizer.step()
+        bad = [name for name, value in network.state_dict().items()
+               if value.is_floating_point() and not torch.isfinite(value).all()]
+        if bad:
+            _diverged(f"the weights are not finite after the update ({', '.join(bad[:3])})", step, config, history,
+                      out_dir, bar)
         record = {"step": step + 1, "lr": optimizer.param_groups[0]["lr"], "task_loss": task_loss.item(),
                   "total_loss": total.item()}
         record.update({f"spatial_loss_{layer}": value.item() for layer, value in spatial.items()})
@@ -328,6 +333,37 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
     atomic_write_json(out_dir / "training_run.json", {**provenance(config.raw), "cpu_seconds": round(cpu_seconds, 1),
                                                       "steps": config.steps})
     return out_dir / "model"
+
+
+def _resume(checkpoint_path: Path, config: TrainingConfig, network, optimizer) -> tuple[int, list, float]:
+    """Load a checkpoint into ``network`` and ``optimizer``; returns (step, history, CPU seconds)."""
+    from stimsim.models.torchvision_builder import load_weights, read_checkpoint_file
+
+    state = read_checkpoint_file(checkpoint_path)
+    keys = ("fingerprint", "step", "network", "optimizer", "history", "cpu_seconds")
+    if not isinstance(state, dict) or any(key not in state for key in keys):
+        raise FileFormatError(checkpoint_path, f"not a stimsim training checkpoint (needs {list(keys)}); remove it "
+                                               "to start again or use another --out directory")
+    if state["fingerprint"] != config.fingerprint():
+        raise ConfigError(f"{checkpoint_path} belongs to a different configuration; use another --out directory")
+    load_weights(network, state["network"], source=checkpoint_path)
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise FileFormatError(checkpoint_path, f"optimizer state does not fit this configuration ({exc})") from None
+    return state["step"], state["history"], state["cpu_seconds"]
+
+
+def _diverged(problem: str, step: int, config: TrainingConfig, history: list, out_dir: Path, bar) -> None:
+    """Stop a diverging run: write the loss history so far and raise TrainingDiverged naming the step."""
+    bar.close()
+    write_history(history, out_dir)
+    good = history[-1]["step"] if history else 0
+    kept = (f"the last good checkpoint ({out_dir / CHECKPOINT_NAME}) is kept" if (out_dir / CHECKPOINT_NAME).exists()
+            else "no checkpoint was written yet")
+    raise TrainingDiverged(f"training {config.name!r} diverged at step {step + 1}: {problem}; nothing of this step "
+                           f"is saved ({kept}; last finite step {good}). Lower learning_rate (now "
+                           f"{config.learning_rate:g}) or spatial_loss alpha (now {config.spatial_alpha:g}).")
 
 
 def write_history(history: list[dict], out_dir: Path):

@@ -1,0 +1,116 @@
+"""Model directories: verified whole, saved byte for byte the same, damaged weights refused clearly."""
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from stimsim.errors import ConfigError, DataError, FileFormatError
+from stimsim.io import sha256_of
+from stimsim.models.architectures import build_network
+from stimsim.models.positions import retinotopic_positions
+from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.topographic import TopographicModel
+from stimsim.models.torchvision_builder import build_torchvision_model
+from stimsim.sheet import CorticalSheet
+
+
+def tiny_model(it_units=64, seed=0):
+    torch.manual_seed(seed)
+    kwargs = {"n_classes": 2, "it_units": it_units}
+    sheet = CorticalSheet("it", (it_units, 1, 1), retinotopic_positions((it_units, 1, 1), 8.0, seed=1))
+    return TopographicModel(build_network("stimsim_topo", **kwargs), {"it": sheet},
+                            Preprocessing(size_px=16, channels=1, mean=(0.5,), std=(0.25,)),
+                            {"family": "stimsim_topo", "kwargs": kwargs}, areas={"it": "IT"}, name="tiny")
+
+
+@pytest.fixture
+def saved(tmp_path):
+    return tiny_model().save(tmp_path / "model")
+
+
+def _edit_spec(directory, change):
+    spec = json.loads((directory / "model.json").read_text())
+    change(spec)
+    (directory / "model.json").write_text(json.dumps(spec))
+
+
+def _replace_weights(directory, data: bytes):
+    """Put other bytes in weights.pt and record their sha256, as a careless or malicious edit would."""
+    (directory / "weights.pt").write_bytes(data)
+    _edit_spec(directory, lambda spec: spec["files_sha256"].update({"weights.pt": sha256_of(directory / "weights.pt")}))
+
+
+def test_saving_the_same_model_twice_gives_the_same_bytes(tmp_path):
+    model = tiny_model()
+    first, second = model.save(tmp_path / "a"), model.save(tmp_path / "b")
+    names = sorted(p.relative_to(first).as_posix() for p in first.rglob("*") if p.is_file())
+    assert "weights.pt" in names and "positions/it.npz" in names
+    for name in names:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    assert b".weights.pt" not in (first / "weights.pt").read_bytes()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda spec: spec.pop("files_sha256"), "needs 'files_sha256'"),
+    (lambda spec: spec["files_sha256"].pop("weights.pt"), r"files_sha256 does not cover \['weights.pt'\]"),
+    (lambda spec: spec["files_sha256"].pop("positions/it.npz"), "does not cover.*positions/it.npz"),
+    (lambda spec: spec["files_sha256"].update({"../outside.txt": "0" * 64}), "not a relative path inside"),
+    (lambda spec: spec["files_sha256"].update({"/etc/hostname": "0" * 64}), "not a relative path inside"),
+])
+def test_model_json_must_cover_every_file_inside_the_directory(saved, change, message):
+    _edit_spec(saved, change)
+    with pytest.raises(FileFormatError, match=message):
+        TopographicModel.load(saved)
+
+
+def test_a_positions_link_out_of_the_directory_is_refused(saved, tmp_path):
+    outside = tmp_path / "elsewhere.npz"
+    (saved / "positions" / "it.npz").rename(outside)
+    (saved / "positions" / "it.npz").symlink_to(outside)
+    with pytest.raises(FileFormatError, match="leads outside the model directory"):
+        TopographicModel.load(saved)
+
+
+class _Payload:
+    def __reduce__(self):
+        return print, ("unpickled",)
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda good: good[: len(good) // 3], FileFormatError, "weights.pt: not a readable torch checkpoint"),
+    (lambda good: pickle.dumps({"conv": _Payload()}, protocol=2), FileFormatError, "never unpickles"),
+    (lambda good: _saved({"conv.weight": torch.zeros(3)}), FileFormatError, "weights.pt: does not match"),
+    (lambda good: _saved(tiny_model(it_units=32).network.state_dict()), FileFormatError, "wrong shape"),
+    (lambda good: _saved({k: v * float("nan") if v.is_floating_point() else v
+                          for k, v in tiny_model().network.state_dict().items()}), DataError, "not finite"),
+])
+def test_damaged_or_foreign_weights_are_stimsim_errors(saved, make, error, message):
+    _replace_weights(saved, make((saved / "weights.pt").read_bytes()))
+    with pytest.raises(error, match=message) as info:
+        TopographicModel.load(saved)
+    assert "weights_only=False" not in str(info.value)
+
+
+def _saved(state) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def test_non_finite_weights_are_not_saved(tmp_path):
+    model = tiny_model()
+    with torch.no_grad():
+        next(model.network.parameters()).fill_(float("inf"))
+    with pytest.raises(DataError, match="not finite"):
+        model.save(tmp_path / "model")
+
+
+def test_an_architecture_whose_layer_has_no_spatial_map_is_a_config_error():
+    with pytest.raises(ConfigError):
+        build_torchvision_model("mobilenet_v2", None, {"classifier.1": {"sheet_size_mm": 10.0,
+                                                                         "neighborhood_width_mm": 2.0}},
+                                Preprocessing(size_px=64))
