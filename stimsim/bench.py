@@ -29,6 +29,7 @@ from stimsim.models.architectures import build_network
 from stimsim.models.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
+from stimsim.progress import report_phase
 from stimsim.sheet import CorticalSheet
 from stimsim.stimulation import Condition, ElectricalStimulation
 
@@ -112,6 +113,8 @@ def _benchmark_model(model: TopographicModel, it_layer: str, pre_it_layer: str, 
 
 def _measure(model, images, layer, decoder, n_sites, n_plain_sites, max_chunk_bytes, seed, progress) -> dict:
     """Engine on every site and plain on the first ``n_plain_sites``; rates, speedup and largest difference."""
+    report_phase(f"bench: {model.name}, {n_sites} sites × {len(images)} images at {layer} (engine, then plain "
+                 f"on {n_plain_sites} sites)", progress)
     conditions = _site_conditions(model.sheet(layer), layer, n_sites, seed)
     model.run_stages(model.preprocess(images[:2]))  # first calls pay one-off allocations; keep them out of timing
     start = time.perf_counter()

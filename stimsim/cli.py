@@ -3,18 +3,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
 from pathlib import Path
 
 import stimsim
-from stimsim.errors import StimsimError
+from stimsim.data.manifest import MIRROR_DIR_ENV
+from stimsim.errors import ConfigError, StimsimError
+from stimsim.progress import report_phase
 
 
 def _cmd_train(args) -> int:
     from stimsim.models.training import load_training_config, train
 
     config = load_training_config(args.config)
-    out = Path(args.out or Path("runs") / config.name)
+    out = Path(args.out) if args.out is not None else Path("runs") / config.name
     model_dir = train(config, out, progress=not args.no_progress)
     print(f"model saved to {model_dir}; loss curves in {out / 'loss_curves.png'}")
     return 0
@@ -66,9 +70,15 @@ def _cmd_models_check(args) -> int:
     from stimsim.models.evaluation import check_model
     from stimsim.models.registry import load_model
 
+    progress = not args.no_progress
+    report_phase(f"models check: loading {args.name}", progress)
     model = load_model(args.name)
-    figure = args.figure or f"{model.name}_face_dprime.png"
-    report = check_model(model, n_shuffles=args.shuffles, figure_path=figure)
+    figure = args.figure
+    if figure is None and args.out is not None:
+        figure = Path(args.out) / f"{model.name}_face_dprime.png"
+    if figure is not None:
+        Path(figure).parent.mkdir(parents=True, exist_ok=True)
+    report = check_model(model, n_shuffles=args.shuffles, figure_path=figure, progress=progress)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -80,7 +90,8 @@ def _cmd_models_check(args) -> int:
 def _cmd_run(args) -> int:
     from stimsim.paradigms.runner import run_experiment
 
-    summary = run_experiment(args.experiment, args.out, model=args.model, progress=not args.no_progress)
+    summary = run_experiment(args.experiment, args.out, model=args.model, progress=not args.no_progress,
+                             force=args.force)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -90,7 +101,8 @@ def _cmd_bench(args) -> int:
     from stimsim.models.registry import DEFAULT_MODEL, available_models, load_model
 
     name = args.model or (DEFAULT_MODEL if DEFAULT_MODEL in available_models() else None)
-    report = run_benchmark(quick=args.quick, default_model=load_model(name) if name else None)
+    report = run_benchmark(quick=args.quick, default_model=load_model(name) if name else None,
+                           progress=not args.no_progress)
     if name:
         report["default_model_load_and_activations"] = time_load_and_activations(name)
     if args.json:
@@ -124,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="run directory (checkpoints, loss curves, model/; default runs/NAME); "
                                      "re-run the same command to resume")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _add_threads(train)
     train.set_defaults(handler=_cmd_train)
 
     data = commands.add_parser("data", help="datasets and checkpoints listed in data_manifests/")
@@ -145,21 +158,32 @@ def build_parser() -> argparse.ArgumentParser:
     check = model_commands.add_parser("check", help="evaluate a model: accuracy, face selectivity, clustering on IT")
     check.add_argument("name", help="shipped model name or model directory")
     check.add_argument("--json", action="store_true", help="print one JSON object")
-    check.add_argument("--figure", help="PNG path of the IT face-d′ map (default: NAME_face_dprime.png)")
+    check.add_argument("--out", help="directory for the IT face-d′ map (NAME_face_dprime.png); without --out or "
+                                     "--figure no figure is written")
+    check.add_argument("--figure", help="PNG path of the IT face-d′ map (overrides --out)")
     check.add_argument("--shuffles", type=int, default=1000, help="position shuffles for cluster_p (default 1000)")
+    check.add_argument("--no-progress", action="store_true", help="hide the phase messages")
+    _add_mirror(check)
+    _add_threads(check)
     check.set_defaults(handler=_cmd_models_check)
 
     run = commands.add_parser("run", help="run an experiment definition (TOML) and write results to --out")
     run.add_argument("experiment", help="experiment file, e.g. experiments/afraz2006.toml")
     run.add_argument("--out", required=True, help="output directory (results.nc, summary.json, figures)")
     run.add_argument("--model", help="model name or directory (overrides the experiment file)")
-    run.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    run.add_argument("--force", action="store_true",
+                     help="write into --out even if it holds files stimsim did not write (same names are overwritten)")
+    run.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
+    _add_mirror(run)
+    _add_threads(run)
     run.set_defaults(handler=_cmd_run)
 
     bench = commands.add_parser("bench", help="benchmark the simulation engine against the plain approach")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not the reported numbers)")
     bench.add_argument("--model", help="small model measured besides the ResNet-18 (default: the shipped default model)")
+    bench.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
+    _add_threads(bench)
     bench.set_defaults(handler=_cmd_bench)
     subject = commands.add_parser("subject", help="virtual subjects: a model with an implanted array")
     subject_commands = subject.add_subparsers(dest="subject_command", metavar="ACTION", required=True)
@@ -171,13 +195,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_mirror(command) -> None:
+    command.add_argument("--mirror", metavar="DIR", help="local mirror of the published data and image sets "
+                                                          "(default: $STIMSIM_MIRROR_DIR)")
+
+
+def _add_threads(command) -> None:
+    command.add_argument("--threads", type=int, metavar="N",
+                         help="CPU threads torch uses (default: torch's choice, usually every core; on a shared or "
+                              "busy machine 1 is often faster)")
+
+
+def _apply_common_options(args) -> None:
+    """--out, --mirror and --threads: checked and put into effect before the command runs."""
+    out = getattr(args, "out", None)
+    if out is not None and not out.strip():
+        raise ConfigError("--out is empty; give a directory path")
+    mirror = getattr(args, "mirror", None)
+    if mirror is not None and getattr(args, "handler", None) is not _cmd_data_fetch:
+        if not Path(mirror).is_dir():
+            raise ConfigError(f"--mirror {mirror}: not a directory")
+        os.environ[MIRROR_DIR_ENV] = str(Path(mirror).absolute())
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        if threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line: ``stimsim: warning: MESSAGE``."""
+    text = " ".join(str(message).split())
+    print(f"stimsim: warning: {text}", file=file or sys.stderr, flush=True)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    previous = warnings.showwarning
+    warnings.showwarning = _show_warning
     try:
+        _apply_common_options(args)
         return args.handler(args)
-    except (StimsimError, FileNotFoundError, ValueError) as exc:
+    except (StimsimError, FileNotFoundError) as exc:
         print(f"stimsim: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = previous
 
 
 if __name__ == "__main__":

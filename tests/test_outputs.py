@@ -195,3 +195,89 @@ def test_a_read_only_output_directory_is_a_clear_error(tmp_path):
             ResultSet(locked, "test")
     finally:
         locked.chmod(0o755)
+
+
+# --- the command line -------------------------------------------------------------------------------
+def _cli(capsys, *argv):
+    from stimsim.cli import main
+
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda root: "", "--out is empty"),
+    (lambda root: (root / "f").write_text("x") and str(root / "f"), "is a file, not a directory"),
+    (lambda root: (root / "f").write_text("x") and str(root / "f" / "out"), "cannot write into output directory"),
+])
+def test_cli_refuses_unusable_out_with_a_message(experiment_dir, elsewhere, capsys, make, message):
+    code, _, err = _cli(capsys, "run", str(experiment_dir / "seed0.toml"), "--out", make(elsewhere), "--no-progress")
+    assert code == 2 and err.startswith("stimsim: error:") and message in err
+    assert "Traceback" not in err
+
+
+def test_cli_keeps_foreign_files_unless_forced(experiment_dir, elsewhere, capsys):
+    (elsewhere / "out").mkdir()
+    (elsewhere / "out" / "sites.png").write_text("my figure")
+    code, _, err = _cli(capsys, "run", str(experiment_dir / "seed0.toml"), "--out", "out", "--no-progress")
+    assert code == 2 and "sites.png" in err and "--force" in err
+    assert (elsewhere / "out" / "sites.png").read_text() == "my figure"
+    code, out, _ = _cli(capsys, "run", str(experiment_dir / "seed0.toml"), "--out", "out", "--no-progress",
+                        "--force", "--threads", "1")
+    assert code == 0 and json.loads(out)["n_sites"] == 2
+    assert (elsewhere / "out" / "sites.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_cli_warnings_are_one_line_and_phases_are_reported(experiment_dir, elsewhere, capsys):
+    text = (experiment_dir / "seed0.toml").read_text().replace('path = "images/table.csv" }',
+                                                               'path = "images/table.csv", heldout_only = true }')
+    (experiment_dir / "heldout.toml").write_text(text)
+    code, _, err = _cli(capsys, "run", str(experiment_dir / "heldout.toml"), "--out", "out")
+    assert code == 0
+    warning_lines = [line for line in err.splitlines() if "warning" in line]
+    assert len(warning_lines) == 1 and warning_lines[0].startswith("stimsim: warning: ")
+    assert "lists no held-out stimuli" in warning_lines[0] and "UserWarning" not in err
+    assert "stimsim: localizer: responses of it to 16 images" in err
+    assert "stimsim: decoder: fitting" in err
+
+
+def test_cli_lets_a_bug_show_as_a_traceback(experiment_dir, elsewhere, capsys, monkeypatch):
+    from stimsim.paradigms import runner
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug, not a user error")
+
+    monkeypatch.setattr(runner, "run_experiment", broken)
+    with pytest.raises(ValueError, match="a bug"):
+        _cli(capsys, "run", str(experiment_dir / "seed0.toml"), "--out", "out")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--threads", "0"], "--threads must be at least 1"),
+    (["--mirror", "no/such/dir"], "--mirror no/such/dir: not a directory"),
+])
+def test_cli_common_options_are_checked(experiment_dir, elsewhere, capsys, argv, message):
+    code, _, err = _cli(capsys, "run", str(experiment_dir / "seed0.toml"), "--out", "out", *argv)
+    assert code == 2 and message in err
+
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+MIRROR = Path(os.environ.get("STIMSIM_MIRROR_DIR") or SHARED_DATA)
+
+
+@pytest.mark.skipif(not MIRROR.is_dir(), reason=f"needs the published LFW crops: no mirror at {MIRROR}; set "
+                                                "STIMSIM_MIRROR_DIR to a folder holding them")
+def test_models_check_writes_its_figure_where_told_and_takes_a_mirror(elsewhere, capsys, monkeypatch):
+    mirror = str(MIRROR)
+    monkeypatch.delenv("STIMSIM_MIRROR_DIR", raising=False)
+    code, out, err = _cli(capsys, "models", "check", "stimsim-topo-s0", "--shuffles", "10", "--json", "--out",
+                          "checks", "--mirror", mirror, "--threads", "1")
+    monkeypatch.delenv("STIMSIM_MIRROR_DIR", raising=False)
+    assert code == 0, err
+    assert json.loads(out)["figure"] == str(Path("checks") / "stimsim-topo-s0_face_dprime.png")
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["checks"]
+    assert (elsewhere / "checks" / "stimsim-topo-s0_face_dprime.png").stat().st_size > 1000
+    assert "stimsim: models check: clustering of face d′ against 10 position shuffles" in err

@@ -14,6 +14,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from stimsim.models.topographic import TopographicModel
+from stimsim.progress import report_phase
 from stimsim.topography import clustering_test, plot_sheet_map
 
 #: Moran's I neighbourhood radius (mm) for the face-d′ clustering statistic.
@@ -48,14 +49,20 @@ def _cv_accuracy(features: np.ndarray, labels: np.ndarray, seed: int) -> float:
     return float(np.mean(cross_val_score(decoder, features, labels, cv=folds)))
 
 
-def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=None, seed: int = 0) -> dict:
-    """The model's report card (see ``stimsim models check``); writes the face-d′ map if asked."""
+def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=None, seed: int = 0,
+                progress: bool = False) -> dict:
+    """The model's report card (see ``stimsim models check``); writes the face-d′ map if asked;
+    ``progress`` reports each phase on stderr."""
     layer = model.resolve_layer("IT")
     sheet = model.sheet(layer)
+    report_phase("models check: loading the held-out images", progress)
     stimuli, is_face, categories = heldout_images(model, seed=seed)
+    report_phase(f"models check: responses of {layer} to {len(stimuli)} images", progress)
     responses = model.activations(stimuli.images, layer).numpy()
     dprime = face_dprime(responses, is_face)
+    report_phase(f"models check: clustering of face d′ against {n_shuffles} position shuffles", progress)
     clustering = clustering_test(dprime, sheet.coordinates_mm, CLUSTER_RADIUS_MM, n_shuffles, seed)
+    report_phase("models check: cross-validated face and object accuracy", progress)
     report = {
         "model": model.name,
         "layer": layer,

@@ -58,6 +58,7 @@ from stimsim.models.topographic import TopographicModel
 from stimsim.paradigms import categorization, comparisons, same_different
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection, plot_sites, select_sites
 from stimsim.paradigms.spec import ExperimentSpec, load_experiment
+from stimsim.progress import report_phase
 from stimsim.stimulation import Condition, SafetyLimits
 
 #: Name of the engine's resumable store inside the output directory.
@@ -98,6 +99,7 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     if not np.any(localizer_values == localizer.positive):
         raise ConfigError(f"{spec.source} [sites.localizer]: no localizer image has {localizer.label} = "
                           f"{localizer.positive!r}; values: {sorted(set(localizer_values.tolist()))}")
+    report_phase(f"localizer: responses of {layer} to {len(localizer_images)} images", progress)
     responses = topo.activations(localizer_images.images, layer).numpy()
     try:
         selection = select_sites(spec.sites, sheet, responses, localizer_values == localizer.positive, spec.seed)
@@ -107,6 +109,7 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     conditions = [Condition(CONTROL_LABEL)] + [
         Condition(site.label, (spec.perturbation_at(site.position_mm),)) for site in selection.sites]
     paradigm = categorization if spec.paradigm == "categorization" else same_different
+    report_phase(f"decoder: fitting the {spec.paradigm} readout on unperturbed trials", progress)
     trials = paradigm.prepare(spec, topo, stimuli)
     probabilities = simulate(topo, trials.images, conditions, trials.decoder, stimulus_ids=trials.stimulus_ids,
                              stimulus_coords=trials.stimulus_coords, store=out_dir / STORE_DIRNAME,
