@@ -1,4 +1,6 @@
-"""Test-wide settings: a private cache directory, and the shared published data as the mirror."""
+"""Test-wide settings: a private cache directory, and the published data mirror: STIMSIM_MIRROR_DIR
+when it is set, else the repository's sibling shared/data."""
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 @pytest.fixture(autouse=True)
 def _isolated_data_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("STIMSIM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "stimsim-cache"))
-    if SHARED_DATA.is_dir():
+    if not os.environ.get("STIMSIM_MIRROR_DIR") and SHARED_DATA.is_dir():
         monkeypatch.setenv("STIMSIM_MIRROR_DIR", str(SHARED_DATA))
 
 

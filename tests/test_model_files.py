@@ -114,3 +114,21 @@ def test_an_architecture_whose_layer_has_no_spatial_map_is_a_config_error():
         build_torchvision_model("mobilenet_v2", None, {"classifier.1": {"sheet_size_mm": 10.0,
                                                                          "neighborhood_width_mm": 2.0}},
                                 Preprocessing(size_px=64))
+
+
+def test_data_manifests_are_package_data():
+    """A wheel carries the manifests inside the package (the repository keeps them at the top level)."""
+    import configparser
+    from importlib.resources import files
+    from pathlib import Path
+
+    from stimsim.data.manifest import manifest_dir
+
+    repo = Path(__file__).resolve().parents[1]
+    packaged = files("stimsim") / "data_manifests"
+    assert Path(str(manifest_dir())) == Path(str(packaged))
+    assert sorted(p.name for p in Path(str(packaged)).glob("*.json")) == \
+        sorted(p.name for p in (repo / "data_manifests").glob("*.json"))
+    setup = configparser.ConfigParser()
+    setup.read(repo / "setup.cfg")
+    assert "data_manifests/*.json" in setup["options.package_data"]["stimsim"]

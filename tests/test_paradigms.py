@@ -1,6 +1,7 @@
 """Tests of experiment files and their runner (stimsim.paradigms): spec parsing, site selection,
 the categorisation and same/different paradigms, comparisons with published data."""
 import json
+import os
 import types
 from pathlib import Path
 
@@ -27,12 +28,13 @@ from stimsim.sheet import CorticalSheet
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
-SHARED_DATA = REPO.parent / "shared" / "data"
+SHARED_DATA = Path(os.environ.get("STIMSIM_MIRROR_DIR") or REPO.parent / "shared" / "data")
 SHIPPED_MODELS = REPO / "stimsim" / "shipped_models"
 IT_UNITS = 256
 SHEET_MM = 10.0
 
-needs_shared_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="shared published data not available")
+needs_shared_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"needs the published data: no mirror at "
+                                       f"{SHARED_DATA}; set STIMSIM_MIRROR_DIR")
 
 TINY_CATEGORIZATION = """
 name = "tiny_faces"

@@ -1,15 +1,17 @@
 """The published experiments, end to end on the shipped default model, beside the monkey data."""
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from stimsim.cli import main
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED_DATA = Path(os.environ.get("STIMSIM_MIRROR_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="needs the published data mirror")]
+              pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"needs the published data: no mirror at "
+                                                                  f"{SHARED_DATA}; set STIMSIM_MIRROR_DIR")]
 
 
 def _run(experiment, out_dir, capsys):

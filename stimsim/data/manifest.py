@@ -288,11 +288,12 @@ def _env_path(variable: str) -> Path | None:
 
 
 def manifest_dir() -> Path:
-    """The directory of manifest JSON files: ``STIMSIM_MANIFEST_DIR`` or the repository's
-    ``data_manifests/``."""
-    import stimsim
+    """The directory of manifest JSON files: ``STIMSIM_MANIFEST_DIR``, or the manifests installed with
+    the package (``stimsim/data_manifests``: package data of a wheel; in the repository a link to its
+    top-level ``data_manifests/``)."""
+    from importlib.resources import files
 
-    return _env_path(MANIFEST_DIR_ENV) or Path(stimsim.__file__).resolve().parents[1] / "data_manifests"
+    return _env_path(MANIFEST_DIR_ENV) or Path(str(files("stimsim") / "data_manifests"))
 
 
 def cache_dir() -> Path:
