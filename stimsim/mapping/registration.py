@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 import xarray as xr
-from scipy import ndimage, optimize, sparse
+from scipy import optimize, sparse
 from scipy.spatial import cKDTree
 
 from stimsim.arrays.anatomy import AnatomicalPose
@@ -226,24 +226,30 @@ class RegistrationProblem:
                           "mm) at any pose")
 
     # --- scoring --------------------------------------------------------------------------
-    def _score(self, maps: np.ndarray, poses: np.ndarray) -> np.ndarray:
+    def _score(self, maps: np.ndarray, poses: np.ndarray, chunk: int = 8192) -> np.ndarray:
         """Mean interpolated correlation for poses (P, 4) = (x, y, rotation_deg, scale); −inf where
-        an electrode falls off the grid."""
-        theta = np.radians(poses[:, 2])
-        c, s, k = np.cos(theta), np.sin(theta), poses[:, 3]
-        px, py = self.layout.positions_mm[:, 0], self.layout.positions_mm[:, 1]
-        x = poses[:, :1] + k[:, None] * (c[:, None] * px - s[:, None] * py)     # (P, E)
-        y = poses[:, 1:2] + k[:, None] * (s[:, None] * px + c[:, None] * py)
+        an electrode falls off the grid. Bilinear interpolation, ``chunk`` poses at a time."""
+        n_electrodes, ny, nx = maps.shape
+        flat = maps.ravel()
         step = self.settings.grid_spacing_mm
-        col = (x - self.pooled.grid_x[0]) / step
-        row = (y - self.pooled.grid_y[0]) / step
-        electrode = np.broadcast_to(np.arange(len(px)), col.shape)
-        values = ndimage.map_coordinates(maps, [electrode.ravel(), row.ravel(), col.ravel()], order=1,
-                                         mode="constant", cval=np.nan).reshape(col.shape)
-        outside = ((col < 0) | (col > len(self.pooled.grid_x) - 1) | (row < 0) | (row > len(self.pooled.grid_y) - 1))
-        values[outside] = np.nan
-        score = values.mean(1)
-        return np.where(np.isfinite(score), score, -np.inf)
+        px, py = self.layout.positions_mm[:, 0], self.layout.positions_mm[:, 1]
+        offsets = np.arange(n_electrodes) * ny * nx
+        scores = np.empty(len(poses))
+        for begin in range(0, len(poses), chunk):
+            block = poses[begin:begin + chunk]
+            theta = np.radians(block[:, 2])
+            c, s, k = np.cos(theta)[:, None], np.sin(theta)[:, None], block[:, 3:4]
+            col = (block[:, :1] + k * (c * px - s * py) - self.pooled.grid_x[0]) / step     # (P, E)
+            row = (block[:, 1:2] + k * (s * px + c * py) - self.pooled.grid_y[0]) / step
+            inside = np.all((col >= 0) & (col <= nx - 1) & (row >= 0) & (row <= ny - 1), axis=1)
+            c0 = np.clip(np.floor(col).astype(np.int64), 0, nx - 2)
+            r0 = np.clip(np.floor(row).astype(np.int64), 0, ny - 2)
+            fc, fr = col - c0, row - r0
+            base = offsets + r0 * nx + c0
+            values = ((flat[base] * (1 - fc) + flat[base + 1] * fc) * (1 - fr)
+                      + (flat[base + nx] * (1 - fc) + flat[base + nx + 1] * fc) * fr)
+            scores[begin:begin + chunk] = np.where(inside, values.mean(1), -np.inf)
+        return scores
 
     def _coarse_poses(self) -> np.ndarray:
         x0, x1, y0, y1 = self.sheet.extent_mm

@@ -20,7 +20,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -248,25 +250,33 @@ class VirtualSubject:
                 "electrode_sites_mm": self.electrode_sites_mm(), "provenance": provenance()}
 
     def save(self, directory, recordings: Recordings | None = None) -> Path:
-        """Write the subject directory (config, recordings in NetCDF and NWB, images, truth)."""
+        """Write the subject directory (config, recordings in NetCDF and NWB, images, truth). Every file
+        is written into a temporary folder first and moved in only when all of them are complete."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         stimuli = self.stimuli()
         recordings = recordings if recordings is not None else self.record(stimuli)
         text = self.config_text
         config = self.config
-        if self.config_dir is not None:
-            layout_spec = config.get("array", {}).get("layout", "10x10")
-            resolved = _resolve(layout_spec, self.config_dir)
-            if str(resolved) != str(layout_spec):
-                shutil.copyfile(resolved, directory / Path(resolved).name)
-                config = {**config, "array": {**config["array"], "layout": Path(resolved).name}}
-                text = None
-        atomic_write_text(directory / "subject.toml", text if text is not None else to_toml(config))
-        write_stimuli_npz(directory / "stimuli.npz", stimuli)
-        recordings.save_netcdf(directory / "recordings.nc")
-        recordings.save_nwb(directory / "recordings.nwb", subject_id=f"virtual-{self.seed}")
-        atomic_write_json(directory / "truth.json", self.truth())
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        try:
+            if self.config_dir is not None:
+                layout_spec = config.get("array", {}).get("layout", "10x10")
+                resolved = _resolve(layout_spec, self.config_dir)
+                if str(resolved) != str(layout_spec):
+                    shutil.copyfile(resolved, staging / Path(resolved).name)
+                    config = {**config, "array": {**config["array"], "layout": Path(resolved).name}}
+                    text = None
+            atomic_write_text(staging / "subject.toml", text if text is not None else to_toml(config))
+            write_stimuli_npz(staging / "stimuli.npz", stimuli)
+            recordings.save_netcdf(staging / "recordings.nc")
+            recordings.save_nwb(staging / "recordings.nwb", subject_id=f"virtual-{self.seed}")
+            atomic_write_json(staging / "truth.json", self.truth())
+            directory.mkdir(exist_ok=True)
+            for path in sorted(staging.iterdir()):
+                os.replace(path, directory / path.name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         self.directory = directory
         return directory
 
