@@ -82,6 +82,10 @@ def test_bad_subject_configurations_name_file_and_field(model, tmp_path):
     with pytest.raises(ConfigError, match="does not fit on the IT sheet"):
         VirtualSubject.create(config, model=model)
     config = _config()
+    config["stimuli"] = [{"source": "lfw_subset"}, {"source": "lfw_subset"}]
+    with pytest.raises(ConfigError, match=r"\[\[stimuli\]\]: stimulus ids must be unique"):
+        VirtualSubject.create(config, model=model).stimuli()
+    config = _config()
     config["recording"]["radius_mm"] = 0.001
     with pytest.raises(ConfigError, match="reaches no model unit"):
         VirtualSubject.create(config, model=model)

@@ -202,7 +202,7 @@ class VirtualSubject:
             if self.directory is not None and (self.directory / "stimuli.npz").is_file():
                 self._stimuli = read_stimuli_npz(self.directory / "stimuli.npz")
             else:
-                self._stimuli = build_stimuli(self.stimuli_spec)
+                self._stimuli = build_stimuli(self.stimuli_spec, self.source)
         return self._stimuli
 
     # --- recording ------------------------------------------------------------------------
@@ -300,15 +300,18 @@ def random_pose(layout: ArrayLayout, sheet, rng: np.random.Generator, margin_mm:
                       f"(extent {_extent_text(sheet)} mm, margin {margin_mm} mm) at any pose")
 
 
-def build_stimuli(spec) -> StimulusSet:
+def build_stimuli(spec, source: str = "subject configuration") -> StimulusSet:
     """The image set of a [[stimuli]] definition: the sets in order, keeping the labels they share."""
-    sets = [load_stimulus_source(entry) for entry in spec]
-    if len(sets) == 1:
-        return sets[0]
-    shared = set.intersection(*(set(s.labels) for s in sets))
-    sets = [StimulusSet(s.name, s.images, s.stimulus_id, {k: v for k, v in s.labels.items() if k in shared})
-            for s in sets]
-    return StimulusSet.concat(*sets)
+    try:
+        sets = [load_stimulus_source(entry) for entry in spec]
+        if len(sets) == 1:
+            return sets[0]
+        shared = set.intersection(*(set(s.labels) for s in sets))
+        sets = [StimulusSet(s.name, s.images, s.stimulus_id, {k: v for k, v in s.labels.items() if k in shared})
+                for s in sets]
+        return StimulusSet.concat(*sets)
+    except ValueError as exc:
+        raise ConfigError(f"{source} [[stimuli]]: {exc}") from None
 
 
 def _electrodes_off_sheet(layout, pose, sheet, margin_mm) -> list:
