@@ -124,6 +124,19 @@ def _cmd_subject_make(args) -> int:
     return 0
 
 
+def _cmd_analyze(args) -> int:
+    from stimsim.analysis.analyze import run_analysis
+    from stimsim.analysis.sessions import column_mapping
+
+    analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
+                            n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed)
+    keys = ("n_sites", "n_trials", "mean_shift", "wilcoxon_p", "cohens_d", "noise_ceiling",
+            "predicted_vs_observed_r", "permutation_p", "slope")
+    print(json.dumps({key: analysis.summary[key] for key in keys if key in analysis.summary}, indent=2))
+    print(f"report, results.nc and summary.json in {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stimsim", description=(
         "Model-guided cortical microstimulation: topographic vision models, perturbation modules, "
@@ -192,6 +205,18 @@ def build_parser() -> argparse.ArgumentParser:
     subject_make.add_argument("config", help="subject configuration (TOML), e.g. experiments/subject_default.toml")
     subject_make.add_argument("--out", required=True, help="subject directory")
     subject_make.set_defaults(handler=_cmd_subject_make)
+
+    analyze = commands.add_parser("analyze", help="analyse recorded sessions: per-site effects, statistics, "
+                                                  "comparison with a plan's predictions")
+    analyze.add_argument("sessions", nargs="+", help="session files: NWB (trials table), CSV or HDF5 trial tables")
+    analyze.add_argument("--plan", help="plan directory made by `stimsim plan` (predictions; electrodes checked)")
+    analyze.add_argument("--columns", help="lab column names: lab_name=stimsim_name,... or a TOML file with [columns]")
+    analyze.add_argument("--out", required=True, help="output directory (report.html/.pdf, results.nc, summary.json)")
+    analyze.add_argument("--boot", type=int, default=1000, help="bootstrap resamples per site (default 1000)")
+    analyze.add_argument("--perm", type=int, default=1000, help="label permutations per site (default 1000)")
+    analyze.add_argument("--splits", type=int, default=100, help="random split halves for the noise ceiling (default 100)")
+    analyze.add_argument("--seed", type=int, default=0, help="seed of every resampling (default 0)")
+    analyze.set_defaults(handler=_cmd_analyze)
     return parser
 
 

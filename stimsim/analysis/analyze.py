@@ -159,3 +159,20 @@ def save_analysis(analysis: Analysis, out_dir, sources=()) -> Path:
     atomic_write_text(out_dir / "sites.csv", analysis.sites.to_csv(index=False))
     atomic_write_json(out_dir / "summary.json", {**json_ready(analysis.summary), "provenance": record})
     return out_dir
+
+
+def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = None, n_boot: int = 1000,
+                 n_perm: int = 1000, n_splits: int = 100, seed: int = 0) -> Analysis:
+    """Load and validate the session files (electrodes checked against the plan's sites when a plan
+    is given), analyse them, and write the report (HTML + PDF), ``results.nc``, ``sites.csv`` and
+    ``summary.json`` into ``out_dir``."""
+    from stimsim.analysis.report import write_report
+    from stimsim.analysis.sessions import load_sessions
+
+    electrodes = load_plan_predictions(plan_dir)[0]["electrode_id"] if plan_dir is not None else None
+    sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes)
+    analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed)
+    analysis.parameters["columns"] = columns or {}
+    write_report(analysis, out_dir, sources=session_paths)
+    save_analysis(analysis, out_dir, sources=session_paths)
+    return analysis

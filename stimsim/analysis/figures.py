@@ -1,0 +1,119 @@
+"""Figures of an analysis, as matplotlib figures (for a report, or stimsim.figures.save_figure):
+session overview, per-site effects with intervals, psychometric curves of the strongest sites,
+predicted against observed effects, and the power curve."""
+from __future__ import annotations
+
+import numpy as np
+
+from stimsim.figures import pyplot
+
+
+def _site_labels(sites) -> list[str]:
+    multiple = sites["subject_id"].nunique() > 1
+    return [f"{s}:{e}" if multiple else str(e) for s, e in zip(sites["subject_id"], sites["electrode"])]
+
+
+def plot_overview(analysis):
+    """Trials per site and condition; P(high) against step, all sites pooled, stimulated vs sham."""
+    plt = pyplot()
+    counts = analysis.counts
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [2, 1]})
+    index = np.arange(len(analysis.sites))
+    left.bar(index, counts.n[:, 0].sum(axis=1), color="0.6", label="sham")
+    left.bar(index, counts.n[:, 1].sum(axis=1), bottom=counts.n[:, 0].sum(axis=1), color="C3", label="stimulated")
+    left.set_xlabel("site (ordered by subject, electrode)")
+    left.set_ylabel("trials")
+    left.legend(frameon=False)
+    pooled = counts.n_high.sum(axis=0) / np.maximum(counts.n.sum(axis=0), 1)
+    right.plot(counts.steps, pooled[0], "o-", color="0.4", label="sham")
+    right.plot(counts.steps, pooled[1], "o-", color="C3", label="stimulated")
+    right.set_xlabel("step (0 = 'low' end)")
+    right.set_ylabel("P(choose 'high')")
+    right.set_ylim(0, 1)
+    right.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_site_effects(analysis):
+    """Per-site ΔAUC with bootstrap intervals, sorted; the plan's prediction beside it if given."""
+    plt = pyplot()
+    sites = analysis.sites.sort_values("delta_auc").reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(max(6, 0.12 * len(sites) + 2), 3.8))
+    index = np.arange(len(sites))
+    error = np.abs(np.vstack([sites["delta_auc"] - sites["delta_auc_low"], sites["delta_auc_high"] - sites["delta_auc"]]))
+    ax.errorbar(index, sites["delta_auc"], yerr=np.nan_to_num(error), fmt="o", ms=3, color="C0", label="observed")
+    if "predicted_delta_auc" in sites:
+        ax.plot(index, sites["predicted_delta_auc"], "x", color="C1", label="predicted (plan)")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xlabel("site (sorted by observed ΔAUC)")
+    ax.set_ylabel("ΔAUC (stimulated − sham)")
+    if len(sites) <= 40:
+        ax.set_xticks(index, _site_labels(sites), rotation=90, fontsize=6)
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_top_sites(analysis, n_top: int = 6):
+    """P(high) per step, stimulated vs sham, for the sites with the largest |ΔAUC|."""
+    plt = pyplot()
+    order = np.argsort(-np.abs(np.nan_to_num(analysis.sites["delta_auc"].to_numpy())))[:n_top]
+    columns = min(3, len(order))
+    rows = int(np.ceil(len(order) / columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows), squeeze=False)
+    labels = _site_labels(analysis.sites)
+    p_high = analysis.counts.p_high
+    for ax, i in zip(axes.ravel(), order):
+        ax.plot(analysis.counts.steps, p_high[i, 0], "o-", color="0.4", label="sham")
+        ax.plot(analysis.counts.steps, p_high[i, 1], "o-", color="C3", label="stimulated")
+        ax.set_title(f"site {labels[i]}: ΔAUC {analysis.sites['delta_auc'].iloc[i]:+.3f}", fontsize=9)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("step")
+        ax.set_ylabel("P('high')")
+    for ax in axes.ravel()[len(order):]:
+        ax.axis("off")
+    axes[0, 0].legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_predicted_vs_observed(analysis):
+    """Observed against predicted ΔAUC per site, with the identity line and the fitted slope."""
+    plt = pyplot()
+    sites = analysis.sites
+    fig, ax = plt.subplots(figsize=(4.6, 4.4))
+    error = np.abs(np.vstack([sites["delta_auc"] - sites["delta_auc_low"], sites["delta_auc_high"] - sites["delta_auc"]]))
+    ax.errorbar(sites["predicted_delta_auc"], sites["delta_auc"], yerr=np.nan_to_num(error), fmt="o", ms=4,
+                color="C0", alpha=0.8)
+    values = np.concatenate([sites["predicted_delta_auc"], sites["delta_auc_low"], sites["delta_auc_high"]])
+    values = values[np.isfinite(values)]
+    low, high = (values.min(), values.max()) if values.size else (-1.0, 1.0)
+    ax.plot([low, high], [low, high], "k--", lw=1, label="identity")
+    summary = analysis.summary
+    if summary.get("slope") is not None and np.isfinite(summary.get("slope", np.nan)):
+        grid = np.array([low, high])
+        ax.plot(grid, summary["intercept"] + summary["slope"] * grid, color="C1",
+                label=f"fit: slope {summary['slope']:.2f}")
+    ax.set_xlabel("predicted ΔAUC (plan)")
+    ax.set_ylabel("observed ΔAUC")
+    ax.set_title(f"r = {summary.get('predicted_vs_observed_r', float('nan')):.2f}, "
+                 f"permutation p = {summary.get('permutation_p', float('nan')):.3g}", fontsize=9)
+    ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_power_curve(table, target_power: float):
+    """Power against trials per site: the across-site Wilcoxon test and the mean per-site power."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    ax.plot(table["trials_per_site"], table["wilcoxon_power"], "o-", label="across sites (Wilcoxon)")
+    ax.plot(table["trials_per_site"], table["mean_site_power"], "s-", label="per site (mean over sites)")
+    ax.axhline(target_power, color="k", ls="--", lw=1, label=f"target {target_power:g}")
+    ax.set_xlabel("trials per site (stimulated + sham)")
+    ax.set_ylabel("power")
+    ax.set_ylim(0, 1.02)
+    ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,94 @@
+"""The analysis report: session overview, per-site effects, psychometric curves of the strongest
+sites, predictions against outcomes, every score beside its chance level or baseline."""
+from __future__ import annotations
+
+import pandas as pd
+
+from stimsim.analysis import figures
+from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
+
+#: Scores of the summary table: (key, meaning, chance level or baseline key / value).
+_SCORES = (
+    ("n_sites", "sites (subject × electrode)", None),
+    ("n_trials", "trials", None),
+    ("mean_shift", "mean ΔAUC across sites (stimulated − sham)", "mean_shift_chance"),
+    ("wilcoxon_p", "Wilcoxon signed-rank p of ΔAUC across sites (two-sided)", None),
+    ("cohens_d", "Cohen's d of ΔAUC across sites", 0.0),
+    ("mean_shift_permutation_p", "sign-flip permutation p of the mean ΔAUC", None),
+    ("mean_psychometric_shift_steps", "mean psychometric shift (steps; > 0 towards 'high')", 0.0),
+    ("n_sites_significant", "sites with a per-site permutation p < 0.05", "n_sites_significant_chance"),
+    ("split_half_r", "split-half r of per-site ΔAUC", 0.0),
+    ("noise_ceiling", "noise ceiling (Spearman–Brown corrected split-half r)", None),
+    ("predicted_vs_observed_r", "Pearson r, predicted vs observed ΔAUC", "predicted_vs_observed_r_null_95"),
+    ("permutation_p", "permutation p of that r (two-sided)", None),
+    ("noise_ceiled_r", "r / sqrt(noise ceiling)", None),
+    ("slope", "slope of observed on predicted (< 1: the plan over-estimates)", "slope_ideal"),
+    ("expected_predicted_vs_observed_r", "r expected from the plan's predicted_vs_true_r and the noise ceiling",
+     "expected_predicted_vs_observed_r_95"),
+)
+
+
+def _score_table(summary: dict) -> Table:
+    rows = []
+    for key, meaning, baseline in _SCORES:
+        if key not in summary:
+            continue
+        reference = summary.get(baseline) if isinstance(baseline, str) else baseline
+        rows.append((key, meaning, summary[key], reference))
+    return Table(("statistic", "meaning", "value", "chance / baseline"), tuple(rows), digits=3)
+
+
+def build_report(analysis, sources=()) -> Report:
+    """A :class:`~stimsim.report.Report` of an :class:`~stimsim.analysis.analyze.Analysis`."""
+    summary, sites = analysis.summary, analysis.sites
+    sessions = analysis.sessions.groupby(["subject_id", "session_id"], sort=True).agg(
+        trials=("row", "size"), sites=("electrode", "nunique"),
+        stimulated=("stimulated_electrode", lambda column: int((column != "sham").sum())),
+        file=("file", "first")).reset_index()
+    overview = [Paragraph(f"{summary['n_trials']} trials from {summary['n_sessions']} session(s) of "
+                          f"{summary['n_subjects']} subject(s), {summary['n_sites']} sites, "
+                          f"{summary['n_steps']} steps per sequence."),
+                Table.from_dataframe(sessions, caption="Sessions"),
+                Image(figure_png(figures.plot_overview(analysis)),
+                      caption="Trials per site and condition; P('high') per step, all sites pooled.")]
+    site_columns = (["subject_id"] if summary["n_subjects"] > 1 else []) + [
+        "electrode", "n_stimulated", "n_sham", "delta_auc", "delta_auc_low", "delta_auc_high", "shift_steps",
+        "stim_logodds", "stim_logodds_se", "permutation_p"]
+    if "predicted_delta_auc" in sites:
+        site_columns.append("predicted_delta_auc")
+    ci = round(100 * summary["ci"])
+    effects = [Image(figure_png(figures.plot_site_effects(analysis)),
+                     caption=f"ΔAUC per site with {ci} % bootstrap intervals (trials resampled within each "
+                             f"condition and step)."),
+               Table.from_dataframe(sites[site_columns].sort_values("delta_auc", key=abs, ascending=False),
+                                    caption="Per-site effects (sorted by |ΔAUC|); stim_logodds: stimulation term of "
+                                            "the per-site logistic regression with its standard error and Wald p.")]
+    sections = [Section("Summary", [Paragraph("Per-site stimulation effects, stimulated against interleaved sham "
+                                              "trials; statistics across sites; every score beside its chance "
+                                              "level or baseline."), _score_table(summary)]),
+                Section("Session overview", overview),
+                Section("Per-site effects", effects),
+                Section("Psychometric curves of the strongest sites",
+                        [Image(figure_png(figures.plot_top_sites(analysis)),
+                               caption="P('high') per step, stimulated vs sham, for the sites with the largest |ΔAUC|.")])]
+    if "predicted_delta_auc" in sites:
+        sections.append(Section("Predictions against outcomes", [
+            Image(figure_png(figures.plot_predicted_vs_observed(analysis)),
+                  caption="Observed against predicted ΔAUC per site, identity line dashed."),
+            Paragraph("The slope of observed on predicted measures magnitude: below 1 the plan over-estimates "
+                      "the effects. The noise ceiling bounds the correlation any prediction can reach with "
+                      "these observations.")]))
+    if "per_subject" in summary:
+        per_subject = pd.DataFrame([{"subject_id": subject, **{key: values.get(key) for key in (
+            "n_sites", "mean_shift", "wilcoxon_p", "cohens_d", "noise_ceiling", "predicted_vs_observed_r",
+            "permutation_p", "slope") if key in values}} for subject, values in summary["per_subject"].items()])
+        sections.append(Section("Per subject", [Table.from_dataframe(per_subject)]))
+    return Report("Analysis of recorded stimulation sessions", sections=sections,
+                  subtitle=", ".join(str(path) for path in sources),
+                  parameters={**analysis.parameters, "sessions": [str(path) for path in sources]})
+
+
+def write_report(analysis, out_dir, sources=()):
+    """Write ``report.html`` and ``report.pdf`` into ``out_dir``; returns their paths."""
+    return build_report(analysis, sources).write(out_dir)
+

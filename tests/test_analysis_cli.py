@@ -1,0 +1,48 @@
+"""`stimsim analyze` on a lab's own NWB file (plain pynwb, own column names) with a plan directory."""
+import json
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from stimsim.analysis.synthetic import planted_curves, planted_session
+from stimsim.cli import main
+from test_analysis_sessions import LAB_MAPPING, write_lab_nwb
+
+
+def test_analyze_lab_nwb_with_mapping_and_plan(tmp_path, capsys):
+    stim_logodds = np.array([2.0, -1.5, 1.0, 0.0, -0.5, 1.5, 0.5, -1.0])
+    electrodes = [str(e) for e in (12, 3, 45, 7, 80, 21, 9, 33)]
+    table = planted_session(stim_logodds, trials_per_site=200, electrodes=electrodes, seed=3)
+    session = write_lab_nwb(tmp_path / "monkey_b.nwb", table)
+    curves = planted_curves(stim_logodds)
+    truth = ((curves[..., 1:] + curves[..., :-1]) / 12).sum(axis=-1) @ np.array([-1.0, 1.0])
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    pd.DataFrame({"rank": range(1, 9), "electrode_id": electrodes, "predicted_delta_auc": 1.5 * truth}).to_csv(
+        plan / "sites.csv", index=False)
+    (plan / "summary.json").write_text(json.dumps({"task": "sequence_2afc", "predicted_vs_true_r": 1.0}))
+    columns = ",".join(f"{lab}={ours}" for lab, ours in LAB_MAPPING.items())
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(session), "--plan", str(plan), "--columns", columns, "--out", str(out),
+                 "--boot", "200", "--perm", "200", "--splits", "20"]) == 0
+    for name in ("report.html", "report.pdf", "results.nc", "summary.json", "sites.csv"):
+        assert (out / name).stat().st_size > 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_sites"] == 8 and summary["n_trials"] == 1600
+    assert summary["predicted_vs_observed_r"] > 0.8 and summary["slope"] < 1  # the plan over-estimates
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 4 and "Predictions against outcomes" in html
+    assert (out / "report.pdf").read_bytes().startswith(b"%PDF")
+    with xr.open_dataset(out / "results.nc", engine="h5netcdf") as data:
+        assert sorted(data["electrode"].values.tolist(), key=int) == sorted(electrodes, key=int)
+
+
+def test_analyze_refuses_a_broken_file_with_exit_code_2(tmp_path, capsys):
+    table = planted_session([0.5, 0.5], trials_per_site=20)
+    table.loc[3, "choice"] = "face"
+    table.to_csv(tmp_path / "s.csv", index=False)
+    assert main(["analyze", str(tmp_path / "s.csv"), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("stimsim: error: ") and "s.csv" in error and "row(s) 4" in error
+    assert not (tmp_path / "out").exists()
