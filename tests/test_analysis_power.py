@@ -1,0 +1,47 @@
+"""Power of planned sessions against the normal-theory power of the per-site test, and null rates."""
+import numpy as np
+import pytest
+from scipy import stats
+
+from stimsim.analysis.power import power_analysis
+from stimsim.analysis.synthetic import planted_curves
+
+
+def analytic_site_power(curves, trials_per_site, alpha=0.05):
+    """Power of a two-sided z test of ΔAUC: Φ(|δ|/σ − z_{1−α/2}), σ² = Σ w² p (1 − p) / n per cell with
+    n = trials / 2 / 7 (balanced steps), w the trapezoid weights of 7 steps on [0, 1]."""
+    weights = np.full(7, 1 / 6)
+    weights[[0, -1]] = 1 / 12
+    delta = (curves @ weights) @ np.array([-1.0, 1.0])
+    sigma = np.sqrt((weights**2 * curves * (1 - curves)).sum(axis=(1, 2)) / (trials_per_site / 14))
+    return stats.norm.cdf(np.abs(delta) / sigma - stats.norm.ppf(1 - alpha / 2))
+
+
+def test_site_power_matches_normal_theory_and_null_rate():
+    curves = planted_curves([0.4, 0.8, -0.6, 0.0], slope_logodds=8.0)
+    curve, sites, summary = power_analysis(curves, trial_counts=(200, 800), n_sessions=2000, seed=1)
+    for count in (200, 800):
+        expected = analytic_site_power(curves[:3], count)
+        assert sites[f"power_{count}"].iloc[:3].to_numpy() == pytest.approx(expected, abs=0.05)
+    # no planned effect: nothing to detect in the planned direction (sign 0)
+    assert sites["power_800"].iloc[3] == 0.0 and sites["trials_needed"].iloc[3] is None
+    assert summary["site_power_chance"] == 0.025
+
+
+def test_null_sites_are_detected_at_alpha_over_two_against_a_planned_direction():
+    curves = planted_curves(np.zeros(20))
+    _, sites, _ = power_analysis(curves, planned_delta_auc=np.ones(20), trial_counts=(400,), n_sessions=500, seed=2)
+    assert sites["power_400"].mean() == pytest.approx(0.025, abs=0.01)
+
+
+def test_trials_needed_grow_as_effects_shrink_and_wilcoxon_power_rises():
+    strong = planted_curves(np.full(10, 1.0))
+    weak = planted_curves(np.full(10, 0.5))
+    counts = (50, 100, 200, 400, 800, 1600, 3200, 6400)
+    curve, strong_sites, strong_summary = power_analysis(strong, trial_counts=counts, n_sessions=200, seed=3)
+    _, weak_sites, weak_summary = power_analysis(weak, trial_counts=counts, n_sessions=200, seed=3)
+    assert np.all(np.diff(curve["wilcoxon_power"]) >= -0.05) and curve["wilcoxon_power"].iloc[-1] > 0.95
+    assert strong_summary["median_site_trials_needed"] < weak_summary["median_site_trials_needed"]
+    assert strong_summary["wilcoxon_trials_needed"] <= weak_summary["wilcoxon_trials_needed"]
+    with pytest.raises(ValueError, match="p_high must be"):
+        power_analysis(strong[:, 0])
