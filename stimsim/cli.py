@@ -129,11 +129,26 @@ def _cmd_analyze(args) -> int:
     from stimsim.analysis.sessions import column_mapping
 
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
-                            n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed)
+                            layout=args.layout, n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed)
     keys = ("n_sites", "n_trials", "mean_shift", "wilcoxon_p", "cohens_d", "noise_ceiling",
             "predicted_vs_observed_r", "permutation_p", "slope")
     print(json.dumps({key: analysis.summary[key] for key in keys if key in analysis.summary}, indent=2))
     print(f"report, results.nc and summary.json in {args.out}")
+    return 0
+
+
+def _cmd_power(args) -> int:
+    from stimsim.analysis.power import run_power
+
+    out = args.out or str(Path(args.plan) / "power")
+    summary = run_power(args.plan, out, target_power=args.power, alpha=args.alpha, trial_counts=args.trials,
+                        n_sessions=args.sessions, seed=args.seed)
+    print(f"simulated from the {summary['simulated_from']}; power {args.power:g} at alpha {args.alpha:g}:")
+    print(f"  across sites (Wilcoxon): {summary['wilcoxon_trials_needed'] or 'more than ' + str(max(args.trials))} "
+          f"trials per site")
+    print(f"  per site (median):       {summary['median_site_trials_needed'] or '-'} trials "
+          f"({summary['n_sites_detectable']} of {summary['n_sites']} sites reach it)")
+    print(f"table, curve and report in {out}")
     return 0
 
 
@@ -211,12 +226,24 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("sessions", nargs="+", help="session files: NWB (trials table), CSV or HDF5 trial tables")
     analyze.add_argument("--plan", help="plan directory made by `stimsim plan` (predictions; electrodes checked)")
     analyze.add_argument("--columns", help="lab column names: lab_name=stimsim_name,... or a TOML file with [columns]")
+    analyze.add_argument("--layout", help="array layout to check electrode ids against: 10x10, 8x8 or a .csv/.cmp file")
     analyze.add_argument("--out", required=True, help="output directory (report.html/.pdf, results.nc, summary.json)")
     analyze.add_argument("--boot", type=int, default=1000, help="bootstrap resamples per site (default 1000)")
     analyze.add_argument("--perm", type=int, default=1000, help="label permutations per site (default 1000)")
     analyze.add_argument("--splits", type=int, default=100, help="random split halves for the noise ceiling (default 100)")
     analyze.add_argument("--seed", type=int, default=0, help="seed of every resampling (default 0)")
     analyze.set_defaults(handler=_cmd_analyze)
+
+    power = commands.add_parser("power", help="trials per site needed to detect a plan's effects (simulated sessions)")
+    power.add_argument("plan", help="plan directory made by `stimsim plan`")
+    power.add_argument("--power", type=float, default=0.8, help="target power (default 0.8)")
+    power.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    power.add_argument("--trials", type=int, nargs="+", default=[50, 100, 200, 400, 800, 1600],
+                       help="trials per site to simulate (default 50 100 200 400 800 1600)")
+    power.add_argument("--sessions", type=int, default=200, help="simulated sessions per trial count (default 200)")
+    power.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    power.add_argument("--out", help="output directory (default PLAN_DIR/power)")
+    power.set_defaults(handler=_cmd_power)
     return parser
 
 

@@ -46,3 +46,10 @@ def test_analyze_refuses_a_broken_file_with_exit_code_2(tmp_path, capsys):
     error = capsys.readouterr().err
     assert error.startswith("stimsim: error: ") and "s.csv" in error and "row(s) 4" in error
     assert not (tmp_path / "out").exists()
+
+
+def test_analyze_checks_electrodes_against_an_array_layout(tmp_path, capsys):
+    planted_session([0.5, 0.5], trials_per_site=20, electrodes=["7", "97"]).to_csv(tmp_path / "s.csv", index=False)
+    assert main(["analyze", str(tmp_path / "s.csv"), "--layout", "10x10", "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "column 'electrode'" in error and "not in the plan/layout" in error and "'97'" in error

@@ -45,3 +45,44 @@ def test_trials_needed_grow_as_effects_shrink_and_wilcoxon_power_rises():
     assert strong_summary["wilcoxon_trials_needed"] <= weak_summary["wilcoxon_trials_needed"]
     with pytest.raises(ValueError, match="p_high must be"):
         power_analysis(strong[:, 0])
+
+
+def write_virtual_plan(directory, stim_logodds, lapse_rate=0.1):
+    """A plan directory as `stimsim plan` writes it for a virtual subject: sites.csv, summary.json and
+    the subject's own P(high) per (electrode, stimulated, sequence, step)."""
+    import json
+
+    import pandas as pd
+    import xarray as xr
+
+    electrodes = [str(10 + i) for i in range(len(stim_logodds))]
+    curves = planted_curves(stim_logodds)
+    (directory / "truth").mkdir(parents=True)
+    xr.Dataset({"subject_p_high": (("electrode", "stimulated", "sequence", "step"),
+                                   np.repeat(curves[:, :, None, :], 2, axis=2))},
+               coords={"electrode": electrodes, "stimulated": [False, True]}).to_netcdf(
+        directory / "truth" / "subject_p_high.nc", engine="h5netcdf")
+    weights = np.full(7, 1 / 6)
+    weights[[0, -1]] = 1 / 12
+    pd.DataFrame({"rank": range(1, len(electrodes) + 1), "electrode_id": electrodes,
+                  "predicted_delta_auc": (curves @ weights) @ np.array([-1.0, 1.0])}).to_csv(directory / "sites.csv",
+                                                                                           index=False)
+    (directory / "summary.json").write_text(json.dumps({"chosen_electrodes": electrodes, "subject_lapse_rate": lapse_rate,
+                                                        "predicted_vs_true_r": 1.0, "current_uA": 50.0}))
+    return directory
+
+
+def test_power_command_on_a_virtual_subject_plan(tmp_path, capsys):
+    import json
+
+    from stimsim.cli import main
+
+    plan = write_virtual_plan(tmp_path / "plan", np.array([1.5, -1.2, 1.0, 0.8, -1.0, 1.3]))
+    assert main(["power", str(plan), "--trials", "50", "200", "800", "--sessions", "100"]) == 0
+    out = plan / "power"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["simulated_from"].startswith("virtual subject")
+    assert summary["wilcoxon_trials_needed"] in (50, 200, 800)
+    for name in ("report.html", "report.pdf", "power_curve.csv", "power_sites.csv"):
+        assert (out / name).stat().st_size > 0
+    assert "across sites (Wilcoxon)" in capsys.readouterr().out

@@ -161,18 +161,25 @@ def save_analysis(analysis: Analysis, out_dir, sources=()) -> Path:
     return out_dir
 
 
-def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = None, n_boot: int = 1000,
-                 n_perm: int = 1000, n_splits: int = 100, seed: int = 0) -> Analysis:
+def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = None, layout=None,
+                 n_boot: int = 1000, n_perm: int = 1000, n_splits: int = 100, seed: int = 0) -> Analysis:
     """Load and validate the session files (electrodes checked against the plan's sites when a plan
-    is given), analyse them, and write the report (HTML + PDF), ``results.nc``, ``sites.csv`` and
+    is given, or against ``layout``: a Utah kind "10x10" / "8x8" or a .csv / .cmp layout file),
+    analyse them, and write the report (HTML + PDF), ``results.nc``, ``sites.csv`` and
     ``summary.json`` into ``out_dir``."""
     from stimsim.analysis.report import write_report
     from stimsim.analysis.sessions import load_sessions
+    from stimsim.arrays.layout import load_layout
 
-    electrodes = load_plan_predictions(plan_dir)[0]["electrode_id"] if plan_dir is not None else None
+    electrodes = None
+    if plan_dir is not None:
+        electrodes = set(load_plan_predictions(plan_dir)[0]["electrode_id"])
+    if layout is not None:
+        array_ids = set(load_layout(layout).electrode_ids)
+        electrodes = array_ids if electrodes is None else electrodes & array_ids
     sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes)
     analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed)
-    analysis.parameters["columns"] = columns or {}
+    analysis.parameters.update({"columns": columns or {}, "layout": str(layout) if layout is not None else None})
     write_report(analysis, out_dir, sources=session_paths)
     save_analysis(analysis, out_dir, sources=session_paths)
     return analysis

@@ -132,3 +132,85 @@ def _directed_wilcoxon_p(signed: np.ndarray) -> np.ndarray:
         if rows.any():
             p[rows] = stats.wilcoxon(signed[rows], alternative="greater", axis=1, method=method).pvalue
     return p
+
+
+def curves_from_plan(plan_dir) -> dict:
+    """P(high) per (chosen site, condition, step) to simulate sessions from, averaged over each site's
+    sequences: the virtual subject's own curves with its lapses (``truth/subject_p_high.nc``) when the
+    plan was made on a virtual subject, else the plan's predictions (``plan.nc``, chosen model, fitted
+    pose). Also the plan's predicted ΔAUC of those sites (their planned direction)."""
+    import json
+    from pathlib import Path
+
+    import xarray as xr
+
+    from stimsim.errors import FileFormatError
+
+    plan_dir = Path(plan_dir)
+    summary_path, sites_path = plan_dir / "summary.json", plan_dir / "sites.csv"
+    for path in (summary_path, sites_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"plan directory {plan_dir} has no {path.name} (made by `stimsim plan`)")
+    summary = json.loads(summary_path.read_text())
+    sites = pd.read_csv(sites_path, dtype={"electrode_id": str}).set_index("electrode_id")
+    chosen = [str(e) for e in summary.get("chosen_electrodes", sites.index)]
+    truth_path = plan_dir / "truth" / "subject_p_high.nc"
+    if truth_path.is_file():
+        with xr.open_dataset(truth_path, engine="h5netcdf") as data:
+            p_high = data["subject_p_high"].sel(electrode=chosen).transpose("electrode", "stimulated", "sequence",
+                                                                             "step").load()
+        lapse = float(summary.get("subject_lapse_rate", 0.0))
+        source = f"virtual subject (lapse rate {lapse:g})"
+    else:
+        plan_path = plan_dir / "plan.nc"
+        if not plan_path.is_file():
+            raise FileFormatError(plan_path, "not found: the plan's predicted P(high) is needed")
+        with xr.open_dataset(plan_path, engine="h5netcdf") as data:
+            p_high = data["p_high"].sel(model=summary["chosen_model"], pose="fitted", electrode=chosen).transpose(
+                "electrode", "stimulated", "sequence", "step").load()
+        lapse = 0.0
+        source = f"plan predictions ({summary['chosen_model']})"
+    curves = lapse / 2 + (1 - lapse) * p_high.values.mean(axis=2)
+    return {"p_high": curves, "electrodes": chosen, "source": source,
+            "planned_delta_auc": sites.loc[chosen, "predicted_delta_auc"].to_numpy(dtype=float)}
+
+
+def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
+              trial_counts=DEFAULT_TRIAL_COUNTS, n_sessions: int = 200, seed: int = 0) -> dict:
+    """Power of the plan's chosen sites; writes ``power_curve.csv``, ``power_sites.csv``,
+    ``summary.json`` and ``report.html`` / ``report.pdf`` (table and curve) into ``out_dir``."""
+    from pathlib import Path
+
+    from stimsim.analysis.analyze import json_ready
+    from stimsim.analysis.figures import plot_power_curve
+    from stimsim.io import atomic_write_json, atomic_write_text, provenance
+    from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
+
+    planned = curves_from_plan(plan_dir)
+    curve, sites, summary = power_analysis(planned["p_high"], planned["electrodes"], planned["planned_delta_auc"],
+                                           trial_counts=trial_counts, n_sessions=n_sessions, alpha=alpha,
+                                           target_power=target_power, seed=seed)
+    summary = {**summary, "simulated_from": planned["source"], "plan_dir": str(plan_dir)}
+    out_dir = Path(out_dir)
+    parameters = {"plan_dir": str(plan_dir), "target_power": target_power, "alpha": alpha,
+                  "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions, "seed": seed}
+    report = Report("Power of the planned session", subtitle=str(plan_dir), parameters=parameters, sections=[
+        Section("Trials per site needed", [
+            Paragraph(f"Sessions simulated from the {planned['source']}: stimulation and sham 50/50, "
+                      f"{n_sessions} sessions per trial count. Across sites: Wilcoxon signed-rank test of ΔAUC "
+                      f"in the planned direction (one-sided, α = {alpha:g}); per site: z test of ΔAUC "
+                      f"(two-sided, α = {alpha:g}, planned sign). Chance per site: {alpha / 2:g}."),
+            Table((("statistic", "trials per site")), (
+                ("across sites (Wilcoxon)", summary["wilcoxon_trials_needed"]),
+                ("per site, median", summary["median_site_trials_needed"]),
+                ("sites reaching the target power", f"{summary['n_sites_detectable']} of {summary['n_sites']}"))),
+            Image(figure_png(plot_power_curve(curve, target_power)),
+                  caption=f"Power against trials per site; target {target_power:g}.")]),
+        Section("Power curve", [Table.from_dataframe(curve)]),
+        Section("Per site", [Table.from_dataframe(sites, caption="planned ΔAUC, power at every trial count, "
+                                                                  "trials needed (– : not within the counts)")])])
+    report.write(out_dir)
+    atomic_write_text(out_dir / "power_curve.csv", curve.to_csv(index=False))
+    atomic_write_text(out_dir / "power_sites.csv", sites.to_csv(index=False))
+    atomic_write_json(out_dir / "summary.json", {**json_ready(summary), "provenance": provenance(parameters)})
+    return summary
