@@ -1,9 +1,14 @@
 """Power of planned sessions against the normal-theory power of the per-site test, and null rates."""
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
+import xarray as xr
 from scipy import stats
 
-from stimsim.analysis.power import power_analysis
+from stimsim.analysis.power import curves_from_plan, power_analysis
+from stimsim.cli import main
 from stimsim.analysis.synthetic import planted_curves
 
 
@@ -50,11 +55,6 @@ def test_trials_needed_grow_as_effects_shrink_and_wilcoxon_power_rises():
 def write_virtual_plan(directory, stim_logodds, lapse_rate=0.1):
     """A plan directory as `stimsim plan` writes it for a virtual subject: sites.csv, summary.json and
     the subject's own P(high) per (electrode, stimulated, sequence, step)."""
-    import json
-
-    import pandas as pd
-    import xarray as xr
-
     electrodes = [str(10 + i) for i in range(len(stim_logodds))]
     curves = planted_curves(stim_logodds)
     (directory / "truth").mkdir(parents=True)
@@ -73,10 +73,6 @@ def write_virtual_plan(directory, stim_logodds, lapse_rate=0.1):
 
 
 def test_power_command_on_a_virtual_subject_plan(tmp_path, capsys):
-    import json
-
-    from stimsim.cli import main
-
     plan = write_virtual_plan(tmp_path / "plan", np.array([1.5, -1.2, 1.0, 0.8, -1.0, 1.3]))
     assert main(["power", str(plan), "--trials", "50", "200", "800", "--sessions", "100"]) == 0
     out = plan / "power"
@@ -86,3 +82,21 @@ def test_power_command_on_a_virtual_subject_plan(tmp_path, capsys):
     for name in ("report.html", "report.pdf", "power_curve.csv", "power_sites.csv"):
         assert (out / name).stat().st_size > 0
     assert "across sites (Wilcoxon)" in capsys.readouterr().out
+
+
+def test_without_a_virtual_subject_the_plan_predictions_are_simulated(tmp_path):
+    plan = write_virtual_plan(tmp_path / "plan", np.array([1.0, -0.5]), lapse_rate=0.2)
+    virtual = curves_from_plan(plan)
+    expected = 0.1 + 0.8 * planted_curves([1.0, -0.5])  # lapses: 0.2 / 2 + 0.8 · P(high)
+    assert virtual["p_high"] == pytest.approx(expected)
+    predicted = planted_curves([2.0, -1.0])
+    (plan / "truth" / "subject_p_high.nc").unlink()
+    per_pose = np.stack([predicted, predicted * 0], axis=1)[:, :, :, None, :]  # (electrode, pose, stimulated, seq, step)
+    xr.Dataset({"p_high": (("model", "electrode", "pose", "stimulated", "sequence", "step"), per_pose[None])},
+               coords={"model": ["m0"], "electrode": ["10", "11"], "pose": ["fitted", "bootstrap_0"],
+                       "stimulated": [False, True]}).to_netcdf(plan / "plan.nc", engine="h5netcdf")
+    summary = json.loads((plan / "summary.json").read_text())
+    (plan / "summary.json").write_text(json.dumps({**summary, "chosen_model": "m0"}))
+    from_plan = curves_from_plan(plan)
+    assert from_plan["source"] == "plan predictions (m0)"
+    assert from_plan["p_high"] == pytest.approx(predicted)
