@@ -8,8 +8,8 @@ import xarray as xr
 from scipy import stats
 
 from stimsim.analysis.power import curves_from_plan, power_analysis
-from stimsim.cli import main
 from stimsim.analysis.synthetic import planted_curves
+from stimsim.cli import main
 
 
 def analytic_site_power(curves, trials_per_site, alpha=0.05):
