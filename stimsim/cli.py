@@ -129,7 +129,8 @@ def _cmd_analyze(args) -> int:
     from stimsim.analysis.sessions import column_mapping
 
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
-                            layout=args.layout, n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed)
+                            layout=args.layout, n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed,
+                            force=args.force)
     keys = ("n_sites", "n_trials", "mean_shift", "wilcoxon_p", "cohens_d", "noise_ceiling",
             "predicted_vs_observed_r", "permutation_p", "slope")
     print(json.dumps({key: analysis.summary[key] for key in keys if key in analysis.summary}, indent=2))
@@ -142,7 +143,7 @@ def _cmd_power(args) -> int:
 
     out = args.out or str(Path(args.plan) / "power")
     summary = run_power(args.plan, out, target_power=args.power, alpha=args.alpha, trial_counts=args.trials,
-                        n_sessions=args.sessions, seed=args.seed)
+                        n_sessions=args.sessions, seed=args.seed, force=args.force)
     print(f"simulated from the {summary['simulated_from']}; power {args.power:g} at alpha {args.alpha:g}:")
     print(f"  across sites (Wilcoxon): {summary['wilcoxon_trials_needed'] or 'more than ' + str(max(args.trials))} "
           f"trials per site")
@@ -232,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--perm", type=int, default=1000, help="label permutations per site (default 1000)")
     analyze.add_argument("--splits", type=int, default=100, help="random split halves for the noise ceiling (default 100)")
     analyze.add_argument("--seed", type=int, default=0, help="seed of every resampling (default 0)")
+    analyze.add_argument("--force", action="store_true",
+                       help="write into the output directory even if it holds files stimsim did not write")
     analyze.set_defaults(handler=_cmd_analyze)
 
     power = commands.add_parser("power", help="trials per site needed to detect a plan's effects (simulated sessions)")
@@ -243,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     power.add_argument("--sessions", type=int, default=200, help="simulated sessions per trial count (default 200)")
     power.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     power.add_argument("--out", help="output directory (default PLAN_DIR/power)")
+    power.add_argument("--force", action="store_true",
+                       help="write into the output directory even if it holds files stimsim did not write")
     power.set_defaults(handler=_cmd_power)
     return parser
 

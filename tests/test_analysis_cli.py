@@ -7,6 +7,7 @@ import xarray as xr
 
 from stimsim.analysis.synthetic import planted_curves, planted_session
 from stimsim.cli import main
+from stimsim.io import read_result_set
 from test_analysis_sessions import LAB_MAPPING, write_lab_nwb
 
 
@@ -26,8 +27,7 @@ def test_analyze_lab_nwb_with_mapping_and_plan(tmp_path, capsys):
     out = tmp_path / "analysis"
     assert main(["analyze", str(session), "--plan", str(plan), "--columns", columns, "--out", str(out),
                  "--boot", "200", "--perm", "200", "--splits", "20"]) == 0
-    for name in ("report.html", "report.pdf", "results.nc", "summary.json", "sites.csv"):
-        assert (out / name).stat().st_size > 0
+    assert set(read_result_set(out)) == {"report.html", "report.pdf", "results.nc", "summary.json", "sites.csv"}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_sites"] == 8 and summary["n_trials"] == 1600
     assert summary["predicted_vs_observed_r"] > 0.8 and summary["slope"] < 1  # the plan over-estimates
@@ -46,6 +46,12 @@ def test_analyze_refuses_a_broken_file_with_exit_code_2(tmp_path, capsys):
     error = capsys.readouterr().err
     assert error.startswith("stimsim: error: ") and "s.csv" in error and "row(s) 4" in error
     assert not (tmp_path / "out").exists()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("a lab's own file")
+    table.loc[3, "choice"] = "high"
+    table.to_csv(tmp_path / "s.csv", index=False)
+    assert main(["analyze", str(tmp_path / "s.csv"), "--out", str(tmp_path / "notes"), "--boot", "10"]) == 2
+    assert "holds files stimsim did not write" in capsys.readouterr().err
 
 
 def test_analyze_checks_electrodes_against_an_array_layout(tmp_path, capsys):

@@ -9,6 +9,7 @@ import xarray as xr
 from stimsim.analysis import analyze, compare_predictions, expected_correlation, load_sessions, save_analysis
 from stimsim.analysis.synthetic import planted_curves, planted_session
 from stimsim.errors import FileFormatError
+from stimsim.io import read_result_set
 
 
 def test_comparison_against_direct_formulas():
@@ -86,7 +87,8 @@ def test_pooled_and_per_subject_summary_and_saved_result_set(tmp_path):
     assert summary["wilcoxon_p"] < 0.01 and summary["cohens_d"] > 2
     assert set(summary["per_subject"]) == {"m1", "m2"}
     assert summary["per_subject"]["m1"]["n_sites"] == 6
-    out = save_analysis(result, tmp_path / "analysis")
+    out = save_analysis(result, tmp_path / "analysis", report=False)
+    assert set(read_result_set(out)) == {"results.nc", "sites.csv", "summary.json"}
     written = json.loads((out / "summary.json").read_text())
     for key in ("n_sites", "n_trials", "mean_shift", "wilcoxon_p", "cohens_d", "noise_ceiling", "provenance"):
         assert key in written

@@ -15,6 +15,7 @@ from scipy import stats
 from stimsim.analysis.comparison import compare_predictions, expected_correlation, load_plan_predictions
 from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, site_effects, \
     split_half_reliability
+from stimsim.errors import ConfigError
 
 #: Per-site permutation p below which a site counts as significant in the summary.
 SITE_ALPHA = 0.05
@@ -59,6 +60,11 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
     ``n_boot`` bootstrap resamples per site, ``n_perm`` label permutations per site (and 10 × as many
     for the statistics across sites), ``n_splits`` random split halves; everything is seeded by ``seed``.
     """
+    for name, value, minimum in (("n_boot", n_boot, 2), ("n_perm", n_perm, 1), ("n_splits", n_splits, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+            raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if not 0 < ci < 1:
+        raise ConfigError(f"ci must lie strictly between 0 and 1, got {ci}")
     parameters = {"plan_dir": str(plan_dir) if plan_dir else None, "n_boot": n_boot, "n_perm": n_perm,
                   "n_splits": n_splits, "ci": ci, "seed": seed, "site_alpha": SITE_ALPHA}
     counts = count_trials(sessions)
@@ -146,28 +152,36 @@ def json_ready(value):
     return value
 
 
-def save_analysis(analysis: Analysis, out_dir, sources=()) -> Path:
-    """Write ``results.nc``, ``sites.csv`` and ``summary.json`` (with provenance) into ``out_dir``."""
-    from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance
+def save_analysis(analysis: Analysis, out_dir, sources=(), report: bool = True, force: bool = False) -> Path:
+    """Write the analysis into ``out_dir`` as one result set (:class:`stimsim.io.ResultSet`):
+    ``results.nc``, ``sites.csv``, ``summary.json`` (with provenance) and, with ``report``,
+    ``report.html`` + ``report.pdf``. ``force`` writes into a directory holding other files."""
+    from stimsim.io import ResultSet, provenance
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    results = ResultSet(out_dir, "analysis", force=force)
     record = provenance({**analysis.parameters, "sessions": [str(path) for path in sources]})
     dataset = analysis.to_dataset()
     dataset.attrs["provenance_json"] = json.dumps(record, default=str)
-    atomic_save(out_dir / "results.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
-    atomic_write_text(out_dir / "sites.csv", analysis.sites.to_csv(index=False))
-    atomic_write_json(out_dir / "summary.json", {**json_ready(analysis.summary), "provenance": record})
-    return out_dir
+    results.write("results.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
+    results.write("sites.csv", lambda tmp: analysis.sites.to_csv(tmp, index=False))
+    if report:
+        from stimsim.analysis.report import build_report
+
+        results.claim("report.html")
+        results.claim("report.pdf")
+        build_report(analysis, sources).write(results.directory)
+    results.write_json("summary.json", {**json_ready(analysis.summary), "provenance": record})
+    results.finish()
+    return results.directory
 
 
 def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = None, layout=None,
-                 n_boot: int = 1000, n_perm: int = 1000, n_splits: int = 100, seed: int = 0) -> Analysis:
+                 n_boot: int = 1000, n_perm: int = 1000, n_splits: int = 100, seed: int = 0,
+                 force: bool = False) -> Analysis:
     """Load and validate the session files (electrodes checked against the plan's sites when a plan
     is given, or against ``layout``: a Utah kind "10x10" / "8x8" or a .csv / .cmp layout file),
     analyse them, and write the report (HTML + PDF), ``results.nc``, ``sites.csv`` and
-    ``summary.json`` into ``out_dir``."""
-    from stimsim.analysis.report import write_report
+    ``summary.json`` into ``out_dir`` as one result set."""
     from stimsim.analysis.sessions import load_sessions
     from stimsim.arrays.layout import load_layout
 
@@ -180,6 +194,5 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
     sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes)
     analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed)
     analysis.parameters.update({"columns": columns or {}, "layout": str(layout) if layout is not None else None})
-    write_report(analysis, out_dir, sources=session_paths)
-    save_analysis(analysis, out_dir, sources=session_paths)
+    save_analysis(analysis, out_dir, sources=session_paths, force=force)
     return analysis

@@ -21,6 +21,7 @@ import pandas as pd
 from scipy import stats
 
 from stimsim.analysis.effects import delta_auc_of_counts
+from stimsim.errors import ConfigError
 
 #: Trials per site simulated by default (stimulated + sham).
 DEFAULT_TRIAL_COUNTS = (50, 100, 200, 400, 800, 1600)
@@ -70,12 +71,12 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
     if not np.all((p_high >= 0) & (p_high <= 1)):
         raise ValueError("p_high must hold probabilities in [0, 1]")
     if not 0 < alpha < 1 or not 0 < target_power < 1:
-        raise ValueError(f"alpha and power must lie strictly between 0 and 1, got {alpha} and {target_power}")
+        raise ConfigError(f"alpha and power must lie strictly between 0 and 1, got {alpha} and {target_power}")
     counts = sorted({int(count) for count in trial_counts})
     if not counts or counts[0] < 2:
-        raise ValueError(f"trial counts must be integers >= 2, got {list(trial_counts)}")
+        raise ConfigError(f"trial counts must be integers >= 2, got {list(trial_counts)}")
     if n_sessions < 10:
-        raise ValueError(f"n_sessions must be >= 10 for a power estimate, got {n_sessions}")
+        raise ConfigError(f"n_sessions must be >= 10 for a power estimate, got {n_sessions}")
     n_sites, _, n_steps = p_high.shape
     electrodes = [str(i + 1) for i in range(n_sites)] if electrodes is None else [str(e) for e in electrodes]
     positions = np.linspace(0.0, 1.0, n_steps)
@@ -176,14 +177,13 @@ def curves_from_plan(plan_dir) -> dict:
 
 
 def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
-              trial_counts=DEFAULT_TRIAL_COUNTS, n_sessions: int = 200, seed: int = 0) -> dict:
+              trial_counts=DEFAULT_TRIAL_COUNTS, n_sessions: int = 200, seed: int = 0, force: bool = False) -> dict:
     """Power of the plan's chosen sites; writes ``power_curve.csv``, ``power_sites.csv``,
-    ``summary.json`` and ``report.html`` / ``report.pdf`` (table and curve) into ``out_dir``."""
-    from pathlib import Path
-
+    ``summary.json`` and ``report.html`` / ``report.pdf`` (table and curve) into ``out_dir`` as one
+    result set."""
     from stimsim.analysis.analyze import json_ready
     from stimsim.analysis.figures import plot_power_curve
-    from stimsim.io import atomic_write_json, atomic_write_text, provenance
+    from stimsim.io import ResultSet, provenance
     from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
 
     planned = curves_from_plan(plan_dir)
@@ -191,7 +191,7 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
                                            trial_counts=trial_counts, n_sessions=n_sessions, alpha=alpha,
                                            target_power=target_power, seed=seed)
     summary = {**summary, "simulated_from": planned["source"], "plan_dir": str(plan_dir)}
-    out_dir = Path(out_dir)
+    results = ResultSet(out_dir, "power", force=force)
     parameters = {"plan_dir": str(plan_dir), "target_power": target_power, "alpha": alpha,
                   "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions, "seed": seed}
     report = Report("Power of the planned session", subtitle=str(plan_dir), parameters=parameters, sections=[
@@ -209,8 +209,11 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
         Section("Power curve", [Table.from_dataframe(curve)]),
         Section("Per site", [Table.from_dataframe(sites, caption="planned ΔAUC, power at every trial count, "
                                                                   "trials needed (– : not within the counts)")])])
-    report.write(out_dir)
-    atomic_write_text(out_dir / "power_curve.csv", curve.to_csv(index=False))
-    atomic_write_text(out_dir / "power_sites.csv", sites.to_csv(index=False))
-    atomic_write_json(out_dir / "summary.json", {**json_ready(summary), "provenance": provenance(parameters)})
+    results.claim("report.html")
+    results.claim("report.pdf")
+    report.write(results.directory)
+    results.write("power_curve.csv", lambda tmp: curve.to_csv(tmp, index=False))
+    results.write("power_sites.csv", lambda tmp: sites.to_csv(tmp, index=False))
+    results.write_json("summary.json", {**json_ready(summary), "provenance": provenance(parameters)})
+    results.finish()
     return summary

@@ -86,9 +86,3 @@ def build_report(analysis, sources=()) -> Report:
     return Report("Analysis of recorded stimulation sessions", sections=sections,
                   subtitle=", ".join(str(path) for path in sources),
                   parameters={**analysis.parameters, "sessions": [str(path) for path in sources]})
-
-
-def write_report(analysis, out_dir, sources=()):
-    """Write ``report.html`` and ``report.pdf`` into ``out_dir``; returns their paths."""
-    return build_report(analysis, sources).write(out_dir)
-
