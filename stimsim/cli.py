@@ -96,6 +96,39 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _cmd_plan(args) -> int:
+    from stimsim.planning.plan import run_plan
+
+    if args.validate is not None and args.validate < 1:
+        raise ValueError(f"--validate needs a number of hidden poses >= 1, got {args.validate}")
+    summary = run_plan(args.config, args.out, progress=not args.no_progress, validate=args.validate or 0)
+    shown = {key: summary[key] for key in ("task", "n_sites", "chosen_electrodes", "chosen_model", "current_uA",
+                                           "predicted_vs_true_r") if key in summary}
+    if "validation" in summary:
+        shown["validation"] = {key: summary["validation"][key] for key in
+                               ("predicted_vs_true_r", "predicted_vs_true_r_per_pose", "random_pose_r_p95")}
+    print(json.dumps(shown, indent=2))
+    print(f"plan written to {args.out}: report.html, report.pdf, sites.csv, plan.nc, summary.json, config.json")
+    return 0
+
+
+def _cmd_subject_session(args) -> int:
+    from stimsim.planning.session import session_from_plan, write_session_csv, write_session_nwb
+
+    trials = session_from_plan(args.plan_dir, args.trials_per_site, seed=args.seed, session_id=args.session_id,
+                               sites=args.sites)
+    subject_id, session_id = trials["subject_id"].iloc[0], trials["session_id"].iloc[0]
+    if args.out:
+        write_session_nwb(trials, args.out, subject_id=subject_id, session_id=session_id)
+    if args.csv:
+        write_session_csv(trials, args.csv)
+    if not args.out and not args.csv:
+        raise ValueError("give --out FILE.nwb and/or --csv FILE.csv")
+    print(f"{len(trials)} trials on {trials['electrode'].nunique()} sites written to "
+          + " and ".join(str(p) for p in (args.out, args.csv) if p))
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from stimsim.bench import run_benchmark, time_load_and_activations
     from stimsim.models.registry import DEFAULT_MODEL, available_models, load_model
@@ -206,6 +239,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mirror(run)
     _add_threads(run)
     run.set_defaults(handler=_cmd_run)
+
+    plan = commands.add_parser("plan", help="plan stimulation sites for a lab session (report.html/pdf, sites.csv, "
+                                            "plan.nc, summary.json); re-run the same command to resume")
+    plan.add_argument("config", help="plan file (TOML), e.g. experiments/plan_default.toml")
+    plan.add_argument("--out", required=True, help="output directory")
+    plan.add_argument("--validate", type=int, metavar="N", help="virtual subject only: repeat the closed loop on N "
+                                                                "hidden poses and write validation.json")
+    plan.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    plan.set_defaults(handler=_cmd_plan)
 
     bench = commands.add_parser("bench", help="benchmark the simulation engine against the plain approach")
     bench.add_argument("--json", action="store_true", help="print one JSON object")

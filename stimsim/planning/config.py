@@ -1,0 +1,191 @@
+"""Plan files (TOML): what to plan on, with which models, under which constraints.
+
+Tables and keys (every length in mm, current in µA; unknown keys are errors):
+
+top level       name, description, seed, task ("sequence_2afc" or "face")
+[models]        candidates (shipped names or model directories), n_folds (ridge CV folds)
+[subject]       config = a virtual-subject file (``stimsim subject make`` format) or dir = a subject
+                directory: plan on its recordings (truth is read only to validate)
+[recordings]    instead of [subject]: path (.nc / .nwb), images (list of stimulus-set tables, as in
+                experiment files), layout ("10x10", "8x8", .csv or .cmp), names (lab name → stimsim name)
+[array]         broken_electrodes, min_reliability (split-half; below it an electrode is not working),
+                anatomical = {ap_mm, ml_mm, rotation_deg, hemisphere, reference} (optional)
+[registration]  n_boot, allow_scale
+[sequences]     see :class:`stimsim.planning.sequences.SequenceSpec`
+[decoder]       the 2AFC decoder: see :class:`stimsim.planning.rehearsal.TaskSpec`
+[stimulation]   current_uA, frequency_Hz, pulse_width_ms, interphase_ms, train_ms, waveform
+[safety]        max_shannon_k, electrode_area_um2, max_charge_per_phase_nC, override (a reason)
+[selection]     n_sites, min_separation_mm, metric ("euclidean" / "manhattan")
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stimsim.config import Section, load_toml
+from stimsim.errors import ConfigError
+from stimsim.planning.rehearsal import TaskSpec
+from stimsim.planning.selection import SelectionSpec
+from stimsim.planning.sequences import SequenceSpec
+from stimsim.stimulation import SafetyLimits
+
+TASKS = ("sequence_2afc", "face")
+STIMULATION_KEYS = {"current_uA": 50.0, "frequency_Hz": 200.0, "pulse_width_ms": 0.2, "interphase_ms": 0.1,
+                    "train_ms": 50.0}
+
+
+@dataclass
+class PlanConfig:
+    name: str
+    path: Path
+    raw: dict
+    task: str
+    seed: int
+    candidates: list
+    n_folds: int
+    subject_config: Path | None
+    subject_dir: Path | None
+    recordings: dict | None
+    min_reliability: float
+    anatomical: dict | None
+    n_boot: int
+    allow_scale: bool
+    sequences: SequenceSpec
+    task_spec: TaskSpec
+    stimulation: dict
+    safety: SafetyLimits
+    safety_override: str | None
+    selection: SelectionSpec
+    description: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """Every resolved parameter (JSON-ready)."""
+        return {
+            "name": self.name, "description": self.description, "file": str(self.path), "task": self.task,
+            "seed": self.seed, "models": {"candidates": list(self.candidates), "n_folds": self.n_folds},
+            "subject": {"config": str(self.subject_config) if self.subject_config else None,
+                        "dir": str(self.subject_dir) if self.subject_dir else None},
+            "recordings": self.recordings,
+            "array": {"broken_electrodes": list(self.selection.broken_electrodes),
+                      "min_reliability": self.min_reliability, "anatomical": self.anatomical},
+            "registration": {"n_boot": self.n_boot, "allow_scale": self.allow_scale},
+            "sequences": self.sequences.to_dict(), "task_spec": self.task_spec.to_dict(),
+            "stimulation": dict(self.stimulation),
+            "safety": {**self.safety.to_dict(), "override": self.safety_override},
+            "selection": self.selection.to_dict(),
+        }
+
+    def digest(self) -> str:
+        """sha256 of the resolved parameters: a cache of another configuration is never reused."""
+        record = self.to_dict()
+        record.pop("description")
+        return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+def _number_or_none(section: Section, key: str):
+    value = section.get(key, (int, float), None)
+    return None if value is None else float(value)
+
+
+def load_plan_config(path) -> PlanConfig:
+    path = Path(path)
+    raw = load_toml(path)
+    where = str(path)
+    root = Section(raw, where)
+    name = root.get("name", str, path.stem)
+    description = root.get("description", str, "")
+    task = root.get("task", str, "sequence_2afc", choices=TASKS)
+    seed = root.get("seed", int, 0, minimum=0)
+
+    models = root.section("models", required=True)
+    candidates = models.get("candidates", list)
+    if not candidates or not all(isinstance(c, str) and c for c in candidates):
+        raise ConfigError(f"{where} [models]: candidates must be a non-empty list of model names or directories")
+    candidates = [str((path.parent / c).resolve()) if ("/" in c and not Path(c).is_absolute()) else c
+                  for c in candidates]
+    n_folds = models.get("n_folds", int, 10, minimum=2)
+    models.finish()
+
+    subject_config = subject_dir = recordings = None
+    if "subject" in raw and "recordings" in raw:
+        raise ConfigError(f"{where}: give either [subject] (a virtual subject) or [recordings] (a lab's), not both")
+    if "subject" in raw:
+        subject = root.section("subject")
+        config_file = subject.get("config", str, None)
+        directory = subject.get("dir", str, None)
+        subject.finish()
+        if (config_file is None) == (directory is None):
+            raise ConfigError(f"{where} [subject]: give exactly one of config (a subject file) or dir (a subject directory)")
+        if config_file is not None:
+            subject_config = (path.parent / config_file).resolve()
+            if not subject_config.is_file():
+                raise ConfigError(f"{where} [subject]: config file {subject_config} not found")
+        else:
+            subject_dir = (path.parent / directory).resolve()
+    elif "recordings" in raw:
+        section = root.section("recordings")
+        recordings = {
+            "path": str((path.parent / section.get("path", str)).resolve()),
+            "images": section.get("images", list),
+            "layout": section.get("layout", str, "10x10"),
+            "names": section.get("names", dict, {}),
+        }
+        section.finish()
+        layout_spec = recordings["layout"]
+        if layout_spec not in ("10x10", "8x8"):
+            recordings["layout"] = str((path.parent / layout_spec).resolve())
+        for entry in recordings["images"]:
+            if not isinstance(entry, dict):
+                raise ConfigError(f"{where} [recordings]: images must be tables such as {{ source = \"folder\", path = ... }}")
+            if "path" in entry:
+                entry["path"] = str((path.parent / entry["path"]).resolve())
+    else:
+        raise ConfigError(f"{where}: missing [subject] (a virtual subject) or [recordings] (a lab's recordings)")
+
+    array = root.section("array")
+    broken = array.get("broken_electrodes", list, [])
+    min_reliability = array.get("min_reliability", float, 0.3, minimum=-1.0, maximum=1.0)
+    anatomical = array.get("anatomical", dict, None)
+    array.finish()
+
+    registration = root.section("registration")
+    n_boot = registration.get("n_boot", int, 10, minimum=2)
+    allow_scale = registration.get("allow_scale", bool, False)
+    registration.finish()
+
+    sequences = root.section("sequences")
+    sequence_spec = SequenceSpec(**{key: sequences.get(key, type(default) if not isinstance(default, float) else float, default)
+                                    for key, default in SequenceSpec().to_dict().items()})
+    sequences.finish()
+    task_section = root.section("decoder")
+    task_spec = TaskSpec(**{key: task_section.get(key, int if isinstance(default, int) else float, default)
+                            for key, default in TaskSpec().to_dict().items()})
+    task_section.finish()
+
+    stim = root.section("stimulation")
+    stimulation = {key: stim.get(key, float, default, minimum=0.0) for key, default in STIMULATION_KEYS.items()}
+    stimulation["waveform"] = stim.get("waveform", str, "biphasic_cathodic_first")
+    stim.finish()
+
+    safety = root.section("safety")
+    limits = SafetyLimits(max_shannon_k=safety.get("max_shannon_k", float, 1.85),
+                          electrode_area_um2=safety.get("electrode_area_um2", float, 2000.0),
+                          max_charge_per_phase_nC=_number_or_none(safety, "max_charge_per_phase_nC"))
+    override = safety.get("override", str, None)
+    safety.finish()
+
+    selection = root.section("selection")
+    selection_spec = SelectionSpec(n_sites=selection.get("n_sites", int, 16),
+                                   min_separation_mm=selection.get("min_separation_mm", float, 0.0),
+                                   metric=selection.get("metric", str, "euclidean"),
+                                   broken_electrodes=tuple(str(b) for b in broken))
+    selection.finish()
+    root.finish()
+    return PlanConfig(name=name, path=path.resolve(), raw=raw, task=task, seed=seed, candidates=candidates,
+                      n_folds=n_folds, subject_config=subject_config, subject_dir=subject_dir, recordings=recordings,
+                      min_reliability=min_reliability, anatomical=anatomical, n_boot=n_boot, allow_scale=allow_scale,
+                      sequences=sequence_spec, task_spec=task_spec, stimulation=stimulation, safety=limits,
+                      safety_override=override, selection=selection_spec, description=description)

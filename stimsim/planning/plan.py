@@ -1,0 +1,407 @@
+"""``stimsim plan``: the site-planning job (Mehrer et al. 2025, arXiv 2510.03684, made into a tool).
+
+Phases, each cached in ``DIR/cache/`` when finished so a killed plan resumes where it stopped (a cache
+made with other parameters is refused, never mixed in):
+
+1. inputs — the lab's recordings and images, or a virtual subject made from its file (``DIR/subject/``,
+   recordings generated on the fly); the safety gate runs first, so a refused protocol stops the plan
+   before any work;
+2. mapping — every candidate model's cross-validated ridge predictivity, its registration of the array
+   on the model's IT sheet and the registration bootstrap (:mod:`stimsim.mapping`);
+3. sequences — on the best candidate, image sequences along every working electrode's mapped site;
+4. rehearsal — the 2AFC task in every candidate at its own mapped sites, without and with stimulation
+   at the fitted pose and at every bootstrap pose;
+5. ranking and constraints — predicted ΔAUC per electrode = mean over candidates (fitted pose), its
+   interval = 2.5–97.5 percentiles over candidates × bootstrap poses; greedy choice under the lab's
+   constraints;
+6. truth (virtual subject only, never used by the phases above) — the subject's own decoders and its
+   true electrode positions give the true ΔAUC of the same sequences; ``predicted_vs_true_r``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from stimsim.errors import ConfigError, DataError
+from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance, sha256_of
+from stimsim.planning.config import PlanConfig, load_plan_config
+from stimsim.planning.rehearsal import fit_readouts, rehearse
+from stimsim.planning.selection import check_broken, choose_sites
+from stimsim.planning.sequences import build_sequences, pooling_matrix
+from stimsim.stimulation import check_protocol, enforce
+from stimsim.stimulation.safety import charge_per_phase_nC
+
+IT = "IT"
+
+
+class PhaseCache:
+    """Finished phases as files in ``DIR/cache``; a cache of another configuration is an error."""
+
+    def __init__(self, out_dir: Path, digest: str):
+        self.dir = out_dir / "cache"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        stamp = self.dir / "config_digest.txt"
+        if stamp.is_file() and stamp.read_text().strip() != digest:
+            raise ConfigError(f"{out_dir} holds a plan made with other parameters (cache/config_digest.txt); "
+                              "use a new --out directory or delete that one")
+        atomic_write_text(stamp, digest + "\n")
+
+    def json(self, name: str, compute):
+        path = self.dir / f"{name}.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        value = compute()
+        atomic_write_json(path, value)
+        return value
+
+    def arrays(self, name: str, compute) -> dict:
+        path = self.dir / f"{name}.npz"
+        if path.is_file():
+            with np.load(path, allow_pickle=False) as archive:
+                return {key: archive[key] for key in archive.files}
+        value = compute()
+        atomic_save(path, lambda tmp: np.savez(tmp, **value))
+        return value
+
+
+def model_checksums(name: str) -> dict:
+    """sha256 of a model's weights file (and the model.json listing every file)."""
+    from stimsim.models.registry import model_path
+
+    directory = model_path(name)
+    return {"model.json": sha256_of(directory / "model.json"), "weights.pt": sha256_of(directory / "weights.pt")}
+
+
+def _stimulation_report(config: PlanConfig) -> dict:
+    from stimsim.planning.rehearsal import stimulation_at
+
+    stim = stimulation_at((0.0, 0.0), config.stimulation)
+    report = enforce(stim, config.safety, override=config.safety_override)
+    return report.to_dict()
+
+
+class PlanInputs:
+    """Recordings, images and layout the plan works from (and the virtual subject, if any)."""
+
+    def __init__(self, config: PlanConfig, out_dir: Path, progress: bool, subject_seed: int | None = None):
+        from stimsim.recordings import load_recordings
+
+        self.subject = None
+        self.subject_dir = None
+        if config.recordings is None:
+            from stimsim.subject import VirtualSubject
+            from stimsim.subject.virtual import read_stimuli_npz
+
+            if config.subject_dir is not None:
+                self.subject_dir = config.subject_dir
+            else:
+                self.subject_dir = out_dir / "subject"
+                if not (self.subject_dir / "truth.json").is_file():
+                    if progress:
+                        print("plan: making the virtual subject and its recordings", flush=True)
+                    subject = VirtualSubject.from_file(config.subject_config)
+                    if subject_seed is not None:
+                        from stimsim.config import load_toml
+
+                        raw = load_toml(config.subject_config)
+                        raw["subject"] = {**raw["subject"], "seed": int(subject_seed)}
+                        raw["array"] = {key: value for key, value in raw.get("array", {}).items() if key != "pose"}
+                        subject = VirtualSubject.create(raw, source=str(config.subject_config), model=subject.model)
+                        subject.config_dir = config.subject_config.parent
+                    subject.save(self.subject_dir)
+            recordings = load_recordings(self.subject_dir / "recordings.nc")
+            self.images = read_stimuli_npz(self.subject_dir / "stimuli.npz")
+        else:
+            from stimsim.arrays import load_layout
+            from stimsim.subject.virtual import build_stimuli
+
+            layout = load_layout(config.recordings["layout"])
+            self.images = build_stimuli(config.recordings["images"])
+            recordings = load_recordings(config.recordings["path"], names=config.recordings["names"] or None,
+                                         layout=layout, stimulus_ids=self.images.stimulus_id)
+        self.recordings = recordings
+        self.layout = recordings.layout
+        self.per_image = recordings.per_image()
+        if self.per_image.sizes["stimulus_id"] < config.n_folds:
+            raise ConfigError(f"{config.path} [models]: the recordings hold {self.per_image.sizes['stimulus_id']} "
+                              f"images, fewer than the n_folds = {config.n_folds} ridge folds need")
+        check_broken(config.selection.broken_electrodes, self.layout.electrode_ids,
+                     where=f"{config.path} [array] broken_electrodes")
+
+    def load_subject(self):
+        from stimsim.subject import VirtualSubject
+
+        if self.subject is None and self.subject_dir is not None:
+            self.subject = VirtualSubject.load(self.subject_dir)
+        return self.subject
+
+
+def _mapping_phase(config: PlanConfig, inputs: PlanInputs, models: dict, progress: bool) -> dict:
+    from stimsim.mapping import bootstrap_registration, register, select_model
+
+    reliability = inputs.recordings.split_half_reliability(seed=config.seed)
+    ids = list(inputs.layout.electrode_ids)
+    rel = {str(e): float(v) for e, v in zip(reliability["electrode"].values, reliability.values)}
+    broken = set(config.selection.broken_electrodes)
+    working = [e for e in ids if e not in broken and rel.get(e, np.nan) >= config.min_reliability]
+    if len(working) < 3:
+        raise ConfigError(f"{config.path} [array]: only {len(working)} electrode(s) are working (not broken, split-half "
+                          f"reliability >= min_reliability = {config.min_reliability}); at least 3 are needed")
+    if progress:
+        print(f"plan: model selection over {len(models)} candidate(s), {config.n_folds}-fold ridge", flush=True)
+    table, scores = select_model(inputs.per_image.sel(electrode=working), models, inputs.images,
+                                 n_folds=config.n_folds, seed=config.seed)
+    registrations, bootstraps = {}, {}
+    for name, model in models.items():
+        if progress:
+            print(f"plan: registering the array on {name}", flush=True)
+        registration = register(inputs.per_image, model, inputs.images, inputs.layout, seed=config.seed,
+                                allow_scale=config.allow_scale, electrodes=working, reliability=reliability)
+        boot = bootstrap_registration(inputs.per_image, model, inputs.images, inputs.layout, n_boot=config.n_boot,
+                                      seed=config.seed, reference=registration, electrodes=working,
+                                      progress=progress)
+        registrations[name] = registration.to_dict()
+        bootstraps[name] = boot.to_dict()
+    return {"selection": table.to_dict(orient="list"), "working": working, "reliability": rel,
+            "registrations": registrations, "bootstraps": bootstraps,
+            "predictivity": {name: {str(e): float(v) for e, v in zip(r2["electrode"].values, r2.values)}
+                             for name, r2 in scores.items()}}
+
+
+def _points(layout, pose_dicts, electrodes) -> np.ndarray:
+    """(n_electrodes, n_poses, 2) sheet points of ``electrodes`` under each pose."""
+    from stimsim.arrays import ArrayPose
+
+    index = [layout.index_of(e) for e in electrodes]
+    return np.stack([layout.on_sheet(ArrayPose.from_dict(p))[index] for p in pose_dicts], axis=1)
+
+
+def run_plan(config_path, out_dir, progress: bool = True, validate: int = 0) -> dict:
+    """Run the plan of ``config_path`` into ``out_dir``; returns the summary (also in summary.json).
+    ``validate`` > 0 (virtual subjects only) then repeats the closed loop on that many hidden poses
+    (:mod:`stimsim.planning.validation`) and writes ``validation.json``."""
+    config = load_plan_config(config_path)
+    if validate and config.subject_config is None:
+        raise ConfigError(f"{config.path}: --validate needs a virtual subject made from a file ([subject] config = ...)")
+    summary = plan_once(config, Path(out_dir), progress)
+    if validate:
+        from stimsim.planning.validation import validate_plan
+
+        summary["validation"] = validate_plan(config, Path(out_dir), validate, progress=progress)
+    return summary
+
+
+def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_seed: int | None = None,
+              write_report: bool = True) -> dict:
+    """One plan: every phase, then the outputs (``write_report`` False: summary.json, sites.csv and the truth
+    only). ``subject_seed`` makes the virtual subject with that seed (another hidden pose)."""
+    from stimsim.models.registry import load_model
+
+    safety = _stimulation_report(config)  # refuses an unsafe protocol before anything is computed
+    cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else ""))
+    inputs = PlanInputs(config, out_dir, progress, subject_seed)
+    models = {name: load_model(name) for name in config.candidates}
+    mapping = cache.json("mapping", lambda: _mapping_phase(config, inputs, models, progress))
+    chosen_model = mapping["selection"]["model"][0]
+    working = mapping["working"]
+    layout = inputs.layout
+
+    def registered_points(name):
+        reg = mapping["registrations"][name]
+        poses = [reg["pose"]] + mapping["bootstraps"][name]["poses"]
+        return _points(layout, poses, working)
+
+    design_points = registered_points(chosen_model)[:, 0]
+    sequences = cache.arrays("sequences", lambda: _sequences_phase(config, models[chosen_model], design_points,
+                                                                   inputs.images, progress))
+    rehearsals = {}
+    for name, model in models.items():
+        rehearsals[name] = cache.arrays(f"rehearsal_{_safe(name)}", lambda model=model, name=name: _rehearsal_phase(
+            config, model, sequences, registered_points(name), progress))
+    plan = _assemble(config, inputs, mapping, chosen_model, sequences, rehearsals, safety, registered_points)
+    truth = None
+    if inputs.subject_dir is not None:
+        truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, sequences, progress))
+        _write_truth(out_dir, truth, working, sequences)
+    return _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, rehearsals, plan, truth,
+                          safety, models, write_report)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(name).name)
+
+
+def _sequences_phase(config, model, points, images, progress) -> dict:
+    seq = build_sequences(model, points, images.images, config.sequences, layer=IT, seed=config.seed,
+                          progress=progress)
+    return {"images": seq.images, "start_index": seq.start_index, "site_response": seq.site_response,
+            "others_change_sd": seq.others_change_sd, "natural_mean": seq.natural_mean,
+            "natural_sd": seq.natural_sd}
+
+
+def _rehearsal_phase(config, model, sequences, points, progress) -> dict:
+    pool = pooling_matrix(model.sheet(IT), points[:, 0], config.sequences.recording_radius_mm)
+    readouts, noise_sd = fit_readouts(model, sequences["images"], pool, config.task_spec, seed=config.seed,
+                                      progress=progress)
+    with_torch = _site_responses(model, sequences["images"], pool)
+    result = rehearse(model, sequences["images"], points, config.stimulation, readouts, config.task_spec, with_torch,
+                      noise_sd, seed=config.seed, progress=progress)
+    return {"p_high": result.p_high, "delta_auc": result.delta_auc, "slope_to_noise": result.slope_to_noise,
+            "site_response": with_torch}
+
+
+def _site_responses(model, images, pool) -> np.ndarray:
+    """(n_sites, n_seq, n_steps) each site's pooled response to its own sequences in ``model``."""
+    n_sites, n_seq, n_steps = images.shape[:3]
+    flat = list(images.reshape(-1, *images.shape[3:]))
+    activity = model.activations(flat, IT, batch_size=512).numpy().reshape(n_sites, n_seq * n_steps, -1)
+    weights = pool.numpy()
+    return np.einsum("sif,sf->si", activity, weights).reshape(n_sites, n_seq, n_steps).astype(np.float64)
+
+
+def _truth_phase(config, subject, working, sequences, progress) -> dict:
+    """The virtual subject's own P(high) for the plan's sequences: its decoders, its true positions."""
+    sites = subject.electrode_sites_mm()
+    points = np.array([sites[e] for e in working])[:, None, :]
+    readouts, _ = fit_readouts(subject.model, sequences["images"], None, config.task_spec, seed=config.seed + 1,
+                               progress=progress)
+    result = rehearse(subject.model, sequences["images"], points, config.stimulation, readouts, config.task_spec,
+                      seed=config.seed + 1, progress=progress)
+    dead = np.array([e in set(subject.dead_electrodes) for e in working])
+    return {"p_high": result.p_high, "delta_auc": result.delta_auc[:, 0], "dead": dead}
+
+
+def _assemble(config, inputs, mapping, chosen_model, sequences, rehearsals, safety, registered_points) -> dict:
+    names = list(rehearsals)
+    per_model = np.stack([rehearsals[n]["delta_auc"].mean(-1) for n in names])  # (models, sites, poses)
+    predicted = per_model[:, :, 0].mean(0)
+    low = np.percentile(per_model.transpose(1, 0, 2).reshape(per_model.shape[1], -1), 2.5, axis=1)
+    high = np.percentile(per_model.transpose(1, 0, 2).reshape(per_model.shape[1], -1), 97.5, axis=1)
+    working = mapping["working"]
+    layout = inputs.layout
+    index = [layout.index_of(e) for e in working]
+    array_xy = layout.positions_mm[index]
+    choice = choose_sites(working, array_xy, predicted, config.selection)
+    return {"predicted": predicted, "low": low, "high": high, "per_model": per_model, "choice": choice,
+            "array_xy": array_xy, "model_xy": registered_points(chosen_model)[:, 0]}
+
+
+def _write_truth(out_dir: Path, truth: dict, working, sequences) -> None:
+    n_seq, n_steps = sequences["images"].shape[1:3]
+    data = xr.Dataset(
+        {"subject_p_high": (("electrode", "stimulated", "sequence", "step"), truth["p_high"]),
+         "true_delta_auc": (("electrode", "sequence"), truth["delta_auc"]),
+         "dead": ("electrode", truth["dead"])},
+        coords={"electrode": list(working), "stimulated": [False, True], "sequence": np.arange(n_seq),
+                "step": np.arange(n_steps)},
+        attrs={"description": "the virtual subject's own P(high) for the plan's sequences (validation only)"})
+    atomic_save(out_dir / "truth" / "subject_p_high.nc", lambda tmp: data.to_netcdf(tmp, engine="h5netcdf"))
+
+
+def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, rehearsals, plan, truth, safety,
+                   models, write_report: bool = True) -> dict:
+    from stimsim.planning.report import build_report
+
+    working = mapping["working"]
+    order, chosen = plan["choice"]["order"], plan["choice"]["chosen"]
+    anatomical = None
+    if config.anatomical is not None:
+        from stimsim.arrays.anatomy import AnatomicalPose
+
+        anatomical = AnatomicalPose.from_dict(config.anatomical).to_anatomical(inputs.layout, plan["array_xy"])
+    charge = charge_per_phase_nC(config.stimulation["current_uA"], config.stimulation["pulse_width_ms"])
+    verdict = "passed" if safety["passed"] else f"overridden: {safety['override_reason']}"
+    rank_of = np.empty(len(working), dtype=np.int64)
+    rank_of[order] = np.arange(1, len(working) + 1)
+    rows = []
+    for i in order:
+        row = {"rank": int(rank_of[i]), "electrode_id": working[i],
+               "array_x_mm": plan["array_xy"][i, 0], "array_y_mm": plan["array_xy"][i, 1]}
+        if anatomical is not None:
+            row["ap_mm"], row["ml_mm"] = anatomical[i, 0], anatomical[i, 1]
+        row.update({"model_x_mm": plan["model_xy"][i, 0], "model_y_mm": plan["model_xy"][i, 1],
+                    "predicted_delta_auc": plan["predicted"][i], "predicted_delta_auc_low": plan["low"][i],
+                    "predicted_delta_auc_high": plan["high"][i], "current_uA": config.stimulation["current_uA"],
+                    "frequency_Hz": config.stimulation["frequency_Hz"],
+                    "pulse_width_ms": config.stimulation["pulse_width_ms"], "charge_per_phase_nC": charge,
+                    "safety_verdict": verdict, "chosen": bool(i in set(chosen.tolist())),
+                    "status": plan["choice"]["reason"][i]})
+        rows.append(row)
+    sites = pd.DataFrame(rows)
+    atomic_write_text(out_dir / "sites.csv", sites.to_csv(index=False))
+
+    summary = {"name": config.name, "task": config.task, "n_sites": int(len(chosen)),
+               "n_rehearsed": len(working), "chosen_electrodes": [working[i] for i in chosen],
+               "current_uA": config.stimulation["current_uA"], "chosen_model": chosen_model,
+               "candidate_models": list(models), "safety": safety,
+               "registration": {name: {"pose": reg["pose"], "mean_correlation": reg["mean_correlation"],
+                                       "chance_mean_correlation_p95": reg["chance_mean_correlation_p95"]}
+                                for name, reg in mapping["registrations"].items()},
+               "registration_stability": {name: {k: boot[k] for k in ("sd_x_mm", "sd_y_mm", "sd_rotation_deg", "n_boot")}
+                                          for name, boot in mapping["bootstraps"].items()},
+               "predicted_delta_auc_median": float(np.median(plan["predicted"])),
+               "sequence_response_change_sd": float(np.median(
+                   (sequences["site_response"][:, :, -1] - sequences["site_response"][:, :, 0]) / sequences["natural_sd"][:, None])),
+               "sequence_others_change_sd": float(np.median(sequences["others_change_sd"][:, :, [0, -1]]))}
+    if truth is not None:
+        subject = inputs.load_subject()
+        alive = ~truth["dead"]
+        true = truth["delta_auc"].mean(-1)
+        r = float(np.corrcoef(plan["predicted"][alive], true[alive])[0, 1]) if alive.sum() > 2 else float("nan")
+        summary.update({"subject_dir": str(inputs.subject_dir), "predicted_vs_true_r": r,
+                        "predicted_vs_true_r_per_model": {
+                            name: float(np.corrcoef(plan["per_model"][m, alive, 0], true[alive])[0, 1])
+                            for m, name in enumerate(rehearsals)},
+                        "true_delta_auc_median": float(np.median(true[alive])),
+                        "subject_lapse_rate": subject.lapse_rate, "subject_id": f"virtual-{subject.seed}"})
+    summary["predicted_delta_auc"] = {e: float(v) for e, v in zip(working, plan["predicted"])}
+    if truth is not None:
+        summary["true_delta_auc"] = {e: float(v) for e, v in zip(working, truth["delta_auc"].mean(-1))}
+        summary["dead_electrodes_rehearsed"] = [e for e, d in zip(working, truth["dead"]) if d]
+    if not write_report:
+        atomic_write_json(out_dir / "summary.json", summary)
+        return summary
+    dataset = _plan_dataset(config, working, sequences, rehearsals, plan)
+    atomic_save(out_dir / "plan.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
+    record = provenance(config.to_dict())
+    record["model_checksums"] = {name: model_checksums(name) for name in models}
+    atomic_write_json(out_dir / "config.json", record)
+    atomic_write_json(out_dir / "summary.json", summary)
+    build_report(config, inputs, mapping, chosen_model, sequences, rehearsals, plan, sites, summary, truth,
+                 models, record).write(out_dir)
+    return summary
+
+
+def _plan_dataset(config, working, sequences, rehearsals, plan) -> xr.Dataset:
+    names = list(rehearsals)
+    n_sites, n_seq, n_steps = sequences["images"].shape[:3]
+    first = rehearsals[names[0]]
+    data = xr.Dataset(
+        {"sequence_image": (("electrode", "sequence", "step", "y", "x"), sequences["images"]),
+         "p_high": (("model", "electrode", "pose", "stimulated", "sequence", "step"),
+                    np.stack([_p_high_by_pose(rehearsals[n]["p_high"]) for n in names])),
+         "delta_auc": (("model", "electrode", "pose", "sequence"), np.stack([rehearsals[n]["delta_auc"] for n in names])),
+         "slope_to_noise": (("model", "electrode", "sequence"), np.stack([rehearsals[n]["slope_to_noise"] for n in names])),
+         "site_response": (("electrode", "sequence", "step"), sequences["site_response"]),
+         "others_change_sd": (("electrode", "sequence", "step"), sequences["others_change_sd"]),
+         "predicted_delta_auc": ("electrode", plan["predicted"]),
+         "predicted_delta_auc_low": ("electrode", plan["low"]),
+         "predicted_delta_auc_high": ("electrode", plan["high"]),
+         "model_x_mm": ("electrode", plan["model_xy"][:, 0]), "model_y_mm": ("electrode", plan["model_xy"][:, 1]),
+         "array_x_mm": ("electrode", plan["array_xy"][:, 0]), "array_y_mm": ("electrode", plan["array_xy"][:, 1])},
+        coords={"electrode": list(working), "model": names, "sequence": np.arange(n_seq), "step": np.arange(n_steps),
+                "pose": ["fitted"] + [f"bootstrap_{k}" for k in range(first["delta_auc"].shape[1] - 1)],
+                "stimulated": [False, True]},
+        attrs={"task": config.task, "current_uA": config.stimulation["current_uA"],
+               "description": "stimsim plan: sequences, P(high) with and without stimulation, predicted ΔAUC"})
+    return data
+
+
+def _p_high_by_pose(p_high: np.ndarray) -> np.ndarray:
+    """(sites, 1 + poses, seq, steps) with condition 0 = control → (sites, poses, 2, seq, steps)."""
+    control = np.broadcast_to(p_high[:, :1], p_high[:, 1:].shape)
+    return np.stack([control, p_high[:, 1:]], axis=2)

@@ -1,0 +1,168 @@
+"""The plan's report: the IT sheet with the registered array, the ranked table, registration quality
+and stability, every parameter, model checksums and software versions."""
+from __future__ import annotations
+
+import numpy as np
+
+from stimsim.figures import pyplot
+from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png, image_png
+
+IT = "IT"
+
+
+def _face_dprime(model, images) -> np.ndarray | None:
+    """Per-unit face d′ of the IT units over the images labelled "face" / other, or None without labels."""
+    from stimsim.behavior.metrics import dprime
+
+    labels = images.labels.get("category")
+    if labels is None or not np.any(labels == "face") or np.all(labels == "face"):
+        return None
+    activity = model.activations(images.images, IT, batch_size=512).numpy().astype(np.float64)
+    is_face = labels == "face"
+    values = dprime(activity[is_face], activity[~is_face])
+    return np.clip(np.nan_to_num(values, posinf=5.0, neginf=-5.0), -5.0, 5.0)
+
+
+def sheet_figure(model, images, mapping, chosen_model, plan, working) -> bytes:
+    from stimsim.arrays import ArrayPose
+
+    plt = pyplot()
+    sheet = model.sheet(IT)
+    coords = sheet.coordinates_mm
+    values = _face_dprime(model, images)
+    fig, ax = plt.subplots(figsize=(7.5, 6.5))
+    if values is not None:
+        scatter = ax.scatter(coords[:, 0], coords[:, 1], c=values, cmap="RdBu_r", vmin=-3, vmax=3, s=6, linewidths=0)
+        fig.colorbar(scatter, ax=ax, shrink=0.8, label="face d′ (unit)")
+    else:
+        ax.scatter(coords[:, 0], coords[:, 1], c="0.8", s=4, linewidths=0)
+    registration = mapping["registrations"][chosen_model]
+    layout_points = np.array([registration["electrode_sites_mm"][e] for e in registration["electrode_sites_mm"]])
+    ax.scatter(layout_points[:, 0], layout_points[:, 1], s=14, facecolors="none", edgecolors="k", linewidths=0.6)
+    chosen = set(plan["choice"]["chosen"].tolist())
+    for i, electrode in enumerate(working):
+        x, y = plan["model_xy"][i]
+        ax.annotate(electrode, (x, y), fontsize=4.5, ha="center", va="center",
+                    color="darkgreen" if i in chosen else "k", fontweight="bold" if i in chosen else "normal")
+    if chosen:
+        picked = plan["model_xy"][sorted(chosen)]
+        ax.scatter(picked[:, 0], picked[:, 1], s=60, facecolors="none", edgecolors="limegreen", linewidths=1.4,
+                   label="chosen sites")
+        ax.legend(loc="upper right", fontsize=8)
+    pose = ArrayPose.from_dict(registration["pose"])
+    ax.set_title(f"{chosen_model} IT sheet; array at x = {pose.x_mm:.2f} mm, y = {pose.y_mm:.2f} mm, "
+                 f"{pose.rotation_deg:.1f}°", fontsize=9)
+    ax.set_xlabel("sheet x (mm)")
+    ax.set_ylabel("sheet y (mm)")
+    ax.set_aspect("equal")
+    return figure_png(fig)
+
+
+def curves_figure(rehearsals, plan, working, n_top: int = 4) -> bytes:
+    plt = pyplot()
+    names = list(rehearsals)
+    top = plan["choice"]["order"][:n_top]
+    fig, axes = plt.subplots(1, len(top), figsize=(3.0 * len(top), 2.8), squeeze=False)
+    for ax, site in zip(axes[0], top):
+        p = rehearsals[names[0]]["p_high"][site]  # (conditions, seq, steps)
+        steps = np.arange(p.shape[-1])
+        ax.plot(steps, p[0].mean(0), "k-o", ms=3, label="no stimulation")
+        ax.plot(steps, p[1].mean(0), "r-o", ms=3, label="stimulated")
+        ax.set_title(f"electrode {working[site]}  ΔAUC {plan['predicted'][site]:.3f}", fontsize=8)
+        ax.set_xlabel("step")
+        ax.set_ylim(-0.02, 1.02)
+    axes[0][0].set_ylabel(f"P(high), {names[0]}")
+    axes[0][0].legend(fontsize=7)
+    return figure_png(fig)
+
+
+def truth_figure(plan, truth, summary) -> bytes:
+    plt = pyplot()
+    alive = ~truth["dead"]
+    true = truth["delta_auc"].mean(-1)
+    fig, ax = plt.subplots(figsize=(4.2, 4.0))
+    ax.errorbar(plan["predicted"][alive], true[alive],
+                xerr=[plan["predicted"][alive] - plan["low"][alive], plan["high"][alive] - plan["predicted"][alive]],
+                fmt="o", ms=3, alpha=0.7, elinewidth=0.5)
+    ax.set_xlabel("planned ΔAUC")
+    ax.set_ylabel("virtual subject's true ΔAUC")
+    ax.set_title(f"r = {summary['predicted_vs_true_r']:.2f} across {int(alive.sum())} working electrodes", fontsize=9)
+    return figure_png(fig)
+
+
+def build_report(config, inputs, mapping, chosen_model, sequences, rehearsals, plan, sites, summary, truth, models,
+                 record) -> Report:
+    working = mapping["working"]
+    index_of = {e: i for i, e in enumerate(working)}
+    names = list(rehearsals)
+    stn = rehearsals[chosen_model]["slope_to_noise"]
+    columns = ["rank", "electrode id", "array x (mm)", "array y (mm)"]
+    if "ap_mm" in sites:
+        columns += ["AP (mm)", "ML (mm)"]
+    columns += ["model x (mm)", "model y (mm)", "predicted ΔAUC", "95% interval", "best sequence (low → high)",
+                "slope/noise", "current (µA)", "charge/phase (nC)", "safety", "status"]
+    rows = []
+    for record_row in sites.itertuples(index=False):
+        i = index_of[record_row.electrode_id]
+        best = int(np.nanargmax(stn[i])) if np.any(np.isfinite(stn[i])) else 0
+        thumbs = tuple(Image(image_png(sequences["images"][i, best, k], scale=1), alt=f"step {k}")
+                       for k in range(sequences["images"].shape[2]))
+        row = [record_row.rank, record_row.electrode_id, record_row.array_x_mm, record_row.array_y_mm]
+        if "ap_mm" in sites:
+            row += [record_row.ap_mm, record_row.ml_mm]
+        row += [record_row.model_x_mm, record_row.model_y_mm, record_row.predicted_delta_auc,
+                f"[{record_row.predicted_delta_auc_low:.4f}, {record_row.predicted_delta_auc_high:.4f}]", thumbs,
+                float(stn[i, best]), record_row.current_uA, record_row.charge_per_phase_nC, record_row.safety_verdict,
+                record_row.status]
+        rows.append(tuple(row))
+    table = Table(tuple(columns), rows, caption="Ranked sites (all working electrodes; 'chosen' = the plan's sites)",
+                  digits=3)
+    selection_rows = [tuple(values) for values in zip(*[mapping["selection"][k] for k in
+                                                        ("rank", "model", "median_r2", "chance_median_r2")])]
+    registration_rows = []
+    for name in names:
+        reg, boot = mapping["registrations"][name], mapping["bootstraps"][name]
+        registration_rows.append((name, reg["pose"]["x_mm"], reg["pose"]["y_mm"], reg["pose"]["rotation_deg"],
+                                  reg["mean_correlation"], reg["chance_mean_correlation_p95"], boot["sd_x_mm"],
+                                  boot["sd_y_mm"], boot["sd_rotation_deg"],
+                                  float(np.mean(list(boot["electrode_consistency"].values())))))
+    n_chosen = summary["n_sites"]
+    overview = [Paragraph(
+        f"{n_chosen} site(s) chosen out of {len(working)} working electrodes ({len(inputs.layout.electrode_ids)} on the "
+        f"array). Stimulation: {config.stimulation['current_uA']:g} µA, {config.stimulation['frequency_Hz']:g} Hz, "
+        f"{config.stimulation['pulse_width_ms']:g} ms per phase ({config.stimulation['waveform']}); safety: "
+        f"{'passed' if summary['safety']['passed'] else 'OVERRIDDEN — ' + str(summary['safety']['override_reason'])} "
+        f"(Shannon k = {summary['safety']['shannon_k']:.2f}, limit {config.safety.max_shannon_k:g}). "
+        f"Predicted ΔAUC: mean over {len(names)} candidate model(s) at their fitted registration; the interval spans "
+        f"2.5–97.5 % over candidates × {config.n_boot} registration bootstrap poses. Task: 2AFC between the two ends "
+        f"of 7-step image sequences along each site's tuning (chance ΔAUC = 0)."),
+        Image(sheet_figure(models[chosen_model], inputs.images, mapping, chosen_model, plan, working),
+              caption="The chosen model's IT sheet coloured by face selectivity (unit d′, faces vs other images of the "
+                      "mapping set), the registered array's mapped electrode points (circles, ids) and the chosen "
+                      "sites (green)."),
+        Image(curves_figure(rehearsals, plan, working),
+              caption="P(high) along the sequences of the top-ranked sites, mean over sequences, without and with "
+                      "stimulation (the chosen model).")]
+    sections = [Section("Plan", overview), Section("Ranked sites", [table])]
+    sections.append(Section("Model selection and registration", [
+        Table(("rank", "model", "median CV ridge R²", "chance median R²"), selection_rows,
+              caption=f"Model selection: {config.n_folds}-fold cross-validated ridge predictivity of the working "
+                      "electrodes (chance: features shuffled across images)"),
+        Table(("model", "x (mm)", "y (mm)", "rotation (°)", "mean electrode r", "chance r (95th pct)",
+               "bootstrap SD x (mm)", "SD y (mm)", "SD rotation (°)", "electrode consistency"), registration_rows,
+              caption="Registration quality and stability (bootstrap over images)"),
+        Paragraph("Sequence method: pixel-space gradient steps with image priors (smoothness, small steps, pixel "
+                  "range) — not a generative model; see stimsim.planning.sequences. Median change of the target "
+                  f"site across a sequence: {summary['sequence_response_change_sd']:.2f} natural SDs; other sites at "
+                  f"the ends: {summary['sequence_others_change_sd']:.2f} SDs (RMS).")]))
+    if truth is not None:
+        sections.append(Section("Validation on the virtual subject", [
+            Paragraph(f"The subject's true ΔAUC: the same sequences, its own frozen decoders, stimulation at each "
+                      f"electrode's true position on its sheet. Pearson r across working electrodes = "
+                      f"{summary['predicted_vs_true_r']:.3f} (chance 0); per candidate model: "
+                      + ", ".join(f"{k} {v:.3f}" for k, v in summary["predicted_vs_true_r_per_model"].items()) + "."),
+            Image(truth_figure(plan, truth, summary), caption="Planned against true ΔAUC per working electrode.")]))
+    sections.append(Section("Model checksums", [Listing(record["model_checksums"])]))
+    return Report(f"Stimulation plan: {config.name}", sections,
+                  subtitle=config.description or "stimsim site plan", parameters=record["config"],
+                  software=record["software"])

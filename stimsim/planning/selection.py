@@ -1,0 +1,97 @@
+"""Ranking of rehearsed sites and the lab's constraints on which electrodes may be chosen.
+
+Sites are ranked by predicted ΔAUC (largest first; ties by electrode order). The chosen sites are taken
+greedily down that ranking: an electrode is skipped when it is broken (listed by the lab, or failing the
+reliability criterion) or closer than ``min_separation_mm`` (``"euclidean"`` or ``"manhattan"``, on the
+array, mm) to a site already chosen; selection stops at ``n_sites``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from stimsim.errors import ConfigError
+
+METRICS = ("euclidean", "manhattan")
+
+
+@dataclass(frozen=True)
+class SelectionSpec:
+    """n_sites : sites to choose; min_separation_mm : between any two chosen sites (array mm);
+    metric : "euclidean" or "manhattan"; broken_electrodes : ids the lab marks broken."""
+
+    n_sites: int = 16
+    min_separation_mm: float = 0.0
+    metric: str = "euclidean"
+    broken_electrodes: tuple = ()
+
+    def __post_init__(self):
+        if isinstance(self.n_sites, bool) or not isinstance(self.n_sites, (int, np.integer)) or self.n_sites < 1:
+            raise ConfigError(f"selection.n_sites must be a positive integer, got {self.n_sites!r}")
+        value = self.min_separation_mm
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+            raise ConfigError(f"selection.min_separation_mm must be a number >= 0 (mm), got {value!r}")
+        if self.metric not in METRICS:
+            raise ConfigError(f"selection.metric must be one of {list(METRICS)}, got {self.metric!r}")
+        object.__setattr__(self, "broken_electrodes", tuple(str(e) for e in self.broken_electrodes))
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["broken_electrodes"] = list(self.broken_electrodes)
+        return data
+
+
+def check_broken(broken, electrode_ids, where: str = "selection.broken_electrodes") -> None:
+    """Every broken id must name an electrode of the array."""
+    known = set(str(e) for e in electrode_ids)
+    unknown = [str(e) for e in broken if str(e) not in known]
+    if unknown:
+        preview = sorted(known, key=lambda e: (len(e), e))[:6]
+        raise ConfigError(f"{where}: unknown electrode id(s) {unknown}; the array's ids are e.g. {preview}")
+
+
+def separation_mm(a, b, metric: str) -> np.ndarray:
+    """Distances (mm) between points ``a`` (..., 2) and ``b`` (..., 2)."""
+    difference = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if metric == "euclidean":
+        return np.sqrt((difference ** 2).sum(-1))
+    if metric == "manhattan":
+        return np.abs(difference).sum(-1)
+    raise ConfigError(f"metric must be one of {list(METRICS)}, got {metric!r}")
+
+
+def rank_sites(predicted: np.ndarray) -> np.ndarray:
+    """Indices of sites from the largest predicted effect to the smallest (stable for ties; NaN last)."""
+    values = np.asarray(predicted, dtype=np.float64)
+    return np.lexsort((np.arange(len(values)), np.where(np.isnan(values), np.inf, -values)))
+
+
+def choose_sites(electrode_ids, array_xy_mm, predicted, spec: SelectionSpec, unusable=()) -> dict:
+    """Greedy choice under the constraints.
+
+    Returns ``{"order": ranked indices, "chosen": indices chosen (rank order), "reason": per-site text}``:
+    "chosen", "broken", "unreliable", "too close to <id>" or "beyond n_sites".
+    """
+    ids = [str(e) for e in electrode_ids]
+    check_broken(spec.broken_electrodes, ids)
+    xy = np.asarray(array_xy_mm, dtype=np.float64)
+    order = rank_sites(predicted)
+    broken, unusable = set(spec.broken_electrodes), set(str(e) for e in unusable)
+    chosen, reason = [], [""] * len(ids)
+    for index in order:
+        if ids[index] in broken:
+            reason[index] = "broken"
+        elif ids[index] in unusable:
+            reason[index] = "unreliable"
+        elif len(chosen) >= spec.n_sites:
+            reason[index] = "beyond n_sites"
+        else:
+            distance = separation_mm(xy[chosen], xy[index], spec.metric) if chosen else np.array([])
+            close = np.flatnonzero(distance < spec.min_separation_mm)
+            if len(close):
+                reason[index] = f"too close to {ids[chosen[close[0]]]}"
+            else:
+                chosen.append(int(index))
+                reason[index] = "chosen"
+    return {"order": order, "chosen": np.asarray(chosen, dtype=np.int64), "reason": reason}

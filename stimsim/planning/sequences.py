@@ -1,0 +1,245 @@
+"""Image sequences along one site's tuning, made by gradient steps on the model's input.
+
+Mehrer et al. 2025 (arXiv 2510.03684) rehearse every mapped electrode with 7-image sequences that move
+the site's response along its tuning, up to ±5 SD of its natural range. They used a generative image
+model; none is available offline, so stimsim optimises pixels directly, with image priors:
+
+For each site and each start image ``x0`` (a natural image whose site response lies near the site's
+median, so there is room both ways), two end images are optimised from ``x0`` by Adam on the pixels:
+
+    loss(x) = hinge((target − r_site(x)) · sign / SD_site)²                      reach the target level
+              + others_weight · mean_j ((r_j(x) − r_j(x0)) / SD_j)²              other sites stay put
+              + tv_weight · TV(x) + step_weight · mean((x − x0)²)                smooth, small changes
+
+with ``target = r_site(x0) ± max_sd · SD_site`` (``+`` for the "high" end, ``−`` for "low"; the hinge
+stops pushing once the target is passed), pixels kept in [0, 1] by projection after every step.
+``r_site`` is the site's pooled response: the mean activity of the units within ``recording_radius_mm``
+of its point on the sheet; SDs are over the natural images. The 7 steps are ``x0`` moved along the
+straight pixel-space lines to the two ends (step 3 = ``x0``; steps 0 and 6 = the ends).
+
+Limits: pixel-space optimisation finds small, texture-like changes the model responds to, not the
+natural-looking morphs of a generative model; whether an animal's neurons follow them as the model's do
+is exactly what the rehearsal is meant to be checked against. Levels are placed by first crossing, so responses along a sequence never step back; the achieved
+responses are recorded with the sequences. Units silent for an image (ReLU) give no gradient, so a site silent for every start image cannot
+be driven down; its "low" end then stays near ``x0``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from stimsim.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SequenceSpec:
+    """How sequences are made.
+
+    n_sequences : sequences per site (they stand in for trials with different images).
+    n_steps : images per sequence (odd; the middle one is the natural start image).
+    max_sd : target excursion of each end, in SDs of the site's response over the natural images.
+    iterations : Adam steps per end image; learning_rate : Adam step size (pixel units, [0, 1] range).
+    others_weight, tv_weight, step_weight : weights of the loss terms above.
+    recording_radius_mm : units within this distance of a site form its pooled response.
+    batch_images : images optimised together (memory and speed trade-off).
+    """
+
+    n_sequences: int = 3
+    n_steps: int = 7
+    max_sd: float = 5.0
+    iterations: int = 40
+    learning_rate: float = 0.03
+    others_weight: float = 1.0
+    tv_weight: float = 0.02
+    step_weight: float = 0.5
+    recording_radius_mm: float = 0.5
+    batch_images: int = 256
+
+    def __post_init__(self):
+        for name in ("n_sequences", "n_steps", "iterations", "batch_images"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ConfigError(f"sequences.{name} must be a positive integer, got {value!r}")
+        if self.n_steps < 3 or self.n_steps % 2 == 0:
+            raise ConfigError(f"sequences.n_steps must be odd and >= 3 (the middle step is the start image), "
+                              f"got {self.n_steps}")
+        for name in ("max_sd", "learning_rate", "recording_radius_mm"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) or value <= 0:
+                raise ConfigError(f"sequences.{name} must be a number > 0, got {value!r}")
+        for name in ("others_weight", "tv_weight", "step_weight"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) or value < 0:
+                raise ConfigError(f"sequences.{name} must be a number >= 0, got {value!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SequenceSet:
+    """Sequences for a list of sites.
+
+    images : (n_sites, n_sequences, n_steps, H, W) float32 in [0, 1].
+    start_index : (n_sites, n_sequences) index of each sequence's start image in the natural set.
+    site_response : (n_sites, n_sequences, n_steps) the site's pooled response at every step (model units).
+    others_change_sd : (n_sites, n_sequences, n_steps) RMS change of the other sites' responses from the
+        start image, in their natural SDs.
+    natural_mean, natural_sd : (n_sites,) site responses over the natural images.
+    """
+
+    images: np.ndarray
+    start_index: np.ndarray
+    site_response: np.ndarray
+    others_change_sd: np.ndarray
+    natural_mean: np.ndarray
+    natural_sd: np.ndarray
+
+    @property
+    def response_change_sd(self) -> np.ndarray:
+        """(n_sites, n_sequences, n_steps) the site's response relative to the start image, in natural SDs."""
+        middle = self.images.shape[2] // 2
+        return (self.site_response - self.site_response[:, :, middle:middle + 1]) / self.natural_sd[:, None, None]
+
+
+def pooling_matrix(sheet, sites_mm, radius_mm: float) -> torch.Tensor:
+    """(n_sites, n_units) weights: 1/n for the n units within ``radius_mm`` of each site, else 0.
+    A site with no unit in reach is an error naming it."""
+    sites = np.asarray(sites_mm, dtype=np.float64).reshape(-1, 2)
+    distance = np.linalg.norm(sheet.coordinates_mm[None, :, :] - sites[:, None, :], axis=-1)
+    inside = distance <= radius_mm
+    counts = inside.sum(axis=1)
+    empty = np.flatnonzero(counts == 0)
+    if len(empty):
+        raise ConfigError(f"no unit within recording_radius_mm = {radius_mm} of site(s) "
+                          f"{[tuple(np.round(sites[i], 3)) for i in empty]} mm; increase the radius")
+    return torch.from_numpy((inside / counts[:, None]).astype(np.float32))
+
+
+def _features(model, pixels: torch.Tensor, layer: str) -> torch.Tensor:
+    """Activity of ``layer`` (flattened) for images in [0, 1] given as (B, C, H, W), with gradients."""
+    p = model.preprocessing
+    mean = torch.tensor(p.mean, dtype=pixels.dtype).view(1, -1, 1, 1)
+    std = torch.tensor(p.std, dtype=pixels.dtype).view(1, -1, 1, 1)
+    x = (pixels - mean) / std
+    for name, module in model.stages:
+        x = module(x)
+        if name == layer:
+            return x.flatten(1)
+    raise ConfigError(f"layer {layer!r} is not a stage of the model")
+
+
+def _total_variation(x: torch.Tensor) -> torch.Tensor:
+    """Mean absolute difference of neighbouring pixels, per image."""
+    return ((x[..., 1:, :] - x[..., :-1, :]).abs().mean(dim=(1, 2, 3))
+            + (x[..., :, 1:] - x[..., :, :-1]).abs().mean(dim=(1, 2, 3)))
+
+
+def _place_steps(model, starts, ends, pool, layer, half: int, sign: float, grid: int = 16) -> torch.Tensor:
+    """``half`` images on the straight pixel line from each start to its end whose site responses step
+    evenly towards the best response reached on that line (first crossing of each level on a grid of
+    ``grid`` points, so the responses never step back). Returns (sites, seq, half, C, H, W)."""
+    n_sites, n_seq = starts.shape[:2]
+    fractions = torch.linspace(0, 1, grid + 1)[1:]
+    path = starts[:, :, None] + fractions.view(1, 1, -1, 1, 1, 1) * (ends - starts)[:, :, None]
+    with torch.no_grad():
+        flat = path.reshape(-1, *starts.shape[2:])
+        r = torch.cat([_features(model, flat[i:i + 512], layer) @ pool.T for i in range(0, len(flat), 512)])
+        r0 = torch.cat([_features(model, starts.reshape(-1, *starts.shape[2:]), layer) @ pool.T])
+    site = torch.arange(n_sites).repeat_interleave(n_seq)
+    own = sign * r.view(n_sites * n_seq, grid, n_sites)[torch.arange(n_sites * n_seq), :, site]  # larger = further
+    own0 = sign * r0[torch.arange(n_sites * n_seq), site]
+    best = torch.cummax(own, dim=1).values
+    reach = best[:, -1]
+    chosen = torch.empty(n_sites * n_seq, half, dtype=torch.long)
+    for m in range(1, half + 1):
+        level = own0 + (reach - own0) * m / half
+        crossed = best >= level[:, None] - 1e-12
+        chosen[:, m - 1] = crossed.float().argmax(dim=1)
+    chosen = torch.cummax(chosen, dim=1).values
+    flat_path = path.reshape(n_sites * n_seq, grid, *starts.shape[2:])
+    picked = flat_path[torch.arange(n_sites * n_seq)[:, None], chosen]
+    return picked.view(n_sites, n_seq, half, *starts.shape[2:])
+
+
+def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = SequenceSpec(), layer: str = "IT",
+                    seed: int = 0, progress: bool = True) -> SequenceSet:
+    """Sequences along the tuning of every site in ``sites_mm`` ((n_sites, 2) mm on ``layer``'s sheet).
+
+    ``natural_images``: the start images (anything ``model.preprocess`` accepts; resized to the model's
+    input); every site's other sites are the remaining entries of ``sites_mm``.
+    """
+    layer = model.resolve_layer(layer)
+    sheet = model.sheet(layer)
+    sites = np.asarray(sites_mm, dtype=np.float64).reshape(-1, 2)
+    n_sites, s = len(sites), spec
+    pool = pooling_matrix(sheet, sites, spec.recording_radius_mm)
+    p = model.preprocessing
+    natural = model.preprocess(natural_images) * torch.tensor(p.std).view(1, -1, 1, 1) + torch.tensor(p.mean).view(1, -1, 1, 1)
+    natural = natural.clamp(0, 1)
+    if len(natural) < s.n_sequences:
+        raise ConfigError(f"{len(natural)} natural images cannot start {s.n_sequences} sequences per site")
+    with torch.no_grad():
+        responses = torch.cat([_features(model, natural[i:i + 256], layer) @ pool.T
+                               for i in range(0, len(natural), 256)]).numpy().astype(np.float64)
+    natural_mean, natural_sd = responses.mean(0), responses.std(0)
+    natural_sd = np.where(natural_sd > 0, natural_sd, 1.0)
+    rng = np.random.default_rng(seed)
+    # Start images: closest to the site's median response, ties broken at random (seeded).
+    order = np.lexsort((rng.random(responses.shape).T, np.abs(responses - np.median(responses, 0)).T), axis=-1)
+    start_index = order[:, :s.n_sequences]  # (n_sites, n_sequences)
+
+    # Jobs: one per (site, sequence, end); end 0 = low (−), end 1 = high (+).
+    site_of = np.repeat(np.arange(n_sites), s.n_sequences * 2)
+    start_of = np.repeat(start_index.reshape(-1), 2)
+    sign_of = np.tile([-1.0, 1.0], n_sites * s.n_sequences)
+    ends = torch.empty((len(site_of),) + natural.shape[1:])
+    sd_t = torch.from_numpy(natural_sd.astype(np.float32))
+    for begin in tqdm(range(0, len(site_of), s.batch_images), desc="sequences", unit="batch", disable=not progress):
+        jobs = slice(begin, min(begin + s.batch_images, len(site_of)))
+        x0 = natural[start_of[jobs]]
+        site = torch.from_numpy(site_of[jobs])
+        sign = torch.from_numpy(sign_of[jobs].astype(np.float32))
+        with torch.no_grad():
+            r0 = _features(model, x0, layer) @ pool.T
+        target = r0[torch.arange(len(site)), site] + sign * s.max_sd * sd_t[site]
+        others = torch.ones(len(site), n_sites)
+        others[torch.arange(len(site)), site] = 0.0
+        n_others = others.sum(1).clamp(min=1)
+        x = x0.clone().requires_grad_(True)
+        optimiser = torch.optim.Adam([x], lr=s.learning_rate)
+        for _ in range(s.iterations):
+            optimiser.zero_grad()
+            r = _features(model, x, layer) @ pool.T
+            r_site = r[torch.arange(len(site)), site]
+            reach = torch.relu(sign * (target - r_site) / sd_t[site]) ** 2
+            keep = ((((r - r0) / sd_t) ** 2) * others).sum(1) / n_others
+            loss = (reach + s.others_weight * keep + s.tv_weight * _total_variation(x)
+                    + s.step_weight * ((x - x0) ** 2).mean(dim=(1, 2, 3)))
+            loss.sum().backward()
+            optimiser.step()
+            with torch.no_grad():
+                x.clamp_(0, 1)
+        ends[jobs] = x.detach()
+    ends = ends.view(n_sites, s.n_sequences, 2, *natural.shape[1:])
+    starts = natural[torch.from_numpy(start_index.reshape(-1))].view(n_sites, s.n_sequences, *natural.shape[1:])
+    half = s.n_steps // 2
+    sides = [_place_steps(model, starts, ends[:, :, end], pool, layer, half, sign)
+             for end, sign in ((0, -1.0), (1, 1.0))]
+    images = torch.cat([sides[0].flip(2), starts[:, :, None], sides[1]], dim=2).clamp(0, 1)  # (sites, seq, steps, C, H, W)
+    with torch.no_grad():
+        flat = images.reshape(-1, *natural.shape[1:])
+        r = torch.cat([_features(model, flat[i:i + 512], layer) @ pool.T for i in range(0, len(flat), 512)])
+    r = r.numpy().astype(np.float64).reshape(n_sites, s.n_sequences, s.n_steps, n_sites)
+    own = np.take_along_axis(r, np.arange(n_sites)[:, None, None, None], axis=3)[..., 0]
+    change = (r - r[:, :, half:half + 1, :]) / natural_sd
+    others_mask = ~np.eye(n_sites, dtype=bool)[:, None, None, :]
+    n_other = max(n_sites - 1, 1)
+    others_change = np.sqrt(np.where(others_mask, change ** 2, 0.0).sum(-1) / n_other)
+    array = images.numpy()
+    array = array[:, :, :, 0] if array.shape[3] == 1 else np.moveaxis(array, 3, -1)
+    return SequenceSet(images=array.astype(np.float32), start_index=start_index, site_response=own,
+                       others_change_sd=others_change, natural_mean=natural_mean, natural_sd=natural_sd)

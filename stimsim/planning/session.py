@@ -1,0 +1,155 @@
+"""Behavioural sessions of the virtual subject: the plan's sites and sequences, trial by trial.
+
+Every site gets ``trials_per_site`` trials: its sequences × steps, stimulated and sham interleaved 50/50
+(balanced: the conditions are repeated to fill the trials and shuffled; with an odd count the last trial
+is drawn at random). All sites' trials are interleaved in one shuffled session. On a trial the subject
+chooses "high" with probability ``lapse_rate / 2 + (1 − lapse_rate) · P(high)``, where P(high) is its
+own frozen decoder's output for that image, with stimulation at the electrode's true position on its
+sheet (stimulated trials) or without (sham) — the subject's P(high) computed when the plan was made
+(``truth/subject_p_high.nc``). Trials last 1 s and start every 1.5 s.
+
+Columns (the contract shared with :mod:`stimsim.analysis.sessions`): start_time, stop_time (s),
+stimulus_id ("{electrode}_seq{j}_step{k}"), electrode, sequence, step, stimulated_electrode (id or
+"sham"), current_uA (0 on sham), choice ("low"/"high"), correct (steps below the middle: low; above:
+high; the middle step: false), and in tables subject_id, session_id.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from stimsim.errors import ConfigError, FileFormatError
+from stimsim.io import atomic_save, atomic_write_text
+
+SHAM = "sham"
+TRIAL_PERIOD_S = 1.5
+TRIAL_DURATION_S = 1.0
+
+COLUMN_DESCRIPTIONS = {
+    "stimulus_id": "image shown: '{electrode}_seq{sequence}_step{step}'",
+    "electrode": "site whose image sequence is shown (electrode id)",
+    "sequence": "index of the site's sequence",
+    "step": "position along the sequence (0 = 'low' end, last = 'high' end)",
+    "stimulated_electrode": "electrode id stimulated on this trial, or 'sham'",
+    "current_uA": "stimulation current, microamperes (0 on sham trials)",
+    "choice": "the subject's choice, 'low' or 'high'",
+    "correct": "choice matches the nearer end of the sequence (middle step: false)",
+}
+
+
+def simulate_trials(p_high: xr.DataArray, trials_per_site: int, lapse_rate: float, current_uA: float,
+                    seed: int = 0, subject_id: str = "virtual", session_id: str = "session") -> pd.DataFrame:
+    """Sample a session from P(high).
+
+    p_high : DataArray (electrode, stimulated, sequence, step) with ``stimulated`` = [False, True].
+    Returns one row per trial, sorted by start time.
+    """
+    if isinstance(trials_per_site, bool) or not isinstance(trials_per_site, (int, np.integer)) or trials_per_site < 2:
+        raise ConfigError(f"trials_per_site must be an integer >= 2, got {trials_per_site!r}")
+    if not (isinstance(lapse_rate, (int, float)) and 0.0 <= lapse_rate <= 1.0):
+        raise ConfigError(f"lapse_rate must be in [0, 1], got {lapse_rate!r}")
+    p = p_high.transpose("electrode", "stimulated", "sequence", "step")
+    values = p.values
+    if not np.all((values >= 0) & (values <= 1)):
+        raise ConfigError("p_high must hold probabilities in [0, 1]")
+    stimulated_flags = [bool(v) for v in p["stimulated"].values]
+    if sorted(stimulated_flags) != [False, True]:
+        raise ConfigError("p_high needs stimulated = [False, True]")
+    electrodes = [str(e) for e in p["electrode"].values]
+    n_seq, n_steps = p.sizes["sequence"], p.sizes["step"]
+    middle = n_steps // 2
+    rng = np.random.default_rng([seed, 0x5E55])
+    conditions = np.array([(s, j, k) for s in (0, 1) for j in range(n_seq) for k in range(n_steps)])
+    rows = []
+    for site, electrode in enumerate(electrodes):
+        repeats = -(-trials_per_site // len(conditions))
+        pool = np.concatenate([rng.permutation(len(conditions)) for _ in range(repeats)])[:trials_per_site]
+        # Exactly half stimulated: rebalance the stim flag over the drawn (sequence, step) pairs.
+        flags = np.zeros(trials_per_site, dtype=bool)
+        flags[rng.permutation(trials_per_site)[:trials_per_site // 2]] = True
+        if trials_per_site % 2:
+            flags[-1] = rng.random() < 0.5
+        for condition, stim in zip(conditions[pool], flags):
+            _, j, k = condition
+            rows.append((site, electrode, int(j), int(k), bool(stim)))
+    order = rng.permutation(len(rows))
+    table = []
+    index_of = {flag: i for i, flag in enumerate(stimulated_flags)}
+    for trial, row_index in enumerate(order):
+        site, electrode, j, k, stim = rows[row_index]
+        probability = values[site, index_of[stim], j, k]
+        p_choice_high = lapse_rate / 2 + (1 - lapse_rate) * probability
+        choice = "high" if rng.random() < p_choice_high else "low"
+        correct = (k < middle and choice == "low") or (k > middle and choice == "high")
+        start = trial * TRIAL_PERIOD_S
+        table.append({
+            "start_time": start, "stop_time": start + TRIAL_DURATION_S,
+            "stimulus_id": f"{electrode}_seq{j}_step{k}", "electrode": electrode, "sequence": j, "step": k,
+            "stimulated_electrode": electrode if stim else SHAM, "current_uA": float(current_uA) if stim else 0.0,
+            "choice": choice, "correct": bool(correct), "subject_id": subject_id, "session_id": session_id,
+        })
+    return pd.DataFrame(table)
+
+
+def write_session_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: str,
+                      description: str = "virtual subject: 2AFC image sequences with interleaved microstimulation") -> Path:
+    """Write ``trials`` as the NWB trials table (pynwb), atomically; subject and session ids at file level."""
+    from pynwb import NWBHDF5IO, NWBFile
+    from pynwb.file import Subject
+
+    nwbfile = NWBFile(session_description=description, identifier=f"{subject_id}-{session_id}",
+                      session_start_time=datetime.now(timezone.utc), session_id=session_id,
+                      subject=Subject(subject_id=subject_id, species="virtual (stimsim model)",
+                                      description="stimsim virtual subject"))
+    for name, text in COLUMN_DESCRIPTIONS.items():
+        nwbfile.add_trial_column(name=name, description=text)
+    columns = ["start_time", "stop_time", *COLUMN_DESCRIPTIONS]
+    for record in trials[columns].itertuples(index=False):
+        nwbfile.add_trial(**{name: _python(value) for name, value in zip(columns, record)})
+
+    def write(tmp):
+        with NWBHDF5IO(tmp, "w") as io:
+            io.write(nwbfile)
+
+    return atomic_save(path, write)
+
+
+def write_session_csv(trials: pd.DataFrame, path) -> Path:
+    return atomic_write_text(path, trials.to_csv(index=False))
+
+
+def _python(value):
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def session_from_plan(plan_dir, trials_per_site: int, seed: int = 0, session_id: str | None = None,
+                      sites: str = "chosen") -> pd.DataFrame:
+    """Simulate a session of the virtual subject of a plan directory (see :func:`simulate_trials`).
+
+    ``sites``: "chosen" (the plan's chosen sites, default) or "all" (every rehearsed working electrode).
+    """
+    import json
+
+    plan_dir = Path(plan_dir)
+    truth_path = plan_dir / "truth" / "subject_p_high.nc"
+    summary_path = plan_dir / "summary.json"
+    if not summary_path.is_file():
+        raise FileFormatError(summary_path, "not found; is this a directory written by `stimsim plan`?")
+    summary = json.loads(summary_path.read_text())
+    if not truth_path.is_file():
+        raise FileFormatError(truth_path, "not found: sessions need a plan made on a virtual subject")
+    with xr.open_dataset(truth_path, engine="h5netcdf") as data:
+        p_high = data["subject_p_high"].load()
+    if sites not in ("chosen", "all"):
+        raise ConfigError(f"sites must be 'chosen' or 'all', got {sites!r}")
+    if sites == "chosen":
+        chosen = [str(e) for e in summary["chosen_electrodes"]]
+        p_high = p_high.sel(electrode=chosen)
+    return simulate_trials(p_high, trials_per_site, float(summary["subject_lapse_rate"]),
+                           float(summary["current_uA"]), seed=seed,
+                           subject_id=str(summary.get("subject_id", "virtual")),
+                           session_id=session_id or f"session-seed{seed}")

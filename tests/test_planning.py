@@ -1,0 +1,202 @@
+"""Site planning: constraints and ranking, sequences along a site's tuning, the 2AFC rehearsal, sessions."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import xarray as xr
+
+from stimsim.behavior.metrics import auc_of_curve
+from stimsim.errors import ConfigError
+from stimsim.planning.rehearsal import TaskSpec, fit_readouts, rehearse
+from stimsim.planning.selection import SelectionSpec, choose_sites, rank_sites, separation_mm
+from stimsim.planning.sequences import SequenceSpec, build_sequences, pooling_matrix
+from stimsim.planning.session import simulate_trials, write_session_csv, write_session_nwb
+
+
+# --- ranking and constraints ------------------------------------------------------------------------
+def test_rank_sites_largest_first_nan_last():
+    assert rank_sites([0.1, np.nan, 0.3, 0.1]).tolist() == [2, 0, 3, 1]
+
+
+def test_separation_metrics_by_hand():
+    assert separation_mm((0, 0), (0.3, 0.4), "euclidean") == pytest.approx(0.5)
+    assert separation_mm((0, 0), (0.3, 0.4), "manhattan") == pytest.approx(0.7)
+
+
+def test_choose_sites_respects_separation_broken_and_count():
+    ids = ["1", "2", "3", "4", "5"]
+    xy = np.array([[0.0, 0.0], [0.4, 0.0], [0.4, 0.4], [1.2, 0.0], [2.0, 0.0]])
+    predicted = np.array([0.05, 0.04, 0.03, 0.02, 0.01])
+    # Euclidean 0.5 mm: 2 is 0.4 from 1 (too close); 3 is 0.57 from 1 (allowed).
+    euclid = choose_sites(ids, xy, predicted, SelectionSpec(n_sites=3, min_separation_mm=0.5, metric="euclidean"))
+    assert [ids[i] for i in euclid["chosen"]] == ["1", "3", "4"]
+    assert euclid["reason"][1] == "too close to 1" and euclid["reason"][4] == "beyond n_sites"
+    # Manhattan 0.9 mm: 2 (0.4) and 3 (0.8) are too close to 1; 4 is 1.2 away; 5 is 0.8 from 4.
+    manhattan = choose_sites(ids, xy, predicted, SelectionSpec(n_sites=5, min_separation_mm=0.9, metric="manhattan"))
+    assert [ids[i] for i in manhattan["chosen"]] == ["1", "4"]
+    assert manhattan["reason"][2] == "too close to 1" and manhattan["reason"][4] == "too close to 4"
+    # The same points under Euclidean 0.9 mm: 3 is 0.57 from 1 (too close), 5 is 0.8 from 4 (too close).
+    assert [ids[i] for i in choose_sites(ids, xy, predicted, SelectionSpec(n_sites=5, min_separation_mm=0.85))["chosen"]] \
+        == ["1", "4"]
+    assert [ids[i] for i in choose_sites(ids, xy, predicted, SelectionSpec(n_sites=5, min_separation_mm=0.75,
+                                                                             metric="manhattan"))["chosen"]] == ["1", "3", "4", "5"]
+    broken = choose_sites(ids, xy, predicted, SelectionSpec(n_sites=2, broken_electrodes=("1",)), unusable=("2",))
+    assert [ids[i] for i in broken["chosen"]] == ["3", "4"]
+    assert broken["reason"][0] == "broken" and broken["reason"][1] == "unreliable"
+
+
+def test_unknown_broken_electrode_is_an_error():
+    with pytest.raises(ConfigError, match=r"unknown electrode id\(s\) \['99'\]"):
+        choose_sites(["1", "2"], np.zeros((2, 2)), np.zeros(2), SelectionSpec(broken_electrodes=("99",)))
+
+
+def test_selection_spec_validation():
+    with pytest.raises(ConfigError, match="metric"):
+        SelectionSpec(metric="chebyshev")
+    with pytest.raises(ConfigError, match="min_separation_mm"):
+        SelectionSpec(min_separation_mm=-1.0)
+
+
+# --- sequences and rehearsal on a shipped model ------------------------------------------------------
+@pytest.fixture(scope="module")
+def model(one_torch_thread):
+    from stimsim.models.registry import load_model
+
+    return load_model("stimsim-topo-s0")
+
+
+@pytest.fixture(scope="module")
+def natural_images():
+    from stimsim.data.stimuli import lfw_subset
+
+    return lfw_subset().images[::4]
+
+
+@pytest.fixture(scope="module")
+def small_sequences(model, natural_images):
+    sites = np.array([[3.0, 3.0], [6.0, 6.5], [2.0, 7.0], [7.5, 2.5]])
+    spec = SequenceSpec(n_sequences=2, iterations=25, learning_rate=0.05, recording_radius_mm=0.5)
+    return sites, build_sequences(model, sites, natural_images, spec, seed=0, progress=False)
+
+
+def test_sequences_move_the_target_site_monotonically_others_stay(model, small_sequences):
+    from scipy.stats import spearmanr
+
+    sites, seq = small_sequences
+    assert seq.images.shape == (4, 2, 7, 32, 32)
+    assert seq.images.min() >= 0 and seq.images.max() <= 1
+    change = seq.response_change_sd  # natural SDs, relative to the start image
+    for site in range(len(sites)):
+        for j in range(2):
+            # Non-decreasing along the steps (the low end may floor where the site's units fall silent).
+            assert np.all(np.diff(change[site, j]) > -0.05), (site, j, change[site, j])
+            assert spearmanr(np.arange(7), change[site, j]).statistic > 0.85
+    span = change[:, :, -1] - change[:, :, 0]
+    assert np.median(span) > 1.5  # the target moves by more than 1.5 natural SDs end to end
+    # The other sites move less than the target at the high end (RMS over them, in their SDs).
+    assert np.all(seq.others_change_sd[:, :, -1] < change[:, :, -1])
+    # Independent recomputation of the recorded site responses from the images.
+    pool = pooling_matrix(model.sheet("IT"), sites, 0.5)
+    activity = model.activations(list(seq.images[1, 0]), "IT")
+    np.testing.assert_allclose((activity @ pool.T)[:, 1].numpy(), seq.site_response[1, 0], rtol=1e-4, atol=1e-5)
+
+
+def test_rehearsal_control_matches_the_decoders_and_delta_auc_by_hand(model, small_sequences):
+    sites, seq = small_sequences
+    readouts, noise_sd = fit_readouts(model, seq.images, pooling_matrix(model.sheet("IT"), sites, 0.5),
+                                      TaskSpec(n_noise=8), seed=0, progress=False)
+    assert noise_sd.shape == (4, 2) and np.all(noise_sd > 0)
+    stimulation = {"current_uA": 50.0, "frequency_Hz": 200.0, "pulse_width_ms": 0.2}
+    far = np.array([[9.8, 0.2]] * 4)  # a corner far from every site
+    points = np.stack([sites, far], axis=1)
+    spec = TaskSpec(n_noise=8, n_eval=6, noise_sd=0.15)
+    result = rehearse(model, seq.images, points, stimulation, readouts, spec, seed=5, progress=False)
+    assert result.p_high.shape == (4, 3, 2, 7)
+    # Control P(high) = mean over the noisy copies of sigmoid(features · w + b), computed here without the
+    # engine, with the same seeded noise (site 0 draws first).
+    noisy = np.clip(seq.images[0].reshape(-1, 32, 32)[:, None]
+                    + np.random.default_rng([5, 0xE7A1]).normal(0.0, 0.15, (14, 6, 32, 32)), 0, 1).astype(np.float32)
+    features = model.activations(list(noisy.reshape(-1, 32, 32)), "IT").double().view(2, 7, 6, -1)
+    w, b = readouts.weight[1], readouts.bias[1]
+    np.testing.assert_allclose(result.p_high[0, 0, 1], torch.sigmoid(features[1] @ w + b).mean(-1).numpy(), atol=1e-5)
+    # The decoders separate their ends without stimulation.
+    assert np.all(result.p_high[:, 0, :, -1] > result.p_high[:, 0, :, 0])
+    # ΔAUC by hand: trapezoid over steps scaled to [0, 1], stimulated minus control.
+    x = np.linspace(0, 1, 7)
+    hand = np.trapezoid(result.p_high[:, 1], x, axis=-1) - np.trapezoid(result.p_high[:, 0], x, axis=-1)
+    np.testing.assert_allclose(result.delta_auc[:, 0], hand, atol=1e-12)
+    np.testing.assert_allclose(auc_of_curve(x, result.p_high[0, 0, 0]), np.trapezoid(result.p_high[0, 0, 0], x))
+    # Stimulating the site the sequence drives pushes choices towards "high" more than stimulating far away.
+    assert result.delta_auc[:, 0].mean() > 0
+    assert result.delta_auc[:, 0].mean() > abs(result.delta_auc[:, 1].mean())
+
+
+def test_sequence_spec_validation():
+    with pytest.raises(ConfigError, match="odd"):
+        SequenceSpec(n_steps=6)
+    with pytest.raises(ConfigError, match="max_sd"):
+        SequenceSpec(max_sd=0)
+
+
+# --- sessions ---------------------------------------------------------------------------------------
+def _planted_p_high():
+    rng = np.random.default_rng(0)
+    sham = np.linspace(0.1, 0.9, 7)
+    values = np.empty((3, 2, 2, 7))
+    values[:, 0] = sham
+    values[:, 1] = np.clip(sham + np.array([0.0, 0.1, 0.2])[:, None, None], 0, 1)
+    values += rng.normal(0, 0.0, values.shape)
+    return xr.DataArray(values, dims=("electrode", "stimulated", "sequence", "step"),
+                        coords={"electrode": ["4", "17", "33"], "stimulated": [False, True]})
+
+
+def test_session_trials_follow_the_planted_probabilities():
+    trials = simulate_trials(_planted_p_high(), trials_per_site=2800, lapse_rate=0.1, current_uA=50.0, seed=3,
+                             subject_id="virtual-2", session_id="s1")
+    assert list(trials.columns) == ["start_time", "stop_time", "stimulus_id", "electrode", "sequence", "step",
+                                    "stimulated_electrode", "current_uA", "choice", "correct", "subject_id",
+                                    "session_id"]
+    assert len(trials) == 3 * 2800
+    for electrode, site in trials.groupby("electrode"):
+        stimulated = site["stimulated_electrode"] != "sham"
+        assert stimulated.sum() == 1400  # interleaved 50/50
+        assert set(site.loc[stimulated, "stimulated_electrode"]) == {electrode}
+    sham = trials["stimulated_electrode"] == "sham"
+    assert (trials.loc[sham, "current_uA"] == 0).all() and (trials.loc[~sham, "current_uA"] == 50).all()
+    assert set(trials["choice"]) == {"low", "high"}
+    assert trials["stimulus_id"].iloc[0] == f"{trials['electrode'].iloc[0]}_seq{trials['sequence'].iloc[0]}_step{trials['step'].iloc[0]}"
+    middle = trials["step"] == 3
+    assert not trials.loc[middle, "correct"].any()
+    expected_correct = np.where(trials["step"] < 3, trials["choice"] == "low", trials["choice"] == "high")
+    assert (trials.loc[~middle, "correct"] == expected_correct[~middle.values]).all()
+    # P(high) = lapse/2 + (1 - lapse) P: electrode "33" stimulated at step 0 has P = 0.05 + 0.9 * 0.3 = 0.32.
+    cell = trials[(trials.electrode == "33") & ~sham & (trials.step == 0)]
+    observed = (cell["choice"] == "high").mean()
+    assert abs(observed - 0.32) < 4 * np.sqrt(0.32 * 0.68 / len(cell))
+    assert np.all(np.diff(trials["start_time"]) > 0)
+
+
+def test_session_nwb_round_trip_with_plain_pynwb(tmp_path):
+    from pynwb import NWBHDF5IO
+
+    trials = simulate_trials(_planted_p_high(), trials_per_site=28, lapse_rate=0.02, current_uA=50.0, seed=1,
+                             subject_id="virtual-2", session_id="s1")
+    path = write_session_nwb(trials, tmp_path / "session.nwb", subject_id="virtual-2", session_id="s1")
+    with NWBHDF5IO(str(path), "r") as io:
+        nwbfile = io.read()
+        table = nwbfile.trials.to_dataframe().reset_index(drop=True)
+        assert nwbfile.subject.subject_id == "virtual-2" and nwbfile.session_id == "s1"
+    for column in ("stimulus_id", "electrode", "sequence", "step", "stimulated_electrode", "current_uA", "choice",
+                   "correct", "start_time", "stop_time"):
+        assert column in table
+    pd.testing.assert_series_equal(table["choice"], trials["choice"], check_names=False)
+    assert table["current_uA"].tolist() == trials["current_uA"].tolist()
+    csv_path = write_session_csv(trials, tmp_path / "session.csv")
+    assert pd.read_csv(csv_path, dtype={"electrode": str}).shape == trials.shape
+
+
+def test_session_validation():
+    with pytest.raises(ConfigError, match="trials_per_site"):
+        simulate_trials(_planted_p_high(), trials_per_site=1, lapse_rate=0.0, current_uA=50.0)
+    with pytest.raises(ConfigError, match="lapse_rate"):
+        simulate_trials(_planted_p_high(), trials_per_site=10, lapse_rate=1.5, current_uA=50.0)
