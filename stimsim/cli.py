@@ -100,7 +100,7 @@ def _cmd_plan(args) -> int:
     from stimsim.planning.plan import run_plan
 
     if args.validate is not None and args.validate < 1:
-        raise ValueError(f"--validate needs a number of hidden poses >= 1, got {args.validate}")
+        raise ConfigError(f"--validate needs a number of hidden poses >= 1, got {args.validate}")
     summary = run_plan(args.config, args.out, progress=not args.no_progress, validate=args.validate or 0)
     shown = {key: summary[key] for key in ("task", "n_sites", "chosen_electrodes", "chosen_model", "current_uA",
                                            "predicted_vs_true_r") if key in summary}
@@ -123,7 +123,7 @@ def _cmd_subject_session(args) -> int:
     if args.csv:
         write_session_csv(trials, args.csv)
     if not args.out and not args.csv:
-        raise ValueError("give --out FILE.nwb and/or --csv FILE.csv")
+        raise ConfigError("stimsim subject session: give --out FILE.nwb and/or --csv FILE.csv")
     print(f"{len(trials)} trials on {trials['electrode'].nunique()} sites written to "
           + " and ".join(str(p) for p in (args.out, args.csv) if p))
     return 0
@@ -263,6 +263,17 @@ def build_parser() -> argparse.ArgumentParser:
     subject_make.add_argument("config", help="subject configuration (TOML), e.g. experiments/subject_default.toml")
     subject_make.add_argument("--out", required=True, help="subject directory")
     subject_make.set_defaults(handler=_cmd_subject_make)
+    session = subject_commands.add_parser("session", help="run a plan's sites and sequences on its virtual subject "
+                                                          "(stimulation and sham interleaved 50/50) → NWB trials")
+    session.add_argument("plan_dir", help="directory written by `stimsim plan` on a virtual subject")
+    session.add_argument("--trials-per-site", type=int, default=400, help="trials per site (default 400)")
+    session.add_argument("--out", help="NWB session file to write")
+    session.add_argument("--csv", help="also (or only) write the trials as a CSV table")
+    session.add_argument("--seed", type=int, default=0, help="seed of the trial order and the sampled choices")
+    session.add_argument("--session-id", help="session id (default session-seedN)")
+    session.add_argument("--sites", choices=("chosen", "all"), default="chosen",
+                         help="the plan's chosen sites (default) or every rehearsed working electrode")
+    session.set_defaults(handler=_cmd_subject_session)
 
     analyze = commands.add_parser("analyze", help="analyse recorded sessions: per-site effects, statistics, "
                                                   "comparison with a plan's predictions")

@@ -157,7 +157,7 @@ def load_plan_config(path) -> PlanConfig:
     registration.finish()
 
     sequences = root.section("sequences")
-    sequence_spec = SequenceSpec(**{key: sequences.get(key, type(default) if not isinstance(default, float) else float, default)
+    sequence_spec = SequenceSpec(**{key: sequences.get(key, type(default), default)
                                     for key, default in SequenceSpec().to_dict().items()})
     sequences.finish()
     task_section = root.section("decoder")

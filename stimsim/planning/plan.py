@@ -216,8 +216,9 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
         return _points(layout, poses, working)
 
     design_points = registered_points(chosen_model)[:, 0]
+    companions = [(models[name], registered_points(name)[:, 0]) for name in models if name != chosen_model]
     sequences = cache.arrays("sequences", lambda: _sequences_phase(config, models[chosen_model], design_points,
-                                                                   inputs.images, progress))
+                                                                   inputs.images, progress, companions))
     rehearsals = {}
     for name, model in models.items():
         rehearsals[name] = cache.arrays(f"rehearsal_{_safe(name)}", lambda model=model, name=name: _rehearsal_phase(
@@ -235,9 +236,9 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(name).name)
 
 
-def _sequences_phase(config, model, points, images, progress) -> dict:
+def _sequences_phase(config, model, points, images, progress, companions=()) -> dict:
     seq = build_sequences(model, points, images.images, config.sequences, layer=IT, seed=config.seed,
-                          progress=progress)
+                          progress=progress, companions=companions)
     return {"images": seq.images, "start_index": seq.start_index, "site_response": seq.site_response,
             "others_change_sd": seq.others_change_sd, "natural_mean": seq.natural_mean,
             "natural_sd": seq.natural_sd}

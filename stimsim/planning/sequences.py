@@ -45,6 +45,9 @@ class SequenceSpec:
     others_weight, tv_weight, step_weight : weights of the loss terms above.
     recording_radius_mm : units within this distance of a site form its pooled response.
     batch_images : images optimised together (memory and speed trade-off).
+    ensemble : optimise every end image for the site in every candidate model at once (the loss summed over
+        the models given as ``companions`` to :func:`build_sequences`), so the sequences follow the tuning the
+        instances share rather than one instance's idiosyncrasies.
     """
 
     n_sequences: int = 3
@@ -57,6 +60,7 @@ class SequenceSpec:
     step_weight: float = 0.5
     recording_radius_mm: float = 0.5
     batch_images: int = 256
+    ensemble: bool = False
 
     def __post_init__(self):
         for name in ("n_sequences", "n_steps", "iterations", "batch_images"):
@@ -166,11 +170,13 @@ def _place_steps(model, starts, ends, pool, layer, half: int, sign: float, grid:
 
 
 def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = SequenceSpec(), layer: str = "IT",
-                    seed: int = 0, progress: bool = True) -> SequenceSet:
+                    seed: int = 0, progress: bool = True, companions=()) -> SequenceSet:
     """Sequences along the tuning of every site in ``sites_mm`` ((n_sites, 2) mm on ``layer``'s sheet).
 
     ``natural_images``: the start images (anything ``model.preprocess`` accepts; resized to the model's
-    input); every site's other sites are the remaining entries of ``sites_mm``.
+    input); every site's other sites are the remaining entries of ``sites_mm``. ``companions``: further
+    (model, sites_mm) pairs — the same sites mapped on other instances — whose loss terms are added when
+    ``spec.ensemble`` is true. Start images, step placement and the recorded responses use ``model``.
     """
     layer = model.resolve_layer(layer)
     sheet = model.sheet(layer)
@@ -187,6 +193,15 @@ def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = Sequen
                                for i in range(0, len(natural), 256)]).numpy().astype(np.float64)
     natural_mean, natural_sd = responses.mean(0), responses.std(0)
     natural_sd = np.where(natural_sd > 0, natural_sd, 1.0)
+    terms = [(model, pool, torch.from_numpy(natural_sd.astype(np.float32)))]
+    if spec.ensemble:
+        for other, other_sites in companions:
+            other_pool = pooling_matrix(other.sheet(layer), np.asarray(other_sites).reshape(-1, 2), spec.recording_radius_mm)
+            with torch.no_grad():
+                other_responses = torch.cat([_features(other, natural[i:i + 256], layer) @ other_pool.T
+                                             for i in range(0, len(natural), 256)])
+            other_sd = other_responses.std(0, unbiased=False)
+            terms.append((other, other_pool, torch.where(other_sd > 0, other_sd, torch.ones_like(other_sd))))
     rng = np.random.default_rng(seed)
     # Start images: closest to the site's median response, ties broken at random (seeded).
     order = np.lexsort((rng.random(responses.shape).T, np.abs(responses - np.median(responses, 0)).T), axis=-1)
@@ -197,28 +212,31 @@ def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = Sequen
     start_of = np.repeat(start_index.reshape(-1), 2)
     sign_of = np.tile([-1.0, 1.0], n_sites * s.n_sequences)
     ends = torch.empty((len(site_of),) + natural.shape[1:])
-    sd_t = torch.from_numpy(natural_sd.astype(np.float32))
     for begin in tqdm(range(0, len(site_of), s.batch_images), desc="sequences", unit="batch", disable=not progress):
         jobs = slice(begin, min(begin + s.batch_images, len(site_of)))
         x0 = natural[start_of[jobs]]
         site = torch.from_numpy(site_of[jobs])
         sign = torch.from_numpy(sign_of[jobs].astype(np.float32))
-        with torch.no_grad():
-            r0 = _features(model, x0, layer) @ pool.T
-        target = r0[torch.arange(len(site)), site] + sign * s.max_sd * sd_t[site]
+        rows = torch.arange(len(site))
         others = torch.ones(len(site), n_sites)
-        others[torch.arange(len(site)), site] = 0.0
+        others[rows, site] = 0.0
         n_others = others.sum(1).clamp(min=1)
+        starts_r, targets = [], []
+        with torch.no_grad():
+            for term_model, term_pool, term_sd in terms:
+                r0 = _features(term_model, x0, layer) @ term_pool.T
+                starts_r.append(r0)
+                targets.append(r0[rows, site] + sign * s.max_sd * term_sd[site])
         x = x0.clone().requires_grad_(True)
         optimiser = torch.optim.Adam([x], lr=s.learning_rate)
         for _ in range(s.iterations):
             optimiser.zero_grad()
-            r = _features(model, x, layer) @ pool.T
-            r_site = r[torch.arange(len(site)), site]
-            reach = torch.relu(sign * (target - r_site) / sd_t[site]) ** 2
-            keep = ((((r - r0) / sd_t) ** 2) * others).sum(1) / n_others
-            loss = (reach + s.others_weight * keep + s.tv_weight * _total_variation(x)
-                    + s.step_weight * ((x - x0) ** 2).mean(dim=(1, 2, 3)))
+            loss = s.tv_weight * _total_variation(x) + s.step_weight * ((x - x0) ** 2).mean(dim=(1, 2, 3))
+            for (term_model, term_pool, term_sd), r0, target in zip(terms, starts_r, targets):
+                r = _features(term_model, x, layer) @ term_pool.T
+                reach = torch.relu(sign * (target - r[rows, site]) / term_sd[site]) ** 2
+                keep = ((((r - r0) / term_sd) ** 2) * others).sum(1) / n_others
+                loss = loss + (reach + s.others_weight * keep) / len(terms)
             loss.sum().backward()
             optimiser.step()
             with torch.no_grad():

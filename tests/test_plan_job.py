@@ -1,0 +1,178 @@
+"""`stimsim plan` end to end on small settings: outputs, ranking and constraints, the rendered report, resuming,
+refusals, sessions from the virtual subject, and the validation null."""
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+from stimsim.cli import main
+from stimsim.errors import ConfigError, SafetyError
+from stimsim.planning.plan import run_plan
+from stimsim.planning.selection import separation_mm
+from stimsim.planning.validation import random_pose_null
+
+SUBJECT = """
+[subject]
+model = "stimsim-topo-s2"
+seed = 7
+lapse_rate = 0.02
+
+[array]
+layout = "layout.csv"
+dead_electrodes = ["e16"]
+
+[recording]
+radius_mm = 0.25
+repeats = 4
+
+[[stimuli]]
+source = "lfw_subset"
+"""
+
+PLAN = """
+name = "small"
+seed = 0
+[models]
+candidates = ["stimsim-topo-s0"]
+n_folds = 3
+[subject]
+config = "subject.toml"
+[array]
+broken_electrodes = {broken}
+[registration]
+n_boot = 2
+[sequences]
+n_sequences = 2
+iterations = 8
+learning_rate = 0.05
+recording_radius_mm = 0.25
+[decoder]
+n_noise = 6
+n_eval = 3
+[stimulation]
+current_uA = {current}
+[selection]
+n_sites = 4
+min_separation_mm = 0.8
+metric = "manhattan"
+"""
+
+
+def _write_plan(directory, current=50, broken='["e1"]'):
+    directory.mkdir(parents=True, exist_ok=True)
+    xs, ys = np.meshgrid(np.arange(4) * 0.4 - 0.6, np.arange(4) * 0.4 - 0.6)
+    rows = [f"e{i + 1},{x:.2f},{y:.2f}" for i, (x, y) in enumerate(zip(xs.ravel(), ys.ravel()))]
+    (directory / "layout.csv").write_text("electrode_id,x_mm,y_mm\n" + "\n".join(rows) + "\n")
+    (directory / "subject.toml").write_text(SUBJECT)
+    path = directory / "plan.toml"
+    path.write_text(PLAN.format(current=current, broken=broken))
+    return path
+
+
+@pytest.fixture(scope="module")
+def plan_dir(tmp_path_factory, one_torch_thread):
+    base = tmp_path_factory.mktemp("plan")
+    config = _write_plan(base / "config")
+    out = base / "out"
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
+    return config, out
+
+
+def test_plan_writes_every_output(plan_dir):
+    _, out = plan_dir
+    for name in ("report.html", "report.pdf", "sites.csv", "plan.nc", "summary.json", "config.json",
+                 "truth/subject_p_high.nc", "subject/recordings.nc"):
+        assert (out / name).is_file(), name
+    sites = pd.read_csv(out / "sites.csv", dtype={"electrode_id": str})
+    for column in ("rank", "electrode_id", "array_x_mm", "array_y_mm", "model_x_mm", "model_y_mm",
+                   "predicted_delta_auc", "predicted_delta_auc_low", "predicted_delta_auc_high", "current_uA",
+                   "frequency_Hz", "pulse_width_ms", "charge_per_phase_nC", "safety_verdict"):
+        assert column in sites
+    assert sites["rank"].tolist() == list(range(1, len(sites) + 1))
+    assert np.all(np.diff(sites["predicted_delta_auc"]) <= 0)  # ranked largest first
+    assert "e1" not in set(sites["electrode_id"])  # broken: not rehearsed
+    assert "e16" not in set(sites["electrode_id"])  # dead: its split-half reliability is ~0
+    assert np.allclose(sites["charge_per_phase_nC"], 50 * 0.2)  # 50 µA × 0.2 ms = 10 nC
+    chosen = sites[sites["chosen"]]
+    assert 1 <= len(chosen) <= 4
+    xy = chosen[["array_x_mm", "array_y_mm"]].to_numpy()
+    for i in range(len(xy)):
+        for j in range(i):
+            assert separation_mm(xy[i], xy[j], "manhattan") >= 0.8 - 1e-9
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["task"] == "sequence_2afc" and summary["n_sites"] == len(chosen)
+    assert summary["chosen_electrodes"] == chosen["electrode_id"].tolist()
+    assert -1 <= summary["predicted_vs_true_r"] <= 1 and summary["current_uA"] == 50
+    assert summary["subject_dir"].endswith("subject")
+    config = json.loads((out / "config.json").read_text())
+    assert set(config["model_checksums"]["stimsim-topo-s0"]) == {"model.json", "weights.pt"}
+    assert "software" in config and config["config"]["stimulation"]["current_uA"] == 50
+    with xr.open_dataset(out / "plan.nc", engine="h5netcdf") as plan:
+        assert plan["sequence_image"].dims == ("electrode", "sequence", "step", "y", "x")
+        assert plan["p_high"].sizes["stimulated"] == 2 and plan["p_high"].sizes["step"] == 7
+        assert plan.sizes["pose"] == 3  # fitted + 2 bootstrap poses
+
+
+def test_plan_report_renders(plan_dir, chromium_render, pdf_pages, tmp_path):
+    _, out = plan_dir
+    dom, images_ok, images_total, console = chromium_render(out / "report.html", screenshot=tmp_path / "plan.png")
+    assert images_total >= 3 + 7 and images_ok == images_total  # figures + one sequence of thumbnails per row
+    assert console == []
+    assert re.search(r"<th>rank</th>\s*<th>electrode id</th>", dom)
+    sites = pd.read_csv(out / "sites.csv", dtype={"electrode_id": str})
+    assert f"<td>{sites['electrode_id'].iloc[0]}</td>" in dom
+    texts, pngs = pdf_pages(out / "report.pdf")
+    assert len(pngs) >= 2
+    assert any(re.search(r"rank\s+electrode id", text) for text in texts)
+
+
+def test_plan_resumes_and_refuses_another_configuration(plan_dir, tmp_path):
+    config, out = plan_dir
+    before = json.loads((out / "summary.json").read_text())
+    again = run_plan(config, out, progress=False)
+    assert again["predicted_delta_auc"] == before["predicted_delta_auc"]
+    other = _write_plan(tmp_path / "other", current=40)
+    with pytest.raises(ConfigError, match="other parameters"):
+        run_plan(other, out, progress=False)
+
+
+def test_unsafe_protocol_stops_the_plan_naming_the_limit(tmp_path, capsys):
+    config = _write_plan(tmp_path / "config", current=300)  # 60 nC per phase on a Utah tip: Shannon k = 2.26
+    with pytest.raises(SafetyError, match="max_shannon_k = 1.85"):
+        run_plan(config, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+    assert main(["plan", str(config), "--out", str(tmp_path / "out")]) == 2
+    assert "stimsim: error:" in capsys.readouterr().err
+
+
+def test_unknown_broken_electrode_names_the_file(tmp_path):
+    config = _write_plan(tmp_path / "config", broken='["e1", "e99"]')
+    with pytest.raises(ConfigError, match=r"plan.toml \[array\] broken_electrodes: unknown electrode id\(s\) \['e99'\]"):
+        run_plan(config, tmp_path / "out", progress=False)
+
+
+def test_subject_session_from_the_plan(plan_dir, tmp_path):
+    from stimsim.analysis.sessions import load_sessions
+
+    _, out = plan_dir
+    nwb, csv = tmp_path / "session.nwb", tmp_path / "session.csv"
+    assert main(["subject", "session", str(out), "--trials-per-site", "42", "--out", str(nwb), "--csv", str(csv)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    trials = load_sessions([nwb])  # the analysis side reads it as a lab's file
+    assert len(trials) == 42 * summary["n_sites"]
+    assert sorted(trials["electrode"].unique()) == sorted(summary["chosen_electrodes"])
+    table = pd.read_csv(csv, dtype={"electrode": str, "stimulated_electrode": str})
+    assert (table.groupby("electrode")["stimulated_electrode"].apply(lambda s: (s != "sham").sum()) == 21).all()
+
+
+def test_random_pose_null_on_planted_maps():
+    xs, ys = np.meshgrid(np.arange(10) * 0.4, np.arange(10) * 0.4)
+    xy = np.c_[xs.ravel(), ys.ravel()]
+    true = np.sin(xy[:, 0] * 1.3) + 0.3 * xy[:, 1]
+    null = random_pose_null(xy, true.copy(), true, n_random=150, seed=0)
+    assert len(null) == 150
+    assert np.percentile(null, 95) < 0.999  # re-mapped plans of a perfect plan are worse than the plan (r = 1)
+    assert np.median(null) < 0.9
