@@ -247,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--validate", type=int, metavar="N", help="virtual subject only: repeat the closed loop on N "
                                                                 "hidden poses and write validation.json")
     plan.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    _add_mirror(plan)
+    _add_threads(plan)
     plan.set_defaults(handler=_cmd_plan)
 
     bench = commands.add_parser("bench", help="benchmark the simulation engine against the plain approach")

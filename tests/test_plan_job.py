@@ -126,7 +126,12 @@ def test_plan_report_renders(plan_dir, chromium_render, pdf_pages, tmp_path):
     assert f"<td>{sites['electrode_id'].iloc[0]}</td>" in dom
     texts, pngs = pdf_pages(out / "report.pdf")
     assert len(pngs) >= 2
-    assert any(re.search(r"rank\s+electrode id", text) for text in texts)
+    table_pages = [text for text in texts if "Ranked sites" in text]
+    assert table_pages
+    header = table_pages[0]  # header cells wrap over lines in the layout text
+    for word in ("rank", "electrode", "predicted", "ΔAUC", "safety"):
+        assert word in header
+    assert re.search(rf"^\s*1\s+{sites['electrode_id'].iloc[0]}\s", header, flags=re.M)  # the rank-1 row
 
 
 def test_plan_resumes_and_refuses_another_configuration(plan_dir, tmp_path):

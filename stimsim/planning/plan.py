@@ -250,7 +250,8 @@ def _rehearsal_phase(config, model, sequences, points, progress) -> dict:
                                       progress=progress)
     with_torch = _site_responses(model, sequences["images"], pool)
     result = rehearse(model, sequences["images"], points, config.stimulation, readouts, config.task_spec, with_torch,
-                      noise_sd, seed=config.seed, progress=progress)
+                      noise_sd, seed=config.seed, progress=progress, safety_limits=config.safety,
+                      safety_override=config.safety_override)
     return {"p_high": result.p_high, "delta_auc": result.delta_auc, "slope_to_noise": result.slope_to_noise,
             "site_response": with_torch}
 
@@ -271,7 +272,8 @@ def _truth_phase(config, subject, working, sequences, progress) -> dict:
     readouts, _ = fit_readouts(subject.model, sequences["images"], None, config.task_spec, seed=config.seed + 1,
                                progress=progress)
     result = rehearse(subject.model, sequences["images"], points, config.stimulation, readouts, config.task_spec,
-                      seed=config.seed + 1, progress=progress)
+                      seed=config.seed + 1, progress=progress, safety_limits=config.safety,
+                      safety_override=config.safety_override)
     dead = np.array([e in set(subject.dead_electrodes) for e in working])
     return {"p_high": result.p_high, "delta_auc": result.delta_auc[:, 0], "dead": dead}
 
@@ -286,7 +288,7 @@ def _assemble(config, inputs, mapping, chosen_model, sequences, rehearsals, safe
     layout = inputs.layout
     index = [layout.index_of(e) for e in working]
     array_xy = layout.positions_mm[index]
-    choice = choose_sites(working, array_xy, predicted, config.selection)
+    choice = choose_sites(working, array_xy, predicted, config.selection, array_ids=layout.electrode_ids)
     return {"predicted": predicted, "low": low, "high": high, "per_model": per_model, "choice": choice,
             "array_xy": array_xy, "model_xy": registered_points(chosen_model)[:, 0]}
 

@@ -152,13 +152,14 @@ def stimulation_at(point_mm, template: dict) -> ElectricalStimulation:
 
 def rehearse(model, sequence_images: np.ndarray, points_mm: np.ndarray, stimulation: dict, readouts: SequenceReadouts,
              spec: TaskSpec, site_response: np.ndarray | None = None, noise_sd: np.ndarray | None = None,
-             seed: int = 0, progress: bool = True) -> Rehearsal:
+             seed: int = 0, progress: bool = True, safety_limits=None, safety_override: str | None = None) -> Rehearsal:
     """P(high) along every sequence without and with stimulation.
 
     sequence_images : (n_sites, n_sequences, n_steps, H, W) in [0, 1].
     points_mm : (n_sites, n_points, 2): where to stimulate for each site, on ``model``'s sheet (e.g. the mapped
         point under the fitted pose and under every bootstrap pose).
     stimulation : ElectricalStimulation keyword arguments other than ``sites_mm`` (current_uA, ...).
+    safety_limits, safety_override : passed to the engine's safety gate.
     """
     n_sites, n_seq, n_steps = sequence_images.shape[:3]
     points = np.asarray(points_mm, dtype=np.float64)
@@ -174,7 +175,8 @@ def rehearse(model, sequence_images: np.ndarray, points_mm: np.ndarray, stimulat
             Condition(f"stim_{k}", (stimulation_at(point, stimulation),)) for k, point in enumerate(points[site])]
         decoder = readouts.subset(np.arange(site * n_seq, (site + 1) * n_seq),
                                   np.repeat(np.arange(n_seq), n_steps * spec.n_eval))
-        result = simulate(model, images, conditions, decoder, progress=False)
+        result = simulate(model, images, conditions, decoder, progress=False, safety_limits=safety_limits,
+                          safety_override=safety_override)
         p_high[site] = result.sel(choice="high").values.reshape(len(conditions), n_seq, n_steps, spec.n_eval).mean(-1)
     effects = delta_auc(p_high[:, 1:], np.broadcast_to(p_high[:, :1], p_high[:, 1:].shape), x=x, axis=-1)
     stn = (slope_to_noise(site_response, noise_sd) if site_response is not None and noise_sd is not None

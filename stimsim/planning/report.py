@@ -58,20 +58,19 @@ def sheet_figure(model, images, mapping, chosen_model, plan, working) -> bytes:
     return figure_png(fig)
 
 
-def curves_figure(rehearsals, plan, working, n_top: int = 4) -> bytes:
+def curves_figure(rehearsals, plan, working, chosen_model: str, n_top: int = 4) -> bytes:
     plt = pyplot()
-    names = list(rehearsals)
     top = plan["choice"]["order"][:n_top]
     fig, axes = plt.subplots(1, len(top), figsize=(3.0 * len(top), 2.8), squeeze=False)
     for ax, site in zip(axes[0], top):
-        p = rehearsals[names[0]]["p_high"][site]  # (conditions, seq, steps)
+        p = rehearsals[chosen_model]["p_high"][site]  # (conditions, seq, steps)
         steps = np.arange(p.shape[-1])
         ax.plot(steps, p[0].mean(0), "k-o", ms=3, label="no stimulation")
         ax.plot(steps, p[1].mean(0), "r-o", ms=3, label="stimulated")
         ax.set_title(f"electrode {working[site]}  ΔAUC {plan['predicted'][site]:.3f}", fontsize=8)
         ax.set_xlabel("step")
         ax.set_ylim(-0.02, 1.02)
-    axes[0][0].set_ylabel(f"P(high), {names[0]}")
+    axes[0][0].set_ylabel(f"P(high), {chosen_model}")
     axes[0][0].legend(fontsize=7)
     return figure_png(fig)
 
@@ -82,7 +81,8 @@ def truth_figure(plan, truth, summary) -> bytes:
     true = truth["delta_auc"].mean(-1)
     fig, ax = plt.subplots(figsize=(4.2, 4.0))
     ax.errorbar(plan["predicted"][alive], true[alive],
-                xerr=[plan["predicted"][alive] - plan["low"][alive], plan["high"][alive] - plan["predicted"][alive]],
+                xerr=np.clip([plan["predicted"][alive] - plan["low"][alive], plan["high"][alive] - plan["predicted"][alive]],
+                             0, None),  # few candidates × poses: the pooled mean can lie outside the percentiles
                 fmt="o", ms=3, alpha=0.7, elinewidth=0.5)
     ax.set_xlabel("planned ΔAUC")
     ax.set_ylabel("virtual subject's true ΔAUC")
@@ -140,7 +140,7 @@ def build_report(config, inputs, mapping, chosen_model, sequences, rehearsals, p
               caption="The chosen model's IT sheet coloured by face selectivity (unit d′, faces vs other images of the "
                       "mapping set), the registered array's mapped electrode points (circles, ids) and the chosen "
                       "sites (green)."),
-        Image(curves_figure(rehearsals, plan, working),
+        Image(curves_figure(rehearsals, plan, working, chosen_model),
               caption="P(high) along the sequences of the top-ranked sites, mean over sequences, without and with "
                       "stimulation (the chosen model).")]
     sections = [Section("Plan", overview), Section("Ranked sites", [table])]

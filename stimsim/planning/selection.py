@@ -67,14 +67,15 @@ def rank_sites(predicted: np.ndarray) -> np.ndarray:
     return np.lexsort((np.arange(len(values)), np.where(np.isnan(values), np.inf, -values)))
 
 
-def choose_sites(electrode_ids, array_xy_mm, predicted, spec: SelectionSpec, unusable=()) -> dict:
+def choose_sites(electrode_ids, array_xy_mm, predicted, spec: SelectionSpec, unusable=(), array_ids=None) -> dict:
     """Greedy choice under the constraints.
 
     Returns ``{"order": ranked indices, "chosen": indices chosen (rank order), "reason": per-site text}``:
-    "chosen", "broken", "unreliable", "too close to <id>" or "beyond n_sites".
+    "chosen", "broken", "unreliable", "too close to <id>" or "beyond n_sites". Broken ids are checked against
+    ``array_ids`` (every electrode of the array; default ``electrode_ids``).
     """
     ids = [str(e) for e in electrode_ids]
-    check_broken(spec.broken_electrodes, ids)
+    check_broken(spec.broken_electrodes, ids if array_ids is None else array_ids)
     xy = np.asarray(array_xy_mm, dtype=np.float64)
     order = rank_sites(predicted)
     broken, unusable = set(spec.broken_electrodes), set(str(e) for e in unusable)
