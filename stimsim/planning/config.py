@@ -2,7 +2,7 @@
 
 Tables and keys (every length in mm, current in µA; unknown keys are errors):
 
-top level       name, description, seed, task ("sequence_2afc" or "face")
+top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehrer et al. 2025)
 [models]        candidates (shipped names or model directories), n_folds (ridge CV folds)
 [subject]       config = a virtual-subject file (``stimsim subject make`` format) or dir = a subject
                 directory: plan on its recordings (truth is read only to validate)
@@ -31,7 +31,7 @@ from stimsim.planning.selection import SelectionSpec
 from stimsim.planning.sequences import SequenceSpec
 from stimsim.stimulation import SafetyLimits
 
-TASKS = ("sequence_2afc", "face")
+TASKS = ("sequence_2afc",)
 STIMULATION_KEYS = {"current_uA": 50.0, "frequency_Hz": 200.0, "pulse_width_ms": 0.2, "interphase_ms": 0.1,
                     "train_ms": 50.0}
 
