@@ -62,6 +62,16 @@ class Section:
             raise ConfigError(f"{self.where}: {key!r} must be <= {maximum}, got {value!r}")
         return value
 
+    def text(self, key: str, default=_MISSING) -> str:
+        """The non-empty text of ``key`` (blank text is an error)."""
+        value = self.get(key, str, default)
+        if not value.strip():
+            raise ConfigError(f"{self.where}: {key!r} must be non-empty text")
+        if any(not character.isprintable() for character in value):
+            raise ConfigError(f"{self.where}: {key!r} must be printable text without control characters "
+                              f"(NUL, newline, ...), got {value!r}")
+        return value
+
     def section(self, key: str, required: bool = False) -> "Section":
         self._used.add(key)
         if required and key not in self.values:

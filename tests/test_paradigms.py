@@ -20,7 +20,8 @@ from stimsim.models.architectures import build_network
 from stimsim.models.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
-from stimsim.paradigms import categorization, comparisons, same_different
+from stimsim.datasets import afraz2006, moeller2017
+from stimsim.paradigms import categorization, same_different
 from stimsim.paradigms.runner import load_results, run_experiment
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, select_sites
 from stimsim.paradigms.spec import LocalizerSpec, SitesSpec, load_experiment, parse_experiment
@@ -455,7 +456,7 @@ def test_same_different_run_records_override_and_hit_rates(tiny_model, tmp_path)
 # --- published data -------------------------------------------------------------------------------
 @needs_shared_data
 def test_afraz2006_data_known_values():
-    data, summary = comparisons.compare_afraz2006(n_perm=200, n_boot=200, ci=0.95, seed=0)
+    data, summary = afraz2006.compare(n_perm=200, n_boot=200, ci=0.95, seed=0)
     assert data.sizes["data_site"] == 86
     selectivity = data["data_face_selectivity"].values
     shift = data["data_psychometric_shift_percent"].values
@@ -467,7 +468,7 @@ def test_afraz2006_data_known_values():
 
 @needs_shared_data
 def test_moeller2017_pooled_hit_rates_known_values():
-    data, summary = comparisons.compare_moeller2017(["face", "object"], lambda g: "" if g == "face" else f"{g}_")
+    data, summary = moeller2017.compare(["face", "object"], lambda g: "" if g == "face" else f"{g}_")
     # faces inside the patch, monkeys 1 + 2: same hits 613 + 332 of 1084 trials; with stimulation 33 + 36 of 479
     assert summary["data_same_hit_rate_inside_off"] == pytest.approx(945 / 1084)
     assert summary["data_same_hit_rate_inside_on"] == pytest.approx(69 / 479)

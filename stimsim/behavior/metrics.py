@@ -330,3 +330,64 @@ def pearson_with_permutation(x, y, n_perm: int = 1000, seed: int = 0) -> Pearson
     r = float(observed.statistic)
     exceed = int(np.sum(np.abs(r_perm) >= abs(r) - 1e-12))
     return PearsonResult(r, float(observed.pvalue), (1 + exceed) / (1 + n_perm))
+
+
+# --------------------------------------------------------------------------------------------
+# Per-site statistics shared by model results and published data
+
+
+def site_correlation(x, y, n_perm: int, n_boot: int, ci: float, seed: int) -> dict:
+    """Pearson r of per-site ``y`` against ``x`` with its parametric and permutation p-values and a
+    bootstrap confidence interval over sites (pairs resampled). Sites with a NaN are left out; fewer
+    than 3 usable sites or a constant variable give ``None`` values (and ``n_sites``)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    usable = np.isfinite(x) & np.isfinite(y)
+    x, y = x[usable], y[usable]
+    result = {"r": None, "p": None, "p_permutation": None, "r_ci": None, "n_sites": int(usable.sum())}
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return result
+    pearson = pearson_with_permutation(x, y, n_perm=n_perm, seed=seed)
+
+    def r_of(a, b):
+        if np.ptp(a) == 0 or np.ptp(b) == 0:
+            return np.nan
+        return np.corrcoef(a, b)[0, 1]
+
+    _, low, high = bootstrap_ci(r_of, x, y, n_boot=n_boot, ci=ci, seed=seed)
+    result.update(r=pearson.r, p=pearson.p_parametric, p_permutation=pearson.p_permutation,
+                  r_ci=_interval(low, high))
+    return result
+
+
+def stratum_mean(values, n_boot: int, ci: float, seed: int) -> dict:
+    """Mean of the finite ``values`` with a bootstrap confidence interval (``None`` with fewer than 2)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return {"mean": None, "ci": None, "n": 0}
+    if len(values) < 2:
+        return {"mean": float(values.mean()), "ci": None, "n": 1}
+    mean, low, high = bootstrap_ci(np.mean, values, n_boot=n_boot, ci=ci, seed=seed)
+    return {"mean": mean, "ci": _interval(low, high), "n": int(len(values))}
+
+
+def _interval(low, high):
+    return None if not (math.isfinite(low) and math.isfinite(high)) else [float(low), float(high)]
+
+
+def shift_summary(prefix: str, dprime, shift, threshold: float, n_perm: int, n_boot: int, ci: float,
+                  seed: int) -> dict:
+    """Afraz-style numbers for one source (``prefix`` "model" or "data"): correlation of the shift with
+    d′ (``<prefix>_r``, ``_p``, ``_p_permutation``, ``_r_ci``) and the mean shift of selective
+    (d′ > ``threshold``) and other sites (``<prefix>_mean_shift_selective``, ``_other``, ``_ci``, ``_n``)."""
+    dprime, shift = np.asarray(dprime, dtype=np.float64), np.asarray(shift, dtype=np.float64)
+    correlation = site_correlation(dprime, shift, n_perm, n_boot, ci, seed)
+    summary = {f"{prefix}_r": correlation["r"], f"{prefix}_p": correlation["p"],
+               f"{prefix}_p_permutation": correlation["p_permutation"], f"{prefix}_r_ci": correlation["r_ci"],
+               f"{prefix}_n_sites": correlation["n_sites"]}
+    for name, mask in (("selective", dprime > threshold), ("other", dprime <= threshold)):
+        stratum = stratum_mean(shift[mask], n_boot, ci, seed)
+        summary[f"{prefix}_mean_shift_{name}"] = stratum["mean"]
+        summary[f"{prefix}_mean_shift_{name}_ci"] = stratum["ci"]
+        summary[f"{prefix}_n_{name}"] = stratum["n"]
+    return summary

@@ -13,6 +13,17 @@ frozen; the remaining (test) images are then shown under every condition. Per si
   classes −s %) is fitted with a logistic psychometric function, and the shift
   x50(control) − x50(stimulated) is in % signal (positive = towards the positive choice, as in
   Afraz et al. 2006).
+
+Keys of ``[stimuli]`` besides ``sets`` (see :mod:`stimsim.paradigms.spec` for the common ones):
+``label`` (the label holding the class, default ``"category"``); ``positive`` (optional: a two-choice
+task, this class against all others, which are merged into the choice ``negative``, default
+``"non<positive>"``; without it every label value is a choice); ``n_per_choice`` (optional: draw this
+many images of each choice at random). ``[stimuli.noise]`` (optional): ``signal_percent = [0, 15,
+...]``, the visual-signal levels of Afraz et al. 2006 (a fraction 1 − s/100 of the pixels replaced by
+uniform noise); with ``positive`` the choices are fitted as a psychometric function of the signed
+signal level (positive class +s, others −s). The decoder's fitting images are split by clean image, so
+all noisy copies of an image fall on the same side. With ``positive``, the default localizer is
+``label`` with ``positive`` as the preferred class.
 """
 from __future__ import annotations
 
@@ -22,12 +33,57 @@ import numpy as np
 import xarray as xr
 
 from stimsim.behavior import LogisticDecoder, bootstrap_ci, fit_psychometric, psychometric_shift_percent
+from stimsim.behavior.metrics import shift_summary, site_correlation, stratum_mean
+from stimsim.config import Section
 from stimsim.data.stimuli import StimulusSet, pixel_noise
 from stimsim.errors import ConfigError
 from stimsim.figures import pyplot, save_figure
-from stimsim.paradigms.comparisons import shift_summary, site_correlation, stratum_mean
+from stimsim.paradigms.base import Paradigm, register_paradigm
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
-from stimsim.paradigms.spec import ExperimentSpec
+from stimsim.paradigms.spec import ExperimentSpec, LocalizerSpec
+
+
+@dataclass(frozen=True)
+class CategorizationOptions:
+    """The class ``label``, optional ``positive``/``negative`` choices, ``n_per_choice`` and noise
+    levels (% signal) of a categorisation experiment."""
+
+    label: str = "category"
+    positive: str | None = None
+    negative: str | None = None
+    n_per_choice: int | None = None
+    signal_percent: tuple[float, ...] | None = None
+
+
+def parse_options(stimuli: Section) -> CategorizationOptions:
+    """Categorisation's keys of ``[stimuli]`` (module docstring)."""
+    label = stimuli.text("label", "category")
+    positive = stimuli.get("positive", str, None)
+    negative = stimuli.get("negative", str, None)
+    if negative is not None and positive is None:
+        raise ConfigError(f"{stimuli.where}: 'negative' names the merged choice of a two-choice task; "
+                          f"give 'positive' too")
+    if positive is not None:
+        negative = negative if negative is not None else f"non{positive}"
+        if negative == positive:
+            raise ConfigError(f"{stimuli.where}: 'negative' must differ from 'positive' ({positive!r})")
+    n_per_choice = stimuli.get("n_per_choice", int, None, minimum=1)
+    noise = stimuli.section("noise")
+    levels = None
+    if noise.values:
+        levels = noise.get("signal_percent", list)
+        if not levels or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in levels):
+            raise ConfigError(f"{noise.where}: 'signal_percent' must be a non-empty list of numbers (%), "
+                              f"got {levels!r}")
+        levels = tuple(float(v) for v in levels)
+        if any(not 0 <= v <= 100 for v in levels) or len(set(levels)) != len(levels):
+            raise ConfigError(f"{noise.where}: 'signal_percent' levels must be distinct percentages in [0, 100], "
+                              f"got {list(levels)}")
+        if positive is not None and len(levels) < 2:
+            raise ConfigError(f"{noise.where}: a psychometric fit needs at least 2 signal levels, got {list(levels)}")
+    noise.finish()
+    return CategorizationOptions(label=label, positive=positive, negative=negative, n_per_choice=n_per_choice,
+                                 signal_percent=levels)
 
 
 
@@ -59,6 +115,10 @@ class CategorizationTrials:
     def stimulus_coords(self) -> dict:
         return dict(self.test.labels)
 
+    @property
+    def frozen_decoder(self) -> LogisticDecoder:
+        return self.decoder
+
     def record(self) -> dict:
         """What to store about the trials and the decoder (JSON-friendly)."""
         return {
@@ -75,7 +135,7 @@ class CategorizationTrials:
 
 def true_choices(spec: ExperimentSpec, stimuli: StimulusSet) -> np.ndarray:
     """The correct choice of every image: its label, or positive / negative in a two-choice task."""
-    label, positive = spec.stimuli.label, spec.stimuli.positive
+    label, positive = spec.options.label, spec.options.positive
     if label not in stimuli.labels:
         raise ConfigError(f"{spec.source} [stimuli]: the images have no label {label!r}; labels: "
                           f"{sorted(stimuli.labels)}")
@@ -90,8 +150,8 @@ def true_choices(spec: ExperimentSpec, stimuli: StimulusSet) -> np.ndarray:
                           f"{sorted(set(values.tolist()))}")
     if np.all(values == positive):
         raise ConfigError(f"{spec.source} [stimuli]: every image has {label} = {positive!r}; add images of other "
-                          f"classes for the {spec.stimuli.negative!r} choice")
-    return np.where(values == positive, positive, spec.stimuli.negative)
+                          f"classes for the {spec.options.negative!r} choice")
+    return np.where(values == positive, positive, spec.options.negative)
 
 
 def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> CategorizationTrials:
@@ -99,15 +159,15 @@ def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> Categorization
     an image on the same side), add noise, and fit the frozen decoder on the fitting images."""
     choice = true_choices(spec, stimuli)
     selected = np.arange(len(stimuli))
-    if spec.stimuli.n_per_choice is not None:
+    if spec.options.n_per_choice is not None:
         rng = np.random.default_rng([spec.seed, 3])
         picks = []
         for value in np.unique(choice):
             members = np.flatnonzero(choice == value)
-            if len(members) < spec.stimuli.n_per_choice:
-                raise ConfigError(f"{spec.source} [stimuli]: n_per_choice = {spec.stimuli.n_per_choice} but choice "
+            if len(members) < spec.options.n_per_choice:
+                raise ConfigError(f"{spec.source} [stimuli]: n_per_choice = {spec.options.n_per_choice} but choice "
                                   f"{value!r} has only {len(members)} images")
-            picks.append(rng.choice(members, size=spec.stimuli.n_per_choice, replace=False))
+            picks.append(rng.choice(members, size=spec.options.n_per_choice, replace=False))
         selected = np.sort(np.concatenate(picks))
     clean = StimulusSet(name=stimuli.name, images=[stimuli.images[i] for i in selected],
                         stimulus_id=stimuli.stimulus_id[selected],
@@ -115,16 +175,16 @@ def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> Categorization
                                 "source_set": np.asarray(stimuli.labels["source_set"])[selected]})
     is_fit_clean = _stratified_split(clean.labels["true_choice"], spec.decoder.fit_fraction,
                                      np.random.default_rng([spec.seed, 5]), spec.source)
-    if spec.stimuli.signal_percent is not None:
-        shown = pixel_noise(clean, spec.stimuli.signal_percent, seed=spec.seed)
-        base_ids = np.tile(clean.stimulus_id, len(spec.stimuli.signal_percent))
-        is_fit = np.tile(is_fit_clean, len(spec.stimuli.signal_percent))
+    if spec.options.signal_percent is not None:
+        shown = pixel_noise(clean, spec.options.signal_percent, seed=spec.seed)
+        base_ids = np.tile(clean.stimulus_id, len(spec.options.signal_percent))
+        is_fit = np.tile(is_fit_clean, len(spec.options.signal_percent))
     else:
         shown = clean.with_labels(signal_percent=np.full(len(clean), 100.0))
         base_ids, is_fit = clean.stimulus_id, is_fit_clean
     labels = {"base_stimulus_id": base_ids}
-    if spec.stimuli.positive is not None:
-        sign = np.where(shown.labels["true_choice"] == spec.stimuli.positive, 1.0, -1.0)
+    if spec.options.positive is not None:
+        sign = np.where(shown.labels["true_choice"] == spec.options.positive, 1.0, -1.0)
         labels["signed_signal_percent"] = sign * shown.labels["signal_percent"]
     shown = shown.with_labels(**labels)
     fit, test = shown.subset(is_fit, name=f"{shown.name}_fit"), shown.subset(~is_fit, name=f"{shown.name}_test")
@@ -133,8 +193,8 @@ def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> Categorization
     decoder = LogisticDecoder.fit(features, fit.labels["true_choice"], layer=layer, C=spec.decoder.C,
                                   seed=spec.seed, max_iter=spec.decoder.max_iter)
     choices = tuple(decoder.choices)
-    psychometric = spec.stimuli.positive is not None and spec.stimuli.signal_percent is not None
-    return CategorizationTrials(choices=choices, positive=spec.stimuli.positive, fit=fit, test=test,
+    psychometric = spec.options.positive is not None and spec.options.signal_percent is not None
+    return CategorizationTrials(choices=choices, positive=spec.options.positive, fit=fit, test=test,
                                 decoder=decoder, psychometric=psychometric)
 
 
@@ -291,3 +351,30 @@ def plot_psychometric(dataset: xr.Dataset, path, title: str) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path)
+
+
+@register_paradigm("categorization")
+class Categorization(Paradigm):
+    """Which class does the subject report? Accuracy, ΔP(positive) and psychometric shifts per site."""
+
+    def parse(self, top: Section, stimuli: Section) -> CategorizationOptions:
+        return parse_options(stimuli)
+
+    def labels(self, spec: ExperimentSpec) -> set[str]:
+        return {spec.options.label}
+
+    def default_localizer(self, options: CategorizationOptions) -> LocalizerSpec | None:
+        if options.positive is None:
+            return None
+        return LocalizerSpec(label=options.label, positive=options.positive, sets=None)
+
+    def prepare(self, spec, model, stimuli):
+        return prepare(spec, model, stimuli)
+
+    def analyse(self, spec, trials, probabilities, selection):
+        return analyse(spec, trials, probabilities, selection)
+
+    def figures(self, spec, results, out_dir) -> None:
+        plot_site_effects(results, out_dir / "site_effects.png", f"{spec.name}: effect per site")
+        if "psychometric_shift_percent" in results:
+            plot_psychometric(results, out_dir / "psychometric.png", spec.name)

@@ -50,12 +50,11 @@ import torch
 import xarray as xr
 
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
-from stimsim.engine import simulate
+from stimsim.datasets import DATASETS
 from stimsim.errors import ConfigError, DataError
 from stimsim.io import ResultSet, provenance, read_result_set, sha256_of
 from stimsim.models.registry import load_model, model_path
 from stimsim.models.topographic import TopographicModel
-from stimsim.paradigms import categorization, comparisons, same_different
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection, plot_sites, select_sites
 from stimsim.paradigms.spec import ExperimentSpec, load_experiment
 from stimsim.progress import report_phase
@@ -91,7 +90,8 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
         topo = topo.with_sheet_scale(layer, spec.cortex_mm_per_model_mm)
     sheet = topo.sheet(layer)
     localizer = spec.sites.localizer
-    labels = _experiment_labels(spec) | ({localizer.label} if localizer.sets is None else set())
+    paradigm = spec.task
+    labels = paradigm.labels(spec) | ({localizer.label} if localizer.sets is None else set())
     stimuli = load_stimuli(spec.stimuli.sets, sorted(labels), topo, notes, f"{spec.source} [stimuli]")
     localizer_images = stimuli if localizer.sets is None else load_stimuli(
         localizer.sets, [localizer.label], topo, notes, f"{spec.source} [sites.localizer]")
@@ -108,26 +108,17 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
 
     conditions = [Condition(CONTROL_LABEL)] + [
         Condition(site.label, (spec.perturbation_at(site.position_mm),)) for site in selection.sites]
-    paradigm = categorization if spec.paradigm == "categorization" else same_different
     report_phase(f"decoder: fitting the {spec.paradigm} readout on unperturbed trials", progress)
     trials = paradigm.prepare(spec, topo, stimuli)
-    probabilities = simulate(topo, trials.images, conditions, trials.decoder, stimulus_ids=trials.stimulus_ids,
-                             stimulus_coords=trials.stimulus_coords, store=out_dir / STORE_DIRNAME,
-                             progress=progress, **_safety_arguments(spec))
-    if spec.paradigm == "categorization":
-        metrics, summary = categorization.analyse(spec, trials, probabilities, selection)
-    else:
-        metrics, summary = same_different.analyse(spec, trials, probabilities, selection, localizer.positive)
+    probabilities = paradigm.simulate(spec, topo, trials, conditions, out_dir / STORE_DIRNAME, progress,
+                                      **_safety_arguments(spec))
+    metrics, summary = paradigm.analyse(spec, trials, probabilities, selection)
 
     data, data_summary = None, {}
-    analysis = spec.analysis
+    comparison = None if spec.comparison is None else DATASETS.get(spec.comparison)
     try:
-        if spec.comparison == "afraz2006":
-            data, data_summary = comparisons.compare_afraz2006(analysis.n_perm, analysis.n_boot, analysis.ci,
-                                                               spec.seed)
-        elif spec.comparison == "moeller2017":
-            data, data_summary = comparisons.compare_moeller2017(
-                list(trials.groups), lambda group: same_different.group_prefix(group, localizer.positive))
+        if comparison is not None:
+            data, data_summary = comparison.compare(spec, trials)
     except DataError as exc:
         # the model's results stand on their own; the published data are optional
         message = (f"comparison with {spec.comparison!r} skipped, its data are not available here "
@@ -174,10 +165,12 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
         "notes": "; ".join(notes),
     })
     results.write(RESULTS_FILE, lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
-    decoder = trials.decoder if spec.paradigm == "categorization" else trials.pair_decoder
-    results.write_json(DECODER_FILE, decoder.to_dict())
+    results.write_json(DECODER_FILE, trials.frozen_decoder.to_dict())
     if figures:
-        _write_figures(spec, dataset, selection, sheet, data, summary, results)
+        plot_sites(selection, sheet, results / "sites.png", f"{spec.name}: {selection.method} sites on {sheet.name}")
+        paradigm.figures(spec, dataset, results)
+        if data is not None:
+            comparison.figure(spec, dataset, data, summary, results)
     results.write_json(CONFIG_FILE, config)
     results.write_json(SUMMARY_FILE, summary)
     results.finish()
@@ -185,12 +178,6 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
 
 
 # --- inputs -------------------------------------------------------------------------------------
-def _experiment_labels(spec: ExperimentSpec) -> set[str]:
-    if spec.paradigm == "categorization":
-        return {spec.stimuli.label}
-    return {spec.pairs.identity_label, spec.pairs.group_label}
-
-
 def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
     """The images of ``sets`` (tables for ``load_stimulus_source``, optionally ``heldout_only``) in
     one set that keeps the ``labels`` named, as text, plus ``source_set`` (the set's name).
@@ -285,21 +272,6 @@ def _results_dataset(probabilities: xr.DataArray, metrics: xr.Dataset, selection
     if data is not None:
         dataset = dataset.merge(data)
     return dataset
-
-
-def _write_figures(spec, dataset, selection, sheet, data, summary, out_dir: ResultSet) -> None:
-    plot_sites(selection, sheet, out_dir / "sites.png", f"{spec.name}: {selection.method} sites on {sheet.name}")
-    if spec.paradigm == "categorization":
-        categorization.plot_site_effects(dataset, out_dir / "site_effects.png", f"{spec.name}: effect per site")
-        if "psychometric_shift_percent" in dataset:
-            categorization.plot_psychometric(dataset, out_dir / "psychometric.png", spec.name)
-        if spec.comparison == "afraz2006" and data is not None:
-            comparisons.plot_afraz2006(dataset["site_dprime"].values, dataset["psychometric_shift_percent"].values,
-                                       data, summary, out_dir / "afraz2006_comparison.png",
-                                       spec.sites.dprime_threshold)
-    else:
-        name = "moeller2017_comparison.png" if spec.comparison == "moeller2017" and data is not None else "hit_rates.png"
-        same_different.plot_hit_rates(dataset, out_dir / name, f"{spec.name}: same/different hit rates", data=data)
 
 
 def _json_ready(value):

@@ -14,6 +14,15 @@ first image is simulated by perturbing it and comparing with the unperturbed sec
 
 Hit rate of a trial type = mean probability of the correct report ("same" on same pairs, "different"
 on different pairs) over the test pairs; a drop = control hit rate − stimulated hit rate.
+
+``[stimuli]`` takes only ``sets``. ``[pairs]`` (required): ``identity_label`` (default
+``"identity"``), ``group_label`` (default ``"category"``: pairs are drawn within one group, e.g. faces
+with faces), ``groups`` (default: every value of the group label), ``n_same_per_group``,
+``n_different_per_group`` (ordered pairs drawn per group; "same" = same identity, different image;
+"different" = different identities), ``stimulated_image`` (``"second"``, default, or ``"first"``: the
+image of each pair seen during stimulation; the other image is seen without it). ``[decoder]
+fit_fraction`` is a share of pairs, stratified by group and trial type. ``[sites.localizer]`` is
+required.
 """
 from __future__ import annotations
 
@@ -23,13 +32,47 @@ import numpy as np
 import xarray as xr
 
 from stimsim.behavior import SAME_DIFFERENT_CHOICES, BoundSameDifferentDecoder, SameDifferentDecoder, bootstrap_ci
+from stimsim.config import Section
 from stimsim.data.stimuli import StimulusSet
 from stimsim.errors import ConfigError
 from stimsim.figures import pyplot, save_figure
+from stimsim.paradigms.base import Paradigm, register_paradigm
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
 from stimsim.paradigms.spec import ExperimentSpec
 
 TRIAL_TYPES = ("same", "different")
+STIMULATED_IMAGES = ("second", "first")
+
+
+@dataclass(frozen=True)
+class PairsSpec:
+    """How same/different pairs are drawn (see the module docstring)."""
+
+    identity_label: str
+    group_label: str
+    groups: tuple[str, ...] | None
+    n_same_per_group: int
+    n_different_per_group: int
+    stimulated_image: str
+
+
+def parse_pairs(section: Section) -> PairsSpec:
+    """The ``[pairs]`` table (module docstring)."""
+    groups = section.get("groups", list, None)
+    if groups is not None:
+        if not groups or not all(isinstance(g, str) and g for g in groups) or len(set(groups)) != len(groups):
+            raise ConfigError(f"{section.where}: 'groups' must be a non-empty list of distinct names, got {groups!r}")
+        groups = tuple(groups)
+    spec = PairsSpec(
+        identity_label=section.text("identity_label", "identity"),
+        group_label=section.text("group_label", "category"),
+        groups=groups,
+        n_same_per_group=section.get("n_same_per_group", int, minimum=2),
+        n_different_per_group=section.get("n_different_per_group", int, minimum=2),
+        stimulated_image=section.get("stimulated_image", str, "second", choices=STIMULATED_IMAGES),
+    )
+    section.finish()
+    return spec
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,6 +93,15 @@ class PairTrials:
     pair_decoder: SameDifferentDecoder
     decoder: BoundSameDifferentDecoder
     groups: tuple[str, ...]
+    headline_group: str
+
+    @property
+    def frozen_decoder(self) -> SameDifferentDecoder:
+        return self.pair_decoder
+
+    def summary_prefix(self, group: str) -> str:
+        """Summary-key prefix of a pair group: none for the headline group, ``"<group>_"`` otherwise."""
+        return group_prefix(group, self.headline_group)
 
     @property
     def test(self) -> np.ndarray:
@@ -126,7 +178,7 @@ def sample_pairs(identity, group, groups, n_same: int, n_different: int, seed: i
 def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> PairTrials:
     """Draw the pairs, split them into fitting and test pairs (stratified by group and trial type),
     fit the frozen decoder on the fitting pairs and bind it to the unperturbed image of every test pair."""
-    pairs = spec.pairs
+    pairs = spec.options
     for label in (pairs.identity_label, pairs.group_label):
         if label not in stimuli.labels:
             raise ConfigError(f"{spec.source} [pairs]: the images have no label {label!r}; labels: "
@@ -159,7 +211,7 @@ def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> PairTrials:
     decoder = pair_decoder.bind(features[unperturbed[~is_fit]])
     return PairTrials(stimuli=stimuli, first=first, second=second, group=group, same=same, is_fit=is_fit,
                       stimulated_image=pairs.stimulated_image, pair_decoder=pair_decoder, decoder=decoder,
-                      groups=tuple(groups))
+                      groups=tuple(groups), headline_group=spec.sites.localizer.positive)
 
 
 def analyse(spec: ExperimentSpec, trials: PairTrials, probabilities: xr.DataArray,
@@ -220,14 +272,16 @@ def group_prefix(group: str, headline_group: str) -> str:
     return "" if group == headline_group else f"{group}_"
 
 
-def plot_hit_rates(dataset: xr.Dataset, path, title: str, data: xr.Dataset | None = None) -> None:
+def plot_hit_rates(dataset: xr.Dataset, path, title: str, data: xr.Dataset | None = None,
+                   data_label: str = "animals") -> None:
     """Bar chart of hit rates without and with stimulation per trial type and site group, one panel
-    per pair group; with ``data`` (Moeller et al. 2017 counts) a second row shows the monkeys'
-    rates for the same cells. PNG at ``path``."""
+    per pair group; with ``data`` (published rates: ``data_hit_rate`` with dims data_location,
+    pair_group, trial_type and stimulation ["off", "on"]) a second row, titled ``data_label``, shows
+    the animals' rates for the same cells. PNG at ``path``."""
     plt = pyplot()
     groups = [str(g) for g in dataset["pair_group"].values]
     site_groups = list(dict.fromkeys(dataset["site_group"].values.astype(str).tolist()))
-    rows = [("model", None)] + ([("monkeys (Moeller et al. 2017)", data)] if data is not None else [])
+    rows = [("model", None)] + ([(data_label, data)] if data is not None else [])
     fig, axes = plt.subplots(len(rows), len(groups), figsize=(4.2 * len(groups), 3.2 * len(rows)), squeeze=False)
     cells = [(kind, location) for kind in TRIAL_TYPES for location in site_groups]
     x = np.arange(len(cells))
@@ -259,3 +313,23 @@ def plot_hit_rates(dataset: xr.Dataset, path, title: str, data: xr.Dataset | Non
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)
+
+
+@register_paradigm("same_different")
+class SameDifferent(Paradigm):
+    """Same or different identity? Hit rates of same and different pairs per site group."""
+
+    def parse(self, top: Section, stimuli: Section) -> PairsSpec:
+        return parse_pairs(top.section("pairs", required=True))
+
+    def labels(self, spec: ExperimentSpec) -> set[str]:
+        return {spec.options.identity_label, spec.options.group_label}
+
+    def prepare(self, spec, model, stimuli):
+        return prepare(spec, model, stimuli)
+
+    def analyse(self, spec, trials, probabilities, selection):
+        return analyse(spec, trials, probabilities, selection, trials.headline_group)
+
+    def figures(self, spec, results, out_dir) -> None:
+        plot_hit_rates(results, out_dir / "hit_rates.png", f"{spec.name}: same/different hit rates")

@@ -11,7 +11,10 @@ Examples: ``experiments/afraz2006.toml``, ``experiments/moeller2017.toml``,
 Top level
 ---------
 ``name`` (text, required), ``description`` (text), ``citation`` (text),
-``paradigm`` (``"categorization"`` or ``"same_different"``, required),
+``paradigm`` (the task: a registered paradigm name, required — ``"categorization"``
+(:mod:`stimsim.paradigms.categorization`), ``"same_different"`` (:mod:`stimsim.paradigms.same_different`)
+or any other registered one, see :mod:`stimsim.paradigms.base`; a paradigm reads its own keys of
+``[stimuli]`` and its own tables, documented in its module),
 ``model`` (shipped model name or model directory; default ``"stimsim-topo-s0"``; ``stimsim run --model``
 overrides it), ``layer`` (the layer stimulated, a stage name or an area label; default ``"IT"``),
 ``cortex_mm_per_model_mm`` (number in (0, 100], default 1: how many millimetres of cortex one
@@ -27,30 +30,18 @@ key, e.g. Fashion-MNIST's draw, is that set's).
     (``source`` plus that source's own keys, e.g. ``{ source = "fashion_mnist", split = "test",
     n_per_class = 3 }``), plus the optional key ``heldout_only = true``: keep only the images the
     model's training run held out (the model's ``metadata["holdout_stimulus_ids"]``).
-    Categorisation only: ``label`` (the label holding the class, default ``"category"``);
-    ``positive`` (optional: a two-choice task, this class against all others, which are merged into
-    the choice ``negative``, default ``"non<positive>"``; without it every label value is a choice);
-    ``n_per_choice`` (optional: draw this many images of each choice at random).
-    ``[stimuli.noise]`` (categorisation only, optional): ``signal_percent = [0, 15, ...]``, the
-    visual-signal levels of Afraz et al. 2006 (a fraction 1 − s/100 of the pixels replaced by uniform
-    noise); with ``positive`` the choices are fitted as a psychometric function of the signed signal
-    level (positive class +s, others −s).
+    The paradigm's own keys (e.g. categorisation's ``label``, ``positive`` and ``[stimuli.noise]``) are
+    documented in its module.
 
-``[pairs]`` (same/different only)
-    ``identity_label`` (default ``"identity"``), ``group_label`` (default ``"category"``: pairs are
-    drawn within one group, e.g. faces with faces), ``groups`` (default: every value of the group
-    label), ``n_same_per_group``, ``n_different_per_group`` (ordered pairs drawn per group; "same" =
-    same identity, different image; "different" = different identities), ``stimulated_image``
-    (``"second"``, default, or ``"first"``: the image of each pair seen during stimulation; the other
-    image is seen without it).
+``[pairs]`` and other tables of a paradigm
+    Documented in the paradigm's module (``[pairs]``: :mod:`stimsim.paradigms.same_different`).
 
 ``[decoder]``
     ``C`` (inverse L2 regularisation, default 1e-3 as in Brain-Score), ``fit_fraction`` (default 0.5:
-    the share of images — of pairs for same/different — used to fit the decoder, stratified by
-    choice; the rest are the test trials that are simulated), ``layer`` (default: the top-level
-    ``layer``), ``max_iter`` (default 1000). Categorisation splits by clean image, so all noisy
-    copies of an image fall on the same side. The decoder is fitted on unperturbed activity and
-    then frozen.
+    the share of trials used to fit the decoder, stratified by choice; the rest are the test trials
+    that are simulated; the paradigm says what a trial is), ``layer`` (default: the top-level
+    ``layer``), ``max_iter`` (default 1000). The decoder is fitted on unperturbed activity and then
+    frozen.
 
 ``[sites]``
     ``method``: ``"explicit"`` (``sites_mm = [[x, y], ...]``, optional ``groups = [...]``, one name
@@ -68,8 +59,8 @@ key, e.g. Fashion-MNIST's draw, is that set's).
     Sites are in model-sheet millimetres.
     ``[sites.localizer]``: the images that define selectivity (d′ of ``positive`` against the rest of
     ``label``): ``label``, ``positive``, optional ``sets`` (as in ``[stimuli]``; default: the
-    experiment's own clean images). Categorisation with ``positive`` defaults to ``[stimuli]``'s
-    label and positive class.
+    experiment's own clean images). Without this table the paradigm's default is used, if it has
+    one (categorisation with ``positive``: ``[stimuli]``'s label and positive class).
 
 ``[stimulation]``
     One perturbation template applied at every site: ``kind`` (``"electrical"``, ``"optogenetic"``,
@@ -85,10 +76,9 @@ key, e.g. Fashion-MNIST's draw, is that set's).
     the file.
 
 ``[comparison]`` (optional)
-    ``dataset``: published data to set beside the model — ``"afraz2006"`` (categorisation with
-    noise and a positive class; per-site psychometric shift against d′) or ``"moeller2017"``
-    (same/different with ``face_patch`` sites and ``[pairs] groups`` among ``"face"`` and
-    ``"object"``; hit rates with and without stimulation).
+    ``dataset``: published data to set beside the model, a registered dataset name
+    (:mod:`stimsim.datasets`: ``"afraz2006"``, ``"moeller2017"``, ...). Each dataset names the
+    paradigm it needs and checks that the experiment measures what the paper measured.
 
 ``[analysis]`` (optional)
     ``n_boot`` (bootstrap resamples, default 1000), ``n_perm`` (permutations of correlation tests,
@@ -102,45 +92,26 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stimsim.config import Section, load_toml
+from stimsim.datasets import DATASETS
 from stimsim.errors import ConfigError, SafetyError
 from stimsim.models.registry import DEFAULT_MODEL
-from stimsim.paradigms.comparisons import MOELLER2017_CLASSES
+from stimsim.paradigms.base import PARADIGMS
 from stimsim.stimulation import SafetyLimits, enforce, perturbation_from_dict
 
-PARADIGMS = ("categorization", "same_different")
 #: Largest seed: numpy and scikit-learn take seeds below 2³².
 MAX_SEED = 2**32 - 1
 SITE_METHODS = ("explicit", "selectivity", "face_patch", "grid")
-STIMULATED_IMAGES = ("second", "first")
-#: Published datasets an experiment can be compared with, and the paradigm each needs.
-COMPARISON_PARADIGMS = {"afraz2006": "categorization", "moeller2017": "same_different"}
 
 
 @dataclass(frozen=True)
 class StimuliSpec:
-    """The images of an experiment: ``sets`` (source tables), and for categorisation the class
-    ``label``, optional ``positive``/``negative`` choices, ``n_per_choice`` and noise levels (%)."""
+    """The images of an experiment: ``sets``, tables for ``load_stimulus_source`` (optionally with
+    ``heldout_only``)."""
 
     sets: tuple[dict, ...]
-    label: str | None = None
-    positive: str | None = None
-    negative: str | None = None
-    n_per_choice: int | None = None
-    signal_percent: tuple[float, ...] | None = None
-
-
-@dataclass(frozen=True)
-class PairsSpec:
-    """How same/different pairs are drawn (see the module docstring)."""
-
-    identity_label: str
-    group_label: str
-    groups: tuple[str, ...] | None
-    n_same_per_group: int
-    n_different_per_group: int
-    stimulated_image: str
 
 
 @dataclass(frozen=True)
@@ -194,9 +165,10 @@ class AnalysisSpec:
 
 @dataclass(frozen=True)
 class ExperimentSpec:
-    """A validated experiment file. ``raw`` is the file's content as parsed (stored with results),
-    ``source`` the file it came from, ``safety`` the safety report with its limits and any override
-    reason (electrical stimulation only)."""
+    """A validated experiment file. ``options`` holds what the paradigm parsed (its own keys and
+    tables), ``raw`` the file's content as parsed (stored with results), ``source`` the file it came
+    from, ``safety`` the safety report with its limits and any override reason (electrical
+    stimulation only)."""
 
     name: str
     description: str
@@ -210,12 +182,17 @@ class ExperimentSpec:
     sites: SitesSpec
     stimulation: dict
     analysis: AnalysisSpec
-    pairs: PairsSpec | None = None
+    options: Any = None
     safety: dict | None = None
     comparison: str | None = None
     cortex_mm_per_model_mm: float = 1.0
     source: str = ""
     raw: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def task(self):
+        """The registered :class:`~stimsim.paradigms.base.Paradigm` named by ``paradigm``."""
+        return PARADIGMS.get(self.paradigm)
 
     def perturbation_at(self, site_mm):
         """The ``[stimulation]`` template applied at one site (x, y) mm on ``layer``."""
@@ -275,45 +252,39 @@ def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: an experiment must be a table, got {type(raw).__name__}")
     top = Section(raw, where)
-    name = _text(top, "name")
+    name = top.text("name")
     description = top.get("description", str, "")
     citation = top.get("citation", str, "")
-    paradigm = top.get("paradigm", str, choices=PARADIGMS)
-    model = _text(top, "model", DEFAULT_MODEL)
-    layer = _text(top, "layer", "IT")
+    paradigm_name = top.get("paradigm", str, choices=PARADIGMS.names())
+    paradigm = PARADIGMS.get(paradigm_name)
+    model = top.text("model", DEFAULT_MODEL)
+    layer = top.text("layer", "IT")
     seed = top.get("seed", int, 0, minimum=0, maximum=MAX_SEED)
     scale = top.get("cortex_mm_per_model_mm", float, 1.0)
     if not 0 < scale <= 100:
         raise ConfigError(f"{where}: 'cortex_mm_per_model_mm' must be in (0, 100], got {scale}")
 
-    stimuli = _parse_stimuli(top.section("stimuli", required=True), paradigm)
-    pairs = _parse_pairs(top.section("pairs", required=True)) if paradigm == "same_different" else None
+    stimuli_section = top.section("stimuli", required=True)
+    stimuli = StimuliSpec(sets=_source_sets(stimuli_section.get("sets", list), stimuli_section.where))
+    options = paradigm.parse(top, stimuli_section)
+    stimuli_section.finish()
     decoder = _parse_decoder(top.section("decoder"), layer)
-    sites = _parse_sites(top.section("sites", required=True), stimuli)
+    sites = _parse_sites(top.section("sites", required=True), paradigm.default_localizer(options))
     stimulation = _parse_stimulation(top.section("stimulation", required=True), layer)
     safety = _parse_safety(top, stimulation, layer)
-    comparison = _parse_comparison(top.section("comparison"), paradigm, stimuli, sites, pairs)
+    comparison_section = top.section("comparison")
     analysis = _parse_analysis(top.section("analysis"))
     top.finish()
-    return ExperimentSpec(
-        name=name, description=description, citation=citation, paradigm=paradigm, model=model, layer=layer,
+    spec = ExperimentSpec(
+        name=name, description=description, citation=citation, paradigm=paradigm_name, model=model, layer=layer,
         seed=seed, stimuli=stimuli, decoder=decoder, sites=sites, stimulation=stimulation, analysis=analysis,
-        pairs=pairs, safety=safety, comparison=comparison, cortex_mm_per_model_mm=scale,
+        options=options, safety=safety, cortex_mm_per_model_mm=scale,
         source=where, raw=json.loads(json.dumps(raw, default=str)),
     )
+    return dataclasses.replace(spec, comparison=_parse_comparison(comparison_section, spec))
 
 
 # --- blocks -----------------------------------------------------------------------------------
-def _text(section: Section, key: str, default=None) -> str:
-    value = section.get(key, str) if default is None else section.get(key, str, default)
-    if not value.strip():
-        raise ConfigError(f"{section.where}: {key!r} must be non-empty text")
-    if any(not character.isprintable() for character in value):
-        raise ConfigError(f"{section.where}: {key!r} must be printable text without control characters "
-                          f"(NUL, newline, ...), got {value!r}")
-    return value
-
-
 def _positive_number(section: Section, key: str, default: float, unit: str, strict: bool = True) -> float:
     value = section.get(key, float, default)
     if not math.isfinite(value) or (value <= 0 if strict else value < 0):
@@ -336,87 +307,34 @@ def _source_sets(values, where: str) -> tuple[dict, ...]:
     return tuple(sets)
 
 
-def _parse_stimuli(section: Section, paradigm: str) -> StimuliSpec:
-    sets = _source_sets(section.get("sets", list), section.where)
-    if paradigm == "same_different":
-        section.finish()
-        return StimuliSpec(sets=sets)
-    label = _text(section, "label", "category")
-    positive = section.get("positive", str, None)
-    negative = section.get("negative", str, None)
-    if negative is not None and positive is None:
-        raise ConfigError(f"{section.where}: 'negative' names the merged choice of a two-choice task; "
-                          f"give 'positive' too")
-    if positive is not None:
-        negative = negative if negative is not None else f"non{positive}"
-        if negative == positive:
-            raise ConfigError(f"{section.where}: 'negative' must differ from 'positive' ({positive!r})")
-    n_per_choice = section.get("n_per_choice", int, None, minimum=1)
-    noise = section.section("noise")
-    levels = None
-    if noise.values:
-        levels = noise.get("signal_percent", list)
-        if not levels or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in levels):
-            raise ConfigError(f"{noise.where}: 'signal_percent' must be a non-empty list of numbers (%), "
-                              f"got {levels!r}")
-        levels = tuple(float(v) for v in levels)
-        if any(not 0 <= v <= 100 for v in levels) or len(set(levels)) != len(levels):
-            raise ConfigError(f"{noise.where}: 'signal_percent' levels must be distinct percentages in [0, 100], "
-                              f"got {list(levels)}")
-        if positive is not None and len(levels) < 2:
-            raise ConfigError(f"{noise.where}: a psychometric fit needs at least 2 signal levels, got {list(levels)}")
-    noise.finish()
-    section.finish()
-    return StimuliSpec(sets=sets, label=label, positive=positive, negative=negative, n_per_choice=n_per_choice,
-                       signal_percent=levels)
-
-
-def _parse_pairs(section: Section) -> PairsSpec:
-    groups = section.get("groups", list, None)
-    if groups is not None:
-        if not groups or not all(isinstance(g, str) and g for g in groups) or len(set(groups)) != len(groups):
-            raise ConfigError(f"{section.where}: 'groups' must be a non-empty list of distinct names, got {groups!r}")
-        groups = tuple(groups)
-    spec = PairsSpec(
-        identity_label=_text(section, "identity_label", "identity"),
-        group_label=_text(section, "group_label", "category"),
-        groups=groups,
-        n_same_per_group=section.get("n_same_per_group", int, minimum=2),
-        n_different_per_group=section.get("n_different_per_group", int, minimum=2),
-        stimulated_image=section.get("stimulated_image", str, "second", choices=STIMULATED_IMAGES),
-    )
-    section.finish()
-    return spec
-
-
 def _parse_decoder(section: Section, layer: str) -> DecoderSpec:
     fit_fraction = section.get("fit_fraction", float, 0.5)
     if not 0 < fit_fraction < 1:
         raise ConfigError(f"{section.where}: 'fit_fraction' must lie strictly between 0 and 1 (the share of "
                           f"trials used to fit the decoder), got {fit_fraction!r}")
     spec = DecoderSpec(C=_positive_number(section, "C", 1e-3, "(inverse regularisation strength)"),
-                       fit_fraction=fit_fraction, layer=_text(section, "layer", layer),
+                       fit_fraction=fit_fraction, layer=section.text("layer", layer),
                        max_iter=section.get("max_iter", int, 1000, minimum=1))
     section.finish()
     return spec
 
 
-def _parse_localizer(section: Section, stimuli: StimuliSpec) -> LocalizerSpec:
+def _parse_localizer(section: Section, default: LocalizerSpec | None) -> LocalizerSpec:
     if not section.values:
-        if stimuli.positive is None:
+        if default is None:
             raise ConfigError(f"{section.where}: site selectivity needs a localizer: give [sites.localizer] "
                               f"with 'label' and 'positive' (the preferred class, e.g. \"face\")")
-        return LocalizerSpec(label=stimuli.label, positive=stimuli.positive, sets=None)
+        return default
     sets = section.get("sets", list, None)
-    spec = LocalizerSpec(label=_text(section, "label"), positive=_text(section, "positive"),
+    spec = LocalizerSpec(label=section.text("label"), positive=section.text("positive"),
                          sets=None if sets is None else _source_sets(sets, section.where))
     section.finish()
     return spec
 
 
-def _parse_sites(section: Section, stimuli: StimuliSpec) -> SitesSpec:
+def _parse_sites(section: Section, default_localizer: LocalizerSpec | None) -> SitesSpec:
     method = section.get("method", str, choices=SITE_METHODS)
-    localizer = _parse_localizer(section.section("localizer"), stimuli)
+    localizer = _parse_localizer(section.section("localizer"), default_localizer)
     common = dict(
         recording_radius_mm=_positive_number(section, "recording_radius_mm", 0.5, "mm"),
         dprime_threshold=section.get("dprime_threshold", float, 1.0),
@@ -513,26 +431,20 @@ def _parse_safety(top: Section, stimulation: dict, layer: str) -> dict | None:
     return report.to_dict()
 
 
-def _parse_comparison(section: Section, paradigm: str, stimuli: StimuliSpec, sites: SitesSpec,
-                      pairs: PairsSpec | None) -> str | None:
+def _parse_comparison(section: Section, spec: ExperimentSpec) -> str | None:
     if not section.values:
         return None
-    dataset = section.get("dataset", str, choices=tuple(COMPARISON_PARADIGMS))
+    name = section.get("dataset", str, choices=DATASETS.names())
     section.finish()
-    if COMPARISON_PARADIGMS[dataset] != paradigm:
-        raise ConfigError(f"{section.where}: {dataset!r} is a {COMPARISON_PARADIGMS[dataset]} experiment; this "
-                          f"file's paradigm is {paradigm!r}")
-    if dataset == "afraz2006" and (stimuli.positive is None or stimuli.signal_percent is None):
-        raise ConfigError(f"{section.where}: the afraz2006 comparison needs psychometric shifts: give "
-                          f"[stimuli] positive and [stimuli.noise] signal_percent")
-    if dataset == "moeller2017" and sites.method != "face_patch":
-        raise ConfigError(f"{section.where}: the moeller2017 comparison needs sites inside and outside the face "
-                          f"patch: use [sites] method = \"face_patch\"")
-    if dataset == "moeller2017" and (pairs.groups is None or not set(pairs.groups) <= set(MOELLER2017_CLASSES)):
-        raise ConfigError(f"{section.where}: the moeller2017 comparison needs [pairs] groups drawn from "
-                          f"{sorted(MOELLER2017_CLASSES)} (the stimulus classes of the published table), got "
-                          f"{None if pairs.groups is None else list(pairs.groups)}")
-    return dataset
+    dataset = DATASETS.get(name)
+    if dataset.paradigm != spec.paradigm:
+        raise ConfigError(f"{section.where}: {name!r} is a {dataset.paradigm} experiment; this file's paradigm is "
+                          f"{spec.paradigm!r}")
+    try:
+        dataset.check(spec)
+    except ConfigError as exc:
+        raise ConfigError(f"{section.where}: {exc}") from None
+    return name
 
 
 def _parse_analysis(section: Section) -> AnalysisSpec:

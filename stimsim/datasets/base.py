@@ -1,0 +1,102 @@
+"""The published-dataset interface: data from a paper that an experiment can be set beside.
+
+An experiment file asks for a comparison with ``[comparison] dataset = "<name>"``; the name is
+looked up in :data:`DATASETS`. A dataset names the paradigm it needs (:attr:`PublishedDataset.paradigm`),
+checks that the experiment measures what the paper measured (:meth:`PublishedDataset.check`), loads its
+data through the data manifest, computes the data side of the summary
+(:meth:`PublishedDataset.compare`) and draws model and animals side by side
+(:meth:`PublishedDataset.figure`). Every experimental constant sits beside the sentence of the paper's
+methods it comes from, with the citation.
+
+A new dataset is one module in :mod:`stimsim.datasets` with a subclass registered by
+``@register_dataset("name")``, or a class in another package registered through the entry point
+group ``stimsim.datasets``.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import xarray as xr
+
+from stimsim.plugins import Registry
+
+if TYPE_CHECKING:
+    from stimsim.paradigms.spec import ExperimentSpec
+
+
+class PublishedDataset(ABC):
+    """Published data an experiment can be compared with."""
+
+    #: Stable name used in experiment files (set by :func:`register_dataset`).
+    name: str = ""
+    #: The paradigm (registered name) whose results this dataset can be compared with.
+    paradigm: str = ""
+    #: The paper the data come from.
+    citation: str = ""
+    #: The data manifest entry holding the files.
+    manifest_entry: str = ""
+
+    def check(self, spec: "ExperimentSpec") -> None:
+        """Refuse (``ConfigError``, without the file name: the caller adds it) an experiment whose
+        design cannot be compared with these data; the paradigm is checked already."""
+
+    @abstractmethod
+    def compare(self, spec: "ExperimentSpec", trials, mirror=None) -> tuple[xr.Dataset, dict]:
+        """The published data (variables prefixed ``data_``) and the data side of the summary
+        (keys prefixed ``data_``), named as the paradigm names the model's. Missing files raise
+        ``DataError``."""
+
+    @abstractmethod
+    def figure(self, spec: "ExperimentSpec", results: xr.Dataset, data: xr.Dataset, summary: dict,
+               out_dir: Path) -> None:
+        """Write the model-beside-animals figure (PNG) into ``out_dir``."""
+
+
+def _instance(name: str, cls) -> PublishedDataset:
+    if not (isinstance(cls, type) and issubclass(cls, PublishedDataset)):
+        raise TypeError(f"dataset {name!r} must be a PublishedDataset subclass, got {cls!r}")
+    cls.name = name
+    return cls()
+
+
+#: Published datasets by the name experiment files use.
+DATASETS = Registry("comparison dataset", entry_point_group="stimsim.datasets", packages=("stimsim.datasets",),
+                    adapt=_instance)
+
+
+def register_dataset(name: str):
+    """Class decorator: register a :class:`PublishedDataset` subclass (an instance of it) as ``name``."""
+    def add(cls):
+        DATASETS.register(name, _instance(name, cls))
+        return cls
+
+    return add
+
+
+def get_dataset(name: str) -> PublishedDataset:
+    """The registered dataset ``name`` (a ``ConfigError`` lists the known ones)."""
+    return DATASETS.get(name)
+
+
+def read_csv(path, required: tuple[str, ...]):
+    """A published table as text (``pandas.DataFrame`` of str; spaces around names and values
+    stripped; numbers are converted by the caller, so they parse exactly as Python's ``float``).
+    A missing column or an empty table is a ``FileFormatError`` naming the file."""
+    import pandas as pd
+
+    from stimsim.errors import FileFormatError
+
+    try:
+        table = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except (ValueError, pd.errors.ParserError) as exc:
+        raise FileFormatError(path, f"not a readable CSV table ({exc})") from None
+    table.columns = [str(c).strip() for c in table.columns]
+    table = table.apply(lambda column: column.str.strip())
+    missing = [c for c in required if c not in table.columns]
+    if missing:
+        raise FileFormatError(path, f"missing column(s) {missing}; found {list(table.columns)}")
+    if table.empty:
+        raise FileFormatError(path, "the table has no rows")
+    return table

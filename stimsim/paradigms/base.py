@@ -1,0 +1,131 @@
+"""The paradigm interface: what a task must say and do so that ``stimsim run`` can run it.
+
+An experiment file names its task with ``paradigm = "<name>"``; the name is looked up in
+:data:`PARADIGMS`. The runner does the parts every task shares (model, images, sites, conditions,
+safety, files) and asks the paradigm for the rest:
+
+1. :meth:`Paradigm.parse` reads the paradigm's own keys of ``[stimuli]`` and its own tables (e.g.
+   ``[pairs]``) into an options object, stored as ``ExperimentSpec.options``;
+2. :meth:`Paradigm.labels` names the image labels it needs; :meth:`Paradigm.default_localizer`
+   says which images define site selectivity when the file has no ``[sites.localizer]``;
+3. :meth:`Paradigm.prepare` builds the trials: the images to simulate, their ids and labels, and the
+   decoder fitted on unperturbed activity, then frozen (see :class:`Trials`);
+4. :meth:`Paradigm.simulate` predicts choice probabilities for every condition (by default the
+   engine on the trials' images);
+5. :meth:`Paradigm.analyse` turns them into per-site metrics (dimension ``site``) and summary numbers;
+6. :meth:`Paradigm.figures` draws its figures.
+
+Published data sets that need a paradigm name it (:mod:`stimsim.datasets`); :meth:`Paradigm.comparisons`
+lists them. A new task is one module in this package that subclasses :class:`Paradigm` and registers
+it (``@register_paradigm("name")``), or a class in another package registered through the entry point
+group ``stimsim.paradigms``.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import xarray as xr
+
+from stimsim.plugins import Registry
+
+if TYPE_CHECKING:
+    from stimsim.config import Section
+    from stimsim.data.stimuli import StimulusSet
+    from stimsim.paradigms.sites import SiteSelection
+    from stimsim.paradigms.spec import ExperimentSpec, LocalizerSpec
+
+
+
+class Trials(Protocol):
+    """What :meth:`Paradigm.prepare` returns.
+
+    images : the images the engine shows under every condition (one per trial).
+    stimulus_ids : (n,) unique id per simulated trial.
+    stimulus_coords : label name → (n,) array, stored on the ``stimulus_id`` dimension.
+    decoder : the engine's decoder (``layer``, ``choices``, ``probabilities``).
+    frozen_decoder : the fitted decoder saved as ``decoder.json`` (has ``to_dict()``).
+    record() : JSON-friendly description of the trials stored in ``config.json``.
+    """
+
+    images: Any
+    stimulus_ids: Any
+    stimulus_coords: dict
+    decoder: Any
+    frozen_decoder: Any
+
+    def record(self) -> dict: ...
+
+
+class Paradigm(ABC):
+    """A behavioural task run in silico (see the module docstring for the order of the calls)."""
+
+    #: Stable name used in experiment files (set by :func:`register_paradigm`).
+    name: str = ""
+
+    @abstractmethod
+    def parse(self, top: "Section", stimuli: "Section") -> Any:
+        """Read this paradigm's keys of ``[stimuli]`` (``stimuli``; ``sets`` is read already) and its
+        own tables (``top.section(...)``), each table finished; return an immutable options object."""
+
+    @abstractmethod
+    def labels(self, spec: "ExperimentSpec") -> set[str]:
+        """Image labels the trials need (kept, as text, when the stimulus sets are loaded)."""
+
+    def default_localizer(self, options) -> "LocalizerSpec | None":
+        """Localizer used when the file has no ``[sites.localizer]``; None = the file must give one."""
+        return None
+
+    @abstractmethod
+    def prepare(self, spec: "ExperimentSpec", model, stimuli: "StimulusSet") -> Trials:
+        """Trials and the frozen decoder, from the experiment's images (``stimuli``)."""
+
+    def simulate(self, spec: "ExperimentSpec", model, trials: Trials, conditions: list, store: Path,
+                 progress: bool, **engine_options) -> xr.DataArray:
+        """Choice probabilities (condition × stimulus_id × choice) of every trial under every condition;
+        resumable through ``store``; ``engine_options`` (e.g. the safety limits) go to the engine."""
+        from stimsim.engine import simulate
+
+        return simulate(model, trials.images, conditions, trials.decoder, stimulus_ids=trials.stimulus_ids,
+                        stimulus_coords=trials.stimulus_coords, store=store, progress=progress, **engine_options)
+
+    @abstractmethod
+    def analyse(self, spec: "ExperimentSpec", trials: Trials, probabilities: xr.DataArray,
+                selection: "SiteSelection") -> tuple[xr.Dataset, dict]:
+        """Per-site metrics (dimension ``site``, labelled by ``site.label``) and summary numbers."""
+
+    def figures(self, spec: "ExperimentSpec", results: xr.Dataset, out_dir: Path) -> None:
+        """Write this paradigm's figures (PNG) into ``out_dir``; ``results`` is the ``results.nc`` dataset."""
+
+    def comparisons(self) -> list[str]:
+        """Names of the registered published data sets that need this paradigm."""
+        from stimsim.datasets import DATASETS
+
+        return [name for name, dataset in DATASETS.items() if dataset.paradigm == self.name]
+
+
+def _instance(name: str, cls) -> Paradigm:
+    if not (isinstance(cls, type) and issubclass(cls, Paradigm)):
+        raise TypeError(f"paradigm {name!r} must be a Paradigm subclass, got {cls!r}")
+    cls.name = name
+    return cls()
+
+
+#: Paradigms by the name experiment files use.
+PARADIGMS = Registry("paradigm", entry_point_group="stimsim.paradigms", packages=("stimsim.paradigms",),
+                     adapt=_instance)
+
+
+def register_paradigm(name: str):
+    """Class decorator: register a :class:`Paradigm` subclass (an instance of it) as ``name``."""
+    def add(cls):
+        PARADIGMS.register(name, _instance(name, cls))
+        return cls
+
+    return add
+
+
+def get_paradigm(name: str) -> Paradigm:
+    """The registered paradigm ``name`` (a ``ConfigError`` lists the known ones)."""
+    return PARADIGMS.get(name)
