@@ -109,10 +109,11 @@ def test_non_finite_weights_are_not_saved(tmp_path):
         model.save(tmp_path / "model")
 
 
-def test_an_architecture_whose_layer_has_no_spatial_map_is_a_config_error():
-    with pytest.raises(ConfigError):
-        build_torchvision_model("mobilenet_v2", None, {"classifier.1": {"sheet_size_mm": 10.0,
-                                                                         "neighborhood_width_mm": 2.0}},
+def test_a_layer_that_a_skip_connection_passes_around_is_a_config_error():
+    # MobileNetV2's block features.3 returns x + conv(x): the output of conv.0 is not all that later layers need
+    with pytest.raises(ConfigError, match="skip connection"):
+        build_torchvision_model("mobilenet_v2", None, {"features.3.conv.0": {"sheet_size_mm": 10.0,
+                                                                              "neighborhood_width_mm": 2.0}},
                                 Preprocessing(size_px=64))
 
 

@@ -1,17 +1,28 @@
-"""Networks stimsim can build by name, and their split into sequential stages.
+"""Networks stimsim can build by name: architecture families as plug-ins.
 
-A topographic model runs its network as an ordered list of named stages (output of one = input of
-the next), so that a perturbation at one layer can be followed by the later stages alone.
+A model directory names its network in ``model.json`` as ``{"family": ..., "kwargs": {...}}``;
+:func:`build_network` builds it from :data:`MODEL_FAMILIES`. Built in: ``stimsim_topo`` (stimsim's own
+small topographic network), ``tdann_resnet18`` (TDANN's backbone) and ``torchvision`` (any torchvision
+classification network, ``kwargs = {"arch": "mobilenet_v2", ...}``). Other packages add their own
+family through the entry point group ``stimsim.model_families`` (``name = package.module:builder``,
+``builder(**kwargs)`` returning an untrained ``nn.Module``), so their saved model directories load in
+any process; :func:`register_family` does the same from code. Networks are split into stages by
+:mod:`stimsim.models.stages`.
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from stimsim.errors import ConfigError
+from stimsim.plugins import Registry
 
-#: Families a model directory may name in ``architecture.family``.
-FAMILIES = ("stimsim_topo", "torchvision", "tdann_resnet18")
+#: Network builders by the family name a model directory uses.
+MODEL_FAMILIES = Registry("architecture family", entry_point_group="stimsim.model_families")
+
+
+def register_family(name: str, builder=None):
+    """Register ``builder(**kwargs) -> nn.Module`` as architecture family ``name`` (or decorate it)."""
+    return MODEL_FAMILIES.register(name, builder)
 
 
 class StimsimTopoNet(nn.Sequential):
@@ -47,73 +58,32 @@ class StimsimTopoNet(nn.Sequential):
 
 
 def build_network(family: str, **kwargs) -> nn.Module:
-    """Build an (untrained) network of ``family`` with keyword arguments ``kwargs``."""
-    if family == "stimsim_topo":
-        return StimsimTopoNet(**kwargs)
-    if family == "tdann_resnet18":
-        import torchvision
-
-        if kwargs:
-            raise ConfigError(f"tdann_resnet18 takes no arguments, got {sorted(kwargs)}")
-        net = torchvision.models.resnet18(weights=None)
-        net.fc = nn.Identity()
-        return net
-    if family == "torchvision":
-        import torchvision
-
-        kwargs = dict(kwargs)
-        arch = kwargs.pop("arch", None)
-        if arch not in torchvision.models.list_models(module=torchvision.models):
-            raise ConfigError(
-                f"unknown torchvision architecture {arch!r}; choose one of torchvision.models.list_models()"
-            )
-        return torchvision.models.get_model(arch, weights=None, **kwargs)
-    raise ConfigError(f"unknown architecture family {family!r}; choose one of {FAMILIES}")
+    """Build an (untrained) network of the registered ``family`` with keyword arguments ``kwargs``."""
+    return MODEL_FAMILIES.get(family)(**kwargs)
 
 
-def sequential_stages(network: nn.Module, example_input: torch.Tensor) -> list[tuple[str, nn.Module]]:
-    """Split ``network`` into named stages that reproduce its forward pass in order.
+@register_family("stimsim_topo")
+def _stimsim_topo(**kwargs) -> nn.Module:
+    return StimsimTopoNet(**kwargs)
 
-    Top-level children are taken in registration order; a child that is an ``nn.Sequential``
-    is opened one level (``layer4`` → ``layer4.0``, ``layer4.1``), except in stimsim's own net whose
-    children already are the stages; a flatten is inserted before the first ``nn.Linear``. The
-    split is checked against ``network(example_input)`` and refused if it differs.
-    """
-    stages: list[tuple[str, nn.Module]] = []
-    open_sequentials = not isinstance(network, StimsimTopoNet)
-    flattened = False
-    for name, child in network.named_children():
-        if open_sequentials and isinstance(child, nn.Sequential) and len(child) > 0:
-            parts = [(f"{name}.{sub}", mod) for sub, mod in child.named_children()]
-        else:
-            parts = [(name, child)]
-        for part_name, module in parts:
-            if isinstance(module, nn.Linear) and not flattened:
-                stages.append((f"{part_name}_flatten", nn.Flatten(1)))
-            if isinstance(module, (nn.Linear, nn.Flatten)) or (
-                isinstance(module, nn.Sequential) and any(isinstance(m, nn.Flatten) for m in module)
-            ):
-                flattened = True
-            stages.append((part_name, module))
-    was_training = network.training
-    network.eval()
-    with torch.no_grad():
-        expected = network(example_input)
-        x = example_input
-        try:
-            for _, module in stages:
-                x = module(x)
-        except RuntimeError:  # a child cannot take its predecessor's output: the forward does more
-            x = None
-        if x is not None and x.dim() > expected.dim() and x.flatten(1).shape == expected.shape:
-            stages.append(("flatten", nn.Flatten(1)))
-            x = x.flatten(1)
-    network.train(was_training)
-    if x is None or x.shape != expected.shape or not torch.allclose(x, expected, atol=1e-5, rtol=1e-4):
+
+@register_family("tdann_resnet18")
+def _tdann_resnet18(**kwargs) -> nn.Module:
+    import torchvision
+
+    if kwargs:
+        raise ConfigError(f"tdann_resnet18 takes no arguments, got {sorted(kwargs)}")
+    net = torchvision.models.resnet18(weights=None)
+    net.fc = nn.Identity()
+    return net
+
+
+@register_family("torchvision")
+def _torchvision(arch=None, **kwargs) -> nn.Module:
+    import torchvision
+
+    if arch not in torchvision.models.list_models(module=torchvision.models):
         raise ConfigError(
-            f"{type(network).__name__} cannot be run as a sequence of its children "
-            "(its forward does more than call them in order); stimsim supports sequential networks "
-            "such as ResNet, VGG, AlexNet, MobileNet v3, EfficientNet, ConvNeXt and RegNet (not MobileNet v2, "
-            "whose forward pools between its children)"
+            f"unknown torchvision architecture {arch!r}; choose one of torchvision.models.list_models()"
         )
-    return stages
+    return torchvision.models.get_model(arch, weights=None, **kwargs)

@@ -1,5 +1,9 @@
 """Topographic models: a network run as named stages, with a cortical sheet for chosen layers.
 
+Layers are named as the network's modules are in ``print(model)`` (``"layer4.1"``,
+``"features.17"``, ``"it"``); :mod:`stimsim.models.stages` splits the network at them with
+``torch.fx``, so a perturbation at a layer is followed by the later stages alone.
+
 A model directory holds everything needed to rebuild a model exactly::
 
     model.json          architecture, layers (sheet file, area), preprocessing, readout layer,
@@ -25,8 +29,9 @@ from torch import nn
 
 from stimsim.errors import ConfigError, DataError, FileFormatError
 from stimsim.io import atomic_write_bytes, atomic_write_json, sha256_of
-from stimsim.models.architectures import build_network, sequential_stages
+from stimsim.models.architectures import StimsimTopoNet, build_network
 from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.stages import split_network
 from stimsim.sheet import CorticalSheet
 
 MODEL_FORMAT = "stimsim-model/1"
@@ -38,24 +43,31 @@ class TopographicModel:
     Parameters
     ----------
     network : the torch network (kept in eval mode by this class).
-    sheets : layer name → CorticalSheet; layer names are stage names (see ``stage_names``).
+    sheets : layer name → CorticalSheet; a layer name is a module name as ``print(network)`` shows it
+        (each becomes a stage, see ``stage_names``).
     preprocessing : how plain images become the network's input.
     architecture : ``{"family": ..., "kwargs": {...}}`` to rebuild the network (see architectures).
-    readout_layer : the layer a behavioural decoder reads (default: the last topographic layer).
+    readout_layer : the layer a behavioural decoder reads (default: the last topographic layer), a
+        layer with a sheet, its area label or another module name.
     areas : layer name → cortical area label (e.g. ``{"it": "IT"}``); layers can be named by area.
     name, metadata : free description; metadata holds training config and provenance.
+    stage_layers : further module names that must be stages (e.g. layers that will get sheets).
     """
 
     def __init__(self, network: nn.Module, sheets: dict[str, CorticalSheet], preprocessing: Preprocessing,
                  architecture: dict, readout_layer: str | None = None, areas: dict[str, str] | None = None,
-                 name: str = "model", metadata: dict | None = None):
+                 name: str = "model", metadata: dict | None = None, stage_layers=()):
         self.network = network.eval()
         self.preprocessing = preprocessing
         self.architecture = dict(architecture)
         self.name = name
         self.metadata = dict(metadata or {})
         example = torch.zeros(2, preprocessing.channels, preprocessing.size_px, preprocessing.size_px)
-        self.stages = sequential_stages(network, example)
+        modules = dict(network.named_modules())
+        stage_layers = list(sheets) + list(stage_layers) + (
+            [readout_layer] if readout_layer in modules and readout_layer else [])
+        self.stages = split_network(network, example, layers=list(dict.fromkeys(stage_layers)),
+                                    open_sequentials=not isinstance(network, StimsimTopoNet))
         self.stage_names = [n for n, _ in self.stages]
         self.areas = dict(areas or {})
         self.sheets: dict[str, CorticalSheet] = {}

@@ -1,4 +1,4 @@
-"""Any sequential torchvision network as a topographic model, with positions assigned by stimsim.
+"""Any torchvision classification network as a topographic model, with positions assigned by stimsim.
 
 The chosen layers get TDANN-style retinotopic positions (``stimsim.models.positions.build_sheet``),
 optionally swap-optimised on the network's responses to a few images
@@ -163,12 +163,15 @@ def build_torchvision_model(arch: str, state_dict, layers: dict, preprocessing: 
     else:
         load_weights(network, state_dict)
         metadata["weights"] = {"source": "state dict given in memory"}
-    plain = TopographicModel(network, {}, preprocessing, architecture, name=name or arch)
+    modules = dict(network.named_modules())
+    unknown = [layer for layer in specs if layer not in modules or not layer]
+    if unknown:
+        stages = TopographicModel(network, {}, preprocessing, architecture).stage_names
+        raise ConfigError(f"layer(s) {unknown} are not stages of {arch}; layer names are module names as "
+                          f"print(model) shows them; stages: {stages}")
+    plain = TopographicModel(network, {}, preprocessing, architecture, name=name or arch, stage_layers=list(specs))
     example = torch.zeros(1, preprocessing.channels, preprocessing.size_px, preprocessing.size_px)
     dims = plain.stage_output_dims(example)
-    unknown = [layer for layer in specs if layer not in dims]
-    if unknown:
-        raise ConfigError(f"layer(s) {unknown} are not stages of {arch}; stages: {plain.stage_names}")
     sheets, swap_losses = {}, {}
     for index, (layer, spec) in enumerate(specs.items()):
         layer_seed = seed + 2 * index
