@@ -32,6 +32,8 @@ from stimsim.errors import ConfigError
 class Registry:
     """Plug-ins of one kind by stable name.
 
+    Parameters
+    ----------
     kind : what a plug-in is, for messages (``"paradigm"``).
     entry_point_group : the entry point group other packages register through (None: none).
     packages : stimsim packages whose modules are imported before the first lookup so that they can
@@ -81,6 +83,19 @@ class Registry:
         """Registered names, sorted."""
         self._discover()
         return sorted(self._items)
+
+    def __contains__(self, name) -> bool:
+        self._discover()
+        return name in self._items
+
+    def __getitem__(self, name: str):
+        return self.get(name)
+
+    def __iter__(self):
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
 
     def items(self) -> list[tuple[str, object]]:
         """(name, plug-in) pairs, sorted by name."""

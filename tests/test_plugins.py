@@ -86,7 +86,7 @@ def test_a_new_paradigm_is_one_class(tmp_path):
 
     @register_paradigm("toy_flip")
     class ToyFlip(Paradigm):
-        def parse(self, top, stimuli):
+        def parse(self, stimuli, tables, where):
             from stimsim.paradigms.categorization import CategorizationOptions
 
             return CategorizationOptions(label="category", positive="face", negative="nonface")

@@ -323,7 +323,7 @@ def test_unknown_missing_and_mismatched_keys_are_refused():
         perturbation_from_dict({**record, "curent_uA": 50})
     with pytest.raises(ConfigError, match=r"needs key\(s\) \['power_mW'\]"):
         perturbation_from_dict({"kind": "optogenetic", "sites_mm": [[0, 0]]})
-    with pytest.raises(ConfigError, match="perturbation kind must be one of electrical, optogenetic, muscimol"):
+    with pytest.raises(ConfigError, match="perturbation kind must be one of ablation, electrical, muscimol, optogenetic"):
         perturbation_from_dict({"kind": "ultrasound", "sites_mm": [[0, 0]]})
     with pytest.raises(ConfigError, match="expected 'ablation'"):
         Ablation.from_dict({"kind": "muscimol", "sites_mm": [[0, 0]], "radius_mm": 1})

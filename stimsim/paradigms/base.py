@@ -4,8 +4,10 @@ An experiment file names its task with ``paradigm = "<name>"``; the name is look
 :data:`PARADIGMS`. The runner does the parts every task shares (model, images, sites, conditions,
 safety, files) and asks the paradigm for the rest:
 
-1. :meth:`Paradigm.parse` reads the paradigm's own keys of ``[stimuli]`` and its own tables (e.g.
-   ``[pairs]``) into an options object, stored as ``ExperimentSpec.options``;
+1. :attr:`Paradigm.stimuli_model` and :attr:`Paradigm.table_models` declare the paradigm's own keys
+   of ``[stimuli]`` and its own tables (e.g. ``[pairs]``) as typed models (pydantic, see
+   :mod:`stimsim.paradigms.schema`); once the file is validated, :meth:`Paradigm.parse` checks what
+   depends on several keys and returns an options object, stored as ``ExperimentSpec.options``;
 2. :meth:`Paradigm.labels` names the image labels it needs; :meth:`Paradigm.default_localizer`
    says which images define site selectivity when the file has no ``[sites.localizer]``;
 3. :meth:`Paradigm.prepare` builds the trials: the images to simulate, their ids and labels, and the
@@ -24,14 +26,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import xarray as xr
+from pydantic import BaseModel
 
+from stimsim.paradigms.schema import StimuliFile
 from stimsim.plugins import Registry
 
 if TYPE_CHECKING:
-    from stimsim.config import Section
     from stimsim.data.stimuli import StimulusSet
     from stimsim.paradigms.sites import SiteSelection
     from stimsim.paradigms.spec import ExperimentSpec, LocalizerSpec
@@ -63,11 +67,17 @@ class Paradigm(ABC):
 
     #: Stable name used in experiment files (set by :func:`register_paradigm`).
     name: str = ""
+    #: The ``[stimuli]`` table of this paradigm: :class:`~stimsim.paradigms.schema.StimuliFile` (``sets``)
+    #: or a subclass with the paradigm's own keys.
+    stimuli_model: ClassVar[type[StimuliFile]] = StimuliFile
+    #: The paradigm's own (required) tables: table name → pydantic model.
+    table_models: ClassVar[dict[str, type[BaseModel]]] = {}
 
-    @abstractmethod
-    def parse(self, top: "Section", stimuli: "Section") -> Any:
-        """Read this paradigm's keys of ``[stimuli]`` (``stimuli``; ``sets`` is read already) and its
-        own tables (``top.section(...)``), each table finished; return an immutable options object."""
+    def parse(self, stimuli: StimuliFile, tables: dict[str, BaseModel], where: str) -> Any:
+        """Options from the validated ``[stimuli]`` table and the paradigm's own tables; checks that
+        involve several keys raise ``ConfigError`` naming ``where`` (the file). Default: a namespace
+        with ``stimuli`` and every table."""
+        return SimpleNamespace(stimuli=stimuli, **tables)
 
     @abstractmethod
     def labels(self, spec: "ExperimentSpec") -> set[str]:

@@ -28,17 +28,19 @@ all noisy copies of an image fall on the same side. With ``positive``, the defau
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 import xarray as xr
+from pydantic import Field
 
 from stimsim.behavior import LogisticDecoder, bootstrap_ci, fit_psychometric, psychometric_shift_percent
 from stimsim.behavior.metrics import shift_summary, site_correlation, stratum_mean
-from stimsim.config import Section
 from stimsim.data.stimuli import StimulusSet, pixel_noise
 from stimsim.errors import ConfigError
 from stimsim.figures import pyplot, save_figure
 from stimsim.paradigms.base import Paradigm, register_paradigm
+from stimsim.paradigms.schema import FileModel, StimuliFile, Text
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
 from stimsim.paradigms.spec import ExperimentSpec, LocalizerSpec
 
@@ -55,36 +57,43 @@ class CategorizationOptions:
     signal_percent: tuple[float, ...] | None = None
 
 
-def parse_options(stimuli: Section) -> CategorizationOptions:
-    """Categorisation's keys of ``[stimuli]`` (module docstring)."""
-    label = stimuli.text("label", "category")
-    positive = stimuli.get("positive", str, None)
-    negative = stimuli.get("negative", str, None)
+class NoiseTable(FileModel):
+    """``[stimuli.noise]``: visual-signal levels (% of pixels kept) of Afraz et al. 2006."""
+
+    signal_percent: Annotated[list[Annotated[float, Field(ge=0, le=100)]], Field(min_length=1)]
+
+
+class CategorizationStimuli(StimuliFile):
+    """``[stimuli]`` of a categorisation experiment (module docstring)."""
+
+    label: Text = "category"
+    positive: Text | None = None
+    negative: Text | None = None
+    n_per_choice: Annotated[int, Field(ge=1)] | None = None
+    noise: NoiseTable | None = None
+
+
+def parse_options(stimuli: CategorizationStimuli, where: str) -> CategorizationOptions:
+    """Categorisation's options from its validated ``[stimuli]`` table; ``where`` names the file."""
+    positive, negative = stimuli.positive, stimuli.negative
     if negative is not None and positive is None:
-        raise ConfigError(f"{stimuli.where}: 'negative' names the merged choice of a two-choice task; "
+        raise ConfigError(f"{where} [stimuli]: 'negative' names the merged choice of a two-choice task; "
                           f"give 'positive' too")
     if positive is not None:
         negative = negative if negative is not None else f"non{positive}"
         if negative == positive:
-            raise ConfigError(f"{stimuli.where}: 'negative' must differ from 'positive' ({positive!r})")
-    n_per_choice = stimuli.get("n_per_choice", int, None, minimum=1)
-    noise = stimuli.section("noise")
+            raise ConfigError(f"{where} [stimuli]: 'negative' must differ from 'positive' ({positive!r})")
     levels = None
-    if noise.values:
-        levels = noise.get("signal_percent", list)
-        if not levels or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in levels):
-            raise ConfigError(f"{noise.where}: 'signal_percent' must be a non-empty list of numbers (%), "
-                              f"got {levels!r}")
-        levels = tuple(float(v) for v in levels)
-        if any(not 0 <= v <= 100 for v in levels) or len(set(levels)) != len(levels):
-            raise ConfigError(f"{noise.where}: 'signal_percent' levels must be distinct percentages in [0, 100], "
-                              f"got {list(levels)}")
+    if stimuli.noise is not None:
+        levels = tuple(stimuli.noise.signal_percent)
+        if len(set(levels)) != len(levels):
+            raise ConfigError(f"{where} [stimuli.noise]: 'signal_percent' levels must be distinct percentages in "
+                              f"[0, 100], got {list(levels)}")
         if positive is not None and len(levels) < 2:
-            raise ConfigError(f"{noise.where}: a psychometric fit needs at least 2 signal levels, got {list(levels)}")
-    noise.finish()
-    return CategorizationOptions(label=label, positive=positive, negative=negative, n_per_choice=n_per_choice,
-                                 signal_percent=levels)
-
+            raise ConfigError(f"{where} [stimuli.noise]: a psychometric fit needs at least 2 signal levels, got "
+                              f"{list(levels)}")
+    return CategorizationOptions(label=stimuli.label, positive=positive, negative=negative,
+                                 n_per_choice=stimuli.n_per_choice, signal_percent=levels)
 
 
 @dataclass(frozen=True, eq=False)
@@ -357,8 +366,10 @@ def plot_psychometric(dataset: xr.Dataset, path, title: str) -> None:
 class Categorization(Paradigm):
     """Which class does the subject report? Accuracy, ΔP(positive) and psychometric shifts per site."""
 
-    def parse(self, top: Section, stimuli: Section) -> CategorizationOptions:
-        return parse_options(stimuli)
+    stimuli_model = CategorizationStimuli
+
+    def parse(self, stimuli: CategorizationStimuli, tables: dict, where: str) -> CategorizationOptions:
+        return parse_options(stimuli, where)
 
     def labels(self, spec: ExperimentSpec) -> set[str]:
         return {spec.options.label}

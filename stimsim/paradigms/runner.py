@@ -70,6 +70,8 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     """Run an experiment and write its results into ``out_dir`` as one result set
     (:class:`stimsim.io.ResultSet`); returns the summary.
 
+    Parameters
+    ----------
     experiment : path of an experiment file, or an :class:`~stimsim.paradigms.spec.ExperimentSpec`.
     model : None (the file's ``model``), a shipped model name or model directory (overrides the
         file), or a loaded ``TopographicModel``.

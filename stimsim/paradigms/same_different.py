@@ -8,7 +8,7 @@ objects with objects).
 Stimulation acts while one image of the pair is seen (``stimulated_image``: the second by default,
 as the perturbation then changes the activity that is compared with the remembered first image);
 the other image is represented without perturbation. The decoder
-(:class:`~stimsim.behavior.SameDifferentDecoder`, on |f_a − f_b| of the readout layer) is fitted on
+(:class:`~stimsim.behavior.SameDifferentDecoder`, on ``|f_a − f_b|`` of the readout layer) is fitted on
 unperturbed pairs and frozen. Its representation is symmetric in the two images, so stimulating the
 first image is simulated by perturbing it and comparing with the unperturbed second.
 
@@ -27,16 +27,18 @@ required.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 import xarray as xr
+from pydantic import Field
 
 from stimsim.behavior import SAME_DIFFERENT_CHOICES, BoundSameDifferentDecoder, SameDifferentDecoder, bootstrap_ci
-from stimsim.config import Section
 from stimsim.data.stimuli import StimulusSet
 from stimsim.errors import ConfigError
 from stimsim.figures import pyplot, save_figure
 from stimsim.paradigms.base import Paradigm, register_paradigm
+from stimsim.paradigms.schema import FileModel, Text
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
 from stimsim.paradigms.spec import ExperimentSpec
 
@@ -44,35 +46,15 @@ TRIAL_TYPES = ("same", "different")
 STIMULATED_IMAGES = ("second", "first")
 
 
-@dataclass(frozen=True)
-class PairsSpec:
-    """How same/different pairs are drawn (see the module docstring)."""
+class PairsSpec(FileModel):
+    """``[pairs]``: how same/different pairs are drawn (see the module docstring)."""
 
-    identity_label: str
-    group_label: str
-    groups: tuple[str, ...] | None
-    n_same_per_group: int
-    n_different_per_group: int
-    stimulated_image: str
-
-
-def parse_pairs(section: Section) -> PairsSpec:
-    """The ``[pairs]`` table (module docstring)."""
-    groups = section.get("groups", list, None)
-    if groups is not None:
-        if not groups or not all(isinstance(g, str) and g for g in groups) or len(set(groups)) != len(groups):
-            raise ConfigError(f"{section.where}: 'groups' must be a non-empty list of distinct names, got {groups!r}")
-        groups = tuple(groups)
-    spec = PairsSpec(
-        identity_label=section.text("identity_label", "identity"),
-        group_label=section.text("group_label", "category"),
-        groups=groups,
-        n_same_per_group=section.get("n_same_per_group", int, minimum=2),
-        n_different_per_group=section.get("n_different_per_group", int, minimum=2),
-        stimulated_image=section.get("stimulated_image", str, "second", choices=STIMULATED_IMAGES),
-    )
-    section.finish()
-    return spec
+    identity_label: Text = "identity"
+    group_label: Text = "category"
+    groups: Annotated[list[Text], Field(min_length=1)] | None = None
+    n_same_per_group: Annotated[int, Field(ge=2)]
+    n_different_per_group: Annotated[int, Field(ge=2)]
+    stimulated_image: Literal[STIMULATED_IMAGES] = "second"
 
 
 @dataclass(frozen=True, eq=False)
@@ -319,8 +301,13 @@ def plot_hit_rates(dataset: xr.Dataset, path, title: str, data: xr.Dataset | Non
 class SameDifferent(Paradigm):
     """Same or different identity? Hit rates of same and different pairs per site group."""
 
-    def parse(self, top: Section, stimuli: Section) -> PairsSpec:
-        return parse_pairs(top.section("pairs", required=True))
+    table_models = {"pairs": PairsSpec}
+
+    def parse(self, stimuli, tables: dict, where: str) -> PairsSpec:
+        pairs = tables["pairs"]
+        if pairs.groups is not None and len(set(pairs.groups)) != len(pairs.groups):
+            raise ConfigError(f"{where} [pairs]: 'groups' must be distinct names, got {pairs.groups!r}")
+        return pairs
 
     def labels(self, spec: ExperimentSpec) -> set[str]:
         return {spec.options.identity_label, spec.options.group_label}

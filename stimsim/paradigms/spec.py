@@ -89,21 +89,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stimsim.config import Section, load_toml
+from stimsim.config import load_toml
 from stimsim.datasets import DATASETS
 from stimsim.errors import ConfigError, SafetyError
-from stimsim.models.registry import DEFAULT_MODEL
 from stimsim.paradigms.base import PARADIGMS
+from stimsim.paradigms.schema import SafetyFile, validate_file
 from stimsim.stimulation import SafetyLimits, enforce, perturbation_from_dict
-
-#: Largest seed: numpy and scikit-learn take seeds below 2³².
-MAX_SEED = 2**32 - 1
-SITE_METHODS = ("explicit", "selectivity", "face_patch", "grid")
 
 
 @dataclass(frozen=True)
@@ -248,210 +243,108 @@ def _resolve_paths(raw: dict, base: Path) -> dict:
 
 
 def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
-    """Validate an already-parsed experiment (``where`` names it in error messages)."""
+    """Validate an already-parsed experiment (``where`` names it in error messages): the typed
+    models of :mod:`stimsim.paradigms.schema` first, then what depends on several tables."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: an experiment must be a table, got {type(raw).__name__}")
-    top = Section(raw, where)
-    name = top.text("name")
-    description = top.get("description", str, "")
-    citation = top.get("citation", str, "")
-    paradigm_name = top.get("paradigm", str, choices=PARADIGMS.names())
-    paradigm = PARADIGMS.get(paradigm_name)
-    model = top.text("model", DEFAULT_MODEL)
-    layer = top.text("layer", "IT")
-    seed = top.get("seed", int, 0, minimum=0, maximum=MAX_SEED)
-    scale = top.get("cortex_mm_per_model_mm", float, 1.0)
-    if not 0 < scale <= 100:
-        raise ConfigError(f"{where}: 'cortex_mm_per_model_mm' must be in (0, 100], got {scale}")
-
-    stimuli_section = top.section("stimuli", required=True)
-    stimuli = StimuliSpec(sets=_source_sets(stimuli_section.get("sets", list), stimuli_section.where))
-    options = paradigm.parse(top, stimuli_section)
-    stimuli_section.finish()
-    decoder = _parse_decoder(top.section("decoder"), layer)
-    sites = _parse_sites(top.section("sites", required=True), paradigm.default_localizer(options))
-    stimulation = _parse_stimulation(top.section("stimulation", required=True), layer)
-    safety = _parse_safety(top, stimulation, layer)
-    comparison_section = top.section("comparison")
-    analysis = _parse_analysis(top.section("analysis"))
-    top.finish()
+    name = raw.get("paradigm")
+    if name not in PARADIGMS.names():
+        problem = "missing required key 'paradigm'" if name is None else f"'paradigm' must be one of " \
+                  f"{PARADIGMS.names()}, got {name!r}"
+        raise ConfigError(f"{where}: {problem}")
+    paradigm = PARADIGMS.get(name)
+    checked = validate_file(raw, paradigm, where)
+    tables = {table: getattr(checked, table) for table in paradigm.table_models}
+    options = paradigm.parse(checked.stimuli, tables, where)
+    stimulation = _stimulation_template(checked, where)
     spec = ExperimentSpec(
-        name=name, description=description, citation=citation, paradigm=paradigm_name, model=model, layer=layer,
-        seed=seed, stimuli=stimuli, decoder=decoder, sites=sites, stimulation=stimulation, analysis=analysis,
-        options=options, safety=safety, cortex_mm_per_model_mm=scale,
+        name=checked.name, description=checked.description, citation=checked.citation, paradigm=name,
+        model=checked.model, layer=checked.layer, seed=checked.seed,
+        stimuli=StimuliSpec(sets=_sets(checked.stimuli.sets)),
+        decoder=DecoderSpec(C=checked.decoder.C, fit_fraction=checked.decoder.fit_fraction,
+                            layer=checked.decoder.layer or checked.layer, max_iter=checked.decoder.max_iter),
+        sites=_sites(checked.sites, paradigm.default_localizer(options), where),
+        stimulation=stimulation, analysis=AnalysisSpec(**checked.analysis.model_dump()),
+        options=options, safety=_safety(checked, stimulation, where), cortex_mm_per_model_mm=checked.cortex_mm_per_model_mm,
         source=where, raw=json.loads(json.dumps(raw, default=str)),
     )
-    return dataclasses.replace(spec, comparison=_parse_comparison(comparison_section, spec))
+    return dataclasses.replace(spec, comparison=_comparison(checked, spec, where))
 
 
-# --- blocks -----------------------------------------------------------------------------------
-def _positive_number(section: Section, key: str, default: float, unit: str, strict: bool = True) -> float:
-    value = section.get(key, float, default)
-    if not math.isfinite(value) or (value <= 0 if strict else value < 0):
-        bound = "> 0" if strict else ">= 0"
-        raise ConfigError(f"{section.where}: {key!r} must be a finite number {bound} {unit}, got {value!r}")
-    return value
+# --- checks across tables ---------------------------------------------------------------------
+def _sets(sets) -> tuple[dict, ...]:
+    return tuple(entry.model_dump(exclude_unset=True) for entry in sets)
 
 
-def _source_sets(values, where: str) -> tuple[dict, ...]:
-    if not isinstance(values, list) or not values:
-        raise ConfigError(f"{where}: 'sets' must be a non-empty list of tables, each with a 'source'")
-    sets = []
-    for index, entry in enumerate(values):
-        if not isinstance(entry, dict) or not isinstance(entry.get("source"), str) or not entry["source"].strip():
-            raise ConfigError(f"{where}: sets[{index}] must be a table with a 'source' name, got {entry!r}")
-        if "heldout_only" in entry and not isinstance(entry["heldout_only"], bool):
-            raise ConfigError(f"{where}: sets[{index}].heldout_only must be true or false, "
-                              f"got {entry['heldout_only']!r}")
-        sets.append(dict(entry))
-    return tuple(sets)
-
-
-def _parse_decoder(section: Section, layer: str) -> DecoderSpec:
-    fit_fraction = section.get("fit_fraction", float, 0.5)
-    if not 0 < fit_fraction < 1:
-        raise ConfigError(f"{section.where}: 'fit_fraction' must lie strictly between 0 and 1 (the share of "
-                          f"trials used to fit the decoder), got {fit_fraction!r}")
-    spec = DecoderSpec(C=_positive_number(section, "C", 1e-3, "(inverse regularisation strength)"),
-                       fit_fraction=fit_fraction, layer=section.text("layer", layer),
-                       max_iter=section.get("max_iter", int, 1000, minimum=1))
-    section.finish()
-    return spec
-
-
-def _parse_localizer(section: Section, default: LocalizerSpec | None) -> LocalizerSpec:
-    if not section.values:
-        if default is None:
-            raise ConfigError(f"{section.where}: site selectivity needs a localizer: give [sites.localizer] "
-                              f"with 'label' and 'positive' (the preferred class, e.g. \"face\")")
-        return default
-    sets = section.get("sets", list, None)
-    spec = LocalizerSpec(label=section.text("label"), positive=section.text("positive"),
-                         sets=None if sets is None else _source_sets(sets, section.where))
-    section.finish()
-    return spec
-
-
-def _parse_sites(section: Section, default_localizer: LocalizerSpec | None) -> SitesSpec:
-    method = section.get("method", str, choices=SITE_METHODS)
-    localizer = _parse_localizer(section.section("localizer"), default_localizer)
-    common = dict(
-        recording_radius_mm=_positive_number(section, "recording_radius_mm", 0.5, "mm"),
-        dprime_threshold=section.get("dprime_threshold", float, 1.0),
-        smoothing_sigma_mm=_positive_number(section, "smoothing_sigma_mm", 0.5, "mm"),
-    )
-    if not math.isfinite(common["dprime_threshold"]):
-        raise ConfigError(f"{section.where}: 'dprime_threshold' must be a finite number")
-    if method == "explicit":
-        sites_mm = _explicit_sites(section.get("sites_mm", list), section.where)
-        groups = section.get("groups", list, None)
-        if groups is None:
-            groups = ["explicit"] * len(sites_mm)
-        if len(groups) != len(sites_mm) or not all(isinstance(g, str) and g for g in groups):
-            raise ConfigError(f"{section.where}: 'groups' must hold one non-empty name per site "
-                              f"({len(sites_mm)}), got {groups!r}")
-        spec = SitesSpec(method=method, localizer=localizer, sites_mm=sites_mm, groups=tuple(groups), **common)
+def _sites(sites, default_localizer: LocalizerSpec | None, where: str) -> SitesSpec:
+    if sites.localizer is None:
+        if default_localizer is None:
+            raise ConfigError(f"{where} [sites.localizer]: site selectivity needs a localizer: give "
+                              f"[sites.localizer] with 'label' and 'positive' (the preferred class, e.g. \"face\")")
+        localizer = default_localizer
     else:
-        common["margin_mm"] = _positive_number(section, "margin_mm", 0.5, "mm", strict=False)
-        if method == "selectivity":
-            spec = SitesSpec(
-                method=method, localizer=localizer, **common,
-                n_selective=section.get("n_selective", int, minimum=0),
-                n_other=section.get("n_other", int, minimum=0),
-                candidate_step_mm=_positive_number(section, "candidate_step_mm", 0.25, "mm"),
-                min_separation_mm=_positive_number(section, "min_separation_mm", 0.0, "mm", strict=False),
-            )
-            if spec.n_selective + spec.n_other < 1:
-                raise ConfigError(f"{section.where}: n_selective + n_other must be at least 1")
-        elif method == "face_patch":
-            spec = SitesSpec(
-                method=method, localizer=localizer, **common,
-                candidate_step_mm=_positive_number(section, "candidate_step_mm", 0.25, "mm"),
-                outside_min_distance_mm=_positive_number(section, "outside_min_distance_mm", 3.0, "mm"),
-            )
-        else:
-            spec = SitesSpec(method=method, localizer=localizer, **common,
-                             grid_step_mm=_positive_number(section, "grid_step_mm", 2.0, "mm"))
-    section.finish()
-    return spec
+        localizer = LocalizerSpec(label=sites.localizer.label, positive=sites.localizer.positive,
+                                  sets=None if sites.localizer.sets is None else _sets(sites.localizer.sets))
+    values = sites.model_dump(exclude={"localizer"})
+    if sites.method == "explicit":
+        values["sites_mm"] = tuple((float(x), float(y)) for x, y in sites.sites_mm)
+        groups = sites.groups if sites.groups is not None else ["explicit"] * len(sites.sites_mm)
+        if len(groups) != len(sites.sites_mm):
+            raise ConfigError(f"{where} [sites]: 'groups' must hold one non-empty name per site "
+                              f"({len(sites.sites_mm)}), got {groups!r}")
+        values["groups"] = tuple(groups)
+    if sites.method == "selectivity" and sites.n_selective + sites.n_other < 1:
+        raise ConfigError(f"{where} [sites]: n_selective + n_other must be at least 1")
+    return SitesSpec(localizer=localizer, **values)
 
 
-def _explicit_sites(values, where: str) -> tuple[tuple[float, float], ...]:
-    problem = f"{where}: 'sites_mm' must be a non-empty list of [x_mm, y_mm] pairs, got {values!r}"
-    if not values:
-        raise ConfigError(problem)
-    sites = []
-    for pair in values:
-        if (not isinstance(pair, list) or len(pair) != 2
-                or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in pair)):
-            raise ConfigError(problem)
-        sites.append((float(pair[0]), float(pair[1])))
-    return tuple(sites)
-
-
-def _parse_stimulation(section: Section, layer: str) -> dict:
+def _stimulation_template(checked, where: str) -> dict:
     """The perturbation template; its keys are checked by the perturbation class itself."""
-    template = dict(section.values)
+    template = checked.stimulation.model_dump()
     for key, origin in (("sites_mm", "[sites]"), ("layer", "the top-level 'layer'")):
         if key in template:
-            raise ConfigError(f"{section.where}: {key!r} is not set here; it comes from {origin}")
+            raise ConfigError(f"{where} [stimulation]: {key!r} is not set here; it comes from {origin}")
     try:
-        perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": layer})
+        perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer})
     except ConfigError as exc:
-        raise ConfigError(f"{section.where}: {exc}") from None
+        raise ConfigError(f"{where} [stimulation]: {exc}") from None
     return template
 
 
-def _parse_safety(top: Section, stimulation: dict, layer: str) -> dict | None:
+def _safety(checked, stimulation: dict, where: str) -> dict | None:
     """The safety report of an electrical protocol (refused without an override if it violates a
     limit); None for other perturbations."""
-    section = top.section("safety")
     if stimulation["kind"] != "electrical":
-        if section.values:
-            raise ConfigError(f"{section.where}: safety limits apply to electrical stimulation only; this "
+        if checked.safety is not None:
+            raise ConfigError(f"{where} [safety]: safety limits apply to electrical stimulation only; this "
                               f"experiment uses {stimulation['kind']!r} — remove [safety]")
         return None
+    section = checked.safety or SafetyFile()
     try:
-        limits = SafetyLimits(
-            max_shannon_k=section.get("max_shannon_k", float, SafetyLimits.max_shannon_k),
-            electrode_area_um2=section.get("electrode_area_um2", float, SafetyLimits.electrode_area_um2),
-            max_charge_per_phase_nC=section.get("max_charge_per_phase_nC", float, None),
-        )
+        limits = SafetyLimits(max_shannon_k=section.max_shannon_k, electrode_area_um2=section.electrode_area_um2,
+                              max_charge_per_phase_nC=section.max_charge_per_phase_nC)
     except ConfigError as exc:
-        raise ConfigError(f"{section.where}: {exc}") from None
-    override = section.get("override", str, None)
-    if override is not None and not override.strip():
-        raise ConfigError(f"{section.where}: 'override' must be a reason (non-empty text)")
-    section.finish()
-    stim = perturbation_from_dict({**stimulation, "sites_mm": [[0.0, 0.0]], "layer": layer})
+        raise ConfigError(f"{where} [safety]: {exc}") from None
+    stim = perturbation_from_dict({**stimulation, "sites_mm": [[0.0, 0.0]], "layer": checked.layer})
     try:
-        report = enforce(stim, limits, override=override)
+        report = enforce(stim, limits, override=section.override)
     except SafetyError as exc:
-        raise SafetyError(f"{top.where}: {exc}") from None
+        raise SafetyError(f"{where}: {exc}") from None
     return report.to_dict()
 
 
-def _parse_comparison(section: Section, spec: ExperimentSpec) -> str | None:
-    if not section.values:
+def _comparison(checked, spec: ExperimentSpec, where: str) -> str | None:
+    if checked.comparison is None:
         return None
-    name = section.get("dataset", str, choices=DATASETS.names())
-    section.finish()
+    name = checked.comparison.dataset
+    if name not in DATASETS.names():
+        raise ConfigError(f"{where} [comparison]: 'dataset' must be one of {DATASETS.names()}, got {name!r}")
     dataset = DATASETS.get(name)
     if dataset.paradigm != spec.paradigm:
-        raise ConfigError(f"{section.where}: {name!r} is a {dataset.paradigm} experiment; this file's paradigm is "
-                          f"{spec.paradigm!r}")
+        raise ConfigError(f"{where} [comparison]: {name!r} is a {dataset.paradigm} experiment; this file's paradigm "
+                          f"is {spec.paradigm!r}")
     try:
         dataset.check(spec)
     except ConfigError as exc:
-        raise ConfigError(f"{section.where}: {exc}") from None
+        raise ConfigError(f"{where} [comparison]: {exc}") from None
     return name
-
-
-def _parse_analysis(section: Section) -> AnalysisSpec:
-    spec = AnalysisSpec(n_boot=section.get("n_boot", int, 1000, minimum=2),
-                        n_perm=section.get("n_perm", int, 1000, minimum=1),
-                        ci=section.get("ci", float, 0.95))
-    if not 0 < spec.ci < 1:
-        raise ConfigError(f"{section.where}: 'ci' must lie strictly between 0 and 1, got {spec.ci!r}")
-    section.finish()
-    return spec

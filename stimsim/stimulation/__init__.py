@@ -15,6 +15,7 @@ from stimsim.stimulation.perturbations import (
     Perturbation,
     UnitEffect,
     perturbation_from_dict,
+    register_perturbation,
 )
 from stimsim.stimulation.safety import (
     SHANNON_K_LIMIT,
@@ -43,6 +44,7 @@ __all__ = [
     "ARIKAN2002_VARIANCE_MM2", "CHARGE_BALANCED_WAVEFORMS", "CHOW2010_VARIANCE_MM2", "ELECTRODE_COMBINATIONS",
     "MAX_CURRENT_UA", "PERTURBATION_KINDS", "STIMULATION_FORMS", "Ablation", "Condition", "ElectricalStimulation",
     "MuscimolInactivation", "OptogeneticSuppression", "Perturbation", "UnitEffect", "perturbation_from_dict",
+    "register_perturbation",
     "SHANNON_K_LIMIT", "UTAH_TIP_AREA_UM2", "SafetyLimits", "SafetyReport", "charge_density_uC_per_cm2",
     "charge_per_phase_nC", "check_protocol", "enforce", "shannon_k",
     "KUMARAVELU_SLOPE_MM_PER_UA", "KUMARAVELU_THRESHOLD_UA", "SPREAD_LAWS", "TEHOVNIK_K_DEFAULT_UA_PER_MM2",

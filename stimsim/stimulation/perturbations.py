@@ -23,6 +23,7 @@ from typing import ClassVar
 import numpy as np
 
 from stimsim.errors import ConfigError
+from stimsim.plugins import Registry
 from stimsim.sheet import CorticalSheet
 from stimsim.stimulation.spread import (
     KUMARAVELU_THRESHOLD_UA,
@@ -50,6 +51,18 @@ CHOW2010_VARIANCE_MM2 = 0.234
 #: Gaussian spread of muscimol inactivation, mm² (σ ≈ 1.08 mm), calibrated on Arikan et al. 2002
 #: (J Neurosci Methods 118:51) as in Schrimpf et al. 2024.
 ARIKAN2002_VARIANCE_MM2 = 1.17
+
+
+#: Perturbation classes by their ``kind`` (a new kind: one module in :mod:`stimsim.stimulation` with a
+#: :class:`Perturbation` subclass decorated with :func:`register_perturbation`, or a class in another
+#: package registered through the entry point group ``stimsim.perturbations``).
+PERTURBATION_KINDS = Registry("perturbation kind", entry_point_group="stimsim.perturbations",
+                              packages=("stimsim.stimulation",))
+
+
+def register_perturbation(cls):
+    """Class decorator: register a :class:`Perturbation` subclass under its ``kind``."""
+    return PERTURBATION_KINDS.register(cls.kind, cls)
 
 
 # --- unit effects ---------------------------------------------------------------------------
@@ -519,10 +532,8 @@ class Ablation(Perturbation):
         return {"kind": self.kind, "layer": self.layer, **self._describe_sites(), "radius_mm": self.radius_mm}
 
 
-#: Perturbation classes by their ``kind``.
-PERTURBATION_KINDS: dict[str, type[Perturbation]] = {
-    cls.kind: cls for cls in (ElectricalStimulation, OptogeneticSuppression, MuscimolInactivation, Ablation)
-}
+for _cls in (ElectricalStimulation, OptogeneticSuppression, MuscimolInactivation, Ablation):
+    register_perturbation(_cls)
 
 
 def perturbation_from_dict(record: Mapping) -> Perturbation:
