@@ -336,7 +336,7 @@ class LogisticDecoder(Decoder):
 
 
 def _pair_representation(features_a, features_b):
-    """|f_a - f_b|, elementwise (numpy or torch)."""
+    """``|f_a - f_b|``, elementwise (numpy or torch)."""
     return abs(features_a - features_b)
 
 
@@ -344,7 +344,7 @@ def _pair_representation(features_a, features_b):
 class SameDifferentDecoder:
     """Same/different identity judgement on image pairs (Moeller et al. 2017, Nat Neurosci 20:743).
 
-    The pair representation is the elementwise absolute difference |f_a - f_b| of the two images'
+    The pair representation is the elementwise absolute difference ``|f_a - f_b|`` of the two images'
     features, standardised, read out by logistic regression with choices ("same", "different").
     Why this representation: it does not depend on which image came first, it is zero when the two
     representations are identical, and it lets the judgement depend only on how far the second

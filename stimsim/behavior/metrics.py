@@ -307,7 +307,7 @@ class PearsonResult(NamedTuple):
 
 def pearson_with_permutation(x, y, n_perm: int = 1000, seed: int = 0) -> PearsonResult:
     """Pearson r of paired samples, scipy's two-sided parametric p, and a two-sided permutation p
-    (y shuffled ``n_perm`` times; p = (1 + #{|r_perm| >= |r|}) / (1 + n_perm), which is never 0;
+    (y shuffled ``n_perm`` times; ``p = (1 + #{|r_perm| >= |r|}) / (1 + n_perm)``, which is never 0;
     Phipson & Smyth 2010, Stat Appl Genet Mol Biol 9:39). Mehrer et al. 2025 report both kinds
     for the per-site model-vs-monkey ΔAUC correlation."""
     from scipy.stats import pearsonr

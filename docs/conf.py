@@ -1,0 +1,44 @@
+"""Sphinx configuration: API reference from the docstrings (autodoc + napoleon) and a gallery of
+short runnable examples (sphinx-gallery, executed at every build)."""
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import stimsim  # noqa: E402
+
+project = "stimsim"
+author = "stimsim contributors"
+release = stimsim.__version__
+version = release
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.viewcode",
+    "sphinx_gallery.gen_gallery",
+]
+autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
+autodoc_member_order = "bysource"
+autodoc_typehints = "none"
+napoleon_numpy_docstring = True
+napoleon_google_docstring = False
+napoleon_use_ivar = True
+exclude_patterns = ["_build", "auto_examples/*.ipynb", "auto_examples/*.py", "auto_examples/*.zip",
+                    "auto_examples/*.md5", "auto_examples/*.json"]
+suppress_warnings = ["config.cache", "ref.python"]
+
+sphinx_gallery_conf = {
+    "examples_dirs": str(ROOT / "examples"),
+    "gallery_dirs": "auto_examples",
+    "filename_pattern": r"/plot_",
+    "download_all_examples": False,
+    "remove_config_comments": True,
+    "within_subsection_order": "FileNameSortKey",
+}
+
+html_theme = "alabaster"
+html_static_path = []
