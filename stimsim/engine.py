@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from stimsim.errors import ConfigError, FileFormatError, SafetyError
 from stimsim.io import atomic_save, atomic_write_json, is_temporary_file
+from stimsim.stimulation.perturbations import apply_effect
 
 #: Default memory budget for the perturbed activity of one pass (bytes).
 DEFAULT_MAX_CHUNK_BYTES = 1 << 30
@@ -320,8 +321,7 @@ class _Runner:
         a = torch.stack([additive[r] for r in rows])[:, None, :].to(flat.dtype)
         for start in range(0, s.n_images, images_per_pass):
             stop = min(start + images_per_pass, s.n_images)
-            perturbed = flat[None, start:stop] * m
-            perturbed.add_(a)
+            perturbed = apply_effect(flat[None, start:stop], m, a)
             x = perturbed.reshape((len(rows) * (stop - start),) + tuple(shape))
             if layer != s.decoder_layer:
                 x = s.model.run_stages(x, start=layer, stop=s.decoder_layer)
@@ -355,8 +355,7 @@ def _effect_hook(multiplier: torch.Tensor | None, additive: torch.Tensor | None)
         if multiplier is None:
             return output
         flat = output.flatten(1)
-        perturbed = flat * multiplier.to(flat.dtype)
-        perturbed.add_(additive.to(flat.dtype))
+        perturbed = apply_effect(flat, multiplier.to(flat.dtype), additive.to(flat.dtype))
         return perturbed.reshape(output.shape)
 
     return hook

@@ -80,8 +80,12 @@ def test_mobilenet_v2_runs_an_afraz2006_style_experiment_end_to_end(mobilenet, t
                     "groups": ["a", "b", "b"], "recording_radius_mm": 2.0}
     raw["analysis"].update(n_boot=10, n_perm=10)
     spec = parse_experiment(raw, where="afraz2006-mobilenet")
-    summary = run_experiment(spec, tmp_path, model=mobilenet, progress=False)
+    # features.17 ends with a BatchNorm, no ReLU: its activity is signed, and a gain there is flagged once
+    with pytest.warns(UserWarning, match="gain > 1") as warned:
+        summary = run_experiment(spec, tmp_path, model=mobilenet, progress=False)
+    assert len([w for w in warned if "gain > 1" in str(w.message)]) == 1
     dataset, stored, config = load_results(tmp_path)
+    assert sum("gain > 1" in note for note in config["notes"]) == 1
     assert stored == summary and summary["model"] == "mobilenet_v2" and summary["layer"] == "features.17"
     assert summary["n_sites"] == 3 and summary["n_test_images"] == 18  # 6 + 6 images, half tested, 3 levels
     assert dataset["choice_probability"].sizes == {"condition": 4, "stimulus_id": 18, "choice": 2}

@@ -541,3 +541,30 @@ def test_afraz_runs_on_a_fresh_machine_without_the_published_data(tmp_path, monk
     assert "data_r" not in summary
     assert not (tmp_path / "out" / "afraz2006_comparison.png").exists()
     assert (tmp_path / "out" / "results.nc").is_file()
+
+
+def test_additive_scale_in_sd_of_the_layer_response(tiny_model, tmp_path):
+    """``additive_scale = "sd"``: activation_per_Hz is read in SDs of the stimulated layer's response to
+    the localizer images and converted to activation units; the conversion is recorded."""
+    import tomllib
+
+    from stimsim.data.stimuli import lfw_subset
+
+    raw = tomllib.loads(TINY_CATEGORIZATION)
+    raw["stimulation"].update(form="additive", activation_per_Hz=0.01, additive_scale="sd")
+    spec = parse_experiment(raw, where="tiny_additive.toml")
+    run_experiment(spec, tmp_path, model=tiny_model, progress=False, figures=False)
+    dataset, _, config = load_results(tmp_path)
+    # the localizer images: the experiment's clean images, i.e. the 60 LFW crops the tiny model lists as held out
+    faces = lfw_subset()
+    held = np.isin(faces.stimulus_id, tiny_model.metadata["holdout_stimulus_ids"])
+    layer_sd = float(np.std(tiny_model.activations([faces.images[i] for i in np.flatnonzero(held)], "it").numpy()))
+    scale = config["stimulation_scale"]
+    assert scale["additive_scale"] == "sd" and scale["layer_sd"] == pytest.approx(layer_sd, rel=1e-6)
+    assert scale["activation_per_Hz"] == pytest.approx(0.01 * layer_sd, rel=1e-6)
+    assert dataset["activation_per_Hz"].values[1:] == pytest.approx([0.01 * layer_sd] * 3, rel=1e-6)
+    assert any("additive_scale" in note for note in config["notes"])
+    raw["stimulation"]["form"] = "multiplicative"
+    del raw["stimulation"]["activation_per_Hz"]
+    with pytest.raises(ConfigError, match="additive_scale"):
+        parse_experiment(raw, where="tiny_additive.toml")

@@ -387,3 +387,53 @@ def test_condition_control_combination_and_layers():
     assert Condition.from_dict(json.loads(json.dumps(both.to_dict()))) == both
     with pytest.raises(ConfigError, match="unknown key"):
         Condition.from_dict({"label": "x", "perturbation": []})
+
+
+def test_apply_effect_is_the_one_perturbation_arithmetic_and_the_engine_uses_it(monkeypatch):
+    from stimsim import engine
+    from stimsim.behavior import LogisticDecoder
+    from stimsim.stimulation import apply_effect
+
+    activity = torch.tensor([[1.0, -2.0, 3.0]])
+    multiplier, additive = torch.tensor([2.0, 2.0, 0.0]), torch.tensor([0.0, 1.0, 5.0])
+    # by hand: 1·2 + 0, −2·2 + 1, 3·0 + 5
+    assert apply_effect(activity, multiplier, additive).tolist() == [[2.0, -3.0, 5.0]]
+    assert activity.tolist() == [[1.0, -2.0, 3.0]]
+    # K = 2 conditions against B = 1 image
+    both = apply_effect(activity[None], torch.stack([multiplier, torch.ones(3)])[:, None], torch.zeros(2, 1, 3))
+    assert both.tolist() == [[[2.0, -4.0, 0.0]], [[1.0, -2.0, 3.0]]]
+    np.testing.assert_array_equal(apply_effect(np.array([1.0, 2.0]), np.array([0.5, 0.0]), 1.0), [1.5, 1.0])
+
+    calls = []
+
+    def recording(*args):
+        calls.append(args[0].shape)
+        return apply_effect(*args)
+
+    monkeypatch.setattr(engine, "apply_effect", recording)
+    sheet = CorticalSheet("it", (3, 1, 1), [[0.0, 0.0], [1.0, 0.0], [5.0, 5.0]])
+    network = torch.nn.Sequential()
+    network.add_module("it", torch.nn.Sequential(torch.nn.Flatten(1), torch.nn.Linear(64, 3)))
+    from stimsim.models.preprocessing import Preprocessing
+    from stimsim.models.topographic import TopographicModel
+
+    model = TopographicModel(network, {"it": sheet}, Preprocessing(size_px=8, channels=1, mean=(0.5,), std=(0.5,)),
+                             {"family": "test", "kwargs": {}})
+    images = np.random.default_rng(0).uniform(0, 1, (4, 8, 8))
+    decoder = LogisticDecoder.fit(model.activations(images, "it"), ["a", "b", "a", "b"], layer="it")
+    lesion = Condition("lesion", (Ablation(sites_mm=((0.0, 0.0),), radius_mm=0.5, layer="it"),))
+    engine.simulate(model, images, [Condition("control"), lesion], decoder, progress=False)
+    engine.simulate_plain(model, images, [lesion], decoder, progress=False)
+    assert len(calls) == 2
+
+
+def test_a_gain_on_a_signed_layer_is_flagged_and_suppression_or_unsigned_activity_is_not():
+    from stimsim.stimulation import signed_gain_warning
+
+    sheet = CorticalSheet("it", (3, 1, 1), [[0.0, 0.0], [0.1, 0.0], [5.0, 5.0]])
+    stim = ElectricalStimulation(((0.0, 0.0),), current_uA=50, frequency_Hz=200)
+    signed = np.array([[1.0, -1.0, 2.0], [0.5, 0.2, -3.0]])
+    message = signed_gain_warning(stim, sheet, signed)
+    assert "gain > 1" in message and "33%" in message  # 2 of 6 responses are negative
+    assert signed_gain_warning(stim, sheet, np.abs(signed)) is None
+    assert signed_gain_warning(MuscimolInactivation(((0.0, 0.0),), volume_uL=1.0), sheet, signed) is None

@@ -58,7 +58,7 @@ from stimsim.models.topographic import TopographicModel
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection, plot_sites, select_sites
 from stimsim.paradigms.spec import ExperimentSpec, load_experiment
 from stimsim.progress import report_phase
-from stimsim.stimulation import Condition, SafetyLimits
+from stimsim.stimulation import Condition, SafetyLimits, signed_gain_warning
 
 #: Name of the engine's resumable store inside the output directory.
 STORE_DIRNAME = "simulation_store"
@@ -108,8 +108,11 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     except ConfigError as exc:
         raise ConfigError(f"{spec.source}: {exc}") from None
 
+    stimulation_scale = _resolve_additive_scale(spec, responses, layer, notes)
+    spec = spec.with_layer_sd(float(responses.std()))
     conditions = [Condition(CONTROL_LABEL)] + [
         Condition(site.label, (spec.perturbation_at(site.position_mm),)) for site in selection.sites]
+    _warn_signed_gain(conditions, sheet, responses, notes)
     report_phase(f"decoder: fitting the {spec.paradigm} readout on unperturbed trials", progress)
     trials = paradigm.prepare(spec, topo, stimuli)
     probabilities = paradigm.simulate(spec, topo, trials, conditions, out_dir / STORE_DIRNAME, progress,
@@ -148,6 +151,7 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
                            "n_localizer_images": int(len(localizer_images)),
                            "localizer_preferred": localizer.positive},
         "conditions": [c.to_dict() for c in conditions],
+        "stimulation_scale": stimulation_scale,
         "safety": spec.safety if spec.safety is not None else "not applicable: no electrical stimulation",
         "trials": trials.record(),
         "comparison": None if data is None else dict(data.attrs),
@@ -180,6 +184,31 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
 
 
 # --- inputs -------------------------------------------------------------------------------------
+def _resolve_additive_scale(spec: ExperimentSpec, responses: np.ndarray, layer: str, notes: list) -> dict:
+    """What ``additive_scale`` means in this run (recorded in ``config.json``); with ``"sd"`` the
+    layer's SD over the localizer images and units, and the activation_per_Hz it gives."""
+    if spec.additive_scale != "sd":
+        return {"additive_scale": spec.additive_scale}
+    layer_sd = float(responses.std())
+    per_Hz = spec.perturbation.activation_per_Hz * layer_sd
+    notes.append(f"additive_scale = \"sd\": activation_per_Hz = {spec.perturbation.activation_per_Hz} SD of layer "
+                 f"{layer!r} per Hz × SD {layer_sd:.6g} (its response to {len(responses)} localizer images) = "
+                 f"{per_Hz:.6g} activation units per Hz")
+    return {"additive_scale": "sd", "layer_sd": layer_sd, "activation_per_Hz_sd": spec.perturbation.activation_per_Hz,
+            "activation_per_Hz": per_Hz}
+
+
+def _warn_signed_gain(conditions: list, sheet, responses: np.ndarray, notes: list) -> None:
+    """Warn once per run (and record it) when a gain > 1 acts on a layer with negative activity."""
+    for condition in conditions:
+        for perturbation in condition.perturbations:
+            message = signed_gain_warning(perturbation, sheet, responses)
+            if message is not None:
+                notes.append(message)
+                warnings.warn(message, stacklevel=3)
+                return
+
+
 def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
     """The images of ``sets`` (tables for ``load_stimulus_source``, optionally ``heldout_only``) in
     one set that keeps the ``labels`` named, as text, plus ``source_set`` (the set's name).

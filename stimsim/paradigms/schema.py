@@ -112,10 +112,15 @@ SitesFile = Annotated[Union[ExplicitSites, SelectivitySites, FacePatchSites, Gri
 
 class StimulationFile(BaseModel):
     """``[stimulation]``: one perturbation template, ``kind`` and that kind's parameters with units
-    (checked by the perturbation class, ``stimsim.stimulation.perturbations``)."""
+    (checked by the perturbation class, ``stimsim.stimulation.perturbations``). ``additive_scale``
+    (electrical, ``form = "additive"``): ``"activation"`` (default: ``activation_per_Hz`` in model
+    activation units) or ``"sd"`` (``activation_per_Hz`` in standard deviations of the stimulated
+    layer's response to the localizer images, over images and units)."""
 
     model_config = ConfigDict(extra="allow", strict=True, frozen=True)
-    kind: Literal[tuple(PERTURBATION_KINDS)]
+    kind: Annotated[Text, Field(description="a registered perturbation kind",
+                                examples=sorted(PERTURBATION_KINDS))]
+    additive_scale: Literal["activation", "sd"] = "activation"
 
 
 class SafetyFile(FileModel):

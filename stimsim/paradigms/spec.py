@@ -89,6 +89,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,8 @@ class ExperimentSpec:
     stimulation: dict
     analysis: AnalysisSpec
     options: Any = None
+    perturbation: Any = None
+    additive_scale: str = "activation"
     safety: dict | None = None
     comparison: str | None = None
     cortex_mm_per_model_mm: float = 1.0
@@ -190,9 +193,20 @@ class ExperimentSpec:
         return PARADIGMS.get(self.paradigm)
 
     def perturbation_at(self, site_mm):
-        """The ``[stimulation]`` template applied at one site (x, y) mm on ``layer``."""
-        record = {**self.stimulation, "sites_mm": [[float(site_mm[0]), float(site_mm[1])]], "layer": self.layer}
-        return perturbation_from_dict(record)
+        """The ``[stimulation]`` template (:attr:`perturbation`, typed) applied at one site (x, y) mm."""
+        return dataclasses.replace(self.perturbation, sites_mm=((float(site_mm[0]), float(site_mm[1])),))
+
+    def with_layer_sd(self, layer_sd: float) -> "ExperimentSpec":
+        """With ``additive_scale = "sd"``: a copy whose ``activation_per_Hz`` is converted from SDs of
+        the layer's response to activation units (× ``layer_sd``); otherwise this spec."""
+        if self.additive_scale != "sd":
+            return self
+        if not math.isfinite(layer_sd) or layer_sd <= 0:
+            raise ConfigError(f"{self.source} [stimulation]: additive_scale = \"sd\" needs a layer whose response "
+                              f"varies; its SD is {layer_sd}")
+        scaled = dataclasses.replace(self.perturbation,
+                                     activation_per_Hz=self.perturbation.activation_per_Hz * float(layer_sd))
+        return dataclasses.replace(self, perturbation=scaled, additive_scale="activation")
 
     def with_model(self, model: str) -> "ExperimentSpec":
         """A copy that uses ``model`` (a shipped name or a model directory)."""
@@ -256,7 +270,7 @@ def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
     checked = validate_file(raw, paradigm, where)
     tables = {table: getattr(checked, table) for table in paradigm.table_models}
     options = paradigm.parse(checked.stimuli, tables, where)
-    stimulation = _stimulation_template(checked, where)
+    stimulation, perturbation = _stimulation_template(checked, where)
     spec = ExperimentSpec(
         name=checked.name, description=checked.description, citation=checked.citation, paradigm=name,
         model=checked.model, layer=checked.layer, seed=checked.seed,
@@ -265,7 +279,8 @@ def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
                             layer=checked.decoder.layer or checked.layer, max_iter=checked.decoder.max_iter),
         sites=_sites(checked.sites, paradigm.default_localizer(options), where),
         stimulation=stimulation, analysis=AnalysisSpec(**checked.analysis.model_dump()),
-        options=options, safety=_safety(checked, stimulation, where), cortex_mm_per_model_mm=checked.cortex_mm_per_model_mm,
+        options=options, perturbation=perturbation, additive_scale=checked.stimulation.additive_scale,
+        safety=_safety(checked, stimulation, where), cortex_mm_per_model_mm=checked.cortex_mm_per_model_mm,
         source=where, raw=json.loads(json.dumps(raw, default=str)),
     )
     return dataclasses.replace(spec, comparison=_comparison(checked, spec, where))
@@ -298,17 +313,21 @@ def _sites(sites, default_localizer: LocalizerSpec | None, where: str) -> SitesS
     return SitesSpec(localizer=localizer, **values)
 
 
-def _stimulation_template(checked, where: str) -> dict:
-    """The perturbation template; its keys are checked by the perturbation class itself."""
-    template = checked.stimulation.model_dump()
+def _stimulation_template(checked, where: str):
+    """The perturbation template as given (a dict, recorded) and as a typed perturbation at (0, 0) mm
+    on the experiment's layer; its keys are checked by the perturbation class itself."""
+    template = checked.stimulation.model_dump(exclude={"additive_scale"})
     for key, origin in (("sites_mm", "[sites]"), ("layer", "the top-level 'layer'")):
         if key in template:
             raise ConfigError(f"{where} [stimulation]: {key!r} is not set here; it comes from {origin}")
     try:
-        perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer})
+        perturbation = perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer})
     except ConfigError as exc:
         raise ConfigError(f"{where} [stimulation]: {exc}") from None
-    return template
+    if checked.stimulation.additive_scale == "sd" and getattr(perturbation, "form", None) != "additive":
+        raise ConfigError(f"{where} [stimulation]: additive_scale = \"sd\" sets the scale of the additive form; "
+                          f"give form = \"additive\" or remove additive_scale")
+    return template, perturbation
 
 
 def _safety(checked, stimulation: dict, where: str) -> dict | None:

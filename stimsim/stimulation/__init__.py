@@ -14,8 +14,10 @@ from stimsim.stimulation.perturbations import (
     OptogeneticSuppression,
     Perturbation,
     UnitEffect,
+    apply_effect,
     perturbation_from_dict,
     register_perturbation,
+    signed_gain_warning,
 )
 from stimsim.stimulation.safety import (
     SHANNON_K_LIMIT,
@@ -43,8 +45,8 @@ from stimsim.stimulation.spread import (
 __all__ = [
     "ARIKAN2002_VARIANCE_MM2", "CHARGE_BALANCED_WAVEFORMS", "CHOW2010_VARIANCE_MM2", "ELECTRODE_COMBINATIONS",
     "MAX_CURRENT_UA", "PERTURBATION_KINDS", "STIMULATION_FORMS", "Ablation", "Condition", "ElectricalStimulation",
-    "MuscimolInactivation", "OptogeneticSuppression", "Perturbation", "UnitEffect", "perturbation_from_dict",
-    "register_perturbation",
+    "MuscimolInactivation", "OptogeneticSuppression", "Perturbation", "UnitEffect", "apply_effect", "perturbation_from_dict",
+    "register_perturbation", "signed_gain_warning",
     "SHANNON_K_LIMIT", "UTAH_TIP_AREA_UM2", "SafetyLimits", "SafetyReport", "charge_density_uC_per_cm2",
     "charge_per_phase_nC", "check_protocol", "enforce", "shannon_k",
     "KUMARAVELU_SLOPE_MM_PER_UA", "KUMARAVELU_THRESHOLD_UA", "SPREAD_LAWS", "TEHOVNIK_K_DEFAULT_UA_PER_MM2",

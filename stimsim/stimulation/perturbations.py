@@ -130,13 +130,38 @@ class UnitEffect:
         else:
             raise ValueError(f"activity of shape {shape} does not hold the {self.n_units} units of this effect")
         if isinstance(activity, np.ndarray):
-            return activity * self.multiplier.reshape(unit_shape) + self.additive.reshape(unit_shape)
+            return apply_effect(activity, self.multiplier.reshape(unit_shape), self.additive.reshape(unit_shape))
         import torch
 
         def as_tensor(values):
             return torch.tensor(values.reshape(unit_shape), dtype=activity.dtype, device=activity.device)
 
-        return activity * as_tensor(self.multiplier) + as_tensor(self.additive)
+        return apply_effect(activity, as_tensor(self.multiplier), as_tensor(self.additive))
+
+
+def apply_effect(activity, multiplier, additive):
+    """``activity × multiplier + additive``: the one place perturbed activity is computed (the engine
+    and :meth:`UnitEffect.apply` call it). Arrays or tensors that broadcast against ``activity``
+    (e.g. multiplier (K, 1, N) against activity (1, B, N) for K conditions × B images); a new array
+    is returned, ``activity`` is left unchanged."""
+    perturbed = activity * multiplier
+    perturbed += additive
+    return perturbed
+
+
+def signed_gain_warning(perturbation, sheet: CorticalSheet, activity) -> str | None:
+    """A warning when ``perturbation`` multiplies units by a gain above 1 while the layer's
+    ``activity`` (images × units, e.g. its response to the localizer images) takes negative values:
+    a gain then pushes negative units further down instead of driving them (many networks have no
+    ReLU after their blocks). None when that is not the case."""
+    activity = np.asarray(activity)
+    negative = float(np.mean(activity < 0)) if activity.size else 0.0
+    if negative == 0.0 or float(np.max(perturbation.effect(sheet).multiplier)) <= 1.0:
+        return None
+    return (f"{perturbation.kind} stimulation multiplies the activity of layer {perturbation.layer!r} by a gain > 1, "
+            f"but {negative:.0%} of that layer's responses are negative: a gain pushes them further down instead of "
+            f"driving those units; use form = \"additive\" (e.g. with additive_scale = \"sd\") or a layer whose "
+            f"activity is not signed (after a ReLU)")
 
 
 # --- validation helpers ---------------------------------------------------------------------
