@@ -11,7 +11,7 @@ from stimsim.io import read_result_set
 from test_analysis_sessions import LAB_MAPPING, write_lab_nwb
 
 
-def test_analyze_lab_nwb_with_mapping_and_plan(tmp_path, capsys):
+def test_analyze_lab_nwb_with_mapping_and_plan(tmp_path, capsys, chromium_render, pdf_pages):
     stim_logodds = np.array([2.0, -1.5, 1.0, 0.0, -0.5, 1.5, 0.5, -1.0])
     electrodes = [str(e) for e in (12, 3, 45, 7, 80, 21, 9, 33)]
     table = planted_session(stim_logodds, trials_per_site=200, electrodes=electrodes, seed=3)
@@ -33,7 +33,10 @@ def test_analyze_lab_nwb_with_mapping_and_plan(tmp_path, capsys):
     assert summary["predicted_vs_observed_r"] > 0.8 and summary["slope"] < 1  # the plan over-estimates
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 4 and "Predictions against outcomes" in html
-    assert (out / "report.pdf").read_bytes().startswith(b"%PDF")
+    _, images_ok, images_total, console = chromium_render(out / "report.html")
+    assert images_total >= 4 and images_ok == images_total and not console
+    texts, pngs = pdf_pages(out / "report.pdf")
+    assert any("Predictions against outcomes" in text for text in texts) and len(pngs) >= 3
     with xr.open_dataset(out / "results.nc", engine="h5netcdf") as data:
         assert sorted(data["electrode"].values.tolist(), key=int) == sorted(electrodes, key=int)
 
