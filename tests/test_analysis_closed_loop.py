@@ -1,0 +1,60 @@
+"""Closed loop: plan on a virtual subject, simulate a session of 400 trials per site (stimulated and sham
+50/50), analyse it against the plan. Classical test theory fixes what to expect: observed effects with
+reliability ρ (the noise ceiling) correlate with the true effects at sqrt(ρ), and with predictions that
+correlate with the truth at r at about r·sqrt(ρ)."""
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from stimsim.analysis import analyze, load_sessions
+from stimsim.cli import main
+from stimsim.planning.session import session_from_plan, write_session_nwb
+from test_plan_job import _write_plan
+
+#: Current of the small plan: the largest the safety gate passes at 0.2 ms per phase (Shannon k ≤ 1.85),
+#: so that the virtual subject's effects stand out of the binomial noise of 400 trials.
+CURRENT_UA = 150
+
+
+@pytest.fixture(scope="module")
+def closed_loop(tmp_path_factory, one_torch_thread):
+    base = tmp_path_factory.mktemp("closed_loop")
+    config = _write_plan(base / "config", current=CURRENT_UA, broken="[]")
+    plan = base / "plan"
+    assert main(["plan", str(config), "--out", str(plan), "--no-progress"]) == 0
+    trials = session_from_plan(plan, trials_per_site=400, seed=1, sites="all")
+    path = write_session_nwb(trials, base / "session.nwb", subject_id="virtual", session_id="closed-loop")
+    plan_sites = pd.read_csv(plan / "sites.csv", dtype={"electrode_id": str})
+    sessions = load_sessions(path, electrodes=plan_sites["electrode_id"])
+    analysis = analyze(sessions, plan_dir=plan, n_boot=200, n_perm=200, n_splits=100, seed=2)
+    return json.loads((plan / "summary.json").read_text()), analysis
+
+
+def fisher_interval(r: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+    centre = math.atanh(r)
+    return math.tanh(centre - z / math.sqrt(n - 3)), math.tanh(centre + z / math.sqrt(n - 3))
+
+
+@pytest.mark.slow
+def test_observed_effects_track_the_true_effects_as_their_reliability_allows(closed_loop):
+    plan_summary, analysis = closed_loop
+    sites = analysis.sites.set_index("electrode")
+    truth = pd.Series(plan_summary["true_delta_auc"])[sites.index]
+    assert len(sites) >= 10 and (sites["n_stimulated"] == 200).all() and (sites["n_sham"] == 200).all()
+    observed_vs_true = np.corrcoef(truth, sites["delta_auc"])[0, 1]
+    reliability = analysis.summary["noise_ceiling"]
+    assert reliability > 0.1  # the subject's effects stand out of the noise at this current
+    low, high = fisher_interval(math.sqrt(reliability), len(sites))
+    assert low <= observed_vs_true <= high
+
+
+@pytest.mark.slow
+def test_predicted_vs_observed_r_within_what_the_plan_and_noise_ceiling_imply(closed_loop):
+    plan_summary, analysis = closed_loop
+    summary = analysis.summary
+    assert summary["plan_predicted_vs_true_r"] == pytest.approx(plan_summary["predicted_vs_true_r"])
+    low, high = summary["expected_predicted_vs_observed_r_95"]
+    assert low <= summary["predicted_vs_observed_r"] <= high
