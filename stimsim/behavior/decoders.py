@@ -1,7 +1,7 @@
 """Frozen behavioural decoders: model activity -> choice probabilities.
 
 A decoder is fitted once on the features of *unperturbed* images and then frozen, as the animal
-learned its task before it was ever stimulated (DESIGN.md section 3-4). The simulation engine calls
+learned its task before it was ever stimulated. The simulation engine calls
 every decoder through :class:`Decoder`::
 
     probabilities(features (K, B, F), stimulus_index (B,) or None) -> (K, B, n_choices)

@@ -42,7 +42,7 @@ def dprime(responses_a, responses_b, axis: int = 0, ddof: int = 1):
     """d' = (mean_a - mean_b) / sqrt((var_a + var_b) / 2) along ``axis``.
 
     For face selectivity pass face responses as ``a`` and non-face responses as ``b``, each
-    (n_images, n_units): the result is one d' per unit ("face-selective" = d' > 1, DESIGN.md 4).
+    (n_images, n_units): the result is one d' per unit ("face-selective" = d' > 1, Afraz et al. 2006).
     Variances use ``ddof`` (1: unbiased sample variance; each group needs more than ``ddof`` samples).
 
     Zero pooled variance: a unit whose responses are constant within both groups has d' = 0 if the

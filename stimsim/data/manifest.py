@@ -61,8 +61,6 @@ CACHE_DIR_ENV = "STIMSIM_CACHE_DIR"
 
 ENTRY_KINDS = ("dataset", "checkpoint")
 SOURCE_KINDS = ("url", "python_package", "system", "manual")
-#: Status of one file reported by :func:`verify`.
-STATUSES = ("ok", "missing", "mismatch", "unverified")
 #: Seconds to wait for a server before a download counts as unreachable.
 DOWNLOAD_TIMEOUT_S = 10.0
 

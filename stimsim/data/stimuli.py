@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from stimsim.data.images import load_image
 from stimsim.data.manifest import entry_path, entry_paths, get_entry
 from stimsim.errors import ConfigError, FileFormatError
 from stimsim.io import atomic_save
@@ -179,14 +180,6 @@ class StimulusSet:
         return atomic_save(path, write)
 
 
-def _load_image(path) -> np.ndarray:
-    """Read an image file as float32 in [0, 1] (:func:`stimsim.models.preprocessing.load_image`;
-    imported on use so that manifest commands do not load torch)."""
-    from stimsim.models.preprocessing import load_image as load
-
-    return load(path)
-
-
 def _duplicates(ids) -> list[str]:
     seen, repeated = set(), []
     for i in ids:
@@ -239,7 +232,7 @@ def from_folder(path, label_from: str | None = "subfolder", name: str | None = N
             raise FileFormatError(root, f"label_from='subfolder' needs every image inside a subfolder; "
                                         f"found {len(loose)} at the top level, e.g. {loose[0]}")
         labels["category"] = np.asarray([i.split("/", 1)[0] for i in ids])
-    return StimulusSet(name=name or root.name, images=[_load_image(p) for p in files],
+    return StimulusSet(name=name or root.name, images=[load_image(p) for p in files],
                        stimulus_id=np.asarray(ids), labels=labels)
 
 
@@ -290,7 +283,7 @@ def _from_csv(path: Path, name: str | None) -> StimulusSet:
         image_path = image_path if image_path.is_absolute() else path.parent / image_path
         if not image_path.is_file():
             raise FileFormatError(path, f"line {row_number}: image file {image_path} not found")
-        images.append(_load_image(image_path))
+        images.append(load_image(image_path))
     labels = {column: _parse_column([row[column] for row in rows])
               for column in columns if column not in ("stimulus_id", "path")}
     return StimulusSet(name=name or path.stem, images=images, stimulus_id=np.asarray(ids), labels=labels)
@@ -504,7 +497,7 @@ def moeller2017(folders=("Faces", "Objects"), mirror=None) -> StimulusSet:
     paths = entry_paths("moeller2017", rels, mirror=mirror)
     per_image = [_moeller_labels(rel) for rel in rels]
     labels = {key: np.asarray([row[key] for row in per_image]) for key in per_image[0]}
-    return StimulusSet(name="moeller2017_" + "+".join(folders), images=[_load_image(p) for p in paths],
+    return StimulusSet(name="moeller2017_" + "+".join(folders), images=[load_image(p) for p in paths],
                        stimulus_id=np.asarray(rels), labels=labels)
 
 

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from stimsim.errors import ConfigError, FileFormatError
+from stimsim.data.images import load_image
+from stimsim.errors import ConfigError
 
 #: ITU-R BT.601 luma weights for RGB → grayscale.
 _LUMA_RGB = (0.299, 0.587, 0.114)
@@ -60,26 +61,6 @@ class Preprocessing:
         mean = torch.tensor(self.mean).view(1, -1, 1, 1)
         std = torch.tensor(self.std).view(1, -1, 1, 1)
         return (batch - mean) / std
-
-
-def load_image(path) -> np.ndarray:
-    """Read an image file as a float32 array in [0, 1], (H, W) or (H, W, 3)."""
-    from PIL import Image, UnidentifiedImageError
-
-    path = Path(path)
-    try:
-        with Image.open(path) as img:
-            img.load()
-            if img.mode in ("I;16", "I;16B", "I"):
-                arr = np.asarray(img, dtype=np.float32)
-                return arr / max(float(arr.max()), 1.0)
-            img = img.convert("L") if img.mode in ("L", "1", "LA") else img.convert("RGB")
-            arr = np.asarray(img, dtype=np.float32) / 255.0
-    except FileNotFoundError:
-        raise FileNotFoundError(f"image file not found: {path}") from None
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise FileFormatError(path, f"cannot decode image ({exc})") from None
-    return arr
 
 
 def to_unit_tensor(images) -> torch.Tensor:

@@ -35,7 +35,7 @@ import xarray as xr
 from pydantic import Field
 
 from stimsim.behavior import LogisticDecoder, bootstrap_ci, fit_psychometric, psychometric_shift_percent
-from stimsim.behavior.metrics import shift_summary, site_correlation, stratum_mean
+from stimsim.behavior.metrics import delta_accuracy, shift_summary, site_correlation, stratum_mean
 from stimsim.data.stimuli import StimulusSet, pixel_noise
 from stimsim.errors import ConfigError
 from stimsim.figures import pyplot, save_figure
@@ -233,7 +233,7 @@ def analyse(spec: ExperimentSpec, trials: CategorizationTrials, probabilities: x
     correct = p[:, np.arange(p.shape[1]), [choice_index[c] for c in truth]]
     analysis = spec.analysis
     accuracy = correct.mean(axis=1)
-    delta = accuracy[1:] - accuracy[0]
+    delta = delta_accuracy(correct[1:], correct[:1], axis=1)
     intervals = np.array([_paired_interval(correct[k], correct[0], analysis, spec.seed)
                           for k in range(1, len(conditions))]).reshape(-1, 2)
     site_dprime = np.array([site.dprime for site in selection.sites])

@@ -4,7 +4,7 @@ A site's selectivity is that of a multi-unit recording: the responses of the uni
 ``recording_radius_mm`` of the site are averaged per image, and d′ of that average is taken between
 the localizer's preferred class and the rest (Afraz, Kiani & Esteky 2006 measured the face
 selectivity of the multi-unit activity at each stimulation site). "Selective" means d′ above a
-threshold (d′ > 1 for face-selective sites, DESIGN.md §4).
+threshold (d′ > 1 for face-selective sites, as in Afraz et al. 2006).
 
 Methods (see :mod:`stimsim.paradigms.spec`): explicit positions; selectivity strata (n sites above
 the threshold and n at or below it, drawn at random among candidate grid points); the face patch
