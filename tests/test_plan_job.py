@@ -181,3 +181,18 @@ def test_random_pose_null_on_planted_maps():
     assert len(null) == 150
     assert np.percentile(null, 95) < 0.999  # re-mapped plans of a perfect plan are worse than the plan (r = 1)
     assert np.median(null) < 0.9
+
+
+def test_validate_writes_per_pose_numbers_and_the_null(tmp_path, one_torch_thread):
+    config = _write_plan(tmp_path / "config")
+    out = tmp_path / "out"
+    summary = run_plan(config, out, progress=False, validate=1)
+    validation = json.loads((out / "validation.json").read_text())
+    assert validation == summary["validation"]
+    assert len(validation["predicted_vs_true_r_per_pose"]) == 1 and len(validation["random_pose_r_p95"]) == 1
+    assert validation["predicted_vs_true_r"] == validation["predicted_vs_true_r_per_pose"][0]
+    pose = validation["poses"][0]
+    assert pose["n_random"] >= 100 and -1 <= pose["predicted_vs_true_r"] <= 1
+    assert pose["subject_seed"] == 7 + 101  # another hidden pose than the plan's own subject
+    truth = json.loads((out / "validation" / "pose_0" / "subject" / "truth.json").read_text())
+    assert truth["pose"] == pose["pose"] != json.loads((out / "subject" / "truth.json").read_text())["pose"]

@@ -26,13 +26,13 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from stimsim.errors import ConfigError, DataError
+from stimsim.errors import ConfigError
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance, sha256_of
 from stimsim.planning.config import PlanConfig, load_plan_config
 from stimsim.planning.rehearsal import fit_readouts, rehearse
 from stimsim.planning.selection import check_broken, choose_sites
 from stimsim.planning.sequences import build_sequences, pooling_matrix
-from stimsim.stimulation import check_protocol, enforce
+from stimsim.stimulation import enforce
 from stimsim.stimulation.safety import charge_per_phase_nC
 
 IT = "IT"
@@ -248,12 +248,12 @@ def _rehearsal_phase(config, model, sequences, points, progress) -> dict:
     pool = pooling_matrix(model.sheet(IT), points[:, 0], config.sequences.recording_radius_mm)
     readouts, noise_sd = fit_readouts(model, sequences["images"], pool, config.task_spec, seed=config.seed,
                                       progress=progress)
-    with_torch = _site_responses(model, sequences["images"], pool)
-    result = rehearse(model, sequences["images"], points, config.stimulation, readouts, config.task_spec, with_torch,
+    responses = _site_responses(model, sequences["images"], pool)
+    result = rehearse(model, sequences["images"], points, config.stimulation, readouts, config.task_spec, responses,
                       noise_sd, seed=config.seed, progress=progress, safety_limits=config.safety,
                       safety_override=config.safety_override)
     return {"p_high": result.p_high, "delta_auc": result.delta_auc, "slope_to_noise": result.slope_to_noise,
-            "site_response": with_torch}
+            "site_response": responses}
 
 
 def _site_responses(model, images, pool) -> np.ndarray:
