@@ -200,3 +200,21 @@ def test_session_validation():
         simulate_trials(_planted_p_high(), trials_per_site=1, lapse_rate=0.0, current_uA=50.0)
     with pytest.raises(ConfigError, match="lapse_rate"):
         simulate_trials(_planted_p_high(), trials_per_site=10, lapse_rate=1.5, current_uA=50.0)
+
+
+def test_bootstrap_pose_off_the_sheet_has_no_prediction(model, small_sequences):
+    from types import SimpleNamespace
+
+    from stimsim.planning.plan import _rehearsal_phase, off_sheet
+    from stimsim.stimulation import SafetyLimits
+
+    sites, seq = small_sequences
+    sheet = model.sheet("IT")
+    x0, x1, y0, y1 = sheet.extent_mm
+    assert off_sheet(sheet, np.array([[x1 + 0.01, 5.0], [5.0, y0 - 0.01], [5.0, 5.0]])).tolist() == [True, True, False]
+    points = np.stack([sites, sites + 0.05, sites + [[0.0, 20.0]]], axis=1)  # third "pose" is off the sheet
+    config = SimpleNamespace(sequences=SequenceSpec(recording_radius_mm=0.5), task_spec=TaskSpec(n_noise=4, n_eval=2),
+                             seed=0, stimulation={"current_uA": 50.0}, safety=SafetyLimits(), safety_override=None)
+    result = _rehearsal_phase(config, model, {"images": seq.images}, points, progress=False)
+    assert np.isnan(result["delta_auc"][:, 2]).all() and np.isfinite(result["delta_auc"][:, :2]).all()
+    assert np.isnan(result["p_high"][:, 3]).all() and np.isfinite(result["p_high"][:, :3]).all()

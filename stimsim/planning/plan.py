@@ -244,15 +244,32 @@ def _sequences_phase(config, model, points, images, progress, companions=()) -> 
             "natural_sd": seq.natural_sd}
 
 
+def off_sheet(sheet, points: np.ndarray) -> np.ndarray:
+    """Boolean mask of the points (..., 2) outside the sheet's extent (mm)."""
+    x0, x1, y0, y1 = sheet.extent_mm
+    return (points[..., 0] < x0) | (points[..., 0] > x1) | (points[..., 1] < y0) | (points[..., 1] > y1)
+
+
 def _rehearsal_phase(config, model, sequences, points, progress) -> dict:
-    pool = pooling_matrix(model.sheet(IT), points[:, 0], config.sequences.recording_radius_mm)
+    """The task in ``model`` at every electrode's mapped points (fitted pose, then bootstrap poses). A bootstrap
+    pose can send an electrode off the sheet: that (electrode, pose) has no prediction (NaN) and is left out of
+    the interval; it is simulated at the fitted point only to keep the batch rectangular."""
+    sheet = model.sheet(IT)
+    outside = off_sheet(sheet, points)
+    if outside[:, 0].any():
+        raise ConfigError(f"the fitted registration on {model.name} maps electrode(s) off its IT sheet")
+    simulated = np.where(outside[..., None], points[:, :1], points)
+    pool = pooling_matrix(sheet, points[:, 0], config.sequences.recording_radius_mm)
     readouts, noise_sd = fit_readouts(model, sequences["images"], pool, config.task_spec, seed=config.seed,
                                       progress=progress)
     responses = _site_responses(model, sequences["images"], pool)
-    result = rehearse(model, sequences["images"], points, config.stimulation, readouts, config.task_spec, responses,
-                      noise_sd, seed=config.seed, progress=progress, safety_limits=config.safety,
+    result = rehearse(model, sequences["images"], simulated, config.stimulation, readouts, config.task_spec,
+                      responses, noise_sd, seed=config.seed, progress=progress, safety_limits=config.safety,
                       safety_override=config.safety_override)
-    return {"p_high": result.p_high, "delta_auc": result.delta_auc, "slope_to_noise": result.slope_to_noise,
+    p_high, delta = result.p_high.copy(), result.delta_auc.copy()
+    p_high[:, 1:][outside] = np.nan
+    delta[outside] = np.nan
+    return {"p_high": p_high, "delta_auc": delta, "slope_to_noise": result.slope_to_noise,
             "site_response": responses}
 
 
@@ -282,8 +299,8 @@ def _assemble(config, inputs, mapping, chosen_model, sequences, rehearsals, safe
     names = list(rehearsals)
     per_model = np.stack([rehearsals[n]["delta_auc"].mean(-1) for n in names])  # (models, sites, poses)
     predicted = per_model[:, :, 0].mean(0)
-    low = np.percentile(per_model.transpose(1, 0, 2).reshape(per_model.shape[1], -1), 2.5, axis=1)
-    high = np.percentile(per_model.transpose(1, 0, 2).reshape(per_model.shape[1], -1), 97.5, axis=1)
+    variants = per_model.transpose(1, 0, 2).reshape(per_model.shape[1], -1)  # (sites, models × poses)
+    low, high = np.nanpercentile(variants, 2.5, axis=1), np.nanpercentile(variants, 97.5, axis=1)
     working = mapping["working"]
     layout = inputs.layout
     index = [layout.index_of(e) for e in working]
