@@ -195,3 +195,32 @@ def _peak_rss_MB() -> float:
     """Peak resident memory of this process, MB (ru_maxrss is in kB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+#: Analysis workload (sites, trials per site) and its target, s on 2 CPU cores.
+ANALYSIS_SIZES = {"full": (100, 1000), "quick": (10, 100)}
+TARGET_ANALYSIS_S = 30.0
+
+
+def time_analysis(quick: bool = False, seed: int = 0) -> dict:
+    """Seconds of ``stimsim analyze`` without its report on a planted session (100 sites × 1,000 trials,
+    stimulated and sham 50/50; quick: 10 × 100): reading and validating the CSV, then every statistic
+    with 1,000 bootstrap resamples and 1,000 label permutations per site. Target: under 30 s on 2 cores."""
+    import tempfile
+
+    from stimsim.analysis import analyze, load_sessions
+    from stimsim.analysis.synthetic import planted_session
+
+    n_sites, trials_per_site = ANALYSIS_SIZES["quick" if quick else "full"]
+    effects = np.random.default_rng(seed).normal(0.0, 1.0, n_sites)
+    with tempfile.TemporaryDirectory() as directory:
+        path = f"{directory}/session.csv"
+        planted_session(effects, trials_per_site, seed=seed).to_csv(path, index=False)
+        start = time.perf_counter()
+        sessions = load_sessions(path)
+        loaded = time.perf_counter()
+        analyze(sessions, n_boot=1000, n_perm=1000, seed=seed)
+        done = time.perf_counter()
+    return {"n_sites": n_sites, "trials_per_site": trials_per_site, "load_s": loaded - start,
+            "statistics_s": done - loaded, "total_s": done - start, "target_s": TARGET_ANALYSIS_S,
+            "total_over_target": (done - start) / TARGET_ANALYSIS_S}

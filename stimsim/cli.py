@@ -130,7 +130,7 @@ def _cmd_subject_session(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from stimsim.bench import run_benchmark, time_load_and_activations
+    from stimsim.bench import run_benchmark, time_analysis, time_load_and_activations
     from stimsim.models.registry import DEFAULT_MODEL, available_models, load_model
 
     name = args.model or (DEFAULT_MODEL if DEFAULT_MODEL in available_models() else None)
@@ -138,6 +138,7 @@ def _cmd_bench(args) -> int:
                            progress=not args.no_progress)
     if name:
         report["default_model_load_and_activations"] = time_load_and_activations(name)
+    report["analysis"] = time_analysis(quick=args.quick)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

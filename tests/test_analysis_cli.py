@@ -3,6 +3,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 import xarray as xr
 
 from stimsim.analysis.synthetic import planted_curves, planted_session
@@ -62,3 +63,11 @@ def test_analyze_checks_electrodes_against_an_array_layout(tmp_path, capsys):
     assert main(["analyze", str(tmp_path / "s.csv"), "--layout", "10x10", "--out", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
     assert "column 'electrode'" in error and "not in the plan/layout" in error and "'97'" in error
+
+
+def test_analysis_benchmark_entry_runs_on_quick_sizes():
+    from stimsim.bench import time_analysis
+
+    timing = time_analysis(quick=True)
+    assert (timing["n_sites"], timing["trials_per_site"]) == (10, 100)
+    assert timing["total_s"] == pytest.approx(timing["load_s"] + timing["statistics_s"])
