@@ -485,17 +485,17 @@ def test_moeller2017_pooled_hit_rates_known_values():
                     reason="no shipped model in stimsim/shipped_models/")
 def test_muscimol_example_runs_on_the_shipped_model(tmp_path):
     summary = run_experiment(EXPERIMENTS / "muscimol_categorization.toml", tmp_path, progress=False)
-    # a 2 mm grid kept 1 mm inside the 9.86 mm IT sheet: 4 × 4 sites
-    assert summary["model"] == "stimsim-topo-s0" and summary["n_sites"] == 16
+    # a 4 mm grid kept 1 mm inside the IT sheet of 19.7 cortex mm (the model's own scale): 5 × 5 sites
+    assert summary["model"] == "stimsim-topo-s0" and summary["n_sites"] == 25
     assert summary["control_accuracy"] > 0.6
     # silencing hurts face/non-face categorisation most near the face patch
     assert summary["delta_accuracy_vs_distance_r"] > 0 and summary["delta_accuracy_vs_distance_p"] < 0.05
 
 
 # --- model-mm ↔ cortex-mm scale -------------------------------------------------------------------
-def test_scale_is_validated_recorded_and_used_by_the_moeller_file():
-    assert load_experiment(EXPERIMENTS / "moeller2017.toml").cortex_mm_per_model_mm == 2.0
-    assert load_experiment(EXPERIMENTS / "afraz2006.toml").cortex_mm_per_model_mm == 1.0
+def test_experiment_files_carry_no_scale_and_a_set_scale_is_validated():
+    for name in ("afraz2006", "moeller2017", "muscimol_categorization"):
+        assert load_experiment(EXPERIMENTS / f"{name}.toml").cortex_mm_per_model_mm is None
     for bad in (0.0, -2.0, 1000.0):
         raw = _raw("afraz2006")
         raw["cortex_mm_per_model_mm"] = bad
@@ -504,6 +504,31 @@ def test_scale_is_validated_recorded_and_used_by_the_moeller_file():
     raw = _raw("afraz2006")
     raw["cortex_mm_per_model_mm"] = 2.5
     assert parse_experiment(raw).to_dict()["cortex_mm_per_model_mm"] == 2.5
+
+
+def test_run_uses_the_models_own_scale_and_flags_an_override(tiny_model, tiny_toml, tmp_path):
+    import copy
+
+    assert tiny_model.cortex_scale("IT")["cortex_mm_per_model_mm"] == 1.0  # none recorded
+    scaled = copy.copy(tiny_model)
+    scaled.metadata = {**tiny_model.metadata, "cortex_scale": {
+        "layer": "it", "cortex_mm_per_model_mm": 2.0, "rule": "planted rule"}}
+    assert scaled.cortex_scale("IT") == {"layer": "it", "cortex_mm_per_model_mm": 2.0,
+                                         "sheet_size_cortex_mm": pytest.approx(2 * tiny_model.sheet("it").size_mm, abs=1e-3),
+                                         "rule": "planted rule"}
+    own = run_experiment(tiny_toml, tmp_path / "own", model=scaled, progress=False, figures=False)
+    assert own["cortex_mm_per_model_mm"] == 2.0 and own["scale_overridden"] is False
+    assert own["sheet_size_mm"] == pytest.approx(2 * tiny_model.sheet("it").size_mm)
+    assert own["scale_rule"] == "planted rule"
+    raw = load_toml(tiny_toml)
+    raw["cortex_mm_per_model_mm"] = 1.0
+    overridden = run_experiment(parse_experiment(raw, where="tiny.toml"), tmp_path / "override", model=scaled,
+                                progress=False, figures=False)
+    assert overridden["scale_overridden"] is True and overridden["cortex_mm_per_model_mm"] == 1.0
+    assert overridden["model_cortex_mm_per_model_mm"] == 2.0
+    assert overridden["sheet_size_mm"] == pytest.approx(tiny_model.sheet("it").size_mm)
+    config = json.loads((tmp_path / "override" / "config.json").read_text())
+    assert any("overriding the model's own 2" in note for note in config["notes"])
 
 
 def test_scaled_sheet_is_the_same_experiment_in_cortex_millimetres(tiny_model):

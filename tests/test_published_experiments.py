@@ -17,7 +17,11 @@ pytestmark = [pytest.mark.slow,
 def _run(experiment, out_dir, capsys):
     assert main(["run", f"experiments/{experiment}.toml", "--out", str(out_dir), "--no-progress"]) == 0
     capsys.readouterr()
-    return json.loads((out_dir / "summary.json").read_text())
+    summary = json.loads((out_dir / "summary.json").read_text())
+    # every experiment runs at the model's own cortex scale
+    assert summary["scale_overridden"] is False
+    assert summary["cortex_mm_per_model_mm"] == summary["model_cortex_mm_per_model_mm"] == 2.0
+    return summary
 
 
 def test_afraz2006_face_selective_sites_shift_choices_towards_face(tmp_path, capsys):
@@ -38,7 +42,6 @@ def test_moeller2017_runs_beside_the_published_counts(tmp_path, capsys):
     assert summary["data_same_hit_drop_inside"] == pytest.approx(0.728, abs=0.001)
     assert summary["data_same_hit_drop_outside"] == pytest.approx(0.048, abs=0.001)
     assert summary["model_same_hit_rate_control"] > 0.6
-    assert summary["cortex_mm_per_model_mm"] == 2.0
     # as in the monkeys, stimulating inside the face patch turns "same" faces into "different" far
     # more than stimulating outside it, and affects faces more than objects
     inside, outside = summary["model_same_hit_drop_inside"], summary["model_same_hit_drop_outside"]

@@ -79,6 +79,11 @@ def test_checkpoint_of_another_config_is_refused(tmp_path, tiny_data):
     (lambda c: c["training"].update(batch_size=1), "batch_size"),
     (lambda c: c["spatial_loss"].update(layers=["v9"]), "v9"),
     (lambda c: c["training"].update(task="dreaming"), "task"),
+    (lambda c: c.update(activity_penalty={"l1": -1.0, "layers": ["it"]}), "l1"),
+    (lambda c: c.update(activity_penalty={"l1": 1.0, "layers": ["v9"]}), "v9"),
+    (lambda c: c.update(cortex_scale={"layer": "it", "cortex_mm_per_model_mm": 2.0}), "rule"),
+    (lambda c: c.update(cortex_scale={"layer": "v9", "cortex_mm_per_model_mm": 2.0, "rule": "r"}), "v9"),
+    (lambda c: c.update(cortex_scale={"layer": "it", "cortex_mm_per_model_mm": 0.0, "rule": "r"}), "cortex_mm"),
 ])
 def test_bad_configs_are_refused(mutate, message):
     config = small_config()
@@ -144,3 +149,28 @@ def test_a_damaged_checkpoint_is_a_clear_error(tmp_path, tiny_data):
     checkpoint.write_bytes(checkpoint.read_bytes()[:3000])
     with pytest.raises(FileFormatError, match="checkpoint.pt: not a readable torch checkpoint"):
         train(config, tmp_path, progress=False, data=tiny_data)
+
+
+def test_activity_penalty_makes_it_sparser_and_the_scale_is_recorded(tmp_path, tiny_data):
+    """Without batch normalisation in IT, an L1 penalty on its activity lowers the mean IT response
+    against the same run without it; the configured cortex scale lands in the model's metadata."""
+    def run(name, **extra):
+        config = small_config(steps=60)
+        config["model"]["kwargs"] = {**config["model"]["kwargs"], "it_batchnorm": False}
+        config.update(extra)
+        return train(load_training_config(config), tmp_path / name, progress=False, data=tiny_data)
+
+    plain = TopographicModel.load(run("plain"))
+    rule = "a planted rule: 4 model mm stand for 8 mm of cortex"
+    sparse = TopographicModel.load(run("sparse", activity_penalty={"l1": 5.0, "layers": ["it"]},
+                                       cortex_scale={"layer": "it", "cortex_mm_per_model_mm": 2.0, "rule": rule}))
+    assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in sparse.network.it)
+    images = tiny_data.images[:64]
+    with torch.no_grad():
+        mean_plain = plain.run_stages(images, stop="it").mean().item()
+        mean_sparse = sparse.run_stages(images, stop="it").mean().item()
+    assert mean_sparse < 0.5 * mean_plain
+    assert "mean_activity_it" in _history(tmp_path / "sparse")[-1]
+    assert plain.cortex_scale("IT")["cortex_mm_per_model_mm"] == 1.0
+    assert sparse.cortex_scale("IT") == {"layer": "it", "cortex_mm_per_model_mm": 2.0, "rule": rule,
+                                         "sheet_size_cortex_mm": pytest.approx(2 * sparse.sheet("it").size_mm, abs=1e-3)}

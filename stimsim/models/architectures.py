@@ -30,10 +30,12 @@ class StimsimTopoNet(nn.Sequential):
 
     Stages (dims at 32 px): ``v1`` (32,16,16) → ``v2`` (64,8,8) → ``v4`` (128,4,4) →
     ``pit`` (256,1,1) → ``it`` (it_units,1,1) → ``head`` (logits). ``it`` is a fully connected
-    ReLU layer, so its units can take any arrangement on the IT sheet.
+    ReLU layer, so its units can take any arrangement on the IT sheet. ``it_batchnorm=False``
+    replaces IT's batch normalisation by a bias: BatchNorm re-centres every unit on every batch, so
+    about half of the units respond to any image (a dense code); without it IT can be sparse.
     """
 
-    def __init__(self, n_classes: int = 12, it_units: int = 4096, in_channels: int = 1):
+    def __init__(self, n_classes: int = 12, it_units: int = 4096, in_channels: int = 1, it_batchnorm: bool = True):
         if n_classes < 2 or it_units < 1 or in_channels not in (1, 3):
             raise ConfigError("stimsim_topo needs n_classes >= 2, it_units >= 1 and in_channels 1 or 3")
 
@@ -51,9 +53,9 @@ class StimsimTopoNet(nn.Sequential):
             nn.Conv2d(128, 256, 3, padding=1, bias=False), nn.BatchNorm2d(256), nn.ReLU(inplace=True),
             nn.AdaptiveAvgPool2d(1),
         ))
-        self.add_module("it", nn.Sequential(
-            nn.Flatten(1), nn.Linear(256, it_units, bias=False), nn.BatchNorm1d(it_units), nn.ReLU(inplace=True),
-        ))
+        it_layers = [nn.Linear(256, it_units, bias=False), nn.BatchNorm1d(it_units)] if it_batchnorm else [
+            nn.Linear(256, it_units)]
+        self.add_module("it", nn.Sequential(nn.Flatten(1), *it_layers, nn.ReLU(inplace=True)))
         self.add_module("head", nn.Linear(it_units, n_classes))
 
 

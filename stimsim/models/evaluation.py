@@ -1,7 +1,11 @@
-"""Evaluating a topographic model: decoding accuracy, face selectivity and its clustering on IT.
+"""Evaluating a topographic model: decoding, selectivity and its clustering on IT.
 
 Images used (none seen in training): the LFW crops the training run held out (listed in the model's
 metadata; all 200 crops if the model records none) and Fashion-MNIST's test split.
+
+Decoders are the project's: a logistic regression on standardised IT responses with C = 1e-3 (the
+regularisation of every experiment's decoder, as in the Brain-Score behavioural benchmarks),
+cross-validated with stratified folds. Every score is reported beside its chance level.
 """
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import StratifiedKFold, cross_val_score
+from sklearn.metrics import balanced_accuracy_score, roc_auc_score
+from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -17,12 +22,18 @@ from stimsim.models.topographic import TopographicModel
 from stimsim.progress import report_phase
 from stimsim.topography import clustering_test, plot_sheet_map
 
-#: Moran's I neighbourhood radius (mm) for the face-d′ clustering statistic.
+#: Moran's I neighbourhood radius (mm of the model's sheet) for the selectivity-map clustering statistic.
 CLUSTER_RADIUS_MM = 1.0
+#: Inverse L2 regularisation of the check's decoders: the experiments' decoder C (Brain-Score's 1e-3).
+DECODER_C = 1e-3
+#: Cross-validation folds and repeats of the check's decoders.
+CV_FOLDS, CV_REPEATS = 5, 4
+#: A selectivity map "clusters" when its Moran's I permutation p is below this.
+CLUSTER_ALPHA = 0.01
 
 
 def heldout_images(model: TopographicModel, objects_per_class: int = 50, seed: int = 0):
-    """Held-out evaluation images: (StimulusSet, face mask, object-class labels)."""
+    """Held-out evaluation images: (StimulusSet, face mask, class labels)."""
     from stimsim.data.stimuli import StimulusSet, fashion_mnist, lfw_subset
 
     lfw = lfw_subset()
@@ -36,6 +47,16 @@ def heldout_images(model: TopographicModel, objects_per_class: int = 50, seed: i
     return stimuli, categories == "face", categories
 
 
+def balanced_face_indices(is_face: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Indices of every face image and as many non-face images drawn without replacement (seeded)."""
+    faces, others = np.flatnonzero(is_face), np.flatnonzero(~is_face)
+    if len(faces) < CV_FOLDS or len(others) < len(faces):
+        raise ValueError(f"a balanced face set needs >= {CV_FOLDS} faces and at least as many non-faces; "
+                         f"got {len(faces)} faces and {len(others)} non-faces")
+    drawn = np.random.default_rng(seed).choice(others, size=len(faces), replace=False)
+    return np.sort(np.concatenate([faces, drawn]))
+
+
 def face_dprime(responses: np.ndarray, is_face: np.ndarray) -> np.ndarray:
     """Per-unit face selectivity d′ = (μ_face − μ_other)/sqrt((σ²_face + σ²_other)/2); 0 for silent units."""
     from stimsim.behavior.metrics import dprime
@@ -43,44 +64,86 @@ def face_dprime(responses: np.ndarray, is_face: np.ndarray) -> np.ndarray:
     return dprime(responses[is_face], responses[~is_face])
 
 
-def _cv_accuracy(features: np.ndarray, labels: np.ndarray, seed: int) -> float:
-    decoder = make_pipeline(StandardScaler(), LogisticRegression(C=1e-2, max_iter=5000))
-    folds = StratifiedKFold(n_splits=5, shuffle=True, random_state=seed)
-    return float(np.mean(cross_val_score(decoder, features, labels, cv=folds)))
+def _decoder():
+    return make_pipeline(StandardScaler(), LogisticRegression(C=DECODER_C, max_iter=5000))
+
+
+def cv_scores(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> dict:
+    """Balanced accuracy (and ROC AUC for two classes) of the project decoder, mean over
+    ``CV_REPEATS`` repeats of stratified ``CV_FOLDS``-fold cross-validation, with chance beside them."""
+    labels = np.asarray(labels)
+    classes = np.unique(labels)
+    balanced, auc = [], []
+    for repeat in range(CV_REPEATS):
+        folds = StratifiedKFold(n_splits=CV_FOLDS, shuffle=True, random_state=seed + repeat)
+        if len(classes) == 2:
+            score = cross_val_predict(_decoder(), features, labels, cv=folds, method="decision_function")
+            balanced.append(balanced_accuracy_score(labels, np.where(score > 0, classes[1], classes[0])))
+            auc.append(roc_auc_score(labels == classes[1], score))
+        else:
+            balanced.append(balanced_accuracy_score(labels, cross_val_predict(_decoder(), features, labels, cv=folds)))
+    result = {"balanced_accuracy": float(np.mean(balanced)), "chance": 1.0 / len(classes)}
+    if auc:
+        result["roc_auc"] = float(np.mean(auc))
+    return result
 
 
 def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=None, seed: int = 0,
                 progress: bool = False) -> dict:
     """The model's report card (see ``stimsim models check``); writes the face-d′ map if asked;
-    ``progress`` reports each phase on stderr."""
+    ``progress`` reports each phase on stderr.
+
+    ``face``: face vs non-face on a class-balanced held-out set (all held-out faces, as many
+    non-faces); ``objects``: all classes of the held-out images; ``clustering``: per class, the
+    Moran's I of its one-vs-rest d′ map and its one-sided p against ``n_shuffles`` position shuffles.
+    """
     layer = model.resolve_layer("IT")
     sheet = model.sheet(layer)
     report_phase("models check: loading the held-out images", progress)
     stimuli, is_face, categories = heldout_images(model, seed=seed)
     report_phase(f"models check: responses of {layer} to {len(stimuli)} images", progress)
     responses = model.activations(stimuli.images, layer).numpy()
-    dprime = face_dprime(responses, is_face)
-    report_phase(f"models check: clustering of face d′ against {n_shuffles} position shuffles", progress)
-    clustering = clustering_test(dprime, sheet.coordinates_mm, CLUSTER_RADIUS_MM, n_shuffles, seed)
-    report_phase("models check: cross-validated face and object accuracy", progress)
+    report_phase("models check: cross-validated face and object decoding", progress)
+    balanced = balanced_face_indices(is_face, seed)
+    face = cv_scores(responses[balanced], is_face[balanced].astype(int), seed)
+    objects = cv_scores(responses, categories, seed)
+    report_phase(f"models check: clustering of every class's d′ map against {n_shuffles} position shuffles", progress)
+    maps = {}
+    for index, category in enumerate(sorted(set(categories))):
+        dprime = face_dprime(responses, categories == category)
+        test = clustering_test(dprime, sheet.coordinates_mm, CLUSTER_RADIUS_MM, n_shuffles, seed + index)
+        maps[str(category)] = {"morans_i": test.morans_i, "morans_i_null_mean": test.null_mean, "p": test.p_value,
+                               "selective_fraction": float(np.mean(dprime > 1))}
+    face_map = maps["face"]
     report = {
         "model": model.name,
         "layer": layer,
         "n_units": sheet.n_units,
         "sheet_mm": round(sheet.size_mm, 3),
         "units_per_mm2": round(sheet.density_per_mm2, 2),
-        "n_images": {"face": int(is_face.sum()), "other": int((~is_face).sum())},
-        "face_accuracy": _cv_accuracy(responses, is_face.astype(int), seed),
-        "object_accuracy": _cv_accuracy(responses, categories, seed),
-        "face_selective_fraction": float(np.mean(dprime > 1)),
-        "cluster_statistic": "Moran's I of the face d' map, binary weights within "
-                             f"{CLUSTER_RADIUS_MM} mm, one-sided p against {n_shuffles} position shuffles",
-        "morans_i": clustering.morans_i,
-        "morans_i_null_mean": clustering.null_mean,
-        "cluster_p": clustering.p_value,
+        "cortex_scale": model.cortex_scale(layer),
+        "n_images": {"face": int(is_face.sum()), "other": int((~is_face).sum()),
+                     "face_balanced_set": {"face": int(is_face[balanced].sum()), "other": int((~is_face[balanced]).sum())}},
+        "decoder": f"logistic regression on standardised {layer} responses, C = {DECODER_C:g}, "
+                   f"{CV_REPEATS} × stratified {CV_FOLDS}-fold cross-validation",
+        "face_balanced_accuracy": face["balanced_accuracy"],
+        "face_roc_auc": face["roc_auc"],
+        "face_chance": face["chance"],
+        "object_balanced_accuracy": objects["balanced_accuracy"],
+        "object_chance": objects["chance"],
+        "face_selective_fraction": face_map["selective_fraction"],
+        "cluster_statistic": "Moran's I of each class's one-vs-rest d' map, binary weights within "
+                             f"{CLUSTER_RADIUS_MM} model mm, one-sided p against {n_shuffles} position shuffles",
+        "morans_i": face_map["morans_i"],
+        "morans_i_null_mean": face_map["morans_i_null_mean"],
+        "cluster_p": face_map["p"],
+        "class_maps": maps,
+        "n_classes_clustered": int(sum(m["p"] < CLUSTER_ALPHA for m in maps.values())),
+        "n_classes": len(maps),
+        "cluster_alpha": CLUSTER_ALPHA,
     }
     if figure_path is not None:
-        plot_sheet_map(dprime, sheet, Path(figure_path),
-                       f"{model.name}: face d′ on {layer}\nMoran's I {clustering.morans_i:.2f}, p = {clustering.p_value:.3g}")
+        plot_sheet_map(face_dprime(responses, is_face), sheet, Path(figure_path),
+                       f"{model.name}: face d′ on {layer}\nMoran's I {face_map['morans_i']:.2f}, p = {face_map['p']:.3g}")
         report["figure"] = str(figure_path)
     return report

@@ -107,6 +107,20 @@ class TopographicModel:
             raise ConfigError(f"layer {layer!r} has no cortical sheet; topographic layers: {self.layers}")
         return self.sheets[layer]
 
+    def cortex_scale(self, layer: str) -> dict:
+        """How ``layer``'s sheet maps to macaque cortex: ``cortex_mm_per_model_mm``,
+        ``sheet_size_cortex_mm`` and the anatomical ``rule`` that set the scale, from the model's
+        metadata (``metadata["cortex_scale"]``, written by training); 1 cortex mm per model mm, with
+        the rule "none recorded", for a layer without one."""
+        layer = self.resolve_layer(layer)
+        record = self.metadata.get("cortex_scale") or {}
+        if record.get("layer") == layer:
+            factor, rule = float(record["cortex_mm_per_model_mm"]), str(record["rule"])
+        else:
+            factor, rule = 1.0, "none recorded: 1 cortex mm per model mm"
+        return {"layer": layer, "cortex_mm_per_model_mm": factor,
+                "sheet_size_cortex_mm": round(factor * self.sheet(layer).size_mm, 3), "rule": rule}
+
     def with_sheet_scale(self, layer: str, cortex_mm_per_model_mm: float) -> "TopographicModel":
         """A view of this model (same network) whose ``layer`` sheet is scaled to cortex millimetres."""
         layer = self.resolve_layer(layer)

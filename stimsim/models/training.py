@@ -67,6 +67,9 @@ class TrainingConfig:
     spatial_alpha: float = 0.25
     spatial_layers: list[str] = field(default_factory=list)
     neighborhoods_per_step: int = 8
+    activity_l1: float = 0.0
+    activity_layers: list[str] = field(default_factory=list)
+    cortex_scale: dict | None = None
     raw: dict = field(default_factory=dict)
 
     def fingerprint(self) -> str:
@@ -106,8 +109,21 @@ def load_training_config(path_or_dict) -> TrainingConfig:
             raise ConfigError(f"{where} [data] sets[{i}] must be a table with a 'source' key")
     data.finish()
 
+    cortex_scale = None
+    scale = top.section("cortex_scale")
+    if scale.values:
+        cortex_scale = {"layer": scale.get("layer", str),
+                        "cortex_mm_per_model_mm": scale.get("cortex_mm_per_model_mm", float, minimum=1e-3, maximum=100.0),
+                        "rule": scale.get("rule", str)}
+        if cortex_scale["layer"] not in layers:
+            raise ConfigError(f"{where} [cortex_scale] layer {cortex_scale['layer']!r} has no sheet in [model.layers]")
+        cortex_scale["sheet_size_cortex_mm"] = round(
+            cortex_scale["cortex_mm_per_model_mm"] * layers[cortex_scale["layer"]].sheet_size_mm, 3)
+    scale.finish()
+
     tr = top.section("training", required=True)
     spatial = top.section("spatial_loss")
+    activity = top.section("activity_penalty")
     config = TrainingConfig(
         name=name, family=family, model_kwargs=model_kwargs, preprocessing=preprocessing, layers=layers,
         readout_layer=readout_layer, data_sets=sets, label=label,
@@ -125,14 +141,19 @@ def load_training_config(path_or_dict) -> TrainingConfig:
         spatial_alpha=spatial.get("alpha", float, 0.25, minimum=0.0),
         spatial_layers=spatial.get("layers", list, []),
         neighborhoods_per_step=spatial.get("neighborhoods_per_step", int, 8, minimum=1),
+        activity_l1=activity.get("l1", float, 0.0, minimum=0.0),
+        activity_layers=activity.get("layers", list, []),
+        cortex_scale=cortex_scale,
         raw=raw,
     )
     tr.finish()
     spatial.finish()
+    activity.finish()
     top.finish()
-    unknown = [layer for layer in config.spatial_layers if layer not in layers]
-    if unknown:
-        raise ConfigError(f"{where} [spatial_loss] layers {unknown} have no sheet in [model.layers]")
+    for block, names in (("spatial_loss", config.spatial_layers), ("activity_penalty", config.activity_layers)):
+        unknown = [layer for layer in names if layer not in layers]
+        if unknown:
+            raise ConfigError(f"{where} [{block}] layers {unknown} have no sheet in [model.layers]")
     return config
 
 
@@ -285,7 +306,7 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
             group["lr"] = _learning_rate(config, step)
         images, targets = data.sample(rng, config.batch_size)
         view = augment_batch(images, generator) if config.augment else images
-        logits, layer_out = _forward_with_layers(model, view, set(config.spatial_layers))
+        logits, layer_out = _forward_with_layers(model, view, set(config.spatial_layers) | set(config.activity_layers))
         if config.task == "supervised":
             task_loss = F.cross_entropy(logits, targets)
         else:
@@ -295,7 +316,9 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
         for layer in config.spatial_layers:
             pick = rng.choice(len(neighborhoods[layer]), size=config.neighborhoods_per_step, replace=False)
             spatial[layer] = layer_spatial_loss(layer_out[layer].flatten(1), coords[layer], neighborhoods[layer][pick])
-        total = task_loss + config.spatial_alpha * sum(spatial.values(), torch.zeros(()))
+        activity = {layer: layer_out[layer].abs().mean() for layer in config.activity_layers}
+        total = (task_loss + config.spatial_alpha * sum(spatial.values(), torch.zeros(()))
+                 + config.activity_l1 * sum(activity.values(), torch.zeros(())))
         if not torch.isfinite(total):
             _diverged(f"the loss is not finite (task loss {task_loss.item()}, total {total.item()})", step, config,
                       history, out_dir, bar)
@@ -310,6 +333,7 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
         record = {"step": step + 1, "lr": optimizer.param_groups[0]["lr"], "task_loss": task_loss.item(),
                   "total_loss": total.item()}
         record.update({f"spatial_loss_{layer}": value.item() for layer, value in spatial.items()})
+        record.update({f"mean_activity_{layer}": value.item() for layer, value in activity.items()})
         history.append(record)
         bar.set_postfix(task=f"{record['task_loss']:.3f}",
                         spatial=f"{np.mean([v for k, v in record.items() if k.startswith('spatial')] or [0]):.3f}")
@@ -329,6 +353,8 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
         return out_dir
     model.metadata = {"training": config.raw, "classes": data.classes, "holdout_stimulus_ids": data.holdout_ids,
                       "training_cpu_seconds": round(cpu_seconds, 1), "provenance": provenance()}
+    if config.cortex_scale:
+        model.metadata["cortex_scale"] = config.cortex_scale
     model.save(out_dir / "model")
     atomic_write_json(out_dir / "training_run.json", {**provenance(config.raw), "cpu_seconds": round(cpu_seconds, 1),
                                                       "steps": config.steps})

@@ -88,8 +88,14 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     notes: list[str] = []
 
     layer = topo.resolve_layer(spec.layer)
-    if spec.cortex_mm_per_model_mm != 1.0:
-        topo = topo.with_sheet_scale(layer, spec.cortex_mm_per_model_mm)
+    model_scale = topo.cortex_scale(layer)
+    scale = model_scale["cortex_mm_per_model_mm"] if spec.cortex_mm_per_model_mm is None else spec.cortex_mm_per_model_mm
+    scale_overridden = scale != model_scale["cortex_mm_per_model_mm"]
+    if scale_overridden:
+        notes.append(f"the experiment file sets cortex_mm_per_model_mm = {scale:g}, overriding the model's own "
+                     f"{model_scale['cortex_mm_per_model_mm']:g} ({model_scale['rule']})")
+    if scale != 1.0:
+        topo = topo.with_sheet_scale(layer, scale)
     sheet = topo.sheet(layer)
     localizer = spec.sites.localizer
     paradigm = spec.task
@@ -134,7 +140,9 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
 
     summary = _json_ready({
         "experiment": spec.name, "paradigm": spec.paradigm, "model": model_record["name"], "layer": layer,
-        "cortex_mm_per_model_mm": spec.cortex_mm_per_model_mm, "sheet_size_mm": sheet.size_mm,
+        "cortex_mm_per_model_mm": scale, "scale_overridden": scale_overridden,
+        "model_cortex_mm_per_model_mm": model_scale["cortex_mm_per_model_mm"], "scale_rule": model_scale["rule"],
+        "sheet_size_mm": sheet.size_mm,
         "site_method": spec.sites.method, **summary, **data_summary,
     })
     created = provenance()

@@ -156,7 +156,7 @@ class ExperimentFile(FileModel):
     model: Text = DEFAULT_MODEL
     layer: Text = "IT"
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
-    cortex_mm_per_model_mm: Annotated[float, Field(gt=0, le=100)] = 1.0
+    cortex_mm_per_model_mm: Annotated[float, Field(gt=0, le=100)] | None = None
     stimuli: StimuliFile
     decoder: DecoderFile = DecoderFile()
     sites: SitesFile

@@ -17,10 +17,12 @@ or any other registered one, see :mod:`stimsim.paradigms.base`; a paradigm reads
 ``[stimuli]`` and its own tables, documented in its module),
 ``model`` (shipped model name or model directory; default ``"stimsim-topo-s0"``; ``stimsim run --model``
 overrides it), ``layer`` (the layer stimulated, a stage name or an area label; default ``"IT"``),
-``cortex_mm_per_model_mm`` (number in (0, 100], default 1: how many millimetres of cortex one
-millimetre of the model's sheet stands for; the stimulated layer's sheet is scaled by it before sites
-are chosen and stimulation spreads, so every length in the file — sites, radii, margins — is in
-cortex mm; recorded with the results),
+``cortex_mm_per_model_mm`` (number in (0, 100]; default: the model's own scale, recorded in its
+metadata with the anatomical rule that set it, or 1 for a model that records none. How many
+millimetres of cortex one millimetre of the model's sheet stands for; the stimulated layer's sheet is
+scaled by it before sites are chosen and stimulation spreads, so every length in the file — sites,
+radii, margins — is in cortex mm. A file that sets a value other than the model's overrides it:
+``summary.json`` then says ``scale_overridden: true`` beside the model's own scale),
 ``seed`` (integer in [0, 2³² − 1], default 0: every random draw of the run — noise, splits, site draws,
 pairs, bootstrap — derives from it, so a run on CPU is reproducible; an image set's own ``seed``
 key, e.g. Fashion-MNIST's draw, is that set's).
@@ -183,7 +185,7 @@ class ExperimentSpec:
     additive_scale: str = "activation"
     safety: dict | None = None
     comparison: str | None = None
-    cortex_mm_per_model_mm: float = 1.0
+    cortex_mm_per_model_mm: float | None = None
     source: str = ""
     raw: dict = dataclasses.field(default_factory=dict)
 

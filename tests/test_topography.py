@@ -1,0 +1,72 @@
+"""Moran's I and its position-shuffle test against values derived independently of stimsim's code."""
+import numpy as np
+import pytest
+from scipy.spatial.distance import pdist, squareform
+
+from stimsim.topography import clustering_test, morans_i
+
+LINE_MM = np.array([[0.0, 0.0], [1.0, 0.0], [2.0, 0.0], [3.0, 0.0]])
+
+
+def test_morans_i_of_a_hand_computed_line():
+    # neighbours within 1.5 mm: (0,1), (1,2), (2,3); W = Σ w_ij = 6 (each pair counted both ways)
+    # values 1,1,0,0: z = ±0.5, Σ z² = 1, Σ_ij w_ij z_i z_j = 2·(0.25 − 0.25 + 0.25) = 0.5 → I = 4/6 · 0.5 = 1/3
+    assert morans_i([1, 1, 0, 0], LINE_MM, radius_mm=1.5) == pytest.approx(1 / 3)
+    # alternating values: every neighbour pair is unlike → I = 4/6 · 2·(−0.75) = −1
+    assert morans_i([1, 0, 1, 0], LINE_MM, radius_mm=1.5) == pytest.approx(-1.0)
+
+
+def _dense_morans_i(values, coordinates_mm, radius_mm):
+    """Textbook Moran (1950): I = N / W · Σ_ij w_ij z_i z_j / Σ_i z_i², from a dense weight matrix."""
+    weights = (squareform(pdist(coordinates_mm)) < radius_mm).astype(float)
+    np.fill_diagonal(weights, 0.0)
+    z = np.asarray(values, float) - np.mean(values)
+    return len(z) / weights.sum() * (z @ weights @ z) / (z @ z)
+
+
+def test_morans_i_matches_the_dense_textbook_formula():
+    rng = np.random.default_rng(3)
+    coordinates = rng.uniform(0, 5, size=(300, 2))
+    values = np.cos(coordinates[:, 0]) + rng.normal(scale=0.5, size=300)
+    assert morans_i(values, coordinates, 0.8) == pytest.approx(_dense_morans_i(values, coordinates, 0.8), rel=1e-10)
+
+
+def _grid(n_side=24, spacing_mm=0.25):
+    xs, ys = np.meshgrid(np.arange(n_side) * spacing_mm, np.arange(n_side) * spacing_mm)
+    return np.column_stack([xs.ravel(), ys.ravel()])
+
+
+def test_a_planted_patch_clusters_and_the_same_values_shuffled_do_not():
+    rng = np.random.default_rng(0)
+    coordinates = _grid()
+    centre = coordinates.mean(0)
+    planted = (np.linalg.norm(coordinates - centre, axis=1) < 1.5).astype(float) + rng.normal(scale=0.3, size=len(coordinates))
+    test = clustering_test(planted, coordinates, radius_mm=0.6, n_shuffles=200, seed=1)
+    assert test.morans_i > 0.3
+    assert test.p_value == pytest.approx(1 / 201)  # no shuffle reaches a planted patch: the floor
+    # the null's mean is Moran's expectation under randomisation, −1/(N − 1)
+    assert test.null_mean == pytest.approx(-1 / (len(planted) - 1), abs=3 * test.null_sd / np.sqrt(200))
+
+    shuffled = rng.permutation(planted)
+    test = clustering_test(shuffled, coordinates, radius_mm=0.6, n_shuffles=200, seed=1)
+    assert abs(test.morans_i) < 4 * test.null_sd
+    assert test.p_value > 0.01
+
+
+def test_clustering_p_is_calibrated_on_maps_without_structure():
+    """On maps of independent values, p is roughly uniform: about 10 % of maps fall below 0.1."""
+    rng = np.random.default_rng(5)
+    coordinates = rng.uniform(0, 4, size=(200, 2))
+    p = np.array([clustering_test(rng.normal(size=200), coordinates, 0.5, n_shuffles=99, seed=i).p_value
+                  for i in range(60)])
+    assert 0.0 <= np.mean(p < 0.1) <= 0.25
+    assert 0.35 <= np.median(p) <= 0.65
+
+
+def test_clustering_test_refuses_bad_input():
+    with pytest.raises(ValueError, match="n_shuffles"):
+        clustering_test([1, 0, 1, 0], LINE_MM, 1.5, n_shuffles=0)
+    with pytest.raises(ValueError, match="finite"):
+        clustering_test([1, np.nan, 1, 0], LINE_MM, 1.5)
+    with pytest.raises(ValueError, match="radius"):
+        morans_i([1, 0, 1, 0], LINE_MM, radius_mm=0.5)
