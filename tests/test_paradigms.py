@@ -487,9 +487,10 @@ def test_muscimol_example_runs_on_the_shipped_model(tmp_path):
     summary = run_experiment(EXPERIMENTS / "muscimol_categorization.toml", tmp_path, progress=False)
     # a 4 mm grid kept 1 mm inside the IT sheet of 19.7 cortex mm (the model's own scale): 5 × 5 sites
     assert summary["model"] == "stimsim-topo-s0" and summary["n_sites"] == 25
-    assert summary["control_accuracy"] > 0.6
-    # silencing hurts face/non-face categorisation most near the face patch
-    assert summary["delta_accuracy_vs_distance_r"] > 0 and summary["delta_accuracy_vs_distance_p"] < 0.05
+    assert summary["control_accuracy"] > 0.6 and summary["cortex_mm_per_model_mm"] == 2.0
+    # silencing moves choices away from "face", the more the more face-selective the site
+    assert summary["model_r"] < -0.5 and summary["model_p"] < 0.01
+    assert summary["model_mean_shift_selective"] < summary["model_mean_shift_other"] < 0
 
 
 # --- model-mm ↔ cortex-mm scale -------------------------------------------------------------------
