@@ -280,4 +280,4 @@ def test_models_check_writes_its_figure_where_told_and_takes_a_mirror(elsewhere,
     assert json.loads(out)["figure"] == str(Path("checks") / "stimsim-topo-s0_face_dprime.png")
     assert sorted(p.name for p in elsewhere.iterdir()) == ["checks"]
     assert (elsewhere / "checks" / "stimsim-topo-s0_face_dprime.png").stat().st_size > 1000
-    assert "stimsim: models check: clustering of face d′ against 10 position shuffles" in err
+    assert "stimsim: models check: clustering of every class's d′ map against 10 position shuffles" in err
