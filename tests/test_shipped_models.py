@@ -31,10 +31,12 @@ def test_model_records_its_cortex_scale_and_the_rule_that_set_it(name):
     assert 15.0 <= scale["sheet_size_cortex_mm"] <= 20.5
     assert scale["sheet_size_cortex_mm"] == pytest.approx(scale["cortex_mm_per_model_mm"] * sheet.size_mm, abs=1e-3)
     assert model.readout_layer == "it" and model.layers == ["v1", "v2", "v4", "pit", "it"]
-    # the 0.25 cortex mm around an electrode in the middle of the sheet holds several units
+    # in cortex mm: 4,096 units on (2 × 9.86 mm)² ≈ 10.5 units/mm², so the 0.5 mm recording radius
+    # of the experiments holds about π · 0.5² · 10.5 ≈ 8 units
     cortex = model.with_sheet_scale("IT", scale["cortex_mm_per_model_mm"]).sheet("IT")
+    assert cortex.density_per_mm2 == pytest.approx(sheet.density_per_mm2 / 4, rel=1e-6)
     middle = tuple(np.mean(cortex.coordinates_mm, axis=0))
-    assert len(cortex.units_within(middle, 0.25)) >= 5
+    assert len(cortex.units_within(middle, 0.5)) >= 5
 
 
 def test_shipped_files_stay_small():
