@@ -43,6 +43,8 @@ def test_choose_sites_respects_separation_broken_and_count():
     broken = choose_sites(ids, xy, predicted, SelectionSpec(n_sites=2, broken_electrodes=("1",)), unusable=("2",))
     assert [ids[i] for i in broken["chosen"]] == ["3", "4"]
     assert broken["reason"][0] == "broken" and broken["reason"][1] == "unreliable"
+    no_prediction = choose_sites(ids, xy, [np.nan, 0.04, 0.03, 0.02, 0.01], SelectionSpec(n_sites=5))
+    assert 0 not in no_prediction["chosen"] and no_prediction["reason"][0] == "no prediction"
 
 
 def test_unknown_broken_electrode_is_an_error():
@@ -218,3 +220,7 @@ def test_bootstrap_pose_off_the_sheet_has_no_prediction(model, small_sequences):
     result = _rehearsal_phase(config, model, {"images": seq.images}, points, progress=False)
     assert np.isnan(result["delta_auc"][:, 2]).all() and np.isfinite(result["delta_auc"][:, :2]).all()
     assert np.isnan(result["p_high"][:, 3]).all() and np.isfinite(result["p_high"][:, :3]).all()
+    fitted_off = points[:, :2].copy()
+    fitted_off[0, 0] = (x1 + 0.05, sites[0, 1])  # the fitted registration maps site 0 just off the sheet
+    result = _rehearsal_phase(config, model, {"images": seq.images}, fitted_off, progress=False)
+    assert np.isnan(result["delta_auc"][0, 0]).all() and np.isfinite(result["delta_auc"][1:]).all()

@@ -244,6 +244,13 @@ def _sequences_phase(config, model, points, images, progress, companions=()) -> 
             "natural_sd": seq.natural_sd}
 
 
+def _onto_sheet(sheet, points: np.ndarray) -> np.ndarray:
+    """Points moved to the nearest point of the sheet's extent; used only where the result is then marked
+    as having no prediction (an electrode a registration maps off the sheet)."""
+    x0, x1, y0, y1 = sheet.extent_mm
+    return np.column_stack([np.clip(points[:, 0], x0, x1), np.clip(points[:, 1], y0, y1)])
+
+
 def off_sheet(sheet, points: np.ndarray) -> np.ndarray:
     """Boolean mask of the points (..., 2) outside the sheet's extent (mm)."""
     x0, x1, y0, y1 = sheet.extent_mm
@@ -251,15 +258,15 @@ def off_sheet(sheet, points: np.ndarray) -> np.ndarray:
 
 
 def _rehearsal_phase(config, model, sequences, points, progress) -> dict:
-    """The task in ``model`` at every electrode's mapped points (fitted pose, then bootstrap poses). A bootstrap
-    pose can send an electrode off the sheet: that (electrode, pose) has no prediction (NaN) and is left out of
-    the interval; it is simulated at the fitted point only to keep the batch rectangular."""
+    """The task in ``model`` at every electrode's mapped points (fitted pose, then bootstrap poses). A pose can
+    send an electrode off the sheet: that (electrode, pose) has no prediction (NaN; left out of the pooled
+    prediction and its interval); it is simulated at the nearest sheet point only to keep the batch
+    rectangular."""
     sheet = model.sheet(IT)
     outside = off_sheet(sheet, points)
-    if outside[:, 0].any():
-        raise ConfigError(f"the fitted registration on {model.name} maps electrode(s) off its IT sheet")
-    simulated = np.where(outside[..., None], points[:, :1], points)
-    pool = pooling_matrix(sheet, points[:, 0], config.sequences.recording_radius_mm)
+    fitted = _onto_sheet(sheet, points[:, 0])
+    simulated = np.where(outside[..., None], fitted[:, None], points)
+    pool = pooling_matrix(sheet, fitted, config.sequences.recording_radius_mm)
     readouts, noise_sd = fit_readouts(model, sequences["images"], pool, config.task_spec, seed=config.seed,
                                       progress=progress)
     responses = _site_responses(model, sequences["images"], pool)
@@ -298,9 +305,14 @@ def _truth_phase(config, subject, working, sequences, progress) -> dict:
 def _assemble(config, inputs, mapping, chosen_model, sequences, rehearsals, safety, registered_points) -> dict:
     names = list(rehearsals)
     per_model = np.stack([rehearsals[n]["delta_auc"].mean(-1) for n in names])  # (models, sites, poses)
-    predicted = per_model[:, :, 0].mean(0)
+    fitted = per_model[:, :, 0]  # (models, sites); NaN where a model's registration maps the site off its sheet
+    count = np.isfinite(fitted).sum(0)
+    predicted = np.where(count > 0, np.nansum(fitted, axis=0) / np.maximum(count, 1), np.nan)
     variants = per_model.transpose(1, 0, 2).reshape(per_model.shape[1], -1)  # (sites, models × poses)
-    low, high = np.nanpercentile(variants, 2.5, axis=1), np.nanpercentile(variants, 97.5, axis=1)
+    low, high = np.full(len(predicted), np.nan), np.full(len(predicted), np.nan)
+    some = np.isfinite(variants).any(1)
+    low[some] = np.nanpercentile(variants[some], 2.5, axis=1)
+    high[some] = np.nanpercentile(variants[some], 97.5, axis=1)
     working = mapping["working"]
     layout = inputs.layout
     index = [layout.index_of(e) for e in working]
@@ -363,18 +375,18 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, re
                                 for name, reg in mapping["registrations"].items()},
                "registration_stability": {name: {k: boot[k] for k in ("sd_x_mm", "sd_y_mm", "sd_rotation_deg", "n_boot")}
                                           for name, boot in mapping["bootstraps"].items()},
-               "predicted_delta_auc_median": float(np.median(plan["predicted"])),
+               "predicted_delta_auc_median": float(np.nanmedian(plan["predicted"])),
                "sequence_response_change_sd": float(np.median(
                    (sequences["site_response"][:, :, -1] - sequences["site_response"][:, :, 0]) / sequences["natural_sd"][:, None])),
                "sequence_others_change_sd": float(np.median(sequences["others_change_sd"][:, :, [0, -1]]))}
     if truth is not None:
         subject = inputs.load_subject()
-        alive = ~truth["dead"]
+        alive = ~truth["dead"] & np.isfinite(plan["predicted"])
         true = truth["delta_auc"].mean(-1)
         r = float(np.corrcoef(plan["predicted"][alive], true[alive])[0, 1]) if alive.sum() > 2 else float("nan")
         summary.update({"subject_dir": str(inputs.subject_dir), "predicted_vs_true_r": r,
                         "predicted_vs_true_r_per_model": {
-                            name: float(np.corrcoef(plan["per_model"][m, alive, 0], true[alive])[0, 1])
+                            name: _pearson(plan["per_model"][m, alive, 0], true[alive])
                             for m, name in enumerate(rehearsals)},
                         "true_delta_auc_median": float(np.median(true[alive])),
                         "subject_lapse_rate": subject.lapse_rate, "subject_id": f"virtual-{subject.seed}"})
@@ -394,6 +406,12 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, re
     build_report(config, inputs, mapping, chosen_model, sequences, rehearsals, plan, sites, summary, truth,
                  models, record).write(out_dir)
     return summary
+
+
+def _pearson(a, b) -> float:
+    """Pearson r over the pairs where both are finite (NaN with fewer than 3)."""
+    keep = np.isfinite(a) & np.isfinite(b)
+    return float(np.corrcoef(a[keep], b[keep])[0, 1]) if keep.sum() > 2 else float("nan")
 
 
 def _plan_dataset(config, working, sequences, rehearsals, plan) -> xr.Dataset:

@@ -71,12 +71,13 @@ def choose_sites(electrode_ids, array_xy_mm, predicted, spec: SelectionSpec, unu
     """Greedy choice under the constraints.
 
     Returns ``{"order": ranked indices, "chosen": indices chosen (rank order), "reason": per-site text}``:
-    "chosen", "broken", "unreliable", "too close to <id>" or "beyond n_sites". Broken ids are checked against
+    "chosen", "broken", "unreliable", "no prediction" (NaN), "too close to <id>" or "beyond n_sites". Broken ids are checked against
     ``array_ids`` (every electrode of the array; default ``electrode_ids``).
     """
     ids = [str(e) for e in electrode_ids]
     check_broken(spec.broken_electrodes, ids if array_ids is None else array_ids)
     xy = np.asarray(array_xy_mm, dtype=np.float64)
+    predicted = np.asarray(predicted, dtype=np.float64)
     order = rank_sites(predicted)
     broken, unusable = set(spec.broken_electrodes), set(str(e) for e in unusable)
     chosen, reason = [], [""] * len(ids)
@@ -85,6 +86,8 @@ def choose_sites(electrode_ids, array_xy_mm, predicted, spec: SelectionSpec, unu
             reason[index] = "broken"
         elif ids[index] in unusable:
             reason[index] = "unreliable"
+        elif not np.isfinite(predicted[index]):
+            reason[index] = "no prediction"
         elif len(chosen) >= spec.n_sites:
             reason[index] = "beyond n_sites"
         else:

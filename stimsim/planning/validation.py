@@ -70,7 +70,8 @@ def validate_plan(config, out_dir: Path, n_poses: int, progress: bool = True, n_
         pose_dir = out_dir / "validation" / f"pose_{k}"
         summary = plan_once(config, pose_dir, progress, subject_seed=seed, write_report=False)
         sites = _sites(pose_dir)
-        alive = [e for e in summary["true_delta_auc"] if e not in set(summary["dead_electrodes_rehearsed"])]
+        alive = [e for e in summary["true_delta_auc"] if e not in set(summary["dead_electrodes_rehearsed"])
+                 and np.isfinite(summary["predicted_delta_auc"][e])]
         predicted = np.array([summary["predicted_delta_auc"][e] for e in alive])
         true = np.array([summary["true_delta_auc"][e] for e in alive])
         xy = np.array([sites[e] for e in alive])
