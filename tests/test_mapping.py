@@ -137,3 +137,21 @@ def test_optional_scale_recovers_a_stretched_array(model, tmp_path, one_torch_th
     assert fit.pose.scale == pytest.approx(1.15, abs=0.05)
     errors = pose_error(fit.pose, subject.pose)
     assert errors["pose_error_mm"] <= 0.2 and errors["pose_error_deg"] <= 5.0
+
+
+def test_correlation_maps_equal_numpy_pearson_r_also_on_bootstrap_resamples(recorded):
+    _, _, problem = recorded
+    rows = np.random.default_rng(3).integers(0, len(problem.responses), len(problem.responses))
+    maps = problem.pooled.correlation_maps(problem.responses, rows)
+    pooled = problem.pooled.pooled
+    for electrode, (iy, ix) in [(0, (10, 20)), (40, (50, 61)), (80, (90, 5))]:
+        point = iy * len(problem.pooled.grid_x) + ix
+        expected = np.corrcoef(problem.responses[rows, electrode], pooled[rows, point])[0, 1]
+        assert maps[electrode, iy, ix] == pytest.approx(expected, abs=1e-10)
+    # the pooled response at a grid point is the Gaussian-weighted mean of the units around it
+    sigma = problem.settings.pooling_sigma_mm
+    point_xy = np.array([problem.pooled.grid_x[20], problem.pooled.grid_y[10]])
+    d2 = ((problem.sheet.coordinates_mm - point_xy) ** 2).sum(1)
+    w = np.where(d2 <= (3 * sigma) ** 2, np.exp(-d2 / (2 * sigma ** 2)), 0.0)
+    np.testing.assert_allclose(pooled[:, 10 * len(problem.pooled.grid_x) + 20],
+                               problem.pooled.activations @ (w / w.sum()), rtol=1e-10)

@@ -69,16 +69,24 @@ class PooledSheet:
         points = np.column_stack([gx.ravel(), gy.ravel()])
         self.weights = pooling_weights(sheet.coordinates_mm, points, settings.pooling_sigma_mm)
         self.pooled = np.asarray(self.weights @ activations.T).T   # (N_images, ny*nx)
+        self.pooled_squared = self.pooled ** 2
         self.activations = activations
 
     def correlation_maps(self, responses: np.ndarray, rows=None) -> np.ndarray:
-        """(E, ny, nx) Pearson r across images (``rows`` of them; all if None) between every
-        electrode's response (columns of ``responses``) and the pooled response at every grid point."""
-        pooled = self.pooled if rows is None else self.pooled[rows]
-        recorded = responses if rows is None else responses[rows]
-        z_pooled = _zscore(pooled)
-        z_recorded = _zscore(recorded)
-        maps = z_recorded.T @ z_pooled / len(recorded)
+        """(E, ny, nx) Pearson r across images (``rows`` of them, repeats allowed, as in a bootstrap;
+        all if None) between every electrode's response (columns of ``responses``) and the pooled
+        response at every grid point. Computed from weighted sums over the images, without copies of
+        the pooled responses."""
+        weights = (np.ones(len(responses)) if rows is None
+                   else np.bincount(np.asarray(rows), minlength=len(responses)).astype(np.float64))
+        total = weights.sum()
+        centred = responses - weights @ responses / total
+        z_recorded = centred / np.sqrt(weights @ centred ** 2 / total)
+        covariance = (weights[:, None] * z_recorded).T @ self.pooled / total
+        mean = weights @ self.pooled / total
+        variance = np.maximum(weights @ self.pooled_squared / total - mean ** 2, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            maps = np.where(variance > 0, covariance / np.sqrt(variance), 0.0)
         return maps.reshape(len(maps), len(self.grid_y), len(self.grid_x))
 
     def pooled_at(self, points_mm: np.ndarray, rows=None) -> np.ndarray:
