@@ -196,6 +196,7 @@ class Recordings:
                  presentation_s: float = 0.1, interval_s: float = 0.2) -> Path:
         """Write the NWB layout with pynwb: electrodes table + a ``presentations`` TimeIntervals table.
         Presentation i runs from i·``interval_s`` for ``presentation_s`` seconds."""
+        from hdmf.common import VectorData
         from pynwb import NWBHDF5IO, NWBFile
         from pynwb.epoch import TimeIntervals
         from pynwb.file import Subject
@@ -214,15 +215,18 @@ class Recordings:
         nwbfile.add_electrode_column(name="y_mm", description="y position on the array, mm (array frame)")
         for electrode_id, (x, y) in zip(self.electrode_ids, self.layout.positions_mm):
             nwbfile.add_electrode(group=group, location="IT", electrode_id=electrode_id, x_mm=float(x), y_mm=float(y))
-        table = TimeIntervals(name="presentations", description="image presentations of passive viewing")
-        table.add_column(name="stimulus_id", description="id of the image shown")
-        table.add_column(name="response", description=f"response ({units}; window {window} ms) of every electrode; "
-                                                        "column j = row j of the electrodes table")
         values = self.response.values
-        for i, stimulus_id in enumerate(self.response["stimulus_id"].values):
-            start = i * interval_s
-            table.add_row(start_time=start, stop_time=start + presentation_s, stimulus_id=str(stimulus_id),
-                          response=values[i])
+        starts = np.arange(len(values)) * interval_s
+        columns = [
+            VectorData(name="start_time", description="image onset (s)", data=starts),
+            VectorData(name="stop_time", description="image offset (s)", data=starts + presentation_s),
+            VectorData(name="stimulus_id", description="id of the image shown",
+                       data=[str(s) for s in self.response["stimulus_id"].values]),
+            VectorData(name="response", description=f"response ({units}; window {window} ms) of every electrode; "
+                                                    "column j = row j of the electrodes table", data=values),
+        ]
+        table = TimeIntervals(name="presentations", description="image presentations of passive viewing",
+                              columns=columns)
         nwbfile.add_time_intervals(table)
 
         def write(tmp):
