@@ -10,6 +10,8 @@ from pathlib import Path
 
 import stimsim
 from stimsim.data.manifest import MIRROR_DIR_ENV
+from stimsim.devices import add_device_argument
+from stimsim.distributed import add_compute_arguments
 from stimsim.errors import ConfigError, StimsimError
 from stimsim.progress import report_phase
 
@@ -19,7 +21,7 @@ def _cmd_train(args) -> int:
 
     config = load_training_config(args.config)
     out = Path(args.out) if args.out is not None else Path("runs") / config.name
-    model_dir = train(config, out, progress=not args.no_progress)
+    model_dir = train(config, out, progress=not args.no_progress, device=args.device)
     print(f"model saved to {model_dir}; loss curves in {out / 'loss_curves.png'}")
     return 0
 
@@ -72,7 +74,7 @@ def _cmd_models_check(args) -> int:
 
     progress = not args.no_progress
     report_phase(f"models check: loading {args.name}", progress)
-    model = load_model(args.name)
+    model = load_model(args.name, device=args.device)
     figure = args.figure
     if figure is None and args.out is not None:
         figure = Path(args.out) / f"{model.name}_face_dprime.png"
@@ -91,7 +93,7 @@ def _cmd_run(args) -> int:
     from stimsim.paradigms.runner import run_experiment
 
     summary = run_experiment(args.experiment, args.out, model=args.model, progress=not args.no_progress,
-                             force=args.force)
+                             force=args.force, device=args.device, scheduler=args.scheduler)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -130,15 +132,14 @@ def _cmd_subject_session(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from stimsim.bench import run_benchmark, time_analysis, time_load_and_activations
+    from stimsim.bench import run_benchmark
     from stimsim.models.registry import DEFAULT_MODEL, available_models, load_model
 
     name = args.model or (DEFAULT_MODEL if DEFAULT_MODEL in available_models() else None)
-    report = run_benchmark(quick=args.quick, default_model=load_model(name) if name else None,
-                           progress=not args.no_progress)
-    if name:
-        report["default_model_load_and_activations"] = time_load_and_activations(name)
-    report["analysis"] = time_analysis(quick=args.quick)
+    sections = args.sections.split(",") if args.sections else None
+    report = run_benchmark(quick=args.quick, default_model=load_model(name, device=args.device) if name else None,
+                           progress=not args.no_progress, device=args.device, sections=sections,
+                           default_model_source=name)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -200,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "re-run the same command to resume")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_threads(train)
+    add_device_argument(train)
     train.set_defaults(handler=_cmd_train)
 
     data = commands.add_parser("data", help="datasets and checkpoints listed in data_manifests/")
@@ -228,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     _add_mirror(check)
     _add_threads(check)
+    add_device_argument(check)
     check.set_defaults(handler=_cmd_models_check)
 
     run = commands.add_parser("run", help="run an experiment definition (TOML) and write results to --out")
@@ -239,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
     _add_mirror(run)
     _add_threads(run)
+    add_compute_arguments(run)
     run.set_defaults(handler=_cmd_run)
 
     plan = commands.add_parser("plan", help="plan stimulation sites for a lab session (report.html/pdf, sites.csv, "
@@ -252,12 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(plan)
     plan.set_defaults(handler=_cmd_plan)
 
-    bench = commands.add_parser("bench", help="benchmark the simulation engine against the plain approach")
+    bench = commands.add_parser("bench", help="benchmark the simulation engine: exact lower bound, cached baseline, "
+                                              "plain approach, Dask workers")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not the reported numbers)")
     bench.add_argument("--model", help="small model measured besides the ResNet-18 (default: the shipped default model)")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
+    bench.add_argument("--sections", help="comma-separated sections to run (default: all): bound, plain, dask, load, analysis")
     _add_threads(bench)
+    add_device_argument(bench)
     bench.set_defaults(handler=_cmd_bench)
     subject = commands.add_parser("subject", help="virtual subjects: a model with an implanted array")
     subject_commands = subject.add_subparsers(dest="subject_command", metavar="ACTION", required=True)

@@ -6,10 +6,21 @@ up to the perturbed layer L, a condition's effect changes the activity of L's un
 (``activity × multiplier + additive``, on the output flattened in C-major order), the later stages run
 on the perturbed activity, and a frozen decoder reads its layer and returns choice probabilities.
 
-:func:`simulate` computes the activity of L once per image and reuses it for every condition, batching
-conditions together, so a sweep of many sites costs one pass through the early stages plus one pass
-through the stages after L per (condition, image) pair. :func:`simulate_plain` is the reference: one full
-forward pass per condition with a hook on L. Both return the same labelled array.
+:func:`simulate` computes the activity of L once per image (or reads it from the activation cache,
+:mod:`stimsim.activation_cache`) and reuses it for every condition, and builds the effects of a whole
+chunk of conditions at once (:meth:`Condition.batch_effects`). Two paths then give the probabilities:
+
+* exact fast path, when the decoder is linear in its features (``linear_weights``: logistic, N-way) and
+  reads L itself: the logits of every (condition, image) pair are ``(A ⊙ m_c + d_c) @ Wᵀ + b``, computed as
+  the control logits plus one float32 matrix product per chunk of conditions (see
+  :meth:`_Runner._linear_readout`) — nothing of size conditions × images × units is formed;
+* general path otherwise (stages after L, or a non-linear decoder such as same/different, whose
+  |f_a − f_b| is not linear in the perturbed activity): the perturbed activity of batched (condition,
+  image) pairs runs through the later stages and the decoder.
+
+:func:`simulate_plain` is the reference: one full forward pass per condition with a hook on L, the effect
+built by ``condition.effect``. All return the same labelled array. Chunks can run as Dask tasks
+(``scheduler=``, :mod:`stimsim.distributed`); everything computes on the chosen ``device``.
 
 Conditions follow the ``stimsim.stimulation.Condition`` protocol (``label``, ``layer()``,
 ``effect(sheet)`` → an effect with ``multiplier``, ``additive`` and ``is_identity``, ``describe()``);
@@ -22,6 +33,7 @@ import hashlib
 import json
 import pickle
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +41,10 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
+from stimsim.devices import resolve_device
 from stimsim.errors import ConfigError, FileFormatError, SafetyError
 from stimsim.io import atomic_save, atomic_write_json, is_temporary_file
-from stimsim.stimulation.perturbations import apply_effect
+from stimsim.stimulation.perturbations import Condition, apply_effect
 
 #: Default memory budget for the perturbed activity of one pass (bytes).
 DEFAULT_MAX_CHUNK_BYTES = 1 << 30
@@ -49,16 +62,19 @@ _LIVE_TENSORS_PER_STAGE = 4
 
 def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coords=None, batch_size: int = 64,
              store=None, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, progress: bool = True,
-             safety_limits=None, safety_override: str | None = None) -> xr.DataArray:
+             safety_limits=None, safety_override: str | None = None, device=None, activation_cache=None,
+             scheduler=None) -> xr.DataArray:
     """Choice probabilities for every (condition, image) pair, computed in batches.
 
     Parameters
     ----------
-    model : a ``TopographicModel``.
+    model : a ``TopographicModel``; it is moved to ``device`` when one is given (in place, as
+        ``torch.nn.Module.to`` does).
     images : anything ``model.preprocess`` accepts (files, arrays in [0, 1], tensors).
     conditions : sequence of conditions with unique labels; a condition perturbs one layer that has a
         cortical sheet and does not come after the decoder's layer, or none (control).
-    decoder : frozen decoder (``layer``, ``choices``, ``probabilities``).
+    decoder : frozen decoder (``layer``, ``choices``, ``probabilities``). A decoder with
+        ``linear_weights(device)`` (logistic, N-way) that reads the perturbed layer takes the exact fast path.
     stimulus_ids : one unique id per image (default ``image_00000``, ...).
     stimulus_coords : name → array of length n_images, extra labels on the ``stimulus_id`` dimension.
     batch_size : images per pass when computing unperturbed activity.
@@ -66,14 +82,23 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
         bound to the store's inputs, and calling again with the same inputs resumes from it (finished
         chunks are loaded, not recomputed; a chunk that does not verify is named in a warning, removed
         and recomputed, never used).
-    max_chunk_bytes : memory budget (bytes) of one pass of perturbed activity through the later stages;
-        decides how many conditions (and images) are batched together. The unperturbed activity of each
-        perturbed layer (n_images × units, float32) is held besides it.
+    max_chunk_bytes : memory budget (bytes) of one chunk (perturbed activity through the later stages, or
+        the weighted effect matrices of the fast path); decides how many conditions (and images) are batched
+        together. The unperturbed activity of each perturbed layer (n_images × units, float32) is held besides.
     progress : show a progress bar over chunks.
     safety_limits : :class:`stimsim.stimulation.SafetyLimits` every electrical stimulation is checked
         against (default: the default limits); limits looser than the defaults count as an override.
     safety_override : reason (text) to simulate protocols that violate a limit; without it such a
         condition raises SafetyError. Recorded in the result's attrs.
+    device : None (where the model is; the CPU for a freshly loaded model), ``"cpu"``, ``"cuda"``, ``"cuda:N"``,
+        ``"mps"`` or ``"auto"``; model, preprocessing, effects and decoder all compute there
+        (see :mod:`stimsim.devices`).
+    activation_cache : None/False (off), True (``$STIMSIM_CACHE_DIR/activations``) or a directory: the
+        unperturbed activity of the perturbed layers is read from / written to it, keyed by model weights,
+        layer, preprocessing and images, checksum verified (:mod:`stimsim.activation_cache`).
+    scheduler : None (this process), or a Dask scheduler — ``"local"``, ``"processes=N"``, a scheduler
+        address or a ``distributed.Client``: chunks become Dask tasks (:mod:`stimsim.distributed`); the result
+        is the same.
 
     Returns
     -------
@@ -84,36 +109,61 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
     """
     if isinstance(max_chunk_bytes, bool) or not isinstance(max_chunk_bytes, (int, np.integer)) or max_chunk_bytes < 1:
         raise ConfigError(f"max_chunk_bytes must be a positive integer (bytes), got {max_chunk_bytes!r}")
+    if device is not None:
+        model.to(resolve_device(device))
     setup = _Setup(model, images, conditions, decoder, stimulus_ids, stimulus_coords, batch_size, safety_limits,
                    safety_override)
-    chunks = _chunk_plan(setup, int(max_chunk_bytes))
-    probabilities = np.full((len(setup.conditions), setup.n_images, len(setup.choices)), np.nan)
-    done = np.zeros(len(setup.conditions), dtype=bool)
-    store_dir = store_id = None
-    if store is not None:
-        store_dir = Path(store)
-        store_id = _open_store(store_dir, setup, probabilities, done)
-    runner = _Runner(setup)
-    for layer, indices, images_per_pass in tqdm(chunks, desc="simulate", unit="chunk", disable=not progress):
-        todo = indices[~done[indices]]
-        if len(todo) == 0:
-            continue
-        if layer is None:
-            chunk = np.broadcast_to(runner.control(), (len(todo),) + probabilities.shape[1:])
-        else:
-            chunk = runner.perturbed(layer, [setup.conditions[i] for i in todo], images_per_pass)
-        probabilities[todo] = chunk
-        done[todo] = True
-        if store_dir is not None:
-            _write_chunk(store_dir, todo, probabilities[todo], store_id)
+    pool = None
+    if scheduler is not None:
+        from stimsim.distributed import ChunkPool
+
+        pool = ChunkPool(scheduler)
+    try:
+        chunks = _chunk_plan(setup, int(max_chunk_bytes), min_chunks=1 if pool is None else pool.min_chunks)
+        probabilities = np.full((len(setup.conditions), setup.n_images, len(setup.choices)), np.nan)
+        done = np.zeros(len(setup.conditions), dtype=bool)
+        store_dir = store_id = None
+        if store is not None:
+            store_dir = Path(store)
+            store_id = _open_store(store_dir, setup, probabilities, done)
+        runner = _Runner(setup, _cache_directory(activation_cache))
+        todo = [(layer, indices[~done[indices]], images_per_pass) for layer, indices, images_per_pass in chunks
+                if not done[indices].all()]
+        bar = tqdm(total=len(todo), desc="simulate", unit="chunk", disable=not progress)
+        results = runner.run_all(todo) if pool is None else pool.run(runner, todo)
+        for indices, values in results:  # written here only, once per chunk, in the order chunks finish
+            probabilities[indices] = values
+            done[indices] = True
+            if store_dir is not None:
+                _write_chunk(store_dir, indices, values, store_id)
+            bar.update()
+        bar.close()
+    finally:
+        if pool is not None:
+            pool.close()
     return _to_dataarray(setup, probabilities)
+
+
+def _cache_directory(activation_cache) -> Path | None:
+    if activation_cache is None or activation_cache is False:
+        return None
+    if activation_cache is True:
+        from stimsim.activation_cache import default_directory
+
+        return default_directory()
+    if isinstance(activation_cache, (str, Path)):
+        return Path(activation_cache)
+    raise ConfigError(f"activation_cache must be None, True, False or a directory, got {activation_cache!r}")
 
 
 def simulate_plain(model, images, conditions, decoder, stimulus_ids=None, stimulus_coords=None,
                    batch_size: int = 64, progress: bool = True, safety_limits=None,
-                   safety_override: str | None = None) -> xr.DataArray:
+                   safety_override: str | None = None, device=None) -> xr.DataArray:
     """Reference simulation: for each condition, a forward hook on the perturbed layer's stage applies the
-    effect and the whole network runs from the images. Same arguments and output as :func:`simulate`."""
+    effect (``condition.effect``, one condition at a time) and the whole network runs from the images. Same
+    arguments and output as :func:`simulate`."""
+    if device is not None:
+        model.to(resolve_device(device))
     setup = _Setup(model, images, conditions, decoder, stimulus_ids, stimulus_coords, batch_size, safety_limits,
                    safety_override)
     stage_modules = dict(model.stages)
@@ -121,9 +171,11 @@ def simulate_plain(model, images, conditions, decoder, stimulus_ids=None, stimul
     for row, (condition, layer) in enumerate(tqdm(list(zip(setup.conditions, setup.layers)), desc="simulate (plain)",
                                                   unit="condition", disable=not progress)):
         handle = None
-        if layer is not None:
-            multiplier, additive = _effect_tensors([condition], model.sheet(layer))
-            handle = stage_modules[layer].register_forward_hook(_effect_hook(multiplier[0], additive[0]))
+        effect = condition.effect(model.sheet(layer)) if layer is not None else None
+        if effect is not None and not effect.is_identity:
+            as_tensor = lambda values: torch.tensor(values, dtype=torch.float32, device=model.device)  # noqa: E731
+            hook = _effect_hook(as_tensor(effect.multiplier), as_tensor(effect.additive))
+            handle = stage_modules[layer].register_forward_hook(hook)
         try:
             for start in range(0, setup.n_images, batch_size):
                 stop = min(start + batch_size, setup.n_images)
@@ -158,7 +210,7 @@ class _Setup:
         if not self.conditions:
             raise ConfigError("no conditions given; pass at least one (an empty Condition is the control)")
         labels = [str(c.label) for c in self.conditions]
-        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        repeated = sorted(label for label, count in Counter(labels).items() if count > 1)
         if repeated:
             raise ConfigError(f"condition labels must be unique; repeated: {repeated}")
         self.labels = labels
@@ -176,6 +228,35 @@ class _Setup:
         self.descriptions = [dict(c.describe()) for c in self.conditions]
         self.parameter_coords = _parameter_coords(self.descriptions)
         self.stimulus_coords = self._stimulus_coords(stimulus_coords or {})
+        self._digests: dict[str, str] = {}
+
+    def fast_path(self, layer: str) -> bool:
+        """Whether conditions at ``layer`` take the exact linear-readout fast path: the decoder reads ``layer``
+        and is linear in its features (it has ``linear_weights``)."""
+        return layer == self.decoder_layer and callable(getattr(self.decoder, "linear_weights", None))
+
+    def weights_sha256(self) -> str:
+        """sha256 of what the model's activations depend on besides the input: architecture, stages, weights."""
+        if "weights" not in self._digests:
+            digest = hashlib.sha256(_canonical_json({"architecture": self.model.architecture,
+                                                     "stages": self.model.stage_names}).encode())
+            _update_with_state(digest, self.model.network.state_dict())
+            self._digests["weights"] = digest.hexdigest()
+        return self._digests["weights"]
+
+    def inputs_sha256(self) -> str:
+        if "inputs" not in self._digests:
+            from stimsim.activation_cache import tensor_digest
+
+            self._digests["inputs"] = tensor_digest(self.inputs)
+        return self._digests["inputs"]
+
+    def portable(self) -> "_Setup":
+        """A copy without the input images, for worker processes that get the activity they need."""
+        copy = object.__new__(_Setup)
+        copy.__dict__.update(self.__dict__)
+        copy.inputs = None
+        return copy
 
     def _condition_layer(self, condition):
         layer = condition.layer()
@@ -246,9 +327,10 @@ def _parameter_coords(descriptions: list[dict]) -> dict[str, np.ndarray]:
 
 
 # --- chunking ----------------------------------------------------------------------------------
-def _chunk_plan(setup: _Setup, max_chunk_bytes: int) -> list[tuple[str | None, np.ndarray, int]]:
+def _chunk_plan(setup: _Setup, max_chunk_bytes: int, min_chunks: int = 1) -> list[tuple[str | None, np.ndarray, int]]:
     """Chunks of conditions as (layer, condition indices, images per pass), grouped by layer in order of first
-    appearance; the control conditions form one chunk."""
+    appearance; the control conditions form one chunk. The perturbed conditions are split into at least
+    ``min_chunks`` chunks when there are that many."""
     groups: dict[str | None, list[int]] = {}
     for index, layer in enumerate(setup.layers):
         groups.setdefault(layer, []).append(index)
@@ -258,6 +340,7 @@ def _chunk_plan(setup: _Setup, max_chunk_bytes: int) -> list[tuple[str | None, n
         example = setup.inputs[:1]
         dims = setup.model.stage_output_dims(example)
         units = {name: int(np.prod(d)) for name, d in dims.items()}
+    n_perturbed = sum(len(groups[layer]) for layer in perturbed)
     names = setup.model.stage_names
     plan = []
     for layer, indices in groups.items():
@@ -265,35 +348,71 @@ def _chunk_plan(setup: _Setup, max_chunk_bytes: int) -> list[tuple[str | None, n
         if layer is None:
             plan.append((None, indices, setup.n_images))
             continue
-        later = names[names.index(layer):names.index(setup.decoder_layer) + 1]
-        element_bytes = setup.inputs.element_size()
-        pair_bytes = element_bytes * (units[layer] + _LIVE_TENSORS_PER_STAGE * max(units[name] for name in later))
-        pairs = max_chunk_bytes // pair_bytes
-        if pairs < 1:
-            raise ConfigError(f"max_chunk_bytes={max_chunk_bytes} is below the memory of one (condition, image) "
-                              f"pair perturbed at {layer!r} (about {pair_bytes} bytes); raise it")
-        images_per_pass = int(min(setup.n_images, pairs))
-        per_chunk = int(max(1, pairs // setup.n_images))
+        n_choices = len(setup.choices)
+        if setup.fast_path(layer):
+            # the weighted effect matrix (n_choices − 1, N) float32, the effects and their temporaries (about six
+            # (N,) float64 rows) and the logits of every image
+            condition_bytes = 4 * (n_choices - 1) * units[layer] + 48 * units[layer] + 24 * n_choices * setup.n_images
+            per_chunk = max_chunk_bytes // condition_bytes
+            if per_chunk < 1:
+                raise ConfigError(f"max_chunk_bytes={max_chunk_bytes} is below the memory of one condition at "
+                                  f"{layer!r} (about {condition_bytes} bytes); raise it")
+            images_per_pass = setup.n_images
+        else:
+            later = names[names.index(layer):names.index(setup.decoder_layer) + 1]
+            element_bytes = setup.inputs.element_size()
+            pair_bytes = element_bytes * (units[layer] + _LIVE_TENSORS_PER_STAGE * max(units[name] for name in later))
+            pairs = max_chunk_bytes // pair_bytes
+            if pairs < 1:
+                raise ConfigError(f"max_chunk_bytes={max_chunk_bytes} is below the memory of one (condition, image) "
+                                  f"pair perturbed at {layer!r} (about {pair_bytes} bytes); raise it")
+            images_per_pass = int(min(setup.n_images, pairs))
+            per_chunk = max(1, pairs // setup.n_images)
+        if min_chunks > 1:
+            share = -(-len(indices) * min_chunks // n_perturbed)  # this layer's share of the chunks, rounded up
+            per_chunk = min(per_chunk, max(1, -(-len(indices) // share)))
+        per_chunk = int(per_chunk)
         plan.extend((layer, indices[i:i + per_chunk], images_per_pass) for i in range(0, len(indices), per_chunk))
     return plan
 
 
 # --- computing ---------------------------------------------------------------------------------
 class _Runner:
-    """Runs chunks, caching unperturbed activity per layer and the control probabilities."""
+    """Runs chunks, caching unperturbed activity per layer and the control probabilities.
 
-    def __init__(self, setup: _Setup):
+    Everything a chunk needs is here: :meth:`portable` gives a copy without the input images (activity of
+    the needed layers precomputed, on the CPU) that :mod:`stimsim.distributed` ships to worker processes."""
+
+    def __init__(self, setup: _Setup, cache_directory: Path | None = None):
         self.setup = setup
+        self.cache_directory = cache_directory
         self._activity: dict[str, torch.Tensor] = {}
         self._control: np.ndarray | None = None
+        self._control_logits: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.setup.model.device
 
     def activity(self, layer: str) -> torch.Tensor:
-        """Unperturbed output of ``layer`` for every image, (n_images, *layer output shape)."""
+        """Unperturbed output of ``layer`` for every image, (n_images, *layer output shape), on the device."""
         if layer not in self._activity:
             s = self.setup
-            self._activity[layer] = torch.cat([s.model.run_stages(s.inputs[i:i + s.batch_size], stop=layer)
-                                               for i in range(0, s.n_images, s.batch_size)])
-        return self._activity[layer]
+
+            def compute():
+                return torch.cat([s.model.run_stages(s.inputs[i:i + s.batch_size], stop=layer)
+                                  for i in range(0, s.n_images, s.batch_size)])
+
+            if self.cache_directory is None:
+                self._activity[layer] = compute()
+            else:
+                from stimsim.activation_cache import cached_activity, entry_key
+
+                key = entry_key(s.weights_sha256(), layer, s.model.preprocessing.to_dict(), s.inputs_sha256())
+                self._activity[layer] = cached_activity(
+                    self.cache_directory, key, compute, device=self.device,
+                    describe={"model": s.model.name, "layer": layer, "n_images": s.n_images})
+        return self._activity[layer].to(self.device)
 
     def control(self) -> np.ndarray:
         """Unperturbed choice probabilities, (n_images, n_choices)."""
@@ -303,22 +422,54 @@ class _Runner:
             self._control = _decode(s, features[None], 0, s.n_images)[0]
         return self._control
 
+    def run_all(self, chunks):
+        """(condition indices, probabilities) of every chunk, in order."""
+        for chunk in chunks:
+            yield self.run(chunk)
+
+    def run(self, chunk) -> tuple[np.ndarray, np.ndarray]:
+        """One chunk (layer, condition indices, images per pass) → (indices, probabilities (k, n_images, n_choices))."""
+        layer, indices, images_per_pass = chunk
+        s = self.setup
+        if layer is None:
+            return indices, np.broadcast_to(self.control(), (len(indices),) + self.control().shape).copy()
+        return indices, self.perturbed(layer, [s.conditions[i] for i in indices], images_per_pass)
+
+    def portable(self, chunks) -> "_Runner":
+        """A copy for other processes: the activity of every layer the ``chunks`` need (and the control) computed
+        here and held on the CPU, without the input images."""
+        layers = {layer for layer, _, _ in chunks if layer is not None}
+        self.control()  # conditions whose effect is the identity get the control probabilities
+        copy = _Runner(self.setup.portable(), None)
+        copy._activity = {layer: self.activity(layer).cpu() for layer in layers}
+        copy._control = self._control
+        return copy
+
     def perturbed(self, layer: str, conditions: list, images_per_pass: int) -> np.ndarray:
         """Probabilities (k, n_images, n_choices) for conditions perturbing ``layer``."""
         s = self.setup
         result = np.empty((len(conditions), s.n_images, len(s.choices)))
-        multiplier, additive = _effect_tensors(conditions, s.model.sheet(layer))
-        identity = np.array([c is None for c in multiplier], dtype=bool)
+        multiplier, additive = Condition.batch_effects(conditions, s.model.sheet(layer), self.device)
+        scaled = (multiplier != 1.0).any(dim=1)
+        shifted = (additive != 0.0).any(dim=1)
+        identity = (~(scaled | shifted)).cpu().numpy()
         if identity.any():
             result[identity] = self.control()
         rows = np.flatnonzero(~identity)
         if len(rows) == 0:
             return result
+        if len(rows) < len(conditions):
+            keep = torch.as_tensor(rows, device=self.device)
+            multiplier, additive, shifted = multiplier[keep], additive[keep], shifted[keep]
+        if s.fast_path(layer):
+            probabilities = self._linear_readout(layer, multiplier, additive if bool(shifted.any()) else None)
+            result[rows] = probabilities.cpu().numpy()
+            return result
         activity = self.activity(layer)
         shape = activity.shape[1:]
         flat = activity.flatten(1)
-        m = torch.stack([multiplier[r] for r in rows])[:, None, :].to(flat.dtype)
-        a = torch.stack([additive[r] for r in rows])[:, None, :].to(flat.dtype)
+        m = multiplier[:, None, :].to(flat.dtype)
+        a = additive[:, None, :].to(flat.dtype)
         for start in range(0, s.n_images, images_per_pass):
             stop = min(start + images_per_pass, s.n_images)
             perturbed = apply_effect(flat[None, start:stop], m, a)
@@ -328,25 +479,34 @@ class _Runner:
             result[rows, start:stop] = _decode(s, x.reshape(len(rows), stop - start, -1), start, stop)
         return result
 
+    def _linear_readout(self, layer: str, multiplier: torch.Tensor, additive: torch.Tensor | None) -> torch.Tensor:
+        """Exact fast path for a linear decoder reading the perturbed layer (k conditions, n_images, n_choices).
 
-def _effect_tensors(conditions: list, sheet) -> tuple[list, list]:
-    """Per condition, the (N,) float32 multiplier and additive tensors, or None for both when the effect is
-    the identity."""
-    multipliers, additives = [], []
-    for condition in conditions:
-        effect = condition.effect(sheet)
-        multiplier = np.asarray(effect.multiplier, dtype=np.float64)
-        additive = np.asarray(effect.additive, dtype=np.float64)
-        if multiplier.shape != (sheet.n_units,) or additive.shape != (sheet.n_units,):
-            raise ValueError(f"condition {condition.label!r}: effect has multiplier {multiplier.shape} and additive "
-                             f"{additive.shape}, but layer {sheet.name!r} has {sheet.n_units} units")
-        if effect.is_identity:
-            multipliers.append(None)
-            additives.append(None)
+        The decoder's logits of image i under condition c are ``(a_i ⊙ m_c + d_c) · w_k + b_k`` for activity
+        a_i, effect (m_c, d_c) and weights w_k. Softmax ignores a shift common to all choices, so with
+        ``r_k = w_k − w_0`` the logits relative to choice 0 are the control logits ``a_i · r_k + b_k − b_0``
+        (computed once, in float64) plus ``((m_c − 1) ⊙ r_k) · a_i + d_c · r_k``: the first term for all
+        conditions and images is one float32 matrix product per chunk, (k·(n_choices−1), N) @ (N, n_images);
+        nothing of size conditions × images × units exists. ``additive`` None means all zero."""
+        weight, bias = self.setup.decoder.linear_weights(self.device)
+        relative = weight[1:] - weight[0]
+        if self._control_logits is None:
+            flat = self.activity(layer).flatten(1)
+            self._control_logits = flat.to(relative.dtype) @ relative.T + (bias[1:] - bias[0])
+        flat32 = self.activity(layer).flatten(1).to(torch.float32)
+        k, n_rel = len(multiplier), len(relative)
+        excess = (multiplier - 1.0).to(torch.float32)
+        if n_rel == 1:
+            weighted = excess.mul_(relative.to(torch.float32))
         else:
-            multipliers.append(torch.tensor(multiplier, dtype=torch.float32))
-            additives.append(torch.tensor(additive, dtype=torch.float32))
-    return multipliers, additives
+            weighted = (excess[:, None, :] * relative.to(torch.float32)[None]).reshape(k * n_rel, -1)
+        delta = (weighted @ flat32.T).reshape(k, n_rel, -1).transpose(1, 2)
+        logits = delta.to(relative.dtype).add_(self._control_logits[None])
+        if additive is not None:
+            logits.add_((additive.to(relative.dtype) @ relative.T)[:, None, :])
+        if n_rel == 1:  # softmax over (0, z): (sigmoid(−z), sigmoid(z))
+            return torch.cat([torch.sigmoid(-logits), torch.sigmoid(logits)], dim=-1)
+        return torch.softmax(torch.cat([torch.zeros_like(logits[..., :1]), logits], dim=-1), dim=-1)
 
 
 def _effect_hook(multiplier: torch.Tensor | None, additive: torch.Tensor | None):

@@ -54,3 +54,22 @@ def test_models_list(capsys):
 def test_run_reports_a_missing_experiment_file(tmp_path, capsys):
     assert main(["run", str(tmp_path / "missing.toml"), "--out", str(tmp_path / "out")]) == 2
     assert "missing.toml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("words", [["run"], ["train"], ["models", "check"], ["bench"]], ids=" ".join)
+def test_compute_commands_take_a_device(words, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*words, "--help"])
+    assert "--device" in capsys.readouterr().out
+
+
+def test_unavailable_device_and_bad_scheduler_are_user_errors(tmp_path, capsys):
+    import torch
+
+    experiment = str(Path(__file__).resolve().parents[1] / "experiments" / "afraz2006.toml")
+    assert main(["run", experiment, "--out", str(tmp_path), "--scheduler", "processes=none"]) == 2
+    assert "processes=N" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["run", experiment, "--out", str(tmp_path), "--device", "cuda"]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written

@@ -18,7 +18,9 @@ from stimsim.models.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
 from stimsim.sheet import CorticalSheet
-from stimsim.stimulation import Ablation, Condition, ElectricalStimulation, SafetyLimits
+from stimsim.devices import resolve_device
+from stimsim.stimulation import (Ablation, Condition, ElectricalStimulation, MuscimolInactivation,
+                                 OptogeneticSuppression, SafetyLimits)
 
 #: 300 µA exceeds Shannon's limit on a Utah tip; these tests want strong in-silico effects, no protocol.
 OVERRIDE = "engine tests: strong in-silico effects, no protocol proposed"
@@ -149,7 +151,9 @@ def test_chunks_stay_within_the_memory_budget(model, images, decoder, monkeypatc
 
 def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder, tmp_path, monkeypatch):
     conditions = [Condition("control"), *it_sites(5)]
-    budget_bytes = 2 * N_IMAGES * 1280  # two IT conditions per chunk on this model
+    # two IT conditions per chunk on the fast path: (choices − 1)·N float32 weights, ~6·N float64 effect numbers and
+    # 24 bytes per choice and image, for N = 64 IT units
+    budget_bytes = 2 * (4 * 64 + 48 * 64 + 24 * 2 * N_IMAGES)
     uninterrupted = simulate(model, images, conditions, decoder, max_chunk_bytes=budget_bytes, progress=False)
     store = tmp_path / "store"
 
@@ -171,13 +175,13 @@ def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder,
     assert len(list(store.glob("chunk_*.nc"))) == 2
 
     computed = []
-    real_effect = Condition.effect
+    real_effects = Condition.batch_effects
 
-    def recording_effect(self, sheet):
-        computed.append(self.label)
-        return real_effect(self, sheet)
+    def recording_effects(conditions, sheet, device=None):
+        computed.extend(c.label for c in conditions)
+        return real_effects(conditions, sheet, device)
 
-    monkeypatch.setattr(Condition, "effect", recording_effect)
+    monkeypatch.setattr(Condition, "batch_effects", staticmethod(recording_effects))
     resumed = simulate(model, images, conditions, decoder, store=store, max_chunk_bytes=budget_bytes,
                        progress=False)
     xr.testing.assert_identical(resumed, uninterrupted)
@@ -320,8 +324,125 @@ def test_invalid_inputs_are_refused(model, images, labels, decoder):
         simulate(model, images, [], decoder, progress=False)
 
 
+class OpaqueDecoder:
+    """The same decoder without ``linear_weights``: the engine must take its general path."""
+
+    def __init__(self, decoder):
+        self.layer, self.choices, self.probabilities = decoder.layer, decoder.choices, decoder.probabilities
+
+
+def mixed_it_conditions():
+    return [Condition("control"), *it_sites(5), it_site("zero_Hz", 5.0, 5.0, frequency_Hz=0.0),
+            it_site("additive", 4.0, 6.0, form="additive", activation_per_Hz=0.01),
+            it_site("tehovnik", 6.0, 4.0, spread="tehovnik", current_uA=2000.0),
+            Condition("light", (OptogeneticSuppression(((3.0, 3.0), (7.0, 7.0)), power_mW=3.0, layer="IT"),)),
+            Condition("muscimol", (MuscimolInactivation(((5.0, 5.0),), volume_uL=0.8, layer="IT"),)),
+            Condition("stim+lesion", (ElectricalStimulation(((2.0, 8.0),), current_uA=200.0, layer="IT"),
+                                      Ablation(((8.0, 2.0),), radius_mm=2.0, layer="IT")))]
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_linear_fast_path_equals_general_path(model, images, n_classes, monkeypatch):
+    labels = np.array(["a", "b", "c"])[np.arange(N_IMAGES) % n_classes]
+    decoder = LogisticDecoder.fit(model.activations(images, "it"), labels, layer="it", C=1.0)
+    conditions = mixed_it_conditions()
+    calls = []
+    real = engine._Runner._linear_readout
+
+    def counting(self, layer, multiplier, additive):
+        calls.append(len(multiplier))
+        return real(self, layer, multiplier, additive)
+
+    monkeypatch.setattr(engine._Runner, "_linear_readout", counting)
+    fast = simulate(model, images, conditions, decoder, progress=False)
+    assert sum(calls) == len(conditions) - 2  # every condition but the control and the 0 Hz identity
+    general = simulate(model, images, conditions, OpaqueDecoder(decoder), progress=False)
+    assert sum(calls) == len(conditions) - 2  # the general path does not use it
+    np.testing.assert_allclose(fast.values, general.values, rtol=0, atol=1e-6)
+    # the fast path is exact, not merely close: stimulation moves probabilities by far more than the tolerance
+    assert np.abs(fast.values - fast.sel(condition="control").values).max() > 0.05
+    plain = simulate_plain(model, images, conditions, decoder, progress=False)
+    np.testing.assert_allclose(fast.values, plain.values, rtol=0, atol=1e-6)
+
+
+def test_same_different_decoder_takes_the_general_path(model, images):
+    from stimsim.behavior import SameDifferentDecoder
+
+    features = model.activations(images, "it").numpy()
+    first, second = np.arange(N_IMAGES), np.roll(np.arange(N_IMAGES), 1)
+    same = np.arange(N_IMAGES) % 2 == 0
+    second = np.where(same, first, second)
+    pair = SameDifferentDecoder.fit(features[first], features[second], same, layer="it", C=1.0)
+    bound = pair.bind(features[first])  # each simulated (second) image is compared with its unperturbed first image
+    assert not hasattr(bound, "linear_weights")  # |f_a − f_b| is not linear in the perturbed activity
+    conditions = mixed_it_conditions()
+    result = simulate(model, images[second], conditions, bound, progress=False)
+    plain = simulate_plain(model, images[second], conditions, bound, progress=False)
+    np.testing.assert_allclose(result.values, plain.values, rtol=0, atol=1e-5)
+
+
+def test_activations_are_cached_across_runs(model, images, decoder, tmp_path, monkeypatch):
+    cache = tmp_path / "activations"
+    first = simulate(model, images, it_sites(3), decoder, activation_cache=cache, progress=False)
+    entries = sorted(cache.glob("*.pt"))
+    assert len(entries) == 1
+    below = []
+    real_run_stages = model.run_stages
+
+    def recording_run_stages(x, start=None, stop=None):
+        if start is None:
+            below.append(stop)
+        return real_run_stages(x, start=start, stop=stop)
+
+    monkeypatch.setattr(model, "run_stages", recording_run_stages)
+    # another stimulation block on the same images: no pass through the stages below the perturbed layer
+    others = [it_site("s100", 2.0, 2.0, current_uA=100.0), it_site("s50", 7.0, 7.0, current_uA=50.0)]
+    again = simulate(model, images, others, decoder, activation_cache=cache, progress=False)
+    assert below == []
+    uncached = simulate(model, images, others, decoder, progress=False)
+    xr.testing.assert_identical(again, uncached)
+    below.clear()
+    # a damaged entry fails its checksum: it is recomputed (with a warning), and the result does not change
+    entries[0].write_bytes(entries[0].read_bytes()[:-8] + b"damaged!")
+    with pytest.warns(UserWarning, match="checksum"):
+        repaired = simulate(model, images, it_sites(3), decoder, activation_cache=cache, progress=False)
+    assert below == ["it"]
+    xr.testing.assert_identical(repaired, first)
+    # other images are another entry
+    simulate(model, images[::-1].copy(), it_sites(3), decoder, activation_cache=cache, progress=False)
+    assert len(list(cache.glob("*.pt"))) == 2
+
+
+def test_devices_resolve_and_results_agree_across_devices(model, images, decoder):
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="unknown device"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            resolve_device("cuda")
+    if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        with pytest.raises(ConfigError, match="MPS is not available"):
+            resolve_device("mps")
+    conditions = [Condition("control"), *it_sites(3), v4_site("v4_a", 4.0, 4.0)]
+    on_cpu = simulate(model, images, conditions, decoder, progress=False, device="cpu")
+    auto = resolve_device("auto")  # the GPU where there is one
+    try:
+        elsewhere = simulate(model, images, conditions, decoder, progress=False, device=auto)
+        assert model.device.type == auto.type
+    finally:
+        model.to("cpu")
+    np.testing.assert_allclose(elsewhere.values, on_cpu.values, rtol=0, atol=1e-4)
+
+
 def test_benchmark_quick_mode(model):
     report = run_benchmark(quick=True, default_model=model)
+    for key in ("engine_over_bound_it", "engine_vs_cached_baseline", "engine_over_bound_small",
+                "engine_vs_cached_baseline_small", "bound_s_it", "cached_baseline_s_it"):
+        assert math.isfinite(report[key]) and report[key] > 0, key
+    # the engine and the plain cache-and-batch approach give the same probabilities
+    assert report["max_abs_diff_engine_vs_baseline_it"] < 1e-6
+    assert report["max_abs_diff_engine_vs_baseline_small"] < 1e-6
+    assert report["dask_2workers_vs_1"] is None  # not measured in quick mode
     keys = ("speedup_it", "speedup_pre_it", "max_abs_diff_it", "max_abs_diff_pre_it", "engine_pairs_per_s_it",
             "plain_pairs_per_s_it", "engine_pairs_per_s_pre_it", "plain_pairs_per_s_pre_it")
     for key in (*keys, "peak_rss_MB"):

@@ -437,3 +437,54 @@ def test_a_gain_on_a_signed_layer_is_flagged_and_suppression_or_unsigned_activit
     assert "gain > 1" in message and "33%" in message  # 2 of 6 responses are negative
     assert signed_gain_warning(stim, sheet, np.abs(signed)) is None
     assert signed_gain_warning(MuscimolInactivation(((0.0, 0.0),), volume_uL=1.0), sheet, signed) is None
+
+
+def test_batch_effects_equal_one_condition_at_a_time():
+    sheet = grid_sheet(n_side=15, size_mm=6.0)
+    rng = np.random.default_rng(3)
+
+    def site():
+        return tuple(rng.uniform(0.5, 5.5, 2))
+
+    conditions = [
+        Condition("control"),
+        Condition("kumaravelu", (ElectricalStimulation((site(),), current_uA=100, frequency_Hz=150, layer="it"),)),
+        Condition("max_capped", (ElectricalStimulation((site(), site()), current_uA=60, frequency_Hz=300, combine="max",
+                                                       gain_cap=2.0, layer="it"),)),
+        Condition("tehovnik_sum", (ElectricalStimulation((site(), site()), current_uA=600, spread="tehovnik",
+                                                         layer="it"),)),
+        Condition("additive", (ElectricalStimulation((site(),), current_uA=200, form="additive", activation_per_Hz=0.01,
+                                                     layer="it"),)),
+        Condition("light", (OptogeneticSuppression((site(), site()), power_mW=2.0, layer="it"),)),
+        Condition("muscimol", (MuscimolInactivation((site(),), volume_uL=0.5, layer="it"),)),
+        Condition("lesion", (Ablation((site(), site()), radius_mm=1.0, layer="it"),)),
+        Condition("together", (ElectricalStimulation((site(),), current_uA=100, layer="it"),
+                               Ablation((site(),), radius_mm=2.0, layer="it"),
+                               ElectricalStimulation((site(),), current_uA=200, form="additive",
+                                                     activation_per_Hz=0.02, layer="it"))),
+    ]
+    multiplier, additive = Condition.batch_effects(conditions, sheet)
+    assert multiplier.shape == additive.shape == (len(conditions), sheet.n_units)
+    for row, condition in enumerate(conditions):
+        effect = condition.effect(sheet)
+        np.testing.assert_allclose(multiplier[row].numpy(), effect.multiplier, rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(additive[row].numpy(), effect.additive, rtol=1e-13, atol=1e-15)
+    # hand values: the control is exactly the identity; a lesion of radius 1 mm silences exactly the units within it
+    assert torch.equal(multiplier[0], torch.ones(sheet.n_units)) and torch.equal(additive[0], torch.zeros(sheet.n_units))
+    lesion = conditions[7].perturbations[0]
+    inside = np.zeros(sheet.n_units, dtype=bool)
+    for point in lesion.sites_mm:
+        inside |= np.hypot(*(sheet.coordinates_mm - np.asarray(point)).T) <= 1.0
+    np.testing.assert_array_equal(multiplier[7].numpy(), np.where(inside, 0.0, 1.0))
+    with pytest.raises(ConfigError, match="off sheet"):
+        Condition.batch_effects([Condition("far", (Ablation(((50.0, 1.0),), radius_mm=1.0, layer="it"),))], sheet)
+
+
+def test_batch_effect_at_an_electrode_tip_is_one_plus_f_over_baseline():
+    sheet = point_sheet([(1.0, 1.0), (1.0, 1.0 + 0.479)])  # 0.479 mm = λ(100 µA)
+    stim = ElectricalStimulation(((1.0, 1.0),), current_uA=100.0, frequency_Hz=150.0, layer="it")
+    multiplier, additive = ElectricalStimulation.batch_effect([stim], sheet)
+    length_mm = 0.00505047 * (100.0 - 5.26062)
+    expected = [1.0 + 150.0 / 30.0, 1.0 + (150.0 / 30.0) * math.exp(-0.479 / length_mm)]
+    np.testing.assert_allclose(multiplier[0, :2].numpy(), expected, rtol=1e-12)
+    assert torch.equal(additive, torch.zeros_like(additive))

@@ -131,6 +131,11 @@ class LinearReadout:
         object.__setattr__(self, "_weight", torch.from_numpy(weight))
         object.__setattr__(self, "_bias", torch.from_numpy(self.intercept - weight @ self.feature_mean))
 
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_on_device", None)  # per-device copies of the weights are rebuilt where needed
+        return state
+
     @property
     def n_features(self) -> int:
         return int(self.feature_mean.shape[0])
@@ -145,11 +150,11 @@ class LinearReadout:
             )
         out_dtype = torch.promote_types(features.dtype, torch.float32)
         rows = features.reshape(-1, self.n_features)
-        weight = self._weight.to(features.device)
-        bias = self._bias.to(features.device)
+        weight, bias = self.weights_on(features.device)
+        compute = weight.dtype
         chunk_rows = max(1, _CHUNK_NUMBERS // self.n_features)
         blocks = [
-            torch.softmax(rows[start:start + chunk_rows].to(torch.float64) @ weight.T + bias, dim=-1).to(out_dtype)
+            torch.softmax(rows[start:start + chunk_rows].to(compute) @ weight.T + bias, dim=-1).to(out_dtype)
             for start in range(0, rows.shape[0], chunk_rows)
         ]
         probabilities = torch.cat(blocks) if blocks else rows.new_zeros((0, len(self.choices)), dtype=out_dtype)
@@ -159,6 +164,17 @@ class LinearReadout:
         """(N, F) numpy/torch features -> (N, n_choices) float64 probabilities."""
         array = _as_numpy_2d("features", features)
         return self.probabilities_torch(torch.from_numpy(array)).numpy()
+
+    def weights_on(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight (n_choices, F), bias (n_choices,)) with the standardisation folded in, such that
+        ``logits = features @ weight.T + bias``; float64 (float32 on Apple MPS, which has no float64), kept on
+        ``device`` after the first call."""
+        device = torch.device(device)
+        cache = self.__dict__.setdefault("_on_device", {})
+        if device not in cache:
+            dtype = torch.float32 if device.type == "mps" else torch.float64
+            cache[device] = (self._weight.to(device=device, dtype=dtype), self._bias.to(device=device, dtype=dtype))
+        return cache[device]
 
     def to_dict(self) -> dict:
         return {
@@ -309,9 +325,15 @@ class LogisticDecoder(Decoder):
         return cls(layer=layer, readout=readout)
 
     def probabilities(self, features: torch.Tensor, stimulus_index: torch.Tensor | None = None) -> torch.Tensor:
-        """(K, B, F) -> (K, B, n_choices); ``stimulus_index`` is not needed and ignored."""
+        """(K, B, F) -> (K, B, n_choices); ``stimulus_index`` is not needed and ignored. Computed on the
+        features' device."""
         _check_batch(features)
         return self.readout.probabilities_torch(features)
+
+    def linear_weights(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder is linear in its features up to the softmax: ``logits = features @ weight.T + bias``.
+        Returns (weight (n_choices, F), bias (n_choices,)) on ``device``; the engine's exact fast path uses it."""
+        return self.readout.weights_on(device)
 
     def predict_proba(self, features) -> np.ndarray:
         """(N, F) features -> (N, n_choices) float64 probabilities."""

@@ -51,15 +51,18 @@ class Preprocessing:
             raise ConfigError(f"unknown preprocessing key(s) {sorted(unknown)}")
         return cls(**values)
 
-    def __call__(self, images) -> torch.Tensor:
-        """Images → float32 tensor (N, channels, size_px, size_px), normalised."""
+    def __call__(self, images, device=None) -> torch.Tensor:
+        """Images → float32 tensor (N, channels, size_px, size_px), normalised, computed on ``device``
+        (default: the CPU, or where a tensor given as ``images`` already is)."""
         batch = to_unit_tensor(images)
+        if device is not None:
+            batch = batch.to(device)
         batch = _match_channels(batch, self.channels)
         if batch.shape[-2:] != (self.size_px, self.size_px):
             batch = F.interpolate(batch, size=(self.size_px, self.size_px), mode="bilinear",
                                   align_corners=False, antialias=True).clamp_(0.0, 1.0)
-        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
-        std = torch.tensor(self.std).view(1, -1, 1, 1)
+        mean = torch.tensor(self.mean, device=batch.device).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, device=batch.device).view(1, -1, 1, 1)
         return (batch - mean) / std
 
 
@@ -135,6 +138,6 @@ def _match_channels(batch: torch.Tensor, channels: int) -> torch.Tensor:
     if batch.shape[1] == channels:
         return batch
     if channels == 1:
-        weights = torch.tensor(_LUMA_RGB, dtype=batch.dtype).view(1, 3, 1, 1)
+        weights = torch.tensor(_LUMA_RGB, dtype=batch.dtype, device=batch.device).view(1, 3, 1, 1)
         return (batch * weights).sum(1, keepdim=True)
     return batch.expand(-1, 3, -1, -1)

@@ -33,9 +33,9 @@ def model_path(name_or_path) -> Path:
                     f"{available_models()}")
 
 
-def load_model(name_or_path=DEFAULT_MODEL) -> TopographicModel:
-    """Load a shipped model by name or a model directory by path (checksums verified; a shipped
-    model's files are also checked against its data manifest entry)."""
+def load_model(name_or_path=DEFAULT_MODEL, device="cpu") -> TopographicModel:
+    """Load a shipped model by name or a model directory by path onto ``device`` (cpu, cuda, mps, auto;
+    checksums verified; a shipped model's files are also checked against its data manifest entry)."""
     path = model_path(name_or_path)
     if path.parent == SHIPPED_DIR:
         from stimsim.data.manifest import entry_paths, get_entry
@@ -43,4 +43,4 @@ def load_model(name_or_path=DEFAULT_MODEL) -> TopographicModel:
         prefix = f"shipped_models/{path.name}/"
         entry_paths(SHIPPED_MANIFEST_ENTRY, [f.path for f in get_entry(SHIPPED_MANIFEST_ENTRY).files
                                              if f.path.startswith(prefix)])
-    return TopographicModel.load(path)
+    return TopographicModel.load(path, device=device)

@@ -139,9 +139,26 @@ class TopographicModel:
                 dims[name] = shape if len(shape) == 3 else (int(np.prod(shape)), 1, 1)
         return dims
 
+    # --- device ---------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """Where the network's parameters are (the CPU for a network without any)."""
+        for tensor in self.network.parameters():
+            return tensor.device
+        return torch.device("cpu")
+
+    def to(self, device) -> "TopographicModel":
+        """Move the network to ``device`` (a name as in :func:`stimsim.devices.resolve_device`), in place;
+        returns the model. Preprocessing, activations and the engine then compute there."""
+        from stimsim.devices import resolve_device
+
+        self.network.to(resolve_device(device))
+        return self
+
     # --- running --------------------------------------------------------------------------
     def preprocess(self, images) -> torch.Tensor:
-        return self.preprocessing(images)
+        """Images → normalised float32 input (N, channels, size_px, size_px) on the model's device."""
+        return self.preprocessing(images, device=self.device)
 
     def run_stages(self, x: torch.Tensor, start: str | None = None, stop: str | None = None) -> torch.Tensor:
         """Run the stages after ``start`` (from the input if None) up to and including ``stop``
@@ -156,10 +173,11 @@ class TopographicModel:
         return x
 
     def activations(self, images, layer: str, batch_size: int = 64) -> torch.Tensor:
-        """Activations of ``layer`` for ``images``, flattened to (N_images, N_units) in C-major order."""
+        """Activations of ``layer`` for ``images``, flattened to (N_images, N_units) in C-major order; computed
+        on the model's device, returned on the CPU."""
         layer = self.resolve_layer(layer)
         inputs = self.preprocess(images)
-        outputs = [self.run_stages(inputs[i:i + batch_size], stop=layer).flatten(1)
+        outputs = [self.run_stages(inputs[i:i + batch_size], stop=layer).flatten(1).cpu()
                    for i in range(0, len(inputs), batch_size)]
         return torch.cat(outputs)
 
@@ -210,11 +228,14 @@ class TopographicModel:
         return directory
 
     @classmethod
-    def load(cls, directory) -> "TopographicModel":
-        """Load a model directory, verifying that ``files_sha256`` covers every file the model needs and
-        that each matches; weights that do not fit the architecture or are not finite are refused."""
+    def load(cls, directory, device="cpu") -> "TopographicModel":
+        """Load a model directory onto ``device`` (cpu, cuda, mps, auto), verifying that ``files_sha256`` covers
+        every file the model needs and that each matches; weights that do not fit the architecture or are not
+        finite are refused."""
+        from stimsim.devices import resolve_device
         from stimsim.models.torchvision_builder import load_weights, read_checkpoint_file
 
+        device = resolve_device(device)
         directory = Path(directory)
         spec_path = directory / "model.json"
         if not spec_path.is_file():
@@ -256,8 +277,9 @@ class TopographicModel:
         _refuse_non_finite(network.state_dict(), str(weights_path))
         sheets = {layer: CorticalSheet.load(directory / info["positions_file"]) for layer, info in layers.items()}
         areas = {layer: info["area"] for layer, info in layers.items() if info.get("area")}
-        return cls(network, sheets, preprocessing, arch, readout_layer=spec.get("readout_layer"), areas=areas,
-                   name=spec.get("name", directory.name), metadata=spec.get("metadata", {}))
+        model = cls(network, sheets, preprocessing, arch, readout_layer=spec.get("readout_layer"), areas=areas,
+                    name=spec.get("name", directory.name), metadata=spec.get("metadata", {}))
+        return model.to(device)
 
 
 def _inside(directory: Path, rel, spec_path: Path) -> Path:

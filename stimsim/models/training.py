@@ -273,23 +273,30 @@ def _forward_with_layers(model: TopographicModel, x: torch.Tensor, keep: set[str
 
 
 def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_step: int | None = None,
-          data: TrainingData | None = None) -> Path:
+          data: TrainingData | None = None, device="cpu") -> Path:
     """Train (or resume) into ``out_dir``; returns the saved model directory ``out_dir/model``.
 
     ``stop_after_step`` ends the run early after that step's checkpoint (used to test resuming).
+    ``device`` (cpu, cuda, mps, auto) is where the network trains; batches are drawn and augmented on the
+    CPU (seeded), checkpoints and the saved model hold CPU tensors.
     """
+    from stimsim.devices import resolve_device
+
+    device = resolve_device(device)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = data or load_training_data(config)
     n_classes = config.model_kwargs.get("n_classes")
     if config.task == "supervised" and n_classes is not None and n_classes != len(data.classes):
         raise ConfigError(f"model kwargs n_classes = {n_classes} but the data have {len(data.classes)} classes: {data.classes}")
-    model = build_untrained_model(config)
+    model = build_untrained_model(config).to(device)
     network = model.network
     optimizer = torch.optim.SGD(network.parameters(), lr=config.learning_rate, momentum=config.momentum,
                                 weight_decay=config.weight_decay, nesterov=config.momentum > 0)
-    coords = {layer: torch.as_tensor(model.sheets[layer].coordinates_mm, dtype=torch.float32) for layer in config.spatial_layers}
-    neighborhoods = {layer: torch.as_tensor(model.sheets[layer].neighborhood_indices) for layer in config.spatial_layers}
+    coords = {layer: torch.as_tensor(model.sheets[layer].coordinates_mm, dtype=torch.float32, device=device)
+              for layer in config.spatial_layers}
+    neighborhoods = {layer: torch.as_tensor(model.sheets[layer].neighborhood_indices, device=device)
+                     for layer in config.spatial_layers}
     start, history, cpu_seconds = 0, [], 0.0
     checkpoint_path = out_dir / CHECKPOINT_NAME
     if checkpoint_path.exists():
@@ -306,19 +313,19 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
             group["lr"] = _learning_rate(config, step)
         images, targets = data.sample(rng, config.batch_size)
         view = augment_batch(images, generator) if config.augment else images
-        logits, layer_out = _forward_with_layers(model, view, set(config.spatial_layers) | set(config.activity_layers))
+        logits, layer_out = _forward_with_layers(model, view.to(device), set(config.spatial_layers) | set(config.activity_layers))
         if config.task == "supervised":
-            task_loss = F.cross_entropy(logits, targets)
+            task_loss = F.cross_entropy(logits, targets.to(device))
         else:
-            second, _ = _forward_with_layers(model, augment_batch(images, generator), set())
+            second, _ = _forward_with_layers(model, augment_batch(images, generator).to(device), set())
             task_loss = simclr_loss(logits, second, config.simclr_temperature)
         spatial = {}
         for layer in config.spatial_layers:
             pick = rng.choice(len(neighborhoods[layer]), size=config.neighborhoods_per_step, replace=False)
             spatial[layer] = layer_spatial_loss(layer_out[layer].flatten(1), coords[layer], neighborhoods[layer][pick])
         activity = {layer: layer_out[layer].abs().mean() for layer in config.activity_layers}
-        total = (task_loss + config.spatial_alpha * sum(spatial.values(), torch.zeros(()))
-                 + config.activity_l1 * sum(activity.values(), torch.zeros(())))
+        total = (task_loss + config.spatial_alpha * sum(spatial.values(), torch.zeros((), device=device))
+                 + config.activity_l1 * sum(activity.values(), torch.zeros((), device=device)))
         if not torch.isfinite(total):
             _diverged(f"the loss is not finite (task loss {task_loss.item()}, total {total.item()})", step, config,
                       history, out_dir, bar)
@@ -340,13 +347,14 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
         done = step + 1
         if done % config.checkpoint_every_steps == 0 or done == config.steps or done == stop_after_step:
             cpu_total = cpu_seconds + time.process_time() - clock
-            atomic_save(checkpoint_path, lambda tmp: torch.save({
+            atomic_save(checkpoint_path, lambda tmp: torch.save(_to_cpu({
                 "fingerprint": config.fingerprint(), "step": done, "network": network.state_dict(),
-                "optimizer": optimizer.state_dict(), "history": history, "cpu_seconds": cpu_total}, tmp))
+                "optimizer": optimizer.state_dict(), "history": history, "cpu_seconds": cpu_total}), tmp))
         if done == stop_after_step:
             break
     bar.close()
     cpu_seconds += time.process_time() - clock
+    model.to("cpu")
     network.eval()
     write_history(history, out_dir)
     if len(history) < config.steps:
@@ -390,6 +398,17 @@ def _diverged(problem: str, step: int, config: TrainingConfig, history: list, ou
     raise TrainingDiverged(f"training {config.name!r} diverged at step {step + 1}: {problem}; nothing of this step "
                            f"is saved ({kept}; last finite step {good}). Lower learning_rate (now "
                            f"{config.learning_rate:g}) or spatial_loss alpha (now {config.spatial_alpha:g}).")
+
+
+def _to_cpu(state):
+    """A checkpoint with every tensor on the CPU (it then loads on any machine)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu()
+    if isinstance(state, dict):
+        return {key: _to_cpu(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_to_cpu(value) for value in state)
+    return state
 
 
 def write_history(history: list[dict], out_dir: Path):

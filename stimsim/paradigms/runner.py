@@ -66,7 +66,7 @@ RESULTS_FILE, SUMMARY_FILE, CONFIG_FILE, DECODER_FILE = "results.nc", "summary.j
 
 
 def run_experiment(experiment, out_dir, model=None, progress: bool = True, figures: bool = True,
-                   force: bool = False) -> dict:
+                   force: bool = False, device="cpu", scheduler=None) -> dict:
     """Run an experiment and write its results into ``out_dir`` as one result set
     (:class:`stimsim.io.ResultSet`); returns the summary.
 
@@ -78,13 +78,24 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     progress : show progress bars.
     figures : write the PNG figures (the data files are always written).
     force : write into ``out_dir`` even if it holds files stimsim did not write.
+    device : where the model, effects and decoder compute (cpu, cuda, cuda:N, mps, auto).
+    scheduler : None (this process) or a Dask scheduler for the sweep (see :mod:`stimsim.distributed`).
+
+    The unperturbed activity of the stimulated layer is kept in the stimsim cache
+    (:mod:`stimsim.activation_cache`): another run on the same model and images skips that forward pass.
     """
+    from stimsim.devices import resolve_device
+    from stimsim.distributed import check_scheduler
+
+    device = resolve_device(device)
+    check_scheduler(scheduler)
     spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
     if isinstance(model, (str, Path)):
         spec = spec.with_model(str(model))
     results = ResultSet(out_dir, "experiment run", keep=(STORE_DIRNAME,), force=force)
     out_dir = results.directory
     topo, model_record = _load_model(spec, model)
+    topo.to(device)
     notes: list[str] = []
 
     layer = topo.resolve_layer(spec.layer)
@@ -122,6 +133,7 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     report_phase(f"decoder: fitting the {spec.paradigm} readout on unperturbed trials", progress)
     trials = paradigm.prepare(spec, topo, stimuli)
     probabilities = paradigm.simulate(spec, topo, trials, conditions, out_dir / STORE_DIRNAME, progress,
+                                      device=device, activation_cache=True, scheduler=scheduler,
                                       **_safety_arguments(spec))
     metrics, summary = paradigm.analyse(spec, trials, probabilities, selection)
 

@@ -4,7 +4,10 @@ A perturbation is a frozen spec (site(s) in sheet mm, current in µA, power in m
 :class:`~stimsim.sheet.CorticalSheet` of the layer it acts on, ``effect(sheet)`` returns a
 :class:`UnitEffect`: per-unit ``multiplier`` and ``additive`` terms, applied as
 ``activity × multiplier + additive``. A :class:`Condition` groups the perturbations of one
-experimental condition (none = control).
+experimental condition (none = control). For sweeps, ``batch_effect`` (per class) and
+:meth:`Condition.batch_effects` build the effects of many perturbations or conditions at once as
+(n, N) tensors on any torch device — the same numbers as ``effect``, with the distances of all sites
+to all units computed in one vectorised step.
 
 Specs round-trip through plain dicts (``to_dict`` / ``from_dict``, JSON and TOML friendly: ``None``
 values are left out, since TOML has no null) and refuse unknown keys, so a typo in an experiment file
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+import torch
 
 from stimsim.errors import ConfigError
 from stimsim.plugins import Registry
@@ -220,6 +224,61 @@ def _layer(value) -> str:
     return value
 
 
+# --- vectorised effects ---------------------------------------------------------------------
+def _effect_dtype(device) -> torch.dtype:
+    """float64, except on Apple MPS, which has no float64."""
+    return torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
+
+
+def _site_distances(perturbations, sheet: CorticalSheet, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distances (mm) of every unit from every site of every perturbation, (n_sites_total, N), and the index
+    of the perturbation each row belongs to; sites off the sheet are refused first."""
+    x0, x1, y0, y1 = sheet.extent_mm
+    sites = np.array([site for p in perturbations for site in p.sites_mm], dtype=np.float64).reshape(-1, 2)
+    if not np.all((sites[:, 0] >= x0) & (sites[:, 0] <= x1) & (sites[:, 1] >= y0) & (sites[:, 1] <= y1)):
+        for perturbation in perturbations:
+            perturbation._require_sites_on(sheet)
+    dtype = _effect_dtype(device)
+    sites = torch.as_tensor(sites, dtype=dtype, device=device)
+    owner = torch.tensor([i for i, p in enumerate(perturbations) for _ in p.sites_mm], device=device)
+    coords = torch.as_tensor(sheet.coordinates_mm, dtype=dtype, device=device)
+    distance = (coords[None, :, 0] - sites[:, 0, None]).square_()
+    distance.add_((coords[None, :, 1] - sites[:, 1, None]).square_())
+    return distance.sqrt_(), owner
+
+
+def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
+    """A read-only (rows, N) tensor of ``value`` like ``like``, without the memory (stride 0)."""
+    return torch.full((1, like.shape[1]), value, dtype=like.dtype, device=like.device).expand(like.shape)
+
+
+def _per_row(values, owner: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """One parameter value per perturbation, broadcast to the site rows as a (rows, 1) column."""
+    return torch.tensor(values, dtype=like.dtype, device=like.device)[owner, None]
+
+
+def _slots(owner: torch.Tensor) -> list[torch.Tensor]:
+    """Rows grouped by their rank within their owner: slot j holds the j-th row of every owner that has one,
+    so each slot touches an owner at most once (rows of one owner are assumed contiguous and in order)."""
+    counts = torch.bincount(owner)
+    first = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(len(owner), device=owner.device) - first[owner]
+    return [torch.nonzero(rank == j).flatten() for j in range(int(counts.max()))]
+
+
+def _reduce_rows(rows: torch.Tensor, owner: torch.Tensor, n: int, how: str) -> torch.Tensor:
+    """Combine the site rows of each of n perturbations (every one has at least one): ``"sum"``, ``"max"`` or
+    ``"prod"`` → (n, N), in site order."""
+    if len(owner) == n:  # one site each
+        return rows
+    combine = {"sum": torch.add, "max": torch.maximum, "prod": torch.mul}[how]
+    out = torch.empty((n, rows.shape[1]), dtype=rows.dtype, device=rows.device)
+    for j, picked in enumerate(_slots(owner)):
+        target = owner[picked]
+        out[target] = rows[picked] if j == 0 else combine(out[target], rows[picked])
+    return out
+
+
 # --- perturbations --------------------------------------------------------------------------
 class Perturbation(abc.ABC):
     """Base of all perturbation specs (frozen dataclasses with ``sites_mm`` and ``layer``).
@@ -238,6 +297,19 @@ class Perturbation(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> dict:
         """Flat ``{name_with_unit: number | str}`` record of the spec, for labelled results."""
+
+    @classmethod
+    def batch_effect(cls, perturbations, sheet: CorticalSheet, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Effects of several perturbations of this class on ``sheet``: (multiplier, additive), each (n, N)
+        float64 (float32 on devices without float64) on ``device``; row i equals ``perturbations[i].effect``.
+        Treat them as read-only: a term that is the same everywhere may be one row broadcast (stride 0).
+
+        This fallback stacks ``effect``; the classes here override it with a vectorised computation."""
+        effects = [p.effect(sheet) for p in perturbations]
+        dtype = _effect_dtype(device)
+        multiplier = torch.tensor(np.stack([e.multiplier for e in effects]), dtype=dtype, device=device)
+        additive = torch.tensor(np.stack([e.additive for e in effects]), dtype=dtype, device=device)
+        return multiplier, additive
 
     def to_dict(self) -> dict:
         """Plain dict with ``kind`` and every parameter (``None`` values left out)."""
@@ -435,6 +507,40 @@ class ElectricalStimulation(Perturbation):
         additive = self.activation_per_Hz * self.rate_increment_Hz * weight
         return UnitEffect(np.ones_like(additive), additive)
 
+    @classmethod
+    def batch_effect(cls, perturbations, sheet: CorticalSheet, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        perturbations = list(perturbations)
+        distance, owner = _site_distances(perturbations, sheet, device)
+        extent = _per_row([p.spread_extent_mm for p in perturbations], owner, distance)
+        laws = {p.spread for p in perturbations}
+        disc = (distance <= extent).to(distance.dtype) if "tehovnik" in laws else None
+        weight = distance.div_(-extent).exp_() if "kumaravelu" in laws else disc  # in place: exp(−d/λ)
+        if len(laws) == 2:
+            exponential = _per_row([p.spread == "kumaravelu" for p in perturbations], owner, distance) > 0
+            weight = torch.where(exponential, weight, disc)
+        n = len(perturbations)
+        column = lambda values: torch.tensor(values, dtype=distance.dtype, device=distance.device)[:, None]  # noqa: E731
+        combined = {how: _reduce_rows(weight, owner, n, how) for how in {p.combine for p in perturbations}}
+        weight = combined["sum"] if len(combined) == 1 and "sum" in combined else combined.get("max")
+        if len(combined) == 2:
+            weight = torch.where(column([p.combine == "sum" for p in perturbations]) > 0, combined["sum"], weight)
+        forms = {p.form for p in perturbations}
+        multiplier, additive = _constant(1.0, weight), _constant(0.0, weight)
+        if "additive" in forms:
+            additive = column([(p.activation_per_Hz or 0.0) * p.rate_increment_Hz for p in perturbations]) * weight
+        if "multiplicative" in forms:  # gain = 1 + (f / f_baseline)·w, in place on the weights when they are not needed
+            gain = weight if "additive" not in forms else weight.clone()
+            gain.mul_(column([p.frequency_Hz / p.baseline_frequency_Hz for p in perturbations])).add_(1.0)
+            if any(p.gain_cap is not None for p in perturbations):
+                gain = torch.minimum(gain, column([math.inf if p.gain_cap is None else p.gain_cap
+                                                   for p in perturbations]))
+            multiplier = gain
+        if len(forms) == 2:
+            multiplicative = column([p.form == "multiplicative" for p in perturbations]) > 0
+            multiplier = torch.where(multiplicative, multiplier, 1.0)
+            additive = torch.where(multiplicative, 0.0, additive)
+        return multiplier, additive
+
     def describe(self) -> dict:
         record = {"kind": self.kind, "layer": self.layer, **self._describe_sites(),
                   "current_uA": self.current_uA, "frequency_Hz": self.frequency_Hz,
@@ -466,6 +572,17 @@ def _gaussian_suppression(sheet: CorticalSheet, sites_mm, amount: float, varianc
     return UnitEffect(multiplier, np.zeros_like(multiplier))
 
 
+def _batch_gaussian_suppression(perturbations, amounts, sheet: CorticalSheet, device):
+    """Vectorised :func:`_gaussian_suppression` for several perturbations (``variance_mm2`` each)."""
+    perturbations = list(perturbations)
+    distance, owner = _site_distances(perturbations, sheet, device)
+    variance = _per_row([p.variance_mm2 for p in perturbations], owner, distance)
+    amount = _per_row(amounts, owner, distance)
+    factor = torch.clamp(1.0 - amount * torch.exp(-distance ** 2 / (2.0 * variance)), min=0.0)
+    multiplier = _reduce_rows(factor, owner, len(perturbations), "prod")
+    return multiplier, _constant(0.0, multiplier)
+
+
 @dataclass(frozen=True)
 class OptogeneticSuppression(Perturbation):
     """Optogenetic silencing through an optical fibre (calibrated on Chow et al. 2010, Nature 463:98).
@@ -492,6 +609,11 @@ class OptogeneticSuppression(Perturbation):
     def effect(self, sheet: CorticalSheet) -> UnitEffect:
         self._require_sites_on(sheet)
         return _gaussian_suppression(sheet, self.sites_mm, self.power_mW, self.variance_mm2)
+
+    @classmethod
+    def batch_effect(cls, perturbations, sheet: CorticalSheet, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        perturbations = list(perturbations)
+        return _batch_gaussian_suppression(perturbations, [p.power_mW for p in perturbations], sheet, device)
 
     def describe(self) -> dict:
         return {"kind": self.kind, "layer": self.layer, **self._describe_sites(), "power_mW": self.power_mW,
@@ -526,6 +648,11 @@ class MuscimolInactivation(Perturbation):
         self._require_sites_on(sheet)
         return _gaussian_suppression(sheet, self.sites_mm, self.volume_uL, self.variance_mm2)
 
+    @classmethod
+    def batch_effect(cls, perturbations, sheet: CorticalSheet, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        perturbations = list(perturbations)
+        return _batch_gaussian_suppression(perturbations, [p.volume_uL for p in perturbations], sheet, device)
+
     def describe(self) -> dict:
         return {"kind": self.kind, "layer": self.layer, **self._describe_sites(), "volume_uL": self.volume_uL,
                 "variance_mm2": self.variance_mm2}
@@ -552,6 +679,14 @@ class Ablation(Perturbation):
         for site in self.sites_mm:
             multiplier[sheet.units_within(site, self.radius_mm)] = 0.0
         return UnitEffect(multiplier, np.zeros_like(multiplier))
+
+    @classmethod
+    def batch_effect(cls, perturbations, sheet: CorticalSheet, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        perturbations = list(perturbations)
+        distance, owner = _site_distances(perturbations, sheet, device)
+        outside = (distance > _per_row([p.radius_mm for p in perturbations], owner, distance)).to(distance.dtype)
+        multiplier = _reduce_rows(outside, owner, len(perturbations), "prod")
+        return multiplier, _constant(0.0, multiplier)
 
     def describe(self) -> dict:
         return {"kind": self.kind, "layer": self.layer, **self._describe_sites(), "radius_mm": self.radius_mm}
@@ -615,6 +750,34 @@ class Condition:
         for perturbation in self.perturbations:
             combined = combined.combine(perturbation.effect(sheet))
         return combined
+
+    @staticmethod
+    def batch_effects(conditions, sheet: CorticalSheet, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Combined effects of many conditions on ``sheet`` at once: (multiplier, additive), each
+        (n_conditions, N) float64 (float32 on MPS) on ``device``; row i equals ``conditions[i].effect(sheet)``
+        (a control row is exactly the identity). Perturbations of one class are computed together. Treat the
+        results as read-only (see :meth:`Perturbation.batch_effect`)."""
+        conditions = list(conditions)
+        dtype = _effect_dtype(device)
+        by_class: dict[type, list[tuple[int, Perturbation]]] = {}
+        for row, condition in enumerate(conditions):
+            for perturbation in condition.perturbations:
+                by_class.setdefault(type(perturbation), []).append((row, perturbation))
+        if len(by_class) == 1:
+            kind, members = next(iter(by_class.items()))
+            if [row for row, _ in members] == list(range(len(conditions))):  # one perturbation of one kind each
+                m, a = kind.batch_effect([p for _, p in members], sheet, device)
+                return m.to(dtype), a.to(dtype)
+        multiplier = torch.ones((len(conditions), sheet.n_units), dtype=dtype, device=device)
+        additive = torch.zeros((len(conditions), sheet.n_units), dtype=dtype, device=device)
+        for kind, members in by_class.items():
+            rows = torch.tensor([row for row, _ in members], dtype=torch.long, device=device)
+            m, a = kind.batch_effect([p for _, p in members], sheet, device)
+            for picked in _slots(rows):  # a condition may hold several perturbations of one class
+                target = rows[picked]
+                multiplier[target] = multiplier[target] * m[picked].to(dtype)
+                additive[target] = additive[target] + a[picked].to(dtype)
+        return multiplier, additive
 
     def describe(self) -> dict:
         """Flat record: the label, and the parameters of the perturbation(s) (prefixed ``p<i>_`` when several)."""

@@ -1,0 +1,138 @@
+"""Sweeps that outgrow one process: the engine's chunks as Dask tasks.
+
+``simulate(..., scheduler=...)`` and ``stimsim run --scheduler ...`` accept
+
+``local``
+    a ``distributed.LocalCluster`` on this machine: one single-threaded worker process per CPU core,
+    listening on 127.0.0.1 only;
+``processes=N``
+    the same with N worker processes;
+an address (``tcp://host:8786`` or ``host:8786``)
+    a running Dask scheduler, e.g. one started by dask-jobqueue on a SLURM cluster (see the README);
+a ``distributed.Client``
+    (Python API) used as it is and left open.
+
+This process computes the unperturbed activity of every perturbed layer once (or reads it from the
+activation cache), sends it to the workers with the model, decoder and conditions (one copy per
+worker), and submits one task per chunk of conditions. Results come back here and are written to
+the simulation store as they arrive, by this process only: each chunk is written once, a chunk that
+a lost worker was computing is recomputed by Dask on another worker, and an interrupted run resumes
+from the chunks already in the store. The result is the same dataset as a single-process run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+from stimsim.errors import ConfigError
+
+#: Chunks submitted per worker thread, so that a slow or lost worker delays little of the sweep.
+CHUNKS_PER_THREAD = 4
+
+_PROCESSES = re.compile(r"processes=(\d+)")
+
+
+def parse_scheduler(text: str) -> tuple[str, object]:
+    """``("local", n_cores)``, ``("processes", N)`` or ``("address", address)`` for a ``--scheduler`` value."""
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"scheduler must be 'local', 'processes=N' or a scheduler address, got {text!r}")
+    text = text.strip()
+    if text == "local":
+        return "local", os.cpu_count() or 1
+    match = _PROCESSES.fullmatch(text)
+    if match:
+        n = int(match.group(1))
+        if n < 1:
+            raise ConfigError(f"scheduler {text!r}: the number of worker processes must be >= 1")
+        return "processes", n
+    if text.startswith("processes"):
+        raise ConfigError(f"scheduler {text!r}: write processes=N with N a positive integer, e.g. processes=4")
+    if re.fullmatch(r"(tcp|tls|inproc|ucx|ws|wss)://\S+|[\w.\-\[\]:]+:\d+", text):
+        return "address", text
+    raise ConfigError(f"scheduler {text!r} is not 'local', 'processes=N' or a scheduler address "
+                      "(tcp://host:port or host:port)")
+
+
+def check_scheduler(scheduler) -> None:
+    """Raise ConfigError now, before any work, when ``scheduler`` is not a valid ``scheduler=`` value."""
+    if scheduler is None:
+        return
+    from distributed import Client
+
+    if not isinstance(scheduler, Client):
+        parse_scheduler(scheduler)
+
+
+def add_compute_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--scheduler`` on a command that runs sweeps (``run``, ``plan``)."""
+    from stimsim.devices import add_device_argument
+
+    add_device_argument(parser)
+    add_scheduler_argument(parser)
+
+
+def add_scheduler_argument(parser: argparse.ArgumentParser) -> None:
+    """``--scheduler local|processes=N|ADDRESS`` on a command (default: this process only)."""
+    parser.add_argument("--scheduler", metavar="SCHEDULER", default=None,
+                        help="run the sweep's chunks as Dask tasks: 'local' (one worker process per core), "
+                             "'processes=N', or the address of a running Dask scheduler (tcp://host:8786); "
+                             "default: in this process")
+
+
+class ChunkPool:
+    """A Dask client (and the local cluster it started, if any) that runs the engine's chunks."""
+
+    def __init__(self, scheduler):
+        from distributed import Client, LocalCluster
+
+        self._cluster = None
+        if isinstance(scheduler, Client):
+            self.client, self._own_client = scheduler, False
+        else:
+            kind, value = parse_scheduler(scheduler)
+            if kind == "address":
+                try:
+                    self.client = Client(value, timeout="30s")
+                except OSError as exc:
+                    raise ConfigError(f"cannot reach the Dask scheduler at {value!r}: {exc}") from None
+            else:
+                self._cluster = LocalCluster(n_workers=int(value), threads_per_worker=1, processes=True,
+                                             host="127.0.0.1", dashboard_address=None)
+                self.client = Client(self._cluster)
+            self._own_client = True
+        threads = sum(self.client.nthreads().values()) or 1
+        self.min_chunks = CHUNKS_PER_THREAD * threads
+
+    def run(self, runner, chunks):
+        """(condition indices, probabilities) of every chunk, in the order they finish."""
+        from distributed import as_completed
+
+        local = [chunk for chunk in chunks if chunk[0] is None]  # the control needs no worker
+        remote = [chunk for chunk in chunks if chunk[0] is not None]
+        for chunk in local:
+            yield runner.run(chunk)
+        if not remote:
+            return
+        shared = self.client.scatter(runner.portable(remote), broadcast=True, hash=False)
+        futures = [self.client.submit(_run_chunk, shared, chunk, pure=False) for chunk in remote]
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        finally:
+            self.client.cancel(futures)
+
+    def close(self) -> None:
+        if self._own_client:
+            self.client.close()
+        if self._cluster is not None:
+            self._cluster.close()
+
+
+def _run_chunk(runner, chunk):
+    """Worker side: one chunk, with torch using as many threads as this worker has."""
+    import torch
+    from distributed import get_worker
+
+    torch.set_num_threads(max(1, int(get_worker().state.nthreads)))
+    return runner.run(chunk)

@@ -1,0 +1,121 @@
+"""Sweeps as Dask tasks (stimsim.distributed): same result as one process, lost workers, resuming."""
+import functools
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from stimsim import engine
+from stimsim.behavior import LogisticDecoder
+from stimsim.distributed import parse_scheduler
+from stimsim.errors import ConfigError
+from stimsim.models.architectures import build_network
+from stimsim.models.positions import retinotopic_positions
+from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.topographic import TopographicModel
+from stimsim.sheet import CorticalSheet
+from stimsim.stimulation import Condition, ElectricalStimulation
+
+distributed = pytest.importorskip("distributed")
+
+#: 300 µA exceeds Shannon's limit on a Utah tip; these tests want strong in-silico effects, no protocol.
+simulate = functools.partial(engine.simulate, safety_override="distributed tests: in-silico effects, no protocol")
+
+N_IMAGES = 48
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    """A tiny topographic model, images, a decoder on IT and 40 V4 sites (the general path: V4 → IT per chunk)."""
+    torch.manual_seed(0)
+    kwargs = {"n_classes": 2, "it_units": 64}
+    sheets = {"v4": CorticalSheet("v4", (128, 4, 4), retinotopic_positions((128, 4, 4), 20.0, seed=1)),
+              "it": CorticalSheet("it", (64, 1, 1), retinotopic_positions((64, 1, 1), 10.0, seed=2))}
+    model = TopographicModel(build_network("stimsim_topo", **kwargs), sheets,
+                             Preprocessing(size_px=32, channels=1, mean=(0.5,), std=(0.25,)),
+                             {"family": "stimsim_topo", "kwargs": kwargs}, name="tiny_topo")
+    rng = np.random.default_rng(0)
+    images = (rng.uniform(0, 0.5, (N_IMAGES, 32, 32)) + np.repeat([0.0, 0.5], N_IMAGES // 2)[:, None, None])
+    images = images.astype(np.float32)
+    labels = np.repeat(["dark", "bright"], N_IMAGES // 2)
+    decoder = LogisticDecoder.fit(model.activations(images, "it"), labels, layer="it", C=1.0)
+    sites = rng.uniform(1.0, 19.0, size=(40, 2))
+    conditions = [Condition("control")] + [
+        Condition(f"v4_{i:02d}", (ElectricalStimulation(((float(x), float(y)),), current_uA=300.0, frequency_Hz=200.0,
+                                                        layer="v4"),)) for i, (x, y) in enumerate(sites)]
+    return model, images, decoder, conditions
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                       dashboard_address=None)
+    with distributed.Client(cluster) as connected:
+        yield connected
+    cluster.close()
+
+
+def test_scheduler_values_are_checked():
+    assert parse_scheduler("processes=3") == ("processes", 3)
+    assert parse_scheduler("local")[0] == "local"
+    assert parse_scheduler("tcp://10.0.0.5:8786") == ("address", "tcp://10.0.0.5:8786")
+    for bad in ("processes=0", "processes=two", "nowhere", ""):
+        with pytest.raises(ConfigError, match="scheduler"):
+            parse_scheduler(bad)
+
+
+def test_killed_worker_is_replaced_and_the_result_equals_one_process(sweep, client, tmp_path, monkeypatch):
+    model, images, decoder, conditions = sweep
+    single = simulate(model, images, conditions, decoder, progress=False)
+    workers = client.run(os.getpid)
+    assert len(workers) == 2 and all(address.startswith("tcp://127.0.0.1:") for address in workers)
+    victim = sorted(workers.values())[0]
+    written, at_kill = [], []
+    real_write = engine._write_chunk
+
+    def write_and_kill_once(directory, indices, values):
+        written.append(indices.tolist())
+        real_write(directory, indices, values)
+        if len(written) == 2:  # the control and one chunk are stored; kill a worker in the middle of the sweep
+            at_kill.append(len(written))
+            os.kill(victim, signal.SIGKILL)
+
+    monkeypatch.setattr(engine, "_write_chunk", write_and_kill_once)
+    store = tmp_path / "store"
+    result = simulate(model, images, conditions, decoder, progress=False, scheduler=client, store=store)
+    n_chunks = len(written)
+    assert at_kill == [2] and n_chunks > 4  # the kill came with most chunks still to compute
+    xr.testing.assert_identical(result, single)
+    every = sorted(i for chunk in written for i in chunk)
+    assert every == list(range(len(conditions)))  # each condition written exactly once
+    assert len(list(store.glob("chunk_*.nc"))) == n_chunks
+
+
+def test_interrupted_dask_run_resumes_without_writing_twice(sweep, client, tmp_path, monkeypatch):
+    model, images, decoder, conditions = sweep
+    single = simulate(model, images, conditions, decoder, progress=False)
+    store = tmp_path / "store"
+    written = []
+    real_write = engine._write_chunk
+
+    def write_then_stop(directory, indices, values):
+        if len(written) == 3:
+            raise KeyboardInterrupt
+        written.append(indices.tolist())
+        real_write(directory, indices, values)
+
+    monkeypatch.setattr(engine, "_write_chunk", write_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(model, images, conditions, decoder, progress=False, scheduler=client, store=store)
+    first = {i for chunk in written for i in chunk}
+    stamps = {path.name: path.stat().st_mtime_ns for path in store.glob("chunk_*.nc")}
+    assert len(stamps) == 3
+    monkeypatch.setattr(engine, "_write_chunk", lambda d, i, v: (written.append(i.tolist()), real_write(d, i, v)))
+    resumed = simulate(model, images, conditions, decoder, progress=False, scheduler=client, store=store)
+    xr.testing.assert_identical(resumed, single)
+    second = [i for chunk in written[3:] for i in chunk]
+    assert sorted(second) == sorted(set(range(len(conditions))) - first)  # nothing computed or written twice
+    assert all(store.joinpath(name).stat().st_mtime_ns == stamp for name, stamp in stamps.items())
