@@ -226,7 +226,7 @@ def _alter_chunk(path, change):
 
 def test_a_changed_or_foreign_chunk_is_never_used(model, images, decoder, tmp_path):
     conditions = [Condition("control"), *it_sites(3)]
-    budget_bytes = 2 * N_IMAGES * 1280  # two IT conditions per chunk
+    budget_bytes = 2 * (4 * 64 + 48 * 64 + 24 * 2 * N_IMAGES)  # two IT conditions per chunk on the fast path
     expected = simulate(model, images, conditions, decoder, max_chunk_bytes=budget_bytes, progress=False)
     store = tmp_path / "store"
     simulate(model, images, conditions, decoder, store=store, max_chunk_bytes=budget_bytes, progress=False)
