@@ -76,9 +76,9 @@ def test_killed_worker_is_replaced_and_the_result_equals_one_process(sweep, clie
     written, at_kill = [], []
     real_write = engine._write_chunk
 
-    def write_and_kill_once(directory, indices, values):
+    def write_and_kill_once(directory, indices, *rest):
         written.append(indices.tolist())
-        real_write(directory, indices, values)
+        real_write(directory, indices, *rest)
         if len(written) == 2:  # the control and one chunk are stored; kill a worker in the middle of the sweep
             at_kill.append(len(written))
             os.kill(victim, signal.SIGKILL)
@@ -101,11 +101,11 @@ def test_interrupted_dask_run_resumes_without_writing_twice(sweep, client, tmp_p
     written = []
     real_write = engine._write_chunk
 
-    def write_then_stop(directory, indices, values):
+    def write_then_stop(directory, indices, *rest):
         if len(written) == 3:
             raise KeyboardInterrupt
         written.append(indices.tolist())
-        real_write(directory, indices, values)
+        real_write(directory, indices, *rest)
 
     monkeypatch.setattr(engine, "_write_chunk", write_then_stop)
     with pytest.raises(KeyboardInterrupt):
@@ -113,7 +113,7 @@ def test_interrupted_dask_run_resumes_without_writing_twice(sweep, client, tmp_p
     first = {i for chunk in written for i in chunk}
     stamps = {path.name: path.stat().st_mtime_ns for path in store.glob("chunk_*.nc")}
     assert len(stamps) == 3
-    monkeypatch.setattr(engine, "_write_chunk", lambda d, i, v: (written.append(i.tolist()), real_write(d, i, v)))
+    monkeypatch.setattr(engine, "_write_chunk", lambda d, i, *rest: (written.append(i.tolist()), real_write(d, i, *rest)))
     resumed = simulate(model, images, conditions, decoder, progress=False, scheduler=client, store=store)
     xr.testing.assert_identical(resumed, single)
     second = [i for chunk in written[3:] for i in chunk]
