@@ -3,6 +3,7 @@ import csv
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -422,7 +423,10 @@ def test_apply_effect_is_the_one_perturbation_arithmetic_and_the_engine_uses_it(
     images = np.random.default_rng(0).uniform(0, 1, (4, 8, 8))
     decoder = LogisticDecoder.fit(model.activations(images, "it"), ["a", "b", "a", "b"], layer="it")
     lesion = Condition("lesion", (Ablation(sites_mm=((0.0, 0.0),), radius_mm=0.5, layer="it"),))
-    engine.simulate(model, images, [Condition("control"), lesion], decoder, progress=False)
+    # the engine's general path (a decoder not known to be linear; a linear one takes the exact fast path, which
+    # never forms the perturbed activity) and the reference both perturb through apply_effect
+    general = SimpleNamespace(layer=decoder.layer, choices=decoder.choices, probabilities=decoder.probabilities)
+    engine.simulate(model, images, [Condition("control"), lesion], general, progress=False)
     engine.simulate_plain(model, images, [lesion], decoder, progress=False)
     assert len(calls) == 2
 
