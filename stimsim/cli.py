@@ -13,6 +13,7 @@ from stimsim.data.manifest import MIRROR_DIR_ENV
 from stimsim.devices import add_device_argument
 from stimsim.distributed import add_compute_arguments
 from stimsim.errors import ConfigError, StimsimError
+from stimsim.io import check_output_dir
 from stimsim.progress import report_phase
 
 
@@ -329,8 +330,10 @@ def _add_threads(command) -> None:
 def _apply_common_options(args) -> None:
     """--out, --mirror and --threads: checked and put into effect before the command runs."""
     out = getattr(args, "out", None)
-    if out is not None and not out.strip():
-        raise ConfigError("--out is empty; give a directory path")
+    if out is not None:
+        if not out.strip():
+            raise ConfigError("--out is empty; give a directory path")
+        check_output_dir(out)
     mirror = getattr(args, "mirror", None)
     if mirror is not None and getattr(args, "handler", None) is not _cmd_data_fetch:
         if not Path(mirror).is_dir():

@@ -154,11 +154,7 @@ class ResultSet:
     """
 
     def __init__(self, directory, kind: str, keep: tuple[str, ...] = (), force: bool = False):
-        if not str(directory).strip():
-            raise ConfigError("the output directory is empty text; give a directory path")
-        directory = Path(directory)
-        if directory.exists() and not directory.is_dir():
-            raise ConfigError(f"output directory {directory} is a file, not a directory")
+        directory = _checked_output_path(directory)
         self.directory, self.kind, self.keep = directory, kind, tuple(keep)
         previous = _read_manifest(directory) if (directory / RESULT_SET_FILE).is_file() else None
         self._previous = set(previous["files"]) if previous else set()
@@ -170,12 +166,7 @@ class ResultSet:
                 shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
                 raise ConfigError(f"output directory {directory} holds files stimsim did not write ({shown}); "
                                   "give a new or empty directory, or force overwriting (--force)")
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            probe = _temp_file(directory / RESULT_SET_FILE)
-            Path(probe).unlink()
-        except (PermissionError, FileExistsError, NotADirectoryError, OSError) as exc:
-            raise ConfigError(f"cannot write into output directory {directory}: {exc.strerror or exc}") from None
+        ensure_output_dir(directory)
         self._claimed: list[str] = []
         self._write_manifest(complete=False)
 
@@ -216,6 +207,41 @@ class ResultSet:
             files = {name: None for name in sorted(self._previous | set(self._claimed))}
         atomic_write_json(self.directory / RESULT_SET_FILE, {
             "format": RESULT_SET_FORMAT, "kind": self.kind, "complete": complete, "files": files})
+
+
+def _checked_output_path(directory) -> Path:
+    if not str(directory).strip():
+        raise ConfigError("the output directory is empty text; give a directory path")
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"output directory {directory} is a file, not a directory")
+    return directory
+
+
+def check_output_dir(directory) -> Path:
+    """Check, without creating anything, that the output directory ``directory`` could be written:
+    an empty path, a file, a path under a file or an unwritable place raise ConfigError."""
+    directory = _checked_output_path(directory)
+    existing = directory.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"cannot write into output directory {directory}: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write into output directory {directory}: {existing} is not writable")
+    return directory
+
+
+def ensure_output_dir(directory) -> Path:
+    """Create the output directory ``directory`` if needed and check that files can be written in it;
+    an empty path, a file, a path under a file or an unwritable directory raise ConfigError."""
+    directory = _checked_output_path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        Path(_temp_file(directory / ".write_probe")).unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write into output directory {directory}: {exc.strerror or exc}") from None
+    return directory
 
 
 def read_result_set(directory, required: tuple[str, ...] = ()) -> dict[str, Path]:

@@ -217,6 +217,20 @@ def test_cli_refuses_unusable_out_with_a_message(experiment_dir, elsewhere, caps
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", [["train", "experiments/train_stimsim_topo_seed0.toml"],
+                                     ["models", "check", "stimsim-topo-s0"]])
+def test_every_out_option_is_checked_first(elsewhere, capsys, command):
+    (elsewhere / "f").write_text("x")
+    repo = Path(__file__).resolve().parents[1]
+    argv = [str(repo / part) if part.endswith(".toml") else part for part in command]
+    code, _, err = _cli(capsys, *argv, "--out", str(elsewhere / "f" / "out"))
+    assert code == 2 and "cannot write into output directory" in err and "is a file" in err
+    # a command that fails leaves no --out behind
+    code, _, err = _cli(capsys, *argv[:-1], "no-such-model" if argv[0] == "models" else "missing.toml",
+                        "--out", "new/out")
+    assert code == 2 and not (elsewhere / "new").exists()
+
+
 def test_cli_keeps_foreign_files_unless_forced(experiment_dir, elsewhere, capsys):
     (elsewhere / "out").mkdir()
     (elsewhere / "out" / "sites.png").write_text("my figure")
