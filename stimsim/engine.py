@@ -15,7 +15,7 @@ chunk of conditions at once (:meth:`Condition.batch_effects`). Two paths then gi
   the control logits plus one float32 matrix product per chunk of conditions (see
   :meth:`_Runner._linear_readout`) — nothing of size conditions × images × units is formed;
 * general path otherwise (stages after L, or a non-linear decoder such as same/different, whose
-  |f_a − f_b| is not linear in the perturbed activity): the perturbed activity of batched (condition,
+  ``|f_a − f_b|`` is not linear in the perturbed activity): the perturbed activity of batched (condition,
   image) pairs runs through the later stages and the decoder.
 
 :func:`simulate_plain` is the reference: one full forward pass per condition with a hook on L, the effect

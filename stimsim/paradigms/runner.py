@@ -70,6 +70,9 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     """Run an experiment and write its results into ``out_dir`` as one result set
     (:class:`stimsim.io.ResultSet`); returns the summary.
 
+    The unperturbed activity of the stimulated layer is kept in the stimsim cache
+    (:mod:`stimsim.activation_cache`): another run on the same model and images skips that forward pass.
+
     Parameters
     ----------
     experiment : path of an experiment file, or an :class:`~stimsim.paradigms.spec.ExperimentSpec`.
@@ -80,9 +83,6 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     force : write into ``out_dir`` even if it holds files stimsim did not write.
     device : where the model, effects and decoder compute (cpu, cuda, cuda:N, mps, auto).
     scheduler : None (this process) or a Dask scheduler for the sweep (see :mod:`stimsim.distributed`).
-
-    The unperturbed activity of the stimulated layer is kept in the stimsim cache
-    (:mod:`stimsim.activation_cache`): another run on the same model and images skips that forward pass.
     """
     from stimsim.devices import resolve_device
     from stimsim.distributed import check_scheduler
