@@ -8,6 +8,10 @@ installed packages through a Python entry point group (``[options.entry_points]`
 ``setup.cfg``, e.g. ``stimsim.paradigms = my_task = my_lab.tasks:MyTask``): the entry point's name is
 the registered name and its object the plug-in.
 
+A registry made with ``instance_of`` holds one instance of each registered class: registering a
+subclass of ``instance_of`` (directly, as a decorator, or through an entry point) stores ``cls()``
+with its ``name`` set to the registered name; the decorator returns the class itself.
+
 >>> from stimsim.plugins import Registry
 >>> shapes = Registry("shape", entry_point_group=None)
 >>> @shapes.register("square")
@@ -38,13 +42,14 @@ class Registry:
     entry_point_group : the entry point group other packages register through (None: none).
     packages : stimsim packages whose modules are imported before the first lookup so that they can
         register themselves.
-    adapt : ``adapt(name, obj)`` → the plug-in to store for an entry point's object (e.g. an
-        instance of a class); default: the object itself.
+    instance_of : a base class: plug-ins are registered as its subclasses and stored as one instance
+        each (see the module docstring); None: any object is stored as given.
     """
 
-    def __init__(self, kind: str, entry_point_group: str | None, packages: tuple[str, ...] = (), adapt=None):
+    def __init__(self, kind: str, entry_point_group: str | None, packages: tuple[str, ...] = (),
+                 instance_of: type | None = None):
         self.kind = kind
-        self.adapt = adapt
+        self.instance_of = instance_of
         self.entry_point_group = entry_point_group
         self.packages = tuple(packages)
         self._items: dict[str, object] = {}
@@ -58,12 +63,20 @@ class Registry:
 
         def add(obj):
             known = self._items.get(name)
-            if known is not None and known is not obj:
+            if known is None:
+                self._items[name] = self._instance(name, obj) if self.instance_of else obj
+            elif obj is not (type(known) if self.instance_of else known):
                 raise ConfigError(f"{self.kind} {name!r} is registered already ({known!r})")
-            self._items[name] = obj
             return obj
 
         return add if item is None else add(item)
+
+    def _instance(self, name: str, cls):
+        if not (isinstance(cls, type) and issubclass(cls, self.instance_of)):
+            raise TypeError(f"{self.kind} {name!r} must be a {self.instance_of.__name__} subclass, got {cls!r}")
+        instance = cls()
+        instance.name = name
+        return instance
 
     def unregister(self, name: str) -> None:
         """Remove ``name`` (a registered name only)."""
@@ -114,5 +127,4 @@ class Registry:
             return
         for entry_point in entry_points(group=self.entry_point_group):
             if entry_point.name not in self._items:
-                obj = entry_point.load()
-                self.register(entry_point.name, obj if self.adapt is None else self.adapt(entry_point.name, obj))
+                self.register(entry_point.name, entry_point.load())

@@ -70,14 +70,16 @@ def test_experiment_files_name_registered_paradigms_and_datasets():
 
 
 def test_entry_points_register_third_party_plug_ins(monkeypatch):
-    registry = plugins.Registry("paradigm", entry_point_group="stimsim.test_paradigms",
-                                adapt=lambda name, obj: obj())
+    registry = plugins.Registry("paradigm", entry_point_group="stimsim.test_paradigms", instance_of=Paradigm)
     point = EntryPoint(name="lab_task", value="stimsim.paradigms.categorization:Categorization",
                        group="stimsim.test_paradigms")
     monkeypatch.setattr(plugins, "entry_points", lambda group: [point] if group == point.group else [])
     assert registry.names() == ["lab_task"] and isinstance(registry.get("lab_task"), Categorization)
+    assert registry.get("lab_task").name == "lab_task"
     with pytest.raises(ConfigError, match="registered already"):
-        registry.register("lab_task", object())
+        registry.register("lab_task", Paradigm)
+    with pytest.raises(TypeError, match="must be a Paradigm subclass"):
+        registry.register("not_a_task", object)
 
 
 def test_a_new_paradigm_is_one_class(tmp_path):

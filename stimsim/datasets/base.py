@@ -54,25 +54,14 @@ class PublishedDataset(ABC):
         """Write the model-beside-animals figure (PNG) into ``out_dir``."""
 
 
-def _instance(name: str, cls) -> PublishedDataset:
-    if not (isinstance(cls, type) and issubclass(cls, PublishedDataset)):
-        raise TypeError(f"dataset {name!r} must be a PublishedDataset subclass, got {cls!r}")
-    cls.name = name
-    return cls()
-
-
 #: Published datasets by the name experiment files use.
 DATASETS = Registry("comparison dataset", entry_point_group="stimsim.datasets", packages=("stimsim.datasets",),
-                    adapt=_instance)
+                    instance_of=PublishedDataset)
 
 
 def register_dataset(name: str):
     """Class decorator: register a :class:`PublishedDataset` subclass (an instance of it) as ``name``."""
-    def add(cls):
-        DATASETS.register(name, _instance(name, cls))
-        return cls
-
-    return add
+    return DATASETS.register(name)
 
 
 def get_dataset(name: str) -> PublishedDataset:

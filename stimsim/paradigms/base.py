@@ -115,25 +115,14 @@ class Paradigm(ABC):
         return [name for name, dataset in DATASETS.items() if dataset.paradigm == self.name]
 
 
-def _instance(name: str, cls) -> Paradigm:
-    if not (isinstance(cls, type) and issubclass(cls, Paradigm)):
-        raise TypeError(f"paradigm {name!r} must be a Paradigm subclass, got {cls!r}")
-    cls.name = name
-    return cls()
-
-
 #: Paradigms by the name experiment files use.
 PARADIGMS = Registry("paradigm", entry_point_group="stimsim.paradigms", packages=("stimsim.paradigms",),
-                     adapt=_instance)
+                     instance_of=Paradigm)
 
 
 def register_paradigm(name: str):
     """Class decorator: register a :class:`Paradigm` subclass (an instance of it) as ``name``."""
-    def add(cls):
-        PARADIGMS.register(name, _instance(name, cls))
-        return cls
-
-    return add
+    return PARADIGMS.register(name)
 
 
 def get_paradigm(name: str) -> Paradigm:
