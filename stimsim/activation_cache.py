@@ -13,7 +13,6 @@ that cannot be read, is reported with a warning and computed again.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -21,7 +20,8 @@ from typing import Callable
 
 import torch
 
-from stimsim.io import atomic_save, atomic_write_json, sha256_of
+from stimsim.hashing import json_sha256, sha256_of
+from stimsim.io import atomic_save, atomic_write_json
 
 #: Format tag of an entry's ``.json`` record.
 CACHE_FORMAT = "stimsim-activation-cache/1"
@@ -37,20 +37,11 @@ def default_directory() -> Path:
     return cache_dir() / SUBDIR
 
 
-def tensor_digest(tensor: torch.Tensor) -> str:
-    """sha256 of a tensor's shape, dtype and bytes (on the CPU)."""
-    tensor = tensor.detach().cpu().contiguous()
-    digest = hashlib.sha256(f"{tuple(tensor.shape)}:{tensor.dtype}".encode())
-    digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def entry_key(model_sha256: str, layer: str, preprocessing: dict, inputs_sha256: str) -> str:
     """The key of the activity of ``layer`` for the model whose weights digest is ``model_sha256``, on the
     images whose preprocessed-input digest is ``inputs_sha256``."""
-    record = json.dumps({"format": CACHE_FORMAT, "model": model_sha256, "layer": layer,
-                         "preprocessing": preprocessing, "inputs": inputs_sha256}, sort_keys=True)
-    return hashlib.sha256(record.encode()).hexdigest()
+    return json_sha256({"format": CACHE_FORMAT, "model": model_sha256, "layer": layer,
+                        "preprocessing": preprocessing, "inputs": inputs_sha256})
 
 
 def cached_activity(directory, key: str, compute: Callable[[], torch.Tensor], describe: dict,

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 
 from stimsim.devices import resolve_device
 from stimsim.errors import ConfigError, FileFormatError, SafetyError
+from stimsim.hashing import canonical_json, json_sha256, tensor_sha256, update_with_tensors
 from stimsim.io import atomic_save, atomic_write_json, is_temporary_file
 from stimsim.stimulation.perturbations import Condition, apply_effect
 
@@ -238,17 +239,15 @@ class _Setup:
     def weights_sha256(self) -> str:
         """sha256 of what the model's activations depend on besides the input: architecture, stages, weights."""
         if "weights" not in self._digests:
-            digest = hashlib.sha256(_canonical_json({"architecture": self.model.architecture,
-                                                     "stages": self.model.stage_names}).encode())
-            _update_with_state(digest, self.model.network.state_dict())
+            digest = hashlib.sha256(canonical_json({"architecture": self.model.architecture,
+                                                    "stages": self.model.stage_names}).encode())
+            update_with_tensors(digest, self.model.network.state_dict())
             self._digests["weights"] = digest.hexdigest()
         return self._digests["weights"]
 
     def inputs_sha256(self) -> str:
         if "inputs" not in self._digests:
-            from stimsim.activation_cache import tensor_digest
-
-            self._digests["inputs"] = tensor_digest(self.inputs)
+            self._digests["inputs"] = tensor_sha256(self.inputs)
         return self._digests["inputs"]
 
     def portable(self) -> "_Setup":
@@ -556,7 +555,7 @@ def _open_store(directory: Path, setup: _Setup, probabilities: np.ndarray, done:
     """Create the store, or check its fingerprint and load its verified chunks into ``probabilities``;
     returns the store's id (the digest of its fingerprint) that binds every chunk to it."""
     fingerprint = _fingerprint(setup)
-    store_id = _sha256_text(_canonical_json(fingerprint))
+    store_id = json_sha256(fingerprint)
     spec_path = directory / "store.json"
     if not spec_path.is_file():
         if directory.exists() and not directory.is_dir():
@@ -639,24 +638,24 @@ def _fingerprint(setup: _Setup) -> dict[str, str]:
     sheets), preprocessed images, stimulus ids, conditions (label, layer, ``describe()`` and ``to_dict()``
     when they have one) and decoder."""
     model = setup.model
-    model_digest = hashlib.sha256(_canonical_json({
+    model_digest = hashlib.sha256(canonical_json({
         "name": model.name, "architecture": model.architecture, "preprocessing": model.preprocessing.to_dict(),
         "stages": model.stage_names,
     }).encode())
-    _update_with_state(model_digest, model.network.state_dict())
+    update_with_tensors(model_digest, model.network.state_dict())
     for layer in sorted(model.sheets):
         model_digest.update(layer.encode())
         model_digest.update(np.ascontiguousarray(model.sheets[layer].coordinates_mm).tobytes())
     images_digest = hashlib.sha256(str(tuple(setup.inputs.shape)).encode())
-    _update_with_state(images_digest, {"inputs": setup.inputs})
+    update_with_tensors(images_digest, {"inputs": setup.inputs})
     conditions = [[label, layer, description, c.to_dict() if callable(getattr(c, "to_dict", None)) else None]
                   for label, layer, description, c in zip(setup.labels, setup.layers, setup.descriptions,
                                                           setup.conditions)]
     return {
         "model": model_digest.hexdigest(),
         "images": images_digest.hexdigest(),
-        "stimulus_ids": _sha256_text(_canonical_json(setup.stimulus_ids)),
-        "conditions": _sha256_text(_canonical_json(conditions)),
+        "stimulus_ids": json_sha256(setup.stimulus_ids),
+        "conditions": json_sha256(conditions),
         "decoder": _decoder_fingerprint(setup),
     }
 
@@ -665,35 +664,12 @@ def _decoder_fingerprint(setup: _Setup) -> str:
     """Digest of the decoder's frozen numbers: its ``to_dict()`` when it has one, else its pickled state."""
     decoder = setup.decoder
     if callable(getattr(decoder, "to_dict", None)):
-        state = _canonical_json(decoder.to_dict())
+        state = canonical_json(decoder.to_dict())
     else:
         try:
             state = hashlib.sha256(pickle.dumps(decoder, protocol=4)).hexdigest()
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ConfigError(f"store= needs a decoder with to_dict() or one that can be pickled; "
                               f"{type(decoder).__name__} cannot be pickled ({exc})") from None
-    return _sha256_text(_canonical_json([type(decoder).__qualname__, setup.decoder_layer,
-                                         [str(c) for c in setup.choices], state]))
+    return json_sha256([type(decoder).__qualname__, setup.decoder_layer, [str(c) for c in setup.choices], state])
 
-
-def _update_with_state(digest, tensors: dict) -> None:
-    for name, tensor in tensors.items():
-        tensor = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def _canonical_json(obj) -> str:
-    return json.dumps(obj, sort_keys=True, default=_json_value)
-
-
-def _json_value(obj):
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return repr(obj)
-
-
-def _sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,4 +1,4 @@
-"""Small file utilities: atomic writes, result sets, checksums, provenance of results.
+"""Small file utilities: atomic writes, result sets, provenance of results.
 
 Every file is written through a temporary sibling (``.NAME.<random>.tmp…``) and a rename, with the
 permissions the user's umask gives new files (colleagues on a shared server can read results when
@@ -8,7 +8,6 @@ every file, :func:`read_result_set` refuses a set whose files do not match it, a
 holds files stimsim did not write is refused unless the caller forces it."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -18,6 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from stimsim.errors import ConfigError, DataError
+from stimsim.hashing import sha256_of
+from stimsim.jsonable import json_value
 
 #: File of a result set's manifest (written last).
 RESULT_SET_FILE = "result_set.json"
@@ -66,7 +67,7 @@ def atomic_write_text(path, text: str) -> Path:
 
 
 def atomic_write_json(path, obj) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=json_value) + "\n")
 
 
 def atomic_save(path, save_fn) -> Path:
@@ -82,14 +83,6 @@ def atomic_save(path, save_fn) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
-
-
-def sha256_of(path, chunk_bytes: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(chunk_bytes), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def software_versions() -> dict:
@@ -125,18 +118,6 @@ def provenance(config: dict | None = None) -> dict:
         "software": software_versions(),
         "config": config or {},
     }
-
-
-def _json_default(obj):
-    import numpy as np
-
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"cannot write {type(obj).__name__} to JSON")
 
 
 # --- result sets -----------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from stimsim.errors import ConfigError, DataError, FileFormatError
-from stimsim.io import sha256_of
+from stimsim.hashing import sha256_of
 from stimsim.models.architectures import build_network
 from stimsim.models.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing

@@ -3,7 +3,6 @@ subject), reliability, and the comparison with a plan's predictions; saved as on
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from stimsim.analysis.comparison import compare_predictions, expected_correlatio
 from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, site_effects, \
     split_half_reliability
 from stimsim.errors import ConfigError
+from stimsim.jsonable import json_ready, json_value
 
 #: Per-site permutation p below which a site counts as significant in the summary.
 SITE_ALPHA = 0.05
@@ -48,7 +48,7 @@ class Analysis:
         data["current_uA"].attrs["units"] = "uA"
         data["shift_steps"].attrs["description"] = "x50(sham) - x50(stimulated), steps; > 0: towards 'high'"
         data["delta_auc"].attrs["description"] = "AUC of P(high) over steps scaled to [0, 1], stimulated - sham"
-        data.attrs["summary_json"] = json.dumps(self.summary, default=_json_number)
+        data.attrs["summary_json"] = json.dumps(self.summary, default=json_value)
         data.attrs["parameters_json"] = json.dumps(self.parameters, default=str)
         return data
 
@@ -131,25 +131,6 @@ def _nanmean(values) -> float:
     values = np.asarray(values, dtype=float)
     values = values[np.isfinite(values)]
     return float(values.mean()) if values.size else float("nan")
-
-
-def _json_number(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot write {type(value).__name__} to JSON")
-
-
-def json_ready(value):
-    """Summary values for JSON: NaN and infinities become null (JSON has no NaN)."""
-    if isinstance(value, dict):
-        return {key: json_ready(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_ready(item) for item in value]
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
 
 
 def save_analysis(analysis: Analysis, out_dir, sources=(), report: bool = True, force: bool = False) -> Path:

@@ -181,7 +181,7 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     """Power of the plan's chosen sites; writes ``power_curve.csv``, ``power_sites.csv``,
     ``summary.json`` and ``report.html`` / ``report.pdf`` (table and curve) into ``out_dir`` as one
     result set."""
-    from stimsim.analysis.analyze import json_ready
+    from stimsim.jsonable import json_ready
     from stimsim.analysis.figures import plot_power_curve
     from stimsim.io import ResultSet, provenance
     from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png

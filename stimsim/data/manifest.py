@@ -53,7 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from stimsim.errors import ConfigError, DataError, FileFormatError
-from stimsim.io import atomic_save, sha256_of
+from stimsim.hashing import sha256_of
+from stimsim.io import atomic_save
 
 MANIFEST_DIR_ENV = "STIMSIM_MANIFEST_DIR"
 MIRROR_DIR_ENV = "STIMSIM_MIRROR_DIR"

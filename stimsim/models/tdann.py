@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from stimsim.errors import ConfigError, FileFormatError
-from stimsim.io import sha256_of
+from stimsim.hashing import sha256_of
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel

@@ -28,7 +28,8 @@ import xarray as xr
 from torch import nn
 
 from stimsim.errors import ConfigError, DataError, FileFormatError
-from stimsim.io import atomic_write_bytes, atomic_write_json, sha256_of
+from stimsim.hashing import sha256_of
+from stimsim.io import atomic_write_bytes, atomic_write_json
 from stimsim.models.architectures import StimsimTopoNet, build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.stages import split_network

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from stimsim.errors import ConfigError, FileFormatError
-from stimsim.io import sha256_of
+from stimsim.hashing import sha256_of
 from stimsim.models.architectures import build_network
 from stimsim.models.positions import build_sheet
 from stimsim.models.preprocessing import Preprocessing

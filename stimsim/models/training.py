@@ -9,8 +9,6 @@ naming the step); the last good checkpoint stays as it was.
 from __future__ import annotations
 
 import csv
-import hashlib
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ from tqdm.auto import tqdm
 from stimsim.config import Section, load_toml
 from stimsim.errors import ConfigError, FileFormatError, TrainingDiverged
 from stimsim.figures import pyplot, save_figure
+from stimsim.hashing import json_sha256
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance
 from stimsim.models.architectures import build_network
 from stimsim.models.positions import build_sheet
@@ -73,7 +72,7 @@ class TrainingConfig:
     raw: dict = field(default_factory=dict)
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(self.raw, sort_keys=True).encode()).hexdigest()[:16]
+        return json_sha256(self.raw)[:16]
 
 
 def load_training_config(path_or_dict) -> TrainingConfig:

@@ -39,20 +39,19 @@ figures (PNG)
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import warnings
 from pathlib import Path
 
 import numpy as np
-import torch
 import xarray as xr
 
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.datasets import DATASETS
 from stimsim.errors import ConfigError, DataError
-from stimsim.io import ResultSet, provenance, read_result_set, sha256_of
+from stimsim.hashing import sha256_of, state_sha256
+from stimsim.io import ResultSet, provenance, read_result_set
+from stimsim.jsonable import json_ready
 from stimsim.models.registry import load_model, model_path
 from stimsim.models.topographic import TopographicModel
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection, plot_sites, select_sites
@@ -150,7 +149,7 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
         warnings.warn(message, stacklevel=2)
         data_summary = {"comparison_skipped": message}
 
-    summary = _json_ready({
+    summary = json_ready({
         "experiment": spec.name, "paradigm": spec.paradigm, "model": model_record["name"], "layer": layer,
         "cortex_mm_per_model_mm": scale, "scale_overridden": scale_overridden,
         "model_cortex_mm_per_model_mm": model_scale["cortex_mm_per_model_mm"], "scale_rule": model_scale["rule"],
@@ -158,7 +157,7 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
         "site_method": spec.sites.method, **summary, **data_summary,
     })
     created = provenance()
-    config = _json_ready({
+    config = json_ready({
         "experiment": spec.to_dict(),
         "experiment_file": spec.source,
         "experiment_sha256": spec.sha256(),
@@ -273,7 +272,7 @@ def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
 def _load_model(spec: ExperimentSpec, model):
     """The model and the record stored with results (name, where from, checksums)."""
     if isinstance(model, TopographicModel):
-        return model, {"name": model.name, "source": "in-memory model", "state_sha256": _state_sha256(model)}
+        return model, {"name": model.name, "source": "in-memory model", "state_sha256": state_sha256(model.network.state_dict())}
     if model is not None and not isinstance(model, (str, Path)):
         raise ConfigError(f"model must be a name, a model directory or a TopographicModel, got {type(model).__name__}")
     directory = model_path(spec.model)
@@ -281,18 +280,8 @@ def _load_model(spec: ExperimentSpec, model):
     record = {"name": topo.name, "source": str(directory),
               "weights_sha256": sha256_of(directory / "weights.pt"),
               "model_json_sha256": sha256_of(directory / "model.json"),
-              "state_sha256": _state_sha256(topo)}
+              "state_sha256": state_sha256(topo.network.state_dict())}
     return topo, record
-
-
-def _state_sha256(model) -> str:
-    """sha256 of the network's parameters and buffers (names, shapes, dtypes and bytes)."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.network.state_dict().items()):
-        tensor = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def _safety_arguments(spec: ExperimentSpec) -> dict:
@@ -323,21 +312,6 @@ def _results_dataset(probabilities: xr.DataArray, metrics: xr.Dataset, selection
     if data is not None:
         dataset = dataset.merge(data)
     return dataset
-
-
-def _json_ready(value):
-    """Numbers, lists and dicts for JSON: numpy scalars as Python numbers, NaN and inf as null."""
-    if isinstance(value, dict):
-        return {str(k): _json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_ready(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return [_json_ready(v) for v in value.tolist()]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def load_results(out_dir) -> tuple[xr.Dataset, dict, dict]:

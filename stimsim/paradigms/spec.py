@@ -89,7 +89,6 @@ key, e.g. Fashion-MNIST's draw, is that set's).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -99,6 +98,7 @@ from typing import Any
 from stimsim.config import load_toml
 from stimsim.datasets import DATASETS
 from stimsim.errors import ConfigError, SafetyError
+from stimsim.hashing import json_sha256
 from stimsim.paradigms.base import PARADIGMS
 from stimsim.paradigms.schema import SafetyFile, validate_file
 from stimsim.stimulation import SafetyLimits, enforce, perturbation_from_dict
@@ -223,7 +223,7 @@ class ExperimentSpec:
 
     def sha256(self) -> str:
         """Digest of :meth:`to_dict` (canonical JSON)."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+        return json_sha256(self.to_dict())
 
 
 #: Stimulus sources whose ``path`` names a file or folder.

@@ -19,13 +19,12 @@ top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehr
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from stimsim.config import Section, load_toml
 from stimsim.errors import ConfigError
+from stimsim.hashing import json_sha256
 from stimsim.planning.rehearsal import TaskSpec
 from stimsim.planning.selection import SelectionSpec
 from stimsim.planning.sequences import SequenceSpec
@@ -82,7 +81,7 @@ class PlanConfig:
         """sha256 of the resolved parameters: a cache of another configuration is never reused."""
         record = self.to_dict()
         record.pop("description")
-        return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+        return json_sha256(record)
 
 
 def _number_or_none(section: Section, key: str):

@@ -27,7 +27,8 @@ import pandas as pd
 import xarray as xr
 
 from stimsim.errors import ConfigError
-from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance, sha256_of
+from stimsim.hashing import sha256_of
+from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance
 from stimsim.planning.config import PlanConfig, load_plan_config
 from stimsim.planning.rehearsal import fit_readouts, rehearse
 from stimsim.planning.selection import check_broken, choose_sites
