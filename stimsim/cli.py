@@ -104,7 +104,8 @@ def _cmd_plan(args) -> int:
 
     if args.validate is not None and args.validate < 1:
         raise ConfigError(f"--validate needs a number of hidden poses >= 1, got {args.validate}")
-    summary = run_plan(args.config, args.out, progress=not args.no_progress, validate=args.validate or 0)
+    summary = run_plan(args.config, args.out, progress=not args.no_progress, validate=args.validate or 0,
+                       device=args.device, scheduler=args.scheduler)
     shown = {key: summary[key] for key in ("task", "n_sites", "chosen_electrodes", "chosen_model", "current_uA",
                                            "predicted_vs_true_r") if key in summary}
     if "validation" in summary:
@@ -255,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--no-progress", action="store_true", help="hide progress bars")
     _add_mirror(plan)
     _add_threads(plan)
+    add_compute_arguments(plan)
     plan.set_defaults(handler=_cmd_plan)
 
     bench = commands.add_parser("bench", help="benchmark the simulation engine: exact lower bound, cached baseline, "

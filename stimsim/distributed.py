@@ -1,6 +1,6 @@
 """Sweeps that outgrow one process: the engine's chunks as Dask tasks.
 
-``simulate(..., scheduler=...)`` and ``stimsim run --scheduler ...`` accept
+``simulate(..., scheduler=...)``, ``stimsim run --scheduler ...`` and ``stimsim plan --scheduler ...`` accept
 
 ``local``
     a ``distributed.LocalCluster`` on this machine: one single-threaded worker process per CPU core,
@@ -18,12 +18,17 @@ worker), and submits one task per chunk of conditions. Results come back here an
 the simulation store as they arrive, by this process only: each chunk is written once, a chunk that
 a lost worker was computing is recomputed by Dask on another worker, and an interrupted run resumes
 from the chunks already in the store. The result is the same dataset as a single-process run.
+
+``stimsim plan --scheduler ...`` keeps one client for the whole plan (:func:`shared_scheduler`) and runs
+each site's rehearsal sweep — small, one per site — as one task (:func:`run_tasks`), the model sent to
+every worker once per phase.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
+from contextlib import contextmanager
 
 from stimsim.errors import ConfigError
 
@@ -80,6 +85,64 @@ def add_scheduler_argument(parser: argparse.ArgumentParser) -> None:
                              "default: in this process")
 
 
+@contextmanager
+def shared_scheduler(scheduler):
+    """One Dask client for a job that sends work to the workers many times (``stimsim plan``): yields what to
+    pass on as ``scheduler=`` — None for this process, else a ``distributed.Client`` whose workers (and the
+    local cluster started for them, if any) serve every call and are closed at the end."""
+    if scheduler is None:
+        yield None
+        return
+    pool = ChunkPool(scheduler)
+    try:
+        yield pool.client
+    finally:
+        pool.close()
+
+
+def run_tasks(scheduler, function, shared, jobs, settings: dict):
+    """``(key, function(shared, job, settings))`` for every ``(key, job)`` of ``jobs``, as the tasks finish, each
+    computed by a worker of ``scheduler`` (as in :class:`ChunkPool`; a Client is left open). ``shared`` (e.g.
+    the model) is sent to every worker once; ``jobs`` is read lazily, keeping two tasks per worker thread in
+    flight, so the inputs of a long list never all sit in memory at once. A task a lost worker was running is
+    recomputed by Dask elsewhere."""
+    from distributed import as_completed
+
+    pool = ChunkPool(scheduler)
+    try:
+        client = pool.client
+        in_flight = 2 * pool.threads
+        remote = client.scatter(shared, broadcast=True, hash=False)
+        jobs = iter(jobs)
+        keys, pending = {}, as_completed()
+
+        def submit_next() -> bool:
+            for key, job in jobs:
+                future = client.submit(_run_task, function, remote, job, settings, pure=False)
+                keys[future.key] = key
+                pending.add(future)
+                return True
+            return False
+
+        for _ in range(in_flight):
+            if not submit_next():
+                break
+        for future in pending:
+            yield keys.pop(future.key), future.result()
+            submit_next()
+    finally:
+        pool.close()
+
+
+def _run_task(function, shared, job, settings):
+    """Worker side of :func:`run_tasks`: torch uses as many threads as this worker has."""
+    import torch
+    from distributed import get_worker
+
+    torch.set_num_threads(max(1, int(get_worker().state.nthreads)))
+    return function(shared, job, settings)
+
+
 class ChunkPool:
     """A Dask client (and the local cluster it started, if any) that runs the engine's chunks."""
 
@@ -101,8 +164,8 @@ class ChunkPool:
                                              host="127.0.0.1", dashboard_address=None)
                 self.client = Client(self._cluster)
             self._own_client = True
-        threads = sum(self.client.nthreads().values()) or 1
-        self.min_chunks = CHUNKS_PER_THREAD * threads
+        self.threads = sum(self.client.nthreads().values()) or 1
+        self.min_chunks = CHUNKS_PER_THREAD * self.threads
 
     def run(self, runner, chunks):
         """(condition indices, probabilities) of every chunk, in the order they finish."""

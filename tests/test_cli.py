@@ -56,7 +56,7 @@ def test_run_reports_a_missing_experiment_file(tmp_path, capsys):
     assert "missing.toml" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("words", [["run"], ["train"], ["models", "check"], ["bench"]], ids=" ".join)
+@pytest.mark.parametrize("words", [["run"], ["plan"], ["train"], ["models", "check"], ["bench"]], ids=" ".join)
 def test_compute_commands_take_a_device(words, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args([*words, "--help"])

@@ -2,6 +2,7 @@
 refusals, sessions from the virtual subject, and the validation null."""
 import json
 import re
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -142,6 +143,43 @@ def test_plan_resumes_and_refuses_another_configuration(plan_dir, tmp_path):
     other = _write_plan(tmp_path / "other", current=40)
     with pytest.raises(ConfigError, match="other parameters"):
         run_plan(other, out, progress=False)
+
+
+def test_plan_on_dask_workers_equals_one_process(plan_dir, tmp_path):
+    config, out = plan_dir
+    spread = tmp_path / "dask"
+    # Subject, mapping and sequences do not simulate: start from the single-process plan's, so the phases that
+    # run on the workers (every model's rehearsal and the subject's truth) are recomputed there.
+    (spread / "cache").mkdir(parents=True)
+    shutil.copytree(out / "subject", spread / "subject")
+    for name in ("config_digest.txt", "mapping.json", "sequences.npz"):
+        shutil.copy(out / "cache" / name, spread / "cache" / name)
+    assert main(["plan", str(config), "--out", str(spread), "--no-progress", "--device", "cpu",
+                 "--scheduler", "processes=2"]) == 0
+    assert sorted(p.name for p in (spread / "cache").glob("rehearsal_*.npz")) == ["rehearsal_stimsim-topo-s0.npz"]
+    for name in ("plan.nc", "truth/subject_p_high.nc"):
+        with xr.open_dataset(out / name, engine="h5netcdf") as one, \
+                xr.open_dataset(spread / name, engine="h5netcdf") as two:
+            xr.testing.assert_identical(two.load(), one.load())
+    assert (spread / "sites.csv").read_text() == (out / "sites.csv").read_text()
+    recorded = json.loads((spread / "config.json").read_text())
+    assert (recorded["device"], recorded["scheduler"]) == ("cpu", "processes=2")
+    assert json.loads((out / "config.json").read_text())["scheduler"] is None
+
+
+def test_plan_refuses_a_bad_device_or_scheduler_before_any_work(tmp_path, capsys):
+    import torch
+
+    config = _write_plan(tmp_path / "config")
+    out = tmp_path / "out"
+    assert main(["plan", str(config), "--out", str(out), "--device", "tpu"]) == 2
+    assert "stimsim: error: unknown device 'tpu'" in capsys.readouterr().err
+    assert main(["plan", str(config), "--out", str(out), "--scheduler", "processes=0"]) == 2
+    assert "stimsim: error:" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["plan", str(config), "--out", str(out), "--device", "cuda"]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_unsafe_protocol_stops_the_plan_naming_the_limit(tmp_path, capsys):

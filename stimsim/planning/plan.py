@@ -88,9 +88,11 @@ def _stimulation_report(config: PlanConfig) -> dict:
 class PlanInputs:
     """Recordings, images and layout the plan works from (and the virtual subject, if any)."""
 
-    def __init__(self, config: PlanConfig, out_dir: Path, progress: bool, subject_seed: int | None = None):
+    def __init__(self, config: PlanConfig, out_dir: Path, progress: bool, subject_seed: int | None = None,
+                 device="cpu"):
         from stimsim.recordings import load_recordings
 
+        self.device = device
         self.subject = None
         self.subject_dir = None
         if config.recordings is None:
@@ -113,6 +115,7 @@ class PlanInputs:
                         raw["array"] = {key: value for key, value in raw.get("array", {}).items() if key != "pose"}
                         subject = VirtualSubject.create(raw, source=str(config.subject_config), model=subject.model)
                         subject.config_dir = config.subject_config.parent
+                    subject.model.to(device)
                     subject.save(self.subject_dir)
             recordings = load_recordings(self.subject_dir / "recordings.nc")
             self.images = read_stimuli_npz(self.subject_dir / "stimuli.npz")
@@ -138,6 +141,7 @@ class PlanInputs:
 
         if self.subject is None and self.subject_dir is not None:
             self.subject = VirtualSubject.load(self.subject_dir)
+            self.subject.model.to(self.device)
         return self.subject
 
 
@@ -181,31 +185,57 @@ def _points(layout, pose_dicts, electrodes) -> np.ndarray:
     return np.stack([layout.on_sheet(ArrayPose.from_dict(p))[index] for p in pose_dicts], axis=1)
 
 
-def run_plan(config_path, out_dir, progress: bool = True, validate: int = 0) -> dict:
+def run_plan(config_path, out_dir, progress: bool = True, validate: int = 0, device="cpu", scheduler=None) -> dict:
     """Run the plan of ``config_path`` into ``out_dir``; returns the summary (also in summary.json).
     ``validate`` > 0 (virtual subjects only) then repeats the closed loop on that many hidden poses
-    (:mod:`stimsim.planning.validation`) and writes ``validation.json``."""
+    (:mod:`stimsim.planning.validation`) and writes ``validation.json``.
+
+    device : where the models, sequence optimisation, effects and decoders compute (cpu, cuda, cuda:N, mps,
+        auto; :mod:`stimsim.devices`).
+    scheduler : None (this process), or a Dask scheduler (``"local"``, ``"processes=N"``, an address or a
+        ``distributed.Client``) whose workers run the rehearsal sweeps, one task per site
+        (:mod:`stimsim.distributed`); one set of workers serves the whole plan. The results are the same.
+    """
+    from stimsim.devices import resolve_device
+    from stimsim.distributed import check_scheduler, shared_scheduler
+
+    device = resolve_device(device)
+    check_scheduler(scheduler)
     config = load_plan_config(config_path)
     if validate and config.subject_config is None:
         raise ConfigError(f"{config.path}: --validate needs a virtual subject made from a file ([subject] config = ...)")
-    summary = plan_once(config, Path(out_dir), progress)
-    if validate:
-        from stimsim.planning.validation import validate_plan
+    compute = {"device": device, "scheduler_description": _describe_scheduler(scheduler)}
+    with shared_scheduler(scheduler) as client:
+        compute["scheduler"] = client
+        summary = plan_once(config, Path(out_dir), progress, compute=compute)
+        if validate:
+            from stimsim.planning.validation import validate_plan
 
-        summary["validation"] = validate_plan(config, Path(out_dir), validate, progress=progress)
+            summary["validation"] = validate_plan(config, Path(out_dir), validate, progress=progress,
+                                                  compute=compute)
     return summary
 
 
+def _describe_scheduler(scheduler) -> str | None:
+    """What config.json records for ``scheduler``: its text, or the scheduler address of a Client."""
+    if scheduler is None or isinstance(scheduler, str):
+        return scheduler
+    return str(scheduler.scheduler.address)
+
+
 def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_seed: int | None = None,
-              write_report: bool = True) -> dict:
+              write_report: bool = True, compute: dict | None = None) -> dict:
     """One plan: every phase, then the outputs (``write_report`` False: summary.json, sites.csv and the truth
-    only). ``subject_seed`` makes the virtual subject with that seed (another hidden pose)."""
+    only). ``subject_seed`` makes the virtual subject with that seed (another hidden pose). ``compute``:
+    ``device`` (a torch.device), ``scheduler`` (None or a distributed.Client) and ``scheduler_description``
+    (recorded in config.json), as :func:`run_plan` sets them; default: the CPU, this process."""
     from stimsim.models.registry import load_model
 
     safety = _stimulation_report(config)  # refuses an unsafe protocol before anything is computed
     cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else ""))
-    inputs = PlanInputs(config, out_dir, progress, subject_seed)
-    models = {name: load_model(name) for name in config.candidates}
+    compute = {"device": "cpu", "scheduler": None, "scheduler_description": None, **(compute or {})}
+    inputs = PlanInputs(config, out_dir, progress, subject_seed, device=compute["device"])
+    models = {name: load_model(name, device=compute["device"]) for name in config.candidates}
     mapping = cache.json("mapping", lambda: _mapping_phase(config, inputs, models, progress))
     chosen_model = mapping["selection"]["model"][0]
     working = mapping["working"]
@@ -223,14 +253,15 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
     rehearsals = {}
     for name, model in models.items():
         rehearsals[name] = cache.arrays(f"rehearsal_{_safe(name)}", lambda model=model, name=name: _rehearsal_phase(
-            config, model, sequences, registered_points(name), progress))
+            config, model, sequences, registered_points(name), progress, compute["scheduler"]))
     plan = _assemble(config, inputs, mapping, chosen_model, sequences, rehearsals, safety, registered_points)
     truth = None
     if inputs.subject_dir is not None:
-        truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, sequences, progress))
+        truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, sequences, progress,
+                                                           compute["scheduler"]))
         _write_truth(out_dir, truth, working, sequences)
     return _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, rehearsals, plan, truth,
-                          safety, models, write_report)
+                          safety, models, write_report, compute)
 
 
 def _safe(name: str) -> str:
@@ -258,7 +289,7 @@ def off_sheet(sheet, points: np.ndarray) -> np.ndarray:
     return (points[..., 0] < x0) | (points[..., 0] > x1) | (points[..., 1] < y0) | (points[..., 1] > y1)
 
 
-def _rehearsal_phase(config, model, sequences, points, progress) -> dict:
+def _rehearsal_phase(config, model, sequences, points, progress, scheduler=None) -> dict:
     """The task in ``model`` at every electrode's mapped points (fitted pose, then bootstrap poses). A pose can
     send an electrode off the sheet: that (electrode, pose) has no prediction (NaN; left out of the pooled
     prediction and its interval); it is simulated at the nearest sheet point only to keep the batch
@@ -273,7 +304,7 @@ def _rehearsal_phase(config, model, sequences, points, progress) -> dict:
     responses = _site_responses(model, sequences["images"], pool)
     result = rehearse(model, sequences["images"], simulated, config.stimulation, readouts, config.task_spec,
                       responses, noise_sd, seed=config.seed, progress=progress, safety_limits=config.safety,
-                      safety_override=config.safety_override)
+                      safety_override=config.safety_override, scheduler=scheduler)
     p_high, delta = result.p_high.copy(), result.delta_auc.copy()
     p_high[:, 1:][outside] = np.nan
     delta[outside] = np.nan
@@ -290,7 +321,7 @@ def _site_responses(model, images, pool) -> np.ndarray:
     return np.einsum("sif,sf->si", activity, weights).reshape(n_sites, n_seq, n_steps).astype(np.float64)
 
 
-def _truth_phase(config, subject, working, sequences, progress) -> dict:
+def _truth_phase(config, subject, working, sequences, progress, scheduler=None) -> dict:
     """The virtual subject's own P(high) for the plan's sequences: its decoders, its true positions."""
     sites = subject.electrode_sites_mm()
     points = np.array([sites[e] for e in working])[:, None, :]
@@ -298,7 +329,7 @@ def _truth_phase(config, subject, working, sequences, progress) -> dict:
                                progress=progress)
     result = rehearse(subject.model, sequences["images"], points, config.stimulation, readouts, config.task_spec,
                       seed=config.seed + 1, progress=progress, safety_limits=config.safety,
-                      safety_override=config.safety_override)
+                      safety_override=config.safety_override, scheduler=scheduler)
     dead = np.array([e in set(subject.dead_electrodes) for e in working])
     return {"p_high": result.p_high, "delta_auc": result.delta_auc[:, 0], "dead": dead}
 
@@ -336,7 +367,7 @@ def _write_truth(out_dir: Path, truth: dict, working, sequences) -> None:
 
 
 def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, rehearsals, plan, truth, safety,
-                   models, write_report: bool = True) -> dict:
+                   models, write_report: bool, compute: dict) -> dict:
     from stimsim.planning.report import build_report
 
     working = mapping["working"]
@@ -402,6 +433,8 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, re
     atomic_save(out_dir / "plan.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
     record = provenance(config.to_dict())
     record["model_checksums"] = {name: model_checksums(name) for name in models}
+    record["device"] = str(compute["device"])
+    record["scheduler"] = compute["scheduler_description"]
     atomic_write_json(out_dir / "config.json", record)
     atomic_write_json(out_dir / "summary.json", summary)
     build_report(config, inputs, mapping, chosen_model, sequences, rehearsals, plan, sites, summary, truth,

@@ -76,8 +76,11 @@ class SequenceReadouts:
     def probabilities(self, features: torch.Tensor, stimulus_index: torch.Tensor | None = None) -> torch.Tensor:
         if stimulus_index is None:
             raise ValueError("SequenceReadouts needs the stimulus index of every image")
-        sequence = self.stimulus_sequence[stimulus_index]
-        logit = (features.double() * self.weight[sequence]).sum(-1) + self.bias[sequence]
+        device = features.device
+        dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+        sequence = self.stimulus_sequence[stimulus_index.cpu()].to(device)
+        weight, bias = self.weight.to(device=device, dtype=dtype), self.bias.to(device=device, dtype=dtype)
+        logit = (features.to(dtype) * weight[sequence]).sum(-1) + bias[sequence]
         high = torch.sigmoid(logit)
         return torch.stack([high, 1 - high], dim=-1).to(features.dtype)
 
@@ -152,7 +155,8 @@ def stimulation_at(point_mm, template: dict) -> ElectricalStimulation:
 
 def rehearse(model, sequence_images: np.ndarray, points_mm: np.ndarray, stimulation: dict, readouts: SequenceReadouts,
              spec: TaskSpec, site_response: np.ndarray | None = None, noise_sd: np.ndarray | None = None,
-             seed: int = 0, progress: bool = True, safety_limits=None, safety_override: str | None = None) -> Rehearsal:
+             seed: int = 0, progress: bool = True, safety_limits=None, safety_override: str | None = None,
+             device=None, scheduler=None) -> Rehearsal:
     """P(high) along every sequence without and with stimulation.
 
     sequence_images : (n_sites, n_sequences, n_steps, H, W) in [0, 1].
@@ -160,6 +164,10 @@ def rehearse(model, sequence_images: np.ndarray, points_mm: np.ndarray, stimulat
         point under the fitted pose and under every bootstrap pose).
     stimulation : ElectricalStimulation keyword arguments other than ``sites_mm`` (current_uA, ...).
     safety_limits, safety_override : passed to the engine's safety gate.
+    device : where :func:`stimsim.engine.simulate` computes (None: where the model is).
+    scheduler : None (this process) or a Dask scheduler (:mod:`stimsim.distributed`; a ``distributed.Client``
+        is used as it is): each site's sweep is one Dask task, the model is sent to every worker once. The
+        result is the same.
     """
     n_sites, n_seq, n_steps = sequence_images.shape[:3]
     points = np.asarray(points_mm, dtype=np.float64)
@@ -168,17 +176,35 @@ def rehearse(model, sequence_images: np.ndarray, points_mm: np.ndarray, stimulat
     p_high = np.empty((n_sites, points.shape[1] + 1, n_seq, n_steps))
     x = np.linspace(0.0, 1.0, n_steps)
     rng = np.random.default_rng([seed, 0xE7A1])
-    for site in tqdm(range(n_sites), desc="rehearsal", unit="site", disable=not progress):
-        noisy = _noisy(sequence_images[site].reshape(-1, *sequence_images.shape[3:]), spec.n_eval, spec.noise_sd, rng)
-        images = list(noisy.reshape(-1, *noisy.shape[2:]))  # (seq, step, copy) in C order
-        conditions = [Condition("control")] + [
-            Condition(f"stim_{k}", (stimulation_at(point, stimulation),)) for k, point in enumerate(points[site])]
-        decoder = readouts.subset(np.arange(site * n_seq, (site + 1) * n_seq),
-                                  np.repeat(np.arange(n_seq), n_steps * spec.n_eval))
-        result = simulate(model, images, conditions, decoder, progress=False, safety_limits=safety_limits,
-                          safety_override=safety_override)
-        p_high[site] = result.sel(choice="high").values.reshape(len(conditions), n_seq, n_steps, spec.n_eval).mean(-1)
+
+    def sweeps():  # one site's images, conditions and decoder, drawn in site order (the noise is seeded)
+        for site in range(n_sites):
+            noisy = _noisy(sequence_images[site].reshape(-1, *sequence_images.shape[3:]), spec.n_eval, spec.noise_sd,
+                           rng)
+            images = noisy.reshape(-1, *noisy.shape[2:])  # (seq, step, copy) in C order
+            conditions = [Condition("control")] + [
+                Condition(f"stim_{k}", (stimulation_at(point, stimulation),)) for k, point in enumerate(points[site])]
+            decoder = readouts.subset(np.arange(site * n_seq, (site + 1) * n_seq),
+                                      np.repeat(np.arange(n_seq), n_steps * spec.n_eval))
+            yield site, (images, conditions, decoder)
+
+    settings = {"safety_limits": safety_limits, "safety_override": safety_override, "device": device}
+    if scheduler is None:
+        results = ((site, _site_sweep(model, sweep, settings)) for site, sweep in sweeps())
+    else:
+        from stimsim.distributed import run_tasks
+
+        results = run_tasks(scheduler, _site_sweep, model, sweeps(), settings)
+    for site, probabilities in tqdm(results, total=n_sites, desc="rehearsal", unit="site", disable=not progress):
+        p_high[site] = probabilities.reshape(-1, n_seq, n_steps, spec.n_eval).mean(-1)
     effects = delta_auc(p_high[:, 1:], np.broadcast_to(p_high[:, :1], p_high[:, 1:].shape), x=x, axis=-1)
     stn = (slope_to_noise(site_response, noise_sd) if site_response is not None and noise_sd is not None
            else np.full((n_sites, n_seq), np.nan))
     return Rehearsal(p_high=p_high, delta_auc=np.asarray(effects), slope_to_noise=stn, readouts=readouts)
+
+
+def _site_sweep(model, sweep, settings: dict) -> np.ndarray:
+    """P(high) of one site's sweep, (n_conditions, n_images), by the engine in this process."""
+    images, conditions, decoder = sweep
+    result = simulate(model, list(images), conditions, decoder, progress=False, **settings)
+    return result.sel(choice="high").values

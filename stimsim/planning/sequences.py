@@ -124,10 +124,11 @@ def pooling_matrix(sheet, sites_mm, radius_mm: float) -> torch.Tensor:
 
 
 def _features(model, pixels: torch.Tensor, layer: str) -> torch.Tensor:
-    """Activity of ``layer`` (flattened) for images in [0, 1] given as (B, C, H, W), with gradients."""
+    """Activity of ``layer`` (flattened) for images in [0, 1] given as (B, C, H, W) on the model's device,
+    with gradients."""
     p = model.preprocessing
-    mean = torch.tensor(p.mean, dtype=pixels.dtype).view(1, -1, 1, 1)
-    std = torch.tensor(p.std, dtype=pixels.dtype).view(1, -1, 1, 1)
+    mean = torch.tensor(p.mean, dtype=pixels.dtype, device=pixels.device).view(1, -1, 1, 1)
+    std = torch.tensor(p.std, dtype=pixels.dtype, device=pixels.device).view(1, -1, 1, 1)
     x = (pixels - mean) / std
     for name, module in model.stages:
         x = module(x)
@@ -147,25 +148,27 @@ def _place_steps(model, starts, ends, pool, layer, half: int, sign: float, grid:
     evenly towards the best response reached on that line (first crossing of each level on a grid of
     ``grid`` points, so the responses never step back). Returns (sites, seq, half, C, H, W)."""
     n_sites, n_seq = starts.shape[:2]
-    fractions = torch.linspace(0, 1, grid + 1)[1:]
+    device = starts.device
+    fractions = torch.linspace(0, 1, grid + 1, device=device)[1:]
     path = starts[:, :, None] + fractions.view(1, 1, -1, 1, 1, 1) * (ends - starts)[:, :, None]
     with torch.no_grad():
         flat = path.reshape(-1, *starts.shape[2:])
         r = torch.cat([_features(model, flat[i:i + 512], layer) @ pool.T for i in range(0, len(flat), 512)])
         r0 = torch.cat([_features(model, starts.reshape(-1, *starts.shape[2:]), layer) @ pool.T])
-    site = torch.arange(n_sites).repeat_interleave(n_seq)
-    own = sign * r.view(n_sites * n_seq, grid, n_sites)[torch.arange(n_sites * n_seq), :, site]  # larger = further
-    own0 = sign * r0[torch.arange(n_sites * n_seq), site]
+    site = torch.arange(n_sites, device=device).repeat_interleave(n_seq)
+    rows = torch.arange(n_sites * n_seq, device=device)
+    own = sign * r.view(n_sites * n_seq, grid, n_sites)[rows, :, site]  # larger = further
+    own0 = sign * r0[rows, site]
     best = torch.cummax(own, dim=1).values
     reach = best[:, -1]
-    chosen = torch.empty(n_sites * n_seq, half, dtype=torch.long)
+    chosen = torch.empty(n_sites * n_seq, half, dtype=torch.long, device=device)
     for m in range(1, half + 1):
         level = own0 + (reach - own0) * m / half
         crossed = best >= level[:, None] - 1e-12
         chosen[:, m - 1] = crossed.float().argmax(dim=1)
     chosen = torch.cummax(chosen, dim=1).values
     flat_path = path.reshape(n_sites * n_seq, grid, *starts.shape[2:])
-    picked = flat_path[torch.arange(n_sites * n_seq)[:, None], chosen]
+    picked = flat_path[rows[:, None], chosen]
     return picked.view(n_sites, n_seq, half, *starts.shape[2:])
 
 
@@ -177,26 +180,30 @@ def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = Sequen
     input); every site's other sites are the remaining entries of ``sites_mm``. ``companions``: further
     (model, sites_mm) pairs — the same sites mapped on other instances — whose loss terms are added when
     ``spec.ensemble`` is true. Start images, step placement and the recorded responses use ``model``.
+    Everything computes on ``model.device`` (the companions must be on the same device).
     """
     layer = model.resolve_layer(layer)
     sheet = model.sheet(layer)
     sites = np.asarray(sites_mm, dtype=np.float64).reshape(-1, 2)
     n_sites, s = len(sites), spec
-    pool = pooling_matrix(sheet, sites, spec.recording_radius_mm)
+    device = model.device
+    pool = pooling_matrix(sheet, sites, spec.recording_radius_mm).to(device)
     p = model.preprocessing
-    natural = model.preprocess(natural_images) * torch.tensor(p.std).view(1, -1, 1, 1) + torch.tensor(p.mean).view(1, -1, 1, 1)
-    natural = natural.clamp(0, 1)
+    natural = model.preprocess(natural_images)  # normalised, on the model's device
+    natural = (natural * torch.tensor(p.std, device=device).view(1, -1, 1, 1)
+               + torch.tensor(p.mean, device=device).view(1, -1, 1, 1)).clamp(0, 1)
     if len(natural) < s.n_sequences:
         raise ConfigError(f"{len(natural)} natural images cannot start {s.n_sequences} sequences per site")
     with torch.no_grad():
         responses = torch.cat([_features(model, natural[i:i + 256], layer) @ pool.T
-                               for i in range(0, len(natural), 256)]).numpy().astype(np.float64)
+                               for i in range(0, len(natural), 256)]).cpu().numpy().astype(np.float64)
     natural_mean, natural_sd = responses.mean(0), responses.std(0)
     natural_sd = np.where(natural_sd > 0, natural_sd, 1.0)
-    terms = [(model, pool, torch.from_numpy(natural_sd.astype(np.float32)))]
+    terms = [(model, pool, torch.from_numpy(natural_sd.astype(np.float32)).to(device))]
     if spec.ensemble:
         for other, other_sites in companions:
-            other_pool = pooling_matrix(other.sheet(layer), np.asarray(other_sites).reshape(-1, 2), spec.recording_radius_mm)
+            other_pool = pooling_matrix(other.sheet(layer), np.asarray(other_sites).reshape(-1, 2),
+                                        spec.recording_radius_mm).to(device)
             with torch.no_grad():
                 other_responses = torch.cat([_features(other, natural[i:i + 256], layer) @ other_pool.T
                                              for i in range(0, len(natural), 256)])
@@ -211,14 +218,14 @@ def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = Sequen
     site_of = np.repeat(np.arange(n_sites), s.n_sequences * 2)
     start_of = np.repeat(start_index.reshape(-1), 2)
     sign_of = np.tile([-1.0, 1.0], n_sites * s.n_sequences)
-    ends = torch.empty((len(site_of),) + natural.shape[1:])
+    ends = torch.empty((len(site_of),) + natural.shape[1:], device=device)
     for begin in tqdm(range(0, len(site_of), s.batch_images), desc="sequences", unit="batch", disable=not progress):
         jobs = slice(begin, min(begin + s.batch_images, len(site_of)))
-        x0 = natural[start_of[jobs]]
-        site = torch.from_numpy(site_of[jobs])
-        sign = torch.from_numpy(sign_of[jobs].astype(np.float32))
-        rows = torch.arange(len(site))
-        others = torch.ones(len(site), n_sites)
+        x0 = natural[torch.from_numpy(start_of[jobs]).to(device)]
+        site = torch.from_numpy(site_of[jobs]).to(device)
+        sign = torch.from_numpy(sign_of[jobs].astype(np.float32)).to(device)
+        rows = torch.arange(len(site), device=device)
+        others = torch.ones(len(site), n_sites, device=device)
         others[rows, site] = 0.0
         n_others = others.sum(1).clamp(min=1)
         starts_r, targets = [], []
@@ -243,7 +250,7 @@ def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = Sequen
                 x.clamp_(0, 1)
         ends[jobs] = x.detach()
     ends = ends.view(n_sites, s.n_sequences, 2, *natural.shape[1:])
-    starts = natural[torch.from_numpy(start_index.reshape(-1))].view(n_sites, s.n_sequences, *natural.shape[1:])
+    starts = natural[torch.from_numpy(start_index.reshape(-1)).to(device)].view(n_sites, s.n_sequences, *natural.shape[1:])
     half = s.n_steps // 2
     sides = [_place_steps(model, starts, ends[:, :, end], pool, layer, half, sign)
              for end, sign in ((0, -1.0), (1, 1.0))]
@@ -251,13 +258,13 @@ def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = Sequen
     with torch.no_grad():
         flat = images.reshape(-1, *natural.shape[1:])
         r = torch.cat([_features(model, flat[i:i + 512], layer) @ pool.T for i in range(0, len(flat), 512)])
-    r = r.numpy().astype(np.float64).reshape(n_sites, s.n_sequences, s.n_steps, n_sites)
+    r = r.cpu().numpy().astype(np.float64).reshape(n_sites, s.n_sequences, s.n_steps, n_sites)
     own = np.take_along_axis(r, np.arange(n_sites)[:, None, None, None], axis=3)[..., 0]
     change = (r - r[:, :, half:half + 1, :]) / natural_sd
     others_mask = ~np.eye(n_sites, dtype=bool)[:, None, None, :]
     n_other = max(n_sites - 1, 1)
     others_change = np.sqrt(np.where(others_mask, change ** 2, 0.0).sum(-1) / n_other)
-    array = images.numpy()
+    array = images.cpu().numpy()
     array = array[:, :, :, 0] if array.shape[3] == 1 else np.moveaxis(array, 3, -1)
     return SequenceSet(images=array.astype(np.float32), start_index=start_index, site_response=own,
                        others_change_sd=others_change, natural_mean=natural_mean, natural_sd=natural_sd)

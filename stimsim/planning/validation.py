@@ -57,8 +57,10 @@ def random_pose_null(array_xy_mm: np.ndarray, predicted: np.ndarray, true: np.nd
     return np.asarray(values)
 
 
-def validate_plan(config, out_dir: Path, n_poses: int, progress: bool = True, n_random: int = 200) -> dict:
-    """Plan for ``n_poses`` hidden poses of the virtual subject; writes ``out_dir/validation.json``."""
+def validate_plan(config, out_dir: Path, n_poses: int, progress: bool = True, n_random: int = 200,
+                  compute: dict | None = None) -> dict:
+    """Plan for ``n_poses`` hidden poses of the virtual subject; writes ``out_dir/validation.json``.
+    ``compute``: device and scheduler of every plan (see :func:`stimsim.planning.plan.plan_once`)."""
     from stimsim.planning.plan import plan_once
 
     if n_poses < 1:
@@ -68,7 +70,7 @@ def validate_plan(config, out_dir: Path, n_poses: int, progress: bool = True, n_
     for k in tqdm(range(n_poses), desc="validation poses", unit="pose", disable=not progress):
         seed = base_seed + 101 * (k + 1)
         pose_dir = out_dir / "validation" / f"pose_{k}"
-        summary = plan_once(config, pose_dir, progress, subject_seed=seed, write_report=False)
+        summary = plan_once(config, pose_dir, progress, subject_seed=seed, write_report=False, compute=compute)
         sites = _sites(pose_dir)
         alive = [e for e in summary["true_delta_auc"] if e not in set(summary["dead_electrodes_rehearsed"])
                  and np.isfinite(summary["predicted_delta_auc"][e])]
