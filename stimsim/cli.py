@@ -186,6 +186,9 @@ def _cmd_power(args) -> int:
           f"trials per site")
     print(f"  per site (median):       {summary['median_site_trials_needed'] or '-'} trials "
           f"({summary['n_sites_detectable']} of {summary['n_sites']} sites reach it)")
+    print(f"  observed vs true ΔAUC r >= {summary['observed_vs_true_r_target']:g} across sites: "
+          f"{summary['observed_vs_true_r_trials_needed'] or 'more than ' + str(max(args.trials))} trials per site "
+          f"(true ΔAUC SD across sites {summary['true_delta_auc_sd']:.4f})")
     print(f"table, curve and report in {out}")
     return 0
 

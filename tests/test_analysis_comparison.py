@@ -73,6 +73,29 @@ def test_model_that_over_estimates_has_slope_one_half(tmp_path):
     assert summary["shift_in_predicted_direction"] > 0
 
 
+def test_expectation_uses_the_plans_truth_on_the_analysed_sites_only(tmp_path):
+    # A plan rehearsed 40 sites (its predicted_vs_true_r over all 40); the session holds its 12 top-ranked
+    # sites, over which predictions track the truth to another degree (here better: 0.91 against 0.82).
+    rng = np.random.default_rng(3)
+    true = rng.normal(0, 0.1, 40)
+    predicted = true + rng.normal(0, 0.08, 40)
+    electrodes = [str(i + 1) for i in range(40)]
+    top = np.argsort(-predicted)[:12]
+    plan = write_plan(tmp_path / "plan", [electrodes[i] for i in top], predicted[top],
+                      predicted_vs_true_r=float(np.corrcoef(predicted, true)[0, 1]))
+    summary = json.loads((plan / "summary.json").read_text())
+    summary["predicted_delta_auc"] = dict(zip(electrodes, predicted.tolist()))
+    summary["true_delta_auc"] = dict(zip(electrodes, true.tolist()))
+    (plan / "summary.json").write_text(json.dumps(summary))
+    sessions = planted_session(np.linspace(-1, 1, 12), trials_per_site=200, electrodes=[electrodes[i] for i in top])
+    result = analyze(sessions, plan_dir=plan, n_boot=20, n_perm=20, n_splits=10).summary
+    on_top = np.corrcoef(predicted[top], true[top])[0, 1]
+    assert result["plan_predicted_vs_true_r"] == pytest.approx(np.corrcoef(predicted, true)[0, 1])
+    assert result["plan_predicted_vs_true_r_these_sites"] == pytest.approx(on_top)
+    assert abs(on_top - result["plan_predicted_vs_true_r"]) > 0.05  # the two bases differ here
+    assert result["expected_predicted_vs_observed_r"] == pytest.approx(on_top * np.sqrt(result["noise_ceiling"]))
+
+
 def test_pooled_and_per_subject_summary_and_saved_result_set(tmp_path):
     effects = np.array([1.2, 0.9, 1.5, 0.7, 1.1, 1.3])
     for subject, seed in (("m1", 1), ("m2", 2)):

@@ -52,6 +52,24 @@ def test_trials_needed_grow_as_effects_shrink_and_wilcoxon_power_rises():
         power_analysis(strong[:, 0])
 
 
+def test_observed_vs_true_r_follows_the_reliability_of_the_per_site_effects():
+    # 60 sites with effects spread around 0.5 log-odds: classical test theory expects r = sqrt(ρ),
+    # ρ = var(true ΔAUC) / (var(true ΔAUC) + mean binomial variance of ΔAUC) at each trial count.
+    curves = planted_curves(np.random.default_rng(4).normal(0.5, 0.4, 60))
+    weights = np.full(7, 1 / 6)
+    weights[[0, -1]] = 1 / 12
+    true = (curves @ weights) @ np.array([-1.0, 1.0])
+    counts = (100, 400, 1600)
+    curve, _, summary = power_analysis(curves, trial_counts=counts, n_sessions=300, seed=5)
+    for count, observed in zip(counts, curve["observed_vs_true_r"]):
+        noise = ((weights**2 * curves * (1 - curves)).sum(axis=(1, 2)) / (count / 14)).mean()
+        assert observed == pytest.approx(np.sqrt(true.var(ddof=1) / (true.var(ddof=1) + noise)), abs=0.04)
+    assert curve["observed_vs_planned_r"].to_numpy() == pytest.approx(curve["observed_vs_true_r"].to_numpy())
+    reached = [c for c, r in zip(counts, curve["observed_vs_true_r"]) if r >= 0.8]
+    assert summary["observed_vs_true_r_trials_needed"] == (reached[0] if reached else None)
+    assert summary["true_delta_auc_sd"] == pytest.approx(true.std(ddof=1))
+
+
 def write_virtual_plan(directory, stim_logodds, lapse_rate=0.1):
     """A plan directory as `stimsim plan` writes it for a virtual subject: sites.csv, summary.json and
     the subject's own P(high) per (electrode, stimulated, sequence, step)."""

@@ -119,12 +119,29 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
         else float("nan"))
     planned_r = plan_summary.get("predicted_vs_true_r")
     if planned_r is not None:
-        expected, low, high = expected_correlation(float(planned_r), summary["noise_ceiling"],
-                                                   comparison["n_sites_compared"])
-        summary.update({"plan_predicted_vs_true_r": float(planned_r),
-                        "expected_predicted_vs_observed_r": expected,
+        summary["plan_predicted_vs_true_r"] = float(planned_r)
+        # The plan's r is over every site it rehearsed; the sites of a session (e.g. the top-ranked ones) can
+        # correlate less (a narrower range of predictions). With the plan's per-site truth, use these sites.
+        sites_r = _plan_r_on_sites(plan_summary, sites["electrode"])
+        summary["plan_predicted_vs_true_r_these_sites"] = sites_r
+        basis = sites_r if math.isfinite(sites_r) else float(planned_r)
+        expected, low, high = expected_correlation(basis, summary["noise_ceiling"], comparison["n_sites_compared"])
+        summary.update({"expected_predicted_vs_observed_r": expected,
                         "expected_predicted_vs_observed_r_95": [low, high]})
     return summary
+
+
+def _plan_r_on_sites(plan_summary: dict, electrodes) -> float:
+    """Pearson r of the plan's predicted and true ΔAUC (virtual-subject plans list both per electrode)
+    over ``electrodes``; NaN when the plan lacks them or fewer than 3 sites have both."""
+    predicted, true = plan_summary.get("predicted_delta_auc"), plan_summary.get("true_delta_auc")
+    if not isinstance(predicted, dict) or not isinstance(true, dict):
+        return float("nan")
+    pairs = np.array([(predicted.get(str(e), np.nan), true.get(str(e), np.nan)) for e in electrodes], dtype=float)
+    pairs = pairs[np.isfinite(pairs).all(axis=1)] if pairs.size else pairs.reshape(0, 2)
+    if len(pairs) < 3 or np.ptp(pairs[:, 0]) == 0 or np.ptp(pairs[:, 1]) == 0:
+        return float("nan")
+    return float(stats.pearsonr(pairs[:, 0], pairs[:, 1]).statistic)
 
 
 def _nanmean(values) -> float:

@@ -12,7 +12,9 @@ simulated session is analysed with the tests of :mod:`stimsim.analysis.effects`,
   "shift in the predicted direction" of Mehrer et al. 2025, experiment 2).
 
 Power = fraction of the simulated sessions that detect; the trials needed are the smallest simulated
-count whose power reaches the target.
+count whose power reaches the target. Each count also gets the mean Pearson r across sites between the
+observed ΔAUC and the true ΔAUC of the curves simulated from (what a closed-loop test can reach: its
+square is the reliability of the per-site effects), and between the observed ΔAUC and the plan's.
 """
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ from stimsim.errors import ConfigError
 
 #: Trials per site simulated by default (stimulated + sham).
 DEFAULT_TRIAL_COUNTS = (50, 100, 200, 400, 800, 1600)
+
+#: Observed-vs-true r across sites that a session should reach (the closed-loop target).
+TARGET_OBSERVED_VS_TRUE_R = 0.8
 
 
 def simulate_counts(p_high: np.ndarray, trials_per_site: int, n_sessions: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -60,10 +65,12 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
     ``p_high``; the planned direction of every site is the sign of ``planned_delta_auc`` (default:
     the ΔAUC of ``p_high`` itself).
 
-    Returns ``curve`` (one row per trial count: ``wilcoxon_power``, ``mean_site_power``),
+    Returns ``curve`` (one row per trial count: ``wilcoxon_power``, ``mean_site_power``, mean
+    ``observed_vs_true_r`` and ``observed_vs_planned_r`` across sites),
     ``sites`` (one row per site: planned ΔAUC, power at every count, ``trials_needed``) and a
-    summary (``wilcoxon_trials_needed``, ``median_site_trials_needed``, parameters). A count that is
-    never enough is reported as None.
+    summary (``wilcoxon_trials_needed``, ``median_site_trials_needed``,
+    ``observed_vs_true_r_trials_needed`` for a mean r of :data:`TARGET_OBSERVED_VS_TRUE_R`, parameters).
+    A count that is never enough is reported as None.
     """
     p_high = np.asarray(p_high, dtype=float)
     if p_high.ndim != 3 or p_high.shape[1] != 2 or p_high.shape[2] < 2:
@@ -85,11 +92,14 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
     if planned.shape != (n_sites,):
         raise ValueError(f"planned_delta_auc must hold one value per site ({n_sites}), got shape {planned.shape}")
     direction = np.sign(planned)
+    true_delta = delta_auc_of_counts(p_high, np.ones_like(p_high), positions)
     rng = np.random.default_rng(seed)
-    site_power, wilcoxon_power = [], []
+    site_power, wilcoxon_power, versus_true, versus_planned = [], [], [], []
     for count in counts:
         n_high, n = simulate_counts(p_high, count, n_sessions, rng)
         delta, p_value = site_z_p(n_high, n, positions)
+        versus_true.append(_mean_r_across_sites(delta, true_delta))
+        versus_planned.append(_mean_r_across_sites(delta, planned))
         detected = (p_value < alpha) & (np.sign(delta) == direction) & (direction != 0)
         site_power.append(detected.mean(axis=0))
         wilcoxon_power.append(float(np.mean(_directed_wilcoxon_p(delta[:, direction != 0] * direction[direction != 0])
@@ -101,7 +111,8 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
         return int(counts[reached[0]]) if reached.size else None
 
     curve = pd.DataFrame({"trials_per_site": counts, "wilcoxon_power": wilcoxon_power,
-                          "mean_site_power": site_power.mean(axis=1)})
+                          "mean_site_power": site_power.mean(axis=1), "observed_vs_true_r": versus_true,
+                          "observed_vs_planned_r": versus_planned})
     sites = pd.DataFrame({"electrode": electrodes, "planned_delta_auc": planned})
     for i, count in enumerate(counts):
         sites[f"power_{count}"] = site_power[i]
@@ -112,8 +123,28 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
                "wilcoxon_trials_needed": needed(wilcoxon_power),
                "median_site_trials_needed": float(np.median(site_needs)) if site_needs else None,
                "n_sites_detectable": len(site_needs),
-               "site_power_chance": alpha / 2}
+               "site_power_chance": alpha / 2,
+               "true_delta_auc_sd": float(np.std(true_delta, ddof=1)) if n_sites > 1 else float("nan"),
+               "observed_vs_true_r_target": TARGET_OBSERVED_VS_TRUE_R,
+               "observed_vs_true_r_trials_needed": _first_reaching(counts, versus_true, TARGET_OBSERVED_VS_TRUE_R),
+               "observed_vs_true_r_chance": 0.0}
     return curve, sites, summary
+
+
+def _first_reaching(counts, values, target: float):
+    reached = np.flatnonzero(np.nan_to_num(np.asarray(values, dtype=float), nan=-np.inf) >= target)
+    return int(counts[reached[0]]) if reached.size else None
+
+
+def _mean_r_across_sites(observed: np.ndarray, reference: np.ndarray) -> float:
+    """Mean over simulated sessions (rows of ``observed``) of Pearson r across sites with ``reference``,
+    each over the sites where both are finite; NaN when no session has 3 such sites with spread."""
+    correlations = []
+    for row in observed:
+        usable = np.isfinite(row) & np.isfinite(reference)
+        if usable.sum() >= 3 and np.ptp(row[usable]) > 0 and np.ptp(reference[usable]) > 0:
+            correlations.append(stats.pearsonr(row[usable], reference[usable]).statistic)
+    return float(np.mean(correlations)) if correlations else float("nan")
 
 
 def _directed_wilcoxon_p(signed: np.ndarray) -> np.ndarray:
@@ -203,7 +234,13 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
             Table((("statistic", "trials per site")), (
                 ("across sites (Wilcoxon)", summary["wilcoxon_trials_needed"]),
                 ("per site, median", summary["median_site_trials_needed"]),
-                ("sites reaching the target power", f"{summary['n_sites_detectable']} of {summary['n_sites']}"))),
+                ("sites reaching the target power", f"{summary['n_sites_detectable']} of {summary['n_sites']}"),
+                (f"observed vs true ΔAUC r ≥ {TARGET_OBSERVED_VS_TRUE_R:g} across sites (mean)",
+                 summary["observed_vs_true_r_trials_needed"]))),
+            Paragraph(f"True ΔAUC across the sites: SD {summary['true_delta_auc_sd']:.4f}. The power curve table "
+                      "also gives, per trial count, the mean r across sites of the observed ΔAUC with the true "
+                      "ΔAUC (chance 0; its square is the reliability of the per-site effects) and with the "
+                      "plan's predicted ΔAUC."),
             Image(figure_png(plot_power_curve(curve, target_power)),
                   caption=f"Power against trials per site; target {target_power:g}.")]),
         Section("Power curve", [Table.from_dataframe(curve)]),

@@ -23,7 +23,9 @@ _SCORES = (
     ("permutation_p", "permutation p of that r (two-sided)", None),
     ("noise_ceiled_r", "r / sqrt(noise ceiling)", None),
     ("slope", "slope of observed on predicted (< 1: the plan over-estimates)", "slope_ideal"),
-    ("expected_predicted_vs_observed_r", "r expected from the plan's predicted_vs_true_r and the noise ceiling",
+    ("plan_predicted_vs_true_r", "the plan's predicted vs true r (virtual subject; all rehearsed sites)", None),
+    ("plan_predicted_vs_true_r_these_sites", "the same over the analysed sites", None),
+    ("expected_predicted_vs_observed_r", "expected r: plan r on these sites × sqrt(noise ceiling)",
      "expected_predicted_vs_observed_r_95"),
 )
 
