@@ -98,11 +98,16 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
 
     Parameters
     ----------
-    paths : one path or several (several sessions and subjects at once).
-    columns : ``{lab_name: stimsim_name}`` for files whose columns are named differently.
-    electrodes : ids the sessions may name (from a plan or an array layout); None: any.
+    paths
+        One path or several (several sessions and subjects at once).
+    columns
+        ``{lab_name: stimsim_name}`` for files whose columns are named differently.
+    electrodes
+        Ids the sessions may name (from a plan or an array layout); None: any.
 
-    Returns a DataFrame with the columns of :data:`COLUMNS` (optional ones filled: ``subject_id``
+    Returns
+    -------
+    A DataFrame with the columns of :data:`COLUMNS` (optional ones filled: ``subject_id``
     'subject', ``session_id`` the file stem, times/sequence/stimulus_id NaN or empty where absent),
     plus ``file`` and ``row`` (1-based data row in its file). Any problem raises FileFormatError.
     """
