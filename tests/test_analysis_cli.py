@@ -58,6 +58,21 @@ def test_analyze_refuses_a_broken_file_with_exit_code_2(tmp_path, capsys):
     assert "holds files stimsim did not write" in capsys.readouterr().err
 
 
+def test_analyze_reads_a_lab_file_through_a_toml_column_mapping(tmp_path, capsys):
+    table = planted_session([1.0, -1.0, 0.5], trials_per_site=140, seed=2)
+    session = write_lab_nwb(tmp_path / "lab.nwb", table)
+    mapping = tmp_path / "lab_columns.toml"
+    mapping.write_text("[columns]\n" + "".join(f'{lab} = "{ours}"\n' for lab, ours in LAB_MAPPING.items()))
+    assert main(["analyze", str(session), "--out", str(tmp_path / "without"), "--boot", "10"]) == 2
+    assert "missing column(s)" in capsys.readouterr().err
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(session), "--columns", str(mapping), "--out", str(out), "--boot", "20", "--perm", "20",
+                 "--splits", "5"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_trials"] == 420 and summary["n_sites"] == 3
+    assert json.loads((out / "summary.json").read_text())["provenance"]["config"]["columns"] == LAB_MAPPING
+
+
 def test_analyze_checks_electrodes_against_an_array_layout(tmp_path, capsys):
     planted_session([0.5, 0.5], trials_per_site=20, electrodes=["7", "97"]).to_csv(tmp_path / "s.csv", index=False)
     assert main(["analyze", str(tmp_path / "s.csv"), "--layout", "10x10", "--out", str(tmp_path / "out")]) == 2

@@ -129,3 +129,13 @@ def test_plan_without_predictions_is_refused(tmp_path):
     sessions = planted_session([0.5, 0.2, 0.1], 30)
     with pytest.raises(FileFormatError, match="predicted_delta_auc"):
         analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+
+
+def test_top_sites_are_the_plans_top_ranked_given_predictions_else_the_strongest_observed():
+    from stimsim.analysis.figures import top_sites
+
+    sites = pd.DataFrame({"delta_auc": [0.01, -0.20, 0.05, 0.10], "predicted_delta_auc": [0.3, 0.0, np.nan, 0.1]})
+    order, how = top_sites(sites, n_top=2)
+    assert order.tolist() == [0, 3] and "plan" in how
+    order, how = top_sites(sites.drop(columns="predicted_delta_auc"), n_top=3)
+    assert order.tolist() == [1, 3, 2] and "observed" in how

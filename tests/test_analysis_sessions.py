@@ -143,6 +143,38 @@ def test_sham_row_with_current_is_refused_whole(tmp_path, table):
         load_sessions(write_csv(broken, tmp_path / "s.csv"))
 
 
+def write_hdf5(frame, path):
+    with h5py.File(path, "w") as handle:
+        group = handle.create_group("trials")
+        for name in ("electrode", "stimulated_electrode", "choice"):
+            group[name] = frame[name].astype(str).to_numpy().astype("S")
+        group["step"] = frame["step"].to_numpy()
+        group["current_uA"] = frame["current_uA"].to_numpy()
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".h5", ".nwb"])
+def test_every_format_names_file_row_and_column_and_loads_nothing(tmp_path, table, suffix):
+    broken = table.copy()
+    sham_row = int(np.flatnonzero(broken["stimulated_electrode"] == "sham")[2])
+    broken.loc[sham_row, "current_uA"] = 30.0
+    broken.loc[7, "choice"] = "left"
+    path = tmp_path / f"day1{suffix}"
+    if suffix == ".csv":
+        write_csv(broken, path)
+    elif suffix == ".h5":
+        write_hdf5(broken, path)
+    else:
+        write_lab_nwb(path, broken)
+    columns = LAB_MAPPING if suffix == ".nwb" else None
+    with pytest.raises(FileFormatError) as error:
+        load_sessions(path, columns=columns)
+    message = str(error.value)
+    assert f"day1{suffix}" in message and "nothing loaded" in message
+    assert f"'current_uA', row(s) {sham_row + 1}: sham trial with a current" in message
+    assert "'choice', row(s) 8: choice outside the task's options" in message
+
+
 def test_choice_outside_the_options(tmp_path, table):
     broken = table.copy()
     broken.loc[5, "choice"] = "left"

@@ -72,7 +72,8 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
     plan_summary = {}
     if plan_dir is not None:
         plan_sites, plan_summary = load_plan_predictions(plan_dir)
-        sites = sites.merge(plan_sites[["electrode_id", "predicted_delta_auc"]].rename(
+        interval = [name for name in ("predicted_delta_auc_low", "predicted_delta_auc_high") if name in plan_sites]
+        sites = sites.merge(plan_sites[["electrode_id", "predicted_delta_auc", *interval]].rename(
             columns={"electrode_id": "electrode"}), on="electrode", how="left")
 
     summary = {"n_trials": int(len(sessions)),

@@ -1,5 +1,5 @@
 """Figures of an analysis, as matplotlib figures (for a report, or stimsim.figures.save_figure):
-session overview, per-site effects with intervals, psychometric curves of the strongest sites,
+session overview, per-site effects with intervals, psychometric curves of the top sites,
 predicted against observed effects, and the power curve."""
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def plot_overview(analysis):
     left.bar(index, counts.n[:, 1].sum(axis=1), bottom=counts.n[:, 0].sum(axis=1), color="C3", label="stimulated")
     left.set_xlabel("site (ordered by subject, electrode)")
     left.set_ylabel("trials")
-    left.legend(frameon=False)
+    left.legend(frameon=False, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
     pooled = counts.n_high.sum(axis=0) / np.maximum(counts.n.sum(axis=0), 1)
     right.plot(counts.steps, pooled[0], "o-", color="0.4", label="sham")
     right.plot(counts.steps, pooled[1], "o-", color="C3", label="stimulated")
@@ -55,10 +55,21 @@ def plot_site_effects(analysis):
     return fig
 
 
+def top_sites(sites, n_top: int = 6) -> tuple[np.ndarray, str]:
+    """Row indices of the top sites and how they were picked: the plan's largest predicted ΔAUC when
+    the sites carry predictions (picked before seeing the data), else the largest observed |ΔAUC|."""
+    if "predicted_delta_auc" in sites and np.isfinite(sites["predicted_delta_auc"]).any():
+        predicted = sites["predicted_delta_auc"].to_numpy(dtype=float)
+        return np.argsort(-np.where(np.isfinite(predicted), predicted, -np.inf), kind="stable")[:n_top], \
+            "the plan's top-ranked sites (largest predicted ΔAUC)"
+    observed = np.abs(np.nan_to_num(sites["delta_auc"].to_numpy(dtype=float)))
+    return np.argsort(-observed, kind="stable")[:n_top], "the sites with the largest observed |ΔAUC|"
+
+
 def plot_top_sites(analysis, n_top: int = 6):
-    """P(high) per step, stimulated vs sham, for the sites with the largest |ΔAUC|."""
+    """P(high) per step, stimulated vs sham, for the top sites (:func:`top_sites`)."""
     plt = pyplot()
-    order = np.argsort(-np.abs(np.nan_to_num(analysis.sites["delta_auc"].to_numpy())))[:n_top]
+    order, _ = top_sites(analysis.sites, n_top)
     columns = min(3, len(order))
     rows = int(np.ceil(len(order) / columns))
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows), squeeze=False)
@@ -67,7 +78,10 @@ def plot_top_sites(analysis, n_top: int = 6):
     for ax, i in zip(axes.ravel(), order):
         ax.plot(analysis.counts.steps, p_high[i, 0], "o-", color="0.4", label="sham")
         ax.plot(analysis.counts.steps, p_high[i, 1], "o-", color="C3", label="stimulated")
-        ax.set_title(f"site {labels[i]}: ΔAUC {analysis.sites['delta_auc'].iloc[i]:+.3f}", fontsize=9)
+        title = f"site {labels[i]}: ΔAUC {analysis.sites['delta_auc'].iloc[i]:+.3f}"
+        if "predicted_delta_auc" in analysis.sites:
+            title += f" (plan {analysis.sites['predicted_delta_auc'].iloc[i]:+.3f})"
+        ax.set_title(title, fontsize=8)
         ax.set_ylim(0, 1)
         ax.set_xlabel("step")
         ax.set_ylabel("P('high')")
@@ -79,22 +93,34 @@ def plot_top_sites(analysis, n_top: int = 6):
 
 
 def plot_predicted_vs_observed(analysis):
-    """Observed against predicted ΔAUC per site, with the identity line and the fitted slope."""
+    """Observed against predicted ΔAUC per site (vertical bars: the observed bootstrap interval;
+    horizontal bars: the plan's prediction interval where the plan gives one), with the identity line and
+    the fitted slope. Each axis spans its own data, so a narrow range of predictions stays readable."""
     plt = pyplot()
     sites = analysis.sites
-    fig, ax = plt.subplots(figsize=(4.6, 4.4))
-    error = np.abs(np.vstack([sites["delta_auc"] - sites["delta_auc_low"], sites["delta_auc_high"] - sites["delta_auc"]]))
-    ax.errorbar(sites["predicted_delta_auc"], sites["delta_auc"], yerr=np.nan_to_num(error), fmt="o", ms=4,
-                color="C0", alpha=0.8)
-    values = np.concatenate([sites["predicted_delta_auc"], sites["delta_auc_low"], sites["delta_auc_high"]])
-    values = values[np.isfinite(values)]
-    low, high = (values.min(), values.max()) if values.size else (-1.0, 1.0)
-    ax.plot([low, high], [low, high], "k--", lw=1, label="identity")
+    fig, ax = plt.subplots(figsize=(5.0, 4.4))
+    predicted = sites["predicted_delta_auc"].to_numpy(dtype=float)
+    yerr = np.abs(np.vstack([sites["delta_auc"] - sites["delta_auc_low"], sites["delta_auc_high"] - sites["delta_auc"]]))
+    xerr = None
+    x_values = [predicted]
+    if {"predicted_delta_auc_low", "predicted_delta_auc_high"} <= set(sites.columns):
+        xerr = np.nan_to_num(np.abs(np.vstack([predicted - sites["predicted_delta_auc_low"],
+                                               sites["predicted_delta_auc_high"] - predicted])))
+        x_values += [sites["predicted_delta_auc_low"].to_numpy(dtype=float),
+                     sites["predicted_delta_auc_high"].to_numpy(dtype=float)]
+    ax.errorbar(predicted, sites["delta_auc"], yerr=np.nan_to_num(yerr), xerr=xerr, fmt="o", ms=4, color="C0",
+                ecolor="0.6", elinewidth=0.8, alpha=0.9)
+    x_low, x_high = _padded_range(np.concatenate(x_values))
+    y_low, y_high = _padded_range(np.concatenate([sites["delta_auc_low"], sites["delta_auc_high"],
+                                                  sites["delta_auc"]]).astype(float))
+    both = np.array([min(x_low, y_low), max(x_high, y_high)])
+    ax.plot(both, both, "k--", lw=1, label="identity")
     summary = analysis.summary
     if summary.get("slope") is not None and np.isfinite(summary.get("slope", np.nan)):
-        grid = np.array([low, high])
-        ax.plot(grid, summary["intercept"] + summary["slope"] * grid, color="C1",
+        ax.plot(both, summary["intercept"] + summary["slope"] * both, color="C1",
                 label=f"fit: slope {summary['slope']:.2f}")
+    ax.set_xlim(x_low, x_high)
+    ax.set_ylim(y_low, y_high)
     ax.set_xlabel("predicted ΔAUC (plan)")
     ax.set_ylabel("observed ΔAUC")
     ax.set_title(f"r = {summary.get('predicted_vs_observed_r', float('nan')):.2f}, "
@@ -104,16 +130,32 @@ def plot_predicted_vs_observed(analysis):
     return fig
 
 
+def _padded_range(values, fraction: float = 0.08) -> tuple[float, float]:
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return -1.0, 1.0
+    low, high = float(values.min()), float(values.max())
+    pad = fraction * (high - low) if high > low else max(abs(high), 1e-3) * 0.5
+    return low - pad, high + pad
+
+
 def plot_power_curve(table, target_power: float):
-    """Power against trials per site: the across-site Wilcoxon test and the mean per-site power."""
+    """Power against trials per site: the across-site Wilcoxon test and the mean per-site power; with
+    the mean observed-vs-true ΔAUC r across sites when the table has it."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5.2, 3.8))
-    ax.plot(table["trials_per_site"], table["wilcoxon_power"], "o-", label="across sites (Wilcoxon)")
-    ax.plot(table["trials_per_site"], table["mean_site_power"], "s-", label="per site (mean over sites)")
-    ax.axhline(target_power, color="k", ls="--", lw=1, label=f"target {target_power:g}")
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    ax.plot(table["trials_per_site"], table["wilcoxon_power"], "o-", label="power across sites (Wilcoxon)")
+    ax.plot(table["trials_per_site"], table["mean_site_power"], "s-", label="power per site (mean over sites)")
+    if "observed_vs_true_r" in table:
+        ax.plot(table["trials_per_site"], table["observed_vs_true_r"], "^:", color="C2",
+                label="observed vs true ΔAUC r (mean)")
+    ax.axhline(target_power, color="k", ls="--", lw=1, label=f"target power {target_power:g}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(table["trials_per_site"], [str(v) for v in table["trials_per_site"]])
+    ax.minorticks_off()
     ax.set_xlabel("trials per site (stimulated + sham)")
-    ax.set_ylabel("power")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylabel("power / r")
+    ax.set_ylim(min(0.0, float(np.nanmin(table.get("observed_vs_true_r", [0.0])))) - 0.02, 1.02)
     ax.legend(frameon=False, fontsize=8)
     fig.tight_layout()
     return fig

@@ -1,4 +1,4 @@
-"""The analysis report: session overview, per-site effects, psychometric curves of the strongest
+"""The analysis report: session overview, per-site effects, psychometric curves of the top
 sites, predictions against outcomes, every score beside its chance level or baseline."""
 from __future__ import annotations
 
@@ -70,16 +70,20 @@ def build_report(analysis, sources=()) -> Report:
                                               "level or baseline."), _score_table(summary)]),
                 Section("Session overview", overview),
                 Section("Per-site effects", effects),
-                Section("Psychometric curves of the strongest sites",
+                Section("Psychometric curves of the top sites",
                         [Image(figure_png(figures.plot_top_sites(analysis)),
-                               caption="P('high') per step, stimulated vs sham, for the sites with the largest |ΔAUC|.")])]
+                               caption=f"P('high') per step, stimulated vs sham, for "
+                                       f"{figures.top_sites(sites)[1]}.")])]
     if "predicted_delta_auc" in sites:
         sections.append(Section("Predictions against outcomes", [
             Image(figure_png(figures.plot_predicted_vs_observed(analysis)),
-                  caption="Observed against predicted ΔAUC per site, identity line dashed."),
+                  caption=f"Observed against predicted ΔAUC per site (vertical bars: {ci} % bootstrap intervals of "
+                          "the observed ΔAUC; horizontal bars: the plan's prediction intervals), identity line "
+                          "dashed."),
             Paragraph("The slope of observed on predicted measures magnitude: below 1 the plan over-estimates "
-                      "the effects. The noise ceiling bounds the correlation any prediction can reach with "
-                      "these observations.")]))
+                      "the effects. Observed effects of reliability ρ (the noise ceiling) correlate with any "
+                      "prediction at most sqrt(ρ) times as well as the true effects do, so a plan that "
+                      "correlates with the true effects at r should reach about r·sqrt(ρ) here.")]))
     if "per_subject" in summary:
         per_subject = pd.DataFrame([{"subject_id": subject, **{key: values.get(key) for key in (
             "n_sites", "mean_shift", "wilcoxon_p", "cohens_d", "noise_ceiling", "predicted_vs_observed_r",
