@@ -125,7 +125,7 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
         # correlate less (a narrower range of predictions). With the plan's per-site truth, use these sites.
         sites_r = _plan_r_on_sites(plan_summary, sites["electrode"])
         summary["plan_predicted_vs_true_r_these_sites"] = sites_r
-        basis = sites_r if math.isfinite(sites_r) else float(planned_r)
+        basis = sites_r if np.isfinite(sites_r) else float(planned_r)
         expected, low, high = expected_correlation(basis, summary["noise_ceiling"], comparison["n_sites_compared"])
         summary.update({"expected_predicted_vs_observed_r": expected,
                         "expected_predicted_vs_observed_r_95": [low, high]})
