@@ -14,7 +14,9 @@ simulated session is analysed with the tests of :mod:`stimsim.analysis.effects`,
 Power = fraction of the simulated sessions that detect; the trials needed are the smallest simulated
 count whose power reaches the target. Each count also gets the mean Pearson r across sites between the
 observed ΔAUC and the true ΔAUC of the curves simulated from (what a closed-loop test can reach: its
-square is the reliability of the per-site effects), and between the observed ΔAUC and the plan's.
+square is the reliability of the per-site effects), and between the observed ΔAUC and the plan's; and
+the same observed-vs-true r for the per-site logistic stimulation term (log-odds; the true value fitted
+to the exact choice probabilities, every cell weighted equally), which uses every step's trials at once.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from stimsim.analysis.effects import delta_auc_of_counts
+from stimsim.analysis.effects import delta_auc_of_counts, fit_grouped_logistic
 from stimsim.errors import ConfigError
 
 #: Trials per site simulated by default (stimulated + sham).
@@ -93,13 +95,16 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
         raise ValueError(f"planned_delta_auc must hold one value per site ({n_sites}), got shape {planned.shape}")
     direction = np.sign(planned)
     true_delta = delta_auc_of_counts(p_high, np.ones_like(p_high), positions)
+    true_logodds = fit_grouped_logistic(p_high, np.ones_like(p_high), positions)[..., 2]
     rng = np.random.default_rng(seed)
-    site_power, wilcoxon_power, versus_true, versus_planned = [], [], [], []
+    site_power, wilcoxon_power, versus_true, versus_planned, logodds_versus_true = [], [], [], [], []
     for count in counts:
         n_high, n = simulate_counts(p_high, count, n_sessions, rng)
         delta, p_value = site_z_p(n_high, n, positions)
         versus_true.append(_mean_r_across_sites(delta, true_delta))
         versus_planned.append(_mean_r_across_sites(delta, planned))
+        logodds_versus_true.append(_mean_r_across_sites(fit_grouped_logistic(n_high, n, positions)[..., 2],
+                                                        true_logodds))
         detected = (p_value < alpha) & (np.sign(delta) == direction) & (direction != 0)
         site_power.append(detected.mean(axis=0))
         wilcoxon_power.append(float(np.mean(_directed_wilcoxon_p(delta[:, direction != 0] * direction[direction != 0])
@@ -112,7 +117,8 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
 
     curve = pd.DataFrame({"trials_per_site": counts, "wilcoxon_power": wilcoxon_power,
                           "mean_site_power": site_power.mean(axis=1), "observed_vs_true_r": versus_true,
-                          "observed_vs_planned_r": versus_planned})
+                          "observed_vs_planned_r": versus_planned,
+                          "stim_logodds_observed_vs_true_r": logodds_versus_true})
     sites = pd.DataFrame({"electrode": electrodes, "planned_delta_auc": planned})
     for i, count in enumerate(counts):
         sites[f"power_{count}"] = site_power[i]
