@@ -18,7 +18,7 @@ from stimsim.progress import report_phase
 
 
 def _cmd_train(args) -> int:
-    from stimsim.models.training import load_training_config, train
+    from stimsim.training.loop import load_training_config, train
 
     config = load_training_config(args.config)
     out = Path(args.out) if args.out is not None else Path("runs") / config.name
@@ -70,7 +70,7 @@ def _cmd_models_list(args) -> int:
 
 
 def _cmd_models_check(args) -> int:
-    from stimsim.models.evaluation import check_model
+    from stimsim.training.evaluation import check_model
     from stimsim.models.registry import load_model
 
     progress = not args.no_progress

@@ -7,7 +7,7 @@ import torch
 
 from stimsim.errors import ConfigError
 from stimsim.models.positions import build_sheet, retinotopic_positions
-from stimsim.models.spatial_loss import layer_spatial_loss, neighborhood_spatial_loss
+from stimsim.training.spatial_loss import layer_spatial_loss, neighborhood_spatial_loss
 from stimsim.models.swap import swap_optimize
 from stimsim.sheet import CorticalSheet
 

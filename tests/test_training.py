@@ -6,7 +6,7 @@ import torch
 from stimsim.cli import main
 from stimsim.errors import ConfigError
 from stimsim.models.topographic import TopographicModel
-from stimsim.models.training import load_training_config, load_training_data, train
+from stimsim.training.loop import load_training_config, load_training_data, train
 
 
 def small_config(**training):
@@ -110,7 +110,7 @@ def test_simclr_task_trains_without_labels_in_the_loss(tmp_path, tiny_data):
 def test_a_diverging_run_stops_at_the_first_non_finite_loss_and_keeps_its_last_good_checkpoint(
         tmp_path, tiny_data, monkeypatch):
     from stimsim.errors import TrainingDiverged
-    from stimsim.models import training
+    from stimsim.training import loop as training
 
     config = load_training_config(small_config(steps=20, checkpoint_every_steps=5))
     real = training.layer_spatial_loss

@@ -5,7 +5,7 @@ higher ventral visual cortex": before training, the retinotopically initialised 
 rearranged by swapping the positions of unit pairs whenever that lowered the spatial loss on a
 pretrained network's responses. The set of positions never changes, only which unit sits where.
 
-Here the loss is the mean relative spatial loss (``stimsim.models.spatial_loss``) over the sheet's
+Here the loss is the mean relative spatial loss (``stimsim.training.spatial_loss``) over the sheet's
 neighbourhoods, read as fixed sets of *positions* (slots): since swaps only permute units over the
 slots, every neighbourhood keeps its place on the sheet. Each step picks one neighbourhood, scores
 all swaps of ``candidates_per_step`` of its units with every other unit of it in closed form
@@ -20,7 +20,7 @@ import torch
 
 from stimsim.sheet import CorticalSheet
 
-#: Added to norms as in ``stimsim.models.spatial_loss`` (constant units then correlate 0).
+#: Added to norms as in ``stimsim.training.spatial_loss`` (constant units then correlate 0).
 _EPS = 1e-8
 #: A swap is kept only when it lowers the mean loss by more than this (guards against round-off).
 _MIN_IMPROVEMENT = 1e-12

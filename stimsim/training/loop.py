@@ -27,7 +27,7 @@ from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, proven
 from stimsim.models.architectures import build_network
 from stimsim.models.positions import build_sheet
 from stimsim.models.preprocessing import Preprocessing
-from stimsim.models.spatial_loss import layer_spatial_loss
+from stimsim.training.spatial_loss import layer_spatial_loss
 from stimsim.models.topographic import TopographicModel
 
 CHECKPOINT_NAME = "checkpoint.pt"
