@@ -233,3 +233,15 @@ def test_same_different_round_trip_and_input_checks(same_different):
         decoder.bind(images[20:25, 0, :10])
     with pytest.raises(ValueError, match="boolean"):
         SameDifferentDecoder.fit(images[:, 0], images[:, 1], np.ones(40), layer="layer4.1")
+
+
+def test_stratified_fit_mask_takes_the_rounded_share_of_every_stratum_and_is_seeded():
+    strata = {"class 'a'": np.array([0, 2, 4, 6, 8]), "class 'b'": np.array([1, 3, 5]), "class 'c'": np.array([7, 9])}
+    mask = decoders.stratified_fit_mask(strata, 0.5, np.random.default_rng(4), "x.toml", "images")
+    # round half to even: 2.5 -> 2, 1.5 -> 2, 1.0 -> 1
+    assert [int(mask[m].sum()) for m in strata.values()] == [2, 2, 1] and mask.shape == (10,)
+    again = decoders.stratified_fit_mask(strata, 0.5, np.random.default_rng(4), "x.toml", "images")
+    other = [decoders.stratified_fit_mask(strata, 0.5, np.random.default_rng(s), "x.toml", "images") for s in range(20)]
+    assert np.array_equal(mask, again) and any(not np.array_equal(mask, o) for o in other)
+    with pytest.raises(ConfigError, match=r"x.toml \[decoder\]: fit_fraction = 0.75 leaves class 'c' \(2 images\)"):
+        decoders.stratified_fit_mask(strata, 0.75, np.random.default_rng(0), "x.toml", "images")

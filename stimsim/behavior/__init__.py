@@ -7,6 +7,7 @@ from stimsim.behavior.decoders import (
     LogisticDecoder,
     SameDifferentDecoder,
     decoder_from_dict,
+    stratified_fit_mask,
 )
 from stimsim.behavior.metrics import (
     PearsonResult,
@@ -39,4 +40,5 @@ __all__ = [
     "fit_psychometric",
     "pearson_with_permutation",
     "psychometric_shift_percent",
+    "stratified_fit_mask",
 ]

@@ -513,3 +513,30 @@ def decoder_from_dict(data: dict):
     if kind not in _DECODER_KINDS:
         raise ConfigError(f"unknown decoder kind {kind!r}; known kinds are {sorted(_DECODER_KINDS)}")
     return _DECODER_KINDS[kind].from_dict(data)
+
+
+def stratified_fit_mask(strata: dict, fit_fraction: float, rng: np.random.Generator, where: str,
+                        noun: str) -> np.ndarray:
+    """Which trials fit a decoder (True) and which test it: ``round(fit_fraction × n)`` of the ``n``
+    members of every stratum, drawn without replacement by ``rng`` in the order of ``strata``
+    (description → member indices into the trials; every trial in one stratum).
+
+    Drawn here rather than by scikit-learn's ``StratifiedShuffleSplit``: its rounding spreads the
+    remainders over strata, so a stratum's share would depend on the other strata, and the trials of
+    every stored result would change. A stratum left without fitting or without test trials is a
+    ``ConfigError`` naming ``where`` and the stratum's ``noun`` (e.g. "images").
+
+    >>> mask = stratified_fit_mask({"class 'a'": np.array([0, 1, 2, 3]), "class 'b'": np.array([4, 5])},
+    ...                            0.5, np.random.default_rng(0), "x.toml", "images")
+    >>> int(mask[:4].sum()), int(mask[4:].sum())
+    (2, 1)
+    """
+    n_trials = max((int(np.max(members)) + 1 for members in strata.values() if len(members)), default=0)
+    is_fit = np.zeros(n_trials, dtype=bool)
+    for description, members in strata.items():
+        n_fit = int(round(fit_fraction * len(members)))
+        if n_fit < 1 or n_fit > len(members) - 1:
+            raise ConfigError(f"{where} [decoder]: fit_fraction = {fit_fraction} leaves {description} "
+                              f"({len(members)} {noun}) without fitting or test {noun}; add {noun} or change it")
+        is_fit[rng.choice(members, size=n_fit, replace=False)] = True
+    return is_fit

@@ -34,7 +34,8 @@ import numpy as np
 import xarray as xr
 from pydantic import Field
 
-from stimsim.behavior import LogisticDecoder, bootstrap_ci, fit_psychometric, psychometric_shift_percent
+from stimsim.behavior import LogisticDecoder, bootstrap_ci, fit_psychometric, psychometric_shift_percent, \
+    stratified_fit_mask
 from stimsim.behavior.metrics import delta_accuracy, shift_summary, site_correlation, stratum_mean
 from stimsim.data.stimuli import StimulusSet, pixel_noise
 from stimsim.errors import ConfigError
@@ -182,8 +183,11 @@ def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> Categorization
                         stimulus_id=stimuli.stimulus_id[selected],
                         labels={"true_choice": choice[selected],
                                 "source_set": np.asarray(stimuli.labels["source_set"])[selected]})
-    is_fit_clean = _stratified_split(clean.labels["true_choice"], spec.decoder.fit_fraction,
-                                     np.random.default_rng([spec.seed, 5]), spec.source)
+    classes = clean.labels["true_choice"]
+    is_fit_clean = stratified_fit_mask({f"class {value!r}": np.flatnonzero(classes == value)
+                                        for value in np.unique(classes)},
+                                       spec.decoder.fit_fraction, np.random.default_rng([spec.seed, 5]), spec.source,
+                                       "images")
     if spec.options.signal_percent is not None:
         shown = pixel_noise(clean, spec.options.signal_percent, seed=spec.seed)
         base_ids = np.tile(clean.stimulus_id, len(spec.options.signal_percent))
@@ -205,19 +209,6 @@ def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> Categorization
     psychometric = spec.options.positive is not None and spec.options.signal_percent is not None
     return CategorizationTrials(choices=choices, positive=spec.options.positive, fit=fit, test=test,
                                 decoder=decoder, psychometric=psychometric)
-
-
-def _stratified_split(classes: np.ndarray, fit_fraction: float, rng, where: str) -> np.ndarray:
-    """Boolean mask: a ``fit_fraction`` share of each class (at least one, and at least one left)."""
-    is_fit = np.zeros(len(classes), dtype=bool)
-    for value in np.unique(classes):
-        members = np.flatnonzero(classes == value)
-        n_fit = int(round(fit_fraction * len(members)))
-        if n_fit < 1 or n_fit > len(members) - 1:
-            raise ConfigError(f"{where} [decoder]: fit_fraction = {fit_fraction} leaves class {value!r} "
-                              f"({len(members)} images) without fitting or test images; add images or change it")
-        is_fit[rng.choice(members, size=n_fit, replace=False)] = True
-    return is_fit
 
 
 def analyse(spec: ExperimentSpec, trials: CategorizationTrials, probabilities: xr.DataArray,

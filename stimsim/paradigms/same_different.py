@@ -33,7 +33,8 @@ import numpy as np
 import xarray as xr
 from pydantic import Field
 
-from stimsim.behavior import SAME_DIFFERENT_CHOICES, BoundSameDifferentDecoder, SameDifferentDecoder, bootstrap_ci
+from stimsim.behavior import SAME_DIFFERENT_CHOICES, BoundSameDifferentDecoder, SameDifferentDecoder, bootstrap_ci, \
+    stratified_fit_mask
 from stimsim.data.stimuli import StimulusSet
 from stimsim.errors import ConfigError
 from stimsim.figures import pyplot, save_figure
@@ -173,17 +174,10 @@ def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> PairTrials:
                           f"{sorted(set(group_values.tolist()))}")
     first, second, group, same = sample_pairs(stimuli.labels[pairs.identity_label], group_values, groups,
                                               pairs.n_same_per_group, pairs.n_different_per_group, spec.seed)
-    rng = np.random.default_rng([spec.seed, 13])
-    is_fit = np.zeros(len(first), dtype=bool)
-    for name in groups:
-        for kind in (True, False):
-            members = np.flatnonzero((group == name) & (same == kind))
-            n_fit = int(round(spec.decoder.fit_fraction * len(members)))
-            if n_fit < 1 or n_fit > len(members) - 1:
-                raise ConfigError(f"{spec.source} [decoder]: fit_fraction = {spec.decoder.fit_fraction} leaves the "
-                                  f"{len(members)} {'same' if kind else 'different'} pairs of {name!r} without "
-                                  f"fitting or test pairs")
-            is_fit[rng.choice(members, size=n_fit, replace=False)] = True
+    strata = {f"the {'same' if kind else 'different'} pairs of {name!r}": np.flatnonzero((group == name) & (same == kind))
+              for name in groups for kind in (True, False)}
+    is_fit = stratified_fit_mask(strata, spec.decoder.fit_fraction, np.random.default_rng([spec.seed, 13]),
+                                 spec.source, "pairs")
     layer = model.resolve_layer(spec.decoder.layer)
     features = model.activations(stimuli.images, layer).numpy()
     pair_decoder = SameDifferentDecoder.fit(features[first[is_fit]], features[second[is_fit]], same[is_fit],
