@@ -53,7 +53,7 @@ def test_saving_the_same_model_twice_gives_the_same_bytes(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda spec: spec.pop("files_sha256"), "needs 'files_sha256'"),
+    (lambda spec: spec.pop("files_sha256"), "model.json: missing required key 'files_sha256'"),
     (lambda spec: spec["files_sha256"].pop("weights.pt"), r"files_sha256 does not cover \['weights.pt'\]"),
     (lambda spec: spec["files_sha256"].pop("positions/it.npz"), "does not cover.*positions/it.npz"),
     (lambda spec: spec["files_sha256"].update({"../outside.txt": "0" * 64}), "not a relative path inside"),
@@ -63,6 +63,23 @@ def test_model_json_must_cover_every_file_inside_the_directory(saved, change, me
     _edit_spec(saved, change)
     with pytest.raises(FileFormatError, match=message):
         TopographicModel.load(saved)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda spec: spec.update(format="stimsim-model/0"), r"model.json: 'format' must be one of 'stimsim-model/1'"),
+    (lambda spec: spec.update(colour="red"), r"model.json: unknown key 'colour'; allowed: \['architecture'"),
+    (lambda spec: spec["layers"]["it"].update(positions_file=3), r"model.json: \[layers.it\]: 'positions_file' must be text"),
+    (lambda spec: spec["preprocessing"].update(size_px="16"), r"\[preprocessing\]: 'size_px' must be an integer, got '16'"),
+    (lambda spec: spec["preprocessing"].update(std=[0.0]), r"\[preprocessing\]: 'std' must be > 0"),
+    (lambda spec: spec["preprocessing"].update(mean=[0.5, 0.5]), r"\[preprocessing\]: .*mean and .std need 1 value"),
+    (lambda spec: spec["files_sha256"].update({"weights.pt": "ABC"}), r"\[files_sha256\]: 'weights.pt' must match"),
+    (lambda spec: spec["architecture"]["kwargs"].update(colour="red"), r"\[architecture\]: kwargs do not fit family"),
+])
+def test_model_json_is_checked_field_by_field(saved, change, message):
+    _edit_spec(saved, change)
+    with pytest.raises(FileFormatError, match=message) as info:
+        TopographicModel.load(saved)
+    assert str(info.value).startswith(str(saved / "model.json"))
 
 
 def test_a_positions_link_out_of_the_directory_is_refused(saved, tmp_path):

@@ -21,13 +21,17 @@ import copy
 import io
 import json
 from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
 import xarray as xr
 from torch import nn
 
+from pydantic import Field
+
 from stimsim.errors import ConfigError, DataError, FileFormatError
+from stimsim.filemodels import FileModel, Text, validate_file
 from stimsim.hashing import sha256_of
 from stimsim.io import atomic_write_bytes, atomic_write_json
 from stimsim.models.architectures import StimsimTopoNet, build_network
@@ -36,6 +40,43 @@ from stimsim.models.stages import split_network
 from stimsim.sheet import CorticalSheet
 
 MODEL_FORMAT = "stimsim-model/1"
+_SHA256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class LayerEntry(FileModel):
+    """A topographic layer of ``model.json``: its positions file and cortical area label."""
+
+    positions_file: Text
+    area: Text | None = None
+
+
+class ArchitectureEntry(FileModel):
+    """``model.json``'s network: a registered architecture family and its builder's arguments."""
+
+    family: Text
+    kwargs: dict[str, Any] = {}
+
+
+class PreprocessingEntry(FileModel):
+    """``model.json``'s image preprocessing (see :class:`~stimsim.models.preprocessing.Preprocessing`)."""
+
+    size_px: Annotated[int, Field(ge=8)]
+    channels: Literal[1, 3]
+    mean: Annotated[list[float], Field(min_length=1, max_length=3)]
+    std: Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=1, max_length=3)]
+
+
+class ModelFile(FileModel):
+    """``model.json`` of a model directory (see the module docstring)."""
+
+    format: Literal[MODEL_FORMAT]
+    name: Text | None = None
+    architecture: ArchitectureEntry
+    layers: dict[str, LayerEntry]
+    readout_layer: Text | None = None
+    preprocessing: PreprocessingEntry
+    metadata: dict[str, Any] = {}
+    files_sha256: dict[str, _SHA256]
 
 
 class TopographicModel:
@@ -245,22 +286,13 @@ class TopographicModel:
             spec = json.loads(spec_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise FileFormatError(spec_path, f"not valid JSON ({exc})") from None
-        if not isinstance(spec, dict) or spec.get("format") != MODEL_FORMAT:
-            found = spec.get("format") if isinstance(spec, dict) else None
-            raise FileFormatError(spec_path, f"format is {found!r}, expected {MODEL_FORMAT!r}")
-        checksums = spec.get("files_sha256")
-        layers = spec.get("layers")
-        arch = spec.get("architecture")
-        if not isinstance(checksums, dict) or not isinstance(layers, dict) or not isinstance(arch, dict):
-            raise FileFormatError(spec_path, "needs 'files_sha256', 'layers' and 'architecture' tables; without "
-                                             "files_sha256 the model's files cannot be verified")
-        needed = ["weights.pt"] + [info.get("positions_file") if isinstance(info, dict) else None
-                                   for info in layers.values()]
-        uncovered = [str(rel) for rel in needed if rel not in checksums]
+        spec = validate_file(ModelFile, spec, spec_path)
+        needed = ["weights.pt"] + [info.positions_file for info in spec.layers.values()]
+        uncovered = [rel for rel in needed if rel not in spec.files_sha256]
         if uncovered:
             raise FileFormatError(spec_path, f"files_sha256 does not cover {uncovered}; every file the model "
                                              f"needs must be listed with its sha256")
-        for rel, expected in checksums.items():
+        for rel, expected in spec.files_sha256.items():
             path = _inside(directory, rel, spec_path)
             if not path.is_file():
                 raise DataError(f"model {directory}: file {rel} is missing")
@@ -268,18 +300,22 @@ class TopographicModel:
             if actual != expected:
                 raise DataError(f"model {directory}: checksum mismatch for {rel} (sha256 {actual}, expected {expected})")
         try:
-            network = build_network(arch["family"], **arch.get("kwargs", {}))
-            preprocessing = Preprocessing.from_dict(spec["preprocessing"])
-        except (KeyError, TypeError) as exc:
-            raise FileFormatError(spec_path, f"incomplete architecture or preprocessing ({exc!r})") from None
+            preprocessing = Preprocessing(**spec.preprocessing.model_dump())
+        except ConfigError as exc:
+            raise FileFormatError(spec_path, f"[preprocessing]: {exc}") from None
+        try:
+            network = build_network(spec.architecture.family, **spec.architecture.kwargs)
+        except TypeError as exc:
+            raise FileFormatError(spec_path, f"[architecture]: kwargs do not fit family "
+                                             f"{spec.architecture.family!r} ({exc})") from None
         weights_path = directory / "weights.pt"
         state = read_checkpoint_file(weights_path)
         load_weights(network, state, source=weights_path)
         _refuse_non_finite(network.state_dict(), str(weights_path))
-        sheets = {layer: CorticalSheet.load(directory / info["positions_file"]) for layer, info in layers.items()}
-        areas = {layer: info["area"] for layer, info in layers.items() if info.get("area")}
-        model = cls(network, sheets, preprocessing, arch, readout_layer=spec.get("readout_layer"), areas=areas,
-                    name=spec.get("name", directory.name), metadata=spec.get("metadata", {}))
+        sheets = {layer: CorticalSheet.load(directory / info.positions_file) for layer, info in spec.layers.items()}
+        areas = {layer: info.area for layer, info in spec.layers.items() if info.area}
+        model = cls(network, sheets, preprocessing, spec.architecture.model_dump(), readout_layer=spec.readout_layer,
+                    areas=areas, name=spec.name or directory.name, metadata=spec.metadata)
         return model.to(device)
 
 

@@ -40,8 +40,9 @@ from stimsim.behavior.metrics import delta_accuracy, shift_summary, site_correla
 from stimsim.data.stimuli import StimulusSet, pixel_noise
 from stimsim.errors import ConfigError
 from stimsim.figures import pyplot, save_figure
+from stimsim.filemodels import FileModel, Text
 from stimsim.paradigms.base import Paradigm, register_paradigm
-from stimsim.paradigms.schema import FileModel, StimuliFile, Text
+from stimsim.paradigms.schema import StimuliFile
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
 from stimsim.paradigms.spec import ExperimentSpec, LocalizerSpec
 

@@ -38,8 +38,8 @@ from stimsim.behavior import SAME_DIFFERENT_CHOICES, BoundSameDifferentDecoder, 
 from stimsim.data.stimuli import StimulusSet
 from stimsim.errors import ConfigError
 from stimsim.figures import pyplot, save_figure
+from stimsim.filemodels import FileModel, Text
 from stimsim.paradigms.base import Paradigm, register_paradigm
-from stimsim.paradigms.schema import FileModel, Text
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
 from stimsim.paradigms.spec import ExperimentSpec
 

@@ -13,29 +13,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from stimsim.errors import ConfigError
+from stimsim.filemodels import FileModel, Text, validate
 from stimsim.models.registry import DEFAULT_MODEL
 from stimsim.stimulation import PERTURBATION_KINDS
 
 #: The JSON Schema of experiment files shipped with the package.
 SCHEMA_PATH = Path(__file__).with_name("experiment.schema.json")
 
-#: Non-empty, printable text (no control characters such as NUL or newline).
-Text = Annotated[str, Field(min_length=1, pattern=r"^[^\x00-\x1f\x7f]*[^\x00-\x20\x7f][^\x00-\x1f\x7f]*$")]
 #: Largest seed: numpy and scikit-learn take seeds below 2³².
 MAX_SEED = 2**32 - 1
 PositiveMM = Annotated[float, Field(gt=0)]
-
-
-class FileModel(BaseModel):
-    """A table of an experiment file: strict types (no text for numbers), unknown keys refused,
-    NaN and infinity refused."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
 
 class StimulusSource(BaseModel):
@@ -175,98 +166,8 @@ def file_model(paradigm) -> type[ExperimentFile]:
 
 def validate_file(raw: dict, paradigm, where: str) -> ExperimentFile:
     """``raw`` checked against :func:`file_model`; the first problem is a ``ConfigError`` naming
-    ``where``, the table, the key and what is allowed."""
-    model = file_model(paradigm)
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(describe_error(exc.errors()[0], model, where)) from None
-
-
-def describe_error(error: dict, model: type[BaseModel], where: str) -> str:
-    """One pydantic error as ``"<where> [table]: 'key' must be ..., got ..."``."""
-    raw_loc = list(error["loc"])
-    loc, current = [], [model]
-    for part in raw_loc:  # drop the tags pydantic adds for the chosen member of a union
-        members = _step(current, part)
-        if members is None:
-            continue
-        loc.append(part)
-        current = members
-    names = [i for i, part in enumerate(loc) if isinstance(part, str)]
-    key = loc[names[-1]] if names else ""
-    table = _location(loc[:names[-1]] if names else loc)
-    place = f"{where} [{table}]" if table else where
-    kind, ctx, given = error["type"], error.get("ctx", {}), error.get("input")
-    if kind == "extra_forbidden":
-        allowed = _allowed(model, raw_loc[:-1])
-        return f"{place}: unknown key {key!r}" + (f"; allowed: {allowed}" if allowed else "")
-    if kind == "missing":
-        return f"{place}: missing required key {key!r}"
-    if kind == "union_tag_invalid":
-        return f"{where} [{_location(loc)}]: 'method' must be one of [{ctx.get('expected_tags')}], got {ctx.get('tag')!r}"
-    if kind == "union_tag_not_found":
-        return f"{where} [{_location(loc)}]: missing required key 'method'"
-    bounds = {"greater_than": "> {gt}", "greater_than_equal": ">= {ge}", "less_than": "< {lt}",
-              "less_than_equal": "<= {le}"}
-    if kind in bounds:
-        return f"{place}: {key!r} must be {bounds[kind].format(**ctx)}, got {given!r}"
-    if kind == "literal_error":
-        return f"{place}: {key!r} must be one of {ctx.get('expected')}, got {given!r}"
-    if kind == "string_pattern_mismatch":
-        return f"{place}: {key!r} must be printable text without control characters (NUL, newline, ...), not blank; " \
-               f"got {given!r}"
-    if kind in ("too_short", "too_long"):
-        return f"{place}: {key!r} {error['msg'].lower()}, got {given!r}"
-    expected = {"float_type": "a number", "int_type": "an integer", "string_type": "text",
-                "bool_type": "true or false", "list_type": "a list", "model_type": "a table",
-                "dict_type": "a table", "finite_number": "a finite number"}.get(kind)
-    if expected:
-        return f"{place}: {key!r} must be {expected}, got {given!r}"
-    return f"{place}: {key!r}: {error['msg']}, got {given!r}"
-
-
-def _location(parts) -> str:
-    """``("sites", "localizer", "sets", 0)`` → ``"sites.localizer.sets[0]"``."""
-    text = ""
-    for part in parts:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-def _models_in(annotation) -> list:
-    """The BaseModel classes inside ``X``, ``X | None``, ``list[X]``, unions or ``Annotated[...]``."""
-    import typing
-
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [found for arg in typing.get_args(annotation) for found in _models_in(arg)]
-
-
-def _step(current: list, part):
-    """The models one location step down (a field of the current model, a list position, or the
-    union member a tag names); None when ``part`` is a union tag rather than a key."""
-    if isinstance(part, int):
-        return current
-    fields = [m.model_fields[part] for m in current if part in m.model_fields]
-    if fields:
-        return _models_in(fields[0].annotation)
-    tagged = [m for m in current if "method" in m.model_fields
-              and part in getattr(m.model_fields["method"].annotation, "__args__", ())]
-    if tagged:
-        current[:] = tagged
-        return None
-    return current
-
-
-def _allowed(model: type[BaseModel], loc) -> list[str]:
-    """Keys allowed in the table at ``loc``."""
-    current = [model]
-    for part in loc:
-        step = _step(current, part)
-        if step is not None:
-            current = step
-    return sorted(current[0].model_fields) if len(current) == 1 else []
+    ``where``, the table, the key and what is allowed (:func:`stimsim.filemodels.validate`)."""
+    return validate(file_model(paradigm), raw, where)
 
 
 def experiment_schema() -> dict:

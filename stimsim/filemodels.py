@@ -1,0 +1,154 @@
+"""Files as typed models (pydantic): every table refuses unknown keys, every number has its range,
+and a problem becomes one message that names the file, the table, the key and what is allowed.
+
+Experiment files (:mod:`stimsim.paradigms.schema`) and model directories' ``model.json``
+(:mod:`stimsim.models.topographic`) are declared with :class:`FileModel` tables.
+
+>>> from typing import Annotated
+>>> from pydantic import Field
+>>> class Disc(FileModel):
+...     radius_mm: Annotated[float, Field(gt=0)]
+>>> validate(Disc, {"radius_mm": 0.5}, "disc.toml").radius_mm
+0.5
+>>> validate(Disc, {"radius_mm": -1.0}, "disc.toml")
+Traceback (most recent call last):
+...
+stimsim.errors.ConfigError: disc.toml: 'radius_mm' must be > 0.0, got -1.0
+>>> validate(Disc, {"radius_mm": 1.0, "colour": "red"}, "disc.toml")
+Traceback (most recent call last):
+...
+stimsim.errors.ConfigError: disc.toml: unknown key 'colour'; allowed: ['radius_mm']
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stimsim.errors import ConfigError, FileFormatError
+
+#: Non-empty, printable text (no control characters such as NUL or newline).
+TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*[^\x00-\x20\x7f][^\x00-\x1f\x7f]*$"
+Text = Annotated[str, Field(min_length=1, pattern=TEXT_PATTERN)]
+
+
+class FileModel(BaseModel):
+    """A table of a file: strict types (no text for numbers), unknown keys refused, NaN and
+    infinity refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+def validate(model: type[BaseModel], raw, where: str):
+    """``raw`` checked against ``model``; the first problem is a ``ConfigError`` naming ``where``,
+    the table, the key and what is allowed."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(describe_error(exc.errors()[0], model, where)) from None
+
+
+def validate_file(model: type[BaseModel], raw, path):
+    """``raw`` (read from the file ``path``) checked against ``model``; the first problem is a
+    ``FileFormatError`` naming the file, the table, the key and what is allowed."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise FileFormatError(Path(path), describe_error(exc.errors()[0], model, "")) from None
+
+
+def describe_error(error: dict, model: type[BaseModel], where: str) -> str:
+    """One pydantic error as ``"<where> [table]: 'key' must be ..., got ..."`` (``where`` may be
+    empty, e.g. when the error names the file itself)."""
+    raw_loc = list(error["loc"])
+    loc, current = [], [model]
+    for part in raw_loc:  # drop the tags pydantic adds for the chosen member of a union
+        members = _step(current, part)
+        if members is None:
+            continue
+        loc.append(part)
+        current = members
+    names = [i for i, part in enumerate(loc) if isinstance(part, str)]
+    key = loc[names[-1]] if names else ""
+    table = _location(loc[:names[-1]] if names else loc)
+    if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        table = _location(loc)
+        ctx = error.get("ctx", {})
+        problem = (f"'method' must be one of [{ctx.get('expected_tags')}], got {ctx.get('tag')!r}"
+                   if error["type"] == "union_tag_invalid" else "missing required key 'method'")
+    else:
+        problem = _problem(error, model, raw_loc, key)
+    place = " ".join(part for part in (where, f"[{table}]" if table else "") if part)
+    return f"{place}: {problem}" if place else problem
+
+
+def _problem(error: dict, model: type[BaseModel], raw_loc: list, key) -> str:
+    kind, ctx, given = error["type"], error.get("ctx", {}), error.get("input")
+    if kind == "extra_forbidden":
+        allowed = _allowed(model, raw_loc[:-1])
+        return f"unknown key {key!r}" + (f"; allowed: {allowed}" if allowed else "")
+    if kind == "missing":
+        return f"missing required key {key!r}"
+    bounds = {"greater_than": "> {gt}", "greater_than_equal": ">= {ge}", "less_than": "< {lt}",
+              "less_than_equal": "<= {le}"}
+    if kind in bounds:
+        return f"{key!r} must be {bounds[kind].format(**ctx)}, got {given!r}"
+    if kind == "literal_error":
+        return f"{key!r} must be one of {ctx.get('expected')}, got {given!r}"
+    if kind == "string_pattern_mismatch" and ctx.get("pattern") != TEXT_PATTERN:
+        return f"{key!r} must match {ctx.get('pattern')!r}, got {given!r}"
+    if kind == "string_pattern_mismatch":
+        return f"{key!r} must be printable text without control characters (NUL, newline, ...), not blank; " \
+               f"got {given!r}"
+    if kind in ("too_short", "too_long"):
+        return f"{key!r} {error['msg'].lower()}, got {given!r}"
+    expected = {"float_type": "a number", "int_type": "an integer", "string_type": "text",
+                "bool_type": "true or false", "list_type": "a list", "model_type": "a table",
+                "dict_type": "a table", "finite_number": "a finite number"}.get(kind)
+    if expected:
+        return f"{key!r} must be {expected}, got {given!r}"
+    return f"{key!r}: {error['msg']}, got {given!r}"
+
+
+def _location(parts) -> str:
+    """``("sites", "localizer", "sets", 0)`` → ``"sites.localizer.sets[0]"``."""
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _models_in(annotation) -> list:
+    """The BaseModel classes inside ``X``, ``X | None``, ``list[X]``, unions or ``Annotated[...]``."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [found for arg in typing.get_args(annotation) for found in _models_in(arg)]
+
+
+def _step(current: list, part):
+    """The models one location step down (a field of the current model, a list position, or the
+    union member a tag names); None when ``part`` is a union tag rather than a key."""
+    if isinstance(part, int):
+        return current
+    fields = [m.model_fields[part] for m in current if part in m.model_fields]
+    if fields:
+        return _models_in(fields[0].annotation)
+    tagged = [m for m in current if "method" in m.model_fields
+              and part in getattr(m.model_fields["method"].annotation, "__args__", ())]
+    if tagged:
+        current[:] = tagged
+        return None
+    return current
+
+
+def _allowed(model: type[BaseModel], loc) -> list[str]:
+    """Keys allowed in the table at ``loc``."""
+    current = [model]
+    for part in loc:
+        step = _step(current, part)
+        if step is not None:
+            current = step
+    return sorted(current[0].model_fields) if len(current) == 1 else []
