@@ -72,7 +72,9 @@ def describe_error(error: dict, model: type[BaseModel], where: str) -> str:
     names = [i for i, part in enumerate(loc) if isinstance(part, str)]
     key = loc[names[-1]] if names else ""
     table = _location(loc[:names[-1]] if names else loc)
-    if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+    if error["type"] == "value_error":  # a check of a whole table (a validator): the table is the place
+        table, problem = _location(loc), str(error["ctx"]["error"])
+    elif error["type"] in ("union_tag_invalid", "union_tag_not_found"):
         table = _location(loc)
         ctx = error.get("ctx", {})
         problem = (f"'method' must be one of [{ctx.get('expected_tags')}], got {ctx.get('tag')!r}"
@@ -101,6 +103,8 @@ def _problem(error: dict, model: type[BaseModel], raw_loc: list, key) -> str:
     if kind == "string_pattern_mismatch":
         return f"{key!r} must be printable text without control characters (NUL, newline, ...), not blank; " \
                f"got {given!r}"
+    if kind == "string_too_short":
+        return f"{key!r} must not be empty, got {given!r}"
     if kind in ("too_short", "too_long"):
         return f"{key!r} {error['msg'].lower()}, got {given!r}"
     expected = {"float_type": "a number", "int_type": "an integer", "string_type": "text",

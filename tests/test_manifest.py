@@ -236,13 +236,15 @@ def test_bad_timeout_is_refused(env):
 
 @pytest.mark.parametrize("change, problem", [
     ({"colour": "red"}, "unknown key"),
-    ({"kind": "model"}, "kind 'model'"),
+    ({"kind": "model"}, "'kind' must be one of 'dataset' or 'checkpoint', got 'model'"),
     ({"files": [{"path": "../escape.txt", "size_bytes": 1, "sha256": None}]}, "relative path"),
     ({"files": [{"path": "/abs.txt", "size_bytes": 1, "sha256": None}]}, "relative"),
     ({"files": [{"path": "a.txt", "size_bytes": 1, "sha256": "ABC"}]}, "64 lower-case hex"),
     ({"files": [{"path": "a.txt", "size_bytes": None, "sha256": "0" * 64}]}, "no size_bytes"),
     ({"files": [{"path": "a.txt", "size_bytes": 1, "sha256": None}] * 2}, "listed twice"),
-    ({"files": []}, "non-empty list"),
+    ({"files": []}, "'files' list should have at least 1 item"),
+    ({"files": [{"path": "a.txt", "size_bytes": "1", "sha256": None}]}, r"\[files\[0\]\]: 'size_bytes' must be an integer, got '1'"),
+    ({"source": {"kind": "manual", "instructions": 7}}, r"\[source\]: 'instructions' must be text, got 7"),
     ({"source": {"kind": "ftp", "url": "ftp://x"}}, "source kind 'ftp'"),
     ({"source": {"kind": "url", "url": "ftp://x"}}, "must start with"),
     ({"source": {"kind": "system", "directory": "relative/dir"}}, "must be absolute"),

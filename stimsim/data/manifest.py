@@ -9,6 +9,10 @@ Every dataset or checkpoint stimsim can use is described by one JSON file in the
      "mirror_subdir": "optional folder name inside a mirror (default: name)",
      "files": [{"path": "relative/path.csv", "size_bytes": 1234, "sha256": "64 hex digits"}]}
 
+The file is read into the typed models :class:`ManifestEntry`, :class:`ManifestSource` and
+:class:`ManifestFile` (pydantic: unknown keys refused, types strict); a problem is a
+``FileFormatError`` naming the manifest file, the table and the key.
+
 Source kinds and their keys (``homepage`` is allowed for every kind):
 
 - ``url``: ``{"url": base}``; a file is downloaded from ``base + "/" + path`` (http, https or
@@ -49,10 +53,14 @@ import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from collections import Counter
 from pathlib import Path, PurePosixPath
+from typing import Annotated, Literal
+
+from pydantic import Field, PrivateAttr, model_validator
 
 from stimsim.errors import ConfigError, DataError, FileFormatError
+from stimsim.filemodels import FileModel, Text, validate_file
 from stimsim.hashing import sha256_of
 from stimsim.io import atomic_save
 
@@ -65,9 +73,7 @@ SOURCE_KINDS = ("url", "python_package", "system", "manual")
 #: Seconds to wait for a server before a download counts as unreachable.
 DOWNLOAD_TIMEOUT_S = 10.0
 
-_ENTRY_KEYS = {"name", "kind", "description", "citation", "licence", "source", "files"}
-_OPTIONAL_ENTRY_KEYS = {"mirror_subdir"}
-_FILE_KEYS = {"path", "size_bytes", "sha256"}
+#: Keys of a source of each kind: (required, optional).
 _SOURCE_KEYS = {
     "url": ({"url"}, {"homepage"}),
     "python_package": ({"package"}, {"install_hint", "homepage"}),
@@ -80,27 +86,53 @@ _URL_SCHEMES = ("http", "https", "file")
 _CHUNK_BYTES = 1 << 20
 
 
-@dataclass(frozen=True)
-class ManifestFile:
+class ManifestFile(FileModel):
     """One file of an entry: ``path`` relative to the entry root (POSIX), its size in bytes and
     sha256 (``None`` when never seen)."""
 
     path: str
-    size_bytes: int | None
+    size_bytes: Annotated[int, Field(ge=0)] | None
     sha256: str | None
 
+    @model_validator(mode="after")
+    def _check(self):
+        problem = _rel_path_problem(self.path)
+        if problem:
+            raise ValueError(f"file path {self.path!r} is not a usable relative path: {problem}")
+        if self.sha256 is not None and not _SHA256_PATTERN.match(self.sha256):
+            raise ValueError(f"sha256 of '{self.path}' must be 64 lower-case hex digits or null, got {self.sha256!r}")
+        if self.sha256 is not None and self.size_bytes is None:
+            raise ValueError(f"'{self.path}' has a sha256 but no size_bytes: give both when the file is known")
+        return self
 
-@dataclass(frozen=True)
-class ManifestSource:
+
+class ManifestSource(FileModel):
     """Where an entry's files come from; which fields are set depends on ``kind``."""
 
     kind: str
-    url: str | None = None
-    package: str | None = None
-    directory: str | None = None
-    instructions: str | None = None
-    install_hint: str | None = None
-    homepage: str | None = None
+    url: Text | None = None
+    package: Text | None = None
+    directory: Text | None = None
+    instructions: Text | None = None
+    install_hint: Text | None = None
+    homepage: Text | None = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.kind not in SOURCE_KINDS:
+            raise ValueError(f"source kind '{self.kind}' is not one of {list(SOURCE_KINDS)}")
+        required, optional = _SOURCE_KEYS[self.kind]
+        keys = {key for key in type(self).model_fields if key != "kind" and getattr(self, key) is not None}
+        if required - keys:
+            raise ValueError(f"a '{self.kind}' source needs key(s) {sorted(required - keys)}")
+        if keys - required - optional:
+            raise ValueError(f"unknown key(s) {sorted(keys - required - optional)} in a '{self.kind}' source; "
+                             f"allowed: {sorted(required | optional)}")
+        if self.kind == "url" and urllib.parse.urlparse(self.url).scheme not in _URL_SCHEMES:
+            raise ValueError(f"source url {self.url!r} must start with one of {[s + '://' for s in _URL_SCHEMES]}")
+        if self.kind == "system" and not Path(self.directory).is_absolute():
+            raise ValueError(f"a 'system' source directory must be absolute, got {self.directory!r}")
+        return self
 
     def local_root(self) -> Path | None:
         """Directory holding the files in place (``python_package``, ``system``), or ``None``
@@ -128,27 +160,36 @@ class ManifestSource:
         return "manual download (see the entry's instructions)"
 
     def to_dict(self) -> dict:
-        out = {"kind": self.kind}
-        for key in ("url", "package", "directory", "instructions", "install_hint", "homepage"):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = value
-        return out
+        return self.model_dump(exclude_none=True)
 
 
-@dataclass(frozen=True)
-class ManifestEntry:
-    """One dataset or checkpoint: what it is, whom to cite, where it comes from, its files."""
+class ManifestEntry(FileModel):
+    """One dataset or checkpoint: what it is, whom to cite, where it comes from, its files; read
+    from its manifest file (``manifest_path``) by :meth:`from_dict`."""
 
-    name: str
-    kind: str
-    description: str
-    citation: str
-    licence: str
+    name: Annotated[str, Field(pattern=_NAME_PATTERN.pattern)]
+    kind: Literal[ENTRY_KINDS]
+    description: Text
+    citation: Text
+    licence: Text
     source: ManifestSource
-    files: tuple[ManifestFile, ...]
+    files: Annotated[list[ManifestFile], Field(min_length=1)]
     mirror_subdir: str | None = None
-    manifest_path: Path | None = None
+    _manifest_path: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.mirror_subdir is not None and _rel_path_problem(self.mirror_subdir):
+            raise ValueError(f"mirror_subdir {self.mirror_subdir!r} must be a relative path inside the mirror")
+        twice = sorted(rel for rel, count in Counter(f.path for f in self.files).items() if count > 1)
+        if twice:
+            raise ValueError(f"file path '{twice[0]}' is listed twice")
+        return self
+
+    @property
+    def manifest_path(self) -> Path | None:
+        """The manifest file the entry was read from (None for one built in memory)."""
+        return self._manifest_path
 
     def file(self, rel: str) -> ManifestFile:
         """The file spec of ``rel``; a path the entry does not list raises :class:`DataError`."""
@@ -169,102 +210,20 @@ class ManifestEntry:
         return Path(mirror) / (self.mirror_subdir or self.name) / rel
 
     def to_dict(self) -> dict:
-        out = {
-            "name": self.name,
-            "kind": self.kind,
-            "description": self.description,
-            "citation": self.citation,
-            "licence": self.licence,
-            "source": self.source.to_dict(),
-            "files": [{"path": f.path, "size_bytes": f.size_bytes, "sha256": f.sha256} for f in self.files],
-        }
+        """The entry as its manifest JSON object."""
+        out = self.model_dump(exclude={"source", "mirror_subdir"})
+        out["source"] = self.source.to_dict()
         if self.mirror_subdir is not None:
             out["mirror_subdir"] = self.mirror_subdir
         return out
 
     @classmethod
     def from_dict(cls, values: dict, manifest_path=None) -> "ManifestEntry":
-        """Build an entry from its JSON object; anything malformed raises :class:`FileFormatError`."""
-        where = Path(manifest_path) if manifest_path is not None else Path("<manifest>")
-
-        def fail(problem):
-            raise FileFormatError(where, problem)
-
-        if not isinstance(values, dict):
-            fail("a manifest must be a JSON object")
-        missing = _ENTRY_KEYS - set(values)
-        unknown = set(values) - _ENTRY_KEYS - _OPTIONAL_ENTRY_KEYS
-        if missing:
-            fail(f"missing key(s) {sorted(missing)}")
-        if unknown:
-            fail(f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_ENTRY_KEYS | _OPTIONAL_ENTRY_KEYS)}")
-        for key in ("name", "kind", "description", "citation", "licence"):
-            if not isinstance(values[key], str) or not values[key].strip():
-                fail(f"'{key}' must be a non-empty string")
-        name = values["name"]
-        if not _NAME_PATTERN.match(name):
-            fail(f"name '{name}' must be lower-case letters, digits, '_', '.' or '-'")
-        if values["kind"] not in ENTRY_KINDS:
-            fail(f"kind '{values['kind']}' is not one of {list(ENTRY_KINDS)}")
-        mirror_subdir = values.get("mirror_subdir")
-        if mirror_subdir is not None:
-            if not isinstance(mirror_subdir, str) or _rel_path_problem(mirror_subdir):
-                fail(f"mirror_subdir {mirror_subdir!r} must be a relative path inside the mirror")
-        source = _parse_source(values["source"], fail)
-        files = _parse_files(values["files"], fail)
-        return cls(name=name, kind=values["kind"], description=values["description"],
-                   citation=values["citation"], licence=values["licence"], source=source,
-                   files=files, mirror_subdir=mirror_subdir,
-                   manifest_path=Path(manifest_path) if manifest_path is not None else None)
-
-
-def _parse_source(values, fail) -> ManifestSource:
-    if not isinstance(values, dict) or "kind" not in values:
-        fail("'source' must be an object with a 'kind'")
-    kind = values["kind"]
-    if kind not in SOURCE_KINDS:
-        fail(f"source kind '{kind}' is not one of {list(SOURCE_KINDS)}")
-    required, optional = _SOURCE_KEYS[kind]
-    keys = set(values) - {"kind"}
-    if required - keys:
-        fail(f"a '{kind}' source needs key(s) {sorted(required - keys)}")
-    if keys - required - optional:
-        fail(f"unknown key(s) {sorted(keys - required - optional)} in a '{kind}' source; "
-             f"allowed: {sorted(required | optional)}")
-    for key in keys:
-        if not isinstance(values[key], str) or not values[key].strip():
-            fail(f"source '{key}' must be a non-empty string")
-    if kind == "url" and urllib.parse.urlparse(values["url"]).scheme not in _URL_SCHEMES:
-        fail(f"source url {values['url']!r} must start with one of {[s + '://' for s in _URL_SCHEMES]}")
-    if kind == "system" and not Path(values["directory"]).is_absolute():
-        fail(f"a 'system' source directory must be absolute, got {values['directory']!r}")
-    return ManifestSource(kind=kind, **{key: values[key] for key in keys})
-
-
-def _parse_files(values, fail) -> tuple[ManifestFile, ...]:
-    if not isinstance(values, list) or not values:
-        fail("'files' must be a non-empty list")
-    files, seen = [], set()
-    for item in values:
-        if not isinstance(item, dict):
-            fail("every item of 'files' must be an object")
-        if set(item) != _FILE_KEYS:
-            fail(f"a file item needs exactly the keys {sorted(_FILE_KEYS)}, got {sorted(item)}")
-        rel, size, digest = item["path"], item["size_bytes"], item["sha256"]
-        problem = _rel_path_problem(rel) if isinstance(rel, str) else "it is not a string"
-        if problem:
-            fail(f"file path {rel!r} is not a usable relative path: {problem}")
-        if rel in seen:
-            fail(f"file path '{rel}' is listed twice")
-        seen.add(rel)
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
-            fail(f"size_bytes of '{rel}' must be an integer >= 0 or null, got {size!r}")
-        if digest is not None and (not isinstance(digest, str) or not _SHA256_PATTERN.match(digest)):
-            fail(f"sha256 of '{rel}' must be 64 lower-case hex digits or null, got {digest!r}")
-        if digest is not None and size is None:
-            fail(f"'{rel}' has a sha256 but no size_bytes: give both when the file is known")
-        files.append(ManifestFile(path=rel, size_bytes=size, sha256=digest))
-    return tuple(files)
+        """Build an entry from its JSON object; anything malformed raises :class:`FileFormatError`
+        naming the manifest file, the table and the key."""
+        entry = validate_file(cls, values, Path(manifest_path) if manifest_path is not None else Path("<manifest>"))
+        entry._manifest_path = Path(manifest_path) if manifest_path is not None else None
+        return entry
 
 
 def _rel_path_problem(rel: str) -> str | None:
