@@ -113,14 +113,15 @@ def pooling_matrix(sheet, sites_mm, radius_mm: float) -> torch.Tensor:
     """(n_sites, n_units) weights: 1/n for the n units within ``radius_mm`` of each site, else 0.
     A site with no unit in reach is an error naming it."""
     sites = np.asarray(sites_mm, dtype=np.float64).reshape(-1, 2)
-    distance = np.linalg.norm(sheet.coordinates_mm[None, :, :] - sites[:, None, :], axis=-1)
-    inside = distance <= radius_mm
-    counts = inside.sum(axis=1)
-    empty = np.flatnonzero(counts == 0)
-    if len(empty):
+    members = [sheet.units_within(site, radius_mm) for site in sites]
+    empty = [i for i, units in enumerate(members) if len(units) == 0]
+    if empty:
         raise ConfigError(f"no unit within recording_radius_mm = {radius_mm} of site(s) "
                           f"{[tuple(np.round(sites[i], 3)) for i in empty]} mm; increase the radius")
-    return torch.from_numpy((inside / counts[:, None]).astype(np.float32))
+    weights = np.zeros((len(sites), sheet.n_units))
+    for row, units in zip(weights, members):
+        row[units] = 1.0 / len(units)
+    return torch.from_numpy(weights.astype(np.float32))
 
 
 def _features(model, pixels: torch.Tensor, layer: str) -> torch.Tensor:
