@@ -82,12 +82,17 @@ def _cmd_models_check(args) -> int:
     if figure is not None:
         Path(figure).parent.mkdir(parents=True, exist_ok=True)
     report = check_model(model, n_shuffles=args.shuffles, figure_path=figure, progress=progress)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for key, value in report.items():
-            print(f"{key:<26} {value}")
+    _print_report(report, args.json, width=26)
     return 0
+
+
+def _print_report(report: dict, as_json: bool, width: int) -> None:
+    """A report as JSON, or one ``key value`` line per entry with keys padded to ``width``."""
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    for key, value in report.items():
+        print(f"{key:<{width}} {value}")
 
 
 def _cmd_run(args) -> int:
@@ -142,11 +147,7 @@ def _cmd_bench(args) -> int:
     report = run_benchmark(quick=args.quick, default_model=load_model(name, device=args.device) if name else None,
                            progress=not args.no_progress, device=args.device, sections=sections,
                            default_model_source=name)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for key, value in report.items():
-            print(f"{key:<28} {value}")
+    _print_report(report, args.json, width=28)
     return 0
 
 
