@@ -268,6 +268,8 @@ def bootstrap_ci(statistic_fn: Callable, *arrays, n_boot: int = 1000, ci: float 
     ``seed``, so the interval is deterministic. ``low``/``high`` are the (1 - ci)/2 and (1 + ci)/2
     quantiles of the resampled statistics; if any resample gives NaN (e.g. a failed psychometric
     fit) the bounds are NaN rather than an interval over the resamples that happened to work.
+    Kept rather than ``scipy.stats.bootstrap``: scipy draws its resamples in its own order, so every
+    stored interval would change with the switch (and may change with scipy's version).
     """
     if not callable(statistic_fn):
         raise TypeError("statistic_fn must be a function of the arrays")
@@ -309,7 +311,8 @@ def pearson_with_permutation(x, y, n_perm: int = 1000, seed: int = 0) -> Pearson
     """Pearson r of paired samples, scipy's two-sided parametric p, and a two-sided permutation p
     (y shuffled ``n_perm`` times; ``p = (1 + #{|r_perm| >= |r|}) / (1 + n_perm)``, which is never 0;
     Phipson & Smyth 2010, Stat Appl Genet Mol Biol 9:39). Mehrer et al. 2025 report both kinds
-    for the per-site model-vs-monkey ΔAUC correlation."""
+    for the per-site model-vs-monkey ΔAUC correlation. ``scipy.stats.permutation_test``'s two-sided
+    p doubles the smaller tail instead of counting ``|r_perm| >= |r|``, hence this function."""
     from scipy.stats import pearsonr
 
     a = _finite_array("x", x)
