@@ -287,6 +287,21 @@ def test_preprocessing_resizes_mixed_sizes_and_rejects_bad_input(tmp_path):
         Preprocessing.from_dict({"size": 32})
 
 
+def test_preprocessing_keeps_the_aspect_and_cuts_out_the_centre():
+    """A 20 × 40 image, white but for its 5 leftmost and 5 rightmost columns: resized so its shorter
+    side is 8 px (8 × 16, the square cut out is columns 10-30 of the original), it is white; squeezing
+    the whole width into 8 px, as a plain resize would, turns the outer columns black."""
+    wide = np.zeros((20, 40), np.uint8)
+    wide[:, 5:35] = 255
+    out = Preprocessing(size_px=8, channels=1, mean=(0.0,), std=(1.0,))(wide)
+    assert out.shape == (1, 1, 8, 8)
+    torch.testing.assert_close(out, torch.ones(1, 1, 8, 8), atol=1e-6, rtol=0)
+    tall = Preprocessing(size_px=8, channels=1, mean=(0.0,), std=(1.0,))(wide.T.copy())
+    torch.testing.assert_close(tall, torch.ones(1, 1, 8, 8), atol=1e-6, rtol=0)
+    mixed = to_unit_tensor([wide, np.full((10, 10), 255, np.uint8)])  # brought to the larger shorter side
+    assert mixed.shape == (2, 1, 20, 20) and float(mixed[0].min()) > 0.999
+
+
 @pytest.mark.skipif(not MOELLER_FACES.is_dir(), reason="real stimulus images not available")
 def test_preprocessing_real_stimulus_images():
     paths = sorted(MOELLER_FACES.iterdir())[:3]

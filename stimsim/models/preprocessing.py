@@ -19,8 +19,11 @@ _LUMA_RGB = (0.299, 0.587, 0.114)
 class Preprocessing:
     """How a model wants its images.
 
-    size_px : images are resized to size_px × size_px (bilinear, antialiased).
-    channels : 1 (grayscale) or 3 (RGB); colour images are converted to luma, gray ones repeated.
+    size_px : images are resized so that their shorter side is size_px (aspect kept; bilinear,
+        antialiased), then the centre size_px × size_px square is cut out, as ImageNet networks
+        expect (a square image is simply resized).
+    channels : 1 (grayscale) or 3 (RGB); colour images are converted to luma (ITU-R BT.601 weights),
+        gray ones repeated on the three channels; an alpha channel is dropped.
     mean, std : per-channel normalisation applied to intensities in [0, 1].
     """
 
@@ -59,11 +62,30 @@ class Preprocessing:
             batch = batch.to(device)
         batch = _match_channels(batch, self.channels)
         if batch.shape[-2:] != (self.size_px, self.size_px):
-            batch = F.interpolate(batch, size=(self.size_px, self.size_px), mode="bilinear",
-                                  align_corners=False, antialias=True).clamp_(0.0, 1.0)
+            batch = resize_centre_crop(batch, self.size_px).clamp_(0.0, 1.0)
         mean = torch.tensor(self.mean, device=batch.device).view(1, -1, 1, 1)
         std = torch.tensor(self.std, device=batch.device).view(1, -1, 1, 1)
         return (batch - mean) / std
+
+
+def resize_centre_crop(batch: torch.Tensor, size_px: int) -> torch.Tensor:
+    """(N, C, H, W) images in [0, 1] → (N, C, size_px, size_px): the shorter side resized to ``size_px``
+    (aspect kept; bilinear, antialiased), then the centre square cut out.
+
+    >>> wide = torch.zeros(1, 1, 8, 24)
+    >>> wide[..., 6:18] = 1.0  # dark left and right quarters, cut away with the sides
+    >>> square = resize_centre_crop(wide, 4)
+    >>> tuple(square.shape), square.min().item()
+    ((1, 1, 4, 4), 1.0)
+    """
+    height, width = batch.shape[-2:]
+    if (height, width) == (size_px, size_px):
+        return batch
+    scale = size_px / min(height, width)
+    resized = (max(size_px, round(height * scale)), max(size_px, round(width * scale)))
+    batch = F.interpolate(batch, size=resized, mode="bilinear", align_corners=False, antialias=True)
+    top, left = (resized[0] - size_px) // 2, (resized[1] - size_px) // 2
+    return batch[..., top:top + size_px, left:left + size_px]
 
 
 def to_unit_tensor(images) -> torch.Tensor:
@@ -71,7 +93,9 @@ def to_unit_tensor(images) -> torch.Tensor:
 
     Accepts one image or a sequence of them: file paths, PIL images, numpy arrays
     ((H, W), (H, W, C) or stacked (N, H, W[, C]); uint8 0–255 or float 0–1) and tensors
-    ((C, H, W) or (N, C, H, W), float 0–1). Images in a sequence must share their size.
+    ((C, H, W) or (N, C, H, W), float 0–1). Images of different sizes are brought to the largest
+    shorter side by :func:`resize_centre_crop` (square images are simply resized); gray images among
+    colour ones are repeated on the three channels.
     """
     if isinstance(images, torch.Tensor):
         tensor = images.detach().to(torch.float32)
@@ -121,7 +145,7 @@ def _arrays_to_tensor(arrays) -> torch.Tensor:
         converted.append(arr[..., :3] if arr.shape[-1] == 4 else arr)
     shapes = {a.shape[:2] for a in converted}
     if len(shapes) > 1:
-        size = max(max(s) for s in shapes)
+        size = max(min(s) for s in shapes)
         converted = [_resize_array(a, size) for a in converted]
     channels = max(a.shape[-1] for a in converted)
     converted = [np.repeat(a, channels, axis=-1) if a.shape[-1] < channels else a for a in converted]
@@ -130,8 +154,7 @@ def _arrays_to_tensor(arrays) -> torch.Tensor:
 
 def _resize_array(arr: np.ndarray, size: int) -> np.ndarray:
     tensor = torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1).unsqueeze(0)
-    out = F.interpolate(tensor, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
-    return out[0].permute(1, 2, 0).numpy()
+    return resize_centre_crop(tensor, size)[0].permute(1, 2, 0).numpy()
 
 
 def _match_channels(batch: torch.Tensor, channels: int) -> torch.Tensor:
