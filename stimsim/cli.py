@@ -76,12 +76,18 @@ def _cmd_models_check(args) -> int:
     progress = not args.no_progress
     report_phase(f"models check: loading {args.name}", progress)
     model = load_model(args.name, device=args.device)
+    stimuli = None
+    if args.stimuli is not None:
+        from stimsim.data.stimuli import from_folder, from_table
+
+        stimuli = from_folder(args.stimuli) if Path(args.stimuli).is_dir() else from_table(args.stimuli)
     figure = args.figure
     if figure is None and args.out is not None:
-        figure = Path(args.out) / f"{model.name}_face_dprime.png"
+        figure = Path(args.out) / f"{model.name}_{args.positive}_dprime.png"
     if figure is not None:
         Path(figure).parent.mkdir(parents=True, exist_ok=True)
-    report = check_model(model, n_shuffles=args.shuffles, figure_path=figure, progress=progress)
+    report = check_model(model, n_shuffles=args.shuffles, figure_path=figure, progress=progress, stimuli=stimuli,
+                         label=args.label, positive=args.positive)
     _print_report(report, args.json, width=26)
     return 0
 
@@ -233,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "--figure no figure is written")
     check.add_argument("--figure", help="PNG path of the IT face-d′ map (overrides --out)")
     check.add_argument("--shuffles", type=int, default=1000, help="position shuffles for cluster_p (default 1000)")
+    check.add_argument("--stimuli", help="images to evaluate on instead of the held-out LFW + Fashion-MNIST ones: a "
+                                         "folder (class = subfolder, label 'category') or a CSV/HDF5 table")
+    check.add_argument("--label", default="category", help="label of --stimuli that holds the class (default category)")
+    check.add_argument("--positive", default="face", help="class whose d′ map and balanced decoding are reported "
+                                                          "as face_* (default face)")
     check.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     _add_mirror(check)
     _add_threads(check)

@@ -150,3 +150,31 @@ def test_data_manifests_are_package_data():
     setup = configparser.ConfigParser()
     setup.read(repo / "setup.cfg")
     assert "data_manifests/*.json" in setup["options.package_data"]["stimsim"]
+
+
+def test_models_check_takes_any_labelled_stimulus_set(saved, tmp_path, capsys):
+    """Bright and dark images of several sizes, gray and colour, in class subfolders: the untrained
+    network separates brightness, so the balanced decoding of "bright" beats its chance of 0.5."""
+    import json as json_module
+
+    from PIL import Image
+
+    from stimsim.cli import main
+
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        for label, level in (("bright", 0.8), ("dark", 0.2)):
+            size = (24 + 4 * (i % 3), 16 + 8 * (i % 2))
+            pixels = np.clip(level + rng.normal(0, 0.05, size + ((3,) if i % 2 else ())), 0, 1)
+            (tmp_path / "images" / label).mkdir(parents=True, exist_ok=True)
+            Image.fromarray((pixels * 255).astype(np.uint8)).save(tmp_path / "images" / label / f"{i}.png")
+    (tmp_path / "images" / "dark" / "extra.png").write_bytes((tmp_path / "images" / "dark" / "0.png").read_bytes())
+    args = ["models", "check", str(saved), "--stimuli", str(tmp_path / "images"), "--shuffles", "20", "--json"]
+    assert main(args + ["--positive", "bright", "--out", str(tmp_path / "out")]) == 0
+    report = json_module.loads(capsys.readouterr().out)
+    assert report["positive_class"] == "bright" and report["n_classes"] == 2
+    assert report["n_images"] == {"face": 8, "other": 9, "face_balanced_set": {"face": 8, "other": 8}}
+    assert report["face_chance"] == 0.5 and report["face_balanced_accuracy"] > 0.75
+    assert (tmp_path / "out" / "tiny_bright_dprime.png").stat().st_size > 0
+    assert main(args + ["--positive", "face"]) == 2
+    assert "no image of 'images' has category = 'face'" in capsys.readouterr().err

@@ -1,7 +1,9 @@
 """Evaluating a topographic model: decoding, selectivity and its clustering on IT.
 
 Images used (none seen in training): the LFW crops the training run held out (listed in the model's
-metadata; all 200 crops if the model records none) and Fashion-MNIST's test split.
+metadata; all 200 crops if the model records none) and Fashion-MNIST's test split; or any labelled
+stimulus set (``stimuli``, ``label``, ``positive``: then the ``face_*`` numbers are those of the
+``positive`` class).
 
 Decoders are the project's: a logistic regression on standardised IT responses with C = 1e-3 (the
 regularisation of every experiment's decoder, as in the Brain-Score behavioural benchmarks),
@@ -18,6 +20,7 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from stimsim.errors import ConfigError
 from stimsim.models.topographic import TopographicModel
 from stimsim.progress import report_phase
 from stimsim.topography import clustering_test, plot_sheet_map
@@ -51,8 +54,8 @@ def balanced_face_indices(is_face: np.ndarray, seed: int = 0) -> np.ndarray:
     """Indices of every face image and as many non-face images drawn without replacement (seeded)."""
     faces, others = np.flatnonzero(is_face), np.flatnonzero(~is_face)
     if len(faces) < CV_FOLDS or len(others) < len(faces):
-        raise ValueError(f"a balanced face set needs >= {CV_FOLDS} faces and at least as many non-faces; "
-                         f"got {len(faces)} faces and {len(others)} non-faces")
+        raise ConfigError(f"a balanced set needs >= {CV_FOLDS} images of the positive class and at least as "
+                          f"many others; got {len(faces)} and {len(others)}")
     drawn = np.random.default_rng(seed).choice(others, size=len(faces), replace=False)
     return np.sort(np.concatenate([faces, drawn]))
 
@@ -89,18 +92,29 @@ def cv_scores(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> dict:
 
 
 def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=None, seed: int = 0,
-                progress: bool = False) -> dict:
-    """The model's report card (see ``stimsim models check``); writes the face-d′ map if asked;
-    ``progress`` reports each phase on stderr.
+                progress: bool = False, stimuli=None, label: str = "category", positive: str = "face") -> dict:
+    """The model's report card (see ``stimsim models check``); writes the ``positive`` class's d′ map
+    if asked; ``progress`` reports each phase on stderr.
 
-    ``face``: face vs non-face on a class-balanced held-out set (all held-out faces, as many
-    non-faces); ``objects``: all classes of the held-out images; ``clustering``: per class, the
-    Moran's I of its one-vs-rest d′ map and its one-sided p against ``n_shuffles`` position shuffles.
+    ``face``: ``positive`` vs the rest on a class-balanced set (every ``positive`` image, as many
+    others); ``objects``: all classes; ``clustering``: per class, the Moran's I of its one-vs-rest d′
+    map and its one-sided p against ``n_shuffles`` position shuffles. The images are the held-out
+    LFW and Fashion-MNIST images, or ``stimuli`` (a StimulusSet of any size and colour) classed by
+    its label ``label``.
     """
     layer = model.resolve_layer("IT")
     sheet = model.sheet(layer)
-    report_phase("models check: loading the held-out images", progress)
-    stimuli, is_face, categories = heldout_images(model, seed=seed)
+    if stimuli is None:
+        report_phase("models check: loading the held-out images", progress)
+        stimuli, is_face, categories = heldout_images(model, seed=seed)
+    else:
+        if label not in stimuli.labels:
+            raise ConfigError(f"stimulus set {stimuli.name!r} has no label {label!r}; labels: {sorted(stimuli.labels)}")
+        categories = np.asarray(stimuli.labels[label]).astype(str)
+        is_face = categories == positive
+        if not is_face.any():
+            raise ConfigError(f"no image of {stimuli.name!r} has {label} = {positive!r}; values: "
+                              f"{sorted(set(categories.tolist()))}")
     report_phase(f"models check: responses of {layer} to {len(stimuli)} images", progress)
     responses = model.activations(stimuli.images, layer).numpy()
     report_phase("models check: cross-validated face and object decoding", progress)
@@ -114,10 +128,12 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
         test = clustering_test(dprime, sheet.coordinates_mm, CLUSTER_RADIUS_MM, n_shuffles, seed + index)
         maps[str(category)] = {"morans_i": test.morans_i, "morans_i_null_mean": test.null_mean, "p": test.p_value,
                                "selective_fraction": float(np.mean(dprime > 1))}
-    face_map = maps["face"]
+    face_map = maps[positive]
     report = {
         "model": model.name,
         "layer": layer,
+        "stimuli": stimuli.name,
+        "positive_class": positive,
         "n_units": sheet.n_units,
         "sheet_mm": round(sheet.size_mm, 3),
         "units_per_mm2": round(sheet.density_per_mm2, 2),
@@ -144,6 +160,7 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
     }
     if figure_path is not None:
         plot_sheet_map(face_dprime(responses, is_face), sheet, Path(figure_path),
-                       f"{model.name}: face d′ on {layer}\nMoran's I {face_map['morans_i']:.2f}, p = {face_map['p']:.3g}")
+                       f"{model.name}: {positive} d′ on {layer}\nMoran's I {face_map['morans_i']:.2f}, "
+                       f"p = {face_map['p']:.3g}", label=f"{positive} d′")
         report["figure"] = str(figure_path)
     return report
