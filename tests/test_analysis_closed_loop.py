@@ -8,8 +8,10 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import xarray as xr
 
 from stimsim.analysis import analyze, load_sessions
+from stimsim.analysis.power import power_analysis
 from stimsim.cli import main
 from stimsim.planning.session import session_from_plan, write_session_nwb
 from test_plan_job import _write_plan
@@ -30,7 +32,7 @@ def closed_loop(tmp_path_factory, one_torch_thread):
     plan_sites = pd.read_csv(plan / "sites.csv", dtype={"electrode_id": str})
     sessions = load_sessions(path, electrodes=plan_sites["electrode_id"])
     analysis = analyze(sessions, plan_dir=plan, n_boot=200, n_perm=200, n_splits=100, seed=2)
-    return json.loads((plan / "summary.json").read_text()), analysis
+    return json.loads((plan / "summary.json").read_text()), analysis, plan
 
 
 def fisher_interval(r: float, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -40,7 +42,7 @@ def fisher_interval(r: float, n: int, z: float = 1.959964) -> tuple[float, float
 
 @pytest.mark.slow
 def test_observed_effects_track_the_true_effects_as_their_reliability_allows(closed_loop):
-    plan_summary, analysis = closed_loop
+    plan_summary, analysis, _ = closed_loop
     sites = analysis.sites.set_index("electrode")
     truth = pd.Series(plan_summary["true_delta_auc"])[sites.index]
     assert len(sites) >= 10 and (sites["n_stimulated"] == 200).all() and (sites["n_sham"] == 200).all()
@@ -53,8 +55,26 @@ def test_observed_effects_track_the_true_effects_as_their_reliability_allows(clo
 
 @pytest.mark.slow
 def test_predicted_vs_observed_r_within_what_the_plan_and_noise_ceiling_imply(closed_loop):
-    plan_summary, analysis = closed_loop
+    plan_summary, analysis, _ = closed_loop
     summary = analysis.summary
     assert summary["plan_predicted_vs_true_r"] == pytest.approx(plan_summary["predicted_vs_true_r"])
     low, high = summary["expected_predicted_vs_observed_r_95"]
     assert low <= summary["predicted_vs_observed_r"] <= high
+
+
+@pytest.mark.slow
+def test_power_forecasts_the_observed_vs_true_r_of_the_session(closed_loop):
+    # `stimsim power` simulates sessions from the subject's curves before any trial is run; the r it
+    # forecasts at 400 trials per site is what the simulated session then shows (within sampling error).
+    plan_summary, analysis, plan = closed_loop
+    with xr.open_dataset(plan / "truth" / "subject_p_high.nc", engine="h5netcdf") as data:
+        p_high = data["subject_p_high"].transpose("electrode", "stimulated", "sequence", "step").load()
+    lapse = plan_summary["subject_lapse_rate"]
+    sites = analysis.sites.set_index("electrode")
+    curves = lapse / 2 + (1 - lapse) * p_high.sel(electrode=list(sites.index)).values.mean(axis=2)
+    curve, _, _ = power_analysis(curves, trial_counts=(400,), n_sessions=300, seed=3)
+    forecast = curve["observed_vs_true_r"].iloc[0]
+    truth = pd.Series(plan_summary["true_delta_auc"])[sites.index]
+    observed_vs_true = np.corrcoef(truth, sites["delta_auc"])[0, 1]
+    low, high = fisher_interval(forecast, len(sites))
+    assert low <= observed_vs_true <= high
