@@ -120,7 +120,8 @@ class ArrayLayout:
     @classmethod
     def from_csv(cls, path, name: str | None = None) -> "ArrayLayout":
         """Read a layout from a CSV with columns ``electrode_id, x_mm, y_mm`` (one row per
-        electrode, positions in any frame: they are centred on the bounding box's midpoint)."""
+        electrode, positions in any frame: they are centred on the bounding box's midpoint). Read
+        row by row with the csv module, so that every problem names its row."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"array layout file not found: {path}")

@@ -259,6 +259,8 @@ def from_table(path, name: str | None = None) -> StimulusSet:
 
 
 def _from_csv(path: Path, name: str | None) -> StimulusSet:
+    # Read with the csv module rather than pandas: pandas fills the values missing from a short row
+    # with empty text, so a row that lost a value could not be told from one with an empty value.
     with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         columns = reader.fieldnames or []
