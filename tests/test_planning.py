@@ -224,3 +224,34 @@ def test_bootstrap_pose_off_the_sheet_has_no_prediction(model, small_sequences):
     fitted_off[0, 0] = (x1 + 0.05, sites[0, 1])  # the fitted registration maps site 0 just off the sheet
     result = _rehearsal_phase(config, model, {"images": seq.images}, fitted_off, progress=False)
     assert np.isnan(result["delta_auc"][0, 0]).all() and np.isfinite(result["delta_auc"][1:]).all()
+
+
+def _accelerator(name: str):
+    available = torch.cuda.is_available() if name == "cuda" else (
+        hasattr(torch.backends, "mps") and torch.backends.mps.is_available())
+    return pytest.param(name, marks=pytest.mark.skipif(not available, reason=f"no {name} device on this machine"))
+
+
+@pytest.mark.parametrize("device", [_accelerator("cuda"), _accelerator("mps")])
+def test_sequences_and_rehearsal_on_a_gpu_agree_with_the_cpu(device, small_sequences, natural_images):
+    from stimsim.models.registry import load_model
+
+    sites, seq = small_sequences
+    on_device = load_model("stimsim-topo-s0", device=device)
+    assert on_device.device.type == device
+    spec = SequenceSpec(n_sequences=2, iterations=25, learning_rate=0.05, recording_radius_mm=0.5)
+    moved = build_sequences(on_device, sites, natural_images, spec, seed=0, progress=False)
+    # The optimisation runs on the device and does what it does on the CPU: the target site moves by more than
+    # 1.5 natural SDs end to end, the images stay in [0, 1].
+    assert moved.images.shape == seq.images.shape
+    assert moved.images.min() >= 0 and moved.images.max() <= 1
+    assert np.median(moved.response_change_sd[:, :, -1] - moved.response_change_sd[:, :, 0]) > 1.5
+    # The rehearsal of the same sequences: P(high) within 1e-4 of the CPU's.
+    cpu_model = load_model("stimsim-topo-s0")
+    readouts, _ = fit_readouts(cpu_model, seq.images, None, TaskSpec(n_noise=8), seed=0, progress=False)
+    stimulation = {"current_uA": 50.0, "frequency_Hz": 200.0, "pulse_width_ms": 0.2}
+    points = sites[:, None, :]
+    spec = TaskSpec(n_noise=8, n_eval=4)
+    on_cpu = rehearse(cpu_model, seq.images, points, stimulation, readouts, spec, seed=3, progress=False)
+    elsewhere = rehearse(on_device, seq.images, points, stimulation, readouts, spec, seed=3, progress=False)
+    np.testing.assert_allclose(elsewhere.p_high, on_cpu.p_high, rtol=0, atol=1e-4)
