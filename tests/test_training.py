@@ -174,3 +174,26 @@ def test_activity_penalty_makes_it_sparser_and_the_scale_is_recorded(tmp_path, t
     assert plain.cortex_scale("IT")["cortex_mm_per_model_mm"] == 1.0
     assert sparse.cortex_scale("IT") == {"layer": "it", "cortex_mm_per_model_mm": 2.0, "rule": rule,
                                          "sheet_size_cortex_mm": pytest.approx(2 * sparse.sheet("it").size_mm, abs=1e-3)}
+
+
+def _accelerator(name: str):
+    available = torch.cuda.is_available() if name == "cuda" else (
+        hasattr(torch.backends, "mps") and torch.backends.mps.is_available())
+    return pytest.param(name, marks=pytest.mark.skipif(not available, reason=f"no {name} device on this machine"))
+
+
+@pytest.mark.parametrize("device", [_accelerator("cuda"), _accelerator("mps")])
+@pytest.mark.parametrize("task", ["supervised", "simclr"])
+def test_training_on_a_gpu(device, task, tmp_path, tiny_data):
+    from stimsim.models.training import simclr_loss
+
+    # The SimCLR loss there equals the CPU's on the same embeddings.
+    z1, z2 = torch.randn(8, 16, generator=torch.Generator().manual_seed(0)).chunk(2)
+    np.testing.assert_allclose(simclr_loss(z1.to(device), z2.to(device), 0.1).item(), simclr_loss(z1, z2, 0.1).item(),
+                               rtol=1e-5)
+    config = load_training_config(small_config(steps=30, task=task))
+    model = TopographicModel.load(train(config, tmp_path, progress=False, data=tiny_data, device=device))
+    history = _history(tmp_path)
+    assert all(np.isfinite(h["task_loss"]) for h in history)
+    assert np.mean([h["task_loss"] for h in history[-10:]]) < np.mean([h["task_loss"] for h in history[:5]])
+    assert model.device.type == "cpu"  # saved weights load anywhere

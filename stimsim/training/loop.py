@@ -201,7 +201,7 @@ def simclr_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch
     similarity = z @ z.T / temperature
     similarity.fill_diagonal_(float("-inf"))
     n = z1.shape[0]
-    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)])
+    targets = torch.cat([torch.arange(n, 2 * n, device=z.device), torch.arange(0, n, device=z.device)])
     return F.cross_entropy(similarity, targets)
 
 
