@@ -32,7 +32,10 @@ and the minimum of ``repeats`` ≥ 3 is kept):
     wall time of the Dask sweep on 1 worker process ÷ on 2 (clusters started and warmed beforehand; the
     same (condition, image) pairs both ways). Perfectly parallel work gives 2.0; ``dask_ideal_2workers_vs_1`` is that
     bound less this process's own share (``dask_serial_s``, the forward passes it makes before sending
-    the work), from the 1-worker time of the same run.
+    the work), from the 1-worker time of the same run. ``dask_2workers_vs_1_cpu`` = CPU seconds of the
+    1-worker sweep ÷ those of the busier of the 2 workers (``dask_1worker_cpu_s``,
+    ``dask_2workers_busier_cpu_s``): how evenly and cheaply the work splits, which other load on a shared
+    machine does not change; the wall-time ratio reaches it only when each worker has a free core.
 ``max_abs_diff_*``
     largest difference of choice probabilities between the engine and the approach compared.
 
@@ -226,11 +229,19 @@ def dask_section(context: BenchContext) -> dict:
     clusters = {n: LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                                 dashboard_address=None) for n in (1, 2)}
     clients = {n: Client(cluster) for n, cluster in clusters.items()}
+    worker_cpu_s = {1: [], 2: []}  # per timed sweep: CPU seconds (user + system) of each worker process
     try:
         def sweep(n):
-            return lambda: simulate(model, images, conditions, decoder, progress=False, scheduler=clients[n],
-                                    max_chunk_bytes=context.max_chunk_bytes, device=context.device,
-                                    safety_override=SAFETY_OVERRIDE).values
+            def run():
+                before = clients[n].run(_process_cpu_s)
+                values = simulate(model, images, conditions, decoder, progress=False, scheduler=clients[n],
+                                  max_chunk_bytes=context.max_chunk_bytes, device=context.device,
+                                  safety_override=SAFETY_OVERRIDE).values
+                after = clients[n].run(_process_cpu_s)
+                worker_cpu_s[n].append([after[w] - before[w] for w in after])
+                return values
+
+            return run
 
         for n in clients:  # workers import torch and stimsim on their first task; keep that out of the timing
             simulate(model, images[:2], conditions[:2], decoder, progress=False, scheduler=clients[n],
@@ -241,7 +252,11 @@ def dask_section(context: BenchContext) -> dict:
             clients[n].close()
             clusters[n].close()
     (one_s, one), (two_s, two) = timings[1], timings[2]
+    one_cpu_s = min(sum(run) for run in worker_cpu_s[1])
+    busier_cpu_s = min(max(run) for run in worker_cpu_s[2])
     return {"dask_2workers_vs_1": one_s / two_s, "dask_1worker_s": one_s, "dask_2workers_s": two_s,
+            "dask_1worker_cpu_s": one_cpu_s, "dask_2workers_busier_cpu_s": busier_cpu_s,
+            "dask_2workers_vs_1_cpu": one_cpu_s / busier_cpu_s,
             "dask_ideal_2workers_vs_1": one_s / (serial_s + (one_s - serial_s) / 2), "dask_serial_s": serial_s,
             "dask_chunks_1worker": chunks[1], "dask_chunks_2workers": chunks[2],
             "dask_max_abs_diff": float(np.abs(one - two).max()), "dask_sites": n_sites, "dask_images": n_images,
@@ -354,6 +369,12 @@ def _interleaved_minimum(functions: dict, repeats: int, device: torch.device) ->
             seconds = time.perf_counter() - start
             best[name] = (min(best[name][0], seconds), output)
     return best
+
+
+def _process_cpu_s() -> float:
+    """CPU seconds (user + system) this process has used."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _synchronize(device: torch.device) -> None:
