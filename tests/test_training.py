@@ -185,7 +185,7 @@ def _accelerator(name: str):
 @pytest.mark.parametrize("device", [_accelerator("cuda"), _accelerator("mps")])
 @pytest.mark.parametrize("task", ["supervised", "simclr"])
 def test_training_on_a_gpu(device, task, tmp_path, tiny_data):
-    from stimsim.models.training import simclr_loss
+    from stimsim.training.loop import simclr_loss
 
     # The SimCLR loss there equals the CPU's on the same embeddings.
     z1, z2 = torch.randn(8, 16, generator=torch.Generator().manual_seed(0)).chunk(2)
