@@ -9,13 +9,15 @@ from stimsim.mapping import (RegistrationProblem, bootstrap_registration, cross_
                              select_model)
 from stimsim.models.registry import load_model
 from stimsim.subject import VirtualSubject
+from stimsim.subject.virtual import cortex_view
 
 STIMULI = [{"source": "lfw_subset"}, {"source": "fashion_mnist", "split": "test", "n_per_class": 10, "seed": 1}]
 
 
 @pytest.fixture(scope="module")
 def model():
-    return load_model("stimsim-topo-s2")
+    """The planning model with its IT sheet in cortex mm (the frame of array pitch and poses)."""
+    return cortex_view(load_model("stimsim-topo-s2"))[0]
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +116,7 @@ def test_bad_mapping_input_is_named(recorded, model):
         select_model(per_image.isel(stimulus_id=slice(0, 15)), {"s2": model}, subject.stimuli())
     with pytest.raises(DataError, match="not in the image set"):
         register(per_image, model, subject.stimuli().subset(np.arange(100)), recordings.layout)
-    huge = utah_array("10x10", pitch_mm=1.6)
+    huge = utah_array("10x10", pitch_mm=3.5)  # 31.5 mm across; the 19.7 cortex mm sheet's diagonal is 27.9 mm
     with pytest.raises(ConfigError, match="does not fit on the IT sheet"):
         register(per_image, model, subject.stimuli(), huge)
     with pytest.raises(DataError, match="chosen for registration were not recorded"):

@@ -13,7 +13,7 @@ from stimsim.cli import main
 from stimsim.errors import ConfigError, SafetyError
 from stimsim.planning.plan import run_plan
 from stimsim.planning.selection import separation_mm
-from stimsim.planning.validation import random_pose_null
+from stimsim.planning.validation import meets_targets
 
 SUBJECT = """
 [subject]
@@ -211,14 +211,37 @@ def test_subject_session_from_the_plan(plan_dir, tmp_path):
     assert (table.groupby("electrode")["stimulated_electrode"].apply(lambda s: (s != "sham").sum()) == 21).all()
 
 
-def test_random_pose_null_on_planted_maps():
-    xs, ys = np.meshgrid(np.arange(10) * 0.4, np.arange(10) * 0.4)
-    xy = np.c_[xs.ravel(), ys.ravel()]
-    true = np.sin(xy[:, 0] * 1.3) + 0.3 * xy[:, 1]
-    null = random_pose_null(xy, true.copy(), true, n_random=150, seed=0)
-    assert len(null) == 150
-    assert np.percentile(null, 95) < 0.999  # re-mapped plans of a perfect plan are worse than the plan (r = 1)
-    assert np.median(null) < 0.9
+def test_plan_and_subject_place_the_array_in_cortex_mm(plan_dir):
+    _, out = plan_dir
+    # both shipped models record 2 cortex mm per model mm; the plan and the subject say so
+    truth = json.loads((out / "subject" / "truth.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    assert truth["cortex_mm_per_model_mm"] == 2.0 and not truth["scale_overridden"]
+    assert summary["cortex_scale"]["stimsim-topo-s0"]["cortex_mm_per_model_mm"] == 2.0
+    assert config["cortex_scale"] == summary["cortex_scale"]
+    sites = pd.read_csv(out / "sites.csv", dtype={"electrode_id": str}).set_index("electrode_id")
+    np.testing.assert_allclose(sites["cortex_x_mm"], 2.0 * sites["model_x_mm"])
+    np.testing.assert_allclose(sites["cortex_y_mm"], 2.0 * sites["model_y_mm"])
+    # a rigid registration keeps the array's own distances (0.4 mm pitch, cortex mm) on the sheet: e2–e3
+    # (0.4 mm apart on the array) and e2–e14 (1.2 mm) are as far apart on the sheet in cortex mm, half that in
+    # model mm; the subject's true sites keep them too
+    def distance(table, a, b, x, y):
+        return float(np.hypot(table.loc[a, x] - table.loc[b, x], table.loc[a, y] - table.loc[b, y]))
+
+    assert distance(sites, "e2", "e3", "cortex_x_mm", "cortex_y_mm") == pytest.approx(0.4, abs=1e-6)
+    assert distance(sites, "e2", "e14", "cortex_x_mm", "cortex_y_mm") == pytest.approx(1.2, abs=1e-6)
+    assert distance(sites, "e2", "e14", "model_x_mm", "model_y_mm") == pytest.approx(0.6, abs=1e-6)
+    true_sites = pd.DataFrame(truth["electrode_sites_mm"], index=["x", "y"]).T
+    assert distance(true_sites, "e2", "e14", "x", "y") == pytest.approx(1.2, abs=1e-6)
+    true_model = pd.DataFrame(truth["electrode_sites_model_mm"], index=["x", "y"]).T
+    assert distance(true_model, "e2", "e14", "x", "y") == pytest.approx(0.6, abs=1e-6)
+
+
+def test_targets_by_hand():
+    assert meets_targets([0.6, 0.55, 0.5, 0.7, 0.2], [0.3, 0.3, 0.3, 0.3, 0.3])  # median 0.55, 4 of 5 above
+    assert not meets_targets([0.6, 0.55, 0.5, 0.7, 0.2], [0.3, 0.3, 0.6, 0.3, 0.3])  # 3 of 5 above
+    assert not meets_targets([0.6, 0.45, 0.4, 0.7, 0.2], [0.1] * 5)  # median 0.45
 
 
 def test_validate_writes_per_pose_numbers_and_the_null(tmp_path, one_torch_thread):
@@ -231,6 +254,14 @@ def test_validate_writes_per_pose_numbers_and_the_null(tmp_path, one_torch_threa
     assert validation["predicted_vs_true_r"] == validation["predicted_vs_true_r_per_pose"][0]
     pose = validation["poses"][0]
     assert pose["n_random"] >= 100 and -1 <= pose["predicted_vs_true_r"] <= 1
+    assert validation["random_pose_r_p95"][0] == pose["random_pose_r_p95"]
+    pose_summary = json.loads((out / "validation" / "pose_0" / "summary.json").read_text())
+    null = np.array(pose_summary["random_pose_r"])
+    assert len(null) == 100 and np.all(np.abs(null) <= 1)
+    assert pose["random_pose_r_p95"] == pytest.approx(np.percentile(null, 95))
+    assert pose_summary["predicted_vs_true_r"] == pose["predicted_vs_true_r"]
+    assert validation["targets_met"] == meets_targets(validation["predicted_vs_true_r_per_pose"],
+                                                      validation["random_pose_r_p95"])
     assert pose["subject_seed"] == 7 + 101  # another hidden pose than the plan's own subject
     truth = json.loads((out / "validation" / "pose_0" / "subject" / "truth.json").read_text())
     assert truth["pose"] == pose["pose"] != json.loads((out / "subject" / "truth.json").read_text())["pose"]

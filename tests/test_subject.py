@@ -32,7 +32,7 @@ def test_noise_free_recording_is_baseline_plus_gain_times_pooled_units(model, on
     recordings = subject.record(images)
     assert recordings.response.sizes == {"presentation": 40, "electrode": 64}
     activations = model.activations(images.images, "IT").numpy().astype(np.float64)
-    coords = model.sheet("IT").coordinates_mm
+    coords = model.sheet("IT").coordinates_mm * 2.0  # the model records 2 cortex mm per model mm
     means = recordings.per_image().sel(stimulus_id=list(images.stimulus_id))
     for electrode in ("1", "30", "64"):
         site = pose.apply(utah_array("8x8").position_of(electrode))[0]
@@ -44,8 +44,36 @@ def test_noise_free_recording_is_baseline_plus_gain_times_pooled_units(model, on
     np.testing.assert_allclose(subject.electrode_sites_mm()["1"], pose.apply(utah_array("8x8").position_of("1"))[0])
 
 
+def test_array_and_pose_are_cortex_mm_on_a_two_to_one_model(model):
+    # a 10×10 Utah array at 0.4 mm pitch spans 9 × 0.4 = 3.6 cortex mm = 1.8 mm of a 2:1 model's sheet
+    assert model.cortex_scale("IT")["cortex_mm_per_model_mm"] == 2.0
+    config = _config(pose={"x_mm": 10.0, "y_mm": 9.0, "rotation_deg": 0.0})
+    config["array"]["layout"] = "10x10"
+    subject = VirtualSubject.create(config, model=model)
+    cortex = np.array(list(subject.electrode_sites_mm().values()))
+    in_model_mm = np.array(list(subject.electrode_sites_model_mm().values()))
+    assert np.ptp(cortex[:, 0]) == pytest.approx(3.6) and np.ptp(cortex[:, 1]) == pytest.approx(3.6)
+    assert np.ptp(in_model_mm[:, 0]) == pytest.approx(1.8) and np.ptp(in_model_mm[:, 1]) == pytest.approx(1.8)
+    assert in_model_mm.mean(0) == pytest.approx((5.0, 4.5))
+    # the recorded units are those within 0.3 cortex mm = 0.15 model mm of the electrode on the model's own sheet
+    raw = model.sheet("IT").coordinates_mm
+    site = np.array(subject.electrode_sites_model_mm()["45"])
+    expected = np.flatnonzero(np.hypot(*(raw - site).T) <= 0.15)
+    assert sorted(subject.recorded_units()[subject.layout.index_of("45")]) == expected.tolist()
+    assert subject.truth()["cortex_mm_per_model_mm"] == 2.0 and not subject.truth()["scale_overridden"]
+    # the sheet is converted exactly once: a subject built on an already converted model sees the same sheet
+    again = VirtualSubject.create(config, model=subject.model)
+    np.testing.assert_allclose(again.sheet.coordinates_mm, subject.sheet.coordinates_mm)
+    # an explicit scale overrides the model's and is flagged
+    config["subject"]["cortex_mm_per_model_mm"] = 1.0
+    config["array"]["pose"] = {"x_mm": 5.0, "y_mm": 4.5, "rotation_deg": 0.0}
+    one = VirtualSubject.create(config, model=model)
+    assert np.ptp(np.array(list(one.electrode_sites_model_mm().values()))[:, 0]) == pytest.approx(3.6)
+    assert one.truth()["scale_overridden"]
+
+
 def test_random_pose_is_seeded_and_keeps_the_array_on_the_sheet(model):
-    x0, x1, y0, y1 = model.sheet("IT").extent_mm
+    x0, x1, y0, y1 = 2.0 * np.array(model.sheet("IT").extent_mm)  # cortex mm
     poses = []
     for seed in range(6):
         config = _config(dead_fraction=0.25)
@@ -76,7 +104,7 @@ def test_bad_subject_configurations_name_file_and_field(model, tmp_path):
     with pytest.raises(ConfigError, match=r"\[array\] pose: electrode\(s\) .* fall off the IT sheet"):
         VirtualSubject.create(_config(pose={"x_mm": 0.5, "y_mm": 5.0}), model=model)
     big = tmp_path / "big.csv"
-    big.write_text("electrode_id,x_mm,y_mm\na,0,0\nb,15,0\n")
+    big.write_text("electrode_id,x_mm,y_mm\na,0,0\nb,30,0\n")  # 30 cortex mm: longer than the 19.7 mm sheet's diagonal (27.9 mm)
     config = _config()
     config["array"]["layout"] = str(big)
     with pytest.raises(ConfigError, match="does not fit on the IT sheet"):

@@ -113,7 +113,7 @@ class PlanInputs:
                         raw = load_toml(config.subject_config)
                         raw["subject"] = {**raw["subject"], "seed": int(subject_seed)}
                         raw["array"] = {key: value for key, value in raw.get("array", {}).items() if key != "pose"}
-                        subject = VirtualSubject.create(raw, source=str(config.subject_config), model=subject.model)
+                        subject = VirtualSubject.create(raw, source=str(config.subject_config), model=subject.source_model)
                         subject.config_dir = config.subject_config.parent
                     subject.model.to(device)
                     subject.save(self.subject_dir)
@@ -224,18 +224,20 @@ def _describe_scheduler(scheduler) -> str | None:
 
 
 def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_seed: int | None = None,
-              write_report: bool = True, compute: dict | None = None) -> dict:
+              write_report: bool = True, compute: dict | None = None, n_random_poses: int = 0) -> dict:
     """One plan: every phase, then the outputs (``write_report`` False: summary.json, sites.csv and the truth
     only). ``subject_seed`` makes the virtual subject with that seed (another hidden pose). ``compute``:
     ``device`` (a torch.device), ``scheduler`` (None or a distributed.Client) and ``scheduler_description``
-    (recorded in config.json), as :func:`run_plan` sets them; default: the CPU, this process."""
-    from stimsim.models.registry import load_model
-
+    (recorded in config.json), as :func:`run_plan` sets them; default: the CPU, this process.
+    ``n_random_poses`` > 0 (virtual subjects): every candidate also rehearses the sequences at that many random
+    registrations of the array on its sheet (rotation uniform, centre uniform where the array fits), the null
+    of ``predicted_vs_true_r`` (``random_pose_r``, ``random_pose_r_p95`` in summary.json)."""
     safety = _stimulation_report(config)  # refuses an unsafe protocol before anything is computed
-    cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else ""))
+    cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
+                       + (f"-random{n_random_poses}" if n_random_poses else ""))
     compute = {"device": "cpu", "scheduler": None, "scheduler_description": None, **(compute or {})}
     inputs = PlanInputs(config, out_dir, progress, subject_seed, device=compute["device"])
-    models = {name: load_model(name, device=compute["device"]) for name in config.candidates}
+    models, scales = load_candidates(config.candidates, device=compute["device"])
     mapping = cache.json("mapping", lambda: _mapping_phase(config, inputs, models, progress))
     chosen_model = mapping["selection"]["model"][0]
     working = mapping["working"]
@@ -251,9 +253,21 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
     sequences = cache.arrays("sequences", lambda: _sequences_phase(config, models[chosen_model], design_points,
                                                                    inputs.images, progress, companions))
     rehearsals = {}
-    for name, model in models.items():
-        rehearsals[name] = cache.arrays(f"rehearsal_{_safe(name)}", lambda model=model, name=name: _rehearsal_phase(
-            config, model, sequences, registered_points(name), progress, compute["scheduler"]))
+    for index, (name, model) in enumerate(models.items()):
+        def rehearse_model(model=model, name=name, index=index):
+            points = registered_points(name)
+            if not n_random_poses:
+                return _rehearsal_phase(config, model, sequences, points, progress, compute["scheduler"])
+            random = random_registrations(layout, model.sheet(IT), n_random_poses,
+                                          seed=(config.seed, subject_seed or 0, index))
+            both = np.concatenate([points, _points(layout, random, working)], axis=1)
+            result = _rehearsal_phase(config, model, sequences, both, progress, compute["scheduler"])
+            registered = points.shape[1]
+            result["random_delta_auc"] = result["delta_auc"][:, registered:]
+            result["delta_auc"] = result["delta_auc"][:, :registered]
+            result["p_high"] = result["p_high"][:, :registered + 1]
+            return result
+        rehearsals[name] = cache.arrays(f"rehearsal_{_safe(name)}", rehearse_model)
     plan = _assemble(config, inputs, mapping, chosen_model, sequences, rehearsals, safety, registered_points)
     truth = None
     if inputs.subject_dir is not None:
@@ -261,7 +275,28 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
                                                            compute["scheduler"]))
         _write_truth(out_dir, truth, working, sequences)
     return _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, rehearsals, plan, truth,
-                          safety, models, write_report, compute)
+                          safety, models, scales, write_report, compute)
+
+
+def random_registrations(layout, sheet, n: int, seed) -> list:
+    """``n`` random poses (dicts) of ``layout`` on ``sheet``: rotation uniform in [0, 360)°, centre uniform
+    among the positions where the whole array lies on the sheet."""
+    from stimsim.subject.virtual import random_pose
+
+    rng = np.random.default_rng([*np.atleast_1d(seed), 0x5917])
+    return [random_pose(layout, sheet, rng).to_dict() for _ in range(n)]
+
+
+def load_candidates(names, device="cpu") -> tuple[dict, dict]:
+    """Candidate models (on ``device``) with their IT sheets in cortex mm (each by its own recorded scale, see
+    :func:`stimsim.subject.virtual.cortex_view`), and each model's scale record."""
+    from stimsim.models.registry import load_model
+    from stimsim.subject.virtual import cortex_view
+
+    models, scales = {}, {}
+    for name in names:
+        models[name], scales[name] = cortex_view(load_model(name, device=device))
+    return models, scales
 
 
 def _safe(name: str) -> str:
@@ -351,7 +386,7 @@ def _assemble(config, inputs, mapping, chosen_model, sequences, rehearsals, safe
     array_xy = layout.positions_mm[index]
     choice = choose_sites(working, array_xy, predicted, config.selection, array_ids=layout.electrode_ids)
     return {"predicted": predicted, "low": low, "high": high, "per_model": per_model, "choice": choice,
-            "array_xy": array_xy, "model_xy": registered_points(chosen_model)[:, 0]}
+            "array_xy": array_xy, "cortex_xy": registered_points(chosen_model)[:, 0]}
 
 
 def _write_truth(out_dir: Path, truth: dict, working, sequences) -> None:
@@ -367,7 +402,7 @@ def _write_truth(out_dir: Path, truth: dict, working, sequences) -> None:
 
 
 def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, rehearsals, plan, truth, safety,
-                   models, write_report: bool, compute: dict) -> dict:
+                   models, scales, write_report: bool, compute: dict) -> dict:
     from stimsim.planning.report import build_report
 
     working = mapping["working"]
@@ -379,6 +414,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, re
         anatomical = AnatomicalPose.from_dict(config.anatomical).to_anatomical(inputs.layout, plan["array_xy"])
     charge = charge_per_phase_nC(config.stimulation["current_uA"], config.stimulation["pulse_width_ms"])
     verdict = "passed" if safety["passed"] else f"overridden: {safety['override_reason']}"
+    factor = scales[chosen_model]["cortex_mm_per_model_mm"]
     rank_of = np.empty(len(working), dtype=np.int64)
     rank_of[order] = np.arange(1, len(working) + 1)
     rows = []
@@ -387,7 +423,8 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, re
                "array_x_mm": plan["array_xy"][i, 0], "array_y_mm": plan["array_xy"][i, 1]}
         if anatomical is not None:
             row["ap_mm"], row["ml_mm"] = anatomical[i, 0], anatomical[i, 1]
-        row.update({"model_x_mm": plan["model_xy"][i, 0], "model_y_mm": plan["model_xy"][i, 1],
+        row.update({"model_x_mm": plan["cortex_xy"][i, 0] / factor, "model_y_mm": plan["cortex_xy"][i, 1] / factor,
+                    "cortex_x_mm": plan["cortex_xy"][i, 0], "cortex_y_mm": plan["cortex_xy"][i, 1],
                     "predicted_delta_auc": plan["predicted"][i], "predicted_delta_auc_low": plan["low"][i],
                     "predicted_delta_auc_high": plan["high"][i], "current_uA": config.stimulation["current_uA"],
                     "frequency_Hz": config.stimulation["frequency_Hz"],
@@ -401,7 +438,8 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, re
     summary = {"name": config.name, "task": config.task, "n_sites": int(len(chosen)),
                "n_rehearsed": len(working), "chosen_electrodes": [working[i] for i in chosen],
                "current_uA": config.stimulation["current_uA"], "chosen_model": chosen_model,
-               "candidate_models": list(models), "safety": safety,
+               "candidate_models": list(models), "safety": safety, "lengths": "cortex mm unless named model mm",
+               "cortex_scale": scales,
                "registration": {name: {"pose": reg["pose"], "mean_correlation": reg["mean_correlation"],
                                        "chance_mean_correlation_p95": reg["chance_mean_correlation_p95"]}
                                 for name, reg in mapping["registrations"].items()},
@@ -421,6 +459,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, re
                             name: _pearson(plan["per_model"][m, alive, 0], true[alive])
                             for m, name in enumerate(rehearsals)},
                         "true_delta_auc_median": float(np.median(true[alive])),
+                        **_random_pose_null(rehearsals, true, alive),
                         "subject_lapse_rate": subject.lapse_rate, "subject_id": f"virtual-{subject.seed}"})
     summary["predicted_delta_auc"] = {e: float(v) for e, v in zip(working, plan["predicted"])}
     if truth is not None:
@@ -429,17 +468,29 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, re
     if not write_report:
         atomic_write_json(out_dir / "summary.json", summary)
         return summary
-    dataset = _plan_dataset(config, working, sequences, rehearsals, plan)
+    dataset = _plan_dataset(config, working, sequences, rehearsals, plan, factor)
     atomic_save(out_dir / "plan.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
     record = provenance(config.to_dict())
     record["model_checksums"] = {name: model_checksums(name) for name in models}
     record["device"] = str(compute["device"])
     record["scheduler"] = compute["scheduler_description"]
+    record["cortex_scale"] = scales
     atomic_write_json(out_dir / "config.json", record)
     atomic_write_json(out_dir / "summary.json", summary)
     build_report(config, inputs, mapping, chosen_model, sequences, rehearsals, plan, sites, summary, truth,
                  models, record).write(out_dir)
     return summary
+
+
+def _random_pose_null(rehearsals, true, alive) -> dict:
+    """r of the plans made at random registrations (mean over candidates, as the plan) against the true ΔAUC."""
+    if not all("random_delta_auc" in r for r in rehearsals.values()):
+        return {}
+    random = np.stack([r["random_delta_auc"].mean(-1) for r in rehearsals.values()])  # (models, sites, n_random)
+    predicted = np.nanmean(random, axis=0)
+    values = [_pearson(predicted[alive, k], true[alive]) for k in range(predicted.shape[1])]
+    return {"random_pose_r": values, "random_pose_r_p95": float(np.nanpercentile(values, 95)),
+            "random_pose_r_median": float(np.nanmedian(values)), "n_random_poses": len(values)}
 
 
 def _pearson(a, b) -> float:
@@ -448,7 +499,7 @@ def _pearson(a, b) -> float:
     return float(np.corrcoef(a[keep], b[keep])[0, 1]) if keep.sum() > 2 else float("nan")
 
 
-def _plan_dataset(config, working, sequences, rehearsals, plan) -> xr.Dataset:
+def _plan_dataset(config, working, sequences, rehearsals, plan, factor: float) -> xr.Dataset:
     names = list(rehearsals)
     n_sites, n_seq, n_steps = sequences["images"].shape[:3]
     first = rehearsals[names[0]]
@@ -463,12 +514,14 @@ def _plan_dataset(config, working, sequences, rehearsals, plan) -> xr.Dataset:
          "predicted_delta_auc": ("electrode", plan["predicted"]),
          "predicted_delta_auc_low": ("electrode", plan["low"]),
          "predicted_delta_auc_high": ("electrode", plan["high"]),
-         "model_x_mm": ("electrode", plan["model_xy"][:, 0]), "model_y_mm": ("electrode", plan["model_xy"][:, 1]),
+         "model_x_mm": ("electrode", plan["cortex_xy"][:, 0] / factor),
+         "model_y_mm": ("electrode", plan["cortex_xy"][:, 1] / factor),
+         "cortex_x_mm": ("electrode", plan["cortex_xy"][:, 0]), "cortex_y_mm": ("electrode", plan["cortex_xy"][:, 1]),
          "array_x_mm": ("electrode", plan["array_xy"][:, 0]), "array_y_mm": ("electrode", plan["array_xy"][:, 1])},
         coords={"electrode": list(working), "model": names, "sequence": np.arange(n_seq), "step": np.arange(n_steps),
                 "pose": ["fitted"] + [f"bootstrap_{k}" for k in range(first["delta_auc"].shape[1] - 1)],
                 "stimulated": [False, True]},
-        attrs={"task": config.task, "current_uA": config.stimulation["current_uA"],
+        attrs={"task": config.task, "current_uA": config.stimulation["current_uA"], "cortex_mm_per_model_mm": factor,
                "description": "stimsim plan: sequences, P(high) with and without stimulation, predicted ΔAUC"})
     return data
 

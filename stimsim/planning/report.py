@@ -41,19 +41,19 @@ def sheet_figure(model, images, mapping, chosen_model, plan, working) -> bytes:
     ax.scatter(layout_points[:, 0], layout_points[:, 1], s=14, facecolors="none", edgecolors="k", linewidths=0.6)
     chosen = set(plan["choice"]["chosen"].tolist())
     for i, electrode in enumerate(working):
-        x, y = plan["model_xy"][i]
+        x, y = plan["cortex_xy"][i]
         ax.annotate(electrode, (x, y), fontsize=4.5, ha="center", va="center",
                     color="darkgreen" if i in chosen else "k", fontweight="bold" if i in chosen else "normal")
     if chosen:
-        picked = plan["model_xy"][sorted(chosen)]
+        picked = plan["cortex_xy"][sorted(chosen)]
         ax.scatter(picked[:, 0], picked[:, 1], s=60, facecolors="none", edgecolors="limegreen", linewidths=1.4,
                    label="chosen sites")
         ax.legend(loc="upper right", fontsize=8)
     pose = ArrayPose.from_dict(registration["pose"])
     ax.set_title(f"{chosen_model} IT sheet; array at x = {pose.x_mm:.2f} mm, y = {pose.y_mm:.2f} mm, "
                  f"{pose.rotation_deg:.1f}°", fontsize=9)
-    ax.set_xlabel("sheet x (mm)")
-    ax.set_ylabel("sheet y (mm)")
+    ax.set_xlabel("sheet x (cortex mm)")
+    ax.set_ylabel("sheet y (cortex mm)")
     ax.set_aspect("equal")
     return figure_png(fig)
 
@@ -99,7 +99,7 @@ def build_report(config, inputs, mapping, chosen_model, sequences, rehearsals, p
     columns = ["rank", "electrode id", "array x (mm)", "array y (mm)"]
     if "ap_mm" in sites:
         columns += ["AP (mm)", "ML (mm)"]
-    columns += ["model x (mm)", "model y (mm)", "predicted ΔAUC", "95% interval", "best sequence (low → high)",
+    columns += ["model x (model mm)", "model y (model mm)", "sheet x (cortex mm)", "sheet y (cortex mm)", "predicted ΔAUC", "95% interval", "best sequence (low → high)",
                 "slope/noise", "current (µA)", "charge/phase (nC)", "safety", "status"]
     rows = []
     for record_row in sites.itertuples(index=False):
@@ -110,7 +110,8 @@ def build_report(config, inputs, mapping, chosen_model, sequences, rehearsals, p
         row = [record_row.rank, record_row.electrode_id, record_row.array_x_mm, record_row.array_y_mm]
         if "ap_mm" in sites:
             row += [record_row.ap_mm, record_row.ml_mm]
-        row += [record_row.model_x_mm, record_row.model_y_mm, record_row.predicted_delta_auc,
+        row += [record_row.model_x_mm, record_row.model_y_mm, record_row.cortex_x_mm, record_row.cortex_y_mm,
+                record_row.predicted_delta_auc,
                 f"[{record_row.predicted_delta_auc_low:.4f}, {record_row.predicted_delta_auc_high:.4f}]", thumbs,
                 float(stn[i, best]), record_row.current_uA, record_row.charge_per_phase_nC, record_row.safety_verdict,
                 record_row.status]
@@ -148,9 +149,12 @@ def build_report(config, inputs, mapping, chosen_model, sequences, rehearsals, p
         Table(("rank", "model", "median CV ridge R²", "chance median R²"), selection_rows,
               caption=f"Model selection: {config.n_folds}-fold cross-validated ridge predictivity of the working "
                       "electrodes (chance: features shuffled across images)"),
-        Table(("model", "x (mm)", "y (mm)", "rotation (°)", "mean electrode r", "chance r (95th pct)",
+        Table(("model", "x (cortex mm)", "y (cortex mm)", "rotation (°)", "mean electrode r", "chance r (95th pct)",
                "bootstrap SD x (mm)", "SD y (mm)", "SD rotation (°)", "electrode consistency"), registration_rows,
-              caption="Registration quality and stability (bootstrap over images)"),
+              caption="Registration quality and stability (bootstrap over images). Sheet lengths are cortex mm: "
+                      + "; ".join(f"{name} {scale['cortex_mm_per_model_mm']:g} cortex mm per model mm"
+                                  + (" (overridden)" if scale["scale_overridden"] else "")
+                                  for name, scale in summary["cortex_scale"].items())),
         Paragraph("Sequence method: pixel-space gradient steps with image priors (smoothness, small steps, pixel "
                   "range) — not a generative model; see stimsim.planning.sequences. Median change of the target "
                   f"site across a sequence: {summary['sequence_response_change_sd']:.2f} natural SDs; other sites at "

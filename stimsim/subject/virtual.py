@@ -9,6 +9,10 @@ count in the response window divided by its duration (spikes/s). Dead electrodes
 baseline's Poisson noise only. Every image is shown ``repeats`` times, each repeat in a new random
 order.
 
+Lengths (pose, array pitch, ``radius_mm``) are cortex mm: the model's IT sheet is converted by the
+model's own recorded scale (``[subject] cortex_mm_per_model_mm`` overrides it; see :func:`cortex_view`),
+so a 10×10 Utah array (0.4 mm pitch, 3.6 mm across) spans 1.8 model mm of a 2:1 model's sheet.
+
 A subject directory (``stimsim subject make CONFIG.toml --out DIR``) holds ``subject.toml`` (the
 configuration as given), ``recordings.nc`` and ``recordings.nwb`` (the same recordings in both
 formats, see :mod:`stimsim.recordings`), ``stimuli.npz`` (the images shown, keyed by stimulus id,
@@ -63,6 +67,8 @@ class VirtualSubject:
         self.lapse_rate = float(lapse_rate)
         self.stimuli_spec = tuple(dict(s) for s in stimuli_spec)
         self.source = source
+        self.source_model = model
+        self.scale = {"cortex_mm_per_model_mm": 1.0, "model_cortex_mm_per_model_mm": 1.0, "scale_overridden": False}
         self.directory: Path | None = None
         self.config_text: str | None = None
         self.config_dir: Path | None = None
@@ -81,12 +87,10 @@ class VirtualSubject:
         model_name = subject.get("model", str)
         seed = subject.get("seed", int, minimum=0)
         lapse_rate = subject.get("lapse_rate", float, 0.02, minimum=0.0, maximum=1.0)
-        scale = subject.get("cortex_mm_per_model_mm", float, 1.0, minimum=1e-6)
+        scale = subject.get("cortex_mm_per_model_mm", float, None, minimum=1e-6)
         subject.finish()
-        if model is None:
-            model = load_model(model_name)
-        if scale != 1.0:
-            model = model.with_sheet_scale(IT_AREA, scale)
+        source_model = model if model is not None else load_model(model_name)
+        model, scale_record = cortex_view(source_model, scale)
         sheet = model.sheet(IT_AREA)
 
         array = root.section("array", required=True)
@@ -141,6 +145,7 @@ class VirtualSubject:
         gain_map = {i: (0.0 if i in dead else float(g)) for i, g in zip(layout.electrode_ids, gains)}
         subject = cls(config, model, layout, pose, tuple(i for i in layout.electrode_ids if i in dead), gain_map,
                       recording, seed, lapse_rate, tuple(stimuli_spec), source)
+        subject.source_model, subject.scale = source_model, scale_record
         for electrode_id, units in zip(layout.electrode_ids, subject.recorded_units()):
             if len(units) == 0:
                 raise ConfigError(f"{source} [recording]: radius_mm = {recording['radius_mm']} reaches no model unit "
@@ -187,9 +192,15 @@ class VirtualSubject:
         return tuple(i for i in self.layout.electrode_ids if i not in self.dead_electrodes)
 
     def electrode_sites_mm(self) -> dict:
-        """Electrode id → its true position on the model's IT sheet (mm)."""
+        """Electrode id → its true position on the IT sheet in cortex mm (the frame of the pose and of
+        ``self.model``'s sheet)."""
         sites = self.layout.on_sheet(self.pose)
         return {i: (float(x), float(y)) for i, (x, y) in zip(self.layout.electrode_ids, sites)}
+
+    def electrode_sites_model_mm(self) -> dict:
+        """Electrode id → its true position in the model's own sheet mm (cortex mm / cortex_mm_per_model_mm)."""
+        factor = self.scale["cortex_mm_per_model_mm"]
+        return {i: (x / factor, y / factor) for i, (x, y) in self.electrode_sites_mm().items()}
 
     def recorded_units(self) -> list:
         """For every electrode (layout order), the indices of the IT units within the recording radius."""
@@ -247,7 +258,9 @@ class VirtualSubject:
                 "dead_electrodes": list(self.dead_electrodes), "array": self.layout.name,
                 "layout": self.layout.to_dict(), "recording_radius_mm": self.recording_radius_mm,
                 "gains": self.gains_Hz_per_sd, "seed": self.seed, "lapse_rate": self.lapse_rate,
-                "electrode_sites_mm": self.electrode_sites_mm(), "provenance": provenance()}
+                "electrode_sites_mm": self.electrode_sites_mm(),
+                "electrode_sites_model_mm": self.electrode_sites_model_mm(), **self.scale,
+                "provenance": provenance()}
 
     def save(self, directory, recordings: Recordings | None = None) -> Path:
         """Write the subject directory (config, recordings in NetCDF and NWB, images, truth). Every file
@@ -282,6 +295,30 @@ class VirtualSubject:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def cortex_view(model, cortex_mm_per_model_mm: float | None = None, layer: str = IT_AREA):
+    """``model`` with its ``layer`` sheet in cortex mm, and the scale used.
+
+    Everything a lab gives (array pitch, poses, recording radius, stimulation spread, separations) is in
+    cortex mm; the model's sheet is converted once, here, by the model's own recorded scale
+    (:meth:`TopographicModel.cortex_scale`: 2 cortex mm per model mm for the shipped models) unless
+    ``cortex_mm_per_model_mm`` overrides it. Returns ``(view, record)`` with record keys
+    ``cortex_mm_per_model_mm`` (used), ``model_cortex_mm_per_model_mm`` (the model's own), ``scale_overridden``.
+    """
+    scale = model.cortex_scale(layer)
+    own = float(scale["cortex_mm_per_model_mm"])
+    factor = own if cortex_mm_per_model_mm is None else float(cortex_mm_per_model_mm)
+    view = model
+    if factor != 1.0:
+        view = model.with_sheet_scale(layer, factor)
+        # the view's sheet is in cortex mm already: its own recorded scale becomes own / factor (1 unless
+        # overridden), so converting the view again changes nothing
+        view.metadata = {**model.metadata, "cortex_scale": {
+            "layer": scale["layer"], "cortex_mm_per_model_mm": own / factor,
+            "rule": f"{scale['rule']} [sheet converted by {factor:g} cortex mm per model mm]"}}
+    return view, {"cortex_mm_per_model_mm": factor, "model_cortex_mm_per_model_mm": own,
+                  "scale_overridden": factor != own}
 
 
 def random_pose(layout: ArrayLayout, sheet, rng: np.random.Generator, margin_mm: float = 0.0) -> ArrayPose:
