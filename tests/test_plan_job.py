@@ -265,3 +265,138 @@ def test_validate_writes_per_pose_numbers_and_the_null(tmp_path, one_torch_threa
     assert pose["subject_seed"] == 7 + 101  # another hidden pose than the plan's own subject
     truth = json.loads((out / "validation" / "pose_0" / "subject" / "truth.json").read_text())
     assert truth["pose"] == pose["pose"] != json.loads((out / "subject" / "truth.json").read_text())["pose"]
+
+
+FACE_PLAN = """
+name = "face"
+seed = 0
+task = "face_categorization"
+[models]
+candidates = ["stimsim-topo-s0"]
+n_folds = 3
+[subject]
+config = "subject.toml"
+[registration]
+n_boot = 2
+[face_task]
+n_per_class = 20
+signal_percent = [30, 60, 100]
+[selection]
+n_sites = 6
+"""
+
+
+def test_face_task_ranks_sites_in_the_models_face_patch(tmp_path, one_torch_thread):
+    """With the face task (Afraz et al. 2006) the top-ranked sites lie where the model's IT is face-selective:
+    the face d′ of the top sites' mapped points (pooled units within 0.5 cortex mm, computed here from the
+    model's activations) exceeds the median d′ over the rehearsed sites far more often than chance (one half)."""
+    from stimsim.behavior.metrics import dprime
+    from stimsim.data.stimuli import lfw_subset
+    from stimsim.models.registry import load_model
+
+    directory = tmp_path / "config"
+    directory.mkdir()
+    xs, ys = np.meshgrid(np.arange(6) * 2.6 - 6.5, np.arange(6) * 2.6 - 6.5)  # a sparse 13 mm grid: the whole sheet
+    rows = [f"g{i + 1},{x:.2f},{y:.2f}" for i, (x, y) in enumerate(zip(xs.ravel(), ys.ravel()))]
+    (directory / "layout.csv").write_text("electrode_id,x_mm,y_mm\n" + "\n".join(rows) + "\n")
+    (directory / "subject.toml").write_text(SUBJECT.replace('dead_electrodes = ["e16"]', "dead_fraction = 0.0"))
+    (directory / "plan.toml").write_text(FACE_PLAN)
+    out = tmp_path / "out"
+    assert main(["plan", str(directory / "plan.toml"), "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["task"] == "face_categorization" and summary["effect"] == "delta_p_face"
+    assert (out / "report.html").is_file() and (out / "truth" / "subject_p_face.nc").is_file()
+    sites = pd.read_csv(out / "sites.csv", dtype={"electrode_id": str})
+    assert "predicted_delta_p_face" in sites and "predicted_delta_auc" not in sites
+    assert -1 <= summary["predicted_vs_true_r"] <= 1
+    # face d′ of every rehearsed site's mapped point, from the model's own activations
+    model = load_model("stimsim-topo-s0")
+    images = lfw_subset()
+    activity = model.activations(images.images, "IT").numpy().astype(np.float64)
+    cortex_units = model.sheet("IT").coordinates_mm * 2.0  # 2 cortex mm per model mm
+    is_face = images.labels["category"] == "face"
+    site_dprime = []
+    for x, y in sites[["cortex_x_mm", "cortex_y_mm"]].to_numpy():
+        near = np.hypot(cortex_units[:, 0] - x, cortex_units[:, 1] - y) <= 0.5
+        pooled = activity[:, near].mean(1)
+        site_dprime.append(float(dprime(pooled[is_face, None], pooled[~is_face, None])[0]))
+    site_dprime = np.array(site_dprime)
+    top = site_dprime[:6]  # sites.csv is in rank order
+    above = int((top > np.median(site_dprime)).sum())
+    print(f"face task: top-6 sites above the median d′: {above} of 6 (chance 3); top d′ {np.round(top, 2)}, "
+          f"median {np.median(site_dprime):.2f}")
+    assert above >= 5  # chance: P(>= 5 of 6) = 7/64
+    assert np.median(top) > np.percentile(site_dprime, 75)
+
+
+LAB_PLAN = """
+name = "lab"
+[models]
+candidates = ["stimsim-topo-s0"]
+n_folds = {n_folds}
+[recordings]
+path = "recordings.nc"
+images = [{{ source = "lfw_subset" }}]
+layout = "layout.csv"
+[array]
+min_reliability = -1.0
+"""
+
+
+def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e"):
+    """A lab's plan: recordings (random responses, 2 repeats) of ``n_images`` LFW images on a 4×4 layout of
+    ``pitch_mm``; the plan's layout file names its electrodes ``layout_prefix`` 1..16."""
+    from stimsim.arrays import ArrayLayout
+    from stimsim.data.stimuli import lfw_subset
+    from stimsim.recordings import Recordings
+
+    directory.mkdir(parents=True)
+    xs, ys = np.meshgrid(np.arange(4) * pitch_mm, np.arange(4) * pitch_mm)
+    positions = np.c_[xs.ravel(), ys.ravel()] - 1.5 * pitch_mm
+    layout = ArrayLayout("lab", tuple(f"e{i + 1}" for i in range(16)), positions)
+    ids = np.tile(lfw_subset().stimulus_id[:n_images], 2)
+    values = np.random.default_rng(0).poisson(20.0, (len(ids), 16)).astype(float)
+    Recordings.from_arrays(values, ids, layout, {"units": "spikes/s"}).save_netcdf(directory / "recordings.nc")
+    (directory / "layout.csv").write_text("electrode_id,x_mm,y_mm\n" + "".join(
+        f"{layout_prefix}{i + 1},{x},{y}\n" for i, (x, y) in enumerate(positions)))
+    path = directory / "plan.toml"
+    path.write_text(LAB_PLAN.format(n_folds=n_folds))
+    return path
+
+
+@pytest.mark.parametrize("case, pattern", [
+    ("ids", r"recordings.nc: coordinate 'electrode': 16 recorded electrode\(s\) are not in"),
+    ("folds", r"plan.toml \[models\]: the recordings hold 8 images, fewer than the n_folds = 10"),
+    ("fit", r"plan.toml \[recordings\] layout: array .* does not fit on the IT sheet"),
+])
+def test_bad_lab_input_is_named_and_leaves_nothing(tmp_path, capsys, case, pattern, one_torch_thread):
+    """The issue's bad input: a layout whose ids do not match the recordings, fewer images than the ridge folds
+    need, an array that fits the sheet at no pose (4 × 12 mm = 36 mm across; the sheet is 19.7 cortex mm)."""
+    options = {"ids": {"layout_prefix": "x"}, "folds": {"n_images": 8, "n_folds": 10},
+               "fit": {"pitch_mm": 12.0}}[case]
+    config = _lab_plan(tmp_path / "config", **options)
+    out = tmp_path / "out"
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("stimsim: error:") and re.search(pattern, error), error
+    assert not out.exists()  # nothing half-written
+
+
+def test_shipped_plan_files_parse_and_tasks_keep_their_own_tables(tmp_path):
+    from stimsim.planning.config import load_plan_config
+
+    experiments = __import__("pathlib").Path(__file__).resolve().parents[1] / "experiments"
+    default = load_plan_config(experiments / "plan_default.toml")
+    face = load_plan_config(experiments / "plan_face.toml")
+    assert default.task == "sequence_2afc" and default.effect == "delta_auc"
+    assert face.task == "face_categorization" and face.effect == "delta_p_face"
+    assert face.face_task.signal_percent == (0.0, 15.0, 25.0, 40.0, 50.0, 80.0, 100.0)
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text((experiments / "plan_face.toml").read_text().replace(
+        'config = "subject_default.toml"', f'config = "{experiments / "subject_default.toml"}"') + "\n[decoder]\nC = 1.0\n")
+    with pytest.raises(ConfigError, match=r"mixed.toml: \['decoder'\] belong to task = \"sequence_2afc\""):
+        load_plan_config(mixed)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(mixed.read_text().replace("[decoder]\nC = 1.0\n", "").replace("n_per_class = 40", "n_per_class = 1"))
+    with pytest.raises(ConfigError, match=r"bad.toml \[face_task\]: face_task.n_per_class must be an integer >= 2"):
+        load_plan_config(bad)

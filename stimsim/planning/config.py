@@ -2,7 +2,8 @@
 
 Tables and keys (every length in mm, current in µA; unknown keys are errors):
 
-top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehrer et al. 2025)
+top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehrer et al. 2025;
+                "face_categorization": the face / non-face task of Afraz et al. 2006)
 [models]        candidates (shipped names or model directories), n_folds (ridge CV folds)
 [subject]       config = a virtual-subject file (``stimsim subject make`` format) or dir = a subject
                 directory: plan on its recordings (truth is read only to validate)
@@ -13,6 +14,8 @@ top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehr
 [registration]  n_boot, allow_scale
 [sequences]     see :class:`stimsim.planning.sequences.SequenceSpec`
 [decoder]       the 2AFC decoder: see :class:`stimsim.planning.rehearsal.TaskSpec`
+[face_task]     the face task's images and decoder: see :class:`stimsim.planning.face_task.FaceTaskSpec`
+                ([sequences] and [decoder] belong to the 2AFC and are refused with the face task)
 [stimulation]   current_uA, frequency_Hz, pulse_width_ms, interphase_ms, train_ms, waveform
 [safety]        max_shannon_k, electrode_area_um2, max_charge_per_phase_nC, override (a reason)
 [selection]     n_sites, min_separation_mm, metric ("euclidean" / "manhattan")
@@ -25,12 +28,15 @@ from pathlib import Path
 from stimsim.config import Section, load_toml
 from stimsim.errors import ConfigError
 from stimsim.hashing import json_sha256
+from stimsim.planning.face_task import FaceTaskSpec
 from stimsim.planning.rehearsal import TaskSpec
 from stimsim.planning.selection import SelectionSpec
 from stimsim.planning.sequences import SequenceSpec
 from stimsim.stimulation import SafetyLimits
 
-TASKS = ("sequence_2afc",)
+TASKS = ("sequence_2afc", "face_categorization")
+#: The effect each task predicts per site (names of the columns and keys of the outputs).
+EFFECTS = {"sequence_2afc": "delta_auc", "face_categorization": "delta_p_face"}
 STIMULATION_KEYS = {"current_uA": 50.0, "frequency_Hz": 200.0, "pulse_width_ms": 0.2, "interphase_ms": 0.1,
                     "train_ms": 50.0}
 
@@ -57,8 +63,14 @@ class PlanConfig:
     safety: SafetyLimits
     safety_override: str | None
     selection: SelectionSpec
+    face_task: FaceTaskSpec = field(default_factory=FaceTaskSpec)
     description: str = ""
     extra: dict = field(default_factory=dict)
+
+    @property
+    def effect(self) -> str:
+        """What the task predicts per site: "delta_auc" (2AFC) or "delta_p_face" (face task)."""
+        return EFFECTS[self.task]
 
     def to_dict(self) -> dict:
         """Every resolved parameter (JSON-ready)."""
@@ -71,7 +83,8 @@ class PlanConfig:
             "array": {"broken_electrodes": list(self.selection.broken_electrodes),
                       "min_reliability": self.min_reliability, "anatomical": self.anatomical},
             "registration": {"n_boot": self.n_boot, "allow_scale": self.allow_scale},
-            "sequences": self.sequences.to_dict(), "task_spec": self.task_spec.to_dict(),
+            **({"sequences": self.sequences.to_dict(), "task_spec": self.task_spec.to_dict()}
+               if self.task == "sequence_2afc" else {"face_task": self.face_task.to_dict()}),
             "stimulation": dict(self.stimulation),
             "safety": {**self.safety.to_dict(), "override": self.safety_override},
             "selection": self.selection.to_dict(),
@@ -87,6 +100,14 @@ class PlanConfig:
 def _number_or_none(section: Section, key: str):
     value = section.get(key, (int, float), None)
     return None if value is None else float(value)
+
+
+def _spec(kind, where: str, table: str, **values):
+    """``kind(**values)``; its errors name the file and the table."""
+    try:
+        return kind(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"{where} [{table}]: {exc}") from None
 
 
 def load_plan_config(path) -> PlanConfig:
@@ -155,13 +176,27 @@ def load_plan_config(path) -> PlanConfig:
     allow_scale = registration.get("allow_scale", bool, False)
     registration.finish()
 
+    if task == "face_categorization":
+        extra = [name for name in ("sequences", "decoder") if name in raw]
+        if extra:
+            raise ConfigError(f"{where}: {extra} belong to task = \"sequence_2afc\"; the face task takes [face_task]")
+    elif "face_task" in raw:
+        raise ConfigError(f"{where}: [face_task] belongs to task = \"face_categorization\" (task is {task!r})")
+    face = root.section("face_task")
+    defaults = FaceTaskSpec()
+    face_spec = _spec(FaceTaskSpec, where, "face_task", n_per_class=face.get("n_per_class", int, defaults.n_per_class),
+                      signal_percent=tuple(face.get("signal_percent", list, list(defaults.signal_percent))),
+                      fit_fraction=face.get("fit_fraction", float, defaults.fit_fraction),
+                      C=face.get("C", float, defaults.C))
+    face.finish()
     sequences = root.section("sequences")
-    sequence_spec = SequenceSpec(**{key: sequences.get(key, type(default), default)
-                                    for key, default in SequenceSpec().to_dict().items()})
+    sequence_spec = _spec(SequenceSpec, where, "sequences", **{key: sequences.get(key, type(default), default)
+                                                               for key, default in SequenceSpec().to_dict().items()})
     sequences.finish()
     task_section = root.section("decoder")
-    task_spec = TaskSpec(**{key: task_section.get(key, int if isinstance(default, int) else float, default)
-                            for key, default in TaskSpec().to_dict().items()})
+    task_spec = _spec(TaskSpec, where, "decoder",
+                      **{key: task_section.get(key, int if isinstance(default, int) else float, default)
+                         for key, default in TaskSpec().to_dict().items()})
     task_section.finish()
 
     stim = root.section("stimulation")
@@ -177,7 +212,7 @@ def load_plan_config(path) -> PlanConfig:
     safety.finish()
 
     selection = root.section("selection")
-    selection_spec = SelectionSpec(n_sites=selection.get("n_sites", int, 16),
+    selection_spec = _spec(SelectionSpec, where, "selection", n_sites=selection.get("n_sites", int, 16),
                                    min_separation_mm=selection.get("min_separation_mm", float, 0.0),
                                    metric=selection.get("metric", str, "euclidean"),
                                    broken_electrodes=tuple(str(b) for b in broken))
@@ -187,4 +222,5 @@ def load_plan_config(path) -> PlanConfig:
                       n_folds=n_folds, subject_config=subject_config, subject_dir=subject_dir, recordings=recordings,
                       min_reliability=min_reliability, anatomical=anatomical, n_boot=n_boot, allow_scale=allow_scale,
                       sequences=sequence_spec, task_spec=task_spec, stimulation=stimulation, safety=limits,
-                      safety_override=override, selection=selection_spec, description=description)
+                      safety_override=override, selection=selection_spec, face_task=face_spec,
+                      description=description)

@@ -20,16 +20,19 @@ made with other parameters is refused, never mixed in):
 from __future__ import annotations
 
 import json
+import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import xarray as xr
 
-from stimsim.errors import ConfigError
+from stimsim.errors import ConfigError, StimsimError
 from stimsim.hashing import sha256_of
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance
 from stimsim.planning.config import PlanConfig, load_plan_config
+from stimsim.planning.face_task import face_rehearsal, face_trials
 from stimsim.planning.rehearsal import fit_readouts, rehearse
 from stimsim.planning.selection import check_broken, choose_sites
 from stimsim.planning.sequences import build_sequences, pooling_matrix
@@ -146,7 +149,8 @@ class PlanInputs:
 
 
 def _mapping_phase(config: PlanConfig, inputs: PlanInputs, models: dict, progress: bool) -> dict:
-    from stimsim.mapping import bootstrap_registration, register, select_model
+    from stimsim.mapping import (RegistrationProblem, RegistrationSettings, bootstrap_registration, register,
+                                 select_model)
 
     reliability = inputs.recordings.split_half_reliability(seed=config.seed)
     ids = list(inputs.layout.electrode_ids)
@@ -164,11 +168,17 @@ def _mapping_phase(config: PlanConfig, inputs: PlanInputs, models: dict, progres
     for name, model in models.items():
         if progress:
             print(f"plan: registering the array on {name}", flush=True)
+        try:  # one pooled sheet per model for the fit and its bootstrap
+            problem = RegistrationProblem(inputs.per_image, model, inputs.images, inputs.layout,
+                                          RegistrationSettings(allow_scale=config.allow_scale), working)
+        except ConfigError as exc:  # e.g. an array that fits the sheet at no pose
+            where = (f"{config.path} [recordings] layout" if config.recordings is not None
+                     else f"{config.subject_config or config.subject_dir} [array] layout")
+            raise ConfigError(f"{where}: {exc}") from None
         registration = register(inputs.per_image, model, inputs.images, inputs.layout, seed=config.seed,
-                                allow_scale=config.allow_scale, electrodes=working, reliability=reliability)
+                                reliability=reliability, problem=problem)
         boot = bootstrap_registration(inputs.per_image, model, inputs.images, inputs.layout, n_boot=config.n_boot,
-                                      seed=config.seed, reference=registration, electrodes=working,
-                                      progress=progress)
+                                      seed=config.seed, reference=registration, problem=problem, progress=progress)
         registrations[name] = registration.to_dict()
         bootstraps[name] = boot.to_dict()
     return {"selection": table.to_dict(orient="list"), "working": working, "reliability": rel,
@@ -233,12 +243,18 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
     registrations of the array on its sheet (rotation uniform, centre uniform where the array fits), the null
     of ``predicted_vs_true_r`` (``random_pose_r``, ``random_pose_r_p95`` in summary.json)."""
     safety = _stimulation_report(config)  # refuses an unsafe protocol before anything is computed
-    cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
-                       + (f"-random{n_random_poses}" if n_random_poses else ""))
     compute = {"device": "cpu", "scheduler": None, "scheduler_description": None, **(compute or {})}
-    inputs = PlanInputs(config, out_dir, progress, subject_seed, device=compute["device"])
-    models, scales = load_candidates(config.candidates, device=compute["device"])
-    mapping = cache.json("mapping", lambda: _mapping_phase(config, inputs, models, progress))
+    created = not Path(out_dir).exists()
+    try:  # bad input found while reading the inputs or mapping leaves nothing behind
+        cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
+                           + (f"-random{n_random_poses}" if n_random_poses else ""))
+        inputs = PlanInputs(config, out_dir, progress, subject_seed, device=compute["device"])
+        models, scales = load_candidates(config.candidates, device=compute["device"])
+        mapping = cache.json("mapping", lambda: _mapping_phase(config, inputs, models, progress))
+    except StimsimError:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     chosen_model = mapping["selection"]["model"][0]
     working = mapping["working"]
     layout = inputs.layout
@@ -248,33 +264,40 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
         poses = [reg["pose"]] + mapping["bootstraps"][name]["poses"]
         return _points(layout, poses, working)
 
-    design_points = registered_points(chosen_model)[:, 0]
-    companions = [(models[name], registered_points(name)[:, 0]) for name in models if name != chosen_model]
-    sequences = cache.arrays("sequences", lambda: _sequences_phase(config, models[chosen_model], design_points,
-                                                                   inputs.images, progress, companions))
+    if config.task == "sequence_2afc":
+        design_points = registered_points(chosen_model)[:, 0]
+        companions = [(models[name], registered_points(name)[:, 0]) for name in models if name != chosen_model]
+        task = cache.arrays("sequences", lambda: _sequences_phase(config, models[chosen_model], design_points,
+                                                                  inputs.images, progress, companions))
+        phase = partial(_rehearsal_phase, scheduler=compute["scheduler"])
+    else:
+        task = face_trials(inputs.images, config.face_task, seed=config.seed, where=str(config.path))
+        phase = _face_phase
+    effect = config.effect
     rehearsals = {}
     for index, (name, model) in enumerate(models.items()):
         def rehearse_model(model=model, name=name, index=index):
             points = registered_points(name)
             if not n_random_poses:
-                return _rehearsal_phase(config, model, sequences, points, progress, compute["scheduler"])
+                return phase(config, model, task, points, progress)
             random = random_registrations(layout, model.sheet(IT), n_random_poses,
                                           seed=(config.seed, subject_seed or 0, index))
             both = np.concatenate([points, _points(layout, random, working)], axis=1)
-            result = _rehearsal_phase(config, model, sequences, both, progress, compute["scheduler"])
+            result = phase(config, model, task, both, progress)
             registered = points.shape[1]
-            result["random_delta_auc"] = result["delta_auc"][:, registered:]
-            result["delta_auc"] = result["delta_auc"][:, :registered]
-            result["p_high"] = result["p_high"][:, :registered + 1]
+            result["random_effect"] = result[effect][:, registered:]
+            result[effect] = result[effect][:, :registered]
+            probability = "p_high" if effect == "delta_auc" else "p_face"
+            result[probability] = result[probability][:, :registered + 1]
             return result
         rehearsals[name] = cache.arrays(f"rehearsal_{_safe(name)}", rehearse_model)
-    plan = _assemble(config, inputs, mapping, chosen_model, sequences, rehearsals, safety, registered_points)
+    plan = _assemble(config, inputs, mapping, chosen_model, rehearsals, registered_points)
     truth = None
     if inputs.subject_dir is not None:
-        truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, sequences, progress,
+        truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, task, progress,
                                                            compute["scheduler"]))
-        _write_truth(out_dir, truth, working, sequences)
-    return _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, rehearsals, plan, truth,
+        _write_truth(config, out_dir, truth, working, task)
+    return _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth,
                           safety, models, scales, write_report, compute)
 
 
@@ -347,6 +370,18 @@ def _rehearsal_phase(config, model, sequences, points, progress, scheduler=None)
             "site_response": responses}
 
 
+def _face_phase(config, model, trials, points, progress) -> dict:
+    """The face task in ``model`` at every electrode's mapped points; off-sheet points have no prediction."""
+    sheet = model.sheet(IT)
+    outside = off_sheet(sheet, points)
+    simulated = np.where(outside[..., None], _onto_sheet(sheet, points[:, 0])[:, None], points)
+    result = face_rehearsal(model, trials, simulated, config.stimulation, config.face_task, seed=config.seed,
+                            progress=progress, safety_limits=config.safety, safety_override=config.safety_override)
+    result["p_face"][:, 1:][outside] = np.nan
+    result["delta_p_face"][outside] = np.nan
+    return result
+
+
 def _site_responses(model, images, pool) -> np.ndarray:
     """(n_sites, n_seq, n_steps) each site's pooled response to its own sequences in ``model``."""
     n_sites, n_seq, n_steps = images.shape[:3]
@@ -356,22 +391,28 @@ def _site_responses(model, images, pool) -> np.ndarray:
     return np.einsum("sif,sf->si", activity, weights).reshape(n_sites, n_seq, n_steps).astype(np.float64)
 
 
-def _truth_phase(config, subject, working, sequences, progress, scheduler=None) -> dict:
-    """The virtual subject's own P(high) for the plan's sequences: its decoders, its true positions."""
+def _truth_phase(config, subject, working, task, progress, scheduler=None) -> dict:
+    """The virtual subject's own P(high) for the plan's sequences (or its P(face) on the face task's images):
+    its decoders, its true positions."""
     sites = subject.electrode_sites_mm()
     points = np.array([sites[e] for e in working])[:, None, :]
+    dead = np.array([e in set(subject.dead_electrodes) for e in working])
+    if config.task == "face_categorization":
+        result = face_rehearsal(subject.model, task, points, config.stimulation, config.face_task, seed=config.seed + 1,
+                                progress=progress, safety_limits=config.safety, safety_override=config.safety_override)
+        return {"p_face": result["p_face"], "delta_p_face": result["delta_p_face"][:, 0], "dead": dead}
+    sequences = task
     readouts, _ = fit_readouts(subject.model, sequences["images"], None, config.task_spec, seed=config.seed + 1,
                                progress=progress)
     result = rehearse(subject.model, sequences["images"], points, config.stimulation, readouts, config.task_spec,
                       seed=config.seed + 1, progress=progress, safety_limits=config.safety,
                       safety_override=config.safety_override, scheduler=scheduler)
-    dead = np.array([e in set(subject.dead_electrodes) for e in working])
     return {"p_high": result.p_high, "delta_auc": result.delta_auc[:, 0], "dead": dead}
 
 
-def _assemble(config, inputs, mapping, chosen_model, sequences, rehearsals, safety, registered_points) -> dict:
+def _assemble(config, inputs, mapping, chosen_model, rehearsals, registered_points) -> dict:
     names = list(rehearsals)
-    per_model = np.stack([rehearsals[n]["delta_auc"].mean(-1) for n in names])  # (models, sites, poses)
+    per_model = np.stack([rehearsals[n][config.effect].mean(-1) for n in names])  # (models, sites, poses)
     fitted = per_model[:, :, 0]  # (models, sites); NaN where a model's registration maps the site off its sheet
     count = np.isfinite(fitted).sum(0)
     predicted = np.where(count > 0, np.nansum(fitted, axis=0) / np.maximum(count, 1), np.nan)
@@ -389,8 +430,16 @@ def _assemble(config, inputs, mapping, chosen_model, sequences, rehearsals, safe
             "array_xy": array_xy, "cortex_xy": registered_points(chosen_model)[:, 0]}
 
 
-def _write_truth(out_dir: Path, truth: dict, working, sequences) -> None:
-    n_seq, n_steps = sequences["images"].shape[1:3]
+def _write_truth(config, out_dir: Path, truth: dict, working, task) -> None:
+    if config.task == "face_categorization":
+        data = xr.Dataset(
+            {"subject_p_face": (("electrode", "stimulated"), truth["p_face"]),
+             "true_delta_p_face": (("electrode",), truth["delta_p_face"][:, 0]), "dead": ("electrode", truth["dead"])},
+            coords={"electrode": list(working), "stimulated": [False, True]},
+            attrs={"description": "the virtual subject's own P(face) on the face task's test images (validation only)"})
+        atomic_save(out_dir / "truth" / "subject_p_face.nc", lambda tmp: data.to_netcdf(tmp, engine="h5netcdf"))
+        return
+    n_seq, n_steps = task["images"].shape[1:3]
     data = xr.Dataset(
         {"subject_p_high": (("electrode", "stimulated", "sequence", "step"), truth["p_high"]),
          "true_delta_auc": (("electrode", "sequence"), truth["delta_auc"]),
@@ -401,10 +450,11 @@ def _write_truth(out_dir: Path, truth: dict, working, sequences) -> None:
     atomic_save(out_dir / "truth" / "subject_p_high.nc", lambda tmp: data.to_netcdf(tmp, engine="h5netcdf"))
 
 
-def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, rehearsals, plan, truth, safety,
+def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth, safety,
                    models, scales, write_report: bool, compute: dict) -> dict:
     from stimsim.planning.report import build_report
 
+    effect = config.effect
     working = mapping["working"]
     order, chosen = plan["choice"]["order"], plan["choice"]["chosen"]
     anatomical = None
@@ -425,8 +475,8 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, re
             row["ap_mm"], row["ml_mm"] = anatomical[i, 0], anatomical[i, 1]
         row.update({"model_x_mm": plan["cortex_xy"][i, 0] / factor, "model_y_mm": plan["cortex_xy"][i, 1] / factor,
                     "cortex_x_mm": plan["cortex_xy"][i, 0], "cortex_y_mm": plan["cortex_xy"][i, 1],
-                    "predicted_delta_auc": plan["predicted"][i], "predicted_delta_auc_low": plan["low"][i],
-                    "predicted_delta_auc_high": plan["high"][i], "current_uA": config.stimulation["current_uA"],
+                    f"predicted_{effect}": plan["predicted"][i], f"predicted_{effect}_low": plan["low"][i],
+                    f"predicted_{effect}_high": plan["high"][i], "current_uA": config.stimulation["current_uA"],
                     "frequency_Hz": config.stimulation["frequency_Hz"],
                     "pulse_width_ms": config.stimulation["pulse_width_ms"], "charge_per_phase_nC": charge,
                     "safety_verdict": verdict, "chosen": bool(i in set(chosen.tolist())),
@@ -445,30 +495,36 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, re
                                 for name, reg in mapping["registrations"].items()},
                "registration_stability": {name: {k: boot[k] for k in ("sd_x_mm", "sd_y_mm", "sd_rotation_deg", "n_boot")}
                                           for name, boot in mapping["bootstraps"].items()},
-               "predicted_delta_auc_median": float(np.nanmedian(plan["predicted"])),
-               "sequence_response_change_sd": float(np.median(
-                   (sequences["site_response"][:, :, -1] - sequences["site_response"][:, :, 0]) / sequences["natural_sd"][:, None])),
-               "sequence_others_change_sd": float(np.median(sequences["others_change_sd"][:, :, [0, -1]]))}
+               "effect": effect, f"predicted_{effect}_median": float(np.nanmedian(plan["predicted"]))}
+    if config.task == "sequence_2afc":
+        sequences = task
+        summary.update({
+            "sequence_response_change_sd": float(np.median(
+                (sequences["site_response"][:, :, -1] - sequences["site_response"][:, :, 0]) / sequences["natural_sd"][:, None])),
+            "sequence_others_change_sd": float(np.median(sequences["others_change_sd"][:, :, [0, -1]]))})
+    else:
+        summary["face_task_images"] = {"fit": len(task.fit), "test": len(task.test)}
     if truth is not None:
         subject = inputs.load_subject()
         alive = ~truth["dead"] & np.isfinite(plan["predicted"])
-        true = truth["delta_auc"].mean(-1)
+        true = truth[effect].mean(-1) if truth[effect].ndim > 1 else truth[effect]
         r = float(np.corrcoef(plan["predicted"][alive], true[alive])[0, 1]) if alive.sum() > 2 else float("nan")
         summary.update({"subject_dir": str(inputs.subject_dir), "predicted_vs_true_r": r,
                         "predicted_vs_true_r_per_model": {
                             name: _pearson(plan["per_model"][m, alive, 0], true[alive])
                             for m, name in enumerate(rehearsals)},
-                        "true_delta_auc_median": float(np.median(true[alive])),
+                        f"true_{effect}_median": float(np.median(true[alive])),
                         **_random_pose_null(rehearsals, true, alive),
                         "subject_lapse_rate": subject.lapse_rate, "subject_id": f"virtual-{subject.seed}"})
-    summary["predicted_delta_auc"] = {e: float(v) for e, v in zip(working, plan["predicted"])}
+    summary[f"predicted_{effect}"] = {e: float(v) for e, v in zip(working, plan["predicted"])}
     if truth is not None:
-        summary["true_delta_auc"] = {e: float(v) for e, v in zip(working, truth["delta_auc"].mean(-1))}
+        summary[f"true_{effect}"] = {e: float(v) for e, v in zip(working, true)}
         summary["dead_electrodes_rehearsed"] = [e for e, d in zip(working, truth["dead"]) if d]
     if not write_report:
         atomic_write_json(out_dir / "summary.json", summary)
         return summary
-    dataset = _plan_dataset(config, working, sequences, rehearsals, plan, factor)
+    dataset = (_plan_dataset(config, working, task, rehearsals, plan, factor) if config.task == "sequence_2afc"
+               else _face_dataset(config, working, rehearsals, plan, factor))
     atomic_save(out_dir / "plan.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
     record = provenance(config.to_dict())
     record["model_checksums"] = {name: model_checksums(name) for name in models}
@@ -477,16 +533,16 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, sequences, re
     record["cortex_scale"] = scales
     atomic_write_json(out_dir / "config.json", record)
     atomic_write_json(out_dir / "summary.json", summary)
-    build_report(config, inputs, mapping, chosen_model, sequences, rehearsals, plan, sites, summary, truth,
+    build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, sites, summary, truth,
                  models, record).write(out_dir)
     return summary
 
 
 def _random_pose_null(rehearsals, true, alive) -> dict:
-    """r of the plans made at random registrations (mean over candidates, as the plan) against the true ΔAUC."""
-    if not all("random_delta_auc" in r for r in rehearsals.values()):
+    """r of the plans made at random registrations (mean over candidates, as the plan) against the true effect."""
+    if not all("random_effect" in r for r in rehearsals.values()):
         return {}
-    random = np.stack([r["random_delta_auc"].mean(-1) for r in rehearsals.values()])  # (models, sites, n_random)
+    random = np.stack([r["random_effect"].mean(-1) for r in rehearsals.values()])  # (models, sites, n_random)
     predicted = np.nanmean(random, axis=0)
     values = [_pearson(predicted[alive, k], true[alive]) for k in range(predicted.shape[1])]
     return {"random_pose_r": values, "random_pose_r_p95": float(np.nanpercentile(values, 95)),
@@ -513,17 +569,36 @@ def _plan_dataset(config, working, sequences, rehearsals, plan, factor: float) -
          "others_change_sd": (("electrode", "sequence", "step"), sequences["others_change_sd"]),
          "predicted_delta_auc": ("electrode", plan["predicted"]),
          "predicted_delta_auc_low": ("electrode", plan["low"]),
-         "predicted_delta_auc_high": ("electrode", plan["high"]),
-         "model_x_mm": ("electrode", plan["cortex_xy"][:, 0] / factor),
-         "model_y_mm": ("electrode", plan["cortex_xy"][:, 1] / factor),
-         "cortex_x_mm": ("electrode", plan["cortex_xy"][:, 0]), "cortex_y_mm": ("electrode", plan["cortex_xy"][:, 1]),
-         "array_x_mm": ("electrode", plan["array_xy"][:, 0]), "array_y_mm": ("electrode", plan["array_xy"][:, 1])},
+         "predicted_delta_auc_high": ("electrode", plan["high"]), **_site_coordinates(plan, factor)},
         coords={"electrode": list(working), "model": names, "sequence": np.arange(n_seq), "step": np.arange(n_steps),
                 "pose": ["fitted"] + [f"bootstrap_{k}" for k in range(first["delta_auc"].shape[1] - 1)],
                 "stimulated": [False, True]},
         attrs={"task": config.task, "current_uA": config.stimulation["current_uA"], "cortex_mm_per_model_mm": factor,
                "description": "stimsim plan: sequences, P(high) with and without stimulation, predicted ΔAUC"})
     return data
+
+
+def _site_coordinates(plan, factor: float) -> dict:
+    return {"model_x_mm": ("electrode", plan["cortex_xy"][:, 0] / factor),
+            "model_y_mm": ("electrode", plan["cortex_xy"][:, 1] / factor),
+            "cortex_x_mm": ("electrode", plan["cortex_xy"][:, 0]), "cortex_y_mm": ("electrode", plan["cortex_xy"][:, 1]),
+            "array_x_mm": ("electrode", plan["array_xy"][:, 0]), "array_y_mm": ("electrode", plan["array_xy"][:, 1])}
+
+
+def _face_dataset(config, working, rehearsals, plan, factor: float) -> xr.Dataset:
+    names = list(rehearsals)
+    p_face = np.stack([rehearsals[n]["p_face"] for n in names])  # (model, electrode, 1 + poses)
+    control = np.broadcast_to(p_face[:, :, :1], p_face[:, :, 1:].shape)
+    return xr.Dataset(
+        {"p_face": (("model", "electrode", "pose", "stimulated"), np.stack([control, p_face[:, :, 1:]], axis=-1)),
+         "delta_p_face": (("model", "electrode", "pose"), np.stack([rehearsals[n]["delta_p_face"][..., 0] for n in names])),
+         "predicted_delta_p_face": ("electrode", plan["predicted"]),
+         "predicted_delta_p_face_low": ("electrode", plan["low"]),
+         "predicted_delta_p_face_high": ("electrode", plan["high"]), **_site_coordinates(plan, factor)},
+        coords={"electrode": list(working), "model": names, "stimulated": [False, True],
+                "pose": ["fitted"] + [f"bootstrap_{k}" for k in range(p_face.shape[2] - 2)]},
+        attrs={"task": config.task, "current_uA": config.stimulation["current_uA"], "cortex_mm_per_model_mm": factor,
+               "description": "stimsim plan: P(face) on noisy face / non-face images with and without stimulation"})
 
 
 def _p_high_by_pose(p_high: np.ndarray) -> np.ndarray:

@@ -75,46 +75,56 @@ def curves_figure(rehearsals, plan, working, chosen_model: str, n_top: int = 4) 
     return figure_png(fig)
 
 
-def truth_figure(plan, truth, summary) -> bytes:
+EFFECT_LABELS = {"delta_auc": "ΔAUC", "delta_p_face": "ΔP(face)"}
+
+
+def truth_figure(plan, truth, summary, effect: str) -> bytes:
     plt = pyplot()
     alive = ~truth["dead"]
-    true = truth["delta_auc"].mean(-1)
+    true = truth[effect].reshape(len(alive), -1).mean(-1)
     fig, ax = plt.subplots(figsize=(4.2, 4.0))
     ax.errorbar(plan["predicted"][alive], true[alive],
                 xerr=np.clip([plan["predicted"][alive] - plan["low"][alive], plan["high"][alive] - plan["predicted"][alive]],
                              0, None),  # few candidates × poses: the pooled mean can lie outside the percentiles
                 fmt="o", ms=3, alpha=0.7, elinewidth=0.5)
-    ax.set_xlabel("planned ΔAUC")
-    ax.set_ylabel("virtual subject's true ΔAUC")
+    ax.set_xlabel(f"planned {EFFECT_LABELS[effect]}")
+    ax.set_ylabel(f"virtual subject's true {EFFECT_LABELS[effect]}")
     ax.set_title(f"r = {summary['predicted_vs_true_r']:.2f} across {int(alive.sum())} working electrodes", fontsize=9)
     return figure_png(fig)
 
 
-def build_report(config, inputs, mapping, chosen_model, sequences, rehearsals, plan, sites, summary, truth, models,
+def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, sites, summary, truth, models,
                  record) -> Report:
     working = mapping["working"]
     index_of = {e: i for i, e in enumerate(working)}
     names = list(rehearsals)
-    stn = rehearsals[chosen_model]["slope_to_noise"]
+    effect = config.effect
+    label = EFFECT_LABELS[effect]
+    sequence_task = config.task == "sequence_2afc"
     columns = ["rank", "electrode id", "array x (mm)", "array y (mm)"]
     if "ap_mm" in sites:
         columns += ["AP (mm)", "ML (mm)"]
-    columns += ["model x (model mm)", "model y (model mm)", "sheet x (cortex mm)", "sheet y (cortex mm)", "predicted ΔAUC", "95% interval", "best sequence (low → high)",
-                "slope/noise", "current (µA)", "charge/phase (nC)", "safety", "status"]
+    columns += ["model x (model mm)", "model y (model mm)", "sheet x (cortex mm)", "sheet y (cortex mm)",
+                f"predicted {label}", "95% interval"]
+    if sequence_task:
+        stn = rehearsals[chosen_model]["slope_to_noise"]
+        columns += ["best sequence (low → high)", "slope/noise"]
+    columns += ["current (µA)", "charge/phase (nC)", "safety", "status"]
     rows = []
-    for record_row in sites.itertuples(index=False):
-        i = index_of[record_row.electrode_id]
-        best = int(np.nanargmax(stn[i])) if np.any(np.isfinite(stn[i])) else 0
-        thumbs = tuple(Image(image_png(sequences["images"][i, best, k], scale=1), alt=f"step {k}")
-                       for k in range(sequences["images"].shape[2]))
-        row = [record_row.rank, record_row.electrode_id, record_row.array_x_mm, record_row.array_y_mm]
+    for record_row in sites.to_dict(orient="records"):
+        i = index_of[record_row["electrode_id"]]
+        row = [record_row["rank"], record_row["electrode_id"], record_row["array_x_mm"], record_row["array_y_mm"]]
         if "ap_mm" in sites:
-            row += [record_row.ap_mm, record_row.ml_mm]
-        row += [record_row.model_x_mm, record_row.model_y_mm, record_row.cortex_x_mm, record_row.cortex_y_mm,
-                record_row.predicted_delta_auc,
-                f"[{record_row.predicted_delta_auc_low:.4f}, {record_row.predicted_delta_auc_high:.4f}]", thumbs,
-                float(stn[i, best]), record_row.current_uA, record_row.charge_per_phase_nC, record_row.safety_verdict,
-                record_row.status]
+            row += [record_row["ap_mm"], record_row["ml_mm"]]
+        row += [record_row["model_x_mm"], record_row["model_y_mm"], record_row["cortex_x_mm"], record_row["cortex_y_mm"],
+                record_row[f"predicted_{effect}"],
+                f"[{record_row[f'predicted_{effect}_low']:.4f}, {record_row[f'predicted_{effect}_high']:.4f}]"]
+        if sequence_task:
+            best = int(np.nanargmax(stn[i])) if np.any(np.isfinite(stn[i])) else 0
+            row += [tuple(Image(image_png(task["images"][i, best, k], scale=1), alt=f"step {k}")
+                          for k in range(task["images"].shape[2])), float(stn[i, best])]
+        row += [record_row["current_uA"], record_row["charge_per_phase_nC"], record_row["safety_verdict"],
+                record_row["status"]]
         rows.append(tuple(row))
     table = Table(tuple(columns), rows, caption="Ranked sites (all working electrodes; 'chosen' = the plan's sites)",
                   digits=3)
@@ -134,16 +144,21 @@ def build_report(config, inputs, mapping, chosen_model, sequences, rehearsals, p
         f"{config.stimulation['pulse_width_ms']:g} ms per phase ({config.stimulation['waveform']}); safety: "
         f"{'passed' if summary['safety']['passed'] else 'OVERRIDDEN — ' + str(summary['safety']['override_reason'])} "
         f"(Shannon k = {summary['safety']['shannon_k']:.2f}, limit {config.safety.max_shannon_k:g}). "
-        f"Predicted ΔAUC: mean over {len(names)} candidate model(s) at their fitted registration; the interval spans "
-        f"2.5–97.5 % over candidates × {config.n_boot} registration bootstrap poses. Task: 2AFC between the two ends "
-        f"of 7-step image sequences along each site's tuning (chance ΔAUC = 0)."),
+        f"Predicted {label}: mean over {len(names)} candidate model(s) at their fitted registration; the interval "
+        f"spans 2.5–97.5 % over candidates × {config.n_boot} registration bootstrap poses. "
+        + ("Task: 2AFC between the two ends of 7-step image sequences along each site's tuning (chance ΔAUC = 0)."
+           if sequence_task else
+           f"Task: face / non-face categorisation of noisy images (Afraz et al. 2006; {summary['face_task_images']['test']} "
+           f"test images at {len(config.face_task.signal_percent)} visual-signal levels); the effect is the change of "
+           "P(face) with stimulation (chance 0).")),
         Image(sheet_figure(models[chosen_model], inputs.images, mapping, chosen_model, plan, working),
               caption="The chosen model's IT sheet coloured by face selectivity (unit d′, faces vs other images of the "
                       "mapping set), the registered array's mapped electrode points (circles, ids) and the chosen "
-                      "sites (green)."),
-        Image(curves_figure(rehearsals, plan, working, chosen_model),
-              caption="P(high) along the sequences of the top-ranked sites, mean over sequences, without and with "
-                      "stimulation (the chosen model).")]
+                      "sites (green).")]
+    if sequence_task:
+        overview.append(Image(curves_figure(rehearsals, plan, working, chosen_model),
+                              caption="P(high) along the sequences of the top-ranked sites, mean over sequences, without "
+                                      "and with stimulation (the chosen model)."))
     sections = [Section("Plan", overview), Section("Ranked sites", [table])]
     sections.append(Section("Model selection and registration", [
         Table(("rank", "model", "median CV ridge R²", "chance median R²"), selection_rows,
@@ -154,18 +169,23 @@ def build_report(config, inputs, mapping, chosen_model, sequences, rehearsals, p
               caption="Registration quality and stability (bootstrap over images). Sheet lengths are cortex mm: "
                       + "; ".join(f"{name} {scale['cortex_mm_per_model_mm']:g} cortex mm per model mm"
                                   + (" (overridden)" if scale["scale_overridden"] else "")
-                                  for name, scale in summary["cortex_scale"].items())),
-        Paragraph("Sequence method: pixel-space gradient steps with image priors (smoothness, small steps, pixel "
-                  "range) — not a generative model; see stimsim.planning.sequences. Median change of the target "
-                  f"site across a sequence: {summary['sequence_response_change_sd']:.2f} natural SDs; other sites at "
-                  f"the ends: {summary['sequence_others_change_sd']:.2f} SDs (RMS).")]))
+                                  for name, scale in summary["cortex_scale"].items()))]))
+    if sequence_task:
+        sections[-1].blocks.append(Paragraph(
+            "Sequence method: pixel-space gradient steps with image priors (smoothness, small steps, pixel range) — "
+            "not a generative model; see stimsim.planning.sequences. Median change of the target site across a "
+            f"sequence: {summary['sequence_response_change_sd']:.2f} natural SDs; other sites at the ends: "
+            f"{summary['sequence_others_change_sd']:.2f} SDs (RMS)."))
     if truth is not None:
         sections.append(Section("Validation on the virtual subject", [
-            Paragraph(f"The subject's true ΔAUC: the same sequences, its own frozen decoders, stimulation at each "
+            Paragraph(f"The subject's true {label}: the same "
+                      + ("sequences" if sequence_task else "images")
+                      + ", its own frozen decoders, stimulation at each "
                       f"electrode's true position on its sheet. Pearson r across working electrodes = "
                       f"{summary['predicted_vs_true_r']:.3f} (chance 0); per candidate model: "
                       + ", ".join(f"{k} {v:.3f}" for k, v in summary["predicted_vs_true_r_per_model"].items()) + "."),
-            Image(truth_figure(plan, truth, summary), caption="Planned against true ΔAUC per working electrode.")]))
+            Image(truth_figure(plan, truth, summary, effect),
+                  caption=f"Planned against true {label} per working electrode.")]))
     sections.append(Section("Model checksums", [Listing(record["model_checksums"])]))
     return Report(f"Stimulation plan: {config.name}", sections,
                   subtitle=config.description or "stimsim site plan", parameters=record["config"],

@@ -140,6 +140,9 @@ def session_from_plan(plan_dir, trials_per_site: int, seed: int = 0, session_id:
     if not summary_path.is_file():
         raise FileFormatError(summary_path, "not found; is this a directory written by `stimsim plan`?")
     summary = json.loads(summary_path.read_text())
+    if summary.get("task", "sequence_2afc") != "sequence_2afc":
+        raise ConfigError(f"{summary_path}: task {summary['task']!r}: sessions simulate the sequence 2AFC only "
+                          "(plan with task = \"sequence_2afc\")")
     if not truth_path.is_file():
         raise FileFormatError(truth_path, "not found: sessions need a plan made on a virtual subject")
     with xr.open_dataset(truth_path, engine="h5netcdf") as data:

@@ -63,8 +63,8 @@ def validate_plan(config, out_dir: Path, n_poses: int, progress: bool = True, n_
                         "n_random": summary["n_random_poses"], "n_electrodes": summary["n_rehearsed"]
                         - len(summary["dead_electrodes_rehearsed"]), "chosen_model": summary["chosen_model"],
                         "registration": summary["registration"],
-                        "predicted_delta_auc_median": summary["predicted_delta_auc_median"],
-                        "true_delta_auc_median": summary["true_delta_auc_median"]})
+                        f"predicted_{config.effect}_median": summary[f"predicted_{config.effect}_median"],
+                        f"true_{config.effect}_median": summary[f"true_{config.effect}_median"]})
     above = int(sum(r > p for r, p in zip(per_pose, nulls)))
     result = {"predicted_vs_true_r": float(np.median(per_pose)), "predicted_vs_true_r_per_pose": per_pose,
               "random_pose_r_p95": nulls, "n_poses": n_poses, "poses_above_random_p95": above,

@@ -1,0 +1,122 @@
+"""The face / non-face task of Afraz, Kiani & Esteky 2006 (Nature 442:692) as the plan's alternative task.
+
+As in ``experiments/afraz2006.toml``: ``n_per_class`` face and ``n_per_class`` non-face images are drawn
+(seeded) from the plan's images (label ``category``: ``"face"`` against every other value), every image is
+degraded to each visual-signal level of ``signal_percent`` (a fraction 1 − s/100 of its pixels replaced by
+uniform noise, :func:`stimsim.data.stimuli.pixel_noise`), and the clean images are split in two halves
+(stratified; all noisy copies of an image on the same side). In every model a logistic face / non-face
+readout of IT (C = 1e-3 on standardised features) is fitted on one half without stimulation and frozen;
+on the other half P(face) is the mean choice probability, without stimulation and with stimulation at a
+site. The site's effect is ΔP(face) = stimulated − control (chance 0; Afraz et al. 2006 report a shift
+towards "face" at face-selective sites).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from stimsim.behavior import LogisticDecoder
+from stimsim.data.stimuli import StimulusSet, pixel_noise
+from stimsim.engine import simulate
+from stimsim.errors import ConfigError
+from stimsim.stimulation import Condition
+
+FACE, NONFACE = "face", "nonface"
+AFRAZ_SIGNAL_PERCENT = (0.0, 15.0, 25.0, 40.0, 50.0, 80.0, 100.0)
+
+
+@dataclass(frozen=True)
+class FaceTaskSpec:
+    """n_per_class : face and non-face images drawn from the plan's images; signal_percent : visual-signal
+    levels (% of pixels kept); fit_fraction : clean images whose copies fit the decoder; C : its inverse
+    regularisation."""
+
+    n_per_class: int = 40
+    signal_percent: tuple = AFRAZ_SIGNAL_PERCENT
+    fit_fraction: float = 0.5
+    C: float = 1e-3
+
+    def __post_init__(self):
+        if isinstance(self.n_per_class, bool) or not isinstance(self.n_per_class, (int, np.integer)) or self.n_per_class < 2:
+            raise ConfigError(f"face_task.n_per_class must be an integer >= 2, got {self.n_per_class!r}")
+        levels = tuple(self.signal_percent)
+        if (not levels or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 100 for v in levels)
+                or len(set(levels)) != len(levels)):
+            raise ConfigError(f"face_task.signal_percent must be distinct percentages in [0, 100], got {self.signal_percent!r}")
+        object.__setattr__(self, "signal_percent", tuple(float(v) for v in levels))
+        if not isinstance(self.fit_fraction, (int, float)) or not 0 < self.fit_fraction < 1:
+            raise ConfigError(f"face_task.fit_fraction must lie in (0, 1), got {self.fit_fraction!r}")
+        if isinstance(self.C, bool) or not isinstance(self.C, (int, float)) or not np.isfinite(self.C) or self.C <= 0:
+            raise ConfigError(f"face_task.C must be a number > 0, got {self.C!r}")
+
+    def to_dict(self) -> dict:
+        record = asdict(self)
+        record["signal_percent"] = list(self.signal_percent)
+        return record
+
+
+@dataclass
+class FaceTrials:
+    """Fitting and test images (noisy copies) with their true choices."""
+
+    fit: StimulusSet
+    test: StimulusSet
+
+    @property
+    def fit_choice(self) -> np.ndarray:
+        return self.fit.labels["true_choice"]
+
+
+def face_trials(images: StimulusSet, spec: FaceTaskSpec, seed: int = 0, where: str = "plan") -> FaceTrials:
+    """Draw, degrade and split the face / non-face images (module docstring)."""
+    labels = images.labels.get("category")
+    if labels is None:
+        raise ConfigError(f"{where}: the face task needs images with a 'category' label (\"face\" and others); "
+                          f"labels: {sorted(images.labels)}")
+    labels = np.asarray(labels).astype(str)
+    choice = np.where(labels == FACE, FACE, NONFACE)
+    rng = np.random.default_rng([seed, 0xFACE])
+    picks = []
+    for value in (FACE, NONFACE):
+        members = np.flatnonzero(choice == value)
+        if len(members) < spec.n_per_class:
+            raise ConfigError(f"{where} [face_task] n_per_class: {spec.n_per_class} {value} images needed, the images "
+                              f"hold {len(members)}")
+        picks.append(rng.choice(members, size=spec.n_per_class, replace=False))
+    selected = np.sort(np.concatenate(picks))
+    clean = StimulusSet(name="face_task", images=[images.images[i] for i in selected],
+                        stimulus_id=images.stimulus_id[selected], labels={"true_choice": choice[selected]})
+    is_fit = np.zeros(len(clean), dtype=bool)
+    for value in (FACE, NONFACE):
+        members = np.flatnonzero(clean.labels["true_choice"] == value)
+        is_fit[rng.choice(members, size=int(round(spec.fit_fraction * len(members))), replace=False)] = True
+    shown = pixel_noise(clean, spec.signal_percent, seed=seed)
+    fit_mask = np.tile(is_fit, len(spec.signal_percent))
+    return FaceTrials(fit=shown.subset(fit_mask, name="face_task_fit"), test=shown.subset(~fit_mask, name="face_task_test"))
+
+
+def face_rehearsal(model, trials: FaceTrials, points_mm: np.ndarray, stimulation: dict, spec: FaceTaskSpec,
+                   seed: int = 0, progress: bool = True, safety_limits=None, safety_override: str | None = None,
+                   layer: str = "IT") -> dict:
+    """P(face) on the test images without stimulation and with stimulation at every point.
+
+    points_mm : (n_sites, n_points, 2) on ``model``'s sheet. Returns ``p_face`` (n_sites, 1 + n_points; column 0
+    is the control, the same for every site) and ``delta_p_face`` (n_sites, n_points, 1): stimulated − control.
+    """
+    from stimsim.planning.rehearsal import stimulation_at
+
+    layer = model.resolve_layer(layer)
+    points = np.asarray(points_mm, dtype=np.float64)
+    n_sites, n_points = points.shape[:2]
+    features = model.activations(trials.fit.images, layer, batch_size=256).numpy()
+    decoder = LogisticDecoder.fit(features, trials.fit_choice, layer=layer, C=spec.C, seed=seed)
+    conditions = [Condition("control")] + [
+        Condition(f"site{i}_point{k}", (stimulation_at(points[i, k], stimulation),))
+        for i in range(n_sites) for k in range(n_points)]
+    result = simulate(model, trials.test.images, conditions, decoder, progress=progress, safety_limits=safety_limits,
+                      safety_override=safety_override)
+    p_face = result.sel(choice=FACE).transpose("condition", ...).values.mean(-1)
+    stimulated = p_face[1:].reshape(n_sites, n_points)
+    return {"p_face": np.column_stack([np.full(n_sites, p_face[0]), stimulated]),
+            "delta_p_face": (stimulated - p_face[0])[..., None]}
