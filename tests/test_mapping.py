@@ -60,7 +60,10 @@ def test_same_instance_registration_recovers_the_hidden_pose(recorded, model):
     dead = registration.electrode_correlation.sel(electrode=list(subject.dead_electrodes))
     assert float(working.median()) > 0.5 and np.all(np.abs(dead.values) < 0.3)
     ceiled = registration.noise_ceiled_correlation.sel(electrode=list(subject.working_electrodes))
-    assert np.all(ceiled.values >= working.values - 1e-12)
+    # r / √reliability: never smaller in size (an electrode over silent units can correlate negatively)
+    finite = np.isfinite(ceiled.values)
+    assert finite.mean() > 0.9
+    assert np.all(np.abs(ceiled.values[finite]) >= np.abs(working.values[finite]) - 1e-12)
     true_sites = subject.electrode_sites_mm()
     fitted_sites = registration.electrode_sites_mm()
     assert max(np.hypot(*np.subtract(true_sites[e], fitted_sites[e])) for e in true_sites) < 0.3
