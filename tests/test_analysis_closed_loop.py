@@ -68,14 +68,14 @@ def test_predicted_vs_observed_r_within_what_the_plan_and_noise_ceiling_imply(cl
 @pytest.mark.slow
 def test_power_forecasts_the_observed_vs_true_r_of_the_session(closed_loop):
     # `stimsim power` simulates sessions from the subject's curves before any trial is run; the r it
-    # forecasts at 400 trials per site is what the simulated session then shows (within sampling error).
+    # forecasts at TRIALS_PER_SITE trials per site is what the simulated session then shows (within sampling error).
     plan_summary, analysis, plan = closed_loop
     with xr.open_dataset(plan / "truth" / "subject_p_high.nc", engine="h5netcdf") as data:
         p_high = data["subject_p_high"].transpose("electrode", "stimulated", "sequence", "step").load()
     lapse = plan_summary["subject_lapse_rate"]
     sites = analysis.sites.set_index("electrode")
     curves = lapse / 2 + (1 - lapse) * p_high.sel(electrode=list(sites.index)).values.mean(axis=2)
-    curve, _, _ = power_analysis(curves, trial_counts=(400,), n_sessions=300, seed=3)
+    curve, _, _ = power_analysis(curves, trial_counts=(TRIALS_PER_SITE,), n_sessions=300, seed=3)
     forecast = curve["observed_vs_true_r"].iloc[0]
     truth = pd.Series(plan_summary["true_delta_auc"])[sites.index]
     observed_vs_true = np.corrcoef(truth, sites["delta_auc"])[0, 1]
