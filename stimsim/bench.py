@@ -157,7 +157,11 @@ def run_benchmark(quick: bool = False, default_model: TopographicModel | None = 
               "stim_current_uA": STIM_CURRENT_UA, "stim_frequency_Hz": STIM_FREQUENCY_HZ}
     for name, section in SECTIONS:
         if sections is None or name in sections:
-            report.update(section(context))
+            values = section(context)
+            repeated = sorted(set(values) & set(report))
+            if repeated:
+                raise RuntimeError(f"benchmark section {name!r} would overwrite the report's keys {repeated}")
+            report.update(values)
     report["peak_rss_MB"] = _peak_rss_MB()
     return report
 
@@ -351,9 +355,9 @@ def _against_bound(context: BenchContext, model, layer: str, images, labels, n_s
     return {"engine_over_bound": engine_s / bound_s,
             "engine_vs_cached_baseline": (baseline_s / baseline_sites) / (engine_s / n_sites),
             "max_abs_diff_engine_vs_baseline": float(np.abs(engine[:baseline_sites] - baseline).max()),
-            "engine_s": engine_s, "cached_baseline_s": baseline_s, "cached_baseline_sites": baseline_sites,
+            "engine_beside_bound_s": engine_s, "cached_baseline_s": baseline_s, "cached_baseline_sites": baseline_sites,
             "bound_s": bound_s, "sites": n_sites,
-            "images": len(images), "layer": layer, "units": int(multiplier.shape[1]), "model": model.name}
+            "images": len(images), "stimulated_layer": layer, "units": int(multiplier.shape[1]), "model": model.name}
 
 
 def _interleaved_minimum(functions: dict, repeats: int, device: torch.device) -> dict:
