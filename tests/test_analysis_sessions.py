@@ -33,13 +33,7 @@ def test_csv_round_trip_keeps_every_trial(tmp_path, table):
 
 
 def test_hdf5_group_of_columns_and_compound_dataset(tmp_path, table):
-    grouped = tmp_path / "grouped.h5"
-    with h5py.File(grouped, "w") as handle:
-        group = handle.create_group("trials")
-        for name in ("electrode", "stimulated_electrode", "choice"):
-            group[name] = table[name].astype(str).to_numpy().astype("S")
-        group["step"] = table["step"].to_numpy()
-        group["current_uA"] = table["current_uA"].to_numpy()
+    grouped = write_hdf5(table, tmp_path / "grouped.h5")
     compound = tmp_path / "compound.hdf5"
     records = np.array(list(zip(table["electrode"].astype("S"), table["stimulated_electrode"].astype("S"),
                                 table["choice"].astype("S"), table["step"], table["current_uA"])),
