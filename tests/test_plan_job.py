@@ -1,8 +1,12 @@
 """`stimsim plan` end to end on small settings: outputs, ranking and constraints, the rendered report, resuming,
-refusals, sessions from the virtual subject, and the validation null."""
+a plan killed mid-run and resumed, refusals, sessions from the virtual subject, and the validation null."""
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -143,6 +147,36 @@ def test_plan_resumes_and_refuses_another_configuration(plan_dir, tmp_path):
     other = _write_plan(tmp_path / "other", current=40)
     with pytest.raises(ConfigError, match="other parameters"):
         run_plan(other, out, progress=False)
+
+
+def test_a_killed_plan_resumes_from_its_finished_phases(plan_dir, tmp_path):
+    """Kill a plan (SIGKILL, nothing flushed) once its mapping phase is cached; the resumed plan keeps that phase's
+    file as it was and ends with the same plan as the uninterrupted one."""
+    config, reference = plan_dir
+    out = tmp_path / "killed"
+    mapping = out / "cache" / "mapping.json"
+    command = [sys.executable, "-c", "import sys; from stimsim.cli import main; sys.exit(main(sys.argv[1:]))",
+               "plan", str(config), "--out", str(out), "--no-progress"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 600
+        while not mapping.is_file() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process.poll() is None, "the plan ended before its mapping phase was cached"
+        assert mapping.is_file(), "no mapping phase within 600 s"
+        process.kill()
+    finally:
+        process.kill()
+        process.wait()
+    assert not (out / "plan.nc").exists() and not (out / "summary.json").exists()
+    kept = mapping.stat().st_mtime_ns, mapping.read_bytes()
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
+    assert (mapping.stat().st_mtime_ns, mapping.read_bytes()) == kept  # reused, not recomputed
+    with xr.open_dataset(reference / "plan.nc", engine="h5netcdf") as one, \
+            xr.open_dataset(out / "plan.nc", engine="h5netcdf") as two:
+        xr.testing.assert_identical(two.load(), one.load())
+    assert (out / "sites.csv").read_text() == (reference / "sites.csv").read_text()
 
 
 def test_plan_on_dask_workers_equals_one_process(plan_dir, tmp_path):
