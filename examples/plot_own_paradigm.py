@@ -32,7 +32,7 @@ class FaceBias(Paradigm):
     def default_localizer(self, options):
         return categorization.Categorization().default_localizer(options)
 
-    def prepare(self, spec, model, stimuli):
+    def prepare(self, spec, model, stimuli, selection, progress=False):
         return categorization.prepare(spec, model, stimuli)
 
     def analyse(self, spec, trials, probabilities, selection):

@@ -7,10 +7,11 @@ import xarray as xr
 
 from stimsim.behavior.metrics import auc_of_curve
 from stimsim.errors import ConfigError
-from stimsim.planning.rehearsal import TaskSpec, fit_readouts, rehearse
+from stimsim.paradigms.sequence_2afc import TaskSpec, fit_readouts
+from stimsim.planning.rehearsal import rehearse
 from stimsim.planning.selection import SelectionSpec, choose_sites, rank_sites, separation_mm
-from stimsim.planning.sequences import SequenceSpec, build_sequences, pooling_matrix
 from stimsim.planning.session import simulate_trials, write_session_csv, write_session_nwb
+from stimsim.sequences import SequenceSpec, build_sequences, pooling_matrix
 
 
 # --- ranking and constraints ------------------------------------------------------------------------

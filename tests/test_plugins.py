@@ -96,7 +96,7 @@ def test_a_new_paradigm_is_one_class(tmp_path):
         def labels(self, spec):
             return {"category"}
 
-        def prepare(self, spec, model, stimuli):
+        def prepare(self, spec, model, stimuli, selection, progress=False):
             from stimsim.paradigms.categorization import prepare
 
             return prepare(spec, model, stimuli)

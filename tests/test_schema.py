@@ -9,7 +9,7 @@ from stimsim.config import load_toml
 from stimsim.paradigms.schema import SCHEMA_PATH, experiment_schema
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-RUNNABLE = ("afraz2006", "moeller2017", "muscimol_categorization")
+RUNNABLE = ("afraz2006", "moeller2017", "muscimol_categorization", "sequence2afc")
 
 
 def test_shipped_schema_is_generated_from_the_models():

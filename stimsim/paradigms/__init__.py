@@ -1,5 +1,6 @@
 """In-silico experiments declared in files: tasks as plug-ins (:mod:`stimsim.paradigms.base`; built in:
-categorisation, Afraz et al. 2006, and same/different, Moeller et al. 2017), site selection and the
+categorisation, Afraz et al. 2006; same/different, Moeller et al. 2017; the 2AFC sequence task, Mehrer
+et al. 2025), site selection and the
 runner behind ``stimsim run``. The experiment file format is documented in :mod:`stimsim.paradigms.spec`;
 published data to compare with are in :mod:`stimsim.datasets`."""
 from stimsim.paradigms.base import PARADIGMS, Paradigm, Trials, get_paradigm, register_paradigm

@@ -6,12 +6,16 @@ safety, files) and asks the paradigm for the rest:
 
 1. :attr:`Paradigm.stimuli_model` and :attr:`Paradigm.table_models` declare the paradigm's own keys
    of ``[stimuli]`` and its own tables (e.g. ``[pairs]``) as typed models (pydantic, see
-   :mod:`stimsim.paradigms.schema`); once the file is validated, :meth:`Paradigm.parse` checks what
-   depends on several keys and returns an options object, stored as ``ExperimentSpec.options``;
+   :mod:`stimsim.paradigms.schema`); a table whose keys all have defaults may be left out of a file,
+   and a paradigm may extend a common table (e.g. ``[decoder]``) by naming it with a subclass of its
+   model. Once the file is validated, :meth:`Paradigm.parse` checks what depends on several keys and
+   returns an options object, stored as ``ExperimentSpec.options``;
 2. :meth:`Paradigm.labels` names the image labels it needs; :meth:`Paradigm.default_localizer`
    says which images define site selectivity when the file has no ``[sites.localizer]``;
-3. :meth:`Paradigm.prepare` builds the trials: the images to simulate, their ids and labels, and the
-   decoder fitted on unperturbed activity, then frozen (see :class:`Trials`);
+3. the runner chooses the sites; :meth:`Paradigm.prepare` then builds the trials from the images and
+   the selected sites (a task whose images depend on the sites, such as the 2AFC sequences of
+   :mod:`stimsim.paradigms.sequence_2afc`, uses them; the others ignore them): the images to simulate,
+   their ids and labels, and the decoder fitted on unperturbed activity, then frozen (see :class:`Trials`);
 4. :meth:`Paradigm.simulate` predicts choice probabilities for every condition (by default the
    engine on the trials' images);
 5. :meth:`Paradigm.analyse` turns them into per-site metrics (dimension ``site``) and summary numbers;
@@ -70,7 +74,8 @@ class Paradigm(ABC):
     #: The ``[stimuli]`` table of this paradigm: :class:`~stimsim.paradigms.schema.StimuliFile` (``sets``)
     #: or a subclass with the paradigm's own keys.
     stimuli_model: ClassVar[type[StimuliFile]] = StimuliFile
-    #: The paradigm's own (required) tables: table name → pydantic model.
+    #: The paradigm's own tables: table name → pydantic model (required unless every key has a default; a
+    #: common table such as ``decoder`` is extended by naming it with a subclass of its model).
     table_models: ClassVar[dict[str, type[BaseModel]]] = {}
 
     def parse(self, stimuli: StimuliFile, tables: dict[str, BaseModel], where: str) -> Any:
@@ -88,8 +93,11 @@ class Paradigm(ABC):
         return None
 
     @abstractmethod
-    def prepare(self, spec: "ExperimentSpec", model, stimuli: "StimulusSet") -> Trials:
-        """Trials and the frozen decoder, from the experiment's images (``stimuli``)."""
+    def prepare(self, spec: "ExperimentSpec", model, stimuli: "StimulusSet", selection: "SiteSelection",
+                progress: bool = False) -> Trials:
+        """Trials and the frozen decoder, from the experiment's images (``stimuli``) and the selected sites
+        (``selection``, on the stimulated layer's sheet of ``model``); ``progress`` shows progress bars of
+        long steps."""
 
     def simulate(self, spec: "ExperimentSpec", model, trials: Trials, conditions: list, store: Path,
                  progress: bool, **engine_options) -> xr.DataArray:

@@ -371,7 +371,7 @@ class Categorization(Paradigm):
             return None
         return LocalizerSpec(label=options.label, positive=options.positive, sets=None)
 
-    def prepare(self, spec, model, stimuli):
+    def prepare(self, spec, model, stimuli, selection, progress=False):
         return prepare(spec, model, stimuli)
 
     def analyse(self, spec, trials, probabilities, selection):

@@ -27,13 +27,17 @@ stimsim did not write is refused unless forced):
     ``model_mean_shift_selective`` / ``_other`` (+ ``_ci``, ``model_n_...``). Same/different:
     ``model_<group>_<trial>_hit_rate_control``, ``..._hit_rate_<site group>`` and
     ``..._hit_drop_<site group>`` (control − stimulated; the localizer's preferred group without the
-    ``<group>_`` prefix, e.g. ``model_same_hit_drop_inside``). Compared data add the same numbers
-    with a ``data_`` prefix.
+    ``<group>_`` prefix, e.g. ``model_same_hit_drop_inside``). 2AFC sequences: ``own_delta_auc``
+    (per site, on its own sequences), ``cross_abs_delta_auc`` (per site, on the other sites'),
+    ``mean_own_delta_auc``, ``mean_own_abs_delta_auc`` / ``mean_cross_abs_delta_auc`` and
+    ``mean_locality_abs_delta_auc`` (their difference; + ``_ci``), ``control_step_auc_mean`` (chance 0.5).
+    Compared data add the same numbers with a ``data_`` prefix.
 ``config.json``
     the experiment as run, model name and checksums, sites, conditions, safety report, decoder fit
     and trials, notes, time and software versions (:func:`stimsim.io.provenance`).
 ``decoder.json``
-    the frozen decoder's numbers (``stimsim.behavior.decoder_from_dict`` rebuilds it).
+    the frozen decoder's numbers (``stimsim.behavior.decoder_from_dict`` rebuilds it; the 2AFC
+    sequences' readouts: ``stimsim.paradigms.sequence_2afc.SequenceReadouts.from_dict``).
 figures (PNG)
     ``sites.png`` (the d′ map and the sites) and the paradigm's figures.
 """
@@ -130,7 +134,7 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
         Condition(site.label, (spec.perturbation_at(site.position_mm),)) for site in selection.sites]
     _warn_signed_gain(conditions, sheet, responses, notes)
     report_phase(f"decoder: fitting the {spec.paradigm} readout on unperturbed trials", progress)
-    trials = paradigm.prepare(spec, topo, stimuli)
+    trials = paradigm.prepare(spec, topo, stimuli, selection, progress=progress)
     probabilities = paradigm.simulate(spec, topo, trials, conditions, out_dir / STORE_DIRNAME, progress,
                                       device=device, activation_cache=True, scheduler=scheduler,
                                       **_safety_arguments(spec))

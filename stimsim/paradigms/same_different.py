@@ -306,7 +306,7 @@ class SameDifferent(Paradigm):
     def labels(self, spec: ExperimentSpec) -> set[str]:
         return {spec.options.identity_label, spec.options.group_label}
 
-    def prepare(self, spec, model, stimuli):
+    def prepare(self, spec, model, stimuli, selection, progress=False):
         return prepare(spec, model, stimuli)
 
     def analyse(self, spec, trials, probabilities, selection):

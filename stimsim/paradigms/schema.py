@@ -158,8 +158,17 @@ class ExperimentFile(FileModel):
 
 
 def file_model(paradigm) -> type[ExperimentFile]:
-    """The model of an experiment file of ``paradigm`` (a registered Paradigm)."""
-    tables = {name: (model, ...) for name, model in paradigm.table_models.items()}
+    """The model of an experiment file of ``paradigm`` (a registered Paradigm): the common tables, the
+    paradigm's ``[stimuli]`` and its own tables — required unless every key of a table has a default. A
+    paradigm's table named like a common one (e.g. ``decoder``) replaces it and must subclass its model."""
+    tables = {}
+    for name, model in paradigm.table_models.items():
+        common = ExperimentFile.model_fields.get(name)
+        if common is not None and not (isinstance(common.annotation, type) and issubclass(model, common.annotation)):
+            raise TypeError(f"paradigm {paradigm.name!r}: table {name!r} replaces a common table, so its model must "
+                            f"subclass {common.annotation!r}")
+        optional = not any(field.is_required() for field in model.model_fields.values())
+        tables[name] = (model, model() if optional else ...)
     return create_model(f"{paradigm.name}_experiment", __base__=ExperimentFile,
                         paradigm=(Literal[paradigm.name], ...), stimuli=(paradigm.stimuli_model, ...), **tables)
 

@@ -6,14 +6,14 @@ the safety limits and which published data to compare with. Every key is checked
 a missing required key or a value outside its allowed range is an error that names the key and the
 file. Units are part of the key names (``current_uA``, ``radius_mm``, ``volume_uL``, ...).
 Examples: ``experiments/afraz2006.toml``, ``experiments/moeller2017.toml``,
-``experiments/muscimol_categorization.toml``.
+``experiments/muscimol_categorization.toml``, ``experiments/sequence2afc.toml``.
 
 Top level
 ---------
 ``name`` (text, required), ``description`` (text), ``citation`` (text),
 ``paradigm`` (the task: a registered paradigm name, required — ``"categorization"``
-(:mod:`stimsim.paradigms.categorization`), ``"same_different"`` (:mod:`stimsim.paradigms.same_different`)
-or any other registered one, see :mod:`stimsim.paradigms.base`; a paradigm reads its own keys of
+(:mod:`stimsim.paradigms.categorization`), ``"same_different"`` (:mod:`stimsim.paradigms.same_different`),
+``"sequence_2afc"`` (:mod:`stimsim.paradigms.sequence_2afc`) or any other registered one, see :mod:`stimsim.paradigms.base`; a paradigm reads its own keys of
 ``[stimuli]`` and its own tables, documented in its module),
 ``model`` (shipped model name or model directory; default ``"stimsim-topo-s0"``; ``stimsim run --model``
 overrides it), ``layer`` (the layer stimulated, a stage name or an area label; default ``"IT"``),
@@ -36,14 +36,16 @@ key, e.g. Fashion-MNIST's draw, is that set's).
     documented in its module.
 
 ``[pairs]`` and other tables of a paradigm
-    Documented in the paradigm's module (``[pairs]``: :mod:`stimsim.paradigms.same_different`).
+    Documented in the paradigm's module (``[pairs]``: :mod:`stimsim.paradigms.same_different`;
+    ``[sequences]``: :mod:`stimsim.paradigms.sequence_2afc`).
 
 ``[decoder]``
     ``C`` (inverse L2 regularisation, default 1e-3 as in Brain-Score), ``fit_fraction`` (default 0.5:
     the share of trials used to fit the decoder, stratified by choice; the rest are the test trials
     that are simulated; the paradigm says what a trial is), ``layer`` (default: the top-level
     ``layer``), ``max_iter`` (default 1000). The decoder is fitted on unperturbed activity and then
-    frozen.
+    frozen. A paradigm may add keys of its own (``sequence_2afc``: ``n_noise``, ``n_eval``, ``noise_sd``
+    instead of ``fit_fraction``).
 
 ``[sites]``
     ``method``: ``"explicit"`` (``sites_mm = [[x, y], ...]``, optional ``groups = [...]``, one name

@@ -1,5 +1,6 @@
-"""Site planning for a stimulation session (Mehrer et al. 2025): sequences along each mapped site's tuning,
-the 2AFC rehearsal with and without stimulation, ranking under the lab's constraints, the plan report,
+"""Site planning for a stimulation session (Mehrer et al. 2025): sequences along each mapped site's tuning
+(:mod:`stimsim.sequences`), the 2AFC rehearsal with and without stimulation (the task of
+:mod:`stimsim.paradigms.sequence_2afc`), ranking under the lab's constraints, the plan report,
 virtual-subject sessions and closed-loop validation. Entry points: :func:`run_plan`,
 :func:`session_from_plan`, :func:`simulate_trials`."""
 from stimsim.planning.plan import run_plan

@@ -12,8 +12,8 @@ top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehr
 [array]         broken_electrodes, min_reliability (split-half; below it an electrode is not working),
                 anatomical = {ap_mm, ml_mm, rotation_deg, hemisphere, reference} (optional)
 [registration]  n_boot, allow_scale
-[sequences]     see :class:`stimsim.planning.sequences.SequenceSpec`
-[decoder]       the 2AFC decoder: see :class:`stimsim.planning.rehearsal.TaskSpec`
+[sequences]     see :class:`stimsim.sequences.SequenceSpec`
+[decoder]       the 2AFC decoder: see :class:`stimsim.paradigms.sequence_2afc.TaskSpec`
 [face_task]     the face task's images and decoder: see :class:`stimsim.planning.face_task.FaceTaskSpec`
                 ([sequences] and [decoder] belong to the 2AFC and are refused with the face task)
 [stimulation]   current_uA, frequency_Hz, pulse_width_ms, interphase_ms, train_ms, waveform
@@ -28,10 +28,10 @@ from pathlib import Path
 from stimsim.config import Section, load_toml
 from stimsim.errors import ConfigError
 from stimsim.hashing import json_sha256
+from stimsim.paradigms.sequence_2afc import TaskSpec
 from stimsim.planning.face_task import FaceTaskSpec
-from stimsim.planning.rehearsal import TaskSpec
 from stimsim.planning.selection import SelectionSpec
-from stimsim.planning.sequences import SequenceSpec
+from stimsim.sequences import SequenceSpec
 from stimsim.stimulation import SafetyLimits
 
 TASKS = ("sequence_2afc", "face_categorization")

@@ -31,11 +31,12 @@ import xarray as xr
 from stimsim.errors import ConfigError, StimsimError
 from stimsim.hashing import sha256_of
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance
+from stimsim.paradigms.sequence_2afc import fit_readouts
 from stimsim.planning.config import PlanConfig, load_plan_config
 from stimsim.planning.face_task import face_rehearsal, face_trials
-from stimsim.planning.rehearsal import fit_readouts, rehearse
+from stimsim.planning.rehearsal import rehearse
 from stimsim.planning.selection import check_broken, choose_sites
-from stimsim.planning.sequences import build_sequences, pooling_matrix
+from stimsim.sequences import build_sequences, pooling_matrix
 from stimsim.stimulation import enforce
 from stimsim.stimulation.safety import charge_per_phase_nC
 

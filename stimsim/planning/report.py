@@ -173,7 +173,7 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
     if sequence_task:
         sections[-1].blocks.append(Paragraph(
             "Sequence method: pixel-space gradient steps with image priors (smoothness, small steps, pixel range) — "
-            "not a generative model; see stimsim.planning.sequences. Median change of the target site across a "
+            "not a generative model; see stimsim.sequences. Median change of the target site across a "
             f"sequence: {summary['sequence_response_change_sd']:.2f} natural SDs; other sites at the ends: "
             f"{summary['sequence_others_change_sd']:.2f} SDs (RMS)."))
     if truth is not None:

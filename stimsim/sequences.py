@@ -38,16 +38,16 @@ from stimsim.errors import ConfigError
 class SequenceSpec:
     """How sequences are made.
 
-    n_sequences : sequences per site (they stand in for trials with different images).
-    n_steps : images per sequence (odd; the middle one is the natural start image).
-    max_sd : target excursion of each end, in SDs of the site's response over the natural images.
-    iterations : Adam steps per end image; learning_rate : Adam step size (pixel units, [0, 1] range).
-    others_weight, tv_weight, step_weight : weights of the loss terms above.
-    recording_radius_mm : units within this distance of a site form its pooled response.
-    batch_images : images optimised together (memory and speed trade-off).
-    ensemble : optimise every end image for the site in every candidate model at once (the loss summed over
-        the models given as ``companions`` to :func:`build_sequences`), so the sequences follow the tuning the
-        instances share rather than one instance's idiosyncrasies.
+    * n_sequences : sequences per site (they stand in for trials with different images).
+    * n_steps : images per sequence (odd; the middle one is the natural start image).
+    * max_sd : target excursion of each end, in SDs of the site's response over the natural images.
+    * iterations : Adam steps per end image; learning_rate : Adam step size (pixel units, [0, 1] range).
+    * others_weight, tv_weight, step_weight : weights of the loss terms above.
+    * recording_radius_mm : units within this distance of a site form its pooled response.
+    * batch_images : images optimised together (memory and speed trade-off).
+    * ensemble : optimise every end image for the site in every candidate model at once (the loss summed over
+      the models given as ``companions`` to :func:`build_sequences`), so the sequences follow the tuning the
+      instances share rather than one instance's idiosyncrasies.
     """
 
     n_sequences: int = 3
@@ -87,12 +87,12 @@ class SequenceSpec:
 class SequenceSet:
     """Sequences for a list of sites.
 
-    images : (n_sites, n_sequences, n_steps, H, W) float32 in [0, 1].
-    start_index : (n_sites, n_sequences) index of each sequence's start image in the natural set.
-    site_response : (n_sites, n_sequences, n_steps) the site's pooled response at every step (model units).
-    others_change_sd : (n_sites, n_sequences, n_steps) RMS change of the other sites' responses from the
-        start image, in their natural SDs.
-    natural_mean, natural_sd : (n_sites,) site responses over the natural images.
+    * images : (n_sites, n_sequences, n_steps, H, W) float32 in [0, 1].
+    * start_index : (n_sites, n_sequences) index of each sequence's start image in the natural set.
+    * site_response : (n_sites, n_sequences, n_steps) the site's pooled response at every step (model units).
+    * others_change_sd : (n_sites, n_sequences, n_steps) RMS change of the other sites' responses from the
+      start image, in their natural SDs.
+    * natural_mean, natural_sd : (n_sites,) site responses over the natural images.
     """
 
     images: np.ndarray
