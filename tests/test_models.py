@@ -302,6 +302,33 @@ def test_preprocessing_keeps_the_aspect_and_cuts_out_the_centre():
     assert mixed.shape == (2, 1, 20, 20) and float(mixed[0].min()) > 0.999
 
 
+def test_geometry_is_the_network_input_before_normalisation_with_colour_explicit():
+    """Uniform colour (R, G, B) = (0.2, 0.4, 0.6) has BT.601 luma 0.299·0.2 + 0.587·0.4 + 0.114·0.6 = 0.363 for a
+    gray model, alpha ignored; a gray image is repeated on the three channels of an RGB model; a wide image
+    loses its sides; normalising the geometry gives exactly what the model's preprocessing gives."""
+    gray_model = Preprocessing(size_px=16, channels=1, mean=(0.5,), std=(0.25,))
+    rgb_model = Preprocessing(size_px=16)
+    colour = np.empty((20, 30, 3), np.float32)
+    colour[...] = (0.2, 0.4, 0.6)
+    rgba = np.concatenate([(colour * 255).round().astype(np.uint8), np.zeros((20, 30, 1), np.uint8)], axis=-1)
+    luma, luma_rgba = gray_model.geometry([colour, rgba])
+    assert luma.shape == (16, 16) and luma.dtype == np.float32
+    np.testing.assert_allclose(luma, 0.363, atol=1e-6)
+    np.testing.assert_allclose(luma_rgba, (0.299 * 51 + 0.587 * 102 + 0.114 * 153) / 255, atol=1e-6)
+    [repeated] = rgb_model.geometry(np.full((24, 24), 0.7, np.float32))
+    assert repeated.shape == (16, 16, 3)
+    np.testing.assert_allclose(repeated, 0.7, atol=1e-6)
+    wide = np.zeros((20, 40), np.uint8)
+    wide[:, 5:35] = 255  # the black outer columns lie outside the centre square
+    [cropped] = gray_model.geometry(wide)
+    assert cropped.min() > 0.999
+    for image in (colour, rgba, wide):
+        normalised = (torch.from_numpy(gray_model.geometry([image])[0]) - 0.5) / 0.25
+        torch.testing.assert_close(gray_model([image])[0, 0], normalised, atol=0, rtol=0)
+    assert [a.shape for a in gray_model.geometry([np.zeros((10, 10)), np.zeros((40, 30, 3))])] == [(16, 16)] * 2
+    assert gray_model.geometry(torch.zeros(3, 1, 8, 8))[2].shape == (16, 16)
+
+
 @pytest.mark.skipif(not MOELLER_FACES.is_dir(), reason="real stimulus images not available")
 def test_preprocessing_real_stimulus_images():
     paths = sorted(MOELLER_FACES.iterdir())[:3]

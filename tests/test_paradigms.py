@@ -403,6 +403,90 @@ def test_muscimol_example_runs_at_tiny_size(tiny_model, tmp_path):
     assert dataset["distance_to_peak_mm"].sizes == {"site": 9}
 
 
+def _images_of_any_size() -> StimulusSet:
+    """Four face and four non-face textures of 64 × 64 px, a wide face (48 × 96, white with 20 black columns
+    on each side) and a non-face of uniform colour (R, G, B) = (0.2, 0.4, 0.6)."""
+    rng = np.random.default_rng(7)
+    images = [rng.uniform(0, 1, (64, 64)).astype(np.float32) for _ in range(8)]
+    wide = np.ones((48, 96), np.float32)
+    wide[:, :20] = wide[:, 76:] = 0.0
+    colour = np.empty((64, 64, 3), np.float32)
+    colour[...] = (0.2, 0.4, 0.6)
+    category = ["face"] * 4 + ["nonface"] * 4 + ["face", "nonface"]
+    return StimulusSet("any_size", images + [wide, colour], np.asarray([f"img{i}" for i in range(10)]),
+                       {"category": np.asarray(category), "source_set": np.full(10, "any_size")})
+
+
+def test_noise_is_added_at_the_models_input_size(tiny_model):
+    """An image shown to the 32 px model at signal level s has exactly round((1 − s/100)·32·32) pixels of its
+    network input replaced (0 %: 1024; 15 %: round(870.4) = 870; 50 %: 512; 100 %: 0), whatever its own size
+    and colour, because the noise is added after the resize; noise added at 64 px and then resized reaches
+    nearly every input pixel. The wide image is centre-cropped before the noise (its black sides never reach
+    the network) and the colour one becomes BT.601 luma, 0.299·0.2 + 0.587·0.4 + 0.114·0.6 = 0.363."""
+    import tomllib
+
+    from stimsim.data.stimuli import pixel_noise
+
+    raw = tomllib.loads(TINY_CATEGORIZATION)
+    del raw["stimuli"]["n_per_choice"]
+    raw["stimuli"]["noise"]["signal_percent"] = [0, 15, 50, 100]
+    spec = parse_experiment(raw, where="tiny_noise.toml")
+    stimuli = _images_of_any_size()
+    originals = dict(zip(stimuli.stimulus_id, stimuli.images))
+    trials = categorization.prepare(spec, tiny_model, stimuli)
+    replaced = {0.0: 1024, 15.0: 870, 50.0: 512, 100.0: 0}
+    clean_input = {}
+    for shown in (trials.fit, trials.test):
+        for image, level, base in zip(shown.images, shown.labels["signal_percent"], shown.labels["base_stimulus_id"]):
+            assert image.shape == (32, 32)
+            network_input = tiny_model.preprocess([image])
+            resized_clean = tiny_model.preprocess([originals[base]])  # the model's own resize of the clean image
+            assert int((network_input != resized_clean).sum()) == replaced[level], (base, level)
+            if level == 100.0:
+                clean_input[base] = image
+    assert len(clean_input) == 10
+    assert clean_input["img8"].min() > 0.999
+    np.testing.assert_allclose(clean_input["img9"], 0.363, atol=1e-6)
+    noise_then_resize = pixel_noise(stimuli.subset([0]), [50], seed=spec.seed)
+    changed = (tiny_model.preprocess(noise_then_resize.images) != tiny_model.preprocess([originals["img0"]])).sum()
+    assert int(changed) > 0.95 * 1024
+    assert trials.record()["pixel_noise"]["size_px"] == 32 and trials.record()["pixel_noise"]["channels"] == 1
+
+
+def test_colour_non_square_stimulus_tables_as_images_and_localizer(tiny_model, tmp_path):
+    """A run on a gray 32 px model whose images are a CSV table of gray and colour images of several sizes
+    and whose localizer is an HDF5 table of colour 40 × 56 images: faces bright, non-faces dark."""
+    import tomllib
+
+    rng = np.random.default_rng(3)
+    rows = ["stimulus_id,path,category"]
+    for i in range(12):
+        category = "face" if i % 2 else "nonface"
+        size = (24 + 8 * (i % 3), 40 - 8 * (i % 4)) + ((3,) if i % 4 < 2 else ())
+        level = 0.75 if category == "face" else 0.25
+        pixels = np.clip(level + rng.normal(0, 0.1, size), 0, 1)
+        Image.fromarray((pixels * 255).astype(np.uint8)).save(tmp_path / f"image{i}.png")
+        rows.append(f"image{i},image{i}.png,{category}")
+    (tmp_path / "images.csv").write_text("\n".join(rows) + "\n")
+    localizer_category = np.asarray(["face", "nonface"] * 8)
+    localizer_images = [np.clip(rng.normal(0.75 if c == "face" else 0.25, 0.1, (40, 56, 3)), 0, 1).astype(np.float32)
+                        for c in localizer_category]
+    StimulusSet("rgb_localizer", localizer_images, np.asarray([f"loc{i}" for i in range(16)]),
+                {"category": localizer_category}).to_hdf5(tmp_path / "localizer.h5")
+    raw = tomllib.loads(TINY_CATEGORIZATION)
+    raw["stimuli"].update(sets=[{"source": "table", "path": str(tmp_path / "images.csv")}], n_per_choice=6)
+    raw["sites"]["localizer"] = {"label": "category", "positive": "face",
+                                 "sets": [{"source": "table", "path": str(tmp_path / "localizer.h5")}]}
+    spec = parse_experiment(raw, where="tiny_tables.toml")
+    summary = run_experiment(spec, tmp_path / "out", model=tiny_model, progress=False, figures=False)
+    dataset, _, config = load_results(tmp_path / "out")
+    assert config["site_selection"]["n_localizer_images"] == 16
+    assert np.all(np.isfinite(dataset["site_dprime"].values)) and summary["n_sites"] == 3
+    # 6 faces + 6 non-faces, half for fitting, 3 signal levels; noise added at the model's 32 px
+    assert summary["n_fit_images"] == 18 and summary["n_test_images"] == 18
+    assert config["trials"]["pixel_noise"]["size_px"] == 32
+
+
 def _write_pair_table(directory: Path) -> Path:
     """4 'face' and 4 'object' identities × 3 images (16 px gray) as a stimulus table."""
     rng = np.random.default_rng(0)

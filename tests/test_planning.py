@@ -256,3 +256,29 @@ def test_sequences_and_rehearsal_on_a_gpu_agree_with_the_cpu(device, small_seque
     on_cpu = rehearse(cpu_model, seq.images, points, stimulation, readouts, spec, seed=3, progress=False)
     elsewhere = rehearse(on_device, seq.images, points, stimulation, readouts, spec, seed=3, progress=False)
     np.testing.assert_allclose(elsewhere.p_high, on_cpu.p_high, rtol=0, atol=1e-4)
+
+
+# --- face task ---------------------------------------------------------------------------------------
+def test_face_task_noise_is_added_at_each_models_input_size():
+    """The face task draws and splits its clean images once; each model gets noisy copies at its own input
+    size, so a 64 px image shown to a 32 px model has exactly round((1 − s/100)·32²) network input pixels
+    replaced at signal level s, and round((1 − s/100)·16²) in a 16 px model."""
+    from stimsim.data.stimuli import StimulusSet
+    from stimsim.models.preprocessing import Preprocessing
+    from stimsim.planning.face_task import FaceTaskSpec, face_trials
+
+    rng = np.random.default_rng(0)
+    images = StimulusSet("textures", [rng.uniform(0, 1, (64, 64)).astype(np.float32) for _ in range(8)],
+                         np.asarray([f"image{k}" for k in range(8)]), {"category": np.asarray(["face", "car"] * 4)})
+    trials = face_trials(images, FaceTaskSpec(n_per_class=4, signal_percent=(0, 25, 100)), seed=1)
+    assert trials.n_fit_images == 12 and trials.n_test_images == 12
+    originals = dict(zip(images.stimulus_id, images.images))
+    for size_px, replaced in ((32, {0.0: 1024, 25.0: 768, 100.0: 0}), (16, {0.0: 256, 25.0: 192, 100.0: 0})):
+        model_input = Preprocessing(size_px=size_px, channels=1, mean=(0.5,), std=(0.25,))
+        fit, test = trials.shown(model_input)
+        assert len(fit) == len(test) == 12 and set(fit.labels["true_choice"]) == {"face", "nonface"}
+        for shown in (fit, test):
+            for image, stimulus_id, level in zip(shown.images, shown.stimulus_id, shown.labels["signal_percent"]):
+                assert image.shape == (size_px, size_px)
+                clean = originals[stimulus_id.rsplit("_signal", 1)[0]]
+                assert int((model_input([image]) != model_input([clean])).sum()) == replaced[level]

@@ -514,6 +514,9 @@ def pixel_noise(stimuli: StimulusSet, signal_percent_levels, seed: int = 0) -> S
     replaced by independent uniform noise in [0, 1] (every channel of a colour pixel gets its own
     noise value); 100 % returns the original, 0 % pure noise independent of the image. The noise
     depends only on (seed, s, stimulus_id), so a stimulus gets the same noisy copy in any set.
+    Give it the images at the size and colour the network receives
+    (:meth:`stimsim.models.preprocessing.Preprocessing.geometry`): a resize after the noise would
+    blur it into the kept pixels or enlarge it, and the network would not see level s.
 
     Returns one copy per level, level-major, ids ``<stimulus_id>_signal<s>``; labels keep the
     originals' and gain ``signal_percent``.

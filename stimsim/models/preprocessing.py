@@ -25,6 +25,10 @@ class Preprocessing:
     channels : 1 (grayscale) or 3 (RGB); colour images are converted to luma (ITU-R BT.601 weights),
         gray ones repeated on the three channels; an alpha channel is dropped.
     mean, std : per-channel normalisation applied to intensities in [0, 1].
+
+    Calling it gives the normalised input tensor; :meth:`geometry` gives the images at the input's
+    size and colour, not normalised, for changes that must be made where the network sees them
+    (pixel noise).
     """
 
     size_px: int = 224
@@ -60,12 +64,44 @@ class Preprocessing:
         batch = to_unit_tensor(images)
         if device is not None:
             batch = batch.to(device)
-        batch = _match_channels(batch, self.channels)
-        if batch.shape[-2:] != (self.size_px, self.size_px):
-            batch = resize_centre_crop(batch, self.size_px).clamp_(0.0, 1.0)
+        batch = self._to_input_geometry(batch)
         mean = torch.tensor(self.mean, device=batch.device).view(1, -1, 1, 1)
         std = torch.tensor(self.std, device=batch.device).view(1, -1, 1, 1)
         return (batch - mean) / std
+
+    def geometry(self, images) -> list[np.ndarray]:
+        """Each image as the network receives it, before normalisation: float32 in [0, 1],
+        (size_px, size_px) for a 1-channel model, (size_px, size_px, 3) for a 3-channel one.
+
+        Every image on its own: its shorter side resized to ``size_px`` (aspect kept; bilinear,
+        antialiased) and the centre square cut out; colour matched explicitly — RGB becomes
+        ITU-R BT.601 luma (0.299 R + 0.587 G + 0.114 B) for a grayscale model, a gray image is
+        repeated on the three channels of an RGB model, an alpha channel is dropped. ``images``: a
+        sequence of anything the model takes (paths, PIL images, arrays, (C, H, W) tensors), a stacked
+        array (N, H, W[, C]) or a tensor (N, C, H, W). Images already at this geometry pass through the
+        model's preprocessing unchanged but for the normalisation, so a change made to them — pixel
+        noise above all — reaches the network pixel for pixel.
+
+        >>> gray_model = Preprocessing(size_px=8, channels=1, mean=(0.5,), std=(0.5,))
+        >>> wide = np.zeros((16, 32, 3), np.float32)
+        >>> wide[:, 6:26] = (1.0, 0.0, 0.0)  # red, but for 6 black columns on each side: cut away with the sides
+        >>> [square] = gray_model.geometry([wide])
+        >>> square.shape, round(float(square.min()), 3), round(float(square.max()), 3)  # luma of pure red
+        ((8, 8), 0.299, 0.299)
+        """
+        arrays = []
+        for image in _single_images(images):
+            batch = self._to_input_geometry(to_unit_tensor(image)).clamp(0.0, 1.0)
+            array = batch[0].permute(1, 2, 0).contiguous().cpu().numpy()
+            arrays.append(array[..., 0] if self.channels == 1 else array)
+        return arrays
+
+    def _to_input_geometry(self, batch: torch.Tensor) -> torch.Tensor:
+        """(N, C, H, W) in [0, 1] → (N, channels, size_px, size_px): colour matched, resized, cropped."""
+        batch = _match_channels(batch, self.channels)
+        if batch.shape[-2:] != (self.size_px, self.size_px):
+            batch = resize_centre_crop(batch, self.size_px).clamp_(0.0, 1.0)
+        return batch
 
 
 def resize_centre_crop(batch: torch.Tensor, size_px: int) -> torch.Tensor:
@@ -104,15 +140,21 @@ def to_unit_tensor(images) -> torch.Tensor:
         if tensor.dim() != 4:
             raise ValueError(f"image tensors must be (C, H, W) or (N, C, H, W), got shape {tuple(tensor.shape)}")
         return tensor
-    if isinstance(images, np.ndarray):
-        return _arrays_to_tensor([images] if images.ndim == 2 or (images.ndim == 3 and images.shape[-1] in (3, 4))
-                                 else list(images))
-    if isinstance(images, (str, Path)) or _is_pil(images):
-        images = [images]
-    arrays = [_single_to_array(item) for item in images]
+    arrays = [_single_to_array(item) for item in _single_images(images)]
     if not arrays:
         raise ValueError("no images given")
     return _arrays_to_tensor(arrays)
+
+
+def _single_images(images) -> list:
+    """``images`` (what :func:`to_unit_tensor` accepts) split into single images."""
+    if isinstance(images, torch.Tensor):
+        return [images] if images.dim() == 3 else list(images)
+    if isinstance(images, np.ndarray):
+        return [images] if images.ndim == 2 or (images.ndim == 3 and images.shape[-1] in (3, 4)) else list(images)
+    if isinstance(images, (str, Path)) or _is_pil(images):
+        return [images]
+    return list(images)
 
 
 def _is_pil(obj) -> bool:

@@ -21,13 +21,17 @@ task, this class against all others, which are merged into the choice ``negative
 many images of each choice at random). ``[stimuli.noise]`` (optional): ``signal_percent = [0, 15,
 ...]``, the visual-signal levels of Afraz et al. 2006 (a fraction 1 − s/100 of the pixels replaced by
 uniform noise); with ``positive`` the choices are fitted as a psychometric function of the signed
-signal level (positive class +s, others −s). The decoder's fitting images are split by clean image, so
+signal level (positive class +s, others −s). The noise is added to the images at the model's input size
+and colour (:meth:`~stimsim.models.preprocessing.Preprocessing.geometry`: shorter side resized to
+``size_px``, centre crop, luma or gray repeated), so that the network sees exactly the stated fraction of
+its input pixels replaced; noise added before the resize would be blurred (larger images) or enlarged
+(smaller ones) into other pixels. The decoder's fitting images are split by clean image, so
 all noisy copies of an image fall on the same side. With ``positive``, the default localizer is
 ``label`` with ``positive`` as the preferred class.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated
 
 import numpy as np
@@ -104,7 +108,8 @@ class CategorizationTrials:
 
     Both sets carry the labels ``true_choice``, ``signal_percent`` (100 without noise),
     ``base_stimulus_id`` (the clean image a noisy copy comes from) and ``source_set``; with a
-    positive class also ``signed_signal_percent``.
+    positive class also ``signed_signal_percent``. ``noise_input`` : with noise, the model input
+    (``size_px``, ``channels``) at which it was added; None without noise.
     """
 
     choices: tuple[str, ...]
@@ -113,6 +118,7 @@ class CategorizationTrials:
     test: StimulusSet
     decoder: LogisticDecoder
     psychometric: bool
+    noise_input: dict | None = None
 
     @property
     def images(self) -> list:
@@ -139,6 +145,9 @@ class CategorizationTrials:
             "n_test_images": len(self.test),
             "decoder_layer": self.decoder.layer,
             "decoder_fit_params": dict(self.decoder.readout.fit_params),
+            "pixel_noise": None if self.noise_input is None else {
+                **self.noise_input, "applied_to": "each image after it was resized (shorter side to size_px, "
+                                                  "centre crop) and colour-matched to the model's input"},
             "fit_stimulus_ids": self.fit.stimulus_id.tolist(),
             "test_stimulus_ids": self.test.stimulus_id.tolist(),
         }
@@ -167,7 +176,8 @@ def true_choices(spec: ExperimentSpec, stimuli: StimulusSet) -> np.ndarray:
 
 def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> CategorizationTrials:
     """Split the clean images into fitting and test images (stratified by choice; all noisy copies of
-    an image on the same side), add noise, and fit the frozen decoder on the fitting images."""
+    an image on the same side), add noise at the model's input geometry, and fit the frozen decoder on
+    the fitting images."""
     choice = true_choices(spec, stimuli)
     selected = np.arange(len(stimuli))
     if spec.options.n_per_choice is not None:
@@ -189,8 +199,12 @@ def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> Categorization
                                         for value in np.unique(classes)},
                                        spec.decoder.fit_fraction, np.random.default_rng([spec.seed, 5]), spec.source,
                                        "images")
+    noise_input = None
     if spec.options.signal_percent is not None:
-        shown = pixel_noise(clean, spec.options.signal_percent, seed=spec.seed)
+        preprocessing = model.preprocessing
+        noise_input = {"size_px": preprocessing.size_px, "channels": preprocessing.channels}
+        shown = pixel_noise(replace(clean, images=preprocessing.geometry(clean.images)), spec.options.signal_percent,
+                            seed=spec.seed)
         base_ids = np.tile(clean.stimulus_id, len(spec.options.signal_percent))
         is_fit = np.tile(is_fit_clean, len(spec.options.signal_percent))
     else:
@@ -209,7 +223,7 @@ def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> Categorization
     choices = tuple(decoder.choices)
     psychometric = spec.options.positive is not None and spec.options.signal_percent is not None
     return CategorizationTrials(choices=choices, positive=spec.options.positive, fit=fit, test=test,
-                                decoder=decoder, psychometric=psychometric)
+                                decoder=decoder, psychometric=psychometric, noise_input=noise_input)
 
 
 def analyse(spec: ExperimentSpec, trials: CategorizationTrials, probabilities: xr.DataArray,

@@ -1,18 +1,19 @@
 """The face / non-face task of Afraz, Kiani & Esteky 2006 (Nature 442:692) as the plan's alternative task.
 
 As in ``experiments/afraz2006.toml``: ``n_per_class`` face and ``n_per_class`` non-face images are drawn
-(seeded) from the plan's images (label ``category``: ``"face"`` against every other value), every image is
+(seeded) from the plan's images (label ``category``: ``"face"`` against every other value) and split in two
+halves (stratified; all noisy copies of an image on the same side). For each model every image is brought
+to the model's input size and colour (:meth:`stimsim.models.preprocessing.Preprocessing.geometry`), then
 degraded to each visual-signal level of ``signal_percent`` (a fraction 1 − s/100 of its pixels replaced by
-uniform noise, :func:`stimsim.data.stimuli.pixel_noise`), and the clean images are split in two halves
-(stratified; all noisy copies of an image on the same side). In every model a logistic face / non-face
-readout of IT (C = 1e-3 on standardised features) is fitted on one half without stimulation and frozen;
-on the other half P(face) is the mean choice probability, without stimulation and with stimulation at a
-site. The site's effect is ΔP(face) = stimulated − control (chance 0; Afraz et al. 2006 report a shift
+uniform noise, :func:`stimsim.data.stimuli.pixel_noise`), so that the network sees the stated level. In
+every model a logistic face / non-face readout of IT (C = 1e-3 on standardised features) is fitted on one
+half without stimulation and frozen; on the other half P(face) is the mean choice probability, without
+stimulation and with stimulation at a site. The site's effect is ΔP(face) = stimulated − control (chance 0; Afraz et al. 2006 report a shift
 towards "face" at face-selective sites).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -58,18 +59,32 @@ class FaceTaskSpec:
 
 @dataclass
 class FaceTrials:
-    """Fitting and test images (noisy copies) with their true choices."""
+    """Clean fitting and test images with their true choices (label ``true_choice``); :meth:`shown`
+    makes their noisy copies for a model."""
 
     fit: StimulusSet
     test: StimulusSet
+    signal_percent: tuple
+    seed: int
 
     @property
-    def fit_choice(self) -> np.ndarray:
-        return self.fit.labels["true_choice"]
+    def n_fit_images(self) -> int:
+        """Noisy fitting images per model (every clean image at every signal level)."""
+        return len(self.fit) * len(self.signal_percent)
+
+    @property
+    def n_test_images(self) -> int:
+        return len(self.test) * len(self.signal_percent)
+
+    def shown(self, preprocessing) -> tuple[StimulusSet, StimulusSet]:
+        """Noisy copies (level-major) of the fitting and the test images, the noise added at the input
+        geometry of ``preprocessing`` (a model's :class:`~stimsim.models.preprocessing.Preprocessing`)."""
+        return tuple(pixel_noise(replace(clean, images=preprocessing.geometry(clean.images)), self.signal_percent,
+                                 seed=self.seed) for clean in (self.fit, self.test))
 
 
 def face_trials(images: StimulusSet, spec: FaceTaskSpec, seed: int = 0, where: str = "plan") -> FaceTrials:
-    """Draw, degrade and split the face / non-face images (module docstring)."""
+    """Draw and split the face / non-face images (module docstring); the noise comes per model."""
     labels = images.labels.get("category")
     if labels is None:
         raise ConfigError(f"{where}: the face task needs images with a 'category' label (\"face\" and others); "
@@ -91,15 +106,15 @@ def face_trials(images: StimulusSet, spec: FaceTaskSpec, seed: int = 0, where: s
     for value in (FACE, NONFACE):
         members = np.flatnonzero(clean.labels["true_choice"] == value)
         is_fit[rng.choice(members, size=int(round(spec.fit_fraction * len(members))), replace=False)] = True
-    shown = pixel_noise(clean, spec.signal_percent, seed=seed)
-    fit_mask = np.tile(is_fit, len(spec.signal_percent))
-    return FaceTrials(fit=shown.subset(fit_mask, name="face_task_fit"), test=shown.subset(~fit_mask, name="face_task_test"))
+    return FaceTrials(fit=clean.subset(is_fit, name="face_task_fit"), test=clean.subset(~is_fit, name="face_task_test"),
+                      signal_percent=spec.signal_percent, seed=seed)
 
 
 def face_rehearsal(model, trials: FaceTrials, points_mm: np.ndarray, stimulation: dict, spec: FaceTaskSpec,
                    seed: int = 0, progress: bool = True, safety_limits=None, safety_override: str | None = None,
                    layer: str = "IT") -> dict:
-    """P(face) on the test images without stimulation and with stimulation at every point.
+    """P(face) on the test images (noisy copies at ``model``'s input geometry) without stimulation and with
+    stimulation at every point.
 
     points_mm : (n_sites, n_points, 2) on ``model``'s sheet. Returns ``p_face`` (n_sites, 1 + n_points; column 0
     is the control, the same for every site) and ``delta_p_face`` (n_sites, n_points, 1): stimulated − control.
@@ -109,12 +124,13 @@ def face_rehearsal(model, trials: FaceTrials, points_mm: np.ndarray, stimulation
     layer = model.resolve_layer(layer)
     points = np.asarray(points_mm, dtype=np.float64)
     n_sites, n_points = points.shape[:2]
-    features = model.activations(trials.fit.images, layer, batch_size=256).numpy()
-    decoder = LogisticDecoder.fit(features, trials.fit_choice, layer=layer, C=spec.C, seed=seed)
+    fit, test = trials.shown(model.preprocessing)
+    features = model.activations(fit.images, layer, batch_size=256).numpy()
+    decoder = LogisticDecoder.fit(features, fit.labels["true_choice"], layer=layer, C=spec.C, seed=seed)
     conditions = [Condition("control")] + [
         Condition(f"site{i}_point{k}", (stimulation_at(points[i, k], stimulation),))
         for i in range(n_sites) for k in range(n_points)]
-    result = simulate(model, trials.test.images, conditions, decoder, progress=progress, safety_limits=safety_limits,
+    result = simulate(model, test.images, conditions, decoder, progress=progress, safety_limits=safety_limits,
                       safety_override=safety_override)
     p_face = result.sel(choice=FACE).transpose("condition", ...).values.mean(-1)
     stimulated = p_face[1:].reshape(n_sites, n_points)

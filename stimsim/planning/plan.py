@@ -504,7 +504,9 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                 (sequences["site_response"][:, :, -1] - sequences["site_response"][:, :, 0]) / sequences["natural_sd"][:, None])),
             "sequence_others_change_sd": float(np.median(sequences["others_change_sd"][:, :, [0, -1]]))})
     else:
-        summary["face_task_images"] = {"fit": len(task.fit), "test": len(task.test)}
+        summary["face_task_images"] = {
+            "fit": task.n_fit_images, "test": task.n_test_images,
+            "noise_at_input_size_px": {name: model.preprocessing.size_px for name, model in models.items()}}
     if truth is not None:
         subject = inputs.load_subject()
         alive = ~truth["dead"] & np.isfinite(plan["predicted"])

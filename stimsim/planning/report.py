@@ -138,6 +138,8 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                                   boot["sd_y_mm"], boot["sd_rotation_deg"],
                                   float(np.mean(list(boot["electrode_consistency"].values())))))
     n_chosen = summary["n_sites"]
+    noise_sizes = "" if sequence_task else ", ".join(
+        f"{px} px" for px in sorted(set(summary["face_task_images"]["noise_at_input_size_px"].values())))
     overview = [Paragraph(
         f"{n_chosen} site(s) chosen out of {len(working)} working electrodes ({len(inputs.layout.electrode_ids)} on the "
         f"array). Stimulation: {config.stimulation['current_uA']:g} µA, {config.stimulation['frequency_Hz']:g} Hz, "
@@ -149,8 +151,9 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
         + ("Task: 2AFC between the two ends of 7-step image sequences along each site's tuning (chance ΔAUC = 0)."
            if sequence_task else
            f"Task: face / non-face categorisation of noisy images (Afraz et al. 2006; {summary['face_task_images']['test']} "
-           f"test images at {len(config.face_task.signal_percent)} visual-signal levels); the effect is the change of "
-           "P(face) with stimulation (chance 0).")),
+           f"test images at {len(config.face_task.signal_percent)} visual-signal levels, the noise added after each "
+           f"image is resized to the model's input, {noise_sizes}); the effect is the change of P(face) with "
+           "stimulation (chance 0).")),
         Image(sheet_figure(models[chosen_model], inputs.images, mapping, chosen_model, plan, working),
               caption="The chosen model's IT sheet coloured by face selectivity (unit d′, faces vs other images of the "
                       "mapping set), the registered array's mapped electrode points (circles, ids) and the chosen "
