@@ -109,6 +109,33 @@ class SequenceSet:
         return (self.site_response - self.site_response[:, :, middle:middle + 1]) / self.natural_sd[:, None, None]
 
 
+#: A sequence whose target site moves less than this between its two ends (natural SDs) does not follow the
+#: site's tuning: the task then tests images, not the site.
+MIN_EXCURSION_SD = 1.0
+
+
+def excursion_warning(site_response: np.ndarray, natural_sd: np.ndarray, radius_mm: float) -> str | None:
+    """A warning when the median sequence moves its site by less than :data:`MIN_EXCURSION_SD` natural SDs
+    end to end, else None.
+
+    site_response : (n_sites, n_sequences, n_steps) the site's pooled response along each sequence;
+    natural_sd : (n_sites,) its SD over the natural images; radius_mm : the pooling radius used. The usual
+    cause is a radius holding a few units that are silent (ReLU) for the start images: they give no gradient.
+
+    >>> flat = np.zeros((2, 3, 7)); excursion_warning(flat, np.ones(2), 0.25)[:42]
+    'sequences move their site by 0.00 natural '
+    >>> excursion_warning(np.linspace(0, 4, 7) * np.ones((2, 3, 1)), np.ones(2), 0.5) is None
+    True
+    """
+    change = np.abs(site_response[..., -1] - site_response[..., 0]) / np.asarray(natural_sd)[:, None]
+    median = float(np.median(change))
+    if median >= MIN_EXCURSION_SD:
+        return None
+    return (f"sequences move their site by {median:.2f} natural SDs end to end (median; expected up to 2 × max_sd, "
+            f"at least {MIN_EXCURSION_SD:g}): they do not follow the sites' tuning. The {radius_mm:g} mm pooling radius "
+            "probably holds too few units, silent for the start images; increase [sequences] recording_radius_mm")
+
+
 def pooling_matrix(sheet, sites_mm, radius_mm: float) -> torch.Tensor:
     """(n_sites, n_units) weights: 1/n for the n units within ``radius_mm`` of each site, else 0.
     A site with no unit in reach is an error naming it."""

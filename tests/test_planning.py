@@ -11,7 +11,7 @@ from stimsim.paradigms.sequence_2afc import TaskSpec, fit_readouts
 from stimsim.planning.rehearsal import rehearse
 from stimsim.planning.selection import SelectionSpec, choose_sites, rank_sites, separation_mm
 from stimsim.planning.session import simulate_trials, write_session_csv, write_session_nwb
-from stimsim.sequences import SequenceSpec, build_sequences, pooling_matrix
+from stimsim.sequences import SequenceSpec, build_sequences, excursion_warning, pooling_matrix
 
 
 # --- ranking and constraints ------------------------------------------------------------------------
@@ -102,6 +102,20 @@ def test_sequences_move_the_target_site_monotonically_others_stay(model, small_s
     pool = pooling_matrix(model.sheet("IT"), sites, 0.5)
     activity = model.activations(list(seq.images[1, 0]), "IT")
     np.testing.assert_allclose((activity @ pool.T)[:, 1].numpy(), seq.site_response[1, 0], rtol=1e-4, atol=1e-5)
+
+
+def test_excursion_warning_flags_sequences_that_do_not_move_their_sites(small_sequences):
+    _, seq = small_sequences
+    assert excursion_warning(seq.site_response, seq.natural_sd, 0.5) is None  # these move > 1.5 SD (above)
+    # Planted: 2 sites × 3 sequences, end-to-end changes 0.2, 0.4, 0.6 SD (site 0) and 0.8, 3, 5 SD of SD 2
+    # (site 1): the median of the six |changes| in SDs is (0.6 + 0.8) / 2 = 0.7 < 1.
+    ends = np.array([[0.2, 0.4, 0.6], [1.6, 6.0, 10.0]])
+    response = np.zeros((2, 3, 7))
+    response[..., -1] = ends
+    message = excursion_warning(response, np.array([1.0, 2.0]), 0.25)
+    assert message is not None and "0.70 natural SDs" in message and "recording_radius_mm" in message
+    response[0, :, -1] = -np.array([2.0, 3.0, 4.0])  # now a move down counts as much as a move up: median 3
+    assert excursion_warning(response, np.array([1.0, 2.0]), 0.25) is None
 
 
 def test_rehearsal_control_matches_the_decoders_and_delta_auc_by_hand(model, small_sequences):

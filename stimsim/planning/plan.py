@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from functools import partial
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from stimsim.planning.config import PlanConfig, load_plan_config
 from stimsim.planning.face_task import face_rehearsal, face_trials
 from stimsim.planning.rehearsal import rehearse
 from stimsim.planning.selection import check_broken, choose_sites
-from stimsim.sequences import build_sequences, pooling_matrix
+from stimsim.sequences import build_sequences, excursion_warning, pooling_matrix
 from stimsim.stimulation import enforce
 from stimsim.stimulation.safety import charge_per_phase_nC
 
@@ -502,7 +503,11 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
         summary.update({
             "sequence_response_change_sd": float(np.median(
                 (sequences["site_response"][:, :, -1] - sequences["site_response"][:, :, 0]) / sequences["natural_sd"][:, None])),
-            "sequence_others_change_sd": float(np.median(sequences["others_change_sd"][:, :, [0, -1]]))})
+            "sequence_others_change_sd": float(np.median(sequences["others_change_sd"][:, :, [0, -1]])),
+            "sequence_warning": excursion_warning(sequences["site_response"], sequences["natural_sd"],
+                                                  config.sequences.recording_radius_mm)})
+        if summary["sequence_warning"] is not None:
+            warnings.warn(summary["sequence_warning"], stacklevel=2)
     else:
         summary["face_task_images"] = {
             "fit": task.n_fit_images, "test": task.n_test_images,

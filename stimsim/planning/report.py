@@ -158,6 +158,8 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
               caption="The chosen model's IT sheet coloured by face selectivity (unit d′, faces vs other images of the "
                       "mapping set), the registered array's mapped electrode points (circles, ids) and the chosen "
                       "sites (green).")]
+    if summary.get("sequence_warning"):
+        overview.append(Paragraph(f"Warning: {summary['sequence_warning']}."))
     if sequence_task:
         overview.append(Image(curves_figure(rehearsals, plan, working, chosen_model),
                               caption="P(high) along the sequences of the top-ranked sites, mean over sequences, without "
