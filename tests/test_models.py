@@ -14,7 +14,7 @@ from PIL import Image
 
 from stimsim.errors import ConfigError, DataError, FileFormatError
 from stimsim.models.positions import build_sheet, retinotopic_positions
-from stimsim.models.preprocessing import Preprocessing, to_unit_tensor
+from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.swap import swap_optimize
 from stimsim.models.tdann import TDANN_AREAS, load_tdann, read_vissl_trunk
 from stimsim.models.topographic import TopographicModel
@@ -267,8 +267,9 @@ def test_preprocessing_accepts_every_image_kind(tmp_path):
     rgb = Preprocessing(size_px=16)(tmp_path / "gray.png")  # gray repeated into RGB, ImageNet-normalised
     mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
     torch.testing.assert_close(rgb[0, :, 0, 0], (128 / 255 - mean) / std)
-    assert to_unit_tensor(gray).shape == (1, 1, 20, 20)
-    assert to_unit_tensor(np.stack([gray, gray])).shape == (2, 1, 20, 20)
+    keep = Preprocessing(size_px=20, channels=1, mean=(0.0,), std=(1.0,))
+    assert keep(gray).shape == (1, 1, 20, 20)
+    assert keep(np.stack([gray, gray])).shape == (2, 1, 20, 20)
 
 
 def test_preprocessing_resizes_mixed_sizes_and_rejects_bad_input(tmp_path):
@@ -298,8 +299,34 @@ def test_preprocessing_keeps_the_aspect_and_cuts_out_the_centre():
     torch.testing.assert_close(out, torch.ones(1, 1, 8, 8), atol=1e-6, rtol=0)
     tall = Preprocessing(size_px=8, channels=1, mean=(0.0,), std=(1.0,))(wide.T.copy())
     torch.testing.assert_close(tall, torch.ones(1, 1, 8, 8), atol=1e-6, rtol=0)
-    mixed = to_unit_tensor([wide, np.full((10, 10), 255, np.uint8)])  # brought to the larger shorter side
-    assert mixed.shape == (2, 1, 20, 20) and float(mixed[0].min()) > 0.999
+    mixed = Preprocessing(size_px=8, channels=1, mean=(0.0,), std=(1.0,))([wide, np.full((10, 10), 255, np.uint8)])
+    torch.testing.assert_close(mixed, torch.ones(2, 1, 8, 8), atol=1e-6, rtol=0)
+
+
+def test_each_image_reaches_the_network_as_if_it_were_alone():
+    """A 25 px image's input is the bilinear, antialiased resize of it to the model's 32 px and nothing
+    else, whether it is preprocessed alone, after a 28 px and before a 64 px image, or in batches of
+    one: had the call brought its images to a common size first, the 25 px image would be resized
+    twice (25 → 28 → 32) beside the others and once alone."""
+    from stimsim.models.registry import load_model
+
+    model = load_model("stimsim-topo-s0")
+    size_px = model.preprocessing.size_px
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.random((n, n)).astype(np.float32) for n in (25, 28, 64))
+    direct = torch.nn.functional.interpolate(torch.from_numpy(a)[None, None], size=(size_px, size_px),
+                                             mode="bilinear", align_corners=False, antialias=True)
+    mean, std = model.preprocessing.mean[0], model.preprocessing.std[0]
+    torch.testing.assert_close(model.preprocess([a]), (direct.clamp(0, 1) - mean) / std, atol=1e-6, rtol=0)
+    torch.testing.assert_close(model.preprocess([b, a, c])[1], model.preprocess([a])[0], atol=0, rtol=0)
+    np.testing.assert_array_equal(model.preprocessing.geometry([b, a, c])[1], model.preprocessing.geometry([a])[0])
+    alone = model.activations([a], "IT")[0]
+    for images, batch_size, row in (([b, a, c], 64, 1), ([b, a, c], 1, 1), ([c, b, a], 2, 2)):
+        torch.testing.assert_close(model.activations(images, "IT", batch_size=batch_size)[row], alone,
+                                   atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        expected = model.run_stages((direct.clamp(0, 1) - mean) / std, stop="IT").flatten(1)[0]
+    torch.testing.assert_close(alone, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_geometry_is_the_network_input_before_normalisation_with_colour_explicit():

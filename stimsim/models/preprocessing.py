@@ -60,11 +60,10 @@ class Preprocessing:
 
     def __call__(self, images, device=None) -> torch.Tensor:
         """Images → float32 tensor (N, channels, size_px, size_px), normalised, computed on ``device``
-        (default: the CPU, or where a tensor given as ``images`` already is)."""
-        batch = to_unit_tensor(images)
-        if device is not None:
-            batch = batch.to(device)
-        batch = self._to_input_geometry(batch)
+        (default: the CPU, or where a tensor given as ``images`` already is). Every image is brought to
+        the input geometry on its own (see :meth:`geometry`), so an image's input does not depend on
+        the other images of the call."""
+        batch = self._input_batch(images, device)
         mean = torch.tensor(self.mean, device=batch.device).view(1, -1, 1, 1)
         std = torch.tensor(self.std, device=batch.device).view(1, -1, 1, 1)
         return (batch - mean) / std
@@ -89,15 +88,26 @@ class Preprocessing:
         >>> square.shape, round(float(square.min()), 3), round(float(square.max()), 3)  # luma of pure red
         ((8, 8), 0.299, 0.299)
         """
-        arrays = []
-        for image in _single_images(images):
-            batch = self._to_input_geometry(to_unit_tensor(image)).clamp(0.0, 1.0)
-            array = batch[0].permute(1, 2, 0).contiguous().cpu().numpy()
-            arrays.append(array[..., 0] if self.channels == 1 else array)
-        return arrays
+        batch = self._input_batch(images).clamp(0.0, 1.0).permute(0, 2, 3, 1).cpu().numpy()
+        return [image[..., 0] if self.channels == 1 else image for image in batch]
+
+    def _input_batch(self, images, device=None) -> torch.Tensor:
+        """``images`` → (N, channels, size_px, size_px) in [0, 1], each image colour-matched, resized and
+        cropped on its own. A tensor (N, C, H, W) or a stacked array holds images of one size, which
+        are converted together (no resize at all when they are at the input size already)."""
+        if isinstance(images, torch.Tensor):
+            return self._to_input_geometry(_tensor_to_unit(images, device))
+        if isinstance(images, np.ndarray) and _is_stacked(images):
+            return self._to_input_geometry(_array_to_unit(images, device, stacked=True))
+        singles = [self._to_input_geometry(_array_to_unit(_single_to_array(item), device, stacked=False))
+                   for item in _single_images(images)]
+        if not singles:
+            raise ValueError("no images given")
+        return torch.cat(singles)
 
     def _to_input_geometry(self, batch: torch.Tensor) -> torch.Tensor:
-        """(N, C, H, W) in [0, 1] → (N, channels, size_px, size_px): colour matched, resized, cropped."""
+        """(N, C, H, W) in [0, 1], all of one size → (N, channels, size_px, size_px): colour matched,
+        resized, cropped."""
         batch = _match_channels(batch, self.channels)
         if batch.shape[-2:] != (self.size_px, self.size_px):
             batch = resize_centre_crop(batch, self.size_px).clamp_(0.0, 1.0)
@@ -124,34 +134,43 @@ def resize_centre_crop(batch: torch.Tensor, size_px: int) -> torch.Tensor:
     return batch[..., top:top + size_px, left:left + size_px]
 
 
-def to_unit_tensor(images) -> torch.Tensor:
-    """Images as a float32 tensor (N, C, H, W) with intensities in [0, 1].
+def _tensor_to_unit(images: torch.Tensor, device=None) -> torch.Tensor:
+    """A (C, H, W) or (N, C, H, W) tensor, float 0–1 → float32 (N, C, H, W) on ``device``."""
+    tensor = images.detach().to(torch.float32)
+    if tensor.dim() == 3:
+        tensor = tensor.unsqueeze(0)
+    if tensor.dim() != 4:
+        raise ValueError(f"image tensors must be (C, H, W) or (N, C, H, W), got shape {tuple(tensor.shape)}")
+    return tensor if device is None else tensor.to(device)
 
-    Accepts one image or a sequence of them: file paths, PIL images, numpy arrays
-    ((H, W), (H, W, C) or stacked (N, H, W[, C]); uint8 0–255 or float 0–1) and tensors
-    ((C, H, W) or (N, C, H, W), float 0–1). Images of different sizes are brought to the largest
-    shorter side by :func:`resize_centre_crop` (square images are simply resized); gray images among
-    colour ones are repeated on the three channels.
-    """
-    if isinstance(images, torch.Tensor):
-        tensor = images.detach().to(torch.float32)
-        if tensor.dim() == 3:
-            tensor = tensor.unsqueeze(0)
-        if tensor.dim() != 4:
-            raise ValueError(f"image tensors must be (C, H, W) or (N, C, H, W), got shape {tuple(tensor.shape)}")
-        return tensor
-    arrays = [_single_to_array(item) for item in _single_images(images)]
-    if not arrays:
-        raise ValueError("no images given")
-    return _arrays_to_tensor(arrays)
+
+def _array_to_unit(arr: np.ndarray, device=None, *, stacked: bool) -> torch.Tensor:
+    """One image array ((H, W) or (H, W, 1|3|4)) or a stack of them (N, H, W[, C]); uint8 0–255 or
+    float 0–1 → float32 (N, C, H, W) in [0, 1] on ``device``, alpha dropped."""
+    arr = np.asarray(arr)
+    arr = arr.astype(np.float32) / 255.0 if arr.dtype == np.uint8 else arr.astype(np.float32, copy=False)
+    if not stacked:
+        arr = arr[None]
+    if arr.ndim == 3:
+        arr = arr[..., None]
+    if arr.ndim != 4 or arr.shape[-1] not in (1, 3, 4):
+        raise ValueError(f"an image array must be (H, W) or (H, W, 1|3|4), got shape {arr.shape[1:]}")
+    tensor = torch.from_numpy(np.ascontiguousarray(arr[..., :3])).permute(0, 3, 1, 2).contiguous()
+    return tensor if device is None else tensor.to(device)
+
+
+def _is_stacked(arr: np.ndarray) -> bool:
+    """Whether an array holds several images (N, H, W[, C]) rather than one ((H, W) or (H, W, 3|4))."""
+    return not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[-1] in (3, 4)))
 
 
 def _single_images(images) -> list:
-    """``images`` (what :func:`to_unit_tensor` accepts) split into single images."""
+    """``images`` (one image or a sequence of them: file paths, PIL images, arrays, tensors) split into
+    single images."""
     if isinstance(images, torch.Tensor):
         return [images] if images.dim() == 3 else list(images)
     if isinstance(images, np.ndarray):
-        return [images] if images.ndim == 2 or (images.ndim == 3 and images.shape[-1] in (3, 4)) else list(images)
+        return list(images) if _is_stacked(images) else [images]
     if isinstance(images, (str, Path)) or _is_pil(images):
         return [images]
     return list(images)
@@ -171,32 +190,6 @@ def _single_to_array(item) -> np.ndarray:
     if isinstance(item, torch.Tensor):
         return item.detach().cpu().numpy().transpose(1, 2, 0) if item.dim() == 3 else item.detach().cpu().numpy()
     return np.asarray(item)
-
-
-def _arrays_to_tensor(arrays) -> torch.Tensor:
-    converted = []
-    for arr in arrays:
-        arr = np.asarray(arr)
-        if arr.dtype == np.uint8:
-            arr = arr.astype(np.float32) / 255.0
-        arr = arr.astype(np.float32, copy=False)
-        if arr.ndim == 2:
-            arr = arr[:, :, None]
-        if arr.ndim != 3 or arr.shape[-1] not in (1, 3, 4):
-            raise ValueError(f"an image array must be (H, W) or (H, W, 1|3|4), got shape {arr.shape}")
-        converted.append(arr[..., :3] if arr.shape[-1] == 4 else arr)
-    shapes = {a.shape[:2] for a in converted}
-    if len(shapes) > 1:
-        size = max(min(s) for s in shapes)
-        converted = [_resize_array(a, size) for a in converted]
-    channels = max(a.shape[-1] for a in converted)
-    converted = [np.repeat(a, channels, axis=-1) if a.shape[-1] < channels else a for a in converted]
-    return torch.from_numpy(np.stack(converted)).permute(0, 3, 1, 2).contiguous()
-
-
-def _resize_array(arr: np.ndarray, size: int) -> np.ndarray:
-    tensor = torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1).unsqueeze(0)
-    return resize_centre_crop(tensor, size)[0].permute(1, 2, 0).numpy()
 
 
 def _match_channels(batch: torch.Tensor, channels: int) -> torch.Tensor:
