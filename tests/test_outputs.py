@@ -253,7 +253,7 @@ def test_cli_warnings_are_one_line_and_phases_are_reported(experiment_dir, elsew
     assert len(warning_lines) == 1 and warning_lines[0].startswith("stimsim: warning: ")
     assert "lists no held-out stimuli" in warning_lines[0] and "UserWarning" not in err
     assert "stimsim: localizer: responses of it to 16 images" in err
-    assert "stimsim: decoder: fitting" in err
+    assert "stimsim: trials: preparing" in err
 
 
 def test_cli_lets_a_bug_show_as_a_traceback(experiment_dir, elsewhere, capsys, monkeypatch):

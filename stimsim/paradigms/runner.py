@@ -133,7 +133,7 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     conditions = [Condition(CONTROL_LABEL)] + [
         Condition(site.label, (spec.perturbation_at(site.position_mm),)) for site in selection.sites]
     _warn_signed_gain(conditions, sheet, responses, notes)
-    report_phase(f"decoder: fitting the {spec.paradigm} readout on unperturbed trials", progress)
+    report_phase(f"trials: preparing the {spec.paradigm} trials and fitting their readout without stimulation", progress)
     trials = paradigm.prepare(spec, topo, stimuli, selection, progress=progress)
     probabilities = paradigm.simulate(spec, topo, trials, conditions, out_dir / STORE_DIRNAME, progress,
                                       device=device, activation_cache=True, scheduler=scheduler,

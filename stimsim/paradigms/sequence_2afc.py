@@ -234,17 +234,17 @@ _NOT_IN_SEQUENCES = {
 
 
 class SequencesFile(FileModel):
-    """``[sequences]`` of a sequence_2afc experiment (:class:`stimsim.sequences.SequenceSpec`)."""
+    """``[sequences]`` of a sequence_2afc experiment (:class:`stimsim.sequences.SequenceSpec`, whose defaults it takes)."""
 
-    n_sequences: Annotated[int, Field(ge=1)] = 3
-    n_steps: Annotated[int, Field(ge=3)] = 7
-    max_sd: Annotated[float, Field(gt=0)] = 5.0
-    iterations: Annotated[int, Field(ge=1)] = 40
-    learning_rate: Annotated[float, Field(gt=0)] = 0.03
-    others_weight: Annotated[float, Field(ge=0)] = 1.0
-    tv_weight: Annotated[float, Field(ge=0)] = 0.02
-    step_weight: Annotated[float, Field(ge=0)] = 0.5
-    batch_images: Annotated[int, Field(ge=1)] = 256
+    n_sequences: Annotated[int, Field(ge=1)] = SequenceSpec.n_sequences
+    n_steps: Annotated[int, Field(ge=3)] = SequenceSpec.n_steps
+    max_sd: Annotated[float, Field(gt=0)] = SequenceSpec.max_sd
+    iterations: Annotated[int, Field(ge=1)] = SequenceSpec.iterations
+    learning_rate: Annotated[float, Field(gt=0)] = SequenceSpec.learning_rate
+    others_weight: Annotated[float, Field(ge=0)] = SequenceSpec.others_weight
+    tv_weight: Annotated[float, Field(ge=0)] = SequenceSpec.tv_weight
+    step_weight: Annotated[float, Field(ge=0)] = SequenceSpec.step_weight
+    batch_images: Annotated[int, Field(ge=1)] = SequenceSpec.batch_images
 
     @model_validator(mode="before")
     @classmethod
@@ -267,9 +267,9 @@ class SequenceDecoderFile(DecoderFile):
 
     model_config = ConfigDict(json_schema_extra=_without_fit_fraction)
     fit_fraction: Annotated[float, Field(gt=0, lt=1, exclude=True)] = 0.5  # refused in files, kept out of dumps
-    n_noise: Annotated[int, Field(ge=2)] = 24
-    n_eval: Annotated[int, Field(ge=2)] = 8
-    noise_sd: Annotated[float, Field(gt=0)] = 0.15
+    n_noise: Annotated[int, Field(ge=2)] = TaskSpec.n_noise
+    n_eval: Annotated[int, Field(ge=2)] = TaskSpec.n_eval
+    noise_sd: Annotated[float, Field(gt=0)] = TaskSpec.noise_sd
 
     @model_validator(mode="before")
     @classmethod
