@@ -306,8 +306,9 @@ def test_preprocessing_keeps_the_aspect_and_cuts_out_the_centre():
 def test_each_image_reaches_the_network_as_if_it_were_alone():
     """A 25 px image's input is the bilinear, antialiased resize of it to the model's 32 px and nothing
     else, whether it is preprocessed alone, after a 28 px and before a 64 px image, or in batches of
-    one: had the call brought its images to a common size first, the 25 px image would be resized
-    twice (25 → 28 → 32) beside the others and once alone."""
+    one, and in its place when another 25 px image shares its resize: had the call brought its images
+    to a common size first, the 25 px image would be resized twice (25 → 28 → 32) beside the others and
+    once alone."""
     from stimsim.models.registry import load_model
 
     model = load_model("stimsim-topo-s0")
@@ -319,6 +320,10 @@ def test_each_image_reaches_the_network_as_if_it_were_alone():
     mean, std = model.preprocessing.mean[0], model.preprocessing.std[0]
     torch.testing.assert_close(model.preprocess([a]), (direct.clamp(0, 1) - mean) / std, atol=1e-6, rtol=0)
     torch.testing.assert_close(model.preprocess([b, a, c])[1], model.preprocess([a])[0], atol=0, rtol=0)
+    a_other = rng.random((25, 25)).astype(np.float32)  # two images of one size share a resize call
+    together = model.preprocess([a, b, a_other, c])
+    for row, image in enumerate((a, b, a_other, c)):
+        torch.testing.assert_close(together[row], model.preprocess([image])[0], atol=0, rtol=0)
     np.testing.assert_array_equal(model.preprocessing.geometry([b, a, c])[1], model.preprocessing.geometry([a])[0])
     alone = model.activations([a], "IT")[0]
     for images, batch_size, row in (([b, a, c], 64, 1), ([b, a, c], 1, 1), ([c, b, a], 2, 2)):

@@ -94,16 +94,25 @@ class Preprocessing:
     def _input_batch(self, images, device=None) -> torch.Tensor:
         """``images`` → (N, channels, size_px, size_px) in [0, 1], each image colour-matched, resized and
         cropped on its own. A tensor (N, C, H, W) or a stacked array holds images of one size, which
-        are converted together (no resize at all when they are at the input size already)."""
+        are converted together (no resize at all when they are at the input size already); a list is
+        converted in groups of images of one size and channel count (each image's result is the same as
+        alone: resizing treats every image of a batch separately), then put back in order."""
         if isinstance(images, torch.Tensor):
             return self._to_input_geometry(_tensor_to_unit(images, device))
         if isinstance(images, np.ndarray) and _is_stacked(images):
             return self._to_input_geometry(_array_to_unit(images, device, stacked=True))
-        singles = [self._to_input_geometry(_array_to_unit(_single_to_array(item), device, stacked=False))
-                   for item in _single_images(images)]
+        singles = [_array_to_unit(_single_to_array(item), device, stacked=False) for item in _single_images(images)]
         if not singles:
             raise ValueError("no images given")
-        return torch.cat(singles)
+        positions_by_shape: dict[tuple[int, ...], list[int]] = {}
+        for position, single in enumerate(singles):
+            positions_by_shape.setdefault(tuple(single.shape), []).append(position)
+        converted = [None] * len(singles)
+        for positions in positions_by_shape.values():
+            group = self._to_input_geometry(torch.cat([singles[position] for position in positions]))
+            for position, image in zip(positions, group):
+                converted[position] = image
+        return torch.stack(converted)
 
     def _to_input_geometry(self, batch: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) in [0, 1], all of one size → (N, channels, size_px, size_px): colour matched,

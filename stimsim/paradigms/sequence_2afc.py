@@ -228,9 +228,23 @@ def slope_to_noise(site_response: np.ndarray, noise_sd: np.ndarray) -> np.ndarra
 # --- the experiment file -------------------------------------------------------------------------------
 #: Keys of a plan's ``[sequences]`` that an experiment sets elsewhere or cannot use, and why.
 _NOT_IN_SEQUENCES = {
-    "recording_radius_mm": "a site's pooled response uses [sites] recording_radius_mm",
-    "ensemble": "an experiment runs one model; ensembles of candidate models belong to `stimsim plan`",
+    "recording_radius_mm": "is not set here: a site's pooled response uses [sites] recording_radius_mm",
+    "ensemble": "is not set here: an experiment runs one model; ensembles of candidate models belong to `stimsim plan`",
 }
+#: The common ``[decoder]`` key this task refuses, and why.
+_NOT_IN_DECODER = {
+    "fit_fraction": "does not apply to sequence_2afc: each sequence's readout is fitted on n_noise noisy copies "
+                    "of its two end images and every step is tested on n_eval others",
+}
+
+
+def _refuse_keys(data, reasons: dict[str, str]):
+    """A table's raw ``data``, unchanged, unless it holds a key of ``reasons``: then a ValueError with the reason."""
+    if isinstance(data, dict):
+        for key, why in reasons.items():
+            if key in data:
+                raise ValueError(f"{key!r} {why}")
+    return data
 
 
 class SequencesFile(FileModel):
@@ -249,11 +263,7 @@ class SequencesFile(FileModel):
     @model_validator(mode="before")
     @classmethod
     def _refuse_plan_only_keys(cls, data):
-        if isinstance(data, dict):
-            for key, why in _NOT_IN_SEQUENCES.items():
-                if key in data:
-                    raise ValueError(f"{key!r} is not set here: {why}")
-        return data
+        return _refuse_keys(data, _NOT_IN_SEQUENCES)
 
 
 def _without_fit_fraction(schema: dict) -> None:
@@ -274,10 +284,7 @@ class SequenceDecoderFile(DecoderFile):
     @model_validator(mode="before")
     @classmethod
     def _refuse_fit_fraction(cls, data):
-        if isinstance(data, dict) and "fit_fraction" in data:
-            raise ValueError("'fit_fraction' does not apply to sequence_2afc: each sequence's readout is fitted on "
-                             "n_noise noisy copies of its two end images and every step is tested on n_eval others")
-        return data
+        return _refuse_keys(data, _NOT_IN_DECODER)
 
 
 @dataclass(frozen=True)

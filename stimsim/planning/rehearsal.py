@@ -17,12 +17,10 @@ from tqdm.auto import tqdm
 from stimsim.engine import simulate
 from stimsim.errors import ConfigError
 from stimsim.paradigms.sequence_2afc import (EVAL_NOISE_STREAM, SequenceReadouts, TaskSpec, evaluation_images,
-                                             fit_readouts, p_high_curves, sequence_delta_auc, site_readouts,
-                                             slope_to_noise)
+                                             p_high_curves, sequence_delta_auc, site_readouts, slope_to_noise)
 from stimsim.stimulation import Condition, ElectricalStimulation
 
-#: The task's pieces stay importable from here (their home is the paradigm module).
-__all__ = ["Rehearsal", "TaskSpec", "SequenceReadouts", "fit_readouts", "slope_to_noise", "stimulation_at", "rehearse"]
+__all__ = ["Rehearsal", "stimulation_at", "rehearse"]
 
 
 @dataclass
