@@ -4,8 +4,9 @@ Mehrer et al. 2025 (arXiv 2510.03684) rehearse every mapped electrode with 7-ima
 the site's response along its tuning, up to ±5 SD of its natural range. They used a generative image
 model; none is available offline, so stimsim optimises pixels directly, with image priors:
 
-For each site and each start image ``x0`` (a natural image whose site response lies near the site's
-median, so there is room both ways), two end images are optimised from ``x0`` by Adam on the pixels:
+For each site and each start image ``x0`` (a natural image on which the site responds, with a response near
+the median of its responses, so there is room both ways), two end images are optimised from ``x0`` by Adam
+on the pixels:
 
     loss(x) = hinge((target − r_site(x)) · sign / SD_site)²                      reach the target level
               + others_weight · mean_j ((r_j(x) − r_j(x0)) / SD_j)²              other sites stay put
@@ -20,8 +21,10 @@ straight pixel-space lines to the two ends (step 3 = ``x0``; steps 0 and 6 = the
 Limits: pixel-space optimisation finds small, texture-like changes the model responds to, not the
 natural-looking morphs of a generative model; whether an animal's neurons follow them as the model's do
 is exactly what the rehearsal is meant to be checked against. Levels are placed by first crossing, so responses along a sequence never step back; the achieved
-responses are recorded with the sequences. Units silent for an image (ReLU) give no gradient, so a site silent for every start image cannot
-be driven down; its "low" end then stays near ``x0``.
+responses are recorded with the sequences. Units silent for an image (ReLU) give no gradient, so the start
+images are those on which the site responds (a sparse site is silent for most natural images, and started from
+one of those its sequence could not move at all); a site that responds to fewer natural images than it needs
+sequences starts the rest from images it is silent for, and those stay near ``x0``.
 """
 from __future__ import annotations
 
@@ -200,6 +203,26 @@ def _place_steps(model, starts, ends, pool, layer, half: int, sign: float, grid:
     return picked.view(n_sites, n_seq, half, *starts.shape[2:])
 
 
+def _start_images(responses: np.ndarray, n_sequences: int, rng: np.random.Generator) -> np.ndarray:
+    """(n_sites, n_sequences) indices of the start images among the natural images (``responses``:
+    (n_images, n_sites) pooled site responses): the images on which the site responds above its floor
+    (its lowest response; for a ReLU layer, where it is not silent, since a silent site gives the pixels no
+    gradient) whose responses lie closest to the median of those responses, ties broken at random (seeded).
+    A site that responds above its floor to fewer than ``n_sequences`` images takes the rest from the others.
+
+    >>> responses = np.array([[0.0, 1.0], [0.0, 2.0], [0.0, 4.0], [0.4, 8.0], [0.2, 3.0]])
+    >>> # site 0 responds to images 3 and 4 only; site 1 above its floor of 1.0 to 2, 4, 8, 3 (median 3.5)
+    >>> np.sort(_start_images(responses, 2, np.random.default_rng(0)), axis=1).tolist()
+    [[3, 4], [2, 4]]
+    """
+    above_floor = responses > responses.min(axis=0)
+    reference = np.array([np.median(site[above]) if above.any() else site[0]
+                          for site, above in zip(responses.T, above_floor.T)])
+    distance = np.where(above_floor, np.abs(responses - reference), np.inf)
+    order = np.lexsort((rng.random(responses.shape).T, distance.T), axis=-1)
+    return order[:, :n_sequences]
+
+
 def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = SequenceSpec(), layer: str = "IT",
                     seed: int = 0, progress: bool = True, companions=()) -> SequenceSet:
     """Sequences along the tuning of every site in ``sites_mm`` ((n_sites, 2) mm on ``layer``'s sheet).
@@ -238,9 +261,7 @@ def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = Sequen
             other_sd = other_responses.std(0, unbiased=False)
             terms.append((other, other_pool, torch.where(other_sd > 0, other_sd, torch.ones_like(other_sd))))
     rng = np.random.default_rng(seed)
-    # Start images: closest to the site's median response, ties broken at random (seeded).
-    order = np.lexsort((rng.random(responses.shape).T, np.abs(responses - np.median(responses, 0)).T), axis=-1)
-    start_index = order[:, :s.n_sequences]  # (n_sites, n_sequences)
+    start_index = _start_images(responses, s.n_sequences, rng)  # (n_sites, n_sequences)
 
     # Jobs: one per (site, sequence, end); end 0 = low (−), end 1 = high (+).
     site_of = np.repeat(np.arange(n_sites), s.n_sequences * 2)
