@@ -29,17 +29,25 @@ _CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-bac
                    "--disable-component-update", "--disable-sync", "--no-first-run", "--enable-logging=stderr",
                    "--v=0", "--virtual-time-budget=5000")
 
-#: Injected into a copy of a report before it is opened: counts the images that decoded to real pixels.
+#: Window width (px) at which reports are opened.
+RENDER_WIDTH_PX = 1200
+
+#: Injected into a copy of a report before it is opened: counts the images that decoded to real pixels, and
+#: writes the page's scroll width against its visible width (wider: something runs off the right edge).
 _RENDER_PROBE = ("<script>window.addEventListener('load', () => { const all = [...document.images];"
                  " const ok = all.filter(i => i.complete && i.naturalWidth > 0).length;"
+                 " const page = document.documentElement;"
+                 " const width = document.createElement('div'); width.id = 'width-probe';"
+                 " width.textContent = page.scrollWidth + '/' + page.clientWidth;"
                  " const div = document.createElement('div'); div.id = 'render-probe';"
-                 " div.textContent = ok + '/' + all.length; document.body.appendChild(div); });</script>")
+                 " div.textContent = ok + '/' + all.length; document.body.append(width, div); });</script>")
 
 
 @pytest.fixture
 def chromium_render(tmp_path):
     """``render(html_path) -> (dom, images_ok, images_total, console_lines)``: the report opened in headless
-    Chromium (a copy with a probe script that counts decoded images); ``console_lines`` are the page's
+    Chromium in a RENDER_WIDTH_PX wide window (a copy with a probe script that counts decoded images and puts
+    ``<div id="width-probe">scrollWidth/clientWidth</div>`` into ``dom``); ``console_lines`` are the page's
     console messages. ``screenshot=PATH`` also writes a PNG of the page. Skips when Chromium is missing."""
     import re
     import shutil
@@ -54,12 +62,14 @@ def chromium_render(tmp_path):
         probed = tmp_path / f"probed_{Path(html_path).name}"
         probed.write_text(html.replace("</body>", _RENDER_PROBE + "</body>"))
         profile = tmp_path / "chromium-profile"
-        run = subprocess.run([chromium, *_CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom",
+        run = subprocess.run([chromium, *_CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                              f"--window-size={RENDER_WIDTH_PX},1600", "--dump-dom",
                               probed.as_uri()], capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr[-2000:]
         if screenshot is not None:
-            shot = subprocess.run([chromium, *_CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1280,1600",
-                                   f"--screenshot={screenshot}", Path(html_path).resolve().as_uri()],
+            shot = subprocess.run([chromium, *_CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                                   f"--window-size={RENDER_WIDTH_PX},1600", f"--screenshot={screenshot}",
+                                   Path(html_path).resolve().as_uri()],
                                   capture_output=True, text=True, timeout=120)
             assert shot.returncode == 0, shot.stderr[-2000:]
         probe = re.search(r'<div id="render-probe">(\d+)/(\d+)</div>', run.stdout)

@@ -127,16 +127,58 @@ def test_plan_report_renders(plan_dir, chromium_render, pdf_pages, tmp_path):
     assert images_total >= 3 + 7 and images_ok == images_total  # figures + one sequence of thumbnails per row
     assert console == []
     assert re.search(r"<th>rank</th>\s*<th>electrode id</th>", dom)
+    scroll_px, visible_px = map(int, re.search(r'<div id="width-probe">(\d+)/(\d+)</div>', dom).groups())
+    assert scroll_px <= visible_px  # at a 1200 px window nothing, the ranked table included, runs off the right
     sites = pd.read_csv(out / "sites.csv", dtype={"electrode_id": str})
     assert f"<td>{sites['electrode_id'].iloc[0]}</td>" in dom
     texts, pngs = pdf_pages(out / "report.pdf")
     assert len(pngs) >= 2
+    # the map follows the title on page 1: its caption (text after the figure) is on the first page
+    assert re.search(r"IT\s+sheet\s+coloured\s+by\s+face\s+selectivity", texts[0])
     table_pages = [text for text in texts if "Ranked sites" in text]
     assert table_pages
     header = table_pages[0]  # header cells wrap over lines in the layout text
     for word in ("rank", "electrode", "predicted", "ΔAUC", "safety"):
         assert word in header
     assert re.search(rf"^\s*1\s+{sites['electrode_id'].iloc[0]}\s", header, flags=re.M)  # the rank-1 row
+    # ... down to its last column: the rank-1 site is always chosen
+    assert re.search(rf"^\s*1\s+{sites['electrode_id'].iloc[0]}\s.*\schosen\s*$", header, flags=re.M)
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(v.replace("−", "-")) for v in re.findall(r"−?\d+(?:\.\d+)?(?:e[−+]?\d+)?", text)]
+
+
+def test_plan_report_states_the_drawn_effects_and_how_the_model_was_chosen(plan_dir):
+    _, out = plan_dir
+    html = (out / "report.html").read_text()
+    sites = pd.read_csv(out / "sites.csv", dtype={"electrode_id": str})
+    summary = json.loads((out / "summary.json").read_text())
+    top = sites["electrode_id"].iloc[:4].tolist()  # the sites whose P(high) curves are drawn
+    with xr.open_dataset(out / "plan.nc", engine="h5netcdf") as plan:
+        fitted = plan.sel(model=summary["chosen_model"], electrode=top, pose="fitted")
+        drawn = fitted["delta_auc"].mean("sequence").values
+        curves = fitted["p_high"].mean("sequence").values  # (site, stimulated, step)
+    gap = np.abs(curves[:, 1] - curves[:, 0]).max()
+    caption = re.search(r"Effect sizes drawn: ([^<]*)</figcaption>", html).group(1)
+    curves_auc = _numbers(re.search(r"ΔAUC of these curves ([^,]*),", caption).group(1))
+    predicted = _numbers(re.search(r"predicted ΔAUC of these sites \(mean over candidates\) ([^,]*),",
+                                   caption).group(1))
+    stated_gap = _numbers(re.search(r"differ by at most (\S+) in P\(high\)", caption).group(1))[0]
+    assert "chance 0" in caption
+
+    def shown(values, stated):  # "a–b", or one number when both ends round alike; 2 significant digits
+        ends = [values.min(), values.max()]
+        return np.allclose(stated if len(stated) == 2 else stated * 2, ends, rtol=0.06, atol=5e-5)
+
+    assert shown(drawn, curves_auc)
+    assert shown(sites["predicted_delta_auc"].iloc[:4].to_numpy(), predicted)
+    assert stated_gap == pytest.approx(gap, rel=0.06, abs=5e-4)
+    assert ("overlap at this scale" in caption) == (gap < 0.02)
+    validation = html[html.index("Validation on the virtual subject"):]
+    assert "per candidate model" in validation
+    assert "chosen by cross-validated predictivity of the recordings only" in validation
+    assert "never by the truth" in validation
 
 
 def test_plan_resumes_and_refuses_another_configuration(plan_dir, tmp_path):

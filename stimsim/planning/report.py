@@ -5,9 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from stimsim.figures import pyplot
-from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png, image_png
+from stimsim.report import (Image, Listing, Paragraph, Report, Section, Table, figure_png, format_value,
+                            image_png)
 
 IT = "IT"
+#: Margin around the array in the enlarged panel of the sheet figure: cortex mm plus a fraction of the array's extent.
+ZOOM_MARGIN_MM, ZOOM_MARGIN_FRACTION = 0.4, 0.05
+#: Top-ranked sites whose P(high) curves the report draws.
+N_CURVES = 4
+#: Below this largest gap in P(high) (about a marker's width on the figure's 0–1 axis) the curves overlap.
+OVERLAP_GAP = 0.02
 
 
 def _face_dprime(model, images) -> np.ndarray | None:
@@ -24,41 +31,62 @@ def _face_dprime(model, images) -> np.ndarray | None:
 
 
 def sheet_figure(model, images, mapping, chosen_model, plan, working) -> bytes:
+    """The chosen model's IT sheet with the registered array (left) and the array region enlarged with every
+    electrode's id (right): working electrodes in black, chosen sites in bold green, the rest in grey."""
+    from matplotlib.patches import Rectangle
+    from matplotlib.patheffects import withStroke
+
     from stimsim.arrays import ArrayPose
 
     plt = pyplot()
-    sheet = model.sheet(IT)
-    coords = sheet.coordinates_mm
+    coords = model.sheet(IT).coordinates_mm
     values = _face_dprime(model, images)
-    fig, ax = plt.subplots(figsize=(7.5, 6.5))
-    if values is not None:
-        scatter = ax.scatter(coords[:, 0], coords[:, 1], c=values, cmap="RdBu_r", vmin=-3, vmax=3, s=6, linewidths=0)
-        fig.colorbar(scatter, ax=ax, shrink=0.8, label="face d′ (unit)")
-    else:
-        ax.scatter(coords[:, 0], coords[:, 1], c="0.8", s=4, linewidths=0)
     registration = mapping["registrations"][chosen_model]
-    layout_points = np.array([registration["electrode_sites_mm"][e] for e in registration["electrode_sites_mm"]])
-    ax.scatter(layout_points[:, 0], layout_points[:, 1], s=14, facecolors="none", edgecolors="k", linewidths=0.6)
+    sites = registration["electrode_sites_mm"]
+    ids = list(sites)
+    points = np.array([sites[e] for e in ids])
     chosen = set(plan["choice"]["chosen"].tolist())
-    for i, electrode in enumerate(working):
-        x, y = plan["cortex_xy"][i]
-        ax.annotate(electrode, (x, y), fontsize=4.5, ha="center", va="center",
-                    color="darkgreen" if i in chosen else "k", fontweight="bold" if i in chosen else "normal")
+    chosen_ids = {working[i] for i in chosen}
+    low, high = points.min(0), points.max(0)
+    centre = (low + high) / 2
+    half = (high - low).max() / 2 * (1 + 2 * ZOOM_MARGIN_FRACTION) + ZOOM_MARGIN_MM
+    low, high = centre - half, centre + half
+    fig, (whole, zoom) = plt.subplots(1, 2, figsize=(11.0, 5.0), gridspec_kw={"width_ratios": [1, 1]})
+    for ax, unit_size, ring_size in ((whole, 5, 12), (zoom, 40, 160)):
+        if values is not None:
+            colours = ax.scatter(coords[:, 0], coords[:, 1], c=values, cmap="RdBu_r", vmin=-3, vmax=3, s=unit_size,
+                                 linewidths=0)
+        else:
+            ax.scatter(coords[:, 0], coords[:, 1], c="0.8", s=unit_size, linewidths=0)
+        ax.scatter(points[:, 0], points[:, 1], s=ring_size, facecolors="none", edgecolors="k", linewidths=0.6)
+        if chosen:
+            picked = plan["cortex_xy"][sorted(chosen)]
+            ax.scatter(picked[:, 0], picked[:, 1], s=2.5 * ring_size, facecolors="none", edgecolors="limegreen",
+                       linewidths=1.6, label="chosen sites")
+        ax.set_aspect("equal")
+        ax.set_xlabel("sheet x (cortex mm)")
+    whole.add_patch(Rectangle(low, *(high - low), fill=False, edgecolor="0.2", linestyle="--", linewidth=0.8))
+    whole.set_ylabel("sheet y (cortex mm)")
     if chosen:
-        picked = plan["cortex_xy"][sorted(chosen)]
-        ax.scatter(picked[:, 0], picked[:, 1], s=60, facecolors="none", edgecolors="limegreen", linewidths=1.4,
-                   label="chosen sites")
-        ax.legend(loc="upper right", fontsize=8)
+        whole.legend(loc="upper right", fontsize=8)
+    halo = [withStroke(linewidth=2.2, foreground="white")]
+    working_ids = set(working)
+    for electrode, (x, y) in zip(ids, points):
+        style = ({"color": "darkgreen", "fontweight": "bold"} if electrode in chosen_ids
+                 else {"color": "k"} if electrode in working_ids else {"color": "0.45"})
+        zoom.text(x, y, electrode, fontsize=7, ha="center", va="center", path_effects=halo, **style)
+    zoom.set_xlim(low[0], high[0])
+    zoom.set_ylim(low[1], high[1])
     pose = ArrayPose.from_dict(registration["pose"])
-    ax.set_title(f"{chosen_model} IT sheet; array at x = {pose.x_mm:.2f} mm, y = {pose.y_mm:.2f} mm, "
-                 f"{pose.rotation_deg:.1f}°", fontsize=9)
-    ax.set_xlabel("sheet x (cortex mm)")
-    ax.set_ylabel("sheet y (cortex mm)")
-    ax.set_aspect("equal")
+    whole.set_title(f"{chosen_model} IT sheet\narray at x = {pose.x_mm:.2f} mm, y = {pose.y_mm:.2f} mm, "
+                    f"{pose.rotation_deg:.1f}°", fontsize=9)
+    zoom.set_title(f"dashed box enlarged\nids of all {len(ids)} electrodes", fontsize=9)
+    if values is not None:
+        fig.colorbar(colours, ax=[whole, zoom], shrink=0.8, label="face d′ (unit)")
     return figure_png(fig)
 
 
-def curves_figure(rehearsals, plan, working, chosen_model: str, n_top: int = 4) -> bytes:
+def curves_figure(rehearsals, plan, working, chosen_model: str, n_top: int = N_CURVES) -> bytes:
     plt = pyplot()
     top = plan["choice"]["order"][:n_top]
     fig, axes = plt.subplots(1, len(top), figsize=(3.0 * len(top), 2.8), squeeze=False)
@@ -67,12 +95,36 @@ def curves_figure(rehearsals, plan, working, chosen_model: str, n_top: int = 4) 
         steps = np.arange(p.shape[-1])
         ax.plot(steps, p[0].mean(0), "k-o", ms=3, label="no stimulation")
         ax.plot(steps, p[1].mean(0), "r-o", ms=3, label="stimulated")
-        ax.set_title(f"electrode {working[site]}  ΔAUC {plan['predicted'][site]:.3f}", fontsize=8)
+        ax.set_title(f"electrode {working[site]}  predicted ΔAUC {plan['predicted'][site]:.3f}", fontsize=8)
         ax.set_xlabel("step")
         ax.set_ylim(-0.02, 1.02)
     axes[0][0].set_ylabel(f"P(high), {chosen_model}")
     axes[0][0].legend(fontsize=7)
     return figure_png(fig)
+
+
+def _span(values, digits: int = 2) -> str:
+    """"a–b" of the finite values (one number when they are all equal)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return "–"
+    low, high = format_value(float(values.min()), digits), format_value(float(values.max()), digits)
+    return low if low == high else f"{low}–{high}"
+
+
+def curves_effects(rehearsals, plan, chosen_model: str, n_top: int = N_CURVES) -> str:
+    """In words, the size of the effects :func:`curves_figure` draws: the ΔAUC of the drawn curves (the chosen
+    model at its fitted registration, mean over sequences), the sites' predicted ΔAUC, and the largest gap
+    between the curves without and with stimulation (P(high))."""
+    top = plan["choice"]["order"][:n_top]
+    p_high = rehearsals[chosen_model]["p_high"][top]  # (sites, conditions, seq, steps)
+    drawn = np.nanmean(rehearsals[chosen_model]["delta_auc"][top, 0], axis=-1)
+    gap = float(np.nanmax(np.abs(p_high[:, 1].mean(1) - p_high[:, 0].mean(1))))
+    text = (f"Effect sizes drawn: ΔAUC of these curves {_span(drawn)}, predicted ΔAUC of these sites (mean over "
+            f"candidates) {_span(plan['predicted'][top])}, chance 0; the curves differ by at most "
+            f"{format_value(gap, 2)} in P(high)")
+    return text + (", so they overlap at this scale." if gap < OVERLAP_GAP else ".")
 
 
 EFFECT_LABELS = {"delta_auc": "ΔAUC", "delta_p_face": "ΔP(face)"}
@@ -101,33 +153,35 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
     effect = config.effect
     label = EFFECT_LABELS[effect]
     sequence_task = config.task == "sequence_2afc"
-    columns = ["rank", "electrode id", "array x (mm)", "array y (mm)"]
+    columns = ["rank", "electrode id", "array x, y (mm)"]
     if "ap_mm" in sites:
-        columns += ["AP (mm)", "ML (mm)"]
-    columns += ["model x (model mm)", "model y (model mm)", "sheet x (cortex mm)", "sheet y (cortex mm)",
-                f"predicted {label}", "95% interval"]
+        columns += ["AP, ML (mm)"]
+    columns += ["model x, y (model mm)", "sheet x, y (cortex mm)", f"predicted {label}", "95% interval"]
     if sequence_task:
         stn = rehearsals[chosen_model]["slope_to_noise"]
         columns += ["best sequence (low → high)", "slope/noise"]
-    columns += ["current (µA)", "charge/phase (nC)", "safety", "status"]
+    columns += ["status"]
     rows = []
     for record_row in sites.to_dict(orient="records"):
         i = index_of[record_row["electrode_id"]]
-        row = [record_row["rank"], record_row["electrode_id"], record_row["array_x_mm"], record_row["array_y_mm"]]
+        row = [record_row["rank"], record_row["electrode_id"], (record_row["array_x_mm"], record_row["array_y_mm"])]
         if "ap_mm" in sites:
-            row += [record_row["ap_mm"], record_row["ml_mm"]]
-        row += [record_row["model_x_mm"], record_row["model_y_mm"], record_row["cortex_x_mm"], record_row["cortex_y_mm"],
-                record_row[f"predicted_{effect}"],
+            row += [(record_row["ap_mm"], record_row["ml_mm"])]
+        row += [(record_row["model_x_mm"], record_row["model_y_mm"]),
+                (record_row["cortex_x_mm"], record_row["cortex_y_mm"]), record_row[f"predicted_{effect}"],
                 f"[{record_row[f'predicted_{effect}_low']:.4f}, {record_row[f'predicted_{effect}_high']:.4f}]"]
         if sequence_task:
             best = int(np.nanargmax(stn[i])) if np.any(np.isfinite(stn[i])) else 0
             row += [tuple(Image(image_png(task["images"][i, best, k], scale=1), alt=f"step {k}")
                           for k in range(task["images"].shape[2])), float(stn[i, best])]
-        row += [record_row["current_uA"], record_row["charge_per_phase_nC"], record_row["safety_verdict"],
-                record_row["status"]]
+        row += [record_row["status"]]
         rows.append(tuple(row))
-    table = Table(tuple(columns), rows, caption="Ranked sites (all working electrodes; 'chosen' = the plan's sites)",
-                  digits=3)
+    protocol = sites.iloc[0]  # one stimulation protocol and one safety verdict for the whole plan
+    table = Table(tuple(columns), rows, digits=3, css_class="sites",
+                  caption=f"Ranked sites (all working electrodes; 'chosen' = the plan's sites). Every site: "
+                          f"{protocol['current_uA']:g} µA, {protocol['frequency_Hz']:g} Hz, "
+                          f"{protocol['pulse_width_ms']:g} ms per phase, {protocol['charge_per_phase_nC']:g} nC per "
+                          f"phase; safety {protocol['safety_verdict']}")
     selection_rows = [tuple(values) for values in zip(*[mapping["selection"][k] for k in
                                                         ("rank", "model", "median_r2", "chance_median_r2")])]
     registration_rows = []
@@ -155,15 +209,19 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
            f"image is resized to the model's input, {noise_sizes}); the effect is the change of P(face) with "
            "stimulation (chance 0).")),
         Image(sheet_figure(models[chosen_model], inputs.images, mapping, chosen_model, plan, working),
-              caption="The chosen model's IT sheet coloured by face selectivity (unit d′, faces vs other images of the "
-                      "mapping set), the registered array's mapped electrode points (circles, ids) and the chosen "
-                      "sites (green).")]
+              caption="Left: the chosen model's IT sheet coloured by face selectivity (unit d′, faces vs other images "
+                      "of the mapping set), the registered array's mapped electrode points (black circles) and the "
+                      "chosen sites (green rings). Right: the dashed box enlarged, every electrode of the array "
+                      "labelled with its id: chosen sites in bold green, the other working electrodes in black, "
+                      f"electrodes not rehearsed (broken, or split-half reliability under {config.min_reliability:g}) "
+                      "in grey.")]
     if summary.get("sequence_warning"):
         overview.append(Paragraph(f"Warning: {summary['sequence_warning']}."))
     if sequence_task:
         overview.append(Image(curves_figure(rehearsals, plan, working, chosen_model),
                               caption="P(high) along the sequences of the top-ranked sites, mean over sequences, without "
-                                      "and with stimulation (the chosen model)."))
+                                      "and with stimulation (the chosen model at its fitted registration). "
+                                      + curves_effects(rehearsals, plan, chosen_model)))
     sections = [Section("Plan", overview), Section("Ranked sites", [table])]
     sections.append(Section("Model selection and registration", [
         Table(("rank", "model", "median CV ridge R²", "chance median R²"), selection_rows,
@@ -188,7 +246,10 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                       + ", its own frozen decoders, stimulation at each "
                       f"electrode's true position on its sheet. Pearson r across working electrodes = "
                       f"{summary['predicted_vs_true_r']:.3f} (chance 0); per candidate model: "
-                      + ", ".join(f"{k} {v:.3f}" for k, v in summary["predicted_vs_true_r_per_model"].items()) + "."),
+                      + ", ".join(f"{k} {v:.3f}" for k, v in summary["predicted_vs_true_r_per_model"].items()) + ". "
+                      "The model was chosen by cross-validated predictivity of the recordings only (ridge R², as in "
+                      "Mehrer et al. 2025), never by the truth: these validation numbers are a check, available only "
+                      "on a virtual subject."),
             Image(truth_figure(plan, truth, summary, effect),
                   caption=f"Planned against true {label} per working electrode.")]))
     sections.append(Section("Model checksums", [Listing(record["model_checksums"])]))
