@@ -131,6 +131,8 @@ EFFECT_LABELS = {"delta_auc": "ΔAUC", "delta_p_face": "ΔP(face)"}
 
 
 def truth_figure(plan, truth, summary, effect: str) -> bytes:
+    from matplotlib.ticker import MaxNLocator
+
     plt = pyplot()
     alive = ~truth["dead"]
     true = truth[effect].reshape(len(alive), -1).mean(-1)
@@ -139,6 +141,7 @@ def truth_figure(plan, truth, summary, effect: str) -> bytes:
                 xerr=np.clip([plan["predicted"][alive] - plan["low"][alive], plan["high"][alive] - plan["predicted"][alive]],
                              0, None),  # few candidates × poses: the pooled mean can lie outside the percentiles
                 fmt="o", ms=3, alpha=0.7, elinewidth=0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=4))  # small effects have long tick labels: few keep them apart
     ax.set_xlabel(f"planned {EFFECT_LABELS[effect]}")
     ax.set_ylabel(f"virtual subject's true {EFFECT_LABELS[effect]}")
     ax.set_title(f"r = {summary['predicted_vs_true_r']:.2f} across {int(alive.sum())} working electrodes", fontsize=9)
