@@ -175,9 +175,11 @@ def _cmd_analyze(args) -> int:
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
                             layout=args.layout, n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed,
                             force=args.force)
-    keys = ("n_sites", "n_trials", "mean_shift", "wilcoxon_p", "cohens_d", "noise_ceiling",
-            "predicted_vs_observed_r", "permutation_p", "slope")
-    print(json.dumps({key: analysis.summary[key] for key in keys if key in analysis.summary}, indent=2))
+    from stimsim.jsonable import json_ready
+
+    keys = ("n_sites_recorded", "n_sites", "n_trials", "mean_shift", "wilcoxon_p", "cohens_d", "split_half_r",
+            "noise_ceiling", "noise_ceiling_undefined_reason", "predicted_vs_observed_r", "permutation_p", "slope")
+    print(json.dumps(json_ready({key: analysis.summary[key] for key in keys if key in analysis.summary}), indent=2))
     print(f"report, results.nc and summary.json in {args.out}")
     return 0
 

@@ -66,8 +66,19 @@ def atomic_write_text(path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path, obj) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=json_value) + "\n")
+def atomic_write_json(path, obj, sort_keys: bool = True) -> Path:
+    """``obj`` as indented JSON; ``sort_keys=False`` keeps the dicts' own key order."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=sort_keys, default=json_value) + "\n")
+
+
+#: Format of floats in CSV tables for people: 6 significant digits (0.6 for 0.6000000000000001; the
+#: full values stay in the netCDF and JSON files).
+CSV_FLOAT_FORMAT = "%.6g"
+
+
+def csv_text(frame) -> str:
+    """A pandas DataFrame as CSV text without its index, floats as :data:`CSV_FLOAT_FORMAT`."""
+    return frame.to_csv(index=False, float_format=CSV_FLOAT_FORMAT)
 
 
 def atomic_save(path, save_fn) -> Path:
@@ -167,8 +178,12 @@ class ResultSet:
         """Write the file ``name`` by ``save_fn(temporary path)`` and a rename (see :func:`atomic_save`)."""
         return atomic_save(self.claim(name), save_fn)
 
-    def write_json(self, name: str, obj) -> Path:
-        return atomic_write_json(self.claim(name), obj)
+    def write_json(self, name: str, obj, sort_keys: bool = True) -> Path:
+        return atomic_write_json(self.claim(name), obj, sort_keys=sort_keys)
+
+    def write_csv(self, name: str, frame) -> Path:
+        """Write a DataFrame as :func:`csv_text` gives it."""
+        return atomic_write_text(self.claim(name), csv_text(frame))
 
     def finish(self) -> Path:
         """Remove the older set's files this set did not rewrite, then write the manifest with the

@@ -7,6 +7,7 @@ import pytest
 import xarray as xr
 
 from stimsim.analysis import analyze, compare_predictions, expected_correlation, load_sessions, save_analysis
+from stimsim.analysis.comparison import expected_correlation_reason
 from stimsim.analysis.synthetic import planted_curves, planted_session
 from stimsim.errors import FileFormatError
 from stimsim.io import read_result_set
@@ -139,3 +140,111 @@ def test_top_sites_are_the_plans_top_ranked_given_predictions_else_the_strongest
     assert order.tolist() == [0, 3] and "plan" in how
     order, how = top_sites(sites.drop(columns="predicted_delta_auc"), n_top=3)
     assert order.tolist() == [1, 3, 2] and "observed" in how
+
+
+def test_consumers_of_an_undefined_noise_ceiling_say_why():
+    rng = np.random.default_rng(0)
+    predicted = rng.normal(0, 0.1, 20)
+    observed = predicted + rng.normal(0, 0.1, 20)
+    result = compare_predictions(predicted, observed, noise_ceiling=float("nan"), n_perm=200)
+    assert np.isfinite(result["predicted_vs_observed_r"]) and np.isnan(result["noise_ceiled_r"])
+    assert "noise ceiling is undefined" in result["noise_ceiled_r_undefined_reason"]
+    assert compare_predictions(predicted, observed, 0.64, n_perm=200)["noise_ceiled_r_undefined_reason"] is None
+    assert np.isnan(expected_correlation(0.8, float("nan"), n_sites=20)).all()
+    assert expected_correlation_reason(0.8, float("nan"), 20).startswith("the noise ceiling is undefined")
+    for not_a_reliability in (-0.99, 0.0, 1.5):  # never used as if it were one
+        with pytest.raises(ValueError, match=r"\(0, 1\]"):
+            compare_predictions(predicted, observed, noise_ceiling=not_a_reliability)
+        with pytest.raises(ValueError, match=r"\(0, 1\]"):
+            expected_correlation(0.8, not_a_reliability, n_sites=20)
+
+
+def mixed_or_high(electrode, stimulated, high_steps):
+    """Two trials at each of 7 steps: both "high" at ``high_steps``, else one "low" and one "high"."""
+    rows = []
+    for step in range(7):
+        for choice in (("high", "high") if step in high_steps else ("low", "high")):
+            rows.append({"subject_id": "m", "session_id": "s", "electrode": electrode, "step": step,
+                         "stimulated_electrode": electrode if stimulated else "sham",
+                         "current_uA": 50.0 if stimulated else 0.0, "choice": choice})
+    return rows
+
+
+def test_session_whose_halves_disagree_reports_the_noise_ceiling_as_undefined(tmp_path):
+    """Per-half effects by hand: a cell of one "low" and one "high" trial puts one in each half, so its
+    P(high) is 0 in one half and 1 in the other; a cell of two "high" trials is 1 in both. A site's
+    half-ΔAUC is D + e and D − e: D (its "high" cells, up to 2 per site, at most 0.17) is shared, e (its
+    13-14 split cells, SD about 0.27) flips sign between the halves. With var(e) >> var(D) the
+    split-half r is negative, and Spearman–Brown's 2r/(1+r) no reliability."""
+    electrodes = ["10", "2", "33", "4", "5", "6", "7", "8"]
+    rows = []
+    for i, electrode in enumerate(electrodes):
+        high_steps = {step for step in (1, 2) if step <= i % 3}  # 0, 1 or 2 "high" cells: D = 0, 1/12 or 1/6
+        rows += mixed_or_high(electrode, False, ()) + mixed_or_high(electrode, True, high_steps)
+    sessions = pd.DataFrame(rows).assign(row=lambda t: np.arange(len(t)) + 1, file="s.csv")
+    plan = write_plan(tmp_path / "plan", electrodes, np.linspace(0.01, 0.08, 8), predicted_vs_true_r=0.5)
+    with pytest.warns(UserWarning, match="noise ceiling undefined: split-half r = -"):
+        result = analyze(sessions, plan_dir=plan, n_boot=20, n_perm=50, n_splits=40)
+    summary = result.summary
+    assert summary["split_half_r"] < 0 and np.isnan(summary["noise_ceiling"])
+    assert "not reliable at this trial count" in summary["noise_ceiling_undefined_reason"]
+    assert np.isfinite(summary["predicted_vs_observed_r"]) and np.isnan(summary["noise_ceiled_r"])
+    assert summary["noise_ceiled_r_undefined_reason"] and summary["expected_predicted_vs_observed_r_undefined_reason"]
+    out = save_analysis(result, tmp_path / "analysis")
+    written = json.loads((out / "summary.json").read_text())
+    assert written["noise_ceiling"] is None and written["split_half_r"] == pytest.approx(summary["split_half_r"])
+    assert written["noise_ceiling_undefined_reason"] == summary["noise_ceiling_undefined_reason"]
+    assert written["expected_predicted_vs_observed_r"] is None and written["noise_ceiled_r"] is None
+    with xr.open_dataset(out / "results.nc", engine="h5netcdf") as data:
+        assert np.isnan(data["noise_ceiling"].item()) and data["split_half_r"].item() < 0
+        assert "not reliable" in data["noise_ceiling"].attrs["undefined_reason"]
+        assert json.loads(data.attrs["summary_json"])["noise_ceiling"] is None
+    html = (out / "report.html").read_text()
+    assert "undefined (see the notes)" in html and "not reliable at this trial count" in html
+
+
+def test_sites_without_a_delta_auc_are_named_and_ids_listed_in_natural_order(tmp_path):
+    electrodes = ["10", "3", "21", "2", "1", "30"]
+    tables = []
+    for subject, seed in (("m10", 1), ("m9", 2)):
+        table = planted_session(np.linspace(-1, 1, 6), trials_per_site=140, electrodes=electrodes,
+                                subject_id=subject, session_id="d1", seed=seed)
+        if subject == "m9":  # empty cells: electrode 10 has no sham trial at step 4, electrode 3 none stimulated at 0
+            table = table[~(((table["electrode"] == "10") & (table["stimulated_electrode"] == "sham")
+                             & (table["step"] == 4))
+                            | ((table["electrode"] == "3") & (table["stimulated_electrode"] != "sham")
+                               & (table["step"] == 0)))]
+        tables.append(table)
+    pd.concat(tables).to_csv(tmp_path / "s.csv", index=False)
+    with pytest.warns(UserWarning, match="2 of 12 sites have no ΔAUC"):
+        result = analyze(load_sessions(tmp_path / "s.csv"), n_boot=20, n_perm=20, n_splits=5)
+    summary = result.summary
+    assert (summary["n_sites_recorded"], summary["n_sites"], summary["n_sites_without_effect"]) == (12, 10, 2)
+    assert ("subject m9 electrode 3 (no stimulated trial at step 0); subject m9 electrode 10 (no sham trial at "
+            "step 4)") in summary["warnings"][0]
+    finite = result.sites["delta_auc"].dropna()
+    assert len(finite) == 10 and summary["mean_shift"] == pytest.approx(finite.mean())  # nothing invented
+    assert summary["per_subject"]["m9"]["n_sites"] == 4 and summary["per_subject"]["m10"]["n_sites"] == 6
+
+    out = save_analysis(result, tmp_path / "analysis")
+    text = (out / "summary.json").read_text()
+    assert text.index('"m9"') < text.index('"m10"')
+    assert "stimsim: warning" not in text and json.loads(text)["warnings"] == summary["warnings"]
+    written = pd.read_csv(out / "sites.csv", dtype={"electrode": str, "subject_id": str}, keep_default_na=False)
+    assert written["subject_id"].tolist() == ["m9"] * 6 + ["m10"] * 6
+    assert written["electrode"].tolist() == ["1", "2", "3", "10", "21", "30"] * 2
+    reasons = dict(zip(written["subject_id"] + ":" + written["electrode"], written["delta_auc_missing_reason"]))
+    assert reasons["m9:3"] == "no stimulated trial at step 0" and reasons["m9:10"] == "no sham trial at step 4"
+    assert sum(bool(reason) for reason in reasons.values()) == 2
+    assert (written.loc[written["delta_auc_missing_reason"] != "", "delta_auc"] == "").all()  # blank, not a number
+    numbers = [field for line in (out / "sites.csv").read_text().splitlines()[1:] for field in line.split(",")]
+    digits = [len(field.lstrip("-").replace(".", "").lstrip("0").split("e")[0]) for field in numbers
+              if field.replace(".", "").replace("-", "").replace("e", "").isdigit()]
+    assert max(digits) <= 6  # %.6g, no 0.6000000000000001
+    reread = pd.read_csv(out / "sites.csv", dtype={"electrode": str})
+    assert np.allclose(reread["delta_auc"], result.sites["delta_auc"], rtol=1e-5, atol=0, equal_nan=True)
+    with xr.open_dataset(out / "results.nc", engine="h5netcdf") as data:  # full precision there
+        assert np.array_equal(data["delta_auc"].values, result.sites["delta_auc"].values, equal_nan=True)
+        assert data["delta_auc_missing_reason"].values.tolist().count("no sham trial at step 4") == 1
+    html = (out / "report.html").read_text()
+    assert "12 sites recorded, 10 with a ΔAUC" in html and "no sham trial at step 4" in html

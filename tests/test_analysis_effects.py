@@ -7,8 +7,8 @@ import pytest
 import statsmodels.api as sm
 from scipy import stats
 
-from stimsim.analysis.effects import across_sites, count_trials, fit_grouped_logistic, site_effects, \
-    spearman_brown, split_half_reliability
+from stimsim.analysis.effects import across_sites, count_trials, fit_grouped_logistic, noise_ceiling_of, \
+    site_effects, spearman_brown, split_half_reliability
 from stimsim.analysis.synthetic import planted_curves, planted_session
 
 
@@ -147,6 +147,67 @@ def test_spearman_brown_on_known_numbers():
     assert spearman_brown(np.array([0.0, 1.0])).tolist() == [0.0, 1.0]
 
 
+def test_spearman_brown_has_no_value_for_a_negative_correlation():
+    # 2r/(1+r) would be -2 at r = -0.5 and -inf at r = -1: no reliability, so NaN, never a number.
+    assert np.isnan(spearman_brown(-0.5)) and np.isnan(spearman_brown(-1.0))
+    assert np.isnan(spearman_brown(np.array([-0.2, 0.5]))).tolist() == [True, False]
+    with pytest.raises(ValueError, match=r"\[-1, 1\]"):
+        spearman_brown(1.5)
+    assert np.isnan(noise_ceiling_of(0.0)[0]) and "<= 0" in noise_ceiling_of(0.0)[1]
+    assert noise_ceiling_of(0.25) == (pytest.approx(0.5 / 1.25), None)
+
+
+def one_half_each(electrode, stimulated, choices_per_step):
+    """Two trials per step of one site: ``choices_per_step`` per step, 'mixed' (one low, one high),
+    or 'low' / 'high' (both)."""
+    pairs = {"mixed": ("low", "high"), "low": ("low", "low"), "high": ("high", "high")}
+    return trials(electrode, stimulated, [(step, choice) for step, kind in enumerate(choices_per_step)
+                                          for choice in pairs[kind]])
+
+
+def test_split_halves_that_disagree_give_an_undefined_noise_ceiling():
+    """Every cell holds 2 trials, one "low" and one "high": a split puts one in each half, so every
+    P(high) of the second half is 1 minus the first half's, AUC(second) = 1 − AUC(first) in both
+    conditions and ΔAUC(second) = −ΔAUC(first) at every site: the split-half r is −1 exactly
+    (Spearman–Brown: 2r/(1+r) = −∞). The noise ceiling is undefined, with the reason."""
+    rows = []
+    for electrode in ("1", "2", "3", "4", "5", "6"):
+        rows += one_half_each(electrode, False, ["mixed"] * 7) + one_half_each(electrode, True, ["mixed"] * 7)
+    counts = count_trials(pd.DataFrame(rows))
+    reliability = split_half_reliability(counts, n_splits=30, seed=0)
+    assert reliability["split_half_r"] == pytest.approx(-1.0)
+    assert np.isnan(reliability["noise_ceiling"])
+    assert "split-half r = -1 <= 0" in reliability["noise_ceiling_undefined_reason"]
+    assert "not reliable at this trial count" in reliability["noise_ceiling_undefined_reason"]
+
+
+def test_split_halves_that_agree_give_a_noise_ceiling_of_one():
+    """Cells of 2 equal choices: both halves hold the same P(high), so ΔAUC agrees exactly, r = 1,
+    and 2·1/(1 + 1) = 1."""
+    rows = []
+    for electrode, kinds in (("1", ["low"] * 3 + ["high"] * 4), ("2", ["low"] * 4 + ["high"] * 3),
+                             ("3", ["low"] * 2 + ["high"] * 5), ("4", ["low"] * 5 + ["high"] * 2)):
+        rows += one_half_each(electrode, False, ["low"] * 4 + ["high"] * 3) + one_half_each(electrode, True, kinds)
+    reliability = split_half_reliability(count_trials(pd.DataFrame(rows)), n_splits=10, seed=0)
+    assert reliability["split_half_r"] == pytest.approx(1.0)
+    assert reliability["noise_ceiling"] == pytest.approx(1.0)
+    assert reliability["noise_ceiling_undefined_reason"] is None
+
+
+def test_site_with_an_empty_step_has_no_delta_auc_and_says_why():
+    full = ["mixed"] * 7
+    rows = (one_half_each("1", False, full) + one_half_each("1", True, full)
+            + [row for row in one_half_each("2", False, full) if row["step"] != 3]
+            + [row for row in one_half_each("2", True, full) if row["step"] not in (0, 6)]
+            + one_half_each("3", False, full))
+    sessions = pd.DataFrame(rows)
+    effects = site_effects(count_trials(sessions), n_boot=20, n_perm=20, sessions=sessions)
+    assert effects["delta_auc"].iloc[0] == pytest.approx(0.0) and effects["delta_auc_missing_reason"].iloc[0] == ""
+    assert np.isnan(effects["delta_auc"].iloc[1])
+    assert effects["delta_auc_missing_reason"].iloc[1] == "no sham trial at step 3; no stimulated trial at steps 0, 6"
+    assert effects["delta_auc_missing_reason"].iloc[2] == "no stimulated trials"
+
+
 def test_noise_ceiling_matches_the_binomial_reliability(planted):
     """Reliability = var(true ΔAUC) / (var(true) + mean sampling variance of ΔAUC): the sampling
     variance of a trapezoid AUC is Σ w_j² p_j (1 − p_j) / n_j over steps and both conditions."""
@@ -159,4 +220,5 @@ def test_noise_ceiling_matches_the_binomial_reliability(planted):
     sampling = (weights ** 2 * curves * (1 - curves) / counts.n).sum(axis=(1, 2))
     expected = truth.var() / (truth.var() + sampling.mean())
     assert reliability["noise_ceiling"] == pytest.approx(expected, abs=0.05)
-    assert reliability["noise_ceiling"] == pytest.approx(spearman_brown(reliability["split_half_r"]))
+    r = reliability["split_half_r"]
+    assert r > 0 and reliability["noise_ceiling"] == pytest.approx(2 * r / (1 + r))

@@ -3,6 +3,7 @@ subject), reliability, and the comparison with a plan's predictions; saved as on
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,11 +12,13 @@ import pandas as pd
 import xarray as xr
 from scipy import stats
 
-from stimsim.analysis.comparison import compare_predictions, expected_correlation, load_plan_predictions
+from stimsim.analysis.comparison import compare_predictions, expected_correlation, expected_correlation_reason, \
+    load_plan_predictions
 from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, site_effects, \
     split_half_reliability
 from stimsim.errors import ConfigError
-from stimsim.jsonable import json_ready, json_value
+from stimsim.jsonable import json_ready
+from stimsim.ordering import natural_key, naturally_ordered
 
 #: Per-site permutation p below which a site counts as significant in the summary.
 SITE_ALPHA = 0.05
@@ -24,7 +27,8 @@ SITE_ALPHA = 0.05
 @dataclass
 class Analysis:
     """Everything :func:`analyze` found. ``sites``: one row per (subject, electrode) with its effects
-    (and ``predicted_delta_auc`` given a plan); ``summary``: the numbers of ``summary.json``."""
+    (and ``predicted_delta_auc`` given a plan); ``summary``: the numbers of ``summary.json``, with
+    ``warnings`` (text) about what the statistics had to leave out or could not compute."""
 
     sessions: pd.DataFrame
     counts: SiteCounts
@@ -33,7 +37,9 @@ class Analysis:
     parameters: dict = field(default_factory=dict)
 
     def to_dataset(self) -> xr.Dataset:
-        """Labelled arrays: counts and P(high) per (site, condition, step); per-site effects on site."""
+        """Labelled arrays: counts and P(high) per (site, condition, step); per-site effects on site;
+        the split-half reliability as scalars (``noise_ceiling`` NaN when undefined, with the reason in
+        its ``undefined_reason`` attribute)."""
         site = np.arange(len(self.sites))
         data = xr.Dataset(
             {"n_trials": (("site", "condition", "step"), self.counts.n),
@@ -43,12 +49,19 @@ class Analysis:
                     "subject_id": ("site", self.sites["subject_id"].astype(str).to_numpy()),
                     "electrode": ("site", self.sites["electrode"].astype(str).to_numpy())})
         for name in self.sites.columns:
-            if name not in ("subject_id", "electrode"):
+            if name == "delta_auc_missing_reason":
+                data[name] = ("site", self.sites[name].astype(str).to_numpy())
+            elif name not in ("subject_id", "electrode"):
                 data[name] = ("site", self.sites[name].to_numpy(dtype=float))
+        for name in ("split_half_r", "noise_ceiling"):
+            data[name] = float(self.summary[name])
+        if self.summary["noise_ceiling_undefined_reason"] is not None:
+            data["noise_ceiling"].attrs["undefined_reason"] = self.summary["noise_ceiling_undefined_reason"]
+        data["noise_ceiling"].attrs["description"] = "Spearman-Brown corrected split-half r of per-site delta_auc"
         data["current_uA"].attrs["units"] = "uA"
         data["shift_steps"].attrs["description"] = "x50(sham) - x50(stimulated), steps; > 0: towards 'high'"
         data["delta_auc"].attrs["description"] = "AUC of P(high) over steps scaled to [0, 1], stimulated - sham"
-        data.attrs["summary_json"] = json.dumps(self.summary, default=json_value)
+        data.attrs["summary_json"] = json.dumps(json_ready(naturally_ordered(self.summary)))
         data.attrs["parameters_json"] = json.dumps(self.parameters, default=str)
         return data
 
@@ -82,7 +95,10 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
                "n_steps": int(counts.steps.size),
                "ci": ci,
                **_group_summary(sites, counts, plan_summary, n_perm, n_splits, seed)}
-    subjects = sorted(sites["subject_id"].unique())
+    summary["warnings"] = _warnings(sites, summary)
+    for message in summary["warnings"]:
+        warnings.warn(message, stacklevel=2)
+    subjects = sorted(sites["subject_id"].unique(), key=natural_key)
     if len(subjects) > 1:
         summary["per_subject"] = {
             str(subject): _group_summary(sites[sites["subject_id"] == subject].reset_index(drop=True),
@@ -90,6 +106,25 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
                                          n_splits, seed)
             for subject in subjects}
     return Analysis(sessions, counts, sites, summary, parameters)
+
+
+def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
+    """What the statistics across sites left out or could not compute, for people (sites in natural
+    order, as in ``sites``)."""
+    messages = []
+    missing = sites[sites["delta_auc_missing_reason"] != ""]
+    if len(missing):
+        several = sites["subject_id"].nunique() > 1
+        listed = "; ".join(f"{f'subject {s} ' if several else ''}electrode {e} ({reason})" for s, e, reason in
+                           zip(missing["subject_id"], missing["electrode"], missing["delta_auc_missing_reason"]))
+        messages.append(f"{len(missing)} of {len(sites)} sites have no ΔAUC (a psychometric curve needs a trial at "
+                        f"every step in both conditions) and are left out of the statistics across sites: "
+                        f"{listed}. More trials per site fill these steps.")
+    if summary["noise_ceiling_undefined_reason"] is not None:
+        consequence = (" The noise-ceiled r and the expected predicted vs observed r are undefined too."
+                       if "noise_ceiled_r" in summary else "")
+        messages.append(f"noise ceiling undefined: {summary['noise_ceiling_undefined_reason']}.{consequence}")
+    return messages
 
 
 def _subset(counts: SiteCounts, keep: np.ndarray) -> SiteCounts:
@@ -101,10 +136,10 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
                    seed: int) -> dict:
     """Statistics across the sites of one group (all subjects pooled, or one subject)."""
     significant = sites["permutation_p"] < SITE_ALPHA
-    summary = {**across_sites(sites["delta_auc"], n_perm=10 * n_perm, seed=seed),
+    summary = {"n_sites_recorded": int(len(sites)), **across_sites(sites["delta_auc"], n_perm=10 * n_perm, seed=seed),
                "mean_psychometric_shift_steps": _nanmean(sites["shift_steps"]),
                "n_sites_significant": int(significant.sum()), "site_alpha": SITE_ALPHA,
-               "n_sites_significant_chance": SITE_ALPHA * len(sites),
+               "n_sites_significant_chance": SITE_ALPHA * int(np.isfinite(sites["permutation_p"]).sum()),
                **split_half_reliability(counts, n_splits=n_splits, seed=seed)}
     if "predicted_delta_auc" not in sites:
         return summary
@@ -128,7 +163,9 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
         basis = sites_r if np.isfinite(sites_r) else float(planned_r)
         expected, low, high = expected_correlation(basis, summary["noise_ceiling"], comparison["n_sites_compared"])
         summary.update({"expected_predicted_vs_observed_r": expected,
-                        "expected_predicted_vs_observed_r_95": [low, high]})
+                        "expected_predicted_vs_observed_r_95": [low, high],
+                        "expected_predicted_vs_observed_r_undefined_reason": expected_correlation_reason(
+                            basis, summary["noise_ceiling"], comparison["n_sites_compared"])})
     return summary
 
 
@@ -162,14 +199,15 @@ def save_analysis(analysis: Analysis, out_dir, sources=(), report: bool = True, 
     dataset = analysis.to_dataset()
     dataset.attrs["provenance_json"] = json.dumps(record, default=str)
     results.write("results.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
-    results.write("sites.csv", lambda tmp: analysis.sites.to_csv(tmp, index=False))
+    results.write_csv("sites.csv", analysis.sites)
     if report:
         from stimsim.analysis.report import build_report
 
         results.claim("report.html")
         results.claim("report.pdf")
         build_report(analysis, sources).write(results.directory)
-    results.write_json("summary.json", {**json_ready(analysis.summary), "provenance": record})
+    results.write_json("summary.json", naturally_ordered({**json_ready(analysis.summary), "provenance": record}),
+                       sort_keys=False)
     results.finish()
     return results.directory
 

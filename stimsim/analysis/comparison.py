@@ -41,18 +41,38 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
     return sites, summary
 
 
+def _checked_noise_ceiling(noise_ceiling: float) -> float:
+    """A noise ceiling is a reliability in (0, 1], or NaN when undefined (a split-half r <= 0)."""
+    noise_ceiling = float(noise_ceiling)
+    if not math.isnan(noise_ceiling) and not 0 < noise_ceiling <= 1:
+        raise ValueError(f"a noise ceiling is a reliability in (0, 1] or NaN (undefined), got {noise_ceiling}")
+    return noise_ceiling
+
+
 def expected_correlation(predicted_vs_true_r: float, noise_ceiling: float, n_sites: int,
                          ci: float = 0.95) -> tuple[float, float, float]:
     """What r(predicted, observed) should be if the plan correlates with the true effects at
     ``predicted_vs_true_r`` and the observed effects have reliability ``noise_ceiling``:
-    r·sqrt(reliability) (attenuation), with a Fisher-z interval for ``n_sites`` sites."""
-    if not (math.isfinite(predicted_vs_true_r) and math.isfinite(noise_ceiling)) or noise_ceiling <= 0 \
-            or n_sites < 4:
+    r·sqrt(reliability) (attenuation), with a Fisher-z interval for ``n_sites`` sites. NaN (all three)
+    when either is undefined (NaN) or there are fewer than 4 sites (:func:`expected_correlation_reason`)."""
+    noise_ceiling = _checked_noise_ceiling(noise_ceiling)
+    if expected_correlation_reason(predicted_vs_true_r, noise_ceiling, n_sites) is not None:
         return float("nan"), float("nan"), float("nan")
-    expected = predicted_vs_true_r * math.sqrt(min(noise_ceiling, 1.0))
+    expected = predicted_vs_true_r * math.sqrt(noise_ceiling)
     half_width = stats.norm.ppf((1 + ci) / 2) / math.sqrt(n_sites - 3)
     z = math.atanh(max(min(expected, 0.999999), -0.999999))
     return expected, math.tanh(z - half_width), math.tanh(z + half_width)
+
+
+def expected_correlation_reason(predicted_vs_true_r: float, noise_ceiling: float, n_sites: int) -> str | None:
+    """Why :func:`expected_correlation` has no value, or None when it has one."""
+    if not math.isfinite(noise_ceiling):
+        return "the noise ceiling is undefined (see noise_ceiling_undefined_reason)"
+    if not math.isfinite(predicted_vs_true_r):
+        return "the plan gives no predicted vs true r"
+    if n_sites < 4:
+        return f"{n_sites} sites compared; the interval needs at least 4"
+    return None
 
 
 def compare_predictions(predicted, observed, noise_ceiling: float = float("nan"), n_perm: int = 10000,
@@ -60,7 +80,9 @@ def compare_predictions(predicted, observed, noise_ceiling: float = float("nan")
     """Per-site predicted vs observed effects: Pearson r, its two-sided permutation p (scipy,
     pairings shuffled) and the 95 % interval of r under that null (chance), the slope of observed on
     predicted with its standard error, and r / sqrt(noise_ceiling). Sites where either is NaN are
-    left out."""
+    left out. ``noise_ceiled_r`` is NaN, with ``noise_ceiled_r_undefined_reason``, when the noise
+    ceiling is undefined (NaN) or r is."""
+    noise_ceiling = _checked_noise_ceiling(noise_ceiling)
     predicted = np.asarray(predicted, dtype=float)
     observed = np.asarray(observed, dtype=float)
     usable = np.isfinite(predicted) & np.isfinite(observed)
@@ -70,18 +92,23 @@ def compare_predictions(predicted, observed, noise_ceiling: float = float("nan")
         nan = float("nan")
         return {**result, "predicted_vs_observed_r": nan, "predicted_vs_observed_p": nan,
                 "predicted_vs_observed_permutation_p": nan, "predicted_vs_observed_r_null_95": [nan, nan],
-                "slope": nan, "slope_se": nan, "intercept": nan, "noise_ceiled_r": nan}
+                "slope": nan, "slope_se": nan, "intercept": nan, "noise_ceiled_r": nan,
+                "noise_ceiled_r_undefined_reason": f"no predicted vs observed r ({a.size} sites with both values "
+                                                   "and spread; at least 3 needed)"}
     r = stats.pearsonr(a, b)
     permutation = stats.permutation_test((a, b), lambda x, y, axis=-1: _pearson(x, y, axis), vectorized=True,
                                          n_resamples=n_perm, permutation_type="pairings",
                                          alternative="two-sided", random_state=seed)
     fit = stats.linregress(a, b)
-    ceiled = float(r.statistic / math.sqrt(noise_ceiling)) if noise_ceiling > 0 else float("nan")
+    defined = math.isfinite(noise_ceiling)
+    ceiled = float(r.statistic / math.sqrt(noise_ceiling)) if defined else float("nan")
     return {**result, "predicted_vs_observed_r": float(r.statistic), "predicted_vs_observed_p": float(r.pvalue),
             "predicted_vs_observed_permutation_p": float(permutation.pvalue),
             "predicted_vs_observed_r_null_95": np.quantile(permutation.null_distribution, [0.025, 0.975]).tolist(),
             "slope": float(fit.slope), "slope_se": float(fit.stderr), "intercept": float(fit.intercept),
-            "noise_ceiled_r": ceiled}
+            "noise_ceiled_r": ceiled,
+            "noise_ceiled_r_undefined_reason": None if defined else
+            "the noise ceiling is undefined (see noise_ceiling_undefined_reason)"}
 
 
 def _pearson(x, y, axis=-1):

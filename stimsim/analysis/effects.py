@@ -15,7 +15,8 @@ of its image sequence; every statistic below works on those counts:
 * A per-site permutation p of ΔAUC (stimulated/sham labels shuffled among the site's trials).
 * Across sites: Wilcoxon signed-rank test of the per-site ΔAUC against 0, Cohen's d (mean / SD), a
   sign-flip permutation test of the mean, and the split-half reliability of the per-site ΔAUC with the
-  Spearman–Brown correction (the noise ceiling of any correlation with them).
+  Spearman–Brown correction (the noise ceiling of any correlation with them; undefined when the
+  split-half r is not positive).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from scipy import stats
 from scipy.integrate import trapezoid
 
 from stimsim.analysis.sessions import SHAM
+from stimsim.ordering import natural_key
 
 #: Condition axis of the counts.
 CONDITIONS = ("sham", "stimulated")
@@ -70,7 +72,7 @@ def count_trials(sessions: pd.DataFrame) -> SiteCounts:
     if last_step < 1:
         raise ValueError("the sessions hold only step 0; a psychometric curve needs at least 2 steps")
     sites = sessions[["subject_id", "electrode"]].drop_duplicates().sort_values(
-        ["subject_id", "electrode"], key=lambda column: column.map(_natural_key)).reset_index(drop=True)
+        ["subject_id", "electrode"], key=lambda column: column.map(natural_key)).reset_index(drop=True)
     site_index = pd.MultiIndex.from_frame(sites).get_indexer(
         pd.MultiIndex.from_frame(sessions[["subject_id", "electrode"]]))
     condition = (sessions["stimulated_electrode"].to_numpy() != SHAM).astype(int)
@@ -88,11 +90,6 @@ def count_trials(sessions: pd.DataFrame) -> SiteCounts:
         current = current_sum / n[:, 1].sum(axis=1)
     return SiteCounts(sites["subject_id"].to_numpy(dtype=object), sites["electrode"].to_numpy(dtype=object),
                       np.arange(last_step + 1), n, n_high, current)
-
-
-def _natural_key(value):
-    text = str(value)
-    return (0, int(text), "") if text.isdigit() else (1, 0, text)
 
 
 def delta_auc_of_counts(n_high, n, positions) -> np.ndarray:
@@ -120,6 +117,7 @@ def site_effects(counts: SiteCounts, n_boot: int = 1000, n_perm: int = 1000, ci:
         "n_sham": counts.n[:, 0].sum(axis=1), "n_stimulated": counts.n[:, 1].sum(axis=1),
         "n_empty_cells": (counts.n == 0).sum(axis=(1, 2)), "current_uA": counts.current_uA,
         "delta_auc": delta_auc_of_counts(counts.n_high, counts.n, x),
+        "delta_auc_missing_reason": [missing_cells_reason(n, counts.steps) for n in counts.n],
     })
 
     # Bootstrap: the "high" count of every (site, condition, step) cell resampled as Binomial(n, k/n).
@@ -136,13 +134,28 @@ def site_effects(counts: SiteCounts, n_boot: int = 1000, n_perm: int = 1000, ci:
     table["shift_steps"] = glm["c"] / glm["b"] * last_step
     table["shift_steps_se"] = glm["shift_se"] * last_step
     boot_theta = fit_grouped_logistic(boot_high, counts.n, x)
-    boot_shift = boot_theta[..., 2] / boot_theta[..., 1] * last_step
+    with np.errstate(invalid="ignore", divide="ignore"):  # a site without one condition has no fit
+        boot_shift = boot_theta[..., 2] / boot_theta[..., 1] * last_step
     boot_shift[~(boot_theta[..., 1] > 0)] = np.nan  # no midpoint without a rising curve
     table["shift_steps_low"], table["shift_steps_high"] = _percentile_interval(boot_shift, quantiles)
     table["shift_boot_failed_fraction"] = np.mean(~np.isfinite(boot_shift), axis=0)
     if sessions is not None:
         table["permutation_p"] = _site_permutation_p(sessions, counts, n_perm, seed)
     return table
+
+
+def missing_cells_reason(n: np.ndarray, steps: np.ndarray) -> str:
+    """Why a site has no ΔAUC, from its trial counts ``n`` (2, n_steps; condition 0 = sham): the
+    conditions and steps without a trial (a curve needs every step); "" when every cell has trials."""
+    reasons = []
+    for condition, name in enumerate(CONDITIONS):
+        empty = steps[n[condition] == 0]
+        if empty.size == steps.size:
+            reasons.append(f"no {name} trials")
+        elif empty.size:
+            reasons.append(f"no {name} trial at step{'s' if empty.size > 1 else ''} "
+                           f"{', '.join(str(int(step)) for step in empty)}")
+    return "; ".join(reasons)
 
 
 def _percentile_interval(resampled: np.ndarray, quantiles) -> tuple[np.ndarray, np.ndarray]:
@@ -259,17 +272,43 @@ def across_sites(effects, n_perm: int = 10000, seed: int = 0) -> dict:
 
 
 def spearman_brown(r, factor: float = 2.0):
-    """Reliability of a measure ``factor`` times as long: factor·r / (1 + (factor − 1)·r)."""
+    """Reliability of a measure ``factor`` times as long: factor·r / (1 + (factor − 1)·r)
+    (Spearman 1910; Brown 1910). A reliability (true-score variance over total variance) is never
+    negative, so a negative ``r`` has no prediction: NaN there (and for NaN); ``r`` above 1 is an error."""
     r = np.asarray(r, dtype=float)
-    result = factor * r / (1.0 + (factor - 1.0) * r)
+    if np.any(r > 1):
+        raise ValueError(f"a correlation lies in [-1, 1], got {r[r > 1].tolist()}")
+    if factor <= 0:
+        raise ValueError(f"factor must be > 0, got {factor}")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        result = np.where(r >= 0, factor * r / (1.0 + (factor - 1.0) * r), np.nan)
     return float(result) if result.ndim == 0 else result
+
+
+def noise_ceiling_of(split_half_r: float) -> tuple[float, str | None]:
+    """The noise ceiling (Spearman–Brown corrected split-half r) and, when it is undefined (NaN), why.
+
+    A split-half r ≤ 0 estimates no reliability: the per-site effects are not reliable at this trial
+    count (their between-site spread is lost in the trial noise), and 2r/(1 + r) would be no
+    reliability (negative, and −∞ as r → −1). It is reported as undefined, not clamped to 0."""
+    if not np.isfinite(split_half_r):
+        return float("nan"), ("no split-half r: fewer than 3 sites have a ΔAUC in both halves of a split "
+                              "(too few trials per step and condition)")
+    if split_half_r <= 0:
+        return float("nan"), (f"split-half r = {split_half_r:.3g} <= 0: the per-site ΔAUC are not reliable at "
+                              "this trial count, and the Spearman–Brown correction 2r/(1+r) is defined only for "
+                              "a positive reliability")
+    return spearman_brown(split_half_r), None
 
 
 def split_half_reliability(counts: SiteCounts, n_splits: int = 100, seed: int = 0) -> dict:
     """Split-half reliability of the per-site ΔAUC: every (site, condition, step) cell's trials are
     split at random into two halves (the "high" count of a half is hypergeometric), ΔAUC is computed
     on each half, and the Pearson r across sites between the halves is averaged over ``n_splits``
-    splits; ``noise_ceiling`` is its Spearman–Brown correction to the full number of trials."""
+    splits (``split_half_r``; the result's ``n_splits`` counts the splits where at least 3 sites have a
+    ΔAUC in both halves, ``split_half_mean_sites`` of them on average); ``noise_ceiling`` is its Spearman–Brown
+    correction to the full number of trials, NaN with ``noise_ceiling_undefined_reason`` when the
+    split-half r is not positive (:func:`noise_ceiling_of`)."""
     if n_splits < 1:
         raise ValueError(f"n_splits must be >= 1, got {n_splits}")
     x = counts.positions
@@ -279,11 +318,13 @@ def split_half_reliability(counts: SiteCounts, n_splits: int = 100, seed: int = 
                                     np.broadcast_to(counts.n - counts.n_high, n_first.shape), n_first)
     first = delta_auc_of_counts(high_first, n_first, x)
     second = delta_auc_of_counts(counts.n_high - high_first, counts.n - n_first, x)
-    correlations = []
+    correlations, n_sites = [], []
     for a, b in zip(first, second):
         usable = np.isfinite(a) & np.isfinite(b)
         if usable.sum() >= 3 and np.ptp(a[usable]) > 0 and np.ptp(b[usable]) > 0:
             correlations.append(stats.pearsonr(a[usable], b[usable]).statistic)
+            n_sites.append(int(usable.sum()))
     split_half_r = float(np.mean(correlations)) if correlations else float("nan")
-    return {"split_half_r": split_half_r, "noise_ceiling": spearman_brown(split_half_r),
-            "n_splits": len(correlations)}
+    noise_ceiling, reason = noise_ceiling_of(split_half_r)
+    return {"split_half_r": split_half_r, "noise_ceiling": noise_ceiling, "noise_ceiling_undefined_reason": reason,
+            "n_splits": len(correlations), "split_half_mean_sites": float(np.mean(n_sites)) if n_sites else 0.0}

@@ -255,8 +255,8 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     results.claim("report.html")
     results.claim("report.pdf")
     report.write(results.directory)
-    results.write("power_curve.csv", lambda tmp: curve.to_csv(tmp, index=False))
-    results.write("power_sites.csv", lambda tmp: sites.to_csv(tmp, index=False))
+    results.write_csv("power_curve.csv", curve)
+    results.write_csv("power_sites.csv", sites)
     results.write_json("summary.json", {**json_ready(summary), "provenance": provenance(parameters)})
     results.finish()
     return summary

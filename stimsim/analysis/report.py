@@ -5,11 +5,14 @@ from __future__ import annotations
 import pandas as pd
 
 from stimsim.analysis import figures
+from stimsim.ordering import natural_key
 from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
 
 #: Scores of the summary table: (key, meaning, chance level or baseline key / value).
 _SCORES = (
-    ("n_sites", "sites (subject × electrode)", None),
+    ("n_sites_recorded", "sites recorded (subject × electrode)", None),
+    ("n_sites", "sites with a ΔAUC (in the statistics across sites)", None),
+    ("n_sites_without_effect", "sites without a ΔAUC (a step without trials; see the warnings)", None),
     ("n_trials", "trials", None),
     ("mean_shift", "mean ΔAUC across sites (stimulated − sham)", "mean_shift_chance"),
     ("wilcoxon_p", "Wilcoxon signed-rank p of ΔAUC across sites (two-sided)", None),
@@ -18,7 +21,8 @@ _SCORES = (
     ("mean_psychometric_shift_steps", "mean psychometric shift (steps; > 0 towards 'high')", 0.0),
     ("n_sites_significant", "sites with a per-site permutation p < 0.05", "n_sites_significant_chance"),
     ("split_half_r", "split-half r of per-site ΔAUC", 0.0),
-    ("noise_ceiling", "noise ceiling (Spearman–Brown corrected split-half r)", None),
+    ("split_half_mean_sites", "sites with a ΔAUC in both halves (mean over splits)", None),
+    ("noise_ceiling", "noise ceiling (Spearman–Brown corrected split-half r; undefined when that r ≤ 0)", None),
     ("predicted_vs_observed_r", "Pearson r, predicted vs observed ΔAUC", "predicted_vs_observed_r_null_95"),
     ("permutation_p", "permutation p of that r (two-sided)", None),
     ("noise_ceiled_r", "r / sqrt(noise ceiling)", None),
@@ -36,20 +40,35 @@ def _score_table(summary: dict) -> Table:
         if key not in summary:
             continue
         reference = summary.get(baseline) if isinstance(baseline, str) else baseline
-        rows.append((key, meaning, summary[key], reference))
+        value = "undefined (see the notes)" if summary.get(f"{key}_undefined_reason") else summary[key]
+        rows.append((key, meaning, value, reference))
     return Table(("statistic", "meaning", "value", "chance / baseline"), tuple(rows), digits=3)
+
+
+def _notes(summary: dict) -> list[Paragraph]:
+    """The analysis's warnings, and why each undefined score is undefined."""
+    notes = [Paragraph(f"Warning: {message}") for message in summary.get("warnings", ())]
+    notes += [Paragraph(f"{key[:-len('_undefined_reason')]} undefined: {reason}.")
+              for key, reason in summary.items() if key.endswith("_undefined_reason") and reason
+              and key != "noise_ceiling_undefined_reason"]
+    return notes
 
 
 def build_report(analysis, sources=()) -> Report:
     """A :class:`~stimsim.report.Report` of an :class:`~stimsim.analysis.analyze.Analysis`."""
     summary, sites = analysis.summary, analysis.sites
-    sessions = analysis.sessions.groupby(["subject_id", "session_id"], sort=True).agg(
+    sessions = analysis.sessions.groupby(["subject_id", "session_id"], sort=False).agg(
         trials=("row", "size"), sites=("electrode", "nunique"),
         stimulated=("stimulated_electrode", lambda column: int((column != "sham").sum())),
-        file=("file", "first")).reset_index()
+        file=("file", "first")).reset_index().sort_values(["subject_id", "session_id"],
+                                                          key=lambda column: column.map(natural_key))
+    without = summary["n_sites_recorded"] - summary["n_sites"]
     overview = [Paragraph(f"{summary['n_trials']} trials from {summary['n_sessions']} session(s) of "
-                          f"{summary['n_subjects']} subject(s), {summary['n_sites']} sites, "
-                          f"{summary['n_steps']} steps per sequence."),
+                          f"{summary['n_subjects']} subject(s), {summary['n_sites_recorded']} sites recorded, "
+                          f"{summary['n_sites']} with a ΔAUC"
+                          + (f" ({without} without: a step with no trial in a condition; see below)" if without else "")
+                          + f", {summary['n_steps']} steps per sequence."),
+                *[Paragraph(f"Warning: {message}") for message in summary.get("warnings", ())],
                 Table.from_dataframe(sessions, caption="Sessions"),
                 Image(figure_png(figures.plot_overview(analysis)),
                       caption="Trials per site and condition; P('high') per step, all sites pooled.")]
@@ -58,16 +77,20 @@ def build_report(analysis, sources=()) -> Report:
         "stim_logodds", "stim_logodds_se", "permutation_p"]
     if "predicted_delta_auc" in sites:
         site_columns.append("predicted_delta_auc")
+    if (sites["delta_auc_missing_reason"] != "").any():
+        site_columns.append("delta_auc_missing_reason")
     ci = round(100 * summary["ci"])
+    by_effect = sites[site_columns].sort_values("delta_auc", key=abs, ascending=False, kind="stable")
     effects = [Image(figure_png(figures.plot_site_effects(analysis)),
                      caption=f"ΔAUC per site with {ci} % bootstrap intervals (trials resampled within each "
                              f"condition and step)."),
-               Table.from_dataframe(sites[site_columns].sort_values("delta_auc", key=abs, ascending=False),
+               Table.from_dataframe(by_effect,
                                     caption="Per-site effects (sorted by |ΔAUC|); stim_logodds: stimulation term of "
                                             "the per-site logistic regression with its standard error and Wald p.")]
     sections = [Section("Summary", [Paragraph("Per-site stimulation effects, stimulated against interleaved sham "
                                               "trials; statistics across sites; every score beside its chance "
-                                              "level or baseline."), _score_table(summary)]),
+                                              "level or baseline."), _score_table(summary),
+                                   *_notes(summary)]),
                 Section("Session overview", overview),
                 Section("Per-site effects", effects),
                 Section("Psychometric curves of the top sites",
@@ -86,8 +109,9 @@ def build_report(analysis, sources=()) -> Report:
                       "correlates with the true effects at r should reach about r·sqrt(ρ) here.")]))
     if "per_subject" in summary:
         per_subject = pd.DataFrame([{"subject_id": subject, **{key: values.get(key) for key in (
-            "n_sites", "mean_shift", "wilcoxon_p", "cohens_d", "noise_ceiling", "predicted_vs_observed_r",
-            "permutation_p", "slope") if key in values}} for subject, values in summary["per_subject"].items()])
+            "n_sites_recorded", "n_sites", "mean_shift", "wilcoxon_p", "cohens_d", "split_half_r", "noise_ceiling",
+            "predicted_vs_observed_r", "permutation_p", "slope") if key in values}}
+            for subject, values in sorted(summary["per_subject"].items(), key=lambda item: natural_key(item[0]))])
         sections.append(Section("Per subject", [Table.from_dataframe(per_subject)]))
     return Report("Analysis of recorded stimulation sessions", sections=sections,
                   subtitle=", ".join(str(path) for path in sources),

@@ -1,0 +1,33 @@
+"""Natural order of identifiers for people: numbers inside ids compare as numbers, so electrode "3"
+comes before "10" and "elec2" before "elec10".
+
+>>> sorted(["10", "3", "b", "a2", "a10"], key=natural_key)
+['3', '10', 'a2', 'a10', 'b']
+"""
+from __future__ import annotations
+
+import re
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(value) -> tuple:
+    """Sort key of ``value``'s text: runs of digits as integers, the rest as text (text parts and
+    number parts alternate, starting with text, so any two keys compare)."""
+    parts = _DIGITS.split(str(value))
+    return tuple(int(part) if i % 2 else part for i, part in enumerate(parts))
+
+
+def natural_sorted(values) -> list:
+    """``values`` sorted by :func:`natural_key`."""
+    return sorted(values, key=natural_key)
+
+
+def naturally_ordered(record):
+    """``record`` with the keys of every dict (recursively) in natural order, for JSON written
+    without ``sort_keys`` (which would put "10" before "3")."""
+    if isinstance(record, dict):
+        return {key: naturally_ordered(record[key]) for key in sorted(record, key=natural_key)}
+    if isinstance(record, (list, tuple)):
+        return [naturally_ordered(item) for item in record]
+    return record
