@@ -123,7 +123,8 @@ def _cmd_plan(args) -> int:
         shown["validation"] = {key: summary["validation"][key] for key in
                                ("predicted_vs_true_r", "predicted_vs_true_r_per_pose", "random_pose_r_p95")}
     print(json.dumps(shown, indent=2))
-    print(f"plan written to {args.out}: report.html, report.pdf, sites.csv, plan.nc, summary.json, config.json")
+    report_phase(f"plan written to {args.out}: report.html, report.pdf, sites.csv, plan.nc, summary.json, "
+                 "config.json")
     return 0
 
 
@@ -180,7 +181,7 @@ def _cmd_analyze(args) -> int:
     keys = ("n_sites_recorded", "n_sites", "n_trials", "mean_shift", "wilcoxon_p", "cohens_d", "split_half_r",
             "noise_ceiling", "noise_ceiling_undefined_reason", "predicted_vs_observed_r", "permutation_p", "slope")
     print(json.dumps(json_ready({key: analysis.summary[key] for key in keys if key in analysis.summary}), indent=2))
-    print(f"report, results.nc and summary.json in {args.out}")
+    report_phase(f"report, results.nc and summary.json in {args.out}")
     return 0
 
 
@@ -373,6 +374,11 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"stimsim: warning: {text}", file=file or sys.stderr, flush=True)
 
 
+#: Commands that resume where an interrupted run of the same command stopped (training checkpoints, the
+#: simulation store, the plan's phase cache).
+RESUMABLE = (_cmd_train, _cmd_run, _cmd_plan)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     previous = warnings.showwarning
@@ -383,6 +389,10 @@ def main(argv=None) -> int:
     except (StimsimError, FileNotFoundError) as exc:
         print(f"stimsim: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        resume = "; run the same command again to resume" if args.handler in RESUMABLE else ""
+        print(f"stimsim: interrupted{resume}", file=sys.stderr)
+        return 130
     finally:
         warnings.showwarning = previous
 

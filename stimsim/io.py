@@ -143,13 +143,18 @@ class ResultSet:
     recognisable as stimsim's; :meth:`write` and :meth:`write_json` claim and write in one call;
     :meth:`finish` removes the files of an older set that this one did not write, and writes the
     manifest with the sha256 of every file last. Until then the directory holds no complete set.
+    Used as a context manager (``with ResultSet(...) as results:``), a run that fails before it wrote
+    any file of the set leaves the directory as it found it (:meth:`abandon`).
     """
 
     def __init__(self, directory, kind: str, keep: tuple[str, ...] = (), force: bool = False):
         directory = _checked_output_path(directory)
         self.directory, self.kind, self.keep = directory, kind, tuple(keep)
-        previous = _read_manifest(directory) if (directory / RESULT_SET_FILE).is_file() else None
+        manifest = directory / RESULT_SET_FILE
+        previous = _read_manifest(directory) if manifest.is_file() else None
         self._previous = set(previous["files"]) if previous else set()
+        self._previous_manifest = manifest.read_bytes() if previous else None
+        self._created = _missing_directories(directory)
         if directory.is_dir():
             foreign = sorted(entry.name for entry in directory.iterdir()
                              if entry.name not in self._previous | set(self.keep) | {RESULT_SET_FILE}
@@ -196,6 +201,32 @@ class ResultSet:
         self._write_manifest(complete=True)
         return self.directory / RESULT_SET_FILE
 
+    def abandon(self) -> None:
+        """Undo what this set did to its directory when the run fails before writing any file of it:
+        the older set's manifest is put back (or the new manifest removed), and the directories this set
+        created are removed if nothing else is in them (e.g. a resumable store the run began is kept).
+        Once a file of the set was claimed, nothing is undone."""
+        if self._claimed:
+            return
+        manifest = self.directory / RESULT_SET_FILE
+        if self._previous_manifest is not None:
+            atomic_write_bytes(manifest, self._previous_manifest)
+        else:
+            manifest.unlink(missing_ok=True)
+        for directory in self._created:  # deepest first
+            try:
+                directory.rmdir()
+            except OSError:  # not empty: it holds something the run kept
+                return
+
+    def __enter__(self) -> "ResultSet":
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        if exc_type is not None:
+            self.abandon()
+        return False
+
     def _write_manifest(self, complete: bool) -> None:
         if complete:
             files = {name: sha256_of(self.directory / name) for name in sorted(self._claimed)}
@@ -212,6 +243,15 @@ def _checked_output_path(directory) -> Path:
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"output directory {directory} is a file, not a directory")
     return directory
+
+
+def _missing_directories(directory: Path) -> list[Path]:
+    """``directory`` and those of its parents that do not exist yet, deepest first."""
+    missing, path = [], directory.absolute()
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    return missing
 
 
 def check_output_dir(directory) -> Path:

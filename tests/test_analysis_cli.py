@@ -68,6 +68,9 @@ def test_analyze_reads_a_lab_file_through_a_toml_column_mapping(tmp_path, capsys
     out = tmp_path / "analysis"
     assert main(["analyze", str(session), "--columns", str(mapping), "--out", str(out), "--boot", "20", "--perm", "20",
                  "--splits", "5"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["n_trials"] == 420  # stdout holds only the JSON summary
+    assert f"stimsim: report, results.nc and summary.json in {out}" in captured.err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_trials"] == 420 and summary["n_sites"] == 3
     assert json.loads((out / "summary.json").read_text())["provenance"]["config"]["columns"] == LAB_MAPPING

@@ -73,3 +73,27 @@ def test_unavailable_device_and_bad_scheduler_are_user_errors(tmp_path, capsys):
         assert main(["run", experiment, "--out", str(tmp_path), "--device", "cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("argv, module, function, resumes", [
+    (["run", "experiment.toml", "--out", "out"], "stimsim.paradigms.runner", "run_experiment", True),
+    (["plan", "plan.toml", "--out", "out"], "stimsim.planning.plan", "run_plan", True),
+    (["train", str(REPO / "experiments" / "train_stimsim_topo_seed0.toml"), "--out", "out"], "stimsim.training.loop",
+     "train", True),
+    (["analyze", "session.csv", "--out", "out"], "stimsim.analysis.analyze", "run_analysis", False),
+], ids=lambda value: value[0] if isinstance(value, list) else None)
+def test_an_interrupt_is_one_line_and_exit_code_130(argv, module, function, resumes, tmp_path, monkeypatch, capsys):
+    import importlib
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(importlib.import_module(module), function, interrupted)
+    assert main(argv) == 130
+    captured = capsys.readouterr()
+    expected = "stimsim: interrupted; run the same command again to resume" if resumes else "stimsim: interrupted"
+    assert captured.err == expected + "\n" and captured.out == ""

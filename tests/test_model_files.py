@@ -136,7 +136,6 @@ def test_a_layer_that_a_skip_connection_passes_around_is_a_config_error():
 
 def test_data_manifests_are_package_data():
     """A wheel carries the manifests inside the package (the repository keeps them at the top level)."""
-    import configparser
     from importlib.resources import files
     from pathlib import Path
 
@@ -147,9 +146,35 @@ def test_data_manifests_are_package_data():
     assert Path(str(manifest_dir())) == Path(str(packaged))
     assert sorted(p.name for p in Path(str(packaged)).glob("*.json")) == \
         sorted(p.name for p in (repo / "data_manifests").glob("*.json"))
-    setup = configparser.ConfigParser()
-    setup.read(repo / "setup.cfg")
-    assert "data_manifests/*.json" in setup["options.package_data"]["stimsim"]
+
+
+def test_every_data_file_is_package_data_of_a_declared_package():
+    """Each file the package needs besides its modules (templates, manifests, shipped models, schema) lies in a
+    package setup.cfg declares and matches that package's package_data; a data folder missing from the packages
+    is what makes setuptools warn "Package ... is absent from the `packages` configuration"."""
+    import os
+    from fnmatch import fnmatch
+    from pathlib import Path
+
+    from setuptools.config.setupcfg import read_configuration
+
+    repo = Path(__file__).resolve().parents[1]
+    options = read_configuration(repo / "setup.cfg")["options"]
+    packages, package_data = set(options["packages"]), options["package_data"]
+    data_files = [Path(folder) / name for folder, _, names in os.walk(repo / "stimsim", followlinks=True)
+                  for name in names if Path(name).suffix not in (".py", ".pyc") and "__pycache__" not in folder]
+    folders = {path.parent.relative_to(repo) for path in data_files}
+    assert {Path("stimsim/report/templates"), Path("stimsim/data_manifests")} <= folders
+    for path in data_files:
+        parts = path.relative_to(repo).parts
+        owners = [".".join(parts[:n]) for n in range(len(parts) - 1, 0, -1) if ".".join(parts[:n]) in packages]
+        assert owners, f"{path} lies in no declared package"
+        inside = "/".join(parts[len(owners[0].split(".")):])
+        assert any(fnmatch(inside, pattern) and inside.count("/") == pattern.count("/")
+                   for pattern in package_data.get(owners[0], [])), f"{path} is not package data of {owners[0]}"
+        identifier_folders = [".".join(parts[:n]) for n in range(1, len(parts)) if parts[n - 1].isidentifier()
+                              and all(part.isidentifier() for part in parts[:n])]
+        assert set(identifier_folders) <= packages, f"{path}: folders {identifier_folders} are not all packages"
 
 
 def test_models_check_takes_any_labelled_stimulus_set(saved, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Outputs: result sets written as one, files that follow the umask, --out checks, relative paths."""
 import json
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -241,6 +242,52 @@ def test_cli_keeps_foreign_files_unless_forced(experiment_dir, elsewhere, capsys
                         "--force", "--threads", "1")
     assert code == 0 and json.loads(out)["n_sites"] == 2
     assert (elsewhere / "out" / "sites.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("stimulus_set, message", [
+    ('{ source = "folder", path = "no_such_images" }', r"\[stimuli\] sets\[0\] path: stimulus folder not found: "),
+    ('{ source = "folder", dir = "images" }', r"\[stimuli\] sets\[0\]: stimulus source 'folder': unknown key"),
+])
+def test_bad_stimuli_name_the_field_and_leave_no_out_behind(experiment_dir, elsewhere, capsys, stimulus_set,
+                                                            message):
+    text = (experiment_dir / "seed0.toml").read_text().replace(
+        '{ source = "table", path = "images/table.csv" }', stimulus_set)
+    bad = experiment_dir / "bad_stimuli.toml"
+    bad.write_text(text)
+    code, _, err = _cli(capsys, "run", str(bad), "--out", "new/out", "--no-progress")
+    assert code == 2 and err.startswith("stimsim: error: ") and "Traceback" not in err
+    assert re.search(r"bad_stimuli\.toml " + message, err), err
+    assert not any(elsewhere.iterdir())  # neither new/ nor new/out/
+    (elsewhere / "mine").mkdir()  # a directory the user made stays, as it was
+    code, _, _ = _cli(capsys, "run", str(bad), "--out", "mine", "--no-progress")
+    assert code == 2 and (elsewhere / "mine").is_dir() and not any((elsewhere / "mine").iterdir())
+
+
+def test_a_failed_rerun_keeps_the_finished_set(experiment_dir, elsewhere, capsys):
+    first = run_experiment(experiment_dir / "seed0.toml", "out", progress=False, figures=False)
+    text = (experiment_dir / "seed0.toml").read_text().replace('path = "images/table.csv"', 'path = "nowhere.csv"')
+    bad = experiment_dir / "no_table.toml"
+    bad.write_text(text)
+    code, _, err = _cli(capsys, "run", str(bad), "--out", "out", "--no-progress")
+    assert code == 2 and "no_table.toml [stimuli] sets[0]" in err
+    assert load_results(elsewhere / "out")[1] == first  # still complete, still loadable
+    assert (elsewhere / "out" / "simulation_store").is_dir()  # the store to resume from is kept
+
+
+def test_a_run_interrupted_during_its_simulation_keeps_its_store(experiment_dir, elsewhere, monkeypatch):
+    from stimsim import engine
+
+    real = engine._write_chunk
+
+    def interrupt_after_a_chunk(*args):
+        real(*args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "_write_chunk", interrupt_after_a_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(experiment_dir / "seed0.toml", "fresh", progress=False, figures=False)
+    store = elsewhere / "fresh" / "simulation_store"
+    assert (store / "store.json").is_file() and len(list(store.glob("chunk*"))) == 1
 
 
 def test_cli_warnings_are_one_line_and_phases_are_reported(experiment_dir, elsewhere, capsys):

@@ -191,6 +191,18 @@ def test_plan_resumes_and_refuses_another_configuration(plan_dir, tmp_path):
         run_plan(other, out, progress=False)
 
 
+def test_plan_prints_only_its_json_on_stdout_and_says_what_it_reuses(plan_dir, capsys):
+    config, out = plan_dir
+    assert main(["plan", str(config), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    shown = json.loads(captured.out)  # `stimsim plan ... > plan.json` is valid JSON
+    assert shown["chosen_electrodes"] == json.loads((out / "summary.json").read_text())["chosen_electrodes"]
+    assert f"stimsim: plan: reusing the virtual subject in {out / 'subject'}" in captured.err
+    for phase in ("mapping", "sequences", "rehearsal_stimsim-topo-s0", "truth"):
+        assert f"stimsim: plan: reusing cached {phase} from {out / 'cache'}" in captured.err
+    assert f"stimsim: plan written to {out}: " in captured.err
+
+
 def test_a_killed_plan_resumes_from_its_finished_phases(plan_dir, tmp_path):
     """Kill a plan (SIGKILL, nothing flushed) once its mapping phase is cached; the resumed plan keeps that phase's
     file as it was and ends with the same plan as the uninterrupted one."""
@@ -264,7 +276,9 @@ def test_unsafe_protocol_stops_the_plan_naming_the_limit(tmp_path, capsys):
         run_plan(config, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()  # refused before anything was written
     assert main(["plan", str(config), "--out", str(tmp_path / "out")]) == 2
-    assert "stimsim: error:" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert error.startswith(f"stimsim: error: {config} [stimulation] current_uA = 300, pulse_width_ms = 0.2: ")
+    assert "max_shannon_k = 1.85" in error and not (tmp_path / "out").exists()
 
 
 def test_unknown_broken_electrode_names_the_file(tmp_path):

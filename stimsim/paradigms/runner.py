@@ -71,7 +71,9 @@ RESULTS_FILE, SUMMARY_FILE, CONFIG_FILE, DECODER_FILE = "results.nc", "summary.j
 def run_experiment(experiment, out_dir, model=None, progress: bool = True, figures: bool = True,
                    force: bool = False, device="cpu", scheduler=None) -> dict:
     """Run an experiment and write its results into ``out_dir`` as one result set
-    (:class:`stimsim.io.ResultSet`); returns the summary.
+    (:class:`stimsim.io.ResultSet`); returns the summary. A run that fails before writing any result
+    leaves ``out_dir`` as it found it (a directory it made is removed, unless it holds the simulation
+    store of a run to resume).
 
     The unperturbed activity of the stimulated layer is kept in the stimsim cache
     (:mod:`stimsim.activation_cache`): another run on the same model and images skips that forward pass.
@@ -95,7 +97,13 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
     if isinstance(model, (str, Path)):
         spec = spec.with_model(str(model))
-    results = ResultSet(out_dir, "experiment run", keep=(STORE_DIRNAME,), force=force)
+    with ResultSet(out_dir, "experiment run", keep=(STORE_DIRNAME,), force=force) as results:
+        return _run_into(results, spec, model, progress, figures, device, scheduler)
+
+
+def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, figures: bool, device,
+              scheduler) -> dict:
+    """The body of :func:`run_experiment` once its result set is open: inputs, simulation, outputs."""
     out_dir = results.directory
     topo, model_record = _load_model(spec, model)
     topo.to(device)
@@ -247,6 +255,8 @@ def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
             loaded = load_stimulus_source(params)
         except (ConfigError, ValueError, TypeError) as exc:
             raise ConfigError(f"{where} sets[{index}]: {exc}") from None
+        except FileNotFoundError as exc:  # a folder or table named by the set's path
+            raise ConfigError(f"{where} sets[{index}] path: {exc}") from None
         if heldout_only:
             if not held:
                 message = (f"{where} sets[{index}] ({loaded.name}): heldout_only requested but model "

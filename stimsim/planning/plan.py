@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from stimsim.errors import ConfigError, StimsimError
+from stimsim.errors import ConfigError, SafetyError, StimsimError
 from stimsim.hashing import sha256_of
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance
 from stimsim.paradigms.sequence_2afc import fit_readouts
@@ -37,6 +37,7 @@ from stimsim.planning.config import PlanConfig, load_plan_config
 from stimsim.planning.face_task import face_rehearsal, face_trials
 from stimsim.planning.rehearsal import rehearse
 from stimsim.planning.selection import check_broken, choose_sites
+from stimsim.progress import report_phase
 from stimsim.sequences import build_sequences, excursion_warning, pooling_matrix
 from stimsim.stimulation import enforce
 from stimsim.stimulation.safety import charge_per_phase_nC
@@ -45,10 +46,12 @@ IT = "IT"
 
 
 class PhaseCache:
-    """Finished phases as files in ``DIR/cache``; a cache of another configuration is an error."""
+    """Finished phases as files in ``DIR/cache``; a cache of another configuration is an error. A phase taken
+    from the cache is reported on stderr when ``progress`` is true."""
 
-    def __init__(self, out_dir: Path, digest: str):
+    def __init__(self, out_dir: Path, digest: str, progress: bool = False):
         self.dir = out_dir / "cache"
+        self.progress = progress
         self.dir.mkdir(parents=True, exist_ok=True)
         stamp = self.dir / "config_digest.txt"
         if stamp.is_file() and stamp.read_text().strip() != digest:
@@ -59,6 +62,7 @@ class PhaseCache:
     def json(self, name: str, compute):
         path = self.dir / f"{name}.json"
         if path.is_file():
+            self._report_reuse(name)
             return json.loads(path.read_text())
         value = compute()
         atomic_write_json(path, value)
@@ -67,11 +71,15 @@ class PhaseCache:
     def arrays(self, name: str, compute) -> dict:
         path = self.dir / f"{name}.npz"
         if path.is_file():
+            self._report_reuse(name)
             with np.load(path, allow_pickle=False) as archive:
                 return {key: archive[key] for key in archive.files}
         value = compute()
         atomic_save(path, lambda tmp: np.savez(tmp, **value))
         return value
+
+    def _report_reuse(self, name: str) -> None:
+        report_phase(f"plan: reusing cached {name} from {self.dir}", self.progress)
 
 
 def model_checksums(name: str) -> dict:
@@ -86,7 +94,11 @@ def _stimulation_report(config: PlanConfig) -> dict:
     from stimsim.planning.rehearsal import stimulation_at
 
     stim = stimulation_at((0.0, 0.0), config.stimulation)
-    report = enforce(stim, config.safety, override=config.safety_override)
+    try:
+        report = enforce(stim, config.safety, override=config.safety_override)
+    except SafetyError as exc:
+        raise SafetyError(f"{config.path} [stimulation] current_uA = {stim.current_uA:g}, pulse_width_ms = "
+                          f"{stim.pulse_width_ms:g}: {exc}") from None
     return report.to_dict()
 
 
@@ -109,8 +121,7 @@ class PlanInputs:
             else:
                 self.subject_dir = out_dir / "subject"
                 if not (self.subject_dir / "truth.json").is_file():
-                    if progress:
-                        print("plan: making the virtual subject and its recordings", flush=True)
+                    report_phase("plan: making the virtual subject and its recordings", progress)
                     subject = VirtualSubject.from_file(config.subject_config)
                     if subject_seed is not None:
                         from stimsim.config import load_toml
@@ -122,6 +133,8 @@ class PlanInputs:
                         subject.config_dir = config.subject_config.parent
                     subject.model.to(device)
                     subject.save(self.subject_dir)
+                else:
+                    report_phase(f"plan: reusing the virtual subject in {self.subject_dir}", progress)
             recordings = load_recordings(self.subject_dir / "recordings.nc")
             self.images = read_stimuli_npz(self.subject_dir / "stimuli.npz")
         else:
@@ -162,14 +175,12 @@ def _mapping_phase(config: PlanConfig, inputs: PlanInputs, models: dict, progres
     if len(working) < 3:
         raise ConfigError(f"{config.path} [array]: only {len(working)} electrode(s) are working (not broken, split-half "
                           f"reliability >= min_reliability = {config.min_reliability}); at least 3 are needed")
-    if progress:
-        print(f"plan: model selection over {len(models)} candidate(s), {config.n_folds}-fold ridge", flush=True)
+    report_phase(f"plan: model selection over {len(models)} candidate(s), {config.n_folds}-fold ridge", progress)
     table, scores = select_model(inputs.per_image.sel(electrode=working), models, inputs.images,
                                  n_folds=config.n_folds, seed=config.seed)
     registrations, bootstraps = {}, {}
     for name, model in models.items():
-        if progress:
-            print(f"plan: registering the array on {name}", flush=True)
+        report_phase(f"plan: registering the array on {name}", progress)
         try:  # one pooled sheet per model for the fit and its bootstrap
             problem = RegistrationProblem(inputs.per_image, model, inputs.images, inputs.layout,
                                           RegistrationSettings(allow_scale=config.allow_scale), working)
@@ -249,7 +260,7 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
     created = not Path(out_dir).exists()
     try:  # bad input found while reading the inputs or mapping leaves nothing behind
         cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
-                           + (f"-random{n_random_poses}" if n_random_poses else ""))
+                           + (f"-random{n_random_poses}" if n_random_poses else ""), progress=progress)
         inputs = PlanInputs(config, out_dir, progress, subject_seed, device=compute["device"])
         models, scales = load_candidates(config.candidates, device=compute["device"])
         mapping = cache.json("mapping", lambda: _mapping_phase(config, inputs, models, progress))
