@@ -98,6 +98,9 @@ def test_plan_writes_every_output(plan_dir):
         assert column in sites
     assert sites["rank"].tolist() == list(range(1, len(sites) + 1))
     assert np.all(np.diff(sites["predicted_delta_auc"]) <= 0)  # ranked largest first
+    # Numbers are written to 10 significant digits, without binary tails such as -0.6000000000000001.
+    for token in re.findall(r"-?\d+\.\d+(?:e-?\d+)?", (out / "sites.csv").read_text()):
+        assert len(token.split("e")[0].lstrip("-").replace(".", "").lstrip("0")) <= 10, token
     assert "e1" not in set(sites["electrode_id"])  # broken: not rehearsed
     assert "e16" not in set(sites["electrode_id"])  # dead: its split-half reliability is ~0
     assert np.allclose(sites["charge_per_phase_nC"], 50 * 0.2)  # 50 µA × 0.2 ms = 10 nC

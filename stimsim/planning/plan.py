@@ -496,7 +496,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                     "status": plan["choice"]["reason"][i]})
         rows.append(row)
     sites = pd.DataFrame(rows)
-    atomic_write_text(out_dir / "sites.csv", sites.to_csv(index=False))
+    atomic_write_text(out_dir / "sites.csv", sites.to_csv(index=False, float_format="%.10g"))  # 10 significant digits
 
     summary = {"name": config.name, "task": config.task, "n_sites": int(len(chosen)),
                "n_rehearsed": len(working), "chosen_electrodes": [working[i] for i in chosen],
