@@ -175,6 +175,6 @@ def enforce(stim: ElectricalStimulation, limits: SafetyLimits | None = None,
         raise SafetyError(
             "stimulation protocol refused: " + "; ".join(report.violations)
             + ". To run it anyway, give an override reason (override='<reason>' in Python, `override = \"...\"`"
-            " in an experiment file's [safety]); the reason is recorded with the results."
+            " in the [safety] table of an experiment or plan file); the reason is recorded with the results."
         )
     return dataclasses.replace(report, overridden=True, override_reason=override.strip())
