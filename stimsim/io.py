@@ -71,14 +71,10 @@ def atomic_write_json(path, obj, sort_keys: bool = True) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=sort_keys, default=json_value) + "\n")
 
 
-#: Format of floats in CSV tables for people: 6 significant digits (0.6 for 0.6000000000000001; the
-#: full values stay in the netCDF and JSON files).
-CSV_FLOAT_FORMAT = "%.6g"
-
-
-def csv_text(frame) -> str:
-    """A pandas DataFrame as CSV text without its index, floats as :data:`CSV_FLOAT_FORMAT`."""
-    return frame.to_csv(index=False, float_format=CSV_FLOAT_FORMAT)
+def csv_text(frame, significant_digits: int = 6) -> str:
+    """A pandas DataFrame as CSV text for people, without its index: floats to ``significant_digits``
+    significant digits (0.6 for 0.6000000000000001; the full values stay in the netCDF and JSON files)."""
+    return frame.to_csv(index=False, float_format=f"%.{significant_digits}g")
 
 
 def atomic_save(path, save_fn) -> Path:

@@ -18,11 +18,6 @@ def natural_key(value) -> tuple:
     return tuple(int(part) if i % 2 else part for i, part in enumerate(parts))
 
 
-def natural_sorted(values) -> list:
-    """``values`` sorted by :func:`natural_key`."""
-    return sorted(values, key=natural_key)
-
-
 def naturally_ordered(record):
     """``record`` with the keys of every dict (recursively) in natural order, for JSON written
     without ``sort_keys`` (which would put "10" before "3")."""

@@ -45,9 +45,14 @@ def _score_table(summary: dict) -> Table:
     return Table(("statistic", "meaning", "value", "chance / baseline"), tuple(rows), digits=3)
 
 
+def _warnings(summary: dict) -> list[Paragraph]:
+    """The analysis's warnings, one paragraph each."""
+    return [Paragraph(f"Warning: {message}") for message in summary.get("warnings", ())]
+
+
 def _notes(summary: dict) -> list[Paragraph]:
     """The analysis's warnings, and why each undefined score is undefined."""
-    notes = [Paragraph(f"Warning: {message}") for message in summary.get("warnings", ())]
+    notes = _warnings(summary)
     notes += [Paragraph(f"{key[:-len('_undefined_reason')]} undefined: {reason}.")
               for key, reason in summary.items() if key.endswith("_undefined_reason") and reason
               and key != "noise_ceiling_undefined_reason"]
@@ -68,7 +73,7 @@ def build_report(analysis, sources=()) -> Report:
                           f"{summary['n_sites']} with a ΔAUC"
                           + (f" ({without} without: a step with no trial in a condition; see below)" if without else "")
                           + f", {summary['n_steps']} steps per sequence."),
-                *[Paragraph(f"Warning: {message}") for message in summary.get("warnings", ())],
+                *_warnings(summary),
                 Table.from_dataframe(sessions, caption="Sessions"),
                 Image(figure_png(figures.plot_overview(analysis)),
                       caption="Trials per site and condition; P('high') per step, all sites pooled.")]

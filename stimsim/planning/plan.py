@@ -31,7 +31,7 @@ import xarray as xr
 
 from stimsim.errors import ConfigError, SafetyError, StimsimError
 from stimsim.hashing import sha256_of
-from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance
+from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance
 from stimsim.paradigms.sequence_2afc import fit_readouts
 from stimsim.planning.config import PlanConfig, load_plan_config
 from stimsim.planning.face_task import face_rehearsal, face_trials
@@ -496,7 +496,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                     "status": plan["choice"]["reason"][i]})
         rows.append(row)
     sites = pd.DataFrame(rows)
-    atomic_write_text(out_dir / "sites.csv", sites.to_csv(index=False, float_format="%.10g"))  # 10 significant digits
+    atomic_write_text(out_dir / "sites.csv", csv_text(sites, significant_digits=10))
 
     summary = {"name": config.name, "task": config.task, "n_sites": int(len(chosen)),
                "n_rehearsed": len(working), "chosen_electrodes": [working[i] for i in chosen],
