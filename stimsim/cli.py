@@ -14,6 +14,7 @@ from stimsim.devices import add_device_argument
 from stimsim.distributed import add_compute_arguments
 from stimsim.errors import ConfigError, StimsimError
 from stimsim.io import check_output_dir
+from stimsim.jsonable import json_ready
 from stimsim.progress import report_phase
 
 
@@ -140,8 +141,10 @@ def _cmd_subject_session(args) -> int:
         write_session_csv(trials, args.csv)
     if not args.out and not args.csv:
         raise ConfigError("stimsim subject session: give --out FILE.nwb and/or --csv FILE.csv")
-    print(f"{len(trials)} trials on {trials['electrode'].nunique()} sites written to "
-          + " and ".join(str(p) for p in (args.out, args.csv) if p))
+    files = [str(p) for p in (args.out, args.csv) if p]
+    print(json.dumps({"subject_id": str(subject_id), "session_id": str(session_id), "n_trials": int(len(trials)),
+                      "n_sites": int(trials["electrode"].nunique()), "files": files}, indent=2))
+    report_phase(f"{len(trials)} trials written to " + " and ".join(files))
     return 0
 
 
@@ -163,9 +166,11 @@ def _cmd_subject_make(args) -> int:
 
     subject = VirtualSubject.from_file(args.config)
     out = subject.save(args.out)
-    print(f"virtual subject ({subject.config['subject']['model']}, {len(subject.layout)} electrodes, "
-          f"{len(subject.dead_electrodes)} dead) written to {out}: recordings.nc, recordings.nwb, stimuli.npz; "
-          "truth.json holds the hidden pose")
+    print(json.dumps({"subject_model": subject.config["subject"]["model"], "n_electrodes": len(subject.layout),
+                      "n_dead_electrodes": len(subject.dead_electrodes), "out": str(out),
+                      "files": sorted(path.name for path in Path(out).iterdir() if path.is_file())},
+                     indent=2))
+    report_phase(f"virtual subject written to {out}; truth.json holds the hidden pose (for validation only)")
     return 0
 
 
@@ -176,8 +181,6 @@ def _cmd_analyze(args) -> int:
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
                             layout=args.layout, n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed,
                             force=args.force)
-    from stimsim.jsonable import json_ready
-
     keys = ("n_sites_recorded", "n_sites", "n_trials", "mean_shift", "wilcoxon_p", "cohens_d", "split_half_r",
             "noise_ceiling", "noise_ceiling_undefined_reason", "predicted_vs_observed_r", "permutation_p", "slope")
     print(json.dumps(json_ready({key: analysis.summary[key] for key in keys if key in analysis.summary}), indent=2))
@@ -191,15 +194,15 @@ def _cmd_power(args) -> int:
     out = args.out or str(Path(args.plan) / "power")
     summary = run_power(args.plan, out, target_power=args.power, alpha=args.alpha, trial_counts=args.trials,
                         n_sessions=args.sessions, seed=args.seed, force=args.force)
-    print(f"simulated from the {summary['simulated_from']}; power {args.power:g} at alpha {args.alpha:g}:")
-    print(f"  across sites (Wilcoxon): {summary['wilcoxon_trials_needed'] or 'more than ' + str(max(args.trials))} "
-          f"trials per site")
-    print(f"  per site (median):       {summary['median_site_trials_needed'] or '-'} trials "
-          f"({summary['n_sites_detectable']} of {summary['n_sites']} sites reach it)")
-    print(f"  observed vs true ΔAUC r >= {summary['observed_vs_true_r_target']:g} across sites: "
-          f"{summary['observed_vs_true_r_trials_needed'] or 'more than ' + str(max(args.trials))} trials per site "
-          f"(true ΔAUC SD across sites {summary['true_delta_auc_sd']:.4f})")
-    print(f"table, curve and report in {out}")
+    shown = ("simulated_from", "target_power", "alpha", "n_sites", "wilcoxon_trials_needed",
+             "median_site_trials_needed", "n_sites_detectable", "site_power_chance", "true_delta_auc_sd",
+             "observed_vs_true_r_target", "observed_vs_true_r_trials_needed", "trial_counts")
+    print(json.dumps(json_ready({key: summary[key] for key in shown}), indent=2))
+    most = f"more than {max(summary['trial_counts'])}"
+    report_phase(f"power {args.power:g} at alpha {args.alpha:g}, simulated from the {summary['simulated_from']}: "
+                 f"across sites (Wilcoxon) {summary['wilcoxon_trials_needed'] or most} trials per site; per site "
+                 f"(median) {summary['median_site_trials_needed'] or '-'} ({summary['n_sites_detectable']} of "
+                 f"{summary['n_sites']} sites reach it); table, curve and report in {out}")
     return 0
 
 

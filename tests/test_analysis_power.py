@@ -103,7 +103,11 @@ def test_power_command_on_a_virtual_subject_plan(tmp_path, capsys):
     assert summary["wilcoxon_trials_needed"] in (50, 200, 800)
     for name in ("report.html", "report.pdf", "power_curve.csv", "power_sites.csv"):
         assert (out / name).stat().st_size > 0
-    assert "across sites (Wilcoxon)" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    shown = json.loads(captured.out)  # stdout is the JSON summary alone; the sentence goes to stderr
+    assert shown["wilcoxon_trials_needed"] == summary["wilcoxon_trials_needed"]
+    assert shown["trial_counts"] == [50, 200, 800]
+    assert "across sites (Wilcoxon)" in captured.err
 
 
 def test_without_a_virtual_subject_the_plan_predictions_are_simulated(tmp_path):

@@ -290,13 +290,15 @@ def test_unknown_broken_electrode_names_the_file(tmp_path):
         run_plan(config, tmp_path / "out", progress=False)
 
 
-def test_subject_session_from_the_plan(plan_dir, tmp_path):
+def test_subject_session_from_the_plan(plan_dir, tmp_path, capsys):
     from stimsim.analysis.sessions import load_sessions
 
     _, out = plan_dir
     nwb, csv = tmp_path / "session.nwb", tmp_path / "session.csv"
     assert main(["subject", "session", str(out), "--trials-per-site", "42", "--out", str(nwb), "--csv", str(csv)]) == 0
     summary = json.loads((out / "summary.json").read_text())
+    shown = json.loads(capsys.readouterr().out)  # stdout is JSON alone
+    assert shown["n_trials"] == 42 * summary["n_sites"] and shown["files"] == [str(nwb), str(csv)]
     trials = load_sessions([nwb])  # the analysis side reads it as a lab's file
     assert len(trials) == 42 * summary["n_sites"]
     assert sorted(trials["electrode"].unique()) == sorted(summary["chosen_electrodes"])

@@ -119,12 +119,15 @@ def test_bad_subject_configurations_name_file_and_field(model, tmp_path):
         VirtualSubject.create(config, model=model)
 
 
-def test_subject_make_writes_both_formats_and_the_truth(tmp_path, one_torch_thread):
+def test_subject_make_writes_both_formats_and_the_truth(tmp_path, one_torch_thread, capsys):
     config = tmp_path / "subject.toml"
     config.write_text('[subject]\nmodel = "stimsim-topo-s2"\nseed = 4\n[array]\nlayout = "8x8"\n'
                       'dead_fraction = 0.1\n[recording]\nrepeats = 2\n[[stimuli]]\nsource = "lfw_subset"\n')
     out = tmp_path / "subject"
     assert main(["subject", "make", str(config), "--out", str(out)]) == 0
+    shown = json.loads(capsys.readouterr().out)  # stdout is JSON alone
+    assert shown["n_electrodes"] == 64 and shown["n_dead_electrodes"] == 6
+    assert {"recordings.nc", "recordings.nwb", "truth.json"} <= set(shown["files"])
     truth = json.loads((out / "truth.json").read_text())
     assert set(truth) >= {"model", "pose", "dead_electrodes", "array", "recording_radius_mm", "gains", "seed"}
     assert len(truth["dead_electrodes"]) == 6
