@@ -73,6 +73,8 @@ def test_analyze_reads_a_lab_file_through_a_toml_column_mapping(tmp_path, capsys
     assert f"stimsim: report, results.nc and summary.json in {out}" in captured.err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_trials"] == 420 and summary["n_sites"] == 3
+    assert summary["n_sites_significant_chance"] == 0.15  # 3 sites × α 0.05, as written (no binary tail)
+    assert "0.15000000000000002" not in (out / "summary.json").read_text()
     assert json.loads((out / "summary.json").read_text())["provenance"]["config"]["columns"] == LAB_MAPPING
 
 

@@ -139,7 +139,8 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
     summary = {"n_sites_recorded": int(len(sites)), **across_sites(sites["delta_auc"], n_perm=10 * n_perm, seed=seed),
                "mean_psychometric_shift_steps": _nanmean(sites["shift_steps"]),
                "n_sites_significant": int(significant.sum()), "site_alpha": SITE_ALPHA,
-               "n_sites_significant_chance": SITE_ALPHA * int(np.isfinite(sites["permutation_p"]).sum()),
+               # expected false positives; rounded so that 0.05 × 24 reads 1.2, not 1.2000000000000002
+               "n_sites_significant_chance": round(SITE_ALPHA * int(np.isfinite(sites["permutation_p"]).sum()), 12),
                **split_half_reliability(counts, n_splits=n_splits, seed=seed)}
     if "predicted_delta_auc" not in sites:
         return summary
