@@ -339,6 +339,22 @@ def test_targets_by_hand():
     assert not meets_targets([0.6, 0.45, 0.4, 0.7, 0.2], [0.1] * 5)  # median 0.45
 
 
+def test_a_plan_on_the_subjects_own_model_predicts_its_effects(tmp_path, one_torch_thread):
+    """With the subject's own model as the only candidate, prediction and truth share the model, the sequences
+    and the stimulation; they differ only by the decoders' fitting noise and the registration error (about
+    0.01 mm on the same instance), so the planned ΔAUC must follow the subject's electrode by electrode
+    (chance r 0). A mismatch between rehearsed and true electrodes, poses or sequences breaks this."""
+    plan = PLAN.replace('candidates = ["stimsim-topo-s0"]', 'candidates = ["stimsim-topo-s2"]').replace(
+        "n_noise = 6\nn_eval = 3", "n_noise = 24\nn_eval = 8")
+    config = _write_plan(tmp_path / "config", broken="[]")
+    config.write_text(plan.format(current=50, broken="[]"))
+    out = tmp_path / "out"
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["chosen_model"] == "stimsim-topo-s2"
+    assert summary["predicted_vs_true_r"] > 0.8
+
+
 def test_validate_writes_per_pose_numbers_and_the_null(tmp_path, one_torch_thread):
     config = _write_plan(tmp_path / "config")
     out = tmp_path / "out"
