@@ -116,9 +116,19 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
     paths = [Path(path) for path in paths]
     if not paths:
         raise ConfigError("no session files given")
+    resolved = [path.resolve() for path in paths]
+    again = next((path for i, path in enumerate(paths) if resolved[i] in resolved[:i]), None)
+    if again is not None:
+        raise ConfigError(f"session file {again} is given twice; its trials would be counted twice")
     known = None if electrodes is None else {str(electrode) for electrode in electrodes}
-    tables = [_validated(_read_raw(path, columns or {}), path, known) for path in paths]
+    raws, file_ids = zip(*(_read_raw(path) for path in paths))
+    mapping = _mapping_in_files(columns or {}, raws, paths)
+    tables = [_validated(_renamed(raw, mapping, ids, path), path, known)
+              for raw, ids, path in zip(raws, file_ids, paths)]
     sessions = pd.concat(tables, ignore_index=True)
+    if sessions["step"].max() < 1:
+        where = paths[0] if len(paths) == 1 else ", ".join(map(str, paths))
+        raise FileFormatError(where, "every trial is at step 0; a psychometric curve needs trials at 2 steps or more")
     per_file = sessions.drop_duplicates(["file", "subject_id", "session_id"])
     duplicated = per_file.duplicated(["subject_id", "session_id"])
     if duplicated.any():
@@ -128,8 +138,36 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
     return sessions
 
 
-def _read_raw(path: Path, mapping: dict[str, str]) -> pd.DataFrame:
-    """The file's trials as a DataFrame with stimsim column names (mapping applied), unvalidated."""
+def _mapping_in_files(mapping: dict[str, str], raws, paths) -> dict[str, str]:
+    """The mapping, checked against the files read together: each lab column it names must be in at
+    least one of them (several files of different formats share one mapping)."""
+    absent = sorted(set(mapping) - set().union(*(raw.columns for raw in raws)))
+    if absent:
+        columns = "; ".join(f"{path.name}: {', '.join(map(str, raw.columns))}" for raw, path in zip(raws, paths))
+        raise FileFormatError(paths[0] if len(paths) == 1 else ", ".join(map(str, paths)),
+                              f"column mapping names column(s) {absent} that no file given has; their columns: "
+                              f"{columns}")
+    return mapping
+
+
+def _renamed(raw: pd.DataFrame, mapping: dict[str, str], file_ids: dict, path: Path) -> pd.DataFrame:
+    """The file's table with stimsim column names (the mapping's lab columns it has, renamed), and the
+    subject and session ids of the file (NWB) where the table has no such column."""
+    applied = {lab: ours for lab, ours in mapping.items() if lab in raw.columns}
+    clashing = sorted(ours for ours in applied.values() if ours in raw.columns and ours not in applied)
+    if clashing:
+        raise FileFormatError(path, f"the column mapping renames a column onto {clashing}, which the file already "
+                                    f"has; rename or drop one of them")
+    table = raw.rename(columns=applied)
+    for name, value in file_ids.items():
+        if value is not None and name not in table:
+            table[name] = value
+    return table
+
+
+def _read_raw(path: Path) -> tuple[pd.DataFrame, dict]:
+    """The file's trials as a DataFrame with its own column names, unvalidated, and the file-level
+    ``subject_id`` and ``session_id`` (NWB; None for tables)."""
     if not path.is_file():
         raise FileNotFoundError(f"session file not found: {path}")
     suffix = path.suffix.lower()
@@ -146,16 +184,7 @@ def _read_raw(path: Path, mapping: dict[str, str]) -> pd.DataFrame:
         subject_id = session_id = None
     else:
         raise FileFormatError(path, f"unknown session format {suffix!r}; use .nwb, .csv, .h5 or .hdf5")
-    missing_lab = sorted(set(mapping) - set(table.columns))
-    if missing_lab:
-        raise FileFormatError(path, f"column mapping names column(s) {missing_lab} that the file does not "
-                                    f"have; its columns: {', '.join(map(str, table.columns))}")
-    table = table.rename(columns=mapping)
-    if subject_id is not None and "subject_id" not in table:
-        table["subject_id"] = subject_id
-    if session_id is not None and "session_id" not in table:
-        table["session_id"] = session_id
-    return table
+    return table, {"subject_id": subject_id, "session_id": session_id}
 
 
 def _read_nwb(path: Path):
@@ -230,7 +259,10 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None) -> pd.Data
         if mask.any():
             bad = rows[mask]
             shown = ", ".join(str(r) for r in bad[:5]) + (f" (+{bad.size - 5} more)" if bad.size > 5 else "")
-            example = f"; e.g. {values[mask][0]!r}" if values is not None else ""
+            example = ""
+            if values is not None:
+                value = values[mask][0]
+                example = f"; e.g. {value.item() if isinstance(value, np.generic) else value!r}"
             problems.append(f"column {column!r}, row(s) {shown}: {what}{example}")
 
     table = pd.DataFrame({"file": str(path), "row": rows})
@@ -287,6 +319,11 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None) -> pd.Data
     table["stimulus_id"] = raw["stimulus_id"].map(_as_text).to_numpy(dtype=object) if "stimulus_id" in raw else ""
     for name, default in (("subject_id", "subject"), ("session_id", path.stem)):
         table[name] = raw[name].map(_as_text).replace("", default).to_numpy(dtype=object) if name in raw else default
+    if "start_time" in raw:
+        report(table.duplicated(["subject_id", "session_id", "start_time"]).to_numpy()
+               & np.isfinite(table["start_time"].to_numpy()), "start_time",
+               "a trial of the same session starts at the same time as an earlier row (the trial given twice?)",
+               table["start_time"].to_numpy())
 
     if problems:
         listed = problems[:_MAX_PROBLEMS_LISTED]
