@@ -261,6 +261,11 @@ def test_sessions_at_step_0_only_are_refused(tmp_path, table):
         load_sessions(write_csv(table.assign(step=0), tmp_path / "s.csv"))
 
 
+def test_steps_counted_from_1_are_refused(tmp_path, table):
+    with pytest.raises(FileFormatError, match=r"s\.csv: column 'step': no trial at step 0 \(steps found 1\.\.7\)"):
+        load_sessions(write_csv(table.assign(step=table["step"] + 1), tmp_path / "s.csv"))
+
+
 def test_unknown_format_and_missing_file(tmp_path):
     (tmp_path / "s.xlsx").write_text("x")
     with pytest.raises(FileFormatError, match="unknown session format"):

@@ -16,6 +16,7 @@ from stimsim.analysis.comparison import compare_predictions, expected_correlatio
     load_plan_predictions
 from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, site_effects, \
     split_half_reliability
+from stimsim.analysis.sessions import SHAM
 from stimsim.errors import ConfigError
 from stimsim.jsonable import json_ready
 from stimsim.ordering import natural_key, naturally_ordered
@@ -80,11 +81,13 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
         raise ConfigError(f"ci must lie strictly between 0 and 1, got {ci}")
     parameters = {"plan_dir": str(plan_dir) if plan_dir else None, "n_boot": n_boot, "n_perm": n_perm,
                   "n_splits": n_splits, "ci": ci, "seed": seed, "site_alpha": SITE_ALPHA}
-    counts = count_trials(sessions)
-    sites = site_effects(counts, n_boot=n_boot, n_perm=n_perm, ci=ci, seed=seed, sessions=sessions)
-    plan_summary = {}
+    plan_sites, plan_summary = None, {}
     if plan_dir is not None:
         plan_sites, plan_summary = load_plan_predictions(plan_dir)
+        _check_plan_subject(plan_dir, plan_summary, sessions)
+    counts = count_trials(sessions)
+    sites = site_effects(counts, n_boot=n_boot, n_perm=n_perm, ci=ci, seed=seed, sessions=sessions)
+    if plan_sites is not None:
         interval = [name for name in ("predicted_delta_auc_low", "predicted_delta_auc_high") if name in plan_sites]
         sites = sites.merge(plan_sites[["electrode_id", "predicted_delta_auc", *interval]].rename(
             columns={"electrode_id": "electrode"}), on="electrode", how="left")
@@ -95,7 +98,7 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
                "n_steps": int(counts.steps.size),
                "ci": ci,
                **_group_summary(sites, counts, plan_summary, n_perm, n_splits, seed)}
-    summary["warnings"] = _warnings(sites, summary)
+    summary["warnings"] = _warnings(sites, summary) + _current_warnings(sessions, sites, plan_sites)
     for message in summary["warnings"]:
         warnings.warn(message, stacklevel=2)
     subjects = sorted(sites["subject_id"].unique(), key=natural_key)
@@ -106,6 +109,20 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
                                          n_splits, seed)
             for subject in subjects}
     return Analysis(sessions, counts, sites, summary, parameters)
+
+
+def _check_plan_subject(plan_dir, plan_summary: dict, sessions: pd.DataFrame) -> None:
+    """A plan predicts the sites of one subject's array: sessions of several subjects, or of another
+    subject than the one a virtual-subject plan names, are refused."""
+    subjects = sorted(sessions["subject_id"].unique(), key=natural_key)
+    if len(subjects) > 1:
+        raise ConfigError(f"{plan_dir}: a plan predicts the sites of one subject's array, but the sessions hold "
+                          f"subjects {subjects}; analyse each subject with its own plan")
+    planned = plan_summary.get("subject_id")
+    if planned is not None and str(planned) != subjects[0]:
+        raise ConfigError(f"{plan_dir}: the plan was made for subject {planned!r}, the sessions are of subject "
+                          f"{subjects[0]!r}; give the plan of that subject (a table without a subject_id column "
+                          f"is of subject 'subject')")
 
 
 def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
@@ -124,6 +141,37 @@ def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
         consequence = (" The noise-ceiled r and the expected predicted vs observed r are undefined too."
                        if "noise_ceiled_r" in summary else "")
         messages.append(f"noise ceiling undefined: {summary['noise_ceiling_undefined_reason']}.{consequence}")
+    return messages
+
+
+def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: pd.DataFrame | None) -> list[str]:
+    """Sites stimulated at several currents (one ΔAUC pools them), or at another current than the one the
+    plan predicted their effect for (sites in natural order, as in ``sites``)."""
+    stimulated = sessions[sessions["stimulated_electrode"] != SHAM]
+    used = {site: np.unique(currents) for site, currents in
+            stimulated.groupby(["subject_id", "electrode"])["current_uA"]}
+    planned = {} if plan_sites is None or "current_uA" not in plan_sites else dict(
+        zip(plan_sites["electrode_id"], pd.to_numeric(plan_sites["current_uA"], errors="coerce")))
+    several = sites["subject_id"].nunique() > 1
+    pooled, other = [], []
+    for subject, electrode in zip(sites["subject_id"], sites["electrode"]):
+        currents = used.get((subject, electrode), np.array([]))
+        name = f"{f'subject {subject} ' if several else ''}electrode {electrode}"
+        listed = ", ".join(f"{current:g}" for current in currents)
+        if currents.size > 1:
+            pooled.append(f"{name} ({listed} µA)")
+        plan_current = planned.get(electrode, np.nan)
+        if currents.size and np.isfinite(plan_current) and not np.allclose(currents, plan_current):
+            other.append(f"{name} ({listed} µA; plan {plan_current:g} µA)")
+    messages = []
+    if pooled:
+        messages.append(f"{len(pooled)} of {len(sites)} sites were stimulated at several currents, and each one's "
+                        f"ΔAUC pools them (current_uA: their mean over the stimulated trials): {'; '.join(pooled)}. "
+                        f"Analyse the trials of each current separately to compare currents.")
+    if other:
+        messages.append(f"{len(other)} of {len(sites)} sites were stimulated at another current than the one the plan "
+                        f"predicted their effect for: {'; '.join(other)}. The predicted ΔAUC and the slope refer to "
+                        f"the plan's current.")
     return messages
 
 

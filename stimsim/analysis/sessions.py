@@ -126,8 +126,13 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
     tables = [_validated(_renamed(raw, mapping, ids, path), path, known)
               for raw, ids, path in zip(raws, file_ids, paths)]
     sessions = pd.concat(tables, ignore_index=True)
-    if sessions["step"].max() < 1:
-        where = paths[0] if len(paths) == 1 else ", ".join(map(str, paths))
+    steps = np.unique(sessions["step"])
+    where = paths[0] if len(paths) == 1 else ", ".join(map(str, paths))
+    if steps[0] > 0:
+        raise FileFormatError(where, f"column 'step': no trial at step 0 (steps found {steps[0]}..{steps[-1]}); steps "
+                                     f"count from 0, the 'low' end of the sequence: subtract 1 from steps counted "
+                                     f"from 1")
+    if steps.size < 2:
         raise FileFormatError(where, "every trial is at step 0; a psychometric curve needs trials at 2 steps or more")
     per_file = sessions.drop_duplicates(["file", "subject_id", "session_id"])
     duplicated = per_file.duplicated(["subject_id", "session_id"])
