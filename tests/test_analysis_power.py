@@ -106,6 +106,15 @@ def test_power_command_on_a_virtual_subject_plan(tmp_path, capsys):
     assert "across sites (Wilcoxon)" in capsys.readouterr().out
 
 
+def test_power_report_says_when_no_trial_count_reaches_the_target(tmp_path):
+    plan = write_virtual_plan(tmp_path / "plan", np.zeros(4))  # no effect: nothing is ever detected
+    assert main(["power", str(plan), "--trials", "50", "100", "--sessions", "20"]) == 0
+    html = (plan / "power" / "report.html").read_text()
+    for label in ("across sites (Wilcoxon)", "per site, median", "across sites (mean)"):
+        row = html[html.index(label):]
+        assert row[:row.index("</tr>")].count("more than 100") == 1, label
+
+
 def test_without_a_virtual_subject_the_plan_predictions_are_simulated(tmp_path):
     plan = write_virtual_plan(tmp_path / "plan", np.array([1.0, -0.5]), lapse_rate=0.2)
     virtual = curves_from_plan(plan)

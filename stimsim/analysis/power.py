@@ -231,6 +231,7 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     results = ResultSet(out_dir, "power", force=force)
     parameters = {"plan_dir": str(plan_dir), "target_power": target_power, "alpha": alpha,
                   "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions, "seed": seed}
+    beyond = f"more than {max(summary['trial_counts'])}"
     report = Report("Power of the planned session", subtitle=str(plan_dir), parameters=parameters, sections=[
         Section("Trials per site needed", [
             Paragraph(f"Sessions simulated from the {planned['source']}: stimulation and sham 50/50, "
@@ -238,11 +239,11 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
                       f"in the planned direction (one-sided, α = {alpha:g}); per site: z test of ΔAUC "
                       f"(two-sided, α = {alpha:g}, planned sign). Chance per site: {alpha / 2:g}."),
             Table((("statistic", "trials per site")), (
-                ("across sites (Wilcoxon)", summary["wilcoxon_trials_needed"]),
-                ("per site, median", summary["median_site_trials_needed"]),
+                ("across sites (Wilcoxon)", summary["wilcoxon_trials_needed"] or beyond),
+                ("per site, median", summary["median_site_trials_needed"] or beyond),
                 ("sites reaching the target power", f"{summary['n_sites_detectable']} of {summary['n_sites']}"),
                 (f"observed vs true ΔAUC r ≥ {TARGET_OBSERVED_VS_TRUE_R:g} across sites (mean)",
-                 summary["observed_vs_true_r_trials_needed"]))),
+                 summary["observed_vs_true_r_trials_needed"] or beyond))),
             Paragraph(f"True ΔAUC across the sites: SD {summary['true_delta_auc_sd']:.4f}. The power curve table "
                       "also gives, per trial count, the mean r across sites of the observed ΔAUC with the true "
                       "ΔAUC (chance 0; its square is the reliability of the per-site effects) and with the "
