@@ -266,6 +266,13 @@ def test_steps_counted_from_1_are_refused(tmp_path, table):
         load_sessions(write_csv(table.assign(step=table["step"] + 1), tmp_path / "s.csv"))
 
 
+def test_unreadable_csv_is_one_line(tmp_path):
+    (tmp_path / "s.csv").write_text("electrode,step\n1,0\n1,2,3\n")
+    with pytest.raises(FileFormatError, match="not a readable CSV table") as error:
+        load_sessions(tmp_path / "s.csv")
+    assert "\n" not in str(error.value)
+
+
 def test_unknown_format_and_missing_file(tmp_path):
     (tmp_path / "s.xlsx").write_text("x")
     with pytest.raises(FileFormatError, match="unknown session format"):

@@ -182,7 +182,7 @@ def _read_raw(path: Path) -> tuple[pd.DataFrame, dict]:
         try:
             table = pd.read_csv(path, dtype=str, keep_default_na=False)
         except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-            raise FileFormatError(path, f"not a readable CSV table ({exc})") from None
+            raise FileFormatError(path, f"not a readable CSV table ({str(exc).strip()})") from None
         subject_id = session_id = None
     elif suffix in (".h5", ".hdf5"):
         table = _read_hdf5(path)
