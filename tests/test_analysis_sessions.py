@@ -273,6 +273,17 @@ def test_unreadable_csv_is_one_line(tmp_path):
     assert "\n" not in str(error.value)
 
 
+def test_csv_without_header_is_an_empty_session(tmp_path):
+    (tmp_path / "s.csv").write_text("\n")
+    with pytest.raises(FileFormatError, match=r"s\.csv: empty session"):
+        load_sessions(tmp_path / "s.csv")
+
+
+def test_hdf5_file_that_is_not_nwb_is_refused(tmp_path, table):
+    with pytest.raises(FileFormatError, match=r"s\.nwb: not a readable NWB file"):
+        load_sessions(write_hdf5(table, tmp_path / "s.nwb"))
+
+
 def test_unknown_format_and_missing_file(tmp_path):
     (tmp_path / "s.xlsx").write_text("x")
     with pytest.raises(FileFormatError, match="unknown session format"):

@@ -181,6 +181,8 @@ def _read_raw(path: Path) -> tuple[pd.DataFrame, dict]:
     elif suffix == ".csv":
         try:
             table = pd.read_csv(path, dtype=str, keep_default_na=False)
+        except pd.errors.EmptyDataError:
+            raise FileFormatError(path, "empty session: the file holds no table (no header, no rows)") from None
         except (pd.errors.ParserError, UnicodeDecodeError) as exc:
             raise FileFormatError(path, f"not a readable CSV table ({str(exc).strip()})") from None
         subject_id = session_id = None
@@ -197,7 +199,10 @@ def _read_nwb(path: Path):
 
     try:
         with NWBHDF5IO(str(path), "r") as io:
-            nwbfile = io.read()
+            try:
+                nwbfile = io.read()
+            except TypeError as exc:  # pynwb's answer to an HDF5 file without the NWB version
+                raise FileFormatError(path, f"not a readable NWB file ({exc})") from None
             if nwbfile.trials is None:
                 raise FileFormatError(path, "the NWB file has no trials table")
             table = nwbfile.trials.to_dataframe().reset_index(drop=True)
