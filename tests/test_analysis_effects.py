@@ -194,6 +194,18 @@ def test_split_halves_that_agree_give_a_noise_ceiling_of_one():
     assert reliability["noise_ceiling_undefined_reason"] is None
 
 
+def test_too_few_sites_for_a_split_half_r_are_named_as_the_reason():
+    """Two sites with a ΔAUC: no correlation across sites exists, whatever the trial count."""
+    rows = []
+    for electrode in ("1", "2"):
+        rows += (one_half_each(electrode, False, ["low"] * 4 + ["high"] * 3)
+                 + one_half_each(electrode, True, ["high"] * 7))
+    reliability = split_half_reliability(count_trials(pd.DataFrame(rows)), n_splits=5, seed=0)
+    assert np.isnan(reliability["split_half_r"]) and np.isnan(reliability["noise_ceiling"])
+    assert reliability["noise_ceiling_undefined_reason"] == ("no split-half r: 2 site(s) have a ΔAUC, and a "
+                                                             "correlation across sites needs 3 or more")
+
+
 def test_site_with_an_empty_step_has_no_delta_auc_and_says_why():
     full = ["mixed"] * 7
     rows = (one_half_each("1", False, full) + one_half_each("1", True, full)

@@ -326,5 +326,9 @@ def split_half_reliability(counts: SiteCounts, n_splits: int = 100, seed: int = 
             n_sites.append(int(usable.sum()))
     split_half_r = float(np.mean(correlations)) if correlations else float("nan")
     noise_ceiling, reason = noise_ceiling_of(split_half_r)
+    with_effect = int(np.isfinite(delta_auc_of_counts(counts.n_high, counts.n, x)).sum())
+    if not correlations and with_effect < 3:
+        reason = (f"no split-half r: {with_effect} site(s) have a ΔAUC, and a correlation across sites needs "
+                  f"3 or more")
     return {"split_half_r": split_half_r, "noise_ceiling": noise_ceiling, "noise_ceiling_undefined_reason": reason,
             "n_splits": len(correlations), "split_half_mean_sites": float(np.mean(n_sites)) if n_sites else 0.0}
