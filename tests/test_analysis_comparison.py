@@ -71,7 +71,8 @@ def test_model_that_over_estimates_has_slope_one_half(tmp_path):
     assert summary["expected_predicted_vs_observed_r"] == pytest.approx(np.sqrt(summary["noise_ceiling"]))
     low, high = summary["expected_predicted_vs_observed_r_95"]
     assert low <= summary["predicted_vs_observed_r"] <= high
-    assert summary["shift_in_predicted_direction"] > 0
+    assert summary["shift_in_predicted_direction"] > 0 and summary["shift_in_predicted_direction_chance"] == 0
+    assert summary["plan_predicted_vs_true_r_chance"] == 0
 
 
 def test_expectation_uses_the_plans_truth_on_the_analysed_sites_only(tmp_path):
@@ -116,6 +117,8 @@ def test_pooled_and_per_subject_summary_and_saved_result_set(tmp_path):
     written = json.loads((out / "summary.json").read_text())
     for key in ("n_sites", "n_trials", "mean_shift", "wilcoxon_p", "cohens_d", "noise_ceiling", "provenance"):
         assert key in written
+    for score in ("mean_shift", "cohens_d", "mean_psychometric_shift_steps", "split_half_r"):  # beside its chance
+        assert written[f"{score}_chance"] == 0 and written["per_subject"]["m1"][f"{score}_chance"] == 0
     with xr.open_dataset(out / "results.nc", engine="h5netcdf") as data:
         assert data["n_trials"].sum().item() == 3600
         assert list(data["subject_id"].values[:6]) == ["m1"] * 6

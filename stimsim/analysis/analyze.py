@@ -186,6 +186,7 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
     significant = sites["permutation_p"] < SITE_ALPHA
     summary = {"n_sites_recorded": int(len(sites)), **across_sites(sites["delta_auc"], n_perm=10 * n_perm, seed=seed),
                "mean_psychometric_shift_steps": _nanmean(sites["shift_steps"]),
+               "mean_psychometric_shift_steps_chance": 0.0,
                "n_sites_significant": int(significant.sum()), "site_alpha": SITE_ALPHA,
                "n_sites_significant_chance": SITE_ALPHA * int(np.isfinite(sites["permutation_p"]).sum()),
                **split_half_reliability(counts, n_splits=n_splits, seed=seed)}
@@ -198,12 +199,14 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
     direction = np.sign(sites["predicted_delta_auc"]) * sites["delta_auc"]
     direction = direction[np.isfinite(direction)].to_numpy()
     summary["shift_in_predicted_direction"] = _nanmean(direction)
+    summary["shift_in_predicted_direction_chance"] = 0.0
     summary["shift_in_predicted_direction_wilcoxon_p"] = (
         float(stats.wilcoxon(direction, alternative="greater").pvalue) if direction.size > 1 and np.ptp(direction) > 0
         else float("nan"))
     planned_r = plan_summary.get("predicted_vs_true_r")
     if planned_r is not None:
         summary["plan_predicted_vs_true_r"] = float(planned_r)
+        summary["plan_predicted_vs_true_r_chance"] = 0.0
         # The plan's r is over every site it rehearsed; the sites of a session (e.g. the top-ranked ones) can
         # correlate less (a narrower range of predictions). With the plan's per-site truth, use these sites.
         sites_r = _plan_r_on_sites(plan_summary, sites["electrode"])

@@ -258,7 +258,7 @@ def across_sites(effects, n_perm: int = 10000, seed: int = 0) -> dict:
     finite = values[np.isfinite(values)]
     result = {"n_sites": int(finite.size), "n_sites_without_effect": int(values.size - finite.size),
               "mean_shift": float(np.mean(finite)) if finite.size else float("nan"),
-              "mean_shift_chance": 0.0}
+              "mean_shift_chance": 0.0, "cohens_d_chance": 0.0}
     if finite.size < 2 or np.ptp(finite) == 0:
         return {**result, "wilcoxon_statistic": float("nan"), "wilcoxon_p": float("nan"),
                 "cohens_d": float("nan"), "mean_shift_permutation_p": float("nan")}
@@ -330,5 +330,5 @@ def split_half_reliability(counts: SiteCounts, n_splits: int = 100, seed: int = 
     if not correlations and with_effect < 3:
         reason = (f"no split-half r: {with_effect} site(s) have a ΔAUC, and a correlation across sites needs "
                   f"3 or more")
-    return {"split_half_r": split_half_r, "noise_ceiling": noise_ceiling, "noise_ceiling_undefined_reason": reason,
-            "n_splits": len(correlations), "split_half_mean_sites": float(np.mean(n_sites)) if n_sites else 0.0}
+    return {"split_half_r": split_half_r, "split_half_r_chance": 0.0, "noise_ceiling": noise_ceiling,
+            "noise_ceiling_undefined_reason": reason, "n_splits": len(correlations), "split_half_mean_sites": float(np.mean(n_sites)) if n_sites else 0.0}
