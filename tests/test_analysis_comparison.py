@@ -121,6 +121,7 @@ def test_pooled_and_per_subject_summary_and_saved_result_set(tmp_path):
         assert written[f"{score}_chance"] == 0 and written["per_subject"]["m1"][f"{score}_chance"] == 0
     with xr.open_dataset(out / "results.nc", engine="h5netcdf") as data:
         assert data["n_trials"].sum().item() == 3600
+        assert data["n_sham"].dtype.kind == "i" and data["n_sham"].sum().item() == 1800  # 50/50 of 3600 trials
         assert list(data["subject_id"].values[:6]) == ["m1"] * 6
         assert np.allclose(data["delta_auc"].values, result.sites["delta_auc"].values)
 

@@ -53,7 +53,8 @@ class Analysis:
             if name == "delta_auc_missing_reason":
                 data[name] = ("site", self.sites[name].astype(str).to_numpy())
             elif name not in ("subject_id", "electrode"):
-                data[name] = ("site", self.sites[name].to_numpy(dtype=float))
+                values = self.sites[name].to_numpy()  # counts stay integers
+                data[name] = ("site", values if values.dtype.kind in "iu" else values.astype(float))
         for name in ("split_half_r", "noise_ceiling"):
             data[name] = float(self.summary[name])
         if self.summary["noise_ceiling_undefined_reason"] is not None:
