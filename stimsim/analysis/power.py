@@ -81,12 +81,13 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
         raise ValueError("p_high must hold probabilities in [0, 1]")
     if not 0 < alpha < 1 or not 0 < target_power < 1:
         raise ConfigError(f"alpha and power must lie strictly between 0 and 1, got {alpha} and {target_power}")
+    n_sites, _, n_steps = p_high.shape
     counts = sorted({int(count) for count in trial_counts})
-    if not counts or counts[0] < 2:
-        raise ConfigError(f"trial counts must be integers >= 2, got {list(trial_counts)}")
+    if not counts or counts[0] < 2 * n_steps:
+        raise ConfigError(f"trial counts per site must be integers >= {2 * n_steps} (a ΔAUC needs a trial at each of "
+                          f"the {n_steps} steps in both conditions), got {list(trial_counts)}")
     if n_sessions < 10:
         raise ConfigError(f"n_sessions must be >= 10 for a power estimate, got {n_sessions}")
-    n_sites, _, n_steps = p_high.shape
     electrodes = [str(i + 1) for i in range(n_sites)] if electrodes is None else [str(e) for e in electrodes]
     positions = np.linspace(0.0, 1.0, n_steps)
     planned = (delta_auc_of_counts(p_high, np.ones_like(p_high), positions) if planned_delta_auc is None
