@@ -60,6 +60,8 @@ def test_analyze_refuses_a_broken_file_with_exit_code_2(tmp_path, capsys):
     table.to_csv(tmp_path / "s.csv", index=False)
     assert main(["analyze", str(tmp_path / "s.csv"), "--out", str(tmp_path / "notes"), "--boot", "10"]) == 2
     assert "holds files stimsim did not write" in capsys.readouterr().err
+    assert main(["analyze", str(tmp_path / "s.csv"), "--out", str(tmp_path / "seeded"), "--seed", "-1"]) == 2
+    assert "seed must be an integer >= 0, got -1" in capsys.readouterr().err and not (tmp_path / "seeded").exists()
 
 
 def test_analyze_reads_a_lab_file_through_a_toml_column_mapping(tmp_path, capsys):

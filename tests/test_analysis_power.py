@@ -47,6 +47,8 @@ def test_trial_counts_below_one_trial_per_step_and_condition_are_refused():
         power_analysis(curves, trial_counts=(13, 100), n_sessions=20)
     curve, _, _ = power_analysis(curves, trial_counts=(14,), n_sessions=20)
     assert curve["trials_per_site"].tolist() == [14]
+    with pytest.raises(ConfigError, match="seed must be an integer >= 0, got -1"):
+        power_analysis(curves, trial_counts=(14,), n_sessions=20, seed=-1)
 
 
 def test_power_curve_without_any_r_is_drawn_without_warnings():

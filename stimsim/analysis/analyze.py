@@ -75,7 +75,8 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
     ``n_boot`` bootstrap resamples per site, ``n_perm`` label permutations per site (and 10 × as many
     for the statistics across sites), ``n_splits`` random split halves; everything is seeded by ``seed``.
     """
-    for name, value, minimum in (("n_boot", n_boot, 2), ("n_perm", n_perm, 1), ("n_splits", n_splits, 1)):
+    for name, value, minimum in (("n_boot", n_boot, 2), ("n_perm", n_perm, 1), ("n_splits", n_splits, 1),
+                                 ("seed", seed, 0)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
             raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
     if not 0 < ci < 1:

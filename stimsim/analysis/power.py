@@ -88,6 +88,8 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
                           f"the {n_steps} steps in both conditions), got {list(trial_counts)}")
     if n_sessions < 10:
         raise ConfigError(f"n_sessions must be >= 10 for a power estimate, got {n_sessions}")
+    if seed < 0:
+        raise ConfigError(f"seed must be an integer >= 0, got {seed}")
     electrodes = [str(i + 1) for i in range(n_sites)] if electrodes is None else [str(e) for e in electrodes]
     positions = np.linspace(0.0, 1.0, n_steps)
     planned = (delta_auc_of_counts(p_high, np.ones_like(p_high), positions) if planned_delta_auc is None
