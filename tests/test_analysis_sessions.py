@@ -96,8 +96,7 @@ def test_mapping_from_command_line_text_and_toml(tmp_path):
         parse_column_mapping("site=electrode_name")
     with pytest.raises(ConfigError, match="lab_name=stimsim_name"):
         parse_column_mapping("site")
-    with pytest.raises(ConfigError, match="several lab columns"):
-        parse_column_mapping("a=electrode,b=electrode")
+    assert parse_column_mapping("a=electrode,b=electrode") == {"a": "electrode", "b": "electrode"}  # two rigs' names
 
 
 def test_mapping_naming_an_absent_column_is_refused(tmp_path, table):
@@ -129,6 +128,17 @@ def test_mapping_onto_a_column_the_file_already_has_is_refused(tmp_path, table):
     path = write_csv(table.assign(site=table["electrode"]), tmp_path / "s.csv")
     with pytest.raises(FileFormatError, match=r"s\.csv: the column mapping renames a column onto \['electrode'\]"):
         load_sessions(path, columns={"site": "electrode"})
+    both = write_csv(table.rename(columns={"electrode": "site"}).assign(channel=table["electrode"]), tmp_path / "b.csv")
+    with pytest.raises(FileFormatError, match=r"b\.csv: the column mapping maps several of the file's columns "
+                                              r"\(channel, site\) onto \['electrode'\]"):
+        load_sessions(both, columns={"site": "electrode", "channel": "electrode"})
+
+
+def test_files_from_two_rigs_name_one_column_differently(tmp_path, table):
+    rig_a = write_csv(table.rename(columns={"electrode": "site"}), tmp_path / "a.csv")
+    rig_b = write_csv(table.rename(columns={"electrode": "channel"}).assign(session_id="day2"), tmp_path / "b.csv")
+    loaded = load_sessions([rig_a, rig_b], columns={"site": "electrode", "channel": "electrode"})
+    assert loaded["electrode"].tolist() == table["electrode"].tolist() * 2
 
 
 def test_missing_columns_named(tmp_path, table):

@@ -86,11 +86,7 @@ def _checked_mapping(mapping: dict[str, str], where: str) -> dict[str, str]:
     unknown = sorted(set(mapping.values()) - set(COLUMNS))
     if unknown:
         raise ConfigError(f"{where}: unknown stimsim column(s) {unknown}; allowed: {', '.join(COLUMNS)}")
-    targets = list(mapping.values())
-    doubled = sorted({name for name in targets if targets.count(name) > 1})
-    if doubled:
-        raise ConfigError(f"{where}: several lab columns map onto {doubled}")
-    return dict(mapping)
+    return dict(mapping)  # several lab names may map onto one column (files from different rigs), one per file
 
 
 def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None) -> pd.DataFrame:
@@ -159,6 +155,12 @@ def _renamed(raw: pd.DataFrame, mapping: dict[str, str], file_ids: dict, path: P
     """The file's table with stimsim column names (the mapping's lab columns it has, renamed), and the
     subject and session ids of the file (NWB) where the table has no such column."""
     applied = {lab: ours for lab, ours in mapping.items() if lab in raw.columns}
+    targets = list(applied.values())
+    doubled = sorted({ours for ours in targets if targets.count(ours) > 1})
+    if doubled:
+        labs = sorted(lab for lab, ours in applied.items() if ours in doubled)
+        raise FileFormatError(path, f"the column mapping maps several of the file's columns ({', '.join(labs)}) onto "
+                                    f"{doubled}; a file may give each stimsim column once")
     clashing = sorted(ours for ours in applied.values() if ours in raw.columns and ours not in applied)
     if clashing:
         raise FileFormatError(path, f"the column mapping renames a column onto {clashing}, which the file already "
