@@ -30,6 +30,7 @@ def test_analyze_lab_nwb_with_mapping_and_plan(tmp_path, capsys, chromium_render
                  "--boot", "200", "--perm", "200", "--splits", "20"]) == 0
     printed = json.loads(capsys.readouterr().out)  # stdout is the JSON only, each score beside its chance level
     assert printed["mean_shift_chance"] == 0 and printed["predicted_vs_observed_r_chance"] == 0
+    assert printed["cohens_d_chance"] == 0 and printed["split_half_r_chance"] == 0
     assert printed["slope_ideal"] == 1 and printed["predicted_vs_observed_r_null_95"][0] < 0 < \
         printed["predicted_vs_observed_r_null_95"][1] < printed["predicted_vs_observed_r"]
     assert set(read_result_set(out)) == {"report.html", "report.pdf", "results.nc", "summary.json", "sites.csv"}

@@ -331,4 +331,5 @@ def split_half_reliability(counts: SiteCounts, n_splits: int = 100, seed: int = 
         reason = (f"no split-half r: {with_effect} site(s) have a ΔAUC, and a correlation across sites needs "
                   f"3 or more")
     return {"split_half_r": split_half_r, "split_half_r_chance": 0.0, "noise_ceiling": noise_ceiling,
-            "noise_ceiling_undefined_reason": reason, "n_splits": len(correlations), "split_half_mean_sites": float(np.mean(n_sites)) if n_sites else 0.0}
+            "noise_ceiling_undefined_reason": reason, "n_splits": len(correlations),
+            "split_half_mean_sites": float(np.mean(n_sites)) if n_sites else 0.0}
