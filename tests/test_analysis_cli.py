@@ -61,6 +61,13 @@ def test_analyze_refuses_a_broken_file_with_exit_code_2(tmp_path, capsys):
     table.to_csv(tmp_path / "s.csv", index=False)
     assert main(["analyze", str(tmp_path / "s.csv"), "--out", str(tmp_path / "notes"), "--boot", "10"]) == 2
     assert "holds files stimsim did not write" in capsys.readouterr().err
+    # checked before any work: the refusal names the directory even when the session would fail later
+    assert main(["analyze", str(tmp_path / "absent.csv"), "--out", str(tmp_path / "notes")]) == 2
+    assert "holds files stimsim did not write" in capsys.readouterr().err
+    assert main(["power", str(tmp_path / "no_plan"), "--out", str(tmp_path / "notes")]) == 2
+    assert "holds files stimsim did not write" in capsys.readouterr().err
+    assert main(["power", str(tmp_path / "no_plan"), "--out", str(tmp_path / "power")]) == 2
+    assert "no_plan" in capsys.readouterr().err and not (tmp_path / "power").exists()
     assert main(["analyze", str(tmp_path / "s.csv"), "--out", str(tmp_path / "seeded"), "--seed", "-1"]) == 2
     assert "seed must be an integer >= 0, got -1" in capsys.readouterr().err and not (tmp_path / "seeded").exists()
 

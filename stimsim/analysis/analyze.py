@@ -245,9 +245,15 @@ def save_analysis(analysis: Analysis, out_dir, sources=(), report: bool = True, 
     """Write the analysis into ``out_dir`` as one result set (:class:`stimsim.io.ResultSet`):
     ``results.nc``, ``sites.csv``, ``summary.json`` (with provenance) and, with ``report``,
     ``report.html`` + ``report.pdf``. ``force`` writes into a directory holding other files."""
-    from stimsim.io import ResultSet, provenance
+    from stimsim.io import ResultSet
 
-    results = ResultSet(out_dir, "analysis", force=force)
+    with ResultSet(out_dir, "analysis", force=force) as results:
+        return _write_analysis(analysis, results, sources, report)
+
+
+def _write_analysis(analysis: Analysis, results, sources, report: bool) -> Path:
+    from stimsim.io import provenance
+
     record = provenance({**analysis.parameters, "sessions": [str(path) for path in sources]})
     dataset = analysis.to_dataset()
     dataset.attrs["provenance_json"] = json.dumps(record, default=str)
@@ -275,14 +281,19 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
     from stimsim.analysis.sessions import load_sessions
     from stimsim.arrays.layout import load_layout
 
-    electrodes = None
-    if plan_dir is not None:
-        electrodes = set(load_plan_predictions(plan_dir)[0]["electrode_id"])
-    if layout is not None:
-        array_ids = set(load_layout(layout).electrode_ids)
-        electrodes = array_ids if electrodes is None else electrodes & array_ids
-    sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes)
-    analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed)
-    analysis.parameters.update({"columns": columns or {}, "layout": str(layout) if layout is not None else None})
-    save_analysis(analysis, out_dir, sources=session_paths, force=force)
+    from stimsim.io import ResultSet
+
+    # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
+    # before writing leaves it as it was.
+    with ResultSet(out_dir, "analysis", force=force) as results:
+        electrodes = None
+        if plan_dir is not None:
+            electrodes = set(load_plan_predictions(plan_dir)[0]["electrode_id"])
+        if layout is not None:
+            array_ids = set(load_layout(layout).electrode_ids)
+            electrodes = array_ids if electrodes is None else electrodes & array_ids
+        sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes)
+        analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed)
+        analysis.parameters.update({"columns": columns or {}, "layout": str(layout) if layout is not None else None})
+        _write_analysis(analysis, results, session_paths, report=True)
     return analysis

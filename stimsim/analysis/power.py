@@ -226,41 +226,43 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     from stimsim.io import ResultSet, provenance
     from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
 
-    planned = curves_from_plan(plan_dir)
-    curve, sites, summary = power_analysis(planned["p_high"], planned["electrodes"], planned["planned_delta_auc"],
-                                           trial_counts=trial_counts, n_sessions=n_sessions, alpha=alpha,
-                                           target_power=target_power, seed=seed)
-    summary = {**summary, "simulated_from": planned["source"], "plan_dir": str(plan_dir)}
-    results = ResultSet(out_dir, "power", force=force)
-    parameters = {"plan_dir": str(plan_dir), "target_power": target_power, "alpha": alpha,
-                  "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions, "seed": seed}
-    beyond = f"more than {max(summary['trial_counts'])}"
-    report = Report("Power of the planned session", subtitle=str(plan_dir), parameters=parameters, sections=[
-        Section("Trials per site needed", [
-            Paragraph(f"Sessions simulated from the {planned['source']}: stimulation and sham 50/50, "
-                      f"{n_sessions} sessions per trial count. Across sites: Wilcoxon signed-rank test of ΔAUC "
-                      f"in the planned direction (one-sided, α = {alpha:g}); per site: z test of ΔAUC "
-                      f"(two-sided, α = {alpha:g}, planned sign). Chance per site: {alpha / 2:g}."),
-            Table((("statistic", "trials per site")), (
-                ("across sites (Wilcoxon)", summary["wilcoxon_trials_needed"] or beyond),
-                ("per site, median", summary["median_site_trials_needed"] or beyond),
-                ("sites reaching the target power", f"{summary['n_sites_detectable']} of {summary['n_sites']}"),
-                (f"observed vs true ΔAUC r ≥ {TARGET_OBSERVED_VS_TRUE_R:g} across sites (mean)",
-                 summary["observed_vs_true_r_trials_needed"] or beyond))),
-            Paragraph(f"True ΔAUC across the sites: SD {summary['true_delta_auc_sd']:.4f}. The power curve table "
-                      "also gives, per trial count, the mean r across sites of the observed ΔAUC with the true "
-                      "ΔAUC (chance 0; its square is the reliability of the per-site effects) and with the "
-                      "plan's predicted ΔAUC."),
-            Image(figure_png(plot_power_curve(curve, target_power)),
-                  caption=f"Power against trials per site; target {target_power:g}.")]),
-        Section("Power curve", [Table.from_dataframe(curve)]),
-        Section("Per site", [Table.from_dataframe(sites, caption="planned ΔAUC, power at every trial count, "
-                                                                  "trials needed (– : not within the counts)")])])
-    results.claim("report.html")
-    results.claim("report.pdf")
-    report.write(results.directory)
-    results.write_csv("power_curve.csv", curve)
-    results.write_csv("power_sites.csv", sites)
-    results.write_json("summary.json", {**json_ready(summary), "provenance": provenance(parameters)})
-    results.finish()
+    # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
+    # before writing leaves it as it was.
+    with ResultSet(out_dir, "power", force=force) as results:
+        planned = curves_from_plan(plan_dir)
+        curve, sites, summary = power_analysis(planned["p_high"], planned["electrodes"], planned["planned_delta_auc"],
+                                               trial_counts=trial_counts, n_sessions=n_sessions, alpha=alpha,
+                                               target_power=target_power, seed=seed)
+        summary = {**summary, "simulated_from": planned["source"], "plan_dir": str(plan_dir)}
+        parameters = {"plan_dir": str(plan_dir), "target_power": target_power, "alpha": alpha,
+                      "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions, "seed": seed}
+        beyond = f"more than {max(summary['trial_counts'])}"
+        report = Report("Power of the planned session", subtitle=str(plan_dir), parameters=parameters, sections=[
+            Section("Trials per site needed", [
+                Paragraph(f"Sessions simulated from the {planned['source']}: stimulation and sham 50/50, "
+                          f"{n_sessions} sessions per trial count. Across sites: Wilcoxon signed-rank test of ΔAUC "
+                          f"in the planned direction (one-sided, α = {alpha:g}); per site: z test of ΔAUC "
+                          f"(two-sided, α = {alpha:g}, planned sign). Chance per site: {alpha / 2:g}."),
+                Table((("statistic", "trials per site")), (
+                    ("across sites (Wilcoxon)", summary["wilcoxon_trials_needed"] or beyond),
+                    ("per site, median", summary["median_site_trials_needed"] or beyond),
+                    ("sites reaching the target power", f"{summary['n_sites_detectable']} of {summary['n_sites']}"),
+                    (f"observed vs true ΔAUC r ≥ {TARGET_OBSERVED_VS_TRUE_R:g} across sites (mean)",
+                     summary["observed_vs_true_r_trials_needed"] or beyond))),
+                Paragraph(f"True ΔAUC across the sites: SD {summary['true_delta_auc_sd']:.4f}. The power curve table "
+                          "also gives, per trial count, the mean r across sites of the observed ΔAUC with the true "
+                          "ΔAUC (chance 0; its square is the reliability of the per-site effects) and with the "
+                          "plan's predicted ΔAUC."),
+                Image(figure_png(plot_power_curve(curve, target_power)),
+                      caption=f"Power against trials per site; target {target_power:g}.")]),
+            Section("Power curve", [Table.from_dataframe(curve)]),
+            Section("Per site", [Table.from_dataframe(sites, caption="planned ΔAUC, power at every trial count, "
+                                                                      "trials needed (– : not within the counts)")])])
+        results.claim("report.html")
+        results.claim("report.pdf")
+        report.write(results.directory)
+        results.write_csv("power_curve.csv", curve)
+        results.write_csv("power_sites.csv", sites)
+        results.write_json("summary.json", {**json_ready(summary), "provenance": provenance(parameters)})
+        results.finish()
     return summary
