@@ -139,6 +139,15 @@ def test_nan_sites_are_left_out_and_counted():
     result = across_sites([0.1, np.nan, 0.2, 0.3], n_perm=100)
     assert result["n_sites"] == 3 and result["n_sites_without_effect"] == 1
     assert result["mean_shift"] == pytest.approx(0.2)
+    assert result["wilcoxon_p_undefined_reason"] is None
+
+
+def test_statistics_across_sites_say_why_they_are_undefined():
+    one = across_sites([0.1, np.nan], n_perm=10)
+    assert np.isnan(one["wilcoxon_p"]) and np.isnan(one["cohens_d"])
+    assert one["wilcoxon_p_undefined_reason"].startswith("1 site(s) with an effect")
+    same = across_sites([0.05, 0.05, 0.05], n_perm=10)
+    assert np.isnan(same["cohens_d"]) and "no spread" in same["cohens_d_undefined_reason"]
 
 
 def test_spearman_brown_on_known_numbers():

@@ -139,6 +139,8 @@ def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
         messages.append(f"{len(missing)} of {len(sites)} sites have no ΔAUC (a psychometric curve needs a trial at "
                         f"every step in both conditions) and are left out of the statistics across sites: "
                         f"{listed}. More trials per site fill these steps.")
+    if summary["wilcoxon_p_undefined_reason"] is not None:
+        messages.append(f"Wilcoxon p and Cohen's d undefined: {summary['wilcoxon_p_undefined_reason']}.")
     if summary["noise_ceiling_undefined_reason"] is not None:
         consequence = (" The noise-ceiled r and the expected predicted vs observed r are undefined too."
                        if "noise_ceiled_r" in summary else "")

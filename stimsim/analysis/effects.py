@@ -253,15 +253,21 @@ def _site_permutation_p(sessions: pd.DataFrame, counts: SiteCounts, n_perm: int,
 def across_sites(effects, n_perm: int = 10000, seed: int = 0) -> dict:
     """Is the per-site effect (e.g. ΔAUC) shifted from 0 across sites? Wilcoxon signed-rank test
     (two-sided, scipy), Cohen's d = mean / SD (ddof 1), and a sign-flip permutation p of the mean.
-    Sites whose effect is NaN are left out and counted."""
+    Sites whose effect is NaN are left out and counted. With fewer than 2 sites, or no spread between
+    them, the tests and d are NaN and ``wilcoxon_p_undefined_reason`` / ``cohens_d_undefined_reason``
+    say why (None when defined)."""
     values = np.asarray(effects, dtype=float)
     finite = values[np.isfinite(values)]
     result = {"n_sites": int(finite.size), "n_sites_without_effect": int(values.size - finite.size),
               "mean_shift": float(np.mean(finite)) if finite.size else float("nan"),
-              "mean_shift_chance": 0.0, "cohens_d_chance": 0.0}
+              "mean_shift_chance": 0.0, "cohens_d_chance": 0.0,
+              "wilcoxon_p_undefined_reason": None, "cohens_d_undefined_reason": None}
     if finite.size < 2 or np.ptp(finite) == 0:
+        reason = (f"{finite.size} site(s) with an effect; the statistics across sites need at least 2"
+                  if finite.size < 2 else f"all {finite.size} sites have the same effect ({finite[0]:g}): no spread")
         return {**result, "wilcoxon_statistic": float("nan"), "wilcoxon_p": float("nan"),
-                "cohens_d": float("nan"), "mean_shift_permutation_p": float("nan")}
+                "cohens_d": float("nan"), "mean_shift_permutation_p": float("nan"),
+                "wilcoxon_p_undefined_reason": reason, "cohens_d_undefined_reason": reason}
     wilcoxon = stats.wilcoxon(finite)
     permutation = stats.permutation_test((finite,), np.mean, vectorized=True, n_resamples=n_perm,
                                          permutation_type="samples", alternative="two-sided",
