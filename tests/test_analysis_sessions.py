@@ -271,6 +271,14 @@ def test_sessions_at_step_0_only_are_refused(tmp_path, table):
         load_sessions(write_csv(table.assign(step=0), tmp_path / "s.csv"))
 
 
+def test_sessions_without_sham_or_without_stimulation_are_refused(tmp_path, table):
+    sham_only = table[table["stimulated_electrode"] == "sham"]
+    with pytest.raises(FileFormatError, match=r"s\.csv: column 'stimulated_electrode': no stimulated trial"):
+        load_sessions(write_csv(sham_only, tmp_path / "s.csv"))
+    with pytest.raises(FileFormatError, match=r"t\.csv: column 'stimulated_electrode': no sham trial"):
+        load_sessions(write_csv(table[table["stimulated_electrode"] != "sham"], tmp_path / "t.csv"))
+
+
 def test_steps_counted_from_1_are_refused(tmp_path, table):
     with pytest.raises(FileFormatError, match=r"s\.csv: column 'step': no trial at step 0 \(steps found 1\.\.7\)"):
         load_sessions(write_csv(table.assign(step=table["step"] + 1), tmp_path / "s.csv"))

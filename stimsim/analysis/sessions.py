@@ -130,6 +130,11 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
                                      f"from 1")
     if steps.size < 2:
         raise FileFormatError(where, "every trial is at step 0; a psychometric curve needs trials at 2 steps or more")
+    stimulated = sessions["stimulated_electrode"] != SHAM
+    if stimulated.all() or not stimulated.any():
+        missing = "sham" if stimulated.all() else "stimulated"
+        raise FileFormatError(where, f"column 'stimulated_electrode': no {missing} trial in the sessions given; an "
+                                     f"effect is stimulated against interleaved sham trials")
     per_file = sessions.drop_duplicates(["file", "subject_id", "session_id"])
     duplicated = per_file.duplicated(["subject_id", "session_id"])
     if duplicated.any():
