@@ -181,8 +181,11 @@ def _cmd_analyze(args) -> int:
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
                             layout=args.layout, n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed,
                             force=args.force)
-    keys = ("n_sites_recorded", "n_sites", "n_trials", "mean_shift", "wilcoxon_p", "cohens_d", "split_half_r",
-            "noise_ceiling", "noise_ceiling_undefined_reason", "predicted_vs_observed_r", "permutation_p", "slope")
+    keys = ("n_sites_recorded", "n_sites", "n_trials", "mean_shift", "mean_shift_chance", "wilcoxon_p",
+            "wilcoxon_p_undefined_reason", "cohens_d", "cohens_d_chance", "split_half_r", "split_half_r_chance",
+            "noise_ceiling", "noise_ceiling_undefined_reason", "predicted_vs_observed_r",
+            "predicted_vs_observed_r_chance", "predicted_vs_observed_r_null_95", "permutation_p", "slope",
+            "slope_ideal")
     print(json.dumps(json_ready({key: analysis.summary[key] for key in keys if key in analysis.summary}), indent=2))
     report_phase(f"report, results.nc and summary.json in {args.out}")
     return 0

@@ -28,6 +28,11 @@ def test_analyze_lab_nwb_with_mapping_and_plan(tmp_path, capsys, chromium_render
     out = tmp_path / "analysis"
     assert main(["analyze", str(session), "--plan", str(plan), "--columns", columns, "--out", str(out),
                  "--boot", "200", "--perm", "200", "--splits", "20"]) == 0
+    printed = json.loads(capsys.readouterr().out)  # stdout is the JSON only, each score beside its chance level
+    assert printed["mean_shift_chance"] == 0 and printed["predicted_vs_observed_r_chance"] == 0
+    assert printed["cohens_d_chance"] == 0 and printed["split_half_r_chance"] == 0
+    assert printed["slope_ideal"] == 1 and printed["predicted_vs_observed_r_null_95"][0] < 0 < \
+        printed["predicted_vs_observed_r_null_95"][1] < printed["predicted_vs_observed_r"]
     assert set(read_result_set(out)) == {"report.html", "report.pdf", "results.nc", "summary.json", "sites.csv"}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_sites"] == 8 and summary["n_trials"] == 1600
@@ -56,6 +61,15 @@ def test_analyze_refuses_a_broken_file_with_exit_code_2(tmp_path, capsys):
     table.to_csv(tmp_path / "s.csv", index=False)
     assert main(["analyze", str(tmp_path / "s.csv"), "--out", str(tmp_path / "notes"), "--boot", "10"]) == 2
     assert "holds files stimsim did not write" in capsys.readouterr().err
+    # checked before any work: the refusal names the directory even when the session would fail later
+    assert main(["analyze", str(tmp_path / "absent.csv"), "--out", str(tmp_path / "notes")]) == 2
+    assert "holds files stimsim did not write" in capsys.readouterr().err
+    assert main(["power", str(tmp_path / "no_plan"), "--out", str(tmp_path / "notes")]) == 2
+    assert "holds files stimsim did not write" in capsys.readouterr().err
+    assert main(["power", str(tmp_path / "no_plan"), "--out", str(tmp_path / "power")]) == 2
+    assert "no_plan" in capsys.readouterr().err and not (tmp_path / "power").exists()
+    assert main(["analyze", str(tmp_path / "s.csv"), "--out", str(tmp_path / "seeded"), "--seed", "-1"]) == 2
+    assert "seed must be an integer >= 0, got -1" in capsys.readouterr().err and not (tmp_path / "seeded").exists()
 
 
 def test_analyze_reads_a_lab_file_through_a_toml_column_mapping(tmp_path, capsys):

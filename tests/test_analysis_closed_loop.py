@@ -31,7 +31,8 @@ def closed_loop(tmp_path_factory, one_torch_thread):
     plan = base / "plan"
     assert main(["plan", str(config), "--out", str(plan), "--no-progress"]) == 0
     trials = session_from_plan(plan, trials_per_site=TRIALS_PER_SITE, seed=1, sites="all")
-    path = write_session_nwb(trials, base / "session.nwb", subject_id="virtual", session_id="closed-loop")
+    path = write_session_nwb(trials, base / "session.nwb", subject_id=trials["subject_id"].iloc[0],
+                             session_id="closed-loop")
     plan_sites = pd.read_csv(plan / "sites.csv", dtype={"electrode_id": str})
     sessions = load_sessions(path, electrodes=plan_sites["electrode_id"])
     analysis = analyze(sessions, plan_dir=plan, n_boot=200, n_perm=200, n_splits=100, seed=2)

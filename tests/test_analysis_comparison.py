@@ -9,7 +9,7 @@ import xarray as xr
 from stimsim.analysis import analyze, compare_predictions, expected_correlation, load_sessions, save_analysis
 from stimsim.analysis.comparison import expected_correlation_reason
 from stimsim.analysis.synthetic import planted_curves, planted_session
-from stimsim.errors import FileFormatError
+from stimsim.errors import ConfigError, FileFormatError
 from stimsim.io import read_result_set
 
 
@@ -71,7 +71,8 @@ def test_model_that_over_estimates_has_slope_one_half(tmp_path):
     assert summary["expected_predicted_vs_observed_r"] == pytest.approx(np.sqrt(summary["noise_ceiling"]))
     low, high = summary["expected_predicted_vs_observed_r_95"]
     assert low <= summary["predicted_vs_observed_r"] <= high
-    assert summary["shift_in_predicted_direction"] > 0
+    assert summary["shift_in_predicted_direction"] > 0 and summary["shift_in_predicted_direction_chance"] == 0
+    assert summary["plan_predicted_vs_true_r_chance"] == 0
 
 
 def test_expectation_uses_the_plans_truth_on_the_analysed_sites_only(tmp_path):
@@ -116,8 +117,11 @@ def test_pooled_and_per_subject_summary_and_saved_result_set(tmp_path):
     written = json.loads((out / "summary.json").read_text())
     for key in ("n_sites", "n_trials", "mean_shift", "wilcoxon_p", "cohens_d", "noise_ceiling", "provenance"):
         assert key in written
+    for score in ("mean_shift", "cohens_d", "mean_psychometric_shift_steps", "split_half_r"):  # beside its chance
+        assert written[f"{score}_chance"] == 0 and written["per_subject"]["m1"][f"{score}_chance"] == 0
     with xr.open_dataset(out / "results.nc", engine="h5netcdf") as data:
         assert data["n_trials"].sum().item() == 3600
+        assert data["n_sham"].dtype.kind == "i" and data["n_sham"].sum().item() == 1800  # 50/50 of 3600 trials
         assert list(data["subject_id"].values[:6]) == ["m1"] * 6
         assert np.allclose(data["delta_auc"].values, result.sites["delta_auc"].values)
 
@@ -130,6 +134,40 @@ def test_plan_without_predictions_is_refused(tmp_path):
     sessions = planted_session([0.5, 0.2, 0.1], 30)
     with pytest.raises(FileFormatError, match="predicted_delta_auc"):
         analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+
+
+def test_plan_of_another_subject_or_sessions_of_several_subjects_are_refused(tmp_path):
+    plan = write_plan(tmp_path / "plan", ["1", "2", "3"], [0.02, 0.01, 0.0])
+    summary = json.loads((plan / "summary.json").read_text())
+    (plan / "summary.json").write_text(json.dumps({**summary, "subject_id": "virtual-2"}))
+    of_m1 = planted_session([0.5, 0.2, 0.1], 30, subject_id="m1", seed=1)
+    of_m2 = planted_session([0.5, 0.2, 0.1], 30, subject_id="m2", seed=2)
+    with pytest.raises(ConfigError, match=r"plan was made for subject 'virtual-2', the sessions are of subject 'm1'"):
+        analyze(of_m1, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    with pytest.raises(ConfigError, match=r"the sessions hold subjects \['m1', 'm2'\]"):
+        analyze(pd.concat([of_m1, of_m2], ignore_index=True), plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    of_planned = planted_session([0.5, 0.2, 0.1], 300, subject_id="virtual-2", seed=3)
+    assert analyze(of_planned, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2).summary["n_sites_compared"] == 3
+
+
+def test_sites_stimulated_at_several_currents_or_another_than_planned_are_named(tmp_path):
+    plan = write_plan(tmp_path / "plan", ["1", "2", "3"], [0.02, 0.01, 0.0])
+    sites = pd.read_csv(plan / "sites.csv").assign(current_uA=50.0)
+    sites.to_csv(plan / "sites.csv", index=False)
+    sessions = planted_session([0.5, 0.2, 0.1], 300, seed=4)
+    stimulated_2 = np.flatnonzero((sessions["electrode"] == "2") & (sessions["stimulated_electrode"] != "sham"))
+    sessions.loc[stimulated_2[::2], "current_uA"] = 100.0  # a titration: half of site 2's trials at 100 µA
+    sessions.loc[(sessions["electrode"] == "3") & (sessions["stimulated_electrode"] != "sham"), "current_uA"] = 150.0
+    with pytest.warns(UserWarning, match="several currents"):
+        result = analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    messages = result.summary["warnings"]
+    assert any("1 of 3 sites were stimulated at several currents" in m and "electrode 2 (50, 100 µA)" in m
+               for m in messages)
+    assert any("2 of 3 sites were stimulated at another current than the one the plan predicted" in m
+               and "electrode 2 (50, 100 µA; plan 50 µA); electrode 3 (150 µA; plan 50 µA)" in m for m in messages)
+    assert result.sites.set_index("electrode").loc["2", "current_uA"] == pytest.approx(75.0)
+    assert not any("current" in m for m in analyze(planted_session([0.5, 0.2, 0.1], 300, seed=4), plan_dir=plan,
+                                                   n_boot=10, n_perm=10, n_splits=2).summary["warnings"])
 
 
 def test_top_sites_are_the_plans_top_ranked_given_predictions_else_the_strongest_observed():

@@ -139,6 +139,15 @@ def test_nan_sites_are_left_out_and_counted():
     result = across_sites([0.1, np.nan, 0.2, 0.3], n_perm=100)
     assert result["n_sites"] == 3 and result["n_sites_without_effect"] == 1
     assert result["mean_shift"] == pytest.approx(0.2)
+    assert result["wilcoxon_p_undefined_reason"] is None
+
+
+def test_statistics_across_sites_say_why_they_are_undefined():
+    one = across_sites([0.1, np.nan], n_perm=10)
+    assert np.isnan(one["wilcoxon_p"]) and np.isnan(one["cohens_d"])
+    assert one["wilcoxon_p_undefined_reason"].startswith("1 site(s) with an effect")
+    same = across_sites([0.05, 0.05, 0.05], n_perm=10)
+    assert np.isnan(same["cohens_d"]) and "no spread" in same["cohens_d_undefined_reason"]
 
 
 def test_spearman_brown_on_known_numbers():
@@ -192,6 +201,18 @@ def test_split_halves_that_agree_give_a_noise_ceiling_of_one():
     assert reliability["split_half_r"] == pytest.approx(1.0)
     assert reliability["noise_ceiling"] == pytest.approx(1.0)
     assert reliability["noise_ceiling_undefined_reason"] is None
+
+
+def test_too_few_sites_for_a_split_half_r_are_named_as_the_reason():
+    """Two sites with a ΔAUC: no correlation across sites exists, whatever the trial count."""
+    rows = []
+    for electrode in ("1", "2"):
+        rows += (one_half_each(electrode, False, ["low"] * 4 + ["high"] * 3)
+                 + one_half_each(electrode, True, ["high"] * 7))
+    reliability = split_half_reliability(count_trials(pd.DataFrame(rows)), n_splits=5, seed=0)
+    assert np.isnan(reliability["split_half_r"]) and np.isnan(reliability["noise_ceiling"])
+    assert reliability["noise_ceiling_undefined_reason"] == ("no split-half r: 2 site(s) have a ΔAUC, and a "
+                                                             "correlation across sites needs 3 or more")
 
 
 def test_site_with_an_empty_step_has_no_delta_auc_and_says_why():

@@ -39,6 +39,33 @@ def test_null_sites_are_detected_at_alpha_over_two_against_a_planned_direction()
     assert sites["power_400"].mean() == pytest.approx(0.025, abs=0.01)
 
 
+def test_trial_counts_below_one_trial_per_step_and_condition_are_refused():
+    from stimsim.errors import ConfigError
+
+    curves = planted_curves([0.5, 1.0, -0.5])  # 7 steps × 2 conditions: a ΔAUC needs 14 trials at least
+    with pytest.raises(ConfigError, match=r"integers >= 14 .*got \[13, 100\]"):
+        power_analysis(curves, trial_counts=(13, 100), n_sessions=20)
+    curve, _, _ = power_analysis(curves, trial_counts=(14,), n_sessions=20)
+    assert curve["trials_per_site"].tolist() == [14]
+    with pytest.raises(ConfigError, match="seed must be an integer >= 0, got -1"):
+        power_analysis(curves, trial_counts=(14,), n_sessions=20, seed=-1)
+
+
+def test_power_curve_without_any_r_is_drawn_without_warnings():
+    import warnings
+
+    from stimsim.analysis.figures import plot_power_curve
+
+    table = pd.DataFrame({"trials_per_site": [14, 16], "wilcoxon_power": [0.0, 0.0], "mean_site_power": [0.0, 0.01],
+                          "observed_vs_true_r": [np.nan, np.nan]})  # no session had 3 sites with a ΔAUC
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        axes = plot_power_curve(table, 0.8).axes[0]
+    assert axes.get_ylim() == pytest.approx((-0.02, 1.02))
+    table["observed_vs_true_r"] = [-0.3, 0.1]
+    assert plot_power_curve(table, 0.8).axes[0].get_ylim() == pytest.approx((-0.32, 1.02))
+
+
 def test_trials_needed_grow_as_effects_shrink_and_wilcoxon_power_rises():
     strong = planted_curves(np.full(10, 1.0))
     weak = planted_curves(np.full(10, 0.5))
@@ -108,6 +135,15 @@ def test_power_command_on_a_virtual_subject_plan(tmp_path, capsys):
     assert shown["wilcoxon_trials_needed"] == summary["wilcoxon_trials_needed"]
     assert shown["trial_counts"] == [50, 200, 800]
     assert "across sites (Wilcoxon)" in captured.err
+
+
+def test_power_report_says_when_no_trial_count_reaches_the_target(tmp_path):
+    plan = write_virtual_plan(tmp_path / "plan", np.zeros(4))  # no effect: nothing is ever detected
+    assert main(["power", str(plan), "--trials", "50", "100", "--sessions", "20"]) == 0
+    html = (plan / "power" / "report.html").read_text()
+    for label in ("across sites (Wilcoxon)", "per site, median", "across sites (mean)"):
+        row = html[html.index(label):]
+        assert row[:row.index("</tr>")].count("more than 100") == 1, label
 
 
 def test_without_a_virtual_subject_the_plan_predictions_are_simulated(tmp_path):

@@ -96,13 +96,49 @@ def test_mapping_from_command_line_text_and_toml(tmp_path):
         parse_column_mapping("site=electrode_name")
     with pytest.raises(ConfigError, match="lab_name=stimsim_name"):
         parse_column_mapping("site")
-    with pytest.raises(ConfigError, match="several lab columns"):
-        parse_column_mapping("a=electrode,b=electrode")
+    assert parse_column_mapping("a=electrode,b=electrode") == {"a": "electrode", "b": "electrode"}  # two rigs' names
 
 
 def test_mapping_naming_an_absent_column_is_refused(tmp_path, table):
     with pytest.raises(FileFormatError, match=r"mapping names column\(s\) \['chan'\]"):
         load_sessions(write_csv(table, tmp_path / "s.csv"), columns={"chan": "electrode"})
+
+
+def test_one_mapping_reads_files_of_different_formats(tmp_path, table):
+    """An NWB file (times and subject in NWB's own fields) and a CSV export naming its times and subject
+    its own way, read together with one mapping."""
+    nwb = write_lab_nwb(tmp_path / "day1.nwb", table, subject_id="monkey_b", session_id="day1")
+    exported = table.rename(columns={"electrode": "site", "step": "morph_level", "choice": "response",
+                                     "stimulated_electrode": "stim_channel", "current_uA": "amplitude_uA",
+                                     "start_time": "t0", "subject_id": "animal"})
+    exported["animal"] = "monkey_c"
+    csv = write_csv(exported.drop(columns=["stop_time"]), tmp_path / "day2.csv")
+    mapping = {**LAB_MAPPING, "t0": "start_time", "animal": "subject_id"}
+    loaded = load_sessions([nwb, csv], columns=mapping)
+    assert loaded.groupby("subject_id").size().to_dict() == {"monkey_b": len(table), "monkey_c": len(table)}
+    for subject in ("monkey_b", "monkey_c"):
+        mine = loaded[loaded["subject_id"] == subject]
+        assert np.array_equal(mine["start_time"].to_numpy(), table["start_time"].to_numpy())
+        assert mine["choice"].tolist() == table["choice"].tolist()
+    with pytest.raises(FileFormatError, match=r"mapping names column\(s\) \['t1'\] that no file given has"):
+        load_sessions([nwb, csv], columns={**mapping, "t1": "stop_time"})
+
+
+def test_mapping_onto_a_column_the_file_already_has_is_refused(tmp_path, table):
+    path = write_csv(table.assign(site=table["electrode"]), tmp_path / "s.csv")
+    with pytest.raises(FileFormatError, match=r"s\.csv: the column mapping renames a column onto \['electrode'\]"):
+        load_sessions(path, columns={"site": "electrode"})
+    both = write_csv(table.rename(columns={"electrode": "site"}).assign(channel=table["electrode"]), tmp_path / "b.csv")
+    with pytest.raises(FileFormatError, match=r"b\.csv: the column mapping maps several of the file's columns "
+                                              r"\(channel, site\) onto \['electrode'\]"):
+        load_sessions(both, columns={"site": "electrode", "channel": "electrode"})
+
+
+def test_files_from_two_rigs_name_one_column_differently(tmp_path, table):
+    rig_a = write_csv(table.rename(columns={"electrode": "site"}), tmp_path / "a.csv")
+    rig_b = write_csv(table.rename(columns={"electrode": "channel"}).assign(session_id="day2"), tmp_path / "b.csv")
+    loaded = load_sessions([rig_a, rig_b], columns={"site": "electrode", "channel": "electrode"})
+    assert loaded["electrode"].tolist() == table["electrode"].tolist() * 2
 
 
 def test_missing_columns_named(tmp_path, table):
@@ -133,7 +169,7 @@ def test_sham_row_with_current_is_refused_whole(tmp_path, table):
     sham_row = int(np.flatnonzero(broken["stimulated_electrode"] == "sham")[3])
     broken.loc[sham_row, "current_uA"] = 25.0
     with pytest.raises(FileFormatError, match=rf"refused \(nothing loaded\).*'current_uA', row\(s\) {sham_row + 1}:"
-                                              r" sham trial with a current"):
+                                              r" sham trial with a current > 0 µA; e\.g\. 25\.0$"):
         load_sessions(write_csv(broken, tmp_path / "s.csv"))
 
 
@@ -212,6 +248,58 @@ def test_several_subjects_and_sessions(tmp_path):
     assert loaded.groupby("subject_id").size().to_dict() == {"m1": 40, "m2": 40}
     with pytest.raises(FileFormatError, match="also in another file"):
         load_sessions([tmp_path / "a.csv", write_csv(a, tmp_path / "a_copy.csv")])
+
+
+def test_a_file_given_twice_is_refused(tmp_path, table):
+    path = write_csv(table, tmp_path / "s.csv")
+    with pytest.raises(ConfigError, match="given twice"):
+        load_sessions([path, tmp_path / "." / "s.csv"])
+
+
+def test_duplicate_trial_rows_are_refused(tmp_path, table):
+    doubled = pd.concat([table, table.iloc[[4, 9]]], ignore_index=True)
+    n = len(table)
+    with pytest.raises(FileFormatError, match=rf"'start_time', row\(s\) {n + 1}, {n + 2}: a trial of the same session"
+                                              rf" starts at the same time as an earlier row"):
+        load_sessions(write_csv(doubled, tmp_path / "s.csv"))
+    other_session = pd.concat([table, table.iloc[[4]].assign(session_id="day2")], ignore_index=True)
+    assert len(load_sessions(write_csv(other_session, tmp_path / "two.csv"))) == n + 1
+
+
+def test_sessions_at_step_0_only_are_refused(tmp_path, table):
+    with pytest.raises(FileFormatError, match=r"s\.csv: every trial is at step 0"):
+        load_sessions(write_csv(table.assign(step=0), tmp_path / "s.csv"))
+
+
+def test_sessions_without_sham_or_without_stimulation_are_refused(tmp_path, table):
+    sham_only = table[table["stimulated_electrode"] == "sham"]
+    with pytest.raises(FileFormatError, match=r"s\.csv: column 'stimulated_electrode': no stimulated trial"):
+        load_sessions(write_csv(sham_only, tmp_path / "s.csv"))
+    with pytest.raises(FileFormatError, match=r"t\.csv: column 'stimulated_electrode': no sham trial"):
+        load_sessions(write_csv(table[table["stimulated_electrode"] != "sham"], tmp_path / "t.csv"))
+
+
+def test_steps_counted_from_1_are_refused(tmp_path, table):
+    with pytest.raises(FileFormatError, match=r"s\.csv: column 'step': no trial at step 0 \(steps found 1\.\.7\)"):
+        load_sessions(write_csv(table.assign(step=table["step"] + 1), tmp_path / "s.csv"))
+
+
+def test_unreadable_csv_is_one_line(tmp_path):
+    (tmp_path / "s.csv").write_text("electrode,step\n1,0\n1,2,3\n")
+    with pytest.raises(FileFormatError, match="not a readable CSV table") as error:
+        load_sessions(tmp_path / "s.csv")
+    assert "\n" not in str(error.value)
+
+
+def test_csv_without_header_is_an_empty_session(tmp_path):
+    (tmp_path / "s.csv").write_text("\n")
+    with pytest.raises(FileFormatError, match=r"s\.csv: empty session"):
+        load_sessions(tmp_path / "s.csv")
+
+
+def test_hdf5_file_that_is_not_nwb_is_refused(tmp_path, table):
+    with pytest.raises(FileFormatError, match=r"s\.nwb: not a readable NWB file"):
+        load_sessions(write_hdf5(table, tmp_path / "s.nwb"))
 
 
 def test_unknown_format_and_missing_file(tmp_path):

@@ -16,6 +16,7 @@ from stimsim.analysis.comparison import compare_predictions, expected_correlatio
     load_plan_predictions
 from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, site_effects, \
     split_half_reliability
+from stimsim.analysis.sessions import SHAM
 from stimsim.errors import ConfigError
 from stimsim.jsonable import json_ready
 from stimsim.ordering import natural_key, naturally_ordered
@@ -52,7 +53,8 @@ class Analysis:
             if name == "delta_auc_missing_reason":
                 data[name] = ("site", self.sites[name].astype(str).to_numpy())
             elif name not in ("subject_id", "electrode"):
-                data[name] = ("site", self.sites[name].to_numpy(dtype=float))
+                values = self.sites[name].to_numpy()  # counts stay integers
+                data[name] = ("site", values if values.dtype.kind in "iu" else values.astype(float))
         for name in ("split_half_r", "noise_ceiling"):
             data[name] = float(self.summary[name])
         if self.summary["noise_ceiling_undefined_reason"] is not None:
@@ -73,18 +75,21 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
     ``n_boot`` bootstrap resamples per site, ``n_perm`` label permutations per site (and 10 × as many
     for the statistics across sites), ``n_splits`` random split halves; everything is seeded by ``seed``.
     """
-    for name, value, minimum in (("n_boot", n_boot, 2), ("n_perm", n_perm, 1), ("n_splits", n_splits, 1)):
+    for name, value, minimum in (("n_boot", n_boot, 2), ("n_perm", n_perm, 1), ("n_splits", n_splits, 1),
+                                 ("seed", seed, 0)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
             raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
     if not 0 < ci < 1:
         raise ConfigError(f"ci must lie strictly between 0 and 1, got {ci}")
     parameters = {"plan_dir": str(plan_dir) if plan_dir else None, "n_boot": n_boot, "n_perm": n_perm,
                   "n_splits": n_splits, "ci": ci, "seed": seed, "site_alpha": SITE_ALPHA}
-    counts = count_trials(sessions)
-    sites = site_effects(counts, n_boot=n_boot, n_perm=n_perm, ci=ci, seed=seed, sessions=sessions)
-    plan_summary = {}
+    plan_sites, plan_summary = None, {}
     if plan_dir is not None:
         plan_sites, plan_summary = load_plan_predictions(plan_dir)
+        _check_plan_subject(plan_dir, plan_summary, sessions)
+    counts = count_trials(sessions)
+    sites = site_effects(counts, n_boot=n_boot, n_perm=n_perm, ci=ci, seed=seed, sessions=sessions)
+    if plan_sites is not None:
         interval = [name for name in ("predicted_delta_auc_low", "predicted_delta_auc_high") if name in plan_sites]
         sites = sites.merge(plan_sites[["electrode_id", "predicted_delta_auc", *interval]].rename(
             columns={"electrode_id": "electrode"}), on="electrode", how="left")
@@ -95,7 +100,7 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
                "n_steps": int(counts.steps.size),
                "ci": ci,
                **_group_summary(sites, counts, plan_summary, n_perm, n_splits, seed)}
-    summary["warnings"] = _warnings(sites, summary)
+    summary["warnings"] = _warnings(sites, summary) + _current_warnings(sessions, sites, plan_sites)
     for message in summary["warnings"]:
         warnings.warn(message, stacklevel=2)
     subjects = sorted(sites["subject_id"].unique(), key=natural_key)
@@ -106,6 +111,20 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
                                          n_splits, seed)
             for subject in subjects}
     return Analysis(sessions, counts, sites, summary, parameters)
+
+
+def _check_plan_subject(plan_dir, plan_summary: dict, sessions: pd.DataFrame) -> None:
+    """A plan predicts the sites of one subject's array: sessions of several subjects, or of another
+    subject than the one a virtual-subject plan names, are refused."""
+    subjects = sorted(sessions["subject_id"].unique(), key=natural_key)
+    if len(subjects) > 1:
+        raise ConfigError(f"{plan_dir}: a plan predicts the sites of one subject's array, but the sessions hold "
+                          f"subjects {subjects}; analyse each subject with its own plan")
+    planned = plan_summary.get("subject_id")
+    if planned is not None and str(planned) != subjects[0]:
+        raise ConfigError(f"{plan_dir}: the plan was made for subject {planned!r}, the sessions are of subject "
+                          f"{subjects[0]!r}; give the plan of that subject (a table without a subject_id column "
+                          f"is of subject 'subject')")
 
 
 def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
@@ -120,10 +139,43 @@ def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
         messages.append(f"{len(missing)} of {len(sites)} sites have no ΔAUC (a psychometric curve needs a trial at "
                         f"every step in both conditions) and are left out of the statistics across sites: "
                         f"{listed}. More trials per site fill these steps.")
+    if summary["wilcoxon_p_undefined_reason"] is not None:
+        messages.append(f"Wilcoxon p and Cohen's d undefined: {summary['wilcoxon_p_undefined_reason']}.")
     if summary["noise_ceiling_undefined_reason"] is not None:
         consequence = (" The noise-ceiled r and the expected predicted vs observed r are undefined too."
                        if "noise_ceiled_r" in summary else "")
         messages.append(f"noise ceiling undefined: {summary['noise_ceiling_undefined_reason']}.{consequence}")
+    return messages
+
+
+def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: pd.DataFrame | None) -> list[str]:
+    """Sites stimulated at several currents (one ΔAUC pools them), or at another current than the one the
+    plan predicted their effect for (sites in natural order, as in ``sites``)."""
+    stimulated = sessions[sessions["stimulated_electrode"] != SHAM]
+    used = {site: np.unique(currents) for site, currents in
+            stimulated.groupby(["subject_id", "electrode"])["current_uA"]}
+    planned = {} if plan_sites is None or "current_uA" not in plan_sites else dict(
+        zip(plan_sites["electrode_id"], pd.to_numeric(plan_sites["current_uA"], errors="coerce")))
+    several = sites["subject_id"].nunique() > 1
+    pooled, other = [], []
+    for subject, electrode in zip(sites["subject_id"], sites["electrode"]):
+        currents = used.get((subject, electrode), np.array([]))
+        name = f"{f'subject {subject} ' if several else ''}electrode {electrode}"
+        listed = ", ".join(f"{current:g}" for current in currents)
+        if currents.size > 1:
+            pooled.append(f"{name} ({listed} µA)")
+        plan_current = planned.get(electrode, np.nan)
+        if currents.size and np.isfinite(plan_current) and not np.allclose(currents, plan_current):
+            other.append(f"{name} ({listed} µA; plan {plan_current:g} µA)")
+    messages = []
+    if pooled:
+        messages.append(f"{len(pooled)} of {len(sites)} sites were stimulated at several currents, and each one's "
+                        f"ΔAUC pools them (current_uA: their mean over the stimulated trials): {'; '.join(pooled)}. "
+                        f"Analyse the trials of each current separately to compare currents.")
+    if other:
+        messages.append(f"{len(other)} of {len(sites)} sites were stimulated at another current than the one the plan "
+                        f"predicted their effect for: {'; '.join(other)}. The predicted ΔAUC and the slope refer to "
+                        f"the plan's current.")
     return messages
 
 
@@ -138,6 +190,7 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
     significant = sites["permutation_p"] < SITE_ALPHA
     summary = {"n_sites_recorded": int(len(sites)), **across_sites(sites["delta_auc"], n_perm=10 * n_perm, seed=seed),
                "mean_psychometric_shift_steps": _nanmean(sites["shift_steps"]),
+               "mean_psychometric_shift_steps_chance": 0.0,
                "n_sites_significant": int(significant.sum()), "site_alpha": SITE_ALPHA,
                # expected false positives; rounded so that 0.05 × 24 reads 1.2, not 1.2000000000000002
                "n_sites_significant_chance": round(SITE_ALPHA * int(np.isfinite(sites["permutation_p"]).sum()), 12),
@@ -151,12 +204,14 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
     direction = np.sign(sites["predicted_delta_auc"]) * sites["delta_auc"]
     direction = direction[np.isfinite(direction)].to_numpy()
     summary["shift_in_predicted_direction"] = _nanmean(direction)
+    summary["shift_in_predicted_direction_chance"] = 0.0
     summary["shift_in_predicted_direction_wilcoxon_p"] = (
         float(stats.wilcoxon(direction, alternative="greater").pvalue) if direction.size > 1 and np.ptp(direction) > 0
         else float("nan"))
     planned_r = plan_summary.get("predicted_vs_true_r")
     if planned_r is not None:
         summary["plan_predicted_vs_true_r"] = float(planned_r)
+        summary["plan_predicted_vs_true_r_chance"] = 0.0
         # The plan's r is over every site it rehearsed; the sites of a session (e.g. the top-ranked ones) can
         # correlate less (a narrower range of predictions). With the plan's per-site truth, use these sites.
         sites_r = _plan_r_on_sites(plan_summary, sites["electrode"])
@@ -193,9 +248,15 @@ def save_analysis(analysis: Analysis, out_dir, sources=(), report: bool = True, 
     """Write the analysis into ``out_dir`` as one result set (:class:`stimsim.io.ResultSet`):
     ``results.nc``, ``sites.csv``, ``summary.json`` (with provenance) and, with ``report``,
     ``report.html`` + ``report.pdf``. ``force`` writes into a directory holding other files."""
-    from stimsim.io import ResultSet, provenance
+    from stimsim.io import ResultSet
 
-    results = ResultSet(out_dir, "analysis", force=force)
+    with ResultSet(out_dir, "analysis", force=force) as results:
+        return _write_analysis(analysis, results, sources, report)
+
+
+def _write_analysis(analysis: Analysis, results, sources, report: bool) -> Path:
+    from stimsim.io import provenance
+
     record = provenance({**analysis.parameters, "sessions": [str(path) for path in sources]})
     dataset = analysis.to_dataset()
     dataset.attrs["provenance_json"] = json.dumps(record, default=str)
@@ -223,14 +284,19 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
     from stimsim.analysis.sessions import load_sessions
     from stimsim.arrays.layout import load_layout
 
-    electrodes = None
-    if plan_dir is not None:
-        electrodes = set(load_plan_predictions(plan_dir)[0]["electrode_id"])
-    if layout is not None:
-        array_ids = set(load_layout(layout).electrode_ids)
-        electrodes = array_ids if electrodes is None else electrodes & array_ids
-    sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes)
-    analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed)
-    analysis.parameters.update({"columns": columns or {}, "layout": str(layout) if layout is not None else None})
-    save_analysis(analysis, out_dir, sources=session_paths, force=force)
+    from stimsim.io import ResultSet
+
+    # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
+    # before writing leaves it as it was.
+    with ResultSet(out_dir, "analysis", force=force) as results:
+        electrodes = None
+        if plan_dir is not None:
+            electrodes = set(load_plan_predictions(plan_dir)[0]["electrode_id"])
+        if layout is not None:
+            array_ids = set(load_layout(layout).electrode_ids)
+            electrodes = array_ids if electrodes is None else electrodes & array_ids
+        sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes)
+        analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed)
+        analysis.parameters.update({"columns": columns or {}, "layout": str(layout) if layout is not None else None})
+        _write_analysis(analysis, results, session_paths, report=True)
     return analysis

@@ -253,15 +253,21 @@ def _site_permutation_p(sessions: pd.DataFrame, counts: SiteCounts, n_perm: int,
 def across_sites(effects, n_perm: int = 10000, seed: int = 0) -> dict:
     """Is the per-site effect (e.g. ΔAUC) shifted from 0 across sites? Wilcoxon signed-rank test
     (two-sided, scipy), Cohen's d = mean / SD (ddof 1), and a sign-flip permutation p of the mean.
-    Sites whose effect is NaN are left out and counted."""
+    Sites whose effect is NaN are left out and counted. With fewer than 2 sites, or no spread between
+    them, the tests and d are NaN and ``wilcoxon_p_undefined_reason`` / ``cohens_d_undefined_reason``
+    say why (None when defined)."""
     values = np.asarray(effects, dtype=float)
     finite = values[np.isfinite(values)]
     result = {"n_sites": int(finite.size), "n_sites_without_effect": int(values.size - finite.size),
               "mean_shift": float(np.mean(finite)) if finite.size else float("nan"),
-              "mean_shift_chance": 0.0}
+              "mean_shift_chance": 0.0, "cohens_d_chance": 0.0,
+              "wilcoxon_p_undefined_reason": None, "cohens_d_undefined_reason": None}
     if finite.size < 2 or np.ptp(finite) == 0:
+        reason = (f"{finite.size} site(s) with an effect; the statistics across sites need at least 2"
+                  if finite.size < 2 else f"all {finite.size} sites have the same effect ({finite[0]:g}): no spread")
         return {**result, "wilcoxon_statistic": float("nan"), "wilcoxon_p": float("nan"),
-                "cohens_d": float("nan"), "mean_shift_permutation_p": float("nan")}
+                "cohens_d": float("nan"), "mean_shift_permutation_p": float("nan"),
+                "wilcoxon_p_undefined_reason": reason, "cohens_d_undefined_reason": reason}
     wilcoxon = stats.wilcoxon(finite)
     permutation = stats.permutation_test((finite,), np.mean, vectorized=True, n_resamples=n_perm,
                                          permutation_type="samples", alternative="two-sided",
@@ -326,5 +332,10 @@ def split_half_reliability(counts: SiteCounts, n_splits: int = 100, seed: int = 
             n_sites.append(int(usable.sum()))
     split_half_r = float(np.mean(correlations)) if correlations else float("nan")
     noise_ceiling, reason = noise_ceiling_of(split_half_r)
-    return {"split_half_r": split_half_r, "noise_ceiling": noise_ceiling, "noise_ceiling_undefined_reason": reason,
-            "n_splits": len(correlations), "split_half_mean_sites": float(np.mean(n_sites)) if n_sites else 0.0}
+    with_effect = int(np.isfinite(delta_auc_of_counts(counts.n_high, counts.n, x)).sum())
+    if not correlations and with_effect < 3:
+        reason = (f"no split-half r: {with_effect} site(s) have a ΔAUC, and a correlation across sites needs "
+                  f"3 or more")
+    return {"split_half_r": split_half_r, "split_half_r_chance": 0.0, "noise_ceiling": noise_ceiling,
+            "noise_ceiling_undefined_reason": reason, "n_splits": len(correlations),
+            "split_half_mean_sites": float(np.mean(n_sites)) if n_sites else 0.0}

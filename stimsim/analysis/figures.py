@@ -155,7 +155,8 @@ def plot_power_curve(table, target_power: float):
     ax.minorticks_off()
     ax.set_xlabel("trials per site (stimulated + sham)")
     ax.set_ylabel("power / r")
-    ax.set_ylim(min(0.0, float(np.nanmin(table.get("observed_vs_true_r", [0.0])))) - 0.02, 1.02)
+    r = np.asarray(table.get("observed_vs_true_r", []), dtype=float)
+    ax.set_ylim(min([0.0, *r[np.isfinite(r)]]) - 0.02, 1.02)  # no r at any count (too few trials): from 0
     ax.legend(frameon=False, fontsize=8)
     fig.tight_layout()
     return fig

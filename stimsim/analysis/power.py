@@ -81,12 +81,15 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
         raise ValueError("p_high must hold probabilities in [0, 1]")
     if not 0 < alpha < 1 or not 0 < target_power < 1:
         raise ConfigError(f"alpha and power must lie strictly between 0 and 1, got {alpha} and {target_power}")
+    n_sites, _, n_steps = p_high.shape
     counts = sorted({int(count) for count in trial_counts})
-    if not counts or counts[0] < 2:
-        raise ConfigError(f"trial counts must be integers >= 2, got {list(trial_counts)}")
+    if not counts or counts[0] < 2 * n_steps:
+        raise ConfigError(f"trial counts per site must be integers >= {2 * n_steps} (a ΔAUC needs a trial at each of "
+                          f"the {n_steps} steps in both conditions), got {list(trial_counts)}")
     if n_sessions < 10:
         raise ConfigError(f"n_sessions must be >= 10 for a power estimate, got {n_sessions}")
-    n_sites, _, n_steps = p_high.shape
+    if seed < 0:
+        raise ConfigError(f"seed must be an integer >= 0, got {seed}")
     electrodes = [str(i + 1) for i in range(n_sites)] if electrodes is None else [str(e) for e in electrodes]
     positions = np.linspace(0.0, 1.0, n_steps)
     planned = (delta_auc_of_counts(p_high, np.ones_like(p_high), positions) if planned_delta_auc is None
@@ -223,40 +226,43 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     from stimsim.io import ResultSet, provenance
     from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
 
-    planned = curves_from_plan(plan_dir)
-    curve, sites, summary = power_analysis(planned["p_high"], planned["electrodes"], planned["planned_delta_auc"],
-                                           trial_counts=trial_counts, n_sessions=n_sessions, alpha=alpha,
-                                           target_power=target_power, seed=seed)
-    summary = {**summary, "simulated_from": planned["source"], "plan_dir": str(plan_dir)}
-    results = ResultSet(out_dir, "power", force=force)
-    parameters = {"plan_dir": str(plan_dir), "target_power": target_power, "alpha": alpha,
-                  "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions, "seed": seed}
-    report = Report("Power of the planned session", subtitle=str(plan_dir), parameters=parameters, sections=[
-        Section("Trials per site needed", [
-            Paragraph(f"Sessions simulated from the {planned['source']}: stimulation and sham 50/50, "
-                      f"{n_sessions} sessions per trial count. Across sites: Wilcoxon signed-rank test of ΔAUC "
-                      f"in the planned direction (one-sided, α = {alpha:g}); per site: z test of ΔAUC "
-                      f"(two-sided, α = {alpha:g}, planned sign). Chance per site: {alpha / 2:g}."),
-            Table((("statistic", "trials per site")), (
-                ("across sites (Wilcoxon)", summary["wilcoxon_trials_needed"]),
-                ("per site, median", summary["median_site_trials_needed"]),
-                ("sites reaching the target power", f"{summary['n_sites_detectable']} of {summary['n_sites']}"),
-                (f"observed vs true ΔAUC r ≥ {TARGET_OBSERVED_VS_TRUE_R:g} across sites (mean)",
-                 summary["observed_vs_true_r_trials_needed"]))),
-            Paragraph(f"True ΔAUC across the sites: SD {summary['true_delta_auc_sd']:.4f}. The power curve table "
-                      "also gives, per trial count, the mean r across sites of the observed ΔAUC with the true "
-                      "ΔAUC (chance 0; its square is the reliability of the per-site effects) and with the "
-                      "plan's predicted ΔAUC."),
-            Image(figure_png(plot_power_curve(curve, target_power)),
-                  caption=f"Power against trials per site; target {target_power:g}.")]),
-        Section("Power curve", [Table.from_dataframe(curve)]),
-        Section("Per site", [Table.from_dataframe(sites, caption="planned ΔAUC, power at every trial count, "
-                                                                  "trials needed (– : not within the counts)")])])
-    results.claim("report.html")
-    results.claim("report.pdf")
-    report.write(results.directory)
-    results.write_csv("power_curve.csv", curve)
-    results.write_csv("power_sites.csv", sites)
-    results.write_json("summary.json", {**json_ready(summary), "provenance": provenance(parameters)})
-    results.finish()
+    # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
+    # before writing leaves it as it was.
+    with ResultSet(out_dir, "power", force=force) as results:
+        planned = curves_from_plan(plan_dir)
+        curve, sites, summary = power_analysis(planned["p_high"], planned["electrodes"], planned["planned_delta_auc"],
+                                               trial_counts=trial_counts, n_sessions=n_sessions, alpha=alpha,
+                                               target_power=target_power, seed=seed)
+        summary = {**summary, "simulated_from": planned["source"], "plan_dir": str(plan_dir)}
+        parameters = {"plan_dir": str(plan_dir), "target_power": target_power, "alpha": alpha,
+                      "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions, "seed": seed}
+        beyond = f"more than {max(summary['trial_counts'])}"
+        report = Report("Power of the planned session", subtitle=str(plan_dir), parameters=parameters, sections=[
+            Section("Trials per site needed", [
+                Paragraph(f"Sessions simulated from the {planned['source']}: stimulation and sham 50/50, "
+                          f"{n_sessions} sessions per trial count. Across sites: Wilcoxon signed-rank test of ΔAUC "
+                          f"in the planned direction (one-sided, α = {alpha:g}); per site: z test of ΔAUC "
+                          f"(two-sided, α = {alpha:g}, planned sign). Chance per site: {alpha / 2:g}."),
+                Table((("statistic", "trials per site")), (
+                    ("across sites (Wilcoxon)", summary["wilcoxon_trials_needed"] or beyond),
+                    ("per site, median", summary["median_site_trials_needed"] or beyond),
+                    ("sites reaching the target power", f"{summary['n_sites_detectable']} of {summary['n_sites']}"),
+                    (f"observed vs true ΔAUC r ≥ {TARGET_OBSERVED_VS_TRUE_R:g} across sites (mean)",
+                     summary["observed_vs_true_r_trials_needed"] or beyond))),
+                Paragraph(f"True ΔAUC across the sites: SD {summary['true_delta_auc_sd']:.4f}. The power curve table "
+                          "also gives, per trial count, the mean r across sites of the observed ΔAUC with the true "
+                          "ΔAUC (chance 0; its square is the reliability of the per-site effects) and with the "
+                          "plan's predicted ΔAUC."),
+                Image(figure_png(plot_power_curve(curve, target_power)),
+                      caption=f"Power against trials per site; target {target_power:g}.")]),
+            Section("Power curve", [Table.from_dataframe(curve)]),
+            Section("Per site", [Table.from_dataframe(sites, caption="planned ΔAUC, power at every trial count, "
+                                                                      "trials needed (– : not within the counts)")])])
+        results.claim("report.html")
+        results.claim("report.pdf")
+        report.write(results.directory)
+        results.write_csv("power_curve.csv", curve)
+        results.write_csv("power_sites.csv", sites)
+        results.write_json("summary.json", {**json_ready(summary), "provenance": provenance(parameters)})
+        results.finish()
     return summary

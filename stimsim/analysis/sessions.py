@@ -86,11 +86,7 @@ def _checked_mapping(mapping: dict[str, str], where: str) -> dict[str, str]:
     unknown = sorted(set(mapping.values()) - set(COLUMNS))
     if unknown:
         raise ConfigError(f"{where}: unknown stimsim column(s) {unknown}; allowed: {', '.join(COLUMNS)}")
-    targets = list(mapping.values())
-    doubled = sorted({name for name in targets if targets.count(name) > 1})
-    if doubled:
-        raise ConfigError(f"{where}: several lab columns map onto {doubled}")
-    return dict(mapping)
+    return dict(mapping)  # several lab names may map onto one column (files from different rigs), one per file
 
 
 def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None) -> pd.DataFrame:
@@ -116,9 +112,29 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
     paths = [Path(path) for path in paths]
     if not paths:
         raise ConfigError("no session files given")
+    resolved = [path.resolve() for path in paths]
+    again = next((path for i, path in enumerate(paths) if resolved[i] in resolved[:i]), None)
+    if again is not None:
+        raise ConfigError(f"session file {again} is given twice; its trials would be counted twice")
     known = None if electrodes is None else {str(electrode) for electrode in electrodes}
-    tables = [_validated(_read_raw(path, columns or {}), path, known) for path in paths]
+    raws, file_ids = zip(*(_read_raw(path) for path in paths))
+    mapping = _mapping_in_files(columns or {}, raws, paths)
+    tables = [_validated(_renamed(raw, mapping, ids, path), path, known)
+              for raw, ids, path in zip(raws, file_ids, paths)]
     sessions = pd.concat(tables, ignore_index=True)
+    steps = np.unique(sessions["step"])
+    where = paths[0] if len(paths) == 1 else ", ".join(map(str, paths))
+    if steps[0] > 0:
+        raise FileFormatError(where, f"column 'step': no trial at step 0 (steps found {steps[0]}..{steps[-1]}); steps "
+                                     f"count from 0, the 'low' end of the sequence: subtract 1 from steps counted "
+                                     f"from 1")
+    if steps.size < 2:
+        raise FileFormatError(where, "every trial is at step 0; a psychometric curve needs trials at 2 steps or more")
+    stimulated = sessions["stimulated_electrode"] != SHAM
+    if stimulated.all() or not stimulated.any():
+        missing = "sham" if stimulated.all() else "stimulated"
+        raise FileFormatError(where, f"column 'stimulated_electrode': no {missing} trial in the sessions given; an "
+                                     f"effect is stimulated against interleaved sham trials")
     per_file = sessions.drop_duplicates(["file", "subject_id", "session_id"])
     duplicated = per_file.duplicated(["subject_id", "session_id"])
     if duplicated.any():
@@ -128,8 +144,42 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
     return sessions
 
 
-def _read_raw(path: Path, mapping: dict[str, str]) -> pd.DataFrame:
-    """The file's trials as a DataFrame with stimsim column names (mapping applied), unvalidated."""
+def _mapping_in_files(mapping: dict[str, str], raws, paths) -> dict[str, str]:
+    """The mapping, checked against the files read together: each lab column it names must be in at
+    least one of them (several files of different formats share one mapping)."""
+    absent = sorted(set(mapping) - set().union(*(raw.columns for raw in raws)))
+    if absent:
+        columns = "; ".join(f"{path.name}: {', '.join(map(str, raw.columns))}" for raw, path in zip(raws, paths))
+        raise FileFormatError(paths[0] if len(paths) == 1 else ", ".join(map(str, paths)),
+                              f"column mapping names column(s) {absent} that no file given has; their columns: "
+                              f"{columns}")
+    return mapping
+
+
+def _renamed(raw: pd.DataFrame, mapping: dict[str, str], file_ids: dict, path: Path) -> pd.DataFrame:
+    """The file's table with stimsim column names (the mapping's lab columns it has, renamed), and the
+    subject and session ids of the file (NWB) where the table has no such column."""
+    applied = {lab: ours for lab, ours in mapping.items() if lab in raw.columns}
+    targets = list(applied.values())
+    doubled = sorted({ours for ours in targets if targets.count(ours) > 1})
+    if doubled:
+        labs = sorted(lab for lab, ours in applied.items() if ours in doubled)
+        raise FileFormatError(path, f"the column mapping maps several of the file's columns ({', '.join(labs)}) onto "
+                                    f"{doubled}; a file may give each stimsim column once")
+    clashing = sorted(ours for ours in applied.values() if ours in raw.columns and ours not in applied)
+    if clashing:
+        raise FileFormatError(path, f"the column mapping renames a column onto {clashing}, which the file already "
+                                    f"has; rename or drop one of them")
+    table = raw.rename(columns=applied)
+    for name, value in file_ids.items():
+        if value is not None and name not in table:
+            table[name] = value
+    return table
+
+
+def _read_raw(path: Path) -> tuple[pd.DataFrame, dict]:
+    """The file's trials as a DataFrame with its own column names, unvalidated, and the file-level
+    ``subject_id`` and ``session_id`` (NWB; None for tables)."""
     if not path.is_file():
         raise FileNotFoundError(f"session file not found: {path}")
     suffix = path.suffix.lower()
@@ -138,24 +188,17 @@ def _read_raw(path: Path, mapping: dict[str, str]) -> pd.DataFrame:
     elif suffix == ".csv":
         try:
             table = pd.read_csv(path, dtype=str, keep_default_na=False)
+        except pd.errors.EmptyDataError:
+            raise FileFormatError(path, "empty session: the file holds no table (no header, no rows)") from None
         except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-            raise FileFormatError(path, f"not a readable CSV table ({exc})") from None
+            raise FileFormatError(path, f"not a readable CSV table ({str(exc).strip()})") from None
         subject_id = session_id = None
     elif suffix in (".h5", ".hdf5"):
         table = _read_hdf5(path)
         subject_id = session_id = None
     else:
         raise FileFormatError(path, f"unknown session format {suffix!r}; use .nwb, .csv, .h5 or .hdf5")
-    missing_lab = sorted(set(mapping) - set(table.columns))
-    if missing_lab:
-        raise FileFormatError(path, f"column mapping names column(s) {missing_lab} that the file does not "
-                                    f"have; its columns: {', '.join(map(str, table.columns))}")
-    table = table.rename(columns=mapping)
-    if subject_id is not None and "subject_id" not in table:
-        table["subject_id"] = subject_id
-    if session_id is not None and "session_id" not in table:
-        table["session_id"] = session_id
-    return table
+    return table, {"subject_id": subject_id, "session_id": session_id}
 
 
 def _read_nwb(path: Path):
@@ -163,7 +206,10 @@ def _read_nwb(path: Path):
 
     try:
         with NWBHDF5IO(str(path), "r") as io:
-            nwbfile = io.read()
+            try:
+                nwbfile = io.read()
+            except TypeError as exc:  # pynwb's answer to an HDF5 file without the NWB version
+                raise FileFormatError(path, f"not a readable NWB file ({exc})") from None
             if nwbfile.trials is None:
                 raise FileFormatError(path, "the NWB file has no trials table")
             table = nwbfile.trials.to_dataframe().reset_index(drop=True)
@@ -230,7 +276,10 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None) -> pd.Data
         if mask.any():
             bad = rows[mask]
             shown = ", ".join(str(r) for r in bad[:5]) + (f" (+{bad.size - 5} more)" if bad.size > 5 else "")
-            example = f"; e.g. {values[mask][0]!r}" if values is not None else ""
+            example = ""
+            if values is not None:
+                value = values[mask][0]
+                example = f"; e.g. {value.item() if isinstance(value, np.generic) else value!r}"
             problems.append(f"column {column!r}, row(s) {shown}: {what}{example}")
 
     table = pd.DataFrame({"file": str(path), "row": rows})
@@ -287,6 +336,11 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None) -> pd.Data
     table["stimulus_id"] = raw["stimulus_id"].map(_as_text).to_numpy(dtype=object) if "stimulus_id" in raw else ""
     for name, default in (("subject_id", "subject"), ("session_id", path.stem)):
         table[name] = raw[name].map(_as_text).replace("", default).to_numpy(dtype=object) if name in raw else default
+    if "start_time" in raw:
+        report(table.duplicated(["subject_id", "session_id", "start_time"]).to_numpy()
+               & np.isfinite(table["start_time"].to_numpy()), "start_time",
+               "a trial of the same session starts at the same time as an earlier row (the trial given twice?)",
+               table["start_time"].to_numpy())
 
     if problems:
         listed = problems[:_MAX_PROBLEMS_LISTED]
