@@ -475,6 +475,44 @@ def test_bad_lab_input_is_named_and_leaves_nothing(tmp_path, capsys, case, patte
     assert not out.exists()  # nothing half-written
 
 
+@pytest.mark.parametrize("anatomical, pattern", [
+    ('{ ap_mm = 12.5, ml_mm = -18.0, hemisphere = "L" }',
+     r"plan.toml \[array\] anatomical: hemisphere must be one of \['left', 'right'\], got 'L'"),
+    ('{ ap_mm = 12.5, ml_mm = -18.0, reference = "elec1" }',
+     r"plan.toml \[array\] anatomical: reference 'elec1' is not an electrode of the array 'layout'"),
+])
+def test_bad_anatomical_pose_stops_the_plan_before_any_work(tmp_path, capsys, anatomical, pattern):
+    """A wrong implant pose is found with the inputs, not when the outputs are written after the whole plan."""
+    config = _lab_plan(tmp_path / "config")
+    config.write_text(config.read_text().replace("[array]\n", f"[array]\nanatomical = {anatomical}\n"))
+    out = tmp_path / "out"
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("stimsim: error:") and re.search(pattern, error), error
+    assert not out.exists()
+
+
+def test_anatomical_reference_may_be_an_electrode_the_recordings_leave_out(tmp_path):
+    """The implant's reference (e.g. electrode 1) keeps its place on the array when the lab's recordings omit it:
+    e2, 0.4 mm right of e1 on the 4×4 layout, lies 0.4 mm anterior of e1's AP at rotation 0."""
+    from stimsim.arrays.anatomy import AnatomicalPose
+    from stimsim.planning.config import load_plan_config
+    from stimsim.planning.plan import PlanInputs
+    from stimsim.recordings import load_recordings
+
+    config_path = _lab_plan(tmp_path / "config")
+    recordings = load_recordings(tmp_path / "config" / "recordings.nc").select_electrodes([f"e{i}" for i in range(2, 17)])
+    recordings.save_netcdf(tmp_path / "config" / "recordings.nc")
+    config_path.write_text(config_path.read_text().replace(
+        "[array]\n", '[array]\nanatomical = { ap_mm = 10.0, ml_mm = 20.0, reference = "e1" }\n'))
+    config = load_plan_config(config_path)
+    inputs = PlanInputs(config, tmp_path / "out", progress=False)
+    assert "e1" not in inputs.layout.electrode_ids and "e1" in inputs.array_layout.electrode_ids
+    pose = AnatomicalPose.from_dict(config.anatomical)
+    ap_ml = pose.to_anatomical(inputs.array_layout, [inputs.layout.position_of("e2")])
+    np.testing.assert_allclose(ap_ml, [[10.4, 20.0]], atol=1e-12)
+
+
 def test_shipped_plan_files_parse_and_tasks_keep_their_own_tables(tmp_path):
     from stimsim.planning.config import load_plan_config
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stimsim.arrays.anatomy import AnatomicalPose
 from stimsim.config import Section, load_toml
 from stimsim.errors import ConfigError
 from stimsim.hashing import json_sha256
@@ -170,6 +171,11 @@ def load_plan_config(path) -> PlanConfig:
     min_reliability = array.get("min_reliability", float, 0.3, minimum=-1.0, maximum=1.0)
     anatomical = array.get("anatomical", dict, None)
     array.finish()
+    if anatomical is not None:  # checked now, not when the outputs are written after the plan's work
+        try:
+            AnatomicalPose.from_dict(anatomical)
+        except ConfigError as exc:
+            raise ConfigError(f"{where} [array] anatomical: {str(exc).removeprefix('anatomical pose: ')}") from None
 
     registration = root.section("registration")
     n_boot = registration.get("n_boot", int, 10, minimum=2)

@@ -137,6 +137,7 @@ class PlanInputs:
                     report_phase(f"plan: reusing the virtual subject in {self.subject_dir}", progress)
             recordings = load_recordings(self.subject_dir / "recordings.nc")
             self.images = read_stimuli_npz(self.subject_dir / "stimuli.npz")
+            layout = recordings.layout
         else:
             from stimsim.arrays import load_layout
             from stimsim.subject.virtual import build_stimuli
@@ -147,12 +148,17 @@ class PlanInputs:
                                          layout=layout, stimulus_ids=self.images.stimulus_id)
         self.recordings = recordings
         self.layout = recordings.layout
+        self.array_layout = layout  # every electrode of the array, recorded or not (the anatomical reference)
         self.per_image = recordings.per_image()
         if self.per_image.sizes["stimulus_id"] < config.n_folds:
             raise ConfigError(f"{config.path} [models]: the recordings hold {self.per_image.sizes['stimulus_id']} "
                               f"images, fewer than the n_folds = {config.n_folds} ridge folds need")
         check_broken(config.selection.broken_electrodes, self.layout.electrode_ids,
                      where=f"{config.path} [array] broken_electrodes")
+        reference = str((config.anatomical or {}).get("reference", "centre"))
+        if reference != "centre" and reference not in layout.electrode_ids:
+            raise ConfigError(f"{config.path} [array] anatomical: reference {reference!r} is not an electrode of the "
+                              f"array {layout.name!r} (ids e.g. {list(layout.electrode_ids[:6])}) nor \"centre\"")
 
     def load_subject(self):
         from stimsim.subject import VirtualSubject
@@ -474,7 +480,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     if config.anatomical is not None:
         from stimsim.arrays.anatomy import AnatomicalPose
 
-        anatomical = AnatomicalPose.from_dict(config.anatomical).to_anatomical(inputs.layout, plan["array_xy"])
+        anatomical = AnatomicalPose.from_dict(config.anatomical).to_anatomical(inputs.array_layout, plan["array_xy"])
     charge = charge_per_phase_nC(config.stimulation["current_uA"], config.stimulation["pulse_width_ms"])
     verdict = "passed" if safety["passed"] else f"overridden: {safety['override_reason']}"
     factor = scales[chosen_model]["cortex_mm_per_model_mm"]
