@@ -475,6 +475,38 @@ def test_bad_lab_input_is_named_and_leaves_nothing(tmp_path, capsys, case, patte
     assert not out.exists()  # nothing half-written
 
 
+@pytest.mark.parametrize("case, pattern", [
+    ("recordings", r"plan.toml \[recordings\] path: file \S*typo.nc not found"),
+    ("table", r"plan.toml \[recordings\] images: stimulus table not found: \S*images.csv"),
+    ("unreadable", r"plan.toml \[recordings\] images: \S*broken.png: cannot decode image"),
+    ("names", r"plan.toml \[recordings\] names: maps stimsim's fields .*; got \{'spikes': 'mua'\}"),
+])
+@pytest.mark.parametrize("out_exists", [False, True])
+def test_bad_lab_files_are_named_with_the_plan_and_leave_nothing(tmp_path, capsys, case, pattern, out_exists):
+    """Missing or unreadable files a lab's plan names, and a name mapping of unknown fields: one error naming the plan
+    file and its field; --out is left as it was (absent, or empty when the lab made it beforehand)."""
+    config = _lab_plan(tmp_path / "config")
+    text = config.read_text()
+    if case == "recordings":
+        text = text.replace('path = "recordings.nc"', 'path = "typo.nc"')
+    elif case == "table":
+        text = text.replace('images = [{ source = "lfw_subset" }]', 'images = [{ source = "table", path = "images.csv" }]')
+    elif case == "unreadable":
+        (tmp_path / "config" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot an image")
+        (tmp_path / "config" / "images.csv").write_text("stimulus_id,path\nim1,broken.png\n")
+        text = text.replace('images = [{ source = "lfw_subset" }]', 'images = [{ source = "table", path = "images.csv" }]')
+    else:
+        text = text.replace('layout = "layout.csv"', 'layout = "layout.csv"\nnames = { spikes = "mua" }')
+    config.write_text(text)
+    out = tmp_path / "out"
+    if out_exists:
+        out.mkdir()
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("stimsim: error:") and error.count("\n") == 1 and re.search(pattern, error), error
+    assert (list(out.iterdir()) == []) if out_exists else not out.exists()
+
+
 @pytest.mark.parametrize("anatomical, pattern", [
     ('{ ap_mm = 12.5, ml_mm = -18.0, hemisphere = "L" }',
      r"plan.toml \[array\] anatomical: hemisphere must be one of \['left', 'right'\], got 'L'"),

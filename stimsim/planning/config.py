@@ -32,6 +32,7 @@ from stimsim.hashing import json_sha256
 from stimsim.paradigms.sequence_2afc import TaskSpec
 from stimsim.planning.face_task import FaceTaskSpec
 from stimsim.planning.selection import SelectionSpec
+from stimsim.recordings import FIELD_NAMES
 from stimsim.sequences import SequenceSpec
 from stimsim.stimulation import SafetyLimits
 
@@ -155,9 +156,17 @@ def load_plan_config(path) -> PlanConfig:
             "names": section.get("names", dict, {}),
         }
         section.finish()
+        if not Path(recordings["path"]).is_file():
+            raise ConfigError(f"{where} [recordings] path: file {recordings['path']} not found")
         layout_spec = recordings["layout"]
         if layout_spec not in ("10x10", "8x8"):
             recordings["layout"] = str((path.parent / layout_spec).resolve())
+            if not Path(recordings["layout"]).is_file():
+                raise ConfigError(f"{where} [recordings] layout: file {recordings['layout']} not found")
+        unknown = sorted(set(recordings["names"]) - set(FIELD_NAMES))
+        if unknown or not all(isinstance(v, str) and v for v in recordings["names"].values()):
+            raise ConfigError(f"{where} [recordings] names: maps stimsim's fields {list(FIELD_NAMES)} onto your names "
+                              f"(text), e.g. {{ response = \"mua\" }}; got {recordings['names']!r}")
         for entry in recordings["images"]:
             if not isinstance(entry, dict):
                 raise ConfigError(f"{where} [recordings]: images must be tables such as {{ source = \"folder\", path = ... }}")

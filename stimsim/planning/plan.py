@@ -143,7 +143,7 @@ class PlanInputs:
             from stimsim.subject.virtual import build_stimuli
 
             layout = load_layout(config.recordings["layout"])
-            self.images = build_stimuli(config.recordings["images"])
+            self.images = build_stimuli(config.recordings["images"], str(config.path), "[recordings] images")
             recordings = load_recordings(config.recordings["path"], names=config.recordings["names"] or None,
                                          layout=layout, stimulus_ids=self.images.stimulus_id)
         self.recordings = recordings
@@ -264,15 +264,18 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
     safety = _stimulation_report(config)  # refuses an unsafe protocol before anything is computed
     compute = {"device": "cpu", "scheduler": None, "scheduler_description": None, **(compute or {})}
     created = not Path(out_dir).exists()
+    cache_created = not (Path(out_dir) / "cache").exists()
     try:  # bad input found while reading the inputs or mapping leaves nothing behind
         cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
                            + (f"-random{n_random_poses}" if n_random_poses else ""), progress=progress)
         inputs = PlanInputs(config, out_dir, progress, subject_seed, device=compute["device"])
         models, scales = load_candidates(config.candidates, device=compute["device"])
         mapping = cache.json("mapping", lambda: _mapping_phase(config, inputs, models, progress))
-    except StimsimError:
+    except (StimsimError, FileNotFoundError):
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)
+        elif cache_created:
+            shutil.rmtree(Path(out_dir) / "cache", ignore_errors=True)
         raise
     chosen_model = mapping["selection"]["model"][0]
     working = mapping["working"]
