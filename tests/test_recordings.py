@@ -110,6 +110,29 @@ def test_nwb_written_with_plain_pynwb_is_read_with_lab_names(tmp_path, ragged):
     np.testing.assert_allclose(read.per_image().values, recordings.per_image().values)
 
 
+def test_names_of_fields_missing_from_the_file_are_errors(tmp_path):
+    """A name the lab maps must exist: an NWB electrode-id column typo must not fall back to the table's row ids
+    (0..4 here, which would silently pair responses with the wrong electrodes of a numbered layout)."""
+    recordings, *_ = _planted()
+    path = tmp_path / "lab.nwb"
+    _write_plain_nwb(path, recordings.response.values, recordings.response.stimulus_id.values,
+                     ["1", "2", "3", "4", "5"], [0.0, 400.0, 800.0, 0.0, 400.0], [0.0, 0.0, 0.0, 400.0, 400.0])
+    names = {"presentation": "image_presentations", "response": "mua", "stimulus_id": "image_name",
+             "electrode": "channel_name"}
+    assert load_recordings(path, names=names, layout=utah_array("8x8")).electrode_ids == ("1", "2", "3", "4", "5")
+    with pytest.raises(FileFormatError, match=r"lab.nwb: names: electrode = 'chan_name', but the electrodes table "
+                                              r"has no such column; columns: \[.*'channel_name'"):
+        load_recordings(path, names={**names, "electrode": "chan_name"}, layout=utah_array("8x8"))
+    with pytest.raises(FileFormatError, match=r"lab.nwb: names: x_mm = 'posx', but the electrodes table"):
+        load_recordings(path, names={**names, "x_mm": "posx", "y_mm": "pos_y"}, layout=utah_array("8x8"))
+    lab = xr.Dataset({"mua": (("trial", "channel"), recordings.response.values)},
+                     coords={"channel": [1, 2, 3, 4, 5], "image": ("trial", recordings.response.stimulus_id.values)})
+    lab.to_netcdf(tmp_path / "lab.nc", engine="h5netcdf")
+    nc_names = {"response": "mua", "presentation": "trial", "electrode": "channel", "stimulus_id": "image"}
+    with pytest.raises(FileFormatError, match=r"lab.nc: names: y_mm = 'py', but the file has no such variable"):
+        load_recordings(tmp_path / "lab.nc", names={**nc_names, "y_mm": "py"}, layout=utah_array("8x8"))
+
+
 def test_stimsim_nwb_round_trip(tmp_path):
     recordings, *_ = _planted()
     back = load_recordings(recordings.save_nwb(tmp_path / "rec.nwb"))
