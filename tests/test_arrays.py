@@ -88,6 +88,10 @@ def test_cmp_errors_name_the_line(tmp_path):
     bad.write_text("Cerebus mapping\n0\t0\tA\t40\n")
     with pytest.raises(FileFormatError, match="column elec"):
         ArrayLayout.from_cmp(bad)
+    # without its description line the first electrode would be taken for the description and silently lost
+    bad.write_text("// map\r\n//col\trow\tbank\telec\tlabel\r\n0\t1\tA\t1\telec6\t\r\n1\t1\tA\t3\telec5\t\r\n")
+    with pytest.raises(FileFormatError, match=r"bad.cmp: line 3: .* reads as an electrode line \('0\\t1\\tA\\t1\\telec6'\)"):
+        ArrayLayout.from_cmp(bad)
 
 
 def test_csv_layout_and_its_errors(tmp_path):

@@ -184,6 +184,10 @@ class ArrayLayout:
             if not text or text.startswith("//"):
                 continue
             if description is None:
+                if _reads_as_electrode_line(text):
+                    raise FileFormatError(path, f"line {line_number}: the first line that is not a // comment is the "
+                                                f"map's description, but this one reads as an electrode line ({text!r}); "
+                                                "add the description line (e.g. 'Cerebus mapping for array …') above it")
                 description = text
                 continue
             fields = text.split()
@@ -225,6 +229,13 @@ class ArrayLayout:
                                         "'col row bank elec label' lines)")
         return cls.from_positions(name or path.stem, ids, np.asarray(positions, dtype=np.float64),
                                   labels if all(labels) else ())
+
+
+def _reads_as_electrode_line(text: str) -> bool:
+    """Whether a .cmp line has the form ``col row bank elec [label]`` (integers, a bank letter, an integer)."""
+    fields = text.split()
+    return (len(fields) in (4, 5) and fields[0].isdigit() and fields[1].isdigit()
+            and fields[2].upper() in CMP_BANKS and fields[3].isdigit())
 
 
 def utah_array(kind: str = "10x10", pitch_mm: float = UTAH_PITCH_MM) -> ArrayLayout:
