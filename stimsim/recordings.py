@@ -172,15 +172,16 @@ class Recordings:
                             f"'{self.response['stimulus_id'].values[row]}'), electrode {self.electrode_ids[col]!r}: "
                             f"response is {values[row, col]} ({len(bad)} non-finite value(s) in all)")
 
-    def check_stimuli(self, stimulus_ids, images_source: str = "the image set"):
-        """Raise a DataError if a presented stimulus_id is not among ``stimulus_ids`` (the images)."""
+    def check_stimuli(self, stimulus_ids, images_source: str = "the image set", where: str = "stimulus_id"):
+        """Raise a DataError if a presented stimulus_id is not among ``stimulus_ids`` (the images); ``where`` names
+        the field in the file."""
         known = set(np.asarray(stimulus_ids).astype(str))
         presented = self.response["stimulus_id"].values
         unknown_rows = [i for i, s in enumerate(presented) if s not in known]
         if unknown_rows:
             first = unknown_rows[0]
             names = sorted({presented[i] for i in unknown_rows})
-            raise DataError(f"{self.source}: stimulus_id, row {first}: '{presented[first]}' is not in "
+            raise DataError(f"{self.source}: {where}, row {first}: '{presented[first]}' is not in "
                             f"{images_source}; {len(names)} unknown stimulus id(s): {_preview(names)}")
 
     # --- files ----------------------------------------------------------------------------
@@ -288,7 +289,7 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
     result = Recordings(data, layout, str(path))
     result.validate(where["response"])
     if stimulus_ids is not None:
-        result.check_stimuli(stimulus_ids, images_source)
+        result.check_stimuli(stimulus_ids, images_source, where["stimulus_id"])
     return result
 
 
@@ -330,6 +331,7 @@ def _read_netcdf(path: Path, names: dict, mapped=frozenset()):
         values = np.asarray(response.values, dtype=np.float64)
         stimulus_values = [str(s) for s in stimulus_id.values]
     where = {"response": f"variable {names['response']!r}", "electrode": f"coordinate {names['electrode']!r}",
+             "stimulus_id": f"coordinate {names['stimulus_id']!r}",
              "positions": f"coordinates {names['x_mm']!r}, {names['y_mm']!r}"}
     return values, stimulus_values, electrode_ids, positions, attrs, where
 
@@ -401,6 +403,7 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset()):
                                             "electrodes table)")
         attrs = {"units_description": column.description}
     where = {"response": f"{where_table}, column {names['response']!r}", "electrode": id_where,
+             "stimulus_id": f"{where_table}, column {names['stimulus_id']!r}",
              "positions": f"electrodes table columns {names['x_mm']!r}, {names['y_mm']!r}"}
     return values, stimulus_id, electrode_ids, positions, attrs, where
 
