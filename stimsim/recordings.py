@@ -329,7 +329,7 @@ def _read_netcdf(path: Path, names: dict, mapped=frozenset()):
             positions = np.column_stack([dataset[names["x_mm"]].values, dataset[names["y_mm"]].values]).astype(float)
         attrs = {k: v for k, v in response.attrs.items() if isinstance(v, (str, int, float))}
         values = np.asarray(response.values, dtype=np.float64)
-        stimulus_values = [str(s) for s in stimulus_id.values]
+        stimulus_values = [_id_text(s) for s in stimulus_id.values]
     where = {"response": f"variable {names['response']!r}", "electrode": f"coordinate {names['electrode']!r}",
              "stimulus_id": f"coordinate {names['stimulus_id']!r}",
              "positions": f"coordinates {names['x_mm']!r}, {names['y_mm']!r}"}

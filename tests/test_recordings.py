@@ -141,6 +141,18 @@ def test_names_of_fields_missing_from_the_file_are_errors(tmp_path):
         load_recordings(path, names=names, layout=utah_array("8x8"), stimulus_ids=sorted(set(shown) - {"img004"}))
 
 
+def test_numeric_ids_read_as_text_the_same_way_in_netcdf_and_nwb(tmp_path):
+    """Image numbers stored as floats (as MATLAB writes them) name the images "1", "2", like whole-number electrode
+    ids, so they match an image table's ids."""
+    values = np.arange(12.0).reshape(6, 2)
+    lab = xr.Dataset({"response": (("presentation", "electrode"), values)},
+                     coords={"electrode": [1.0, 2.0], "stimulus_id": ("presentation", [1.0, 2.0, 3.0, 1.0, 2.0, 3.0])})
+    lab.to_netcdf(tmp_path / "lab.nc", engine="h5netcdf")
+    read = load_recordings(tmp_path / "lab.nc", layout=utah_array("8x8"), stimulus_ids=["1", "2", "3"])
+    assert read.electrode_ids == ("1", "2") and read.stimulus_ids.tolist() == ["1", "2", "3"]
+    np.testing.assert_allclose(read.per_image().sel(stimulus_id="2").values, [(2 + 8) / 2, (3 + 9) / 2])
+
+
 def test_stimsim_nwb_round_trip(tmp_path):
     recordings, *_ = _planted()
     back = load_recordings(recordings.save_nwb(tmp_path / "rec.nwb"))
