@@ -14,7 +14,7 @@ import pytest
 import xarray as xr
 
 from stimsim.cli import main
-from stimsim.errors import ConfigError, SafetyError
+from stimsim.errors import ConfigError, DataError, SafetyError
 from stimsim.planning.plan import run_plan
 from stimsim.planning.selection import separation_mm
 from stimsim.planning.validation import meets_targets
@@ -543,6 +543,28 @@ def test_anatomical_reference_may_be_an_electrode_the_recordings_leave_out(tmp_p
     pose = AnatomicalPose.from_dict(config.anatomical)
     ap_ml = pose.to_anatomical(inputs.array_layout, [inputs.layout.position_of("e2")])
     np.testing.assert_allclose(ap_ml, [[10.4, 20.0]], atol=1e-12)
+
+
+def test_a_cmp_maps_labels_onto_the_recorded_electrodes_with_layout_ids_label(tmp_path):
+    """Recordings that name electrodes by the Central labels of a .cmp map (here e1..e16) plan on that map with
+    layout_ids = "label": e{k+1} at col k % 4, row k // 4 of the map sits at ((col - 1.5), (row - 1.5)) × 0.4 mm."""
+    from stimsim.planning.config import load_plan_config
+    from stimsim.planning.plan import PlanInputs
+
+    config_path = _lab_plan(tmp_path / "config")
+    lines = [f"{k % 4}\t{k // 4}\tA\t{k + 1}\te{k + 1}" for k in range(16)]
+    (tmp_path / "config" / "array.cmp").write_text("// map\nCerebus mapping for array 4x4\n" + "\n".join(lines) + "\n")
+    config_path.write_text(config_path.read_text().replace('layout = "layout.csv"', 'layout = "array.cmp"'))
+    with pytest.raises(DataError, match=r"recordings.nc: coordinate 'electrode': 16 recorded electrode\(s\) are not in"):
+        PlanInputs(load_plan_config(config_path), tmp_path / "out", progress=False)  # channel numbers 1..16
+    config_path.write_text(config_path.read_text().replace('layout = "array.cmp"', 'layout = "array.cmp"\nlayout_ids = "label"'))
+    inputs = PlanInputs(load_plan_config(config_path), tmp_path / "out", progress=False)
+    assert inputs.layout.electrode_ids == tuple(f"e{k + 1}" for k in range(16))
+    expected = [((k % 4 - 1.5) * 0.4, (k // 4 - 1.5) * 0.4) for k in range(16)]
+    np.testing.assert_allclose(inputs.layout.positions_mm, expected, atol=1e-12)
+    config_path.write_text(config_path.read_text().replace('layout = "array.cmp"', 'layout = "layout.csv"'))
+    with pytest.raises(ConfigError, match=r"plan.toml \[recordings\] layout_ids: \"label\" takes the ids from a .cmp"):
+        load_plan_config(config_path)
 
 
 def test_shipped_plan_files_parse_and_tasks_keep_their_own_tables(tmp_path):

@@ -8,7 +8,8 @@ top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehr
 [subject]       config = a virtual-subject file (``stimsim subject make`` format) or dir = a subject
                 directory: plan on its recordings (truth is read only to validate)
 [recordings]    instead of [subject]: path (.nc / .nwb), images (list of stimulus-set tables, as in
-                experiment files), layout ("10x10", "8x8", .csv or .cmp), names (lab name → stimsim name)
+                experiment files), layout ("10x10", "8x8", .csv or .cmp), layout_ids ("channel": a .cmp's
+                Cerebus channel numbers, or "label": its label column), names (stimsim name → lab name)
 [array]         broken_electrodes, min_reliability (split-half; below it an electrode is not working),
                 anatomical = {ap_mm, ml_mm, rotation_deg, hemisphere, reference} (optional)
 [registration]  n_boot, allow_scale
@@ -153,6 +154,7 @@ def load_plan_config(path) -> PlanConfig:
             "path": str((path.parent / section.get("path", str)).resolve()),
             "images": section.get("images", list),
             "layout": section.get("layout", str, "10x10"),
+            "layout_ids": section.get("layout_ids", str, "channel", choices=("channel", "label")),
             "names": section.get("names", dict, {}),
         }
         section.finish()
@@ -163,6 +165,9 @@ def load_plan_config(path) -> PlanConfig:
             recordings["layout"] = str((path.parent / layout_spec).resolve())
             if not Path(recordings["layout"]).is_file():
                 raise ConfigError(f"{where} [recordings] layout: file {recordings['layout']} not found")
+        if recordings["layout_ids"] == "label" and not recordings["layout"].lower().endswith(".cmp"):
+            raise ConfigError(f"{where} [recordings] layout_ids: \"label\" takes the ids from a .cmp map's label column; "
+                              f"the layout is {layout_spec!r}")
         unknown = sorted(set(recordings["names"]) - set(FIELD_NAMES))
         if unknown or not all(isinstance(v, str) and v for v in recordings["names"].values()):
             raise ConfigError(f"{where} [recordings] names: maps stimsim's fields {list(FIELD_NAMES)} onto your names "
