@@ -459,13 +459,18 @@ def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e
 
 @pytest.mark.parametrize("case, pattern", [
     ("ids", r"recordings.nc: coordinate 'electrode': 16 recorded electrode\(s\) are not in"),
-    ("folds", r"plan.toml \[models\]: the recordings hold 8 images, fewer than the n_folds = 10"),
+    ("folds", r"plan.toml \[models\]: the recordings hold 8 images, fewer than the n_folds = 10 ridge folds need \(20:"),
+    ("two_per_fold", r"plan.toml \[models\]: the recordings hold 15 images, fewer than the n_folds = 10 ridge folds "
+                     r"need \(20: 2 per fold"),
+    ("registration", r"plan.toml \[models\]: the recordings hold 8 images, fewer than the n_folds = 3 ridge folds need "
+                     r"\(10: 2 per fold, and at least 10 for the registration\)"),
     ("fit", r"plan.toml \[recordings\] layout: array .* does not fit on the IT sheet"),
 ])
 def test_bad_lab_input_is_named_and_leaves_nothing(tmp_path, capsys, case, pattern, one_torch_thread):
     """The issue's bad input: a layout whose ids do not match the recordings, fewer images than the ridge folds
     need, an array that fits the sheet at no pose (4 × 12 mm = 36 mm across; the sheet is 19.7 cortex mm)."""
     options = {"ids": {"layout_prefix": "x"}, "folds": {"n_images": 8, "n_folds": 10},
+               "two_per_fold": {"n_images": 15, "n_folds": 10}, "registration": {"n_images": 8, "n_folds": 3},
                "fit": {"pitch_mm": 12.0}}[case]
     config = _lab_plan(tmp_path / "config", **options)
     out = tmp_path / "out"

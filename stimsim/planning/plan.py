@@ -151,9 +151,13 @@ class PlanInputs:
         self.layout = recordings.layout
         self.array_layout = layout  # every electrode of the array, recorded or not (the anatomical reference)
         self.per_image = recordings.per_image()
-        if self.per_image.sizes["stimulus_id"] < config.n_folds:
+        from stimsim.mapping.registration import MIN_REGISTRATION_IMAGES
+
+        needed = max(2 * config.n_folds, MIN_REGISTRATION_IMAGES)
+        if self.per_image.sizes["stimulus_id"] < needed:
             raise ConfigError(f"{config.path} [models]: the recordings hold {self.per_image.sizes['stimulus_id']} "
-                              f"images, fewer than the n_folds = {config.n_folds} ridge folds need")
+                              f"images, fewer than the n_folds = {config.n_folds} ridge folds need ({needed}: 2 per "
+                              f"fold, and at least {MIN_REGISTRATION_IMAGES} for the registration)")
         check_broken(config.selection.broken_electrodes, self.layout.electrode_ids,
                      where=f"{config.path} [array] broken_electrodes")
         reference = str((config.anatomical or {}).get("reference", "centre"))
