@@ -71,6 +71,16 @@ def test_sites_exactly_min_separation_apart_on_a_utah_grid_are_both_chosen(metri
     assert one_pitch["chosen"].tolist() == [0] and one_pitch["reason"][1] == "too close to 12"
 
 
+def test_map_labels_drop_the_text_prefix_all_ids_share_and_keep_their_numbers():
+    from stimsim.planning.report import map_labels
+
+    assert map_labels(["elec1", "elec10", "elec96"]) == ("elec", ["1", "10", "96"])
+    assert map_labels(["elec10", "elec11", "elec12"]) == ("elec", ["10", "11", "12"])  # not "elec1"
+    assert map_labels(["1", "2", "96"]) == ("", ["1", "2", "96"])
+    assert map_labels(["ch", "ch2"]) == ("", ["ch", "ch2"])  # no id left empty
+    assert map_labels(["A-01", "B-02"]) == ("", ["A-01", "B-02"])
+
+
 def test_unknown_broken_electrode_is_an_error():
     with pytest.raises(ConfigError, match=r"unknown electrode id\(s\) \['99'\]"):
         choose_sites(["1", "2"], np.zeros((2, 2)), np.zeros(2), SelectionSpec(broken_electrodes=("99",)))
