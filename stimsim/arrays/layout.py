@@ -87,6 +87,15 @@ class ArrayLayout:
         x, y = self.positions_mm[self.index_of(electrode_id)]
         return float(x), float(y)
 
+    def in_array_order(self, electrode_ids) -> list:
+        """``electrode_ids`` by their place on the array — rows from the bottom, then columns from the left
+        (positions to 1 nm; ties by id) — whatever order a file lists them in."""
+        def place(electrode_id):
+            x, y = self.position_of(electrode_id)
+            return round(y, 6), round(x, 6), electrode_id
+
+        return sorted((str(e) for e in electrode_ids), key=place)
+
     def on_sheet(self, pose: ArrayPose) -> np.ndarray:
         """(N, 2) sheet positions (mm) of the electrodes when the array sits at ``pose``."""
         return pose.apply(self.positions_mm)

@@ -179,7 +179,8 @@ def _mapping_phase(config: PlanConfig, inputs: PlanInputs, models: dict, progres
                                  select_model)
 
     reliability = inputs.recordings.split_half_reliability(seed=config.seed)
-    ids = list(inputs.layout.electrode_ids)
+    # the sites' seeded noise is drawn in this order: the array's, not the order a lab's file lists its channels in
+    ids = inputs.layout.in_array_order(inputs.layout.electrode_ids)
     rel = {str(e): float(v) for e, v in zip(reliability["electrode"].values, reliability.values)}
     broken = set(config.selection.broken_electrodes)
     working = [e for e in ids if e not in broken and rel.get(e, np.nan) >= config.min_reliability]
