@@ -572,6 +572,25 @@ def test_a_cmp_maps_labels_onto_the_recorded_electrodes_with_layout_ids_label(tm
         load_plan_config(config_path)
 
 
+def test_a_plan_cache_of_recordings_that_changed_since_is_refused(tmp_path):
+    """Re-running into the same --out after the lab re-exported its recordings must not reuse the old mapping."""
+    from stimsim.planning.config import load_plan_config
+    from stimsim.planning.plan import PhaseCache
+    from stimsim.recordings import load_recordings
+
+    config_path = _lab_plan(tmp_path / "config")
+    before = load_plan_config(config_path).digest()
+    assert load_plan_config(config_path).digest() == before  # same files, same digest
+    recordings_path = tmp_path / "config" / "recordings.nc"
+    recordings = load_recordings(recordings_path)
+    recordings.select_electrodes(recordings.electrode_ids[:15]).save_netcdf(recordings_path)
+    after = load_plan_config(config_path).digest()
+    assert after != before
+    PhaseCache(tmp_path / "out", before)
+    with pytest.raises(ConfigError, match="holds a plan made with other parameters or input files"):
+        PhaseCache(tmp_path / "out", after)
+
+
 def test_shipped_plan_files_parse_and_tasks_keep_their_own_tables(tmp_path):
     from stimsim.planning.config import load_plan_config
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from stimsim.arrays.anatomy import AnatomicalPose
 from stimsim.config import Section, load_toml
 from stimsim.errors import ConfigError
-from stimsim.hashing import json_sha256
+from stimsim.hashing import json_sha256, sha256_of
 from stimsim.paradigms.sequence_2afc import TaskSpec
 from stimsim.planning.face_task import FaceTaskSpec
 from stimsim.planning.selection import SelectionSpec
@@ -93,10 +93,26 @@ class PlanConfig:
             "selection": self.selection.to_dict(),
         }
 
+    def input_files(self) -> dict:
+        """sha256 of every file the plan reads its inputs from: the recordings, a layout file and image tables, or the
+        virtual subject's file (the images of a folder source are not included)."""
+        paths = []
+        if self.recordings is not None:
+            paths.append(self.recordings["path"])
+            if self.recordings["layout"] not in ("10x10", "8x8"):
+                paths.append(self.recordings["layout"])
+            paths += [entry["path"] for entry in self.recordings["images"]
+                      if "path" in entry and Path(entry["path"]).is_file()]
+        if self.subject_config is not None:
+            paths.append(self.subject_config)
+        return {str(p): sha256_of(p) for p in paths}
+
     def digest(self) -> str:
-        """sha256 of the resolved parameters: a cache of another configuration is never reused."""
+        """sha256 of the resolved parameters and of the input files: a cache of another configuration, or of files
+        that have changed since, is never reused."""
         record = self.to_dict()
         record.pop("description")
+        record["input_sha256"] = self.input_files()
         return json_sha256(record)
 
 

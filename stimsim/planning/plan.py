@@ -46,8 +46,8 @@ IT = "IT"
 
 
 class PhaseCache:
-    """Finished phases as files in ``DIR/cache``; a cache of another configuration is an error. A phase taken
-    from the cache is reported on stderr when ``progress`` is true."""
+    """Finished phases as files in ``DIR/cache``; a cache of another configuration or other input files is an error.
+    A phase taken from the cache is reported on stderr when ``progress`` is true."""
 
     def __init__(self, out_dir: Path, digest: str, progress: bool = False):
         self.dir = out_dir / "cache"
@@ -55,8 +55,8 @@ class PhaseCache:
         self.dir.mkdir(parents=True, exist_ok=True)
         stamp = self.dir / "config_digest.txt"
         if stamp.is_file() and stamp.read_text().strip() != digest:
-            raise ConfigError(f"{out_dir} holds a plan made with other parameters (cache/config_digest.txt); "
-                              "use a new --out directory or delete that one")
+            raise ConfigError(f"{out_dir} holds a plan made with other parameters or input files "
+                              "(cache/config_digest.txt); use a new --out directory or delete that one")
         atomic_write_text(stamp, digest + "\n")
 
     def json(self, name: str, compute):
@@ -565,6 +565,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     record["device"] = str(compute["device"])
     record["scheduler"] = compute["scheduler_description"]
     record["cortex_scale"] = scales
+    record["input_sha256"] = config.input_files()
     atomic_write_json(out_dir / "config.json", record)
     atomic_write_json(out_dir / "summary.json", summary)
     build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, sites, summary, truth,
