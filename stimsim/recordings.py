@@ -182,7 +182,8 @@ class Recordings:
             first = unknown_rows[0]
             names = sorted({presented[i] for i in unknown_rows})
             raise DataError(f"{self.source}: {where}, row {first}: '{presented[first]}' is not in "
-                            f"{images_source}; {len(names)} unknown stimulus id(s): {_preview(names)}")
+                            f"{images_source}; {len(names)} unknown stimulus id(s): {_preview(names)}; the images' ids "
+                            f"are e.g. {_preview(sorted(known), 3)}")
 
     # --- files ----------------------------------------------------------------------------
     def save_netcdf(self, path) -> Path:

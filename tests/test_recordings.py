@@ -133,7 +133,9 @@ def test_names_of_fields_missing_from_the_file_are_errors(tmp_path):
         load_recordings(tmp_path / "lab.nc", names={**nc_names, "y_mm": "py"}, layout=utah_array("8x8"))
     shown = recordings.response.stimulus_id.values
     first_row = int(np.flatnonzero(shown == "img003")[0])
-    with pytest.raises(DataError, match=rf"lab.nc: coordinate 'image', row {first_row}: 'img003' is not in lab.csv"):
+    with pytest.raises(DataError, match=rf"lab.nc: coordinate 'image', row {first_row}: 'img003' is not in lab.csv; "
+                                        r"1 unknown stimulus id\(s\): img003; the images' ids are e.g. img000, img001, "
+                                        r"img002, … \(39 in all\)"):
         load_recordings(tmp_path / "lab.nc", names=nc_names, layout=utah_array("8x8"),
                         stimulus_ids=sorted(set(shown) - {"img003"}), images_source="lab.csv")
     first_row = int(np.flatnonzero(shown == "img004")[0])
