@@ -512,6 +512,27 @@ def test_bad_lab_files_are_named_with_the_plan_and_leave_nothing(tmp_path, capsy
     assert (list(out.iterdir()) == []) if out_exists else not out.exists()
 
 
+def test_face_task_without_face_labels_stops_before_any_work(tmp_path, capsys):
+    """A lab's face-task plan whose images carry no 'category' label is refused with the inputs, not after the
+    models have been fitted and registered."""
+    import h5py
+
+    from stimsim.data.stimuli import lfw_subset
+
+    config = _lab_plan(tmp_path / "config")
+    images = lfw_subset()
+    with h5py.File(tmp_path / "config" / "images.h5", "w") as handle:  # the images, without their labels
+        handle["images"] = np.stack(images.images)
+        handle["stimulus_id"] = images.stimulus_id.astype("S")
+    config.write_text(config.read_text().replace('name = "lab"', 'name = "lab"\ntask = "face_categorization"').replace(
+        'images = [{ source = "lfw_subset" }]', 'images = [{ source = "table", path = "images.h5" }]'))
+    out = tmp_path / "out"
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert re.search(r"^stimsim: error: \S*plan.toml: the face task needs images with a 'category' label", error), error
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("anatomical, pattern", [
     ('{ ap_mm = 12.5, ml_mm = -18.0, hemisphere = "L" }',
      r"plan.toml \[array\] anatomical: hemisphere must be one of \['left', 'right'\], got 'L'"),

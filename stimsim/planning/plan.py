@@ -275,6 +275,8 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
         cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
                            + (f"-random{n_random_poses}" if n_random_poses else ""), progress=progress)
         inputs = PlanInputs(config, out_dir, progress, subject_seed, device=compute["device"])
+        face_task_trials = (face_trials(inputs.images, config.face_task, seed=config.seed, where=str(config.path))
+                            if config.task == "face_categorization" else None)  # its images checked before any work
         models, scales = load_candidates(config.candidates, device=compute["device"])
         mapping = cache.json("mapping", lambda: _mapping_phase(config, inputs, models, progress))
     except (StimsimError, FileNotFoundError):
@@ -299,7 +301,7 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
                                                                   inputs.images, progress, companions))
         phase = partial(_rehearsal_phase, scheduler=compute["scheduler"])
     else:
-        task = face_trials(inputs.images, config.face_task, seed=config.seed, where=str(config.path))
+        task = face_task_trials
         phase = _face_phase
     effect = config.effect
     rehearsals = {}
