@@ -551,8 +551,9 @@ def test_bad_anatomical_pose_stops_the_plan_before_any_work(tmp_path, capsys, an
 
 
 def test_anatomical_reference_may_be_an_electrode_the_recordings_leave_out(tmp_path):
-    """The implant's reference (e.g. electrode 1) keeps its place on the array when the lab's recordings omit it:
-    e2, 0.4 mm right of e1 on the 4×4 layout, lies 0.4 mm anterior of e1's AP at rotation 0."""
+    """The implant's reference (e.g. electrode 1) keeps its place on the array when the lab's recordings omit it (and
+    it may be listed as broken): e2, 0.4 mm right of e1 on the 4×4 layout, lies 0.4 mm anterior of e1's AP at
+    rotation 0."""
     from stimsim.arrays.anatomy import AnatomicalPose
     from stimsim.planning.config import load_plan_config
     from stimsim.planning.plan import PlanInputs
@@ -563,8 +564,9 @@ def test_anatomical_reference_may_be_an_electrode_the_recordings_leave_out(tmp_p
     recordings.save_netcdf(tmp_path / "config" / "recordings.nc")
     config_path.write_text(config_path.read_text().replace(
         "[array]\n", '[array]\nanatomical = { ap_mm = 10.0, ml_mm = 20.0, reference = "e1" }\n'))
+    config_path.write_text(config_path.read_text().replace("[array]\n", '[array]\nbroken_electrodes = ["e1"]\n'))
     config = load_plan_config(config_path)
-    inputs = PlanInputs(config, tmp_path / "out", progress=False)
+    inputs = PlanInputs(config, tmp_path / "out", progress=False)  # e1, broken and left out, is still the array's
     assert "e1" not in inputs.layout.electrode_ids and "e1" in inputs.array_layout.electrode_ids
     pose = AnatomicalPose.from_dict(config.anatomical)
     ap_ml = pose.to_anatomical(inputs.array_layout, [inputs.layout.position_of("e2")])

@@ -158,7 +158,7 @@ class PlanInputs:
             raise ConfigError(f"{config.path} [models]: the recordings hold {self.per_image.sizes['stimulus_id']} "
                               f"images, fewer than the n_folds = {config.n_folds} ridge folds need ({needed}: 2 per "
                               f"fold, and at least {MIN_REGISTRATION_IMAGES} for the registration)")
-        check_broken(config.selection.broken_electrodes, self.layout.electrode_ids,
+        check_broken(config.selection.broken_electrodes, layout.electrode_ids,  # recorded or not
                      where=f"{config.path} [array] broken_electrodes")
         reference = str((config.anatomical or {}).get("reference", "centre"))
         if reference != "centre" and reference not in layout.electrode_ids:
@@ -455,7 +455,7 @@ def _assemble(config, inputs, mapping, chosen_model, rehearsals, registered_poin
     layout = inputs.layout
     index = [layout.index_of(e) for e in working]
     array_xy = layout.positions_mm[index]
-    choice = choose_sites(working, array_xy, predicted, config.selection, array_ids=layout.electrode_ids)
+    choice = choose_sites(working, array_xy, predicted, config.selection, array_ids=inputs.array_layout.electrode_ids)
     return {"predicted": predicted, "low": low, "high": high, "per_model": per_model, "choice": choice,
             "array_xy": array_xy, "cortex_xy": registered_points(chosen_model)[:, 0]}
 
