@@ -15,7 +15,8 @@ origin); pass a ``layout`` to use another frame.
 
 - ``electrodes`` table, one row per electrode, with the ``group`` (one ``ElectrodeGroup`` per array)
   and the columns ``electrode_id`` (text) and ``x_mm``, ``y_mm`` (position on the array, mm);
-  without an ``electrode_id`` column the table's ``label`` column, else its row ids, are the ids.
+  without an ``electrode_id`` column (and none named by ``names``) the table's ``label`` column, else its
+  row ids, are the ids.
 - a ``TimeIntervals`` table named ``presentations`` (in ``nwbfile.intervals``; a ``DynamicTable`` of
   that name anywhere in the file is read as well), one row per image presentation, with
   ``start_time``, ``stop_time`` (s), ``stimulus_id`` (text) and ``response``: a 2-D column
@@ -171,16 +172,18 @@ class Recordings:
                             f"'{self.response['stimulus_id'].values[row]}'), electrode {self.electrode_ids[col]!r}: "
                             f"response is {values[row, col]} ({len(bad)} non-finite value(s) in all)")
 
-    def check_stimuli(self, stimulus_ids, images_source: str = "the image set"):
-        """Raise a DataError if a presented stimulus_id is not among ``stimulus_ids`` (the images)."""
+    def check_stimuli(self, stimulus_ids, images_source: str = "the image set", where: str = "stimulus_id"):
+        """Raise a DataError if a presented stimulus_id is not among ``stimulus_ids`` (the images); ``where`` names
+        the field in the file."""
         known = set(np.asarray(stimulus_ids).astype(str))
         presented = self.response["stimulus_id"].values
         unknown_rows = [i for i, s in enumerate(presented) if s not in known]
         if unknown_rows:
             first = unknown_rows[0]
             names = sorted({presented[i] for i in unknown_rows})
-            raise DataError(f"{self.source}: stimulus_id, row {first}: '{presented[first]}' is not in "
-                            f"{images_source}; {len(names)} unknown stimulus id(s): {_preview(names)}")
+            raise DataError(f"{self.source}: {where}, row {first}: '{presented[first]}' is not in "
+                            f"{images_source}; {len(names)} unknown stimulus id(s): {_preview(names)}; the images' ids "
+                            f"are e.g. {_preview(sorted(known), 3)}")
 
     # --- files ----------------------------------------------------------------------------
     def save_netcdf(self, path) -> Path:
@@ -258,9 +261,11 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
         raise ConfigError(f"names: unknown field(s) {unknown}; stimsim's fields are {list(FIELD_NAMES)}")
     suffix = path.suffix.lower()
     if suffix in (".nc", ".nc4", ".netcdf", ".h5netcdf"):
-        values, stimulus_id, electrode_ids, positions, attrs, where = _read_netcdf(path, {**DEFAULT_NAMES, **names})
+        values, stimulus_id, electrode_ids, positions, attrs, where = _read_netcdf(path, {**DEFAULT_NAMES, **names},
+                                                                                   set(names))
     elif suffix == ".nwb":
-        values, stimulus_id, electrode_ids, positions, attrs, where = _read_nwb(path, {**NWB_DEFAULT_NAMES, **names})
+        values, stimulus_id, electrode_ids, positions, attrs, where = _read_nwb(path, {**NWB_DEFAULT_NAMES, **names},
+                                                                                set(names))
     else:
         raise FileFormatError(path, "recordings must be a NetCDF (.nc) or NWB (.nwb) file")
     duplicates = sorted({i for i in electrode_ids if electrode_ids.count(i) > 1})
@@ -285,11 +290,12 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
     result = Recordings(data, layout, str(path))
     result.validate(where["response"])
     if stimulus_ids is not None:
-        result.check_stimuli(stimulus_ids, images_source)
+        result.check_stimuli(stimulus_ids, images_source, where["stimulus_id"])
     return result
 
 
-def _read_netcdf(path: Path, names: dict):
+def _read_netcdf(path: Path, names: dict, mapped=frozenset()):
+    """``mapped``: the fields the lab named; a named position variable must exist (the defaults are optional)."""
     try:
         dataset = xr.open_dataset(path, engine="h5netcdf")
     except Exception as exc:  # xarray/h5py raise many types for a damaged or foreign file
@@ -316,17 +322,24 @@ def _read_netcdf(path: Path, names: dict):
             raise FileFormatError(path, f"no coordinate {names['electrode']!r} holding electrode ids")
         electrode_ids = [_id_text(v) for v in dataset[names["electrode"]].values]
         positions = None
+        for field in ("x_mm", "y_mm"):
+            if field in mapped and names[field] not in dataset:
+                raise FileFormatError(path, f"names: {field} = {names[field]!r}, but the file has no such variable; "
+                                            f"variables and coordinates: {sorted(map(str, dataset.variables))}")
         if names["x_mm"] in dataset and names["y_mm"] in dataset:
             positions = np.column_stack([dataset[names["x_mm"]].values, dataset[names["y_mm"]].values]).astype(float)
         attrs = {k: v for k, v in response.attrs.items() if isinstance(v, (str, int, float))}
         values = np.asarray(response.values, dtype=np.float64)
-        stimulus_values = [str(s) for s in stimulus_id.values]
+        stimulus_values = [_id_text(s) for s in stimulus_id.values]
     where = {"response": f"variable {names['response']!r}", "electrode": f"coordinate {names['electrode']!r}",
+             "stimulus_id": f"coordinate {names['stimulus_id']!r}",
              "positions": f"coordinates {names['x_mm']!r}, {names['y_mm']!r}"}
     return values, stimulus_values, electrode_ids, positions, attrs, where
 
 
-def _read_nwb(path: Path, names: dict):
+def _read_nwb(path: Path, names: dict, mapped=frozenset()):
+    """``mapped``: the fields the lab named; a named electrodes-table column must exist (without a name the ids fall
+    back to the ``label`` column, then the row ids)."""
     from hdmf.common import DynamicTable
     from pynwb import NWBHDF5IO
 
@@ -340,6 +353,10 @@ def _read_nwb(path: Path, names: dict):
             raise FileFormatError(path, "the NWB file has no electrodes table")
         electrodes = nwbfile.electrodes
         columns = set(electrodes.colnames)
+        for field in ("electrode", "x_mm", "y_mm"):
+            if field in mapped and names[field] not in columns:
+                raise FileFormatError(path, f"names: {field} = {names[field]!r}, but the electrodes table has no such "
+                                            f"column; columns: {list(electrodes.colnames)}")
         id_column = names["electrode"]
         if id_column in columns:
             electrode_ids = [_id_text(v) for v in electrodes[id_column].data[:]]
@@ -387,6 +404,7 @@ def _read_nwb(path: Path, names: dict):
                                             "electrodes table)")
         attrs = {"units_description": column.description}
     where = {"response": f"{where_table}, column {names['response']!r}", "electrode": id_where,
+             "stimulus_id": f"{where_table}, column {names['stimulus_id']!r}",
              "positions": f"electrodes table columns {names['x_mm']!r}, {names['y_mm']!r}"}
     return values, stimulus_id, electrode_ids, positions, attrs, where
 

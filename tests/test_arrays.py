@@ -77,6 +77,18 @@ def test_cmp_file_is_parsed_with_channels_positions_and_labels():
     np.testing.assert_allclose(by_label.position_of("elec1"), (0.4, -0.2))
 
 
+def test_electrodes_in_array_order_whatever_order_a_file_lists_them():
+    """The example map lists A1 (col 0, row 1), A3 (1, 1), B2 (2, 1), C17 (0, 0), A2 (1, 0), D32 (2, 0): by place, rows
+    from the bottom then columns from the left, that is C17, A2, D32, A1, A3, B2 = channels 81, 2, 128, 1, 3, 34."""
+    layout = ArrayLayout.from_cmp(CMP_FIXTURE)
+    expected = ["81", "2", "128", "1", "3", "34"]
+    assert layout.in_array_order(layout.electrode_ids) == expected
+    assert layout.in_array_order(["34", "3", "1", "128", "2", "81"]) == expected
+    assert layout.in_array_order(["3", "2"]) == ["2", "3"]
+    utah = utah_array("10x10")
+    assert utah.in_array_order(reversed(utah.electrode_ids)) == list(utah.electrode_ids)  # ids run row by row
+
+
 def test_cmp_errors_name_the_line(tmp_path):
     bad = tmp_path / "bad.cmp"
     bad.write_text("Cerebus mapping\n0\t0\tA\t1\telec1\n1\t0\tE\t2\telec2\n")
@@ -87,6 +99,10 @@ def test_cmp_errors_name_the_line(tmp_path):
         ArrayLayout.from_cmp(bad)
     bad.write_text("Cerebus mapping\n0\t0\tA\t40\n")
     with pytest.raises(FileFormatError, match="column elec"):
+        ArrayLayout.from_cmp(bad)
+    # without its description line the first electrode would be taken for the description and silently lost
+    bad.write_text("// map\r\n//col\trow\tbank\telec\tlabel\r\n0\t1\tA\t1\telec6\t\r\n1\t1\tA\t3\telec5\t\r\n")
+    with pytest.raises(FileFormatError, match=r"bad.cmp: line 3: .* reads as an electrode line \('0\\t1\\tA\\t1\\telec6'\)"):
         ArrayLayout.from_cmp(bad)
 
 

@@ -14,7 +14,7 @@ import pytest
 import xarray as xr
 
 from stimsim.cli import main
-from stimsim.errors import ConfigError, SafetyError
+from stimsim.errors import ConfigError, DataError, SafetyError
 from stimsim.planning.plan import run_plan
 from stimsim.planning.selection import separation_mm
 from stimsim.planning.validation import meets_targets
@@ -477,13 +477,18 @@ def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e
 
 @pytest.mark.parametrize("case, pattern", [
     ("ids", r"recordings.nc: coordinate 'electrode': 16 recorded electrode\(s\) are not in"),
-    ("folds", r"plan.toml \[models\]: the recordings hold 8 images, fewer than the n_folds = 10"),
+    ("folds", r"plan.toml \[models\]: the recordings hold 8 images, fewer than the n_folds = 10 ridge folds need \(20:"),
+    ("two_per_fold", r"plan.toml \[models\]: the recordings hold 15 images, fewer than the n_folds = 10 ridge folds "
+                     r"need \(20: 2 per fold"),
+    ("registration", r"plan.toml \[models\]: the recordings hold 8 images, fewer than the n_folds = 3 ridge folds need "
+                     r"\(10: 2 per fold, and at least 10 for the registration\)"),
     ("fit", r"plan.toml \[recordings\] layout: array .* does not fit on the IT sheet"),
 ])
 def test_bad_lab_input_is_named_and_leaves_nothing(tmp_path, capsys, case, pattern, one_torch_thread):
     """The issue's bad input: a layout whose ids do not match the recordings, fewer images than the ridge folds
     need, an array that fits the sheet at no pose (4 × 12 mm = 36 mm across; the sheet is 19.7 cortex mm)."""
     options = {"ids": {"layout_prefix": "x"}, "folds": {"n_images": 8, "n_folds": 10},
+               "two_per_fold": {"n_images": 15, "n_folds": 10}, "registration": {"n_images": 8, "n_folds": 3},
                "fit": {"pitch_mm": 12.0}}[case]
     config = _lab_plan(tmp_path / "config", **options)
     out = tmp_path / "out"
@@ -491,6 +496,140 @@ def test_bad_lab_input_is_named_and_leaves_nothing(tmp_path, capsys, case, patte
     error = capsys.readouterr().err
     assert error.startswith("stimsim: error:") and re.search(pattern, error), error
     assert not out.exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("case, pattern", [
+    ("recordings", r"plan.toml \[recordings\] path: file \S*typo.nc not found"),
+    ("table", r"plan.toml \[recordings\] images: stimulus table not found: \S*images.csv"),
+    ("unreadable", r"plan.toml \[recordings\] images: \S*broken.png: cannot decode image"),
+    ("names", r"plan.toml \[recordings\] names: maps stimsim's fields .*; got \{'spikes': 'mua'\}"),
+])
+@pytest.mark.parametrize("out_exists", [False, True])
+def test_bad_lab_files_are_named_with_the_plan_and_leave_nothing(tmp_path, capsys, case, pattern, out_exists):
+    """Missing or unreadable files a lab's plan names, and a name mapping of unknown fields: one error naming the plan
+    file and its field; --out is left as it was (absent, or empty when the lab made it beforehand)."""
+    config = _lab_plan(tmp_path / "config")
+    text = config.read_text()
+    if case == "recordings":
+        text = text.replace('path = "recordings.nc"', 'path = "typo.nc"')
+    elif case == "table":
+        text = text.replace('images = [{ source = "lfw_subset" }]', 'images = [{ source = "table", path = "images.csv" }]')
+    elif case == "unreadable":
+        (tmp_path / "config" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot an image")
+        (tmp_path / "config" / "images.csv").write_text("stimulus_id,path\nim1,broken.png\n")
+        text = text.replace('images = [{ source = "lfw_subset" }]', 'images = [{ source = "table", path = "images.csv" }]')
+    else:
+        text = text.replace('layout = "layout.csv"', 'layout = "layout.csv"\nnames = { spikes = "mua" }')
+    config.write_text(text)
+    out = tmp_path / "out"
+    if out_exists:
+        out.mkdir()
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("stimsim: error:") and error.count("\n") == 1 and re.search(pattern, error), error
+    assert (list(out.iterdir()) == []) if out_exists else not out.exists()
+
+
+def test_face_task_without_face_labels_stops_before_any_work(tmp_path, capsys):
+    """A lab's face-task plan whose images carry no 'category' label is refused with the inputs, not after the
+    models have been fitted and registered."""
+    import h5py
+
+    from stimsim.data.stimuli import lfw_subset
+
+    config = _lab_plan(tmp_path / "config")
+    images = lfw_subset()
+    with h5py.File(tmp_path / "config" / "images.h5", "w") as handle:  # the images, without their labels
+        handle["images"] = np.stack(images.images)
+        handle["stimulus_id"] = images.stimulus_id.astype("S")
+    config.write_text(config.read_text().replace('name = "lab"', 'name = "lab"\ntask = "face_categorization"').replace(
+        'images = [{ source = "lfw_subset" }]', 'images = [{ source = "table", path = "images.h5" }]'))
+    out = tmp_path / "out"
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert re.search(r"^stimsim: error: \S*plan.toml: the face task needs images with a 'category' label", error), error
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("anatomical, pattern", [
+    ('{ ap_mm = 12.5, ml_mm = -18.0, hemisphere = "L" }',
+     r"plan.toml \[array\] anatomical: hemisphere must be one of \['left', 'right'\], got 'L'"),
+    ('{ ap_mm = 12.5, ml_mm = -18.0, reference = "elec1" }',
+     r"plan.toml \[array\] anatomical: reference 'elec1' is not an electrode of the array 'layout'"),
+])
+def test_bad_anatomical_pose_stops_the_plan_before_any_work(tmp_path, capsys, anatomical, pattern):
+    """A wrong implant pose is found with the inputs, not when the outputs are written after the whole plan."""
+    config = _lab_plan(tmp_path / "config")
+    config.write_text(config.read_text().replace("[array]\n", f"[array]\nanatomical = {anatomical}\n"))
+    out = tmp_path / "out"
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("stimsim: error:") and re.search(pattern, error), error
+    assert not out.exists()
+
+
+def test_anatomical_reference_may_be_an_electrode_the_recordings_leave_out(tmp_path):
+    """The implant's reference (e.g. electrode 1) keeps its place on the array when the lab's recordings omit it (and
+    it may be listed as broken): e2, 0.4 mm right of e1 on the 4×4 layout, lies 0.4 mm anterior of e1's AP at
+    rotation 0."""
+    from stimsim.arrays.anatomy import AnatomicalPose
+    from stimsim.planning.config import load_plan_config
+    from stimsim.planning.plan import PlanInputs
+    from stimsim.recordings import load_recordings
+
+    config_path = _lab_plan(tmp_path / "config")
+    recordings = load_recordings(tmp_path / "config" / "recordings.nc").select_electrodes([f"e{i}" for i in range(2, 17)])
+    recordings.save_netcdf(tmp_path / "config" / "recordings.nc")
+    config_path.write_text(config_path.read_text().replace(
+        "[array]\n", '[array]\nanatomical = { ap_mm = 10.0, ml_mm = 20.0, reference = "e1" }\n'))
+    config_path.write_text(config_path.read_text().replace("[array]\n", '[array]\nbroken_electrodes = ["e1"]\n'))
+    config = load_plan_config(config_path)
+    inputs = PlanInputs(config, tmp_path / "out", progress=False)  # e1, broken and left out, is still the array's
+    assert "e1" not in inputs.layout.electrode_ids and "e1" in inputs.array_layout.electrode_ids
+    pose = AnatomicalPose.from_dict(config.anatomical)
+    ap_ml = pose.to_anatomical(inputs.array_layout, [inputs.layout.position_of("e2")])
+    np.testing.assert_allclose(ap_ml, [[10.4, 20.0]], atol=1e-12)
+
+
+def test_a_cmp_maps_labels_onto_the_recorded_electrodes_with_layout_ids_label(tmp_path):
+    """Recordings that name electrodes by the Central labels of a .cmp map (here e1..e16) plan on that map with
+    layout_ids = "label": e{k+1} at col k % 4, row k // 4 of the map sits at ((col - 1.5), (row - 1.5)) × 0.4 mm."""
+    from stimsim.planning.config import load_plan_config
+    from stimsim.planning.plan import PlanInputs
+
+    config_path = _lab_plan(tmp_path / "config")
+    lines = [f"{k % 4}\t{k // 4}\tA\t{k + 1}\te{k + 1}" for k in range(16)]
+    (tmp_path / "config" / "array.cmp").write_text("// map\nCerebus mapping for array 4x4\n" + "\n".join(lines) + "\n")
+    config_path.write_text(config_path.read_text().replace('layout = "layout.csv"', 'layout = "array.cmp"'))
+    with pytest.raises(DataError, match=r"recordings.nc: coordinate 'electrode': 16 recorded electrode\(s\) are not in"):
+        PlanInputs(load_plan_config(config_path), tmp_path / "out", progress=False)  # channel numbers 1..16
+    config_path.write_text(config_path.read_text().replace('layout = "array.cmp"', 'layout = "array.cmp"\nlayout_ids = "label"'))
+    inputs = PlanInputs(load_plan_config(config_path), tmp_path / "out", progress=False)
+    assert inputs.layout.electrode_ids == tuple(f"e{k + 1}" for k in range(16))
+    expected = [((k % 4 - 1.5) * 0.4, (k // 4 - 1.5) * 0.4) for k in range(16)]
+    np.testing.assert_allclose(inputs.layout.positions_mm, expected, atol=1e-12)
+    config_path.write_text(config_path.read_text().replace('layout = "array.cmp"', 'layout = "layout.csv"'))
+    with pytest.raises(ConfigError, match=r"plan.toml \[recordings\] layout_ids: \"label\" takes the ids from a .cmp"):
+        load_plan_config(config_path)
+
+
+def test_a_plan_cache_of_recordings_that_changed_since_is_refused(tmp_path):
+    """Re-running into the same --out after the lab re-exported its recordings must not reuse the old mapping."""
+    from stimsim.planning.config import load_plan_config
+    from stimsim.planning.plan import PhaseCache
+    from stimsim.recordings import load_recordings
+
+    config_path = _lab_plan(tmp_path / "config")
+    before = load_plan_config(config_path).digest()
+    assert load_plan_config(config_path).digest() == before  # same files, same digest
+    recordings_path = tmp_path / "config" / "recordings.nc"
+    recordings = load_recordings(recordings_path)
+    recordings.select_electrodes(recordings.electrode_ids[:15]).save_netcdf(recordings_path)
+    after = load_plan_config(config_path).digest()
+    assert after != before
+    PhaseCache(tmp_path / "out", before)
+    with pytest.raises(ConfigError, match="holds a plan made with other parameters or input files"):
+        PhaseCache(tmp_path / "out", after)
 
 
 def test_shipped_plan_files_parse_and_tasks_keep_their_own_tables(tmp_path):

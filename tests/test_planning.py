@@ -48,6 +48,39 @@ def test_choose_sites_respects_separation_broken_and_count():
     assert 0 not in no_prediction["chosen"] and no_prediction["reason"][0] == "no prediction"
 
 
+@pytest.mark.parametrize("metric, steps", [("manhattan", {(1, 1), (2, 0), (0, 2)}), ("euclidean", {(2, 0), (0, 2)})])
+def test_sites_exactly_min_separation_apart_on_a_utah_grid_are_both_chosen(metric, steps):
+    """Every pair of 10×10 Utah electrodes exactly two pitches (0.8 mm) apart, by grid cells counted by hand (ids
+    row by row from the bottom-left, corners unconnected), is allowed under min_separation_mm = 0.8; one pitch
+    (0.4 mm) is refused."""
+    from stimsim.arrays import utah_array
+
+    layout = utah_array("10x10")
+    corners = {(0, 0), (0, 9), (9, 0), (9, 9)}
+    cell_of = {str(k + 1): cell for k, cell in enumerate(
+        (col, row) for row in range(10) for col in range(10) if (col, row) not in corners)}
+    spec = SelectionSpec(n_sites=3, min_separation_mm=0.8, metric=metric)
+    pairs = [(a, b) for a in cell_of for b in cell_of
+             if (abs(cell_of[a][0] - cell_of[b][0]), abs(cell_of[a][1] - cell_of[b][1])) in steps]
+    assert len(pairs) > 100
+    for a, b in pairs:
+        xy = np.array([layout.position_of(a), layout.position_of(b)])
+        assert choose_sites([a, b], xy, np.array([0.02, 0.01]), spec)["chosen"].tolist() == [0, 1], (a, b, xy)
+    one_pitch = choose_sites(["12", "13"], np.array([layout.position_of("12"), layout.position_of("13")]),
+                             np.array([0.02, 0.01]), spec)
+    assert one_pitch["chosen"].tolist() == [0] and one_pitch["reason"][1] == "too close to 12"
+
+
+def test_map_labels_drop_the_text_prefix_all_ids_share_and_keep_their_numbers():
+    from stimsim.planning.report import map_labels
+
+    assert map_labels(["elec1", "elec10", "elec96"]) == ("elec", ["1", "10", "96"])
+    assert map_labels(["elec10", "elec11", "elec12"]) == ("elec", ["10", "11", "12"])  # not "elec1"
+    assert map_labels(["1", "2", "96"]) == ("", ["1", "2", "96"])
+    assert map_labels(["ch", "ch2"]) == ("", ["ch", "ch2"])  # no id left empty
+    assert map_labels(["A-01", "B-02"]) == ("", ["A-01", "B-02"])
+
+
 def test_unknown_broken_electrode_is_an_error():
     with pytest.raises(ConfigError, match=r"unknown electrode id\(s\) \['99'\]"):
         choose_sites(["1", "2"], np.zeros((2, 2)), np.zeros(2), SelectionSpec(broken_electrodes=("99",)))

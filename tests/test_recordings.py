@@ -110,6 +110,51 @@ def test_nwb_written_with_plain_pynwb_is_read_with_lab_names(tmp_path, ragged):
     np.testing.assert_allclose(read.per_image().values, recordings.per_image().values)
 
 
+def test_names_of_fields_missing_from_the_file_are_errors(tmp_path):
+    """A name the lab maps must exist: an NWB electrode-id column typo must not fall back to the table's row ids
+    (0..4 here, which would silently pair responses with the wrong electrodes of a numbered layout)."""
+    recordings, *_ = _planted()
+    path = tmp_path / "lab.nwb"
+    _write_plain_nwb(path, recordings.response.values, recordings.response.stimulus_id.values,
+                     ["1", "2", "3", "4", "5"], [0.0, 400.0, 800.0, 0.0, 400.0], [0.0, 0.0, 0.0, 400.0, 400.0])
+    names = {"presentation": "image_presentations", "response": "mua", "stimulus_id": "image_name",
+             "electrode": "channel_name"}
+    assert load_recordings(path, names=names, layout=utah_array("8x8")).electrode_ids == ("1", "2", "3", "4", "5")
+    with pytest.raises(FileFormatError, match=r"lab.nwb: names: electrode = 'chan_name', but the electrodes table "
+                                              r"has no such column; columns: \[.*'channel_name'"):
+        load_recordings(path, names={**names, "electrode": "chan_name"}, layout=utah_array("8x8"))
+    with pytest.raises(FileFormatError, match=r"lab.nwb: names: x_mm = 'posx', but the electrodes table"):
+        load_recordings(path, names={**names, "x_mm": "posx", "y_mm": "pos_y"}, layout=utah_array("8x8"))
+    lab = xr.Dataset({"mua": (("trial", "channel"), recordings.response.values)},
+                     coords={"channel": [1, 2, 3, 4, 5], "image": ("trial", recordings.response.stimulus_id.values)})
+    lab.to_netcdf(tmp_path / "lab.nc", engine="h5netcdf")
+    nc_names = {"response": "mua", "presentation": "trial", "electrode": "channel", "stimulus_id": "image"}
+    with pytest.raises(FileFormatError, match=r"lab.nc: names: y_mm = 'py', but the file has no such variable"):
+        load_recordings(tmp_path / "lab.nc", names={**nc_names, "y_mm": "py"}, layout=utah_array("8x8"))
+    shown = recordings.response.stimulus_id.values
+    first_row = int(np.flatnonzero(shown == "img003")[0])
+    with pytest.raises(DataError, match=rf"lab.nc: coordinate 'image', row {first_row}: 'img003' is not in lab.csv; "
+                                        r"1 unknown stimulus id\(s\): img003; the images' ids are e.g. img000, img001, "
+                                        r"img002, … \(39 in all\)"):
+        load_recordings(tmp_path / "lab.nc", names=nc_names, layout=utah_array("8x8"),
+                        stimulus_ids=sorted(set(shown) - {"img003"}), images_source="lab.csv")
+    first_row = int(np.flatnonzero(shown == "img004")[0])
+    with pytest.raises(DataError, match=rf"lab.nwb: table 'image_presentations', column 'image_name', row {first_row}: "):
+        load_recordings(path, names=names, layout=utah_array("8x8"), stimulus_ids=sorted(set(shown) - {"img004"}))
+
+
+def test_numeric_ids_read_as_text_the_same_way_in_netcdf_and_nwb(tmp_path):
+    """Image numbers stored as floats (as MATLAB writes them) name the images "1", "2", like whole-number electrode
+    ids, so they match an image table's ids."""
+    values = np.arange(12.0).reshape(6, 2)
+    lab = xr.Dataset({"response": (("presentation", "electrode"), values)},
+                     coords={"electrode": [1.0, 2.0], "stimulus_id": ("presentation", [1.0, 2.0, 3.0, 1.0, 2.0, 3.0])})
+    lab.to_netcdf(tmp_path / "lab.nc", engine="h5netcdf")
+    read = load_recordings(tmp_path / "lab.nc", layout=utah_array("8x8"), stimulus_ids=["1", "2", "3"])
+    assert read.electrode_ids == ("1", "2") and read.stimulus_ids.tolist() == ["1", "2", "3"]
+    np.testing.assert_allclose(read.per_image().sel(stimulus_id="2").values, [(2 + 8) / 2, (3 + 9) / 2])
+
+
 def test_stimsim_nwb_round_trip(tmp_path):
     recordings, *_ = _planted()
     back = load_recordings(recordings.save_nwb(tmp_path / "rec.nwb"))
@@ -132,7 +177,7 @@ def test_validation_names_file_field_and_row(tmp_path):
     shown = recordings.response.stimulus_id.values
     known = sorted(set(shown) - {"img017"})
     first_row = int(np.flatnonzero(shown == "img017")[0])
-    with pytest.raises(DataError, match=rf"rec.nc: stimulus_id, row {first_row}: 'img017' is not in images.h5"):
+    with pytest.raises(DataError, match=rf"rec.nc: coordinate 'stimulus_id', row {first_row}: 'img017' is not in images.h5"):
         load_recordings(path, stimulus_ids=known, images_source="images.h5")
     with pytest.raises(ConfigError, match="unknown field"):
         load_recordings(path, names={"resp": "x"})

@@ -87,6 +87,15 @@ class ArrayLayout:
         x, y = self.positions_mm[self.index_of(electrode_id)]
         return float(x), float(y)
 
+    def in_array_order(self, electrode_ids) -> list:
+        """``electrode_ids`` by their place on the array — rows from the bottom, then columns from the left
+        (positions to 1 nm; ties by id) — whatever order a file lists them in."""
+        def place(electrode_id):
+            x, y = self.position_of(electrode_id)
+            return round(y, 6), round(x, 6), electrode_id
+
+        return sorted((str(e) for e in electrode_ids), key=place)
+
     def on_sheet(self, pose: ArrayPose) -> np.ndarray:
         """(N, 2) sheet positions (mm) of the electrodes when the array sits at ``pose``."""
         return pose.apply(self.positions_mm)
@@ -184,6 +193,10 @@ class ArrayLayout:
             if not text or text.startswith("//"):
                 continue
             if description is None:
+                if _reads_as_electrode_line(text):
+                    raise FileFormatError(path, f"line {line_number}: the first line that is not a // comment is the "
+                                                f"map's description, but this one reads as an electrode line ({text!r}); "
+                                                "add the description line (e.g. 'Cerebus mapping for array …') above it")
                 description = text
                 continue
             fields = text.split()
@@ -227,6 +240,13 @@ class ArrayLayout:
                                   labels if all(labels) else ())
 
 
+def _reads_as_electrode_line(text: str) -> bool:
+    """Whether a .cmp line has the form ``col row bank elec [label]`` (integers, a bank letter, an integer)."""
+    fields = text.split()
+    return (len(fields) in (4, 5) and fields[0].isdigit() and fields[1].isdigit()
+            and fields[2].upper() in CMP_BANKS and fields[3].isdigit())
+
+
 def utah_array(kind: str = "10x10", pitch_mm: float = UTAH_PITCH_MM) -> ArrayLayout:
     """A Utah array grid: ``"10x10"`` (96 electrodes, the four corners unconnected) or ``"8x8"`` (64).
 
@@ -244,15 +264,16 @@ def utah_array(kind: str = "10x10", pitch_mm: float = UTAH_PITCH_MM) -> ArrayLay
     return ArrayLayout(f"utah_{kind}", tuple(str(i + 1) for i in range(len(cells))), positions)
 
 
-def load_layout(spec) -> ArrayLayout:
-    """A layout from a Utah kind (``"10x10"``, ``"8x8"``, ``"utah_10x10"``) or a ``.csv``/``.cmp`` path."""
+def load_layout(spec, cmp_ids: str = "channel") -> ArrayLayout:
+    """A layout from a Utah kind (``"10x10"``, ``"8x8"``, ``"utah_10x10"``) or a ``.csv``/``.cmp`` path; a .cmp's
+    ids are its channel numbers or, with ``cmp_ids="label"``, its labels (see :meth:`ArrayLayout.from_cmp`)."""
     text = str(spec)
     kind = text[len("utah_"):] if text.startswith("utah_") else text
     if kind in UTAH_GRIDS:
         return utah_array(kind)
     path = Path(text)
     if path.suffix.lower() == ".cmp":
-        return ArrayLayout.from_cmp(path)
+        return ArrayLayout.from_cmp(path, electrode_id=cmp_ids)
     if path.suffix.lower() == ".csv":
         return ArrayLayout.from_csv(path)
     raise ConfigError(f"array {text!r}: give a Utah kind {sorted(UTAH_GRIDS)} or a .csv / .cmp layout file")

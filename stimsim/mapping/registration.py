@@ -31,6 +31,9 @@ from stimsim.data.stimuli import StimulusSet
 from stimsim.errors import ConfigError, DataError
 from stimsim.mapping.predictivity import IT_AREA, aligned_features
 
+#: Fewest images whose responses a registration is fitted to.
+MIN_REGISTRATION_IMAGES = 10
+
 
 @dataclass(frozen=True)
 class RegistrationSettings:
@@ -208,8 +211,8 @@ class RegistrationProblem:
             electrodes = recorded_ids
         if len(electrodes) < 3:
             raise DataError(f"{source}: registration needs at least 3 electrodes, got {len(electrodes)}")
-        if per_image.sizes["stimulus_id"] < 10:
-            raise DataError(f"{source}: registration needs responses to at least 10 images, got "
+        if per_image.sizes["stimulus_id"] < MIN_REGISTRATION_IMAGES:
+            raise DataError(f"{source}: registration needs responses to at least {MIN_REGISTRATION_IMAGES} images, got "
                             f"{per_image.sizes['stimulus_id']}")
         self.layout = layout.subset(electrodes)
         self.responses = per_image.sel(electrode=list(electrodes)).values.astype(np.float64)

@@ -8,7 +8,8 @@ top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehr
 [subject]       config = a virtual-subject file (``stimsim subject make`` format) or dir = a subject
                 directory: plan on its recordings (truth is read only to validate)
 [recordings]    instead of [subject]: path (.nc / .nwb), images (list of stimulus-set tables, as in
-                experiment files), layout ("10x10", "8x8", .csv or .cmp), names (lab name → stimsim name)
+                experiment files), layout ("10x10", "8x8", .csv or .cmp), layout_ids ("channel": a .cmp's
+                Cerebus channel numbers, or "label": its label column), names (stimsim name → lab name)
 [array]         broken_electrodes, min_reliability (split-half; below it an electrode is not working),
                 anatomical = {ap_mm, ml_mm, rotation_deg, hemisphere, reference} (optional)
 [registration]  n_boot, allow_scale
@@ -25,12 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stimsim.arrays.anatomy import AnatomicalPose
 from stimsim.config import Section, load_toml
 from stimsim.errors import ConfigError
-from stimsim.hashing import json_sha256
+from stimsim.hashing import json_sha256, sha256_of
 from stimsim.paradigms.sequence_2afc import TaskSpec
 from stimsim.planning.face_task import FaceTaskSpec
 from stimsim.planning.selection import SelectionSpec
+from stimsim.recordings import FIELD_NAMES
 from stimsim.sequences import SequenceSpec
 from stimsim.stimulation import SafetyLimits
 
@@ -90,10 +93,26 @@ class PlanConfig:
             "selection": self.selection.to_dict(),
         }
 
+    def input_files(self) -> dict:
+        """sha256 of every file the plan reads its inputs from: the recordings, a layout file and image tables, or the
+        virtual subject's file (the images of a folder source are not included)."""
+        paths = []
+        if self.recordings is not None:
+            paths.append(self.recordings["path"])
+            if self.recordings["layout"] not in ("10x10", "8x8"):
+                paths.append(self.recordings["layout"])
+            paths += [entry["path"] for entry in self.recordings["images"]
+                      if "path" in entry and Path(entry["path"]).is_file()]
+        if self.subject_config is not None:
+            paths.append(self.subject_config)
+        return {str(p): sha256_of(p) for p in paths}
+
     def digest(self) -> str:
-        """sha256 of the resolved parameters: a cache of another configuration is never reused."""
+        """sha256 of the resolved parameters and of the input files: a cache of another configuration, or of files
+        that have changed since, is never reused."""
         record = self.to_dict()
         record.pop("description")
+        record["input_sha256"] = self.input_files()
         return json_sha256(record)
 
 
@@ -151,12 +170,24 @@ def load_plan_config(path) -> PlanConfig:
             "path": str((path.parent / section.get("path", str)).resolve()),
             "images": section.get("images", list),
             "layout": section.get("layout", str, "10x10"),
+            "layout_ids": section.get("layout_ids", str, "channel", choices=("channel", "label")),
             "names": section.get("names", dict, {}),
         }
         section.finish()
+        if not Path(recordings["path"]).is_file():
+            raise ConfigError(f"{where} [recordings] path: file {recordings['path']} not found")
         layout_spec = recordings["layout"]
         if layout_spec not in ("10x10", "8x8"):
             recordings["layout"] = str((path.parent / layout_spec).resolve())
+            if not Path(recordings["layout"]).is_file():
+                raise ConfigError(f"{where} [recordings] layout: file {recordings['layout']} not found")
+        if recordings["layout_ids"] == "label" and not recordings["layout"].lower().endswith(".cmp"):
+            raise ConfigError(f"{where} [recordings] layout_ids: \"label\" takes the ids from a .cmp map's label column; "
+                              f"the layout is {layout_spec!r}")
+        unknown = sorted(set(recordings["names"]) - set(FIELD_NAMES))
+        if unknown or not all(isinstance(v, str) and v for v in recordings["names"].values()):
+            raise ConfigError(f"{where} [recordings] names: maps stimsim's fields {list(FIELD_NAMES)} onto your names "
+                              f"(text), e.g. {{ response = \"mua\" }}; got {recordings['names']!r}")
         for entry in recordings["images"]:
             if not isinstance(entry, dict):
                 raise ConfigError(f"{where} [recordings]: images must be tables such as {{ source = \"folder\", path = ... }}")
@@ -170,6 +201,11 @@ def load_plan_config(path) -> PlanConfig:
     min_reliability = array.get("min_reliability", float, 0.3, minimum=-1.0, maximum=1.0)
     anatomical = array.get("anatomical", dict, None)
     array.finish()
+    if anatomical is not None:  # checked now, not when the outputs are written after the plan's work
+        try:
+            AnatomicalPose.from_dict(anatomical)
+        except ConfigError as exc:
+            raise ConfigError(f"{where} [array] anatomical: {str(exc).removeprefix('anatomical pose: ')}") from None
 
     registration = root.section("registration")
     n_boot = registration.get("n_boot", int, 10, minimum=2)

@@ -46,8 +46,8 @@ IT = "IT"
 
 
 class PhaseCache:
-    """Finished phases as files in ``DIR/cache``; a cache of another configuration is an error. A phase taken
-    from the cache is reported on stderr when ``progress`` is true."""
+    """Finished phases as files in ``DIR/cache``; a cache of another configuration or other input files is an error.
+    A phase taken from the cache is reported on stderr when ``progress`` is true."""
 
     def __init__(self, out_dir: Path, digest: str, progress: bool = False):
         self.dir = out_dir / "cache"
@@ -55,8 +55,8 @@ class PhaseCache:
         self.dir.mkdir(parents=True, exist_ok=True)
         stamp = self.dir / "config_digest.txt"
         if stamp.is_file() and stamp.read_text().strip() != digest:
-            raise ConfigError(f"{out_dir} holds a plan made with other parameters (cache/config_digest.txt); "
-                              "use a new --out directory or delete that one")
+            raise ConfigError(f"{out_dir} holds a plan made with other parameters or input files "
+                              "(cache/config_digest.txt); use a new --out directory or delete that one")
         atomic_write_text(stamp, digest + "\n")
 
     def json(self, name: str, compute):
@@ -137,22 +137,33 @@ class PlanInputs:
                     report_phase(f"plan: reusing the virtual subject in {self.subject_dir}", progress)
             recordings = load_recordings(self.subject_dir / "recordings.nc")
             self.images = read_stimuli_npz(self.subject_dir / "stimuli.npz")
+            layout = recordings.layout
         else:
             from stimsim.arrays import load_layout
             from stimsim.subject.virtual import build_stimuli
 
-            layout = load_layout(config.recordings["layout"])
-            self.images = build_stimuli(config.recordings["images"])
+            layout = load_layout(config.recordings["layout"], cmp_ids=config.recordings["layout_ids"])
+            self.images = build_stimuli(config.recordings["images"], str(config.path), "[recordings] images")
             recordings = load_recordings(config.recordings["path"], names=config.recordings["names"] or None,
-                                         layout=layout, stimulus_ids=self.images.stimulus_id)
+                                         layout=layout, stimulus_ids=self.images.stimulus_id,
+                                         images_source=f"the images of {config.path} [recordings] images")
         self.recordings = recordings
         self.layout = recordings.layout
+        self.array_layout = layout  # every electrode of the array, recorded or not (the anatomical reference)
         self.per_image = recordings.per_image()
-        if self.per_image.sizes["stimulus_id"] < config.n_folds:
+        from stimsim.mapping.registration import MIN_REGISTRATION_IMAGES
+
+        needed = max(2 * config.n_folds, MIN_REGISTRATION_IMAGES)
+        if self.per_image.sizes["stimulus_id"] < needed:
             raise ConfigError(f"{config.path} [models]: the recordings hold {self.per_image.sizes['stimulus_id']} "
-                              f"images, fewer than the n_folds = {config.n_folds} ridge folds need")
-        check_broken(config.selection.broken_electrodes, self.layout.electrode_ids,
+                              f"images, fewer than the n_folds = {config.n_folds} ridge folds need ({needed}: 2 per "
+                              f"fold, and at least {MIN_REGISTRATION_IMAGES} for the registration)")
+        check_broken(config.selection.broken_electrodes, layout.electrode_ids,  # recorded or not
                      where=f"{config.path} [array] broken_electrodes")
+        reference = str((config.anatomical or {}).get("reference", "centre"))
+        if reference != "centre" and reference not in layout.electrode_ids:
+            raise ConfigError(f"{config.path} [array] anatomical: reference {reference!r} is not an electrode of the "
+                              f"array {layout.name!r} (ids e.g. {list(layout.electrode_ids[:6])}) nor \"centre\"")
 
     def load_subject(self):
         from stimsim.subject import VirtualSubject
@@ -168,7 +179,8 @@ def _mapping_phase(config: PlanConfig, inputs: PlanInputs, models: dict, progres
                                  select_model)
 
     reliability = inputs.recordings.split_half_reliability(seed=config.seed)
-    ids = list(inputs.layout.electrode_ids)
+    # the sites' seeded noise is drawn in this order: the array's, not the order a lab's file lists its channels in
+    ids = inputs.layout.in_array_order(inputs.layout.electrode_ids)
     rel = {str(e): float(v) for e, v in zip(reliability["electrode"].values, reliability.values)}
     broken = set(config.selection.broken_electrodes)
     working = [e for e in ids if e not in broken and rel.get(e, np.nan) >= config.min_reliability]
@@ -258,15 +270,20 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
     safety = _stimulation_report(config)  # refuses an unsafe protocol before anything is computed
     compute = {"device": "cpu", "scheduler": None, "scheduler_description": None, **(compute or {})}
     created = not Path(out_dir).exists()
+    cache_created = not (Path(out_dir) / "cache").exists()
     try:  # bad input found while reading the inputs or mapping leaves nothing behind
         cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
                            + (f"-random{n_random_poses}" if n_random_poses else ""), progress=progress)
         inputs = PlanInputs(config, out_dir, progress, subject_seed, device=compute["device"])
+        face_task_trials = (face_trials(inputs.images, config.face_task, seed=config.seed, where=str(config.path))
+                            if config.task == "face_categorization" else None)  # its images checked before any work
         models, scales = load_candidates(config.candidates, device=compute["device"])
         mapping = cache.json("mapping", lambda: _mapping_phase(config, inputs, models, progress))
-    except StimsimError:
+    except (StimsimError, FileNotFoundError):
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)
+        elif cache_created:
+            shutil.rmtree(Path(out_dir) / "cache", ignore_errors=True)
         raise
     chosen_model = mapping["selection"]["model"][0]
     working = mapping["working"]
@@ -284,7 +301,7 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
                                                                   inputs.images, progress, companions))
         phase = partial(_rehearsal_phase, scheduler=compute["scheduler"])
     else:
-        task = face_trials(inputs.images, config.face_task, seed=config.seed, where=str(config.path))
+        task = face_task_trials
         phase = _face_phase
     effect = config.effect
     rehearsals = {}
@@ -438,7 +455,7 @@ def _assemble(config, inputs, mapping, chosen_model, rehearsals, registered_poin
     layout = inputs.layout
     index = [layout.index_of(e) for e in working]
     array_xy = layout.positions_mm[index]
-    choice = choose_sites(working, array_xy, predicted, config.selection, array_ids=layout.electrode_ids)
+    choice = choose_sites(working, array_xy, predicted, config.selection, array_ids=inputs.array_layout.electrode_ids)
     return {"predicted": predicted, "low": low, "high": high, "per_model": per_model, "choice": choice,
             "array_xy": array_xy, "cortex_xy": registered_points(chosen_model)[:, 0]}
 
@@ -474,7 +491,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     if config.anatomical is not None:
         from stimsim.arrays.anatomy import AnatomicalPose
 
-        anatomical = AnatomicalPose.from_dict(config.anatomical).to_anatomical(inputs.layout, plan["array_xy"])
+        anatomical = AnatomicalPose.from_dict(config.anatomical).to_anatomical(inputs.array_layout, plan["array_xy"])
     charge = charge_per_phase_nC(config.stimulation["current_uA"], config.stimulation["pulse_width_ms"])
     verdict = "passed" if safety["passed"] else f"overridden: {safety['override_reason']}"
     factor = scales[chosen_model]["cortex_mm_per_model_mm"]
@@ -550,6 +567,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     record["device"] = str(compute["device"])
     record["scheduler"] = compute["scheduler_description"]
     record["cortex_scale"] = scales
+    record["input_sha256"] = config.input_files()
     atomic_write_json(out_dir / "config.json", record)
     atomic_write_json(out_dir / "summary.json", summary)
     build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, sites, summary, truth,

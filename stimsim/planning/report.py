@@ -2,6 +2,8 @@
 and stability, every parameter, model checksums and software versions."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from stimsim.figures import pyplot
@@ -28,6 +30,15 @@ def _face_dprime(model, images) -> np.ndarray | None:
     is_face = labels == "face"
     values = dprime(activity[is_face], activity[~is_face])
     return np.clip(np.nan_to_num(values, posinf=5.0, neginf=-5.0), -5.0, 5.0)
+
+
+def map_labels(ids) -> tuple[str, list]:
+    """The text prefix every id shares (e.g. ``"elec"`` of Blackrock labels ``elec1`` … ``elec96``; never digits, so
+    ``elec1``, ``elec10`` keep their numbers) and the ids without it, short enough to read on the enlarged map."""
+    prefix = os.path.commonprefix([str(i) for i in ids]).rstrip("0123456789")
+    if any(len(str(i)) == len(prefix) for i in ids):
+        prefix = ""
+    return prefix, [str(i)[len(prefix):] for i in ids]
 
 
 def sheet_figure(model, images, mapping, chosen_model, plan, working) -> bytes:
@@ -71,16 +82,19 @@ def sheet_figure(model, images, mapping, chosen_model, plan, working) -> bytes:
         whole.legend(loc="upper right", fontsize=8)
     halo = [withStroke(linewidth=2.2, foreground="white")]
     working_ids = set(working)
-    for electrode, (x, y) in zip(ids, points):
+    prefix, labels = map_labels(ids)
+    fontsize = 7 * min(1.0, 3 / max(len(label) for label in labels))  # 7 pt fits 3 characters in a ring
+    for electrode, label, (x, y) in zip(ids, labels, points):
         style = ({"color": "darkgreen", "fontweight": "bold"} if electrode in chosen_ids
                  else {"color": "k"} if electrode in working_ids else {"color": "0.45"})
-        zoom.text(x, y, electrode, fontsize=7, ha="center", va="center", path_effects=halo, **style)
+        zoom.text(x, y, label, fontsize=fontsize, ha="center", va="center", path_effects=halo, **style)
     zoom.set_xlim(low[0], high[0])
     zoom.set_ylim(low[1], high[1])
     pose = ArrayPose.from_dict(registration["pose"])
     whole.set_title(f"{chosen_model} IT sheet\narray at x = {pose.x_mm:.2f} mm, y = {pose.y_mm:.2f} mm, "
                     f"{pose.rotation_deg:.1f}°", fontsize=9)
-    zoom.set_title(f"dashed box enlarged\nids of all {len(ids)} electrodes", fontsize=9)
+    zoom.set_title(f"dashed box enlarged\nids of all {len(ids)} electrodes"
+                   + (f" (without their prefix '{prefix}')" if prefix else ""), fontsize=9)
     if values is not None:
         fig.colorbar(colours, ax=[whole, zoom], shrink=0.8, label="face d′ (unit)")
     return figure_png(fig)

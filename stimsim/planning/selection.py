@@ -14,6 +14,10 @@ import numpy as np
 from stimsim.errors import ConfigError
 
 METRICS = ("euclidean", "manhattan")
+#: Separations within this much (mm) of ``min_separation_mm`` count as equal to it: grid positions such as
+#: 1.4 and 1.8 mm carry binary round-off, so two Utah electrodes exactly two pitches apart can come out at
+#: 0.7999999999999998 mm.
+SEPARATION_TOLERANCE_MM = 1e-9
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ def choose_sites(electrode_ids, array_xy_mm, predicted, spec: SelectionSpec, unu
             reason[index] = "beyond n_sites"
         else:
             distance = separation_mm(xy[chosen], xy[index], spec.metric) if chosen else np.array([])
-            close = np.flatnonzero(distance < spec.min_separation_mm)
+            close = np.flatnonzero(distance < spec.min_separation_mm - SEPARATION_TOLERANCE_MM)
             if len(close):
                 reason[index] = f"too close to {ids[chosen[close[0]]]}"
             else:

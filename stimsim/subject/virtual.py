@@ -337,8 +337,9 @@ def random_pose(layout: ArrayLayout, sheet, rng: np.random.Generator, margin_mm:
                       f"(extent {_extent_text(sheet)} mm, margin {margin_mm} mm) at any pose")
 
 
-def build_stimuli(spec, source: str = "subject configuration") -> StimulusSet:
-    """The image set of a [[stimuli]] definition: the sets in order, keeping the labels they share."""
+def build_stimuli(spec, source: str = "subject configuration", table: str = "[[stimuli]]") -> StimulusSet:
+    """The image set of a [[stimuli]] definition: the sets in order, keeping the labels they share. Errors name
+    ``source`` (the configuration file) and ``table`` (where the definition sits in it)."""
     try:
         sets = [load_stimulus_source(entry) for entry in spec]
         if len(sets) == 1:
@@ -347,8 +348,8 @@ def build_stimuli(spec, source: str = "subject configuration") -> StimulusSet:
         sets = [StimulusSet(s.name, s.images, s.stimulus_id, {k: v for k, v in s.labels.items() if k in shared})
                 for s in sets]
         return StimulusSet.concat(*sets)
-    except ValueError as exc:
-        raise ConfigError(f"{source} [[stimuli]]: {exc}") from None
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(f"{source} {table}: {exc}") from None
 
 
 def _electrodes_off_sheet(layout, pose, sheet, margin_mm) -> list:
