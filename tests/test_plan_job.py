@@ -454,8 +454,8 @@ min_reliability = -1.0
 """
 
 
-def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e"):
-    """A lab's plan: recordings (random responses, 2 repeats) of ``n_images`` LFW images on a 4×4 layout of
+def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e", repeats=2):
+    """A lab's plan: recordings (random responses, ``repeats`` repeats) of ``n_images`` LFW images on a 4×4 layout of
     ``pitch_mm``; the plan's layout file names its electrodes ``layout_prefix`` 1..16."""
     from stimsim.arrays import ArrayLayout
     from stimsim.data.stimuli import lfw_subset
@@ -465,7 +465,7 @@ def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e
     xs, ys = np.meshgrid(np.arange(4) * pitch_mm, np.arange(4) * pitch_mm)
     positions = np.c_[xs.ravel(), ys.ravel()] - 1.5 * pitch_mm
     layout = ArrayLayout("lab", tuple(f"e{i + 1}" for i in range(16)), positions)
-    ids = np.tile(lfw_subset().stimulus_id[:n_images], 2)
+    ids = np.tile(lfw_subset().stimulus_id[:n_images], repeats)
     values = np.random.default_rng(0).poisson(20.0, (len(ids), 16)).astype(float)
     Recordings.from_arrays(values, ids, layout, {"units": "spikes/s"}).save_netcdf(directory / "recordings.nc")
     (directory / "layout.csv").write_text("electrode_id,x_mm,y_mm\n" + "".join(
@@ -611,6 +611,22 @@ def test_a_cmp_maps_labels_onto_the_recorded_electrodes_with_layout_ids_label(tm
     config_path.write_text(config_path.read_text().replace('layout = "array.cmp"', 'layout = "layout.csv"'))
     with pytest.raises(ConfigError, match=r"plan.toml \[recordings\] layout_ids: \"label\" takes the ids from a .cmp"):
         load_plan_config(config_path)
+
+
+def test_split_half_reliability_is_needed_only_where_it_is_asked_for(tmp_path):
+    """Recordings with one presentation per image plan with min_reliability = -1 (every electrode not broken
+    works); with a reliability threshold the refusal says how to plan without it."""
+    from stimsim.planning.config import load_plan_config
+    from stimsim.planning.plan import PlanInputs, _reliability
+
+    config_path = _lab_plan(tmp_path / "config", repeats=1)  # its [array] min_reliability = -1.0
+    config = load_plan_config(config_path)
+    assert _reliability(config, PlanInputs(config, tmp_path / "out", progress=False).recordings) is None
+    config_path.write_text(config_path.read_text().replace("min_reliability = -1.0", "min_reliability = 0.3"))
+    config = load_plan_config(config_path)
+    with pytest.raises(DataError, match=r"at least 2 repeats of every image; .*\[array\] min_reliability = -1 in "
+                                        r"\S*plan.toml plans without it"):
+        _reliability(config, PlanInputs(config, tmp_path / "out2", progress=False).recordings)
 
 
 def test_a_plan_cache_of_recordings_that_changed_since_is_refused(tmp_path):

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from stimsim.errors import ConfigError, SafetyError, StimsimError
+from stimsim.errors import ConfigError, DataError, SafetyError, StimsimError
 from stimsim.hashing import sha256_of
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance
 from stimsim.paradigms.sequence_2afc import fit_readouts
@@ -174,16 +174,30 @@ class PlanInputs:
         return self.subject
 
 
+def _reliability(config: PlanConfig, recordings):
+    """Per-electrode split-half reliability of the recordings; None when it is not asked for
+    (``min_reliability = -1``) and some image was shown only once."""
+    if config.min_reliability <= -1 and int(recordings.repeats().min()) < 2:
+        return None
+    try:
+        return recordings.split_half_reliability(seed=config.seed)
+    except DataError as exc:
+        raise DataError(f"{exc}; [array] min_reliability = -1 in {config.path} plans without it (every electrode "
+                        f"not broken counts as working)") from None
+
+
 def _mapping_phase(config: PlanConfig, inputs: PlanInputs, models: dict, progress: bool) -> dict:
     from stimsim.mapping import (RegistrationProblem, RegistrationSettings, bootstrap_registration, register,
                                  select_model)
 
-    reliability = inputs.recordings.split_half_reliability(seed=config.seed)
+    reliability = _reliability(config, inputs.recordings)
     # the sites' seeded noise is drawn in this order: the array's, not the order a lab's file lists its channels in
     ids = inputs.layout.in_array_order(inputs.layout.electrode_ids)
-    rel = {str(e): float(v) for e, v in zip(reliability["electrode"].values, reliability.values)}
+    rel = {} if reliability is None else {str(e): float(v) for e, v in zip(reliability["electrode"].values,
+                                                                              reliability.values)}
     broken = set(config.selection.broken_electrodes)
-    working = [e for e in ids if e not in broken and rel.get(e, np.nan) >= config.min_reliability]
+    reliable = (lambda e: True) if reliability is None else (lambda e: rel.get(e, np.nan) >= config.min_reliability)
+    working = [e for e in ids if e not in broken and reliable(e)]
     if len(working) < 3:
         raise ConfigError(f"{config.path} [array]: only {len(working)} electrode(s) are working (not broken, split-half "
                           f"reliability >= min_reliability = {config.min_reliability}); at least 3 are needed")
