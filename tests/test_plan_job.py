@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -353,6 +354,26 @@ def test_a_plan_on_the_subjects_own_model_predicts_its_effects(tmp_path, one_tor
     summary = json.loads((out / "summary.json").read_text())
     assert summary["chosen_model"] == "stimsim-topo-s2"
     assert summary["predicted_vs_true_r"] > 0.8
+
+
+def test_candidates_in_directories_of_the_same_name_are_rehearsed_each_on_its_own(tmp_path, one_torch_thread):
+    """Two candidate model directories that share their last name (seed0/model, seed1/model) must not share a
+    cached rehearsal: each candidate's P(high) is its own (they would be equal otherwise)."""
+    import stimsim
+
+    shipped = Path(stimsim.__file__).parent / "shipped_models"
+    for seed in (0, 1):
+        shutil.copytree(shipped / f"stimsim-topo-s{seed}", tmp_path / f"seed{seed}" / "model")
+    candidates = [str(tmp_path / f"seed{seed}" / "model") for seed in (0, 1)]
+    config = _write_plan(tmp_path / "config", broken="[]")
+    config.write_text(config.read_text().replace('candidates = ["stimsim-topo-s0"]', f"candidates = {candidates}"))
+    out = tmp_path / "out"
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
+    with xr.open_dataset(out / "plan.nc", engine="h5netcdf") as plan:
+        first, second = (plan["p_high"].sel(model=name, pose="fitted").values for name in candidates)
+    assert first.shape == second.shape and not np.allclose(first, second)
+    per_model = json.loads((out / "summary.json").read_text())["predicted_vs_true_r_per_model"]
+    assert per_model[candidates[0]] != per_model[candidates[1]]
 
 
 def test_validate_writes_per_pose_numbers_and_the_null(tmp_path, one_torch_thread):

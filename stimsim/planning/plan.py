@@ -334,7 +334,7 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
             probability = "p_high" if effect == "delta_auc" else "p_face"
             result[probability] = result[probability][:, :registered + 1]
             return result
-        rehearsals[name] = cache.arrays(f"rehearsal_{_safe(name)}", rehearse_model)
+        rehearsals[name] = cache.arrays(f"rehearsal_{_cache_key(list(models), name)}", rehearse_model)
     plan = _assemble(config, inputs, mapping, chosen_model, rehearsals, registered_points)
     truth = None
     if inputs.subject_dir is not None:
@@ -366,8 +366,13 @@ def load_candidates(names, device="cpu") -> tuple[dict, dict]:
     return models, scales
 
 
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(name).name)
+def _cache_key(names: list, name: str) -> str:
+    """A file-name-safe key for a candidate's cached phase, unique among ``names``: a shipped model's name as it
+    is; a model directory by its whole path (two candidates' directories may share their last name, e.g.
+    ``seed0/model`` and ``seed1/model``)."""
+    keys = ["".join(c if c.isalnum() or c in "-_" else "_" for c in str(n)) for n in names]
+    key = keys[names.index(name)]
+    return key if keys.count(key) == 1 else f"{names.index(name)}_{key}"
 
 
 def _sequences_phase(config, model, points, images, progress, companions=()) -> dict:
