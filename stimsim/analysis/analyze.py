@@ -127,6 +127,11 @@ def _check_plan_subject(plan_dir, plan_summary: dict, sessions: pd.DataFrame) ->
                           f"is of subject 'subject')")
 
 
+def _site_label(subject, electrode, several_subjects: bool) -> str:
+    """How a message names a site: "electrode 12", or "subject m1 electrode 12" when sessions hold several."""
+    return f"{f'subject {subject} ' if several_subjects else ''}electrode {electrode}"
+
+
 def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
     """What the statistics across sites left out or could not compute, for people (sites in natural
     order, as in ``sites``)."""
@@ -134,7 +139,7 @@ def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
     missing = sites[sites["delta_auc_missing_reason"] != ""]
     if len(missing):
         several = sites["subject_id"].nunique() > 1
-        listed = "; ".join(f"{f'subject {s} ' if several else ''}electrode {e} ({reason})" for s, e, reason in
+        listed = "; ".join(f"{_site_label(s, e, several)} ({reason})" for s, e, reason in
                            zip(missing["subject_id"], missing["electrode"], missing["delta_auc_missing_reason"]))
         messages.append(f"{len(missing)} of {len(sites)} sites have no ΔAUC (a psychometric curve needs a trial at "
                         f"every step in both conditions) and are left out of the statistics across sites: "
@@ -160,7 +165,7 @@ def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: p
     pooled, other = [], []
     for subject, electrode in zip(sites["subject_id"], sites["electrode"]):
         currents = used.get((subject, electrode), np.array([]))
-        name = f"{f'subject {subject} ' if several else ''}electrode {electrode}"
+        name = _site_label(subject, electrode, several)
         listed = ", ".join(f"{current:g}" for current in currents)
         if currents.size > 1:
             pooled.append(f"{name} ({listed} µA)")

@@ -123,7 +123,7 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
               for raw, ids, path in zip(raws, file_ids, paths)]
     sessions = pd.concat(tables, ignore_index=True)
     steps = np.unique(sessions["step"])
-    where = paths[0] if len(paths) == 1 else ", ".join(map(str, paths))
+    where = _where(paths)
     if steps[0] > 0:
         raise FileFormatError(where, f"column 'step': no trial at step 0 (steps found {steps[0]}..{steps[-1]}); steps "
                                      f"count from 0, the 'low' end of the sequence: subtract 1 from steps counted "
@@ -144,13 +144,18 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
     return sessions
 
 
+def _where(paths) -> str | Path:
+    """The file an error about the sessions read together names: the file, or all of them."""
+    return paths[0] if len(paths) == 1 else ", ".join(map(str, paths))
+
+
 def _mapping_in_files(mapping: dict[str, str], raws, paths) -> dict[str, str]:
     """The mapping, checked against the files read together: each lab column it names must be in at
     least one of them (several files of different formats share one mapping)."""
     absent = sorted(set(mapping) - set().union(*(raw.columns for raw in raws)))
     if absent:
         columns = "; ".join(f"{path.name}: {', '.join(map(str, raw.columns))}" for raw, path in zip(raws, paths))
-        raise FileFormatError(paths[0] if len(paths) == 1 else ", ".join(map(str, paths)),
+        raise FileFormatError(_where(paths),
                               f"column mapping names column(s) {absent} that no file given has; their columns: "
                               f"{columns}")
     return mapping

@@ -196,8 +196,8 @@ def _mapping_phase(config: PlanConfig, inputs: PlanInputs, models: dict, progres
     rel = {} if reliability is None else {str(e): float(v) for e, v in zip(reliability["electrode"].values,
                                                                               reliability.values)}
     broken = set(config.selection.broken_electrodes)
-    reliable = (lambda e: True) if reliability is None else (lambda e: rel.get(e, np.nan) >= config.min_reliability)
-    working = [e for e in ids if e not in broken and reliable(e)]
+    working = [e for e in ids if e not in broken
+               and (reliability is None or rel.get(e, np.nan) >= config.min_reliability)]
     if len(working) < 3:
         raise ConfigError(f"{config.path} [array]: only {len(working)} electrode(s) are working (not broken, split-half "
                           f"reliability >= min_reliability = {config.min_reliability}); at least 3 are needed")
