@@ -123,6 +123,13 @@ def test_plan_writes_every_output(plan_dir):
         assert plan["sequence_image"].dims == ("electrode", "sequence", "step", "y", "x")
         assert plan["p_high"].sizes["stimulated"] == 2 and plan["p_high"].sizes["step"] == 7
         assert plan.sizes["pose"] == 3  # fitted + 2 bootstrap poses
+        # the ranking's reproducibility over sequences, from one-way ANOVA sums of squares of the pooled effects
+        pooled = plan["delta_auc"].sel(pose="fitted").mean("model").to_pandas().dropna()
+        k = pooled.shape[1]
+        ms_between = k * ((pooled.mean(axis=1) - pooled.values.mean()) ** 2).sum() / (len(pooled) - 1)
+        ms_within = ((pooled.sub(pooled.mean(axis=1), axis=0)) ** 2).values.sum() / (len(pooled) * (k - 1))
+        assert summary["ranking_reliability"] == pytest.approx((ms_between - ms_within) / ms_between)
+        assert summary["ranking_reliability_chance"] == 0
 
 
 def test_plan_report_renders(plan_dir, chromium_render, pdf_pages, tmp_path):

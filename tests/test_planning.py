@@ -9,7 +9,8 @@ from stimsim.behavior.metrics import auc_of_curve
 from stimsim.errors import ConfigError
 from stimsim.paradigms.sequence_2afc import TaskSpec, fit_readouts
 from stimsim.planning.rehearsal import rehearse
-from stimsim.planning.selection import SelectionSpec, choose_sites, rank_sites, separation_mm
+from stimsim.planning.selection import (SelectionSpec, choose_sites, rank_sites, ranking_reliability,
+                                        separation_mm)
 from stimsim.planning.session import simulate_trials, write_session_csv, write_session_nwb
 from stimsim.sequences import SequenceSpec, build_sequences, excursion_warning, pooling_matrix
 
@@ -79,6 +80,19 @@ def test_map_labels_drop_the_text_prefix_all_ids_share_and_keep_their_numbers():
     assert map_labels(["1", "2", "96"]) == ("", ["1", "2", "96"])
     assert map_labels(["ch", "ch2"]) == ("", ["ch", "ch2"])  # no id left empty
     assert map_labels(["A-01", "B-02"]) == ("", ["A-01", "B-02"])
+
+
+def test_ranking_reliability_by_hand_and_from_planted_variance_components():
+    # by hand: site means 2, 3, 7 → MS_between = 2 × 7 = 14; every site's variance over its 2 sequences is 2
+    by_hand = np.array([[1.0, 3.0], [2.0, 4.0], [6.0, 8.0], [np.nan, 1.0]])  # the NaN site is left out
+    assert ranking_reliability(by_hand) == pytest.approx((14 - 2) / 14)
+    # planted: site effect SD 1, sequence noise SD 2, k = 4 → ICC(1,k) = 1 / (1 + 2² / 4) = 0.5
+    rng = np.random.default_rng(0)
+    site = rng.normal(0, 1, (2000, 1))
+    assert ranking_reliability(site + rng.normal(0, 2, (2000, 4))) == pytest.approx(0.5, abs=0.05)
+    assert ranking_reliability(rng.normal(0, 2, (2000, 4))) == pytest.approx(0.0, abs=0.1)  # chance: no site effect
+    assert np.isnan(ranking_reliability(np.ones((5, 1))))  # one sequence per site: undefined
+    assert np.isnan(ranking_reliability(np.ones((5, 3))))  # no spread of site means: undefined
 
 
 def test_unknown_broken_electrode_is_an_error():

@@ -36,7 +36,7 @@ from stimsim.paradigms.sequence_2afc import fit_readouts
 from stimsim.planning.config import PlanConfig, load_plan_config
 from stimsim.planning.face_task import face_rehearsal, face_trials
 from stimsim.planning.rehearsal import rehearse
-from stimsim.planning.selection import check_broken, choose_sites
+from stimsim.planning.selection import check_broken, choose_sites, ranking_reliability
 from stimsim.progress import report_phase
 from stimsim.sequences import build_sequences, excursion_warning, pooling_matrix
 from stimsim.stimulation import enforce
@@ -551,6 +551,9 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
             "sequence_response_change_sd": float(np.median(
                 (sequences["site_response"][:, :, -1] - sequences["site_response"][:, :, 0]) / sequences["natural_sd"][:, None])),
             "sequence_others_change_sd": float(np.median(sequences["others_change_sd"][:, :, [0, -1]])),
+            "ranking_reliability": _finite_or_none(ranking_reliability(np.nanmean(
+                np.stack([rehearsals[n]["delta_auc"][:, 0] for n in rehearsals]), axis=0))),
+            "ranking_reliability_chance": 0.0,
             "sequence_warning": excursion_warning(sequences["site_response"], sequences["natural_sd"],
                                                   config.sequences.recording_radius_mm)})
         if summary["sequence_warning"] is not None:
@@ -592,6 +595,11 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, sites, summary, truth,
                  models, record).write(out_dir)
     return summary
+
+
+def _finite_or_none(value: float):
+    """``value``, or None (JSON null) where it is undefined (NaN)."""
+    return value if np.isfinite(value) else None
 
 
 def _random_pose_null(rehearsals, true, alive) -> dict:

@@ -255,7 +255,8 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
             "Sequence method: pixel-space gradient steps with image priors (smoothness, small steps, pixel range) — "
             "not a generative model; see stimsim.sequences. Median change of the target site across a "
             f"sequence: {summary['sequence_response_change_sd']:.2f} natural SDs; other sites at the ends: "
-            f"{summary['sequence_others_change_sd']:.2f} SDs (RMS)."))
+            f"{summary['sequence_others_change_sd']:.2f} SDs (RMS). " + _reliability_sentence(
+                summary["ranking_reliability"], config.sequences.n_sequences, label)))
     if truth is not None:
         sections.append(Section("Validation on the virtual subject", [
             Paragraph(f"The subject's true {label}: the same "
@@ -273,3 +274,13 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
     return Report(f"Stimulation plan: {config.name}", sections,
                   subtitle=config.description or "stimsim site plan", parameters=record["config"],
                   software=record["software"])
+
+
+def _reliability_sentence(reliability, n_sequences: int, label: str) -> str:
+    """The ranking's reproducibility over image sequences, in words."""
+    if reliability is None:
+        return ("Reproducibility of the ranking over sequences: undefined (it needs at least 2 sequences per site "
+                "and 3 sites with a prediction).")
+    return (f"Reproducibility of the ranking over sequences: ICC(1,k) = {reliability:.2f} (chance 0), the share of "
+            f"the spread of predicted {label} across sites that a fresh set of {n_sequences} sequences per site "
+            "would reproduce.")

@@ -103,3 +103,21 @@ def choose_sites(electrode_ids, array_xy_mm, predicted, spec: SelectionSpec, unu
                 chosen.append(int(index))
                 reason[index] = "chosen"
     return {"order": order, "chosen": np.asarray(chosen, dtype=np.int64), "reason": reason}
+
+
+def ranking_reliability(effects: np.ndarray) -> float:
+    """How reproducible the sites' ranking is over image sequences: ICC(1,k) of ``effects`` (sites × sequences).
+
+    One-way random-effects intraclass correlation of the mean of k sequences (Shrout & Fleiss 1979, case 1,k):
+    (MS_between − MS_within) / MS_between — the share of the spread of the site means that a fresh set of k
+    sequences would reproduce. Sites with a NaN are left out; NaN when fewer than 3 sites or 2 sequences
+    remain, or the site means do not vary. Chance (no site differences) is 0; it can fall below 0 by noise.
+    """
+    effects = np.asarray(effects, dtype=float)
+    effects = effects[np.isfinite(effects).all(1)]
+    n_sites, k = effects.shape
+    if n_sites < 3 or k < 2:
+        return float("nan")
+    between = k * effects.mean(1).var(ddof=1)
+    within = effects.var(1, ddof=1).mean()
+    return float((between - within) / between) if between > 0 else float("nan")
