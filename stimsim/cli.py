@@ -182,7 +182,9 @@ def _cmd_analyze(args) -> int:
                             layout=args.layout, n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed,
                             force=args.force)
     keys = ("n_sites_recorded", "n_sites", "n_trials", "mean_shift", "mean_shift_chance", "wilcoxon_p",
-            "wilcoxon_p_undefined_reason", "cohens_d", "cohens_d_chance", "split_half_r", "split_half_r_chance",
+            "wilcoxon_p_undefined_reason", "cohens_d", "cohens_d_chance", "n_sites_significant",
+            "n_sites_significant_chance", "n_sites_significant_fdr", "n_sites_significant_fdr_chance",
+            "split_half_r", "split_half_r_chance",
             "noise_ceiling", "noise_ceiling_undefined_reason", "predicted_vs_observed_r",
             "predicted_vs_observed_r_chance", "predicted_vs_observed_r_null_95", "permutation_p", "slope",
             "slope_ideal")

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
+from stimsim.analysis.effects import expected_fdr_discoveries_under_null
 from stimsim.analysis.synthetic import planted_curves, planted_session
 from stimsim.cli import main
 from stimsim.io import read_result_set
@@ -83,13 +84,19 @@ def test_analyze_reads_a_lab_file_through_a_toml_column_mapping(tmp_path, capsys
     assert main(["analyze", str(session), "--columns", str(mapping), "--out", str(out), "--boot", "20", "--perm", "20",
                  "--splits", "5"]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["n_trials"] == 420  # stdout holds only the JSON summary
+    printed = json.loads(captured.out)  # stdout holds only the JSON summary
+    assert printed["n_trials"] == 420
+    assert printed["n_sites_significant_fdr"] <= printed["n_sites_significant"]
+    assert printed["n_sites_significant_fdr_chance"] == pytest.approx(expected_fdr_discoveries_under_null(3, 0.05))
     assert f"stimsim: report, results.nc and summary.json in {out}" in captured.err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_trials"] == 420 and summary["n_sites"] == 3
     assert summary["n_sites_significant_chance"] == 0.15  # 3 sites × α 0.05, as written (no binary tail)
     assert "0.15000000000000002" not in (out / "summary.json").read_text()
     assert json.loads((out / "summary.json").read_text())["provenance"]["config"]["columns"] == LAB_MAPPING
+    assert "n_sites_significant_fdr" in summary and "p_fdr" in pd.read_csv(out / "sites.csv")
+    with xr.open_dataset(out / "results.nc", engine="h5netcdf") as data:
+        assert np.all(data["p_fdr"].values >= data["permutation_p"].values)
 
 
 def test_analyze_checks_electrodes_against_an_array_layout(tmp_path, capsys):

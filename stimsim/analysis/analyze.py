@@ -14,14 +14,15 @@ from scipy import stats
 
 from stimsim.analysis.comparison import compare_predictions, expected_correlation, expected_correlation_reason, \
     load_plan_predictions
-from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, site_effects, \
-    split_half_reliability
+from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, \
+    expected_fdr_discoveries_under_null, fdr_adjusted, site_effects, split_half_reliability
 from stimsim.analysis.sessions import SHAM
 from stimsim.errors import ConfigError
 from stimsim.jsonable import json_ready
 from stimsim.ordering import natural_key, naturally_ordered
 
-#: Per-site permutation p below which a site counts as significant in the summary.
+#: Per-site permutation p below which a site counts as significant in the summary; also the false
+#: discovery rate q of the Benjamini–Hochberg count.
 SITE_ALPHA = 0.05
 
 
@@ -191,14 +192,18 @@ def _subset(counts: SiteCounts, keep: np.ndarray) -> SiteCounts:
 
 def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, n_perm: int, n_splits: int,
                    seed: int) -> dict:
-    """Statistics across the sites of one group (all subjects pooled, or one subject)."""
+    """Statistics across the sites of one group (all subjects pooled, or one subject). The false
+    discovery rate is controlled over the group's own sites (Benjamini–Hochberg at q = SITE_ALPHA)."""
     significant = sites["permutation_p"] < SITE_ALPHA
+    n_tested = int(np.isfinite(sites["permutation_p"]).sum())
     summary = {"n_sites_recorded": int(len(sites)), **across_sites(sites["delta_auc"], n_perm=10 * n_perm, seed=seed),
                "mean_psychometric_shift_steps": _nanmean(sites["shift_steps"]),
                "mean_psychometric_shift_steps_chance": 0.0,
                "n_sites_significant": int(significant.sum()), "site_alpha": SITE_ALPHA,
                # expected false positives; rounded so that 0.05 × 24 reads 1.2, not 1.2000000000000002
-               "n_sites_significant_chance": round(SITE_ALPHA * int(np.isfinite(sites["permutation_p"]).sum()), 12),
+               "n_sites_significant_chance": round(SITE_ALPHA * n_tested, 12),
+               "n_sites_significant_fdr": int((fdr_adjusted(sites["permutation_p"]) < SITE_ALPHA).sum()),
+               "n_sites_significant_fdr_chance": expected_fdr_discoveries_under_null(n_tested, SITE_ALPHA),
                **split_half_reliability(counts, n_splits=n_splits, seed=seed)}
     if "predicted_delta_auc" not in sites:
         return summary
