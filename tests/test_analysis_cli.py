@@ -25,6 +25,7 @@ def test_analyze_lab_nwb_with_mapping_and_plan(tmp_path, capsys, chromium_render
     pd.DataFrame({"rank": range(1, 9), "electrode_id": electrodes, "predicted_delta_auc": 1.5 * truth}).to_csv(
         plan / "sites.csv", index=False)
     (plan / "summary.json").write_text(json.dumps({"task": "sequence_2afc", "predicted_vs_true_r": 1.0}))
+    xr.Dataset(coords={"sequence": [0], "step": np.arange(7)}).to_netcdf(plan / "plan.nc", engine="h5netcdf")
     columns = ",".join(f"{lab}={ours}" for lab, ours in LAB_MAPPING.items())
     out = tmp_path / "analysis"
     assert main(["analyze", str(session), "--plan", str(plan), "--columns", columns, "--out", str(out),
@@ -112,3 +113,19 @@ def test_analysis_benchmark_entry_runs_on_quick_sizes():
     timing = time_analysis(quick=True)
     assert (timing["n_sites"], timing["trials_per_site"]) == (10, 100)
     assert timing["total_s"] == pytest.approx(timing["load_s"] + timing["statistics_s"])
+
+
+def test_analyze_refuses_steps_beyond_the_plans_sequences(tmp_path, capsys):
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    pd.DataFrame({"rank": [1, 2], "electrode_id": ["1", "2"], "predicted_delta_auc": [0.05, 0.02]}).to_csv(
+        plan / "sites.csv", index=False)
+    (plan / "summary.json").write_text(json.dumps({"task": "sequence_2afc"}))
+    xr.Dataset(coords={"sequence": [0, 1, 2], "step": np.arange(5)}).to_netcdf(plan / "plan.nc", engine="h5netcdf")
+    table = planted_session([0.5, 0.5], trials_per_site=40, n_steps=5, seed=1)
+    table.loc[6, "step"] = 5
+    table.to_csv(tmp_path / "s.csv", index=False)
+    assert main(["analyze", str(tmp_path / "s.csv"), "--plan", str(plan), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("stimsim: error: ") and "s.csv" in error and "column 'step', row(s) 7:" in error
+    assert "allowed steps 0..4" in error and not (tmp_path / "out").exists()

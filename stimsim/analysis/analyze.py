@@ -13,10 +13,10 @@ import xarray as xr
 from scipy import stats
 
 from stimsim.analysis.comparison import compare_predictions, expected_correlation, expected_correlation_reason, \
-    load_plan_predictions
+    load_plan_predictions, load_plan_steps
 from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, \
     expected_fdr_discoveries_under_null, fdr_adjusted, site_effects, split_half_reliability
-from stimsim.analysis.sessions import SHAM
+from stimsim.analysis.sessions import SHAM, check_steps_in_plan
 from stimsim.errors import ConfigError
 from stimsim.jsonable import json_ready
 from stimsim.ordering import natural_key, naturally_ordered
@@ -71,7 +71,9 @@ class Analysis:
 
 def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: int = 1000,
             n_splits: int = 100, ci: float = 0.95, seed: int = 0) -> Analysis:
-    """Analyse a validated session table (:func:`stimsim.analysis.sessions.load_sessions`).
+    """Analyse a validated session table (:func:`stimsim.analysis.sessions.load_sessions`). Given a
+    plan directory, trials at a step beyond the plan's sequences are refused, and every site's curve
+    spans the plan's steps (a step without trials leaves the site without ΔAUC, and says so).
 
     ``n_boot`` bootstrap resamples per site, ``n_perm`` label permutations per site (and 10 × as many
     for the statistics across sites), ``n_splits`` random split halves; everything is seeded by ``seed``.
@@ -84,11 +86,13 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
         raise ConfigError(f"ci must lie strictly between 0 and 1, got {ci}")
     parameters = {"plan_dir": str(plan_dir) if plan_dir else None, "n_boot": n_boot, "n_perm": n_perm,
                   "n_splits": n_splits, "ci": ci, "seed": seed, "site_alpha": SITE_ALPHA}
-    plan_sites, plan_summary = None, {}
+    plan_sites, plan_summary, n_steps = None, {}, None
     if plan_dir is not None:
         plan_sites, plan_summary = load_plan_predictions(plan_dir)
+        plan_file, n_steps = load_plan_steps(plan_dir)
+        check_steps_in_plan(sessions, n_steps, plan_file)
         _check_plan_subject(plan_dir, plan_summary, sessions)
-    counts = count_trials(sessions)
+    counts = count_trials(sessions, n_steps=n_steps)
     sites = site_effects(counts, n_boot=n_boot, n_perm=n_perm, ci=ci, seed=seed, sessions=sessions)
     if plan_sites is not None:
         interval = [name for name in ("predicted_delta_auc_low", "predicted_delta_auc_high") if name in plan_sites]

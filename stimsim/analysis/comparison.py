@@ -41,6 +41,25 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
     return sites, summary
 
 
+def load_plan_steps(plan_dir) -> tuple[Path, int]:
+    """``plan.nc`` of a plan and the number of steps of its image sequences (its ``step`` dimension;
+    sessions of the plan show steps 0 .. n_steps - 1)."""
+    import xarray as xr
+
+    path = Path(plan_dir) / "plan.nc"
+    if not path.is_file():
+        raise FileNotFoundError(f"plan directory {plan_dir} has no plan.nc (made by `stimsim plan`)")
+    try:
+        with xr.open_dataset(path, engine="h5netcdf") as data:
+            n_steps = data.sizes.get("step")
+    except (OSError, ValueError) as exc:
+        raise FileFormatError(path, f"not a readable netCDF file ({exc})") from None
+    if not n_steps or n_steps < 2:
+        raise FileFormatError(path, f"no 'step' dimension of 2 or more steps (the plan's sequences), got "
+                                    f"{n_steps or 'none'}")
+    return path, int(n_steps)
+
+
 def _checked_noise_ceiling(noise_ceiling: float) -> float:
     """A noise ceiling is a reliability in (0, 1], or NaN when undefined (a split-half r <= 0)."""
     noise_ceiling = float(noise_ceiling)

@@ -67,9 +67,13 @@ class SiteCounts:
             return self.n_high / self.n
 
 
-def count_trials(sessions: pd.DataFrame) -> SiteCounts:
-    """Count a validated session table (:func:`stimsim.analysis.sessions.load_sessions`)."""
-    last_step = int(sessions["step"].max())
+def count_trials(sessions: pd.DataFrame, n_steps: int | None = None) -> SiteCounts:
+    """Count a validated session table (:func:`stimsim.analysis.sessions.load_sessions`) over steps
+    0 .. ``n_steps`` - 1 (a plan's sequences; None: up to the last step in the table). A step without
+    trials is an empty cell."""
+    last_step = int(sessions["step"].max()) if n_steps is None else n_steps - 1
+    if sessions["step"].max() > last_step:
+        raise ValueError(f"trials at step {sessions['step'].max()}, beyond the {n_steps} steps counted")
     if last_step < 1:
         raise ValueError("the sessions hold only step 0; a psychometric curve needs at least 2 steps")
     sites = sessions[["subject_id", "electrode"]].drop_duplicates().sort_values(

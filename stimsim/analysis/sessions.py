@@ -144,6 +144,24 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
     return sessions
 
 
+def check_steps_in_plan(sessions: pd.DataFrame, n_steps: int, plan_file) -> None:
+    """Refuse trials at a step beyond the plan's sequences (``n_steps`` steps, 0 .. n_steps - 1, read from
+    ``plan_file``): FileFormatError naming each such file, the column and the rows."""
+    beyond = sessions[sessions["step"] >= n_steps]
+    if beyond.empty:
+        return
+    files = list(dict.fromkeys(beyond["file"]))
+    listed = []
+    for file, rows in beyond.groupby("file", sort=False):
+        shown = ", ".join(str(row) for row in rows["row"].iloc[:5]) + (
+            f" (+{len(rows) - 5} more)" if len(rows) > 5 else "")
+        listed.append(f"{f'{file}: ' if len(files) > 1 else ''}column 'step', row(s) {shown}: step beyond the "
+                      f"plan's sequences; e.g. {rows['step'].iloc[0]}")
+    raise FileFormatError(files[0] if len(files) == 1 else ", ".join(files),
+                          "refused (nothing loaded): " + "; ".join(listed) + f". The plan's sequences have {n_steps} "
+                          f"steps ({plan_file}): allowed steps 0..{n_steps - 1}")
+
+
 def _where(paths) -> str | Path:
     """The file an error about the sessions read together names: the file, or all of them."""
     return paths[0] if len(paths) == 1 else ", ".join(map(str, paths))
