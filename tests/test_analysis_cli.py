@@ -129,3 +129,26 @@ def test_analyze_refuses_steps_beyond_the_plans_sequences(tmp_path, capsys):
     error = capsys.readouterr().err
     assert error.startswith("stimsim: error: ") and "s.csv" in error and "column 'step', row(s) 7:" in error
     assert "allowed steps 0..4" in error and not (tmp_path / "out").exists()
+
+
+def test_analyze_reads_lab_value_codes_given_on_the_command_line(tmp_path, capsys):
+    table = planted_session([1.0, -1.0, 0.5], trials_per_site=140, seed=2)
+    coded = table.assign(choice=np.where(table["choice"] == "low", 1, 2),
+                         stimulated_electrode=np.where(table["stimulated_electrode"] == "sham", "none",
+                                                       table["stimulated_electrode"]))
+    coded.to_csv(tmp_path / "coded.csv", index=False)
+    table.to_csv(tmp_path / "plain.csv", index=False)
+    common = ["--boot", "20", "--perm", "20", "--splits", "5"]
+    assert main(["analyze", str(tmp_path / "coded.csv"), "--values", "choice:1=low,2=high", "--values",
+                 "stimulated_electrode:none=sham", "--out", str(tmp_path / "coded"), *common]) == 0
+    assert main(["analyze", str(tmp_path / "plain.csv"), "--out", str(tmp_path / "plain"), *common]) == 0
+    capsys.readouterr()
+    coded_summary = json.loads((tmp_path / "coded" / "summary.json").read_text())
+    plain_summary = json.loads((tmp_path / "plain" / "summary.json").read_text())
+    assert coded_summary["mean_shift"] == plain_summary["mean_shift"]  # the same trials, once translated
+    assert coded_summary["provenance"]["config"]["values"] == {"choice": {"1": "low", "2": "high"},
+                                                              "stimulated_electrode": {"none": "sham"}}
+    assert main(["analyze", str(tmp_path / "coded.csv"), "--values", "choice:1=low,2=right",
+                 "--out", str(tmp_path / "bad")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("stimsim: error: --values choice: code '2' maps onto 'right'; allowed values: low, high")

@@ -290,10 +290,10 @@ def _write_analysis(analysis: Analysis, results, sources, report: bool) -> Path:
 
 def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = None, layout=None,
                  n_boot: int = 1000, n_perm: int = 1000, n_splits: int = 100, seed: int = 0,
-                 force: bool = False) -> Analysis:
+                 force: bool = False, values: dict | None = None) -> Analysis:
     """Load and validate the session files (electrodes checked against the plan's sites when a plan
-    is given, or against ``layout``: a Utah kind "10x10" / "8x8" or a .csv / .cmp layout file),
-    analyse them, and write the report (HTML + PDF), ``results.nc``, ``sites.csv`` and
+    is given, or against ``layout``: a Utah kind "10x10" / "8x8" or a .csv / .cmp layout file; lab
+    column names ``columns`` and value codes ``values`` translated), analyse them, and write the report (HTML + PDF), ``results.nc``, ``sites.csv`` and
     ``summary.json`` into ``out_dir`` as one result set."""
     from stimsim.analysis.sessions import load_sessions
     from stimsim.arrays.layout import load_layout
@@ -309,8 +309,8 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
         if layout is not None:
             array_ids = set(load_layout(layout).electrode_ids)
             electrodes = array_ids if electrodes is None else electrodes & array_ids
-        sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes)
+        sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes, values=values)
         analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed)
-        analysis.parameters.update({"columns": columns or {}, "layout": str(layout) if layout is not None else None})
+        analysis.parameters.update({"columns": columns or {}, "values": values or {}, "layout": str(layout) if layout is not None else None})
         _write_analysis(analysis, results, session_paths, report=True)
     return analysis
