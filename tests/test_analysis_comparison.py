@@ -331,8 +331,44 @@ def test_a_plan_without_plan_nc_or_its_steps_is_refused(tmp_path):
     plan = write_plan(tmp_path / "plan", ["1", "2", "3"], [0.02, 0.01, 0.0])
     sessions = planted_session([0.5, 0.2, 0.1], 30)
     xr.Dataset({"p_face": ("electrode", np.zeros(3))}).to_netcdf(plan / "plan.nc", engine="h5netcdf")
-    with pytest.raises(FileFormatError, match="no 'step' dimension"):
+    with pytest.raises(FileFormatError, match="no 'sequence' dimension of 1 or more"):
+        analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    write_plan_steps(plan, n_steps=1)
+    with pytest.raises(FileFormatError, match="no 'step' dimension of 2 or more .*, got 1"):
         analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
     (plan / "plan.nc").unlink()
     with pytest.raises(FileNotFoundError, match="has no plan.nc"):
         analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+
+
+@pytest.mark.filterwarnings("ignore:noise ceiling undefined")  # 3 sites: expected, not the subject here
+def test_sequences_beyond_the_plans_are_refused_with_the_steps_in_one_message(tmp_path):
+    plan = write_plan(tmp_path / "plan", ["1", "2", "3"], [0.02, 0.01, 0.0])
+    write_plan_steps(plan, n_steps=7, n_sequences=3)
+    table = planted_session([0.5, 0.2, 0.1], 60, seed=3).assign(sequence=lambda t: np.arange(len(t)) % 3)
+    table.to_csv(tmp_path / "a.csv", index=False)
+    assert analyze(load_sessions(tmp_path / "a.csv"), plan_dir=plan, n_boot=10, n_perm=10,
+                   n_splits=2).summary["n_trials"] == 180
+    table.loc[[2, 5], "sequence"] = [3, 4]
+    table.to_csv(tmp_path / "a.csv", index=False)
+    table.assign(session_id="b", step=table["step"].replace(6, 7)).to_csv(tmp_path / "b.csv", index=False)
+    sessions = load_sessions([tmp_path / "a.csv", tmp_path / "b.csv"])
+    with pytest.raises(FileFormatError) as refused:
+        analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    message = str(refused.value)
+    assert f"{tmp_path / 'a.csv'}: column 'sequence', row(s) 3, 6: sequence beyond the plan's 3 per site " \
+           f"(allowed sequences 0..2); e.g. 3" in message
+    assert f"{tmp_path / 'b.csv'}: column 'step', row(s) " in message and "allowed steps 0..6" in message
+    assert f"{tmp_path / 'b.csv'}: column 'sequence', row(s) 3, 6:" in message
+    # a table made in memory has no file: its rows are named
+    with pytest.raises(FileFormatError, match=r"^the session table: refused \(nothing loaded\): column 'sequence', "
+                                              r"row\(s\) 3, 6: sequence beyond"):
+        analyze(table, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+
+
+def test_negative_sequences_are_refused_when_loading(tmp_path):
+    table = planted_session([0.5, 0.2, 0.1], 30, seed=3)
+    table.loc[4, "sequence"] = -1
+    table.to_csv(tmp_path / "s.csv", index=False)
+    with pytest.raises(FileFormatError, match=r"column 'sequence', row\(s\) 5: sequence must be an integer >= 0"):
+        load_sessions(tmp_path / "s.csv")

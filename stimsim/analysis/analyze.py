@@ -13,10 +13,10 @@ import xarray as xr
 from scipy import stats
 
 from stimsim.analysis.comparison import compare_predictions, expected_correlation, expected_correlation_reason, \
-    load_plan_predictions, load_plan_steps
+    load_plan_predictions, load_plan_sequences
 from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, \
     expected_fdr_discoveries_under_null, fdr_adjusted, site_effects, split_half_reliability
-from stimsim.analysis.sessions import SHAM, check_steps_in_plan
+from stimsim.analysis.sessions import SHAM, check_against_plan
 from stimsim.errors import ConfigError
 from stimsim.jsonable import json_ready
 from stimsim.ordering import natural_key, naturally_ordered
@@ -72,7 +72,7 @@ class Analysis:
 def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: int = 1000,
             n_splits: int = 100, ci: float = 0.95, seed: int = 0) -> Analysis:
     """Analyse a validated session table (:func:`stimsim.analysis.sessions.load_sessions`). Given a
-    plan directory, trials at a step beyond the plan's sequences are refused, and every site's curve
+    plan directory, trials of a sequence or at a step beyond the plan's are refused, and every site's curve
     spans the plan's steps (a step without trials leaves the site without ΔAUC, and says so).
 
     ``n_boot`` bootstrap resamples per site, ``n_perm`` label permutations per site (and 10 × as many
@@ -89,8 +89,8 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
     plan_sites, plan_summary, n_steps = None, {}, None
     if plan_dir is not None:
         plan_sites, plan_summary = load_plan_predictions(plan_dir)
-        plan_file, n_steps = load_plan_steps(plan_dir)
-        check_steps_in_plan(sessions, n_steps, plan_file)
+        plan_file, n_sequences, n_steps = load_plan_sequences(plan_dir)
+        check_against_plan(sessions, n_sequences, n_steps, plan_file)
         _check_plan_subject(plan_dir, plan_summary, sessions)
     counts = count_trials(sessions, n_steps=n_steps)
     sites = site_effects(counts, n_boot=n_boot, n_perm=n_perm, ci=ci, seed=seed, sessions=sessions)

@@ -41,9 +41,10 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
     return sites, summary
 
 
-def load_plan_steps(plan_dir) -> tuple[Path, int]:
-    """``plan.nc`` of a plan and the number of steps of its image sequences (its ``step`` dimension;
-    sessions of the plan show steps 0 .. n_steps - 1)."""
+def load_plan_sequences(plan_dir) -> tuple[Path, int, int]:
+    """``plan.nc`` of a plan, the number of image sequences per site and the number of steps of each
+    (its ``sequence`` and ``step`` dimensions; sessions of the plan show sequences 0 .. n_sequences - 1
+    at steps 0 .. n_steps - 1)."""
     import xarray as xr
 
     path = Path(plan_dir) / "plan.nc"
@@ -51,13 +52,14 @@ def load_plan_steps(plan_dir) -> tuple[Path, int]:
         raise FileNotFoundError(f"plan directory {plan_dir} has no plan.nc (made by `stimsim plan`)")
     try:
         with xr.open_dataset(path, engine="h5netcdf") as data:
-            n_steps = data.sizes.get("step")
+            sizes = dict(data.sizes)
     except (OSError, ValueError) as exc:
         raise FileFormatError(path, f"not a readable netCDF file ({exc})") from None
-    if not n_steps or n_steps < 2:
-        raise FileFormatError(path, f"no 'step' dimension of 2 or more steps (the plan's sequences), got "
-                                    f"{n_steps or 'none'}")
-    return path, int(n_steps)
+    for name, least in (("sequence", 1), ("step", 2)):
+        if sizes.get(name, 0) < least:
+            raise FileFormatError(path, f"no {name!r} dimension of {least} or more (the plan's sequences), got "
+                                        f"{sizes.get(name) or 'none'}")
+    return path, int(sizes["sequence"]), int(sizes["step"])
 
 
 def _checked_noise_ceiling(noise_ceiling: float) -> float:

@@ -242,22 +242,46 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
     return sessions
 
 
-def check_steps_in_plan(sessions: pd.DataFrame, n_steps: int, plan_file) -> None:
-    """Refuse trials at a step beyond the plan's sequences (``n_steps`` steps, 0 .. n_steps - 1, read from
-    ``plan_file``): FileFormatError naming each such file, the column and the rows."""
-    beyond = sessions[sessions["step"] >= n_steps]
-    if beyond.empty:
-        return
-    files = list(dict.fromkeys(beyond["file"]))
-    listed = []
-    for file, rows in beyond.groupby("file", sort=False):
+def check_against_plan(sessions: pd.DataFrame, n_sequences: int, n_steps: int, plan_file) -> None:
+    """Refuse trials of a sequence or at a step beyond the plan's (``n_sequences`` sequences of ``n_steps``
+    steps each, from ``plan_file``): FileFormatError naming each such file, the column, the rows and
+    the allowed range."""
+    problems = (_row_problems(sessions, sessions["step"] >= n_steps, "step",
+                              f"step beyond the plan's sequences (allowed steps 0..{n_steps - 1})")
+                + _row_problems(sessions, sessions.get("sequence", pd.Series(0, sessions.index)) >= n_sequences,
+                                "sequence",
+                                f"sequence beyond the plan's {n_sequences} per site (allowed sequences "
+                                f"0..{n_sequences - 1})"))
+    if problems:
+        _refuse(sessions, problems, f" (plan: {plan_file})")
+
+
+def _row_problems(sessions: pd.DataFrame, mask, column: str, what: str) -> list[tuple[str, str]]:
+    """(file, "column 'c', row(s) ...: what; e.g. value") for each file of the loaded ``sessions`` with
+    rows in ``mask`` (a table made in memory, without ``file`` and ``row``: "the session table" and its
+    1-based rows)."""
+    bad = sessions[np.asarray(mask, dtype=bool)]
+    if bad.empty:
+        return []
+    if "file" not in bad or "row" not in bad:
+        bad = bad.assign(file="the session table", row=np.flatnonzero(np.asarray(mask, dtype=bool)) + 1)
+    problems = []
+    for file, rows in bad.groupby("file", sort=False):
         shown = ", ".join(str(row) for row in rows["row"].iloc[:5]) + (
             f" (+{len(rows) - 5} more)" if len(rows) > 5 else "")
-        listed.append(f"{f'{file}: ' if len(files) > 1 else ''}column 'step', row(s) {shown}: step beyond the "
-                      f"plan's sequences; e.g. {rows['step'].iloc[0]}")
+        example = rows[column].iloc[0]
+        example = example.item() if isinstance(example, np.generic) else example
+        problems.append((file, f"column {column!r}, row(s) {shown}: {what}; e.g. {example!r}"))
+    return problems
+
+
+def _refuse(sessions: pd.DataFrame, problems: list[tuple[str, str]], tail: str = "") -> None:
+    """One FileFormatError for problems found in loaded sessions: the file (or files, each problem then
+    prefixed with its file) and every problem."""
+    files = list(dict.fromkeys(file for file, _ in problems))
+    listed = "; ".join(f"{f'{file}: ' if len(files) > 1 else ''}{problem}" for file, problem in problems)
     raise FileFormatError(files[0] if len(files) == 1 else ", ".join(files),
-                          "refused (nothing loaded): " + "; ".join(listed) + f". The plan's sequences have {n_steps} "
-                          f"steps ({plan_file}): allowed steps 0..{n_steps - 1}")
+                          f"refused (nothing loaded): {listed}{tail}")
 
 
 def _where(paths) -> str | Path:
@@ -475,8 +499,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
         report(table["stop_time"] < table["start_time"], "stop_time", "trial stops before it starts")
     if "sequence" in raw:
         sequence = pd.to_numeric(raw["sequence"], errors="coerce").to_numpy(dtype=float)
-        report(~np.isfinite(sequence) | (sequence != np.round(sequence)), "sequence", "sequence must be an integer",
-               raw["sequence"].to_numpy())
+        report(~np.isfinite(sequence) | (sequence != np.round(sequence)) | (sequence < 0), "sequence",
+               "sequence must be an integer >= 0", raw["sequence"].to_numpy())
         table["sequence"] = np.where(np.isfinite(sequence), sequence, -1).astype(int)
     else:
         table["sequence"] = 0
