@@ -421,3 +421,20 @@ def test_values_from_the_command_line_and_the_toml_file_merge_once(tmp_path):
     toml.write_text('[colums]\nsite = "electrode"\n')
     with pytest.raises(ConfigError, match=r"unknown keys \['colums'\]"):
         load_column_mapping(toml)
+
+
+def test_correct_that_disagrees_with_the_choice_is_refused(tmp_path, table):
+    swapped = table.assign(choice=table["choice"].map({"low": "high", "high": "low"}))  # codes read the wrong way
+    with pytest.raises(FileFormatError, match=r"column 'correct', row\(s\) .*every checked row disagrees: the "
+                                              r"choice codes are most likely the other way round"):
+        load_sessions(write_csv(swapped, tmp_path / "swapped.csv"))
+    broken = table.copy()
+    row = int(np.flatnonzero(table["step"].to_numpy() == 0)[0])  # at step 0 only "low" is correct
+    broken.loc[row, "correct"] = not broken.loc[row, "correct"]
+    with pytest.raises(FileFormatError, match=rf"column 'correct', row\(s\) {row + 1}: 'correct' disagrees with the "
+                                              rf"choice .*; the choices or the 'correct' values of these rows are wrong"):
+        load_sessions(write_csv(broken, tmp_path / "broken.csv"))
+    # the centre step is not checked (a lab may reward either answer there), nor a file without the column
+    centre = table.assign(correct=np.where(table["step"] == 3, True, table["correct"]))
+    assert len(load_sessions(write_csv(centre, tmp_path / "centre.csv"))) == len(table)
+    assert len(load_sessions(write_csv(swapped.drop(columns="correct"), tmp_path / "no.csv"))) == len(table)

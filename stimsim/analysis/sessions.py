@@ -228,6 +228,7 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
                                      f"from 1")
     if steps.size < 2:
         raise FileFormatError(where, "every trial is at step 0; a psychometric curve needs trials at 2 steps or more")
+    _check_correct(sessions, int(steps[-1]))
     stimulated = sessions["stimulated_electrode"] != SHAM
     if stimulated.all() or not stimulated.any():
         missing = "sham" if stimulated.all() else "stimulated"
@@ -240,6 +241,26 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
         raise FileFormatError(again["file"], f"session {again['session_id']!r} of subject "
                               f"{again['subject_id']!r} is also in another file given")
     return sessions
+
+
+def _check_correct(sessions: pd.DataFrame, last_step: int) -> None:
+    """Where a file gives ``correct``, it must agree with the choice: below the sequence's centre
+    (step < last/2) "low" is correct, above it (step > (last + 1)/2) "high"; the centre step(s) are not
+    checked. Disagreement means choices coded the other way round (e.g. 0/1 swapped) or rows mixed up."""
+    given = sessions["correct"].map(lambda value: isinstance(value, (bool, np.bool_))).to_numpy()
+    step = sessions["step"].to_numpy()
+    below, above = given & (step < last_step / 2), given & (step > (last_step + 1) / 2)
+    expected = np.where(below, sessions["choice"] == "low", sessions["choice"] == "high")
+    wrong = (below | above) & (sessions["correct"].to_numpy() != expected)
+    if not wrong.any():
+        return
+    swapped = wrong.sum() == (below | above).sum()
+    hint = ("every checked row disagrees: the choice codes are most likely the other way round (map them with "
+            "--values choice:CODE=low,CODE=high)" if swapped else
+            "the choices or the 'correct' values of these rows are wrong")
+    _refuse(sessions, _row_problems(sessions.assign(correct=sessions["correct"].astype(object)), wrong, "correct",
+                                    f"'correct' disagrees with the choice at its step (below the sequence's centre "
+                                    f"'low' is correct, above it 'high')"), f"; {hint}")
 
 
 def check_against_plan(sessions: pd.DataFrame, n_sequences: int, n_steps: int, plan_file) -> None:
