@@ -122,7 +122,7 @@ def test_analyze_refuses_steps_beyond_the_plans_sequences(tmp_path, capsys):
         plan / "sites.csv", index=False)
     (plan / "summary.json").write_text(json.dumps({"task": "sequence_2afc"}))
     xr.Dataset(coords={"sequence": [0, 1, 2], "step": np.arange(5)}).to_netcdf(plan / "plan.nc", engine="h5netcdf")
-    table = planted_session([0.5, 0.5], trials_per_site=40, n_steps=5, seed=1)
+    table = planted_session([0.5, 0.5], trials_per_site=40, n_steps=5, seed=1).drop(columns="stimulus_id")
     table.loc[6, "step"] = 5
     table.to_csv(tmp_path / "s.csv", index=False)
     assert main(["analyze", str(tmp_path / "s.csv"), "--plan", str(plan), "--out", str(tmp_path / "out")]) == 2

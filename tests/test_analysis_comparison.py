@@ -7,7 +7,7 @@ import pytest
 import xarray as xr
 
 from stimsim.analysis import analyze, compare_predictions, expected_correlation, load_sessions, save_analysis
-from stimsim.analysis.comparison import expected_correlation_reason
+from stimsim.analysis.comparison import expected_correlation_reason, load_plan_sequences
 from stimsim.analysis.synthetic import planted_curves, planted_session
 from stimsim.errors import ConfigError, FileFormatError
 from stimsim.io import read_result_set
@@ -345,16 +345,16 @@ def test_a_plan_without_plan_nc_or_its_steps_is_refused(tmp_path):
 def test_sequences_beyond_the_plans_are_refused_with_the_steps_in_one_message(tmp_path):
     plan = write_plan(tmp_path / "plan", ["1", "2", "3"], [0.02, 0.01, 0.0])
     write_plan_steps(plan, n_steps=7, n_sequences=3)
-    table = planted_session([0.5, 0.2, 0.1], 60, seed=3).assign(sequence=lambda t: np.arange(len(t)) % 3)
+    table = planted_session([0.5, 0.2, 0.1], 60, seed=3).assign(sequence=lambda t: np.arange(len(t)) % 3).drop(
+        columns="stimulus_id")
     table.to_csv(tmp_path / "a.csv", index=False)
     assert analyze(load_sessions(tmp_path / "a.csv"), plan_dir=plan, n_boot=10, n_perm=10,
                    n_splits=2).summary["n_trials"] == 180
     table.loc[[2, 5], "sequence"] = [3, 4]
     table.to_csv(tmp_path / "a.csv", index=False)
     table.assign(session_id="b", step=table["step"].replace(6, 7)).to_csv(tmp_path / "b.csv", index=False)
-    sessions = load_sessions([tmp_path / "a.csv", tmp_path / "b.csv"])
     with pytest.raises(FileFormatError) as refused:
-        analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+        load_sessions([tmp_path / "a.csv", tmp_path / "b.csv"], plan_sequences=load_plan_sequences(plan))
     message = str(refused.value)
     assert f"{tmp_path / 'a.csv'}: column 'sequence', row(s) 3, 6: sequence beyond the plan's 3 per site " \
            f"(allowed sequences 0..2); e.g. 3" in message

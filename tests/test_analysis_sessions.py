@@ -270,7 +270,7 @@ def test_duplicate_trial_rows_are_refused(tmp_path, table):
 
 def test_sessions_at_step_0_only_are_refused(tmp_path, table):
     with pytest.raises(FileFormatError, match=r"s\.csv: every trial is at step 0"):
-        load_sessions(write_csv(table.assign(step=0), tmp_path / "s.csv"))
+        load_sessions(write_csv(table.assign(step=0).drop(columns="stimulus_id"), tmp_path / "s.csv"))
 
 
 def test_sessions_without_sham_or_without_stimulation_are_refused(tmp_path, table):
@@ -283,7 +283,7 @@ def test_sessions_without_sham_or_without_stimulation_are_refused(tmp_path, tabl
 
 def test_steps_counted_from_1_are_refused(tmp_path, table):
     with pytest.raises(FileFormatError, match=r"s\.csv: column 'step': no trial at step 0 \(steps found 1\.\.7\)"):
-        load_sessions(write_csv(table.assign(step=table["step"] + 1), tmp_path / "s.csv"))
+        load_sessions(write_csv(table.assign(step=table["step"] + 1).drop(columns="stimulus_id"), tmp_path / "s.csv"))
 
 
 def test_unreadable_csv_is_one_line(tmp_path):
@@ -438,3 +438,21 @@ def test_correct_that_disagrees_with_the_choice_is_refused(tmp_path, table):
     centre = table.assign(correct=np.where(table["step"] == 3, True, table["correct"]))
     assert len(load_sessions(write_csv(centre, tmp_path / "centre.csv"))) == len(table)
     assert len(load_sessions(write_csv(swapped.drop(columns="correct"), tmp_path / "no.csv"))) == len(table)
+
+
+def test_image_ids_that_disagree_with_electrode_step_or_sequence_are_refused(tmp_path, table):
+    shifted = table.assign(step=table["step"] + 1)  # steps counted from 1 in the step column only
+    with pytest.raises(FileFormatError, match=r"column 'stimulus_id', row\(s\) 1, 2, 3, 4, 5 \(\+115 more\): the "
+                                              r"image id names another step than column 'step'"):
+        load_sessions(write_csv(shifted, tmp_path / "shifted.csv"))
+    mixed = table.copy()
+    mixed.loc[7, "stimulus_id"] = "99_seq0_step" + str(mixed.loc[7, "step"])
+    mixed.loc[8, "sequence"] = 2
+    with pytest.raises(FileFormatError) as refused:
+        load_sessions(write_csv(mixed, tmp_path / "mixed.csv"))
+    assert "column 'stimulus_id', row(s) 8: the image id names another electrode than column 'electrode'; " \
+           f"e.g. '99_seq0_step{mixed.loc[7, 'step']}'" in str(refused.value)
+    assert "row(s) 9: the image id names another sequence" in str(refused.value)
+    # a lab's own image ids are not read
+    own = table.assign(stimulus_id=[f"morph_{i}.png" for i in range(len(table))])
+    assert len(load_sessions(write_csv(own, tmp_path / "own.csv"))) == len(table)

@@ -303,13 +303,15 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
     # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
     # before writing leaves it as it was.
     with ResultSet(out_dir, "analysis", force=force) as results:
-        electrodes = None
+        electrodes = plan_sequences = None
         if plan_dir is not None:
             electrodes = set(load_plan_predictions(plan_dir)[0]["electrode_id"])
+            plan_sequences = load_plan_sequences(plan_dir)
         if layout is not None:
             array_ids = set(load_layout(layout).electrode_ids)
             electrodes = array_ids if electrodes is None else electrodes & array_ids
-        sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes, values=values)
+        sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes, values=values,
+                                 plan_sequences=plan_sequences)
         analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed)
         analysis.parameters.update({"columns": columns or {}, "values": values or {}, "layout": str(layout) if layout is not None else None})
         _write_analysis(analysis, results, session_paths, report=True)

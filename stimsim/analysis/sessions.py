@@ -182,7 +182,7 @@ def _checked_mapping(mapping: dict[str, str], where: str) -> dict[str, str]:
 
 
 def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
-                  values: dict[str, dict[str, str]] | None = None) -> pd.DataFrame:
+                  values: dict[str, dict[str, str]] | None = None, plan_sequences=None) -> pd.DataFrame:
     """Read and validate session files (``.nwb``, ``.csv``, ``.h5``/``.hdf5``) into one table.
 
     Parameters
@@ -194,6 +194,10 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
     values
         ``{stimsim_column: {lab_code: stimsim_value}}`` for files that code values differently
         (:data:`VALUE_TARGETS`; from :func:`value_mapping`). Each code must occur in at least one file.
+    plan_sequences
+        ``(plan_file, n_sequences, n_steps)`` of a plan
+        (:func:`stimsim.analysis.comparison.load_plan_sequences`): trials of a sequence or at a step
+        beyond the plan's are refused, and the centre of the sequences is the plan's.
     electrodes
         Ids the sessions may name (from a plan or an array layout); None: any.
 
@@ -220,6 +224,9 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
     _codes_in_files(values, renamed, paths)
     tables = [_validated(table, path, known, values) for table, path in zip(renamed, paths)]
     sessions = pd.concat(tables, ignore_index=True)
+    if plan_sequences is not None:
+        plan_file, n_sequences, n_steps = plan_sequences
+        check_against_plan(sessions, n_sequences, n_steps, plan_file)
     steps = np.unique(sessions["step"])
     where = _where(paths)
     if steps[0] > 0:
@@ -228,7 +235,7 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
                                      f"from 1")
     if steps.size < 2:
         raise FileFormatError(where, "every trial is at step 0; a psychometric curve needs trials at 2 steps or more")
-    _check_correct(sessions, int(steps[-1]))
+    _check_correct(sessions, int(steps[-1]) if plan_sequences is None else plan_sequences[2] - 1)
     stimulated = sessions["stimulated_electrode"] != SHAM
     if stimulated.all() or not stimulated.any():
         missing = "sham" if stimulated.all() else "stimulated"
@@ -532,6 +539,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     else:
         table["correct"] = np.nan
     table["stimulus_id"] = raw["stimulus_id"].map(_as_text).to_numpy(dtype=object) if "stimulus_id" in raw else ""
+    if "stimulus_id" in raw:
+        _check_stimulus_ids(table, "sequence" in raw, report)
     for name, default in (("subject_id", "subject"), ("session_id", path.stem)):
         table[name] = raw[name].map(_as_text).replace("", default).to_numpy(dtype=object) if name in raw else default
     if "start_time" in raw:
@@ -545,6 +554,26 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
         more = f"; and {len(problems) - len(listed)} more problem(s)" if len(problems) > len(listed) else ""
         raise FileFormatError(path, "refused (nothing loaded): " + "; ".join(listed) + more)
     return table
+
+
+#: stimsim's own image ids of the sequence task: "{electrode}_seq{j}_step{k}".
+_STIMULUS_ID = r"^(?P<electrode>.+)_seq(?P<sequence>\d+)_step(?P<step>\d+)$"
+
+
+def _check_stimulus_ids(table: pd.DataFrame, has_sequence: bool, report) -> None:
+    """Image ids of stimsim's form ``{electrode}_seq{j}_step{k}`` must name the row's own electrode, step
+    and (when given) sequence: a disagreement means columns mapped onto the wrong names or steps counted
+    another way. Ids of other forms (a lab's own) are not read."""
+    named = table["stimulus_id"].str.extract(_STIMULUS_ID)
+    ours = named["step"].notna().to_numpy()
+    report(ours & (named["electrode"] != table["electrode"]).to_numpy(), "stimulus_id",
+           "the image id names another electrode than column 'electrode'", table["stimulus_id"].to_numpy())
+    report(ours & (pd.to_numeric(named["step"]) != table["step"]).to_numpy(), "stimulus_id",
+           "the image id names another step than column 'step' (steps counted another way?)",
+           table["stimulus_id"].to_numpy())
+    if has_sequence:
+        report(ours & (pd.to_numeric(named["sequence"]) != table["sequence"]).to_numpy(), "stimulus_id",
+               "the image id names another sequence than column 'sequence'", table["stimulus_id"].to_numpy())
 
 
 def _recoded(raw: pd.DataFrame, values: dict[str, dict[str, str]], report) -> tuple[pd.DataFrame, np.ndarray]:
