@@ -372,3 +372,19 @@ def test_negative_sequences_are_refused_when_loading(tmp_path):
     table.to_csv(tmp_path / "s.csv", index=False)
     with pytest.raises(FileFormatError, match=r"column 'sequence', row\(s\) 5: sequence must be an integer >= 0"):
         load_sessions(tmp_path / "s.csv")
+
+
+def test_plan_sites_without_an_id_or_a_predicted_number_are_refused(tmp_path):
+    plan = write_plan(tmp_path / "plan", ["1", "2", "3"], [0.02, 0.01, 0.0])
+    sites = pd.read_csv(plan / "sites.csv", dtype=str)
+    sites.loc[1, "predicted_delta_auc"] = "n/a"
+    sites.loc[2, "predicted_delta_auc"] = ""
+    sites.to_csv(plan / "sites.csv", index=False)
+    with pytest.raises(FileFormatError, match=r"sites\.csv: column 'predicted_delta_auc', row\(s\) 2, 3: not a "
+                                              r"number \(empty, NaN or text\)"):
+        analyze(planted_session([0.5, 0.2, 0.1], 30), plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    sites.loc[[1, 2], "predicted_delta_auc"] = "0.01"
+    sites.loc[0, "electrode_id"] = ""
+    sites.to_csv(plan / "sites.csv", index=False)
+    with pytest.raises(FileFormatError, match=r"column 'electrode_id', row\(s\) 1: empty"):
+        analyze(planted_session([0.5, 0.2, 0.1], 30), plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)

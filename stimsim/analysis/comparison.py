@@ -34,6 +34,23 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
         raise FileFormatError(sites_path, f"missing column(s) {missing}")
     if sites["electrode_id"].duplicated().any():
         raise FileFormatError(sites_path, "an electrode_id appears twice")
+    problems = []
+    for name in ("electrode_id", "predicted_delta_auc", "predicted_delta_auc_low", "predicted_delta_auc_high"):
+        if name not in sites:
+            continue
+        bad = (sites[name].isna() | (sites[name].astype(str).str.strip() == "")) if name == "electrode_id" else \
+            ~np.isfinite(pd.to_numeric(sites[name], errors="coerce").to_numpy(dtype=float))
+        if np.any(bad):
+            rows = np.flatnonzero(bad) + 1
+            problems.append(f"column {name!r}, row(s) {', '.join(map(str, rows[:5]))}"
+                            f"{f' (+{rows.size - 5} more)' if rows.size > 5 else ''}: "
+                            f"{'empty' if name == 'electrode_id' else 'not a number (empty, NaN or text)'}")
+    if problems:
+        raise FileFormatError(sites_path, "; ".join(problems) + " (every site of a plan has an id and a predicted "
+                                                                 "ΔAUC with its interval)")
+    for name in ("predicted_delta_auc", "predicted_delta_auc_low", "predicted_delta_auc_high"):
+        if name in sites:
+            sites[name] = sites[name].astype(float)
     try:
         summary = json.loads(summary_path.read_text())
     except json.JSONDecodeError as exc:
