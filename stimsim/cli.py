@@ -176,13 +176,15 @@ def _cmd_subject_make(args) -> int:
 
 def _cmd_analyze(args) -> int:
     from stimsim.analysis.analyze import run_analysis
-    from stimsim.analysis.sessions import column_mapping
+    from stimsim.analysis.sessions import column_mapping, value_mapping
 
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
-                            layout=args.layout, n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed,
+                            values=value_mapping(args.values, args.columns), layout=args.layout, n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed,
                             force=args.force)
     keys = ("n_sites_recorded", "n_sites", "n_trials", "mean_shift", "mean_shift_chance", "wilcoxon_p",
-            "wilcoxon_p_undefined_reason", "cohens_d", "cohens_d_chance", "split_half_r", "split_half_r_chance",
+            "wilcoxon_p_undefined_reason", "cohens_d", "cohens_d_chance", "n_sites_significant",
+            "n_sites_significant_chance", "n_sites_significant_fdr", "n_sites_significant_fdr_chance",
+            "split_half_r", "split_half_r_chance",
             "noise_ceiling", "noise_ceiling_undefined_reason", "predicted_vs_observed_r",
             "predicted_vs_observed_r_chance", "predicted_vs_observed_r_null_95", "permutation_p", "slope",
             "slope_ideal")
@@ -316,7 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "comparison with a plan's predictions")
     analyze.add_argument("sessions", nargs="+", help="session files: NWB (trials table), CSV or HDF5 trial tables")
     analyze.add_argument("--plan", help="plan directory made by `stimsim plan` (predictions; electrodes checked)")
-    analyze.add_argument("--columns", help="lab column names: lab_name=stimsim_name,... or a TOML file with [columns]")
+    analyze.add_argument("--columns", help="lab column names: lab_name=stimsim_name,... or a TOML file with [columns] "
+                                           "(and [values.COLUMN] tables of lab codes)")
+    analyze.add_argument("--values", action="append", metavar="COLUMN:CODE=VALUE,...",
+                         help="lab value codes of one column (repeatable): choice:0=low,1=high; "
+                              "stimulated_electrode:-1=sham; current_uA:-1=sham")
     analyze.add_argument("--layout", help="array layout to check electrode ids against: 10x10, 8x8 or a .csv/.cmp file")
     analyze.add_argument("--out", required=True, help="output directory (report.html/.pdf, results.nc, summary.json)")
     analyze.add_argument("--boot", type=int, default=1000, help="bootstrap resamples per site (default 1000)")

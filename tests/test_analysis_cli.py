@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
+from stimsim.analysis.effects import expected_fdr_discoveries_under_null
 from stimsim.analysis.synthetic import planted_curves, planted_session
 from stimsim.cli import main
 from stimsim.io import read_result_set
@@ -24,6 +25,7 @@ def test_analyze_lab_nwb_with_mapping_and_plan(tmp_path, capsys, chromium_render
     pd.DataFrame({"rank": range(1, 9), "electrode_id": electrodes, "predicted_delta_auc": 1.5 * truth}).to_csv(
         plan / "sites.csv", index=False)
     (plan / "summary.json").write_text(json.dumps({"task": "sequence_2afc", "predicted_vs_true_r": 1.0}))
+    xr.Dataset(coords={"sequence": [0], "step": np.arange(7)}).to_netcdf(plan / "plan.nc", engine="h5netcdf")
     columns = ",".join(f"{lab}={ours}" for lab, ours in LAB_MAPPING.items())
     out = tmp_path / "analysis"
     assert main(["analyze", str(session), "--plan", str(plan), "--columns", columns, "--out", str(out),
@@ -83,13 +85,19 @@ def test_analyze_reads_a_lab_file_through_a_toml_column_mapping(tmp_path, capsys
     assert main(["analyze", str(session), "--columns", str(mapping), "--out", str(out), "--boot", "20", "--perm", "20",
                  "--splits", "5"]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["n_trials"] == 420  # stdout holds only the JSON summary
+    printed = json.loads(captured.out)  # stdout holds only the JSON summary
+    assert printed["n_trials"] == 420
+    assert printed["n_sites_significant_fdr"] <= printed["n_sites_significant"]
+    assert printed["n_sites_significant_fdr_chance"] == pytest.approx(expected_fdr_discoveries_under_null(3, 0.05))
     assert f"stimsim: report, results.nc and summary.json in {out}" in captured.err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_trials"] == 420 and summary["n_sites"] == 3
     assert summary["n_sites_significant_chance"] == 0.15  # 3 sites × α 0.05, as written (no binary tail)
     assert "0.15000000000000002" not in (out / "summary.json").read_text()
     assert json.loads((out / "summary.json").read_text())["provenance"]["config"]["columns"] == LAB_MAPPING
+    assert "n_sites_significant_fdr" in summary and "p_fdr" in pd.read_csv(out / "sites.csv")
+    with xr.open_dataset(out / "results.nc", engine="h5netcdf") as data:
+        assert np.all(data["p_fdr"].values >= data["permutation_p"].values)
 
 
 def test_analyze_checks_electrodes_against_an_array_layout(tmp_path, capsys):
@@ -105,3 +113,42 @@ def test_analysis_benchmark_entry_runs_on_quick_sizes():
     timing = time_analysis(quick=True)
     assert (timing["n_sites"], timing["trials_per_site"]) == (10, 100)
     assert timing["total_s"] == pytest.approx(timing["load_s"] + timing["statistics_s"])
+
+
+def test_analyze_refuses_steps_beyond_the_plans_sequences(tmp_path, capsys):
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    pd.DataFrame({"rank": [1, 2], "electrode_id": ["1", "2"], "predicted_delta_auc": [0.05, 0.02]}).to_csv(
+        plan / "sites.csv", index=False)
+    (plan / "summary.json").write_text(json.dumps({"task": "sequence_2afc"}))
+    xr.Dataset(coords={"sequence": [0, 1, 2], "step": np.arange(5)}).to_netcdf(plan / "plan.nc", engine="h5netcdf")
+    table = planted_session([0.5, 0.5], trials_per_site=40, n_steps=5, seed=1).drop(columns="stimulus_id")
+    table.loc[6, "step"] = 5
+    table.to_csv(tmp_path / "s.csv", index=False)
+    assert main(["analyze", str(tmp_path / "s.csv"), "--plan", str(plan), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("stimsim: error: ") and "s.csv" in error and "column 'step', row(s) 7:" in error
+    assert "allowed steps 0..4" in error and not (tmp_path / "out").exists()
+
+
+def test_analyze_reads_lab_value_codes_given_on_the_command_line(tmp_path, capsys):
+    table = planted_session([1.0, -1.0, 0.5], trials_per_site=140, seed=2)
+    coded = table.assign(choice=np.where(table["choice"] == "low", 1, 2),
+                         stimulated_electrode=np.where(table["stimulated_electrode"] == "sham", "none",
+                                                       table["stimulated_electrode"]))
+    coded.to_csv(tmp_path / "coded.csv", index=False)
+    table.to_csv(tmp_path / "plain.csv", index=False)
+    common = ["--boot", "20", "--perm", "20", "--splits", "5"]
+    assert main(["analyze", str(tmp_path / "coded.csv"), "--values", "choice:1=low,2=high", "--values",
+                 "stimulated_electrode:none=sham", "--out", str(tmp_path / "coded"), *common]) == 0
+    assert main(["analyze", str(tmp_path / "plain.csv"), "--out", str(tmp_path / "plain"), *common]) == 0
+    capsys.readouterr()
+    coded_summary = json.loads((tmp_path / "coded" / "summary.json").read_text())
+    plain_summary = json.loads((tmp_path / "plain" / "summary.json").read_text())
+    assert coded_summary["mean_shift"] == plain_summary["mean_shift"]  # the same trials, once translated
+    assert coded_summary["provenance"]["config"]["values"] == {"choice": {"1": "low", "2": "high"},
+                                                              "stimulated_electrode": {"none": "sham"}}
+    assert main(["analyze", str(tmp_path / "coded.csv"), "--values", "choice:1=low,2=right",
+                 "--out", str(tmp_path / "bad")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("stimsim: error: --values choice: code '2' maps onto 'right'; allowed values: low, high")

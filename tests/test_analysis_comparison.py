@@ -7,7 +7,7 @@ import pytest
 import xarray as xr
 
 from stimsim.analysis import analyze, compare_predictions, expected_correlation, load_sessions, save_analysis
-from stimsim.analysis.comparison import expected_correlation_reason
+from stimsim.analysis.comparison import expected_correlation_reason, load_plan_sequences
 from stimsim.analysis.synthetic import planted_curves, planted_session
 from stimsim.errors import ConfigError, FileFormatError
 from stimsim.io import read_result_set
@@ -44,8 +44,15 @@ def true_delta_auc(stim_logodds, slope_logodds=8.0):
     return area[:, 1] - area[:, 0]
 
 
-def write_plan(directory, electrodes, predicted, predicted_vs_true_r=None):
+def write_plan_steps(directory, n_steps=7, n_sequences=1):
+    """plan.nc as far as the analysis reads it: the plan's sequences (sequence × step)."""
+    xr.Dataset(coords={"sequence": np.arange(n_sequences), "step": np.arange(n_steps)}).to_netcdf(
+        directory / "plan.nc", engine="h5netcdf")
+
+
+def write_plan(directory, electrodes, predicted, predicted_vs_true_r=None, n_steps=7):
     directory.mkdir()
+    write_plan_steps(directory, n_steps)
     pd.DataFrame({"rank": np.arange(1, len(electrodes) + 1), "electrode_id": electrodes,
                   "predicted_delta_auc": predicted}).to_csv(directory / "sites.csv", index=False)
     summary = {"task": "sequence_2afc", "n_sites": len(electrodes)}
@@ -131,6 +138,7 @@ def test_plan_without_predictions_is_refused(tmp_path):
     plan.mkdir()
     pd.DataFrame({"electrode_id": ["1"]}).to_csv(plan / "sites.csv", index=False)
     (plan / "summary.json").write_text("{}")
+    write_plan_steps(plan)
     sessions = planted_session([0.5, 0.2, 0.1], 30)
     with pytest.raises(FileFormatError, match="predicted_delta_auc"):
         analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
@@ -288,3 +296,95 @@ def test_sites_without_a_delta_auc_are_named_and_ids_listed_in_natural_order(tmp
         assert data["delta_auc_missing_reason"].values.tolist().count("no sham trial at step 4") == 1
     html = (out / "report.html").read_text()
     assert "12 sites recorded, 10 with a ΔAUC" in html and "no sham trial at step 4" in html
+
+
+@pytest.mark.filterwarnings("ignore:noise ceiling undefined")  # 3 sites: expected, not the subject here
+def test_steps_beyond_the_plans_sequences_are_refused_naming_file_column_rows_and_range(tmp_path):
+    plan = write_plan(tmp_path / "plan", ["1", "2", "3"], [0.02, 0.01, 0.0], n_steps=5)
+    table = planted_session([0.5, 0.2, 0.1], 120, seed=3)  # steps 0..6 on a plan of 5 steps (0..4)
+    table.to_csv(tmp_path / "day1.csv", index=False)
+    sessions = load_sessions(tmp_path / "day1.csv")
+    rows = (np.flatnonzero(table["step"].to_numpy() >= 5) + 1).tolist()
+    with pytest.raises(FileFormatError) as refused:
+        analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    message = str(refused.value)
+    assert str(tmp_path / "day1.csv") in message and "column 'step'" in message
+    assert f"row(s) {', '.join(map(str, rows[:5]))} (+{len(rows) - 5} more)" in message
+    assert "allowed steps 0..4" in message and "plan.nc" in message
+    # the same sessions on a plan of their own 7 steps are analysed
+    write_plan_steps(plan, n_steps=7)
+    assert analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2).summary["n_steps"] == 7
+
+
+@pytest.mark.filterwarnings("ignore:noise ceiling undefined", "ignore:Wilcoxon p and Cohen's d undefined")
+def test_a_plan_step_without_trials_leaves_sites_without_effect_instead_of_rescaling(tmp_path):
+    plan = write_plan(tmp_path / "plan", ["1", "2", "3"], [0.02, 0.01, 0.0], n_steps=9)
+    sessions = planted_session([0.5, 0.2, 0.1], 120, seed=3)  # steps 0..6 of a plan's 0..8
+    with pytest.warns(UserWarning, match="3 of 3 sites have no ΔAUC"):
+        result = analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    assert result.summary["n_steps"] == 9 and result.summary["n_sites"] == 0
+    assert set(result.sites["delta_auc_missing_reason"]) == {"no sham trial at steps 7, 8; no stimulated trial at "
+                                                             "steps 7, 8"}
+
+
+def test_a_plan_without_plan_nc_or_its_steps_is_refused(tmp_path):
+    plan = write_plan(tmp_path / "plan", ["1", "2", "3"], [0.02, 0.01, 0.0])
+    sessions = planted_session([0.5, 0.2, 0.1], 30)
+    xr.Dataset({"p_face": ("electrode", np.zeros(3))}).to_netcdf(plan / "plan.nc", engine="h5netcdf")
+    with pytest.raises(FileFormatError, match="no 'sequence' dimension of 1 or more"):
+        analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    write_plan_steps(plan, n_steps=1)
+    with pytest.raises(FileFormatError, match="no 'step' dimension of 2 or more .*, got 1"):
+        analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    (plan / "plan.nc").unlink()
+    with pytest.raises(FileNotFoundError, match="has no plan.nc"):
+        analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+
+
+@pytest.mark.filterwarnings("ignore:noise ceiling undefined")  # 3 sites: expected, not the subject here
+def test_sequences_beyond_the_plans_are_refused_with_the_steps_in_one_message(tmp_path):
+    plan = write_plan(tmp_path / "plan", ["1", "2", "3"], [0.02, 0.01, 0.0])
+    write_plan_steps(plan, n_steps=7, n_sequences=3)
+    table = planted_session([0.5, 0.2, 0.1], 60, seed=3).assign(sequence=lambda t: np.arange(len(t)) % 3).drop(
+        columns="stimulus_id")
+    table.to_csv(tmp_path / "a.csv", index=False)
+    assert analyze(load_sessions(tmp_path / "a.csv"), plan_dir=plan, n_boot=10, n_perm=10,
+                   n_splits=2).summary["n_trials"] == 180
+    table.loc[[2, 5], "sequence"] = [3, 4]
+    table.to_csv(tmp_path / "a.csv", index=False)
+    table.assign(session_id="b", step=table["step"].replace(6, 7)).to_csv(tmp_path / "b.csv", index=False)
+    with pytest.raises(FileFormatError) as refused:
+        load_sessions([tmp_path / "a.csv", tmp_path / "b.csv"], plan_sequences=load_plan_sequences(plan))
+    message = str(refused.value)
+    assert f"{tmp_path / 'a.csv'}: column 'sequence', row(s) 3, 6: sequence beyond the plan's 3 per site " \
+           f"(allowed sequences 0..2); e.g. 3" in message
+    assert f"{tmp_path / 'b.csv'}: column 'step', row(s) " in message and "allowed steps 0..6" in message
+    assert f"{tmp_path / 'b.csv'}: column 'sequence', row(s) 3, 6:" in message
+    # a table made in memory has no file: its rows are named
+    with pytest.raises(FileFormatError, match=r"^the session table: refused \(nothing loaded\): column 'sequence', "
+                                              r"row\(s\) 3, 6: sequence beyond"):
+        analyze(table, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+
+
+def test_negative_sequences_are_refused_when_loading(tmp_path):
+    table = planted_session([0.5, 0.2, 0.1], 30, seed=3)
+    table.loc[4, "sequence"] = -1
+    table.to_csv(tmp_path / "s.csv", index=False)
+    with pytest.raises(FileFormatError, match=r"column 'sequence', row\(s\) 5: sequence must be an integer >= 0"):
+        load_sessions(tmp_path / "s.csv")
+
+
+def test_plan_sites_without_an_id_or_a_predicted_number_are_refused(tmp_path):
+    plan = write_plan(tmp_path / "plan", ["1", "2", "3"], [0.02, 0.01, 0.0])
+    sites = pd.read_csv(plan / "sites.csv", dtype=str)
+    sites.loc[1, "predicted_delta_auc"] = "n/a"
+    sites.loc[2, "predicted_delta_auc"] = ""
+    sites.to_csv(plan / "sites.csv", index=False)
+    with pytest.raises(FileFormatError, match=r"sites\.csv: column 'predicted_delta_auc', row\(s\) 2, 3: not a "
+                                              r"number \(empty, NaN or text\)"):
+        analyze(planted_session([0.5, 0.2, 0.1], 30), plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    sites.loc[[1, 2], "predicted_delta_auc"] = "0.01"
+    sites.loc[0, "electrode_id"] = ""
+    sites.to_csv(plan / "sites.csv", index=False)
+    with pytest.raises(FileFormatError, match=r"column 'electrode_id', row\(s\) 1: empty"):
+        analyze(planted_session([0.5, 0.2, 0.1], 30), plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)

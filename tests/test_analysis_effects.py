@@ -7,8 +7,9 @@ import pytest
 import statsmodels.api as sm
 from scipy import stats
 
-from stimsim.analysis.effects import across_sites, count_trials, fit_grouped_logistic, noise_ceiling_of, \
-    site_effects, spearman_brown, split_half_reliability
+from stimsim.analysis.analyze import analyze
+from stimsim.analysis.effects import across_sites, count_trials, expected_fdr_discoveries_under_null, \
+    fdr_adjusted, fit_grouped_logistic, noise_ceiling_of, site_effects, spearman_brown, split_half_reliability
 from stimsim.analysis.synthetic import planted_curves, planted_session
 
 
@@ -243,3 +244,46 @@ def test_noise_ceiling_matches_the_binomial_reliability(planted):
     assert reliability["noise_ceiling"] == pytest.approx(expected, abs=0.05)
     r = reliability["split_half_r"]
     assert r > 0 and reliability["noise_ceiling"] == pytest.approx(2 * r / (1 + r))
+
+
+def test_benjamini_hochberg_by_hand_leaves_untested_sites_out():
+    # m = 4 tested: sorted 0.01, 0.03, 0.04, 0.2 → p·m/rank = 0.04, 0.06, 0.0533, 0.2; a running minimum
+    # from the largest rank down gives 0.04, 0.0533, 0.0533, 0.2. The NaN site (no ΔAUC) is not a test.
+    adjusted = fdr_adjusted([0.01, 0.04, 0.03, 0.2, np.nan])
+    assert adjusted[:4] == pytest.approx([0.04, 0.16 / 3, 0.16 / 3, 0.2])
+    assert np.isnan(adjusted[4])
+    assert np.isnan(fdr_adjusted([np.nan, np.nan])).all()
+
+
+def test_expected_fdr_discoveries_without_any_effect():
+    q = 0.05
+    assert expected_fdr_discoveries_under_null(0, q) == 0
+    assert expected_fdr_discoveries_under_null(1, q) == pytest.approx(q)
+    # m = 2: some site is declared when min p < q/2 or max p < q, P = q (Simes 1986); both when both p < q,
+    # P = q². E[R] = P(R >= 1) + P(R = 2) = q + q².
+    assert expected_fdr_discoveries_under_null(2, q) == pytest.approx(q + q**2)
+    uniform = np.random.default_rng(0).random((100_000, 24))
+    declared = (stats.false_discovery_control(uniform, axis=1) < q).sum(axis=1)
+    assert expected_fdr_discoveries_under_null(24, q) == pytest.approx(declared.mean(),
+                                                                      abs=4 * declared.std() / np.sqrt(declared.size))
+
+
+def test_fdr_count_keeps_the_strong_sites_and_drops_most_chance_ones():
+    strong = np.array([3.0, -3.0, 3.5, -3.5, 4.0, 3.0])
+    stim_logodds = np.concatenate([strong, np.zeros(30)])
+    sessions = planted_session(stim_logodds, trials_per_site=240, seed=12)
+    result = analyze(sessions, n_boot=20, n_perm=400, n_splits=5, seed=2)
+    sites, summary = result.sites, result.summary
+    p = sites["permutation_p"].to_numpy()
+    is_strong = sites["electrode"].astype(int).to_numpy() <= strong.size
+    assert (p[is_strong] < 0.01).all()
+    assert (sites["p_fdr"][is_strong] < 0.05).all()
+    assert np.all(sites["p_fdr"] >= p)  # an adjusted p is never below the raw one
+    null_declared_raw = int((p[~is_strong] < 0.05).sum())
+    null_declared_fdr = int((sites["p_fdr"][~is_strong] < 0.05).sum())
+    assert summary["n_sites_significant"] == strong.size + null_declared_raw
+    assert summary["n_sites_significant_fdr"] == strong.size + null_declared_fdr
+    assert null_declared_raw >= 1  # this seed's chance discoveries (expected 0.05 × 30 = 1.5) ...
+    assert null_declared_fdr < null_declared_raw  # ... which the false discovery rate control removes
+    assert summary["n_sites_significant_chance"] == pytest.approx(0.05 * 36)
+    assert summary["n_sites_significant_fdr_chance"] == pytest.approx(expected_fdr_discoveries_under_null(36, 0.05))

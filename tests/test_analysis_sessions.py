@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stimsim.analysis.sessions import column_mapping, load_column_mapping, load_sessions, parse_column_mapping
+from stimsim.analysis.sessions import column_mapping, load_column_mapping, load_sessions, load_value_mapping, \
+    parse_column_mapping, parse_value_mapping, value_mapping
 from stimsim.analysis.synthetic import planted_session
 from stimsim.errors import ConfigError, FileFormatError
 
@@ -209,7 +210,8 @@ def test_choice_outside_the_options(tmp_path, table):
     broken = table.copy()
     broken.loc[5, "choice"] = "left"
     with pytest.raises(FileFormatError, match=r"'choice', row\(s\) 6: choice outside the task's options"
-                                              r" \['low', 'high'\]; e\.g\. 'left'"):
+                                              r" \['low', 'high'\] \(a lab's own codes map with --values "
+                                              r"choice:CODE=low,CODE=high\); e\.g\. 'left'"):
         load_sessions(write_csv(broken, tmp_path / "s.csv"))
 
 
@@ -268,7 +270,7 @@ def test_duplicate_trial_rows_are_refused(tmp_path, table):
 
 def test_sessions_at_step_0_only_are_refused(tmp_path, table):
     with pytest.raises(FileFormatError, match=r"s\.csv: every trial is at step 0"):
-        load_sessions(write_csv(table.assign(step=0), tmp_path / "s.csv"))
+        load_sessions(write_csv(table.assign(step=0).drop(columns="stimulus_id"), tmp_path / "s.csv"))
 
 
 def test_sessions_without_sham_or_without_stimulation_are_refused(tmp_path, table):
@@ -281,7 +283,7 @@ def test_sessions_without_sham_or_without_stimulation_are_refused(tmp_path, tabl
 
 def test_steps_counted_from_1_are_refused(tmp_path, table):
     with pytest.raises(FileFormatError, match=r"s\.csv: column 'step': no trial at step 0 \(steps found 1\.\.7\)"):
-        load_sessions(write_csv(table.assign(step=table["step"] + 1), tmp_path / "s.csv"))
+        load_sessions(write_csv(table.assign(step=table["step"] + 1).drop(columns="stimulus_id"), tmp_path / "s.csv"))
 
 
 def test_unreadable_csv_is_one_line(tmp_path):
@@ -308,3 +310,149 @@ def test_unknown_format_and_missing_file(tmp_path):
         load_sessions(tmp_path / "s.xlsx")
     with pytest.raises(FileNotFoundError):
         load_sessions(tmp_path / "absent.csv")
+
+
+def write_coded_nwb(path, table, sham_channel=-1):
+    """Plain pynwb, a lab's own names and codes: integer channels with -1 on sham trials, choices 1 (low) / 2 (high)."""
+    from pynwb import NWBHDF5IO, NWBFile
+    from pynwb.file import Subject
+
+    nwbfile = NWBFile(session_description="2AFC", identifier="day3", session_id="day3",
+                      session_start_time=datetime(2026, 12, 1, tzinfo=timezone.utc),
+                      subject=Subject(subject_id="monkey_b", species="Macaca mulatta"))
+    for name, meaning in (("site", "channel whose sequence is shown"), ("morph_level", "step"),
+                          ("stim_channel", "stimulated channel, -1 on sham"), ("amplitude_uA", "µA"),
+                          ("response", "1 = low, 2 = high")):
+        nwbfile.add_trial_column(name, meaning)
+    for row in table.itertuples():
+        nwbfile.add_trial(start_time=row.start_time, stop_time=row.stop_time, site=int(row.electrode),
+                          morph_level=int(row.step), amplitude_uA=float(row.current_uA),
+                          stim_channel=sham_channel if row.stimulated_electrode == "sham" else int(row.electrode),
+                          response=1 if row.choice == "low" else 2)
+    with NWBHDF5IO(str(path), "w") as io:
+        io.write(nwbfile)
+    return path
+
+
+def test_lab_value_codes_in_a_plain_pynwb_file_read_through_a_toml_mapping(tmp_path, table):
+    path = write_coded_nwb(tmp_path / "coded.nwb", table)
+    with pytest.raises(FileFormatError, match=r"choice outside the task's options .*--values choice:CODE=low"):
+        load_sessions(path, columns=LAB_MAPPING)
+    toml = tmp_path / "lab.toml"
+    toml.write_text("[columns]\n" + "".join(f'{k} = "{v}"\n' for k, v in LAB_MAPPING.items())
+                    + '[values.choice]\n1 = "low"\n2 = "high"\n[values.stimulated_electrode]\n-1 = "sham"\n')
+    values = load_value_mapping(toml)
+    assert values == {"choice": {"1": "low", "2": "high"}, "stimulated_electrode": {"-1": "sham"}}
+    assert load_column_mapping(toml) == LAB_MAPPING
+    loaded = load_sessions(path, columns=load_column_mapping(toml), values=values)
+    for column in ("electrode", "stimulated_electrode", "choice"):
+        assert loaded[column].tolist() == table[column].tolist(), column
+    assert np.array_equal(loaded["current_uA"].to_numpy(), table["current_uA"].to_numpy())
+
+
+def test_sham_marked_by_a_current_code_becomes_a_sham_trial_at_zero_current(tmp_path, table):
+    coded = table.assign(stimulated_electrode=table["electrode"],
+                         current_uA=np.where(table["stimulated_electrode"] == "sham", -1, table["current_uA"]))
+    path = write_csv(coded, tmp_path / "s.csv")
+    with pytest.raises(FileFormatError, match=r"current must be a number >= 0 µA .*--values current_uA:CODE=sham"):
+        load_sessions(path)
+    loaded = load_sessions(path, values=parse_value_mapping("current_uA:-1=sham"))
+    assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist()
+    assert np.array_equal(loaded["current_uA"].to_numpy(), table["current_uA"].to_numpy())
+    # "none" in the electrode column, any case, is the other usual sham marker
+    named = table.assign(stimulated_electrode=table["stimulated_electrode"].replace("sham", "None"))
+    loaded = load_sessions(write_csv(named, tmp_path / "n.csv"), values={"stimulated_electrode": {"none": "sham"}})
+    assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist()
+
+
+def test_unknown_value_codes_are_named_with_file_column_rows_and_the_codes_allowed(tmp_path, table):
+    coded = table.assign(choice=np.where(table["choice"] == "low", "0", "1"))
+    coded.loc[[4, 9], "choice"] = "2"
+    path = write_csv(coded, tmp_path / "s.csv")
+    with pytest.raises(FileFormatError) as refused:
+        load_sessions(path, values=parse_value_mapping("choice:0=low,1=high"))
+    message = str(refused.value)
+    assert message.startswith(f"{path}: refused (nothing loaded)")
+    assert "column 'choice', row(s) 5, 10: code not in the value mapping of 'choice' (allowed codes: 0, 1); " \
+           "e.g. '2'" in message
+    assert "outside the task's options" not in message  # one problem per row, not two
+
+
+def test_a_value_code_no_file_holds_is_refused(tmp_path, table):
+    coded = table.assign(choice=np.where(table["choice"] == "low", "0", "1"))
+    paths = [write_csv(coded, tmp_path / "a.csv"), write_csv(coded.assign(session_id="b"), tmp_path / "b.csv")]
+    with pytest.raises(FileFormatError, match=r"the value mapping of column 'choice' names code\(s\) \['-1'\] that no "
+                                              r"file given holds in that column \(its values: '0', '1'\)"):
+        load_sessions(paths, values=parse_value_mapping("choice:0=low,1=high,-1=low"))
+    # a code held by one of the files read together is fine (two rigs, one mapping)
+    rig_b = coded.assign(session_id="c", choice=coded["choice"].replace({"0": "L", "1": "H"}))
+    paths.append(write_csv(rig_b, tmp_path / "c.csv"))
+    loaded = load_sessions(paths, values=parse_value_mapping("choice:0=low,1=high,l=low,h=high"))
+    assert loaded["choice"].tolist() == table["choice"].tolist() * 3
+
+
+def test_value_mappings_are_checked_before_any_file_is_read():
+    assert parse_value_mapping("choice: 0=low, 1=HIGH") == {"choice": {"0": "low", "1": "high"}}
+    for text, problem in (("electrode:-1=sham", "no value mapping for column 'electrode'"),
+                          ("choice:0=low,1=up", "allowed values: low, high"),
+                          ("stimulated_electrode:-1=none", "allowed values: sham"),
+                          ("current_uA:none=sham", "is not a number"),
+                          ("choice:low=high,high=low", "would swap meanings"),
+                          ("choice:0=low,0=high", "given twice"),
+                          ("choice:A=low,a=high", "given twice"),
+                          ("choice", "column:lab_code=stimsim_value"),
+                          ("choice:0", "lab_code=stimsim_value")):
+        with pytest.raises(ConfigError, match=problem):
+            parse_value_mapping(text)
+
+
+def test_values_from_the_command_line_and_the_toml_file_merge_once(tmp_path):
+    toml = tmp_path / "lab.toml"
+    toml.write_text('[values.choice]\n0 = "low"\n1 = "high"\n')
+    assert load_column_mapping(toml) == {}
+    merged = value_mapping(["current_uA:-1=sham"], str(toml))
+    assert merged == {"choice": {"0": "low", "1": "high"}, "current_uA": {"-1": "sham"}}
+    assert value_mapping(["choice:0=low"], "site=electrode") == {"choice": {"0": "low"}}
+    with pytest.raises(ConfigError, match="column 'choice' is given twice"):
+        value_mapping(["choice:2=low"], str(toml))
+    toml.write_text('[values]\nchoice = "low"\n')
+    with pytest.raises(ConfigError, match=r"tables \[values.COLUMN\]"):
+        load_value_mapping(toml)
+    toml.write_text('[colums]\nsite = "electrode"\n')
+    with pytest.raises(ConfigError, match=r"unknown keys \['colums'\]"):
+        load_column_mapping(toml)
+
+
+def test_correct_that_disagrees_with_the_choice_is_refused(tmp_path, table):
+    swapped = table.assign(choice=table["choice"].map({"low": "high", "high": "low"}))  # codes read the wrong way
+    with pytest.raises(FileFormatError, match=r"column 'correct', row\(s\) .*every checked row disagrees: the "
+                                              r"choice codes are most likely the other way round"):
+        load_sessions(write_csv(swapped, tmp_path / "swapped.csv"))
+    broken = table.copy()
+    row = int(np.flatnonzero(table["step"].to_numpy() == 0)[0])  # at step 0 only "low" is correct
+    broken.loc[row, "correct"] = not broken.loc[row, "correct"]
+    with pytest.raises(FileFormatError, match=rf"column 'correct', row\(s\) {row + 1}: 'correct' disagrees with the "
+                                              rf"choice .*; the choices or the 'correct' values of these rows are wrong"):
+        load_sessions(write_csv(broken, tmp_path / "broken.csv"))
+    # the centre step is not checked (a lab may reward either answer there), nor a file without the column
+    centre = table.assign(correct=np.where(table["step"] == 3, True, table["correct"]))
+    assert len(load_sessions(write_csv(centre, tmp_path / "centre.csv"))) == len(table)
+    assert len(load_sessions(write_csv(swapped.drop(columns="correct"), tmp_path / "no.csv"))) == len(table)
+
+
+def test_image_ids_that_disagree_with_electrode_step_or_sequence_are_refused(tmp_path, table):
+    shifted = table.assign(step=table["step"] + 1)  # steps counted from 1 in the step column only
+    with pytest.raises(FileFormatError, match=r"column 'stimulus_id', row\(s\) 1, 2, 3, 4, 5 \(\+115 more\): the "
+                                              r"image id names another step than column 'step'"):
+        load_sessions(write_csv(shifted, tmp_path / "shifted.csv"))
+    mixed = table.copy()
+    mixed.loc[7, "stimulus_id"] = "99_seq0_step" + str(mixed.loc[7, "step"])
+    mixed.loc[8, "sequence"] = 2
+    with pytest.raises(FileFormatError) as refused:
+        load_sessions(write_csv(mixed, tmp_path / "mixed.csv"))
+    assert "column 'stimulus_id', row(s) 8: the image id names another electrode than column 'electrode'; " \
+           f"e.g. '99_seq0_step{mixed.loc[7, 'step']}'" in str(refused.value)
+    assert "row(s) 9: the image id names another sequence" in str(refused.value)
+    # a lab's own image ids are not read
+    own = table.assign(stimulus_id=[f"morph_{i}.png" for i in range(len(table))])
+    assert len(load_sessions(write_csv(own, tmp_path / "own.csv"))) == len(table)

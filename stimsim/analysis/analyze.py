@@ -13,15 +13,16 @@ import xarray as xr
 from scipy import stats
 
 from stimsim.analysis.comparison import compare_predictions, expected_correlation, expected_correlation_reason, \
-    load_plan_predictions
-from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, site_effects, \
-    split_half_reliability
-from stimsim.analysis.sessions import SHAM
+    load_plan_predictions, load_plan_sequences
+from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, \
+    expected_fdr_discoveries_under_null, fdr_adjusted, site_effects, split_half_reliability
+from stimsim.analysis.sessions import SHAM, check_against_plan
 from stimsim.errors import ConfigError
 from stimsim.jsonable import json_ready
 from stimsim.ordering import natural_key, naturally_ordered
 
-#: Per-site permutation p below which a site counts as significant in the summary.
+#: Per-site permutation p below which a site counts as significant in the summary; also the false
+#: discovery rate q of the Benjamini–Hochberg count.
 SITE_ALPHA = 0.05
 
 
@@ -70,7 +71,9 @@ class Analysis:
 
 def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: int = 1000,
             n_splits: int = 100, ci: float = 0.95, seed: int = 0) -> Analysis:
-    """Analyse a validated session table (:func:`stimsim.analysis.sessions.load_sessions`).
+    """Analyse a validated session table (:func:`stimsim.analysis.sessions.load_sessions`). Given a
+    plan directory, trials of a sequence or at a step beyond the plan's are refused, and every site's curve
+    spans the plan's steps (a step without trials leaves the site without ΔAUC, and says so).
 
     ``n_boot`` bootstrap resamples per site, ``n_perm`` label permutations per site (and 10 × as many
     for the statistics across sites), ``n_splits`` random split halves; everything is seeded by ``seed``.
@@ -83,11 +86,13 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
         raise ConfigError(f"ci must lie strictly between 0 and 1, got {ci}")
     parameters = {"plan_dir": str(plan_dir) if plan_dir else None, "n_boot": n_boot, "n_perm": n_perm,
                   "n_splits": n_splits, "ci": ci, "seed": seed, "site_alpha": SITE_ALPHA}
-    plan_sites, plan_summary = None, {}
+    plan_sites, plan_summary, n_steps = None, {}, None
     if plan_dir is not None:
         plan_sites, plan_summary = load_plan_predictions(plan_dir)
+        plan_file, n_sequences, n_steps = load_plan_sequences(plan_dir)
+        check_against_plan(sessions, n_sequences, n_steps, plan_file)
         _check_plan_subject(plan_dir, plan_summary, sessions)
-    counts = count_trials(sessions)
+    counts = count_trials(sessions, n_steps=n_steps)
     sites = site_effects(counts, n_boot=n_boot, n_perm=n_perm, ci=ci, seed=seed, sessions=sessions)
     if plan_sites is not None:
         interval = [name for name in ("predicted_delta_auc_low", "predicted_delta_auc_high") if name in plan_sites]
@@ -191,14 +196,18 @@ def _subset(counts: SiteCounts, keep: np.ndarray) -> SiteCounts:
 
 def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, n_perm: int, n_splits: int,
                    seed: int) -> dict:
-    """Statistics across the sites of one group (all subjects pooled, or one subject)."""
+    """Statistics across the sites of one group (all subjects pooled, or one subject). The false
+    discovery rate is controlled over the group's own sites (Benjamini–Hochberg at q = SITE_ALPHA)."""
     significant = sites["permutation_p"] < SITE_ALPHA
+    n_tested = int(np.isfinite(sites["permutation_p"]).sum())
     summary = {"n_sites_recorded": int(len(sites)), **across_sites(sites["delta_auc"], n_perm=10 * n_perm, seed=seed),
                "mean_psychometric_shift_steps": _nanmean(sites["shift_steps"]),
                "mean_psychometric_shift_steps_chance": 0.0,
                "n_sites_significant": int(significant.sum()), "site_alpha": SITE_ALPHA,
                # expected false positives; rounded so that 0.05 × 24 reads 1.2, not 1.2000000000000002
-               "n_sites_significant_chance": round(SITE_ALPHA * int(np.isfinite(sites["permutation_p"]).sum()), 12),
+               "n_sites_significant_chance": round(SITE_ALPHA * n_tested, 12),
+               "n_sites_significant_fdr": int((fdr_adjusted(sites["permutation_p"]) < SITE_ALPHA).sum()),
+               "n_sites_significant_fdr_chance": expected_fdr_discoveries_under_null(n_tested, SITE_ALPHA),
                **split_half_reliability(counts, n_splits=n_splits, seed=seed)}
     if "predicted_delta_auc" not in sites:
         return summary
@@ -281,10 +290,10 @@ def _write_analysis(analysis: Analysis, results, sources, report: bool) -> Path:
 
 def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = None, layout=None,
                  n_boot: int = 1000, n_perm: int = 1000, n_splits: int = 100, seed: int = 0,
-                 force: bool = False) -> Analysis:
+                 force: bool = False, values: dict | None = None) -> Analysis:
     """Load and validate the session files (electrodes checked against the plan's sites when a plan
-    is given, or against ``layout``: a Utah kind "10x10" / "8x8" or a .csv / .cmp layout file),
-    analyse them, and write the report (HTML + PDF), ``results.nc``, ``sites.csv`` and
+    is given, or against ``layout``: a Utah kind "10x10" / "8x8" or a .csv / .cmp layout file; lab
+    column names ``columns`` and value codes ``values`` translated), analyse them, and write the report (HTML + PDF), ``results.nc``, ``sites.csv`` and
     ``summary.json`` into ``out_dir`` as one result set."""
     from stimsim.analysis.sessions import load_sessions
     from stimsim.arrays.layout import load_layout
@@ -294,14 +303,16 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
     # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
     # before writing leaves it as it was.
     with ResultSet(out_dir, "analysis", force=force) as results:
-        electrodes = None
+        electrodes = plan_sequences = None
         if plan_dir is not None:
             electrodes = set(load_plan_predictions(plan_dir)[0]["electrode_id"])
+            plan_sequences = load_plan_sequences(plan_dir)
         if layout is not None:
             array_ids = set(load_layout(layout).electrode_ids)
             electrodes = array_ids if electrodes is None else electrodes & array_ids
-        sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes)
+        sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes, values=values,
+                                 plan_sequences=plan_sequences)
         analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed)
-        analysis.parameters.update({"columns": columns or {}, "layout": str(layout) if layout is not None else None})
+        analysis.parameters.update({"columns": columns or {}, "values": values or {}, "layout": str(layout) if layout is not None else None})
         _write_analysis(analysis, results, session_paths, report=True)
     return analysis

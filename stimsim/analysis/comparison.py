@@ -34,11 +34,49 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
         raise FileFormatError(sites_path, f"missing column(s) {missing}")
     if sites["electrode_id"].duplicated().any():
         raise FileFormatError(sites_path, "an electrode_id appears twice")
+    problems = []
+    for name in ("electrode_id", "predicted_delta_auc", "predicted_delta_auc_low", "predicted_delta_auc_high"):
+        if name not in sites:
+            continue
+        bad = (sites[name].isna() | (sites[name].astype(str).str.strip() == "")) if name == "electrode_id" else \
+            ~np.isfinite(pd.to_numeric(sites[name], errors="coerce").to_numpy(dtype=float))
+        if np.any(bad):
+            rows = np.flatnonzero(bad) + 1
+            problems.append(f"column {name!r}, row(s) {', '.join(map(str, rows[:5]))}"
+                            f"{f' (+{rows.size - 5} more)' if rows.size > 5 else ''}: "
+                            f"{'empty' if name == 'electrode_id' else 'not a number (empty, NaN or text)'}")
+    if problems:
+        raise FileFormatError(sites_path, "; ".join(problems) + " (every site of a plan has an id and a predicted "
+                                                                 "ΔAUC with its interval)")
+    for name in ("predicted_delta_auc", "predicted_delta_auc_low", "predicted_delta_auc_high"):
+        if name in sites:
+            sites[name] = sites[name].astype(float)
     try:
         summary = json.loads(summary_path.read_text())
     except json.JSONDecodeError as exc:
         raise FileFormatError(summary_path, f"invalid JSON ({exc})") from None
     return sites, summary
+
+
+def load_plan_sequences(plan_dir) -> tuple[Path, int, int]:
+    """``plan.nc`` of a plan, the number of image sequences per site and the number of steps of each
+    (its ``sequence`` and ``step`` dimensions; sessions of the plan show sequences 0 .. n_sequences - 1
+    at steps 0 .. n_steps - 1)."""
+    import xarray as xr
+
+    path = Path(plan_dir) / "plan.nc"
+    if not path.is_file():
+        raise FileNotFoundError(f"plan directory {plan_dir} has no plan.nc (made by `stimsim plan`)")
+    try:
+        with xr.open_dataset(path, engine="h5netcdf") as data:
+            sizes = dict(data.sizes)
+    except (OSError, ValueError) as exc:
+        raise FileFormatError(path, f"not a readable netCDF file ({exc})") from None
+    for name, least in (("sequence", 1), ("step", 2)):
+        if sizes.get(name, 0) < least:
+            raise FileFormatError(path, f"no {name!r} dimension of {least} or more (the plan's sequences), got "
+                                        f"{sizes.get(name) or 'none'}")
+    return path, int(sizes["sequence"]), int(sizes["step"])
 
 
 def _checked_noise_ceiling(noise_ceiling: float) -> float:

@@ -12,7 +12,8 @@ of its image sequence; every statistic below works on those counts:
   x50(sham) − x50(stimulated) = c / b, in steps (positive: stimulation moved choices towards "high";
   Afraz et al. 2006 define the shift the same way), with a delta-method standard error and a bootstrap
   interval over the same resamples as ΔAUC.
-* A per-site permutation p of ΔAUC (stimulated/sham labels shuffled among the site's trials).
+* A per-site permutation p of ΔAUC (stimulated/sham labels shuffled among the site's trials), and
+  its Benjamini–Hochberg adjustment over the sites tested (false discovery rate; scipy).
 * Across sites: Wilcoxon signed-rank test of the per-site ΔAUC against 0, Cohen's d (mean / SD), a
   sign-flip permutation test of the mean, and the split-half reliability of the per-site ΔAUC with the
   Spearman–Brown correction (the noise ceiling of any correlation with them; undefined when the
@@ -66,9 +67,13 @@ class SiteCounts:
             return self.n_high / self.n
 
 
-def count_trials(sessions: pd.DataFrame) -> SiteCounts:
-    """Count a validated session table (:func:`stimsim.analysis.sessions.load_sessions`)."""
-    last_step = int(sessions["step"].max())
+def count_trials(sessions: pd.DataFrame, n_steps: int | None = None) -> SiteCounts:
+    """Count a validated session table (:func:`stimsim.analysis.sessions.load_sessions`) over steps
+    0 .. ``n_steps`` - 1 (a plan's sequences; None: up to the last step in the table). A step without
+    trials is an empty cell."""
+    last_step = int(sessions["step"].max()) if n_steps is None else n_steps - 1
+    if sessions["step"].max() > last_step:
+        raise ValueError(f"trials at step {sessions['step'].max()}, beyond the {n_steps} steps counted")
     if last_step < 1:
         raise ValueError("the sessions hold only step 0; a psychometric curve needs at least 2 steps")
     sites = sessions[["subject_id", "electrode"]].drop_duplicates().sort_values(
@@ -104,7 +109,8 @@ def site_effects(counts: SiteCounts, n_boot: int = 1000, n_perm: int = 1000, ci:
                  seed: int = 0, sessions: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per site: trial counts, ΔAUC and psychometric shift with bootstrap intervals, the
     logistic-regression stimulation term with its standard error and p, and (given the trial table
-    ``sessions``) the permutation p of ΔAUC."""
+    ``sessions``) the permutation p of ΔAUC and its Benjamini–Hochberg adjustment over all the sites
+    (``p_fdr``)."""
     if n_boot < 2:
         raise ValueError(f"n_boot must be >= 2, got {n_boot}")
     if not 0 < ci < 1:
@@ -141,6 +147,7 @@ def site_effects(counts: SiteCounts, n_boot: int = 1000, n_perm: int = 1000, ci:
     table["shift_boot_failed_fraction"] = np.mean(~np.isfinite(boot_shift), axis=0)
     if sessions is not None:
         table["permutation_p"] = _site_permutation_p(sessions, counts, n_perm, seed)
+        table["p_fdr"] = fdr_adjusted(table["permutation_p"])
     return table
 
 
@@ -248,6 +255,35 @@ def _site_permutation_p(sessions: pd.DataFrame, counts: SiteCounts, n_perm: int,
         exceed = np.sum(np.abs(null) >= abs(observed[i]) - 1e-12)  # NaN (an emptied cell) never counts
         p_values[i] = (1 + exceed) / (1 + n_perm)
     return p_values
+
+
+def fdr_adjusted(p_values) -> np.ndarray:
+    """Benjamini–Hochberg adjusted p of each site (``scipy.stats.false_discovery_control``) over the
+    sites with a p; NaN where the p is NaN (a site without ΔAUC is not tested). Declaring the sites
+    with an adjusted p below q keeps the expected false discovery rate at or below q
+    (Benjamini & Hochberg 1995)."""
+    p_values = np.asarray(p_values, dtype=float)
+    adjusted = np.full(p_values.shape, np.nan)
+    tested = np.isfinite(p_values)
+    if tested.any():
+        adjusted[tested] = stats.false_discovery_control(p_values[tested], method="bh")
+    return adjusted
+
+
+def expected_fdr_discoveries_under_null(n_tests: int, q: float) -> float:
+    """Expected number of sites the Benjamini–Hochberg procedure at level ``q`` declares among
+    ``n_tests`` sites none of which has an effect (independent, uniform p): the chance level of the
+    FDR count. Exactly r are declared when r p-values lie below c_r = r·q/m, none between c_r and
+    c_{r+1}, and the other m − r, rescaled to (c_r, 1], stay above the line i·q/(m − r·q) — a
+    probability of 1 − (m − r)·q/(m − r·q) (Daniels 1945): P(R = r) = Binomial(r; m, c_r) ·
+    (1 − (m − r)·q/(m − r·q)) (Finner & Roters 2002); some site is declared with probability q."""
+    if n_tests < 0:
+        raise ValueError(f"n_tests must be >= 0, got {n_tests}")
+    if not 0 < q < 1:
+        raise ValueError(f"q must lie strictly between 0 and 1, got {q}")
+    r = np.arange(1, n_tests + 1)
+    probability = stats.binom.pmf(r, n_tests, r * q / n_tests) * (1 - (n_tests - r) * q / (n_tests - r * q))
+    return float(np.sum(r * probability))
 
 
 def across_sites(effects, n_perm: int = 10000, seed: int = 0) -> dict:

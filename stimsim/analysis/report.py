@@ -20,6 +20,8 @@ _SCORES = (
     ("mean_shift_permutation_p", "sign-flip permutation p of the mean ΔAUC", None),
     ("mean_psychometric_shift_steps", "mean psychometric shift (steps; > 0 towards 'high')", 0.0),
     ("n_sites_significant", "sites with a per-site permutation p < 0.05", "n_sites_significant_chance"),
+    ("n_sites_significant_fdr", "sites with a Benjamini–Hochberg adjusted p < 0.05 (false discovery rate 0.05)",
+     "n_sites_significant_fdr_chance"),
     ("split_half_r", "split-half r of per-site ΔAUC", 0.0),
     ("split_half_mean_sites", "sites with a ΔAUC in both halves (mean over splits)", None),
     ("noise_ceiling", "noise ceiling (Spearman–Brown corrected split-half r; undefined when that r ≤ 0)", None),
@@ -79,7 +81,7 @@ def build_report(analysis, sources=()) -> Report:
                       caption="Trials per site and condition; P('high') per step, all sites pooled.")]
     site_columns = (["subject_id"] if summary["n_subjects"] > 1 else []) + [
         "electrode", "n_stimulated", "n_sham", "delta_auc", "delta_auc_low", "delta_auc_high", "shift_steps",
-        "stim_logodds", "stim_logodds_se", "permutation_p"]
+        "stim_logodds", "stim_logodds_se", "permutation_p", "p_fdr"]
     if "predicted_delta_auc" in sites:
         site_columns.append("predicted_delta_auc")
     if (sites["delta_auc_missing_reason"] != "").any():
@@ -91,7 +93,9 @@ def build_report(analysis, sources=()) -> Report:
                              f"condition and step)."),
                Table.from_dataframe(by_effect,
                                     caption="Per-site effects (sorted by |ΔAUC|); stim_logodds: stimulation term of "
-                                            "the per-site logistic regression with its standard error and Wald p.")]
+                                            "the per-site logistic regression with its standard error and Wald p; "
+                                            "p_fdr: the permutation p adjusted for the number of sites "
+                                            "(Benjamini–Hochberg).")]
     sections = [Section("Summary", [Paragraph("Per-site stimulation effects, stimulated against interleaved sham "
                                               "trials; statistics across sites; every score beside its chance "
                                               "level or baseline."), _score_table(summary),
@@ -114,7 +118,8 @@ def build_report(analysis, sources=()) -> Report:
                       "correlates with the true effects at r should reach about r·sqrt(ρ) here.")]))
     if "per_subject" in summary:
         per_subject = pd.DataFrame([{"subject_id": subject, **{key: values.get(key) for key in (
-            "n_sites_recorded", "n_sites", "mean_shift", "wilcoxon_p", "cohens_d", "split_half_r", "noise_ceiling",
+            "n_sites_recorded", "n_sites", "mean_shift", "wilcoxon_p", "cohens_d", "n_sites_significant",
+            "n_sites_significant_fdr", "split_half_r", "noise_ceiling",
             "predicted_vs_observed_r", "permutation_p", "slope") if key in values}}
             for subject, values in sorted(summary["per_subject"].items(), key=lambda item: natural_key(item[0]))])
         sections.append(Section("Per subject", [Table.from_dataframe(per_subject)]))

@@ -7,7 +7,9 @@ animal chooses ``"low"`` or ``"high"``. Column names and their meaning: :data:`C
 
 A file with any problem is refused whole (:class:`~stimsim.errors.FileFormatError` naming the file,
 and every problem's row and column), never half-loaded. Labs that name their columns differently
-pass a mapping ``{lab_name: stimsim_name}`` (:func:`parse_column_mapping`, :func:`load_column_mapping`).
+pass a mapping ``{lab_name: stimsim_name}`` (:func:`parse_column_mapping`, :func:`load_column_mapping`);
+labs that code values differently (choices 0/1, sham as electrode -1 or current -1) pass a value mapping
+``{stimsim_column: {lab_code: stimsim_value}}`` (:func:`value_mapping`, :data:`VALUE_TARGETS`).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from stimsim.errors import ConfigError, FileFormatError
+from stimsim.ordering import natural_key
 
 #: Choices of the 2AFC between the two ends of a sequence.
 CHOICES = ("low", "high")
@@ -47,6 +50,12 @@ _UNITLESS_CURRENT = ("current", "current_mA", "current_ma", "amplitude", "curren
 #: How many problems one error message lists.
 _MAX_PROBLEMS_LISTED = 10
 
+#: Columns whose lab codes a value mapping may translate, and the stimsim values a code may stand for.
+#: ``choice``: the column then holds only the mapped codes. ``stimulated_electrode``: codes that mark a
+#: sham trial (other values stay electrode ids). ``current_uA``: currents (numbers) that mark a sham
+#: trial; such a row becomes a sham trial at 0 µA.
+VALUE_TARGETS = {"choice": CHOICES, "stimulated_electrode": (SHAM,), "current_uA": (SHAM,)}
+
 
 def parse_column_mapping(text: str) -> dict[str, str]:
     """``"lab_name=stimsim_name,..."`` -> ``{lab_name: stimsim_name}`` (command-line form)."""
@@ -60,17 +69,100 @@ def parse_column_mapping(text: str) -> dict[str, str]:
 
 
 def load_column_mapping(path) -> dict[str, str]:
-    """Read ``[columns]`` (``lab_name = "stimsim_name"``) from a TOML file."""
-    from stimsim.config import load_toml
-
-    document = load_toml(path)
-    unknown = set(document) - {"columns"}
-    if unknown or not isinstance(document.get("columns"), dict):
-        raise ConfigError(f"{path}: expected one table [columns] of lab_name = \"stimsim_name\" entries"
-                          + (f"; unknown keys {sorted(unknown)}" if unknown else ""))
+    """Read ``[columns]`` (``lab_name = "stimsim_name"``) from a TOML file (which may also hold
+    ``[values.COLUMN]`` tables, :func:`load_value_mapping`); {} when it has only ``[values]``."""
+    document = _mapping_document(path)
+    if "columns" not in document:
+        return {}
     if not all(isinstance(value, str) for value in document["columns"].values()):
         raise ConfigError(f"{path} [columns]: every value must be a stimsim column name (text)")
     return _checked_mapping(document["columns"], str(path))
+
+
+def load_value_mapping(path) -> dict[str, dict[str, str]]:
+    """Read ``[values.COLUMN]`` tables (``lab_code = "stimsim_value"``, e.g. ``[values.choice]``
+    ``0 = "low"``, ``1 = "high"``) from a mapping TOML file; {} when it has none."""
+    document = _mapping_document(path)
+    values = document.get("values", {})
+    if not isinstance(values, dict) or not all(isinstance(codes, dict) for codes in values.values()):
+        raise ConfigError(f"{path} [values]: expected tables [values.COLUMN] of lab_code = \"stimsim_value\" "
+                          f"entries (COLUMN one of {', '.join(VALUE_TARGETS)})")
+    return _checked_values({column: dict(codes) for column, codes in values.items()}, str(path))
+
+
+def _mapping_document(path) -> dict:
+    from stimsim.config import load_toml
+
+    document = load_toml(path)
+    unknown = set(document) - {"columns", "values"}
+    if unknown or not document or not all(isinstance(table, dict) for table in document.values()):
+        raise ConfigError(f"{path}: expected a table [columns] of lab_name = \"stimsim_name\" entries and/or "
+                          f"tables [values.COLUMN] of lab_code = \"stimsim_value\" entries"
+                          + (f"; unknown keys {sorted(unknown)}" if unknown else ""))
+    return document
+
+
+def parse_value_mapping(text: str) -> dict[str, dict[str, str]]:
+    """``"column:code=value,code=value"`` -> ``{column: {code: value}}`` (command-line form, one
+    column per ``--values``)."""
+    column, sep, items = (piece.strip() for piece in text.partition(":"))
+    codes = {}
+    for item in filter(None, (part.strip() for part in items.split(","))):
+        code, equals, value = (piece.strip() for piece in item.partition("="))
+        if not equals or not code or not value:
+            raise ConfigError(f"--values: {item!r} is not of the form lab_code=stimsim_value")
+        if code in codes:
+            raise ConfigError(f"--values {column}: code {code!r} is given twice")
+        codes[code] = value
+    if not sep or not column or not codes:
+        raise ConfigError(f"--values: {text!r} is not of the form column:lab_code=stimsim_value,... "
+                          f"(e.g. choice:0=low,1=high)")
+    return _checked_values({column: codes}, "--values")
+
+
+def value_mapping(specs=(), mapping_file: str | None = None) -> dict[str, dict[str, str]]:
+    """The value mapping of the command line: each ``--values column:code=value,...`` and the
+    ``[values.COLUMN]`` tables of the ``--columns`` TOML file; a column given twice is refused."""
+    parts = [load_value_mapping(mapping_file)] if mapping_file and mapping_file.endswith(".toml") else []
+    parts += [parse_value_mapping(spec) for spec in specs or ()]
+    merged: dict[str, dict[str, str]] = {}
+    for part in parts:
+        for column, codes in part.items():
+            if column in merged:
+                raise ConfigError(f"value mapping: column {column!r} is given twice (--values and/or the TOML "
+                                  f"file); give all its codes once")
+            merged[column] = codes
+    return merged
+
+
+def _checked_values(values: dict, where: str) -> dict[str, dict[str, str]]:
+    """Every column one of :data:`VALUE_TARGETS`, every target allowed for it, codes distinct (case
+    ignored), current codes numbers. Codes are kept as text, case-folded."""
+    checked = {}
+    for column, codes in values.items():
+        if column not in VALUE_TARGETS:
+            raise ConfigError(f"{where}: no value mapping for column {column!r}; columns with one: "
+                              f"{', '.join(VALUE_TARGETS)}")
+        if not codes:
+            raise ConfigError(f"{where} {column}: the value mapping lists no code")
+        allowed = VALUE_TARGETS[column]
+        folded = {}
+        for code, value in codes.items():
+            if not isinstance(value, str) or value.lower() not in allowed:
+                raise ConfigError(f"{where} {column}: code {code!r} maps onto {value!r}; allowed values: "
+                                  f"{', '.join(allowed)}")
+            key = str(code).strip().casefold()
+            if key in folded:
+                raise ConfigError(f"{where} {column}: code {code!r} is given twice (case is ignored)")
+            if column == "current_uA" and not np.isfinite(pd.to_numeric(key, errors="coerce")):
+                raise ConfigError(f"{where} current_uA: code {code!r} is not a number; a current code is the "
+                                  f"number the lab writes for a sham trial, e.g. -1")
+            if column != "current_uA" and key in allowed and key != value.lower():
+                raise ConfigError(f"{where} {column}: code {code!r} is itself a stimsim value; mapping it onto "
+                                  f"{value!r} would swap meanings")
+            folded[key] = value.lower()
+        checked[column] = folded
+    return checked
 
 
 def column_mapping(spec: str | None) -> dict[str, str]:
@@ -89,7 +181,8 @@ def _checked_mapping(mapping: dict[str, str], where: str) -> dict[str, str]:
     return dict(mapping)  # several lab names may map onto one column (files from different rigs), one per file
 
 
-def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None) -> pd.DataFrame:
+def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
+                  values: dict[str, dict[str, str]] | None = None, plan_sequences=None) -> pd.DataFrame:
     """Read and validate session files (``.nwb``, ``.csv``, ``.h5``/``.hdf5``) into one table.
 
     Parameters
@@ -98,6 +191,13 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
         One path or several (several sessions and subjects at once).
     columns
         ``{lab_name: stimsim_name}`` for files whose columns are named differently.
+    values
+        ``{stimsim_column: {lab_code: stimsim_value}}`` for files that code values differently
+        (:data:`VALUE_TARGETS`; from :func:`value_mapping`). Each code must occur in at least one file.
+    plan_sequences
+        ``(plan_file, n_sequences, n_steps)`` of a plan
+        (:func:`stimsim.analysis.comparison.load_plan_sequences`): trials of a sequence or at a step
+        beyond the plan's are refused, and the centre of the sequences is the plan's.
     electrodes
         Ids the sessions may name (from a plan or an array layout); None: any.
 
@@ -119,9 +219,14 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
     known = None if electrodes is None else {str(electrode) for electrode in electrodes}
     raws, file_ids = zip(*(_read_raw(path) for path in paths))
     mapping = _mapping_in_files(columns or {}, raws, paths)
-    tables = [_validated(_renamed(raw, mapping, ids, path), path, known)
-              for raw, ids, path in zip(raws, file_ids, paths)]
+    renamed = [_renamed(raw, mapping, ids, path) for raw, ids, path in zip(raws, file_ids, paths)]
+    values = _checked_values(values, "value mapping") if values else {}
+    _codes_in_files(values, renamed, paths)
+    tables = [_validated(table, path, known, values) for table, path in zip(renamed, paths)]
     sessions = pd.concat(tables, ignore_index=True)
+    if plan_sequences is not None:
+        plan_file, n_sequences, n_steps = plan_sequences
+        check_against_plan(sessions, n_sequences, n_steps, plan_file)
     steps = np.unique(sessions["step"])
     where = _where(paths)
     if steps[0] > 0:
@@ -130,6 +235,7 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
                                      f"from 1")
     if steps.size < 2:
         raise FileFormatError(where, "every trial is at step 0; a psychometric curve needs trials at 2 steps or more")
+    _check_correct(sessions, int(steps[-1]) if plan_sequences is None else plan_sequences[2] - 1)
     stimulated = sessions["stimulated_electrode"] != SHAM
     if stimulated.all() or not stimulated.any():
         missing = "sham" if stimulated.all() else "stimulated"
@@ -142,6 +248,68 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None)
         raise FileFormatError(again["file"], f"session {again['session_id']!r} of subject "
                               f"{again['subject_id']!r} is also in another file given")
     return sessions
+
+
+def _check_correct(sessions: pd.DataFrame, last_step: int) -> None:
+    """Where a file gives ``correct``, it must agree with the choice: below the sequence's centre
+    (step < last/2) "low" is correct, above it (step > (last + 1)/2) "high"; the centre step(s) are not
+    checked. Disagreement means choices coded the other way round (e.g. 0/1 swapped) or rows mixed up."""
+    given = sessions["correct"].map(lambda value: isinstance(value, (bool, np.bool_))).to_numpy()
+    step = sessions["step"].to_numpy()
+    below, above = given & (step < last_step / 2), given & (step > (last_step + 1) / 2)
+    expected = np.where(below, sessions["choice"] == "low", sessions["choice"] == "high")
+    wrong = (below | above) & (sessions["correct"].to_numpy() != expected)
+    if not wrong.any():
+        return
+    swapped = wrong.sum() == (below | above).sum()
+    hint = ("every checked row disagrees: the choice codes are most likely the other way round (map them with "
+            "--values choice:CODE=low,CODE=high)" if swapped else
+            "the choices or the 'correct' values of these rows are wrong")
+    _refuse(sessions, _row_problems(sessions.assign(correct=sessions["correct"].astype(object)), wrong, "correct",
+                                    f"'correct' disagrees with the choice at its step (below the sequence's centre "
+                                    f"'low' is correct, above it 'high')"), f"; {hint}")
+
+
+def check_against_plan(sessions: pd.DataFrame, n_sequences: int, n_steps: int, plan_file) -> None:
+    """Refuse trials of a sequence or at a step beyond the plan's (``n_sequences`` sequences of ``n_steps``
+    steps each, from ``plan_file``): FileFormatError naming each such file, the column, the rows and
+    the allowed range."""
+    problems = (_row_problems(sessions, sessions["step"] >= n_steps, "step",
+                              f"step beyond the plan's sequences (allowed steps 0..{n_steps - 1})")
+                + _row_problems(sessions, sessions.get("sequence", pd.Series(0, sessions.index)) >= n_sequences,
+                                "sequence",
+                                f"sequence beyond the plan's {n_sequences} per site (allowed sequences "
+                                f"0..{n_sequences - 1})"))
+    if problems:
+        _refuse(sessions, problems, f" (plan: {plan_file})")
+
+
+def _row_problems(sessions: pd.DataFrame, mask, column: str, what: str) -> list[tuple[str, str]]:
+    """(file, "column 'c', row(s) ...: what; e.g. value") for each file of the loaded ``sessions`` with
+    rows in ``mask`` (a table made in memory, without ``file`` and ``row``: "the session table" and its
+    1-based rows)."""
+    bad = sessions[np.asarray(mask, dtype=bool)]
+    if bad.empty:
+        return []
+    if "file" not in bad or "row" not in bad:
+        bad = bad.assign(file="the session table", row=np.flatnonzero(np.asarray(mask, dtype=bool)) + 1)
+    problems = []
+    for file, rows in bad.groupby("file", sort=False):
+        shown = ", ".join(str(row) for row in rows["row"].iloc[:5]) + (
+            f" (+{len(rows) - 5} more)" if len(rows) > 5 else "")
+        example = rows[column].iloc[0]
+        example = example.item() if isinstance(example, np.generic) else example
+        problems.append((file, f"column {column!r}, row(s) {shown}: {what}; e.g. {example!r}"))
+    return problems
+
+
+def _refuse(sessions: pd.DataFrame, problems: list[tuple[str, str]], tail: str = "") -> None:
+    """One FileFormatError for problems found in loaded sessions: the file (or files, each problem then
+    prefixed with its file) and every problem."""
+    files = list(dict.fromkeys(file for file, _ in problems))
+    listed = "; ".join(f"{f'{file}: ' if len(files) > 1 else ''}{problem}" for file, problem in problems)
+    raise FileFormatError(files[0] if len(files) == 1 else ", ".join(files),
+                          f"refused (nothing loaded): {listed}{tail}")
 
 
 def _where(paths) -> str | Path:
@@ -159,6 +327,34 @@ def _mapping_in_files(mapping: dict[str, str], raws, paths) -> dict[str, str]:
                               f"column mapping names column(s) {absent} that no file given has; their columns: "
                               f"{columns}")
     return mapping
+
+
+def _folded(column: pd.Series) -> pd.Series:
+    """A column's values as case-folded text, the form value codes are compared in."""
+    return column.map(_as_text).str.casefold()
+
+
+def _holds_code(column: pd.Series, name: str, code: str) -> np.ndarray:
+    """Rows of a column holding a value code: currents compare as numbers (-1 = -1.0), others as text."""
+    if name == "current_uA":
+        return (pd.to_numeric(column, errors="coerce") == float(code)).to_numpy()
+    return (_folded(column) == code).to_numpy()
+
+
+def _codes_in_files(values: dict[str, dict[str, str]], tables, paths) -> None:
+    """Each code of the value mapping must occur in its column in at least one of the files read
+    together: a code never seen is a typo or a mapping meant for other files."""
+    for name, codes in values.items():
+        holding = [table[name] for table in tables if name in table]
+        if not holding:
+            continue  # the missing column is named by each file's validation
+        unseen = [code for code in codes if not any(_holds_code(column, name, code).any() for column in holding)]
+        if unseen:
+            found = sorted(set().union(*(set(_folded(column)) for column in holding)), key=natural_key)
+            shown = ", ".join(map(repr, found[:10])) + (f" (+{len(found) - 10} more)" if len(found) > 10 else "")
+            raise FileFormatError(_where(paths), f"the value mapping of column {name!r} names code(s) {unseen} that no "
+                                                 f"file given holds in that column (its values: {shown}); remove "
+                                                 f"them or correct the mapping")
 
 
 def _renamed(raw: pd.DataFrame, mapping: dict[str, str], file_ids: dict, path: Path) -> pd.DataFrame:
@@ -256,8 +452,10 @@ def _read_hdf5(path: Path) -> pd.DataFrame:
     return pd.DataFrame(decoded)
 
 
-def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None) -> pd.DataFrame:
-    """Check every rule on the whole file; raise one error listing its problems, or return the table."""
+def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
+               values: dict[str, dict[str, str]] | None = None) -> pd.DataFrame:
+    """Check every rule on the whole file (after translating the lab's value codes, ``values``); raise
+    one error listing its problems, or return the table."""
     present = set(raw.columns)
     unitless = [name for name in raw.columns if name in _UNITLESS_CURRENT]
     if unitless and "current_uA" not in present:
@@ -287,14 +485,16 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None) -> pd.Data
                 example = f"; e.g. {value.item() if isinstance(value, np.generic) else value!r}"
             problems.append(f"column {column!r}, row(s) {shown}: {what}{example}")
 
+    raw, unknown_choice = _recoded(raw, values or {}, report)
     table = pd.DataFrame({"file": str(path), "row": rows})
     for name in ("electrode", "stimulated_electrode", "choice"):
         text = raw[name].map(_as_text).to_numpy(dtype=object)
         report(text == "", name, "empty value")
         table[name] = text
     table["choice"] = table["choice"].str.lower()
-    report(~table["choice"].isin(CHOICES), "choice", f"choice outside the task's options {list(CHOICES)}",
-           table["choice"].to_numpy())
+    report(~table["choice"].isin(CHOICES) & ~unknown_choice, "choice",
+           f"choice outside the task's options {list(CHOICES)} (a lab's own codes map with --values "
+           f"choice:CODE=low,CODE=high)", table["choice"].to_numpy())
     table["stimulated_electrode"] = np.where(table["stimulated_electrode"].str.lower() == SHAM, SHAM,
                                              table["stimulated_electrode"])
     stimulated = table["stimulated_electrode"].to_numpy() != SHAM
@@ -311,8 +511,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None) -> pd.Data
     table["step"] = np.where(np.isfinite(step), step, -1).astype(int)
 
     current = pd.to_numeric(raw["current_uA"], errors="coerce").to_numpy(dtype=float)
-    report(~np.isfinite(current) | (current < 0), "current_uA", "current must be a number >= 0 µA",
-           raw["current_uA"].to_numpy())
+    report(~np.isfinite(current) | (current < 0), "current_uA", "current must be a number >= 0 µA (a current that "
+           "marks sham trials maps with --values current_uA:CODE=sham)", raw["current_uA"].to_numpy())
     report(~stimulated & (current > 0), "current_uA", "sham trial with a current > 0 µA", current)
     report(stimulated & (current == 0), "current_uA", "stimulated trial with a current of 0 µA", current)
     table["current_uA"] = current
@@ -327,8 +527,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None) -> pd.Data
         report(table["stop_time"] < table["start_time"], "stop_time", "trial stops before it starts")
     if "sequence" in raw:
         sequence = pd.to_numeric(raw["sequence"], errors="coerce").to_numpy(dtype=float)
-        report(~np.isfinite(sequence) | (sequence != np.round(sequence)), "sequence", "sequence must be an integer",
-               raw["sequence"].to_numpy())
+        report(~np.isfinite(sequence) | (sequence != np.round(sequence)) | (sequence < 0), "sequence",
+               "sequence must be an integer >= 0", raw["sequence"].to_numpy())
         table["sequence"] = np.where(np.isfinite(sequence), sequence, -1).astype(int)
     else:
         table["sequence"] = 0
@@ -339,6 +539,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None) -> pd.Data
     else:
         table["correct"] = np.nan
     table["stimulus_id"] = raw["stimulus_id"].map(_as_text).to_numpy(dtype=object) if "stimulus_id" in raw else ""
+    if "stimulus_id" in raw:
+        _check_stimulus_ids(table, "sequence" in raw, report)
     for name, default in (("subject_id", "subject"), ("session_id", path.stem)):
         table[name] = raw[name].map(_as_text).replace("", default).to_numpy(dtype=object) if name in raw else default
     if "start_time" in raw:
@@ -352,6 +554,49 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None) -> pd.Data
         more = f"; and {len(problems) - len(listed)} more problem(s)" if len(problems) > len(listed) else ""
         raise FileFormatError(path, "refused (nothing loaded): " + "; ".join(listed) + more)
     return table
+
+
+#: stimsim's own image ids of the sequence task: "{electrode}_seq{j}_step{k}".
+_STIMULUS_ID = r"^(?P<electrode>.+)_seq(?P<sequence>\d+)_step(?P<step>\d+)$"
+
+
+def _check_stimulus_ids(table: pd.DataFrame, has_sequence: bool, report) -> None:
+    """Image ids of stimsim's form ``{electrode}_seq{j}_step{k}`` must name the row's own electrode, step
+    and (when given) sequence: a disagreement means columns mapped onto the wrong names or steps counted
+    another way. Ids of other forms (a lab's own) are not read."""
+    named = table["stimulus_id"].str.extract(_STIMULUS_ID)
+    ours = named["step"].notna().to_numpy()
+    report(ours & (named["electrode"] != table["electrode"]).to_numpy(), "stimulus_id",
+           "the image id names another electrode than column 'electrode'", table["stimulus_id"].to_numpy())
+    report(ours & (pd.to_numeric(named["step"]) != table["step"]).to_numpy(), "stimulus_id",
+           "the image id names another step than column 'step' (steps counted another way?)",
+           table["stimulus_id"].to_numpy())
+    if has_sequence:
+        report(ours & (pd.to_numeric(named["sequence"]) != table["sequence"]).to_numpy(), "stimulus_id",
+               "the image id names another sequence than column 'sequence'", table["stimulus_id"].to_numpy())
+
+
+def _recoded(raw: pd.DataFrame, values: dict[str, dict[str, str]], report) -> tuple[pd.DataFrame, np.ndarray]:
+    """The file's table with the lab's value codes translated (:data:`VALUE_TARGETS`), and the rows
+    whose choice is not one of the mapped codes (reported here, with the codes allowed)."""
+    raw = raw.copy()
+    unknown_choice = np.zeros(len(raw), dtype=bool)
+    if "choice" in values:
+        codes = values["choice"]
+        folded = _folded(raw["choice"])
+        unknown_choice = ~folded.isin(codes).to_numpy() & (folded != "").to_numpy()
+        report(unknown_choice, "choice", f"code not in the value mapping of 'choice' (allowed codes: "
+                                         f"{', '.join(codes)})", raw["choice"].to_numpy())
+        raw["choice"] = folded.map(codes).where(~unknown_choice & (folded != "").to_numpy(), raw["choice"])
+    sham = np.zeros(len(raw), dtype=bool)
+    for name in ("stimulated_electrode", "current_uA"):
+        for code in values.get(name, ()):
+            sham |= _holds_code(raw[name], name, code)
+    if sham.any():
+        raw["stimulated_electrode"] = raw["stimulated_electrode"].where(~sham, SHAM)
+        if "current_uA" in values:  # a current that marks a sham trial is no current
+            raw["current_uA"] = raw["current_uA"].where(~sham, 0.0)
+    return raw, unknown_choice
 
 
 def _as_text(value) -> str:
