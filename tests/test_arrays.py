@@ -77,6 +77,26 @@ def test_cmp_file_is_parsed_with_channels_positions_and_labels():
     np.testing.assert_allclose(by_label.position_of("elec1"), (0.4, -0.2))
 
 
+def test_cmp_labels_keep_their_spaces(tmp_path):
+    """A label is everything after the fourth field: Central labels such as 'elec 12' or 'Utah A 3' stay whole,
+    whether the fields are separated by tabs or by runs of spaces."""
+    path = tmp_path / "spaced.cmp"
+    path.write_text("// labels with spaces\nCerebus mapping for array 2x1\n"
+                    "0\t0\tA\t1\telec 12\n"
+                    "1   0  B  3   Utah A 3  \n")
+    layout = ArrayLayout.from_cmp(path)
+    assert layout.electrode_ids == ("1", "35")  # A1 → 1, B3 → 32 + 3
+    assert layout.labels == ("elec 12", "Utah A 3")
+    by_label = ArrayLayout.from_cmp(path, electrode_id="label")
+    assert by_label.electrode_ids == ("elec 12", "Utah A 3")
+    # 2 columns at 0.4 mm, centred: col 0 at -0.2, col 1 at +0.2
+    np.testing.assert_allclose(by_label.position_of("Utah A 3"), (0.2, 0.0))
+    # a spaced label on a line that should be the description is still recognised as an electrode line
+    path.write_text("0\t0\tA\t1\telec 12\n1\t0\tA\t2\telec 13\n")
+    with pytest.raises(FileFormatError, match="line 1: .* reads as an electrode line"):
+        ArrayLayout.from_cmp(path)
+
+
 def test_electrodes_in_array_order_whatever_order_a_file_lists_them():
     """The example map lists A1 (col 0, row 1), A3 (1, 1), B2 (2, 1), C17 (0, 0), A2 (1, 0), D32 (2, 0): by place, rows
     from the bottom then columns from the left, that is C17, A2, D32, A1, A3, B2 = channels 81, 2, 128, 1, 3, 34."""

@@ -7,6 +7,7 @@ Blackrock map (column 0 on the left, row 0 at the bottom).
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,7 +175,8 @@ class ArrayLayout:
         description (e.g. ``Cerebus mapping for array ... SN ...``); every further line is
         ``col row bank elec [label]`` separated by tabs or spaces — col 0-based from left to right,
         row 0-based from bottom to top, bank A–D, elec 1–32 within the bank, label optional
-        (e.g. ``elec12``). Position = (col, row) × ``pitch_mm``, centred.
+        (e.g. ``elec12``; everything after the fourth field, so a label may hold spaces: ``elec 12``,
+        ``Utah A 12``). Position = (col, row) × ``pitch_mm``, centred.
 
         electrode_id : ``"channel"`` — the Cerebus channel number (bank index × 32 + elec, as the
             recording system numbers channels) — or ``"label"`` — the label column.
@@ -199,7 +201,7 @@ class ArrayLayout:
                                                 "add the description line (e.g. 'Cerebus mapping for array …') above it")
                 description = text
                 continue
-            fields = text.split()
+            fields = _cmp_fields(text)
             if len(fields) < 4:
                 raise FileFormatError(path, f"line {line_number}: expected 'col row bank elec [label]', got {text!r}")
             try:
@@ -240,10 +242,16 @@ class ArrayLayout:
                                   labels if all(labels) else ())
 
 
+def _cmp_fields(text: str) -> list:
+    """A .cmp electrode line's fields: col, row, bank, elec and, when there is one, the label — the rest of the
+    line, spaces inside it kept (``0 1 A 1 elec 6`` → label ``elec 6``)."""
+    return re.split(r"\s+", text.strip(), maxsplit=4)
+
+
 def _reads_as_electrode_line(text: str) -> bool:
     """Whether a .cmp line has the form ``col row bank elec [label]`` (integers, a bank letter, an integer)."""
-    fields = text.split()
-    return (len(fields) in (4, 5) and fields[0].isdigit() and fields[1].isdigit()
+    fields = _cmp_fields(text)
+    return (len(fields) >= 4 and fields[0].isdigit() and fields[1].isdigit()
             and fields[2].upper() in CMP_BANKS and fields[3].isdigit())
 
 
