@@ -7,14 +7,16 @@ electrode ids, plus the :class:`~stimsim.arrays.ArrayLayout` of the array.
 
 **NetCDF layout** (``save_netcdf`` writes it; any file with these names, or names mapped onto them,
 is read): variable ``response`` (presentation × electrode), coordinates ``stimulus_id``
-(presentation), ``electrode`` (ids), and optionally ``x_mm``, ``y_mm`` (electrode; array frame).
+(presentation), ``electrode`` (ids), and optionally ``x_mm``, ``y_mm`` (electrode; array frame) or
+``x_um``, ``y_um`` (the same in micrometres, converted to mm).
 Positions read from a file are kept as they are (the pose of an array rotates about its frame's
 origin); pass a ``layout`` to use another frame.
 
 **NWB layout** (plain pynwb; ``save_nwb`` writes it):
 
 - ``electrodes`` table, one row per electrode, with the ``group`` (one ``ElectrodeGroup`` per array)
-  and the columns ``electrode_id`` (text) and ``x_mm``, ``y_mm`` (position on the array, mm);
+  and the columns ``electrode_id`` (text) and ``x_mm``, ``y_mm`` (position on the array, mm; or ``x_um``,
+  ``y_um`` in micrometres);
   without an ``electrode_id`` column (and none named by ``names``) the table's ``label`` column, else its
   row ids, are the ids.
 - a ``TimeIntervals`` table named ``presentations`` (in ``nwbfile.intervals``; a ``DynamicTable`` of
@@ -24,7 +26,7 @@ origin); pass a ``layout`` to use another frame.
   A ragged column (one list per row, of the electrodes table's length) is read too.
 
 ``names`` maps stimsim's names (``response``, ``stimulus_id``, ``electrode``, ``presentation``,
-``x_mm``, ``y_mm``) onto the lab's, e.g. ``{"response": "mua", "stimulus_id": "image"}``: in NetCDF
+``x_mm``, ``y_mm``, ``x_um``, ``y_um``) onto the lab's, e.g. ``{"response": "mua", "stimulus_id": "image"}``: in NetCDF
 they are variable/dimension/coordinate names, in NWB ``presentation`` names the table, ``electrode``
 the electrodes table's id column, the others its columns.
 """
@@ -37,14 +39,14 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from stimsim.arrays.layout import ArrayLayout
+from stimsim.arrays.layout import POSITION_UNITS, ArrayLayout, check_spacing_mm
 from stimsim.errors import ConfigError, DataError, FileFormatError
 from stimsim.io import atomic_save
 
 #: stimsim's names for the fields of a recordings file; ``names`` maps them onto a lab's.
-FIELD_NAMES = ("response", "stimulus_id", "electrode", "presentation", "x_mm", "y_mm")
+FIELD_NAMES = ("response", "stimulus_id", "electrode", "presentation", "x_mm", "y_mm", "x_um", "y_um")
 DEFAULT_NAMES = {"response": "response", "stimulus_id": "stimulus_id", "electrode": "electrode",
-                 "presentation": "presentation", "x_mm": "x_mm", "y_mm": "y_mm"}
+                 "presentation": "presentation", "x_mm": "x_mm", "y_mm": "y_mm", "x_um": "x_um", "y_um": "y_um"}
 NWB_DEFAULT_NAMES = {**DEFAULT_NAMES, "electrode": "electrode_id", "presentation": "presentations"}
 
 
@@ -247,7 +249,8 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
     """Read recordings from ``.nc`` or ``.nwb`` (see the module docstring for the layouts).
 
     names : stimsim field name → the lab's name (see :data:`FIELD_NAMES`).
-    layout : the array layout; without it the positions stored in the file (x_mm, y_mm) are used.
+    layout : the array layout; without it the positions stored in the file (x_mm, y_mm, or x_um, y_um) are
+        used, and refused when their spacing is implausible for mm (see :func:`check_spacing_mm`).
         Every recorded electrode must be in the layout.
     stimulus_ids : the ids of the images the lab showed (e.g. of a stimulus set); every presented
         stimulus_id must be among them.
@@ -275,6 +278,7 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
         if positions is None:
             raise ConfigError(f"{path}: the file has no electrode positions ({where['positions']}); "
                               "give the array layout (a Utah kind, .csv or .cmp)")
+        check_spacing_mm(positions, electrode_ids, path, where["positions"])
         layout = ArrayLayout(path.stem, tuple(electrode_ids), positions)
     else:
         missing = [i for i in electrode_ids if i not in layout.electrode_ids]
@@ -321,19 +325,21 @@ def _read_netcdf(path: Path, names: dict, mapped=frozenset()):
         if names["electrode"] not in dataset.coords:
             raise FileFormatError(path, f"no coordinate {names['electrode']!r} holding electrode ids")
         electrode_ids = [_id_text(v) for v in dataset[names["electrode"]].values]
-        positions = None
-        for field in ("x_mm", "y_mm"):
+        for field in ("x_mm", "y_mm", "x_um", "y_um"):
             if field in mapped and names[field] not in dataset:
                 raise FileFormatError(path, f"names: {field} = {names[field]!r}, but the file has no such variable; "
                                             f"variables and coordinates: {sorted(map(str, dataset.variables))}")
-        if names["x_mm"] in dataset and names["y_mm"] in dataset:
-            positions = np.column_stack([dataset[names["x_mm"]].values, dataset[names["y_mm"]].values]).astype(float)
+        position_names = _position_fields(path, names, set(map(str, dataset.variables)), mapped)
+        positions = None
+        if position_names is not None:
+            (x_name, y_name), to_mm = position_names
+            positions = np.column_stack([dataset[x_name].values, dataset[y_name].values]).astype(float) * to_mm
         attrs = {k: v for k, v in response.attrs.items() if isinstance(v, (str, int, float))}
         values = np.asarray(response.values, dtype=np.float64)
         stimulus_values = [_id_text(s) for s in stimulus_id.values]
     where = {"response": f"variable {names['response']!r}", "electrode": f"coordinate {names['electrode']!r}",
              "stimulus_id": f"coordinate {names['stimulus_id']!r}",
-             "positions": f"coordinates {names['x_mm']!r}, {names['y_mm']!r}"}
+             "positions": _positions_where("coordinates", names, position_names)}
     return values, stimulus_values, electrode_ids, positions, attrs, where
 
 
@@ -353,7 +359,7 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset()):
             raise FileFormatError(path, "the NWB file has no electrodes table")
         electrodes = nwbfile.electrodes
         columns = set(electrodes.colnames)
-        for field in ("electrode", "x_mm", "y_mm"):
+        for field in ("electrode", "x_mm", "y_mm", "x_um", "y_um"):
             if field in mapped and names[field] not in columns:
                 raise FileFormatError(path, f"names: {field} = {names[field]!r}, but the electrodes table has no such "
                                             f"column; columns: {list(electrodes.colnames)}")
@@ -367,10 +373,12 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset()):
         else:
             electrode_ids = [str(int(v)) for v in electrodes.id.data[:]]
             id_where = "electrodes table, row ids"
+        position_names = _position_fields(path, names, columns, mapped)
         positions = None
-        if names["x_mm"] in columns and names["y_mm"] in columns:
-            positions = np.column_stack([np.asarray(electrodes[names["x_mm"]].data[:], dtype=float),
-                                         np.asarray(electrodes[names["y_mm"]].data[:], dtype=float)])
+        if position_names is not None:
+            (x_name, y_name), to_mm = position_names
+            positions = np.column_stack([np.asarray(electrodes[x_name].data[:], dtype=float),
+                                         np.asarray(electrodes[y_name].data[:], dtype=float)]) * to_mm
         table_name = names["presentation"]
         candidates = [obj for obj in nwbfile.objects.values()
                       if isinstance(obj, DynamicTable) and obj.name == table_name]
@@ -405,8 +413,39 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset()):
         attrs = {"units_description": column.description}
     where = {"response": f"{where_table}, column {names['response']!r}", "electrode": id_where,
              "stimulus_id": f"{where_table}, column {names['stimulus_id']!r}",
-             "positions": f"electrodes table columns {names['x_mm']!r}, {names['y_mm']!r}"}
+             "positions": _positions_where("electrodes table columns", names, position_names)}
     return values, stimulus_id, electrode_ids, positions, attrs, where
+
+
+def _position_fields(path: Path, names: dict, available: set, mapped=frozenset()):
+    """The file's position fields — ``((x name, y name), factor to mm)`` — from x_mm, y_mm or x_um, y_um (by
+    ``names``), or None when the file has neither pair. Both pairs, or half of one the lab named, are refused."""
+    found = {unit: tuple(names[f] for f in fields) for unit, (fields, _) in POSITION_UNITS.items()
+             if all(names[f] in available for f in fields)}
+    for unit, (fields, _) in POSITION_UNITS.items():
+        if unit not in found and any(f in mapped for f in fields):
+            raise FileFormatError(path, f"names: {' and '.join(f for f in fields if f in mapped)} named, but the file "
+                                        f"has no {' / '.join(names[f] for f in fields if names[f] not in available)} "
+                                        f"for the other coordinate; name both {fields[0]} and {fields[1]}")
+    if len(found) > 1:
+        named = [unit for unit in found if any(f in mapped for f in POSITION_UNITS[unit][0])]
+        if len(named) != 1:
+            raise FileFormatError(path, f"positions in both mm ({', '.join(found['mm'])}) and µm "
+                                        f"({', '.join(found['um'])}); name the pair to read with names "
+                                        "(x_mm, y_mm or x_um, y_um)")
+        found = {named[0]: found[named[0]]}
+    if not found:
+        return None
+    unit, fields = next(iter(found.items()))
+    return fields, POSITION_UNITS[unit][1]
+
+
+def _positions_where(kind: str, names: dict, position_names) -> str:
+    """How error messages name the position fields: the ones read, else both pairs looked for."""
+    if position_names is None:
+        return f"{kind} {names['x_mm']!r}, {names['y_mm']!r} or {names['x_um']!r}, {names['y_um']!r}"
+    x_name, y_name = position_names[0]
+    return f"{kind} {x_name!r}, {y_name!r}"
 
 
 def _id_text(value) -> str:

@@ -475,16 +475,18 @@ min_reliability = -1.0
 """
 
 
-def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e", repeats=2):
-    """A lab's plan: recordings (random responses, ``repeats`` repeats) of ``n_images`` LFW images on a 4×4 layout of
-    ``pitch_mm``; the plan's layout file names its electrodes ``layout_prefix`` 1..16."""
+def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e", repeats=2, columns=4):
+    """A lab's plan: recordings (random responses, ``repeats`` repeats) of ``n_images`` LFW images on a layout of 16
+    electrodes in ``columns`` columns at ``pitch_mm``; the plan's layout file names its electrodes ``layout_prefix``
+    1..16."""
     from stimsim.arrays import ArrayLayout
     from stimsim.data.stimuli import lfw_subset
     from stimsim.recordings import Recordings
 
     directory.mkdir(parents=True)
-    xs, ys = np.meshgrid(np.arange(4) * pitch_mm, np.arange(4) * pitch_mm)
-    positions = np.c_[xs.ravel(), ys.ravel()] - 1.5 * pitch_mm
+    xs, ys = np.meshgrid(np.arange(columns) * pitch_mm, np.arange(16 // columns) * pitch_mm)
+    positions = np.c_[xs.ravel(), ys.ravel()]
+    positions -= (positions.min(0) + positions.max(0)) / 2
     layout = ArrayLayout("lab", tuple(f"e{i + 1}" for i in range(16)), positions)
     ids = np.tile(lfw_subset().stimulus_id[:n_images], repeats)
     values = np.random.default_rng(0).poisson(20.0, (len(ids), 16)).astype(float)
@@ -504,13 +506,15 @@ def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e
     ("registration", r"plan.toml \[models\]: the recordings hold 8 images, fewer than the n_folds = 3 ridge folds need "
                      r"\(10: 2 per fold, and at least 10 for the registration\)"),
     ("fit", r"plan.toml \[recordings\] layout: array .* does not fit on the IT sheet"),
+    ("um_as_mm", r"layout.csv: columns x_mm, y_mm: electrodes are 400 mm from their nearest neighbour .* x_um, y_um"),
 ])
 def test_bad_lab_input_is_named_and_leaves_nothing(tmp_path, capsys, case, pattern, one_torch_thread):
     """The issue's bad input: a layout whose ids do not match the recordings, fewer images than the ridge folds
-    need, an array that fits the sheet at no pose (4 × 12 mm = 36 mm across; the sheet is 19.7 cortex mm)."""
+    need, an array that fits the sheet at no pose (a line of 16 electrodes 2 mm apart is 30 mm long; the sheet is
+    19.7 cortex mm square, 27.9 mm across its diagonal), a layout in µm written under x_mm, y_mm."""
     options = {"ids": {"layout_prefix": "x"}, "folds": {"n_images": 8, "n_folds": 10},
                "two_per_fold": {"n_images": 15, "n_folds": 10}, "registration": {"n_images": 8, "n_folds": 3},
-               "fit": {"pitch_mm": 12.0}}[case]
+               "fit": {"pitch_mm": 2.0, "columns": 16}, "um_as_mm": {"pitch_mm": 400.0}}[case]
     config = _lab_plan(tmp_path / "config", **options)
     out = tmp_path / "out"
     assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 2

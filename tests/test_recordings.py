@@ -67,8 +67,9 @@ def test_netcdf_round_trip_and_lab_names(tmp_path):
         load_recordings(tmp_path / "lab.nc", names=names)
 
 
-def _write_plain_nwb(path, values, stimulus_ids, channel_names, x_um, y_um, ragged=False):
-    """An NWB file as a lab would write it with pynwb alone, in its own names."""
+def _write_plain_nwb(path, values, stimulus_ids, channel_names, x_um, y_um, ragged=False, position_scale=1e-3):
+    """An NWB file as a lab would write it with pynwb alone, in its own names; positions are written as
+    µm × ``position_scale`` (mm by default)."""
     from pynwb import NWBHDF5IO, NWBFile
     from pynwb.epoch import TimeIntervals
 
@@ -80,7 +81,8 @@ def _write_plain_nwb(path, values, stimulus_ids, channel_names, x_um, y_um, ragg
     nwbfile.add_electrode_column(name="pos_x", description="x on array, mm")
     nwbfile.add_electrode_column(name="pos_y", description="y on array, mm")
     for name, x, y in zip(channel_names, x_um, y_um):
-        nwbfile.add_electrode(group=group, location="IT", channel_name=name, pos_x=x / 1000, pos_y=y / 1000)
+        nwbfile.add_electrode(group=group, location="IT", channel_name=name, pos_x=x * position_scale,
+                              pos_y=y * position_scale)
     table = TimeIntervals(name="image_presentations", description="RSVP")
     table.add_column(name="image_name", description="image")
     table.add_column(name="mua", description="MUA 70-170 ms", index=ragged)
@@ -108,6 +110,37 @@ def test_nwb_written_with_plain_pynwb_is_read_with_lab_names(tmp_path, ragged):
     np.testing.assert_allclose(read.layout.positions_mm[:, 0], np.array(x_um) / 1000)
     np.testing.assert_allclose(read.layout.positions_mm[:, 1], np.array(y_um) / 1000)
     np.testing.assert_allclose(read.per_image().values, recordings.per_image().values)
+
+
+def test_positions_in_micrometres_are_read_as_such_and_refused_as_mm(tmp_path):
+    """A lab's electrode positions in µm: mapped onto x_um, y_um they are converted to mm; mapped onto x_mm, y_mm they
+    would put a 0.4 mm pitch at 400 mm and are refused, naming the file and the columns. NetCDF coordinates x_um,
+    y_um are read without names."""
+    recordings, *_ = _planted()
+    path = tmp_path / "lab.nwb"
+    x_um = [0.0, 400.0, 800.0, 0.0, 400.0]
+    y_um = [0.0, 0.0, 0.0, 400.0, 400.0]
+    _write_plain_nwb(path, recordings.response.values, recordings.response.stimulus_id.values,
+                     ["e1", "e2", "e3", "e4", "e5"], x_um, y_um, position_scale=1.0)
+    names = {"presentation": "image_presentations", "response": "mua", "stimulus_id": "image_name",
+             "electrode": "channel_name"}
+    read = load_recordings(path, names={**names, "x_um": "pos_x", "y_um": "pos_y"})
+    np.testing.assert_allclose(read.layout.positions_mm, np.c_[x_um, y_um] / 1000)
+    with pytest.raises(FileFormatError, match=r"lab.nwb: electrodes table columns 'pos_x', 'pos_y': electrodes are "
+                                              r"400 mm from their nearest neighbour .* x_um, y_um"):
+        load_recordings(path, names={**names, "x_mm": "pos_x", "y_mm": "pos_y"})
+    with pytest.raises(FileFormatError, match=r"lab.nwb: names: x_um named, but the file has no y_um"):
+        load_recordings(path, names={**names, "x_um": "pos_x"})
+    um = recordings.response.to_dataset().assign_coords(x_um=("electrode", np.array(x_um)),
+                                                        y_um=("electrode", np.array(y_um)))
+    um.to_netcdf(tmp_path / "um.nc", engine="h5netcdf")
+    np.testing.assert_allclose(load_recordings(tmp_path / "um.nc").layout.positions_mm, np.c_[x_um, y_um] / 1000)
+    both = um.assign_coords(x_mm=("electrode", np.array(x_um) / 1000), y_mm=("electrode", np.array(y_um) / 1000))
+    both.to_netcdf(tmp_path / "both.nc", engine="h5netcdf")
+    with pytest.raises(FileFormatError, match=r"both.nc: positions in both mm \(x_mm, y_mm\) and µm \(x_um, y_um\)"):
+        load_recordings(tmp_path / "both.nc")
+    read = load_recordings(tmp_path / "both.nc", names={"x_mm": "x_mm", "y_mm": "y_mm"})
+    np.testing.assert_allclose(read.layout.positions_mm, np.c_[x_um, y_um] / 1000)
 
 
 def test_names_of_fields_missing_from_the_file_are_errors(tmp_path):
