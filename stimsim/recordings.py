@@ -48,6 +48,9 @@ FIELD_NAMES = ("response", "stimulus_id", "electrode", "presentation", "x_mm", "
 DEFAULT_NAMES = {"response": "response", "stimulus_id": "stimulus_id", "electrode": "electrode",
                  "presentation": "presentation", "x_mm": "x_mm", "y_mm": "y_mm", "x_um": "x_um", "y_um": "y_um"}
 NWB_DEFAULT_NAMES = {**DEFAULT_NAMES, "electrode": "electrode_id", "presentation": "presentations"}
+#: Largest disagreement (mm) between the distance of two electrodes in a recordings file and on the layout it is read
+#: with; more, and the file belongs to another array, frame scale or unit.
+POSITION_TOLERANCE_MM = 0.02
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,7 +254,8 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
     names : stimsim field name → the lab's name (see :data:`FIELD_NAMES`).
     layout : the array layout; without it the positions stored in the file (x_mm, y_mm, or x_um, y_um) are
         used, and refused when their spacing is implausible for mm (see :func:`check_spacing_mm`).
-        Every recorded electrode must be in the layout.
+        Every recorded electrode must be in the layout, and positions the file holds must agree with it
+        (distances within ``POSITION_TOLERANCE_MM``).
     stimulus_ids : the ids of the images the lab showed (e.g. of a stimulus set); every presented
         stimulus_id must be among them.
     """
@@ -287,6 +291,8 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
                             f"array layout {layout.name!r}: {_preview(missing)} (layout ids: "
                             f"{_preview(layout.electrode_ids)})")
         layout = layout.subset(electrode_ids)
+        if positions is not None:
+            _check_positions_match(path, where["positions"], positions, layout)
     data = xr.DataArray(values, dims=("presentation", "electrode"), name="response",
                         coords={"presentation": np.arange(len(values)),
                                 "stimulus_id": ("presentation", np.asarray(stimulus_id).astype(str)),
@@ -415,6 +421,23 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset()):
              "stimulus_id": f"{where_table}, column {names['stimulus_id']!r}",
              "positions": _positions_where("electrodes table columns", names, position_names)}
     return values, stimulus_id, electrode_ids, positions, attrs, where
+
+
+def _check_positions_match(path: Path, where: str, positions_mm: np.ndarray, layout: ArrayLayout) -> None:
+    """Refuse a file whose electrode positions contradict the layout it is read with (the same electrodes in the same
+    order): every pairwise distance must agree within :data:`POSITION_TOLERANCE_MM` — the frames may differ by a
+    translation or rotation, not by a unit or another array."""
+    from scipy.spatial.distance import pdist, squareform
+
+    in_file, on_layout = squareform(pdist(positions_mm)), squareform(pdist(layout.positions_mm))
+    difference = np.abs(in_file - on_layout)
+    if difference.size and difference.max() > POSITION_TOLERANCE_MM:
+        a, b = np.unravel_index(int(np.argmax(difference)), difference.shape)
+        ids = layout.electrode_ids
+        raise DataError(f"{path}: {where}: the electrode positions in the file disagree with the array layout "
+                        f"{layout.name!r}: electrodes {ids[a]!r} and {ids[b]!r} are {in_file[a, b]:.4g} mm apart in "
+                        f"the file, {on_layout[a, b]:.4g} mm on the layout; give the layout the recordings were made "
+                        "with, or check the positions' unit (x_um, y_um for micrometres)")
 
 
 def _position_fields(path: Path, names: dict, available: set, mapped=frozenset()):

@@ -143,6 +143,33 @@ def test_positions_in_micrometres_are_read_as_such_and_refused_as_mm(tmp_path):
     np.testing.assert_allclose(read.layout.positions_mm, np.c_[x_um, y_um] / 1000)
 
 
+def test_positions_in_the_file_must_agree_with_the_layout(tmp_path):
+    """With a layout, positions the file also holds must agree with it up to a move of the frame: ids 1-5 of the 8×8
+    grid lie on its bottom row (0.4 mm apart), so a file placing 4 and 5 on a second row names another array, and the
+    same grid in µm under x_mm is 1000 times too large."""
+    recordings, *_ = _planted()
+    layout = utah_array("8x8")
+    row_um = [[1000 * x + 5000, 1000 * y - 300] for x, y in layout.subset(["1", "2", "3", "4", "5"]).positions_mm]
+    names = {"presentation": "image_presentations", "response": "mua", "stimulus_id": "image_name",
+             "electrode": "channel_name"}
+    path = tmp_path / "lab.nwb"
+    _write_plain_nwb(path, recordings.response.values, recordings.response.stimulus_id.values,
+                     ["1", "2", "3", "4", "5"], *np.transpose(row_um), position_scale=1.0)
+    read = load_recordings(path, names={**names, "x_um": "pos_x", "y_um": "pos_y"}, layout=layout)
+    np.testing.assert_allclose(read.layout.positions_mm, layout.positions_mm[:5])  # the layout's frame is kept
+    with pytest.raises(DataError, match=r"lab.nwb: electrodes table columns 'pos_x', 'pos_y': the electrode positions "
+                                        r"in the file disagree with the array layout 'utah_8x8': electrodes '1' and "
+                                        r"'5' are 1600 mm apart in the file, 1.6 mm on the layout; .*\(x_um, y_um"):
+        load_recordings(path, names={**names, "x_mm": "pos_x", "y_mm": "pos_y"}, layout=layout)
+    other = [[0.0, 0.0], [400.0, 0.0], [800.0, 0.0], [0.0, 400.0], [400.0, 400.0]]
+    _write_plain_nwb(path, recordings.response.values, recordings.response.stimulus_id.values,
+                     ["1", "2", "3", "4", "5"], *np.transpose(other))
+    # the largest disagreement: 1 at (0, 0) and 5 at (0.4, 0.4) mm, √0.32 = 0.5657 mm apart, are 4 × 0.4 mm apart on
+    # the grid's bottom row (1 and 4: 0.4 against 1.2 mm, a smaller disagreement)
+    with pytest.raises(DataError, match=r"electrodes '1' and '5' are 0.5657 mm apart in the file, 1.6 mm on the layout"):
+        load_recordings(path, names={**names, "x_mm": "pos_x", "y_mm": "pos_y"}, layout=layout)
+
+
 def test_names_of_fields_missing_from_the_file_are_errors(tmp_path):
     """A name the lab maps must exist: an NWB electrode-id column typo must not fall back to the table's row ids
     (0..4 here, which would silently pair responses with the wrong electrodes of a numbered layout)."""
