@@ -248,7 +248,8 @@ class Recordings:
 
 
 def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None = None,
-                    stimulus_ids=None, images_source: str = "the image set") -> Recordings:
+                    stimulus_ids=None, images_source: str = "the image set",
+                    electrode_group: str | None = None) -> Recordings:
     """Read recordings from ``.nc`` or ``.nwb`` (see the module docstring for the layouts).
 
     names : stimsim field name → the lab's name (see :data:`FIELD_NAMES`).
@@ -258,6 +259,8 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
         (distances within ``POSITION_TOLERANCE_MM``).
     stimulus_ids : the ids of the images the lab showed (e.g. of a stimulus set); every presented
         stimulus_id must be among them.
+    electrode_group : NWB only: the ``ElectrodeGroup`` (array) whose electrodes to read, needed when the file's
+        electrodes belong to more than one (each array is registered on its own).
     """
     path = Path(path)
     if not path.is_file():
@@ -272,9 +275,12 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
                                                                                    set(names))
     elif suffix == ".nwb":
         values, stimulus_id, electrode_ids, positions, attrs, where = _read_nwb(path, {**NWB_DEFAULT_NAMES, **names},
-                                                                                set(names))
+                                                                                set(names), electrode_group)
     else:
         raise FileFormatError(path, "recordings must be a NetCDF (.nc) or NWB (.nwb) file")
+    if electrode_group is not None and suffix != ".nwb":
+        raise ConfigError(f"{path}: electrode_group = {electrode_group!r} selects an NWB ElectrodeGroup; a NetCDF file "
+                          "holds one array")
     duplicates = sorted({i for i in electrode_ids if electrode_ids.count(i) > 1})
     if duplicates:
         raise FileFormatError(path, f"{where['electrode']}: electrode id(s) repeated: {_preview(duplicates)}")
@@ -349,9 +355,10 @@ def _read_netcdf(path: Path, names: dict, mapped=frozenset()):
     return values, stimulus_values, electrode_ids, positions, attrs, where
 
 
-def _read_nwb(path: Path, names: dict, mapped=frozenset()):
+def _read_nwb(path: Path, names: dict, mapped=frozenset(), electrode_group: str | None = None):
     """``mapped``: the fields the lab named; a named electrodes-table column must exist (without a name the ids fall
-    back to the ``label`` column, then the row ids)."""
+    back to the ``label`` column, then the row ids). ``electrode_group``: the array to read when the electrodes belong
+    to several ``ElectrodeGroup``s (refused without it)."""
     from hdmf.common import DynamicTable
     from pynwb import NWBHDF5IO
 
@@ -417,6 +424,21 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset()):
                                             f"expected (presentations, {n_electrodes} electrodes of the "
                                             "electrodes table)")
         attrs = {"units_description": column.description}
+        group_names = [str(group.name) for group in electrodes["group"].data[:]]
+        counts = {name: group_names.count(name) for name in dict.fromkeys(group_names)}
+        if electrode_group is not None or len(counts) > 1:
+            listed = ", ".join(f"{name!r} ({n} electrodes)" for name, n in counts.items())
+            if electrode_group is None:
+                raise FileFormatError(path, f"electrodes table: electrodes of {len(counts)} arrays (ElectrodeGroups "
+                                            f"{listed}); a plan registers one array: choose it with electrode_group "
+                                            "([recordings] electrode_group in a plan)")
+            if electrode_group not in counts:
+                raise FileFormatError(path, f"electrodes table: no ElectrodeGroup {electrode_group!r}; groups: {listed}")
+            keep = [i for i, name in enumerate(group_names) if name == electrode_group]
+            electrode_ids = [electrode_ids[i] for i in keep]
+            values = values[:, keep]
+            positions = None if positions is None else positions[keep]
+            id_where += f" (ElectrodeGroup {electrode_group!r})"
     where = {"response": f"{where_table}, column {names['response']!r}", "electrode": id_where,
              "stimulus_id": f"{where_table}, column {names['stimulus_id']!r}",
              "positions": _positions_where("electrodes table columns", names, position_names)}

@@ -528,11 +528,14 @@ def test_bad_lab_input_is_named_and_leaves_nothing(tmp_path, capsys, case, patte
     ("table", r"plan.toml \[recordings\] images: stimulus table not found: \S*images.csv"),
     ("unreadable", r"plan.toml \[recordings\] images: \S*broken.png: cannot decode image"),
     ("names", r"plan.toml \[recordings\] names: maps stimsim's fields .*; got \{'spikes': 'mua'\}"),
+    ("group", r"plan.toml \[recordings\] electrode_group: selects an ElectrodeGroup \(array\) of an NWB file; the "
+              r"recordings are recordings.nc"),
 ])
 @pytest.mark.parametrize("out_exists", [False, True])
 def test_bad_lab_files_are_named_with_the_plan_and_leave_nothing(tmp_path, capsys, case, pattern, out_exists):
-    """Missing or unreadable files a lab's plan names, and a name mapping of unknown fields: one error naming the plan
-    file and its field; --out is left as it was (absent, or empty when the lab made it beforehand)."""
+    """Missing or unreadable files a lab's plan names, a name mapping of unknown fields, an NWB electrode group for a
+    NetCDF file: one error naming the plan file and its field; --out is left as it was (absent, or empty when the lab
+    made it beforehand)."""
     config = _lab_plan(tmp_path / "config")
     text = config.read_text()
     if case == "recordings":
@@ -543,6 +546,8 @@ def test_bad_lab_files_are_named_with_the_plan_and_leave_nothing(tmp_path, capsy
         (tmp_path / "config" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot an image")
         (tmp_path / "config" / "images.csv").write_text("stimulus_id,path\nim1,broken.png\n")
         text = text.replace('images = [{ source = "lfw_subset" }]', 'images = [{ source = "table", path = "images.csv" }]')
+    elif case == "group":
+        text = text.replace('layout = "layout.csv"', 'layout = "layout.csv"\nelectrode_group = "aIT"')
     else:
         text = text.replace('layout = "layout.csv"', 'layout = "layout.csv"\nnames = { spikes = "mua" }')
     config.write_text(text)

@@ -170,6 +170,45 @@ def test_positions_in_the_file_must_agree_with_the_layout(tmp_path):
         load_recordings(path, names={**names, "x_mm": "pos_x", "y_mm": "pos_y"}, layout=layout)
 
 
+def test_an_nwb_file_of_two_arrays_is_read_one_array_at_a_time(tmp_path):
+    """Two ElectrodeGroups (arrays), each with positions in its own frame: merged they would be registered as one
+    rigid array, so the file is refused unless electrode_group names one; columns of the response follow the rows."""
+    from pynwb import NWBHDF5IO, NWBFile
+    from pynwb.epoch import TimeIntervals
+
+    nwbfile = NWBFile(session_description="two arrays", identifier="two",
+                      session_start_time=datetime(2024, 5, 1, 10, tzinfo=timezone.utc))
+    device = nwbfile.create_device(name="Utah", description="two Utah arrays")
+    groups = {name: nwbfile.create_electrode_group(name=name, description=name, location="IT", device=device)
+              for name in ("pIT", "aIT")}
+    nwbfile.add_electrode_column(name="electrode_id", description="id")
+    nwbfile.add_electrode_column(name="x_mm", description="x on its array, mm")
+    nwbfile.add_electrode_column(name="y_mm", description="y on its array, mm")
+    rows = [("pIT", "p1", 0.0), ("aIT", "a1", 0.0), ("pIT", "p2", 0.4), ("aIT", "a2", 0.4), ("aIT", "a3", 0.8)]
+    for group, electrode_id, x in rows:
+        nwbfile.add_electrode(group=groups[group], location="IT", electrode_id=electrode_id, x_mm=x, y_mm=0.0)
+    table = TimeIntervals(name="presentations", description="RSVP")
+    table.add_column(name="stimulus_id", description="image")
+    table.add_column(name="response", description="MUA")
+    values = np.arange(4 * 5, dtype=float).reshape(4, 5)  # column j = row j of the electrodes table
+    for i, (image, row) in enumerate(zip(["a", "b", "a", "b"], values)):
+        table.add_row(start_time=float(i), stop_time=i + 0.5, stimulus_id=image, response=row)
+    nwbfile.add_time_intervals(table)
+    path = tmp_path / "two.nwb"
+    with NWBHDF5IO(str(path), "w") as io:
+        io.write(nwbfile)
+    with pytest.raises(FileFormatError, match=r"two.nwb: electrodes table: electrodes of 2 arrays \(ElectrodeGroups "
+                                              r"'pIT' \(2 electrodes\), 'aIT' \(3 electrodes\)\); .* electrode_group"):
+        load_recordings(path)
+    anterior = load_recordings(path, electrode_group="aIT")
+    assert anterior.electrode_ids == ("a1", "a2", "a3")
+    np.testing.assert_allclose(anterior.response.values, values[:, [1, 3, 4]])
+    np.testing.assert_allclose(anterior.layout.positions_mm, [[0.0, 0.0], [0.4, 0.0], [0.8, 0.0]])
+    assert load_recordings(path, electrode_group="pIT").electrode_ids == ("p1", "p2")
+    with pytest.raises(FileFormatError, match=r"no ElectrodeGroup 'cIT'; groups: 'pIT' \(2 electrodes\)"):
+        load_recordings(path, electrode_group="cIT")
+
+
 def test_names_of_fields_missing_from_the_file_are_errors(tmp_path):
     """A name the lab maps must exist: an NWB electrode-id column typo must not fall back to the table's row ids
     (0..4 here, which would silently pair responses with the wrong electrodes of a numbered layout)."""
