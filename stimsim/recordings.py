@@ -447,8 +447,8 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset(), electrode_group: str 
 
 def _check_positions_match(path: Path, where: str, positions_mm: np.ndarray, layout: ArrayLayout) -> None:
     """Refuse a file whose electrode positions contradict the layout it is read with (the same electrodes in the same
-    order): every pairwise distance must agree within :data:`POSITION_TOLERANCE_MM` — the frames may differ by a
-    translation or rotation, not by a unit or another array."""
+    order): every pairwise distance must agree within :data:`POSITION_TOLERANCE_MM`, and the frames may differ by a
+    translation or rotation — not by a unit, another array or a mirror image."""
     from scipy.spatial.distance import pdist, squareform
 
     in_file, on_layout = squareform(pdist(positions_mm)), squareform(pdist(layout.positions_mm))
@@ -460,6 +460,14 @@ def _check_positions_match(path: Path, where: str, positions_mm: np.ndarray, lay
                         f"{layout.name!r}: electrodes {ids[a]!r} and {ids[b]!r} are {in_file[a, b]:.4g} mm apart in "
                         f"the file, {on_layout[a, b]:.4g} mm on the layout; give the layout the recordings were made "
                         "with, or check the positions' unit (x_um, y_um for micrometres)")
+    # equal distances leave a rotation or a mirror image (Kabsch: the best proper rotation must match too)
+    a, b = positions_mm - positions_mm.mean(0), layout.positions_mm - layout.positions_mm.mean(0)
+    u, _, vt = np.linalg.svd(a.T @ b)
+    rotation = u @ np.diag([1.0, np.sign(np.linalg.det(u @ vt)) or 1.0]) @ vt
+    if np.abs(a @ rotation - b).max() > POSITION_TOLERANCE_MM:
+        raise DataError(f"{path}: {where}: the electrode positions in the file are the mirror image of the array layout "
+                        f"{layout.name!r} (e.g. rows counted from the top in one and from the bottom in the other); give "
+                        "the layout the recordings were made with")
 
 
 def _position_fields(path: Path, names: dict, available: set, mapped=frozenset()):

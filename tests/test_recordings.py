@@ -170,6 +170,25 @@ def test_positions_in_the_file_must_agree_with_the_layout(tmp_path):
         load_recordings(path, names={**names, "x_mm": "pos_x", "y_mm": "pos_y"}, layout=layout)
 
 
+def test_positions_that_mirror_the_layout_are_refused_and_rotated_ones_accepted(tmp_path):
+    """Electrodes 1, 2 (bottom row) and 9 (second row, first column) of the 8×8 grid: with rows counted from the top
+    the file's triangle is the layout's mirror image — every distance agrees, but no rotation maps one onto the other.
+    Turned by 90° and moved, the same positions are the layout's own."""
+    from stimsim.arrays import ArrayLayout
+
+    layout = utah_array("8x8")
+    ids = ["1", "2", "9"]
+    grid = layout.subset(ids).positions_mm
+    turned = grid @ np.array([[0.0, 1.0], [-1.0, 0.0]]) + [3.0, -2.0]
+    for name, positions in (("mirror", grid * [1.0, -1.0]), ("turned", turned)):
+        recordings, *_ = _planted(layout=ArrayLayout(name, ids, positions))
+        recordings.save_netcdf(tmp_path / f"{name}.nc")
+    assert load_recordings(tmp_path / "turned.nc", layout=layout).electrode_ids == tuple(ids)
+    with pytest.raises(DataError, match=r"mirror.nc: coordinates 'x_mm', 'y_mm': the electrode positions in the file "
+                                        r"are the mirror image of the array layout 'utah_8x8'"):
+        load_recordings(tmp_path / "mirror.nc", layout=layout)
+
+
 def test_an_nwb_file_of_two_arrays_is_read_one_array_at_a_time(tmp_path):
     """Two ElectrodeGroups (arrays), each with positions in its own frame: merged they would be registered as one
     rigid array, so the file is refused unless electrode_group names one; columns of the response follow the rows."""
