@@ -293,9 +293,13 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
     else:
         missing = [i for i in electrode_ids if i not in layout.electrode_ids]
         if missing:
+            by_label = bool(layout.labels) and set(electrode_ids) <= set(layout.labels)
             raise DataError(f"{path}: {where['electrode']}: {len(missing)} recorded electrode(s) are not in the "
                             f"array layout {layout.name!r}: {_preview(missing)} (layout ids: "
-                            f"{_preview(layout.electrode_ids)})")
+                            f"{_preview(layout.electrode_ids)})"
+                            + ("; the recordings name the electrodes by the map's labels: read it with "
+                               "electrode_id=\"label\" ([recordings] layout_ids = \"label\" in a plan)"
+                               if by_label else ""))
         layout = layout.subset(electrode_ids)
         if positions is not None:
             _check_positions_match(path, where["positions"], positions, layout)
