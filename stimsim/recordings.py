@@ -7,14 +7,16 @@ electrode ids, plus the :class:`~stimsim.arrays.ArrayLayout` of the array.
 
 **NetCDF layout** (``save_netcdf`` writes it; any file with these names, or names mapped onto them,
 is read): variable ``response`` (presentation × electrode), coordinates ``stimulus_id``
-(presentation), ``electrode`` (ids), and optionally ``x_mm``, ``y_mm`` (electrode; array frame).
+(presentation), ``electrode`` (ids), and optionally ``x_mm``, ``y_mm`` (electrode; array frame) or
+``x_um``, ``y_um`` (the same in micrometres, converted to mm).
 Positions read from a file are kept as they are (the pose of an array rotates about its frame's
 origin); pass a ``layout`` to use another frame.
 
 **NWB layout** (plain pynwb; ``save_nwb`` writes it):
 
 - ``electrodes`` table, one row per electrode, with the ``group`` (one ``ElectrodeGroup`` per array)
-  and the columns ``electrode_id`` (text) and ``x_mm``, ``y_mm`` (position on the array, mm);
+  and the columns ``electrode_id`` (text) and ``x_mm``, ``y_mm`` (position on the array, mm; or ``x_um``,
+  ``y_um`` in micrometres);
   without an ``electrode_id`` column (and none named by ``names``) the table's ``label`` column, else its
   row ids, are the ids.
 - a ``TimeIntervals`` table named ``presentations`` (in ``nwbfile.intervals``; a ``DynamicTable`` of
@@ -24,7 +26,7 @@ origin); pass a ``layout`` to use another frame.
   A ragged column (one list per row, of the electrodes table's length) is read too.
 
 ``names`` maps stimsim's names (``response``, ``stimulus_id``, ``electrode``, ``presentation``,
-``x_mm``, ``y_mm``) onto the lab's, e.g. ``{"response": "mua", "stimulus_id": "image"}``: in NetCDF
+``x_mm``, ``y_mm``, ``x_um``, ``y_um``) onto the lab's, e.g. ``{"response": "mua", "stimulus_id": "image"}``: in NetCDF
 they are variable/dimension/coordinate names, in NWB ``presentation`` names the table, ``electrode``
 the electrodes table's id column, the others its columns.
 """
@@ -37,15 +39,18 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from stimsim.arrays.layout import ArrayLayout
+from stimsim.arrays.layout import POSITION_UNITS, ArrayLayout, check_spacing_mm
 from stimsim.errors import ConfigError, DataError, FileFormatError
 from stimsim.io import atomic_save
 
 #: stimsim's names for the fields of a recordings file; ``names`` maps them onto a lab's.
-FIELD_NAMES = ("response", "stimulus_id", "electrode", "presentation", "x_mm", "y_mm")
+FIELD_NAMES = ("response", "stimulus_id", "electrode", "presentation", "x_mm", "y_mm", "x_um", "y_um")
 DEFAULT_NAMES = {"response": "response", "stimulus_id": "stimulus_id", "electrode": "electrode",
-                 "presentation": "presentation", "x_mm": "x_mm", "y_mm": "y_mm"}
+                 "presentation": "presentation", "x_mm": "x_mm", "y_mm": "y_mm", "x_um": "x_um", "y_um": "y_um"}
 NWB_DEFAULT_NAMES = {**DEFAULT_NAMES, "electrode": "electrode_id", "presentation": "presentations"}
+#: Largest disagreement (mm) between the distance of two electrodes in a recordings file and on the layout it is read
+#: with; more, and the file belongs to another array, frame scale or unit.
+POSITION_TOLERANCE_MM = 0.02
 
 
 @dataclass(frozen=True, eq=False)
@@ -243,14 +248,19 @@ class Recordings:
 
 
 def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None = None,
-                    stimulus_ids=None, images_source: str = "the image set") -> Recordings:
+                    stimulus_ids=None, images_source: str = "the image set",
+                    electrode_group: str | None = None) -> Recordings:
     """Read recordings from ``.nc`` or ``.nwb`` (see the module docstring for the layouts).
 
     names : stimsim field name → the lab's name (see :data:`FIELD_NAMES`).
-    layout : the array layout; without it the positions stored in the file (x_mm, y_mm) are used.
-        Every recorded electrode must be in the layout.
+    layout : the array layout; without it the positions stored in the file (x_mm, y_mm, or x_um, y_um) are
+        used, and refused when their spacing is implausible for mm (see :func:`check_spacing_mm`).
+        Every recorded electrode must be in the layout, and positions the file holds must agree with it
+        (distances within ``POSITION_TOLERANCE_MM``).
     stimulus_ids : the ids of the images the lab showed (e.g. of a stimulus set); every presented
         stimulus_id must be among them.
+    electrode_group : NWB only: the ``ElectrodeGroup`` (array) whose electrodes to read, needed when the file's
+        electrodes belong to more than one (each array is registered on its own).
     """
     path = Path(path)
     if not path.is_file():
@@ -265,9 +275,12 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
                                                                                    set(names))
     elif suffix == ".nwb":
         values, stimulus_id, electrode_ids, positions, attrs, where = _read_nwb(path, {**NWB_DEFAULT_NAMES, **names},
-                                                                                set(names))
+                                                                                set(names), electrode_group)
     else:
         raise FileFormatError(path, "recordings must be a NetCDF (.nc) or NWB (.nwb) file")
+    if electrode_group is not None and suffix != ".nwb":
+        raise ConfigError(f"{path}: electrode_group = {electrode_group!r} selects an NWB ElectrodeGroup; a NetCDF file "
+                          "holds one array")
     duplicates = sorted({i for i in electrode_ids if electrode_ids.count(i) > 1})
     if duplicates:
         raise FileFormatError(path, f"{where['electrode']}: electrode id(s) repeated: {_preview(duplicates)}")
@@ -275,14 +288,21 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
         if positions is None:
             raise ConfigError(f"{path}: the file has no electrode positions ({where['positions']}); "
                               "give the array layout (a Utah kind, .csv or .cmp)")
+        check_spacing_mm(positions, electrode_ids, path, where["positions"])
         layout = ArrayLayout(path.stem, tuple(electrode_ids), positions)
     else:
         missing = [i for i in electrode_ids if i not in layout.electrode_ids]
         if missing:
+            by_label = bool(layout.labels) and set(electrode_ids) <= set(layout.labels)
             raise DataError(f"{path}: {where['electrode']}: {len(missing)} recorded electrode(s) are not in the "
                             f"array layout {layout.name!r}: {_preview(missing)} (layout ids: "
-                            f"{_preview(layout.electrode_ids)})")
+                            f"{_preview(layout.electrode_ids)})"
+                            + ("; the recordings name the electrodes by the map's labels: read it with "
+                               "electrode_id=\"label\" ([recordings] layout_ids = \"label\" in a plan)"
+                               if by_label else ""))
         layout = layout.subset(electrode_ids)
+        if positions is not None:
+            _check_positions_match(path, where["positions"], positions, layout)
     data = xr.DataArray(values, dims=("presentation", "electrode"), name="response",
                         coords={"presentation": np.arange(len(values)),
                                 "stimulus_id": ("presentation", np.asarray(stimulus_id).astype(str)),
@@ -321,25 +341,28 @@ def _read_netcdf(path: Path, names: dict, mapped=frozenset()):
         if names["electrode"] not in dataset.coords:
             raise FileFormatError(path, f"no coordinate {names['electrode']!r} holding electrode ids")
         electrode_ids = [_id_text(v) for v in dataset[names["electrode"]].values]
-        positions = None
-        for field in ("x_mm", "y_mm"):
+        for field in ("x_mm", "y_mm", "x_um", "y_um"):
             if field in mapped and names[field] not in dataset:
                 raise FileFormatError(path, f"names: {field} = {names[field]!r}, but the file has no such variable; "
                                             f"variables and coordinates: {sorted(map(str, dataset.variables))}")
-        if names["x_mm"] in dataset and names["y_mm"] in dataset:
-            positions = np.column_stack([dataset[names["x_mm"]].values, dataset[names["y_mm"]].values]).astype(float)
+        position_names = _position_fields(path, names, set(map(str, dataset.variables)), mapped)
+        positions = None
+        if position_names is not None:
+            (x_name, y_name), to_mm = position_names
+            positions = np.column_stack([dataset[x_name].values, dataset[y_name].values]).astype(float) * to_mm
         attrs = {k: v for k, v in response.attrs.items() if isinstance(v, (str, int, float))}
         values = np.asarray(response.values, dtype=np.float64)
         stimulus_values = [_id_text(s) for s in stimulus_id.values]
     where = {"response": f"variable {names['response']!r}", "electrode": f"coordinate {names['electrode']!r}",
              "stimulus_id": f"coordinate {names['stimulus_id']!r}",
-             "positions": f"coordinates {names['x_mm']!r}, {names['y_mm']!r}"}
+             "positions": _positions_where("coordinates", names, position_names)}
     return values, stimulus_values, electrode_ids, positions, attrs, where
 
 
-def _read_nwb(path: Path, names: dict, mapped=frozenset()):
+def _read_nwb(path: Path, names: dict, mapped=frozenset(), electrode_group: str | None = None):
     """``mapped``: the fields the lab named; a named electrodes-table column must exist (without a name the ids fall
-    back to the ``label`` column, then the row ids)."""
+    back to the ``label`` column, then the row ids). ``electrode_group``: the array to read when the electrodes belong
+    to several ``ElectrodeGroup``s (refused without it)."""
     from hdmf.common import DynamicTable
     from pynwb import NWBHDF5IO
 
@@ -353,7 +376,7 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset()):
             raise FileFormatError(path, "the NWB file has no electrodes table")
         electrodes = nwbfile.electrodes
         columns = set(electrodes.colnames)
-        for field in ("electrode", "x_mm", "y_mm"):
+        for field in ("electrode", "x_mm", "y_mm", "x_um", "y_um"):
             if field in mapped and names[field] not in columns:
                 raise FileFormatError(path, f"names: {field} = {names[field]!r}, but the electrodes table has no such "
                                             f"column; columns: {list(electrodes.colnames)}")
@@ -367,10 +390,12 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset()):
         else:
             electrode_ids = [str(int(v)) for v in electrodes.id.data[:]]
             id_where = "electrodes table, row ids"
+        position_names = _position_fields(path, names, columns, mapped)
         positions = None
-        if names["x_mm"] in columns and names["y_mm"] in columns:
-            positions = np.column_stack([np.asarray(electrodes[names["x_mm"]].data[:], dtype=float),
-                                         np.asarray(electrodes[names["y_mm"]].data[:], dtype=float)])
+        if position_names is not None:
+            (x_name, y_name), to_mm = position_names
+            positions = np.column_stack([np.asarray(electrodes[x_name].data[:], dtype=float),
+                                         np.asarray(electrodes[y_name].data[:], dtype=float)]) * to_mm
         table_name = names["presentation"]
         candidates = [obj for obj in nwbfile.objects.values()
                       if isinstance(obj, DynamicTable) and obj.name == table_name]
@@ -403,10 +428,81 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset()):
                                             f"expected (presentations, {n_electrodes} electrodes of the "
                                             "electrodes table)")
         attrs = {"units_description": column.description}
+        group_names = [str(group.name) for group in electrodes["group"].data[:]]
+        counts = {name: group_names.count(name) for name in dict.fromkeys(group_names)}
+        if electrode_group is not None or len(counts) > 1:
+            listed = ", ".join(f"{name!r} ({n} electrodes)" for name, n in counts.items())
+            if electrode_group is None:
+                raise FileFormatError(path, f"electrodes table: electrodes of {len(counts)} arrays (ElectrodeGroups "
+                                            f"{listed}); a plan registers one array: choose it with electrode_group "
+                                            "([recordings] electrode_group in a plan)")
+            if electrode_group not in counts:
+                raise FileFormatError(path, f"electrodes table: no ElectrodeGroup {electrode_group!r}; groups: {listed}")
+            keep = [i for i, name in enumerate(group_names) if name == electrode_group]
+            electrode_ids = [electrode_ids[i] for i in keep]
+            values = values[:, keep]
+            positions = None if positions is None else positions[keep]
+            id_where += f" (ElectrodeGroup {electrode_group!r})"
     where = {"response": f"{where_table}, column {names['response']!r}", "electrode": id_where,
              "stimulus_id": f"{where_table}, column {names['stimulus_id']!r}",
-             "positions": f"electrodes table columns {names['x_mm']!r}, {names['y_mm']!r}"}
+             "positions": _positions_where("electrodes table columns", names, position_names)}
     return values, stimulus_id, electrode_ids, positions, attrs, where
+
+
+def _check_positions_match(path: Path, where: str, positions_mm: np.ndarray, layout: ArrayLayout) -> None:
+    """Refuse a file whose electrode positions contradict the layout it is read with (the same electrodes in the same
+    order): every pairwise distance must agree within :data:`POSITION_TOLERANCE_MM`, and the frames may differ by a
+    translation or rotation — not by a unit, another array or a mirror image."""
+    from scipy.spatial.distance import pdist, squareform
+
+    in_file, on_layout = squareform(pdist(positions_mm)), squareform(pdist(layout.positions_mm))
+    difference = np.abs(in_file - on_layout)
+    if difference.size and difference.max() > POSITION_TOLERANCE_MM:
+        a, b = np.unravel_index(int(np.argmax(difference)), difference.shape)
+        ids = layout.electrode_ids
+        raise DataError(f"{path}: {where}: the electrode positions in the file disagree with the array layout "
+                        f"{layout.name!r}: electrodes {ids[a]!r} and {ids[b]!r} are {in_file[a, b]:.4g} mm apart in "
+                        f"the file, {on_layout[a, b]:.4g} mm on the layout; give the layout the recordings were made "
+                        "with, or check the positions' unit (x_um, y_um for micrometres)")
+    # equal distances leave a rotation or a mirror image (Kabsch: the best proper rotation must match too)
+    a, b = positions_mm - positions_mm.mean(0), layout.positions_mm - layout.positions_mm.mean(0)
+    u, _, vt = np.linalg.svd(a.T @ b)
+    rotation = u @ np.diag([1.0, np.sign(np.linalg.det(u @ vt)) or 1.0]) @ vt
+    if np.abs(a @ rotation - b).max() > POSITION_TOLERANCE_MM:
+        raise DataError(f"{path}: {where}: the electrode positions in the file are the mirror image of the array layout "
+                        f"{layout.name!r} (e.g. rows counted from the top in one and from the bottom in the other); give "
+                        "the layout the recordings were made with")
+
+
+def _position_fields(path: Path, names: dict, available: set, mapped=frozenset()):
+    """The file's position fields — ``((x name, y name), factor to mm)`` — from x_mm, y_mm or x_um, y_um (by
+    ``names``), or None when the file has neither pair. Both pairs, or half of one the lab named, are refused."""
+    found = {unit: tuple(names[f] for f in fields) for unit, (fields, _) in POSITION_UNITS.items()
+             if all(names[f] in available for f in fields)}
+    for unit, (fields, _) in POSITION_UNITS.items():
+        if unit not in found and any(f in mapped for f in fields):
+            raise FileFormatError(path, f"names: {' and '.join(f for f in fields if f in mapped)} named, but the file "
+                                        f"has no {' / '.join(names[f] for f in fields if names[f] not in available)} "
+                                        f"for the other coordinate; name both {fields[0]} and {fields[1]}")
+    if len(found) > 1:
+        named = [unit for unit in found if any(f in mapped for f in POSITION_UNITS[unit][0])]
+        if len(named) != 1:
+            raise FileFormatError(path, f"positions in both mm ({', '.join(found['mm'])}) and µm "
+                                        f"({', '.join(found['um'])}); name the pair to read with names "
+                                        "(x_mm, y_mm or x_um, y_um)")
+        found = {named[0]: found[named[0]]}
+    if not found:
+        return None
+    unit, fields = next(iter(found.items()))
+    return fields, POSITION_UNITS[unit][1]
+
+
+def _positions_where(kind: str, names: dict, position_names) -> str:
+    """How error messages name the position fields: the ones read, else both pairs looked for."""
+    if position_names is None:
+        return f"{kind} {names['x_mm']!r}, {names['y_mm']!r} or {names['x_um']!r}, {names['y_um']!r}"
+    x_name, y_name = position_names[0]
+    return f"{kind} {x_name!r}, {y_name!r}"
 
 
 def _id_text(value) -> str:

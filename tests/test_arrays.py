@@ -77,6 +77,26 @@ def test_cmp_file_is_parsed_with_channels_positions_and_labels():
     np.testing.assert_allclose(by_label.position_of("elec1"), (0.4, -0.2))
 
 
+def test_cmp_labels_keep_their_spaces(tmp_path):
+    """A label is everything after the fourth field: Central labels such as 'elec 12' or 'Utah A 3' stay whole,
+    whether the fields are separated by tabs or by runs of spaces."""
+    path = tmp_path / "spaced.cmp"
+    path.write_text("// labels with spaces\nCerebus mapping for array 2x1\n"
+                    "0\t0\tA\t1\telec 12\n"
+                    "1   0  B  3   Utah A 3  \n")
+    layout = ArrayLayout.from_cmp(path)
+    assert layout.electrode_ids == ("1", "35")  # A1 → 1, B3 → 32 + 3
+    assert layout.labels == ("elec 12", "Utah A 3")
+    by_label = ArrayLayout.from_cmp(path, electrode_id="label")
+    assert by_label.electrode_ids == ("elec 12", "Utah A 3")
+    # 2 columns at 0.4 mm, centred: col 0 at -0.2, col 1 at +0.2
+    np.testing.assert_allclose(by_label.position_of("Utah A 3"), (0.2, 0.0))
+    # a spaced label on a line that should be the description is still recognised as an electrode line
+    path.write_text("0\t0\tA\t1\telec 12\n1\t0\tA\t2\telec 13\n")
+    with pytest.raises(FileFormatError, match="line 1: .* reads as an electrode line"):
+        ArrayLayout.from_cmp(path)
+
+
 def test_electrodes_in_array_order_whatever_order_a_file_lists_them():
     """The example map lists A1 (col 0, row 1), A3 (1, 1), B2 (2, 1), C17 (0, 0), A2 (1, 0), D32 (2, 0): by place, rows
     from the bottom then columns from the left, that is C17, A2, D32, A1, A3, B2 = channels 81, 2, 128, 1, 3, 34."""
@@ -117,12 +137,39 @@ def test_csv_layout_and_its_errors(tmp_path):
     with pytest.raises(FileFormatError, match="row 3, column x_mm"):
         ArrayLayout.from_csv(path)
     path.write_text("id,x,y\n1,0,0\n")
-    with pytest.raises(FileFormatError, match=r"missing column\(s\)"):
+    with pytest.raises(FileFormatError, match=r"missing column 'electrode_id'"):
         ArrayLayout.from_csv(path)
     with pytest.raises(ConfigError, match="no electrode '200'"):
         utah_array().subset(["1", "200"])
     with pytest.raises(ConfigError, match="unknown Utah array"):
         utah_array("6x6")
+
+
+def test_csv_layout_in_micrometres_and_positions_implausible_for_mm(tmp_path):
+    """x_um, y_um columns are micrometres (÷ 1000); micrometres written under x_mm, y_mm put a 400 µm pitch at
+    400 mm and are refused, naming the file, the columns and the µm option."""
+    path = tmp_path / "lab.csv"
+    rows = [("e1", 0, 0), ("e2", 400, 0), ("e3", 0, 400), ("e4", 400, 400)]
+    path.write_text("electrode_id,x_um,y_um\n" + "".join(f"{e},{x},{y}\n" for e, x, y in rows))
+    layout = load_layout(path)
+    np.testing.assert_allclose(layout.positions_mm, [[-0.2, -0.2], [0.2, -0.2], [-0.2, 0.2], [0.2, 0.2]])
+    np.testing.assert_allclose(_nearest_neighbour_mm(layout.positions_mm), 0.4)
+    path.write_text("electrode_id,x_mm,y_mm\n" + "".join(f"{e},{x},{y}\n" for e, x, y in rows))
+    with pytest.raises(FileFormatError, match=r"lab.csv: columns x_mm, y_mm: electrodes are 400 mm from their nearest "
+                                              r"neighbour \(median\), implausible .* in x_um, y_um"):
+        ArrayLayout.from_csv(path)
+    path.write_text("electrode_id,x_mm,y_mm\n" + "".join(f"{e},{x / 1e6},{y / 1e6}\n" for e, x, y in rows))
+    with pytest.raises(FileFormatError, match=r"lab.csv: columns x_mm, y_mm: electrodes are 0.0004 mm .* \(< 0.005 mm\)"):
+        ArrayLayout.from_csv(path)  # metres
+    path.write_text("electrode_id,x_mm,y_mm\ne1,0,0\ne2,0.4,0\ne3,0.4,0\n")
+    with pytest.raises(FileFormatError, match=r"lab.csv: columns x_mm, y_mm: electrodes 'e2' and 'e3' share the position"):
+        ArrayLayout.from_csv(path)
+    for header in ("electrode_id,x_mm,y_mm,x_um,y_um", "electrode_id,x_mm,y_um"):
+        path.write_text(header + "\ne1,0,0,0,0\n")
+        with pytest.raises(FileFormatError, match=r"lab.csv: position columns: give x_mm, y_mm .* or x_um, y_um"):
+            ArrayLayout.from_csv(path)
+    path.write_text("electrode_id,x_mm,y_mm\ne1,0,0\n")
+    assert len(ArrayLayout.from_csv(path)) == 1  # one electrode has no spacing to judge
 
 
 def test_anatomical_frame_from_electrode_one():

@@ -482,16 +482,18 @@ min_reliability = -1.0
 """
 
 
-def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e", repeats=2):
-    """A lab's plan: recordings (random responses, ``repeats`` repeats) of ``n_images`` LFW images on a 4×4 layout of
-    ``pitch_mm``; the plan's layout file names its electrodes ``layout_prefix`` 1..16."""
+def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e", repeats=2, columns=4):
+    """A lab's plan: recordings (random responses, ``repeats`` repeats) of ``n_images`` LFW images on a layout of 16
+    electrodes in ``columns`` columns at ``pitch_mm``; the plan's layout file names its electrodes ``layout_prefix``
+    1..16."""
     from stimsim.arrays import ArrayLayout
     from stimsim.data.stimuli import lfw_subset
     from stimsim.recordings import Recordings
 
     directory.mkdir(parents=True)
-    xs, ys = np.meshgrid(np.arange(4) * pitch_mm, np.arange(4) * pitch_mm)
-    positions = np.c_[xs.ravel(), ys.ravel()] - 1.5 * pitch_mm
+    xs, ys = np.meshgrid(np.arange(columns) * pitch_mm, np.arange(16 // columns) * pitch_mm)
+    positions = np.c_[xs.ravel(), ys.ravel()]
+    positions -= (positions.min(0) + positions.max(0)) / 2
     layout = ArrayLayout("lab", tuple(f"e{i + 1}" for i in range(16)), positions)
     ids = np.tile(lfw_subset().stimulus_id[:n_images], repeats)
     values = np.random.default_rng(0).poisson(20.0, (len(ids), 16)).astype(float)
@@ -511,13 +513,15 @@ def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e
     ("registration", r"plan.toml \[models\]: the recordings hold 8 images, fewer than the n_folds = 3 ridge folds need "
                      r"\(10: 2 per fold, and at least 10 for the registration\)"),
     ("fit", r"plan.toml \[recordings\] layout: array .* does not fit on the IT sheet"),
+    ("um_as_mm", r"layout.csv: columns x_mm, y_mm: electrodes are 400 mm from their nearest neighbour .* x_um, y_um"),
 ])
 def test_bad_lab_input_is_named_and_leaves_nothing(tmp_path, capsys, case, pattern, one_torch_thread):
     """The issue's bad input: a layout whose ids do not match the recordings, fewer images than the ridge folds
-    need, an array that fits the sheet at no pose (4 × 12 mm = 36 mm across; the sheet is 19.7 cortex mm)."""
+    need, an array that fits the sheet at no pose (a line of 16 electrodes 2 mm apart is 30 mm long; the sheet is
+    19.7 cortex mm square, 27.9 mm across its diagonal), a layout in µm written under x_mm, y_mm."""
     options = {"ids": {"layout_prefix": "x"}, "folds": {"n_images": 8, "n_folds": 10},
                "two_per_fold": {"n_images": 15, "n_folds": 10}, "registration": {"n_images": 8, "n_folds": 3},
-               "fit": {"pitch_mm": 12.0}}[case]
+               "fit": {"pitch_mm": 2.0, "columns": 16}, "um_as_mm": {"pitch_mm": 400.0}}[case]
     config = _lab_plan(tmp_path / "config", **options)
     out = tmp_path / "out"
     assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 2
@@ -531,11 +535,14 @@ def test_bad_lab_input_is_named_and_leaves_nothing(tmp_path, capsys, case, patte
     ("table", r"plan.toml \[recordings\] images: stimulus table not found: \S*images.csv"),
     ("unreadable", r"plan.toml \[recordings\] images: \S*broken.png: cannot decode image"),
     ("names", r"plan.toml \[recordings\] names: maps stimsim's fields .*; got \{'spikes': 'mua'\}"),
+    ("group", r"plan.toml \[recordings\] electrode_group: selects an ElectrodeGroup \(array\) of an NWB file; the "
+              r"recordings are recordings.nc"),
 ])
 @pytest.mark.parametrize("out_exists", [False, True])
 def test_bad_lab_files_are_named_with_the_plan_and_leave_nothing(tmp_path, capsys, case, pattern, out_exists):
-    """Missing or unreadable files a lab's plan names, and a name mapping of unknown fields: one error naming the plan
-    file and its field; --out is left as it was (absent, or empty when the lab made it beforehand)."""
+    """Missing or unreadable files a lab's plan names, a name mapping of unknown fields, an NWB electrode group for a
+    NetCDF file: one error naming the plan file and its field; --out is left as it was (absent, or empty when the lab
+    made it beforehand)."""
     config = _lab_plan(tmp_path / "config")
     text = config.read_text()
     if case == "recordings":
@@ -546,6 +553,8 @@ def test_bad_lab_files_are_named_with_the_plan_and_leave_nothing(tmp_path, capsy
         (tmp_path / "config" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot an image")
         (tmp_path / "config" / "images.csv").write_text("stimulus_id,path\nim1,broken.png\n")
         text = text.replace('images = [{ source = "lfw_subset" }]', 'images = [{ source = "table", path = "images.csv" }]')
+    elif case == "group":
+        text = text.replace('layout = "layout.csv"', 'layout = "layout.csv"\nelectrode_group = "aIT"')
     else:
         text = text.replace('layout = "layout.csv"', 'layout = "layout.csv"\nnames = { spikes = "mua" }')
     config.write_text(text)
@@ -629,7 +638,8 @@ def test_a_cmp_maps_labels_onto_the_recorded_electrodes_with_layout_ids_label(tm
     lines = [f"{k % 4}\t{k // 4}\tA\t{k + 1}\te{k + 1}" for k in range(16)]
     (tmp_path / "config" / "array.cmp").write_text("// map\nCerebus mapping for array 4x4\n" + "\n".join(lines) + "\n")
     config_path.write_text(config_path.read_text().replace('layout = "layout.csv"', 'layout = "array.cmp"'))
-    with pytest.raises(DataError, match=r"recordings.nc: coordinate 'electrode': 16 recorded electrode\(s\) are not in"):
+    with pytest.raises(DataError, match=r"recordings.nc: coordinate 'electrode': 16 recorded electrode\(s\) are not in .*"
+                                        r"the map's labels: .*\[recordings\] layout_ids = \"label\""):
         PlanInputs(load_plan_config(config_path), tmp_path / "out", progress=False)  # channel numbers 1..16
     config_path.write_text(config_path.read_text().replace('layout = "array.cmp"', 'layout = "array.cmp"\nlayout_ids = "label"'))
     inputs = PlanInputs(load_plan_config(config_path), tmp_path / "out", progress=False)

@@ -95,6 +95,20 @@ def test_ranking_reliability_by_hand_and_from_planted_variance_components():
     assert np.isnan(ranking_reliability(np.ones((5, 3))))  # no spread of site means: undefined
 
 
+def test_the_map_draws_every_electrode_of_the_layout_by_its_kind():
+    """Every layout electrode gets a kind, recorded or not: broken wins (a broken electrode may be absent from the
+    recordings too), then not recorded, then chosen, working, and recorded but not rehearsed (unreliable)."""
+    from stimsim.planning.report import ELECTRODE_ID_STYLES, electrode_kinds
+
+    kinds = electrode_kinds(array_ids=["1", "2", "3", "4", "5", "6", "7"], recorded=["1", "2", "3", "4", "5"],
+                            working=["1", "2", "3"], broken=["4", "6"], chosen=["1"])
+    assert kinds == {"1": "chosen", "2": "working", "3": "working", "4": "broken", "5": "not rehearsed",
+                     "6": "broken", "7": "not recorded"}
+    assert set(kinds.values()) <= set(ELECTRODE_ID_STYLES)
+    colours = {kind: style["color"] for kind, style in ELECTRODE_ID_STYLES.items()}
+    assert len(set(colours.values())) == len(colours)  # each kind's id reads apart from the others
+
+
 def test_unknown_broken_electrode_is_an_error():
     with pytest.raises(ConfigError, match=r"unknown electrode id\(s\) \['99'\]"):
         choose_sites(["1", "2"], np.zeros((2, 2)), np.zeros(2), SelectionSpec(broken_electrodes=("99",)))

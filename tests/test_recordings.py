@@ -67,8 +67,9 @@ def test_netcdf_round_trip_and_lab_names(tmp_path):
         load_recordings(tmp_path / "lab.nc", names=names)
 
 
-def _write_plain_nwb(path, values, stimulus_ids, channel_names, x_um, y_um, ragged=False):
-    """An NWB file as a lab would write it with pynwb alone, in its own names."""
+def _write_plain_nwb(path, values, stimulus_ids, channel_names, x_um, y_um, ragged=False, position_scale=1e-3):
+    """An NWB file as a lab would write it with pynwb alone, in its own names; positions are written as
+    µm × ``position_scale`` (mm by default)."""
     from pynwb import NWBHDF5IO, NWBFile
     from pynwb.epoch import TimeIntervals
 
@@ -80,7 +81,8 @@ def _write_plain_nwb(path, values, stimulus_ids, channel_names, x_um, y_um, ragg
     nwbfile.add_electrode_column(name="pos_x", description="x on array, mm")
     nwbfile.add_electrode_column(name="pos_y", description="y on array, mm")
     for name, x, y in zip(channel_names, x_um, y_um):
-        nwbfile.add_electrode(group=group, location="IT", channel_name=name, pos_x=x / 1000, pos_y=y / 1000)
+        nwbfile.add_electrode(group=group, location="IT", channel_name=name, pos_x=x * position_scale,
+                              pos_y=y * position_scale)
     table = TimeIntervals(name="image_presentations", description="RSVP")
     table.add_column(name="image_name", description="image")
     table.add_column(name="mua", description="MUA 70-170 ms", index=ragged)
@@ -108,6 +110,122 @@ def test_nwb_written_with_plain_pynwb_is_read_with_lab_names(tmp_path, ragged):
     np.testing.assert_allclose(read.layout.positions_mm[:, 0], np.array(x_um) / 1000)
     np.testing.assert_allclose(read.layout.positions_mm[:, 1], np.array(y_um) / 1000)
     np.testing.assert_allclose(read.per_image().values, recordings.per_image().values)
+
+
+def test_positions_in_micrometres_are_read_as_such_and_refused_as_mm(tmp_path):
+    """A lab's electrode positions in µm: mapped onto x_um, y_um they are converted to mm; mapped onto x_mm, y_mm they
+    would put a 0.4 mm pitch at 400 mm and are refused, naming the file and the columns. NetCDF coordinates x_um,
+    y_um are read without names."""
+    recordings, *_ = _planted()
+    path = tmp_path / "lab.nwb"
+    x_um = [0.0, 400.0, 800.0, 0.0, 400.0]
+    y_um = [0.0, 0.0, 0.0, 400.0, 400.0]
+    _write_plain_nwb(path, recordings.response.values, recordings.response.stimulus_id.values,
+                     ["e1", "e2", "e3", "e4", "e5"], x_um, y_um, position_scale=1.0)
+    names = {"presentation": "image_presentations", "response": "mua", "stimulus_id": "image_name",
+             "electrode": "channel_name"}
+    read = load_recordings(path, names={**names, "x_um": "pos_x", "y_um": "pos_y"})
+    np.testing.assert_allclose(read.layout.positions_mm, np.c_[x_um, y_um] / 1000)
+    with pytest.raises(FileFormatError, match=r"lab.nwb: electrodes table columns 'pos_x', 'pos_y': electrodes are "
+                                              r"400 mm from their nearest neighbour .* x_um, y_um"):
+        load_recordings(path, names={**names, "x_mm": "pos_x", "y_mm": "pos_y"})
+    with pytest.raises(FileFormatError, match=r"lab.nwb: names: x_um named, but the file has no y_um"):
+        load_recordings(path, names={**names, "x_um": "pos_x"})
+    um = recordings.response.to_dataset().assign_coords(x_um=("electrode", np.array(x_um)),
+                                                        y_um=("electrode", np.array(y_um)))
+    um.to_netcdf(tmp_path / "um.nc", engine="h5netcdf")
+    np.testing.assert_allclose(load_recordings(tmp_path / "um.nc").layout.positions_mm, np.c_[x_um, y_um] / 1000)
+    both = um.assign_coords(x_mm=("electrode", np.array(x_um) / 1000), y_mm=("electrode", np.array(y_um) / 1000))
+    both.to_netcdf(tmp_path / "both.nc", engine="h5netcdf")
+    with pytest.raises(FileFormatError, match=r"both.nc: positions in both mm \(x_mm, y_mm\) and µm \(x_um, y_um\)"):
+        load_recordings(tmp_path / "both.nc")
+    read = load_recordings(tmp_path / "both.nc", names={"x_mm": "x_mm", "y_mm": "y_mm"})
+    np.testing.assert_allclose(read.layout.positions_mm, np.c_[x_um, y_um] / 1000)
+
+
+def test_positions_in_the_file_must_agree_with_the_layout(tmp_path):
+    """With a layout, positions the file also holds must agree with it up to a move of the frame: ids 1-5 of the 8×8
+    grid lie on its bottom row (0.4 mm apart), so a file placing 4 and 5 on a second row names another array, and the
+    same grid in µm under x_mm is 1000 times too large."""
+    recordings, *_ = _planted()
+    layout = utah_array("8x8")
+    row_um = [[1000 * x + 5000, 1000 * y - 300] for x, y in layout.subset(["1", "2", "3", "4", "5"]).positions_mm]
+    names = {"presentation": "image_presentations", "response": "mua", "stimulus_id": "image_name",
+             "electrode": "channel_name"}
+    path = tmp_path / "lab.nwb"
+    _write_plain_nwb(path, recordings.response.values, recordings.response.stimulus_id.values,
+                     ["1", "2", "3", "4", "5"], *np.transpose(row_um), position_scale=1.0)
+    read = load_recordings(path, names={**names, "x_um": "pos_x", "y_um": "pos_y"}, layout=layout)
+    np.testing.assert_allclose(read.layout.positions_mm, layout.positions_mm[:5])  # the layout's frame is kept
+    with pytest.raises(DataError, match=r"lab.nwb: electrodes table columns 'pos_x', 'pos_y': the electrode positions "
+                                        r"in the file disagree with the array layout 'utah_8x8': electrodes '1' and "
+                                        r"'5' are 1600 mm apart in the file, 1.6 mm on the layout; .*\(x_um, y_um"):
+        load_recordings(path, names={**names, "x_mm": "pos_x", "y_mm": "pos_y"}, layout=layout)
+    other = [[0.0, 0.0], [400.0, 0.0], [800.0, 0.0], [0.0, 400.0], [400.0, 400.0]]
+    _write_plain_nwb(path, recordings.response.values, recordings.response.stimulus_id.values,
+                     ["1", "2", "3", "4", "5"], *np.transpose(other))
+    # the largest disagreement: 1 at (0, 0) and 5 at (0.4, 0.4) mm, √0.32 = 0.5657 mm apart, are 4 × 0.4 mm apart on
+    # the grid's bottom row (1 and 4: 0.4 against 1.2 mm, a smaller disagreement)
+    with pytest.raises(DataError, match=r"electrodes '1' and '5' are 0.5657 mm apart in the file, 1.6 mm on the layout"):
+        load_recordings(path, names={**names, "x_mm": "pos_x", "y_mm": "pos_y"}, layout=layout)
+
+
+def test_positions_that_mirror_the_layout_are_refused_and_rotated_ones_accepted(tmp_path):
+    """Electrodes 1, 2 (bottom row) and 9 (second row, first column) of the 8×8 grid: with rows counted from the top
+    the file's triangle is the layout's mirror image — every distance agrees, but no rotation maps one onto the other.
+    Turned by 90° and moved, the same positions are the layout's own."""
+    from stimsim.arrays import ArrayLayout
+
+    layout = utah_array("8x8")
+    ids = ["1", "2", "9"]
+    grid = layout.subset(ids).positions_mm
+    turned = grid @ np.array([[0.0, 1.0], [-1.0, 0.0]]) + [3.0, -2.0]
+    for name, positions in (("mirror", grid * [1.0, -1.0]), ("turned", turned)):
+        recordings, *_ = _planted(layout=ArrayLayout(name, ids, positions))
+        recordings.save_netcdf(tmp_path / f"{name}.nc")
+    assert load_recordings(tmp_path / "turned.nc", layout=layout).electrode_ids == tuple(ids)
+    with pytest.raises(DataError, match=r"mirror.nc: coordinates 'x_mm', 'y_mm': the electrode positions in the file "
+                                        r"are the mirror image of the array layout 'utah_8x8'"):
+        load_recordings(tmp_path / "mirror.nc", layout=layout)
+
+
+def test_an_nwb_file_of_two_arrays_is_read_one_array_at_a_time(tmp_path):
+    """Two ElectrodeGroups (arrays), each with positions in its own frame: merged they would be registered as one
+    rigid array, so the file is refused unless electrode_group names one; columns of the response follow the rows."""
+    from pynwb import NWBHDF5IO, NWBFile
+    from pynwb.epoch import TimeIntervals
+
+    nwbfile = NWBFile(session_description="two arrays", identifier="two",
+                      session_start_time=datetime(2024, 5, 1, 10, tzinfo=timezone.utc))
+    device = nwbfile.create_device(name="Utah", description="two Utah arrays")
+    groups = {name: nwbfile.create_electrode_group(name=name, description=name, location="IT", device=device)
+              for name in ("pIT", "aIT")}
+    nwbfile.add_electrode_column(name="electrode_id", description="id")
+    nwbfile.add_electrode_column(name="x_mm", description="x on its array, mm")
+    nwbfile.add_electrode_column(name="y_mm", description="y on its array, mm")
+    rows = [("pIT", "p1", 0.0), ("aIT", "a1", 0.0), ("pIT", "p2", 0.4), ("aIT", "a2", 0.4), ("aIT", "a3", 0.8)]
+    for group, electrode_id, x in rows:
+        nwbfile.add_electrode(group=groups[group], location="IT", electrode_id=electrode_id, x_mm=x, y_mm=0.0)
+    table = TimeIntervals(name="presentations", description="RSVP")
+    table.add_column(name="stimulus_id", description="image")
+    table.add_column(name="response", description="MUA")
+    values = np.arange(4 * 5, dtype=float).reshape(4, 5)  # column j = row j of the electrodes table
+    for i, (image, row) in enumerate(zip(["a", "b", "a", "b"], values)):
+        table.add_row(start_time=float(i), stop_time=i + 0.5, stimulus_id=image, response=row)
+    nwbfile.add_time_intervals(table)
+    path = tmp_path / "two.nwb"
+    with NWBHDF5IO(str(path), "w") as io:
+        io.write(nwbfile)
+    with pytest.raises(FileFormatError, match=r"two.nwb: electrodes table: electrodes of 2 arrays \(ElectrodeGroups "
+                                              r"'pIT' \(2 electrodes\), 'aIT' \(3 electrodes\)\); .* electrode_group"):
+        load_recordings(path)
+    anterior = load_recordings(path, electrode_group="aIT")
+    assert anterior.electrode_ids == ("a1", "a2", "a3")
+    np.testing.assert_allclose(anterior.response.values, values[:, [1, 3, 4]])
+    np.testing.assert_allclose(anterior.layout.positions_mm, [[0.0, 0.0], [0.4, 0.0], [0.8, 0.0]])
+    assert load_recordings(path, electrode_group="pIT").electrode_ids == ("p1", "p2")
+    with pytest.raises(FileFormatError, match=r"no ElectrodeGroup 'cIT'; groups: 'pIT' \(2 electrodes\)"):
+        load_recordings(path, electrode_group="cIT")
 
 
 def test_names_of_fields_missing_from_the_file_are_errors(tmp_path):

@@ -104,7 +104,8 @@ def test_bad_subject_configurations_name_file_and_field(model, tmp_path):
     with pytest.raises(ConfigError, match=r"\[array\] pose: electrode\(s\) .* fall off the IT sheet"):
         VirtualSubject.create(_config(pose={"x_mm": 0.5, "y_mm": 5.0}), model=model)
     big = tmp_path / "big.csv"
-    big.write_text("electrode_id,x_mm,y_mm\na,0,0\nb,30,0\n")  # 30 cortex mm: longer than the 19.7 mm sheet's diagonal (27.9 mm)
+    # 16 electrodes 2 mm apart in a line, 30 cortex mm: longer than the 19.7 mm sheet's diagonal (27.9 mm)
+    big.write_text("electrode_id,x_mm,y_mm\n" + "".join(f"e{i},{2 * i},0\n" for i in range(16)))
     config = _config()
     config["array"]["layout"] = str(big)
     with pytest.raises(ConfigError, match="does not fit on the IT sheet"):

@@ -7,10 +7,12 @@ Blackrock map (column 0 on the left, row 0 at the bottom).
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.spatial import cKDTree
 
 from stimsim.arrays.pose import ArrayPose
 from stimsim.errors import ConfigError, FileFormatError
@@ -22,6 +24,12 @@ UTAH_GRIDS = {"10x10": (10, True), "8x8": (8, False)}
 #: Blackrock banks of 32 channels each, in channel order.
 CMP_BANKS = "ABCD"
 CMP_CHANNELS_PER_BANK = 32
+#: Position columns of a layout CSV (and position fields of a recordings file) by unit, with the factor to mm.
+POSITION_UNITS = {"mm": (("x_mm", "y_mm"), 1.0), "um": (("x_um", "y_um"), 1e-3)}
+#: Median nearest-neighbour spacing (mm) a layout can plausibly have: Utah arrays 0.4 mm, floating microelectrode
+#: arrays 0.4–0.8 mm, dense shanks 0.02 mm. Above the upper bound positions are almost surely in µm read as mm,
+#: below the lower one in m.
+PLAUSIBLE_SPACING_MM = (0.005, 5.0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,19 +136,25 @@ class ArrayLayout:
     # --- files ----------------------------------------------------------------------------
     @classmethod
     def from_csv(cls, path, name: str | None = None) -> "ArrayLayout":
-        """Read a layout from a CSV with columns ``electrode_id, x_mm, y_mm`` (one row per
-        electrode, positions in any frame: they are centred on the bounding box's midpoint). Read
-        row by row with the csv module, so that every problem names its row."""
+        """Read a layout from a CSV with columns ``electrode_id, x_mm, y_mm`` — or ``electrode_id, x_um, y_um``
+        for positions in micrometres (converted to mm) — one row per electrode, positions in any frame (they are
+        centred on the bounding box's midpoint). Read row by row with the csv module, so that every problem names
+        its row; a layout whose electrodes sit implausibly far apart for mm (or on top of each other) is refused,
+        see :func:`check_spacing_mm`."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"array layout file not found: {path}")
         with open(path, newline="", encoding="utf-8-sig") as handle:
             reader = csv.DictReader(handle)
             columns = reader.fieldnames or []
-            missing = [c for c in ("electrode_id", "x_mm", "y_mm") if c not in columns]
-            if missing:
-                raise FileFormatError(path, f"missing column(s) {missing}; an array layout CSV needs "
-                                            f"electrode_id, x_mm, y_mm (found {columns})")
+            if "electrode_id" not in columns:
+                raise FileFormatError(path, f"missing column 'electrode_id'; an array layout CSV needs electrode_id "
+                                            f"and x_mm, y_mm (or x_um, y_um) (found {columns})")
+            units = [unit for unit, (pair, _) in POSITION_UNITS.items() if any(c in columns for c in pair)]
+            if len(units) != 1 or not all(c in columns for c in POSITION_UNITS[units[0]][0]):
+                raise FileFormatError(path, f"position columns: give x_mm, y_mm (millimetres) or x_um, y_um "
+                                            f"(micrometres), one pair (found {columns})")
+            position_columns, to_mm = POSITION_UNITS[units[0]]
             ids, positions = [], []
             for row_number, row in enumerate(reader, start=2):
                 electrode_id = (row["electrode_id"] or "").strip()
@@ -150,7 +164,7 @@ class ArrayLayout:
                     raise FileFormatError(path, f"row {row_number}, column electrode_id: {electrode_id!r} "
                                                 f"repeats row {ids.index(electrode_id) + 2}")
                 xy = []
-                for column in ("x_mm", "y_mm"):
+                for column in position_columns:
                     try:
                         value = float(row[column])
                     except (TypeError, ValueError):
@@ -158,11 +172,12 @@ class ArrayLayout:
                                                     "is not a number") from None
                     if not np.isfinite(value):
                         raise FileFormatError(path, f"row {row_number}, column {column}: must be finite")
-                    xy.append(value)
+                    xy.append(value * to_mm)
                 ids.append(electrode_id)
                 positions.append(xy)
         if not ids:
             raise FileFormatError(path, "no electrode rows")
+        check_spacing_mm(np.asarray(positions), ids, path, f"columns {position_columns[0]}, {position_columns[1]}")
         return cls.from_positions(name or path.stem, ids, np.asarray(positions))
 
     @classmethod
@@ -174,7 +189,8 @@ class ArrayLayout:
         description (e.g. ``Cerebus mapping for array ... SN ...``); every further line is
         ``col row bank elec [label]`` separated by tabs or spaces — col 0-based from left to right,
         row 0-based from bottom to top, bank A–D, elec 1–32 within the bank, label optional
-        (e.g. ``elec12``). Position = (col, row) × ``pitch_mm``, centred.
+        (e.g. ``elec12``; everything after the fourth field, so a label may hold spaces: ``elec 12``,
+        ``Utah A 12``). Position = (col, row) × ``pitch_mm``, centred.
 
         electrode_id : ``"channel"`` — the Cerebus channel number (bank index × 32 + elec, as the
             recording system numbers channels) — or ``"label"`` — the label column.
@@ -199,7 +215,7 @@ class ArrayLayout:
                                                 "add the description line (e.g. 'Cerebus mapping for array …') above it")
                 description = text
                 continue
-            fields = text.split()
+            fields = _cmp_fields(text)
             if len(fields) < 4:
                 raise FileFormatError(path, f"line {line_number}: expected 'col row bank elec [label]', got {text!r}")
             try:
@@ -240,10 +256,41 @@ class ArrayLayout:
                                   labels if all(labels) else ())
 
 
+def check_spacing_mm(positions_mm, electrode_ids, path, where: str) -> None:
+    """Refuse electrode positions read from ``path`` (``where``: its columns) as mm when their median
+    nearest-neighbour spacing lies outside :data:`PLAUSIBLE_SPACING_MM` — µm read as mm puts a 0.4 mm Utah pitch at
+    400 mm — or when two electrodes share one position. One electrode has no spacing to check."""
+    positions = np.asarray(positions_mm, dtype=np.float64)
+    if len(positions) < 2:
+        return
+    tree = cKDTree(positions)
+    shared = sorted(tree.query_pairs(0.0))
+    if shared:
+        i, j = shared[0]
+        raise FileFormatError(path, f"{where}: electrodes {electrode_ids[i]!r} and {electrode_ids[j]!r} "
+                                    f"share the position {tuple(float(v) for v in positions[i])} mm")
+    spacing = float(np.median(tree.query(positions, k=2)[0][:, 1]))
+    low, high = PLAUSIBLE_SPACING_MM
+    if spacing > high:
+        raise FileFormatError(path, f"{where}: electrodes are {spacing:g} mm from their nearest neighbour (median), "
+                                    f"implausible for an array in mm (> {high:g} mm); positions in micrometres go "
+                                    "in x_um, y_um")
+    if spacing < low:
+        raise FileFormatError(path, f"{where}: electrodes are {spacing:g} mm from their nearest neighbour (median), "
+                                    f"implausible for an array in mm (< {low:g} mm); give positions in mm "
+                                    "(x_mm, y_mm) or micrometres (x_um, y_um)")
+
+
+def _cmp_fields(text: str) -> list:
+    """A .cmp electrode line's fields: col, row, bank, elec and, when there is one, the label — the rest of the
+    line, spaces inside it kept (``0 1 A 1 elec 6`` → label ``elec 6``)."""
+    return re.split(r"\s+", text.strip(), maxsplit=4)
+
+
 def _reads_as_electrode_line(text: str) -> bool:
     """Whether a .cmp line has the form ``col row bank elec [label]`` (integers, a bank letter, an integer)."""
-    fields = text.split()
-    return (len(fields) in (4, 5) and fields[0].isdigit() and fields[1].isdigit()
+    fields = _cmp_fields(text)
+    return (len(fields) >= 4 and fields[0].isdigit() and fields[1].isdigit()
             and fields[2].upper() in CMP_BANKS and fields[3].isdigit())
 
 

@@ -9,7 +9,8 @@ top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehr
                 directory: plan on its recordings (truth is read only to validate)
 [recordings]    instead of [subject]: path (.nc / .nwb), images (list of stimulus-set tables, as in
                 experiment files), layout ("10x10", "8x8", .csv or .cmp), layout_ids ("channel": a .cmp's
-                Cerebus channel numbers, or "label": its label column), names (stimsim name → lab name)
+                Cerebus channel numbers, or "label": its label column), names (stimsim name → lab name),
+                electrode_group (an NWB file's ElectrodeGroup to plan on, when it holds several arrays)
 [array]         broken_electrodes, min_reliability (split-half; below it an electrode is not working),
                 anatomical = {ap_mm, ml_mm, rotation_deg, hemisphere, reference} (optional)
 [registration]  n_boot, allow_scale
@@ -172,6 +173,7 @@ def load_plan_config(path) -> PlanConfig:
             "layout": section.get("layout", str, "10x10"),
             "layout_ids": section.get("layout_ids", str, "channel", choices=("channel", "label")),
             "names": section.get("names", dict, {}),
+            "electrode_group": section.get("electrode_group", str, None),
         }
         section.finish()
         if not Path(recordings["path"]).is_file():
@@ -181,6 +183,9 @@ def load_plan_config(path) -> PlanConfig:
             recordings["layout"] = str((path.parent / layout_spec).resolve())
             if not Path(recordings["layout"]).is_file():
                 raise ConfigError(f"{where} [recordings] layout: file {recordings['layout']} not found")
+        if recordings["electrode_group"] is not None and not recordings["path"].lower().endswith(".nwb"):
+            raise ConfigError(f"{where} [recordings] electrode_group: selects an ElectrodeGroup (array) of an NWB file; "
+                              f"the recordings are {Path(recordings['path']).name}")
         if recordings["layout_ids"] == "label" and not recordings["layout"].lower().endswith(".cmp"):
             raise ConfigError(f"{where} [recordings] layout_ids: \"label\" takes the ids from a .cmp map's label column; "
                               f"the layout is {layout_spec!r}")

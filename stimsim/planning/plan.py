@@ -146,7 +146,8 @@ class PlanInputs:
             self.images = build_stimuli(config.recordings["images"], str(config.path), "[recordings] images")
             recordings = load_recordings(config.recordings["path"], names=config.recordings["names"] or None,
                                          layout=layout, stimulus_ids=self.images.stimulus_id,
-                                         images_source=f"the images of {config.path} [recordings] images")
+                                         images_source=f"the images of {config.path} [recordings] images",
+                                         electrode_group=config.recordings["electrode_group"])
         self.recordings = recordings
         self.layout = recordings.layout
         self.array_layout = layout  # every electrode of the array, recorded or not (the anatomical reference)

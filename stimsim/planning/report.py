@@ -41,9 +41,31 @@ def map_labels(ids) -> tuple[str, list]:
     return prefix, [str(i)[len(prefix):] for i in ids]
 
 
-def sheet_figure(model, images, mapping, chosen_model, plan, working) -> bytes:
+#: How the enlarged map writes each kind of electrode's id (see :func:`electrode_kinds`).
+ELECTRODE_ID_STYLES = {
+    "chosen": {"color": "darkgreen", "fontweight": "bold"},
+    "working": {"color": "k"},
+    "not rehearsed": {"color": "0.45"},
+    "not recorded": {"color": "0.55", "fontstyle": "italic"},
+    "broken": {"color": "firebrick"},
+}
+
+
+def electrode_kinds(array_ids, recorded, working, broken, chosen) -> dict:
+    """Electrode id → how the map draws it: ``"broken"`` (listed broken, recorded or not), ``"not recorded"`` (in the
+    layout, absent from the recordings), ``"chosen"`` (a plan site), ``"working"`` (rehearsed) or ``"not rehearsed"``
+    (recorded, but its split-half reliability is under the threshold)."""
+    recorded, working, broken, chosen = set(recorded), set(working), set(broken), set(chosen)
+    return {e: ("broken" if e in broken else "not recorded" if e not in recorded else "chosen" if e in chosen
+                else "working" if e in working else "not rehearsed") for e in map(str, array_ids)}
+
+
+def sheet_figure(model, images, mapping, chosen_model, plan, working, array_layout, broken) -> bytes:
     """The chosen model's IT sheet with the registered array (left) and the array region enlarged with every
-    electrode's id (right): working electrodes in black, chosen sites in bold green, the rest in grey."""
+    electrode's id (right): every electrode of ``array_layout`` at the fitted pose, recorded ones in black rings,
+    those without recordings in grey dotted rings, ``broken`` ones in red, chosen sites in green (see
+    :func:`electrode_kinds` and :data:`ELECTRODE_ID_STYLES`), with a legend."""
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Rectangle
     from matplotlib.patheffects import withStroke
 
@@ -53,48 +75,64 @@ def sheet_figure(model, images, mapping, chosen_model, plan, working) -> bytes:
     coords = model.sheet(IT).coordinates_mm
     values = _face_dprime(model, images)
     registration = mapping["registrations"][chosen_model]
-    sites = registration["electrode_sites_mm"]
-    ids = list(sites)
-    points = np.array([sites[e] for e in ids])
+    pose = ArrayPose.from_dict(registration["pose"])
+    ids = list(array_layout.electrode_ids)
+    points = array_layout.on_sheet(pose)
     chosen = set(plan["choice"]["chosen"].tolist())
-    chosen_ids = {working[i] for i in chosen}
+    kinds = electrode_kinds(ids, registration["electrode_sites_mm"], working, broken, {working[i] for i in chosen})
     low, high = points.min(0), points.max(0)
     centre = (low + high) / 2
     half = (high - low).max() / 2 * (1 + 2 * ZOOM_MARGIN_FRACTION) + ZOOM_MARGIN_MM
     low, high = centre - half, centre + half
     fig, (whole, zoom) = plt.subplots(1, 2, figsize=(11.0, 5.0), gridspec_kw={"width_ratios": [1, 1]})
+    recorded = set(registration["electrode_sites_mm"])
+    # ring colour: broken red, recorded black, without recordings grey; dotted without recordings (broken or not)
+    ring_of = [("firebrick" if kinds[e] == "broken" else "k" if e in recorded else "0.6",
+                "solid" if e in recorded else "dotted") for e in ids]
     for ax, unit_size, ring_size in ((whole, 5, 12), (zoom, 40, 160)):
         if values is not None:
             colours = ax.scatter(coords[:, 0], coords[:, 1], c=values, cmap="RdBu_r", vmin=-3, vmax=3, s=unit_size,
                                  linewidths=0)
         else:
             ax.scatter(coords[:, 0], coords[:, 1], c="0.8", s=unit_size, linewidths=0)
-        ax.scatter(points[:, 0], points[:, 1], s=ring_size, facecolors="none", edgecolors="k", linewidths=0.6)
+        for colour, linestyle in sorted(set(ring_of)):
+            rows = [k for k, ring in enumerate(ring_of) if ring == (colour, linestyle)]
+            ax.scatter(points[rows, 0], points[rows, 1], s=ring_size, facecolors="none", edgecolors=colour,
+                       linewidths=1.2 if colour == "firebrick" else 0.6, linestyles=linestyle)
         if chosen:
             picked = plan["cortex_xy"][sorted(chosen)]
             ax.scatter(picked[:, 0], picked[:, 1], s=2.5 * ring_size, facecolors="none", edgecolors="limegreen",
-                       linewidths=1.6, label="chosen sites")
+                       linewidths=1.6)
         ax.set_aspect("equal")
         ax.set_xlabel("sheet x (cortex mm)")
     whole.add_patch(Rectangle(low, *(high - low), fill=False, edgecolor="0.2", linestyle="--", linewidth=0.8))
     whole.set_ylabel("sheet y (cortex mm)")
-    if chosen:
-        whole.legend(loc="upper right", fontsize=8)
     halo = [withStroke(linewidth=2.2, foreground="white")]
-    working_ids = set(working)
     prefix, labels = map_labels(ids)
     fontsize = 7 * min(1.0, 3 / max(len(label) for label in labels))  # 7 pt fits 3 characters in a ring
     for electrode, label, (x, y) in zip(ids, labels, points):
-        style = ({"color": "darkgreen", "fontweight": "bold"} if electrode in chosen_ids
-                 else {"color": "k"} if electrode in working_ids else {"color": "0.45"})
-        zoom.text(x, y, label, fontsize=fontsize, ha="center", va="center", path_effects=halo, **style)
+        zoom.text(x, y, label, fontsize=fontsize, ha="center", va="center", path_effects=halo,
+                  **ELECTRODE_ID_STYLES[kinds[electrode]])
     zoom.set_xlim(low[0], high[0])
     zoom.set_ylim(low[1], high[1])
-    pose = ArrayPose.from_dict(registration["pose"])
+
+    def ring_handle(colour, width=0.8, size=8):
+        return Line2D([], [], marker="o", linestyle="none", markerfacecolor="none", markeredgecolor=colour,
+                      markeredgewidth=width, markersize=size, fillstyle="none")
+
+    legend = [(ring_handle("k"), "recorded (id black: rehearsed; grey: not)")]
+    if len(recorded) < len(ids):
+        legend.append((ring_handle("0.6"), "in the layout, not recorded (dotted; grey italic id)"))
+    if "broken" in kinds.values():
+        legend.append((ring_handle("firebrick", 1.5), "broken (red id)"))
+    if chosen:
+        legend.append((ring_handle("limegreen", 1.8, 11), "chosen site (bold green id)"))
+    fig.legend(*zip(*legend), loc="lower center", ncol=len(legend), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, -0.02))
     whole.set_title(f"{chosen_model} IT sheet\narray at x = {pose.x_mm:.2f} mm, y = {pose.y_mm:.2f} mm, "
                     f"{pose.rotation_deg:.1f}°", fontsize=9)
-    zoom.set_title(f"dashed box enlarged\nids of all {len(ids)} electrodes"
-                   + (f" (without their prefix '{prefix}')" if prefix else ""), fontsize=9)
+    zoom.set_title(f"dashed box enlarged: all {len(ids)} electrodes, {len(recorded)} recorded"
+                   + (f"\nids without their prefix '{prefix}'" if prefix else ""), fontsize=9)
     if values is not None:
         fig.colorbar(colours, ax=[whole, zoom], shrink=0.8, label="face d′ (unit)")
     return figure_png(fig)
@@ -212,8 +250,9 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
     noise_sizes = "" if sequence_task else ", ".join(
         f"{px} px" for px in sorted(set(summary["face_task_images"]["noise_at_input_size_px"].values())))
     overview = [Paragraph(
-        f"{n_chosen} site(s) chosen out of {len(working)} working electrodes ({len(inputs.layout.electrode_ids)} on the "
-        f"array). Stimulation: {config.stimulation['current_uA']:g} µA, {config.stimulation['frequency_Hz']:g} Hz, "
+        f"{n_chosen} site(s) chosen out of {len(working)} working electrodes ({len(inputs.layout)} recorded of "
+        f"{len(inputs.array_layout)} on the array). Stimulation: {config.stimulation['current_uA']:g} µA, "
+        f"{config.stimulation['frequency_Hz']:g} Hz, "
         f"{config.stimulation['pulse_width_ms']:g} ms per phase ({config.stimulation['waveform']}); safety: "
         f"{'passed' if summary['safety']['passed'] else 'OVERRIDDEN — ' + str(summary['safety']['override_reason'])} "
         f"(Shannon k = {summary['safety']['shannon_k']:.2f}, limit {config.safety.max_shannon_k:g}). "
@@ -225,13 +264,15 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
            f"test images at {len(config.face_task.signal_percent)} visual-signal levels, the noise added after each "
            f"image is resized to the model's input, {noise_sizes}); the effect is the change of P(face) with "
            "stimulation (chance 0).")),
-        Image(sheet_figure(models[chosen_model], inputs.images, mapping, chosen_model, plan, working),
+        Image(sheet_figure(models[chosen_model], inputs.images, mapping, chosen_model, plan, working,
+                           inputs.array_layout, config.selection.broken_electrodes),
               caption="Left: the chosen model's IT sheet coloured by face selectivity (unit d′, faces vs other images "
-                      "of the mapping set), the registered array's mapped electrode points (black circles) and the "
-                      "chosen sites (green rings). Right: the dashed box enlarged, every electrode of the array "
+                      "of the mapping set), every electrode of the array at the registered pose — recorded ones in "
+                      "black circles, those of the layout without recordings in grey dotted circles, broken ones in "
+                      "red — and the chosen sites (green rings). Right: the dashed box enlarged, every electrode "
                       "labelled with its id: chosen sites in bold green, the other working electrodes in black, "
-                      f"electrodes not rehearsed (broken, or split-half reliability under {config.min_reliability:g}) "
-                      "in grey.")]
+                      f"recorded electrodes not rehearsed (split-half reliability under {config.min_reliability:g}) "
+                      "in grey, electrodes without recordings in grey italics, broken ones in red.")]
     if summary.get("sequence_warning"):
         overview.append(Paragraph(f"Warning: {summary['sequence_warning']}."))
     if sequence_task:
