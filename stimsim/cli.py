@@ -13,7 +13,7 @@ from stimsim.data.manifest import MIRROR_DIR_ENV
 from stimsim.devices import add_device_argument
 from stimsim.distributed import add_compute_arguments
 from stimsim.errors import ConfigError, StimsimError
-from stimsim.io import check_output_dir
+from stimsim.io import check_output_dir, check_output_file
 from stimsim.jsonable import json_ready
 from stimsim.progress import report_phase
 
@@ -132,6 +132,7 @@ def _cmd_plan(args) -> int:
 def _cmd_subject_session(args) -> int:
     from stimsim.planning.session import session_from_plan, write_session_csv, write_session_nwb
 
+    _check_at_least("--trials-per-site", args.trials_per_site, 2)
     trials = session_from_plan(args.plan_dir, args.trials_per_site, seed=args.seed, session_id=args.session_id,
                                sites=args.sites)
     subject_id, session_id = trials["subject_id"].iloc[0], trials["session_id"].iloc[0]
@@ -139,8 +140,6 @@ def _cmd_subject_session(args) -> int:
         write_session_nwb(trials, args.out, subject_id=subject_id, session_id=session_id)
     if args.csv:
         write_session_csv(trials, args.csv)
-    if not args.out and not args.csv:
-        raise ConfigError("stimsim subject session: give --out FILE.nwb and/or --csv FILE.csv")
     files = [str(p) for p in (args.out, args.csv) if p]
     print(json.dumps({"subject_id": str(subject_id), "session_id": str(session_id), "n_trials": int(len(trials)),
                       "n_sites": int(trials["electrode"].nunique()), "files": files}, indent=2))
@@ -178,6 +177,9 @@ def _cmd_analyze(args) -> int:
     from stimsim.analysis.analyze import run_analysis
     from stimsim.analysis.sessions import column_mapping
 
+    _check_at_least("--boot", args.boot, 2)
+    _check_at_least("--perm", args.perm, 1)
+    _check_at_least("--splits", args.splits, 1)
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
                             layout=args.layout, n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed,
                             force=args.force)
@@ -194,6 +196,13 @@ def _cmd_analyze(args) -> int:
 def _cmd_power(args) -> int:
     from stimsim.analysis.power import run_power
 
+    for option, value in (("--power", args.power), ("--alpha", args.alpha)):
+        if not 0 < value < 1:
+            raise ConfigError(f"{option} must lie strictly between 0 and 1, got {value:g}")
+    _check_at_least("--sessions", args.sessions, 10)
+    repeated = sorted({count for count in args.trials if args.trials.count(count) > 1})
+    if repeated:
+        raise ConfigError(f"--trials lists {', '.join(map(str, repeated))} more than once; give each trial count once")
     out = args.out or str(Path(args.plan) / "power")
     summary = run_power(args.plan, out, target_power=args.power, alpha=args.alpha, trial_counts=args.trials,
                         n_sessions=args.sessions, seed=args.seed, force=args.force)
@@ -207,6 +216,12 @@ def _cmd_power(args) -> int:
                  f"(median) {summary['median_site_trials_needed'] or most} ({summary['n_sites_detectable']} of "
                  f"{summary['n_sites']} sites reach it); table, curve and report in {out}")
     return 0
+
+
+def _check_at_least(option: str, value: int, minimum: int) -> None:
+    """A numeric command-line option below its minimum is an error naming the option."""
+    if value < minimum:
+        raise ConfigError(f"{option} must be at least {minimum}, got {value}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -356,7 +371,16 @@ def _add_threads(command) -> None:
 def _apply_common_options(args) -> None:
     """--out, --mirror and --threads: checked and put into effect before the command runs."""
     out = getattr(args, "out", None)
-    if out is not None:
+    if getattr(args, "handler", None) is _cmd_subject_session:  # its --out and --csv are files
+        if not out and not args.csv:
+            raise ConfigError("stimsim subject session: give --out FILE.nwb and/or --csv FILE.csv")
+        for option, path in (("--out", out), ("--csv", args.csv)):
+            if path is not None:
+                try:
+                    check_output_file(path)
+                except ConfigError as exc:
+                    raise ConfigError(f"{option}: {exc}") from None
+    elif out is not None:
         if not out.strip():
             raise ConfigError("--out is empty; give a directory path")
         check_output_dir(out)

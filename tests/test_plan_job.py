@@ -291,6 +291,30 @@ def test_unknown_broken_electrode_names_the_file(tmp_path):
         run_plan(config, tmp_path / "out", progress=False)
 
 
+def test_an_unknown_candidate_model_names_the_file_and_field(tmp_path):
+    config = _write_plan(tmp_path / "config")
+    config.write_text(config.read_text().replace('candidates = ["stimsim-topo-s0"]', 'candidates = ["no-such-model"]'))
+    with pytest.raises(ConfigError, match=r"plan.toml \[models\] candidates: unknown model 'no-such-model'"):
+        run_plan(config, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_dir, tmp_path, capsys):
+    _, out = plan_dir
+    csv = tmp_path / "session.csv"
+    for argv, message in ((["--out", str(tmp_path)], "--out: output file"),
+                          (["--csv", str(tmp_path / "f" / "s.csv")], "--csv: output directory"),
+                          (["--trials-per-site", "1", "--csv", str(csv)], "--trials-per-site must be at least 2"),
+                          ([], "give --out FILE.nwb and/or --csv FILE.csv")):
+        (tmp_path / "f").write_text("x")  # a file where a folder would have to be
+        assert main(["subject", "session", str(out), *argv]) == 2
+        assert message in capsys.readouterr().err and not csv.exists()
+    for seed in ("0", "1"):  # the same command again replaces its files
+        assert main(["subject", "session", str(out), "--trials-per-site", "14", "--csv", str(csv),
+                     "--seed", seed]) == 0
+        assert pd.read_csv(csv)["session_id"].iloc[0] == f"session-seed{seed}"
+
+
 def test_subject_session_from_the_plan(plan_dir, tmp_path, capsys):
     from stimsim.analysis.sessions import load_sessions
 

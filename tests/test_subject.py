@@ -119,6 +119,17 @@ def test_bad_subject_configurations_name_file_and_field(model, tmp_path):
         VirtualSubject.create(config, model=model)
 
 
+def test_an_unknown_subject_model_names_the_file_and_field(tmp_path, capsys):
+    from stimsim.cli import main
+
+    config = tmp_path / "subject.toml"
+    config.write_text('[subject]\nmodel = "no-such-model"\nseed = 1\n[array]\nlayout = "10x10"\n')
+    assert main(["subject", "make", str(config), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"stimsim: error: {config} [subject]: 'model': unknown model 'no-such-model'")
+    assert not (tmp_path / "out").exists()
+
+
 def test_subject_make_writes_both_formats_and_the_truth(tmp_path, one_torch_thread, capsys):
     config = tmp_path / "subject.toml"
     config.write_text('[subject]\nmodel = "stimsim-topo-s2"\nseed = 4\n[array]\nlayout = "8x8"\n'

@@ -35,7 +35,7 @@ from stimsim.arrays.layout import ArrayLayout, load_layout
 from stimsim.arrays.pose import ArrayPose
 from stimsim.config import Section, load_toml
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
-from stimsim.errors import ConfigError, FileFormatError
+from stimsim.errors import ConfigError, DataError, FileFormatError
 from stimsim.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance
 from stimsim.recordings import Recordings
 
@@ -80,7 +80,7 @@ class VirtualSubject:
         """Build a subject from a configuration (the tables of ``experiments/subject_default.toml``).
         ``source`` names the configuration in error messages; ``model`` replaces the named model
         (an already loaded TopographicModel, e.g. in tests)."""
-        from stimsim.models.registry import load_model
+        from stimsim.models.registry import load_model, model_path
 
         root = Section(config, source)
         subject = root.section("subject", required=True)
@@ -89,6 +89,11 @@ class VirtualSubject:
         lapse_rate = subject.get("lapse_rate", float, 0.02, minimum=0.0, maximum=1.0)
         scale = subject.get("cortex_mm_per_model_mm", float, None, minimum=1e-6)
         subject.finish()
+        if model is None:
+            try:
+                model_path(model_name)
+            except DataError as exc:
+                raise ConfigError(f"{source} [subject]: 'model': {exc}") from None
         source_model = model if model is not None else load_model(model_name)
         model, scale_record = cortex_view(source_model, scale)
         sheet = model.sheet(IT_AREA)
