@@ -116,6 +116,7 @@ def _cmd_plan(args) -> int:
 
     if args.validate is not None and args.validate < 1:
         raise ConfigError(f"--validate needs a number of hidden poses >= 1, got {args.validate}")
+    _refuse_foreign_directory(args.out, ("cache/config_digest.txt",), "a plan", args.force)
     summary = run_plan(args.config, args.out, progress=not args.no_progress, validate=args.validate or 0,
                        device=args.device, scheduler=args.scheduler)
     shown = {key: summary[key] for key in ("task", "n_sites", "chosen_electrodes", "chosen_model", "current_uA",
@@ -163,6 +164,7 @@ def _cmd_bench(args) -> int:
 def _cmd_subject_make(args) -> int:
     from stimsim.subject import VirtualSubject
 
+    _refuse_foreign_directory(args.out, ("truth.json", "subject.toml"), "a virtual subject", args.force)
     subject = VirtualSubject.from_file(args.config)
     out = subject.save(args.out)
     print(json.dumps({"subject_model": subject.config["subject"]["model"], "n_electrodes": len(subject.layout),
@@ -216,6 +218,19 @@ def _cmd_power(args) -> int:
                  f"(median) {summary['median_site_trials_needed'] or most} ({summary['n_sites_detectable']} of "
                  f"{summary['n_sites']} sites reach it); table, curve and report in {out}")
     return 0
+
+
+def _refuse_foreign_directory(out: str, marks: tuple, what: str, force: bool) -> None:
+    """An --out that holds files but none of ``marks`` (the files every directory of ``what`` has) is a
+    folder of something else: refused unless ``force``, so that nothing there is overwritten by mistake."""
+    directory = Path(out)
+    if force or not directory.is_dir() or any((directory / mark).is_file() for mark in marks):
+        return
+    held = sorted(entry.name for entry in directory.iterdir())
+    if held:
+        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        raise ConfigError(f"output directory {out} holds files that are not {what} ({shown}); give a new or empty "
+                          "directory, or force writing into it (--force)")
 
 
 def _check_at_least(option: str, value: int, minimum: int) -> None:
@@ -292,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--out", required=True, help="output directory")
     plan.add_argument("--validate", type=int, metavar="N", help="virtual subject only: repeat the closed loop on N "
                                                                 "hidden poses and write validation.json")
+    plan.add_argument("--force", action="store_true",
+                      help="write into --out even if it holds files that are not a plan (same names are overwritten)")
     plan.add_argument("--no-progress", action="store_true", help="hide progress bars")
     _add_mirror(plan)
     _add_threads(plan)
@@ -314,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "viewing (recordings.nc, recordings.nwb, truth.json)")
     subject_make.add_argument("config", help="subject configuration (TOML), e.g. experiments/subject_default.toml")
     subject_make.add_argument("--out", required=True, help="subject directory")
+    subject_make.add_argument("--force", action="store_true", help="write into --out even if it holds files that "
+                                                                   "are not a subject (same names are overwritten)")
     subject_make.set_defaults(handler=_cmd_subject_make)
     session = subject_commands.add_parser("session", help="run a plan's sites and sequences on its virtual subject "
                                                           "(stimulation and sham interleaved 50/50) → NWB trials")

@@ -299,6 +299,23 @@ def test_an_unknown_candidate_model_names_the_file_and_field(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_plan_and_subject_refuse_a_folder_of_other_files_unless_forced(tmp_path, capsys):
+    config = _write_plan(tmp_path / "config")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "report.html").write_text("a lab's own report")
+    for argv, what in ((["plan", str(config)], "a plan"), (["subject", "make", str(config.parent / "subject.toml")],
+                                                            "a virtual subject")):
+        assert main([*argv, "--out", str(notes), "--no-progress"][:len(argv) + 2]) == 2
+        err = capsys.readouterr().err
+        assert f"output directory {notes} holds files that are not {what} (report.html)" in err and "--force" in err
+        assert [entry.name for entry in notes.iterdir()] == ["report.html"]
+        assert (notes / "report.html").read_text() == "a lab's own report"
+    assert main(["subject", "make", str(config.parent / "subject.toml"), "--out", str(notes), "--force"]) == 0
+    assert (notes / "truth.json").is_file() and (notes / "report.html").read_text() == "a lab's own report"
+    assert main(["subject", "make", str(config.parent / "subject.toml"), "--out", str(notes)]) == 0  # now a subject
+
+
 def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_dir, tmp_path, capsys):
     _, out = plan_dir
     csv = tmp_path / "session.csv"
