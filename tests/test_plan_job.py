@@ -285,6 +285,13 @@ def test_unsafe_protocol_stops_the_plan_naming_the_limit(tmp_path, capsys):
     assert "max_shannon_k = 1.85" in error and not (tmp_path / "out").exists()
 
 
+def test_a_current_outside_the_spread_law_names_the_file_and_table(tmp_path):
+    config = _write_plan(tmp_path / "config", current=0)
+    with pytest.raises(ConfigError, match=r"plan.toml \[stimulation\]: current_uA must be in \(5.26"):
+        run_plan(config, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_unknown_broken_electrode_names_the_file(tmp_path):
     config = _write_plan(tmp_path / "config", broken='["e1", "e99"]')
     with pytest.raises(ConfigError, match=r"plan.toml \[array\] broken_electrodes: unknown electrode id\(s\) \['e99'\]"):
