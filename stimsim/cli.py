@@ -134,6 +134,9 @@ def _cmd_subject_session(args) -> int:
     from stimsim.planning.session import session_from_plan, write_session_csv, write_session_nwb
 
     _check_at_least("--trials-per-site", args.trials_per_site, 2)
+    _check_at_least("--seed", args.seed, 0)
+    if args.session_id is not None and not args.session_id.strip():
+        raise ConfigError("--session-id is empty; give an id, or leave the option out for session-seedN")
     trials = session_from_plan(args.plan_dir, args.trials_per_site, seed=args.seed, session_id=args.session_id,
                                sites=args.sites)
     subject_id, session_id = trials["subject_id"].iloc[0], trials["session_id"].iloc[0]
@@ -393,6 +396,9 @@ def _apply_common_options(args) -> None:
     if getattr(args, "handler", None) is _cmd_subject_session:  # its --out and --csv are files
         if not out and not args.csv:
             raise ConfigError("stimsim subject session: give --out FILE.nwb and/or --csv FILE.csv")
+        if out and Path(out).suffix.lower() != ".nwb":
+            raise ConfigError(f"--out {out}: the session is written as NWB; give a file name ending in .nwb "
+                              "(--csv writes the CSV table)")
         for option, path in (("--out", out), ("--csv", args.csv)):
             if path is not None:
                 try:

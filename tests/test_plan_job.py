@@ -326,9 +326,13 @@ def test_plan_and_subject_refuse_a_folder_of_other_files_unless_forced(tmp_path,
 def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_dir, tmp_path, capsys):
     _, out = plan_dir
     csv = tmp_path / "session.csv"
-    for argv, message in ((["--out", str(tmp_path)], "--out: output file"),
+    (tmp_path / "folder.nwb").mkdir()
+    for argv, message in ((["--out", str(tmp_path / "folder.nwb")], "--out: output file"),
                           (["--csv", str(tmp_path / "f" / "s.csv")], "--csv: output directory"),
                           (["--trials-per-site", "1", "--csv", str(csv)], "--trials-per-site must be at least 2"),
+                          (["--out", str(tmp_path / "session.csv")], "give a file name ending in .nwb"),
+                          (["--seed", "-1", "--csv", str(csv)], "--seed must be at least 0, got -1"),
+                          (["--session-id", "", "--csv", str(csv)], "--session-id is empty"),
                           ([], "give --out FILE.nwb and/or --csv FILE.csv")):
         (tmp_path / "f").write_text("x")  # a file where a folder would have to be
         assert main(["subject", "session", str(out), *argv]) == 2
