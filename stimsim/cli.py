@@ -13,7 +13,7 @@ from stimsim.data.manifest import MIRROR_DIR_ENV
 from stimsim.devices import add_device_argument
 from stimsim.distributed import add_compute_arguments
 from stimsim.errors import ConfigError, StimsimError
-from stimsim.io import check_output_dir
+from stimsim.io import check_output_dir, check_output_file
 from stimsim.jsonable import json_ready
 from stimsim.progress import report_phase
 
@@ -116,6 +116,7 @@ def _cmd_plan(args) -> int:
 
     if args.validate is not None and args.validate < 1:
         raise ConfigError(f"--validate needs a number of hidden poses >= 1, got {args.validate}")
+    _refuse_foreign_directory(args.out, ("cache/config_digest.txt",), "a plan", args.force)
     summary = run_plan(args.config, args.out, progress=not args.no_progress, validate=args.validate or 0,
                        device=args.device, scheduler=args.scheduler)
     shown = {key: summary[key] for key in ("task", "n_sites", "chosen_electrodes", "chosen_model", "current_uA",
@@ -132,6 +133,10 @@ def _cmd_plan(args) -> int:
 def _cmd_subject_session(args) -> int:
     from stimsim.planning.session import session_from_plan, write_session_csv, write_session_nwb
 
+    _check_at_least("--trials-per-site", args.trials_per_site, 2)
+    _check_at_least("--seed", args.seed, 0)
+    if args.session_id is not None and not args.session_id.strip():
+        raise ConfigError("--session-id is empty; give an id, or leave the option out for session-seedN")
     trials = session_from_plan(args.plan_dir, args.trials_per_site, seed=args.seed, session_id=args.session_id,
                                sites=args.sites)
     subject_id, session_id = trials["subject_id"].iloc[0], trials["session_id"].iloc[0]
@@ -139,8 +144,6 @@ def _cmd_subject_session(args) -> int:
         write_session_nwb(trials, args.out, subject_id=subject_id, session_id=session_id)
     if args.csv:
         write_session_csv(trials, args.csv)
-    if not args.out and not args.csv:
-        raise ConfigError("stimsim subject session: give --out FILE.nwb and/or --csv FILE.csv")
     files = [str(p) for p in (args.out, args.csv) if p]
     print(json.dumps({"subject_id": str(subject_id), "session_id": str(session_id), "n_trials": int(len(trials)),
                       "n_sites": int(trials["electrode"].nunique()), "files": files}, indent=2))
@@ -164,6 +167,7 @@ def _cmd_bench(args) -> int:
 def _cmd_subject_make(args) -> int:
     from stimsim.subject import VirtualSubject
 
+    _refuse_foreign_directory(args.out, ("truth.json", "subject.toml"), "a virtual subject", args.force)
     subject = VirtualSubject.from_file(args.config)
     out = subject.save(args.out)
     print(json.dumps({"subject_model": subject.config["subject"]["model"], "n_electrodes": len(subject.layout),
@@ -178,6 +182,9 @@ def _cmd_analyze(args) -> int:
     from stimsim.analysis.analyze import run_analysis
     from stimsim.analysis.sessions import column_mapping, value_mapping
 
+    _check_at_least("--boot", args.boot, 2)
+    _check_at_least("--perm", args.perm, 1)
+    _check_at_least("--splits", args.splits, 1)
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
                             values=value_mapping(args.values, args.columns), layout=args.layout, n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed,
                             force=args.force)
@@ -196,6 +203,13 @@ def _cmd_analyze(args) -> int:
 def _cmd_power(args) -> int:
     from stimsim.analysis.power import run_power
 
+    for option, value in (("--power", args.power), ("--alpha", args.alpha)):
+        if not 0 < value < 1:
+            raise ConfigError(f"{option} must lie strictly between 0 and 1, got {value:g}")
+    _check_at_least("--sessions", args.sessions, 10)
+    repeated = sorted({count for count in args.trials if args.trials.count(count) > 1})
+    if repeated:
+        raise ConfigError(f"--trials lists {', '.join(map(str, repeated))} more than once; give each trial count once")
     out = args.out or str(Path(args.plan) / "power")
     summary = run_power(args.plan, out, target_power=args.power, alpha=args.alpha, trial_counts=args.trials,
                         n_sessions=args.sessions, seed=args.seed, force=args.force)
@@ -209,6 +223,25 @@ def _cmd_power(args) -> int:
                  f"(median) {summary['median_site_trials_needed'] or most} ({summary['n_sites_detectable']} of "
                  f"{summary['n_sites']} sites reach it); table, curve and report in {out}")
     return 0
+
+
+def _refuse_foreign_directory(out: str, marks: tuple, what: str, force: bool) -> None:
+    """An --out that holds files but none of ``marks`` (the files every directory of ``what`` has) is a
+    folder of something else: refused unless ``force``, so that nothing there is overwritten by mistake."""
+    directory = Path(out)
+    if force or not directory.is_dir() or any((directory / mark).is_file() for mark in marks):
+        return
+    held = sorted(entry.name for entry in directory.iterdir())
+    if held:
+        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        raise ConfigError(f"output directory {out} holds files that are not {what} ({shown}); give a new or empty "
+                          "directory, or force writing into it (--force)")
+
+
+def _check_at_least(option: str, value: int, minimum: int) -> None:
+    """A numeric command-line option below its minimum is an error naming the option."""
+    if value < minimum:
+        raise ConfigError(f"{option} must be at least {minimum}, got {value}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -279,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--out", required=True, help="output directory")
     plan.add_argument("--validate", type=int, metavar="N", help="virtual subject only: repeat the closed loop on N "
                                                                 "hidden poses and write validation.json")
+    plan.add_argument("--force", action="store_true",
+                      help="write into --out even if it holds files that are not a plan (same names are overwritten)")
     plan.add_argument("--no-progress", action="store_true", help="hide progress bars")
     _add_mirror(plan)
     _add_threads(plan)
@@ -301,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "viewing (recordings.nc, recordings.nwb, truth.json)")
     subject_make.add_argument("config", help="subject configuration (TOML), e.g. experiments/subject_default.toml")
     subject_make.add_argument("--out", required=True, help="subject directory")
+    subject_make.add_argument("--force", action="store_true", help="write into --out even if it holds files that "
+                                                                   "are not a subject (same names are overwritten)")
     subject_make.set_defaults(handler=_cmd_subject_make)
     session = subject_commands.add_parser("session", help="run a plan's sites and sequences on its virtual subject "
                                                           "(stimulation and sham interleaved 50/50) → NWB trials")
@@ -362,7 +399,19 @@ def _add_threads(command) -> None:
 def _apply_common_options(args) -> None:
     """--out, --mirror and --threads: checked and put into effect before the command runs."""
     out = getattr(args, "out", None)
-    if out is not None:
+    if getattr(args, "handler", None) is _cmd_subject_session:  # its --out and --csv are files
+        if not out and not args.csv:
+            raise ConfigError("stimsim subject session: give --out FILE.nwb and/or --csv FILE.csv")
+        if out and Path(out).suffix.lower() != ".nwb":
+            raise ConfigError(f"--out {out}: the session is written as NWB; give a file name ending in .nwb "
+                              "(--csv writes the CSV table)")
+        for option, path in (("--out", out), ("--csv", args.csv)):
+            if path is not None:
+                try:
+                    check_output_file(path)
+                except ConfigError as exc:
+                    raise ConfigError(f"{option}: {exc}") from None
+    elif out is not None:
         if not out.strip():
             raise ConfigError("--out is empty; give a directory path")
         check_output_dir(out)

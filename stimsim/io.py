@@ -259,9 +259,24 @@ def check_output_dir(directory) -> Path:
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(f"cannot write into output directory {directory}: {existing} is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"cannot write into output directory {directory}: {existing} is not writable")
+    try:  # a probe file, not os.access: that says yes to root on read-only and virtual file systems (/proc)
+        Path(_temp_file(existing / ".write_probe")).unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write into output directory {directory}: {existing} is not writable "
+                          f"({exc.strerror or exc})") from None
     return directory
+
+
+def check_output_file(path) -> Path:
+    """Check, without creating anything, that the file ``path`` could be written (a new file, or one to
+    replace): an empty path, a directory, or a folder that cannot be made or written raise ConfigError."""
+    if not str(path).strip():
+        raise ConfigError("the output file name is empty text; give a file path")
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"output file {path} is a directory; give a file name")
+    check_output_dir(path.parent)
+    return path
 
 
 def ensure_output_dir(directory) -> Path:

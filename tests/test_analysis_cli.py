@@ -74,6 +74,21 @@ def test_analyze_refuses_a_broken_file_with_exit_code_2(tmp_path, capsys):
     assert "seed must be an integer >= 0, got -1" in capsys.readouterr().err and not (tmp_path / "seeded").exists()
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["analyze", "s.csv", "--boot", "1"], "--boot must be at least 2, got 1"),
+    (["analyze", "s.csv", "--perm", "0"], "--perm must be at least 1, got 0"),
+    (["analyze", "s.csv", "--splits", "-3"], "--splits must be at least 1, got -3"),
+    (["power", "plan", "--sessions", "5"], "--sessions must be at least 10, got 5"),
+    (["power", "plan", "--power", "1.5"], "--power must lie strictly between 0 and 1, got 1.5"),
+    (["power", "plan", "--alpha", "0"], "--alpha must lie strictly between 0 and 1, got 0"),
+    (["power", "plan", "--trials", "400", "50", "400"], "--trials lists 400 more than once"),
+])
+def test_bad_options_are_named_as_typed(tmp_path, capsys, argv, message):
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.startswith(f"stimsim: error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
 def test_analyze_reads_a_lab_file_through_a_toml_column_mapping(tmp_path, capsys):
     table = planted_session([1.0, -1.0, 0.5], trials_per_site=140, seed=2)
     session = write_lab_nwb(tmp_path / "lab.nwb", table)

@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 
 from stimsim.errors import ConfigError, DataError
-from stimsim.io import RESULT_SET_FILE, ResultSet, atomic_write_json, read_result_set
+from stimsim.io import (RESULT_SET_FILE, ResultSet, atomic_write_json, check_output_dir, check_output_file,
+                        read_result_set)
 from stimsim.models.architectures import build_network
 from stimsim.models.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
@@ -184,6 +185,19 @@ def test_result_set_replaces_an_older_set_whole(tmp_path):
 def test_unusable_output_directories_are_clear_errors(tmp_path, make, message):
     with pytest.raises(ConfigError, match=message):
         ResultSet(make(tmp_path), "test")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where nobody can create files")
+def test_a_place_where_files_cannot_be_created_is_refused_before_any_work(tmp_path):
+    # /proc refuses new files even to root, to whom os.access says it is writable
+    with pytest.raises(ConfigError, match=r"cannot write into output directory /proc/out: /proc is not writable"):
+        check_output_dir("/proc/out")
+    with pytest.raises(ConfigError, match=r"cannot write into output directory /proc: /proc is not writable"):
+        check_output_file("/proc/session.nwb")
+    with pytest.raises(ConfigError, match="is a directory; give a file name"):
+        check_output_file(tmp_path)
+    assert check_output_file(tmp_path / "new" / "session.nwb") == tmp_path / "new" / "session.nwb"
+    assert list(tmp_path.iterdir()) == []  # checking creates nothing
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")

@@ -292,10 +292,62 @@ def test_unsafe_protocol_stops_the_plan_naming_the_limit(tmp_path, capsys):
     assert "max_shannon_k = 1.85" in error and not (tmp_path / "out").exists()
 
 
+def test_a_current_outside_the_spread_law_names_the_file_and_table(tmp_path):
+    config = _write_plan(tmp_path / "config", current=0)
+    with pytest.raises(ConfigError, match=r"plan.toml \[stimulation\]: current_uA must be in \(5.26"):
+        run_plan(config, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_unknown_broken_electrode_names_the_file(tmp_path):
     config = _write_plan(tmp_path / "config", broken='["e1", "e99"]')
     with pytest.raises(ConfigError, match=r"plan.toml \[array\] broken_electrodes: unknown electrode id\(s\) \['e99'\]"):
         run_plan(config, tmp_path / "out", progress=False)
+
+
+def test_an_unknown_candidate_model_names_the_file_and_field(tmp_path):
+    config = _write_plan(tmp_path / "config")
+    config.write_text(config.read_text().replace('candidates = ["stimsim-topo-s0"]', 'candidates = ["no-such-model"]'))
+    with pytest.raises(ConfigError, match=r"plan.toml \[models\] candidates: unknown model 'no-such-model'"):
+        run_plan(config, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_plan_and_subject_refuse_a_folder_of_other_files_unless_forced(tmp_path, capsys):
+    config = _write_plan(tmp_path / "config")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "report.html").write_text("a lab's own report")
+    for argv, what in ((["plan", str(config)], "a plan"), (["subject", "make", str(config.parent / "subject.toml")],
+                                                            "a virtual subject")):
+        assert main([*argv, "--out", str(notes), "--no-progress"][:len(argv) + 2]) == 2
+        err = capsys.readouterr().err
+        assert f"output directory {notes} holds files that are not {what} (report.html)" in err and "--force" in err
+        assert [entry.name for entry in notes.iterdir()] == ["report.html"]
+        assert (notes / "report.html").read_text() == "a lab's own report"
+    assert main(["subject", "make", str(config.parent / "subject.toml"), "--out", str(notes), "--force"]) == 0
+    assert (notes / "truth.json").is_file() and (notes / "report.html").read_text() == "a lab's own report"
+    assert main(["subject", "make", str(config.parent / "subject.toml"), "--out", str(notes)]) == 0  # now a subject
+
+
+def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_dir, tmp_path, capsys):
+    _, out = plan_dir
+    csv = tmp_path / "session.csv"
+    (tmp_path / "folder.nwb").mkdir()
+    for argv, message in ((["--out", str(tmp_path / "folder.nwb")], "--out: output file"),
+                          (["--csv", str(tmp_path / "f" / "s.csv")], "--csv: output directory"),
+                          (["--trials-per-site", "1", "--csv", str(csv)], "--trials-per-site must be at least 2"),
+                          (["--out", str(tmp_path / "session.csv")], "give a file name ending in .nwb"),
+                          (["--seed", "-1", "--csv", str(csv)], "--seed must be at least 0, got -1"),
+                          (["--session-id", "", "--csv", str(csv)], "--session-id is empty"),
+                          ([], "give --out FILE.nwb and/or --csv FILE.csv")):
+        (tmp_path / "f").write_text("x")  # a file where a folder would have to be
+        assert main(["subject", "session", str(out), *argv]) == 2
+        assert message in capsys.readouterr().err and not csv.exists()
+    for seed in ("0", "1"):  # the same command again replaces its files
+        assert main(["subject", "session", str(out), "--trials-per-site", "14", "--csv", str(csv),
+                     "--seed", seed]) == 0
+        assert pd.read_csv(csv)["session_id"].iloc[0] == f"session-seed{seed}"
 
 
 def test_subject_session_from_the_plan(plan_dir, tmp_path, capsys):

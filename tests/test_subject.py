@@ -118,6 +118,25 @@ def test_bad_subject_configurations_name_file_and_field(model, tmp_path):
     config["recording"]["radius_mm"] = 0.001
     with pytest.raises(ConfigError, match="reaches no model unit"):
         VirtualSubject.create(config, model=model)
+    with pytest.raises(ConfigError, match=r"<config> \[array\]: give dead_electrodes .* or dead_fraction .*not both"):
+        VirtualSubject.create(_config(dead_electrodes=["3"], dead_fraction=0.1), model=model)
+    with pytest.raises(ConfigError, match=r"<config> \[array\] layout: array layout file not found: nope.csv"):
+        VirtualSubject.create(_config(layout="nope.csv"), model=model)
+    config = _config()
+    config["recording"]["repeats"] = 10**9  # would need 10^9 × 200 images × 64 electrodes of memory
+    with pytest.raises(ConfigError, match=r"\[recording\]: 'repeats' must be <= 1000, got 1000000000"):
+        VirtualSubject.create(config, model=model)
+
+
+def test_an_unknown_subject_model_names_the_file_and_field(tmp_path, capsys):
+    from stimsim.cli import main
+
+    config = tmp_path / "subject.toml"
+    config.write_text('[subject]\nmodel = "no-such-model"\nseed = 1\n[array]\nlayout = "10x10"\n')
+    assert main(["subject", "make", str(config), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"stimsim: error: {config} [subject]: 'model': unknown model 'no-such-model'")
+    assert not (tmp_path / "out").exists()
 
 
 def test_subject_make_writes_both_formats_and_the_truth(tmp_path, one_torch_thread, capsys):

@@ -130,6 +130,17 @@ def _spec(kind, where: str, table: str, **values):
         raise ConfigError(f"{where} [{table}]: {exc}") from None
 
 
+def _check_model(name: str, where: str) -> None:
+    """A model name that is neither shipped nor a model directory is an error naming where it was given."""
+    from stimsim.errors import DataError
+    from stimsim.models.registry import model_path
+
+    try:
+        model_path(name)
+    except DataError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 def load_plan_config(path) -> PlanConfig:
     path = Path(path)
     raw = load_toml(path)
@@ -146,6 +157,8 @@ def load_plan_config(path) -> PlanConfig:
         raise ConfigError(f"{where} [models]: candidates must be a non-empty list of model names or directories")
     candidates = [str((path.parent / c).resolve()) if ("/" in c and not Path(c).is_absolute()) else c
                   for c in candidates]
+    for candidate in candidates:
+        _check_model(candidate, f"{where} [models] candidates")
     n_folds = models.get("n_folds", int, 10, minimum=2)
     models.finish()
 

@@ -93,7 +93,10 @@ def model_checksums(name: str) -> dict:
 def _stimulation_report(config: PlanConfig) -> dict:
     from stimsim.planning.rehearsal import stimulation_at
 
-    stim = stimulation_at((0.0, 0.0), config.stimulation)
+    try:
+        stim = stimulation_at((0.0, 0.0), config.stimulation)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.path} [stimulation]: {exc}") from None
     try:
         report = enforce(stim, config.safety, override=config.safety_override)
     except SafetyError as exc:

@@ -35,7 +35,7 @@ from stimsim.arrays.layout import ArrayLayout, load_layout
 from stimsim.arrays.pose import ArrayPose
 from stimsim.config import Section, load_toml
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
-from stimsim.errors import ConfigError, FileFormatError
+from stimsim.errors import ConfigError, DataError, FileFormatError
 from stimsim.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance
 from stimsim.recordings import Recordings
 
@@ -45,6 +45,9 @@ IT_AREA = "IT"
 #: images per class (1,000 images).
 DEFAULT_STIMULI = ({"source": "lfw_subset"},
                    {"source": "fashion_mnist", "split": "test", "n_per_class": 80, "seed": 0})
+#: Most presentations of every image a subject records (labs record tens; 1,000 repeats of the default 1,000
+#: images on a 10×10 array already hold 96 million responses, 0.8 GB).
+MAX_REPEATS = 1000
 SUBJECT_FILES = ("subject.toml", "recordings.nc", "recordings.nwb", "stimuli.npz", "truth.json")
 
 
@@ -80,7 +83,7 @@ class VirtualSubject:
         """Build a subject from a configuration (the tables of ``experiments/subject_default.toml``).
         ``source`` names the configuration in error messages; ``model`` replaces the named model
         (an already loaded TopographicModel, e.g. in tests)."""
-        from stimsim.models.registry import load_model
+        from stimsim.models.registry import load_model, model_path
 
         root = Section(config, source)
         subject = root.section("subject", required=True)
@@ -89,22 +92,34 @@ class VirtualSubject:
         lapse_rate = subject.get("lapse_rate", float, 0.02, minimum=0.0, maximum=1.0)
         scale = subject.get("cortex_mm_per_model_mm", float, None, minimum=1e-6)
         subject.finish()
+        if model is None:
+            try:
+                model_path(model_name)
+            except DataError as exc:
+                raise ConfigError(f"{source} [subject]: 'model': {exc}") from None
         source_model = model if model is not None else load_model(model_name)
         model, scale_record = cortex_view(source_model, scale)
         sheet = model.sheet(IT_AREA)
 
         array = root.section("array", required=True)
         layout_spec = array.get("layout", str, "10x10")
-        layout = load_layout(_resolve(layout_spec, source))
+        try:
+            layout = load_layout(_resolve(layout_spec, source))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{source} [array] layout: {exc} (a layout file is read relative to the "
+                              "configuration file's folder)") from None
         pose_table = array.get("pose", dict, None)
         dead_fraction = array.get("dead_fraction", float, 0.0, minimum=0.0, maximum=1.0)
         dead_list = array.get("dead_electrodes", list, None)
         array.finish()
+        if dead_list is not None and "dead_fraction" in config["array"]:
+            raise ConfigError(f"{source} [array]: give dead_electrodes (which ones) or dead_fraction (how many, drawn "
+                              "from the seed), not both")
 
         rec = root.section("recording")
         recording = {
             "radius_mm": rec.get("radius_mm", float, 0.25, minimum=1e-6),
-            "repeats": rec.get("repeats", int, 4, minimum=1),
+            "repeats": rec.get("repeats", int, 4, minimum=1, maximum=MAX_REPEATS),
             "window_ms": rec.get("window_ms", list, [70.0, 170.0]),
             "baseline_rate_Hz": rec.get("baseline_rate_Hz", float, 20.0, minimum=0.0),
             "gain_Hz_per_sd": rec.get("gain_Hz_per_sd", float, 60.0, minimum=0.0),
