@@ -186,8 +186,9 @@ def _cmd_analyze(args) -> int:
     _check_at_least("--perm", args.perm, 1)
     _check_at_least("--splits", args.splits, 1)
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
-                            values=value_mapping(args.values, args.columns), layout=args.layout, n_boot=args.boot, n_perm=args.perm, n_splits=args.splits, seed=args.seed,
-                            force=args.force)
+                            values=value_mapping(args.values, args.columns), layout=args.layout, n_boot=args.boot,
+                            n_perm=args.perm, n_splits=args.splits, seed=args.seed, force=args.force,
+                            progress=not args.no_progress)
     keys = ("n_sites_recorded", "n_sites", "n_trials", "mean_shift", "mean_shift_chance", "wilcoxon_p",
             "wilcoxon_p_undefined_reason", "cohens_d", "cohens_d_chance", "n_sites_significant",
             "n_sites_significant_chance", "n_sites_significant_fdr", "n_sites_significant_fdr_chance",
@@ -212,7 +213,7 @@ def _cmd_power(args) -> int:
         raise ConfigError(f"--trials lists {', '.join(map(str, repeated))} more than once; give each trial count once")
     out = args.out or str(Path(args.plan) / "power")
     summary = run_power(args.plan, out, target_power=args.power, alpha=args.alpha, trial_counts=args.trials,
-                        n_sessions=args.sessions, seed=args.seed, force=args.force)
+                        n_sessions=args.sessions, seed=args.seed, force=args.force, progress=not args.no_progress)
     shown = ("simulated_from", "target_power", "alpha", "n_sites", "wilcoxon_trials_needed",
              "median_site_trials_needed", "n_sites_detectable", "site_power_chance", "true_delta_auc_sd",
              "observed_vs_true_r_target", "observed_vs_true_r_trials_needed", "trial_counts")
@@ -366,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--perm", type=int, default=1000, help="label permutations per site (default 1000)")
     analyze.add_argument("--splits", type=int, default=100, help="random split halves for the noise ceiling (default 100)")
     analyze.add_argument("--seed", type=int, default=0, help="seed of every resampling (default 0)")
+    analyze.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     analyze.add_argument("--force", action="store_true",
                        help="write into the output directory even if it holds files stimsim did not write")
     analyze.set_defaults(handler=_cmd_analyze)
@@ -378,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="trials per site to simulate (default 50 100 200 400 800 1600)")
     power.add_argument("--sessions", type=int, default=200, help="simulated sessions per trial count (default 200)")
     power.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    power.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     power.add_argument("--out", help="output directory (default PLAN_DIR/power)")
     power.add_argument("--force", action="store_true",
                        help="write into the output directory even if it holds files stimsim did not write")

@@ -268,7 +268,7 @@ def check_output_dir(directory) -> Path:
 
 
 def check_output_file(path) -> Path:
-    """Check, without creating anything, that the file ``path`` could be written (a new file, or one to
+    """Check, leaving nothing behind, that the file ``path`` could be written (a new file, or one to
     replace): an empty path, a directory, or a folder that cannot be made or written raise ConfigError."""
     if not str(path).strip():
         raise ConfigError("the output file name is empty text; give a file path")

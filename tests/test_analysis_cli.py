@@ -105,8 +105,15 @@ def test_analyze_reads_a_lab_file_through_a_toml_column_mapping(tmp_path, capsys
     assert printed["n_sites_significant_fdr"] <= printed["n_sites_significant"]
     assert printed["n_sites_significant_fdr_chance"] == pytest.approx(expected_fdr_discoveries_under_null(3, 0.05))
     assert f"stimsim: report, results.nc and summary.json in {out}" in captured.err
+    # each phase is named on stderr: 3 sites × 140 trials, with the resampling asked for
+    assert "stimsim: analyze: reading 1 session file(s)" in captured.err
+    assert "statistics of 3 site(s), 420 trials (20 bootstrap resamples, 20 permutations per site, 5 split halves)" \
+        in captured.err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_trials"] == 420 and summary["n_sites"] == 3
+    assert main(["analyze", str(session), "--columns", str(mapping), "--out", str(tmp_path / "quiet"), "--boot", "20",
+                 "--perm", "20", "--splits", "5", "--no-progress"]) == 0
+    assert "analyze:" not in capsys.readouterr().err
     assert summary["n_sites_significant_chance"] == 0.15  # 3 sites × α 0.05, as written (no binary tail)
     assert "0.15000000000000002" not in (out / "summary.json").read_text()
     assert json.loads((out / "summary.json").read_text())["provenance"]["config"]["columns"] == LAB_MAPPING

@@ -135,6 +135,10 @@ def test_power_command_on_a_virtual_subject_plan(tmp_path, capsys):
     assert shown["wilcoxon_trials_needed"] == summary["wilcoxon_trials_needed"]
     assert shown["trial_counts"] == [50, 200, 800]
     assert "across sites (Wilcoxon)" in captured.err
+    assert "power: trial counts" in captured.err and "3/3" in captured.err  # the bar over the 3 trial counts
+    assert main(["power", str(plan), "--trials", "50", "--sessions", "10", "--out", str(tmp_path / "quiet"),
+                 "--no-progress"]) == 0
+    assert "power: trial counts" not in capsys.readouterr().err
 
 
 def test_power_report_says_when_no_trial_count_reaches_the_target(tmp_path):

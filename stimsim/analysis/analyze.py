@@ -20,6 +20,7 @@ from stimsim.analysis.sessions import SHAM, check_against_plan
 from stimsim.errors import ConfigError
 from stimsim.jsonable import json_ready
 from stimsim.ordering import natural_key, naturally_ordered
+from stimsim.progress import report_phase
 
 #: Per-site permutation p below which a site counts as significant in the summary; also the false
 #: discovery rate q of the Benjamini–Hochberg count.
@@ -290,11 +291,12 @@ def _write_analysis(analysis: Analysis, results, sources, report: bool) -> Path:
 
 def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = None, layout=None,
                  n_boot: int = 1000, n_perm: int = 1000, n_splits: int = 100, seed: int = 0,
-                 force: bool = False, values: dict | None = None) -> Analysis:
+                 force: bool = False, values: dict | None = None, progress: bool = False) -> Analysis:
     """Load and validate the session files (electrodes checked against the plan's sites when a plan
     is given, or against ``layout``: a Utah kind "10x10" / "8x8" or a .csv / .cmp layout file; lab
-    column names ``columns`` and value codes ``values`` translated), analyse them, and write the report (HTML + PDF), ``results.nc``, ``sites.csv`` and
-    ``summary.json`` into ``out_dir`` as one result set."""
+    column names ``columns`` and value codes ``values`` translated), analyse them, and write the report
+    (HTML + PDF), ``results.nc``, ``sites.csv`` and ``summary.json`` into ``out_dir`` as one result set.
+    ``progress`` prints each phase on stderr."""
     from stimsim.analysis.sessions import load_sessions
     from stimsim.arrays.layout import load_layout
 
@@ -310,9 +312,16 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
         if layout is not None:
             array_ids = set(load_layout(layout).electrode_ids)
             electrodes = array_ids if electrodes is None else electrodes & array_ids
+        paths = [session_paths] if isinstance(session_paths, (str, Path)) else list(session_paths)
+        report_phase(f"analyze: reading {len(paths)} session file(s)", progress)
         sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes, values=values,
                                  plan_sequences=plan_sequences)
+        n_sites = len(sessions[["subject_id", "electrode"]].drop_duplicates())
+        report_phase(f"analyze: statistics of {n_sites} site(s), {len(sessions)} trials ({n_boot} bootstrap "
+                     f"resamples, {n_perm} permutations per site, {n_splits} split halves)", progress)
         analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed)
-        analysis.parameters.update({"columns": columns or {}, "values": values or {}, "layout": str(layout) if layout is not None else None})
+        analysis.parameters.update({"columns": columns or {}, "values": values or {},
+                                    "layout": str(layout) if layout is not None else None})
+        report_phase("analyze: writing the report (HTML and PDF), results.nc, sites.csv and summary.json", progress)
         _write_analysis(analysis, results, session_paths, report=True)
     return analysis

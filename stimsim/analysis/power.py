@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from scipy import stats
+from tqdm.auto import tqdm
 
 from stimsim.analysis.effects import delta_auc_of_counts, fit_grouped_logistic
 from stimsim.errors import ConfigError
@@ -62,7 +63,7 @@ def site_z_p(n_high: np.ndarray, n: np.ndarray, positions: np.ndarray) -> tuple[
 
 def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts=DEFAULT_TRIAL_COUNTS,
                    n_sessions: int = 200, alpha: float = 0.05, target_power: float = 0.8,
-                   seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+                   seed: int = 0, progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Simulate ``n_sessions`` sessions at every count of ``trial_counts`` (trials per site) from
     ``p_high``; the planned direction of every site is the sign of ``planned_delta_auc`` (default:
     the ΔAUC of ``p_high`` itself).
@@ -72,7 +73,7 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
     ``sites`` (one row per site: planned ΔAUC, power at every count, ``trials_needed``) and a
     summary (``wilcoxon_trials_needed``, ``median_site_trials_needed``,
     ``observed_vs_true_r_trials_needed`` for a mean r of :data:`TARGET_OBSERVED_VS_TRUE_R`, parameters).
-    A count that is never enough is reported as None.
+    A count that is never enough is reported as None. ``progress`` shows a bar over the trial counts.
     """
     p_high = np.asarray(p_high, dtype=float)
     if p_high.ndim != 3 or p_high.shape[1] != 2 or p_high.shape[2] < 2:
@@ -101,7 +102,7 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
     true_logodds = fit_grouped_logistic(p_high, np.ones_like(p_high), positions)[..., 2]
     rng = np.random.default_rng(seed)
     site_power, wilcoxon_power, versus_true, versus_planned, logodds_versus_true = [], [], [], [], []
-    for count in counts:
+    for count in tqdm(counts, desc="power: trial counts", unit="count", disable=not progress):
         n_high, n = simulate_counts(p_high, count, n_sessions, rng)
         delta, p_value = site_z_p(n_high, n, positions)
         versus_true.append(_mean_r_across_sites(delta, true_delta))
@@ -217,7 +218,8 @@ def curves_from_plan(plan_dir) -> dict:
 
 
 def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
-              trial_counts=DEFAULT_TRIAL_COUNTS, n_sessions: int = 200, seed: int = 0, force: bool = False) -> dict:
+              trial_counts=DEFAULT_TRIAL_COUNTS, n_sessions: int = 200, seed: int = 0, force: bool = False,
+              progress: bool = False) -> dict:
     """Power of the plan's chosen sites; writes ``power_curve.csv``, ``power_sites.csv``,
     ``summary.json`` and ``report.html`` / ``report.pdf`` (table and curve) into ``out_dir`` as one
     result set."""
@@ -232,7 +234,7 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
         planned = curves_from_plan(plan_dir)
         curve, sites, summary = power_analysis(planned["p_high"], planned["electrodes"], planned["planned_delta_auc"],
                                                trial_counts=trial_counts, n_sessions=n_sessions, alpha=alpha,
-                                               target_power=target_power, seed=seed)
+                                               target_power=target_power, seed=seed, progress=progress)
         summary = {**summary, "simulated_from": planned["source"], "plan_dir": str(plan_dir)}
         parameters = {"plan_dir": str(plan_dir), "target_power": target_power, "alpha": alpha,
                       "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions, "seed": seed}
