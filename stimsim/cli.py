@@ -221,7 +221,7 @@ def _cmd_power(args) -> int:
     most = f"more than {max(summary['trial_counts'])}"
     report_phase(f"power {args.power:g} at alpha {args.alpha:g}, simulated from the {summary['simulated_from']}: "
                  f"across sites (Wilcoxon) {summary['wilcoxon_trials_needed'] or most} trials per site; per site "
-                 f"(median) {summary['median_site_trials_needed'] or most} ({summary['n_sites_detectable']} of "
+                 f"(lower median) {summary['median_site_trials_needed'] or most} ({summary['n_sites_detectable']} of "
                  f"{summary['n_sites']} sites reach it); table, curve and report in {out}")
     return 0
 

@@ -7,7 +7,7 @@ import pytest
 import xarray as xr
 from scipy import stats
 
-from stimsim.analysis.power import curves_from_plan, power_analysis
+from stimsim.analysis.power import curves_from_plan, lower_median, power_analysis
 from stimsim.analysis.synthetic import planted_curves
 from stimsim.cli import main
 
@@ -79,6 +79,20 @@ def test_trials_needed_grow_as_effects_shrink_and_wilcoxon_power_rises():
         power_analysis(strong[:, 0])
 
 
+def test_median_site_trials_needed_is_a_simulated_count():
+    # By normal theory (analytic_site_power) log-odds shifts of ±4 reach 80 % power by 200 trials per site
+    # (power ≈ 1) and shifts of ±0.5 only at 6,400 (≈ 0.25 at 200, ≈ 1 at 6,400): the sites need 200, 200,
+    # 6,400, 6,400; np.median would say 3,300, never simulated; the lower median is 200.
+    curves = planted_curves([4.0, -4.0, 0.5, -0.5])
+    assert analytic_site_power(curves[:2], 200) == pytest.approx(1.0, abs=1e-3)
+    assert np.all(analytic_site_power(curves[2:], 200) < 0.4)
+    assert analytic_site_power(curves[2:], 6400) == pytest.approx(1.0, abs=1e-3)
+    _, sites, summary = power_analysis(curves, trial_counts=(200, 6400), n_sessions=200, seed=6)
+    assert sites["trials_needed"].tolist() == [200, 200, 6400, 6400]
+    assert summary["median_site_trials_needed"] == 200 and type(summary["median_site_trials_needed"]) is int
+    assert lower_median([1600, 200, 800, 400, 400]) == 400 and lower_median([800, 50]) == 50
+
+
 def test_observed_vs_true_r_follows_the_reliability_of_the_per_site_effects():
     # 60 sites with effects spread around 0.5 log-odds: classical test theory expects r = sqrt(ρ),
     # ρ = var(true ΔAUC) / (var(true ΔAUC) + mean binomial variance of ΔAUC) at each trial count.
@@ -145,7 +159,7 @@ def test_power_report_says_when_no_trial_count_reaches_the_target(tmp_path):
     plan = write_virtual_plan(tmp_path / "plan", np.zeros(4))  # no effect: nothing is ever detected
     assert main(["power", str(plan), "--trials", "50", "100", "--sessions", "20"]) == 0
     html = (plan / "power" / "report.html").read_text()
-    for label in ("across sites (Wilcoxon)", "per site, median", "across sites (mean)"):
+    for label in ("across sites (Wilcoxon)", "per site, lower median", "across sites (mean)"):
         row = html[html.index(label):]
         assert row[:row.index("</tr>")].count("more than 100") == 1, label
 

@@ -73,7 +73,9 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
     ``sites`` (one row per site: planned ΔAUC, power at every count, ``trials_needed``) and a
     summary (``wilcoxon_trials_needed``, ``median_site_trials_needed``,
     ``observed_vs_true_r_trials_needed`` for a mean r of :data:`TARGET_OBSERVED_VS_TRUE_R`, parameters).
-    A count that is never enough is reported as None. ``progress`` shows a bar over the trial counts.
+    ``median_site_trials_needed`` is the lower median of the ``trials_needed`` of the sites that reach the
+    target power (:func:`lower_median`): a simulated count, the fewest trials per site at which at least half of
+    those sites reach it. A count that is never enough is reported as None. ``progress`` shows a bar over the trial counts.
     """
     p_high = np.asarray(p_high, dtype=float)
     if p_high.ndim != 3 or p_high.shape[1] != 2 or p_high.shape[2] < 2:
@@ -131,7 +133,7 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
     summary = {"alpha": alpha, "target_power": target_power, "n_sessions": n_sessions, "seed": seed,
                "trial_counts": counts, "n_sites": n_sites,
                "wilcoxon_trials_needed": needed(wilcoxon_power),
-               "median_site_trials_needed": float(np.median(site_needs)) if site_needs else None,
+               "median_site_trials_needed": lower_median(site_needs) if site_needs else None,
                "n_sites_detectable": len(site_needs),
                "site_power_chance": alpha / 2,
                "true_delta_auc_sd": float(np.std(true_delta, ddof=1)) if n_sites > 1 else float("nan"),
@@ -139,6 +141,13 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
                "observed_vs_true_r_trials_needed": _first_reaching(counts, versus_true, TARGET_OBSERVED_VS_TRUE_R),
                "observed_vs_true_r_chance": 0.0}
     return curve, sites, summary
+
+
+def lower_median(values) -> int:
+    """The lower median of integers: the ⌈n/2⌉-th smallest, itself one of ``values`` (np.median averages the two
+    middle values of an even n, which gives a trial count that was never simulated)."""
+    ordered = sorted(int(value) for value in values)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def _first_reaching(counts, values, target: float):
@@ -247,7 +256,8 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
                           f"(two-sided, α = {alpha:g}, planned sign). Chance per site: {alpha / 2:g}."),
                 Table((("statistic", "trials per site")), (
                     ("across sites (Wilcoxon)", summary["wilcoxon_trials_needed"] or beyond),
-                    ("per site, median", summary["median_site_trials_needed"] or beyond),
+                    ("per site, lower median over the sites reaching the target",
+                     summary["median_site_trials_needed"] or beyond),
                     ("sites reaching the target power", f"{summary['n_sites_detectable']} of {summary['n_sites']}"),
                     (f"observed vs true ΔAUC r ≥ {TARGET_OBSERVED_VS_TRUE_R:g} across sites (mean)",
                      summary["observed_vs_true_r_trials_needed"] or beyond))),
