@@ -703,6 +703,40 @@ def test_a_cmp_maps_labels_onto_the_recorded_electrodes_with_layout_ids_label(tm
         load_plan_config(config_path)
 
 
+def test_a_cmp_layout_takes_its_pitch_from_the_plan(tmp_path):
+    """A .cmp map of a 4×4 array at 0.25 mm pitch: with [recordings] pitch_mm = 0.25 channel 6 (col 1, row 1 of
+    the map, elec 6 of bank A) sits at ((1 - 1.5), (1 - 1.5)) × 0.25 = (-0.125, -0.125) mm; without it the map
+    is read at 0.4 mm and the recordings' positions are refused (corners 1 and 16: 3√2 × 0.25 = 1.061 mm apart in the
+    file, 3√2 × 0.4 = 1.697 mm on the map). A pitch out of the range of
+    arrays in mm, or one given with a layout that is not a .cmp, is an error naming the plan and key."""
+    from stimsim.planning.config import load_plan_config
+    from stimsim.planning.plan import PlanInputs
+
+    config_path = _lab_plan(tmp_path / "config", pitch_mm=0.25, layout_prefix="")
+    lines = [f"{k % 4} {k // 4} A {k + 1}" for k in range(16)]
+    (tmp_path / "config" / "array.cmp").write_text("Cerebus mapping for array 4x4\n" + "\n".join(lines) + "\n")
+    recordings = tmp_path / "config" / "recordings.nc"
+    data = xr.load_dataset(recordings, engine="h5netcdf")
+    data.assign_coords(electrode=[str(k + 1) for k in range(16)]).to_netcdf(recordings, engine="h5netcdf")
+    text = config_path.read_text().replace('layout = "layout.csv"', 'layout = "array.cmp"')
+    config_path.write_text(text)
+    with pytest.raises(DataError, match=r"electrodes '1' and '16' are 1.061 mm apart in the file, 1.697 mm on the layout"):
+        PlanInputs(load_plan_config(config_path), tmp_path / "out", progress=False)
+    config_path.write_text(text.replace('layout = "array.cmp"', 'layout = "array.cmp"\npitch_mm = 0.25'))
+    config = load_plan_config(config_path)
+    assert config.recordings["pitch_mm"] == 0.25
+    inputs = PlanInputs(config, tmp_path / "out", progress=False)
+    assert inputs.layout.position_of("6") == pytest.approx((-0.125, -0.125), abs=1e-12)
+    for value, pattern in (("0", r"pitch_mm: the .cmp map's electrode spacing in mm, from 0.005 to 5 .*got 0$"),
+                           ("400", r"pitch_mm: .*got 400$"), ('"0.4"', r"'pitch_mm' must be a number")):
+        config_path.write_text(text.replace('layout = "array.cmp"', f'layout = "array.cmp"\npitch_mm = {value}'))
+        with pytest.raises(ConfigError, match=r"plan.toml \[recordings\]:? .*" + pattern):
+            load_plan_config(config_path)
+    config_path.write_text(text.replace('layout = "array.cmp"', 'layout = "layout.csv"\npitch_mm = 0.25'))
+    with pytest.raises(ConfigError, match=r"plan.toml \[recordings\] pitch_mm: spaces the grid of a .cmp map"):
+        load_plan_config(config_path)
+
+
 def test_split_half_reliability_is_needed_only_where_it_is_asked_for(tmp_path):
     """Recordings with one presentation per image plan with min_reliability = -1 (every electrode not broken
     works); with a reliability threshold the refusal says how to plan without it."""

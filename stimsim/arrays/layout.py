@@ -311,16 +311,17 @@ def utah_array(kind: str = "10x10", pitch_mm: float = UTAH_PITCH_MM) -> ArrayLay
     return ArrayLayout(f"utah_{kind}", tuple(str(i + 1) for i in range(len(cells))), positions)
 
 
-def load_layout(spec, cmp_ids: str = "channel") -> ArrayLayout:
+def load_layout(spec, cmp_ids: str = "channel", cmp_pitch_mm: float = UTAH_PITCH_MM) -> ArrayLayout:
     """A layout from a Utah kind (``"10x10"``, ``"8x8"``, ``"utah_10x10"``) or a ``.csv``/``.cmp`` path; a .cmp's
-    ids are its channel numbers or, with ``cmp_ids="label"``, its labels (see :meth:`ArrayLayout.from_cmp`)."""
+    ids are its channel numbers or, with ``cmp_ids="label"``, its labels, and its grid is spaced ``cmp_pitch_mm``
+    apart (see :meth:`ArrayLayout.from_cmp`)."""
     text = str(spec)
     kind = text[len("utah_"):] if text.startswith("utah_") else text
     if kind in UTAH_GRIDS:
         return utah_array(kind)
     path = Path(text)
     if path.suffix.lower() == ".cmp":
-        return ArrayLayout.from_cmp(path, electrode_id=cmp_ids)
+        return ArrayLayout.from_cmp(path, pitch_mm=cmp_pitch_mm, electrode_id=cmp_ids)
     if path.suffix.lower() == ".csv":
         return ArrayLayout.from_csv(path)
     raise ConfigError(f"array {text!r}: give a Utah kind {sorted(UTAH_GRIDS)} or a .csv / .cmp layout file")

@@ -9,7 +9,8 @@ top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehr
                 directory: plan on its recordings (truth is read only to validate)
 [recordings]    instead of [subject]: path (.nc / .nwb), images (list of stimulus-set tables, as in
                 experiment files), layout ("10x10", "8x8", .csv or .cmp), layout_ids ("channel": a .cmp's
-                Cerebus channel numbers, or "label": its label column), names (stimsim name → lab name),
+                Cerebus channel numbers, or "label": its label column), pitch_mm (a .cmp's electrode spacing,
+                mm; default 0.4), names (stimsim name → lab name),
                 electrode_group (an NWB file's ElectrodeGroup to plan on, when it holds several arrays)
 [array]         broken_electrodes, min_reliability (split-half; below it an electrode is not working),
                 anatomical = {ap_mm, ml_mm, rotation_deg, hemisphere, reference} (optional)
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stimsim.arrays.anatomy import AnatomicalPose
+from stimsim.arrays.layout import PLAUSIBLE_SPACING_MM, UTAH_PITCH_MM
 from stimsim.config import Section, load_toml
 from stimsim.errors import ConfigError
 from stimsim.hashing import json_sha256, sha256_of
@@ -122,6 +124,23 @@ def _number_or_none(section: Section, key: str):
     return None if value is None else float(value)
 
 
+def _cmp_pitch_mm(pitch_mm, layout: str, layout_spec: str, where: str):
+    """The electrode spacing (mm) of a .cmp layout: ``pitch_mm`` checked (a spacing an array can have, in mm), or
+    the Utah pitch; None for a layout that is not a .cmp (its positions are its own), where a pitch is refused."""
+    if not layout.lower().endswith(".cmp"):
+        if pitch_mm is not None:
+            raise ConfigError(f"{where} [recordings] pitch_mm: spaces the grid of a .cmp map; the layout is "
+                              f"{layout_spec!r}, whose positions are its own")
+        return None
+    if pitch_mm is None:
+        return UTAH_PITCH_MM
+    low, high = PLAUSIBLE_SPACING_MM
+    if not low <= pitch_mm <= high:
+        raise ConfigError(f"{where} [recordings] pitch_mm: the .cmp map's electrode spacing in mm, from {low:g} to "
+                          f"{high:g} (a Utah array's is 0.4); got {pitch_mm:g}")
+    return pitch_mm
+
+
 def _spec(kind, where: str, table: str, **values):
     """``kind(**values)``; its errors name the file and the table."""
     try:
@@ -185,6 +204,7 @@ def load_plan_config(path) -> PlanConfig:
             "images": section.get("images", list),
             "layout": section.get("layout", str, "10x10"),
             "layout_ids": section.get("layout_ids", str, "channel", choices=("channel", "label")),
+            "pitch_mm": section.get("pitch_mm", float, None),
             "names": section.get("names", dict, {}),
             "electrode_group": section.get("electrode_group", str, None),
         }
@@ -202,6 +222,7 @@ def load_plan_config(path) -> PlanConfig:
         if recordings["layout_ids"] == "label" and not recordings["layout"].lower().endswith(".cmp"):
             raise ConfigError(f"{where} [recordings] layout_ids: \"label\" takes the ids from a .cmp map's label column; "
                               f"the layout is {layout_spec!r}")
+        recordings["pitch_mm"] = _cmp_pitch_mm(recordings["pitch_mm"], recordings["layout"], layout_spec, where)
         unknown = sorted(set(recordings["names"]) - set(FIELD_NAMES))
         if unknown or not all(isinstance(v, str) and v for v in recordings["names"].values()):
             raise ConfigError(f"{where} [recordings] names: maps stimsim's fields {list(FIELD_NAMES)} onto your names "
