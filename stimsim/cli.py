@@ -15,7 +15,7 @@ from stimsim.distributed import add_compute_arguments
 from stimsim.errors import ConfigError, StimsimError
 from stimsim.io import check_output_dir, check_output_file
 from stimsim.jsonable import json_ready
-from stimsim.progress import report_phase
+from stimsim.progress import report_phase, write_line
 
 
 def _cmd_train(args) -> int:
@@ -435,7 +435,7 @@ def _apply_common_options(args) -> None:
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings as one line: ``stimsim: warning: MESSAGE``."""
     text = " ".join(str(message).split())
-    print(f"stimsim: warning: {text}", file=file or sys.stderr, flush=True)
+    write_line(f"stimsim: warning: {text}", file)
 
 
 #: Commands that resume where an interrupted run of the same command stopped (training checkpoints, the

@@ -97,3 +97,23 @@ def test_an_interrupt_is_one_line_and_exit_code_130(argv, module, function, resu
     captured = capsys.readouterr()
     expected = "stimsim: interrupted; run the same command again to resume" if resumes else "stimsim: interrupted"
     assert captured.err == expected + "\n" and captured.out == ""
+
+
+def test_phase_lines_and_warnings_never_share_a_line_with_a_progress_bar(capsys):
+    """A bar on stderr is cleared before a phase line or a warning and drawn again after it: the line stands alone
+    between carriage returns and newlines (written after the bar, it used to run on: 'poses: 0/2 …stimsim: …')."""
+    import sys
+
+    from tqdm import tqdm
+
+    from stimsim.cli import _show_warning
+    from stimsim.progress import report_phase
+
+    with tqdm(total=2, desc="poses", file=sys.stderr) as bar:
+        bar.update(1)
+        report_phase("plan: making the virtual subject")
+        _show_warning(UserWarning("2 recorded electrode(s) left out"), UserWarning, "x.py", 1)
+    pieces = capsys.readouterr().err.replace("\r", "\n").split("\n")
+    assert "stimsim: plan: making the virtual subject" in pieces
+    assert "stimsim: warning: 2 recorded electrode(s) left out" in pieces
+    assert not any("poses" in piece and "stimsim:" in piece for piece in pieces)
