@@ -104,6 +104,11 @@ def test_plan_writes_every_output(plan_dir):
         assert len(token.split("e")[0].lstrip("-").replace(".", "").lstrip("0")) <= 10, token
     assert "e1" not in set(sites["electrode_id"])  # broken: not rehearsed
     assert "e16" not in set(sites["electrode_id"])  # dead: its split-half reliability is ~0
+    summary = json.loads((out / "summary.json").read_text())  # named as left out, the broken e1 not
+    assert summary["left_out_electrodes"] == {"constant_response": [], "reliability_undefined": [],
+                                              "below_min_reliability": ["e16"]}
+    assert summary["left_out_warning"].endswith("below min_reliability = 0.3: 1 (e16)")
+    assert f"Warning: {summary['left_out_warning']}." in (out / "report.html").read_text()
     assert np.allclose(sites["charge_per_phase_nC"], 50 * 0.2)  # 50 µA × 0.2 ms = 10 nC
     chosen = sites[sites["chosen"]]
     assert 1 <= len(chosen) <= 4
@@ -735,6 +740,45 @@ def test_a_cmp_layout_takes_its_pitch_from_the_plan(tmp_path):
     config_path.write_text(text.replace('layout = "array.cmp"', 'layout = "layout.csv"\npitch_mm = 0.25'))
     with pytest.raises(ConfigError, match=r"plan.toml \[recordings\] pitch_mm: spaces the grid of a .cmp map"):
         load_plan_config(config_path)
+
+
+def test_flat_and_unreliable_channels_are_left_out_by_name(tmp_path):
+    """Planted channels of a lab's recordings (200 images × 2 repeats; the others carry an image signal of SD 10 over
+    noise of SD 1, split-half reliability ≈ 0.99): e3 records 7.0 throughout (constant), e5 records 5.0 but 6.0 once
+    (in every split the half without that presentation has constant image means: reliability undefined), e7 is
+    noise alone (reliability ≈ 0 < 0.3), e1 is listed as broken (the lab's own list: not reported)."""
+    from stimsim.planning.config import load_plan_config
+    from stimsim.planning.plan import PlanInputs, _mapping_phase, _reliability, _screen
+    from stimsim.recordings import Recordings, load_recordings
+
+    config_path = _lab_plan(tmp_path / "config")
+    path = tmp_path / "config" / "recordings.nc"
+    recordings = load_recordings(path)
+    rng = np.random.default_rng(3)
+    ids = recordings.response["stimulus_id"].values
+    _, image = np.unique(ids, return_inverse=True)
+    values = rng.normal(0, 10, (image.max() + 1, 16))[image] + rng.normal(0, 1, (len(ids), 16))
+    values[:, 2] = 7.0
+    values[:, 4] = 5.0
+    values[0, 4] = 6.0
+    values[:, 6] = rng.normal(0, 1, len(ids))
+    Recordings.from_arrays(values, ids, recordings.layout).save_netcdf(path)
+    config_path.write_text(config_path.read_text().replace(
+        "min_reliability = -1.0", 'min_reliability = 0.3\nbroken_electrodes = ["e1"]'))
+    config = load_plan_config(config_path)
+    inputs = PlanInputs(config, tmp_path / "out", progress=False)
+    reliability = _reliability(config, inputs.recordings)
+    working, left_out = _screen(config, inputs, dict(zip(map(str, reliability["electrode"].values),
+                                                         reliability.values)))
+    assert left_out == {"constant_response": ["e3"], "reliability_undefined": ["e5"],
+                        "below_min_reliability": ["e7"]}
+    assert working == [e for e in inputs.layout.in_array_order(inputs.layout.electrode_ids)
+                       if e not in ("e1", "e3", "e5", "e7")]
+    config_path.write_text(config_path.read_text().replace("min_reliability = 0.3", "min_reliability = 0.9999"))
+    config = load_plan_config(config_path)  # above every channel's reliability: the refusal says what was left out
+    with pytest.raises(ConfigError, match=r"only 0 electrode\(s\) are working .*; 15 recorded electrode\(s\) left out "
+                                          r".*a constant response .*: 1 \(e3\); .* below min_reliability = 0.9999: 13 "):
+        _mapping_phase(config, PlanInputs(config, tmp_path / "out", progress=False), {}, progress=False)
 
 
 def test_split_half_reliability_is_needed_only_where_it_is_asked_for(tmp_path):

@@ -363,3 +363,23 @@ def test_face_task_noise_is_added_at_each_models_input_size():
                 assert image.shape == (size_px, size_px)
                 clean = originals[stimulus_id.rsplit("_signal", 1)[0]]
                 assert int((model_input([image]) != model_input([clean])).sum()) == replaced[level]
+
+
+def test_electrodes_left_out_are_named_with_their_reason():
+    """By hand: 1 broken (the lab knows; not reported), 2 constant, 3 NaN reliability, 4 at 0.1 and 5 at 0.3 against
+    min_reliability = 0.3 (5 works: the threshold is inclusive), 6 at 0.9."""
+    from stimsim.planning.selection import left_out_message, screen_electrodes
+
+    reliability = {"1": 0.9, "2": np.nan, "3": np.nan, "4": 0.1, "5": 0.3, "6": 0.9}
+    working, left_out = screen_electrodes(["6", "5", "4", "3", "2", "1"], ["1"], reliability, 0.3, constant=["2"])
+    assert working == ["6", "5"]
+    assert left_out == {"constant_response": ["2"], "reliability_undefined": ["3"], "below_min_reliability": ["4"]}
+    message = left_out_message(left_out, 0.3)
+    assert message.startswith("3 recorded electrode(s) left out of the plan as not working — a constant response")
+    assert "reliability undefined (in some split, one half's image means do not vary): 1 (3)" in message
+    assert message.endswith("split-half reliability below min_reliability = 0.3: 1 (4)")
+    # no reliability asked for (min_reliability = -1 on one presentation per image): every electrode not broken works
+    assert screen_electrodes(["1", "2", "3"], ["1"], None, -1.0, constant=["2"]) == (
+        ["2", "3"], {"constant_response": [], "reliability_undefined": [], "below_min_reliability": []})
+    assert left_out_message({"constant_response": [], "reliability_undefined": [], "below_min_reliability": []},
+                            0.3) is None

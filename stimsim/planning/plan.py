@@ -36,7 +36,8 @@ from stimsim.paradigms.sequence_2afc import fit_readouts
 from stimsim.planning.config import PlanConfig, load_plan_config
 from stimsim.planning.face_task import face_rehearsal, face_trials
 from stimsim.planning.rehearsal import rehearse
-from stimsim.planning.selection import check_broken, choose_sites, ranking_reliability
+from stimsim.planning.selection import (check_broken, choose_sites, left_out_message, ranking_reliability,
+                                       screen_electrodes)
 from stimsim.progress import report_phase
 from stimsim.sequences import build_sequences, excursion_warning, pooling_matrix
 from stimsim.stimulation import enforce
@@ -192,21 +193,28 @@ def _reliability(config: PlanConfig, recordings):
                         f"not broken counts as working)") from None
 
 
+def _screen(config: PlanConfig, inputs: PlanInputs, reliability: dict | None) -> tuple[list, dict]:
+    """The working electrodes in array order — the sites' seeded noise is drawn in this order, not the order a lab's
+    file lists its channels in — and the recorded ones left out, by reason (:func:`screen_electrodes`)."""
+    response = inputs.recordings.response
+    constant = response["electrode"].values[np.ptp(response.values, axis=0) == 0]
+    return screen_electrodes(inputs.layout.in_array_order(inputs.layout.electrode_ids),
+                             config.selection.broken_electrodes, reliability, config.min_reliability, constant)
+
+
 def _mapping_phase(config: PlanConfig, inputs: PlanInputs, models: dict, progress: bool) -> dict:
     from stimsim.mapping import (RegistrationProblem, RegistrationSettings, bootstrap_registration, register,
                                  select_model)
 
     reliability = _reliability(config, inputs.recordings)
-    # the sites' seeded noise is drawn in this order: the array's, not the order a lab's file lists its channels in
-    ids = inputs.layout.in_array_order(inputs.layout.electrode_ids)
     rel = {} if reliability is None else {str(e): float(v) for e, v in zip(reliability["electrode"].values,
                                                                               reliability.values)}
-    broken = set(config.selection.broken_electrodes)
-    working = [e for e in ids if e not in broken
-               and (reliability is None or rel.get(e, np.nan) >= config.min_reliability)]
+    working, left_out = _screen(config, inputs, None if reliability is None else rel)
     if len(working) < 3:
+        why = left_out_message(left_out, config.min_reliability)
         raise ConfigError(f"{config.path} [array]: only {len(working)} electrode(s) are working (not broken, split-half "
-                          f"reliability >= min_reliability = {config.min_reliability}); at least 3 are needed")
+                          f"reliability >= min_reliability = {config.min_reliability}); at least 3 are needed"
+                          + (f"; {why}" if why else ""))
     report_phase(f"plan: model selection over {len(models)} candidate(s), {config.n_folds}-fold ridge", progress)
     table, scores = select_model(inputs.per_image.sel(electrode=working), models, inputs.images,
                                  n_folds=config.n_folds, seed=config.seed)
@@ -551,6 +559,10 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                "registration_stability": {name: {k: boot[k] for k in ("sd_x_mm", "sd_y_mm", "sd_rotation_deg", "n_boot")}
                                           for name, boot in mapping["bootstraps"].items()},
                "effect": effect, f"predicted_{effect}_median": float(np.nanmedian(plan["predicted"]))}
+    _, summary["left_out_electrodes"] = _screen(config, inputs, mapping["reliability"] or None)
+    summary["left_out_warning"] = left_out_message(summary["left_out_electrodes"], config.min_reliability)
+    if summary["left_out_warning"] is not None:
+        warnings.warn(summary["left_out_warning"], stacklevel=2)
     if config.task == "sequence_2afc":
         sequences = task
         summary.update({

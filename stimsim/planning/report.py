@@ -273,6 +273,8 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                       "labelled with its id: chosen sites in bold green, the other working electrodes in black, "
                       f"recorded electrodes not rehearsed (split-half reliability under {config.min_reliability:g}) "
                       "in grey, electrodes without recordings in grey italics, broken ones in red.")]
+    if summary["left_out_warning"]:
+        overview.append(Paragraph(f"Warning: {summary['left_out_warning']}."))
     if summary.get("sequence_warning"):
         overview.append(Paragraph(f"Warning: {summary['sequence_warning']}."))
     if sequence_task:

@@ -46,6 +46,49 @@ class SelectionSpec:
         return data
 
 
+#: Why a recorded electrode that is not broken is left out of a plan as not working, in the order checked.
+LEFT_OUT_REASONS = {
+    "constant_response": "a constant response (every presentation the same value: split-half reliability undefined)",
+    "reliability_undefined": "split-half reliability undefined (in some split, one half's image means do not vary)",
+    "below_min_reliability": "split-half reliability below min_reliability"}
+
+
+def screen_electrodes(electrode_ids, broken, reliability, min_reliability: float, constant=()) -> tuple[list, dict]:
+    """The working electrodes of ``electrode_ids`` (their order kept) and, by reason (:data:`LEFT_OUT_REASONS`),
+    the ones left out that are not ``broken``.
+
+    reliability : electrode id → split-half reliability (NaN where undefined), or None when none is asked for:
+        then every electrode that is not broken works.
+    constant : ids of the electrodes whose recorded responses are all the same value."""
+    broken, constant = set(map(str, broken)), set(map(str, constant))
+    working, left_out = [], {reason: [] for reason in LEFT_OUT_REASONS}
+    for electrode in map(str, electrode_ids):
+        if electrode in broken:
+            continue
+        value = np.nan if reliability is None else float(reliability.get(electrode, np.nan))
+        if reliability is None:
+            working.append(electrode)
+        elif electrode in constant:
+            left_out["constant_response"].append(electrode)
+        elif not np.isfinite(value):
+            left_out["reliability_undefined"].append(electrode)
+        elif value < min_reliability:
+            left_out["below_min_reliability"].append(electrode)
+        else:
+            working.append(electrode)
+    return working, left_out
+
+
+def left_out_message(left_out: dict, min_reliability: float) -> str | None:
+    """One sentence naming the electrodes left out by :func:`screen_electrodes` and why; None when there are none."""
+    parts = [LEFT_OUT_REASONS[reason] + (f" = {min_reliability:g}" if reason == "below_min_reliability" else "")
+             + f": {len(ids)} ({', '.join(ids)})" for reason, ids in left_out.items() if ids]
+    if not parts:
+        return None
+    total = sum(len(ids) for ids in left_out.values())
+    return f"{total} recorded electrode(s) left out of the plan as not working — " + "; ".join(parts)
+
+
 def check_broken(broken, electrode_ids, where: str = "selection.broken_electrodes") -> None:
     """Every broken id must name an electrode of the array."""
     known = set(str(e) for e in electrode_ids)
