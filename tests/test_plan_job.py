@@ -459,6 +459,10 @@ def test_validate_writes_per_pose_numbers_and_the_null(tmp_path, one_torch_threa
     assert validation["targets_met"] == meets_targets(validation["predicted_vs_true_r_per_pose"],
                                                       validation["random_pose_r_p95"])
     assert pose["subject_seed"] == 7 + 101  # another hidden pose than the plan's own subject
+    record = validation["provenance"]  # the validation's own parameters, versions and inputs, as config.json
+    assert record["config"]["validation"] == {"n_poses": 1, "n_random": 100, "subject_seeds": [7 + 101]}
+    assert record["config"]["seed"] == 0 and record["software"]["stimsim"] and record["device"] == "cpu"
+    assert record["input_sha256"] == json.loads((out / "config.json").read_text())["input_sha256"]
     truth = json.loads((out / "validation" / "pose_0" / "subject" / "truth.json").read_text())
     assert truth["pose"] == pose["pose"] != json.loads((out / "subject" / "truth.json").read_text())["pose"]
 

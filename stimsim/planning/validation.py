@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from stimsim.config import load_toml
 from stimsim.errors import ConfigError
-from stimsim.io import atomic_write_json
+from stimsim.io import atomic_write_json, provenance
 
 #: The issue's targets: median r over 5 poses and the number of poses above their null's 95th percentile.
 TARGET_R = 0.5
@@ -73,9 +73,22 @@ def validate_plan(config, out_dir: Path, n_poses: int, progress: bool = True, n_
               "targets_met": meets_targets(per_pose, nulls),
               "null_method": f"{n_random} random registrations of the array on every candidate's sheet, the same "
                              "sequences rehearsed there (see stimsim.planning.validation)",
-              "poses": details}
+              "poses": details,
+              "provenance": _provenance(config, n_poses, n_random, base_seed, compute)}
     atomic_write_json(Path(out_dir) / "validation.json", result)
     return result
+
+
+def _provenance(config, n_poses: int, n_random: int, base_seed: int, compute: dict | None) -> dict:
+    """The plan's parameters and the validation's own, software versions, time, device, scheduler and input files."""
+    compute = compute or {}
+    record = provenance({**config.to_dict(), "validation": {"n_poses": n_poses, "n_random": n_random,
+                                                            "subject_seeds": [base_seed + 101 * (k + 1)
+                                                                              for k in range(n_poses)]}})
+    record["device"] = str(compute.get("device", "cpu"))
+    record["scheduler"] = compute.get("scheduler_description")
+    record["input_sha256"] = config.input_files()
+    return record
 
 
 def meets_targets(per_pose_r, per_pose_null_p95) -> bool:
