@@ -1,4 +1,5 @@
-"""The ``stimsim`` command line: train models, manage data, check models, run experiments, benchmark."""
+"""The ``stimsim`` command line: train models, manage data, check models, run experiments, plan stimulation
+sessions, make virtual subjects and their sessions, analyse recorded sessions and their power, benchmark."""
 from __future__ import annotations
 
 import argparse
