@@ -14,6 +14,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+from scipy.integrate import trapezoid
 
 from stimsim.analysis.analyze import analyze
 from stimsim.analysis.sessions import load_sessions, value_mapping
@@ -56,7 +57,7 @@ print(analysis.sites[["electrode", "delta_auc", "permutation_p", "p_fdr"]]
 # Observed ΔAUC with its bootstrap interval against the planted one.
 curves = planted_curves(stim_logodds, lapse_rate=0.02)
 x = np.linspace(0.0, 1.0, curves.shape[-1])
-true_delta_auc = np.trapezoid(curves[:, 1] - curves[:, 0], x, axis=-1)
+true_delta_auc = trapezoid(curves[:, 1] - curves[:, 0], x, axis=-1)
 sites = analysis.sites
 error = [sites["delta_auc"] - sites["delta_auc_low"],
          sites["delta_auc_high"] - sites["delta_auc"]]
