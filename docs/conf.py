@@ -12,6 +12,7 @@ import stimsim  # noqa: E402
 
 project = "stimsim"
 author = "stimsim contributors"
+copyright = "2026 the stimsim developers (MIT License)"
 release = stimsim.__version__
 version = release
 

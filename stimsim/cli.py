@@ -1,4 +1,5 @@
-"""The ``stimsim`` command line: train models, manage data, check models, run experiments, benchmark."""
+"""The ``stimsim`` command line: train models, manage data, check models, run experiments, plan stimulation
+sessions, make virtual subjects and their sessions, analyse recorded sessions and their power, benchmark."""
 from __future__ import annotations
 
 import argparse
@@ -315,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                 "hidden poses and write validation.json")
     plan.add_argument("--force", action="store_true",
                       help="write into --out even if it holds files that are not a plan (same names are overwritten)")
-    plan.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    plan.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
     _add_mirror(plan)
     _add_threads(plan)
     add_compute_arguments(plan)
@@ -346,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     session.add_argument("--trials-per-site", type=int, default=400, help="trials per site (default 400)")
     session.add_argument("--out", help="NWB session file to write")
     session.add_argument("--csv", help="also (or only) write the trials as a CSV table")
-    session.add_argument("--seed", type=int, default=0, help="seed of the trial order and the sampled choices")
+    session.add_argument("--seed", type=int, default=0, help="seed of the trial order and the sampled choices (default 0)")
     session.add_argument("--session-id", help="session id (default session-seedN)")
     session.add_argument("--sites", choices=("chosen", "all"), default="chosen",
                          help="the plan's chosen sites (default) or every rehearsed working electrode")

@@ -252,6 +252,8 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
                     electrode_group: str | None = None) -> Recordings:
     """Read recordings from ``.nc`` or ``.nwb`` (see the module docstring for the layouts).
 
+    Parameters
+    ----------
     names : stimsim field name → the lab's name (see :data:`FIELD_NAMES`).
     layout : the array layout; without it the positions stored in the file (x_mm, y_mm, or x_um, y_um) are
         used, and refused when their spacing is implausible for mm (see :func:`check_spacing_mm`).

@@ -53,7 +53,7 @@ def test_analyze_refuses_a_broken_file_with_exit_code_2(tmp_path, capsys):
     table = planted_session([0.5, 0.5], trials_per_site=20)
     table.loc[3, "choice"] = "face"
     table.to_csv(tmp_path / "s.csv", index=False)
-    assert main(["analyze", str(tmp_path / "s.csv"), "--out", str(tmp_path / "out")]) == 2
+    assert main(["analyze", str(tmp_path / "s.csv"), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("stimsim: error: ") and "s.csv" in error and "row(s) 4" in error
     assert not (tmp_path / "out").exists()
@@ -147,7 +147,8 @@ def test_analyze_refuses_steps_beyond_the_plans_sequences(tmp_path, capsys):
     table = planted_session([0.5, 0.5], trials_per_site=40, n_steps=5, seed=1).drop(columns="stimulus_id")
     table.loc[6, "step"] = 5
     table.to_csv(tmp_path / "s.csv", index=False)
-    assert main(["analyze", str(tmp_path / "s.csv"), "--plan", str(plan), "--out", str(tmp_path / "out")]) == 2
+    assert main(["analyze", str(tmp_path / "s.csv"), "--plan", str(plan), "--out", str(tmp_path / "out"),
+                 "--no-progress"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("stimsim: error: ") and "s.csv" in error and "column 'step', row(s) 7:" in error
     assert "allowed steps 0..4" in error and not (tmp_path / "out").exists()

@@ -324,6 +324,8 @@ def register(per_image_responses: xr.DataArray, model, images: StimulusSet, layo
              problem: RegistrationProblem | None = None) -> Registration:
     """Fit the pose of ``layout`` on ``model``'s IT sheet (see the module docstring).
 
+    Parameters
+    ----------
     per_image_responses : (stimulus_id × electrode) mean responses; ``images`` holds those stimuli.
     electrodes : ids used for the fit (e.g. the reliable, working ones); all recorded if None. Every
         layout electrode still gets its mapped point and correlation.

@@ -16,8 +16,9 @@ so a 10×10 Utah array (0.4 mm pitch, 3.6 mm across) spans 1.8 model mm of a 2:1
 A subject directory (``stimsim subject make CONFIG.toml --out DIR``) holds ``subject.toml`` (the
 configuration as given), ``recordings.nc`` and ``recordings.nwb`` (the same recordings in both
 formats, see :mod:`stimsim.recordings`), ``stimuli.npz`` (the images shown, keyed by stimulus id,
-with their labels) and ``truth.json`` (model, pose, dead electrodes, gains, seed — for validation
-only; a planner never reads it).
+with their labels), ``truth.json`` (model, pose, dead electrodes, gains, seed — for validation
+only; a planner never reads it) and, when the configuration's layout is a file, a copy of it (the saved
+``subject.toml`` names the copy).
 """
 from __future__ import annotations
 
