@@ -57,9 +57,9 @@ def screen_electrodes(electrode_ids, broken, reliability, min_reliability: float
     """The working electrodes of ``electrode_ids`` (their order kept) and, by reason (:data:`LEFT_OUT_REASONS`),
     the ones left out that are not ``broken``.
 
-    reliability : electrode id → split-half reliability (NaN where undefined), or None when none is asked for:
-        then every electrode that is not broken works.
-    constant : ids of the electrodes whose recorded responses are all the same value."""
+    ``reliability`` maps electrode id → split-half reliability (NaN where undefined), or is None when none is
+    asked for: then every electrode that is not broken works. ``constant`` holds the ids of the electrodes whose
+    recorded responses are all the same value."""
     broken, constant = set(map(str, broken)), set(map(str, constant))
     working, left_out = [], {reason: [] for reason in LEFT_OUT_REASONS}
     for electrode in map(str, electrode_ids):
