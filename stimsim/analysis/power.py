@@ -20,6 +20,8 @@ to the exact choice probabilities, every cell weighted equally), which uses ever
 """
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 import pandas as pd
 from scipy import stats
@@ -144,10 +146,9 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
 
 
 def lower_median(values) -> int:
-    """The lower median of integers: the ⌈n/2⌉-th smallest, itself one of ``values`` (np.median averages the two
-    middle values of an even n, which gives a trial count that was never simulated)."""
-    ordered = sorted(int(value) for value in values)
-    return ordered[(len(ordered) - 1) // 2]
+    """The lower median of integers (:func:`statistics.median_low`): the ⌈n/2⌉-th smallest, itself one of ``values``
+    (np.median averages the two middle values of an even n, which gives a trial count that was never simulated)."""
+    return statistics.median_low([int(value) for value in values])
 
 
 def _first_reaching(counts, values, target: float):
