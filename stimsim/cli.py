@@ -187,7 +187,8 @@ def _cmd_analyze(args) -> int:
     _check_at_least("--perm", args.perm, 1)
     _check_at_least("--splits", args.splits, 1)
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
-                            values=value_mapping(args.values, args.columns), layout=args.layout, n_boot=args.boot,
+                            values=value_mapping(args.values, args.columns), layout=args.layout, layout_ids=args.layout_ids,
+                            n_boot=args.boot,
                             n_perm=args.perm, n_splits=args.splits, seed=args.seed, force=args.force,
                             progress=not args.no_progress)
     keys = ("n_sites_recorded", "n_sites", "n_trials", "mean_shift", "mean_shift_chance", "wilcoxon_p",
@@ -363,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="lab value codes of one column (repeatable): choice:0=low,1=high; "
                               "stimulated_electrode:-1=sham; current_uA:-1=sham")
     analyze.add_argument("--layout", help="array layout to check electrode ids against: 10x10, 8x8 or a .csv/.cmp file")
+    analyze.add_argument("--layout-ids", choices=("channel", "label"), default="channel",
+                         help="a .cmp layout's ids: its channel numbers (default) or its label column")
     analyze.add_argument("--out", required=True, help="output directory (report.html/.pdf, results.nc, summary.json)")
     analyze.add_argument("--boot", type=int, default=1000, help="bootstrap resamples per site (default 1000)")
     analyze.add_argument("--perm", type=int, default=1000, help="label permutations per site (default 1000)")

@@ -129,6 +129,29 @@ def test_analyze_checks_electrodes_against_an_array_layout(tmp_path, capsys):
     assert "column 'electrode'" in error and "not in the plan/layout" in error and "'97'" in error
 
 
+def test_analyze_reads_a_cmp_layouts_labels_with_layout_ids(tmp_path, capsys):
+    """Sessions that name electrodes by a .cmp map's labels (elec1, elec2) pass the layout check only with
+    --layout-ids label; by default the map's ids are its channel numbers."""
+    (tmp_path / "array.cmp").write_text("Cerebus mapping\n0 0 A 1 elec1\n1 0 A 2 elec2\n")
+    planted_session([0.5, 0.5], trials_per_site=20, electrodes=["elec1", "elec2"]).to_csv(tmp_path / "s.csv",
+                                                                                         index=False)
+    layout = ["--layout", str(tmp_path / "array.cmp")]
+    quick = ["--boot", "5", "--perm", "5", "--splits", "2", "--no-progress"]
+    assert main(["analyze", str(tmp_path / "s.csv"), *layout, "--out", str(tmp_path / "by_channel"), *quick]) == 2
+    assert "not in the plan/layout" in capsys.readouterr().err
+    assert main(["analyze", str(tmp_path / "s.csv"), *layout, "--layout-ids", "label", "--out",
+                 str(tmp_path / "by_label"), *quick]) == 0
+    summary = json.loads((tmp_path / "by_label" / "summary.json").read_text())
+    assert summary["n_sites_recorded"] == 2 and summary["provenance"]["config"]["layout_ids"] == "label"
+    capsys.readouterr()
+    assert main(["analyze", str(tmp_path / "s.csv"), "--layout", "10x10", "--layout-ids", "label", "--out",
+                 str(tmp_path / "utah"), *quick]) == 2
+    assert "--layout-ids: \"label\" takes the ids from a .cmp map's label column" in capsys.readouterr().err
+    assert main(["analyze", str(tmp_path / "s.csv"), "--layout-ids", "label", "--out", str(tmp_path / "none"),
+                 *quick]) == 2
+    assert "no --layout is given" in capsys.readouterr().err and not (tmp_path / "none").exists()
+
+
 def test_analysis_benchmark_entry_runs_on_quick_sizes():
     from stimsim.bench import time_analysis
 

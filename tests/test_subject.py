@@ -72,6 +72,28 @@ def test_array_and_pose_are_cortex_mm_on_a_two_to_one_model(model):
     assert one.truth()["scale_overridden"]
 
 
+def test_a_cmp_layout_gives_the_subject_its_labels_and_spacing(model, tmp_path):
+    """A 3×2 Blackrock map labelled elecN, read with [array] layout_ids = "label" and pitch_mm = 0.25: the
+    subject's electrodes are the labels, and elec6 (col 2, row 1) lies (2 - 1, 1 - 0.5) × 0.25 mm from the centre."""
+    cmp = tmp_path / "array.cmp"
+    cmp.write_text("Cerebus mapping for a 6-channel test array\n"
+                   + "".join(f"{k % 3}\t{k // 3}\tA\t{k + 1}\telec{k + 1}\n" for k in range(6)))
+    pose = {"x_mm": 10.0, "y_mm": 9.0, "rotation_deg": 0.0}
+    subject = VirtualSubject.create(_config(layout=str(cmp), layout_ids="label", pitch_mm=0.25, pose=pose),
+                                    model=model)
+    assert subject.layout.electrode_ids == tuple(f"elec{k}" for k in range(1, 7))
+    assert subject.electrode_sites_mm()["elec6"] == pytest.approx((10.0 + 0.25, 9.0 + 0.125))
+    assert VirtualSubject.create(_config(layout=str(cmp), pose=pose), model=model).layout.electrode_ids[0] == "1"
+    with pytest.raises(ConfigError, match=r"<config> \[array\] pitch_mm: the .cmp map's electrode spacing in mm, "
+                                          r"from 0.005 to 5 .*got 400$"):
+        VirtualSubject.create(_config(layout=str(cmp), pitch_mm=400.0), model=model)
+    with pytest.raises(ConfigError, match=r"<config> \[array\] layout_ids: \"label\" takes the ids from a .cmp"):
+        VirtualSubject.create(_config(layout_ids="label"), model=model)
+    with pytest.raises(ConfigError, match=r"<config> \[array\] pitch_mm: spaces the grid of a .cmp map; the layout "
+                                          r"is '8x8'"):
+        VirtualSubject.create(_config(pitch_mm=0.25), model=model)
+
+
 def test_random_pose_is_seeded_and_keeps_the_array_on_the_sheet(model):
     x0, x1, y0, y1 = 2.0 * np.array(model.sheet("IT").extent_mm)  # cortex mm
     poses = []

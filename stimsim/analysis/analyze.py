@@ -291,16 +291,21 @@ def _write_analysis(analysis: Analysis, results, sources, report: bool) -> Path:
 
 def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = None, layout=None,
                  n_boot: int = 1000, n_perm: int = 1000, n_splits: int = 100, seed: int = 0,
-                 force: bool = False, values: dict | None = None, progress: bool = False) -> Analysis:
+                 force: bool = False, values: dict | None = None, progress: bool = False,
+                 layout_ids: str = "channel") -> Analysis:
     """Load and validate the session files (electrodes checked against the plan's sites when a plan
-    is given, or against ``layout``: a Utah kind "10x10" / "8x8" or a .csv / .cmp layout file; lab
+    is given, or against ``layout``: a Utah kind "10x10" / "8x8" or a .csv / .cmp layout file, a .cmp's
+    ids its channel numbers or, with ``layout_ids="label"``, its labels; lab
     column names ``columns`` and value codes ``values`` translated), analyse them, and write the report
     (HTML + PDF), ``results.nc``, ``sites.csv`` and ``summary.json`` into ``out_dir`` as one result set.
     ``progress`` prints each phase on stderr."""
     from stimsim.analysis.sessions import load_sessions
-    from stimsim.arrays.layout import load_layout
-
+    from stimsim.arrays.layout import cmp_options, load_layout
     from stimsim.io import ResultSet
+
+    cmp = cmp_options(str(layout), layout_ids, names=("--layout-ids", "pitch_mm")) if layout is not None else {}
+    if layout is None and layout_ids != "channel":
+        raise ConfigError(f"--layout-ids {layout_ids}: names the ids of a .cmp --layout; no --layout is given")
 
     # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
     # before writing leaves it as it was.
@@ -310,7 +315,7 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
             electrodes = set(load_plan_predictions(plan_dir)[0]["electrode_id"])
             plan_sequences = load_plan_sequences(plan_dir)
         if layout is not None:
-            array_ids = set(load_layout(layout).electrode_ids)
+            array_ids = set(load_layout(layout, **cmp).electrode_ids)
             electrodes = array_ids if electrodes is None else electrodes & array_ids
         paths = [session_paths] if isinstance(session_paths, (str, Path)) else list(session_paths)
         report_phase(f"analyze: reading {len(paths)} session file(s)", progress)
@@ -321,7 +326,8 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
                      f"resamples, {n_perm} permutations per site, {n_splits} split halves)", progress)
         analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed)
         analysis.parameters.update({"columns": columns or {}, "values": values or {},
-                                    "layout": str(layout) if layout is not None else None})
+                                    "layout": str(layout) if layout is not None else None,
+                                    "layout_ids": layout_ids})
         report_phase("analyze: writing the report (HTML and PDF), results.nc, sites.csv and summary.json", progress)
         _write_analysis(analysis, results, session_paths, report=True)
     return analysis

@@ -311,6 +311,37 @@ def utah_array(kind: str = "10x10", pitch_mm: float = UTAH_PITCH_MM) -> ArrayLay
     return ArrayLayout(f"utah_{kind}", tuple(str(i + 1) for i in range(len(cells))), positions)
 
 
+def cmp_options(layout: str, layout_ids: str = "channel", pitch_mm: float | None = None, where: str = "",
+                names: tuple[str, str] = ("layout_ids", "pitch_mm")) -> dict:
+    """The checked .cmp options of ``layout`` as :func:`load_layout` keywords.
+
+    ``layout_ids`` ("channel" or "label") and ``pitch_mm`` (the electrode spacing, mm, within
+    :data:`PLAUSIBLE_SPACING_MM`; default :data:`UTAH_PITCH_MM`) apply to a Blackrock ``.cmp`` map only; set for
+    another layout, whose ids and positions are its own, they are refused. ``where`` (e.g. ``"plan.toml
+    [recordings]"``) and ``names`` (the two options as the user writes them) place an error."""
+    ids_name, pitch_name = names
+    prefix = f"{where} " if where else ""
+    if layout_ids not in ("channel", "label"):
+        raise ConfigError(f"{prefix}{ids_name}: \"channel\" (a .cmp map's Cerebus channel numbers) or \"label\" (its "
+                          f"label column), got {layout_ids!r}")
+    if not str(layout).lower().endswith(".cmp"):
+        if layout_ids != "channel":
+            raise ConfigError(f"{prefix}{ids_name}: \"label\" takes the ids from a .cmp map's label column; the "
+                              f"layout is {str(layout)!r}")
+        if pitch_mm is not None:
+            raise ConfigError(f"{prefix}{pitch_name}: spaces the grid of a .cmp map; the layout is {str(layout)!r}, "
+                              "whose positions are its own")
+        return {}
+    if pitch_mm is None:
+        pitch_mm = UTAH_PITCH_MM
+    low, high = PLAUSIBLE_SPACING_MM
+    is_number = isinstance(pitch_mm, (int, float)) and not isinstance(pitch_mm, bool)
+    if not (is_number and low <= pitch_mm <= high):
+        raise ConfigError(f"{prefix}{pitch_name}: the .cmp map's electrode spacing in mm, from {low:g} to {high:g} "
+                          f"(a Utah array's is {UTAH_PITCH_MM:g}); got {f'{pitch_mm:g}' if is_number else repr(pitch_mm)}")
+    return {"cmp_ids": layout_ids, "cmp_pitch_mm": float(pitch_mm)}
+
+
 def load_layout(spec, cmp_ids: str = "channel", cmp_pitch_mm: float = UTAH_PITCH_MM) -> ArrayLayout:
     """A layout from a Utah kind (``"10x10"``, ``"8x8"``, ``"utah_10x10"``) or a ``.csv``/``.cmp`` path; a .cmp's
     ids are its channel numbers or, with ``cmp_ids="label"``, its labels, and its grid is spaced ``cmp_pitch_mm``

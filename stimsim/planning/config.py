@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stimsim.arrays.anatomy import AnatomicalPose
-from stimsim.arrays.layout import PLAUSIBLE_SPACING_MM, UTAH_PITCH_MM
+from stimsim.arrays.layout import cmp_options
 from stimsim.config import Section, load_toml
 from stimsim.errors import ConfigError
 from stimsim.hashing import json_sha256, sha256_of
@@ -124,23 +124,6 @@ def _number_or_none(section: Section, key: str):
     return None if value is None else float(value)
 
 
-def _cmp_pitch_mm(pitch_mm, layout: str, layout_spec: str, where: str):
-    """The electrode spacing (mm) of a .cmp layout: ``pitch_mm`` checked (a spacing an array can have, in mm), or
-    the Utah pitch; None for a layout that is not a .cmp (its positions are its own), where a pitch is refused."""
-    if not layout.lower().endswith(".cmp"):
-        if pitch_mm is not None:
-            raise ConfigError(f"{where} [recordings] pitch_mm: spaces the grid of a .cmp map; the layout is "
-                              f"{layout_spec!r}, whose positions are its own")
-        return None
-    if pitch_mm is None:
-        return UTAH_PITCH_MM
-    low, high = PLAUSIBLE_SPACING_MM
-    if not low <= pitch_mm <= high:
-        raise ConfigError(f"{where} [recordings] pitch_mm: the .cmp map's electrode spacing in mm, from {low:g} to "
-                          f"{high:g} (a Utah array's is 0.4); got {pitch_mm:g}")
-    return pitch_mm
-
-
 def _spec(kind, where: str, table: str, **values):
     """``kind(**values)``; its errors name the file and the table."""
     try:
@@ -203,7 +186,7 @@ def load_plan_config(path) -> PlanConfig:
             "path": str((path.parent / section.get("path", str)).resolve()),
             "images": section.get("images", list),
             "layout": section.get("layout", str, "10x10"),
-            "layout_ids": section.get("layout_ids", str, "channel", choices=("channel", "label")),
+            "layout_ids": section.get("layout_ids", str, "channel"),
             "pitch_mm": section.get("pitch_mm", float, None),
             "names": section.get("names", dict, {}),
             "electrode_group": section.get("electrode_group", str, None),
@@ -219,10 +202,8 @@ def load_plan_config(path) -> PlanConfig:
         if recordings["electrode_group"] is not None and not recordings["path"].lower().endswith(".nwb"):
             raise ConfigError(f"{where} [recordings] electrode_group: selects an ElectrodeGroup (array) of an NWB file; "
                               f"the recordings are {Path(recordings['path']).name}")
-        if recordings["layout_ids"] == "label" and not recordings["layout"].lower().endswith(".cmp"):
-            raise ConfigError(f"{where} [recordings] layout_ids: \"label\" takes the ids from a .cmp map's label column; "
-                              f"the layout is {layout_spec!r}")
-        recordings["pitch_mm"] = _cmp_pitch_mm(recordings["pitch_mm"], recordings["layout"], layout_spec, where)
+        recordings["pitch_mm"] = cmp_options(layout_spec, recordings["layout_ids"], recordings["pitch_mm"],
+                                             where=f"{where} [recordings]").get("cmp_pitch_mm")
         unknown = sorted(set(recordings["names"]) - set(FIELD_NAMES))
         if unknown or not all(isinstance(v, str) and v for v in recordings["names"].values()):
             raise ConfigError(f"{where} [recordings] names: maps stimsim's fields {list(FIELD_NAMES)} onto your names "

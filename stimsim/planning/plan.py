@@ -143,12 +143,11 @@ class PlanInputs:
             self.images = read_stimuli_npz(self.subject_dir / "stimuli.npz")
             layout = recordings.layout
         else:
-            from stimsim.arrays import load_layout
+            from stimsim.arrays.layout import cmp_options, load_layout
             from stimsim.subject.virtual import build_stimuli
 
-            layout = load_layout(config.recordings["layout"], cmp_ids=config.recordings["layout_ids"],
-                                 **({"cmp_pitch_mm": config.recordings["pitch_mm"]}
-                                    if config.recordings["pitch_mm"] is not None else {}))
+            layout = load_layout(config.recordings["layout"], **cmp_options(
+                config.recordings["layout"], config.recordings["layout_ids"], config.recordings["pitch_mm"]))
             self.images = build_stimuli(config.recordings["images"], str(config.path), "[recordings] images")
             recordings = load_recordings(config.recordings["path"], names=config.recordings["names"] or None,
                                          layout=layout, stimulus_ids=self.images.stimulus_id,

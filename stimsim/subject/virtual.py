@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stimsim.arrays.layout import ArrayLayout, load_layout
+from stimsim.arrays.layout import ArrayLayout, cmp_options, load_layout
 from stimsim.arrays.pose import ArrayPose
 from stimsim.config import Section, load_toml
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
@@ -104,8 +104,10 @@ class VirtualSubject:
 
         array = root.section("array", required=True)
         layout_spec = array.get("layout", str, "10x10")
+        cmp = cmp_options(layout_spec, array.get("layout_ids", str, "channel"), array.get("pitch_mm", float, None),
+                          where=f"{source} [array]")
         try:
-            layout = load_layout(_resolve(layout_spec, source))
+            layout = load_layout(_resolve(layout_spec, source), **cmp)
         except FileNotFoundError as exc:
             raise ConfigError(f"{source} [array] layout: {exc} (a layout file is read relative to the "
                               "configuration file's folder)") from None
