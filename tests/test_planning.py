@@ -378,8 +378,9 @@ def test_electrodes_left_out_are_named_with_their_reason():
     assert message.startswith("3 recorded electrode(s) left out of the plan as not working — a constant response")
     assert "reliability undefined (in some split, one half's image means do not vary): 1 (3)" in message
     assert message.endswith("split-half reliability below min_reliability = 0.3: 1 (4)")
-    # no reliability asked for (min_reliability = -1 on one presentation per image): every electrode not broken works
+    # no reliability asked for (min_reliability = -1 on one presentation per image): every electrode that is
+    # neither broken nor constant works (a constant channel correlates with nothing)
     assert screen_electrodes(["1", "2", "3"], ["1"], None, -1.0, constant=["2"]) == (
-        ["2", "3"], {"constant_response": [], "reliability_undefined": [], "below_min_reliability": []})
+        ["3"], {"constant_response": ["2"], "reliability_undefined": [], "below_min_reliability": []})
     assert left_out_message({"constant_response": [], "reliability_undefined": [], "below_min_reliability": []},
                             0.3) is None

@@ -189,7 +189,7 @@ def _reliability(config: PlanConfig, recordings):
         return recordings.split_half_reliability(seed=config.seed)
     except DataError as exc:
         raise DataError(f"{exc}; [array] min_reliability = -1 in {config.path} plans without it (every electrode "
-                        f"not broken counts as working)") from None
+                        f"neither broken nor constant counts as working)") from None
 
 
 def _screen(config: PlanConfig, inputs: PlanInputs, reliability: dict | None) -> tuple[list, dict]:

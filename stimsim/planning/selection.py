@@ -58,18 +58,18 @@ def screen_electrodes(electrode_ids, broken, reliability, min_reliability: float
     the ones left out that are not ``broken``.
 
     ``reliability`` maps electrode id → split-half reliability (NaN where undefined), or is None when none is
-    asked for: then every electrode that is not broken works. ``constant`` holds the ids of the electrodes whose
-    recorded responses are all the same value."""
+    asked for: then every electrode that is not broken and not constant works. ``constant`` holds the ids of the
+    electrodes whose recorded responses are all the same value: they tell nothing, whatever the reliability asked."""
     broken, constant = set(map(str, broken)), set(map(str, constant))
     working, left_out = [], {reason: [] for reason in LEFT_OUT_REASONS}
     for electrode in map(str, electrode_ids):
         if electrode in broken:
             continue
         value = np.nan if reliability is None else float(reliability.get(electrode, np.nan))
-        if reliability is None:
-            working.append(electrode)
-        elif electrode in constant:
+        if electrode in constant:
             left_out["constant_response"].append(electrode)
+        elif reliability is None:
+            working.append(electrode)
         elif not np.isfinite(value):
             left_out["reliability_undefined"].append(electrode)
         elif value < min_reliability:
