@@ -270,7 +270,10 @@ def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
         problem = "missing required key 'paradigm'" if name is None else f"'paradigm' must be one of " \
                   f"{PARADIGMS.names()}, got {name!r}"
         raise ConfigError(f"{where}: {problem}")
-    paradigm = PARADIGMS.get(name)
+    try:
+        paradigm = PARADIGMS.get(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: 'paradigm': {exc}") from None
     checked = validate_file(raw, paradigm, where)
     tables = {table: getattr(checked, table) for table in paradigm.table_models}
     options = paradigm.parse(checked.stimuli, tables, where)
@@ -362,7 +365,10 @@ def _comparison(checked, spec: ExperimentSpec, where: str) -> str | None:
     name = checked.comparison.dataset
     if name not in DATASETS.names():
         raise ConfigError(f"{where} [comparison]: 'dataset' must be one of {DATASETS.names()}, got {name!r}")
-    dataset = DATASETS.get(name)
+    try:
+        dataset = DATASETS.get(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{where} [comparison]: {exc}") from None
     if dataset.paradigm != spec.paradigm:
         raise ConfigError(f"{where} [comparison]: {name!r} is a {dataset.paradigm} experiment; this file's paradigm "
                           f"is {spec.paradigm!r}")
