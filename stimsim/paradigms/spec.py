@@ -60,7 +60,7 @@ key, e.g. Fashion-MNIST's draw, is that set's).
     Gaussian that smooths the unit-d′ map whose peak is the face-patch centre, from which every
     site's ``distance_to_peak_mm`` is measured; default 0.5). All methods but ``explicit``:
     ``margin_mm`` (grid and candidate points keep this distance from the sheet's edge; default 0.5).
-    Sites are in model-sheet millimetres.
+    Sites are in cortex millimetres (the model's sheet scaled by ``cortex_mm_per_model_mm``).
     ``[sites.localizer]``: the images that define selectivity (d′ of ``positive`` against the rest of
     ``label``): ``label``, ``positive``, optional ``sets`` (as in ``[stimuli]``; default: the
     experiment's own clean images). Without this table the paradigm's default is used, if it has
