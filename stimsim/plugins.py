@@ -43,6 +43,16 @@ from pathlib import Path
 from stimsim.errors import ConfigError
 
 
+#: Packages whose entry points this process has loaded: distribution name → version.
+_LOADED_PACKAGES: dict[str, str] = {}
+
+
+def plugin_packages() -> dict[str, str]:
+    """The installed packages (name → version) whose plug-ins this process has loaded through entry points,
+    for the provenance stored with results."""
+    return dict(sorted(_LOADED_PACKAGES.items()))
+
+
 class Registry:
     """Plug-ins of one kind by stable name.
 
@@ -191,6 +201,9 @@ class Registry:
         except (TypeError, ConfigError) as exc:
             self._entry_points[name] = entry_point
             raise ConfigError(f"{self.kind} {name!r}: {where} is not a usable plug-in: {exc}") from None
+        dist = getattr(entry_point, "dist", None)
+        if dist is not None:
+            _LOADED_PACKAGES[dist.name] = dist.version
 
 
 def _entry_point_text(entry_point: EntryPoint) -> str:

@@ -12,6 +12,7 @@ from stimsim import plugins
 from stimsim.config import load_toml
 from stimsim.datasets import DATASETS, get_dataset
 from stimsim.errors import ConfigError
+from stimsim.io import software_versions
 from stimsim.paradigms import PARADIGMS, Paradigm, get_paradigm, parse_experiment, register_paradigm
 from stimsim.paradigms.categorization import Categorization, analyse as categorization_analyse
 from stimsim.models.architectures import build_network
@@ -163,14 +164,17 @@ def test_broken_plug_ins_are_named_with_their_entry_point_and_package(tmp_path, 
         "weird": "labplug_t.cool:NotAPerturbation", "chill": "labplug_t.cool:Cooling",
         "electrical": "labplug_t.cool:Cooling", "gone": "labplug_t.cool:Missing"})
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(plugins, "_LOADED_PACKAGES", {})
     registry = plugins.Registry("perturbation kind", entry_point_group=group, check=_check_perturbation_class)
     registry.register("electrical", ElectricalStimulation)  # a built-in one
 
     # every declared name is listed, but nothing is imported until it is looked up
     assert registry.names() == ["chill", "cooling", "electrical", "frost", "gone", "weird"]
     assert "labplug_t.boom" not in __import__("sys").modules
+    assert "plugins" not in software_versions()
     assert registry.get("cooling").__name__ == "Cooling"
     assert "labplug_t.boom" not in __import__("sys").modules
+    assert software_versions()["plugins"] == {"labplug-t": "0.3"}  # recorded with every result from now on
     declared = r"entry point '{}' \(group stimsim.test_broken_perturbations, package labplug-t 0.3\)"
     with pytest.raises(ConfigError, match=declared.format("frost = labplug_t.boom:Frost") + r" cannot be imported: "
                        r"RuntimeError: labplug_t needs a licence file \(raised at .*boom.py, line 1\)"):
