@@ -141,12 +141,14 @@ def _install_fake_package(root: Path, group: str, entry_points: dict[str, str]) 
     (package / "cool.py").write_text(
         "from dataclasses import dataclass\n"
         "from typing import ClassVar\n"
-        "from stimsim.stimulation.perturbations import Ablation\n"
+        "from stimsim.stimulation.perturbations import Ablation, Perturbation\n"
         "@dataclass(frozen=True)\n"
         "class Cooling(Ablation):\n"
         "    kind: ClassVar[str] = 'cooling'\n"
         "class NotAPerturbation:\n"
-        "    pass\n")
+        "    pass\n"
+        "class Plain(Perturbation):\n"
+        "    kind = 'plain'\n")
     (package / "boom.py").write_text("raise RuntimeError('labplug_t needs a licence file')\n")
     dist = root / "labplug_t-0.3.dist-info"
     dist.mkdir()
@@ -162,14 +164,14 @@ def test_broken_plug_ins_are_named_with_their_entry_point_and_package(tmp_path, 
     _install_fake_package(tmp_path, group, {
         "cooling": "labplug_t.cool:Cooling", "frost": "labplug_t.boom:Frost",
         "weird": "labplug_t.cool:NotAPerturbation", "chill": "labplug_t.cool:Cooling",
-        "electrical": "labplug_t.cool:Cooling", "gone": "labplug_t.cool:Missing"})
+        "electrical": "labplug_t.cool:Cooling", "gone": "labplug_t.cool:Missing", "plain": "labplug_t.cool:Plain"})
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(plugins, "_LOADED_PACKAGES", {})
     registry = plugins.Registry("perturbation kind", entry_point_group=group, check=_check_perturbation_class)
     registry.register("electrical", ElectricalStimulation)  # a built-in one
 
     # every declared name is listed, but nothing is imported until it is looked up
-    assert registry.names() == ["chill", "cooling", "electrical", "frost", "gone", "weird"]
+    assert registry.names() == ["chill", "cooling", "electrical", "frost", "gone", "plain", "weird"]
     assert "labplug_t.boom" not in __import__("sys").modules
     assert "plugins" not in software_versions()
     assert registry.get("cooling").__name__ == "Cooling"
@@ -185,6 +187,8 @@ def test_broken_plug_ins_are_named_with_their_entry_point_and_package(tmp_path, 
     with pytest.raises(ConfigError, match=declared.format("weird = labplug_t.cool:NotAPerturbation") +
                        " is not a usable plug-in: perturbation kind 'weird' must be a Perturbation subclass"):
         registry.get("weird")
+    with pytest.raises(ConfigError, match="class Plain must be a frozen dataclass with the fields sites_mm and layer"):
+        registry.get("plain")
     with pytest.raises(ConfigError, match="perturbation kind 'chill' is registered as class Cooling, whose kind is "
                                           "'cooling'"):
         registry.get("chill")
