@@ -313,6 +313,9 @@ def test_invalid_inputs_are_refused(model, images, labels, decoder):
         simulate(model, images, it_sites(1), v4_decoder, progress=False)
     with pytest.raises(ConfigError, match="unique"):
         simulate(model, images, [it_site("a", 1.0, 1.0), it_site("a", 2.0, 2.0)], decoder, progress=False)
+    bare = it_site("a", 1.0, 1.0).perturbations[0]  # a perturbation passed where a condition belongs
+    with pytest.raises(ConfigError, match=r"conditions\[1\] is of type ElectricalStimulation, not a Condition; wrap"):
+        simulate(model, images, [Condition("control"), bare], decoder, progress=False)
     with pytest.raises(ConfigError, match="one value per image"):
         simulate(model, images, it_sites(1), decoder, stimulus_coords={"x": [1, 2]}, progress=False)
     with pytest.raises(ConfigError, match="clashes"):
