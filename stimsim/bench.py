@@ -192,8 +192,9 @@ def plain_section(context: BenchContext) -> dict:
     """Engine against the plain approach (speedup_it, speedup_pre_it), on the ResNet-18 and the default model."""
     report = {"target_speedup_it": TARGET_SPEEDUP_IT, "target_speedup_pre_it": TARGET_SPEEDUP_PRE_IT}
     report.update(_benchmark_model(context.resnet, "layer4.1", "layer4.0", context))
-    report["meets_targets"] = bool(report["speedup_it"] >= TARGET_SPEEDUP_IT
-                                   and report["speedup_pre_it"] >= TARGET_SPEEDUP_PRE_IT)
+    quick = context.sizes is QUICK_SIZES  # the targets are set for the full sizes: not judged on quick ones
+    report["meets_targets"] = None if quick else bool(report["speedup_it"] >= TARGET_SPEEDUP_IT
+                                                      and report["speedup_pre_it"] >= TARGET_SPEEDUP_PRE_IT)
     if context.default_model is not None:
         it_layer, pre_it_layer = _it_layers(context.default_model)
         report["default_model"] = _benchmark_model(context.default_model, it_layer, pre_it_layer, context)

@@ -17,7 +17,10 @@ activation cache), sends it to the workers with the model, decoder and condition
 worker), and submits one task per chunk of conditions. Results come back here and are written to
 the simulation store as they arrive, by this process only: each chunk is written once, a chunk that
 a lost worker was computing is recomputed by Dask on another worker, and an interrupted run resumes
-from the chunks already in the store. The result is the same dataset as a single-process run.
+from the chunks already in the store. The result is the same dataset as a single-process run: bit for bit
+on the engine's general path; on its exact fast path (a linear readout of the perturbed layer) the float32
+product of a chunk depends on how many conditions the chunk holds, and this module cuts a sweep into
+more chunks than one process does, so probabilities may differ in their last float32 bits (about 1e-8).
 
 ``stimsim plan --scheduler ...`` keeps one client for the whole plan (:func:`shared_scheduler`) and runs
 each site's rehearsal sweep — small, one per site — as one task (:func:`run_tasks`), the model sent to

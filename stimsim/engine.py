@@ -210,6 +210,10 @@ class _Setup:
         self.conditions = list(conditions)
         if not self.conditions:
             raise ConfigError("no conditions given; pass at least one (an empty Condition is the control)")
+        for position, condition in enumerate(self.conditions):
+            if not isinstance(condition, Condition):
+                raise ConfigError(f"conditions[{position}] is of type {type(condition).__name__}, not a Condition; wrap "
+                                  f"perturbations in one, e.g. Condition(\"stim\", (perturbation,))")
         labels = [str(c.label) for c in self.conditions]
         repeated = sorted(label for label, count in Counter(labels).items() if count > 1)
         if repeated:

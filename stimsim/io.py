@@ -93,7 +93,9 @@ def atomic_save(path, save_fn) -> Path:
 
 
 def software_versions() -> dict:
-    """Versions of Python, stimsim and the libraries results depend on."""
+    """Versions of Python, stimsim and the libraries results depend on, and ``plugins``: the packages whose
+    plug-ins (paradigms, perturbation kinds, model families, ...) this process loaded, name → version (only
+    when it loaded some)."""
     import h5py
     import numpy
     import scipy
@@ -103,8 +105,9 @@ def software_versions() -> dict:
     import xarray
 
     import stimsim
+    from stimsim.plugins import plugin_packages
 
-    return {
+    versions = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "stimsim": stimsim.__version__,
@@ -116,6 +119,8 @@ def software_versions() -> dict:
         "xarray": xarray.__version__,
         "h5py": h5py.__version__,
     }
+    plugins = plugin_packages()
+    return {**versions, "plugins": plugins} if plugins else versions
 
 
 def provenance(config: dict | None = None) -> dict:

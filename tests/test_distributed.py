@@ -119,3 +119,18 @@ def test_interrupted_dask_run_resumes_without_writing_twice(sweep, client, tmp_p
     second = [i for chunk in written[3:] for i in chunk]
     assert sorted(second) == sorted(set(range(len(conditions))) - first)  # nothing computed or written twice
     assert all(store.joinpath(name).stat().st_mtime_ns == stamp for name, stamp in stamps.items())
+
+
+def test_the_fast_path_under_dask_equals_one_process_up_to_float32_rounding(sweep, client):
+    """A linear readout of the perturbed layer (the exact fast path): Dask cuts the sweep into more chunks,
+    whose float32 products may differ in the last bits; labels are identical, probabilities within 1e-6."""
+    model, images, decoder, _ = sweep
+    sites = np.random.default_rng(1).uniform(1.0, 9.0, size=(24, 2))
+    conditions = [Condition("control")] + [
+        Condition(f"it_{i:02d}", (ElectricalStimulation(((float(x), float(y)),), current_uA=300.0, layer="it"),))
+        for i, (x, y) in enumerate(sites)]
+    single = simulate(model, images, conditions, decoder, progress=False)
+    spread = simulate(model, images, conditions, decoder, progress=False, scheduler=client)
+    xr.testing.assert_identical(spread.coords.to_dataset(), single.coords.to_dataset())
+    np.testing.assert_allclose(spread.values, single.values, rtol=0, atol=1e-6)
+    assert np.abs(single.values[1:] - single.values[0]).max() > 1e-3  # the stimulation does change choices

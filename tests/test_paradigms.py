@@ -278,7 +278,7 @@ def test_grid_and_explicit_sites():
     responses, is_face = _synthetic_face_patch(sheet)
     spec = SitesSpec(method="explicit", localizer=LocalizerSpec("category", "face", None),
                      sites_mm=((11.0, 2.0),), groups=("x",))
-    with pytest.raises(ConfigError, match="off sheet"):
+    with pytest.raises(ConfigError, match=r"^\[sites\] 'sites_mm': \(11, 2\) mm lies off sheet .*, which spans x in \["):
         select_sites(spec, sheet, responses, is_face)
 
 

@@ -12,6 +12,7 @@ from stimsim import plugins
 from stimsim.config import load_toml
 from stimsim.datasets import DATASETS, get_dataset
 from stimsim.errors import ConfigError
+from stimsim.io import software_versions
 from stimsim.paradigms import PARADIGMS, Paradigm, get_paradigm, parse_experiment, register_paradigm
 from stimsim.paradigms.categorization import Categorization, analyse as categorization_analyse
 from stimsim.models.architectures import build_network
@@ -128,3 +129,128 @@ def _tiny_model() -> TopographicModel:
                             Preprocessing(size_px=32, channels=1, mean=(0.45,), std=(0.25,)),
                             {"family": "stimsim_topo", "kwargs": kwargs}, readout_layer="it", areas={"it": "IT"},
                             name="tiny", metadata={"holdout_stimulus_ids": held})
+
+
+def _install_fake_package(root: Path, group: str, entry_points: dict[str, str]) -> None:
+    """A package ``labplug_t`` on ``root`` (to be put on sys.path) with installed metadata declaring
+    ``entry_points`` (name → ``module:attr``) in ``group``: a good perturbation class, a module that
+    raises on import and a class that is no perturbation."""
+    package = root / "labplug_t"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "cool.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from typing import ClassVar\n"
+        "from stimsim.stimulation.perturbations import Ablation, Perturbation\n"
+        "@dataclass(frozen=True)\n"
+        "class Cooling(Ablation):\n"
+        "    kind: ClassVar[str] = 'cooling'\n"
+        "class NotAPerturbation:\n"
+        "    pass\n"
+        "class Plain(Perturbation):\n"
+        "    kind = 'plain'\n")
+    (package / "boom.py").write_text("raise RuntimeError('labplug_t needs a licence file')\n")
+    dist = root / "labplug_t-0.3.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: labplug-t\nVersion: 0.3\n")
+    (dist / "entry_points.txt").write_text(
+        f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in entry_points.items()))
+
+
+def test_broken_plug_ins_are_named_with_their_entry_point_and_package(tmp_path, monkeypatch):
+    from stimsim.stimulation.perturbations import ElectricalStimulation, _check_perturbation_class
+
+    group = "stimsim.test_broken_perturbations"
+    _install_fake_package(tmp_path, group, {
+        "cooling": "labplug_t.cool:Cooling", "frost": "labplug_t.boom:Frost",
+        "weird": "labplug_t.cool:NotAPerturbation", "chill": "labplug_t.cool:Cooling",
+        "electrical": "labplug_t.cool:Cooling", "gone": "labplug_t.cool:Missing", "plain": "labplug_t.cool:Plain"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(plugins, "_LOADED_PACKAGES", {})
+    registry = plugins.Registry("perturbation kind", entry_point_group=group, check=_check_perturbation_class)
+    registry.register("electrical", ElectricalStimulation)  # a built-in one
+
+    # every declared name is listed, but nothing is imported until it is looked up
+    assert registry.names() == ["chill", "cooling", "electrical", "frost", "gone", "plain", "weird"]
+    assert "labplug_t.boom" not in __import__("sys").modules
+    assert "plugins" not in software_versions()
+    assert registry.get("cooling").__name__ == "Cooling"
+    assert "labplug_t.boom" not in __import__("sys").modules
+    assert software_versions()["plugins"] == {"labplug-t": "0.3"}  # recorded with every result from now on
+    declared = r"entry point '{}' \(group stimsim.test_broken_perturbations, package labplug-t 0.3\)"
+    with pytest.raises(ConfigError, match=declared.format("frost = labplug_t.boom:Frost") + r" cannot be imported: "
+                       r"RuntimeError: labplug_t needs a licence file \(raised at .*boom.py, line 1\)"):
+        registry.get("frost")
+    with pytest.raises(ConfigError, match=declared.format("gone = labplug_t.cool:Missing") + " cannot be imported: "
+                       "AttributeError: .* has no attribute 'Missing'$"):
+        registry.get("gone")
+    with pytest.raises(ConfigError, match=declared.format("weird = labplug_t.cool:NotAPerturbation") +
+                       " is not a usable plug-in: perturbation kind 'weird' must be a Perturbation subclass"):
+        registry.get("weird")
+    with pytest.raises(ConfigError, match="class Plain must be a frozen dataclass with the fields sites_mm and layer"):
+        registry.get("plain")
+    with pytest.raises(ConfigError, match="perturbation kind 'chill' is registered as class Cooling, whose kind is "
+                                          "'cooling'"):
+        registry.get("chill")
+    with pytest.raises(ConfigError, match=r"perturbation kind 'electrical' is registered more than once: "
+                       r"stimsim.stimulation.perturbations:ElectricalStimulation; "
+                       + declared.format("electrical = labplug_t.cool:Cooling")):
+        registry.get("electrical")
+    with pytest.raises(ConfigError, match="Frost' .* cannot be imported"):  # the same error on every lookup
+        registry.get("frost")
+
+
+def test_two_packages_that_declare_one_name_are_refused(tmp_path, monkeypatch):
+    group = "stimsim.test_clashing_families"
+    (tmp_path / "a").mkdir()
+    _install_fake_package(tmp_path / "a", group, {"lab_net": "labplug_t.cool:Cooling"})
+    other = tmp_path / "b" / "other-1.0.dist-info"
+    other.mkdir(parents=True)
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: other\nVersion: 1.0\n")
+    (other / "entry_points.txt").write_text(f"[{group}]\nlab_net = other_nets:build\n")
+    for root in ("a", "b"):
+        monkeypatch.syspath_prepend(str(tmp_path / root))
+    registry = plugins.Registry("architecture family", entry_point_group=group)
+    with pytest.raises(ConfigError, match=r"architecture family 'lab_net' is registered more than once: "
+                                          r"entry point 'lab_net = .*package (labplug-t 0.3|other 1.0)\); "
+                                          r"entry point 'lab_net = .*package (labplug-t 0.3|other 1.0)\)"):
+        registry.get("lab_net")
+
+
+def test_the_command_line_names_a_broken_plug_in_and_runs_without_it(tmp_path):
+    """In a fresh process with an installed package whose paradigm raises on import: an experiment that
+    names it ends with one ``stimsim: error:`` line naming the file and the entry point (exit 2, no --out
+    left behind); a file that does not use it is read as before."""
+    import os
+    import subprocess
+    import sys
+
+    _install_fake_package(tmp_path, "stimsim.paradigms", {"lab_task": "labplug_t.boom:LabTask"})
+    experiment = tmp_path / "lab.toml"
+    experiment.write_text(TOY.replace('paradigm = "toy_flip"', 'paradigm = "lab_task"'))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])}
+    run = subprocess.run([sys.executable, "-c", "import sys; from stimsim.cli import main; sys.exit(main())", "run",
+                          str(experiment), "--out", str(tmp_path / "out"), "--no-progress"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1 and run.stderr.startswith(f"stimsim: error: {experiment}: 'paradigm': ")
+    assert ("entry point 'lab_task = labplug_t.boom:LabTask' (group stimsim.paradigms, package labplug-t 0.3) cannot "
+            "be imported: RuntimeError: labplug_t needs a licence file") in run.stderr
+    assert not (tmp_path / "out").exists()
+    check = subprocess.run([sys.executable, "-c", "from stimsim.paradigms import load_experiment; import sys; "
+                            "print(load_experiment(sys.argv[1]).paradigm)", str(EXPERIMENTS / "afraz2006.toml")],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert check.returncode == 0 and check.stdout.strip() == "categorization", check.stderr
+
+
+def test_a_model_family_must_build_a_network():
+    from stimsim.models.architectures import MODEL_FAMILIES, register_family
+
+    with pytest.raises(TypeError, match="'not_callable' must be a builder"):
+        register_family("not_callable", "lab_nets:LabNet")
+    register_family("builds_nothing", lambda **kwargs: None)
+    try:
+        with pytest.raises(ConfigError, match="family 'builds_nothing' built NoneType, not a torch nn.Module"):
+            build_network("builds_nothing")
+    finally:
+        MODEL_FAMILIES.unregister("builds_nothing")

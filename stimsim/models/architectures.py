@@ -17,7 +17,13 @@ from stimsim.errors import ConfigError
 from stimsim.plugins import Registry
 
 #: Network builders by the family name a model directory uses.
-MODEL_FAMILIES = Registry("architecture family", entry_point_group="stimsim.model_families")
+def _check_builder(name: str, builder) -> None:
+    if not callable(builder):
+        raise TypeError(f"architecture family {name!r} must be a builder (a callable returning an nn.Module), "
+                        f"got {builder!r}")
+
+
+MODEL_FAMILIES = Registry("architecture family", entry_point_group="stimsim.model_families", check=_check_builder)
 
 
 def register_family(name: str, builder=None):
@@ -61,7 +67,10 @@ class StimsimTopoNet(nn.Sequential):
 
 def build_network(family: str, **kwargs) -> nn.Module:
     """Build an (untrained) network of the registered ``family`` with keyword arguments ``kwargs``."""
-    return MODEL_FAMILIES.get(family)(**kwargs)
+    network = MODEL_FAMILIES.get(family)(**kwargs)
+    if not isinstance(network, nn.Module):
+        raise ConfigError(f"architecture family {family!r} built {type(network).__name__}, not a torch nn.Module")
+    return network
 
 
 @register_family("stimsim_topo")

@@ -308,6 +308,8 @@ class TopographicModel:
         except TypeError as exc:
             raise FileFormatError(spec_path, f"[architecture]: kwargs do not fit family "
                                              f"{spec.architecture.family!r} ({exc})") from None
+        except ConfigError as exc:
+            raise ConfigError(f"{spec_path} [architecture]: {exc}") from None
         weights_path = directory / "weights.pt"
         state = read_checkpoint_file(weights_path)
         load_weights(network, state, source=weights_path)

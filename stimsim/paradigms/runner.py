@@ -109,8 +109,11 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
     topo.to(device)
     notes: list[str] = []
 
-    layer = topo.resolve_layer(spec.layer)
-    model_scale = topo.cortex_scale(layer)
+    try:
+        layer = topo.resolve_layer(spec.layer)
+        model_scale = topo.cortex_scale(layer)
+    except ConfigError as exc:
+        raise ConfigError(f"{spec.source}: 'layer': {exc}") from None
     scale = model_scale["cortex_mm_per_model_mm"] if spec.cortex_mm_per_model_mm is None else spec.cortex_mm_per_model_mm
     scale_overridden = scale != model_scale["cortex_mm_per_model_mm"]
     if scale_overridden:
@@ -289,7 +292,10 @@ def _load_model(spec: ExperimentSpec, model):
         return model, {"name": model.name, "source": "in-memory model", "state_sha256": state_sha256(model.network.state_dict())}
     if model is not None and not isinstance(model, (str, Path)):
         raise ConfigError(f"model must be a name, a model directory or a TopographicModel, got {type(model).__name__}")
-    directory = model_path(spec.model)
+    try:
+        directory = model_path(spec.model)
+    except DataError as exc:
+        raise DataError(f"{spec.source}: {'--model' if model is not None else repr('model')}: {exc}") from None
     topo = load_model(directory)
     record = {"name": topo.name, "source": str(directory),
               "weights_sha256": sha256_of(directory / "weights.pt"),

@@ -135,11 +135,11 @@ def select_sites(spec: SitesSpec, sheet: CorticalSheet, responses, is_positive, 
     radius = spec.recording_radius_mm
     if spec.method == "explicit":
         points = np.asarray(spec.sites_mm, dtype=np.float64)
-        off = [tuple(p) for p in points if not sheet.contains(p)]
+        off = [f"({x:g}, {y:g})" for x, y in points if not sheet.contains((x, y))]
         if off:
             x0, x1, y0, y1 = sheet.extent_mm
-            raise ConfigError(f"[sites] sites {off} mm lie off sheet {sheet.name!r} (x in [{x0:g}, {x1:g}], "
-                              f"y in [{y0:g}, {y1:g}] mm)")
+            raise ConfigError(f"[sites] 'sites_mm': {', '.join(off)} mm lie{'s' if len(off) == 1 else ''} off sheet "
+                              f"{sheet.name!r}, which spans x in [{x0:g}, {x1:g}] mm and y in [{y0:g}, {y1:g}] mm")
         groups = list(spec.groups)
     elif spec.method == "selectivity":
         points, groups = _selectivity_strata(spec, sheet, responses, is_positive, seed)

@@ -60,7 +60,7 @@ key, e.g. Fashion-MNIST's draw, is that set's).
     Gaussian that smooths the unit-d′ map whose peak is the face-patch centre, from which every
     site's ``distance_to_peak_mm`` is measured; default 0.5). All methods but ``explicit``:
     ``margin_mm`` (grid and candidate points keep this distance from the sheet's edge; default 0.5).
-    Sites are in model-sheet millimetres.
+    Sites are in cortex millimetres (the model's sheet scaled by ``cortex_mm_per_model_mm``).
     ``[sites.localizer]``: the images that define selectivity (d′ of ``positive`` against the rest of
     ``label``): ``label``, ``positive``, optional ``sets`` (as in ``[stimuli]``; default: the
     experiment's own clean images). Without this table the paradigm's default is used, if it has
@@ -270,7 +270,10 @@ def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
         problem = "missing required key 'paradigm'" if name is None else f"'paradigm' must be one of " \
                   f"{PARADIGMS.names()}, got {name!r}"
         raise ConfigError(f"{where}: {problem}")
-    paradigm = PARADIGMS.get(name)
+    try:
+        paradigm = PARADIGMS.get(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: 'paradigm': {exc}") from None
     checked = validate_file(raw, paradigm, where)
     tables = {table: getattr(checked, table) for table in paradigm.table_models}
     options = paradigm.parse(checked.stimuli, tables, where)
@@ -362,7 +365,10 @@ def _comparison(checked, spec: ExperimentSpec, where: str) -> str | None:
     name = checked.comparison.dataset
     if name not in DATASETS.names():
         raise ConfigError(f"{where} [comparison]: 'dataset' must be one of {DATASETS.names()}, got {name!r}")
-    dataset = DATASETS.get(name)
+    try:
+        dataset = DATASETS.get(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{where} [comparison]: {exc}") from None
     if dataset.paradigm != spec.paradigm:
         raise ConfigError(f"{where} [comparison]: {name!r} is a {dataset.paradigm} experiment; this file's paradigm "
                           f"is {spec.paradigm!r}")

@@ -60,8 +60,21 @@ ARIKAN2002_VARIANCE_MM2 = 1.17
 #: Perturbation classes by their ``kind`` (a new kind: one module in :mod:`stimsim.stimulation` with a
 #: :class:`Perturbation` subclass decorated with :func:`register_perturbation`, or a class in another
 #: package registered through the entry point group ``stimsim.perturbations``).
+def _check_perturbation_class(kind: str, cls) -> None:
+    """A perturbation kind is a :class:`Perturbation` subclass registered under its own ``kind``."""
+    if not (isinstance(cls, type) and issubclass(cls, Perturbation)):
+        raise TypeError(f"perturbation kind {kind!r} must be a Perturbation subclass, got {cls!r}")
+    fields = {field.name for field in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    if not {"sites_mm", "layer"} <= fields or not cls.__dataclass_params__.frozen:
+        raise TypeError(f"perturbation kind {kind!r}: class {cls.__name__} must be a frozen dataclass with the fields "
+                        f"sites_mm and layer besides its parameters (see stimsim.stimulation.perturbations)")
+    if getattr(cls, "kind", None) != kind:
+        raise TypeError(f"perturbation kind {kind!r} is registered as class {cls.__name__}, whose kind is "
+                        f"{getattr(cls, 'kind', None)!r}; a kind is registered under its own name")
+
+
 PERTURBATION_KINDS = Registry("perturbation kind", entry_point_group="stimsim.perturbations",
-                              packages=("stimsim.stimulation",))
+                              packages=("stimsim.stimulation",), check=_check_perturbation_class)
 
 
 def register_perturbation(cls):
