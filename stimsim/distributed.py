@@ -163,8 +163,9 @@ class ChunkPool:
                 except OSError as exc:
                     raise ConfigError(f"cannot reach the Dask scheduler at {value!r}: {exc}") from None
             else:
+                # the status page on a free port: two sweeps at once would otherwise both ask for 8787
                 self._cluster = LocalCluster(n_workers=int(value), threads_per_worker=1, processes=True,
-                                             host="127.0.0.1", dashboard_address=None)
+                                             host="127.0.0.1", dashboard_address=":0")
                 self.client = Client(self._cluster)
             self._own_client = True
         self.threads = sum(self.client.nthreads().values()) or 1

@@ -134,3 +134,20 @@ def test_the_fast_path_under_dask_equals_one_process_up_to_float32_rounding(swee
     xr.testing.assert_identical(spread.coords.to_dataset(), single.coords.to_dataset())
     np.testing.assert_allclose(spread.values, single.values, rtol=0, atol=1e-6)
     assert np.abs(single.values[1:] - single.values[0]).max() > 1e-3  # the stimulation does change choices
+
+
+def test_two_local_clusters_at_once_start_without_a_port_warning():
+    """Two sweeps on one machine each start a local cluster; neither asks for an HTTP port the other holds."""
+    import warnings
+
+    from stimsim.distributed import ChunkPool
+
+    with warnings.catch_warnings():
+        # distributed warns "Port 8787 is already in use" when a fixed port is taken
+        warnings.filterwarnings("error", message=".*already in use")
+        first = ChunkPool("processes=1")
+        try:
+            second = ChunkPool("processes=1")
+            second.close()
+        finally:
+            first.close()
