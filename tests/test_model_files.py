@@ -1,6 +1,7 @@
 """Model directories: verified whole, saved byte for byte the same, damaged weights refused clearly."""
 import json
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -203,3 +204,27 @@ def test_models_check_takes_any_labelled_stimulus_set(saved, tmp_path, capsys):
     assert (tmp_path / "out" / "tiny_bright_dprime.png").stat().st_size > 0
     assert main(args + ["--positive", "face"]) == 2
     assert "no image of 'images' has category = 'face'" in capsys.readouterr().err
+    # more images of the positive class than of the others: every other image, as many drawn positives
+    assert main(args + ["--positive", "dark"]) == 0
+    report = json_module.loads(capsys.readouterr().out)
+    assert report["n_images"] == {"face": 9, "other": 8, "face_balanced_set": {"face": 8, "other": 8}}
+    assert report["face_balanced_accuracy"] > 0.75
+
+
+def test_models_check_refuses_too_few_images_and_bad_options_in_one_line(saved, tmp_path, capsys):
+    from PIL import Image
+
+    from stimsim.cli import main
+
+    for label, count in (("a", 6), ("b", 6), ("c", 3)):
+        (tmp_path / "images" / label).mkdir(parents=True)
+        for i in range(count):
+            Image.fromarray(np.full((20, 20), 40 * i, np.uint8)).save(tmp_path / "images" / label / f"{i}.png")
+    base = ["models", "check", str(saved), "--positive", "a", "--no-progress"]
+    for extra, message in ((["--stimuli", str(tmp_path / "images")], "needs >= 5 images .* too few in {'c': 3}"),
+                           (["--stimuli", str(tmp_path / "nowhere")], "--stimuli .*nowhere: no such folder or table"),
+                           (["--shuffles", "0"], "--shuffles must be at least 1, got 0")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert re.search(f"^stimsim: error: .*{message}", err), err
