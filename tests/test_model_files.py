@@ -26,6 +26,18 @@ def tiny_model(it_units=64, seed=0):
                             {"family": "stimsim_topo", "kwargs": kwargs}, areas={"it": "IT"}, name="tiny")
 
 
+#: A valid ``metadata.cortex_scale`` record, as training writes it.
+SCALE = {"layer": "it", "cortex_mm_per_model_mm": 2.0, "sheet_size_cortex_mm": 16.0, "rule": "planted rule"}
+
+
+def test_a_recorded_cortex_scale_is_read_back(tmp_path):
+    model = tiny_model()
+    model.metadata["cortex_scale"] = SCALE
+    loaded = TopographicModel.load(model.save(tmp_path / "model"))
+    assert loaded.cortex_scale("IT")["cortex_mm_per_model_mm"] == 2.0
+    assert loaded.metadata == {"cortex_scale": SCALE}
+
+
 @pytest.fixture
 def saved(tmp_path):
     return tiny_model().save(tmp_path / "model")
@@ -75,6 +87,15 @@ def test_model_json_must_cover_every_file_inside_the_directory(saved, change, me
     (lambda spec: spec["preprocessing"].update(mean=[0.5, 0.5]), r"\[preprocessing\]: .*mean and .std need 1 value"),
     (lambda spec: spec["files_sha256"].update({"weights.pt": "ABC"}), r"\[files_sha256\]: 'weights.pt' must match"),
     (lambda spec: spec["architecture"]["kwargs"].update(colour="red"), r"\[architecture\]: kwargs do not fit family"),
+    (lambda spec: spec["metadata"].update(cortex_scale=dict(SCALE, cortex_mm_per_model_mm=-3)),
+     r"\[metadata.cortex_scale\]: 'cortex_mm_per_model_mm' must be >= 0.001, got -3"),
+    (lambda spec: spec["metadata"].update(cortex_scale=dict(SCALE, cortex_mm_per_model_mm="two")),
+     r"\[metadata.cortex_scale\]: 'cortex_mm_per_model_mm' must be a number"),
+    (lambda spec: spec["metadata"].update(cortex_scale={"layer": "it", "cortex_mm_per_model_mm": 2.0}),
+     r"\[metadata.cortex_scale\]: missing required key 'rule'"),
+    (lambda spec: spec["metadata"].update(cortex_scale=dict(SCALE, layer="v9")),
+     r"\[metadata.cortex_scale\]: 'layer' must be one of the model's layers \['it'\], got 'v9'"),
+    (lambda spec: spec.update(readout_layer="v9"), r"model.json: unknown layer 'v9'"),
 ])
 def test_model_json_is_checked_field_by_field(saved, change, message):
     _edit_spec(saved, change)
