@@ -232,3 +232,22 @@ def test_bad_values_in_a_training_file_are_one_line_errors_naming_file_and_field
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert re.match(rf"stimsim: error: {re.escape(str(bad))}.*{message}", err), err
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_a_relative_image_folder_is_read_from_the_training_files_own_folder(tmp_path, monkeypatch):
+    from PIL import Image
+
+    for label, level in (("bright", 200), ("dark", 40)):
+        (tmp_path / "lab" / "images" / label).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(np.full((20, 24), level + i, np.uint8)).save(tmp_path / "lab" / "images" / label / f"{i}.png")
+    text = SHIPPED_CONFIG.read_text()
+    start, end = text.index("sets = ["), text.index("]\n\n[training]")
+    config_path = tmp_path / "lab" / "train.toml"
+    config_path.write_text(text[:start] + 'sets = [{ source = "folder", path = "images", holdout_fraction = 0.25 }' + text[end:])
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    config = load_training_config(config_path)
+    data = load_training_data(config)
+    assert data.classes == ["bright", "dark"] and len(data.images) == 6 and len(data.holdout_ids) == 2
+    assert config.raw["data"]["sets"][0]["path"] == "images"  # recorded as written

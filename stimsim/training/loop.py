@@ -77,7 +77,8 @@ class TrainingConfig:
 
 
 def load_training_config(path_or_dict) -> TrainingConfig:
-    """Read and validate a training configuration (TOML path or already-parsed dict)."""
+    """Read and validate a training configuration (TOML path or already-parsed dict). A relative ``path``
+    of a ``folder`` or ``table`` image set in a file is taken relative to the file's own folder."""
     raw = load_toml(path_or_dict) if isinstance(path_or_dict, (str, Path)) else dict(path_or_dict)
     where = str(path_or_dict) if isinstance(path_or_dict, (str, Path)) else "training config"
     top = Section(raw, where)
@@ -110,10 +111,14 @@ def load_training_config(path_or_dict) -> TrainingConfig:
 
     data = top.section("data", required=True)
     label = data.get("label", str, "category")
-    sets = data.get("sets", list)
+    sets = list(data.get("sets", list))  # a copy: resolved paths stay out of the recorded configuration
     for i, entry in enumerate(sets):
         if not isinstance(entry, dict) or "source" not in entry:
             raise ConfigError(f"{where} [data] sets[{i}] must be a table with a 'source' key")
+        path = entry.get("path")
+        if isinstance(path_or_dict, (str, Path)) and entry["source"] in ("folder", "table") and isinstance(path, str) \
+                and path and not Path(path).is_absolute():  # relative to the configuration file, as in experiments
+            sets[i] = {**entry, "path": str((Path(path_or_dict).parent / path).absolute())}
         fraction = Section(entry, f"{where} [data] sets[{i}]").get("holdout_fraction", float, 0.0, minimum=0.0)
         if fraction >= 1:
             raise ConfigError(f"{where} [data] sets[{i}]: 'holdout_fraction' must be < 1 (some images must be left "
