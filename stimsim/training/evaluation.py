@@ -101,8 +101,9 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
     if asked; ``progress`` reports each phase on stderr.
 
     ``face``: ``positive`` vs the rest on a class-balanced set (every image of the smaller side, as many
-    drawn from the larger; each side and each class needs ``CV_FOLDS`` images); ``objects``: all classes; ``clustering``: per class, the Moran's I of its one-vs-rest d′
-    map and its one-sided p against ``n_shuffles`` position shuffles. The images are the held-out
+    drawn from the larger; each side and each class needs ``CV_FOLDS`` images); ``objects``: all classes;
+    ``clustering``: per class, the Moran's I of its one-vs-rest d′ map and its one-sided p against
+    ``n_shuffles`` position shuffles. The images are the held-out
     LFW and Fashion-MNIST images, or ``stimuli`` (a StimulusSet of any size and colour) classed by
     its label ``label``.
     """
