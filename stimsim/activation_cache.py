@@ -8,8 +8,10 @@ made of their sha256 digests. Re-running an experiment with another stimulation 
 or other currents then skips the forward pass.
 
 Each entry is ``<key>.pt`` (a float32 tensor, saved atomically) and ``<key>.json`` (what it is, and
-the sha256 of the ``.pt`` file). The checksum is verified on every reuse; an entry that fails it, or
-that cannot be read, is reported with a warning and computed again.
+the sha256 of the ``.pt`` file). The checksum is verified on every reuse, and so is the content: the
+activity of the first and the last image is computed again and must match the stored rows (an entry
+whose numbers and checksum were both replaced is caught there). An entry that fails either check, or
+that cannot be read, is reported with a warning naming its file and computed again.
 """
 from __future__ import annotations
 
@@ -44,19 +46,32 @@ def entry_key(model_sha256: str, layer: str, preprocessing: dict, inputs_sha256:
                         "preprocessing": preprocessing, "inputs": inputs_sha256})
 
 
+#: Relative and absolute tolerance of the recomputed rows against the stored ones (float32 sums in another
+#: batch order differ in their last bits).
+ROW_RTOL, ROW_ATOL = 1e-4, 1e-5
+
+
 def cached_activity(directory, key: str, compute: Callable[[], torch.Tensor], describe: dict,
-                    device=None) -> torch.Tensor:
+                    device=None, compute_rows: Callable[[list[int]], torch.Tensor] | None = None,
+                    n_rows: int | None = None) -> torch.Tensor:
     """The tensor stored under ``key`` in ``directory`` (checksum verified), moved to ``device``; else
-    ``compute()``, stored (atomically, with its checksum and ``describe``) and returned as computed."""
+    ``compute()``, stored (atomically, with its checksum and ``describe``) and returned as computed.
+
+    ``compute_rows(indices)`` gives the activity of some images alone; with it and ``n_rows`` (the number of
+    images), a stored tensor must have ``n_rows`` rows whose first and last match their recomputation."""
     directory = Path(directory)
     data_path, record_path = directory / f"{key}.pt", directory / f"{key}.json"
     if data_path.is_file() and record_path.is_file():
         problem = _verify(data_path, record_path)
         if problem is None:
             try:
-                return torch.load(data_path, map_location="cpu", weights_only=True).to(device)
+                stored = torch.load(data_path, map_location="cpu", weights_only=True)
             except Exception as exc:  # torch raises many types for a damaged file
                 problem = f"unreadable ({exc})"
+            else:
+                problem = None if compute_rows is None else _content_problem(stored, compute_rows, n_rows)
+                if problem is None:
+                    return stored.to(device)
         warnings.warn(f"cached activations {data_path} {problem}; computing them again", stacklevel=3)
     activity = compute()
     atomic_save(data_path, lambda tmp: torch.save(activity.detach().cpu().contiguous(), tmp))
@@ -76,4 +91,20 @@ def _verify(data_path: Path, record_path: Path) -> str | None:
     actual = sha256_of(data_path)
     if actual != record.get("sha256"):
         return f"fails its checksum (sha256 {actual}, recorded {record.get('sha256')})"
+    return None
+
+
+def _content_problem(stored, compute_rows: Callable[[list[int]], torch.Tensor], n_rows: int | None) -> str | None:
+    """None when ``stored`` has ``n_rows`` rows and its first and last rows match their recomputation."""
+    if not isinstance(stored, torch.Tensor) or stored.ndim < 1 or (n_rows is not None and len(stored) != n_rows):
+        shape = tuple(stored.shape) if isinstance(stored, torch.Tensor) else type(stored).__name__
+        return f"holds {shape}, not the activity of {n_rows} images"
+    rows = sorted({0, len(stored) - 1})
+    fresh = compute_rows(rows).detach().cpu()
+    if fresh.shape[1:] != stored.shape[1:]:
+        return f"holds rows of shape {tuple(stored.shape[1:])}, the layer gives {tuple(fresh.shape[1:])}"
+    if not torch.allclose(stored[rows].to(fresh.dtype), fresh, rtol=ROW_RTOL, atol=ROW_ATOL):
+        difference = float((stored[rows].to(fresh.dtype) - fresh).abs().max())
+        return (f"does not match the model's activity of images {rows} (largest difference {difference:.3g}); "
+                "its content was changed")
     return None

@@ -76,6 +76,9 @@ def _cmd_models_check(args) -> int:
     from stimsim.models.registry import load_model
 
     progress = not args.no_progress
+    _check_at_least("--shuffles", args.shuffles, 1)
+    if args.stimuli is not None and not Path(args.stimuli).exists():
+        raise ConfigError(f"--stimuli {args.stimuli}: no such folder or table file")
     report_phase(f"models check: loading {args.name}", progress)
     model = load_model(args.name, device=args.device)
     stimuli = None

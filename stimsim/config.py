@@ -1,6 +1,7 @@
 """Reading TOML configurations strictly: unknown keys, missing keys and wrong types are errors."""
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 
@@ -54,6 +55,8 @@ class Section:
                 raise TypeError
         except TypeError:
             raise ConfigError(f"{self.where}: {key!r} must be {_kind_name(kind)}, got {value!r}") from None
+        if kind is float and not math.isfinite(value):
+            raise ConfigError(f"{self.where}: {key!r} must be a finite number, got {value!r}")
         if choices is not None and value not in choices:
             raise ConfigError(f"{self.where}: {key!r} must be one of {list(choices)}, got {value!r}")
         if minimum is not None and value < minimum:
@@ -71,6 +74,13 @@ class Section:
             raise ConfigError(f"{self.where}: {key!r} must be printable text without control characters "
                               f"(NUL, newline, ...), got {value!r}")
         return value
+
+    def numbers(self, key: str, default=_MISSING) -> tuple[float, ...]:
+        """The list of finite numbers at ``key``, as a tuple of floats."""
+        values = self.get(key, list, default)
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in values):
+            raise ConfigError(f"{self.where}: {key!r} must be a list of finite numbers, got {values!r}")
+        return tuple(float(v) for v in values)
 
     def section(self, key: str, required: bool = False) -> "Section":
         self._used.add(key)

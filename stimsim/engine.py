@@ -414,7 +414,8 @@ class _Runner:
                 key = entry_key(s.weights_sha256(), layer, s.model.preprocessing.to_dict(), s.inputs_sha256())
                 self._activity[layer] = cached_activity(
                     self.cache_directory, key, compute, device=self.device,
-                    describe={"model": s.model.name, "layer": layer, "n_images": s.n_images})
+                    describe={"model": s.model.name, "layer": layer, "n_images": s.n_images},
+                    compute_rows=lambda rows: s.model.run_stages(s.inputs[rows], stop=layer), n_rows=s.n_images)
         return self._activity[layer].to(self.device)
 
     def control(self) -> np.ndarray:

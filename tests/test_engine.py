@@ -1,5 +1,6 @@
 """Tests of the batched simulation engine (stimsim.engine) and its benchmark (stimsim.bench)."""
 import functools
+import json
 import math
 import shutil
 import warnings
@@ -13,6 +14,7 @@ from stimsim import engine
 from stimsim.behavior import LogisticDecoder
 from stimsim.bench import run_benchmark
 from stimsim.errors import ConfigError, SafetyError
+from stimsim.hashing import sha256_of
 from stimsim.models.architectures import build_network
 from stimsim.models.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
@@ -394,14 +396,15 @@ def test_activations_are_cached_across_runs(model, images, decoder, tmp_path, mo
 
     def recording_run_stages(x, start=None, stop=None):
         if start is None:
-            below.append(stop)
+            below.append((stop, len(x)))
         return real_run_stages(x, start=start, stop=stop)
 
     monkeypatch.setattr(model, "run_stages", recording_run_stages)
-    # another stimulation block on the same images: no pass through the stages below the perturbed layer
+    # another stimulation block on the same images: the stages below the perturbed layer see only the first
+    # and the last image (the content check of the entry), not all of them
     others = [it_site("s100", 2.0, 2.0, current_uA=100.0), it_site("s50", 7.0, 7.0, current_uA=50.0)]
     again = simulate(model, images, others, decoder, activation_cache=cache, progress=False)
-    assert below == []
+    assert below == [("it", 2)]
     uncached = simulate(model, images, others, decoder, progress=False)
     xr.testing.assert_identical(again, uncached)
     below.clear()
@@ -409,8 +412,21 @@ def test_activations_are_cached_across_runs(model, images, decoder, tmp_path, mo
     entries[0].write_bytes(entries[0].read_bytes()[:-8] + b"damaged!")
     with pytest.warns(UserWarning, match="checksum"):
         repaired = simulate(model, images, it_sites(3), decoder, activation_cache=cache, progress=False)
-    assert below == ["it"]
+    assert below == [("it", N_IMAGES)]  # computed again, whole
     xr.testing.assert_identical(repaired, first)
+    # other numbers under a checksum made to match them: the recomputed first and last rows catch it
+    record_path = entries[0].with_suffix(".json")
+    for rows, message in ((slice(0, 1), "does not match the model's activity of images"),
+                          (slice(0, N_IMAGES - 1), f"not the activity of {N_IMAGES} images")):
+        stored = torch.load(entries[0], weights_only=True)
+        replaced = stored.clone()
+        replaced[rows] += 0.5
+        torch.save(replaced[: N_IMAGES - 1] if rows.stop == N_IMAGES - 1 else replaced, entries[0])
+        record = json.loads(record_path.read_text())
+        record_path.write_text(json.dumps({**record, "sha256": sha256_of(entries[0])}))
+        with pytest.warns(UserWarning, match=f"{entries[0].name} .*{message}"):
+            repaired = simulate(model, images, it_sites(3), decoder, activation_cache=cache, progress=False)
+        xr.testing.assert_identical(repaired, first)
     # other images are another entry
     simulate(model, images[::-1].copy(), it_sites(3), decoder, activation_cache=cache, progress=False)
     assert len(list(cache.glob("*.pt"))) == 2

@@ -1,6 +1,7 @@
 """Model directories: verified whole, saved byte for byte the same, damaged weights refused clearly."""
 import json
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -23,6 +24,18 @@ def tiny_model(it_units=64, seed=0):
     return TopographicModel(build_network("stimsim_topo", **kwargs), {"it": sheet},
                             Preprocessing(size_px=16, channels=1, mean=(0.5,), std=(0.25,)),
                             {"family": "stimsim_topo", "kwargs": kwargs}, areas={"it": "IT"}, name="tiny")
+
+
+#: A valid ``metadata.cortex_scale`` record, as training writes it.
+SCALE = {"layer": "it", "cortex_mm_per_model_mm": 2.0, "sheet_size_cortex_mm": 16.0, "rule": "planted rule"}
+
+
+def test_a_recorded_cortex_scale_is_read_back(tmp_path):
+    model = tiny_model()
+    model.metadata["cortex_scale"] = SCALE
+    loaded = TopographicModel.load(model.save(tmp_path / "model"))
+    assert loaded.cortex_scale("IT")["cortex_mm_per_model_mm"] == 2.0
+    assert loaded.metadata == {"cortex_scale": SCALE}
 
 
 @pytest.fixture
@@ -74,6 +87,15 @@ def test_model_json_must_cover_every_file_inside_the_directory(saved, change, me
     (lambda spec: spec["preprocessing"].update(mean=[0.5, 0.5]), r"\[preprocessing\]: .*mean and .std need 1 value"),
     (lambda spec: spec["files_sha256"].update({"weights.pt": "ABC"}), r"\[files_sha256\]: 'weights.pt' must match"),
     (lambda spec: spec["architecture"]["kwargs"].update(colour="red"), r"\[architecture\]: kwargs do not fit family"),
+    (lambda spec: spec["metadata"].update(cortex_scale=dict(SCALE, cortex_mm_per_model_mm=-3)),
+     r"\[metadata.cortex_scale\]: 'cortex_mm_per_model_mm' must be >= 0.001, got -3"),
+    (lambda spec: spec["metadata"].update(cortex_scale=dict(SCALE, cortex_mm_per_model_mm="two")),
+     r"\[metadata.cortex_scale\]: 'cortex_mm_per_model_mm' must be a number"),
+    (lambda spec: spec["metadata"].update(cortex_scale={"layer": "it", "cortex_mm_per_model_mm": 2.0}),
+     r"\[metadata.cortex_scale\]: missing required key 'rule'"),
+    (lambda spec: spec["metadata"].update(cortex_scale=dict(SCALE, layer="v9")),
+     r"\[metadata.cortex_scale\]: 'layer' must be one of the model's layers \['it'\], got 'v9'"),
+    (lambda spec: spec.update(readout_layer="v9"), r"model.json: unknown layer 'v9'"),
 ])
 def test_model_json_is_checked_field_by_field(saved, change, message):
     _edit_spec(saved, change)
@@ -203,3 +225,27 @@ def test_models_check_takes_any_labelled_stimulus_set(saved, tmp_path, capsys):
     assert (tmp_path / "out" / "tiny_bright_dprime.png").stat().st_size > 0
     assert main(args + ["--positive", "face"]) == 2
     assert "no image of 'images' has category = 'face'" in capsys.readouterr().err
+    # more images of the positive class than of the others: every other image, as many drawn positives
+    assert main(args + ["--positive", "dark"]) == 0
+    report = json_module.loads(capsys.readouterr().out)
+    assert report["n_images"] == {"face": 9, "other": 8, "face_balanced_set": {"face": 8, "other": 8}}
+    assert report["face_balanced_accuracy"] > 0.75
+
+
+def test_models_check_refuses_too_few_images_and_bad_options_in_one_line(saved, tmp_path, capsys):
+    from PIL import Image
+
+    from stimsim.cli import main
+
+    for label, count in (("a", 6), ("b", 6), ("c", 3)):
+        (tmp_path / "images" / label).mkdir(parents=True)
+        for i in range(count):
+            Image.fromarray(np.full((20, 20), 40 * i, np.uint8)).save(tmp_path / "images" / label / f"{i}.png")
+    base = ["models", "check", str(saved), "--positive", "a", "--no-progress"]
+    for extra, message in ((["--stimuli", str(tmp_path / "images")], "needs >= 5 images .* too few in {'c': 3}"),
+                           (["--stimuli", str(tmp_path / "nowhere")], "--stimuli .*nowhere: no such folder or table"),
+                           (["--shuffles", "0"], "--shuffles must be at least 1, got 0")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert re.search(f"^stimsim: error: .*{message}", err), err

@@ -20,6 +20,7 @@ from stimsim.data.stimuli import (
     moeller2017,
     pixel_noise,
 )
+from stimsim.data.images import load_image
 from stimsim.errors import FileFormatError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -121,6 +122,39 @@ def test_from_folder_labels_ids_and_pixels(image_folder):
         np.testing.assert_allclose(image, written[stimulus_id] / 255.0, atol=1e-6)
     assert stimuli.images[2].shape == (4, 4, 3)
     assert from_folder(root, label_from=None).labels == {}
+
+
+def test_images_keep_their_contrast_at_every_bit_depth_and_mode(tmp_path):
+    """A 16-bit image is divided by 65535 (not by its own maximum), a float image is taken as it is, and
+    palette, CMYK and RGBA images reach the same gray levels as the 8-bit original."""
+    gray = np.linspace(0.2, 0.6, 48).reshape(6, 8)  # planted: its brightest pixel is 0.6, not white
+    eight = np.round(gray * 255).astype(np.uint8)
+    Image.fromarray(np.round(gray * 65535).astype(np.uint16)).save(tmp_path / "deep.png")
+    Image.fromarray(gray.astype(np.float32)).save(tmp_path / "float.tiff")
+    Image.fromarray(eight).convert("RGB").convert("CMYK").save(tmp_path / "cmyk.tiff")
+    Image.fromarray(eight).convert("RGBA").save(tmp_path / "rgba.png")
+    Image.fromarray(eight).convert("P").save(tmp_path / "palette.png")
+    np.testing.assert_allclose(load_image(tmp_path / "deep.png"), gray, atol=1e-4)
+    np.testing.assert_allclose(load_image(tmp_path / "float.tiff"), gray, atol=1e-6)
+    for name in ("cmyk.tiff", "rgba.png", "palette.png"):
+        image = load_image(tmp_path / name)
+        assert image.shape == (6, 8, 3)
+        np.testing.assert_allclose(image, np.repeat(eight[..., None] / 255.0, 3, axis=2), atol=1.5 / 255)
+
+
+def test_images_outside_their_range_and_damaged_files_are_refused(tmp_path):
+    Image.fromarray(np.full((4, 4), 2.5, np.float32)).save(tmp_path / "bright.tiff")
+    Image.fromarray(np.full((4, 4), 70000, np.int32)).save(tmp_path / "wide.tiff")
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / "whole.png")
+    (tmp_path / "cut.png").write_bytes((tmp_path / "whole.png").read_bytes()[:40])
+    (tmp_path / "text.jpg").write_text("not an image")
+    with pytest.raises(FileFormatError, match=r"bright.tiff: floating-point image .* from 2.5 to 2.5"):
+        load_image(tmp_path / "bright.tiff")
+    with pytest.raises(FileFormatError, match=r"wide.tiff: integer image .* from 70000 to 70000"):
+        load_image(tmp_path / "wide.tiff")
+    for name in ("cut.png", "text.jpg"):
+        with pytest.raises(FileFormatError, match=f"{name}: cannot decode image"):
+            load_image(tmp_path / name)
 
 
 def test_from_folder_refuses_loose_images_and_empty_folders(image_folder, tmp_path):

@@ -1,4 +1,7 @@
 """Training: the task and spatial losses fall, runs resume exactly, configs are strict."""
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -197,3 +200,54 @@ def test_training_on_a_gpu(device, task, tmp_path, tiny_data):
     assert all(np.isfinite(h["task_loss"]) for h in history)
     assert np.mean([h["task_loss"] for h in history[-10:]]) < np.mean([h["task_loss"] for h in history[:5]])
     assert model.device.type == "cpu"  # saved weights load anywhere
+
+
+SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "train_stimsim_topo_seed0.toml"
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("learning_rate = 0.05", "learning_rate = nan", r"\[training\]: 'learning_rate' must be a finite number, got nan"),
+    ("alpha = 4.0\nlayers", "alpha = inf\nlayers", r"\[spatial_loss\]: 'alpha' must be a finite number, got inf"),
+    ("neighborhoods_per_step = 8", "neighborhoods_per_step = 100000",
+     r"\[spatial_loss\]: 'neighborhoods_per_step' must be <= \d+, the number of neighbourhoods on the sheet of layer"),
+    ("it_units = 4096,", "it_unitz = 4096,", r"\[model\]: kwargs do not fit family 'stimsim_topo' .*it_unitz"),
+    ("it_units = 4096,", "it_units = 4096.5,", r"\[model\]: kwargs do not fit family 'stimsim_topo'"),
+    ("std = [0.25]", 'std = ["a"]', r"\[model.preprocessing\]: 'std' must be a list of finite numbers"),
+    ("mean = [0.45]", "mean = [0.45, 0.2]", r"\[model.preprocessing\]: preprocessing.mean and .std need 1 value"),
+    ("holdout_fraction = 0.3", "holdout_fraction = 1.0", r"\[data\] sets\[0\]: 'holdout_fraction' must be < 1"),
+    ("holdout_fraction = 0.3", 'holdout_fraction = "a"', r"\[data\] sets\[0\]: 'holdout_fraction' must be a number"),
+    ("n_per_class = 600", "n_per_class = -1", r"\[data\] sets\[1\]: n_per_class must be a positive integer"),
+    ('{ source = "lfw_subset", holdout_fraction = 0.3 }', '{ source = "folder", path = "/no/such/folder" }',
+     r"\[data\] sets\[0\] path: stimulus folder not found"),
+    ('name = "stimsim-topo-s0"', 'name = "../elsewhere"', r"'name' must be a plain name without '/'"),
+    ('name = "stimsim-topo-s0"', 'name = ""', r"'name' must be non-empty text"),
+])
+def test_bad_values_in_a_training_file_are_one_line_errors_naming_file_and_field(tmp_path, capsys, old, new, message):
+    text = SHIPPED_CONFIG.read_text()
+    assert text.count(old) == 1, old
+    bad = tmp_path / "train.toml"
+    bad.write_text(text.replace(old, new))
+    assert main(["train", str(bad), "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert re.match(rf"stimsim: error: {re.escape(str(bad))}.*{message}", err), err
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_a_relative_image_folder_is_read_from_the_training_files_own_folder(tmp_path, monkeypatch):
+    from PIL import Image
+
+    for label, level in (("bright", 200), ("dark", 40)):
+        (tmp_path / "lab" / "images" / label).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(np.full((20, 24), level + i, np.uint8)).save(tmp_path / "lab" / "images" / label / f"{i}.png")
+    text = SHIPPED_CONFIG.read_text()
+    start, end = text.index("sets = ["), text.index("]\n\n[training]")
+    config_path = tmp_path / "lab" / "train.toml"
+    config_path.write_text(text[:start] + 'sets = [{ source = "folder", path = "images", holdout_fraction = 0.25 }' + text[end:])
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    config = load_training_config(config_path)
+    data = load_training_data(config)
+    assert data.classes == ["bright", "dark"] and len(data.images) == 6 and len(data.holdout_ids) == 2
+    assert config.raw["data"]["sets"][0]["path"] == "images"  # recorded as written

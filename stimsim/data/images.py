@@ -9,16 +9,23 @@ from stimsim.errors import FileFormatError
 
 
 def load_image(path) -> np.ndarray:
-    """Read an image file as a float32 array in [0, 1], (H, W) or (H, W, 3)."""
+    """Read an image file as a float32 array in [0, 1], (H, W) or (H, W, 3).
+
+    8-bit images are divided by 255 and 16-bit ones (``I;16`` PNG and TIFF, or integer images within
+    0–65535) by 65535, so an image keeps its contrast whatever its bit depth; floating-point images
+    (``F``) are taken as they are and must lie in [0, 1]. Colour modes (palette, CMYK, RGBA, ...) become
+    RGB, alpha dropped; gray modes stay gray.
+    """
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
     try:
         with Image.open(path) as img:
             img.load()
-            if img.mode in ("I;16", "I;16B", "I"):
-                arr = np.asarray(img, dtype=np.float32)
-                return arr / max(float(arr.max()), 1.0)
+            if img.mode.startswith("I;16"):
+                return np.asarray(img, dtype=np.float32) / MAX_16_BIT
+            if img.mode in ("I", "F"):
+                return _wide_gray(np.asarray(img, dtype=np.float64), img.mode, path)
             img = img.convert("L") if img.mode in ("L", "1", "LA") else img.convert("RGB")
             arr = np.asarray(img, dtype=np.float32) / 255.0
     except FileNotFoundError:
@@ -26,3 +33,19 @@ def load_image(path) -> np.ndarray:
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise FileFormatError(path, f"cannot decode image ({exc})") from None
     return arr
+
+
+#: Largest value of a 16-bit image: its white.
+MAX_16_BIT = 65535.0
+
+
+def _wide_gray(values: np.ndarray, mode: str, path: Path) -> np.ndarray:
+    """A 32-bit integer (``I``) or floating-point (``F``) gray image in [0, 1]: integers are read as 16-bit
+    values, floats as they are; values outside that range are a FileFormatError (nothing is rescaled)."""
+    top = MAX_16_BIT if mode == "I" else 1.0
+    if values.size == 0 or not np.all(np.isfinite(values)) or values.min() < 0 or values.max() > top:
+        low, high = (float(np.nanmin(values)), float(np.nanmax(values))) if values.size else (0.0, 0.0)
+        kind = "integer image (read as 16-bit, 0-65535)" if mode == "I" else "floating-point image (read as 0-1)"
+        raise FileFormatError(path, f"{kind} has values from {low:g} to {high:g}, outside its range; save it "
+                                    "as an 8-bit or 16-bit image")
+    return (values / top).astype(np.float32)

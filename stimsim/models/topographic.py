@@ -28,7 +28,7 @@ import torch
 import xarray as xr
 from torch import nn
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from stimsim.errors import ConfigError, DataError, FileFormatError
 from stimsim.filemodels import FileModel, Text, validate_file
@@ -66,6 +66,24 @@ class PreprocessingEntry(FileModel):
     std: Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=1, max_length=3)]
 
 
+class CortexScaleEntry(FileModel):
+    """``model.json`` → ``metadata.cortex_scale``: how a layer's sheet maps to macaque cortex (written by
+    training from the configuration's ``[cortex_scale]``)."""
+
+    layer: Text
+    cortex_mm_per_model_mm: Annotated[float, Field(ge=1e-3, le=100.0)]
+    sheet_size_cortex_mm: Annotated[float, Field(gt=0)] | None = None
+    rule: Text
+
+
+class MetadataEntry(FileModel):
+    """``model.json``'s free ``metadata`` (training configuration, provenance, ...); only ``cortex_scale``,
+    which experiments run at, is checked."""
+
+    model_config = ConfigDict(extra="allow")
+    cortex_scale: CortexScaleEntry | None = None
+
+
 class ModelFile(FileModel):
     """``model.json`` of a model directory (see the module docstring)."""
 
@@ -75,7 +93,7 @@ class ModelFile(FileModel):
     layers: dict[str, LayerEntry]
     readout_layer: Text | None = None
     preprocessing: PreprocessingEntry
-    metadata: dict[str, Any] = {}
+    metadata: MetadataEntry = MetadataEntry()
     files_sha256: dict[str, _SHA256]
 
 
@@ -112,6 +130,11 @@ class TopographicModel:
                                     open_sequentials=not isinstance(network, StimsimTopoNet))
         self.stage_names = [n for n, _ in self.stages]
         self.areas = dict(areas or {})
+        shared = sorted({area for area in self.areas.values() if list(self.areas.values()).count(area) > 1})
+        if shared:
+            raise ConfigError(f"area label(s) {shared} given to more than one layer "
+                              f"({ {layer: area for layer, area in self.areas.items() if area in shared} }); "
+                              "each area names one layer")
         self.sheets: dict[str, CorticalSheet] = {}
         dims = self.stage_output_dims(example)
         for layer, sheet in sheets.items():
@@ -286,6 +309,7 @@ class TopographicModel:
             spec = json.loads(spec_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise FileFormatError(spec_path, f"not valid JSON ({exc})") from None
+        raw_metadata = spec.get("metadata", {}) if isinstance(spec, dict) else {}
         spec = validate_file(ModelFile, spec, spec_path)
         needed = ["weights.pt"] + [info.positions_file for info in spec.layers.values()]
         uncovered = [rel for rel in needed if rel not in spec.files_sha256]
@@ -316,8 +340,16 @@ class TopographicModel:
         _refuse_non_finite(network.state_dict(), str(weights_path))
         sheets = {layer: CorticalSheet.load(directory / info.positions_file) for layer, info in spec.layers.items()}
         areas = {layer: info.area for layer, info in spec.layers.items() if info.area}
-        model = cls(network, sheets, preprocessing, spec.architecture.model_dump(), readout_layer=spec.readout_layer,
-                    areas=areas, name=spec.name or directory.name, metadata=spec.metadata)
+        scale = spec.metadata.cortex_scale
+        if scale is not None and scale.layer not in spec.layers:
+            raise FileFormatError(spec_path, f"[metadata.cortex_scale]: 'layer' must be one of the model's layers "
+                                             f"{sorted(spec.layers)}, got {scale.layer!r}")
+        try:
+            model = cls(network, sheets, preprocessing, spec.architecture.model_dump(),
+                        readout_layer=spec.readout_layer, areas=areas, name=spec.name or directory.name,
+                        metadata=raw_metadata)
+        except ConfigError as exc:  # the layers, their sheets, areas and readout layer do not fit the network
+            raise FileFormatError(spec_path, str(exc)) from None
         return model.to(device)
 
 

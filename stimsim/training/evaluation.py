@@ -51,13 +51,17 @@ def heldout_images(model: TopographicModel, objects_per_class: int = 50, seed: i
 
 
 def balanced_face_indices(is_face: np.ndarray, seed: int = 0) -> np.ndarray:
-    """Indices of every face image and as many non-face images drawn without replacement (seeded)."""
+    """Indices of a class-balanced face / non-face set: every image of the smaller side and as many of the
+    larger side drawn without replacement (seeded); each side needs at least ``CV_FOLDS`` images."""
     faces, others = np.flatnonzero(is_face), np.flatnonzero(~is_face)
-    if len(faces) < CV_FOLDS or len(others) < len(faces):
-        raise ConfigError(f"a balanced set needs >= {CV_FOLDS} images of the positive class and at least as "
-                          f"many others; got {len(faces)} and {len(others)}")
-    drawn = np.random.default_rng(seed).choice(others, size=len(faces), replace=False)
-    return np.sort(np.concatenate([faces, drawn]))
+    if min(len(faces), len(others)) < CV_FOLDS:
+        raise ConfigError(f"a balanced set needs >= {CV_FOLDS} images of the positive class and >= {CV_FOLDS} "
+                          f"others (one per cross-validation fold); got {len(faces)} and {len(others)}")
+    rng = np.random.default_rng(seed)
+    if len(others) >= len(faces):
+        drawn = rng.choice(others, size=len(faces), replace=False)
+        return np.sort(np.concatenate([faces, drawn]))
+    return np.sort(np.concatenate([rng.choice(faces, size=len(others), replace=False), others]))
 
 
 def face_dprime(responses: np.ndarray, is_face: np.ndarray) -> np.ndarray:
@@ -96,9 +100,10 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
     """The model's report card (see ``stimsim models check``); writes the ``positive`` class's d′ map
     if asked; ``progress`` reports each phase on stderr.
 
-    ``face``: ``positive`` vs the rest on a class-balanced set (every ``positive`` image, as many
-    others); ``objects``: all classes; ``clustering``: per class, the Moran's I of its one-vs-rest d′
-    map and its one-sided p against ``n_shuffles`` position shuffles. The images are the held-out
+    ``face``: ``positive`` vs the rest on a class-balanced set (every image of the smaller side, as many
+    drawn from the larger; each side and each class needs ``CV_FOLDS`` images); ``objects``: all classes;
+    ``clustering``: per class, the Moran's I of its one-vs-rest d′ map and its one-sided p against
+    ``n_shuffles`` position shuffles. The images are the held-out
     LFW and Fashion-MNIST images, or ``stimuli`` (a StimulusSet of any size and colour) classed by
     its label ``label``.
     """
@@ -115,6 +120,12 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
         if not is_face.any():
             raise ConfigError(f"no image of {stimuli.name!r} has {label} = {positive!r}; values: "
                               f"{sorted(set(categories.tolist()))}")
+        values, counts = np.unique(categories, return_counts=True)
+        small = {str(value): int(count) for value, count in zip(values, counts) if count < CV_FOLDS}
+        if small or len(values) < 2:
+            raise ConfigError(f"stimulus set {stimuli.name!r}: every {label} needs >= {CV_FOLDS} images (one per "
+                              f"cross-validation fold) and there must be two or more; "
+                              f"{f'too few in {small}' if small else f'only {values.tolist()}'}")
     report_phase(f"models check: responses of {layer} to {len(stimuli)} images", progress)
     responses = model.activations(stimuli.images, layer).numpy()
     report_phase("models check: cross-validated face and object decoding", progress)

@@ -70,24 +70,33 @@ class TrainingConfig:
     activity_layers: list[str] = field(default_factory=list)
     cortex_scale: dict | None = None
     raw: dict = field(default_factory=dict)
+    source: str = "training config"
 
     def fingerprint(self) -> str:
         return json_sha256(self.raw)[:16]
 
 
 def load_training_config(path_or_dict) -> TrainingConfig:
-    """Read and validate a training configuration (TOML path or already-parsed dict)."""
+    """Read and validate a training configuration (TOML path or already-parsed dict). A relative ``path``
+    of a ``folder`` or ``table`` image set in a file is taken relative to the file's own folder."""
     raw = load_toml(path_or_dict) if isinstance(path_or_dict, (str, Path)) else dict(path_or_dict)
     where = str(path_or_dict) if isinstance(path_or_dict, (str, Path)) else "training config"
     top = Section(raw, where)
-    name = top.get("name", str)
+    name = top.text("name")
+    if any(character in name for character in "/\\") or name in (".", ".."):
+        raise ConfigError(f"{where}: 'name' must be a plain name without '/' or '\\' (it names the default run "
+                          f"directory runs/NAME), got {name!r}")
     model = top.section("model", required=True)
     family = model.get("family", str)
     model_kwargs = model.get("kwargs", dict, {})
     readout_layer = model.get("readout_layer", str, None)
     pre = model.section("preprocessing", required=True)
-    preprocessing = Preprocessing(size_px=pre.get("size_px", int, minimum=8), channels=pre.get("channels", int, choices=(1, 3)),
-                                  mean=tuple(pre.get("mean", list)), std=tuple(pre.get("std", list)))
+    size_px, channels = pre.get("size_px", int, minimum=8), pre.get("channels", int, choices=(1, 3))
+    mean, std = pre.numbers("mean"), pre.numbers("std")
+    try:
+        preprocessing = Preprocessing(size_px=size_px, channels=channels, mean=mean, std=std)
+    except ConfigError as exc:
+        raise ConfigError(f"{pre.where}: {exc}") from None
     pre.finish()
     layers_section = model.section("layers", required=True)
     layers = {}
@@ -102,10 +111,18 @@ def load_training_config(path_or_dict) -> TrainingConfig:
 
     data = top.section("data", required=True)
     label = data.get("label", str, "category")
-    sets = data.get("sets", list)
+    sets = list(data.get("sets", list))  # a copy: resolved paths stay out of the recorded configuration
     for i, entry in enumerate(sets):
         if not isinstance(entry, dict) or "source" not in entry:
             raise ConfigError(f"{where} [data] sets[{i}] must be a table with a 'source' key")
+        path = entry.get("path")
+        if isinstance(path_or_dict, (str, Path)) and entry["source"] in ("folder", "table") and isinstance(path, str) \
+                and path and not Path(path).is_absolute():  # relative to the configuration file, as in experiments
+            sets[i] = {**entry, "path": str((Path(path_or_dict).parent / path).absolute())}
+        fraction = Section(entry, f"{where} [data] sets[{i}]").get("holdout_fraction", float, 0.0, minimum=0.0)
+        if fraction >= 1:
+            raise ConfigError(f"{where} [data] sets[{i}]: 'holdout_fraction' must be < 1 (some images must be left "
+                              f"to train on), got {fraction!r}")
     data.finish()
 
     cortex_scale = None
@@ -144,6 +161,7 @@ def load_training_config(path_or_dict) -> TrainingConfig:
         activity_layers=activity.get("layers", list, []),
         cortex_scale=cortex_scale,
         raw=raw,
+        source=where,
     )
     tr.finish()
     spatial.finish()
@@ -159,16 +177,24 @@ def load_training_config(path_or_dict) -> TrainingConfig:
 def build_untrained_model(config: TrainingConfig) -> TopographicModel:
     """The network (seeded initial weights) with retinotopically initialised sheets."""
     torch.manual_seed(config.seed)
-    network = build_network(config.family, **config.model_kwargs)
+    try:
+        network = build_network(config.family, **config.model_kwargs)
+    except TypeError as exc:  # an unknown or wrongly typed builder argument
+        raise ConfigError(f"{config.source} [model]: kwargs do not fit family {config.family!r} ({exc})") from None
     probe = TopographicModel(network, {}, config.preprocessing, {"family": config.family, "kwargs": config.model_kwargs})
     size = config.preprocessing.size_px
     dims = probe.stage_output_dims(torch.zeros(2, config.preprocessing.channels, size, size))
     sheets = {}
     for i, (layer, spec) in enumerate(config.layers.items()):
         if layer not in dims:
-            raise ConfigError(f"[model.layers] {layer!r} is not a stage of {config.family}; stages: {list(dims)}")
+            raise ConfigError(f"{config.source} [model.layers] {layer!r} is not a stage of {config.family}; "
+                              f"stages: {list(dims)}")
         sheets[layer] = build_sheet(layer, dims[layer], spec.sheet_size_mm, spec.neighborhood_width_mm,
                                     seed=config.seed * 100 + i)
+        available = len(sheets[layer].neighborhood_indices)
+        if layer in config.spatial_layers and config.neighborhoods_per_step > available:
+            raise ConfigError(f"{config.source} [spatial_loss]: 'neighborhoods_per_step' must be <= {available}, the number "
+                              f"of neighbourhoods on the sheet of layer {layer!r}, got {config.neighborhoods_per_step}")
     areas = {layer: spec.area for layer, spec in config.layers.items() if spec.area}
     return TopographicModel(network, sheets, config.preprocessing, {"family": config.family, "kwargs": config.model_kwargs},
                             readout_layer=config.readout_layer, areas=areas, name=config.name)
@@ -232,14 +258,18 @@ def load_training_data(config: TrainingConfig) -> TrainingData:
     from stimsim.data.stimuli import load_stimulus_source
 
     images, labels, holdout = [], [], []
-    for entry in config.data_sets:
+    for index, entry in enumerate(config.data_sets):
         entry = dict(entry)
         fraction = float(entry.pop("holdout_fraction", 0.0))
-        if not 0 <= fraction < 1:
-            raise ConfigError(f"[data] holdout_fraction must be in [0, 1), got {fraction}")
-        stimuli = load_stimulus_source(entry)
+        where = f"{config.source} [data] sets[{index}]"
+        try:
+            stimuli = load_stimulus_source(entry)
+        except (ConfigError, ValueError, TypeError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        except FileNotFoundError as exc:  # a folder or table named by the set's path
+            raise ConfigError(f"{where} path: {exc}") from None
         if config.label not in stimuli.labels:
-            raise ConfigError(f"stimulus set {stimuli.name!r} has no label {config.label!r}; labels: {list(stimuli.labels)}")
+            raise ConfigError(f"{where} ({stimuli.name}): no label {config.label!r}; labels: {list(stimuli.labels)}")
         keep = np.ones(len(stimuli), bool)
         rng = np.random.default_rng(config.seed)
         for value in np.unique(stimuli.labels[config.label]):
@@ -284,11 +314,12 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
     device = resolve_device(device)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    model = build_untrained_model(config).to(device)  # before the data: a misfit architecture fails at once
     data = data or load_training_data(config)
     n_classes = config.model_kwargs.get("n_classes")
     if config.task == "supervised" and n_classes is not None and n_classes != len(data.classes):
-        raise ConfigError(f"model kwargs n_classes = {n_classes} but the data have {len(data.classes)} classes: {data.classes}")
-    model = build_untrained_model(config).to(device)
+        raise ConfigError(f"{config.source} [model] kwargs: n_classes = {n_classes} but the data have "
+                          f"{len(data.classes)} classes: {[str(c) for c in data.classes]}")
     network = model.network
     optimizer = torch.optim.SGD(network.parameters(), lr=config.learning_rate, momentum=config.momentum,
                                 weight_decay=config.weight_decay, nesterov=config.momentum > 0)
