@@ -564,12 +564,25 @@ STIMULUS_SOURCES = {
 }
 
 
-def load_stimulus_source(entry: dict) -> StimulusSet:
+def load_stimulus_source(entry: dict, where: str | None = None) -> StimulusSet:
     """Build a stimulus set from a configuration table: ``{"source": NAME, **constructor kwargs}``.
+    With ``where`` (e.g. ``"train.toml [data] sets[0]"``) every problem with the entry, and a folder or
+    table its path names that does not exist, is a ConfigError placed there.
 
     >>> load_stimulus_source({"source": "lfw_subset"}).name
     'lfw_subset'
     """
+    if where is None:
+        return _build_stimulus_source(entry)
+    try:
+        return _build_stimulus_source(entry)
+    except (ConfigError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    except FileNotFoundError as exc:  # a folder or table named by the entry's path
+        raise ConfigError(f"{where} path: {exc}") from None
+
+
+def _build_stimulus_source(entry: dict) -> StimulusSet:
     entry = dict(entry)
     source = entry.pop("source", None)
     if source not in STIMULUS_SOURCES:

@@ -254,12 +254,7 @@ def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
     for index, entry in enumerate(sets):
         params = dict(entry)
         heldout_only = params.pop("heldout_only", False)
-        try:
-            loaded = load_stimulus_source(params)
-        except (ConfigError, ValueError, TypeError) as exc:
-            raise ConfigError(f"{where} sets[{index}]: {exc}") from None
-        except FileNotFoundError as exc:  # a folder or table named by the set's path
-            raise ConfigError(f"{where} sets[{index}] path: {exc}") from None
+        loaded = load_stimulus_source(params, f"{where} sets[{index}]")
         if heldout_only:
             if not held:
                 message = (f"{where} sets[{index}] ({loaded.name}): heldout_only requested but model "

@@ -262,12 +262,7 @@ def load_training_data(config: TrainingConfig) -> TrainingData:
         entry = dict(entry)
         fraction = float(entry.pop("holdout_fraction", 0.0))
         where = f"{config.source} [data] sets[{index}]"
-        try:
-            stimuli = load_stimulus_source(entry)
-        except (ConfigError, ValueError, TypeError) as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-        except FileNotFoundError as exc:  # a folder or table named by the set's path
-            raise ConfigError(f"{where} path: {exc}") from None
+        stimuli = load_stimulus_source(entry, where)
         if config.label not in stimuli.labels:
             raise ConfigError(f"{where} ({stimuli.name}): no label {config.label!r}; labels: {list(stimuli.labels)}")
         keep = np.ones(len(stimuli), bool)
