@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -450,22 +453,71 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 RESUMABLE = (_cmd_train, _cmd_run, _cmd_plan)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (``kill``, a batch system's time limit, a closed terminal), raised like Ctrl-C so that
+    the command stops the same way: temporary files removed, a directory it made and left unfinished deleted."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated(signum)
+
+
+def _handle_termination() -> dict:
+    """Install the SIGTERM and SIGHUP handlers (main thread only); returns the previous ones."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {signum: signal.signal(signum, _raise_terminated) for signum in (signal.SIGTERM, signal.SIGHUP)}
+
+
+def _reader_gone(stream) -> bool:
+    """Whether ``stream`` is a pipe whose reading end was closed (``stimsim ... | head -1`` after ``head`` ended)."""
+    try:
+        poller = select.poll()
+        poller.register(stream.fileno(), 0)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _end_on_closed_pipe() -> bool:
+    """When the reader of stdout or stderr went away, point the closed stream(s) at /dev/null (so that Python's
+    flush at exit does not fail again) and return True: the command ends quietly, as one that SIGPIPE ends."""
+    closed = [stream for stream in (sys.stdout, sys.stderr) if _reader_gone(stream)]
+    for stream in closed:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    return bool(closed)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     previous = warnings.showwarning
     warnings.showwarning = _show_warning
+    handlers = _handle_termination()
     try:
         _apply_common_options(args)
-        return args.handler(args)
+        code = args.handler(args)
+        sys.stdout.flush()
+        return code
     except (StimsimError, FileNotFoundError) as exc:
         print(f"stimsim: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        stopped = "terminated" if isinstance(exc, Terminated) else "interrupted"
         resume = "; run the same command again to resume" if args.handler in RESUMABLE else ""
-        print(f"stimsim: interrupted{resume}", file=sys.stderr)
-        return 130
+        print(f"stimsim: {stopped}{resume}", file=sys.stderr)
+        return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
+    except BrokenPipeError:
+        if not _end_on_closed_pipe():
+            raise
+        return 128 + signal.SIGPIPE
     finally:
         warnings.showwarning = previous
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
 """The command line: help everywhere, data and model listings, exit codes."""
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -7,7 +11,8 @@ from stimsim import __version__
 from stimsim.cli import build_parser, main
 
 SUBCOMMANDS = [["train"], ["data"], ["data", "list"], ["data", "fetch"], ["data", "verify"], ["models"],
-               ["models", "list"], ["models", "check"], ["run"], ["bench"]]
+               ["models", "list"], ["models", "check"], ["run"], ["plan"], ["bench"], ["subject"], ["subject", "make"],
+               ["subject", "session"], ["analyze"], ["power"]]
 
 
 def test_version(capsys):
@@ -117,3 +122,72 @@ def test_phase_lines_and_warnings_never_share_a_line_with_a_progress_bar(capsys)
     assert "stimsim: plan: making the virtual subject" in pieces
     assert "stimsim: warning: 2 recorded electrode(s) left out" in pieces
     assert not any("poses" in piece and "stimsim:" in piece for piece in pieces)
+
+
+#: A command (``data list`` replaced) that is writing its result file through stimsim.io when the signal comes:
+#: it prints ``writing`` once the temporary file exists, then waits.
+_WRITING = """
+import sys, time
+from pathlib import Path
+import stimsim.cli as cli
+from stimsim.io import atomic_save
+
+def write_slowly(args):
+    def save(tmp):
+        Path(tmp).write_text("half")
+        print("writing", flush=True)
+        time.sleep(120)
+    atomic_save(Path(sys.argv[1]) / "results.nc", save)
+    return 0
+
+cli._cmd_data_list = write_slowly
+sys.exit(cli.main(["data", "list"]))
+"""
+
+
+@pytest.mark.parametrize("signum, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated"),
+                                                (signal.SIGHUP, 129, "terminated")], ids=lambda v: getattr(v, "name", None))
+def test_a_signal_ends_a_command_with_one_line_its_exit_code_and_no_half_written_file(signum, code, word, tmp_path):
+    """Ctrl-C, `kill` (SIGTERM) and a closed terminal (SIGHUP) in the middle of writing a result: one line on
+    stderr, exit code 128 + the signal's number, and the temporary file removed (SIGTERM used to end Python at
+    once: no message, exit code -15, the temporary file left in --out)."""
+    process = subprocess.Popen([sys.executable, "-c", _WRITING, str(tmp_path)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert process.stdout.readline() == "writing\n"
+        assert len(list(tmp_path.iterdir())) == 1  # the temporary file
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == code
+    assert err == f"stimsim: {word}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
+def test_a_closed_pipe_ends_quietly(unbuffered):
+    """`stimsim data list | head -0`: the reader is gone before stimsim writes; no traceback and no 'Exception
+    ignored' from the flush at exit, exit code 141 as for a command that SIGPIPE ends."""
+    process = subprocess.Popen([sys.executable, "-c", "import sys; from stimsim.cli import main; sys.exit(main())",
+                                "data", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": unbuffered})
+    process.stdout.close()
+    err = process.stderr.read()
+    process.wait(timeout=60)
+    assert err == ""
+    assert process.returncode == 141
+
+
+def test_a_broken_pipe_that_is_not_stdout_stays_visible(monkeypatch):
+    """A BrokenPipeError of anything but a closed stdout or stderr (a worker's socket, a subprocess) is a bug:
+    it is raised, not turned into a quiet exit."""
+    import stimsim.cli as cli
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "_cmd_data_list", broken)
+    with pytest.raises(BrokenPipeError):
+        main(["data", "list"])
