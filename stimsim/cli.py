@@ -218,7 +218,7 @@ def _cmd_power(args) -> int:
     _check_at_least("--sessions", args.sessions, 10)
     repeated = sorted({count for count in args.trials if args.trials.count(count) > 1})
     if repeated:
-        raise ConfigError(f"--trials lists {', '.join(map(str, repeated))} more than once; give each trial count once")
+        raise ConfigError(f"--trials-per-site lists {', '.join(map(str, repeated))} more than once; give each trial count once")
     out = args.out or str(Path(args.plan) / "power")
     summary = run_power(args.plan, out, target_power=args.power, alpha=args.alpha, trial_counts=args.trials,
                         n_sessions=args.sessions, seed=args.seed, force=args.force, progress=not args.no_progress)
@@ -274,8 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     listing = data_commands.add_parser("list", help="list every manifest entry")
     listing.set_defaults(handler=_cmd_data_list)
     fetch = data_commands.add_parser("fetch", help="fetch an entry into the cache and verify its checksums")
-    fetch.add_argument("name")
-    fetch.add_argument("--mirror", help="local mirror directory (default: $STIMSIM_MIRROR_DIR)")
+    fetch.add_argument("name", help="manifest entry, as `stimsim data list` names it")
+    _add_mirror(fetch)
     fetch.set_defaults(handler=_cmd_data_fetch)
     verify = data_commands.add_parser("verify", help="check the sha256 of every file present (cache or in place); "
                                                      "exit 0 only if all present files verify")
@@ -288,9 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     check = model_commands.add_parser("check", help="evaluate a model: accuracy, face selectivity, clustering on IT")
     check.add_argument("name", help="shipped model name or model directory")
     check.add_argument("--json", action="store_true", help="print one JSON object")
-    check.add_argument("--out", help="directory for the IT face-d′ map (NAME_face_dprime.png); without --out or "
-                                     "--figure no figure is written")
-    check.add_argument("--figure", help="PNG path of the IT face-d′ map (overrides --out)")
+    check.add_argument("--out", help="directory for the IT d′ map of the --positive class (NAME_POSITIVE_dprime.png); "
+                                     "without --out or --figure no figure is written")
+    check.add_argument("--figure", help="PNG path of that d′ map (overrides --out)")
     check.add_argument("--shuffles", type=int, default=1000, help="position shuffles for cluster_p (default 1000)")
     check.add_argument("--stimuli", help="images to evaluate on instead of the held-out LFW + Fashion-MNIST ones: a "
                                          "folder (class = subfolder, label 'category') or a CSV/HDF5 table")
@@ -386,8 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
     power.add_argument("plan", help="plan directory made by `stimsim plan`")
     power.add_argument("--power", type=float, default=0.8, help="target power (default 0.8)")
     power.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
-    power.add_argument("--trials", type=int, nargs="+", default=[50, 100, 200, 400, 800, 1600],
-                       help="trials per site to simulate (default 50 100 200 400 800 1600)")
+    power.add_argument("--trials-per-site", dest="trials", type=int, nargs="+", metavar="N",
+                       default=[50, 100, 200, 400, 800, 1600],
+                       help="trials per site to simulate, one or more counts (default 50 100 200 400 800 1600)")
+    power.add_argument("--trials", dest="trials", type=int, nargs="+", help=argparse.SUPPRESS)  # its former name
     power.add_argument("--sessions", type=int, default=200, help="simulated sessions per trial count (default 200)")
     power.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     power.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -81,7 +81,8 @@ def test_analyze_refuses_a_broken_file_with_exit_code_2(tmp_path, capsys):
     (["power", "plan", "--sessions", "5"], "--sessions must be at least 10, got 5"),
     (["power", "plan", "--power", "1.5"], "--power must lie strictly between 0 and 1, got 1.5"),
     (["power", "plan", "--alpha", "0"], "--alpha must lie strictly between 0 and 1, got 0"),
-    (["power", "plan", "--trials", "400", "50", "400"], "--trials lists 400 more than once"),
+    (["power", "plan", "--trials-per-site", "400", "50", "400"], "--trials-per-site lists 400 more than once"),
+    (["power", "plan", "--trials", "400", "50", "400"], "--trials-per-site lists 400 more than once"),  # former name
 ])
 def test_bad_options_are_named_as_typed(tmp_path, capsys, argv, message):
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2

@@ -137,7 +137,7 @@ def write_virtual_plan(directory, stim_logodds, lapse_rate=0.1):
 
 def test_power_command_on_a_virtual_subject_plan(tmp_path, capsys):
     plan = write_virtual_plan(tmp_path / "plan", np.array([1.5, -1.2, 1.0, 0.8, -1.0, 1.3]))
-    assert main(["power", str(plan), "--trials", "50", "200", "800", "--sessions", "100"]) == 0
+    assert main(["power", str(plan), "--trials-per-site", "50", "200", "800", "--sessions", "100"]) == 0
     out = plan / "power"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["simulated_from"].startswith("virtual subject")
