@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
+import threading
 from contextlib import contextmanager
 
 from stimsim.errors import ConfigError
@@ -146,6 +148,26 @@ def _run_task(function, shared, job, settings):
     return function(shared, job, settings)
 
 
+@contextmanager
+def _signals_held_back():
+    """Ctrl-C, SIGTERM and SIGHUP held back while a local cluster starts, then delivered: Dask cannot close a
+    cluster stopped half-way through its start (its exit handler fails with a traceback), so the command stops
+    once the cluster is up, and closes it. Outside the main thread (no signal arrives there) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum)) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if received:
+            signal.raise_signal(received[0])
+
+
 class ChunkPool:
     """A Dask client (and the local cluster it started, if any) that runs the engine's chunks."""
 
@@ -163,10 +185,18 @@ class ChunkPool:
                 except OSError as exc:
                     raise ConfigError(f"cannot reach the Dask scheduler at {value!r}: {exc}") from None
             else:
-                # the status page on a free port: two sweeps at once would otherwise both ask for 8787
-                self._cluster = LocalCluster(n_workers=int(value), threads_per_worker=1, processes=True,
-                                             host="127.0.0.1", dashboard_address=":0")
-                self.client = Client(self._cluster)
+                try:
+                    with _signals_held_back():
+                        # the status page on a free port: two sweeps at once would otherwise both ask for 8787
+                        self._cluster = LocalCluster(n_workers=int(value), threads_per_worker=1, processes=True,
+                                                     host="127.0.0.1", dashboard_address=":0")
+                        self.client = Client(self._cluster)
+                except BaseException:  # interrupted: the cluster (complete now) is closed before stopping
+                    if getattr(self, "client", None) is not None:
+                        self.client.close()
+                    if self._cluster is not None:
+                        self._cluster.close()
+                    raise
             self._own_client = True
         self.threads = sum(self.client.nthreads().values()) or 1
         self.min_chunks = CHUNKS_PER_THREAD * self.threads

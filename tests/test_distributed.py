@@ -151,3 +151,35 @@ def test_two_local_clusters_at_once_start_without_a_port_warning():
             second.close()
         finally:
             first.close()
+
+
+def test_an_interrupt_while_a_local_cluster_starts_stops_without_a_traceback():
+    """Ctrl-C while the workers of a local cluster start: it takes effect once the cluster is up, which is then
+    closed; Dask's exit handler used to fail on the half-started cluster with a traceback ('Exception ignored in
+    atexit callback ... AssertionError: Status.init')."""
+    import subprocess
+    import sys
+
+    script = """
+import os, signal, threading
+import distributed
+from stimsim.distributed import ChunkPool
+
+started = distributed.LocalCluster
+
+def interrupted_while_starting(*args, **kwargs):
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    return started(*args, **kwargs)
+
+distributed.LocalCluster = interrupted_while_starting
+try:
+    ChunkPool("processes=1")
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert done.stdout == "interrupted\n"
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    assert done.returncode == 0
