@@ -43,3 +43,5 @@ sphinx_gallery_conf = {
 
 html_theme = "alabaster"
 html_static_path = []
+# Wide enough for the examples' code lines (up to about 110 characters) to show without scrolling.
+html_theme_options = {"page_width": "1240px", "sidebar_width": "220px", "body_max_width": "none"}
