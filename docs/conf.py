@@ -53,7 +53,7 @@ html_theme_options = {"page_width": "1240px", "sidebar_width": "220px", "body_ma
 # line in brackets and the rest after a dash; such a field becomes "name" with its text below, as napoleon
 # expects. A real type after the colon ("int", "numpy.ndarray", "str, optional") is left as it is.
 _FIELD_SECTIONS = {"Parameters", "Returns", "Yields", "Attributes", "Other Parameters", "Raises"}
-_FIELD = re.compile(r"^(?P<indent>\s*)(?P<names>[\w*]+(?:, [\w*]+)*|\([\w, ]+\)) : (?P<text>.+)$")
+_FIELD = re.compile(r"^(?P<indent>\s*)(?P<names>[\w*]+(?:\(\))?(?:, [\w*]+)*|\([\w, ]+\)) : (?P<text>.+)$")
 _TYPE = re.compile(r"^[\w.]+(?:\[[\w., ]+\])?(?:, optional)?$")
 
 

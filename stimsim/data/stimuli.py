@@ -52,6 +52,8 @@ _LFW_SUBSET_SHAPE = (200, 25, 25)
 class StimulusSet:
     """Images with unique ids and per-image labels.
 
+    Attributes
+    ----------
     name : name of the set (used in results and file names).
     images : list of N float32 arrays with values in [0, 1], (H, W) or (H, W, 3).
     stimulus_id : N unique strings.
