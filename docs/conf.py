@@ -1,6 +1,7 @@
 """Sphinx configuration: API reference from the docstrings (autodoc + napoleon) and a gallery of
 short runnable examples (sphinx-gallery, executed at every build)."""
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -43,3 +44,33 @@ sphinx_gallery_conf = {
 
 html_theme = "alabaster"
 html_static_path = []
+# Wide enough for the examples' code lines (up to about 110 characters) to show without scrolling.
+html_theme_options = {"page_width": "1240px", "sidebar_width": "220px", "body_max_width": "none"}
+
+
+# stimsim's docstrings write numpy-style fields as "name : what it is, in words", the text often running
+# on to indented lines. Napoleon reads the text after the colon as a type, which would print the first
+# line in brackets and the rest after a dash; such a field becomes "name" with its text below, as napoleon
+# expects. A real type after the colon ("int", "numpy.ndarray", "str, optional") is left as it is.
+_FIELD_SECTIONS = {"Parameters", "Returns", "Yields", "Attributes", "Other Parameters", "Raises"}
+_FIELD = re.compile(r"^(?P<indent>\s*)(?P<names>[\w*]+(?:\(\))?(?:, [\w*]+)*|\([\w, ]+\)) : (?P<text>.+)$")
+_TYPE = re.compile(r"^[\w.]+(?:\[[\w., ]+\])?(?:, optional)?$")
+
+
+def _fields_as_descriptions(app, what, name, obj, options, lines):
+    section, indent = None, None
+    for i, line in enumerate(list(lines)):
+        stripped = line.strip()
+        if i + 1 < len(lines) and re.fullmatch(r"-{3,}", lines[i + 1].strip() or "x"):
+            section = stripped if stripped in _FIELD_SECTIONS else None
+            indent = len(line) - len(line.lstrip())
+            continue
+        match = _FIELD.match(line)
+        if section and match and len(match["indent"]) == indent and not _TYPE.match(match["text"]):
+            lines[i] = match["indent"] + match["names"] + "\n" + match["indent"] + "    " + match["text"]
+    expanded = "\n".join(lines).split("\n")
+    lines[:] = expanded
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", _fields_as_descriptions, priority=100)

@@ -41,7 +41,13 @@ n_perm = 50
 out = tempfile.mkdtemp()
 run_experiment(parse_experiment(tomllib.loads(EXPERIMENT)), out, progress=False, figures=False)
 results, summary, config = load_results(out)
-print(results["choice_probability"])
+print(results)
+
+# %%
+# The stimulation parameters are coordinates of the ``condition`` dimension (the overview above
+# shows only some of them):
+print([name for name, coord in results.coords.items() if coord.dims == ("condition",)])
+print(results["choice_probability"].sel(condition="site_001").to_pandas().head(3))
 
 # %%
 # Select by label: the probability of "face" for every site's condition, averaged over images,

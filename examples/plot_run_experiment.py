@@ -49,8 +49,9 @@ n_perm = 100
 spec = parse_experiment(tomllib.loads(EXPERIMENT), where="afraz2006_small")
 out = tempfile.mkdtemp()
 summary = run_experiment(spec, out, progress=False)
-print({key: summary[key] for key in ("control_accuracy", "model_r", "model_mean_shift_selective",
-                                     "model_mean_shift_other")})
+for key in ("control_accuracy", "model_r", "model_mean_shift_selective",
+            "model_mean_shift_other"):   # shifts in % signal
+    print(f"{key:28s} {summary[key]:.3g}")
 
 # %%
 # The run wrote ``results.nc``, ``summary.json``, ``config.json`` and figures into ``out``; here is

@@ -103,10 +103,11 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
 
     Returns
     -------
-    ``xarray.DataArray`` ``choice_probability`` with dims (condition, stimulus_id, choice); coords: condition
-    labels, ``perturbed_layer`` ("" for control), every parameter of ``Condition.describe()`` (NaN or "" where
-    a condition lacks it) and the stimulus coords; attrs: model, perturbed layers, decoder layer,
-    safety limits and override reason.
+    xarray.DataArray
+        ``choice_probability`` with dims (condition, stimulus_id, choice); coords: condition labels,
+        ``perturbed_layer`` ("" for control), every parameter of ``Condition.describe()`` (NaN or "" where
+        a condition lacks it) and the stimulus coords; attrs: model, perturbed layers, decoder layer,
+        safety limits and override reason.
     """
     if isinstance(max_chunk_bytes, bool) or not isinstance(max_chunk_bytes, (int, np.integer)) or max_chunk_bytes < 1:
         raise ConfigError(f"max_chunk_bytes must be a positive integer (bytes), got {max_chunk_bytes!r}")

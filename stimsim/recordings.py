@@ -57,6 +57,8 @@ POSITION_TOLERANCE_MM = 0.02
 class Recordings:
     """Responses (presentation × electrode) with stimulus ids, electrode ids and the array layout.
 
+    Attributes
+    ----------
     response : DataArray named ``response``; attrs may hold ``units`` and ``window_ms``.
     layout : the array's layout, restricted to the recorded electrodes (same order).
     source : the file the recordings came from (named in error messages), or ``"<memory>"``.

@@ -1,4 +1,4 @@
-"""The README's Python API snippet runs as written, and its comments state what it prints."""
+"""The README's Python snippets run as written, and their comments state what they print and write."""
 import re
 from pathlib import Path
 
@@ -8,9 +8,13 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def _python_api_snippet() -> str:
-    section = README.read_text(encoding="utf-8").split("## Python API in five minutes", 1)[1]
+def _python_snippet(heading: str) -> str:
+    section = README.read_text(encoding="utf-8").split(heading, 1)[1]
     return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+
+
+def _python_api_snippet() -> str:
+    return _python_snippet("## Python API in five minutes")
 
 
 def test_the_python_api_snippet_runs_in_cortex_millimetres(capsys):
@@ -26,3 +30,12 @@ def test_the_python_api_snippet_runs_in_cortex_millimetres(capsys):
     assert namespace["p"].sizes == {"condition": 2, "stimulus_id": 200, "choice": 2}
     assert namespace["cortex"].sheet("IT").size_mm == pytest.approx(19.7, abs=0.05)
     assert namespace["report"].shannon_k == pytest.approx(np.log10(10e-3 / 2000e-8) + np.log10(10e-3), abs=1e-9)
+
+
+def test_the_reports_snippet_runs_and_writes_html_and_pdf(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(_python_snippet("## Reports"), "README.md", "exec"), {})
+    written = tmp_path / "results" / "my_result"
+    assert sorted(path.name for path in written.iterdir()) == ["report.html", "report.pdf"]  # the comment
+    assert (written / "report.pdf").read_bytes().startswith(b"%PDF")
+    assert "ΔAUC" in (written / "report.html").read_text(encoding="utf-8")

@@ -203,9 +203,10 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
 
     Returns
     -------
-    A DataFrame with the columns of :data:`COLUMNS` (optional ones filled: ``subject_id``
-    'subject', ``session_id`` the file stem, times/sequence/stimulus_id NaN or empty where absent),
-    plus ``file`` and ``row`` (1-based data row in its file). Any problem raises FileFormatError.
+    pandas.DataFrame
+        The columns of :data:`COLUMNS` (optional ones filled: ``subject_id`` 'subject', ``session_id``
+        the file stem, times/sequence/stimulus_id NaN or empty where absent), plus ``file`` and ``row``
+        (1-based data row in its file). Any problem raises FileFormatError.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]

@@ -36,6 +36,8 @@ PLAUSIBLE_SPACING_MM = (0.005, 5.0)
 class ArrayLayout:
     """Electrode ids (text) and positions (mm, array frame, centre at 0, 0) of one array.
 
+    Attributes
+    ----------
     name : e.g. ``"utah_10x10"`` or the file the layout came from.
     electrode_ids : N unique ids as text, e.g. ``"1"`` … ``"96"``.
     positions_mm : (N, 2) float array, row i = (x, y) of electrode i.

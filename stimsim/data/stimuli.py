@@ -52,6 +52,8 @@ _LFW_SUBSET_SHAPE = (200, 25, 25)
 class StimulusSet:
     """Images with unique ids and per-image labels.
 
+    Attributes
+    ----------
     name : name of the set (used in results and file names).
     images : list of N float32 arrays with values in [0, 1], (H, W) or (H, W, 3).
     stimulus_id : N unique strings.
@@ -212,6 +214,8 @@ def from_folder(path, label_from: str | None = "subfolder", name: str | None = N
     """Every image file under ``path`` (recursively; suffixes :data:`IMAGE_SUFFIXES`, hidden files
     skipped), sorted by relative path, which is also its ``stimulus_id``.
 
+    Parameters
+    ----------
     label_from : ``"subfolder"`` — label ``category`` = the first-level subfolder an image sits in
         (every image must sit in one); ``None`` — no labels.
     name : set name; default the folder's name.
@@ -398,13 +402,14 @@ def _read_idx(path: Path, expected_ndim: int) -> np.ndarray:
 def fashion_mnist(split: str = "train", n_per_class: int | None = None, seed: int = 0,
                   mirror=None) -> StimulusSet:
     """Fashion-MNIST (Xiao, Rasul & Vollgraf 2017) 28×28 gray images from the verified
-    ``fashion_mnist`` data entry.
+    ``fashion_mnist`` data entry. Labels: ``category`` (:data:`FASHION_MNIST_CLASSES`),
+    ``class_index`` (0–9). Ids: ``fashion_mnist_<split>_<index in the file, 5 digits>``.
 
+    Parameters
+    ----------
     split : ``"train"`` (60,000) or ``"test"`` (10,000).
     n_per_class : draw this many images per class at random (without replacement, generator
         seeded by ``seed``), or None for all; kept in file order.
-    Labels: ``category`` (:data:`FASHION_MNIST_CLASSES`), ``class_index`` (0–9).
-    Ids: ``fashion_mnist_<split>_<index in the file, 5 digits>``.
     """
     if split not in _FASHION_MNIST_COUNTS:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")

@@ -19,16 +19,18 @@ _LUMA_RGB = (0.299, 0.587, 0.114)
 class Preprocessing:
     """How a model wants its images.
 
+    Calling it gives the normalised input tensor; :meth:`geometry` gives the images at the input's
+    size and colour, not normalised, for changes that must be made where the network sees them
+    (pixel noise).
+
+    Parameters
+    ----------
     size_px : images are resized so that their shorter side is size_px (aspect kept; bilinear,
         antialiased), then the centre size_px × size_px square is cut out, as ImageNet networks
         expect (a square image is simply resized).
     channels : 1 (grayscale) or 3 (RGB); colour images are converted to luma (ITU-R BT.601 weights),
         gray ones repeated on the three channels; an alpha channel is dropped.
     mean, std : per-channel normalisation applied to intensities in [0, 1].
-
-    Calling it gives the normalised input tensor; :meth:`geometry` gives the images at the input's
-    size and colour, not normalised, for changes that must be made where the network sees them
-    (pixel noise).
     """
 
     size_px: int = 224

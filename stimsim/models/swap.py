@@ -44,9 +44,11 @@ def swap_optimize(sheet: CorticalSheet, responses, n_steps: int, seed: int = 0, 
 
     Returns
     -------
-    (new_sheet, history) : the sheet with the same name, dims and set of positions (coordinates_mm
-        permuted over units; neighbourhoods renumbered to the units now at their positions), and the
-        mean spatial loss over the neighbourhoods before the first step and after each step
+    new_sheet : CorticalSheet
+        The sheet with the same name, dims and set of positions (coordinates_mm permuted over units;
+        neighbourhoods renumbered to the units now at their positions).
+    history : numpy.ndarray
+        The mean spatial loss over the neighbourhoods before the first step and after each step
         (length n_steps + 1, non-increasing).
     """
     if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 0:

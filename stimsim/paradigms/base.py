@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 class Trials(Protocol):
     """What :meth:`Paradigm.prepare` returns.
 
+    Attributes
+    ----------
     images : the images the engine shows under every condition (one per trial).
     stimulus_ids : (n,) unique id per simulated trial.
     stimulus_coords : label name → (n,) array, stored on the ``stimulus_id`` dimension.

@@ -52,6 +52,8 @@ class Site:
 class SiteSelection:
     """The chosen sites, with the map they were chosen on.
 
+    Attributes
+    ----------
     unit_dprime : (N,) d′ of every unit of the sheet (localizer preferred class vs the rest).
     peak_mm : peak of the unit-d′ map smoothed with ``smoothing_sigma_mm`` (the face-patch centre).
     """

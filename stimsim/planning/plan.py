@@ -252,6 +252,8 @@ def run_plan(config_path, out_dir, progress: bool = True, validate: int = 0, dev
     ``validate`` > 0 (virtual subjects only) then repeats the closed loop on that many hidden poses
     (:mod:`stimsim.planning.validation`) and writes ``validation.json``.
 
+    Parameters
+    ----------
     device : where the models, sequence optimisation, effects and decoders compute (cpu, cuda, cuda:N, mps,
         auto; :mod:`stimsim.devices`).
     scheduler : None (this process), or a Dask scheduler (``"local"``, ``"processes=N"``, an address or a

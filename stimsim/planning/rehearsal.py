@@ -27,6 +27,8 @@ __all__ = ["Rehearsal", "stimulation_at", "rehearse"]
 class Rehearsal:
     """Results of the task in one model.
 
+    Attributes
+    ----------
     p_high : (n_sites, n_conditions, n_sequences, n_steps); condition 0 is without stimulation, the others
         stimulate the site's points in ``points_mm`` order.
     delta_auc : (n_sites, n_conditions - 1, n_sequences).
@@ -51,6 +53,8 @@ def rehearse(model, sequence_images: np.ndarray, points_mm: np.ndarray, stimulat
              device=None, scheduler=None) -> Rehearsal:
     """P(high) along every sequence without and with stimulation.
 
+    Parameters
+    ----------
     sequence_images : (n_sites, n_sequences, n_steps, H, W) in [0, 1].
     points_mm : (n_sites, n_points, 2): where to stimulate for each site, on ``model``'s sheet (e.g. the mapped
         point under the fitted pose and under every bootstrap pose).

@@ -39,6 +39,8 @@ _NC_PER_UC = 1e3
 class SafetyLimits:
     """Limits a protocol must respect.
 
+    Attributes
+    ----------
     max_shannon_k : highest allowed Shannon k (dimensionless); 1.85 by default.
     electrode_area_um2 : geometric area of the stimulating electrode, µm² (Utah tip by default).
     max_charge_per_phase_nC : optional highest charge per phase, nC (None = no such limit).
