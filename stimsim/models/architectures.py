@@ -16,13 +16,14 @@ from torch import nn
 from stimsim.errors import ConfigError
 from stimsim.plugins import Registry
 
-#: Network builders by the family name a model directory uses.
 def _check_builder(name: str, builder) -> None:
+    """A family's builder is callable (what it builds is checked by :func:`build_network`)."""
     if not callable(builder):
         raise TypeError(f"architecture family {name!r} must be a builder (a callable returning an nn.Module), "
                         f"got {builder!r}")
 
 
+#: Network builders by the family name a model directory uses.
 MODEL_FAMILIES = Registry("architecture family", entry_point_group="stimsim.model_families", check=_check_builder)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
@@ -130,7 +131,7 @@ class TopographicModel:
                                     open_sequentials=not isinstance(network, StimsimTopoNet))
         self.stage_names = [n for n, _ in self.stages]
         self.areas = dict(areas or {})
-        shared = sorted({area for area in self.areas.values() if list(self.areas.values()).count(area) > 1})
+        shared = sorted(area for area, count in Counter(self.areas.values()).items() if count > 1)
         if shared:
             raise ConfigError(f"area label(s) {shared} given to more than one layer "
                               f"({ {layer: area for layer, area in self.areas.items() if area in shared} }); "

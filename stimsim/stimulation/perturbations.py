@@ -57,9 +57,6 @@ CHOW2010_VARIANCE_MM2 = 0.234
 ARIKAN2002_VARIANCE_MM2 = 1.17
 
 
-#: Perturbation classes by their ``kind`` (a new kind: one module in :mod:`stimsim.stimulation` with a
-#: :class:`Perturbation` subclass decorated with :func:`register_perturbation`, or a class in another
-#: package registered through the entry point group ``stimsim.perturbations``).
 def _check_perturbation_class(kind: str, cls) -> None:
     """A perturbation kind is a :class:`Perturbation` subclass registered under its own ``kind``."""
     if not (isinstance(cls, type) and issubclass(cls, Perturbation)):
@@ -73,6 +70,9 @@ def _check_perturbation_class(kind: str, cls) -> None:
                         f"{getattr(cls, 'kind', None)!r}; a kind is registered under its own name")
 
 
+#: Perturbation classes by their ``kind`` (a new kind: one module in :mod:`stimsim.stimulation` with a
+#: :class:`Perturbation` subclass decorated with :func:`register_perturbation`, or a class in another
+#: package registered through the entry point group ``stimsim.perturbations``).
 PERTURBATION_KINDS = Registry("perturbation kind", entry_point_group="stimsim.perturbations",
                               packages=("stimsim.stimulation",), check=_check_perturbation_class)
 
