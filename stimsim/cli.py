@@ -23,8 +23,16 @@ from stimsim.progress import report_phase, write_line
 
 
 def _cmd_train(args) -> int:
+    from stimsim.config import load_toml
+    from stimsim.training.head_training import build_topo_head_model, is_head_config, load_head_config
     from stimsim.training.loop import load_training_config, train
 
+    if is_head_config(load_toml(args.config)):
+        config = load_head_config(args.config)[0]
+        out = Path(args.out) if args.out is not None else Path("runs") / config.name
+        model_dir = build_topo_head_model(args.config, out, progress=not args.no_progress)
+        print(f"model saved to {model_dir}; losses per step in {out / 'loss_history.csv'}")
+        return 0
     config = load_training_config(args.config)
     out = Path(args.out) if args.out is not None else Path("runs") / config.name
     model_dir = train(config, out, progress=not args.no_progress, device=args.device)

@@ -99,3 +99,10 @@ def _torchvision(arch=None, **kwargs) -> nn.Module:
             f"unknown torchvision architecture {arch!r}; choose one of torchvision.models.list_models()"
         )
     return torchvision.models.get_model(arch, weights=None, **kwargs)
+
+
+@register_family("topo_head")
+def _topo_head(**kwargs) -> nn.Module:
+    from stimsim.models.topo_head import build_topo_head
+
+    return build_topo_head(**kwargs)

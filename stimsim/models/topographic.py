@@ -270,6 +270,8 @@ class TopographicModel:
         (directory / "positions").mkdir(parents=True, exist_ok=True)
         files = {}
         state = self.network.state_dict()
+        if self.metadata.get("weights_storage") == "float16":
+            state = {key: value.half() if value.is_floating_point() else value for key, value in state.items()}
         _refuse_non_finite(state, f"model {self.name!r}")
         buffer = io.BytesIO()  # saved through memory, so no temporary file name ends up in the archive
         torch.save(state, buffer)

@@ -1,0 +1,408 @@
+"""Build a ``topo_head`` model: a topographic IT trained on a frozen ImageNet trunk, from a TOML file.
+
+``stimsim train CONFIG.toml --out DIR`` runs :func:`build_topo_head_model` when the file's ``[model]``
+names a ``base_network``. The recipe:
+
+1. **Images**: the configured stimulus sets (e.g. the fLoc localizer and the ImageNet samples), a seeded,
+   class-stratified ``holdout_fraction`` of each held out for evaluation and experiments.
+2. **Trunk features, cached**: every training image is shown in ``views`` versions — view 0 as the
+   network receives it, the others randomly cropped (``crop_scale``), flipped, contrast-jittered and with a
+   random fraction of pixels replaced by uniform noise (visual signal drawn in [``min_signal_percent``,
+   100] %, as in :func:`stimsim.data.stimuli.pixel_noise`) — and the frozen trunk's pooled features of each
+   version are computed once (``DIR/features.npz``). The teacher output of every version is the base
+   network's ImageNet output for view 0, so IT learns to see through noise.
+3. **Training** IT and its readouts on those features (the trunk never changes): distillation to the base
+   network's own ImageNet outputs (KL divergence at temperature ``distill_temperature``; no ImageNet labels),
+   cross-entropy of the localizer's domains (``domain_weight``), TDANN's relative spatial loss on IT
+   (``spatial_alpha``; Margalit et al. 2024) and an L1 penalty on IT activity (``activity_l1``: a sparse
+   code, so that a site outside a cluster leaves the others' code alone). Adam, cosine learning rate.
+   Every draw of a step comes from (seed, step), so a run killed and resumed from ``DIR/checkpoint.pt``
+   ends with the weights of an uninterrupted run (CPU).
+4. **The physical scale**, fixed by the rule in ``[cortex_scale]`` before any stimulation experiment:
+   with ``face_cluster_cortex_mm`` the largest face cluster of IT on the localizer images (faces against
+   the other domains, smoothed d′ > 1, :func:`stimsim.topography.selective_clusters_mm`) is set to that
+   many mm of macaque cortex; or a fixed ``cortex_mm_per_model_mm``.
+5. **Storage**: weights rounded to float16 (``storage = "float16"``) before anything is measured, so the
+   model that is evaluated is the model that is saved.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+from tqdm.auto import tqdm
+
+from stimsim.config import load_toml
+from stimsim.errors import ConfigError, TrainingDiverged
+from stimsim.filemodels import FileModel, Text, validate
+from stimsim.hashing import json_sha256, sha256_of
+from stimsim.io import atomic_save, atomic_write_text, provenance
+from stimsim.models.base_networks import base_network_spec, base_weights_path
+from stimsim.models.positions import build_sheet
+from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.topo_head import FAMILY, TopoHeadNet
+from stimsim.models.topographic import TopographicModel
+from stimsim.training.spatial_loss import layer_spatial_loss
+
+CHECKPOINT_NAME = "checkpoint.pt"
+FEATURES_NAME = "features.npz"
+_Positive = Annotated[float, Field(gt=0)]
+_Count = Annotated[int, Field(ge=1)]
+
+
+class HeadModelTable(FileModel):
+    """``[model]``: the base network, IT's size and sheet."""
+    base_network: Text
+    it_units: Annotated[int, Field(ge=16, le=200_000)] = 50176
+    it_rank: Annotated[int, Field(ge=1, le=4096)] = 128
+    head_rank: Annotated[int, Field(ge=1, le=4096)] = 128
+    area: Text = "IT"
+    sheet_size_mm: _Positive = 10.0
+    neighborhood_width_mm: _Positive = 2.0
+    n_neighborhoods: Annotated[int, Field(ge=1, le=100_000)] = 512
+    max_neighborhood_units: Annotated[int, Field(ge=2, le=5000)] = 500
+    base_weights: Literal["imagenet", "random"] = "imagenet"
+    storage: Literal["float16", "float32"] = "float16"
+    preprocessing: dict[str, Any] = {}
+
+
+class HeadDataTable(FileModel):
+    """``[data]``: image sets (each ``{source = ..., holdout_fraction = ...}``; held out per value of ``label``
+    where a set has that label), the localizer's domains
+    (domain → the values of ``label`` it gathers; images of no domain carry no domain label) and the
+    augmented views."""
+    sets: Annotated[list[dict[str, Any]], Field(min_length=1)]
+    label: Text = "category"
+    domains: dict[str, Annotated[list[Text], Field(min_length=1)]] = {}
+    positive_domain: Text = "faces"
+    views: Annotated[int, Field(ge=1, le=64)] = 4
+    min_signal_percent: Annotated[float, Field(ge=0, le=100)] = 40.0
+    crop_scale: Annotated[list[Annotated[float, Field(gt=0, le=1)]], Field(min_length=2, max_length=2)] = [0.6, 1.0]
+
+
+class HeadTrainingTable(FileModel):
+    """``[training]``: optimisation and the loss weights."""
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
+    steps: Annotated[int, Field(ge=1, le=1_000_000)] = 1500
+    batch_size: Annotated[int, Field(ge=2, le=4096)] = 256
+    learning_rate: _Positive = 1e-3
+    warmup_steps: Annotated[int, Field(ge=0)] = 50
+    distill_temperature: _Positive = 2.0
+    distill_weight: Annotated[float, Field(ge=0)] = 1.0
+    domain_weight: Annotated[float, Field(ge=0)] = 1.0
+    spatial_alpha: Annotated[float, Field(ge=0)] = 1.0
+    neighborhoods_per_step: Annotated[int, Field(ge=1, le=1000)] = 8
+    activity_l1: Annotated[float, Field(ge=0)] = 0.0
+    checkpoint_every_steps: _Count = 250
+
+
+class CortexScaleTable(FileModel):
+    """``[cortex_scale]``: the anatomical rule; exactly one of ``face_cluster_cortex_mm`` (the largest face
+    cluster on the localizer spans that many cortex mm) and ``cortex_mm_per_model_mm`` (fixed)."""
+    rule: Text
+    face_cluster_cortex_mm: _Positive | None = None
+    cortex_mm_per_model_mm: Annotated[float, Field(ge=1e-3, le=100)] | None = None
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.face_cluster_cortex_mm is None) == (self.cortex_mm_per_model_mm is None):
+            raise ValueError("give exactly one of 'face_cluster_cortex_mm' and 'cortex_mm_per_model_mm'")
+        return self
+
+
+class HeadConfig(FileModel):
+    """A ``topo_head`` build file (see the module docstring)."""
+    name: Text
+    description: Text | None = None
+    model: HeadModelTable
+    data: HeadDataTable
+    training: HeadTrainingTable = HeadTrainingTable()
+    cortex_scale: CortexScaleTable
+
+
+def is_head_config(raw: dict) -> bool:
+    """Whether a parsed training file describes a ``topo_head`` build (its ``[model]`` names a base network)."""
+    return isinstance(raw.get("model"), dict) and "base_network" in raw["model"]
+
+
+def load_head_config(path) -> tuple[HeadConfig, dict, Path]:
+    """Read and check a build file: (config, raw table, the file's folder for relative paths)."""
+    path = Path(path)
+    raw = load_toml(path)
+    config = validate(HeadConfig, raw, str(path))
+    base_network_spec(config.model.base_network)
+    Preprocessing.from_dict(config.model.preprocessing) if config.model.preprocessing else None
+    return config, raw, path.resolve().parent
+
+
+# --- images ---------------------------------------------------------------------------------------
+def load_sets(config: HeadConfig, folder: Path, where: str):
+    """The training images (a StimulusSet) and the held-out stimulus ids."""
+    from stimsim.data.stimuli import StimulusSet, load_stimulus_source
+
+    kept_sets, holdout = [], []
+    for index, entry in enumerate(config.data.sets):
+        entry = dict(entry)
+        fraction = entry.pop("holdout_fraction", 0.0)
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+            raise ConfigError(f"{where} [data] sets[{index}]: 'holdout_fraction' must be a number in [0, 1), "
+                              f"got {fraction!r}")
+        if "path" in entry and not Path(entry["path"]).is_absolute():
+            entry["path"] = str(folder / entry["path"])
+        stimuli = load_stimulus_source(entry, f"{where} [data] sets[{index}]")
+        classes = np.asarray(stimuli.labels.get(config.data.label, np.full(len(stimuli), "")), str)
+        keep = np.ones(len(stimuli), bool)
+        rng = np.random.default_rng([config.training.seed, index])
+        for value in np.unique(classes):
+            members = np.flatnonzero(classes == value)
+            keep[rng.choice(members, size=int(round(fraction * len(members))), replace=False)] = False
+        holdout += [str(s) for s in stimuli.stimulus_id[~keep]]
+        kept = stimuli.subset(np.flatnonzero(keep))
+        of_category = {c: d for d, categories in config.data.domains.items() for c in categories}
+        labels = {"domain": np.array([of_category.get(str(c), "") for c in classes[keep]], dtype="<U64")}
+        kept_sets.append(StimulusSet(kept.name, kept.images, kept.stimulus_id, labels))
+    return StimulusSet.concat(*kept_sets, name="training"), holdout
+
+
+def _augmented(image: np.ndarray, rng: np.random.Generator, data: HeadDataTable) -> np.ndarray:
+    """One random version of an image at the network's geometry (H, W, 3) in [0, 1]: crop, flip, contrast,
+    pixel noise."""
+    height, width = image.shape[:2]
+    scale = rng.uniform(*data.crop_scale)
+    side_h, side_w = max(8, int(round(height * math.sqrt(scale)))), max(8, int(round(width * math.sqrt(scale))))
+    top, left = rng.integers(0, height - side_h + 1), rng.integers(0, width - side_w + 1)
+    crop = torch.from_numpy(np.ascontiguousarray(image[top:top + side_h, left:left + side_w])).permute(2, 0, 1)
+    out = F.interpolate(crop[None].float(), size=(height, width), mode="bilinear", align_corners=False,
+                        antialias=True)[0].permute(1, 2, 0).numpy()
+    if rng.random() < 0.5:
+        out = out[:, ::-1]
+    mean = out.mean()
+    out = np.clip(mean + rng.uniform(0.6, 1.4) * (out - mean), 0.0, 1.0)
+    signal = rng.uniform(data.min_signal_percent, 100.0) / 100.0
+    replaced = rng.random((height, width)) >= signal
+    out = out.copy()
+    out[replaced] = rng.random((int(replaced.sum()), out.shape[2]))
+    return out.astype(np.float32)
+
+
+def trunk_features(config: HeadConfig, stimuli, trunk, classifier, preprocessing: Preprocessing, out_dir: Path,
+                   progress: bool = True) -> dict:
+    """Pooled trunk features of every view of every training image, and the teacher logits; cached in
+    ``DIR/features.npz`` under the digest of what they depend on."""
+    digest = json_sha256({"data": config.data.model_dump(), "seed": config.training.seed,
+                          "base": config.model.base_network, "ids": [str(s) for s in stimuli.stimulus_id],
+                          "preprocessing": preprocessing.to_dict()})
+    path = out_dir / FEATURES_NAME
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as cached:
+            if str(cached["digest"]) == digest:
+                return {key: cached[key] for key in ("features", "teacher")}
+    views = config.data.views
+    geometry = preprocessing.geometry(stimuli.images)
+    mean = torch.tensor(preprocessing.mean).view(1, 3, 1, 1)
+    std = torch.tensor(preprocessing.std).view(1, 3, 1, 1)
+    features = np.zeros((views, len(geometry), config_channels(config)), np.float32)
+    teacher = np.zeros((len(geometry), 1000), np.float32)
+    batch = 32
+    bar = tqdm(total=views * len(geometry), desc="trunk features", unit="img", disable=not progress)
+    with torch.no_grad():
+        for view in range(views):
+            for start in range(0, len(geometry), batch):
+                chunk = []
+                for i in range(start, min(start + batch, len(geometry))):
+                    image = geometry[i] if geometry[i].ndim == 3 else np.repeat(geometry[i][..., None], 3, -1)
+                    if view > 0:
+                        image = _augmented(image, np.random.default_rng([config.training.seed, view, i]), config.data)
+                    chunk.append(torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1))
+                x = (torch.stack(chunk) - mean) / std
+                pooled = torch.flatten(F.adaptive_avg_pool2d(trunk(x), 1), 1)
+                features[view, start:start + len(chunk)] = pooled.numpy()
+                if view == 0:
+                    teacher[start:start + len(chunk)] = classifier(pooled).numpy()
+                bar.update(len(chunk))
+    bar.close()
+    atomic_save(path, lambda tmp: np.savez(tmp, features=features, teacher=teacher, digest=np.array(digest)))
+    return {"features": features, "teacher": teacher}
+
+
+def config_channels(config: HeadConfig) -> int:
+    return base_network_spec(config.model.base_network).feature_channels
+
+
+# --- training -------------------------------------------------------------------------------------
+def _learning_rate(training: HeadTrainingTable, step: int) -> float:
+    if step < training.warmup_steps:
+        return training.learning_rate * (step + 1) / training.warmup_steps
+    progress = (step - training.warmup_steps) / max(training.steps - training.warmup_steps, 1)
+    return training.learning_rate * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _losses(network: TopoHeadNet, config: HeadConfig, x, teacher, domains, coords, neighborhoods) -> dict:
+    training = config.training
+    it = network.it(x)
+    temperature = training.distill_temperature
+    distill = F.kl_div(F.log_softmax(network.head(it) / temperature, 1), F.log_softmax(teacher / temperature, 1),
+                       reduction="batchmean", log_target=True) * temperature ** 2
+    losses = {"distill": distill}
+    labelled = domains >= 0
+    if network.domain_head is not None and bool(labelled.any()):
+        losses["domain"] = F.cross_entropy(network.domain_head(it[labelled]), domains[labelled])
+    losses["spatial"] = layer_spatial_loss(it, coords, neighborhoods)
+    losses["activity"] = it.abs().mean()
+    total = training.distill_weight * distill + training.spatial_alpha * losses["spatial"] \
+        + training.activity_l1 * losses["activity"]
+    if "domain" in losses:
+        total = total + training.domain_weight * losses["domain"]
+    losses["total"] = total
+    return losses
+
+
+def train_head(config: HeadConfig, network: TopoHeadNet, sheet, cached: dict, domains: np.ndarray, out_dir: Path,
+               progress: bool = True, stop_after_step: int | None = None) -> list[dict]:
+    """Train ``network``'s IT and readouts on cached trunk features (resumable); returns the loss history."""
+    training = config.training
+    params = [p for name, p in network.named_parameters() if not name.startswith("trunk.")]
+    optimiser = torch.optim.Adam(params, lr=training.learning_rate)
+    checkpoint = out_dir / CHECKPOINT_NAME
+    history, start = [], 0
+    if checkpoint.is_file():
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        network.load_state_dict(state["network"])
+        optimiser.load_state_dict(state["optimiser"])
+        history, start = list(state["history"]), int(state["step"])
+    features = torch.from_numpy(cached["features"])
+    teacher = torch.from_numpy(cached["teacher"])
+    domain_ids = torch.from_numpy(domains)
+    coords = torch.from_numpy(sheet.coordinates_mm).float()
+    all_neighborhoods = torch.from_numpy(np.asarray(sheet.neighborhood_indices))
+    n_views, n_images = features.shape[:2]
+    network.train()
+    bar = tqdm(range(start, training.steps), initial=start, total=training.steps, desc="training IT",
+               disable=not progress)
+    for step in bar:
+        rng = np.random.default_rng([training.seed, step])
+        index = torch.from_numpy(rng.choice(n_images, size=min(training.batch_size, n_images), replace=False))
+        view = torch.from_numpy(rng.integers(n_views, size=len(index)))
+        picked = torch.from_numpy(rng.choice(len(all_neighborhoods), size=training.neighborhoods_per_step,
+                                             replace=False))
+        for group in optimiser.param_groups:
+            group["lr"] = _learning_rate(training, step)
+        losses = _losses(network, config, features[view, index], teacher[index], domain_ids[index], coords,
+                         all_neighborhoods[picked])
+        if not torch.isfinite(losses["total"]):
+            raise TrainingDiverged(f"{config.name}: the loss became {float(losses['total'])} at step {step}")
+        optimiser.zero_grad()
+        losses["total"].backward()
+        optimiser.step()
+        history.append({"step": step, **{k: float(v.detach()) for k, v in losses.items()}})
+        bar.set_postfix(loss=f"{history[-1]['total']:.3f}")
+        done = step + 1
+        if done % training.checkpoint_every_steps == 0 or done == training.steps:
+            atomic_save(checkpoint, lambda tmp: torch.save({"network": network.state_dict(), "step": done,
+                                                            "optimiser": optimiser.state_dict(),
+                                                            "history": history}, tmp))
+        if stop_after_step is not None and done >= stop_after_step:
+            break
+    network.eval()
+    return history
+
+
+# --- the physical scale ---------------------------------------------------------------------------
+def face_cluster_scale(model: TopographicModel, localizer, positive_domain: str, layer: str, target_mm: float):
+    """(cortex mm per model mm, diameters of the face clusters in model mm): the largest cluster of units with
+    smoothed face d′ > 1 on the localizer images is set to ``target_mm`` of cortex."""
+    from stimsim.topography import selective_clusters_mm
+    from stimsim.training.evaluation import face_dprime
+
+    responses = model.activations(localizer.images, layer).numpy()
+    dprime = face_dprime(responses, np.asarray(localizer.labels["domain"]) == positive_domain)
+    sheet = model.sheet(layer)
+    sigma = 0.02 * float(np.ptp(sheet.coordinates_mm[:, 0]))
+    clusters = selective_clusters_mm(dprime, sheet, threshold=1.0, sigma_mm=sigma, grid_step_mm=sigma / 2)
+    if not clusters:
+        raise ConfigError(f"{model.name}: no face cluster (smoothed d' > 1) on the localizer, so the "
+                          "face-cluster scale rule cannot be applied")
+    return target_mm / clusters[0], clusters
+
+
+def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step: int | None = None,
+                          threads: int | None = None) -> Path:
+    """Build the model a ``topo_head`` file describes into ``out_dir/model`` (see the module docstring)."""
+    config, raw, folder = load_head_config(path)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    where = str(path)
+    started = time.process_time()
+    preprocessing = Preprocessing.from_dict(config.model.preprocessing) if config.model.preprocessing \
+        else Preprocessing()
+    stimuli, holdout = load_sets(config, folder, where)
+    domain_names = sorted({d for d in stimuli.labels["domain"] if d})
+    domains = np.array([domain_names.index(d) if d else -1 for d in stimuli.labels["domain"]], np.int64)
+    spec = base_network_spec(config.model.base_network)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.training.seed)
+        network = TopoHeadNet(config.model.base_network, config.model.it_units, config.model.it_rank,
+                              config.model.head_rank, n_domains=len(domain_names))
+    from stimsim.models.torchvision_builder import load_weights, read_checkpoint_file
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.training.seed)
+        base = spec.build()
+    if config.model.base_weights == "imagenet":
+        weights = base_weights_path(config.model.base_network)
+        load_weights(base, read_checkpoint_file(weights), source=weights)
+        base_sha256 = sha256_of(weights)
+    else:
+        base_sha256 = None
+    trunk, classifier = spec.split(base.eval())
+    network.trunk.load_state_dict(trunk.state_dict())
+    cached = trunk_features(config, stimuli, network.trunk.eval(), classifier.eval(), preprocessing, out_dir,
+                            progress)
+    sheet = build_sheet("it", (config.model.it_units, 1, 1), config.model.sheet_size_mm,
+                        config.model.neighborhood_width_mm, n_neighborhoods=config.model.n_neighborhoods,
+                        max_neighborhood_units=config.model.max_neighborhood_units, seed=config.training.seed)
+    history = train_head(config, network, sheet, cached, domains, out_dir, progress, stop_after_step)
+    if stop_after_step is not None and len(history) < config.training.steps:
+        return out_dir
+    if config.model.storage == "float16":
+        with torch.no_grad():
+            for tensor in network.state_dict().values():
+                if tensor.is_floating_point():
+                    tensor.copy_(tensor.half().float())
+    metadata = {"training": raw, "builder": "stimsim.training.head_training.build_topo_head_model",
+                "family": FAMILY, "base_network": config.model.base_network,
+                "base_weights_sha256": base_sha256, "domains": domain_names,
+                "holdout_stimulus_ids": holdout, "weights_storage": config.model.storage,
+                "training_cpu_s": round(time.process_time() - started, 1), "provenance": provenance()}
+    architecture = {"family": FAMILY, "kwargs": {"base_network": config.model.base_network,
+                                                 "it_units": config.model.it_units, "it_rank": config.model.it_rank,
+                                                 "head_rank": config.model.head_rank,
+                                                 "n_domains": len(domain_names)}}
+    model = TopographicModel(network, {"it": sheet}, preprocessing, architecture, readout_layer="it",
+                             areas={"it": config.model.area}, name=config.name, metadata=metadata)
+    rule = config.cortex_scale
+    if rule.face_cluster_cortex_mm is not None:
+        localizer = stimuli.subset(np.flatnonzero(domains >= 0))
+        scale, clusters = face_cluster_scale(model, localizer, config.data.positive_domain, "it",
+                                             rule.face_cluster_cortex_mm)
+        model.metadata["face_clusters_model_mm"] = [round(c, 4) for c in clusters[:10]]
+    else:
+        scale = rule.cortex_mm_per_model_mm
+    model.metadata["cortex_scale"] = {"layer": "it", "cortex_mm_per_model_mm": float(scale),
+                                      "sheet_size_cortex_mm": float(scale * config.model.sheet_size_mm),
+                                      "rule": rule.rule}
+    _write_history(out_dir / "loss_history.csv", history)
+    model.save(out_dir / "model")
+    return out_dir / "model"
+
+
+def _write_history(path: Path, history: list[dict]) -> None:
+    keys = list(dict.fromkeys(k for row in history for k in row))
+    lines = [",".join(keys)] + [",".join(f"{row.get(k, '')}" for k in keys) for row in history]
+    atomic_write_text(path, "\n".join(lines) + "\n")

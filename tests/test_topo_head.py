@@ -1,0 +1,149 @@
+"""The topo_head family (a topographic IT on an ImageNet trunk) and its build from a file."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from stimsim.models.topo_head import TopoHeadNet
+from stimsim.models.topographic import TopographicModel
+from stimsim.sheet import CorticalSheet
+from stimsim.topography import selective_clusters_mm
+from stimsim.training.head_training import build_topo_head_model, load_head_config
+
+
+def test_network_shapes_and_non_negative_it():
+    torch.manual_seed(0)
+    network = TopoHeadNet("mobilenet_v2", it_units=64, it_rank=8, head_rank=8, n_domains=3).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        logits = network(x)
+        it = network.it(network.pool(network.trunk(x)))
+    assert logits.shape == (2, 1000)
+    assert it.shape == (2, 64) and float(it.min()) >= 0.0
+    assert network.domain_head.out_features == 3
+
+
+@pytest.mark.parametrize("key, value", [("it_units", 1), ("it_rank", 0), ("n_domains", -1), ("it_units", 2.5)])
+def test_network_refuses_bad_sizes(key, value):
+    from stimsim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=key):
+        TopoHeadNet("mobilenet_v2", **{key: value})
+
+
+def test_unknown_base_network_lists_the_known():
+    from stimsim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="mobilenet_v2"):
+        TopoHeadNet("resnet9000")
+
+
+def test_cluster_size_of_a_disc():
+    """A map that is 3 inside a disc of radius 1 mm and 0 outside has one cluster about 2 mm across: the
+    smoothed map crosses the threshold 1 (a third of the step) just outside the disc's edge, here within
+    0.1 mm for σ = 0.1 mm."""
+    xs, ys = np.meshgrid(np.arange(0, 6, 0.05), np.arange(0, 6, 0.05))
+    coords = np.stack([xs.ravel(), ys.ravel()], 1)
+    values = np.where(np.hypot(coords[:, 0] - 3, coords[:, 1] - 3) < 1.0, 3.0, 0.0)
+    sheet = CorticalSheet("it", (len(coords), 1, 1), coords)
+    clusters = selective_clusters_mm(values, sheet, threshold=1.0, sigma_mm=0.1, grid_step_mm=0.05)
+    assert len(clusters) == 1
+    assert clusters[0] == pytest.approx(2.0, abs=0.1)
+
+
+def test_two_discs_are_two_clusters_largest_first():
+    xs, ys = np.meshgrid(np.arange(0, 10, 0.1), np.arange(0, 10, 0.1))
+    coords = np.stack([xs.ravel(), ys.ravel()], 1)
+    big = np.hypot(coords[:, 0] - 3, coords[:, 1] - 3) < 1.5
+    small = np.hypot(coords[:, 0] - 8, coords[:, 1] - 8) < 0.75
+    sheet = CorticalSheet("it", (len(coords), 1, 1), coords)
+    clusters = selective_clusters_mm(np.where(big | small, 2.0, 0.0), sheet, sigma_mm=0.1, grid_step_mm=0.05)
+    assert len(clusters) == 2 and clusters[0] > clusters[1]
+    assert clusters[0] == pytest.approx(3.0, abs=0.15) and clusters[1] == pytest.approx(1.5, abs=0.15)
+
+
+def _write_images(root, n_per_class=6):
+    """Two classes of 40 px images: bright discs ('adult', a face stand-in) and dark squares ('car')."""
+    rng = np.random.default_rng(0)
+    for category in ("adult", "car"):
+        (root / category).mkdir(parents=True)
+        for i in range(n_per_class):
+            image = rng.uniform(0.3, 0.5, (40, 40))
+            yy, xx = np.mgrid[:40, :40]
+            if category == "adult":
+                image[np.hypot(yy - 20, xx - 20) < 12] = 0.95
+            else:
+                image[8:32, 8:32] = 0.05
+            Image.fromarray((image * 255).astype(np.uint8)).save(root / category / f"{category}-{i}.png")
+
+
+def _config(tmp_path, steps=6, storage="float16"):
+    _write_images(tmp_path / "images")
+    path = tmp_path / "build.toml"
+    path.write_text(f"""
+name = "tiny-head"
+[model]
+base_network = "mobilenet_v2"
+base_weights = "random"
+it_units = 256
+it_rank = 8
+head_rank = 8
+sheet_size_mm = 4.0
+neighborhood_width_mm = 2.0
+n_neighborhoods = 8
+max_neighborhood_units = 32
+storage = "{storage}"
+preprocessing = {{ size_px = 32 }}
+[data]
+sets = [{{ source = "folder", path = "images", holdout_fraction = 0.25 }}]
+views = 2
+[data.domains]
+faces = ["adult"]
+objects = ["car"]
+[training]
+steps = {steps}
+batch_size = 6
+neighborhoods_per_step = 2
+checkpoint_every_steps = 2
+[cortex_scale]
+rule = "a fixed scale, for the test"
+cortex_mm_per_model_mm = 2.5
+""")
+    return path
+
+
+def test_build_is_deterministic_resumable_and_loads(tmp_path):
+    torch.set_num_threads(1)
+    config = _config(tmp_path)
+    whole = build_topo_head_model(config, tmp_path / "whole", progress=False)
+    build_topo_head_model(config, tmp_path / "resumed", progress=False, stop_after_step=3)
+    assert not (tmp_path / "resumed" / "model").exists()
+    resumed = build_topo_head_model(config, tmp_path / "resumed", progress=False)
+    assert (whole / "weights.pt").read_bytes() == (resumed / "weights.pt").read_bytes()
+
+    model = TopographicModel.load(whole)
+    assert model.architecture["family"] == "topo_head"
+    assert model.cortex_scale("IT")["cortex_mm_per_model_mm"] == 2.5
+    # 3 of 12 images held out (25 % of each class), and recorded for experiments
+    assert len(model.metadata["holdout_stimulus_ids"]) == 4
+    assert model.metadata["domains"] == ["faces", "objects"]
+    saved = torch.load(whole / "weights.pt", weights_only=True)
+    assert saved["it.1.weight"].dtype == torch.float16
+    # the model that was measured is the one that was saved: its weights are float16 values
+    weight = model.network.it[1].weight
+    assert torch.equal(weight, weight.half().float())
+
+
+def test_bad_build_file_names_the_key(tmp_path):
+    from stimsim.errors import ConfigError
+
+    path = _config(tmp_path)
+    path.write_text(path.read_text().replace("it_rank = 8", "it_rank = 0"))
+    with pytest.raises(ConfigError, match="it_rank"):
+        load_head_config(path)
+    path.write_text(path.read_text().replace("it_rank = 0", "it_rank = 8").replace(
+        "cortex_mm_per_model_mm = 2.5", "cortex_mm_per_model_mm = 2.5\nface_cluster_cortex_mm = 4.0"))
+    with pytest.raises(ConfigError, match="exactly one"):
+        load_head_config(path)
