@@ -239,12 +239,12 @@ class TopographicModel:
         return x
 
     def activations(self, images, layer: str, batch_size: int = 64) -> torch.Tensor:
-        """Activations of ``layer`` for ``images``, flattened to (N_images, N_units) in C-major order; computed
-        on the model's device, returned on the CPU."""
+        """Activations of ``layer`` for ``images`` (a sequence or a stacked array/tensor), flattened to
+        (N_images, N_units) in C-major order; computed on the model's device batch by batch (only one batch
+        of preprocessed images is held at a time), returned on the CPU."""
         layer = self.resolve_layer(layer)
-        inputs = self.preprocess(images)
-        outputs = [self.run_stages(inputs[i:i + batch_size], stop=layer).flatten(1).cpu()
-                   for i in range(0, len(inputs), batch_size)]
+        outputs = [self.run_stages(self.preprocess(images[i:i + batch_size]), stop=layer).flatten(1).cpu()
+                   for i in range(0, len(images), batch_size)]
         return torch.cat(outputs)
 
     def activations_xarray(self, images, layer: str, stimulus_ids=None, batch_size: int = 64) -> xr.DataArray:

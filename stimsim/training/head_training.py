@@ -27,7 +27,9 @@ names a ``base_network``. The recipe:
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import warnings
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -51,7 +53,7 @@ from stimsim.models.topographic import TopographicModel
 from stimsim.training.spatial_loss import layer_spatial_loss
 
 CHECKPOINT_NAME = "checkpoint.pt"
-FEATURES_NAME = "features.npz"
+FEATURES_SUBDIR = "trunk_features"
 _Positive = Annotated[float, Field(gt=0)]
 _Count = Annotated[int, Field(ge=1)]
 
@@ -84,6 +86,7 @@ class HeadDataTable(FileModel):
     views: Annotated[int, Field(ge=1, le=64)] = 4
     min_signal_percent: Annotated[float, Field(ge=0, le=100)] = 40.0
     crop_scale: Annotated[list[Annotated[float, Field(gt=0, le=1)]], Field(min_length=2, max_length=2)] = [0.6, 1.0]
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
 
 
 class HeadTrainingTable(FileModel):
@@ -158,7 +161,7 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
         stimuli = load_stimulus_source(entry, f"{where} [data] sets[{index}]")
         classes = np.asarray(stimuli.labels.get(config.data.label, np.full(len(stimuli), "")), str)
         keep = np.ones(len(stimuli), bool)
-        rng = np.random.default_rng([config.training.seed, index])
+        rng = np.random.default_rng([config.data.seed, index])
         for value in np.unique(classes):
             members = np.flatnonzero(classes == value)
             keep[rng.choice(members, size=int(round(fraction * len(members))), replace=False)] = False
@@ -191,18 +194,35 @@ def _augmented(image: np.ndarray, rng: np.random.Generator, data: HeadDataTable)
     return out.astype(np.float32)
 
 
-def trunk_features(config: HeadConfig, stimuli, trunk, classifier, preprocessing: Preprocessing, out_dir: Path,
-                   progress: bool = True) -> dict:
+def trunk_features(config: HeadConfig, stimuli, trunk, classifier, preprocessing: Preprocessing,
+                   base_sha256: str | None, progress: bool = True) -> dict:
     """Pooled trunk features of every view of every training image, and the teacher logits; cached in
-    ``DIR/features.npz`` under the digest of what they depend on."""
-    digest = json_sha256({"data": config.data.model_dump(), "seed": config.training.seed,
-                          "base": config.model.base_network, "ids": [str(s) for s in stimuli.stimulus_id],
-                          "preprocessing": preprocessing.to_dict()})
-    path = out_dir / FEATURES_NAME
-    if path.is_file():
-        with np.load(path, allow_pickle=False) as cached:
-            if str(cached["digest"]) == digest:
-                return {key: cached[key] for key in ("features", "teacher")}
+    ``<stimsim cache>/trunk_features/<digest>.npz`` under the digest of everything they depend on (the data
+    table, the images' ids and pixels, the base network and its weights, the preprocessing), so builds that
+    differ only in their training share them."""
+    from stimsim.data.manifest import cache_dir
+
+    pixels = hashlib.sha256()
+    for image in stimuli.images:
+        pixels.update(np.ascontiguousarray(image, np.float32).tobytes())
+    digest = json_sha256({"data": config.data.model_dump(exclude={"domains", "positive_domain"}),
+                          "base": config.model.base_network, "base_weights": config.model.base_weights,
+                          "base_sha256": base_sha256, "ids": [str(s) for s in stimuli.stimulus_id],
+                          "pixels": pixels.hexdigest(), "preprocessing": preprocessing.to_dict()})
+    # a random trunk is worth no cache entry
+    path = None if config.model.base_weights == "random" else cache_dir() / FEATURES_SUBDIR / f"{digest}.npz"
+    if path is not None and path.is_file():
+        try:
+            with np.load(path, allow_pickle=False) as cached:
+                stored = {key: cached[key] for key in ("features", "teacher", "digest", "content_sha256")}
+        except (OSError, ValueError, KeyError) as exc:
+            stored = {"problem": f"unreadable ({exc})"}
+        if "problem" not in stored and str(stored["content_sha256"]) != _content_sha256(stored):
+            stored["problem"] = "its numbers do not match their sha256"
+        if "problem" not in stored and str(stored["digest"]) == digest:
+            return {key: stored[key] for key in ("features", "teacher")}
+        warnings.warn(f"trunk feature cache {path} {stored.get('problem', 'was made from other inputs')}; "
+                      "computing the features again", stacklevel=2)
     views = config.data.views
     geometry = preprocessing.geometry(stimuli.images)
     mean = torch.tensor(preprocessing.mean).view(1, 3, 1, 1)
@@ -218,7 +238,7 @@ def trunk_features(config: HeadConfig, stimuli, trunk, classifier, preprocessing
                 for i in range(start, min(start + batch, len(geometry))):
                     image = geometry[i] if geometry[i].ndim == 3 else np.repeat(geometry[i][..., None], 3, -1)
                     if view > 0:
-                        image = _augmented(image, np.random.default_rng([config.training.seed, view, i]), config.data)
+                        image = _augmented(image, np.random.default_rng([config.data.seed, view, i]), config.data)
                     chunk.append(torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1))
                 x = (torch.stack(chunk) - mean) / std
                 pooled = torch.flatten(F.adaptive_avg_pool2d(trunk(x), 1), 1)
@@ -227,8 +247,19 @@ def trunk_features(config: HeadConfig, stimuli, trunk, classifier, preprocessing
                     teacher[start:start + len(chunk)] = classifier(pooled).numpy()
                 bar.update(len(chunk))
     bar.close()
-    atomic_save(path, lambda tmp: np.savez(tmp, features=features, teacher=teacher, digest=np.array(digest)))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        content = _content_sha256({"features": features, "teacher": teacher})
+        atomic_save(path, lambda tmp: np.savez(tmp, features=features, teacher=teacher, digest=np.array(digest),
+                                               content_sha256=np.array(content)))
     return {"features": features, "teacher": teacher}
+
+
+def _content_sha256(arrays: dict) -> str:
+    digest = hashlib.sha256()
+    for key in ("features", "teacher"):
+        digest.update(np.ascontiguousarray(arrays[key], np.float32).tobytes())
+    return digest.hexdigest()
 
 
 def config_channels(config: HeadConfig) -> int:
@@ -362,7 +393,7 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
         base_sha256 = None
     trunk, classifier = spec.split(base.eval())
     network.trunk.load_state_dict(trunk.state_dict())
-    cached = trunk_features(config, stimuli, network.trunk.eval(), classifier.eval(), preprocessing, out_dir,
+    cached = trunk_features(config, stimuli, network.trunk.eval(), classifier.eval(), preprocessing, base_sha256,
                             progress)
     sheet = build_sheet("it", (config.model.it_units, 1, 1), config.model.sheet_size_mm,
                         config.model.neighborhood_width_mm, n_neighborhoods=config.model.n_neighborhoods,
