@@ -352,6 +352,7 @@ def test_malformed_manifests_are_refused(env, change, problem):
 def test_repository_manifests_are_complete():
     entries = manifest.load_manifests(REPO_MANIFESTS)
     assert {"afraz2006", "moeller2017", "calibration", "lfw_subset", "fashion_mnist", "tdann"} <= set(entries)
+    assert len(entries["floc"].files) == 11 * 144 and len(entries["imagenet_samples"].files) == 1000
     for name in ("mobilenet_v2_imagenet", "efficientnet_lite0_imagenet"):
         assert entries[name].source.kind == "pypi_wheel" and entries[name].kind == "checkpoint"
     assert len(entries["moeller2017"].files) == 330
