@@ -45,7 +45,7 @@ def _cmd_data_list(args) -> int:
 
     for name, entry in sorted(load_manifests().items()):
         size_mb = sum(f.size_bytes or 0 for f in entry.files) / 1e6
-        print(f"{name:<24} {entry.kind:<10} {len(entry.files):>4} file(s) {size_mb:9.2f} MB  {entry.source.describe()}")
+        print(f"{name:<24} {entry.kind:<10} {len(entry.files):>4} file(s) {size_mb:9.2f} MB  {entry.describe_sources()}")
     return 0
 
 

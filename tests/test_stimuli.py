@@ -21,7 +21,7 @@ from stimsim.data.stimuli import (
     pixel_noise,
 )
 from stimsim.data.images import load_image
-from stimsim.errors import FileFormatError
+from stimsim.errors import ConfigError, FileFormatError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -299,6 +299,41 @@ def test_moeller2017_faces_and_objects():
 
 
 # --------------------------------------------------------------------------- pixel noise
+
+
+def test_floc_categories_domains_and_the_configuration_source(shared_data, monkeypatch):
+    from stimsim.data.stimuli import FLOC_CATEGORIES, floc, load_stimulus_source
+
+    monkeypatch.setenv(manifest.MIRROR_DIR_ENV, str(shared_data("natural/floc").parents[1]))
+    every = floc(n_per_category=2)
+    assert len(every) == 22 and every.stimulus_id[:2].tolist() == ["adult/adult-1.jpg", "adult/adult-10.jpg"]
+    assert Counter(every.labels["domain"].tolist()) == {"faces": 4, "bodies": 4, "places": 4, "characters": 4,
+                                                         "objects": 4, "scrambled": 2}
+    domain_of = dict(zip(every.labels["category"].tolist(), every.labels["domain"].tolist()))
+    assert domain_of == {"adult": "faces", "child": "faces", "body": "bodies", "limb": "bodies", "car": "objects",
+                         "instrument": "objects", "house": "places", "corridor": "places", "word": "characters",
+                         "number": "characters", "scrambled": "scrambled"}
+    assert sorted(domain_of) == sorted(FLOC_CATEGORIES)
+    assert every.images[0].shape == (256, 256) and every.images[0].max() <= 1.0
+    faces = load_stimulus_source({"source": "floc", "categories": ["adult", "child"]}, where="x.toml [stimuli]")
+    assert len(faces) == 288 and set(faces.labels["domain"].tolist()) == {"faces"}
+    with pytest.raises(ConfigError, match=r"x.toml \[stimuli\]: categories must be distinct names from"):
+        load_stimulus_source({"source": "floc", "categories": ["adult", "dog"]}, where="x.toml [stimuli]")
+    with pytest.raises(ConfigError, match="n_per_category must be a positive integer"):
+        load_stimulus_source({"source": "floc", "n_per_category": 0}, where="x.toml [stimuli]")
+
+
+def test_imagenet_samples_in_class_order(shared_data, monkeypatch):
+    from stimsim.data.stimuli import load_stimulus_source
+
+    monkeypatch.setenv(manifest.MIRROR_DIR_ENV, str(shared_data("natural/imagenet_samples").parents[1]))
+    first = load_stimulus_source({"source": "imagenet_samples", "limit": 3})
+    assert first.stimulus_id.tolist() == ["n01440764_tench.jpg", "n01443537_goldfish.jpg",
+                                          "n01484850_great_white_shark.jpg"]
+    assert first.labels["class_index"].tolist() == [0, 1, 2]
+    assert first.labels["category"].tolist() == ["tench", "goldfish", "great_white_shark"]
+    assert first.labels["wnid"].tolist() == ["n01440764", "n01443537", "n01484850"]
+    assert first.images[0].ndim == 3 and min(first.images[0].shape[:2]) == 256
 
 
 def test_pixel_noise_levels_fraction_and_determinism():

@@ -18,11 +18,15 @@ from stimsim.data.manifest import (
 )
 from stimsim.data.stimuli import (
     FASHION_MNIST_CLASSES,
+    FLOC_CATEGORIES,
+    FLOC_DOMAINS,
     MOELLER2017_FOLDERS,
     StimulusSet,
     fashion_mnist,
+    floc,
     from_folder,
     from_table,
+    imagenet_samples,
     lfw_subset,
     moeller2017,
     pixel_noise,
@@ -32,6 +36,7 @@ __all__ = [
     "ManifestEntry", "ManifestFile", "ManifestSource", "cache_dir", "entry_path", "entry_paths", "fetch",
     "get_entry", "load_manifests", "manifest_dir", "mirror_dir", "remove_cached", "verification_passed",
     "verify", "verify_all",
-    "FASHION_MNIST_CLASSES", "MOELLER2017_FOLDERS", "StimulusSet", "fashion_mnist", "from_folder",
-    "from_table", "lfw_subset", "moeller2017", "pixel_noise",
+    "FASHION_MNIST_CLASSES", "FLOC_CATEGORIES", "FLOC_DOMAINS", "MOELLER2017_FOLDERS", "StimulusSet",
+    "fashion_mnist", "floc", "from_folder", "from_table", "imagenet_samples", "lfw_subset", "moeller2017",
+    "pixel_noise",
 ]

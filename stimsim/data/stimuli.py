@@ -5,7 +5,7 @@ sizes may differ), N unique ``stimulus_id`` strings and labels (name → array o
 :meth:`StimulusSet.to_coords` gives the labels as xarray coordinates on a ``stimulus_id`` dimension.
 
 Constructors: :func:`from_folder`, :func:`from_table` (CSV or HDF5), :func:`lfw_subset`,
-:func:`fashion_mnist`, :func:`moeller2017`; transform: :func:`pixel_noise` (Afraz et al. 2006).
+:func:`fashion_mnist`, :func:`moeller2017`, :func:`floc`, :func:`imagenet_samples`; transform: :func:`pixel_noise` (Afraz et al. 2006).
 The named sets are read through their data manifests (:mod:`stimsim.data.manifest`), so every
 file is checksum-verified when it is read.
 """
@@ -43,6 +43,12 @@ MOELLER2017_FOLDERS = ("Faces", "Objects", "Abstract_Faces", "Abstract_Houses", 
 _MOELLER_RENDERINGS = ("mooneyUD", "mooney", "linedrawing", "cartoon", "silhouette")
 _MOELLER_NAME = re.compile(r"^ID_(?P<token>[^_]+)_(?P<rest>.*)-ORI_A(?P<az>-?\d+)_E(?P<el>-?\d+)(?:-.*)?$")
 _MOELLER_EXPRESSION = re.compile(r"EXP_[\d.]+pct_(?P<expression>[A-Za-z]+)")
+
+#: fLoc categories (folders of the ``floc`` data entry) and the domain each belongs to (Stigliani et al. 2015).
+FLOC_DOMAINS = {"adult": "faces", "child": "faces", "body": "bodies", "limb": "bodies", "house": "places",
+                "corridor": "places", "word": "characters", "number": "characters", "car": "objects",
+                "instrument": "objects", "scrambled": "scrambled"}
+FLOC_CATEGORIES = tuple(FLOC_DOMAINS)
 
 LFW_SUBSET_FILE = "data/lfw_subset.npy"
 _LFW_SUBSET_SHAPE = (200, 25, 25)
@@ -508,6 +514,53 @@ def moeller2017(folders=("Faces", "Objects"), mirror=None) -> StimulusSet:
                        stimulus_id=np.asarray(rels), labels=labels)
 
 
+def _count_or_none(value, key: str):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+        raise ValueError(f"{key} must be a positive integer or None, got {value!r}")
+    return value
+
+
+def floc(categories=FLOC_CATEGORIES, n_per_category: int | None = None, mirror=None) -> StimulusSet:
+    """The fLoc localizer images (Stigliani, Weiner & Grill-Spector 2015; 144 gray 256 px images per
+    category) from the verified ``floc`` data entry.
+
+    categories : any of :data:`FLOC_CATEGORIES` (default all eleven; a single name is accepted too).
+    n_per_category : the first this many images of each category in path order, or None for all.
+    Ids: the path in the entry, e.g. ``adult/adult-1.jpg``. Labels: ``category`` (the fLoc folder) and
+    ``domain`` (:data:`FLOC_DOMAINS`: faces, bodies, places, characters, objects, scrambled).
+    """
+    categories = (categories,) if isinstance(categories, str) else tuple(categories)
+    unknown = [c for c in categories if c not in FLOC_DOMAINS]
+    if unknown or not categories or len(set(categories)) != len(categories):
+        raise ValueError(f"categories must be distinct names from {list(FLOC_CATEGORIES)}, got {list(categories)}")
+    _count_or_none(n_per_category, "n_per_category")
+    all_rels = [spec.path for spec in get_entry("floc").files]
+    rels = [rel for category in categories
+            for rel in [r for r in all_rels if r.split("/", 1)[0] == category][:n_per_category]]
+    paths = entry_paths("floc", rels, mirror=mirror)
+    folder = [rel.split("/", 1)[0] for rel in rels]
+    return StimulusSet(name="floc", images=[load_image(p) for p in paths], stimulus_id=np.asarray(rels),
+                       labels={"category": np.asarray(folder), "domain": np.asarray([FLOC_DOMAINS[c] for c in folder])})
+
+
+def imagenet_samples(limit: int | None = None, mirror=None) -> StimulusSet:
+    """One photograph per ImageNet-1k class (the verified ``imagenet_samples`` data entry), in class order.
+
+    limit : the first this many classes, or None for all 1,000. Ids: the file name, e.g.
+    ``n01440764_tench.jpg``. Labels: ``wnid``, ``class_index`` (position of the wnid in sorted order, the
+    order of an ImageNet classifier's outputs) and ``category`` (the class name of the file name).
+    """
+    _count_or_none(limit, "limit")
+    rels = sorted(spec.path for spec in get_entry("imagenet_samples").files)[:limit]
+    wnids = [rel.split("_", 1)[0] for rel in rels]
+    order = {wnid: i for i, wnid in enumerate(sorted(spec.path.split("_", 1)[0]
+                                                     for spec in get_entry("imagenet_samples").files))}
+    paths = entry_paths("imagenet_samples", rels, mirror=mirror)
+    return StimulusSet(name="imagenet_samples", images=[load_image(p) for p in paths], stimulus_id=np.asarray(rels),
+                       labels={"wnid": np.asarray(wnids), "class_index": np.asarray([order[w] for w in wnids]),
+                               "category": np.asarray([PurePosixPath(rel).stem.split("_", 1)[1] for rel in rels])})
+
+
 # --------------------------------------------------------------------------- transforms
 
 
@@ -566,6 +619,8 @@ STIMULUS_SOURCES = {
     "lfw_subset": lfw_subset,
     "fashion_mnist": fashion_mnist,
     "moeller2017": moeller2017,
+    "floc": floc,
+    "imagenet_samples": imagenet_samples,
 }
 
 
@@ -597,6 +652,7 @@ def _build_stimulus_source(entry: dict) -> StimulusSet:
     unknown = sorted(set(entry) - allowed)
     if unknown:
         raise ConfigError(f"stimulus source {source!r}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
-    if "folders" in entry:
-        entry["folders"] = tuple(entry["folders"])
+    for key in ("folders", "categories"):
+        if isinstance(entry.get(key), list):
+            entry[key] = tuple(entry[key])
     return constructor(**entry)

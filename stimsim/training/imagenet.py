@@ -1,0 +1,79 @@
+"""ImageNet top-1 accuracy of a classifier on a folder of labelled ImageNet photographs.
+
+The folder holds one or more images per class named ``<wnid>_<anything>.<ext>`` (e.g. the
+``imagenet_samples`` data entry: one photograph per ImageNet-1k class); an image's class index is
+the position of its WordNet id among the 1,000 ImageNet-1k wnids in sorted order, the order of
+every ImageNet-1k classifier's outputs. Every wnid must appear at least once so that the order is
+known from the folder itself.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from stimsim.errors import DataError
+
+N_IMAGENET_CLASSES = 1000
+#: Images per call of the classifier (bounds memory at 224 px: about 30 MB of input per batch).
+BATCH_IMAGES = 50
+_WNID = re.compile(r"^(n\d{8})_")
+
+
+def imagenet_files(images_dir) -> tuple[list[Path], np.ndarray]:
+    """The image files of ``images_dir`` sorted by name and their class indices (sorted-wnid order)."""
+    from stimsim.data.stimuli import IMAGE_SUFFIXES
+
+    root = Path(images_dir)
+    files = sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES) \
+        if root.is_dir() else []
+    if not files:
+        raise DataError(f"no ImageNet images in {root} (expected files named <wnid>_<name>.jpg)")
+    wnids = []
+    for path in files:
+        match = _WNID.match(path.name)
+        if match is None:
+            raise DataError(f"{path}: an ImageNet image's name must start with its wnid, e.g. n01440764_tench.jpg")
+        wnids.append(match.group(1))
+    classes = sorted(set(wnids))
+    if len(classes) != N_IMAGENET_CLASSES:
+        raise DataError(f"{root} holds {len(classes)} distinct wnids; the class order needs all "
+                        f"{N_IMAGENET_CLASSES} ImageNet-1k classes")
+    index = {wnid: i for i, wnid in enumerate(classes)}
+    return files, np.asarray([index[w] for w in wnids], dtype=np.int64)
+
+
+def imagenet_top1(predict_logits: Callable, images_dir, limit: int | None = None) -> dict:
+    """Top-1 accuracy of ``predict_logits`` (list of float images in [0, 1] → (N, 1000) logits) on the
+    images of ``images_dir`` (every one, or the first ``limit`` by name), read in batches of
+    :data:`BATCH_IMAGES`. Returns ``{"top1", "n", "chance"}`` (chance = 1/1000)."""
+    from stimsim.data.images import load_image
+
+    files, classes = imagenet_files(images_dir)
+    if limit is not None:
+        files, classes = files[:limit], classes[:limit]
+    correct = 0
+    for start in range(0, len(files), BATCH_IMAGES):
+        logits = np.asarray(predict_logits([load_image(p) for p in files[start:start + BATCH_IMAGES]]))
+        if logits.shape != (len(files[start:start + BATCH_IMAGES]), N_IMAGENET_CLASSES):
+            raise ValueError(f"predict_logits must return ({BATCH_IMAGES}, {N_IMAGENET_CLASSES}) logits per batch "
+                             f"of {BATCH_IMAGES} images, got shape {logits.shape}")
+        correct += int(np.sum(logits.argmax(axis=1) == classes[start:start + BATCH_IMAGES]))
+    return {"top1": correct / len(files), "n": len(files), "chance": 1.0 / N_IMAGENET_CLASSES}
+
+
+def base_network_top1(name: str, images_dir, limit: int | None = None, mirror=None) -> dict:
+    """:func:`imagenet_top1` of base network ``name`` with its ImageNet weights and its own preprocessing."""
+    import torch
+
+    from stimsim.models.base_networks import base_network_spec, load_base_network
+
+    network, preprocessing = load_base_network(name, mirror=mirror), base_network_spec(name).preprocessing
+
+    def predict(images):
+        with torch.inference_mode():
+            return network(preprocessing(images)).numpy()
+
+    return imagenet_top1(predict, images_dir, limit=limit)
