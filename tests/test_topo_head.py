@@ -87,7 +87,8 @@ name = "tiny-head"
 [model]
 base_network = "mobilenet_v2"
 base_weights = "random"
-it_units = 256
+grid_side = 16
+trained_grid_side = 8
 it_rank = 8
 head_rank = 8
 sheet_size_mm = 4.0
@@ -128,6 +129,7 @@ def test_build_is_deterministic_resumable_and_loads(tmp_path):
     assert model.cortex_scale("IT")["cortex_mm_per_model_mm"] == 2.5
     # 3 of 12 images held out (25 % of each class), and recorded for experiments
     assert len(model.metadata["holdout_stimulus_ids"]) == 4
+    assert model.sheet("IT").n_units == 16 * 16
     assert model.metadata["domains"] == ["faces", "objects"]
     saved = torch.load(whole / "weights.pt", weights_only=True)
     assert saved["it.1.weight"].dtype == torch.float16
@@ -147,3 +149,38 @@ def test_bad_build_file_names_the_key(tmp_path):
         "cortex_mm_per_model_mm = 2.5", "cortex_mm_per_model_mm = 2.5\nface_cluster_cortex_mm = 4.0"))
     with pytest.raises(ConfigError, match="exactly one"):
         load_head_config(path)
+
+
+def test_densify_keeps_a_uniform_map_exactly():
+    """A map whose units all share one tuning: every new unit has that tuning, and a readout that sums 4× more
+    units at a quarter of the weight gives the same logits."""
+    from stimsim.models.topo_head import densify
+
+    torch.manual_seed(1)
+    coarse = TopoHeadNet("mobilenet_v2", it_units=16, it_rank=4, head_rank=3, n_domains=2).eval()
+    with torch.no_grad():
+        coarse.it[1].weight.copy_(torch.randn(1, 4).expand(16, 4))
+        coarse.it[1].bias.fill_(0.3)
+        coarse.head[0].weight.copy_(torch.randn(3, 1).expand(3, 16))
+        coarse.domain_head.weight.copy_(torch.randn(2, 1).expand(2, 16))
+    dense = densify(coarse, 4, 8)
+    assert dense.it[1].out_features == 64
+    pooled = torch.randn(5, 1280)
+    with torch.no_grad():
+        assert torch.allclose(dense.head(dense.it(pooled)), coarse.head(coarse.it(pooled)), atol=1e-5)
+        assert torch.allclose(dense.domain_head(dense.it(pooled)), coarse.domain_head(coarse.it(pooled)), atol=1e-5)
+
+
+def test_densify_interpolates_a_linear_map_between_cell_centres():
+    """Input weights that vary linearly with x on a 4 × 4 grid of a 4 mm sheet: a unit of the 8 × 8 grid at x mm
+    (away from the border cells) gets the weight the linear map has at x."""
+    from stimsim.models.topo_head import densify, grid_positions_mm
+
+    coarse = TopoHeadNet("mobilenet_v2", it_units=16, it_rank=1, head_rank=1).eval()
+    x_coarse = grid_positions_mm(4, 4.0)[:, 0]
+    with torch.no_grad():
+        coarse.it[1].weight.copy_(torch.tensor(2.0 * x_coarse - 1.0, dtype=torch.float32)[:, None])
+    dense = densify(coarse, 4, 8)
+    x_dense = grid_positions_mm(8, 4.0)[:, 0]
+    inside = (x_dense > 0.5) & (x_dense < 3.5)
+    assert np.allclose(dense.it[1].weight[:, 0].detach().numpy()[inside], 2.0 * x_dense[inside] - 1.0, atol=1e-5)

@@ -16,6 +16,7 @@ Lee et al. 2020's topographic layer), so its units can take any arrangement on t
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -56,6 +57,49 @@ class TopoHeadNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.it(self.pool(self.trunk(x))))
+
+
+def grid_positions_mm(side: int, sheet_size_mm: float) -> np.ndarray:
+    """Cell centres (side², 2) of a side × side grid on a square sheet, row-major: unit ``row·side + col``
+    sits at x = (col + ½)·pitch, y = (row + ½)·pitch, pitch = sheet_size_mm / side."""
+    pitch = sheet_size_mm / side
+    rows, cols = np.divmod(np.arange(side * side), side)
+    return np.stack([(cols + 0.5) * pitch, (rows + 0.5) * pitch], axis=1)
+
+
+def _resample(values: torch.Tensor, side: int, new_side: int) -> torch.Tensor:
+    """Rows of ``values`` (side², K), one per grid cell, resampled bilinearly onto a new_side² grid of the same
+    sheet (cell centres, as :func:`grid_positions_mm`)."""
+    field = values.T.reshape(1, -1, side, side)
+    dense = torch.nn.functional.interpolate(field, size=(new_side, new_side), mode="bilinear", align_corners=False)
+    return dense.reshape(-1, new_side * new_side).T.contiguous()
+
+
+def densify(network: TopoHeadNet, side: int, new_side: int) -> TopoHeadNet:
+    """A network whose IT is ``network``'s side × side IT map resampled onto a finer new_side × new_side grid.
+
+    Each new unit's input weights and bias are the bilinear interpolation of those of the trained units
+    around its position, so its tuning is that of the map at that point (tuning varies smoothly below the
+    trained grid's pitch); the readouts' weights are resampled the same way and scaled by side² / new_side²,
+    so that a readout sums about as much activity as before.
+    """
+    if network.it[1].out_features != side * side:
+        raise ConfigError(f"{FAMILY}: IT has {network.it[1].out_features} units, not a {side} x {side} grid")
+    dense = TopoHeadNet(network.base_network, new_side * new_side, network.it[1].in_features,
+                        network.head[0].out_features,
+                        0 if network.domain_head is None else network.domain_head.out_features)
+    share = (side / new_side) ** 2
+    with torch.no_grad():
+        dense.trunk.load_state_dict(network.trunk.state_dict())
+        dense.it[0].weight.copy_(network.it[0].weight)
+        dense.it[1].weight.copy_(_resample(network.it[1].weight, side, new_side))
+        dense.it[1].bias.copy_(_resample(network.it[1].bias[:, None], side, new_side)[:, 0])
+        dense.head[0].weight.copy_(_resample(network.head[0].weight.T, side, new_side).T * share)
+        dense.head[1].load_state_dict(network.head[1].state_dict())
+        if network.domain_head is not None:
+            dense.domain_head.weight.copy_(_resample(network.domain_head.weight.T, side, new_side).T * share)
+            dense.domain_head.bias.copy_(network.domain_head.bias)
+    return dense.eval()
 
 
 def build_topo_head(**kwargs) -> nn.Module:

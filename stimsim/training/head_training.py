@@ -45,11 +45,11 @@ from stimsim.errors import ConfigError, TrainingDiverged
 from stimsim.filemodels import FileModel, Text, validate
 from stimsim.hashing import json_sha256, sha256_of
 from stimsim.io import atomic_save, atomic_write_text, provenance
-from stimsim.models.base_networks import base_network_spec, base_weights_path
-from stimsim.models.positions import build_sheet
+from stimsim.models.base_networks import base_network_spec, base_weights_path, load_base_network
 from stimsim.models.preprocessing import Preprocessing
-from stimsim.models.topo_head import FAMILY, TopoHeadNet
+from stimsim.models.topo_head import FAMILY, TopoHeadNet, densify, grid_positions_mm
 from stimsim.models.topographic import TopographicModel
+from stimsim.sheet import CorticalSheet
 from stimsim.training.spatial_loss import layer_spatial_loss
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -59,9 +59,12 @@ _Count = Annotated[int, Field(ge=1)]
 
 
 class HeadModelTable(FileModel):
-    """``[model]``: the base network, IT's size and sheet."""
+    """``[model]``: the base network, IT's size and sheet: IT is trained as a ``trained_grid_side`` ×
+    ``trained_grid_side`` grid of units and then densified onto ``grid_side`` × ``grid_side``
+    (:func:`stimsim.models.topo_head.densify`)."""
     base_network: Text
-    it_units: Annotated[int, Field(ge=16, le=200_000)] = 50176
+    grid_side: Annotated[int, Field(ge=2, le=400)] = 224
+    trained_grid_side: Annotated[int, Field(ge=2, le=400)] = 64
     it_rank: Annotated[int, Field(ge=1, le=4096)] = 128
     head_rank: Annotated[int, Field(ge=1, le=4096)] = 128
     area: Text = "IT"
@@ -76,7 +79,7 @@ class HeadModelTable(FileModel):
 
 class HeadDataTable(FileModel):
     """``[data]``: image sets (each ``{source = ..., holdout_fraction = ...}``; held out per value of ``label``
-    where a set has that label), the localizer's domains
+    where a set has that label, unless ``holdout_stratified = false``), the localizer's domains
     (domain → the values of ``label`` it gathers; images of no domain carry no domain label) and the
     augmented views."""
     sets: Annotated[list[dict[str, Any]], Field(min_length=1)]
@@ -139,8 +142,11 @@ def load_head_config(path) -> tuple[HeadConfig, dict, Path]:
     path = Path(path)
     raw = load_toml(path)
     config = validate(HeadConfig, raw, str(path))
-    base_network_spec(config.model.base_network)
-    Preprocessing.from_dict(config.model.preprocessing) if config.model.preprocessing else None
+    spec = base_network_spec(config.model.base_network)
+    try:
+        Preprocessing.from_dict({**spec.preprocessing.to_dict(), **config.model.preprocessing})
+    except ConfigError as exc:
+        raise ConfigError(f"{path} [model] preprocessing: {exc}") from None
     return config, raw, path.resolve().parent
 
 
@@ -153,6 +159,7 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
     for index, entry in enumerate(config.data.sets):
         entry = dict(entry)
         fraction = entry.pop("holdout_fraction", 0.0)
+        stratified = entry.pop("holdout_stratified", True)
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
             raise ConfigError(f"{where} [data] sets[{index}]: 'holdout_fraction' must be a number in [0, 1), "
                               f"got {fraction!r}")
@@ -160,10 +167,11 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
             entry["path"] = str(folder / entry["path"])
         stimuli = load_stimulus_source(entry, f"{where} [data] sets[{index}]")
         classes = np.asarray(stimuli.labels.get(config.data.label, np.full(len(stimuli), "")), str)
+        strata = classes if stratified is True else np.full(len(stimuli), "")
         keep = np.ones(len(stimuli), bool)
         rng = np.random.default_rng([config.data.seed, index])
-        for value in np.unique(classes):
-            members = np.flatnonzero(classes == value)
+        for value in np.unique(strata):
+            members = np.flatnonzero(strata == value)
             keep[rng.choice(members, size=int(round(fraction * len(members))), replace=False)] = False
         holdout += [str(s) for s in stimuli.stimulus_id[~keep]]
         kept = stimuli.subset(np.flatnonzero(keep))
@@ -370,37 +378,33 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
     out_dir.mkdir(parents=True, exist_ok=True)
     where = str(path)
     started = time.process_time()
-    preprocessing = Preprocessing.from_dict(config.model.preprocessing) if config.model.preprocessing \
-        else Preprocessing()
+    spec = base_network_spec(config.model.base_network)
+    preprocessing = Preprocessing.from_dict({**spec.preprocessing.to_dict(), **config.model.preprocessing})
     stimuli, holdout = load_sets(config, folder, where)
     domain_names = sorted({d for d in stimuli.labels["domain"] if d})
     domains = np.array([domain_names.index(d) if d else -1 for d in stimuli.labels["domain"]], np.int64)
-    spec = base_network_spec(config.model.base_network)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.training.seed)
-        network = TopoHeadNet(config.model.base_network, config.model.it_units, config.model.it_rank,
+        network = TopoHeadNet(config.model.base_network, config.model.trained_grid_side ** 2, config.model.it_rank,
                               config.model.head_rank, n_domains=len(domain_names))
-    from stimsim.models.torchvision_builder import load_weights, read_checkpoint_file
-
+    pretrained = config.model.base_weights == "imagenet"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.training.seed)
-        base = spec.build()
-    if config.model.base_weights == "imagenet":
-        weights = base_weights_path(config.model.base_network)
-        load_weights(base, read_checkpoint_file(weights), source=weights)
-        base_sha256 = sha256_of(weights)
-    else:
-        base_sha256 = None
-    trunk, classifier = spec.split(base.eval())
+        base = load_base_network(config.model.base_network, pretrained=pretrained)
+    base_sha256 = sha256_of(base_weights_path(config.model.base_network)) if pretrained else None
+    trunk, classifier = spec.split(base)
     network.trunk.load_state_dict(trunk.state_dict())
     cached = trunk_features(config, stimuli, network.trunk.eval(), classifier.eval(), preprocessing, base_sha256,
                             progress)
-    sheet = build_sheet("it", (config.model.it_units, 1, 1), config.model.sheet_size_mm,
-                        config.model.neighborhood_width_mm, n_neighborhoods=config.model.n_neighborhoods,
-                        max_neighborhood_units=config.model.max_neighborhood_units, seed=config.training.seed)
-    history = train_head(config, network, sheet, cached, domains, out_dir, progress, stop_after_step)
+    side, dense_side = config.model.trained_grid_side, config.model.grid_side
+    trained_sheet = CorticalSheet("it", (side * side, 1, 1), grid_positions_mm(side, config.model.sheet_size_mm))
+    trained_sheet = trained_sheet.with_neighborhoods(config.model.neighborhood_width_mm, config.model.n_neighborhoods,
+                                                     config.model.max_neighborhood_units, seed=config.training.seed)
+    history = train_head(config, network, trained_sheet, cached, domains, out_dir, progress, stop_after_step)
     if stop_after_step is not None and len(history) < config.training.steps:
         return out_dir
+    network = densify(network, side, dense_side)
+    sheet = CorticalSheet("it", (dense_side ** 2, 1, 1), grid_positions_mm(dense_side, config.model.sheet_size_mm))
     if config.model.storage == "float16":
         with torch.no_grad():
             for tensor in network.state_dict().values():
@@ -412,7 +416,8 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
                 "holdout_stimulus_ids": holdout, "weights_storage": config.model.storage,
                 "training_cpu_s": round(time.process_time() - started, 1), "provenance": provenance()}
     architecture = {"family": FAMILY, "kwargs": {"base_network": config.model.base_network,
-                                                 "it_units": config.model.it_units, "it_rank": config.model.it_rank,
+                                                 "it_units": config.model.grid_side ** 2,
+                                                 "it_rank": config.model.it_rank,
                                                  "head_rank": config.model.head_rank,
                                                  "n_domains": len(domain_names)}}
     model = TopographicModel(network, {"it": sheet}, preprocessing, architecture, readout_layer="it",
