@@ -307,16 +307,16 @@ def test_floc_categories_domains_and_the_configuration_source(shared_data, monke
     monkeypatch.setenv(manifest.MIRROR_DIR_ENV, str(shared_data("natural/floc").parents[1]))
     every = floc(n_per_category=2)
     assert len(every) == 22 and every.stimulus_id[:2].tolist() == ["adult/adult-1.jpg", "adult/adult-10.jpg"]
-    assert Counter(every.labels["domain"].tolist()) == {"faces": 4, "bodies": 4, "places": 4, "characters": 4,
-                                                         "objects": 4, "scrambled": 2}
+    assert Counter(every.labels["domain"].tolist()) == {"face": 4, "body": 4, "place": 4, "character": 4,
+                                                         "object": 4, "scrambled": 2}
     domain_of = dict(zip(every.labels["category"].tolist(), every.labels["domain"].tolist()))
-    assert domain_of == {"adult": "faces", "child": "faces", "body": "bodies", "limb": "bodies", "car": "objects",
-                         "instrument": "objects", "house": "places", "corridor": "places", "word": "characters",
-                         "number": "characters", "scrambled": "scrambled"}
+    assert domain_of == {"adult": "face", "child": "face", "body": "body", "limb": "body", "car": "object",
+                         "instrument": "object", "house": "place", "corridor": "place", "word": "character",
+                         "number": "character", "scrambled": "scrambled"}
     assert sorted(domain_of) == sorted(FLOC_CATEGORIES)
     assert every.images[0].shape == (256, 256) and every.images[0].max() <= 1.0
     faces = load_stimulus_source({"source": "floc", "categories": ["adult", "child"]}, where="x.toml [stimuli]")
-    assert len(faces) == 288 and set(faces.labels["domain"].tolist()) == {"faces"}
+    assert len(faces) == 288 and set(faces.labels["domain"].tolist()) == {"face"}
     with pytest.raises(ConfigError, match=r"x.toml \[stimuli\]: categories must be distinct names from"):
         load_stimulus_source({"source": "floc", "categories": ["adult", "dog"]}, where="x.toml [stimuli]")
     with pytest.raises(ConfigError, match="n_per_category must be a positive integer"):

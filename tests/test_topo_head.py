@@ -101,13 +101,14 @@ preprocessing = {{ size_px = 32 }}
 sets = [{{ source = "folder", path = "images", holdout_fraction = 0.25 }}]
 views = 2
 [data.domains]
-faces = ["adult"]
-objects = ["car"]
+face = ["adult"]
+object = ["car"]
 [training]
 steps = {steps}
 batch_size = 6
 neighborhoods_per_step = 2
 checkpoint_every_steps = 2
+readout_steps = 3
 [cortex_scale]
 rule = "a fixed scale, for the test"
 cortex_mm_per_model_mm = 2.5
@@ -130,7 +131,7 @@ def test_build_is_deterministic_resumable_and_loads(tmp_path):
     # 3 of 12 images held out (25 % of each class), and recorded for experiments
     assert len(model.metadata["holdout_stimulus_ids"]) == 4
     assert model.sheet("IT").n_units == 16 * 16
-    assert model.metadata["domains"] == ["faces", "objects"]
+    assert model.metadata["domains"] == ["face", "object"]
     saved = torch.load(whole / "weights.pt", weights_only=True)
     assert saved["it.1.weight"].dtype == torch.float16
     # the model that was measured is the one that was saved: its weights are float16 values

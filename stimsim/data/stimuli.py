@@ -45,9 +45,9 @@ _MOELLER_NAME = re.compile(r"^ID_(?P<token>[^_]+)_(?P<rest>.*)-ORI_A(?P<az>-?\d+
 _MOELLER_EXPRESSION = re.compile(r"EXP_[\d.]+pct_(?P<expression>[A-Za-z]+)")
 
 #: fLoc categories (folders of the ``floc`` data entry) and the domain each belongs to (Stigliani et al. 2015).
-FLOC_DOMAINS = {"adult": "faces", "child": "faces", "body": "bodies", "limb": "bodies", "house": "places",
-                "corridor": "places", "word": "characters", "number": "characters", "car": "objects",
-                "instrument": "objects", "scrambled": "scrambled"}
+FLOC_DOMAINS = {"adult": "face", "child": "face", "body": "body", "limb": "body", "house": "place",
+                "corridor": "place", "word": "character", "number": "character", "car": "object",
+                "instrument": "object", "scrambled": "scrambled"}
 FLOC_CATEGORIES = tuple(FLOC_DOMAINS)
 
 LFW_SUBSET_FILE = "data/lfw_subset.npy"
@@ -527,7 +527,7 @@ def floc(categories=FLOC_CATEGORIES, n_per_category: int | None = None, mirror=N
     categories : any of :data:`FLOC_CATEGORIES` (default all eleven; a single name is accepted too).
     n_per_category : the first this many images of each category in path order, or None for all.
     Ids: the path in the entry, e.g. ``adult/adult-1.jpg``. Labels: ``category`` (the fLoc folder) and
-    ``domain`` (:data:`FLOC_DOMAINS`: faces, bodies, places, characters, objects, scrambled).
+    ``domain`` (:data:`FLOC_DOMAINS`: face, body, place, character, object, scrambled).
     """
     categories = (categories,) if isinstance(categories, str) else tuple(categories)
     unknown = [c for c in categories if c not in FLOC_DOMAINS]

@@ -298,6 +298,9 @@ def _psychometric(trials: CategorizationTrials, p_positive: np.ndarray, site_dpr
     fits = [fit_psychometric(levels, curve, weights=counts) for curve in curves]
     control = fits[0]
     shifts = np.array([psychometric_shift_percent(control, fit) for fit in fits[1:]])
+    # the same shift in log-odds: the stimulated curve's log-odds at the control's midpoint, where the control's
+    # are 0 (= slope × shift); a shallow curve cannot turn a small change of choices into a large % shift
+    shifts_logodds = np.array([fit.slope * shift for fit, shift in zip(fits[1:], shifts)])
     n_failed = sum(not fit.success for fit in fits)
     variables = {
         "signal_level_percent": ("signal_level_percent", levels),
@@ -308,6 +311,7 @@ def _psychometric(trials: CategorizationTrials, p_positive: np.ndarray, site_dpr
         "fit_success": ("site", np.array([fit.success for fit in fits[1:]], dtype=bool)),
         "fit_message": ("site", np.array([fit.message for fit in fits[1:]], dtype=object)),
         "psychometric_shift_percent": ("site", shifts),
+        "psychometric_shift_logodds": ("site", shifts_logodds),
         "control_midpoint_percent": ((), control.midpoint_percent),
         "control_fit_message": ((), control.message),
     }
@@ -319,6 +323,14 @@ def _psychometric(trials: CategorizationTrials, p_positive: np.ndarray, site_dpr
         **shift_summary("model", site_dprime, shifts, spec.sites.dprime_threshold, analysis.n_perm,
                         analysis.n_boot, analysis.ci, spec.seed),
     }
+    for name, mask in (("selective", site_dprime > spec.sites.dprime_threshold),
+                       ("other", site_dprime <= spec.sites.dprime_threshold)):
+        values = shifts_logodds[mask & np.isfinite(shifts_logodds)]
+        summary[f"model_mean_shift_{name}_logodds"] = float(values.mean()) if values.size else None
+    for level in (-50, 50):  # how steep the unstimulated curve is, against a trained animal's
+        at = np.flatnonzero(np.isclose(levels, level))
+        key = f"control_p_{trials.positive}_at_{'minus' if level < 0 else ''}{abs(level)}"
+        summary[key] = float(curves[0, at[0]]) if at.size else None
     return variables, summary
 
 

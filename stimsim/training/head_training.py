@@ -9,7 +9,7 @@ names a ``base_network``. The recipe:
    network receives it, the others randomly cropped (``crop_scale``), flipped, contrast-jittered and with a
    random fraction of pixels replaced by uniform noise (visual signal drawn in [``min_signal_percent``,
    100] %, as in :func:`stimsim.data.stimuli.pixel_noise`) — and the frozen trunk's pooled features of each
-   version are computed once (``DIR/features.npz``). The teacher output of every version is the base
+   version are computed once and cached. A version depends only on the data seed, the view and the image's id. The teacher output of every version is the base
    network's ImageNet output for view 0, so IT learns to see through noise.
 3. **Training** IT and its readouts on those features (the trunk never changes): distillation to the base
    network's own ImageNet outputs (KL divergence at temperature ``distill_temperature``; no ImageNet labels),
@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import math
 import warnings
+import zlib
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -85,7 +86,7 @@ class HeadDataTable(FileModel):
     sets: Annotated[list[dict[str, Any]], Field(min_length=1)]
     label: Text = "category"
     domains: dict[str, Annotated[list[Text], Field(min_length=1)]] = {}
-    positive_domain: Text = "faces"
+    positive_domain: Text = "face"
     views: Annotated[int, Field(ge=1, le=64)] = 4
     min_signal_percent: Annotated[float, Field(ge=0, le=100)] = 40.0
     crop_scale: Annotated[list[Annotated[float, Field(gt=0, le=1)]], Field(min_length=2, max_length=2)] = [0.6, 1.0]
@@ -106,6 +107,7 @@ class HeadTrainingTable(FileModel):
     neighborhoods_per_step: Annotated[int, Field(ge=1, le=1000)] = 8
     activity_l1: Annotated[float, Field(ge=0)] = 0.0
     checkpoint_every_steps: _Count = 250
+    readout_steps: Annotated[int, Field(ge=0, le=100_000)] = 400
 
 
 class CortexScaleTable(FileModel):
@@ -246,7 +248,9 @@ def trunk_features(config: HeadConfig, stimuli, trunk, classifier, preprocessing
                 for i in range(start, min(start + batch, len(geometry))):
                     image = geometry[i] if geometry[i].ndim == 3 else np.repeat(geometry[i][..., None], 3, -1)
                     if view > 0:
-                        image = _augmented(image, np.random.default_rng([config.data.seed, view, i]), config.data)
+                        image = _augmented(image, np.random.default_rng(
+                            [config.data.seed, view, zlib.crc32(str(stimuli.stimulus_id[i]).encode("utf-8"))]),
+                            config.data)
                     chunk.append(torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1))
                 x = (torch.stack(chunk) - mean) / std
                 pooled = torch.flatten(F.adaptive_avg_pool2d(trunk(x), 1), 1)
@@ -352,6 +356,43 @@ def train_head(config: HeadConfig, network: TopoHeadNet, sheet, cached: dict, do
     return history
 
 
+def tune_readouts(config: HeadConfig, network: TopoHeadNet, cached: dict, domains: np.ndarray,
+                  progress: bool = True) -> list[dict]:
+    """Fit the readouts of a densified network to the base network again (``readout_steps`` steps of the
+    distillation and domain losses; IT stays as densified), since resampling their weights only approximates
+    what the trained map's readouts computed."""
+    training = config.training
+    params = list(network.head.parameters()) + (
+        list(network.domain_head.parameters()) if network.domain_head is not None else [])
+    optimiser = torch.optim.Adam(params, lr=training.learning_rate / 4)
+    features, teacher = torch.from_numpy(cached["features"]), torch.from_numpy(cached["teacher"])
+    domain_ids = torch.from_numpy(domains)
+    n_views, n_images = features.shape[:2]
+    history = []
+    for step in tqdm(range(training.readout_steps), desc="tuning readouts", disable=not progress):
+        rng = np.random.default_rng([training.seed, training.steps + step])
+        index = torch.from_numpy(rng.choice(n_images, size=min(training.batch_size, n_images), replace=False))
+        view = torch.from_numpy(rng.integers(n_views, size=len(index)))
+        with torch.no_grad():
+            it = network.it(features[view, index])
+        temperature = training.distill_temperature
+        distill = F.kl_div(F.log_softmax(network.head(it) / temperature, 1),
+                           F.log_softmax(teacher[index] / temperature, 1), reduction="batchmean",
+                           log_target=True) * temperature ** 2
+        total = training.distill_weight * distill
+        labelled = domain_ids[index] >= 0
+        if network.domain_head is not None and bool(labelled.any()):
+            total = total + training.domain_weight * F.cross_entropy(network.domain_head(it[labelled]),
+                                                                     domain_ids[index][labelled])
+        optimiser.zero_grad()
+        total.backward()
+        optimiser.step()
+        history.append({"step": training.steps + step, "phase": "readouts", "distill": float(distill.detach()),
+                        "total": float(total.detach())})
+    network.eval()
+    return history
+
+
 # --- the physical scale ---------------------------------------------------------------------------
 def face_cluster_scale(model: TopographicModel, localizer, positive_domain: str, layer: str, target_mm: float):
     """(cortex mm per model mm, diameters of the face clusters in model mm): the largest cluster of units with
@@ -404,6 +445,7 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
     if stop_after_step is not None and len(history) < config.training.steps:
         return out_dir
     network = densify(network, side, dense_side)
+    history += tune_readouts(config, network, cached, domains, progress)
     sheet = CorticalSheet("it", (dense_side ** 2, 1, 1), grid_positions_mm(dense_side, config.model.sheet_size_mm))
     if config.model.storage == "float16":
         with torch.no_grad():
