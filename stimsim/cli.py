@@ -423,8 +423,8 @@ def _add_mirror(command) -> None:
 
 def _add_threads(command) -> None:
     command.add_argument("--threads", type=int, metavar="N",
-                         help="CPU threads torch uses (default: torch's choice, usually every core; on a shared or "
-                              "busy machine 1 is often faster)")
+                         help="CPU threads torch and the BLAS under numpy and scikit-learn use (default: their "
+                              "choice, usually every core; on a shared or busy machine 1 is often faster)")
 
 
 def _apply_common_options(args) -> None:
@@ -456,8 +456,10 @@ def _apply_common_options(args) -> None:
         if threads < 1:
             raise ConfigError(f"--threads must be at least 1, got {threads}")
         import torch
+        from threadpoolctl import threadpool_limits
 
         torch.set_num_threads(threads)
+        threadpool_limits(threads)  # the BLAS under numpy, scipy and scikit-learn's decoders too
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
