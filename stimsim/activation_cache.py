@@ -15,6 +15,7 @@ that cannot be read, is reported with a warning naming its file and computed aga
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from stimsim.hashing import json_sha256, sha256_of
+from stimsim.hashing import canonical_json, json_sha256, sha256_of, update_with_tensors
 from stimsim.io import atomic_save, atomic_write_json
 
 #: Format tag of an entry's ``.json`` record.
@@ -41,9 +42,44 @@ def default_directory() -> Path:
 
 def entry_key(model_sha256: str, layer: str, preprocessing: dict, inputs_sha256: str) -> str:
     """The key of the activity of ``layer`` for the model whose weights digest is ``model_sha256``, on the
-    images whose preprocessed-input digest is ``inputs_sha256``."""
+    inputs whose digest is ``inputs_sha256`` (of the preprocessed input tensor, or of the images or image
+    files themselves: the preprocessing is part of the key)."""
     return json_sha256({"format": CACHE_FORMAT, "model": model_sha256, "layer": layer,
                         "preprocessing": preprocessing, "inputs": inputs_sha256})
+
+
+def model_sha256(model) -> str:
+    """sha256 of what a :class:`~stimsim.models.topographic.TopographicModel`'s activations depend on besides
+    the input: its architecture, its stages and its weights."""
+    digest = hashlib.sha256(canonical_json({"architecture": model.architecture,
+                                            "stages": model.stage_names}).encode())
+    update_with_tensors(digest, model.network.state_dict())
+    return digest.hexdigest()
+
+
+def images_sha256(images) -> str:
+    """sha256 of a sequence of image arrays: every image's shape, dtype and values, in order."""
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for image in images:
+        array = np.ascontiguousarray(image)
+        digest.update(f"{array.shape}:{array.dtype};".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def cached_activations(model, images, layer: str, directory=None, batch_size: int = 64) -> torch.Tensor:
+    """``model.activations(images, layer)`` (N_images, N_units), stored in the activation cache
+    (``directory``, default :func:`default_directory`) and reused while the model, the layer, the
+    preprocessing and the images are the same."""
+    layer = model.resolve_layer(layer)
+    key = entry_key(model_sha256(model), layer, model.preprocessing.to_dict(), images_sha256(images))
+    return cached_activity(directory if directory is not None else default_directory(), key,
+                           lambda: model.activations(images, layer, batch_size),
+                           describe={"model": model.name, "layer": layer, "n_images": len(images)},
+                           compute_rows=lambda rows: model.activations([images[i] for i in rows], layer),
+                           n_rows=len(images))
 
 
 #: Relative and absolute tolerance of the recomputed rows against the stored ones (float32 sums in another

@@ -73,12 +73,15 @@ def _cmd_data_verify(args) -> int:
 
 
 def _cmd_models_list(args) -> int:
-    from stimsim.models.registry import available_models, model_path
+    from stimsim.models.registry import available_models, describe_model
 
-    for name in available_models():
-        spec = json.loads((model_path(name) / "model.json").read_text())
-        layers = ", ".join(f"{layer} ({info.get('area') or '-'})" for layer, info in spec["layers"].items())
-        print(f"{name:<20} {spec['architecture']['family']:<14} layers: {layers}")
+    models = [describe_model(name) for name in available_models()]
+    if args.json:
+        print(json.dumps({"models": models}, indent=2))
+        return 0
+    for model in models:
+        layers = ", ".join(f"{layer} ({area or '-'})" for layer, area in model["layers"].items())
+        print(f"{model['name']:<20} {model['family']:<14} layers: {layers}")
     return 0
 
 
@@ -90,6 +93,11 @@ def _cmd_models_check(args) -> int:
     _check_at_least("--shuffles", args.shuffles, 1)
     if args.stimuli is not None and not Path(args.stimuli).exists():
         raise ConfigError(f"--stimuli {args.stimuli}: no such folder or table file")
+    if args.stimuli is not None and args.heldout:
+        raise ConfigError("--stimuli and --heldout choose the images both; give one of them")
+    if args.stimuli is None and (args.label is not None or args.positive is not None):
+        raise ConfigError("--label and --positive apply to --stimuli; the default images (fLoc by domain, positive "
+                          "'faces') and --heldout (LFW + Fashion-MNIST by category, positive 'face') set their own")
     report_phase(f"models check: loading {args.name}", progress)
     model = load_model(args.name, device=args.device)
     stimuli = None
@@ -97,13 +105,15 @@ def _cmd_models_check(args) -> int:
         from stimsim.data.stimuli import from_folder, from_table
 
         stimuli = from_folder(args.stimuli) if Path(args.stimuli).is_dir() else from_table(args.stimuli)
-    figure = args.figure
-    if figure is None and args.out is not None:
-        figure = Path(args.out) / f"{model.name}_{args.positive}_dprime.png"
-    if figure is not None:
-        Path(figure).parent.mkdir(parents=True, exist_ok=True)
-    report = check_model(model, n_shuffles=args.shuffles, figure_path=figure, progress=progress, stimuli=stimuli,
-                         label=args.label, positive=args.positive)
+    if args.figure is not None:
+        Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
+    if args.out is not None:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    report = check_model(model, n_shuffles=args.shuffles, figure_path=args.figure, progress=progress, stimuli=stimuli,
+                         label=args.label, positive=args.positive, figure_dir=args.out, heldout=args.heldout,
+                         imagenet=not args.no_imagenet)
+    if "images_note" in report:
+        warnings.warn(report["images_note"])
     _print_report(report, args.json, width=26)
     return 0
 
@@ -292,19 +302,25 @@ def build_parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="shipped topographic models")
     model_commands = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     model_list = model_commands.add_parser("list", help="list available models")
+    model_list.add_argument("--json", action="store_true", help="print one JSON object: every model's family, base "
+                                                                "network, scale, file size and IT density")
     model_list.set_defaults(handler=_cmd_models_list)
     check = model_commands.add_parser("check", help="evaluate a model: accuracy, face selectivity, clustering on IT")
     check.add_argument("name", help="shipped model name or model directory")
     check.add_argument("--json", action="store_true", help="print one JSON object")
-    check.add_argument("--out", help="directory for the IT d′ map of the --positive class (NAME_POSITIVE_dprime.png); "
+    check.add_argument("--out", help="directory for the IT d′ map of every class (NAME_CLASS_dprime.png); "
                                      "without --out or --figure no figure is written")
-    check.add_argument("--figure", help="PNG path of that d′ map (overrides --out)")
+    check.add_argument("--figure", help="PNG path of the positive class's d′ map")
     check.add_argument("--shuffles", type=int, default=1000, help="position shuffles for cluster_p (default 1000)")
-    check.add_argument("--stimuli", help="images to evaluate on instead of the held-out LFW + Fashion-MNIST ones: a "
-                                         "folder (class = subfolder, label 'category') or a CSV/HDF5 table")
-    check.add_argument("--label", default="category", help="label of --stimuli that holds the class (default category)")
-    check.add_argument("--positive", default="face", help="class whose d′ map and balanced decoding are reported "
-                                                          "as face_* (default face)")
+    check.add_argument("--stimuli", help="images to evaluate on instead of the fLoc localizer: a folder (class = "
+                                         "subfolder, label 'category') or a CSV/HDF5 table")
+    check.add_argument("--heldout", action="store_true", help="evaluate on the LFW + Fashion-MNIST images the "
+                                                              "model's training held out instead of fLoc")
+    check.add_argument("--label", help="label of --stimuli that holds the class (default category)")
+    check.add_argument("--positive", help="class of --stimuli whose d′ map and balanced decoding are reported "
+                                          "as face_* (default face)")
+    check.add_argument("--no-imagenet", action="store_true", help="skip the ImageNet top-1 of the model and its "
+                                                                   "base network")
     check.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     _add_mirror(check)
     _add_threads(check)
@@ -415,8 +431,8 @@ def _add_mirror(command) -> None:
 
 def _add_threads(command) -> None:
     command.add_argument("--threads", type=int, metavar="N",
-                         help="CPU threads torch uses (default: torch's choice, usually every core; on a shared or "
-                              "busy machine 1 is often faster)")
+                         help="CPU threads torch and the BLAS under numpy and scikit-learn use (default: their "
+                              "choice, usually every core; on a shared or busy machine 1 is often faster)")
 
 
 def _apply_common_options(args) -> None:
@@ -448,8 +464,10 @@ def _apply_common_options(args) -> None:
         if threads < 1:
             raise ConfigError(f"--threads must be at least 1, got {threads}")
         import torch
+        from threadpoolctl import threadpool_limits
 
         torch.set_num_threads(threads)
+        threadpool_limits(threads)  # the BLAS under numpy, scipy and scikit-learn's decoders too
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -244,10 +244,9 @@ class _Setup:
     def weights_sha256(self) -> str:
         """sha256 of what the model's activations depend on besides the input: architecture, stages, weights."""
         if "weights" not in self._digests:
-            digest = hashlib.sha256(canonical_json({"architecture": self.model.architecture,
-                                                    "stages": self.model.stage_names}).encode())
-            update_with_tensors(digest, self.model.network.state_dict())
-            self._digests["weights"] = digest.hexdigest()
+            from stimsim.activation_cache import model_sha256
+
+            self._digests["weights"] = model_sha256(self.model)
         return self._digests["weights"]
 
     def inputs_sha256(self) -> str:

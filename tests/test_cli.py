@@ -191,3 +191,21 @@ def test_a_broken_pipe_that_is_not_stdout_stays_visible(monkeypatch):
     monkeypatch.setattr(cli, "_cmd_data_list", broken)
     with pytest.raises(BrokenPipeError):
         main(["data", "list"])
+
+
+def test_threads_sets_torch_and_blas_threads(capsys):
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from stimsim.cli import main
+
+    torch_threads = torch.get_num_threads()
+    with threadpool_limits(limits=2, user_api="blas"):  # two to start with; restored afterwards
+        try:
+            assert main(["models", "check", "no-such-model", "--threads", "1", "--no-progress"]) == 2
+            assert torch.get_num_threads() == 1
+            blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+            assert blas and set(blas) == {1}
+        finally:
+            torch.set_num_threads(torch_threads)
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err

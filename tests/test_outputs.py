@@ -348,8 +348,8 @@ MIRROR = Path(os.environ.get("STIMSIM_MIRROR_DIR") or SHARED_DATA)
 def test_models_check_writes_its_figure_where_told_and_takes_a_mirror(elsewhere, capsys, monkeypatch):
     mirror = str(MIRROR)
     monkeypatch.delenv("STIMSIM_MIRROR_DIR", raising=False)
-    code, out, err = _cli(capsys, "models", "check", "stimsim-topo-s0", "--shuffles", "10", "--json", "--out",
-                          "checks", "--mirror", mirror, "--threads", "1")
+    code, out, err = _cli(capsys, "models", "check", "stimsim-topo-s0", "--heldout", "--shuffles", "10", "--json",
+                          "--out", "checks", "--mirror", mirror, "--threads", "1")
     monkeypatch.delenv("STIMSIM_MIRROR_DIR", raising=False)
     assert code == 0, err
     assert json.loads(out)["figure"] == str(Path("checks") / "stimsim-topo-s0_face_dprime.png")

@@ -61,7 +61,7 @@ def test_corrupted_shipped_model_is_refused(tmp_path):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_models_check_meets_the_targets(name, tmp_path, capsys):
     figure = tmp_path / "dprime.png"
-    assert main(["models", "check", name, "--json", "--figure", str(figure), "--shuffles", "200"]) == 0
+    assert main(["models", "check", name, "--heldout", "--json", "--figure", str(figure), "--shuffles", "200"]) == 0
     report = json.loads(capsys.readouterr().out)
     # face vs non-face on a class-balanced held-out set: chance is 0.5 for both scores
     assert report["face_chance"] == 0.5

@@ -31,6 +31,9 @@ from stimsim.models.preprocessing import Preprocessing
 class BaseNetworkSpec:
     """A base network: how to build it untrained, and where its ImageNet weights are.
 
+    Attributes
+    ----------
+    name : the name :data:`BASE_NETWORKS` lists it under.
     build : returns the untrained classifier (an ``nn.Module`` with ``trunk``/``classifier`` given by
         ``split``).
     split : network → (trunk, classifier); trunk maps (B, 3, H, W) to (B, C, h, w), classifier maps
@@ -38,6 +41,7 @@ class BaseNetworkSpec:
     feature_channels : C, the trunk's output channels.
     manifest_entry, weights_file : the data manifest entry holding the weights, and the file in it.
     weights_sha256 : the weight file's sha256 (the manifest states it too).
+    citation : the paper and the weights' origin.
     preprocessing : the input the weights were trained with (size, normalisation).
     rename_keys : weight-file state dict → the built network's key names (None: the same names); a key
         it cannot place raises ``ValueError``.

@@ -6,6 +6,9 @@ from pathlib import Path
 from stimsim.errors import DataError
 from stimsim.models.topographic import TopographicModel
 
+#: Current (µA) whose spread length λ the density figure ``units_within_lambda50`` uses.
+DENSITY_CURRENT_UA = 50.0
+
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "shipped_models"
 
 #: The shipped model used when none is named.
@@ -44,3 +47,51 @@ def load_model(name_or_path=DEFAULT_MODEL, device="cpu") -> TopographicModel:
         entry_paths(SHIPPED_MANIFEST_ENTRY, [f.path for f in get_entry(SHIPPED_MANIFEST_ENTRY).files
                                              if f.path.startswith(prefix)])
     return TopographicModel.load(path, device=device)
+
+
+def describe_model(name_or_path) -> dict:
+    """What ``stimsim models list --json`` says of one model, from its ``model.json`` and positions files
+    (the network is not built): ``name``, ``path``, ``family``, ``layers`` (layer → area),
+    ``base_network`` and ``base_weights_sha256`` (None for a model not built on an ImageNet network),
+    ``it_layer`` (the layer labelled IT, else the readout layer), its ``it_units``,
+    ``cortex_mm_per_model_mm`` and ``sheet_size_cortex_mm``, ``files_bytes`` (every file of the model)
+    and ``units_within_lambda50``: the mean number of IT units within λ(50 µA) cortex mm of a site, over
+    sites on a square grid of step λ spanning the IT sheet in cortex mm."""
+    import json
+
+    import numpy as np
+    from scipy.spatial import cKDTree
+
+    from stimsim.filemodels import validate_file
+    from stimsim.models.base_networks import BASE_NETWORKS
+    from stimsim.models.topographic import ModelFile
+    from stimsim.sheet import CorticalSheet
+    from stimsim.stimulation.spread import kumaravelu_length_mm
+
+    path = model_path(name_or_path)
+    spec_path = path / "model.json"
+    raw = json.loads(spec_path.read_text(encoding="utf-8"))
+    spec = validate_file(ModelFile, raw, spec_path)
+    areas = {layer: info.area for layer, info in spec.layers.items()}
+    it_layer = next((layer for layer, area in areas.items() if area == "IT"), spec.readout_layer)
+    metadata = raw.get("metadata", {})
+    base = metadata.get("base_network") or spec.architecture.kwargs.get("base_network")
+    base_sha256 = metadata.get("base_weights_sha256") or (BASE_NETWORKS[base].weights_sha256
+                                                          if base in BASE_NETWORKS else None)
+    scale = spec.metadata.cortex_scale
+    factor = scale.cortex_mm_per_model_mm if scale is not None and scale.layer == it_layer else 1.0
+    description = {"name": spec.name or path.name, "path": str(path), "family": spec.architecture.family,
+                   "layers": areas, "base_network": base, "base_weights_sha256": base_sha256, "it_layer": it_layer,
+                   "it_units": None, "cortex_mm_per_model_mm": factor, "sheet_size_cortex_mm": None,
+                   "files_bytes": spec_path.stat().st_size + sum((path / rel).stat().st_size
+                                                                  for rel in spec.files_sha256 if (path / rel).is_file()),
+                   "units_within_lambda50": None}
+    if it_layer in spec.layers:
+        sheet = CorticalSheet.load(path / spec.layers[it_layer].positions_file).scaled(factor)
+        lam = kumaravelu_length_mm(DENSITY_CURRENT_UA)
+        x0, x1, y0, y1 = sheet.extent_mm
+        sites = np.stack(np.meshgrid(np.arange(x0, x1 + lam / 2, lam), np.arange(y0, y1 + lam / 2, lam)), -1)
+        counts = cKDTree(sheet.coordinates_mm).query_ball_point(sites.reshape(-1, 2), lam, return_length=True)
+        description.update(it_units=sheet.n_units, sheet_size_cortex_mm=round(sheet.size_mm, 3),
+                           units_within_lambda50=round(float(np.mean(counts)), 2))
+    return description

@@ -1,9 +1,21 @@
 """Evaluating a topographic model: decoding, selectivity and its clustering on IT.
 
-Images used (none seen in training): the LFW crops the training run held out (listed in the model's
-metadata; all 200 crops if the model records none) and Fashion-MNIST's test split; or any labelled
-stimulus set (``stimuli``, ``label``, ``positive``: then the ``face_*`` numbers are those of the
-``positive`` class).
+Images used: by default the fLoc localizer (Stigliani et al. 2015) without its scrambled images,
+classed by domain (faces, bodies, places, characters, objects; 288 images each); where fLoc is not
+available (no mirror or cached copy), the LFW crops the training run held out (listed in the model's
+metadata; all 200 crops if the model records none) and Fashion-MNIST's test split, and the report
+says so (``images_note``); on request (``heldout``) those held-out images; or any labelled stimulus
+set (``stimuli``, ``label``, ``positive``: then the ``face_*`` numbers are those of the ``positive``
+class). Responses are kept in the activation cache (:mod:`stimsim.activation_cache`).
+
+Clusters of a class's map (``clusters_mm``): the per-unit d′ map on the sheet scaled to cortex mm
+(the model's ``cortex_scale``) is smoothed with a Gaussian of σ = ``CLUSTER_SIGMA_CORTEX_MM`` onto a
+grid of ``CLUSTER_GRID_CORTEX_MM`` steps; a cluster is a 4-connected region of grid points above
+d′ ``CLUSTER_DPRIME``, its size the diameter of the disc of equal area (cortex mm), largest first.
+
+ImageNet top-1 on the ``imagenet_samples`` images, where they are available: ``imagenet_top1`` of the
+model's own output when it has the 1,000 ImageNet classes, ``imagenet_top1_base`` of the base network
+the model records (``metadata.base_network`` or ``architecture.kwargs.base_network``).
 
 Decoders are the project's: a logistic regression on standardised IT responses with C = 1e-3 (the
 regularisation of every experiment's decoder, as in the Brain-Score behavioural benchmarks),
@@ -20,10 +32,10 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from stimsim.errors import ConfigError
+from stimsim.errors import ConfigError, DataError
 from stimsim.models.topographic import TopographicModel
 from stimsim.progress import report_phase
-from stimsim.topography import clustering_test, plot_sheet_map
+from stimsim.topography import clustering_test, plot_sheet_map, selective_clusters_mm
 
 #: Moran's I neighbourhood radius (mm of the model's sheet) for the selectivity-map clustering statistic.
 CLUSTER_RADIUS_MM = 1.0
@@ -33,6 +45,13 @@ DECODER_C = 1e-3
 CV_FOLDS, CV_REPEATS = 5, 4
 #: A selectivity map "clusters" when its Moran's I permutation p is below this.
 CLUSTER_ALPHA = 0.01
+#: Clusters of a d′ map: smoothing σ and grid step (cortex mm), and the d′ a region must exceed.
+CLUSTER_SIGMA_CORTEX_MM, CLUSTER_GRID_CORTEX_MM, CLUSTER_DPRIME = 0.5, 0.1, 1.0
+#: fLoc domains of the default images (its scrambled images are left out) and the class reported as "face".
+FLOC_CHECK_DOMAINS = ("faces", "bodies", "places", "characters", "objects")
+FLOC_POSITIVE = "faces"
+#: fLoc images per category of the default images (None: all 144).
+FLOC_IMAGES_PER_CATEGORY = None
 
 
 def heldout_images(model: TopographicModel, objects_per_class: int = 50, seed: int = 0):
@@ -48,6 +67,62 @@ def heldout_images(model: TopographicModel, objects_per_class: int = 50, seed: i
                                    for s in (lfw, objects)))
     categories = np.asarray(stimuli.labels["category"])
     return stimuli, categories == "face", categories
+
+
+def default_images(model: TopographicModel, seed: int = 0):
+    """The default images: (StimulusSet, label, positive class, note). fLoc by domain without its scrambled
+    images; where fLoc is not available, the held-out LFW + Fashion-MNIST images, with a note saying so."""
+    from stimsim.data.stimuli import FLOC_DOMAINS, floc
+
+    try:
+        stimuli = floc([c for c, domain in FLOC_DOMAINS.items() if domain in FLOC_CHECK_DOMAINS],
+                       n_per_category=FLOC_IMAGES_PER_CATEGORY)
+    except DataError:
+        stimuli, _, _ = heldout_images(model, seed=seed)
+        return stimuli, "category", "face", ("the fLoc images are not available (no mirror or cached copy of data "
+                                             "entry 'floc'); evaluated on the held-out LFW and Fashion-MNIST images")
+    return stimuli, "domain", FLOC_POSITIVE, None
+
+
+def base_network_of(model: TopographicModel) -> str | None:
+    """The base network a model records (``metadata.base_network`` or ``architecture.kwargs.base_network``),
+    or None."""
+    from stimsim.models.base_networks import BASE_NETWORKS
+
+    name = model.metadata.get("base_network") or model.architecture.get("kwargs", {}).get("base_network")
+    return name if name in BASE_NETWORKS else None
+
+
+def imagenet_scores(model: TopographicModel, progress: bool = False, limit: int | None = None) -> dict:
+    """``imagenet_top1`` (the model's own output, when it has 1,000 classes) and ``imagenet_top1_base`` (its
+    base network) on the ``imagenet_samples`` images (the first ``limit``), each None where it does not
+    apply, with ``imagenet_note`` saying why."""
+    from stimsim.activation_cache import model_sha256
+    from stimsim.data.manifest import entry_path
+    from stimsim.training.imagenet import N_IMAGENET_CLASSES, base_network_top1, imagenet_top1
+
+    base = base_network_of(model)
+    example = model.preprocess([np.zeros((model.preprocessing.size_px,) * 2, np.float32)])
+    own = model.stage_output_dims(example)[model.stage_names[-1]] == (N_IMAGENET_CLASSES, 1, 1)
+    result = {"imagenet_top1": None, "imagenet_top1_base": None, "imagenet_n": 0, "base_network": base}
+    if not own and base is None:
+        return {**result, "imagenet_note": "the model has no ImageNet output and records no base network"}
+    try:
+        folder = entry_path("imagenet_samples")
+    except DataError:
+        return {**result, "imagenet_note": "the ImageNet samples are not available (no mirror or cached copy of "
+                                           "data entry 'imagenet_samples')"}
+    if own:
+        report_phase("models check: ImageNet top-1 of the model's output", progress)
+        score = imagenet_top1(lambda images: model.run_stages(model.preprocess(images)).cpu().numpy(), folder,
+                              limit=limit, cache_as={"model_sha256": model_sha256(model), "layer": model.stage_names[-1],
+                                                     "preprocessing": model.preprocessing.to_dict()})
+        result.update(imagenet_top1=score["top1"], imagenet_n=score["n"])
+    if base is not None:
+        report_phase(f"models check: ImageNet top-1 of the base network {base}", progress)
+        score = base_network_top1(base, folder, limit=limit)
+        result.update(imagenet_top1_base=score["top1"], imagenet_n=score["n"])
+    return result
 
 
 def balanced_face_indices(is_face: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -96,59 +171,77 @@ def cv_scores(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> dict:
 
 
 def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=None, seed: int = 0,
-                progress: bool = False, stimuli=None, label: str = "category", positive: str = "face") -> dict:
-    """The model's report card (see ``stimsim models check``); writes the ``positive`` class's d′ map
-    if asked; ``progress`` reports each phase on stderr.
+                progress: bool = False, stimuli=None, label: str | None = None, positive: str | None = None,
+                figure_dir=None, heldout: bool = False, imagenet: bool = True,
+                imagenet_limit: int | None = None) -> dict:
+    """The model's report card (see ``stimsim models check`` and the module docstring); ``progress`` reports
+    each phase on stderr.
 
     ``face``: ``positive`` vs the rest on a class-balanced set (every image of the smaller side, as many
     drawn from the larger; each side and each class needs ``CV_FOLDS`` images); ``objects``: all classes;
-    ``clustering``: per class, the Moran's I of its one-vs-rest d′ map and its one-sided p against
-    ``n_shuffles`` position shuffles. The images are the held-out
-    LFW and Fashion-MNIST images, or ``stimuli`` (a StimulusSet of any size and colour) classed by
-    its label ``label``.
+    per class (``domain_maps`` for a ``domain`` label, else ``class_maps``): the Moran's I of its one-vs-rest
+    d′ map, its one-sided p against ``n_shuffles`` position shuffles, the fraction of units above d′ 1 and
+    its clusters in cortex mm. Images: the default ones (:func:`default_images`), the held-out LFW and
+    Fashion-MNIST ones (``heldout``), or ``stimuli`` classed by ``label`` (default ``category``) with
+    ``positive`` (default ``face``). ``figure_path``: PNG of the ``positive`` class's map; ``figure_dir``: a
+    PNG of every class's map (``<model>_<class>_dprime.png``). ``imagenet``: add :func:`imagenet_scores`.
     """
     layer = model.resolve_layer("IT")
     sheet = model.sheet(layer)
+    note = None
     if stimuli is None:
-        report_phase("models check: loading the held-out images", progress)
-        stimuli, is_face, categories = heldout_images(model, seed=seed)
+        report_phase("models check: loading the images", progress)
+        if heldout:
+            stimuli, label, positive = heldout_images(model, seed=seed)[0], "category", "face"
+        else:
+            stimuli, label, positive, note = default_images(model, seed=seed)
     else:
-        if label not in stimuli.labels:
-            raise ConfigError(f"stimulus set {stimuli.name!r} has no label {label!r}; labels: {sorted(stimuli.labels)}")
-        categories = np.asarray(stimuli.labels[label]).astype(str)
-        is_face = categories == positive
-        if not is_face.any():
-            raise ConfigError(f"no image of {stimuli.name!r} has {label} = {positive!r}; values: "
-                              f"{sorted(set(categories.tolist()))}")
-        values, counts = np.unique(categories, return_counts=True)
-        small = {str(value): int(count) for value, count in zip(values, counts) if count < CV_FOLDS}
-        if small or len(values) < 2:
-            raise ConfigError(f"stimulus set {stimuli.name!r}: every {label} needs >= {CV_FOLDS} images (one per "
-                              f"cross-validation fold) and there must be two or more; "
-                              f"{f'too few in {small}' if small else f'only {values.tolist()}'}")
+        label, positive = label or "category", positive or "face"
+    if label not in stimuli.labels:
+        raise ConfigError(f"stimulus set {stimuli.name!r} has no label {label!r}; labels: {sorted(stimuli.labels)}")
+    categories = np.asarray(stimuli.labels[label]).astype(str)
+    is_face = categories == positive
+    if not is_face.any():
+        raise ConfigError(f"no image of {stimuli.name!r} has {label} = {positive!r}; values: "
+                          f"{sorted(set(categories.tolist()))}")
+    values, counts = np.unique(categories, return_counts=True)
+    small = {str(value): int(count) for value, count in zip(values, counts) if count < CV_FOLDS}
+    if small or len(values) < 2:
+        raise ConfigError(f"stimulus set {stimuli.name!r}: every {label} needs >= {CV_FOLDS} images (one per "
+                          f"cross-validation fold) and there must be two or more; "
+                          f"{f'too few in {small}' if small else f'only {values.tolist()}'}")
+    from stimsim.activation_cache import cached_activations
+
     report_phase(f"models check: responses of {layer} to {len(stimuli)} images", progress)
-    responses = model.activations(stimuli.images, layer).numpy()
+    responses = cached_activations(model, stimuli.images, layer).numpy()
     report_phase("models check: cross-validated face and object decoding", progress)
     balanced = balanced_face_indices(is_face, seed)
     face = cv_scores(responses[balanced], is_face[balanced].astype(int), seed)
     objects = cv_scores(responses, categories, seed)
     report_phase(f"models check: clustering of every class's d′ map against {n_shuffles} position shuffles", progress)
-    maps = {}
+    scale = model.cortex_scale(layer)
+    cortex_sheet = sheet.scaled(scale["cortex_mm_per_model_mm"])
+    maps, dprimes = {}, {}
     for index, category in enumerate(sorted(set(categories))):
-        dprime = face_dprime(responses, categories == category)
+        dprime = dprimes[category] = face_dprime(responses, categories == category)
         test = clustering_test(dprime, sheet.coordinates_mm, CLUSTER_RADIUS_MM, n_shuffles, seed + index)
+        clusters = selective_clusters_mm(dprime, cortex_sheet, CLUSTER_DPRIME, CLUSTER_SIGMA_CORTEX_MM,
+                                         CLUSTER_GRID_CORTEX_MM)
         maps[str(category)] = {"morans_i": test.morans_i, "morans_i_null_mean": test.null_mean, "p": test.p_value,
-                               "selective_fraction": float(np.mean(dprime > 1))}
+                               "selective_fraction": float(np.mean(dprime > 1)),
+                               "n_clusters": len(clusters), "clusters_mm": [round(c, 3) for c in clusters]}
     face_map = maps[positive]
     report = {
         "model": model.name,
         "layer": layer,
         "stimuli": stimuli.name,
+        **({"images_note": note} if note else {}),
+        "label": label,
         "positive_class": positive,
         "n_units": sheet.n_units,
         "sheet_mm": round(sheet.size_mm, 3),
         "units_per_mm2": round(sheet.density_per_mm2, 2),
-        "cortex_scale": model.cortex_scale(layer),
+        "cortex_scale": scale,
         "n_images": {"face": int(is_face.sum()), "other": int((~is_face).sum()),
                      "face_balanced_set": {"face": int(is_face[balanced].sum()), "other": int((~is_face[balanced]).sum())}},
         "decoder": f"logistic regression on standardised {layer} responses, C = {DECODER_C:g}, "
@@ -161,17 +254,28 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
         "face_selective_fraction": face_map["selective_fraction"],
         "cluster_statistic": "Moran's I of each class's one-vs-rest d' map, binary weights within "
                              f"{CLUSTER_RADIUS_MM} model mm, one-sided p against {n_shuffles} position shuffles",
+        "cluster_definition": f"4-connected regions above d' {CLUSTER_DPRIME:g} of the unit d' map smoothed "
+                              f"(Gaussian sigma {CLUSTER_SIGMA_CORTEX_MM:g} cortex mm) onto a "
+                              f"{CLUSTER_GRID_CORTEX_MM:g} cortex mm grid; size = diameter of the disc of equal area",
         "morans_i": face_map["morans_i"],
         "morans_i_null_mean": face_map["morans_i_null_mean"],
         "cluster_p": face_map["p"],
-        "class_maps": maps,
+        "domain_maps" if label == "domain" else "class_maps": maps,
         "n_classes_clustered": int(sum(m["p"] < CLUSTER_ALPHA for m in maps.values())),
         "n_classes": len(maps),
         "cluster_alpha": CLUSTER_ALPHA,
     }
-    if figure_path is not None:
-        plot_sheet_map(face_dprime(responses, is_face), sheet, Path(figure_path),
-                       f"{model.name}: {positive} d′ on {layer}\nMoran's I {face_map['morans_i']:.2f}, "
-                       f"p = {face_map['p']:.3g}", label=f"{positive} d′")
-        report["figure"] = str(figure_path)
+    if imagenet:
+        report.update(imagenet_scores(model, progress, limit=imagenet_limit))
+    targets = [(positive, Path(figure_path))] if figure_path is not None else []
+    if figure_dir is not None:
+        targets += [(category, Path(figure_dir) / f"{model.name}_{category}_dprime.png") for category in maps]
+    for category, path in targets:
+        plot_sheet_map(dprimes[category], sheet, path,
+                       f"{model.name}: {category} d′ on {layer}\nMoran's I {maps[category]['morans_i']:.2f}, "
+                       f"p = {maps[category]['p']:.3g}", label=f"{category} d′")
+    if figure_dir is not None:
+        report["figures"] = {category: str(path) for category, path in targets[len(targets) - len(maps):]}
+    if figure_path is not None or figure_dir is not None:
+        report["figure"] = str(figure_path) if figure_path is not None else report["figures"][positive]
     return report

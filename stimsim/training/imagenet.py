@@ -45,35 +45,63 @@ def imagenet_files(images_dir) -> tuple[list[Path], np.ndarray]:
     return files, np.asarray([index[w] for w in wnids], dtype=np.int64)
 
 
-def imagenet_top1(predict_logits: Callable, images_dir, limit: int | None = None) -> dict:
+def imagenet_top1(predict_logits: Callable, images_dir, limit: int | None = None,
+                  cache_as: dict | None = None) -> dict:
     """Top-1 accuracy of ``predict_logits`` (list of float images in [0, 1] → (N, 1000) logits) on the
     images of ``images_dir`` (every one, or the first ``limit`` by name), read in batches of
-    :data:`BATCH_IMAGES`. Returns ``{"top1", "n", "chance"}`` (chance = 1/1000)."""
+    :data:`BATCH_IMAGES`. Returns ``{"top1", "n", "chance"}`` (chance = 1/1000).
+
+    ``cache_as``: ``{"model_sha256", "layer", "preprocessing"}`` naming what ``predict_logits`` computes; the
+    logits are then kept in the activation cache (:mod:`stimsim.activation_cache`, keyed also by the image
+    files' bytes) and reused."""
+    import torch
+
     from stimsim.data.images import load_image
 
     files, classes = imagenet_files(images_dir)
     if limit is not None:
         files, classes = files[:limit], classes[:limit]
-    correct = 0
-    for start in range(0, len(files), BATCH_IMAGES):
-        logits = np.asarray(predict_logits([load_image(p) for p in files[start:start + BATCH_IMAGES]]))
-        if logits.shape != (len(files[start:start + BATCH_IMAGES]), N_IMAGENET_CLASSES):
-            raise ValueError(f"predict_logits must return ({BATCH_IMAGES}, {N_IMAGENET_CLASSES}) logits per batch "
-                             f"of {BATCH_IMAGES} images, got shape {logits.shape}")
-        correct += int(np.sum(logits.argmax(axis=1) == classes[start:start + BATCH_IMAGES]))
+
+    def predict(paths):
+        logits = np.asarray(predict_logits([load_image(p) for p in paths]), dtype=np.float32)
+        if logits.shape != (len(paths), N_IMAGENET_CLASSES):
+            raise ValueError(f"predict_logits must return (N, {N_IMAGENET_CLASSES}) logits for N images; got shape "
+                             f"{logits.shape} for {len(paths)}")
+        return torch.from_numpy(logits)
+
+    def compute():
+        return torch.cat([predict(files[start:start + BATCH_IMAGES]) for start in range(0, len(files), BATCH_IMAGES)])
+
+    if cache_as is None:
+        logits = compute()
+    else:
+        from stimsim.activation_cache import cached_activity, default_directory, entry_key
+        from stimsim.hashing import json_sha256, sha256_of
+
+        inputs = json_sha256([[p.name, sha256_of(p)] for p in files])
+        key = entry_key(cache_as["model_sha256"], cache_as["layer"], cache_as["preprocessing"], inputs)
+        logits = cached_activity(default_directory(), key, compute,
+                                 describe={"model": cache_as["model_sha256"], "layer": cache_as["layer"],
+                                           "n_images": len(files), "images": str(images_dir)},
+                                 compute_rows=lambda rows: predict([files[r] for r in rows]), n_rows=len(files))
+    correct = int(np.sum(logits.numpy().argmax(axis=1) == classes))
     return {"top1": correct / len(files), "n": len(files), "chance": 1.0 / N_IMAGENET_CLASSES}
 
 
 def base_network_top1(name: str, images_dir, limit: int | None = None, mirror=None) -> dict:
-    """:func:`imagenet_top1` of base network ``name`` with its ImageNet weights and its own preprocessing."""
+    """:func:`imagenet_top1` of base network ``name`` with its ImageNet weights and its own preprocessing;
+    the logits are kept in the activation cache."""
     import torch
 
     from stimsim.models.base_networks import base_network_spec, load_base_network
 
-    network, preprocessing = load_base_network(name, mirror=mirror), base_network_spec(name).preprocessing
+    spec = base_network_spec(name)
+    network = load_base_network(name, mirror=mirror)
 
     def predict(images):
         with torch.inference_mode():
-            return network(preprocessing(images)).numpy()
+            return network(spec.preprocessing(images)).numpy()
 
-    return imagenet_top1(predict, images_dir, limit=limit)
+    return imagenet_top1(predict, images_dir, limit=limit,
+                         cache_as={"model_sha256": spec.weights_sha256, "layer": f"{name} ImageNet logits",
+                                   "preprocessing": spec.preprocessing.to_dict()})

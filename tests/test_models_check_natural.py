@@ -1,0 +1,118 @@
+"""`stimsim models check` on natural images (fLoc by domain, ImageNet top-1) and `models list --json`."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from stimsim.cli import main
+from stimsim.data import manifest
+from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.registry import describe_model
+from stimsim.models.architectures import build_network
+from stimsim.models.topographic import TopographicModel
+from stimsim.sheet import CorticalSheet
+from stimsim.training import evaluation
+
+
+@pytest.fixture
+def small_mobilenet(base_network):
+    """MobileNetV2 with its ImageNet weights at 64 px, IT = features.18 (1280 × 2 × 2 units on 8 model mm)."""
+    from stimsim.models.base_networks import base_weights_path
+    from stimsim.models.torchvision_builder import build_torchvision_model
+
+    base_network("mobilenet_v2")  # skips (fails under CI) when the weights cannot be fetched
+    model = build_torchvision_model("mobilenet_v2", base_weights_path("mobilenet_v2"),
+                                    {"features.18": {"sheet_size_mm": 8.0, "neighborhood_width_mm": 2.0, "area": "IT"}},
+                                    Preprocessing(size_px=64), name="mnv2-64")
+    model.metadata["base_network"] = "mobilenet_v2"
+    return model
+
+
+def test_the_default_images_are_floc_by_domain_with_maps_clusters_figures_and_imagenet(
+        small_mobilenet, shared_data, monkeypatch, tmp_path, one_torch_thread):
+    monkeypatch.setenv(manifest.MIRROR_DIR_ENV, str(shared_data("natural/floc").parents[1]))
+    monkeypatch.setattr(evaluation, "FLOC_IMAGES_PER_CATEGORY", 6)
+    calls = []
+    activations = small_mobilenet.activations
+    monkeypatch.setattr(small_mobilenet, "activations", lambda images, *a, **k: calls.append(len(images))
+                        or activations(images, *a, **k))
+    report = evaluation.check_model(small_mobilenet, n_shuffles=20, figure_dir=tmp_path / "maps", imagenet_limit=20)
+    assert report["stimuli"] == "floc" and report["label"] == "domain" and report["positive_class"] == "faces"
+    assert "images_note" not in report
+    # two fLoc categories of six images per domain; the scrambled images are left out
+    assert report["n_images"]["face"] == 12 and report["n_images"]["other"] == 48
+    maps = report["domain_maps"]
+    assert sorted(maps) == ["bodies", "characters", "faces", "objects", "places"] and "class_maps" not in report
+    for entry in maps.values():
+        assert {"morans_i", "p", "selective_fraction", "clusters_mm", "n_clusters"} <= set(entry)
+        assert entry["n_clusters"] == len(entry["clusters_mm"]) and entry["clusters_mm"] == sorted(entry["clusters_mm"],
+                                                                                                   reverse=True)
+        # a cluster can be no wider than the sheet's diagonal (8 model mm at 1 cortex mm per model mm)
+        assert all(0 < size <= 8 * math.sqrt(2) for size in entry["clusters_mm"])
+    assert report["cluster_p"] == maps["faces"]["p"] and report["n_classes"] == 5
+    assert sorted(report["figures"]) == sorted(maps)
+    assert all((tmp_path / "maps" / f"mnv2-64_{d}_dprime.png").stat().st_size > 1000 for d in maps)
+    assert report["figure"] == str(tmp_path / "maps" / "mnv2-64_faces_dprime.png")
+    # the model's own output is MobileNetV2's ImageNet classifier; the base network runs at 224 px
+    assert report["base_network"] == "mobilenet_v2" and report["imagenet_n"] == 20
+    assert 0 <= report["imagenet_top1"] <= 1 and report["imagenet_top1_base"] >= 0.7
+    assert calls == [60]
+    again = evaluation.check_model(small_mobilenet, n_shuffles=20, imagenet=False)
+    # the responses come from the activation cache: only its first and last rows are computed again
+    assert calls == [60, 2] and again["domain_maps"] == maps and "imagenet_top1" not in again
+
+
+def test_without_floc_the_check_says_so_and_uses_the_heldout_images(tmp_path, monkeypatch, capsys):
+    from test_model_files import tiny_model
+
+    monkeypatch.setenv(manifest.MIRROR_DIR_ENV, str(tmp_path / "empty-mirror"))
+    saved = tiny_model().save(tmp_path / "model")
+    assert main(["models", "check", str(saved), "--shuffles", "5", "--json", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["stimuli"] == "lfw_subset+fashion_mnist_test" and "class_maps" in report
+    assert report["images_note"].startswith("the fLoc images are not available")
+    assert captured.err.strip() == f"stimsim: warning: {report['images_note']}"
+    assert report["imagenet_top1"] is None and report["imagenet_top1_base"] is None
+    assert main(["models", "check", str(saved), "--heldout", "--positive", "face"]) == 2
+    assert "--label and --positive apply to --stimuli" in capsys.readouterr().err
+
+
+def _lattice_model(n_side: int, spacing_model_mm: float, scale: float) -> TopographicModel:
+    n = n_side * n_side
+    xs, ys = np.meshgrid(np.arange(n_side) * spacing_model_mm, np.arange(n_side) * spacing_model_mm)
+    sheet = CorticalSheet("it", (n, 1, 1), np.stack([xs.ravel(), ys.ravel()], 1))
+    kwargs = {"n_classes": 2, "it_units": n}
+    torch.manual_seed(0)
+    return TopographicModel(build_network("stimsim_topo", **kwargs), {"it": sheet},
+                            Preprocessing(size_px=16, channels=1, mean=(0.5,), std=(0.25,)),
+                            {"family": "stimsim_topo", "kwargs": kwargs}, areas={"it": "IT"}, name="lattice",
+                            metadata={"cortex_scale": {"layer": "it", "cortex_mm_per_model_mm": scale,
+                                                       "rule": "test lattice"}})
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_units_within_lambda50_is_the_density_times_the_disc(scale, tmp_path):
+    """100 × 100 units 0.05 model mm apart: (0.05·scale)⁻² units per cortex mm², so π·λ²·density units within
+    λ(50 µA) = 0.226 mm of a site (64.2 at 1 cortex mm per model mm, 16.0 at 2), less a few % at the edges."""
+    directory = _lattice_model(100, 0.05, scale).save(tmp_path / "lattice")
+    described = describe_model(directory)
+    expected = math.pi * 0.226 ** 2 / (0.05 * scale) ** 2
+    assert described["units_within_lambda50"] == pytest.approx(expected, rel=0.08)
+    assert described["cortex_mm_per_model_mm"] == scale and described["it_units"] == 10_000
+    assert described["sheet_size_cortex_mm"] == pytest.approx(99 * 0.05 * scale)
+    assert described["base_network"] is None and described["family"] == "stimsim_topo"
+    assert described["files_bytes"] == sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def test_models_list_json_describes_every_shipped_model(capsys):
+    assert main(["models", "list", "--json"]) == 0
+    models = json.loads(capsys.readouterr().out)["models"]
+    assert [m["name"] for m in models] == ["stimsim-topo-s0", "stimsim-topo-s1", "stimsim-topo-s2"]
+    for model in models:
+        assert model["family"] == "stimsim_topo" and model["base_network"] is None
+        assert model["base_weights_sha256"] is None and model["it_units"] == 4096
+        # 4,096 units on a 20 cortex mm sheet: 10.2 per mm², about 1.6 within 0.226 mm
+        assert 1.2 < model["units_within_lambda50"] < 2.0 and model["cortex_mm_per_model_mm"] == 2.0
