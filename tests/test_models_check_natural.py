@@ -39,19 +39,19 @@ def test_the_default_images_are_floc_by_domain_with_maps_clusters_figures_and_im
     monkeypatch.setattr(small_mobilenet, "activations", lambda images, *a, **k: calls.append(len(images))
                         or activations(images, *a, **k))
     report = evaluation.check_model(small_mobilenet, n_shuffles=20, figure_dir=tmp_path / "maps", imagenet_limit=20)
-    assert report["stimuli"] == "floc" and report["label"] == "domain" and report["positive_class"] == "faces"
+    assert report["stimuli"] == "floc" and report["label"] == "domain" and report["positive_class"] == "face"
     assert "images_note" not in report
     # two fLoc categories of six images per domain; the scrambled images are left out
     assert report["n_images"]["face"] == 12 and report["n_images"]["other"] == 48
     maps = report["domain_maps"]
-    assert sorted(maps) == ["bodies", "characters", "faces", "objects", "places"] and "class_maps" not in report
+    assert sorted(maps) == ["body", "character", "face", "object", "place"] and "class_maps" not in report
     for entry in maps.values():
         assert {"morans_i", "p", "selective_fraction", "clusters_mm", "n_clusters"} <= set(entry)
         assert entry["n_clusters"] == len(entry["clusters_mm"]) and entry["clusters_mm"] == sorted(entry["clusters_mm"],
                                                                                                    reverse=True)
         # a cluster can be no wider than the sheet's diagonal (8 model mm at 1 cortex mm per model mm)
         assert all(0 < size <= 8 * math.sqrt(2) for size in entry["clusters_mm"])
-    assert report["cluster_p"] == maps["faces"]["p"] and report["n_classes"] == 5
+    assert report["cluster_p"] == maps["face"]["p"] and report["n_classes"] == 5
     assert sorted(report["figures"]) == sorted(maps)
     assert all((tmp_path / "maps" / f"mnv2-64_{d}_dprime.png").stat().st_size > 1000 for d in maps)
     assert report["figure"] == str(tmp_path / "maps" / "mnv2-64_faces_dprime.png")

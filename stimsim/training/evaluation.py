@@ -1,7 +1,7 @@
 """Evaluating a topographic model: decoding, selectivity and its clustering on IT.
 
 Images used: by default the fLoc localizer (Stigliani et al. 2015) without its scrambled images,
-classed by domain (faces, bodies, places, characters, objects; 288 images each); where fLoc is not
+classed by domain (face, body, place, character, object; 288 images each); where fLoc is not
 available (no mirror or cached copy), the LFW crops the training run held out (listed in the model's
 metadata; all 200 crops if the model records none) and Fashion-MNIST's test split, and the report
 says so (``images_note``); on request (``heldout``) those held-out images; or any labelled stimulus
@@ -48,8 +48,8 @@ CLUSTER_ALPHA = 0.01
 #: Clusters of a d′ map: smoothing σ and grid step (cortex mm), and the d′ a region must exceed.
 CLUSTER_SIGMA_CORTEX_MM, CLUSTER_GRID_CORTEX_MM, CLUSTER_DPRIME = 0.5, 0.1, 1.0
 #: fLoc domains of the default images (its scrambled images are left out) and the class reported as "face".
-FLOC_CHECK_DOMAINS = ("faces", "bodies", "places", "characters", "objects")
-FLOC_POSITIVE = "faces"
+FLOC_CHECK_DOMAINS = ("face", "body", "place", "character", "object")
+FLOC_POSITIVE = "face"
 #: fLoc images per category of the default images (None: all 144).
 FLOC_IMAGES_PER_CATEGORY = None
 
