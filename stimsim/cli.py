@@ -138,16 +138,27 @@ def _cmd_plan(args) -> int:
 
 
 def _cmd_subject_session(args) -> int:
-    from stimsim.planning.session import session_from_plan, write_session_csv, write_session_nwb
+    from stimsim.planning.rig import write_trials_nwb
+    from stimsim.planning.session import (session_from_plan, session_from_trial_list, write_session_csv,
+                                          write_session_nwb)
 
-    _check_at_least("--trials-per-site", args.trials_per_site, 2)
+    if args.trials is not None and (args.trials_per_site is not None or args.sites is not None):
+        raise ConfigError("--trials runs that trial list as it is; --trials-per-site and --sites apply without it")
+    if args.trials_per_site is not None:
+        _check_at_least("--trials-per-site", args.trials_per_site, 2)
     _check_at_least("--seed", args.seed, 0)
     if args.session_id is not None and not args.session_id.strip():
         raise ConfigError("--session-id is empty; give an id, or leave the option out for session-seedN")
-    trials = session_from_plan(args.plan_dir, args.trials_per_site, seed=args.seed, session_id=args.session_id,
-                               sites=args.sites)
+    if args.trials is not None:
+        trials = session_from_trial_list(args.plan_dir, args.trials, seed=args.seed, session_id=args.session_id)
+    else:
+        trials = session_from_plan(args.plan_dir, args.trials_per_site or 400, seed=args.seed,
+                                   session_id=args.session_id, sites=args.sites or "chosen")
     subject_id, session_id = trials["subject_id"].iloc[0], trials["session_id"].iloc[0]
-    if args.out:
+    if args.out and args.trials is not None:
+        write_trials_nwb(trials, args.out, subject_id=subject_id, session_id=session_id,
+                         description=f"virtual subject running the trial list {args.trials}")
+    elif args.out:
         write_session_nwb(trials, args.out, subject_id=subject_id, session_id=session_id)
     if args.csv:
         write_session_csv(trials, args.csv)
@@ -351,12 +362,14 @@ def build_parser() -> argparse.ArgumentParser:
     session = subject_commands.add_parser("session", help="run a plan's sites and sequences on its virtual subject "
                                                           "(stimulation and sham interleaved 50/50) → NWB trials")
     session.add_argument("plan_dir", help="directory written by `stimsim plan` on a virtual subject")
-    session.add_argument("--trials-per-site", type=int, default=400, help="trials per site (default 400)")
+    session.add_argument("--trials-per-site", type=int, help="trials per site (default 400)")
+    session.add_argument("--trials", help="a trial list to run in its order (the plan's rig/trials.csv): the session "
+                                          "keeps its columns and adds the subject's choices")
     session.add_argument("--out", help="NWB session file to write")
     session.add_argument("--csv", help="also (or only) write the trials as a CSV table")
     session.add_argument("--seed", type=int, default=0, help="seed of the trial order and the sampled choices (default 0)")
     session.add_argument("--session-id", help="session id (default session-seedN)")
-    session.add_argument("--sites", choices=("chosen", "all"), default="chosen",
+    session.add_argument("--sites", choices=("chosen", "all"),
                          help="the plan's chosen sites (default) or every rehearsed working electrode")
     session.set_defaults(handler=_cmd_subject_session)
 

@@ -170,7 +170,8 @@ def test_plan_report_states_the_drawn_effects_and_how_the_model_was_chosen(plan_
     html = (out / "report.html").read_text()
     sites = pd.read_csv(out / "sites.csv", dtype={"electrode_id": str})
     summary = json.loads((out / "summary.json").read_text())
-    top = sites["electrode_id"].iloc[:4].tolist()  # the sites whose P(high) curves are drawn
+    top = sites.loc[sites["chosen"], "electrode_id"].iloc[:4].tolist()  # the chosen sites whose curves are drawn
+    assert top != sites["electrode_id"].iloc[:4].tolist()  # here a site too close to a better one is not drawn
     with xr.open_dataset(out / "plan.nc", engine="h5netcdf") as plan:
         fitted = plan.sel(model=summary["chosen_model"], electrode=top, pose="fitted")
         drawn = fitted["delta_auc"].mean("sequence").values
@@ -188,7 +189,7 @@ def test_plan_report_states_the_drawn_effects_and_how_the_model_was_chosen(plan_
         return np.allclose(stated if len(stated) == 2 else stated * 2, ends, rtol=0.06, atol=5e-5)
 
     assert shown(drawn, curves_auc)
-    assert shown(sites["predicted_delta_auc"].iloc[:4].to_numpy(), predicted)
+    assert shown(sites.loc[sites["chosen"], "predicted_delta_auc"].iloc[:4].to_numpy(), predicted)
     assert stated_gap == pytest.approx(gap, rel=0.06, abs=5e-4)
     assert ("overlap at this scale" in caption) == (gap < 0.02)
     validation = html[html.index("Validation on the virtual subject"):]

@@ -34,8 +34,11 @@ from stimsim.hashing import sha256_of
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance
 from stimsim.paradigms.sequence_2afc import fit_readouts
 from stimsim.planning.config import PlanConfig, load_plan_config
+from stimsim.planning.detectability import (INTERVAL_SPANS, coverage, forecast, predicted_curves, subject_error_sd,
+                                            with_subject_error)
 from stimsim.planning.face_task import face_rehearsal, face_trials
 from stimsim.planning.rehearsal import rehearse
+from stimsim.planning.rig import trial_list, write_rig
 from stimsim.planning.selection import (check_broken, choose_sites, left_out_message, ranking_reliability,
                                        screen_electrodes)
 from stimsim.progress import report_phase
@@ -141,7 +144,7 @@ class PlanInputs:
                     report_phase(f"plan: reusing the virtual subject in {self.subject_dir}", progress)
             recordings = load_recordings(self.subject_dir / "recordings.nc")
             self.images = read_stimuli_npz(self.subject_dir / "stimuli.npz")
-            layout = recordings.layout
+            layout = _subject_map(self.subject_dir) or recordings.layout
         else:
             from stimsim.arrays.layout import cmp_options, load_layout
             from stimsim.subject.virtual import build_stimuli
@@ -178,6 +181,19 @@ class PlanInputs:
             self.subject = VirtualSubject.load(self.subject_dir)
             self.subject.model.to(self.device)
         return self.subject
+
+
+def _subject_map(subject_dir: Path):
+    """The Blackrock map of a virtual subject whose array comes from a .cmp file (its banks and labels), else None."""
+    from stimsim.arrays.layout import cmp_options, load_layout
+    from stimsim.config import load_toml
+
+    array = load_toml(subject_dir / "subject.toml").get("array", {})
+    spec = str(array.get("layout", "10x10"))
+    if not spec.lower().endswith(".cmp"):
+        return None
+    return load_layout(subject_dir / spec, **cmp_options(spec, array.get("layout_ids", "channel"),
+                                                         array.get("pitch_mm")))
 
 
 def _reliability(config: PlanConfig, recordings):
@@ -531,16 +547,20 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     factor = scales[chosen_model]["cortex_mm_per_model_mm"]
     rank_of = np.empty(len(working), dtype=np.int64)
     rank_of[order] = np.arange(1, len(working) + 1)
+    subject_sd = subject_error_sd(plan["per_model"][:, :, 0])
+    subject_low, subject_high = with_subject_error(plan["predicted"], plan["low"], plan["high"], subject_sd)
     rows = []
     for i in order:
-        row = {"rank": int(rank_of[i]), "electrode_id": working[i],
-               "array_x_mm": plan["array_xy"][i, 0], "array_y_mm": plan["array_xy"][i, 1]}
+        row = {"rank": int(rank_of[i]), "electrode_id": working[i]}
+        row.update(inputs.array_layout.cerebus_numbers(working[i]) or {})
+        row.update({"array_x_mm": plan["array_xy"][i, 0], "array_y_mm": plan["array_xy"][i, 1]})
         if anatomical is not None:
             row["ap_mm"], row["ml_mm"] = anatomical[i, 0], anatomical[i, 1]
         row.update({"model_x_mm": plan["cortex_xy"][i, 0] / factor, "model_y_mm": plan["cortex_xy"][i, 1] / factor,
                     "cortex_x_mm": plan["cortex_xy"][i, 0], "cortex_y_mm": plan["cortex_xy"][i, 1],
                     f"predicted_{effect}": plan["predicted"][i], f"predicted_{effect}_low": plan["low"][i],
-                    f"predicted_{effect}_high": plan["high"][i], "current_uA": config.stimulation["current_uA"],
+                    f"predicted_{effect}_high": plan["high"][i], f"predicted_{effect}_subject_low": subject_low[i],
+                    f"predicted_{effect}_subject_high": subject_high[i], "current_uA": config.stimulation["current_uA"],
                     "frequency_Hz": config.stimulation["frequency_Hz"],
                     "pulse_width_ms": config.stimulation["pulse_width_ms"], "charge_per_phase_nC": charge,
                     "safety_verdict": verdict, "chosen": bool(i in set(chosen.tolist())),
@@ -559,7 +579,8 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                                 for name, reg in mapping["registrations"].items()},
                "registration_stability": {name: {k: boot[k] for k in ("sd_x_mm", "sd_y_mm", "sd_rotation_deg", "n_boot")}
                                           for name, boot in mapping["bootstraps"].items()},
-               "effect": effect, f"predicted_{effect}_median": float(np.nanmedian(plan["predicted"]))}
+               "effect": effect, f"predicted_{effect}_median": float(np.nanmedian(plan["predicted"])),
+               "interval_spans": INTERVAL_SPANS, "model_to_subject_sd": subject_sd}
     _, summary["left_out_electrodes"] = _screen(config, inputs, mapping["reliability"] or None)
     summary["left_out_warning"] = left_out_message(summary["left_out_electrodes"], config.min_reliability)
     if summary["left_out_warning"] is not None:
@@ -577,10 +598,16 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                                                   config.sequences.recording_radius_mm)})
         if summary["sequence_warning"] is not None:
             warnings.warn(summary["sequence_warning"], stacklevel=2)
+        summary.update(forecast(predicted_curves(rehearsals, chosen), [working[i] for i in chosen],
+                                plan["predicted"][chosen], config.rig.trials_per_site, config.seed))
+        if summary["power_warning"] is not None:
+            warnings.warn(summary["power_warning"], stacklevel=2)
     else:
         summary["face_task_images"] = {
             "fit": task.n_fit_images, "test": task.n_test_images,
             "noise_at_input_size_px": {name: model.preprocessing.size_px for name, model in models.items()}}
+        summary.update({"power_at_planned_trials": None, "trials_per_site_needed": None, "power_warning": None,
+                        "power_forecast": "the power forecast and the rig package cover the sequence 2AFC only"})
     if truth is not None:
         subject = inputs.load_subject()
         alive = ~truth["dead"] & np.isfinite(plan["predicted"])
@@ -591,6 +618,9 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                             name: _pearson(plan["per_model"][m, alive, 0], true[alive])
                             for m, name in enumerate(rehearsals)},
                         f"true_{effect}_median": float(np.median(true[alive])),
+                        "interval_coverage_of_true": {
+                            "interval": coverage(true[alive], plan["low"][alive], plan["high"][alive]),
+                            "interval_with_subject": coverage(true[alive], subject_low[alive], subject_high[alive])},
                         **_random_pose_null(rehearsals, true, alive),
                         "subject_lapse_rate": subject.lapse_rate, "subject_id": f"virtual-{subject.seed}"})
     summary[f"predicted_{effect}"] = {e: float(v) for e, v in zip(working, plan["predicted"])}
@@ -610,6 +640,12 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     record["cortex_scale"] = scales
     record["input_sha256"] = config.input_files()
     atomic_write_json(out_dir / "config.json", record)
+    if config.task == "sequence_2afc":
+        sites_chosen = [working[i] for i in chosen]
+        trials = trial_list(sites_chosen, *task["images"].shape[1:3], config.rig, config.stimulation, config.seed,
+                            inputs.array_layout)
+        write_rig(out_dir, task["images"][chosen], sites_chosen, config.rig, trials, config.name)
+        summary["rig"] = {"folder": "rig", "n_trials": int(len(trials)), "n_images": int(np.prod(task["images"][chosen].shape[:3]))}
     atomic_write_json(out_dir / "summary.json", summary)
     build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, sites, summary, truth,
                  models, record).write(out_dir)

@@ -126,12 +126,39 @@ def _python(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-def session_from_plan(plan_dir, trials_per_site: int, seed: int = 0, session_id: str | None = None,
-                      sites: str = "chosen") -> pd.DataFrame:
-    """Simulate a session of the virtual subject of a plan directory (see :func:`simulate_trials`).
+def session_from_trial_list(plan_dir, trial_list, seed: int = 0, session_id: str | None = None) -> pd.DataFrame:
+    """The virtual subject of a plan directory running the plan's own trial list (``rig/trials.csv``, or another
+    list with its columns), in its order: every column of the list kept, with start_time, stop_time, choice
+    (as in :func:`simulate_trials`), correct, subject_id and session_id added."""
+    from stimsim.planning.rig import read_trial_list
 
-    ``sites``: "chosen" (the plan's chosen sites, default) or "all" (every rehearsed working electrode).
-    """
+    summary, p_high = _plan_truth(plan_dir)
+    trials = read_trial_list(trial_list)
+    p = p_high.transpose("electrode", "stimulated", "sequence", "step")
+    unknown = sorted(set(trials["electrode"]) - {str(e) for e in p["electrode"].values})
+    if unknown:
+        raise FileFormatError(trial_list, f"electrode(s) {unknown[:5]} are not sites of the plan {plan_dir}")
+    stimulated = (trials["stimulated_electrode"] != SHAM).to_numpy()
+    try:
+        probability = np.array([float(p.sel(electrode=e, stimulated=bool(s), sequence=j, step=k))
+                                for e, s, j, k in zip(trials["electrode"], stimulated, trials["sequence"],
+                                                      trials["step"])])
+    except KeyError as exc:
+        raise FileFormatError(trial_list, f"a sequence or step beyond the plan's ({exc})") from None
+    lapse = float(summary["subject_lapse_rate"])
+    rng = np.random.default_rng([seed, 0x5E55])
+    choice = np.where(rng.random(len(trials)) < lapse / 2 + (1 - lapse) * probability, "high", "low")
+    middle = p.sizes["step"] // 2
+    step = trials["step"].to_numpy()
+    start = np.arange(len(trials)) * TRIAL_PERIOD_S
+    return trials.assign(start_time=start, stop_time=start + TRIAL_DURATION_S, choice=choice,
+                         correct=((step < middle) & (choice == "low")) | ((step > middle) & (choice == "high")),
+                         subject_id=str(summary.get("subject_id", "virtual")),
+                         session_id=session_id or f"session-seed{seed}")
+
+
+def _plan_truth(plan_dir) -> tuple[dict, xr.DataArray]:
+    """summary.json of a plan directory made on a virtual subject, and the subject's P(high) of its sequences."""
     import json
 
     plan_dir = Path(plan_dir)
@@ -146,7 +173,16 @@ def session_from_plan(plan_dir, trials_per_site: int, seed: int = 0, session_id:
     if not truth_path.is_file():
         raise FileFormatError(truth_path, "not found: sessions need a plan made on a virtual subject")
     with xr.open_dataset(truth_path, engine="h5netcdf") as data:
-        p_high = data["subject_p_high"].load()
+        return summary, data["subject_p_high"].load()
+
+
+def session_from_plan(plan_dir, trials_per_site: int, seed: int = 0, session_id: str | None = None,
+                      sites: str = "chosen") -> pd.DataFrame:
+    """Simulate a session of the virtual subject of a plan directory (see :func:`simulate_trials`).
+
+    ``sites``: "chosen" (the plan's chosen sites, default) or "all" (every rehearsed working electrode).
+    """
+    summary, p_high = _plan_truth(plan_dir)
     if sites not in ("chosen", "all"):
         raise ConfigError(f"sites must be 'chosen' or 'all', got {sites!r}")
     if sites == "chosen":
