@@ -580,7 +580,8 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                "registration_stability": {name: {k: boot[k] for k in ("sd_x_mm", "sd_y_mm", "sd_rotation_deg", "n_boot")}
                                           for name, boot in mapping["bootstraps"].items()},
                "effect": effect, f"predicted_{effect}_median": float(np.nanmedian(plan["predicted"])),
-               "interval_spans": INTERVAL_SPANS, "model_to_subject_sd": subject_sd}
+               "interval_spans": INTERVAL_SPANS, "model_to_subject_sd": subject_sd,
+               "layout_description": inputs.array_layout.description or None}
     _, summary["left_out_electrodes"] = _screen(config, inputs, mapping["reliability"] or None)
     summary["left_out_warning"] = left_out_message(summary["left_out_electrodes"], config.min_reliability)
     if summary["left_out_warning"] is not None:
@@ -642,10 +643,12 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     atomic_write_json(out_dir / "config.json", record)
     if config.task == "sequence_2afc":
         sites_chosen = [working[i] for i in chosen]
-        trials = trial_list(sites_chosen, *task["images"].shape[1:3], config.rig, config.stimulation, config.seed,
+        n_sequences, n_steps = task["images"].shape[1:3]
+        n_images = n_sequences * n_steps
+        trials = trial_list(sites_chosen, n_sequences, n_steps, config.rig, config.stimulation, config.seed,
                             inputs.array_layout)
         write_rig(out_dir, task["images"][chosen], sites_chosen, config.rig, trials, config.name)
-        summary["rig"] = {"folder": "rig", "n_trials": int(len(trials)), "n_images": int(np.prod(task["images"][chosen].shape[:3]))}
+        summary["rig"] = {"folder": "rig", "n_trials": int(len(trials)), "n_images": int(len(chosen) * n_images)}
     atomic_write_json(out_dir / "summary.json", summary)
     build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, sites, summary, truth,
                  models, record).write(out_dir)
