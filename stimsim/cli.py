@@ -192,7 +192,8 @@ def _cmd_subject_make(args) -> int:
                       "n_dead_electrodes": len(subject.dead_electrodes), "out": str(out),
                       "files": sorted(path.name for path in Path(out).iterdir() if path.is_file())},
                      indent=2))
-    report_phase(f"virtual subject written to {out}; truth.json holds the hidden pose (for validation only)")
+    report_phase(f"virtual subject written to {out}; truth.json holds the hidden pose (for validation only)",
+                 not args.no_progress)
     return 0
 
 
@@ -356,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "viewing (recordings.nc, recordings.nwb, truth.json)")
     subject_make.add_argument("config", help="subject configuration (TOML), e.g. experiments/subject_default.toml")
     subject_make.add_argument("--out", required=True, help="subject directory")
+    subject_make.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     subject_make.add_argument("--force", action="store_true", help="write into --out even if it holds files that "
                                                                    "are not a subject (same names are overwritten)")
     subject_make.set_defaults(handler=_cmd_subject_make)
