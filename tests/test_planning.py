@@ -384,3 +384,7 @@ def test_electrodes_left_out_are_named_with_their_reason():
         ["3"], {"constant_response": ["2"], "reliability_undefined": [], "below_min_reliability": []})
     assert left_out_message({"constant_response": [], "reliability_undefined": [], "below_min_reliability": []},
                             0.3) is None
+    # listed by id ("e2" before "e10"), not in the array order the screening runs in
+    ids = ["e10", "e2", "e33", "e1"]
+    assert screen_electrodes(ids, [], dict.fromkeys(ids, 0.0), 0.3)[1]["below_min_reliability"] == [
+        "e1", "e2", "e10", "e33"]

@@ -159,9 +159,14 @@ def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
     return messages
 
 
+#: Below this largest stimulated current (µA) the currents are almost surely in mA: microstimulation uses 5–200 µA.
+MIN_PLAUSIBLE_CURRENT_UA = 1.0
+
+
 def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: pd.DataFrame | None) -> list[str]:
-    """Sites stimulated at several currents (one ΔAUC pools them), or at another current than the one the
-    plan predicted their effect for (sites in natural order, as in ``sites``)."""
+    """Currents too small to be µA (mA mapped onto current_uA), sites stimulated at several currents (one ΔAUC
+    pools them), or at another current than the one the plan predicted their effect for (sites in natural order,
+    as in ``sites``)."""
     stimulated = sessions[sessions["stimulated_electrode"] != SHAM]
     used = {site: np.unique(currents) for site, currents in
             stimulated.groupby(["subject_id", "electrode"])["current_uA"]}
@@ -179,6 +184,11 @@ def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: p
         if currents.size and np.isfinite(plan_current) and not np.allclose(currents, plan_current):
             other.append(f"{name} ({listed} µA; plan {plan_current:g} µA)")
     messages = []
+    largest = float(stimulated["current_uA"].max()) if len(stimulated) else np.nan
+    if largest < MIN_PLAUSIBLE_CURRENT_UA:
+        messages.append(f"every stimulated trial's current_uA is below {MIN_PLAUSIBLE_CURRENT_UA:g} µA (the largest: "
+                        f"{largest:g}); microstimulation currents are microamperes, typically 5–200 µA — currents "
+                        f"in mA must be converted to µA (× 1000) before the analysis")
     if pooled:
         messages.append(f"{len(pooled)} of {len(sites)} sites were stimulated at several currents, and each one's "
                         f"ΔAUC pools them (current_uA: their mean over the stimulated trials): {'; '.join(pooled)}. "

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from stimsim.errors import ConfigError
+from stimsim.ordering import natural_key
 
 METRICS = ("euclidean", "manhattan")
 #: Separations within this much (mm) of ``min_separation_mm`` count as equal to it: grid positions such as
@@ -55,7 +56,8 @@ LEFT_OUT_REASONS = {
 
 def screen_electrodes(electrode_ids, broken, reliability, min_reliability: float, constant=()) -> tuple[list, dict]:
     """The working electrodes of ``electrode_ids`` (their order kept) and, by reason (:data:`LEFT_OUT_REASONS`),
-    the ones left out that are not ``broken``.
+    the ones left out that are not ``broken``, in the natural order of their ids ("3" before "10", as a lab
+    looks them up), whatever the order of ``electrode_ids``.
 
     ``reliability`` maps electrode id → split-half reliability (NaN where undefined), or is None when none is
     asked for: then every electrode that is not broken and not constant works. ``constant`` holds the ids of the
@@ -76,7 +78,7 @@ def screen_electrodes(electrode_ids, broken, reliability, min_reliability: float
             left_out["below_min_reliability"].append(electrode)
         else:
             working.append(electrode)
-    return working, left_out
+    return working, {reason: sorted(ids, key=natural_key) for reason, ids in left_out.items()}
 
 
 def left_out_message(left_out: dict, min_reliability: float) -> str | None:
