@@ -208,7 +208,7 @@ def _cmd_analyze(args) -> int:
                             values=value_mapping(args.values, args.columns), layout=args.layout, layout_ids=args.layout_ids,
                             n_boot=args.boot,
                             n_perm=args.perm, n_splits=args.splits, seed=args.seed, force=args.force,
-                            progress=not args.no_progress)
+                            progress=not args.no_progress, same_subject=args.same_subject)
     keys = ("n_sites_recorded", "n_sites", "n_trials", "mean_shift", "mean_shift_chance", "wilcoxon_p",
             "wilcoxon_p_undefined_reason", "cohens_d", "cohens_d_chance", "n_sites_significant",
             "n_sites_significant_chance", "n_sites_significant_fdr", "n_sites_significant_fdr_chance",
@@ -384,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--values", action="append", metavar="COLUMN:CODE=VALUE,...",
                          help="lab value codes of one column (repeatable): choice:0=low,1=high; "
                               "stimulated_electrode:-1=sham; current_uA:-1=sham")
+    analyze.add_argument("--same-subject", action="store_true",
+                         help="with --plan: the sessions are of the animal the plan was made for, whatever their "
+                              "subject id")
     analyze.add_argument("--layout", help="array layout to check electrode ids against: 10x10, 8x8 or a .csv/.cmp file")
     analyze.add_argument("--layout-ids", choices=("channel", "label"), default="channel",
                          help="a .cmp layout's ids: its channel numbers (default) or its label column")

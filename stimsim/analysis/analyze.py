@@ -71,13 +71,14 @@ class Analysis:
 
 
 def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: int = 1000,
-            n_splits: int = 100, ci: float = 0.95, seed: int = 0) -> Analysis:
+            n_splits: int = 100, ci: float = 0.95, seed: int = 0, same_subject: bool = False) -> Analysis:
     """Analyse a validated session table (:func:`stimsim.analysis.sessions.load_sessions`). Given a
     plan directory, trials of a sequence or at a step beyond the plan's are refused, and every site's curve
     spans the plan's steps (a step without trials leaves the site without ΔAUC, and says so).
 
     ``n_boot`` bootstrap resamples per site, ``n_perm`` label permutations per site (and 10 × as many
     for the statistics across sites), ``n_splits`` random split halves; everything is seeded by ``seed``.
+    ``same_subject``: the sessions are of the animal the plan was made for, whatever their subject id.
     """
     for name, value, minimum in (("n_boot", n_boot, 2), ("n_perm", n_perm, 1), ("n_splits", n_splits, 1),
                                  ("seed", seed, 0)):
@@ -86,13 +87,13 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
     if not 0 < ci < 1:
         raise ConfigError(f"ci must lie strictly between 0 and 1, got {ci}")
     parameters = {"plan_dir": str(plan_dir) if plan_dir else None, "n_boot": n_boot, "n_perm": n_perm,
-                  "n_splits": n_splits, "ci": ci, "seed": seed, "site_alpha": SITE_ALPHA}
+                  "n_splits": n_splits, "ci": ci, "seed": seed, "site_alpha": SITE_ALPHA, "same_subject": same_subject}
     plan_sites, plan_summary, n_steps = None, {}, None
     if plan_dir is not None:
         plan_sites, plan_summary = load_plan_predictions(plan_dir)
         plan_file, n_sequences, n_steps = load_plan_sequences(plan_dir)
         check_against_plan(sessions, n_sequences, n_steps, plan_file)
-        _check_plan_subject(plan_dir, plan_summary, sessions)
+        _check_plan_subject(plan_dir, plan_summary, sessions, same_subject)
     counts = count_trials(sessions, n_steps=n_steps)
     sites = site_effects(counts, n_boot=n_boot, n_perm=n_perm, ci=ci, seed=seed, sessions=sessions)
     if plan_sites is not None:
@@ -119,18 +120,18 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
     return Analysis(sessions, counts, sites, summary, parameters)
 
 
-def _check_plan_subject(plan_dir, plan_summary: dict, sessions: pd.DataFrame) -> None:
+def _check_plan_subject(plan_dir, plan_summary: dict, sessions: pd.DataFrame, same_subject: bool = False) -> None:
     """A plan predicts the sites of one subject's array: sessions of several subjects, or of another
-    subject than the one a virtual-subject plan names, are refused."""
+    subject than the one a virtual-subject plan names (unless ``same_subject``), are refused."""
     subjects = sorted(sessions["subject_id"].unique(), key=natural_key)
     if len(subjects) > 1:
         raise ConfigError(f"{plan_dir}: a plan predicts the sites of one subject's array, but the sessions hold "
                           f"subjects {subjects}; analyse each subject with its own plan")
     planned = plan_summary.get("subject_id")
-    if planned is not None and str(planned) != subjects[0]:
+    if planned is not None and str(planned) != subjects[0] and not same_subject:
         raise ConfigError(f"{plan_dir}: the plan was made for subject {planned!r}, the sessions are of subject "
                           f"{subjects[0]!r}; give the plan of that subject (a table without a subject_id column "
-                          f"is of subject 'subject')")
+                          f"is of subject 'subject'), or --same-subject if the lab names that animal differently")
 
 
 def _site_label(subject, electrode, several_subjects: bool) -> str:
@@ -302,7 +303,7 @@ def _write_analysis(analysis: Analysis, results, sources, report: bool) -> Path:
 def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = None, layout=None,
                  n_boot: int = 1000, n_perm: int = 1000, n_splits: int = 100, seed: int = 0,
                  force: bool = False, values: dict | None = None, progress: bool = False,
-                 layout_ids: str = "channel") -> Analysis:
+                 layout_ids: str = "channel", same_subject: bool = False) -> Analysis:
     """Load and validate the session files (electrodes checked against the plan's sites when a plan
     is given, or against ``layout``: a Utah kind "10x10" / "8x8" or a .csv / .cmp layout file, a .cmp's
     ids its channel numbers or, with ``layout_ids="label"``, its labels; lab
@@ -334,7 +335,8 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
         n_sites = len(sessions[["subject_id", "electrode"]].drop_duplicates())
         report_phase(f"analyze: statistics of {n_sites} site(s), {len(sessions)} trials ({n_boot} bootstrap "
                      f"resamples, {n_perm} permutations per site, {n_splits} split halves)", progress)
-        analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed)
+        analysis = analyze(sessions, plan_dir=plan_dir, n_boot=n_boot, n_perm=n_perm, n_splits=n_splits, seed=seed,
+                           same_subject=same_subject)
         analysis.parameters.update({"columns": columns or {}, "values": values or {},
                                     "layout": str(layout) if layout is not None else None,
                                     "layout_ids": layout_ids})
