@@ -239,3 +239,16 @@ def test_model_to_subject_error_from_the_candidates_spread():
     assert high[0] == pytest.approx(0.1 + math.hypot(0.03, 1.959964 * sd), rel=1e-6)
     assert subject_error_sd(fitted[:1]) is None
     assert np.isnan(with_subject_error([0.1], [0.09], [0.13], None)[0]).all()
+
+
+def test_the_map_caption_says_grey_when_the_images_have_no_face_labels():
+    from types import SimpleNamespace
+
+    from stimsim.planning.report import sheet_caption
+
+    labelled = SimpleNamespace(labels={"category": np.array(["face", "object", "face"])})
+    unlabelled = SimpleNamespace(labels={})
+    assert "coloured by face selectivity" in sheet_caption(labelled, 0.3, banks=True)
+    caption = sheet_caption(unlabelled, 0.3, banks=False)
+    assert "coloured by face selectivity" not in caption and "in grey (the images have no 'category' labels" in caption
+    assert "cells coloured by Cerebus bank" not in caption

@@ -190,6 +190,22 @@ def _top_chosen(plan, n_top: int) -> np.ndarray:
     return (chosen if chosen.size else np.asarray(plan["choice"]["order"], dtype=int))[:n_top]
 
 
+def sheet_caption(images, min_reliability: float, banks: bool) -> str:
+    """The caption of :func:`sheet_figure`: the sheet coloured by face d′ only where the images allow one
+    (:func:`_face_dprime_possible`), the pedestal panel's cells by bank only for a .cmp map (``banks``)."""
+    return ("Left: the chosen model's IT sheet "
+            + ("coloured by face selectivity (unit d′, faces vs other images of the mapping set)"
+               if _face_dprime_possible(images) else
+               "in grey (the images have no 'category' labels with faces and other images, so no face selectivity)")
+            + ", every electrode of the array at the registered pose — recorded ones in black circles, those of the "
+            "layout without recordings in grey dotted circles, broken ones in red — and the chosen sites (green "
+            "rings). Middle: the dashed box enlarged, every electrode labelled with its id: chosen sites in bold "
+            "green, the other working electrodes in black, recorded electrodes not rehearsed (split-half reliability "
+            f"under {min_reliability:g}) in grey, electrodes without recordings in grey italics, broken ones in red. "
+            "Right: the array as on its map and pedestal (col from the left, row from the bottom, not rotated), the "
+            "same ids" + (", cells coloured by Cerebus bank" if banks else "") + ".")
+
+
 def curves_figure(rehearsals, plan, working, chosen_model: str, n_top: int = N_CURVES) -> bytes:
     plt = pyplot()
     top = _top_chosen(plan, n_top)
@@ -324,19 +340,7 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
         *detectability_blocks(summary, label),
         Image(sheet_figure(models[chosen_model], inputs.images, mapping, chosen_model, plan, working,
                            inputs.array_layout, config.selection.broken_electrodes),
-              caption="Left: the chosen model's IT sheet "
-                      + ("coloured by face selectivity (unit d′, faces vs other images of the mapping set)"
-                         if _face_dprime_possible(inputs.images) else
-                         "in grey (the images have no 'category' labels with faces and other images, so no face "
-                         "selectivity)")
-                      + ", every electrode of the array at the registered pose — recorded ones in "
-                      "black circles, those of the layout without recordings in grey dotted circles, broken ones in "
-                      "red — and the chosen sites (green rings). Middle: the dashed box enlarged, every electrode "
-                      "labelled with its id: chosen sites in bold green, the other working electrodes in black, "
-                      f"recorded electrodes not rehearsed (split-half reliability under {config.min_reliability:g}) "
-                      "in grey, electrodes without recordings in grey italics, broken ones in red. Right: the array as "
-                      "on its map and pedestal (col from the left, row from the bottom, not rotated), the same ids"
-                      + (", cells coloured by Cerebus bank" if inputs.array_layout.cerebus else "") + ".",
+              caption=sheet_caption(inputs.images, config.min_reliability, bool(inputs.array_layout.cerebus)),
               css_class="first-page")]
     if summary["left_out_warning"]:
         overview.append(Paragraph(f"Warning: {summary['left_out_warning']}."))
@@ -344,8 +348,8 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
         overview.append(Paragraph(f"Warning: {summary['sequence_warning']}."))
     if sequence_task:
         overview.append(Image(curves_figure(rehearsals, plan, working, chosen_model),
-                              caption="P(high) along the sequences of the best-ranked chosen sites, mean over sequences, without "
-                                      "and with stimulation (the chosen model at its fitted registration). "
+                              caption="P(high) along the sequences of the best-ranked chosen sites, mean over sequences, "
+                                      "without and with stimulation (the chosen model at its fitted registration). "
                                       + curves_effects(rehearsals, plan, chosen_model)))
     sections = [Section("Plan", overview), Section("Ranked sites", [table])]
     sections.append(Section("Model selection and registration", [
