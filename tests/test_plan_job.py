@@ -199,6 +199,7 @@ def test_plan_report_states_the_drawn_effects_and_how_the_model_was_chosen(plan_
 
 
 @pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")  # the subject's dead electrodes
+@pytest.mark.filterwarnings("ignore:at the planned .* trials per site")  # the small plan's effects are tiny
 def test_plan_resumes_and_refuses_another_configuration(plan_dir, tmp_path):
     config, out = plan_dir
     before = json.loads((out / "summary.json").read_text())
@@ -443,6 +444,7 @@ def test_candidates_in_directories_of_the_same_name_are_rehearsed_each_on_its_ow
 
 
 @pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")  # the subject's dead electrodes
+@pytest.mark.filterwarnings("ignore:at the planned .* trials per site")  # the small plan's effects are tiny
 def test_validate_writes_per_pose_numbers_and_the_null(tmp_path, one_torch_thread):
     config = _write_plan(tmp_path / "config")
     out = tmp_path / "out"

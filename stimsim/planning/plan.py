@@ -144,7 +144,8 @@ class PlanInputs:
                     report_phase(f"plan: reusing the virtual subject in {self.subject_dir}", progress)
             recordings = load_recordings(self.subject_dir / "recordings.nc")
             self.images = read_stimuli_npz(self.subject_dir / "stimuli.npz")
-            layout = _subject_map(self.subject_dir) or recordings.layout
+            cmp_map = _subject_map(self.subject_dir)
+            layout = recordings.layout if cmp_map is None else cmp_map
         else:
             from stimsim.arrays.layout import cmp_options, load_layout
             from stimsim.subject.virtual import build_stimuli
