@@ -216,6 +216,12 @@ def test_power_forecast_warns_only_when_the_effects_are_too_small():
         else:
             assert power["across_sites"] >= 0.8 and power["per_site_mean"] > 0.8
             assert result["trials_per_site_needed"]["across_sites"] <= 400
+    # 4 sites: the exact one-sided Wilcoxon p is at least 1/16 > 0.05, however large the effects
+    strong = np.stack([np.stack([base, base + 0.2]) for _ in range(4)])
+    result = forecast(strong, ["a", "b", "c", "d"], np.full(4, 0.2), 400, seed=0)
+    assert result["power_at_planned_trials"]["across_sites"] == 0
+    assert result["power_warning"].endswith("with 4 site(s) the test across sites can never reach p < 0.05 (it needs "
+                                            "at least 5: its smallest p is 1/2^n)")
 
 
 def test_plan_with_tiny_effects_warns_on_stderr(rig_plan, tmp_path, capsys):

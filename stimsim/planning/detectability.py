@@ -12,6 +12,8 @@
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from stimsim.analysis.power import power_analysis
@@ -67,16 +69,25 @@ def _trials_text(count, largest: int) -> str:
     return f"more than {largest:,}" if count is None else f"{count:,}"
 
 
+def min_sites_across(alpha: float = ALPHA) -> int:
+    """Fewest sites with which the one-sided exact Wilcoxon signed-rank test can reach p < ``alpha``: its smallest p
+    is 1 / 2^n (every site in the planned direction)."""
+    return math.floor(math.log2(1 / alpha)) + 1
+
+
 def power_warning(power: dict, needed: dict) -> str | None:
     """In words, why the chosen sites cannot show their effects at the planned trial count; None when the across-site
     test reaches :data:`TARGET_POWER` there."""
     if power["across_sites"] >= TARGET_POWER:
         return None
     largest = needed["largest_simulated"]
+    few = len(power["per_site"]) < min_sites_across()
     return (f"at the planned {power['trials_per_site']:,} trials per site the chosen sites' predicted effects are "
             f"detected with {power['across_sites']:.0%} power across sites and {power['per_site_mean']:.0%} per site "
             f"(mean); {TARGET_POWER:.0%} power needs {_trials_text(needed['across_sites'], largest)} trials per site "
-            f"across sites and {_trials_text(needed['per_site_median'], largest)} per site (median)")
+            f"across sites and {_trials_text(needed['per_site_median'], largest)} per site (median)"
+            + (f"; with {len(power['per_site'])} site(s) the test across sites can never reach p < {ALPHA:g} (it "
+               f"needs at least {min_sites_across()}: its smallest p is 1/2^n)" if few else ""))
 
 
 def subject_error_sd(fitted: np.ndarray) -> float | None:
