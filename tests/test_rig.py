@@ -174,6 +174,15 @@ def test_a_session_run_from_the_trial_list_is_analysed_with_no_mapping(rig_plan,
     assert np.abs(errors["rig"]).mean() < 2 * np.abs(errors["plain"]).mean() + se.mean()
 
 
+def test_a_trial_list_session_takes_no_trial_count_or_site_choice(tmp_path, capsys):
+    for extra in (["--trials-per-site", "40"], ["--sites", "all"]):
+        assert main(["subject", "session", str(tmp_path), "--trials", str(tmp_path / "trials.csv"),
+                     "--csv", str(tmp_path / "s.csv"), *extra]) == 2
+        assert "--trials runs that trial list as it is; --trials-per-site and --sites apply without it" in \
+            capsys.readouterr().err
+    assert not (tmp_path / "s.csv").exists()
+
+
 def test_trial_list_is_seeded_and_session_table_settings_are_checked(tmp_path):
     stimulation = {"current_uA": 50, "frequency_Hz": 200, "pulse_width_ms": 0.2, "train_ms": 50}
     spec = RigSpec(trials_per_site=28)
