@@ -220,6 +220,73 @@ def test_plan_prints_only_its_json_on_stdout_and_says_what_it_reuses(plan_dir, c
     assert f"stimsim: plan written to {out}: " in captured.err
 
 
+def _warnings(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("stimsim: warning: plan cache file")]
+
+
+@pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")
+def test_a_changed_or_damaged_cache_file_is_computed_again_with_a_warning(plan_dir, tmp_path, capsys):
+    """Every cached phase is checked against its sha256 on reuse: numbers scaled, keys reordered, garbage and a
+    symbolic link are each named in a warning and recomputed, and the plan is the untampered one; temporary files
+    of a killed write are removed."""
+    config, reference = plan_dir
+    out = tmp_path / "tampered"
+    shutil.copytree(reference, out, symlinks=True)
+    cache = out / "cache"
+    rehearsal = dict(np.load(cache / "rehearsal_stimsim-topo-s0.npz"))
+    np.savez(cache / "rehearsal_stimsim-topo-s0.npz",
+             **{k: v * -10.0 if v.dtype.kind == "f" else v for k, v in rehearsal.items()})
+    mapping = json.loads((cache / "mapping.json").read_text())
+    mapping["working"] = mapping["working"][::-1]
+    (cache / "mapping.json").write_text(json.dumps(mapping))
+    (cache / "sequences.npz").write_bytes(b"PK\x03\x04 not an archive")
+    (tmp_path / "notes.txt").write_text("a text file\n")
+    (cache / "truth.npz").unlink()
+    (cache / "truth.npz").symlink_to(tmp_path / "notes.txt")
+    leftovers = [out / ".plan.nc.k1ll.tmp.nc", out / "truth" / ".subject_p_high.nc.k1ll.tmp.nc",
+                 cache / ".mapping.json.k1ll.tmp.json"]
+    for path in leftovers:
+        path.write_bytes(b"half")
+    capsys.readouterr()
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
+    warned = _warnings(capsys.readouterr().err)
+    for name, why in (("mapping.json", "fails its checksum"), ("sequences.npz", "fails its checksum"),
+                      ("rehearsal_stimsim-topo-s0.npz", "fails its checksum"), ("truth.npz", "is a symbolic link")):
+        assert any(f"{cache / name} {why}" in line and line.endswith("it is computed again") for line in warned), name
+    assert len(warned) == 4
+    assert (out / "sites.csv").read_text() == (reference / "sites.csv").read_text()
+    assert not (cache / "truth.npz").is_symlink() and (tmp_path / "notes.txt").read_text() == "a text file\n"
+    assert not any(path.exists() for path in leftovers)
+    # a record that no longer matches (written for other inputs) is caught too
+    record = json.loads((cache / "truth.npz.sha256").read_text())
+    (cache / "truth.npz.sha256").write_text(json.dumps({**record, "inputs": "0" * 64}))
+    (cache / "mapping.json.sha256").write_text("{not json")
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
+    warned = _warnings(capsys.readouterr().err)
+    assert [Path(line.split()[5]).name for line in warned] == ["mapping.json", "truth.npz"]
+    assert "computed from other inputs" in warned[1] and "no readable record" in warned[0]
+
+
+@pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")
+def test_a_plan_whose_subject_files_changed_is_computed_again(plan_dir, tmp_path, capsys):
+    """The phases depend on the plan's own virtual subject: the responses of DIR/subject/recordings.nc given to
+    the electrodes in reverse order are new inputs, so every phase is computed again (with a warning), not taken from the cache."""
+    from stimsim.recordings import load_recordings
+
+    config, reference = plan_dir
+    out = tmp_path / "changed"
+    shutil.copytree(reference, out)
+    recordings = load_recordings(out / "subject" / "recordings.nc")
+    recordings.response.values[:] = recordings.response.values[:, ::-1].copy()  # each electrode gets another's
+    recordings.save_netcdf(out / "subject" / "recordings.nc")
+    capsys.readouterr()
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
+    warned = _warnings(capsys.readouterr().err)
+    assert any("mapping.json was computed from other inputs" in line for line in warned)
+    before = json.loads((reference / "summary.json").read_text())["predicted_delta_auc"]
+    assert json.loads((out / "summary.json").read_text())["predicted_delta_auc"] != before
+
+
 def test_a_killed_plan_resumes_from_its_finished_phases(plan_dir, tmp_path):
     """Kill a plan (SIGKILL, nothing flushed) once its mapping phase is cached; the resumed plan keeps that phase's
     file as it was and ends with the same plan as the uninterrupted one."""
@@ -257,7 +324,7 @@ def test_plan_on_dask_workers_equals_one_process(plan_dir, tmp_path):
     # run on the workers (every model's rehearsal and the subject's truth) are recomputed there.
     (spread / "cache").mkdir(parents=True)
     shutil.copytree(out / "subject", spread / "subject")
-    for name in ("config_digest.txt", "mapping.json", "sequences.npz"):
+    for name in ("config_digest.txt", "mapping.json", "mapping.json.sha256", "sequences.npz", "sequences.npz.sha256"):
         shutil.copy(out / "cache" / name, spread / "cache" / name)
     assert main(["plan", str(config), "--out", str(spread), "--no-progress", "--device", "cpu",
                  "--scheduler", "processes=2"]) == 0
