@@ -19,6 +19,7 @@ from stimsim.distributed import add_compute_arguments
 from stimsim.errors import ConfigError, StimsimError
 from stimsim.io import check_output_dir, check_output_file
 from stimsim.jsonable import json_ready
+from stimsim.locking import LOCK_FILE, DirectoryLock
 from stimsim.progress import report_phase, write_line
 
 
@@ -175,8 +176,9 @@ def _cmd_subject_make(args) -> int:
     from stimsim.subject import VirtualSubject
 
     _refuse_foreign_directory(args.out, ("truth.json", "subject.toml"), "a virtual subject", args.force)
-    subject = VirtualSubject.from_file(args.config)
-    out = subject.save(args.out)
+    with DirectoryLock(args.out, "subject make"):
+        subject = VirtualSubject.from_file(args.config)
+        out = subject.save(args.out)
     print(json.dumps({"subject_model": subject.config["subject"]["model"], "n_electrodes": len(subject.layout),
                       "n_dead_electrodes": len(subject.dead_electrodes), "out": str(out),
                       "files": sorted(path.name for path in Path(out).iterdir() if path.is_file())},
@@ -240,7 +242,7 @@ def _refuse_foreign_directory(out: str, marks: tuple, what: str, force: bool) ->
     directory = Path(out)
     if force or not directory.is_dir() or any((directory / mark).is_file() for mark in marks):
         return
-    held = sorted(entry.name for entry in directory.iterdir())
+    held = sorted(entry.name for entry in directory.iterdir() if entry.name != LOCK_FILE)
     if held:
         shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
         raise ConfigError(f"output directory {out} holds files that are not {what} ({shown}); give a new or empty "

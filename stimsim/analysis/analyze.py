@@ -264,8 +264,9 @@ def save_analysis(analysis: Analysis, out_dir, sources=(), report: bool = True, 
     ``results.nc``, ``sites.csv``, ``summary.json`` (with provenance) and, with ``report``,
     ``report.html`` + ``report.pdf``. ``force`` writes into a directory holding other files."""
     from stimsim.io import ResultSet
+    from stimsim.locking import DirectoryLock
 
-    with ResultSet(out_dir, "analysis", force=force) as results:
+    with DirectoryLock(out_dir, "analyze"), ResultSet(out_dir, "analysis", force=force) as results:
         return _write_analysis(analysis, results, sources, report)
 
 
@@ -302,6 +303,7 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
     from stimsim.analysis.sessions import load_sessions
     from stimsim.arrays.layout import cmp_options, load_layout
     from stimsim.io import ResultSet
+    from stimsim.locking import DirectoryLock
 
     cmp = cmp_options(str(layout), layout_ids, names=("--layout-ids", "pitch_mm")) if layout is not None else {}
     if layout is None and layout_ids != "channel":
@@ -309,7 +311,7 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
 
     # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
     # before writing leaves it as it was.
-    with ResultSet(out_dir, "analysis", force=force) as results:
+    with DirectoryLock(out_dir, "analyze"), ResultSet(out_dir, "analysis", force=force) as results:
         electrodes = plan_sequences = None
         if plan_dir is not None:
             electrodes = set(load_plan_predictions(plan_dir)[0]["electrode_id"])

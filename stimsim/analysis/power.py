@@ -236,11 +236,12 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     from stimsim.jsonable import json_ready
     from stimsim.analysis.figures import plot_power_curve
     from stimsim.io import ResultSet, provenance
+    from stimsim.locking import DirectoryLock
     from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
 
     # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
     # before writing leaves it as it was.
-    with ResultSet(out_dir, "power", force=force) as results:
+    with DirectoryLock(out_dir, "power"), ResultSet(out_dir, "power", force=force) as results:
         planned = curves_from_plan(plan_dir)
         curve, sites, summary = power_analysis(planned["p_high"], planned["electrodes"], planned["planned_delta_auc"],
                                                trial_counts=trial_counts, n_sessions=n_sessions, alpha=alpha,

@@ -32,6 +32,7 @@ import xarray as xr
 from stimsim.errors import ConfigError, DataError, SafetyError, StimsimError
 from stimsim.hashing import sha256_of
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance
+from stimsim.locking import DirectoryLock
 from stimsim.paradigms.sequence_2afc import fit_readouts
 from stimsim.planning.cache import PhaseCache, directory_files_sha256, remove_temporaries
 from stimsim.planning.config import PlanConfig, load_plan_config
@@ -233,9 +234,9 @@ def run_plan(config_path, out_dir, progress: bool = True, validate: int = 0, dev
     if validate and config.subject_config is None:
         raise ConfigError(f"{config.path}: --validate needs a virtual subject made from a file ([subject] config = ...)")
     compute = {"device": device, "scheduler_description": _describe_scheduler(scheduler)}
-    with shared_scheduler(scheduler) as client:
+    with DirectoryLock(out_dir, "plan") as lock, shared_scheduler(scheduler) as client:
         compute["scheduler"] = client
-        summary = plan_once(config, Path(out_dir), progress, compute=compute)
+        summary = plan_once(config, Path(out_dir), progress, compute=compute, created=bool(lock.created))
         if validate:
             from stimsim.planning.validation import validate_plan
 
@@ -252,17 +253,19 @@ def _describe_scheduler(scheduler) -> str | None:
 
 
 def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_seed: int | None = None,
-              write_report: bool = True, compute: dict | None = None, n_random_poses: int = 0) -> dict:
+              write_report: bool = True, compute: dict | None = None, n_random_poses: int = 0,
+              created: bool | None = None) -> dict:
     """One plan: every phase, then the outputs (``write_report`` False: summary.json, sites.csv and the truth
     only). ``subject_seed`` makes the virtual subject with that seed (another hidden pose). ``compute``:
     ``device`` (a torch.device), ``scheduler`` (None or a distributed.Client) and ``scheduler_description``
     (recorded in config.json), as :func:`run_plan` sets them; default: the CPU, this process.
     ``n_random_poses`` > 0 (virtual subjects): every candidate also rehearses the sequences at that many random
     registrations of the array on its sheet (rotation uniform, centre uniform where the array fits), the null
-    of ``predicted_vs_true_r`` (``random_pose_r``, ``random_pose_r_p95`` in summary.json)."""
+    of ``predicted_vs_true_r`` (``random_pose_r``, ``random_pose_r_p95`` in summary.json). ``created``: whether
+    this run made ``out_dir`` (removed again when the inputs or mapping fail; default: whether it is missing now)."""
     safety = _stimulation_report(config)  # refuses an unsafe protocol before anything is computed
     compute = {"device": "cpu", "scheduler": None, "scheduler_description": None, **(compute or {})}
-    created = not Path(out_dir).exists()
+    created = not Path(out_dir).exists() if created is None else created
     cache_created = not (Path(out_dir) / "cache").exists()
     try:  # bad input found while reading the inputs or mapping leaves nothing behind
         cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
