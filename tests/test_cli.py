@@ -244,3 +244,31 @@ def test_a_second_run_into_a_held_output_directory_is_refused_naming_the_holder(
     lock.write_bytes(b"\xff\x00garbage")
     assert main([*commands["analyze"], "--out", str(tmp_path / "analyze"), "--boot", "10"]) == 2
     assert f"locked by {lock}, which cannot be read" in capsys.readouterr().err
+
+
+def test_a_model_name_is_the_shipped_model_even_beside_a_folder_of_that_name(tmp_path, monkeypatch, capsys):
+    """A folder ./stimsim-topo-s0 holding another model does not replace the shipped model of that name; a model
+    directory is read only when given as a path (./NAME, /path, DIR/NAME), and a bare folder name says so."""
+    import shutil
+
+    from stimsim.errors import DataError
+    from stimsim.models.registry import SHIPPED_DIR, model_path
+    from stimsim.paradigms.spec import load_experiment
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(SHIPPED_DIR / "stimsim-topo-s2", tmp_path / "stimsim-topo-s0")
+    shutil.copytree(SHIPPED_DIR / "stimsim-topo-s2", tmp_path / "mine")
+    assert model_path("stimsim-topo-s0") == SHIPPED_DIR / "stimsim-topo-s0"
+    assert model_path("./stimsim-topo-s0") == tmp_path / "stimsim-topo-s0"
+    assert model_path(str(tmp_path / "mine")) == model_path(tmp_path / "mine") == tmp_path / "mine"
+    with pytest.raises(DataError, match=r"unknown model 'mine': not one of the shipped models .*the folder ./mine "
+                                        r"is a model directory: give it as a path"):
+        model_path("mine")
+    with pytest.raises(DataError, match=r"model directory ./absent: no model.json there"):
+        model_path("./absent")
+    experiment = tmp_path / "afraz.toml"
+    text = (REPO / "experiments" / "afraz2006.toml").read_text()
+    experiment.write_text(text)
+    assert load_experiment(experiment).model == "stimsim-topo-s0"  # the file's model, beside the folder
+    experiment.write_text(text.replace('model = "stimsim-topo-s0"', 'model = "mine"'))
+    assert load_experiment(experiment).model == str(tmp_path / "mine")  # a folder beside the file

@@ -123,6 +123,9 @@ def test_plan_writes_every_output(plan_dir):
     assert summary["subject_dir"].endswith("subject")
     config = json.loads((out / "config.json").read_text())
     assert set(config["model_checksums"]["stimsim-topo-s0"]) == {"model.json", "weights.pt"}
+    from stimsim.models.registry import SHIPPED_DIR
+
+    assert config["model_directories"] == {"stimsim-topo-s0": str(SHIPPED_DIR / "stimsim-topo-s0")}
     assert "software" in config and config["config"]["stimulation"]["current_uA"] == 50
     with xr.open_dataset(out / "plan.nc", engine="h5netcdf") as plan:
         assert plan["sequence_image"].dims == ("electrode", "sequence", "step", "y", "x")

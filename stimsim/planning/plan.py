@@ -48,11 +48,16 @@ from stimsim.stimulation.safety import charge_per_phase_nC
 IT = "IT"
 
 
-def model_checksums(name: str) -> dict:
-    """sha256 of a model's weights file (and the model.json listing every file)."""
+def model_directory(name: str) -> Path:
+    """The directory a candidate's name or path resolves to (a shipped model's, for a name)."""
     from stimsim.models.registry import model_path
 
-    directory = model_path(name)
+    return model_path(name)
+
+
+def model_checksums(name: str) -> dict:
+    """sha256 of a model's weights file (and the model.json listing every file)."""
+    directory = model_directory(name)
     return {"model.json": sha256_of(directory / "model.json"), "weights.pt": sha256_of(directory / "weights.pt")}
 
 
@@ -577,6 +582,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     atomic_save(out_dir / "plan.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
     record = provenance(config.to_dict())
     record["model_checksums"] = {name: model_checksums(name) for name in models}
+    record["model_directories"] = {name: str(model_directory(name)) for name in models}
     record["device"] = str(compute["device"])
     record["scheduler"] = compute["scheduler_description"]
     record["cortex_scale"] = scales
