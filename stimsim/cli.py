@@ -19,6 +19,7 @@ from stimsim.distributed import add_compute_arguments
 from stimsim.errors import ConfigError, StimsimError
 from stimsim.io import check_output_dir, check_output_file
 from stimsim.jsonable import json_ready
+from stimsim.limits import check_seed
 from stimsim.locking import LOCK_FILE, DirectoryLock
 from stimsim.progress import report_phase, write_line
 
@@ -142,7 +143,7 @@ def _cmd_subject_session(args) -> int:
     from stimsim.planning.session import session_from_plan, write_session_csv, write_session_nwb
 
     _check_at_least("--trials-per-site", args.trials_per_site, 2)
-    _check_at_least("--seed", args.seed, 0)
+    check_seed("--seed", args.seed)
     if args.session_id is not None and not args.session_id.strip():
         raise ConfigError("--session-id is empty; give an id, or leave the option out for session-seedN")
     trials = session_from_plan(args.plan_dir, args.trials_per_site, seed=args.seed, session_id=args.session_id,
@@ -194,6 +195,7 @@ def _cmd_analyze(args) -> int:
     _check_at_least("--boot", args.boot, 2)
     _check_at_least("--perm", args.perm, 1)
     _check_at_least("--splits", args.splits, 1)
+    check_seed("--seed", args.seed)
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
                             values=value_mapping(args.values, args.columns), layout=args.layout, layout_ids=args.layout_ids,
                             n_boot=args.boot,
@@ -218,6 +220,7 @@ def _cmd_power(args) -> int:
         if not 0 < value < 1:
             raise ConfigError(f"{option} must lie strictly between 0 and 1, got {value:g}")
     _check_at_least("--sessions", args.sessions, 10)
+    check_seed("--seed", args.seed)
     repeated = sorted({count for count in args.trials if args.trials.count(count) > 1})
     if repeated:
         raise ConfigError(f"--trials-per-site lists {', '.join(map(str, repeated))} more than once; give each trial count once")

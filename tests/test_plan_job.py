@@ -414,7 +414,9 @@ def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_di
                           (["--csv", str(tmp_path / "f" / "s.csv")], "--csv: output directory"),
                           (["--trials-per-site", "1", "--csv", str(csv)], "--trials-per-site must be at least 2"),
                           (["--out", str(tmp_path / "session.csv")], "give a file name ending in .nwb"),
-                          (["--seed", "-1", "--csv", str(csv)], "--seed must be at least 0, got -1"),
+                          (["--seed", "-1", "--csv", str(csv)], "--seed must be an integer from 0 to 4294967295"),
+                          (["--trials-per-site", "1000000000", "--csv", str(csv)],
+                           "a session of 1000000000 trials per site × "),
                           (["--session-id", "", "--csv", str(csv)], "--session-id is empty"),
                           ([], "give --out FILE.nwb and/or --csv FILE.csv")):
         (tmp_path / "f").write_text("x")  # a file where a folder would have to be

@@ -33,6 +33,7 @@ from stimsim.arrays.layout import cmp_options
 from stimsim.config import Section, load_toml
 from stimsim.errors import ConfigError
 from stimsim.hashing import json_sha256, sha256_of
+from stimsim.limits import MAX_SEED
 from stimsim.paradigms.sequence_2afc import TaskSpec
 from stimsim.planning.face_task import FaceTaskSpec
 from stimsim.planning.selection import SelectionSpec
@@ -151,7 +152,7 @@ def load_plan_config(path) -> PlanConfig:
     name = root.get("name", str, path.stem)
     description = root.get("description", str, "")
     task = root.get("task", str, "sequence_2afc", choices=TASKS)
-    seed = root.get("seed", int, 0, minimum=0)
+    seed = root.get("seed", int, 0, minimum=0, maximum=MAX_SEED)
 
     models = root.section("models", required=True)
     candidates = models.get("candidates", list)

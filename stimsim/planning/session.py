@@ -24,10 +24,14 @@ import xarray as xr
 
 from stimsim.errors import ConfigError, FileFormatError
 from stimsim.io import atomic_save, atomic_write_text
+from stimsim.limits import check_memory
 
 SHAM = "sham"
 TRIAL_PERIOD_S = 1.5
 TRIAL_DURATION_S = 1.0
+#: Peak memory per trial, bytes: its row as simulated and as written into the NWB trials table (measured
+#: about 850 + 1150 with tracemalloc).
+SESSION_BYTES_PER_TRIAL = 2500
 
 COLUMN_DESCRIPTIONS = {
     "stimulus_id": "image shown: '{electrode}_seq{sequence}_step{step}'",
@@ -50,6 +54,9 @@ def simulate_trials(p_high: xr.DataArray, trials_per_site: int, lapse_rate: floa
     """
     if isinstance(trials_per_site, bool) or not isinstance(trials_per_site, (int, np.integer)) or trials_per_site < 2:
         raise ConfigError(f"trials_per_site must be an integer >= 2, got {trials_per_site!r}")
+    n_sites = p_high.sizes["electrode"]
+    check_memory(f"a session of {trials_per_site} trials per site × {n_sites} sites",
+                 SESSION_BYTES_PER_TRIAL * trials_per_site * n_sites, "--trials-per-site")
     if not (isinstance(lapse_rate, (int, float)) and 0.0 <= lapse_rate <= 1.0):
         raise ConfigError(f"lapse_rate must be in [0, 1], got {lapse_rate!r}")
     p = p_high.transpose("electrode", "stimulated", "sequence", "step")

@@ -38,6 +38,7 @@ from stimsim.config import Section, load_toml
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.errors import ConfigError, DataError, FileFormatError
 from stimsim.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance
+from stimsim.limits import MAX_SEED
 from stimsim.recordings import Recordings
 
 #: IT area label of the models a subject is built from.
@@ -89,7 +90,7 @@ class VirtualSubject:
         root = Section(config, source)
         subject = root.section("subject", required=True)
         model_name = subject.get("model", str)
-        seed = subject.get("seed", int, minimum=0)
+        seed = subject.get("seed", int, minimum=0, maximum=MAX_SEED)
         lapse_rate = subject.get("lapse_rate", float, 0.02, minimum=0.0, maximum=1.0)
         scale = subject.get("cortex_mm_per_model_mm", float, None, minimum=1e-6)
         subject.finish()
