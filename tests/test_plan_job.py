@@ -406,6 +406,34 @@ def test_plan_and_subject_refuse_a_folder_of_other_files_unless_forced(tmp_path,
     assert main(["subject", "make", str(config.parent / "subject.toml"), "--out", str(notes)]) == 0  # now a subject
 
 
+def test_sessions_and_power_name_a_damaged_or_inconsistent_plan_file(plan_dir, tmp_path, capsys):
+    """A summary naming an electrode the truth lacks, a summary or truth file that is not what the plan wrote:
+    `subject session` and `power` end with an error naming the file (and field), never a traceback."""
+    _, reference = plan_dir
+    out = tmp_path / "plan"
+    shutil.copytree(reference, out)
+    summary = json.loads((out / "summary.json").read_text())
+    truth = out / "truth" / "subject_p_high.nc"
+    cases = [
+        (lambda: (out / "summary.json").write_text(json.dumps({**summary, "chosen_electrodes": ["e99"]})),
+         f"{out / 'summary.json'}: names electrode(s) ['e99']"),
+        (lambda: (out / "summary.json").write_bytes(b"\xff\xfe{garbage"), f"{out / 'summary.json'}: "),
+        (lambda: (out / "summary.json").write_text(json.dumps({**summary, "subject_lapse_rate": "high"})),
+         "field 'subject_lapse_rate' must be a finite number"),
+        (lambda: truth.write_bytes(b"\x89HDF\r\n garbage"), f"{truth}: not a readable NetCDF file"),
+    ]
+    for damage, message in cases:
+        shutil.copy(reference / "summary.json", out / "summary.json")
+        shutil.copy(reference / "truth" / "subject_p_high.nc", truth)
+        damage()
+        for argv in (["subject", "session", str(out), "--trials-per-site", "14", "--csv", str(tmp_path / "s.csv")],
+                     ["power", str(out), "--sessions", "10", "--trials-per-site", "14", "--out", str(tmp_path / "power")]):
+            assert main(argv) == 2, (argv[0], message)
+            error = capsys.readouterr().err
+            assert error.startswith("stimsim: error: ") and message in error and "Traceback" not in error, error
+        assert not (tmp_path / "s.csv").exists() and not (tmp_path / "power").exists()
+
+
 def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_dir, tmp_path, capsys):
     _, out = plan_dir
     csv = tmp_path / "session.csv"

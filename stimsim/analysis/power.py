@@ -197,35 +197,42 @@ def curves_from_plan(plan_dir) -> dict:
     sequences: the virtual subject's own curves with its lapses (``truth/subject_p_high.nc``) when the
     plan was made on a virtual subject, else the plan's predictions (``plan.nc``, chosen model, fitted
     pose). Also the plan's predicted ΔAUC of those sites (their planned direction)."""
-    import json
     from pathlib import Path
 
     import xarray as xr
 
+    from stimsim.analysis.comparison import load_plan_predictions
     from stimsim.errors import FileFormatError
+    from stimsim.planning.readback import TRUTH_FILE, read_subject_p_high, summary_electrodes, summary_number
 
     plan_dir = Path(plan_dir)
-    summary_path, sites_path = plan_dir / "summary.json", plan_dir / "sites.csv"
-    for path in (summary_path, sites_path):
-        if not path.is_file():
-            raise FileNotFoundError(f"plan directory {plan_dir} has no {path.name} (made by `stimsim plan`)")
-    summary = json.loads(summary_path.read_text())
-    sites = pd.read_csv(sites_path, dtype={"electrode_id": str}).set_index("electrode_id")
-    chosen = [str(e) for e in summary.get("chosen_electrodes", sites.index)]
-    truth_path = plan_dir / "truth" / "subject_p_high.nc"
+    summary_path = plan_dir / "summary.json"
+    sites, summary = load_plan_predictions(plan_dir)
+    if not isinstance(summary, dict):
+        raise FileFormatError(summary_path, f"not a plan summary: a JSON {type(summary).__name__}, not an object")
+    sites = sites.set_index("electrode_id")
+    chosen = summary_electrodes(summary_path, summary) if "chosen_electrodes" in summary else list(sites.index)
+    unknown = [e for e in chosen if e not in sites.index]
+    if unknown:
+        raise FileFormatError(summary_path, f"names electrode(s) {unknown} that {plan_dir / 'sites.csv'} does not "
+                                            "list; the files are not of one plan")
+    truth_path = plan_dir / TRUTH_FILE
     if truth_path.is_file():
-        with xr.open_dataset(truth_path, engine="h5netcdf") as data:
-            p_high = data["subject_p_high"].sel(electrode=chosen).transpose("electrode", "stimulated", "sequence",
-                                                                             "step").load()
-        lapse = float(summary.get("subject_lapse_rate", 0.0))
+        p_high = read_subject_p_high(plan_dir, chosen, summary_path)
+        lapse = summary_number(summary_path, summary, "subject_lapse_rate", 0.0)
         source = f"virtual subject (lapse rate {lapse:g})"
     else:
         plan_path = plan_dir / "plan.nc"
         if not plan_path.is_file():
             raise FileFormatError(plan_path, "not found: the plan's predicted P(high) is needed")
-        with xr.open_dataset(plan_path, engine="h5netcdf") as data:
-            p_high = data["p_high"].sel(model=summary["chosen_model"], pose="fitted", electrode=chosen).transpose(
-                "electrode", "stimulated", "sequence", "step").load()
+        try:
+            with xr.open_dataset(plan_path, engine="h5netcdf") as data:
+                p_high = data["p_high"].sel(model=summary["chosen_model"], pose="fitted", electrode=chosen).transpose(
+                    "electrode", "stimulated", "sequence", "step").load()
+        except Exception as exc:  # a damaged file, or one of another plan (h5py and xarray raise many types)
+            raise FileFormatError(plan_path, f"holds no predicted P(high) of the chosen model "
+                                             f"{summary.get('chosen_model')!r} and sites {chosen} "
+                                             f"({type(exc).__name__}: {exc})") from None
         lapse = 0.0
         source = f"plan predictions ({summary['chosen_model']})"
     curves = lapse / 2 + (1 - lapse) * p_high.values.mean(axis=2)

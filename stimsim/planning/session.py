@@ -139,27 +139,25 @@ def session_from_plan(plan_dir, trials_per_site: int, seed: int = 0, session_id:
 
     ``sites``: "chosen" (the plan's chosen sites, default) or "all" (every rehearsed working electrode).
     """
-    import json
+    from stimsim.planning.readback import TRUTH_FILE, read_subject_p_high, read_summary, summary_electrodes, \
+        summary_number
 
     plan_dir = Path(plan_dir)
-    truth_path = plan_dir / "truth" / "subject_p_high.nc"
-    summary_path = plan_dir / "summary.json"
-    if not summary_path.is_file():
-        raise FileFormatError(summary_path, "not found; is this a directory written by `stimsim plan`?")
-    summary = json.loads(summary_path.read_text())
+    truth_path = plan_dir / TRUTH_FILE
+    summary_path, summary = read_summary(plan_dir)
     if summary.get("task", "sequence_2afc") != "sequence_2afc":
         raise ConfigError(f"{summary_path}: task {summary['task']!r}: sessions simulate the sequence 2AFC only "
                           "(plan with task = \"sequence_2afc\")")
     if not truth_path.is_file():
         raise FileFormatError(truth_path, "not found: sessions need a plan made on a virtual subject")
-    with xr.open_dataset(truth_path, engine="h5netcdf") as data:
-        p_high = data["subject_p_high"].load()
     if sites not in ("chosen", "all"):
         raise ConfigError(f"sites must be 'chosen' or 'all', got {sites!r}")
-    if sites == "chosen":
-        chosen = [str(e) for e in summary["chosen_electrodes"]]
-        p_high = p_high.sel(electrode=chosen)
-    return simulate_trials(p_high, trials_per_site, float(summary["subject_lapse_rate"]),
-                           float(summary["current_uA"]), seed=seed,
+    chosen = summary_electrodes(summary_path, summary) if sites == "chosen" else None
+    p_high = read_subject_p_high(plan_dir, chosen, summary_path)
+    lapse_rate = summary_number(summary_path, summary, "subject_lapse_rate")
+    if not 0 <= lapse_rate <= 1:
+        raise FileFormatError(summary_path, f"field 'subject_lapse_rate' must lie in [0, 1], got {lapse_rate:g}")
+    return simulate_trials(p_high, trials_per_site, lapse_rate,
+                           summary_number(summary_path, summary, "current_uA"), seed=seed,
                            subject_id=str(summary.get("subject_id", "virtual")),
                            session_id=session_id or f"session-seed{seed}")
