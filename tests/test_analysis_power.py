@@ -43,7 +43,7 @@ def test_trial_counts_below_one_trial_per_step_and_condition_are_refused():
     from stimsim.errors import ConfigError
 
     curves = planted_curves([0.5, 1.0, -0.5])  # 7 steps × 2 conditions: a ΔAUC needs 14 trials at least
-    with pytest.raises(ConfigError, match=r"integers >= 14 .*got \[13, 100\]"):
+    with pytest.raises(ConfigError, match=r"^--trials-per-site: trial counts must be integers >= 14 .*got \[13, 100\]"):
         power_analysis(curves, trial_counts=(13, 100), n_sessions=20)
     curve, _, _ = power_analysis(curves, trial_counts=(14,), n_sessions=20)
     assert curve["trials_per_site"].tolist() == [14]

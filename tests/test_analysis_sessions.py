@@ -184,6 +184,15 @@ def write_hdf5(frame, path):
     return path
 
 
+def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path, table):
+    text = table.to_csv(index=False)
+    header, rest = text.split("\n", 1)
+    assert "current_uA" in header.split(",")
+    (tmp_path / "twice.csv").write_text(header.replace("current_uA", "choice") + "\n" + rest)
+    with pytest.raises(FileFormatError, match=r"twice.csv: the header names column\(s\) \['choice'\] more than once"):
+        load_sessions(tmp_path / "twice.csv")
+
+
 def test_an_hdf5_column_of_non_utf8_text_or_two_dimensions_is_named(tmp_path, table):
     path = write_hdf5(table, tmp_path / "bad.h5")
     with h5py.File(path, "a") as handle:

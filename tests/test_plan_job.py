@@ -434,6 +434,41 @@ def test_sessions_and_power_name_a_damaged_or_inconsistent_plan_file(plan_dir, t
         assert not (tmp_path / "s.csv").exists() and not (tmp_path / "power").exists()
 
 
+@pytest.mark.parametrize("table, replace, message", [
+    ("plan", ("[stimulation]\n", "[stimulation]\nfrequency_Hz = 0\n"),
+     r"plan.toml \[stimulation\]: 'frequency_Hz' must be > 0 \(a train at 0 Hz delivers no pulse\), got 0"),
+    ("plan", ("[selection]\n", "[safety]\noverride = \"  \"\n[selection]\n"),
+     r"plan.toml \[safety\]: 'override' must be the reason the limits are overridden \(non-empty text\)"),
+    ("subject", ("radius_mm = 0.25", "radius_mm = 1e6"),
+     r"subject.toml \[recording\]: 'radius_mm' = 1e\+06 is larger than the model's IT sheet \(extent .*\): every "
+     r"electrode would record the whole sheet; give at most \d"),
+    ("subject", ('dead_electrodes = ["e16"]', "dead_fraction = 1.0"),
+     r"subject.toml \[array\]: 'dead_fraction' = 1 leaves no working electrode; give a fraction below 1"),
+])
+def test_plan_and_subject_values_without_effect_or_meaning_are_refused_naming_the_key(tmp_path, table, replace,
+                                                                                      message):
+    from stimsim.planning.config import load_plan_config
+    from stimsim.subject import VirtualSubject
+
+    config = _write_plan(tmp_path / "config")
+    path = config if table == "plan" else tmp_path / "config" / "subject.toml"
+    assert replace[0] in path.read_text()
+    path.write_text(path.read_text().replace(*replace, 1))
+    with pytest.raises(ConfigError, match=message):
+        load_plan_config(config) if table == "plan" else VirtualSubject.from_file(path)
+
+
+def test_a_subject_of_one_repeat_says_what_plans_on_it_need(tmp_path):
+    from stimsim.subject import VirtualSubject
+
+    _write_plan(tmp_path / "config")
+    path = tmp_path / "config" / "subject.toml"
+    path.write_text(path.read_text().replace("repeats = 4", "repeats = 1"))
+    with pytest.warns(UserWarning, match=r"subject.toml \[recording\]: repeats = 1: a plan on this subject needs "
+                                         r"\[array\] min_reliability = -1"):
+        VirtualSubject.from_file(path)
+
+
 def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_dir, tmp_path, capsys):
     _, out = plan_dir
     csv = tmp_path / "session.csv"

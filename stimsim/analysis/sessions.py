@@ -13,6 +13,7 @@ labs that code values differently (choices 0/1, sham as electrode -1 or current 
 """
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import numpy as np
@@ -394,6 +395,11 @@ def _read_raw(path: Path) -> tuple[pd.DataFrame, dict]:
             raise FileFormatError(path, "empty session: the file holds no table (no header, no rows)") from None
         except (pd.errors.ParserError, UnicodeDecodeError) as exc:
             raise FileFormatError(path, f"not a readable CSV table ({str(exc).strip()})") from None
+        with open(path, newline="", encoding="utf-8") as handle:  # pandas renames a repeated column (x, x.1)
+            header = next(csv.reader(handle), [])
+        twice = sorted({name for name in header if header.count(name) > 1})
+        if twice:
+            raise FileFormatError(path, f"the header names column(s) {twice} more than once; give each column once")
         subject_id = session_id = None
     elif suffix in (".h5", ".hdf5"):
         table = _read_hdf5(path)

@@ -260,6 +260,9 @@ def load_plan_config(path) -> PlanConfig:
     stimulation = {key: stim.get(key, float, default, minimum=0.0) for key, default in STIMULATION_KEYS.items()}
     stimulation["waveform"] = stim.get("waveform", str, "biphasic_cathodic_first")
     stim.finish()
+    if stimulation["frequency_Hz"] <= 0:
+        raise ConfigError(f"{where} [stimulation]: 'frequency_Hz' must be > 0 (a train at 0 Hz delivers no pulse), "
+                          f"got {stimulation['frequency_Hz']:g}")
 
     safety = root.section("safety")
     limits = SafetyLimits(max_shannon_k=safety.get("max_shannon_k", float, 1.85),
@@ -267,6 +270,9 @@ def load_plan_config(path) -> PlanConfig:
                           max_charge_per_phase_nC=_number_or_none(safety, "max_charge_per_phase_nC"))
     override = safety.get("override", str, None)
     safety.finish()
+    if override is not None and not override.strip():
+        raise ConfigError(f"{where} [safety]: 'override' must be the reason the limits are overridden (non-empty "
+                          "text); leave the key out to enforce them")
 
     selection = root.section("selection")
     selection_spec = _spec(SelectionSpec, where, "selection", n_sites=selection.get("n_sites", int, 16),

@@ -39,7 +39,7 @@ from stimsim.planning.config import PlanConfig, load_plan_config
 from stimsim.planning.face_task import face_rehearsal, face_trials
 from stimsim.planning.rehearsal import rehearse
 from stimsim.planning.selection import (check_broken, choose_sites, left_out_message, ranking_reliability,
-                                       screen_electrodes)
+                                       screen_electrodes, shortfall_message)
 from stimsim.progress import report_phase
 from stimsim.sequences import build_sequences, excursion_warning, pooling_matrix
 from stimsim.stimulation import enforce
@@ -541,6 +541,9 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     summary["left_out_warning"] = left_out_message(summary["left_out_electrodes"], config.min_reliability)
     if summary["left_out_warning"] is not None:
         warnings.warn(summary["left_out_warning"], stacklevel=2)
+    summary["sites_warning"] = shortfall_message(plan["choice"], config.selection)
+    if summary["sites_warning"] is not None:
+        warnings.warn(summary["sites_warning"], stacklevel=2)
     if config.task == "sequence_2afc":
         sequences = task
         summary.update({
