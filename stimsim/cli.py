@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 import threading
@@ -16,7 +17,7 @@ import stimsim
 from stimsim.data.manifest import MIRROR_DIR_ENV
 from stimsim.devices import add_device_argument
 from stimsim.distributed import add_compute_arguments
-from stimsim.errors import ConfigError, StimsimError
+from stimsim.errors import ConfigError, StimsimError, TrainingDiverged
 from stimsim.io import check_output_dir, check_output_file
 from stimsim.jsonable import json_ready
 from stimsim.limits import check_seed
@@ -25,11 +26,17 @@ from stimsim.progress import report_phase, write_line
 
 
 def _cmd_train(args) -> int:
-    from stimsim.training.loop import load_training_config, train
+    from stimsim.training.loop import CHECKPOINT_NAME, load_training_config, train
 
     config = load_training_config(args.config)
     out = Path(args.out) if args.out is not None else Path("runs") / config.name
-    model_dir = train(config, out, progress=not args.no_progress, device=args.device)
+    created = not out.exists()
+    try:
+        model_dir = train(config, out, progress=not args.no_progress, device=args.device)
+    except TrainingDiverged as exc:  # a run with no checkpoint to resume from leaves nothing behind
+        if created and not (out / CHECKPOINT_NAME).exists():
+            shutil.rmtree(out, ignore_errors=True)
+        raise TrainingDiverged(f"{args.config}: {exc}") from None
     print(f"model saved to {model_dir}; loss curves in {out / 'loss_curves.png'}")
     return 0
 

@@ -272,3 +272,19 @@ def test_a_model_name_is_the_shipped_model_even_beside_a_folder_of_that_name(tmp
     assert load_experiment(experiment).model == "stimsim-topo-s0"  # the file's model, beside the folder
     experiment.write_text(text.replace('model = "stimsim-topo-s0"', 'model = "mine"'))
     assert load_experiment(experiment).model == str(tmp_path / "mine")  # a folder beside the file
+
+
+def test_a_diverged_training_names_its_file_and_leaves_no_run_directory_without_a_checkpoint(tmp_path, capsys):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_training import small_config
+
+    from stimsim.subject.virtual import to_toml
+
+    config = tmp_path / "diverging.toml"
+    raw = small_config(steps=4, learning_rate=1e8, warmup_steps=0, checkpoint_every_steps=100)
+    config.write_text(f'name = "{raw.pop("name")}"\n' + to_toml(raw))
+    out = tmp_path / "run"
+    assert main(["train", str(config), "--out", str(out), "--no-progress", "--threads", "1"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"stimsim: error: {config}: training 'tiny' diverged at step ") and "Traceback" not in error
+    assert not out.exists()
