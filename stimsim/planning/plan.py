@@ -48,16 +48,11 @@ from stimsim.stimulation.safety import charge_per_phase_nC
 IT = "IT"
 
 
-def model_directory(name: str) -> Path:
-    """The directory a candidate's name or path resolves to (a shipped model's, for a name)."""
-    from stimsim.models.registry import model_path
-
-    return model_path(name)
-
-
 def model_checksums(name: str) -> dict:
     """sha256 of a model's weights file (and the model.json listing every file)."""
-    directory = model_directory(name)
+    from stimsim.models.registry import model_path
+
+    directory = model_path(name)
     return {"model.json": sha256_of(directory / "model.json"), "weights.pt": sha256_of(directory / "weights.pt")}
 
 
@@ -493,6 +488,7 @@ def _write_truth(config, out_dir: Path, truth: dict, working, task) -> None:
 
 def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth, safety,
                    models, scales, write_report: bool, compute: dict) -> dict:
+    from stimsim.models.registry import model_path
     from stimsim.planning.report import build_report
 
     effect = config.effect
@@ -585,7 +581,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     atomic_save(out_dir / "plan.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
     record = provenance(config.to_dict())
     record["model_checksums"] = {name: model_checksums(name) for name in models}
-    record["model_directories"] = {name: str(model_directory(name)) for name in models}
+    record["model_directories"] = {name: str(model_path(name)) for name in models}
     record["device"] = str(compute["device"])
     record["scheduler"] = compute["scheduler_description"]
     record["cortex_scale"] = scales
