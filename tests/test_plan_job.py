@@ -955,6 +955,9 @@ def test_a_plan_cache_of_recordings_that_changed_since_is_refused(tmp_path):
     PhaseCache(tmp_path / "out", before)
     with pytest.raises(ConfigError, match="holds a plan made with other parameters or input files"):
         PhaseCache(tmp_path / "out", after)
+    (tmp_path / "out" / "cache" / "config_digest.txt").write_bytes(b"\xff\xfe not a digest")  # damaged: refused too
+    with pytest.raises(ConfigError, match="holds a plan made with other parameters or input files"):
+        PhaseCache(tmp_path / "out", before)
 
 
 def test_shipped_plan_files_parse_and_tasks_keep_their_own_tables(tmp_path):
