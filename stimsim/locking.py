@@ -89,6 +89,7 @@ class DirectoryLock:
     def _remove_stale(self) -> None:
         """Remove the lock if its holder is gone; otherwise refuse, naming the holder."""
         try:
+            inode = self.path.stat().st_ino
             holder = json.loads(self.path.read_text(encoding="utf-8"))
             pid, host = int(holder["pid"]), str(holder["host"])
         except FileNotFoundError:
@@ -103,7 +104,11 @@ class DirectoryLock:
                 f"output directory {self.directory} is in use by another run: stimsim "
                 f"{holder.get('command', '?')} (pid {pid} on host {host}, started {holder.get('started_utc', '?')}); "
                 f"wait for it to end or give another directory (if that run is gone, delete {self.path})")
-        self.path.unlink(missing_ok=True)
+        try:
+            if self.path.stat().st_ino == inode:  # not a lock another run took over meanwhile
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
 
     def release(self) -> None:
         key = str(self.path.absolute())
