@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 import threading
@@ -16,18 +17,26 @@ import stimsim
 from stimsim.data.manifest import MIRROR_DIR_ENV
 from stimsim.devices import add_device_argument
 from stimsim.distributed import add_compute_arguments
-from stimsim.errors import ConfigError, StimsimError
+from stimsim.errors import ConfigError, StimsimError, TrainingDiverged
 from stimsim.io import check_output_dir, check_output_file
 from stimsim.jsonable import json_ready
+from stimsim.limits import check_seed
+from stimsim.locking import LOCK_FILE, DirectoryLock
 from stimsim.progress import report_phase, write_line
 
 
 def _cmd_train(args) -> int:
-    from stimsim.training.loop import load_training_config, train
+    from stimsim.training.loop import CHECKPOINT_NAME, load_training_config, train
 
     config = load_training_config(args.config)
     out = Path(args.out) if args.out is not None else Path("runs") / config.name
-    model_dir = train(config, out, progress=not args.no_progress, device=args.device)
+    created = not out.exists()
+    try:
+        model_dir = train(config, out, progress=not args.no_progress, device=args.device)
+    except TrainingDiverged as exc:  # a run with no checkpoint to resume from leaves nothing behind
+        if created and not (out / CHECKPOINT_NAME).exists():
+            shutil.rmtree(out, ignore_errors=True)
+        raise TrainingDiverged(f"{args.config}: {exc}") from None
     print(f"model saved to {model_dir}; loss curves in {out / 'loss_curves.png'}")
     return 0
 
@@ -146,7 +155,7 @@ def _cmd_subject_session(args) -> int:
         raise ConfigError("--trials runs that trial list as it is; --trials-per-site and --sites apply without it")
     if args.trials_per_site is not None:
         _check_at_least("--trials-per-site", args.trials_per_site, 2)
-    _check_at_least("--seed", args.seed, 0)
+    check_seed("--seed", args.seed)
     if args.session_id is not None and not args.session_id.strip():
         raise ConfigError("--session-id is empty; give an id, or leave the option out for session-seedN")
     if args.trials is not None:
@@ -186,8 +195,9 @@ def _cmd_subject_make(args) -> int:
     from stimsim.subject import VirtualSubject
 
     _refuse_foreign_directory(args.out, ("truth.json", "subject.toml"), "a virtual subject", args.force)
-    subject = VirtualSubject.from_file(args.config)
-    out = subject.save(args.out)
+    with DirectoryLock(args.out, "subject make"):
+        subject = VirtualSubject.from_file(args.config)
+        out = subject.save(args.out)
     print(json.dumps({"subject_model": subject.config["subject"]["model"], "n_electrodes": len(subject.layout),
                       "n_dead_electrodes": len(subject.dead_electrodes), "out": str(out),
                       "files": sorted(path.name for path in Path(out).iterdir() if path.is_file())},
@@ -204,6 +214,7 @@ def _cmd_analyze(args) -> int:
     _check_at_least("--boot", args.boot, 2)
     _check_at_least("--perm", args.perm, 1)
     _check_at_least("--splits", args.splits, 1)
+    check_seed("--seed", args.seed)
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
                             values=value_mapping(args.values, args.columns), layout=args.layout, layout_ids=args.layout_ids,
                             n_boot=args.boot,
@@ -228,6 +239,7 @@ def _cmd_power(args) -> int:
         if not 0 < value < 1:
             raise ConfigError(f"{option} must lie strictly between 0 and 1, got {value:g}")
     _check_at_least("--sessions", args.sessions, 10)
+    check_seed("--seed", args.seed)
     repeated = sorted({count for count in args.trials if args.trials.count(count) > 1})
     if repeated:
         raise ConfigError(f"--trials-per-site lists {', '.join(map(str, repeated))} more than once; give each trial count once")
@@ -252,7 +264,7 @@ def _refuse_foreign_directory(out: str, marks: tuple, what: str, force: bool) ->
     directory = Path(out)
     if force or not directory.is_dir() or any((directory / mark).is_file() for mark in marks):
         return
-    held = sorted(entry.name for entry in directory.iterdir())
+    held = sorted(entry.name for entry in directory.iterdir() if entry.name != LOCK_FILE)
     if held:
         shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
         raise ConfigError(f"output directory {out} holds files that are not {what} ({shown}); give a new or empty "

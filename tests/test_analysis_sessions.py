@@ -184,6 +184,32 @@ def write_hdf5(frame, path):
     return path
 
 
+def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path, table):
+    text = table.to_csv(index=False)
+    header, rest = text.split("\n", 1)
+    assert "current_uA" in header.split(",")
+    (tmp_path / "twice.csv").write_text(header.replace("current_uA", "choice") + "\n" + rest)
+    with pytest.raises(FileFormatError, match=r"twice.csv: the header names column\(s\) \['choice'\] more than once"):
+        load_sessions(tmp_path / "twice.csv")
+
+
+def test_an_hdf5_column_of_non_utf8_text_or_two_dimensions_is_named(tmp_path, table):
+    path = write_hdf5(table, tmp_path / "bad.h5")
+    with h5py.File(path, "a") as handle:
+        choices = handle["trials/choice"][()]
+        choices[4] = b"h\xe9gh"
+        del handle["trials/choice"]
+        handle["trials/choice"] = choices
+    with pytest.raises(FileFormatError, match=r"bad.h5: /trials column 'choice', row 5: not UTF-8 text"):
+        load_sessions(path)
+    path = write_hdf5(table, tmp_path / "wide.h5")
+    with h5py.File(path, "a") as handle:
+        handle["trials/extra"] = np.zeros((len(table), 2))
+    with pytest.raises(FileFormatError, match=rf"wide.h5: /trials columns must be 1-D \(one value per trial\); "
+                                              rf"column 'extra' has shape \({len(table)}, 2\)"):
+        load_sessions(path)
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".h5", ".nwb"])
 def test_every_format_names_file_row_and_column_and_loads_nothing(tmp_path, table, suffix):
     broken = table.copy()

@@ -150,6 +150,16 @@ def test_cmp_with_or_without_a_description_line(tmp_path):
     assert utah_array("10x10").cerebus_numbers("1") is None
 
 
+def test_cmp_numbers_beyond_a_grid_and_labels_that_are_not_utf8_name_the_line(tmp_path):
+    bad = tmp_path / "bad.cmp"
+    bad.write_text("Cerebus mapping\n0\t0\tA\t1\telec1\n1" + "0" * 400 + "\t0\tA\t2\telec2\n")
+    with pytest.raises(FileFormatError, match=r"bad.cmp: line 3: col and row must be integers in 0–1000, got '1000"):
+        ArrayLayout.from_cmp(bad)
+    bad.write_bytes(b"Cerebus mapping\n0\t0\tA\t1\telec1\n1\t0\tA\t2\t\xe9lec2\n")
+    with pytest.raises(FileFormatError, match=r"bad.cmp: line 3, column label: not UTF-8 text"):
+        ArrayLayout.from_cmp(bad, electrode_id="label")
+
+
 def test_csv_layout_and_its_errors(tmp_path):
     path = tmp_path / "custom.csv"
     path.write_text("electrode_id,x_mm,y_mm\nch7,1.0,1.0\nch2,2.0,1.0\nch9,1.0,3.0\n")

@@ -13,6 +13,7 @@ labs that code values differently (choices 0/1, sham as electrode -1 or current 
 """
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import numpy as np
@@ -407,6 +408,11 @@ def _read_raw(path: Path) -> tuple[pd.DataFrame, dict]:
             raise FileFormatError(path, "empty session: the file holds no table (no header, no rows)") from None
         except (pd.errors.ParserError, UnicodeDecodeError) as exc:
             raise FileFormatError(path, f"not a readable CSV table ({str(exc).strip()})") from None
+        with open(path, newline="", encoding="utf-8") as handle:  # pandas renames a repeated column (x, x.1)
+            header = next(csv.reader(handle), [])
+        twice = sorted({name for name in header if header.count(name) > 1})
+        if twice:
+            raise FileFormatError(path, f"the header names column(s) {twice} more than once; give each column once")
         subject_id = session_id = None
     elif suffix in (".h5", ".hdf5"):
         table = _read_hdf5(path)
@@ -458,12 +464,31 @@ def _read_hdf5(path: Path) -> pd.DataFrame:
         raise
     except OSError as exc:
         raise FileFormatError(path, f"not a readable HDF5 file ({exc})") from None
-    lengths = {name: np.shape(values)[0] if np.ndim(values) else -1 for name, values in columns.items()}
-    if len(set(lengths.values())) > 1 or -1 in lengths.values():
-        raise FileFormatError(path, f"/trials columns must be 1-D and of equal length, got lengths {lengths}")
-    decoded = {name: [v.decode() if isinstance(v, bytes) else v for v in values] if np.asarray(values).dtype.kind
-               in "OS" else values for name, values in columns.items()}
+    shapes = {name: np.shape(values) for name, values in columns.items()}
+    not_1d = {name: shape for name, shape in shapes.items() if len(shape) != 1}
+    if not_1d:
+        raise FileFormatError(path, "/trials columns must be 1-D (one value per trial); "
+                                    + ", ".join(f"column {name!r} has shape {shape}" for name, shape in not_1d.items()))
+    lengths = {name: shape[0] for name, shape in shapes.items()}
+    if len(set(lengths.values())) > 1:
+        raise FileFormatError(path, f"/trials columns must be of equal length, got lengths {lengths}")
+    decoded = {name: _decoded(path, name, values) if np.asarray(values).dtype.kind in "OS" else values
+               for name, values in columns.items()}
     return pd.DataFrame(decoded)
+
+
+def _decoded(path: Path, name: str, values) -> list:
+    """The text of an HDF5 column of bytes (UTF-8); undecodable bytes name the column and row."""
+    text = []
+    for row, value in enumerate(values, start=1):
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise FileFormatError(path, f"/trials column {name!r}, row {row}: not UTF-8 text ({exc.reason} at "
+                                            f"byte {exc.start}: {value[max(exc.start - 8, 0):exc.start + 8]!r})") from None
+        text.append(value)
+    return text
 
 
 def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,

@@ -24,6 +24,8 @@ UTAH_GRIDS = {"10x10": (10, True), "8x8": (8, False)}
 #: Blackrock banks of 32 channels each, in channel order.
 CMP_BANKS = "ABCD"
 CMP_CHANNELS_PER_BANK = 32
+#: Largest col / row of a .cmp grid position (a Utah array has 10; larger numbers are typing errors).
+CMP_MAX_GRID = 1000
 #: Position columns of a layout CSV (and position fields of a recordings file) by unit, with the factor to mm.
 POSITION_UNITS = {"mm": (("x_mm", "y_mm"), 1.0), "um": (("x_um", "y_um"), 1e-3)}
 #: Median nearest-neighbour spacing (mm) a layout can plausibly have: Utah arrays 0.4 mm, floating microelectrode
@@ -262,9 +264,13 @@ class ArrayLayout:
             if not 1 <= elec <= CMP_CHANNELS_PER_BANK:
                 raise FileFormatError(path, f"line {line_number}, column elec: {fields[3]!r} is not an "
                                             f"integer in 1–{CMP_CHANNELS_PER_BANK}")
-            if col < 0 or row < 0:
-                raise FileFormatError(path, f"line {line_number}: col and row must be >= 0")
+            if not (0 <= col <= CMP_MAX_GRID and 0 <= row <= CMP_MAX_GRID):
+                raise FileFormatError(path, f"line {line_number}: col and row must be integers in 0–{CMP_MAX_GRID}, "
+                                            f"got {fields[0][:20]!r}, {fields[1][:20]!r}")
             label = fields[4] if len(fields) > 4 else ""
+            if "\ufffd" in label:  # bytes that are not UTF-8, read as U+FFFD
+                raise FileFormatError(path, f"line {line_number}, column label: not UTF-8 text ({label!r}); save the "
+                                            "map as UTF-8")
             if electrode_id == "label" and not label:
                 raise FileFormatError(path, f"line {line_number}, column label: empty, but ids come from labels")
             this_id = label if electrode_id == "label" else str(CMP_BANKS.index(bank) * CMP_CHANNELS_PER_BANK + elec)

@@ -36,6 +36,7 @@ from stimsim.arrays.layout import cmp_options
 from stimsim.config import Section, load_toml
 from stimsim.errors import ConfigError
 from stimsim.hashing import json_sha256, sha256_of
+from stimsim.limits import MAX_SEED
 from stimsim.paradigms.sequence_2afc import TaskSpec
 from stimsim.planning.face_task import FaceTaskSpec
 from stimsim.planning.rig import RigSpec, read_rig_spec
@@ -158,7 +159,7 @@ def load_plan_config(path) -> PlanConfig:
     name = root.get("name", str, path.stem)
     description = root.get("description", str, "")
     task = root.get("task", str, "sequence_2afc", choices=TASKS)
-    seed = root.get("seed", int, 0, minimum=0)
+    seed = root.get("seed", int, 0, minimum=0, maximum=MAX_SEED)
 
     models = root.section("models", required=True)
     candidates = models.get("candidates", list)
@@ -266,6 +267,9 @@ def load_plan_config(path) -> PlanConfig:
     stimulation = {key: stim.get(key, float, default, minimum=0.0) for key, default in STIMULATION_KEYS.items()}
     stimulation["waveform"] = stim.get("waveform", str, "biphasic_cathodic_first")
     stim.finish()
+    if stimulation["frequency_Hz"] <= 0:
+        raise ConfigError(f"{where} [stimulation]: 'frequency_Hz' must be > 0 (a train at 0 Hz delivers no pulse), "
+                          f"got {stimulation['frequency_Hz']:g}")
 
     safety = root.section("safety")
     limits = SafetyLimits(max_shannon_k=safety.get("max_shannon_k", float, 1.85),
@@ -273,6 +277,9 @@ def load_plan_config(path) -> PlanConfig:
                           max_charge_per_phase_nC=_number_or_none(safety, "max_charge_per_phase_nC"))
     override = safety.get("override", str, None)
     safety.finish()
+    if override is not None and not override.strip():
+        raise ConfigError(f"{where} [safety]: 'override' must be the reason the limits are overridden (non-empty "
+                          "text); leave the key out to enforce them")
 
     selection = root.section("selection")
     selection_spec = _spec(SelectionSpec, where, "selection", n_sites=selection.get("n_sites", int, 16),

@@ -150,6 +150,20 @@ def choose_sites(electrode_ids, array_xy_mm, predicted, spec: SelectionSpec, unu
     return {"order": order, "chosen": np.asarray(chosen, dtype=np.int64), "reason": reason}
 
 
+def shortfall_message(choice: dict, spec: SelectionSpec) -> str | None:
+    """None when :func:`choose_sites` chose ``spec.n_sites`` sites; else why it chose fewer (counts per reason)."""
+    chosen = len(choice["chosen"])
+    if chosen >= spec.n_sites:
+        return None
+    reasons = ["too close" if r.startswith("too close to") else "without a prediction" if r == "no prediction" else r
+               for r in choice["reason"] if r != "chosen"]
+    counts = {reason: reasons.count(reason) for reason in dict.fromkeys(reasons)}
+    why = ", ".join(f"{n} {'within min_separation_mm = %g of a chosen site' % spec.min_separation_mm if r == 'too close' else r}"
+                    for r, n in counts.items())
+    return (f"{chosen} site(s) chosen of the n_sites = {spec.n_sites} asked: the other working electrodes are "
+            f"{why or 'none'}")
+
+
 def ranking_reliability(effects: np.ndarray) -> float:
     """How reproducible the sites' ranking is over image sequences: ICC(1,k) of ``effects`` (sites × sequences).
 
