@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 import threading
@@ -16,16 +17,18 @@ import stimsim
 from stimsim.data.manifest import MIRROR_DIR_ENV
 from stimsim.devices import add_device_argument
 from stimsim.distributed import add_compute_arguments
-from stimsim.errors import ConfigError, StimsimError
+from stimsim.errors import ConfigError, StimsimError, TrainingDiverged
 from stimsim.io import check_output_dir, check_output_file
 from stimsim.jsonable import json_ready
+from stimsim.limits import check_seed
+from stimsim.locking import LOCK_FILE, DirectoryLock
 from stimsim.progress import report_phase, write_line
 
 
 def _cmd_train(args) -> int:
     from stimsim.config import load_toml
     from stimsim.training.head_training import build_topo_head_model, is_head_config, load_head_config
-    from stimsim.training.loop import load_training_config, train
+    from stimsim.training.loop import CHECKPOINT_NAME, load_training_config, train
 
     if is_head_config(load_toml(args.config)):
         config = load_head_config(args.config)[0]
@@ -35,7 +38,13 @@ def _cmd_train(args) -> int:
         return 0
     config = load_training_config(args.config)
     out = Path(args.out) if args.out is not None else Path("runs") / config.name
-    model_dir = train(config, out, progress=not args.no_progress, device=args.device)
+    created = not out.exists()
+    try:
+        model_dir = train(config, out, progress=not args.no_progress, device=args.device)
+    except TrainingDiverged as exc:  # a run with no checkpoint to resume from leaves nothing behind
+        if created and not (out / CHECKPOINT_NAME).exists():
+            shutil.rmtree(out, ignore_errors=True)
+        raise TrainingDiverged(f"{args.config}: {exc}") from None
     print(f"model saved to {model_dir}; loss curves in {out / 'loss_curves.png'}")
     return 0
 
@@ -156,16 +165,27 @@ def _cmd_plan(args) -> int:
 
 
 def _cmd_subject_session(args) -> int:
-    from stimsim.planning.session import session_from_plan, write_session_csv, write_session_nwb
+    from stimsim.planning.rig import write_trials_nwb
+    from stimsim.planning.session import (session_from_plan, session_from_trial_list, write_session_csv,
+                                          write_session_nwb)
 
-    _check_at_least("--trials-per-site", args.trials_per_site, 2)
-    _check_at_least("--seed", args.seed, 0)
+    if args.trials is not None and (args.trials_per_site is not None or args.sites is not None):
+        raise ConfigError("--trials runs that trial list as it is; --trials-per-site and --sites apply without it")
+    if args.trials_per_site is not None:
+        _check_at_least("--trials-per-site", args.trials_per_site, 2)
+    check_seed("--seed", args.seed)
     if args.session_id is not None and not args.session_id.strip():
         raise ConfigError("--session-id is empty; give an id, or leave the option out for session-seedN")
-    trials = session_from_plan(args.plan_dir, args.trials_per_site, seed=args.seed, session_id=args.session_id,
-                               sites=args.sites)
+    if args.trials is not None:
+        trials = session_from_trial_list(args.plan_dir, args.trials, seed=args.seed, session_id=args.session_id)
+    else:
+        trials = session_from_plan(args.plan_dir, args.trials_per_site or 400, seed=args.seed,
+                                   session_id=args.session_id, sites=args.sites or "chosen")
     subject_id, session_id = trials["subject_id"].iloc[0], trials["session_id"].iloc[0]
-    if args.out:
+    if args.out and args.trials is not None:
+        write_trials_nwb(trials, args.out, subject_id=subject_id, session_id=session_id,
+                         description=f"virtual subject running the trial list {args.trials}")
+    elif args.out:
         write_session_nwb(trials, args.out, subject_id=subject_id, session_id=session_id)
     if args.csv:
         write_session_csv(trials, args.csv)
@@ -193,13 +213,15 @@ def _cmd_subject_make(args) -> int:
     from stimsim.subject import VirtualSubject
 
     _refuse_foreign_directory(args.out, ("truth.json", "subject.toml"), "a virtual subject", args.force)
-    subject = VirtualSubject.from_file(args.config)
-    out = subject.save(args.out)
+    with DirectoryLock(args.out, "subject make"):
+        subject = VirtualSubject.from_file(args.config)
+        out = subject.save(args.out)
     print(json.dumps({"subject_model": subject.config["subject"]["model"], "n_electrodes": len(subject.layout),
                       "n_dead_electrodes": len(subject.dead_electrodes), "out": str(out),
                       "files": sorted(path.name for path in Path(out).iterdir() if path.is_file())},
                      indent=2))
-    report_phase(f"virtual subject written to {out}; truth.json holds the hidden pose (for validation only)")
+    report_phase(f"virtual subject written to {out}; truth.json holds the hidden pose (for validation only)",
+                 not args.no_progress)
     return 0
 
 
@@ -210,11 +232,12 @@ def _cmd_analyze(args) -> int:
     _check_at_least("--boot", args.boot, 2)
     _check_at_least("--perm", args.perm, 1)
     _check_at_least("--splits", args.splits, 1)
+    check_seed("--seed", args.seed)
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
                             values=value_mapping(args.values, args.columns), layout=args.layout, layout_ids=args.layout_ids,
                             n_boot=args.boot,
                             n_perm=args.perm, n_splits=args.splits, seed=args.seed, force=args.force,
-                            progress=not args.no_progress)
+                            progress=not args.no_progress, same_subject=args.same_subject)
     keys = ("n_sites_recorded", "n_sites", "n_trials", "mean_shift", "mean_shift_chance", "wilcoxon_p",
             "wilcoxon_p_undefined_reason", "cohens_d", "cohens_d_chance", "n_sites_significant",
             "n_sites_significant_chance", "n_sites_significant_fdr", "n_sites_significant_fdr_chance",
@@ -234,6 +257,7 @@ def _cmd_power(args) -> int:
         if not 0 < value < 1:
             raise ConfigError(f"{option} must lie strictly between 0 and 1, got {value:g}")
     _check_at_least("--sessions", args.sessions, 10)
+    check_seed("--seed", args.seed)
     repeated = sorted({count for count in args.trials if args.trials.count(count) > 1})
     if repeated:
         raise ConfigError(f"--trials-per-site lists {', '.join(map(str, repeated))} more than once; give each trial count once")
@@ -258,7 +282,7 @@ def _refuse_foreign_directory(out: str, marks: tuple, what: str, force: bool) ->
     directory = Path(out)
     if force or not directory.is_dir() or any((directory / mark).is_file() for mark in marks):
         return
-    held = sorted(entry.name for entry in directory.iterdir())
+    held = sorted(entry.name for entry in directory.iterdir() if entry.name != LOCK_FILE)
     if held:
         shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
         raise ConfigError(f"output directory {out} holds files that are not {what} ({shown}); give a new or empty "
@@ -369,18 +393,21 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "viewing (recordings.nc, recordings.nwb, truth.json)")
     subject_make.add_argument("config", help="subject configuration (TOML), e.g. experiments/subject_default.toml")
     subject_make.add_argument("--out", required=True, help="subject directory")
+    subject_make.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     subject_make.add_argument("--force", action="store_true", help="write into --out even if it holds files that "
                                                                    "are not a subject (same names are overwritten)")
     subject_make.set_defaults(handler=_cmd_subject_make)
     session = subject_commands.add_parser("session", help="run a plan's sites and sequences on its virtual subject "
                                                           "(stimulation and sham interleaved 50/50) → NWB trials")
     session.add_argument("plan_dir", help="directory written by `stimsim plan` on a virtual subject")
-    session.add_argument("--trials-per-site", type=int, default=400, help="trials per site (default 400)")
+    session.add_argument("--trials-per-site", type=int, help="trials per site (default 400)")
+    session.add_argument("--trials", help="a trial list to run in its order (the plan's rig/trials.csv): the session "
+                                          "keeps its columns and adds the subject's choices")
     session.add_argument("--out", help="NWB session file to write")
     session.add_argument("--csv", help="also (or only) write the trials as a CSV table")
     session.add_argument("--seed", type=int, default=0, help="seed of the trial order and the sampled choices (default 0)")
     session.add_argument("--session-id", help="session id (default session-seedN)")
-    session.add_argument("--sites", choices=("chosen", "all"), default="chosen",
+    session.add_argument("--sites", choices=("chosen", "all"),
                          help="the plan's chosen sites (default) or every rehearsed working electrode")
     session.set_defaults(handler=_cmd_subject_session)
 
@@ -393,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--values", action="append", metavar="COLUMN:CODE=VALUE,...",
                          help="lab value codes of one column (repeatable): choice:0=low,1=high; "
                               "stimulated_electrode:-1=sham; current_uA:-1=sham")
+    analyze.add_argument("--same-subject", action="store_true",
+                         help="with --plan: the sessions are of the animal the plan was made for, whatever their "
+                              "subject id")
     analyze.add_argument("--layout", help="array layout to check electrode ids against: 10x10, 8x8 or a .csv/.cmp file")
     analyze.add_argument("--layout-ids", choices=("channel", "label"), default="channel",
                          help="a .cmp layout's ids: its channel numbers (default) or its label column")

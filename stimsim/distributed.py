@@ -168,6 +168,37 @@ def _signals_held_back():
             signal.raise_signal(received[0])
 
 
+#: Seconds to connect to a scheduler address and to get its answer to the handshake.
+CONNECT_TIMEOUT_S = 30
+
+
+def _check_answers(address: str, timeout_s: float) -> None:
+    """Connect to the scheduler at ``address`` and ask its identity; OSError (TimeoutError) when it is not
+    reached, or does not answer, within ``timeout_s`` (a server that accepts the connection but never answers
+    would otherwise hold the client's handshake forever). Runs in its own thread and event loop."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from distributed.comm import connect
+
+    async def identity():
+        comm = await connect(address, timeout=timeout_s)
+        try:
+            await comm.write({"op": "identity"})
+            await comm.read()
+        finally:
+            comm.abort()
+
+    async def bounded():
+        try:
+            await asyncio.wait_for(identity(), timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no answer to the handshake within {timeout_s:g} s (is it a Dask scheduler?)") from None
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, bounded()).result()
+
+
 class ChunkPool:
     """A Dask client (and the local cluster it started, if any) that runs the engine's chunks."""
 
@@ -181,7 +212,8 @@ class ChunkPool:
             kind, value = parse_scheduler(scheduler)
             if kind == "address":
                 try:
-                    self.client = Client(value, timeout="30s")
+                    _check_answers(value, CONNECT_TIMEOUT_S)
+                    self.client = Client(value, timeout=f"{CONNECT_TIMEOUT_S}s")
                 except OSError as exc:
                     raise ConfigError(f"cannot reach the Dask scheduler at {value!r}: {exc}") from None
             else:

@@ -19,6 +19,7 @@ from pathlib import Path
 from stimsim.errors import ConfigError, DataError
 from stimsim.hashing import sha256_of
 from stimsim.jsonable import json_value
+from stimsim.locking import LOCK_FILE
 
 #: File of a result set's manifest (written last).
 RESULT_SET_FILE = "result_set.json"
@@ -158,7 +159,7 @@ class ResultSet:
         self._created = _missing_directories(directory)
         if directory.is_dir():
             foreign = sorted(entry.name for entry in directory.iterdir()
-                             if entry.name not in self._previous | set(self.keep) | {RESULT_SET_FILE}
+                             if entry.name not in self._previous | set(self.keep) | {RESULT_SET_FILE, LOCK_FILE}
                              and not is_temporary_file(entry.name))
             if foreign and not force:
                 shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")

@@ -288,6 +288,12 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
     duplicates = sorted({i for i in electrode_ids if electrode_ids.count(i) > 1})
     if duplicates:
         raise FileFormatError(path, f"{where['electrode']}: electrode id(s) repeated: {_preview(duplicates)}")
+    if positions is not None:
+        unplaced = np.flatnonzero(~np.isfinite(np.asarray(positions, dtype=np.float64)).all(axis=1))
+        if unplaced.size:
+            raise FileFormatError(path, f"{where['positions']}: electrode(s) {_preview([electrode_ids[i] for i in unplaced])} "
+                                        f"(row(s) {_preview([int(i) + 1 for i in unplaced])}) have no finite position "
+                                        "(NaN or infinite); give every electrode its position, or the array layout")
     if layout is None:
         if positions is None:
             raise ConfigError(f"{path}: the file has no electrode positions ({where['positions']}); "

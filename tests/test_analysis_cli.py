@@ -1,5 +1,6 @@
 """`stimsim analyze` on a lab's own NWB file (plain pynwb, own column names) with a plan directory."""
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -71,7 +72,15 @@ def test_analyze_refuses_a_broken_file_with_exit_code_2(tmp_path, capsys):
     assert main(["power", str(tmp_path / "no_plan"), "--out", str(tmp_path / "power")]) == 2
     assert "no_plan" in capsys.readouterr().err and not (tmp_path / "power").exists()
     assert main(["analyze", str(tmp_path / "s.csv"), "--out", str(tmp_path / "seeded"), "--seed", "-1"]) == 2
-    assert "seed must be an integer >= 0, got -1" in capsys.readouterr().err and not (tmp_path / "seeded").exists()
+    assert "--seed must be an integer from 0 to 4294967295 (2**32 - 1), got -1" in capsys.readouterr().err
+    assert not (tmp_path / "seeded").exists()
+    # counts are bounded by the memory they need, estimated before any work; nothing is left behind
+    assert main(["analyze", str(tmp_path / "s.csv"), "--out", str(tmp_path / "many"), "--boot", "2000000000",
+                 "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert re.match(r"stimsim: error: analyze: --boot 2000000000 over 2 sites \(40 trials\) needs about [\d.]+ TiB of "
+                    r"memory, more than the [\d.]+ [KMGT]iB this machine has available; lower --boot$", error), error
+    assert not (tmp_path / "many").exists()
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -83,6 +92,8 @@ def test_analyze_refuses_a_broken_file_with_exit_code_2(tmp_path, capsys):
     (["power", "plan", "--alpha", "0"], "--alpha must lie strictly between 0 and 1, got 0"),
     (["power", "plan", "--trials-per-site", "400", "50", "400"], "--trials-per-site lists 400 more than once"),
     (["power", "plan", "--trials", "400", "50", "400"], "--trials-per-site lists 400 more than once"),  # former name
+    (["power", "plan", "--seed", "-5"], "--seed must be an integer from 0 to 4294967295 (2**32 - 1), got -5"),
+    (["analyze", "s.csv", "--seed", "99999999999999999999999"], "--seed must be an integer from 0 to 4294967295"),
 ])
 def test_bad_options_are_named_as_typed(tmp_path, capsys, argv, message):
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
@@ -199,3 +210,19 @@ def test_analyze_reads_lab_value_codes_given_on_the_command_line(tmp_path, capsy
                  "--out", str(tmp_path / "bad")]) == 2
     error = capsys.readouterr().err
     assert error.startswith("stimsim: error: --values choice: code '2' maps onto 'right'; allowed values: low, high")
+
+
+def test_analyze_warns_when_the_currents_look_like_mA(tmp_path, capsys):
+    """A lab column in mA mapped onto current_uA (0.05 for 50 µA) is read, but the analysis warns."""
+    table = planted_session([1.0, -1.0], trials_per_site=140, seed=2)
+    table.assign(current_uA=table["current_uA"] / 1000).rename(columns={"current_uA": "amp_mA"}).to_csv(
+        tmp_path / "mA.csv", index=False)
+    assert main(["analyze", str(tmp_path / "mA.csv"), "--columns", "amp_mA=current_uA", "--out", str(tmp_path / "a"),
+                 "--boot", "10", "--perm", "10", "--splits", "5", "--no-progress"]) == 0
+    expected = "every stimulated trial's current_uA is below 1 µA (the largest: 0.05)"
+    assert f"stimsim: warning: {expected}" in capsys.readouterr().err
+    assert any(expected in message for message in json.loads((tmp_path / "a" / "summary.json").read_text())["warnings"])
+    table.to_csv(tmp_path / "uA.csv", index=False)
+    assert main(["analyze", str(tmp_path / "uA.csv"), "--out", str(tmp_path / "b"), "--boot", "10", "--perm", "10",
+                 "--splits", "5", "--no-progress"]) == 0
+    assert "below 1 µA" not in capsys.readouterr().err

@@ -157,6 +157,16 @@ def test_plan_of_another_subject_or_sessions_of_several_subjects_are_refused(tmp
         analyze(pd.concat([of_m1, of_m2], ignore_index=True), plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
     of_planned = planted_session([0.5, 0.2, 0.1], 300, subject_id="virtual-2", seed=3)
     assert analyze(of_planned, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2).summary["n_sites_compared"] == 3
+    # the lab's name for the plan's animal: the same trials under another subject id compare alike
+    renamed = analyze(of_planned.assign(subject_id="m1"), plan_dir=plan, n_boot=10, n_perm=10, n_splits=2,
+                      same_subject=True)
+    assert renamed.summary["n_sites_compared"] == 3 and renamed.parameters["same_subject"] is True
+    with pytest.raises(ConfigError, match=r"plan was made for subject 'virtual-2', the sessions are of subject 'm1';"
+                                          r".* or --same-subject if"):
+        analyze(of_m1, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    with pytest.raises(ConfigError, match=r"the sessions hold subjects \['m1', 'm2'\]"):
+        analyze(pd.concat([of_m1, of_m2], ignore_index=True), plan_dir=plan, n_boot=10, n_perm=10, n_splits=2,
+                same_subject=True)
 
 
 @pytest.mark.filterwarnings("ignore:noise ceiling undefined", "ignore:2 of 3 sites were stimulated at another")

@@ -43,12 +43,27 @@ def test_trial_counts_below_one_trial_per_step_and_condition_are_refused():
     from stimsim.errors import ConfigError
 
     curves = planted_curves([0.5, 1.0, -0.5])  # 7 steps × 2 conditions: a ΔAUC needs 14 trials at least
-    with pytest.raises(ConfigError, match=r"integers >= 14 .*got \[13, 100\]"):
+    with pytest.raises(ConfigError, match=r"^--trials-per-site: trial counts must be integers >= 14 .*got \[13, 100\]"):
         power_analysis(curves, trial_counts=(13, 100), n_sessions=20)
     curve, _, _ = power_analysis(curves, trial_counts=(14,), n_sessions=20)
     assert curve["trials_per_site"].tolist() == [14]
-    with pytest.raises(ConfigError, match="seed must be an integer >= 0, got -1"):
+    with pytest.raises(ConfigError, match=r"seed must be an integer from 0 to 4294967295 \(2\*\*32 - 1\), got -1"):
         power_analysis(curves, trial_counts=(14,), n_sessions=20, seed=-1)
+    with pytest.raises(ConfigError, match=r"seed must be an integer from 0 to 4294967295"):
+        power_analysis(curves, trial_counts=(14,), n_sessions=20, seed=2**64)
+
+
+def test_a_session_count_beyond_the_memory_available_is_refused_with_the_estimate():
+    from stimsim.errors import ConfigError
+    from stimsim.limits import available_memory_bytes, format_bytes
+
+    curves = planted_curves([0.5, 1.0, -0.5])  # 3 sites × 7 steps × 2 conditions
+    needed = 12 * 8 * 10**9 * 3 * 7 * 2
+    assert needed > available_memory_bytes()
+    with pytest.raises(ConfigError, match=rf"power: 1000000000 sessions of 3 sites × 7 steps × 2 conditions needs about "
+                                          rf"{format_bytes(needed)} of memory, more than the [\d.]+ [KMGT]iB this "
+                                          rf"machine has available; lower --sessions"):
+        power_analysis(curves, trial_counts=(14,), n_sessions=10**9)
 
 
 def test_power_curve_without_any_r_is_drawn_without_warnings():

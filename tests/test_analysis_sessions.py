@@ -184,6 +184,32 @@ def write_hdf5(frame, path):
     return path
 
 
+def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path, table):
+    text = table.to_csv(index=False)
+    header, rest = text.split("\n", 1)
+    assert "current_uA" in header.split(",")
+    (tmp_path / "twice.csv").write_text(header.replace("current_uA", "choice") + "\n" + rest)
+    with pytest.raises(FileFormatError, match=r"twice.csv: the header names column\(s\) \['choice'\] more than once"):
+        load_sessions(tmp_path / "twice.csv")
+
+
+def test_an_hdf5_column_of_non_utf8_text_or_two_dimensions_is_named(tmp_path, table):
+    path = write_hdf5(table, tmp_path / "bad.h5")
+    with h5py.File(path, "a") as handle:
+        choices = handle["trials/choice"][()]
+        choices[4] = b"h\xe9gh"
+        del handle["trials/choice"]
+        handle["trials/choice"] = choices
+    with pytest.raises(FileFormatError, match=r"bad.h5: /trials column 'choice', row 5: not UTF-8 text"):
+        load_sessions(path)
+    path = write_hdf5(table, tmp_path / "wide.h5")
+    with h5py.File(path, "a") as handle:
+        handle["trials/extra"] = np.zeros((len(table), 2))
+    with pytest.raises(FileFormatError, match=rf"wide.h5: /trials columns must be 1-D \(one value per trial\); "
+                                              rf"column 'extra' has shape \({len(table)}, 2\)"):
+        load_sessions(path)
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".h5", ".nwb"])
 def test_every_format_names_file_row_and_column_and_loads_nothing(tmp_path, table, suffix):
     broken = table.copy()
@@ -456,3 +482,31 @@ def test_image_ids_that_disagree_with_electrode_step_or_sequence_are_refused(tmp
     # a lab's own image ids are not read
     own = table.assign(stimulus_id=[f"morph_{i}.png" for i in range(len(table))])
     assert len(load_sessions(write_csv(own, tmp_path / "own.csv"))) == len(table)
+
+
+def test_errors_hint_at_what_was_meant(tmp_path, table):
+    """A mapping typo gets a "did you mean"; a bad value is named in the file's own column and as written; an
+    unknown electrode comes with examples of the known ids; a sham code that is not mapped, with --values."""
+    with pytest.raises(ConfigError, match=r"unknown stimsim column\(s\) \['current_ua'\]; did you mean 'current_uA'\?"):
+        parse_column_mapping("amp=current_ua")
+    lab = table.rename(columns={"choice": "response"})
+    path = write_csv(lab, tmp_path / "lab.csv")
+    with pytest.raises(FileFormatError, match=r"names column\(s\) \['respnse'\] that no file given has; did you mean "
+                                              r"'response'\?"):
+        load_sessions(path, columns={"respnse": "choice"})
+    lab.loc[3, "response"] = "Left"
+    lab.loc[5, "response"] = ""
+    path = write_csv(lab, tmp_path / "lab.csv")
+    with pytest.raises(FileFormatError) as refused:
+        load_sessions(path, columns={"response": "choice"})
+    message = str(refused.value)
+    assert "column 'choice', row(s) 4: choice outside the task's options" in message
+    assert "e.g. 'Left' (the file's column 'response')" in message  # the value as the file writes it
+    assert message.count("row(s) 6") == 1  # an empty choice is one problem, not two
+    with pytest.raises(FileFormatError, match=r"electrode not in the plan/layout \(2 known ids, e.g. '1', '2'; ids "
+                                              r"that are a .cmp map's labels need --layout-ids label\)"):
+        load_sessions(write_csv(table, tmp_path / "s.csv"), electrodes=["2", "1"])
+    coded = table.assign(stimulated_electrode=np.where(table["stimulated_electrode"] == "sham", "-1",
+                                                       table["stimulated_electrode"]))
+    with pytest.raises(FileFormatError, match=r"--values stimulated_electrode:CODE=sham"):
+        load_sessions(write_csv(coded, tmp_path / "coded.csv"))

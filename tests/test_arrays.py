@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from stimsim.arrays import AnatomicalPose, ArrayLayout, ArrayPose, load_layout, pose_error, utah_array
+from stimsim.arrays.layout import NO_CMP_DESCRIPTION
 from stimsim.errors import ConfigError, FileFormatError
 
 CMP_FIXTURE = Path(__file__).parent / "data" / "example_array.cmp"
@@ -91,10 +92,9 @@ def test_cmp_labels_keep_their_spaces(tmp_path):
     assert by_label.electrode_ids == ("elec 12", "Utah A 3")
     # 2 columns at 0.4 mm, centred: col 0 at -0.2, col 1 at +0.2
     np.testing.assert_allclose(by_label.position_of("Utah A 3"), (0.2, 0.0))
-    # a spaced label on a line that should be the description is still recognised as an electrode line
+    # a spaced label on the first line is still recognised as an electrode line, not taken for the description
     path.write_text("0\t0\tA\t1\telec 12\n1\t0\tA\t2\telec 13\n")
-    with pytest.raises(FileFormatError, match="line 1: .* reads as an electrode line"):
-        ArrayLayout.from_cmp(path)
+    assert ArrayLayout.from_cmp(path, electrode_id="label").electrode_ids == ("elec 12", "elec 13")
 
 
 def test_electrodes_in_array_order_whatever_order_a_file_lists_them():
@@ -120,10 +120,44 @@ def test_cmp_errors_name_the_line(tmp_path):
     bad.write_text("Cerebus mapping\n0\t0\tA\t40\n")
     with pytest.raises(FileFormatError, match="column elec"):
         ArrayLayout.from_cmp(bad)
-    # without its description line the first electrode would be taken for the description and silently lost
-    bad.write_text("// map\r\n//col\trow\tbank\telec\tlabel\r\n0\t1\tA\t1\telec6\t\r\n1\t1\tA\t3\telec5\t\r\n")
-    with pytest.raises(FileFormatError, match=r"bad.cmp: line 3: .* reads as an electrode line \('0\\t1\\tA\\t1\\telec6'\)"):
+    bad.write_text("// only comments\nCerebus mapping for array 0\n")
+    with pytest.raises(FileFormatError, match="bad.cmp: no electrode lines"):
         ArrayLayout.from_cmp(bad)
+
+
+def test_cmp_with_or_without_a_description_line(tmp_path):
+    """A map written by hand has comments and then electrode lines: the first line that is not a comment is the
+    first electrode when it reads as one (never lost as a description); a map with a description line keeps it."""
+    lines = "0\t1\tA\t1\telec1\n1\t1\tA\t2\telec2\n0\t0\tA\t3\telec3\n1\t0\tA\t4\telec4\n"
+    bare = tmp_path / "nodesc.cmp"
+    bare.write_text("// map file written by hand: comments, then electrode lines, no description line\n"
+                    "// col row bank elec label\n" + lines)
+    layout = ArrayLayout.from_cmp(bare, electrode_id="label")
+    assert layout.electrode_ids == ("elec1", "elec2", "elec3", "elec4")
+    assert layout.description == NO_CMP_DESCRIPTION
+    # 2 × 2 grid at 0.4 mm, centred on the grid: col 0 → x −0.2, row 1 → y +0.2
+    np.testing.assert_allclose(layout.position_of("elec1"), (-0.2, 0.2))
+    np.testing.assert_allclose(layout.position_of("elec4"), (0.2, -0.2))
+    assert layout.cerebus_numbers("elec3") == {"channel": 3, "bank": "A", "elec": 3}
+    described = tmp_path / "desc.cmp"
+    described.write_text("// comment\r\nCerebus mapping for array 2x2 SN 1234\r\n" + lines.replace("\n", "\r\n"))
+    with_description = ArrayLayout.from_cmp(described)
+    assert with_description.electrode_ids == ("1", "2", "3", "4")
+    assert with_description.description == "Cerebus mapping for array 2x2 SN 1234"
+    # the banks survive a subset and the dictionary a subject directory stores
+    again = ArrayLayout.from_dict(with_description.subset(["4", "1"]).to_dict())
+    assert again.cerebus == (("A", 4), ("A", 1)) and again.description == with_description.description
+    assert utah_array("10x10").cerebus_numbers("1") is None
+
+
+def test_cmp_numbers_beyond_a_grid_and_labels_that_are_not_utf8_name_the_line(tmp_path):
+    bad = tmp_path / "bad.cmp"
+    bad.write_text("Cerebus mapping\n0\t0\tA\t1\telec1\n1" + "0" * 400 + "\t0\tA\t2\telec2\n")
+    with pytest.raises(FileFormatError, match=r"bad.cmp: line 3: col and row must be integers in 0–1000, got '1000"):
+        ArrayLayout.from_cmp(bad)
+    bad.write_bytes(b"Cerebus mapping\n0\t0\tA\t1\telec1\n1\t0\tA\t2\t\xe9lec2\n")
+    with pytest.raises(FileFormatError, match=r"bad.cmp: line 3, column label: not UTF-8 text"):
+        ArrayLayout.from_cmp(bad, electrode_id="label")
 
 
 def test_csv_layout_and_its_errors(tmp_path):

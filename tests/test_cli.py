@@ -209,3 +209,100 @@ def test_threads_sets_torch_and_blas_threads(capsys):
         finally:
             torch.set_num_threads(torch_threads)
     assert "unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+def _lock(directory: Path, pid: int, host: str | None = None) -> Path:
+    import json
+    import socket
+
+    from stimsim.locking import LOCK_FILE
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_FILE
+    path.write_text(json.dumps({"pid": pid, "host": host or socket.gethostname(), "command": "plan",
+                                "started_utc": "2026-01-01T00:00:00+00:00"}))
+    return path
+
+
+def test_a_second_run_into_a_held_output_directory_is_refused_naming_the_holder(tmp_path, capsys):
+    """plan, analyze, power, subject make and run each refuse an --out that a live run holds, naming it, and leave
+    it as it was; a lock whose holder is gone (a dead pid on this host) is taken over; an unreadable one refused."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_plan_job import _write_plan
+
+    from stimsim.analysis.synthetic import planted_session
+
+    plan = _write_plan(tmp_path / "config")
+    sessions = tmp_path / "s.csv"
+    planted_session([0.5, 0.5], trials_per_site=20).to_csv(sessions, index=False)
+    commands = {"plan": ["plan", str(plan)], "analyze": ["analyze", str(sessions)],
+                "power": ["power", str(tmp_path / "config")],
+                "subject": ["subject", "make", str(tmp_path / "config" / "subject.toml")],
+                "run": ["run", str(REPO / "experiments" / "afraz2006.toml")]}
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        for name, argv in commands.items():
+            lock = _lock(tmp_path / name, holder.pid)
+            held = lock.read_bytes()
+            assert main([*argv, "--out", str(tmp_path / name)]) == 2, name
+            error = capsys.readouterr().err
+            assert error.startswith(f"stimsim: error: output directory {tmp_path / name} is in use by another run: "
+                                    f"stimsim plan (pid {holder.pid} on host "), (name, error)
+            assert [p.name for p in (tmp_path / name).iterdir()] == [lock.name] and lock.read_bytes() == held
+        other_host = _lock(tmp_path / "remote", os.getpid(), host="another-host")
+        assert main([*commands["analyze"], "--out", str(tmp_path / "remote")]) == 2
+        assert "on host another-host" in capsys.readouterr().err and other_host.is_file()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = _lock(tmp_path / "analyze", holder.pid)  # its holder is gone now
+    assert main([*commands["analyze"], "--out", str(tmp_path / "analyze"), "--boot", "10", "--perm", "10",
+                 "--splits", "2", "--no-progress"]) == 0
+    assert (tmp_path / "analyze" / "summary.json").is_file() and not lock.exists()
+    lock.write_bytes(b"\xff\x00garbage")
+    assert main([*commands["analyze"], "--out", str(tmp_path / "analyze"), "--boot", "10"]) == 2
+    assert f"locked by {lock}, which cannot be read" in capsys.readouterr().err
+
+
+def test_a_model_name_is_the_shipped_model_even_beside_a_folder_of_that_name(tmp_path, monkeypatch, capsys):
+    """A folder ./stimsim-topo-s0 holding another model does not replace the shipped model of that name; a model
+    directory is read only when given as a path (./NAME, /path, DIR/NAME), and a bare folder name says so."""
+    import shutil
+
+    from stimsim.errors import DataError
+    from stimsim.models.registry import SHIPPED_DIR, model_path
+    from stimsim.paradigms.spec import load_experiment
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(SHIPPED_DIR / "stimsim-topo-s2", tmp_path / "stimsim-topo-s0")
+    shutil.copytree(SHIPPED_DIR / "stimsim-topo-s2", tmp_path / "mine")
+    assert model_path("stimsim-topo-s0") == SHIPPED_DIR / "stimsim-topo-s0"
+    assert model_path("./stimsim-topo-s0") == tmp_path / "stimsim-topo-s0"
+    assert model_path(str(tmp_path / "mine")) == model_path(tmp_path / "mine") == tmp_path / "mine"
+    with pytest.raises(DataError, match=r"unknown model 'mine': not one of the shipped models .*the folder ./mine "
+                                        r"is a model directory: give it as a path"):
+        model_path("mine")
+    with pytest.raises(DataError, match=r"model directory ./absent: no model.json there"):
+        model_path("./absent")
+    experiment = tmp_path / "afraz.toml"
+    text = (REPO / "experiments" / "afraz2006.toml").read_text()
+    experiment.write_text(text)
+    assert load_experiment(experiment).model == "stimsim-topo-s0"  # the file's model, beside the folder
+    experiment.write_text(text.replace('model = "stimsim-topo-s0"', 'model = "mine"'))
+    assert load_experiment(experiment).model == str(tmp_path / "mine")  # a folder beside the file
+
+
+def test_a_diverged_training_names_its_file_and_leaves_no_run_directory_without_a_checkpoint(tmp_path, capsys):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_training import small_config
+
+    from stimsim.subject.virtual import to_toml
+
+    config = tmp_path / "diverging.toml"
+    raw = small_config(steps=4, learning_rate=1e8, warmup_steps=0, checkpoint_every_steps=100)
+    config.write_text(f'name = "{raw.pop("name")}"\n' + to_toml(raw))
+    out = tmp_path / "run"
+    assert main(["train", str(config), "--out", str(out), "--no-progress", "--threads", "1"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"stimsim: error: {config}: training 'tiny' diverged at step ") and "Traceback" not in error
+    assert not out.exists()

@@ -59,7 +59,7 @@ def test_error_locations_name_the_file_then_the_table():
 @pytest.mark.parametrize("key, value, message", [
     ("layer", "head", "'layer': layer 'head' has no cortical sheet; topographic layers: "),
     ("layer", "V9", "'layer': unknown layer 'V9'; stages: "),
-    ("model", "no-such-model", "'model': unknown model 'no-such-model': not a model directory"),
+    ("model", "no-such-model", "'model': unknown model 'no-such-model': not one of the shipped models"),
 ])
 def test_a_layer_or_model_the_run_cannot_use_names_the_file_and_key(tmp_path, capsys, key, value, message):
     from stimsim.cli import main

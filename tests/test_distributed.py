@@ -183,3 +183,30 @@ except KeyboardInterrupt:
     assert done.stdout == "interrupted\n"
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
     assert done.returncode == 0
+
+
+def test_a_scheduler_address_that_accepts_but_never_answers_is_refused_within_the_timeout(client, monkeypatch):
+    """A server that accepts the connection and stays silent used to hold `run` forever (only the connect had a
+    timeout); the handshake is bounded too. A real scheduler's address still connects."""
+    import socket
+    import threading
+    import time
+
+    import stimsim.distributed as dask_pool
+
+    pool = dask_pool.ChunkPool(client.scheduler.address)
+    assert pool.threads == 2
+    pool.close()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(silent.accept()), daemon=True).start()
+    monkeypatch.setattr(dask_pool, "CONNECT_TIMEOUT_S", 2)
+    address = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"cannot reach the Dask scheduler at '{address}': no answer to the "
+                                          r"handshake within 2 s"):
+        dask_pool.ChunkPool(address)
+    assert time.monotonic() - start < 10 and accepted
+    silent.close()

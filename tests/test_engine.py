@@ -11,6 +11,7 @@ import torch
 import xarray as xr
 
 from stimsim import engine
+from stimsim.activation_cache import SAMPLED_ROWS
 from stimsim.behavior import LogisticDecoder
 from stimsim.bench import run_benchmark
 from stimsim.errors import ConfigError, SafetyError
@@ -400,11 +401,11 @@ def test_activations_are_cached_across_runs(model, images, decoder, tmp_path, mo
         return real_run_stages(x, start=start, stop=stop)
 
     monkeypatch.setattr(model, "run_stages", recording_run_stages)
-    # another stimulation block on the same images: the stages below the perturbed layer see only the first
-    # and the last image (the content check of the entry), not all of them
+    # another stimulation block on the same images: the stages below the perturbed layer see only the first,
+    # the last and SAMPLED_ROWS random images (the content check of the entry), not all of them
     others = [it_site("s100", 2.0, 2.0, current_uA=100.0), it_site("s50", 7.0, 7.0, current_uA=50.0)]
     again = simulate(model, images, others, decoder, activation_cache=cache, progress=False)
-    assert below == [("it", 2)]
+    assert below == [("it", min(N_IMAGES, 2 + SAMPLED_ROWS))] and N_IMAGES > 2 + SAMPLED_ROWS
     uncached = simulate(model, images, others, decoder, progress=False)
     xr.testing.assert_identical(again, uncached)
     below.clear()
@@ -416,12 +417,13 @@ def test_activations_are_cached_across_runs(model, images, decoder, tmp_path, mo
     xr.testing.assert_identical(repaired, first)
     # other numbers under a checksum made to match them: the recomputed first and last rows catch it
     record_path = entries[0].with_suffix(".json")
-    for rows, message in ((slice(0, 1), "does not match the model's activity of images"),
+    for rows, message in ((slice(0, 1), "does not match the model's activity of the images checked"),
+                          (slice(1, N_IMAGES - 1), "does not match the model's activity of the images checked"),
                           (slice(0, N_IMAGES - 1), f"not the activity of {N_IMAGES} images")):
         stored = torch.load(entries[0], weights_only=True)
         replaced = stored.clone()
         replaced[rows] += 0.5
-        torch.save(replaced[: N_IMAGES - 1] if rows.stop == N_IMAGES - 1 else replaced, entries[0])
+        torch.save(replaced[: N_IMAGES - 1] if rows == slice(0, N_IMAGES - 1) else replaced, entries[0])
         record = json.loads(record_path.read_text())
         record_path.write_text(json.dumps({**record, "sha256": sha256_of(entries[0])}))
         with pytest.warns(UserWarning, match=f"{entries[0].name} .*{message}"):

@@ -123,6 +123,9 @@ def test_plan_writes_every_output(plan_dir):
     assert summary["subject_dir"].endswith("subject")
     config = json.loads((out / "config.json").read_text())
     assert set(config["model_checksums"]["stimsim-topo-s0"]) == {"model.json", "weights.pt"}
+    from stimsim.models.registry import SHIPPED_DIR
+
+    assert config["model_directories"] == {"stimsim-topo-s0": str(SHIPPED_DIR / "stimsim-topo-s0")}
     assert "software" in config and config["config"]["stimulation"]["current_uA"] == 50
     with xr.open_dataset(out / "plan.nc", engine="h5netcdf") as plan:
         assert plan["sequence_image"].dims == ("electrode", "sequence", "step", "y", "x")
@@ -170,7 +173,8 @@ def test_plan_report_states_the_drawn_effects_and_how_the_model_was_chosen(plan_
     html = (out / "report.html").read_text()
     sites = pd.read_csv(out / "sites.csv", dtype={"electrode_id": str})
     summary = json.loads((out / "summary.json").read_text())
-    top = sites["electrode_id"].iloc[:4].tolist()  # the sites whose P(high) curves are drawn
+    top = sites.loc[sites["chosen"], "electrode_id"].iloc[:4].tolist()  # the chosen sites whose curves are drawn
+    assert top != sites["electrode_id"].iloc[:4].tolist()  # here a site too close to a better one is not drawn
     with xr.open_dataset(out / "plan.nc", engine="h5netcdf") as plan:
         fitted = plan.sel(model=summary["chosen_model"], electrode=top, pose="fitted")
         drawn = fitted["delta_auc"].mean("sequence").values
@@ -188,7 +192,7 @@ def test_plan_report_states_the_drawn_effects_and_how_the_model_was_chosen(plan_
         return np.allclose(stated if len(stated) == 2 else stated * 2, ends, rtol=0.06, atol=5e-5)
 
     assert shown(drawn, curves_auc)
-    assert shown(sites["predicted_delta_auc"].iloc[:4].to_numpy(), predicted)
+    assert shown(sites.loc[sites["chosen"], "predicted_delta_auc"].iloc[:4].to_numpy(), predicted)
     assert stated_gap == pytest.approx(gap, rel=0.06, abs=5e-4)
     assert ("overlap at this scale" in caption) == (gap < 0.02)
     validation = html[html.index("Validation on the virtual subject"):]
@@ -198,6 +202,7 @@ def test_plan_report_states_the_drawn_effects_and_how_the_model_was_chosen(plan_
 
 
 @pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")  # the subject's dead electrodes
+@pytest.mark.filterwarnings("ignore:at the planned .* trials per site")  # the small plan's effects are tiny
 def test_plan_resumes_and_refuses_another_configuration(plan_dir, tmp_path):
     config, out = plan_dir
     before = json.loads((out / "summary.json").read_text())
@@ -218,6 +223,73 @@ def test_plan_prints_only_its_json_on_stdout_and_says_what_it_reuses(plan_dir, c
     for phase in ("mapping", "sequences", "rehearsal_stimsim-topo-s0", "truth"):
         assert f"stimsim: plan: reusing cached {phase} from {out / 'cache'}" in captured.err
     assert f"stimsim: plan written to {out}: " in captured.err
+
+
+def _warnings(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("stimsim: warning: plan cache file")]
+
+
+@pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")
+def test_a_changed_or_damaged_cache_file_is_computed_again_with_a_warning(plan_dir, tmp_path, capsys):
+    """Every cached phase is checked against its sha256 on reuse: numbers scaled, keys reordered, garbage and a
+    symbolic link are each named in a warning and recomputed, and the plan is the untampered one; temporary files
+    of a killed write are removed."""
+    config, reference = plan_dir
+    out = tmp_path / "tampered"
+    shutil.copytree(reference, out, symlinks=True)
+    cache = out / "cache"
+    rehearsal = dict(np.load(cache / "rehearsal_stimsim-topo-s0.npz"))
+    np.savez(cache / "rehearsal_stimsim-topo-s0.npz",
+             **{k: v * -10.0 if v.dtype.kind == "f" else v for k, v in rehearsal.items()})
+    mapping = json.loads((cache / "mapping.json").read_text())
+    mapping["working"] = mapping["working"][::-1]
+    (cache / "mapping.json").write_text(json.dumps(mapping))
+    (cache / "sequences.npz").write_bytes(b"PK\x03\x04 not an archive")
+    (tmp_path / "notes.txt").write_text("a text file\n")
+    (cache / "truth.npz").unlink()
+    (cache / "truth.npz").symlink_to(tmp_path / "notes.txt")
+    leftovers = [out / ".plan.nc.k1ll.tmp.nc", out / "truth" / ".subject_p_high.nc.k1ll.tmp.nc",
+                 cache / ".mapping.json.k1ll.tmp.json"]
+    for path in leftovers:
+        path.write_bytes(b"half")
+    capsys.readouterr()
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
+    warned = _warnings(capsys.readouterr().err)
+    for name, why in (("mapping.json", "fails its checksum"), ("sequences.npz", "fails its checksum"),
+                      ("rehearsal_stimsim-topo-s0.npz", "fails its checksum"), ("truth.npz", "is a symbolic link")):
+        assert any(f"{cache / name} {why}" in line and line.endswith("it is computed again") for line in warned), name
+    assert len(warned) == 4
+    assert (out / "sites.csv").read_text() == (reference / "sites.csv").read_text()
+    assert not (cache / "truth.npz").is_symlink() and (tmp_path / "notes.txt").read_text() == "a text file\n"
+    assert not any(path.exists() for path in leftovers)
+    # a record that no longer matches (written for other inputs) is caught too
+    record = json.loads((cache / "truth.npz.sha256").read_text())
+    (cache / "truth.npz.sha256").write_text(json.dumps({**record, "inputs": "0" * 64}))
+    (cache / "mapping.json.sha256").write_text("{not json")
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
+    warned = _warnings(capsys.readouterr().err)
+    assert [Path(line.split()[5]).name for line in warned] == ["mapping.json", "truth.npz"]
+    assert "computed from other inputs" in warned[1] and "no readable record" in warned[0]
+
+
+@pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")
+def test_a_plan_whose_subject_files_changed_is_computed_again(plan_dir, tmp_path, capsys):
+    """The phases depend on the plan's own virtual subject: the responses of DIR/subject/recordings.nc given to
+    the electrodes in reverse order are new inputs, so every phase is computed again (with a warning), not taken from the cache."""
+    from stimsim.recordings import load_recordings
+
+    config, reference = plan_dir
+    out = tmp_path / "changed"
+    shutil.copytree(reference, out)
+    recordings = load_recordings(out / "subject" / "recordings.nc")
+    recordings.response.values[:] = recordings.response.values[:, ::-1].copy()  # each electrode gets another's
+    recordings.save_netcdf(out / "subject" / "recordings.nc")
+    capsys.readouterr()
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
+    warned = _warnings(capsys.readouterr().err)
+    assert any("mapping.json was computed from other inputs" in line for line in warned)
+    before = json.loads((reference / "summary.json").read_text())["predicted_delta_auc"]
+    assert json.loads((out / "summary.json").read_text())["predicted_delta_auc"] != before
 
 
 def test_a_killed_plan_resumes_from_its_finished_phases(plan_dir, tmp_path):
@@ -257,7 +329,7 @@ def test_plan_on_dask_workers_equals_one_process(plan_dir, tmp_path):
     # run on the workers (every model's rehearsal and the subject's truth) are recomputed there.
     (spread / "cache").mkdir(parents=True)
     shutil.copytree(out / "subject", spread / "subject")
-    for name in ("config_digest.txt", "mapping.json", "sequences.npz"):
+    for name in ("config_digest.txt", "mapping.json", "mapping.json.sha256", "sequences.npz", "sequences.npz.sha256"):
         shutil.copy(out / "cache" / name, spread / "cache" / name)
     assert main(["plan", str(config), "--out", str(spread), "--no-progress", "--device", "cpu",
                  "--scheduler", "processes=2"]) == 0
@@ -336,6 +408,69 @@ def test_plan_and_subject_refuse_a_folder_of_other_files_unless_forced(tmp_path,
     assert main(["subject", "make", str(config.parent / "subject.toml"), "--out", str(notes)]) == 0  # now a subject
 
 
+def test_sessions_and_power_name_a_damaged_or_inconsistent_plan_file(plan_dir, tmp_path, capsys):
+    """A summary naming an electrode the truth lacks, a summary or truth file that is not what the plan wrote:
+    `subject session` and `power` end with an error naming the file (and field), never a traceback."""
+    _, reference = plan_dir
+    out = tmp_path / "plan"
+    shutil.copytree(reference, out)
+    summary = json.loads((out / "summary.json").read_text())
+    truth = out / "truth" / "subject_p_high.nc"
+    cases = [
+        (lambda: (out / "summary.json").write_text(json.dumps({**summary, "chosen_electrodes": ["e99"]})),
+         f"{out / 'summary.json'}: names electrode(s) ['e99']"),
+        (lambda: (out / "summary.json").write_bytes(b"\xff\xfe{garbage"), f"{out / 'summary.json'}: "),
+        (lambda: (out / "summary.json").write_text(json.dumps({**summary, "subject_lapse_rate": "high"})),
+         "field 'subject_lapse_rate' must be a finite number"),
+        (lambda: truth.write_bytes(b"\x89HDF\r\n garbage"), f"{truth}: not a readable NetCDF file"),
+    ]
+    for damage, message in cases:
+        shutil.copy(reference / "summary.json", out / "summary.json")
+        shutil.copy(reference / "truth" / "subject_p_high.nc", truth)
+        damage()
+        for argv in (["subject", "session", str(out), "--trials-per-site", "14", "--csv", str(tmp_path / "s.csv")],
+                     ["power", str(out), "--sessions", "10", "--trials-per-site", "14", "--out", str(tmp_path / "power")]):
+            assert main(argv) == 2, (argv[0], message)
+            error = capsys.readouterr().err
+            assert error.startswith("stimsim: error: ") and message in error and "Traceback" not in error, error
+        assert not (tmp_path / "s.csv").exists() and not (tmp_path / "power").exists()
+
+
+@pytest.mark.parametrize("table, replace, message", [
+    ("plan", ("[stimulation]\n", "[stimulation]\nfrequency_Hz = 0\n"),
+     r"plan.toml \[stimulation\]: 'frequency_Hz' must be > 0 \(a train at 0 Hz delivers no pulse\), got 0"),
+    ("plan", ("[selection]\n", "[safety]\noverride = \"  \"\n[selection]\n"),
+     r"plan.toml \[safety\]: 'override' must be the reason the limits are overridden \(non-empty text\)"),
+    ("subject", ("radius_mm = 0.25", "radius_mm = 1e6"),
+     r"subject.toml \[recording\]: 'radius_mm' = 1e\+06 is larger than the model's IT sheet \(extent .*\): every "
+     r"electrode would record the whole sheet; give at most \d"),
+    ("subject", ('dead_electrodes = ["e16"]', "dead_fraction = 1.0"),
+     r"subject.toml \[array\]: 'dead_fraction' = 1 leaves no working electrode; give a fraction below 1"),
+])
+def test_plan_and_subject_values_without_effect_or_meaning_are_refused_naming_the_key(tmp_path, table, replace,
+                                                                                      message):
+    from stimsim.planning.config import load_plan_config
+    from stimsim.subject import VirtualSubject
+
+    config = _write_plan(tmp_path / "config")
+    path = config if table == "plan" else tmp_path / "config" / "subject.toml"
+    assert replace[0] in path.read_text()
+    path.write_text(path.read_text().replace(*replace, 1))
+    with pytest.raises(ConfigError, match=message):
+        load_plan_config(config) if table == "plan" else VirtualSubject.from_file(path)
+
+
+def test_a_subject_of_one_repeat_says_what_plans_on_it_need(tmp_path):
+    from stimsim.subject import VirtualSubject
+
+    _write_plan(tmp_path / "config")
+    path = tmp_path / "config" / "subject.toml"
+    path.write_text(path.read_text().replace("repeats = 4", "repeats = 1"))
+    with pytest.warns(UserWarning, match=r"subject.toml \[recording\]: repeats = 1: a plan on this subject needs "
+                                         r"\[array\] min_reliability = -1"):
+        VirtualSubject.from_file(path)
+
+
 def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_dir, tmp_path, capsys):
     _, out = plan_dir
     csv = tmp_path / "session.csv"
@@ -344,7 +479,9 @@ def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_di
                           (["--csv", str(tmp_path / "f" / "s.csv")], "--csv: output directory"),
                           (["--trials-per-site", "1", "--csv", str(csv)], "--trials-per-site must be at least 2"),
                           (["--out", str(tmp_path / "session.csv")], "give a file name ending in .nwb"),
-                          (["--seed", "-1", "--csv", str(csv)], "--seed must be at least 0, got -1"),
+                          (["--seed", "-1", "--csv", str(csv)], "--seed must be an integer from 0 to 4294967295"),
+                          (["--trials-per-site", "1000000000", "--csv", str(csv)],
+                           "a session of 1000000000 trials per site × "),
                           (["--session-id", "", "--csv", str(csv)], "--session-id is empty"),
                           ([], "give --out FILE.nwb and/or --csv FILE.csv")):
         (tmp_path / "f").write_text("x")  # a file where a folder would have to be
@@ -442,6 +579,7 @@ def test_candidates_in_directories_of_the_same_name_are_rehearsed_each_on_its_ow
 
 
 @pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")  # the subject's dead electrodes
+@pytest.mark.filterwarnings("ignore:at the planned .* trials per site")  # the small plan's effects are tiny
 def test_validate_writes_per_pose_numbers_and_the_null(tmp_path, one_torch_thread):
     config = _write_plan(tmp_path / "config")
     out = tmp_path / "out"
@@ -820,6 +958,9 @@ def test_a_plan_cache_of_recordings_that_changed_since_is_refused(tmp_path):
     PhaseCache(tmp_path / "out", before)
     with pytest.raises(ConfigError, match="holds a plan made with other parameters or input files"):
         PhaseCache(tmp_path / "out", after)
+    (tmp_path / "out" / "cache" / "config_digest.txt").write_bytes(b"\xff\xfe not a digest")  # damaged: refused too
+    with pytest.raises(ConfigError, match="holds a plan made with other parameters or input files"):
+        PhaseCache(tmp_path / "out", before)
 
 
 def test_shipped_plan_files_parse_and_tasks_keep_their_own_tables(tmp_path):

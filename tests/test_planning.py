@@ -10,7 +10,7 @@ from stimsim.errors import ConfigError
 from stimsim.paradigms.sequence_2afc import TaskSpec, fit_readouts
 from stimsim.planning.rehearsal import rehearse
 from stimsim.planning.selection import (SelectionSpec, choose_sites, rank_sites, ranking_reliability,
-                                        separation_mm)
+                                        separation_mm, shortfall_message)
 from stimsim.planning.session import simulate_trials, write_session_csv, write_session_nwb
 from stimsim.sequences import SequenceSpec, build_sequences, excursion_warning, pooling_matrix
 
@@ -47,6 +47,22 @@ def test_choose_sites_respects_separation_broken_and_count():
     assert broken["reason"][0] == "broken" and broken["reason"][1] == "unreliable"
     no_prediction = choose_sites(ids, xy, [np.nan, 0.04, 0.03, 0.02, 0.01], SelectionSpec(n_sites=5))
     assert 0 not in no_prediction["chosen"] and no_prediction["reason"][0] == "no prediction"
+
+
+def test_fewer_sites_than_asked_are_explained():
+    """A separation or a count no array can meet plans fewer sites than asked, and says why."""
+    ids = ["1", "2", "3", "4", "5"]
+    xy = np.array([[0.0, 0.0], [0.4, 0.0], [0.4, 0.4], [1.2, 0.0], [2.0, 0.0]])
+    predicted = np.array([0.05, 0.04, np.nan, 0.02, 0.01])
+    far = SelectionSpec(n_sites=3, min_separation_mm=1e9)
+    assert shortfall_message(choose_sites(ids, xy, predicted, far), far) == (
+        "1 site(s) chosen of the n_sites = 3 asked: the other working electrodes are 3 within min_separation_mm = "
+        "1e+09 of a chosen site, 1 without a prediction")
+    many = SelectionSpec(n_sites=10**6)
+    assert shortfall_message(choose_sites(ids, xy, predicted, many), many).startswith(
+        "4 site(s) chosen of the n_sites = 1000000 asked: the other working electrodes are 1 without a prediction")
+    enough = SelectionSpec(n_sites=2)
+    assert shortfall_message(choose_sites(ids, xy, predicted, enough), enough) is None
 
 
 @pytest.mark.parametrize("metric, steps", [("manhattan", {(1, 1), (2, 0), (0, 2)}), ("euclidean", {(2, 0), (0, 2)})])
@@ -384,3 +400,7 @@ def test_electrodes_left_out_are_named_with_their_reason():
         ["3"], {"constant_response": ["2"], "reliability_undefined": [], "below_min_reliability": []})
     assert left_out_message({"constant_response": [], "reliability_undefined": [], "below_min_reliability": []},
                             0.3) is None
+    # listed by id ("e2" before "e10"), not in the array order the screening runs in
+    ids = ["e10", "e2", "e33", "e1"]
+    assert screen_electrodes(ids, [], dict.fromkeys(ids, 0.0), 0.3)[1]["below_min_reliability"] == [
+        "e1", "e2", "e10", "e33"]

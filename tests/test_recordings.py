@@ -302,3 +302,16 @@ def test_validation_names_file_field_and_row(tmp_path):
     (tmp_path / "text.nwb").write_text("not hdf5")
     with pytest.raises(FileFormatError, match="not a readable NWB file"):
         load_recordings(tmp_path / "text.nwb")
+
+
+def test_an_electrode_position_that_is_not_a_number_is_an_error_naming_the_electrode_and_row(tmp_path):
+    recordings, *_ = _planted()
+    path = tmp_path / "lab.nwb"
+    _write_plain_nwb(path, recordings.response.values, recordings.response.stimulus_id.values,
+                     ["e1", "e2", "e3", "e4", "e5"], [0.0, 400.0, float("nan"), 0.0, 400.0],
+                     [0.0, 0.0, 0.0, 400.0, float("inf")])
+    names = {"presentation": "image_presentations", "response": "mua", "stimulus_id": "image_name",
+             "electrode": "channel_name", "x_mm": "pos_x", "y_mm": "pos_y"}
+    with pytest.raises(FileFormatError, match=r"lab.nwb: electrodes table columns 'pos_x', 'pos_y': electrode\(s\) "
+                                              r"e3, e5 \(row\(s\) 3, 5\) have no finite position"):
+        load_recordings(path, names=names)

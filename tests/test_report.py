@@ -91,3 +91,21 @@ def test_report_pdf_pages_have_the_table(tmp_path, pdf_pages):
     assert "0.0123" in texts[0]
     first = np.asarray(PILImage.open(pngs[0]).convert("L"))
     assert (first < 128).mean() > 0.002
+
+
+def test_a_warning_paragraph_is_boxed_and_a_first_page_figure_prints_smaller(tmp_path, pdf_pages):
+    """css_class "warning" draws a paragraph in a box; "first-page" prints a figure 190 mm wide so that the title
+    and a few paragraphs fit above it on PDF page 1."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(12, 4))
+    ax.plot([0, 1], [0, 1])
+    blocks = [Paragraph("Plain text."), Paragraph("Warning: too few trials.", css_class="warning"),
+              Image(figure_png(fig), caption="the wide figure", css_class="first-page")]
+    report = Report("Plan", [Section("Plan", blocks)])
+    html = report.to_html()
+    assert '<p class="warning">Warning: too few trials.</p>' in html and "<p>Plain text.</p>" in html
+    assert '<figure class="first-page">' in html
+    assert re.search(r"p\.warning \{[^}]*border", html) and "figure.first-page img" in html
+    _, pdf = report.write(tmp_path / "out")
+    texts, _ = pdf_pages(pdf)
+    assert "the wide figure" in texts[0]

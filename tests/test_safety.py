@@ -127,3 +127,20 @@ def test_limits_looser_than_the_defaults_need_an_override(limits, named):
     assert report.overridden and not report.passed
     assert any(named in violation for violation in report.violations)
     assert report.to_dict()["override_reason"] == "bench test of a macroelectrode"
+
+
+def test_an_unsafe_current_names_the_largest_current_that_passes():
+    """k = 2 log10(Q / µC) − log10(A / cm²): at k = 1.85 on 2000 µm² (2e-5 cm²) Q = 10^((1.85 − 4.699) / 2) µC
+    = 37.63 nC, i.e. 188.1 µA at 0.2 ms per phase; a 20 nC charge limit caps it at 100 µA."""
+    from stimsim.stimulation.safety import largest_safe_current_uA
+
+    expected = math.floor(1e3 * 10 ** ((1.85 + math.log10(2e-5)) / 2) / 0.2 * 10) / 10
+    assert largest_safe_current_uA(0.2) == pytest.approx(expected) == pytest.approx(188.1)
+    assert check_protocol(ElectricalStimulation(((0.0, 0.0),), current_uA=expected)).passed
+    assert not check_protocol(ElectricalStimulation(((0.0, 0.0),), current_uA=expected + 0.1)).passed
+    with pytest.raises(SafetyError, match=r"the largest current within the limits at 0.2 ms per phase is 188.1 µA"):
+        enforce(ElectricalStimulation(((0.0, 0.0),), current_uA=300.0))
+    capped = SafetyLimits(max_charge_per_phase_nC=20.0)
+    assert largest_safe_current_uA(0.2, capped) == 100.0
+    report = check_protocol(ElectricalStimulation(((0.0, 0.0),), current_uA=120.0), capped)
+    assert report.violations[-1].endswith("is 100 µA")

@@ -167,7 +167,11 @@ def test_subject_make_writes_both_formats_and_the_truth(tmp_path, one_torch_thre
                       'dead_fraction = 0.1\n[recording]\nrepeats = 2\n[[stimuli]]\nsource = "lfw_subset"\n')
     out = tmp_path / "subject"
     assert main(["subject", "make", str(config), "--out", str(out)]) == 0
-    shown = json.loads(capsys.readouterr().out)  # stdout is JSON alone
+    captured = capsys.readouterr()
+    shown = json.loads(captured.out)  # stdout is JSON alone
+    assert "virtual subject written to" in captured.err
+    assert main(["subject", "make", str(config), "--out", str(tmp_path / "quiet"), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
     assert shown["n_electrodes"] == 64 and shown["n_dead_electrodes"] == 6
     assert {"recordings.nc", "recordings.nwb", "truth.json"} <= set(shown["files"])
     truth = json.loads((out / "truth.json").read_text())

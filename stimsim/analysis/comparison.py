@@ -52,8 +52,8 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
         if name in sites:
             sites[name] = sites[name].astype(float)
     try:
-        summary = json.loads(summary_path.read_text())
-    except json.JSONDecodeError as exc:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FileFormatError(summary_path, f"invalid JSON ({exc})") from None
     return sites, summary
 

@@ -29,9 +29,14 @@ from tqdm.auto import tqdm
 
 from stimsim.analysis.effects import delta_auc_of_counts, fit_grouped_logistic
 from stimsim.errors import ConfigError
+from stimsim.limits import check_memory, check_seed
 
 #: Trials per site simulated by default (stimulated + sham).
 DEFAULT_TRIAL_COUNTS = (50, 100, 200, 400, 800, 1600)
+
+#: Peak memory of one trial count per (session, site, condition, step) cell, bytes: the simulated counts and
+#: the z-tests' and logistic fits' temporaries (measured: 10.5–11 with tracemalloc).
+POWER_BYTES_PER_CELL = 12 * 8
 
 #: Observed-vs-true r across sites that a session should reach (the closed-loop target).
 TARGET_OBSERVED_VS_TRUE_R = 0.8
@@ -89,12 +94,13 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
     n_sites, _, n_steps = p_high.shape
     counts = sorted({int(count) for count in trial_counts})
     if not counts or counts[0] < 2 * n_steps:
-        raise ConfigError(f"trial counts per site must be integers >= {2 * n_steps} (a ΔAUC needs a trial at each of "
+        raise ConfigError(f"--trials-per-site: trial counts must be integers >= {2 * n_steps} (a ΔAUC needs a trial at each of "
                           f"the {n_steps} steps in both conditions), got {list(trial_counts)}")
     if n_sessions < 10:
         raise ConfigError(f"n_sessions must be >= 10 for a power estimate, got {n_sessions}")
-    if seed < 0:
-        raise ConfigError(f"seed must be an integer >= 0, got {seed}")
+    check_seed("seed", seed)
+    check_memory(f"power: {n_sessions} sessions of {n_sites} sites × {n_steps} steps × 2 conditions",
+                 POWER_BYTES_PER_CELL * n_sessions * n_sites * 2 * n_steps, "--sessions (n_sessions)")
     electrodes = [str(i + 1) for i in range(n_sites)] if electrodes is None else [str(e) for e in electrodes]
     positions = np.linspace(0.0, 1.0, n_steps)
     planned = (delta_auc_of_counts(p_high, np.ones_like(p_high), positions) if planned_delta_auc is None
@@ -191,35 +197,42 @@ def curves_from_plan(plan_dir) -> dict:
     sequences: the virtual subject's own curves with its lapses (``truth/subject_p_high.nc``) when the
     plan was made on a virtual subject, else the plan's predictions (``plan.nc``, chosen model, fitted
     pose). Also the plan's predicted ΔAUC of those sites (their planned direction)."""
-    import json
     from pathlib import Path
 
     import xarray as xr
 
+    from stimsim.analysis.comparison import load_plan_predictions
     from stimsim.errors import FileFormatError
+    from stimsim.planning.readback import TRUTH_FILE, read_subject_p_high, summary_electrodes, summary_number
 
     plan_dir = Path(plan_dir)
-    summary_path, sites_path = plan_dir / "summary.json", plan_dir / "sites.csv"
-    for path in (summary_path, sites_path):
-        if not path.is_file():
-            raise FileNotFoundError(f"plan directory {plan_dir} has no {path.name} (made by `stimsim plan`)")
-    summary = json.loads(summary_path.read_text())
-    sites = pd.read_csv(sites_path, dtype={"electrode_id": str}).set_index("electrode_id")
-    chosen = [str(e) for e in summary.get("chosen_electrodes", sites.index)]
-    truth_path = plan_dir / "truth" / "subject_p_high.nc"
+    summary_path = plan_dir / "summary.json"
+    sites, summary = load_plan_predictions(plan_dir)
+    if not isinstance(summary, dict):
+        raise FileFormatError(summary_path, f"not a plan summary: a JSON {type(summary).__name__}, not an object")
+    sites = sites.set_index("electrode_id")
+    chosen = summary_electrodes(summary_path, summary) if "chosen_electrodes" in summary else list(sites.index)
+    unknown = [e for e in chosen if e not in sites.index]
+    if unknown:
+        raise FileFormatError(summary_path, f"names electrode(s) {unknown} that {plan_dir / 'sites.csv'} does not "
+                                            "list; the files are not of one plan")
+    truth_path = plan_dir / TRUTH_FILE
     if truth_path.is_file():
-        with xr.open_dataset(truth_path, engine="h5netcdf") as data:
-            p_high = data["subject_p_high"].sel(electrode=chosen).transpose("electrode", "stimulated", "sequence",
-                                                                             "step").load()
-        lapse = float(summary.get("subject_lapse_rate", 0.0))
+        p_high = read_subject_p_high(plan_dir, chosen, summary_path)
+        lapse = summary_number(summary_path, summary, "subject_lapse_rate", 0.0)
         source = f"virtual subject (lapse rate {lapse:g})"
     else:
         plan_path = plan_dir / "plan.nc"
         if not plan_path.is_file():
             raise FileFormatError(plan_path, "not found: the plan's predicted P(high) is needed")
-        with xr.open_dataset(plan_path, engine="h5netcdf") as data:
-            p_high = data["p_high"].sel(model=summary["chosen_model"], pose="fitted", electrode=chosen).transpose(
-                "electrode", "stimulated", "sequence", "step").load()
+        try:
+            with xr.open_dataset(plan_path, engine="h5netcdf") as data:
+                p_high = data["p_high"].sel(model=summary["chosen_model"], pose="fitted", electrode=chosen).transpose(
+                    "electrode", "stimulated", "sequence", "step").load()
+        except Exception as exc:  # a damaged file, or one of another plan (h5py and xarray raise many types)
+            raise FileFormatError(plan_path, f"holds no predicted P(high) of the chosen model "
+                                             f"{summary.get('chosen_model')!r} and sites {chosen} "
+                                             f"({type(exc).__name__}: {exc})") from None
         lapse = 0.0
         source = f"plan predictions ({summary['chosen_model']})"
     curves = lapse / 2 + (1 - lapse) * p_high.values.mean(axis=2)
@@ -236,11 +249,12 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     from stimsim.jsonable import json_ready
     from stimsim.analysis.figures import plot_power_curve
     from stimsim.io import ResultSet, provenance
+    from stimsim.locking import DirectoryLock
     from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
 
     # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
     # before writing leaves it as it was.
-    with ResultSet(out_dir, "power", force=force) as results:
+    with DirectoryLock(out_dir, "power"), ResultSet(out_dir, "power", force=force) as results:
         planned = curves_from_plan(plan_dir)
         curve, sites, summary = power_analysis(planned["p_high"], planned["electrodes"], planned["planned_delta_auc"],
                                                trial_counts=trial_counts, n_sessions=n_sessions, alpha=alpha,

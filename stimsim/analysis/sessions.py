@@ -13,6 +13,7 @@ labs that code values differently (choices 0/1, sham as electrode -1 or current 
 """
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import numpy as np
@@ -174,10 +175,21 @@ def column_mapping(spec: str | None) -> dict[str, str]:
     return parse_column_mapping(spec)
 
 
+def did_you_mean(names, choices) -> str:
+    """"; did you mean 'x'?" for the names with a close match among ``choices`` (difflib), else ""."""
+    import difflib
+
+    close = {name: difflib.get_close_matches(str(name), [str(c) for c in choices], n=1) for name in names}
+    hints = [f"{match[0]!r} for {name!r}" if len(close) > 1 else repr(match[0])
+             for name, match in close.items() if match]
+    return f"; did you mean {', '.join(hints)}?" if hints else ""
+
+
 def _checked_mapping(mapping: dict[str, str], where: str) -> dict[str, str]:
     unknown = sorted(set(mapping.values()) - set(COLUMNS))
     if unknown:
-        raise ConfigError(f"{where}: unknown stimsim column(s) {unknown}; allowed: {', '.join(COLUMNS)}")
+        raise ConfigError(f"{where}: unknown stimsim column(s) {unknown}{did_you_mean(unknown, COLUMNS)}; "
+                          f"allowed: {', '.join(COLUMNS)}")
     return dict(mapping)  # several lab names may map onto one column (files from different rigs), one per file
 
 
@@ -223,7 +235,8 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
     renamed = [_renamed(raw, mapping, ids, path) for raw, ids, path in zip(raws, file_ids, paths)]
     values = _checked_values(values, "value mapping") if values else {}
     _codes_in_files(values, renamed, paths)
-    tables = [_validated(table, path, known, values) for table, path in zip(renamed, paths)]
+    tables = [_validated(table, path, known, values, {ours: lab for lab, ours in mapping.items() if lab in raw.columns})
+              for table, raw, path in zip(renamed, raws, paths)]
     sessions = pd.concat(tables, ignore_index=True)
     if plan_sequences is not None:
         plan_file, n_sequences, n_steps = plan_sequences
@@ -321,12 +334,13 @@ def _where(paths) -> str | Path:
 def _mapping_in_files(mapping: dict[str, str], raws, paths) -> dict[str, str]:
     """The mapping, checked against the files read together: each lab column it names must be in at
     least one of them (several files of different formats share one mapping)."""
-    absent = sorted(set(mapping) - set().union(*(raw.columns for raw in raws)))
+    present = set().union(*(raw.columns for raw in raws))
+    absent = sorted(set(mapping) - present)
     if absent:
         columns = "; ".join(f"{path.name}: {', '.join(map(str, raw.columns))}" for raw, path in zip(raws, paths))
         raise FileFormatError(_where(paths),
-                              f"column mapping names column(s) {absent} that no file given has; their columns: "
-                              f"{columns}")
+                              f"column mapping names column(s) {absent} that no file given has"
+                              f"{did_you_mean(absent, present)}; their columns: {columns}")
     return mapping
 
 
@@ -394,6 +408,11 @@ def _read_raw(path: Path) -> tuple[pd.DataFrame, dict]:
             raise FileFormatError(path, "empty session: the file holds no table (no header, no rows)") from None
         except (pd.errors.ParserError, UnicodeDecodeError) as exc:
             raise FileFormatError(path, f"not a readable CSV table ({str(exc).strip()})") from None
+        with open(path, newline="", encoding="utf-8") as handle:  # pandas renames a repeated column (x, x.1)
+            header = next(csv.reader(handle), [])
+        twice = sorted({name for name in header if header.count(name) > 1})
+        if twice:
+            raise FileFormatError(path, f"the header names column(s) {twice} more than once; give each column once")
         subject_id = session_id = None
     elif suffix in (".h5", ".hdf5"):
         table = _read_hdf5(path)
@@ -445,18 +464,39 @@ def _read_hdf5(path: Path) -> pd.DataFrame:
         raise
     except OSError as exc:
         raise FileFormatError(path, f"not a readable HDF5 file ({exc})") from None
-    lengths = {name: np.shape(values)[0] if np.ndim(values) else -1 for name, values in columns.items()}
-    if len(set(lengths.values())) > 1 or -1 in lengths.values():
-        raise FileFormatError(path, f"/trials columns must be 1-D and of equal length, got lengths {lengths}")
-    decoded = {name: [v.decode() if isinstance(v, bytes) else v for v in values] if np.asarray(values).dtype.kind
-               in "OS" else values for name, values in columns.items()}
+    shapes = {name: np.shape(values) for name, values in columns.items()}
+    not_1d = {name: shape for name, shape in shapes.items() if len(shape) != 1}
+    if not_1d:
+        raise FileFormatError(path, "/trials columns must be 1-D (one value per trial); "
+                                    + ", ".join(f"column {name!r} has shape {shape}" for name, shape in not_1d.items()))
+    lengths = {name: shape[0] for name, shape in shapes.items()}
+    if len(set(lengths.values())) > 1:
+        raise FileFormatError(path, f"/trials columns must be of equal length, got lengths {lengths}")
+    decoded = {name: _decoded(path, name, values) if np.asarray(values).dtype.kind in "OS" else values
+               for name, values in columns.items()}
     return pd.DataFrame(decoded)
 
 
+def _decoded(path: Path, name: str, values) -> list:
+    """The text of an HDF5 column of bytes (UTF-8); undecodable bytes name the column and row."""
+    text = []
+    for row, value in enumerate(values, start=1):
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise FileFormatError(path, f"/trials column {name!r}, row {row}: not UTF-8 text ({exc.reason} at "
+                                            f"byte {exc.start}: {value[max(exc.start - 8, 0):exc.start + 8]!r})") from None
+        text.append(value)
+    return text
+
+
 def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
-               values: dict[str, dict[str, str]] | None = None) -> pd.DataFrame:
+               values: dict[str, dict[str, str]] | None = None, lab_names: dict | None = None) -> pd.DataFrame:
     """Check every rule on the whole file (after translating the lab's value codes, ``values``); raise
-    one error listing its problems, or return the table."""
+    one error listing its problems, each column named as stimsim and, where it was mapped, as the file names it
+    (``lab_names``: stimsim name → the file's), or return the table."""
+    lab_names = lab_names or {}
     present = set(raw.columns)
     unitless = [name for name in raw.columns if name in _UNITLESS_CURRENT]
     if unitless and "current_uA" not in present:
@@ -484,7 +524,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
             if values is not None:
                 value = values[mask][0]
                 example = f"; e.g. {value.item() if isinstance(value, np.generic) else value!r}"
-            problems.append(f"column {column!r}, row(s) {shown}: {what}{example}")
+            mapped = f" (the file's column {lab_names[column]!r})" if column in lab_names else ""
+            problems.append(f"column {column!r}, row(s) {shown}: {what}{example}{mapped}")
 
     raw, unknown_choice = _recoded(raw, values or {}, report)
     table = pd.DataFrame({"file": str(path), "row": rows})
@@ -492,19 +533,23 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
         text = raw[name].map(_as_text).to_numpy(dtype=object)
         report(text == "", name, "empty value")
         table[name] = text
+    as_written = table["choice"].to_numpy()
     table["choice"] = table["choice"].str.lower()
-    report(~table["choice"].isin(CHOICES) & ~unknown_choice, "choice",
+    report(~table["choice"].isin(CHOICES) & ~unknown_choice & (as_written != ""), "choice",
            f"choice outside the task's options {list(CHOICES)} (a lab's own codes map with --values "
-           f"choice:CODE=low,CODE=high)", table["choice"].to_numpy())
+           f"choice:CODE=low,CODE=high)", as_written)
     table["stimulated_electrode"] = np.where(table["stimulated_electrode"].str.lower() == SHAM, SHAM,
                                              table["stimulated_electrode"])
     stimulated = table["stimulated_electrode"].to_numpy() != SHAM
     report(stimulated & (table["stimulated_electrode"] != table["electrode"]).to_numpy(), "stimulated_electrode",
            "stimulated electrode differs from the electrode whose sequence is shown (per-site analysis "
-           "pairs a site's sequence with its own stimulation or sham)", table["stimulated_electrode"].to_numpy())
+           "pairs a site's sequence with its own stimulation or sham; a lab's code for sham trials maps with "
+           "--values stimulated_electrode:CODE=sham)", table["stimulated_electrode"].to_numpy())
     if known is not None:
+        examples = ", ".join(map(repr, sorted(known, key=natural_key)[:5]))
         report(~table["electrode"].isin(known) & (table["electrode"] != ""), "electrode",
-               f"electrode not in the plan/layout ({len(known)} known ids)", table["electrode"].to_numpy())
+               f"electrode not in the plan/layout ({len(known)} known ids, e.g. {examples}; ids that are a .cmp "
+               f"map's labels need --layout-ids label)", table["electrode"].to_numpy())
 
     step = pd.to_numeric(raw["step"], errors="coerce").to_numpy(dtype=float)
     report(~np.isfinite(step) | (step != np.round(step)) | (step < 0), "step",

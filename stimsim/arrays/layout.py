@@ -24,12 +24,16 @@ UTAH_GRIDS = {"10x10": (10, True), "8x8": (8, False)}
 #: Blackrock banks of 32 channels each, in channel order.
 CMP_BANKS = "ABCD"
 CMP_CHANNELS_PER_BANK = 32
+#: Largest col / row of a .cmp grid position (a Utah array has 10; larger numbers are typing errors).
+CMP_MAX_GRID = 1000
 #: Position columns of a layout CSV (and position fields of a recordings file) by unit, with the factor to mm.
 POSITION_UNITS = {"mm": (("x_mm", "y_mm"), 1.0), "um": (("x_um", "y_um"), 1e-3)}
 #: Median nearest-neighbour spacing (mm) a layout can plausibly have: Utah arrays 0.4 mm, floating microelectrode
 #: arrays 0.4–0.8 mm, dense shanks 0.02 mm. Above the upper bound positions are almost surely in µm read as mm,
 #: below the lower one in m.
 PLAUSIBLE_SPACING_MM = (0.005, 5.0)
+#: :attr:`ArrayLayout.description` of a .cmp map whose first line after its comments is already an electrode line.
+NO_CMP_DESCRIPTION = "(no description line: the map's electrode lines follow its comments)"
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,12 +46,16 @@ class ArrayLayout:
     electrode_ids : N unique ids as text, e.g. ``"1"`` … ``"96"``.
     positions_mm : (N, 2) float array, row i = (x, y) of electrode i.
     labels : optional N extra labels (e.g. a Blackrock ``elec12`` label), or empty.
+    description : what the layout file says of itself (a .cmp map's description line), or empty.
+    cerebus : for a .cmp map, N (bank, elec) pairs — bank ``"A"``–``"D"``, elec 1–32 — or empty.
     """
 
     name: str
     electrode_ids: tuple
     positions_mm: np.ndarray
     labels: tuple = ()
+    description: str = ""
+    cerebus: tuple = ()
 
     def __post_init__(self):
         ids = tuple(str(i) for i in self.electrode_ids)
@@ -70,10 +78,14 @@ class ArrayLayout:
         labels = tuple(str(label) for label in self.labels)
         if labels and len(labels) != len(ids):
             raise ValueError(f"array {self.name!r}: {len(labels)} labels for {len(ids)} electrodes")
+        cerebus = tuple((str(bank), int(elec)) for bank, elec in self.cerebus)
+        if cerebus and len(cerebus) != len(ids):
+            raise ValueError(f"array {self.name!r}: {len(cerebus)} (bank, elec) pairs for {len(ids)} electrodes")
         positions.setflags(write=False)
         object.__setattr__(self, "electrode_ids", ids)
         object.__setattr__(self, "positions_mm", positions)
         object.__setattr__(self, "labels", labels)
+        object.__setattr__(self, "cerebus", cerebus)
 
     def __len__(self) -> int:
         return len(self.electrode_ids)
@@ -90,7 +102,16 @@ class ArrayLayout:
         """The electrodes named by ``electrode_ids``, in that order (positions unchanged)."""
         rows = [self.index_of(i) for i in electrode_ids]
         return ArrayLayout(self.name, tuple(self.electrode_ids[r] for r in rows), self.positions_mm[rows],
-                           tuple(self.labels[r] for r in rows) if self.labels else ())
+                           tuple(self.labels[r] for r in rows) if self.labels else (), self.description,
+                           tuple(self.cerebus[r] for r in rows) if self.cerebus else ())
+
+    def cerebus_numbers(self, electrode_id) -> dict | None:
+        """``{"channel", "bank", "elec"}`` of one electrode of a .cmp map (channel = bank index × 32 + elec, as the
+        Cerebus system numbers channels), or None for a layout that has no banks."""
+        if not self.cerebus:
+            return None
+        bank, elec = self.cerebus[self.index_of(electrode_id)]
+        return {"channel": CMP_BANKS.index(bank) * CMP_CHANNELS_PER_BANK + elec, "bank": bank, "elec": elec}
 
     def position_of(self, electrode_id) -> tuple[float, float]:
         """(x, y) of one electrode in the array frame, mm."""
@@ -120,20 +141,27 @@ class ArrayLayout:
                "positions_mm": self.positions_mm.tolist()}
         if self.labels:
             out["labels"] = list(self.labels)
+        if self.description:
+            out["description"] = self.description
+        if self.cerebus:
+            out["cerebus"] = [list(pair) for pair in self.cerebus]
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "ArrayLayout":
         return cls(data["name"], tuple(data["electrode_ids"]), np.asarray(data["positions_mm"]),
-                   tuple(data.get("labels", ())))
+                   tuple(data.get("labels", ())), str(data.get("description", "")),
+                   tuple(tuple(pair) for pair in data.get("cerebus", ())))
 
     @classmethod
-    def from_positions(cls, name: str, electrode_ids, positions_mm, labels=()) -> "ArrayLayout":
+    def from_positions(cls, name: str, electrode_ids, positions_mm, labels=(), description: str = "",
+                       cerebus=()) -> "ArrayLayout":
         """A layout from positions in any frame, moved so the bounding box's midpoint is at 0, 0."""
         positions = np.asarray(positions_mm, dtype=np.float64)
         if positions.ndim != 2 or positions.shape[1:] != (2,) or len(positions) == 0:
             raise ValueError(f"array {name!r}: positions_mm must have shape (N, 2), got {positions.shape}")
-        return cls(name, tuple(electrode_ids), positions - (positions.min(0) + positions.max(0)) / 2, tuple(labels))
+        return cls(name, tuple(electrode_ids), positions - (positions.min(0) + positions.max(0)) / 2, tuple(labels),
+                   description, tuple(cerebus))
 
     # --- files ----------------------------------------------------------------------------
     @classmethod
@@ -188,11 +216,14 @@ class ArrayLayout:
         """Read a Blackrock map file (``.cmp``).
 
         Format: lines starting with ``//`` are comments; the first other line is the map's
-        description (e.g. ``Cerebus mapping for array ... SN ...``); every further line is
-        ``col row bank elec [label]`` separated by tabs or spaces — col 0-based from left to right,
-        row 0-based from bottom to top, bank A–D, elec 1–32 within the bank, label optional
-        (e.g. ``elec12``; everything after the fourth field, so a label may hold spaces: ``elec 12``,
-        ``Utah A 12``). Position = (col, row) × ``pitch_mm``, centred.
+        description (e.g. ``Cerebus mapping for array ... SN ...``) unless it reads as an electrode line
+        (maps written by hand often have none); every further line is ``col row bank elec [label]``
+        separated by tabs or spaces — col 0-based from left to right, row 0-based from bottom to top,
+        bank A–D, elec 1–32 within the bank, label optional (e.g. ``elec12``; everything after the fourth
+        field, so a label may hold spaces: ``elec 12``, ``Utah A 12``). Position = (col, row) ×
+        ``pitch_mm``, moved so the middle of the grid's bounding box is at 0, 0. What was read of the
+        first line is kept in :attr:`description` (the description, or a note that the map has none); the
+        bank and elec of every electrode in :attr:`cerebus`.
 
         electrode_id : ``"channel"`` — the Cerebus channel number (bank index × 32 + elec, as the
             recording system numbers channels) — or ``"label"`` — the label column.
@@ -204,19 +235,16 @@ class ArrayLayout:
             raise ConfigError(f"pitch_mm must be > 0, got {pitch_mm}")
         if not path.is_file():
             raise FileNotFoundError(f"array map file not found: {path}")
-        ids, positions, labels, cells = [], [], [], {}
+        ids, positions, labels, banks, cells = [], [], [], [], {}
         description = None
         for line_number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
             text = line.strip()
             if not text or text.startswith("//"):
                 continue
             if description is None:
-                if _reads_as_electrode_line(text):
-                    raise FileFormatError(path, f"line {line_number}: the first line that is not a // comment is the "
-                                                f"map's description, but this one reads as an electrode line ({text!r}); "
-                                                "add the description line (e.g. 'Cerebus mapping for array …') above it")
-                description = text
-                continue
+                description = NO_CMP_DESCRIPTION if _reads_as_electrode_line(text) else text
+                if description is not NO_CMP_DESCRIPTION:
+                    continue
             fields = _cmp_fields(text)
             if len(fields) < 4:
                 raise FileFormatError(path, f"line {line_number}: expected 'col row bank elec [label]', got {text!r}")
@@ -236,9 +264,13 @@ class ArrayLayout:
             if not 1 <= elec <= CMP_CHANNELS_PER_BANK:
                 raise FileFormatError(path, f"line {line_number}, column elec: {fields[3]!r} is not an "
                                             f"integer in 1–{CMP_CHANNELS_PER_BANK}")
-            if col < 0 or row < 0:
-                raise FileFormatError(path, f"line {line_number}: col and row must be >= 0")
+            if not (0 <= col <= CMP_MAX_GRID and 0 <= row <= CMP_MAX_GRID):
+                raise FileFormatError(path, f"line {line_number}: col and row must be integers in 0–{CMP_MAX_GRID}, "
+                                            f"got {fields[0][:20]!r}, {fields[1][:20]!r}")
             label = fields[4] if len(fields) > 4 else ""
+            if "\ufffd" in label:  # bytes that are not UTF-8, read as U+FFFD
+                raise FileFormatError(path, f"line {line_number}, column label: not UTF-8 text ({label!r}); save the "
+                                            "map as UTF-8")
             if electrode_id == "label" and not label:
                 raise FileFormatError(path, f"line {line_number}, column label: empty, but ids come from labels")
             this_id = label if electrode_id == "label" else str(CMP_BANKS.index(bank) * CMP_CHANNELS_PER_BANK + elec)
@@ -251,11 +283,12 @@ class ArrayLayout:
             ids.append(this_id)
             positions.append((col * pitch_mm, row * pitch_mm))
             labels.append(label)
+            banks.append((bank, elec))
         if not ids:
-            raise FileFormatError(path, "no electrode lines (expected a description line, then "
-                                        "'col row bank elec label' lines)")
+            raise FileFormatError(path, "no electrode lines (expected 'col row bank elec label' lines, after a "
+                                        "description line or directly after the // comments)")
         return cls.from_positions(name or path.stem, ids, np.asarray(positions, dtype=np.float64),
-                                  labels if all(labels) else ())
+                                  labels if all(labels) else (), description, banks)
 
 
 def check_spacing_mm(positions_mm, electrode_ids, path, where: str) -> None:

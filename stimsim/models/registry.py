@@ -1,6 +1,7 @@
-"""Models by name: stimsim's shipped default models, or any model directory by path."""
+"""Models by name: stimsim's shipped default models, or any model directory by path (a name never reads a folder)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from stimsim.errors import DataError
@@ -25,15 +26,30 @@ def available_models() -> list[str]:
     return sorted(p.name for p in SHIPPED_DIR.iterdir() if (p / "model.json").is_file())
 
 
+def looks_like_path(name_or_path) -> bool:
+    """Whether a model is given as a directory: a ``Path``, or text that starts with ``.``, ``/`` or ``~`` or holds a
+    path separator (``./mine``, ``/models/mine``, ``runs/s0/model``); any other text is a model name."""
+    if isinstance(name_or_path, Path):
+        return True
+    text = str(name_or_path)
+    return text.startswith((".", "/", "~")) or any(sep in text for sep in {os.sep, os.altsep or os.sep, "/"})
+
+
 def model_path(name_or_path) -> Path:
-    """Directory of a shipped model name, or the given model directory."""
-    path = Path(name_or_path)
-    if (path / "model.json").is_file():
-        return path
+    """Directory of a shipped model name, or the given model directory (absolute). A name is only ever a shipped
+    model's — a folder of that name in the working directory does not replace it; a directory is given as a path
+    (:func:`looks_like_path`)."""
+    if looks_like_path(name_or_path):
+        path = Path(name_or_path).expanduser()
+        if (path / "model.json").is_file():
+            return path.absolute()
+        raise DataError(f"model directory {name_or_path}: no model.json there (not a model directory)")
     if (SHIPPED_DIR / str(name_or_path) / "model.json").is_file():
         return SHIPPED_DIR / str(name_or_path)
-    raise DataError(f"unknown model {name_or_path!r}: not a model directory, and not one of the shipped models "
-                    f"{available_models()}")
+    hint = f"; the folder ./{name_or_path} is a model directory: give it as a path" if (
+        Path(str(name_or_path)) / "model.json").is_file() else ""
+    raise DataError(f"unknown model {name_or_path!r}: not one of the shipped models {available_models()} (a model "
+                    f"directory is given as a path: ./NAME, /path/NAME or DIR/NAME){hint}")
 
 
 def load_model(name_or_path=DEFAULT_MODEL, device="cpu") -> TopographicModel:

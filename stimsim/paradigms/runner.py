@@ -56,6 +56,7 @@ from stimsim.errors import ConfigError, DataError
 from stimsim.hashing import sha256_of, state_sha256
 from stimsim.io import ResultSet, provenance, read_result_set
 from stimsim.jsonable import json_ready
+from stimsim.locking import DirectoryLock
 from stimsim.models.registry import load_model, model_path
 from stimsim.models.topographic import TopographicModel
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection, plot_sites, select_sites
@@ -97,7 +98,8 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
     if isinstance(model, (str, Path)):
         spec = spec.with_model(str(model))
-    with ResultSet(out_dir, "experiment run", keep=(STORE_DIRNAME,), force=force) as results:
+    with DirectoryLock(out_dir, "run"), \
+            ResultSet(out_dir, "experiment run", keep=(STORE_DIRNAME,), force=force) as results:
         return _run_into(results, spec, model, progress, figures, device, scheduler)
 
 

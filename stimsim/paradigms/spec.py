@@ -241,7 +241,10 @@ def load_experiment(path) -> ExperimentSpec:
 
 def _resolve_paths(raw: dict, base: Path) -> dict:
     """``raw`` with the relative ``path`` of path-based stimulus sets and a relative model directory
-    made absolute against ``base`` (a model that names a shipped model stays a name)."""
+    made absolute against ``base`` (a model that names a shipped model stays a name, even beside a folder of
+    that name; a folder beside the file given by its bare name is read as a directory)."""
+    from stimsim.models.registry import available_models, looks_like_path
+
     raw = json.loads(json.dumps(raw, default=str))
 
     def resolve(sets):
@@ -255,7 +258,8 @@ def _resolve_paths(raw: dict, base: Path) -> dict:
         if isinstance(table, dict):
             resolve(table.get("sets"))
     model = raw.get("model")
-    if isinstance(model, str) and model.strip() and not Path(model).is_absolute() and (base / model).is_dir():
+    if (isinstance(model, str) and model.strip() and not Path(model).is_absolute() and (base / model).is_dir()
+            and (looks_like_path(model) or model not in available_models())):
         raw["model"] = str((base / model).absolute())
     return raw
 

@@ -22,6 +22,9 @@ top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehr
 [stimulation]   current_uA, frequency_Hz, pulse_width_ms, interphase_ms, train_ms, waveform
 [safety]        max_shannon_k, electrode_area_um2, max_charge_per_phase_nC, override (a reason)
 [selection]     n_sites, min_separation_mm, metric ("euclidean" / "manhattan")
+[session]       the lab's session: trials_per_site (even, default 400; the power forecast and the trial list),
+                train_onset_ms (train onset relative to image onset, default 0)
+[display]       size_deg (image width, degrees of visual angle, default 8), viewing_distance_cm (default 57)
 """
 from __future__ import annotations
 
@@ -33,8 +36,10 @@ from stimsim.arrays.layout import cmp_options
 from stimsim.config import Section, load_toml
 from stimsim.errors import ConfigError
 from stimsim.hashing import json_sha256, sha256_of
+from stimsim.limits import MAX_SEED
 from stimsim.paradigms.sequence_2afc import TaskSpec
 from stimsim.planning.face_task import FaceTaskSpec
+from stimsim.planning.rig import RigSpec, read_rig_spec
 from stimsim.planning.selection import SelectionSpec
 from stimsim.recordings import FIELD_NAMES
 from stimsim.sequences import SequenceSpec
@@ -70,6 +75,7 @@ class PlanConfig:
     safety_override: str | None
     selection: SelectionSpec
     face_task: FaceTaskSpec = field(default_factory=FaceTaskSpec)
+    rig: RigSpec = field(default_factory=RigSpec)
     description: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -94,6 +100,7 @@ class PlanConfig:
             "stimulation": dict(self.stimulation),
             "safety": {**self.safety.to_dict(), "override": self.safety_override},
             "selection": self.selection.to_dict(),
+            **self.rig.to_dict(),
         }
 
     def input_files(self) -> dict:
@@ -114,7 +121,8 @@ class PlanConfig:
         """sha256 of the resolved parameters and of the input files: a cache of another configuration, or of files
         that have changed since, is never reused."""
         record = self.to_dict()
-        record.pop("description")
+        for key in ("description", *RigSpec().to_dict()):  # the session and display change no computed phase
+            record.pop(key)
         record["input_sha256"] = self.input_files()
         return json_sha256(record)
 
@@ -151,7 +159,7 @@ def load_plan_config(path) -> PlanConfig:
     name = root.get("name", str, path.stem)
     description = root.get("description", str, "")
     task = root.get("task", str, "sequence_2afc", choices=TASKS)
-    seed = root.get("seed", int, 0, minimum=0)
+    seed = root.get("seed", int, 0, minimum=0, maximum=MAX_SEED)
 
     models = root.section("models", required=True)
     candidates = models.get("candidates", list)
@@ -259,6 +267,9 @@ def load_plan_config(path) -> PlanConfig:
     stimulation = {key: stim.get(key, float, default, minimum=0.0) for key, default in STIMULATION_KEYS.items()}
     stimulation["waveform"] = stim.get("waveform", str, "biphasic_cathodic_first")
     stim.finish()
+    if stimulation["frequency_Hz"] <= 0:
+        raise ConfigError(f"{where} [stimulation]: 'frequency_Hz' must be > 0 (a train at 0 Hz delivers no pulse), "
+                          f"got {stimulation['frequency_Hz']:g}")
 
     safety = root.section("safety")
     limits = SafetyLimits(max_shannon_k=safety.get("max_shannon_k", float, 1.85),
@@ -266,6 +277,9 @@ def load_plan_config(path) -> PlanConfig:
                           max_charge_per_phase_nC=_number_or_none(safety, "max_charge_per_phase_nC"))
     override = safety.get("override", str, None)
     safety.finish()
+    if override is not None and not override.strip():
+        raise ConfigError(f"{where} [safety]: 'override' must be the reason the limits are overridden (non-empty "
+                          "text); leave the key out to enforce them")
 
     selection = root.section("selection")
     selection_spec = _spec(SelectionSpec, where, "selection", n_sites=selection.get("n_sites", int, 16),
@@ -273,10 +287,14 @@ def load_plan_config(path) -> PlanConfig:
                                    metric=selection.get("metric", str, "euclidean"),
                                    broken_electrodes=tuple(str(b) for b in broken))
     selection.finish()
+    session, display = root.section("session"), root.section("display")
+    rig = read_rig_spec(session, display, where, sequence_spec.n_steps if task == "sequence_2afc" else 1)
+    session.finish()
+    display.finish()
     root.finish()
     return PlanConfig(name=name, path=path.resolve(), raw=raw, task=task, seed=seed, candidates=candidates,
                       n_folds=n_folds, subject_config=subject_config, subject_dir=subject_dir, recordings=recordings,
                       min_reliability=min_reliability, anatomical=anatomical, n_boot=n_boot, allow_scale=allow_scale,
                       sequences=sequence_spec, task_spec=task_spec, stimulation=stimulation, safety=limits,
                       safety_override=override, selection=selection_spec, face_task=face_spec,
-                      description=description)
+                      rig=rig, description=description)

@@ -1,7 +1,8 @@
 """``stimsim plan``: the site-planning job (Mehrer et al. 2025, arXiv 2510.03684, made into a tool).
 
 Phases, each cached in ``DIR/cache/`` when finished so a killed plan resumes where it stopped (a cache
-made with other parameters is refused, never mixed in):
+made with other parameters is refused, never mixed in; a cached file that was changed, or whose inputs did, is
+computed again: :mod:`stimsim.planning.cache`):
 
 1. inputs — the lab's recordings and images, or a virtual subject made from its file (``DIR/subject/``,
    recordings generated on the fly); the safety gate runs first, so a refused protocol stops the plan
@@ -19,7 +20,6 @@ made with other parameters is refused, never mixed in):
 """
 from __future__ import annotations
 
-import json
 import shutil
 import warnings
 from functools import partial
@@ -32,55 +32,23 @@ import xarray as xr
 from stimsim.errors import ConfigError, DataError, SafetyError, StimsimError
 from stimsim.hashing import sha256_of
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance
+from stimsim.locking import DirectoryLock
 from stimsim.paradigms.sequence_2afc import fit_readouts
+from stimsim.planning.cache import PhaseCache, directory_files_sha256, remove_temporaries
 from stimsim.planning.config import PlanConfig, load_plan_config
+from stimsim.planning.detectability import (INTERVAL_SPANS, coverage, forecast, predicted_curves, subject_error_sd,
+                                            with_subject_error)
 from stimsim.planning.face_task import face_rehearsal, face_trials
 from stimsim.planning.rehearsal import rehearse
+from stimsim.planning.rig import trial_list, write_rig
 from stimsim.planning.selection import (check_broken, choose_sites, left_out_message, ranking_reliability,
-                                       screen_electrodes)
+                                       screen_electrodes, shortfall_message)
 from stimsim.progress import report_phase
 from stimsim.sequences import build_sequences, excursion_warning, pooling_matrix
 from stimsim.stimulation import enforce
 from stimsim.stimulation.safety import charge_per_phase_nC
 
 IT = "IT"
-
-
-class PhaseCache:
-    """Finished phases as files in ``DIR/cache``; a cache of another configuration or other input files is an error.
-    A phase taken from the cache is reported on stderr when ``progress`` is true."""
-
-    def __init__(self, out_dir: Path, digest: str, progress: bool = False):
-        self.dir = out_dir / "cache"
-        self.progress = progress
-        self.dir.mkdir(parents=True, exist_ok=True)
-        stamp = self.dir / "config_digest.txt"
-        if stamp.is_file() and stamp.read_text().strip() != digest:
-            raise ConfigError(f"{out_dir} holds a plan made with other parameters or input files "
-                              "(cache/config_digest.txt); use a new --out directory or delete that one")
-        atomic_write_text(stamp, digest + "\n")
-
-    def json(self, name: str, compute):
-        path = self.dir / f"{name}.json"
-        if path.is_file():
-            self._report_reuse(name)
-            return json.loads(path.read_text())
-        value = compute()
-        atomic_write_json(path, value)
-        return value
-
-    def arrays(self, name: str, compute) -> dict:
-        path = self.dir / f"{name}.npz"
-        if path.is_file():
-            self._report_reuse(name)
-            with np.load(path, allow_pickle=False) as archive:
-                return {key: archive[key] for key in archive.files}
-        value = compute()
-        atomic_save(path, lambda tmp: np.savez(tmp, **value))
-        return value
-
-    def _report_reuse(self, name: str) -> None:
-        report_phase(f"plan: reusing cached {name} from {self.dir}", self.progress)
 
 
 def model_checksums(name: str) -> dict:
@@ -141,7 +109,8 @@ class PlanInputs:
                     report_phase(f"plan: reusing the virtual subject in {self.subject_dir}", progress)
             recordings = load_recordings(self.subject_dir / "recordings.nc")
             self.images = read_stimuli_npz(self.subject_dir / "stimuli.npz")
-            layout = recordings.layout
+            cmp_map = _subject_map(self.subject_dir)
+            layout = recordings.layout if cmp_map is None else cmp_map
         else:
             from stimsim.arrays.layout import cmp_options, load_layout
             from stimsim.subject.virtual import build_stimuli
@@ -178,6 +147,19 @@ class PlanInputs:
             self.subject = VirtualSubject.load(self.subject_dir)
             self.subject.model.to(self.device)
         return self.subject
+
+
+def _subject_map(subject_dir: Path):
+    """The Blackrock map of a virtual subject whose array comes from a .cmp file (its banks and labels), else None."""
+    from stimsim.arrays.layout import cmp_options, load_layout
+    from stimsim.config import load_toml
+
+    array = load_toml(subject_dir / "subject.toml").get("array", {})
+    spec = str(array.get("layout", "10x10"))
+    if not spec.lower().endswith(".cmp"):
+        return None
+    return load_layout(subject_dir / spec, **cmp_options(spec, array.get("layout_ids", "channel"),
+                                                         array.get("pitch_mm")))
 
 
 def _reliability(config: PlanConfig, recordings):
@@ -269,9 +251,9 @@ def run_plan(config_path, out_dir, progress: bool = True, validate: int = 0, dev
     if validate and config.subject_config is None:
         raise ConfigError(f"{config.path}: --validate needs a virtual subject made from a file ([subject] config = ...)")
     compute = {"device": device, "scheduler_description": _describe_scheduler(scheduler)}
-    with shared_scheduler(scheduler) as client:
+    with DirectoryLock(out_dir, "plan") as lock, shared_scheduler(scheduler) as client:
         compute["scheduler"] = client
-        summary = plan_once(config, Path(out_dir), progress, compute=compute)
+        summary = plan_once(config, Path(out_dir), progress, compute=compute, created=bool(lock.created))
         if validate:
             from stimsim.planning.validation import validate_plan
 
@@ -288,17 +270,19 @@ def _describe_scheduler(scheduler) -> str | None:
 
 
 def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_seed: int | None = None,
-              write_report: bool = True, compute: dict | None = None, n_random_poses: int = 0) -> dict:
+              write_report: bool = True, compute: dict | None = None, n_random_poses: int = 0,
+              created: bool | None = None) -> dict:
     """One plan: every phase, then the outputs (``write_report`` False: summary.json, sites.csv and the truth
     only). ``subject_seed`` makes the virtual subject with that seed (another hidden pose). ``compute``:
     ``device`` (a torch.device), ``scheduler`` (None or a distributed.Client) and ``scheduler_description``
     (recorded in config.json), as :func:`run_plan` sets them; default: the CPU, this process.
     ``n_random_poses`` > 0 (virtual subjects): every candidate also rehearses the sequences at that many random
     registrations of the array on its sheet (rotation uniform, centre uniform where the array fits), the null
-    of ``predicted_vs_true_r`` (``random_pose_r``, ``random_pose_r_p95`` in summary.json)."""
+    of ``predicted_vs_true_r`` (``random_pose_r``, ``random_pose_r_p95`` in summary.json). ``created``: whether
+    this run made ``out_dir`` (removed again when the inputs or mapping fail; default: whether it is missing now)."""
     safety = _stimulation_report(config)  # refuses an unsafe protocol before anything is computed
     compute = {"device": "cpu", "scheduler": None, "scheduler_description": None, **(compute or {})}
-    created = not Path(out_dir).exists()
+    created = not Path(out_dir).exists() if created is None else created
     cache_created = not (Path(out_dir) / "cache").exists()
     try:  # bad input found while reading the inputs or mapping leaves nothing behind
         cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
@@ -307,6 +291,9 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
         face_task_trials = (face_trials(inputs.images, config.face_task, seed=config.seed, where=str(config.path))
                             if config.task == "face_categorization" else None)  # its images checked before any work
         models, scales = load_candidates(config.candidates, device=compute["device"])
+        remove_temporaries(out_dir, Path(out_dir) / "truth")
+        cache.bind({"subject_files": directory_files_sha256(inputs.subject_dir) if inputs.subject_dir else {},
+                    "models": {name: model_checksums(name) for name in models}})
         mapping = cache.json("mapping", lambda: _mapping_phase(config, inputs, models, progress))
     except (StimsimError, FileNotFoundError):
         if created:
@@ -327,12 +314,14 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
         design_points = registered_points(chosen_model)[:, 0]
         companions = [(models[name], registered_points(name)[:, 0]) for name in models if name != chosen_model]
         task = cache.arrays("sequences", lambda: _sequences_phase(config, models[chosen_model], design_points,
-                                                                  inputs.images, progress, companions))
+                                                                  inputs.images, progress, companions),
+                            after=("mapping.json",))
         phase = partial(_rehearsal_phase, scheduler=compute["scheduler"])
     else:
         task = face_task_trials
         phase = _face_phase
     effect = config.effect
+    phases = ("mapping.json", "sequences.npz") if config.task == "sequence_2afc" else ("mapping.json",)
     rehearsals = {}
     for index, (name, model) in enumerate(models.items()):
         def rehearse_model(model=model, name=name, index=index):
@@ -349,12 +338,12 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
             probability = "p_high" if effect == "delta_auc" else "p_face"
             result[probability] = result[probability][:, :registered + 1]
             return result
-        rehearsals[name] = cache.arrays(f"rehearsal_{_cache_key(list(models), name)}", rehearse_model)
+        rehearsals[name] = cache.arrays(f"rehearsal_{_cache_key(list(models), name)}", rehearse_model, after=phases)
     plan = _assemble(config, inputs, mapping, chosen_model, rehearsals, registered_points)
     truth = None
     if inputs.subject_dir is not None:
         truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, task, progress,
-                                                           compute["scheduler"]))
+                                                           compute["scheduler"]), after=phases)
         _write_truth(config, out_dir, truth, working, task)
     return _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth,
                           safety, models, scales, write_report, compute)
@@ -516,6 +505,7 @@ def _write_truth(config, out_dir: Path, truth: dict, working, task) -> None:
 
 def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth, safety,
                    models, scales, write_report: bool, compute: dict) -> dict:
+    from stimsim.models.registry import model_path
     from stimsim.planning.report import build_report
 
     effect = config.effect
@@ -531,16 +521,20 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     factor = scales[chosen_model]["cortex_mm_per_model_mm"]
     rank_of = np.empty(len(working), dtype=np.int64)
     rank_of[order] = np.arange(1, len(working) + 1)
+    subject_sd = subject_error_sd(plan["per_model"][:, :, 0])
+    subject_low, subject_high = with_subject_error(plan["predicted"], plan["low"], plan["high"], subject_sd)
     rows = []
     for i in order:
-        row = {"rank": int(rank_of[i]), "electrode_id": working[i],
-               "array_x_mm": plan["array_xy"][i, 0], "array_y_mm": plan["array_xy"][i, 1]}
+        row = {"rank": int(rank_of[i]), "electrode_id": working[i]}
+        row.update(inputs.array_layout.cerebus_numbers(working[i]) or {})
+        row.update({"array_x_mm": plan["array_xy"][i, 0], "array_y_mm": plan["array_xy"][i, 1]})
         if anatomical is not None:
             row["ap_mm"], row["ml_mm"] = anatomical[i, 0], anatomical[i, 1]
         row.update({"model_x_mm": plan["cortex_xy"][i, 0] / factor, "model_y_mm": plan["cortex_xy"][i, 1] / factor,
                     "cortex_x_mm": plan["cortex_xy"][i, 0], "cortex_y_mm": plan["cortex_xy"][i, 1],
                     f"predicted_{effect}": plan["predicted"][i], f"predicted_{effect}_low": plan["low"][i],
-                    f"predicted_{effect}_high": plan["high"][i], "current_uA": config.stimulation["current_uA"],
+                    f"predicted_{effect}_high": plan["high"][i], f"predicted_{effect}_subject_low": subject_low[i],
+                    f"predicted_{effect}_subject_high": subject_high[i], "current_uA": config.stimulation["current_uA"],
                     "frequency_Hz": config.stimulation["frequency_Hz"],
                     "pulse_width_ms": config.stimulation["pulse_width_ms"], "charge_per_phase_nC": charge,
                     "safety_verdict": verdict, "chosen": bool(i in set(chosen.tolist())),
@@ -559,11 +553,16 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                                 for name, reg in mapping["registrations"].items()},
                "registration_stability": {name: {k: boot[k] for k in ("sd_x_mm", "sd_y_mm", "sd_rotation_deg", "n_boot")}
                                           for name, boot in mapping["bootstraps"].items()},
-               "effect": effect, f"predicted_{effect}_median": float(np.nanmedian(plan["predicted"]))}
+               "effect": effect, f"predicted_{effect}_median": float(np.nanmedian(plan["predicted"])),
+               "interval_spans": INTERVAL_SPANS, "model_to_subject_sd": subject_sd,
+               "layout_description": inputs.array_layout.description or None}
     _, summary["left_out_electrodes"] = _screen(config, inputs, mapping["reliability"] or None)
     summary["left_out_warning"] = left_out_message(summary["left_out_electrodes"], config.min_reliability)
     if summary["left_out_warning"] is not None:
         warnings.warn(summary["left_out_warning"], stacklevel=2)
+    summary["sites_warning"] = shortfall_message(plan["choice"], config.selection)
+    if summary["sites_warning"] is not None:
+        warnings.warn(summary["sites_warning"], stacklevel=2)
     if config.task == "sequence_2afc":
         sequences = task
         summary.update({
@@ -577,10 +576,16 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                                                   config.sequences.recording_radius_mm)})
         if summary["sequence_warning"] is not None:
             warnings.warn(summary["sequence_warning"], stacklevel=2)
+        summary.update(forecast(predicted_curves(rehearsals, chosen), [working[i] for i in chosen],
+                                plan["predicted"][chosen], config.rig.trials_per_site, config.seed))
+        if summary["power_warning"] is not None:
+            warnings.warn(summary["power_warning"], stacklevel=2)
     else:
         summary["face_task_images"] = {
             "fit": task.n_fit_images, "test": task.n_test_images,
             "noise_at_input_size_px": {name: model.preprocessing.size_px for name, model in models.items()}}
+        summary.update({"power_at_planned_trials": None, "trials_per_site_needed": None, "power_warning": None,
+                        "power_forecast": "the power forecast and the rig package cover the sequence 2AFC only"})
     if truth is not None:
         subject = inputs.load_subject()
         alive = ~truth["dead"] & np.isfinite(plan["predicted"])
@@ -591,6 +596,9 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                             name: _pearson(plan["per_model"][m, alive, 0], true[alive])
                             for m, name in enumerate(rehearsals)},
                         f"true_{effect}_median": float(np.median(true[alive])),
+                        "interval_coverage_of_true": {
+                            "interval": coverage(true[alive], plan["low"][alive], plan["high"][alive]),
+                            "interval_with_subject": coverage(true[alive], subject_low[alive], subject_high[alive])},
                         **_random_pose_null(rehearsals, true, alive),
                         "subject_lapse_rate": subject.lapse_rate, "subject_id": f"virtual-{subject.seed}"})
     summary[f"predicted_{effect}"] = {e: float(v) for e, v in zip(working, plan["predicted"])}
@@ -605,11 +613,20 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     atomic_save(out_dir / "plan.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
     record = provenance(config.to_dict())
     record["model_checksums"] = {name: model_checksums(name) for name in models}
+    record["model_directories"] = {name: str(model_path(name)) for name in models}
     record["device"] = str(compute["device"])
     record["scheduler"] = compute["scheduler_description"]
     record["cortex_scale"] = scales
     record["input_sha256"] = config.input_files()
     atomic_write_json(out_dir / "config.json", record)
+    if config.task == "sequence_2afc":
+        sites_chosen = [working[i] for i in chosen]
+        n_sequences, n_steps = task["images"].shape[1:3]
+        n_images = n_sequences * n_steps
+        trials = trial_list(sites_chosen, n_sequences, n_steps, config.rig, config.stimulation, config.seed,
+                            inputs.array_layout)
+        write_rig(out_dir, task["images"][chosen], sites_chosen, config.rig, trials, config.name)
+        summary["rig"] = {"folder": "rig", "n_trials": int(len(trials)), "n_images": int(len(chosen) * n_images)}
     atomic_write_json(out_dir / "summary.json", summary)
     build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, sites, summary, truth,
                  models, record).write(out_dir)

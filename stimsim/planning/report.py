@@ -19,13 +19,19 @@ N_CURVES = 4
 OVERLAP_GAP = 0.02
 
 
+def _face_dprime_possible(images) -> bool:
+    """Whether the images have "category" labels with faces and other images (the face d′ needs both)."""
+    labels = images.labels.get("category")
+    return labels is not None and bool(np.any(labels == "face")) and not bool(np.all(labels == "face"))
+
+
 def _face_dprime(model, images) -> np.ndarray | None:
     """Per-unit face d′ of the IT units over the images labelled "face" / other, or None without labels."""
     from stimsim.behavior.metrics import dprime
 
-    labels = images.labels.get("category")
-    if labels is None or not np.any(labels == "face") or np.all(labels == "face"):
+    if not _face_dprime_possible(images):
         return None
+    labels = images.labels["category"]
     activity = model.activations(images.images, IT, batch_size=512).numpy().astype(np.float64)
     is_face = labels == "face"
     values = dprime(activity[is_face], activity[~is_face])
@@ -60,11 +66,50 @@ def electrode_kinds(array_ids, recorded, working, broken, chosen) -> dict:
                 else "working" if e in working else "not rehearsed") for e in map(str, array_ids)}
 
 
+#: Fill of the electrodes of each Blackrock bank in the pedestal panel.
+BANK_COLOURS = {"A": "#cfe2f3", "B": "#fce5cd", "C": "#d9ead3", "D": "#e6d7f0"}
+
+
+def draw_pedestal(ax, array_layout, kinds: dict, fontsize: float) -> None:
+    """The array as the lab sees it on its map and pedestal (the array frame: col from the left, row from the bottom,
+    no rotation): every electrode as a cell filled by its Blackrock bank (.cmp maps; grey otherwise), labelled with
+    its id styled by its kind (:data:`ELECTRODE_ID_STYLES`), chosen sites ringed in green."""
+    from matplotlib.patches import Circle, Patch, Rectangle
+
+    xy = array_layout.positions_mm
+    spacing = float(np.min(np.linalg.norm(xy[:, None] - xy[None], axis=-1)[~np.eye(len(xy), dtype=bool)])) \
+        if len(xy) > 1 else 0.4
+    banks = [bank for bank, _ in array_layout.cerebus] if array_layout.cerebus else ["" for _ in xy]
+    ids = list(array_layout.electrode_ids)
+    _, labels = map_labels(ids)
+    side = 0.9 * spacing
+    for electrode, label, bank, (x, y) in zip(ids, labels, banks, xy):
+        ax.add_patch(Rectangle((x - side / 2, y - side / 2), side, side, facecolor=BANK_COLOURS.get(bank, "0.93"),
+                               edgecolor="0.6", linewidth=0.4))
+        if kinds[electrode] == "chosen":
+            ax.add_patch(Circle((x, y), 0.42 * spacing, fill=False, edgecolor="limegreen", linewidth=1.6))
+        ax.text(x, y, label, fontsize=fontsize, ha="center", va="center", **ELECTRODE_ID_STYLES[kinds[electrode]])
+    low, high = xy.min(0) - spacing, xy.max(0) + spacing
+    ax.set_xlim(low[0], high[0])
+    ax.set_ylim(low[1], high[1])
+    ax.set_aspect("equal")
+    ax.set_xlabel("array x (mm): col from the left")
+    ax.set_ylabel("array y (mm): row from the bottom")
+    if array_layout.cerebus:
+        present = sorted(set(banks))
+        ax.legend([Patch(facecolor=BANK_COLOURS[b], edgecolor="0.6") for b in present],
+                  [f"bank {b}" for b in present], fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+                  ncol=len(present), frameon=False)
+    ax.set_title("the array as on its map and pedestal\n"
+                 + ("not rotated" if array_layout.cerebus else "not rotated; no banks (not a .cmp map)"), fontsize=9)
+
+
 def sheet_figure(model, images, mapping, chosen_model, plan, working, array_layout, broken) -> bytes:
-    """The chosen model's IT sheet with the registered array (left) and the array region enlarged with every
-    electrode's id (right): every electrode of ``array_layout`` at the fitted pose, recorded ones in black rings,
-    those without recordings in grey dotted rings, ``broken`` ones in red, chosen sites in green (see
-    :func:`electrode_kinds` and :data:`ELECTRODE_ID_STYLES`), with a legend."""
+    """The chosen model's IT sheet with the registered array (left), the array region enlarged with every
+    electrode's id (middle) and the array as the lab sees it (right, :func:`draw_pedestal`): every electrode of
+    ``array_layout`` at the fitted pose, recorded ones in black rings, those without recordings in grey dotted rings,
+    ``broken`` ones in red, chosen sites in green (see :func:`electrode_kinds` and :data:`ELECTRODE_ID_STYLES`), with
+    a legend."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Rectangle
     from matplotlib.patheffects import withStroke
@@ -84,7 +129,7 @@ def sheet_figure(model, images, mapping, chosen_model, plan, working, array_layo
     centre = (low + high) / 2
     half = (high - low).max() / 2 * (1 + 2 * ZOOM_MARGIN_FRACTION) + ZOOM_MARGIN_MM
     low, high = centre - half, centre + half
-    fig, (whole, zoom) = plt.subplots(1, 2, figsize=(11.0, 5.0), gridspec_kw={"width_ratios": [1, 1]})
+    fig, (whole, zoom, pedestal) = plt.subplots(1, 3, figsize=(15.5, 4.2), gridspec_kw={"width_ratios": [1, 1, 1]})
     recorded = set(registration["electrode_sites_mm"])
     # ring colour: broken red, recorded black, without recordings grey; dotted without recordings (broken or not)
     ring_of = [("firebrick" if kinds[e] == "broken" else "k" if e in recorded else "0.6",
@@ -115,6 +160,7 @@ def sheet_figure(model, images, mapping, chosen_model, plan, working, array_layo
                   **ELECTRODE_ID_STYLES[kinds[electrode]])
     zoom.set_xlim(low[0], high[0])
     zoom.set_ylim(low[1], high[1])
+    draw_pedestal(pedestal, array_layout, kinds, fontsize)
 
     def ring_handle(colour, width=0.8, size=8):
         return Line2D([], [], marker="o", linestyle="none", markerfacecolor="none", markeredgecolor=colour,
@@ -138,9 +184,31 @@ def sheet_figure(model, images, mapping, chosen_model, plan, working, array_layo
     return figure_png(fig)
 
 
+def _top_chosen(plan, n_top: int) -> np.ndarray:
+    """The ``n_top`` best-ranked chosen sites (indices; rank order), the best-ranked sites when none is chosen."""
+    chosen = np.asarray(plan["choice"]["chosen"], dtype=int)
+    return (chosen if chosen.size else np.asarray(plan["choice"]["order"], dtype=int))[:n_top]
+
+
+def sheet_caption(images, min_reliability: float, banks: bool) -> str:
+    """The caption of :func:`sheet_figure`: the sheet coloured by face d′ only where the images allow one
+    (:func:`_face_dprime_possible`), the pedestal panel's cells by bank only for a .cmp map (``banks``)."""
+    return ("Left: the chosen model's IT sheet "
+            + ("coloured by face selectivity (unit d′, faces vs other images of the mapping set)"
+               if _face_dprime_possible(images) else
+               "in grey (the images have no 'category' labels with faces and other images, so no face selectivity)")
+            + ", every electrode of the array at the registered pose — recorded ones in black circles, those of the "
+            "layout without recordings in grey dotted circles, broken ones in red — and the chosen sites (green "
+            "rings). Middle: the dashed box enlarged, every electrode labelled with its id: chosen sites in bold "
+            "green, the other working electrodes in black, recorded electrodes not rehearsed (split-half reliability "
+            f"under {min_reliability:g}) in grey, electrodes without recordings in grey italics, broken ones in red. "
+            "Right: the array as on its map and pedestal (col from the left, row from the bottom, not rotated), the "
+            "same ids" + (", cells coloured by Cerebus bank" if banks else "") + ".")
+
+
 def curves_figure(rehearsals, plan, working, chosen_model: str, n_top: int = N_CURVES) -> bytes:
     plt = pyplot()
-    top = plan["choice"]["order"][:n_top]
+    top = _top_chosen(plan, n_top)
     fig, axes = plt.subplots(1, len(top), figsize=(3.0 * len(top), 2.8), squeeze=False)
     for ax, site in zip(axes[0], top):
         p = rehearsals[chosen_model]["p_high"][site]  # (conditions, seq, steps)
@@ -169,7 +237,7 @@ def curves_effects(rehearsals, plan, chosen_model: str, n_top: int = N_CURVES) -
     """In words, the size of the effects :func:`curves_figure` draws: the ΔAUC of the drawn curves (the chosen
     model at its fitted registration, mean over sequences), the sites' predicted ΔAUC, and the largest gap
     between the curves without and with stimulation (P(high))."""
-    top = plan["choice"]["order"][:n_top]
+    top = _top_chosen(plan, n_top)
     p_high = rehearsals[chosen_model]["p_high"][top]  # (sites, conditions, seq, steps)
     drawn = np.nanmean(rehearsals[chosen_model]["delta_auc"][top, 0], axis=-1)
     gap = float(np.nanmax(np.abs(p_high[:, 1].mean(1) - p_high[:, 0].mean(1))))
@@ -211,7 +279,8 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
     columns = ["rank", "electrode id", "array x, y (mm)"]
     if "ap_mm" in sites:
         columns += ["AP, ML (mm)"]
-    columns += ["model x, y (model mm)", "sheet x, y (cortex mm)", f"predicted {label}", "95% interval"]
+    columns += ["model x, y (model mm)", "sheet x, y (cortex mm)", f"predicted {label}",
+                "95% interval: candidates × poses", "with model-to-subject error"]
     if sequence_task:
         stn = rehearsals[chosen_model]["slope_to_noise"]
         columns += ["best sequence (low → high)", "slope/noise"]
@@ -224,7 +293,7 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
             row += [(record_row["ap_mm"], record_row["ml_mm"])]
         row += [(record_row["model_x_mm"], record_row["model_y_mm"]),
                 (record_row["cortex_x_mm"], record_row["cortex_y_mm"]), record_row[f"predicted_{effect}"],
-                f"[{record_row[f'predicted_{effect}_low']:.4f}, {record_row[f'predicted_{effect}_high']:.4f}]"]
+                _interval(record_row, f"predicted_{effect}"), _interval(record_row, f"predicted_{effect}_subject")]
         if sequence_task:
             best = int(np.nanargmax(stn[i])) if np.any(np.isfinite(stn[i])) else 0
             row += [tuple(Image(image_png(task["images"][i, best, k], scale=1), alt=f"step {k}")
@@ -257,30 +326,30 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
         f"{'passed' if summary['safety']['passed'] else 'OVERRIDDEN — ' + str(summary['safety']['override_reason'])} "
         f"(Shannon k = {summary['safety']['shannon_k']:.2f}, limit {config.safety.max_shannon_k:g}). "
         f"Predicted {label}: mean over {len(names)} candidate model(s) at their fitted registration; the interval "
-        f"spans 2.5–97.5 % over candidates × {config.n_boot} registration bootstrap poses. "
+        f"spans 2.5–97.5 % over candidates × {config.n_boot} registration bootstrap poses (the models' and the "
+        f"registration's uncertainty only); the second interval adds the model-to-subject error, "
+        + (f"SD {summary['model_to_subject_sd']:.2g}, estimated from how far the candidates' effects lie from each "
+           "other. " if summary["model_to_subject_sd"] is not None else
+           "which needs at least 2 candidates (none here). ")
         + ("Task: 2AFC between the two ends of 7-step image sequences along each site's tuning (chance ΔAUC = 0)."
            if sequence_task else
            f"Task: face / non-face categorisation of noisy images (Afraz et al. 2006; {summary['face_task_images']['test']} "
            f"test images at {len(config.face_task.signal_percent)} visual-signal levels, the noise added after each "
            f"image is resized to the model's input, {noise_sizes}); the effect is the change of P(face) with "
            "stimulation (chance 0).")),
+        *detectability_blocks(summary, label),
         Image(sheet_figure(models[chosen_model], inputs.images, mapping, chosen_model, plan, working,
                            inputs.array_layout, config.selection.broken_electrodes),
-              caption="Left: the chosen model's IT sheet coloured by face selectivity (unit d′, faces vs other images "
-                      "of the mapping set), every electrode of the array at the registered pose — recorded ones in "
-                      "black circles, those of the layout without recordings in grey dotted circles, broken ones in "
-                      "red — and the chosen sites (green rings). Right: the dashed box enlarged, every electrode "
-                      "labelled with its id: chosen sites in bold green, the other working electrodes in black, "
-                      f"recorded electrodes not rehearsed (split-half reliability under {config.min_reliability:g}) "
-                      "in grey, electrodes without recordings in grey italics, broken ones in red.")]
+              caption=sheet_caption(inputs.images, config.min_reliability, bool(inputs.array_layout.cerebus)),
+              css_class="first-page")]
     if summary["left_out_warning"]:
         overview.append(Paragraph(f"Warning: {summary['left_out_warning']}."))
     if summary.get("sequence_warning"):
         overview.append(Paragraph(f"Warning: {summary['sequence_warning']}."))
     if sequence_task:
         overview.append(Image(curves_figure(rehearsals, plan, working, chosen_model),
-                              caption="P(high) along the sequences of the top-ranked sites, mean over sequences, without "
-                                      "and with stimulation (the chosen model at its fitted registration). "
+                              caption="P(high) along the sequences of the best-ranked chosen sites, mean over sequences, "
+                                      "without and with stimulation (the chosen model at its fitted registration). "
                                       + curves_effects(rehearsals, plan, chosen_model)))
     sections = [Section("Plan", overview), Section("Ranked sites", [table])]
     sections.append(Section("Model selection and registration", [
@@ -317,6 +386,37 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
     return Report(f"Stimulation plan: {config.name}", sections,
                   subtitle=config.description or "stimsim site plan", parameters=record["config"],
                   software=record["software"])
+
+
+def _interval(row: dict, name: str) -> str | None:
+    """"[low, high]" of ``name``_low / ``name``_high in a sites.csv row; None (shown "–") where it is undefined."""
+    low, high = row[f"{name}_low"], row[f"{name}_high"]
+    return None if not (np.isfinite(low) and np.isfinite(high)) else f"[{low:.4f}, {high:.4f}]"
+
+
+def detectability_blocks(summary: dict, label: str) -> list:
+    """The power forecast in words for the report's first page, in a warning box when the sites cannot reach the
+    target power at the planned trial count (sequence task only)."""
+    power, needed = summary.get("power_at_planned_trials"), summary.get("trials_per_site_needed")
+    if power is None:
+        return []
+    forecast, largest = summary["power_forecast"], needed["largest_simulated"]
+
+    def trials(count):
+        return f"more than {largest:,}" if count is None else f"{count:,}"
+
+    reached = sum(value is not None for value in needed["per_site"].values())
+    text = (f"Power at the planned {power['trials_per_site']:,} trials per site ([session] trials_per_site, half "
+            f"sham): {power['across_sites']:.0%} across sites (one-sided Wilcoxon signed-rank of {label} in the "
+            f"planned direction), {power['per_site_mean']:.0%} per site (mean; two-sided z test; α = "
+            f"{forecast['alpha']:g}). Trials per site for {forecast['target_power']:.0%} power: "
+            f"{trials(needed['across_sites'])} across sites, {trials(needed['per_site_median'])} per site (median; "
+            f"{reached} of {len(needed['per_site'])} sites reach it by {largest:,}). Forecast from {forecast['source']} "
+            f"(an animal that lapses needs more), {forecast['n_sessions']} simulated sessions per trial count.")
+    if summary.get("power_warning"):
+        return [Paragraph(f"Warning: these sites cannot reach {forecast['target_power']:.0%} power at the planned "
+                          f"trial count. {text}", css_class="warning")]
+    return [Paragraph(text)]
 
 
 def _reliability_sentence(reliability, n_sequences: int, label: str) -> str:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from stimsim.errors import ConfigError
+from stimsim.ordering import natural_key
 
 METRICS = ("euclidean", "manhattan")
 #: Separations within this much (mm) of ``min_separation_mm`` count as equal to it: grid positions such as
@@ -55,7 +56,8 @@ LEFT_OUT_REASONS = {
 
 def screen_electrodes(electrode_ids, broken, reliability, min_reliability: float, constant=()) -> tuple[list, dict]:
     """The working electrodes of ``electrode_ids`` (their order kept) and, by reason (:data:`LEFT_OUT_REASONS`),
-    the ones left out that are not ``broken``.
+    the ones left out that are not ``broken``, in the natural order of their ids ("3" before "10", as a lab
+    looks them up), whatever the order of ``electrode_ids``.
 
     ``reliability`` maps electrode id → split-half reliability (NaN where undefined), or is None when none is
     asked for: then every electrode that is not broken and not constant works. ``constant`` holds the ids of the
@@ -76,7 +78,7 @@ def screen_electrodes(electrode_ids, broken, reliability, min_reliability: float
             left_out["below_min_reliability"].append(electrode)
         else:
             working.append(electrode)
-    return working, left_out
+    return working, {reason: sorted(ids, key=natural_key) for reason, ids in left_out.items()}
 
 
 def left_out_message(left_out: dict, min_reliability: float) -> str | None:
@@ -146,6 +148,20 @@ def choose_sites(electrode_ids, array_xy_mm, predicted, spec: SelectionSpec, unu
                 chosen.append(int(index))
                 reason[index] = "chosen"
     return {"order": order, "chosen": np.asarray(chosen, dtype=np.int64), "reason": reason}
+
+
+def shortfall_message(choice: dict, spec: SelectionSpec) -> str | None:
+    """None when :func:`choose_sites` chose ``spec.n_sites`` sites; else why it chose fewer (counts per reason)."""
+    chosen = len(choice["chosen"])
+    if chosen >= spec.n_sites:
+        return None
+    reasons = ["too close" if r.startswith("too close to") else "without a prediction" if r == "no prediction" else r
+               for r in choice["reason"] if r != "chosen"]
+    counts = {reason: reasons.count(reason) for reason in dict.fromkeys(reasons)}
+    why = ", ".join(f"{n} {'within min_separation_mm = %g of a chosen site' % spec.min_separation_mm if r == 'too close' else r}"
+                    for r, n in counts.items())
+    return (f"{chosen} site(s) chosen of the n_sites = {spec.n_sites} asked: the other working electrodes are "
+            f"{why or 'none'}")
 
 
 def ranking_reliability(effects: np.ndarray) -> float:

@@ -24,10 +24,14 @@ import xarray as xr
 
 from stimsim.errors import ConfigError, FileFormatError
 from stimsim.io import atomic_save, atomic_write_text
+from stimsim.limits import check_memory
 
 SHAM = "sham"
 TRIAL_PERIOD_S = 1.5
 TRIAL_DURATION_S = 1.0
+#: Peak memory per trial, bytes: its row as simulated and as written into the NWB trials table (measured
+#: about 850 + 1150 with tracemalloc).
+SESSION_BYTES_PER_TRIAL = 2500
 
 COLUMN_DESCRIPTIONS = {
     "stimulus_id": "image shown: '{electrode}_seq{sequence}_step{step}'",
@@ -50,6 +54,9 @@ def simulate_trials(p_high: xr.DataArray, trials_per_site: int, lapse_rate: floa
     """
     if isinstance(trials_per_site, bool) or not isinstance(trials_per_site, (int, np.integer)) or trials_per_site < 2:
         raise ConfigError(f"trials_per_site must be an integer >= 2, got {trials_per_site!r}")
+    n_sites = p_high.sizes["electrode"]
+    check_memory(f"a session of {trials_per_site} trials per site × {n_sites} sites",
+                 SESSION_BYTES_PER_TRIAL * trials_per_site * n_sites, "--trials-per-site")
     if not (isinstance(lapse_rate, (int, float)) and 0.0 <= lapse_rate <= 1.0):
         raise ConfigError(f"lapse_rate must be in [0, 1], got {lapse_rate!r}")
     p = p_high.transpose("electrode", "stimulated", "sequence", "step")
@@ -126,33 +133,76 @@ def _python(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
+def session_from_trial_list(plan_dir, trial_list, seed: int = 0, session_id: str | None = None) -> pd.DataFrame:
+    """The virtual subject of a plan directory running the plan's own trial list (``rig/trials.csv``, or another
+    list with its columns), in its order: every column of the list kept, with start_time, stop_time, choice
+    (as in :func:`simulate_trials`), correct, subject_id and session_id added."""
+    from stimsim.planning.rig import read_trial_list
+
+    summary_path, summary, p_high = _plan_truth(plan_dir, chosen_only=False)
+    trials = read_trial_list(trial_list)
+    p = p_high.transpose("electrode", "stimulated", "sequence", "step")
+    unknown = sorted(set(trials["electrode"]) - {str(e) for e in p["electrode"].values})
+    if unknown:
+        raise FileFormatError(trial_list, f"electrode(s) {unknown[:5]} are not sites of the plan {plan_dir}")
+    stimulated = (trials["stimulated_electrode"] != SHAM).to_numpy()
+    try:
+        probability = np.array([float(p.sel(electrode=e, stimulated=bool(s), sequence=j, step=k))
+                                for e, s, j, k in zip(trials["electrode"], stimulated, trials["sequence"],
+                                                      trials["step"])])
+    except KeyError as exc:
+        raise FileFormatError(trial_list, f"a sequence or step beyond the plan's ({exc})") from None
+    lapse = _lapse_rate(summary_path, summary)
+    rng = np.random.default_rng([seed, 0x5E55])
+    choice = np.where(rng.random(len(trials)) < lapse / 2 + (1 - lapse) * probability, "high", "low")
+    middle = p.sizes["step"] // 2
+    step = trials["step"].to_numpy()
+    start = np.arange(len(trials)) * TRIAL_PERIOD_S
+    return trials.assign(start_time=start, stop_time=start + TRIAL_DURATION_S, choice=choice,
+                         correct=((step < middle) & (choice == "low")) | ((step > middle) & (choice == "high")),
+                         subject_id=str(summary.get("subject_id", "virtual")),
+                         session_id=session_id or f"session-seed{seed}")
+
+
+def _plan_truth(plan_dir, chosen_only: bool) -> tuple[Path, dict, xr.DataArray]:
+    """summary.json of a plan directory made on a virtual subject (its path and content), and the subject's
+    P(high) of the sequences of the chosen sites (or of every rehearsed site), every file checked."""
+    from stimsim.planning.readback import TRUTH_FILE, read_subject_p_high, read_summary, summary_electrodes
+
+    plan_dir = Path(plan_dir)
+    truth_path = plan_dir / TRUTH_FILE
+    summary_path, summary = read_summary(plan_dir)
+    if summary.get("task", "sequence_2afc") != "sequence_2afc":
+        raise ConfigError(f"{summary_path}: task {summary['task']!r}: sessions simulate the sequence 2AFC only "
+                          "(plan with task = \"sequence_2afc\")")
+    if not truth_path.is_file():
+        raise FileFormatError(truth_path, "not found: sessions need a plan made on a virtual subject")
+    electrodes = summary_electrodes(summary_path, summary) if chosen_only else None
+    return summary_path, summary, read_subject_p_high(plan_dir, electrodes, summary_path)
+
+
+def _lapse_rate(summary_path, summary) -> float:
+    from stimsim.planning.readback import summary_number
+
+    lapse_rate = summary_number(summary_path, summary, "subject_lapse_rate")
+    if not 0 <= lapse_rate <= 1:
+        raise FileFormatError(summary_path, f"field 'subject_lapse_rate' must lie in [0, 1], got {lapse_rate:g}")
+    return lapse_rate
+
+
 def session_from_plan(plan_dir, trials_per_site: int, seed: int = 0, session_id: str | None = None,
                       sites: str = "chosen") -> pd.DataFrame:
     """Simulate a session of the virtual subject of a plan directory (see :func:`simulate_trials`).
 
     ``sites``: "chosen" (the plan's chosen sites, default) or "all" (every rehearsed working electrode).
     """
-    import json
+    from stimsim.planning.readback import summary_number
 
-    plan_dir = Path(plan_dir)
-    truth_path = plan_dir / "truth" / "subject_p_high.nc"
-    summary_path = plan_dir / "summary.json"
-    if not summary_path.is_file():
-        raise FileFormatError(summary_path, "not found; is this a directory written by `stimsim plan`?")
-    summary = json.loads(summary_path.read_text())
-    if summary.get("task", "sequence_2afc") != "sequence_2afc":
-        raise ConfigError(f"{summary_path}: task {summary['task']!r}: sessions simulate the sequence 2AFC only "
-                          "(plan with task = \"sequence_2afc\")")
-    if not truth_path.is_file():
-        raise FileFormatError(truth_path, "not found: sessions need a plan made on a virtual subject")
-    with xr.open_dataset(truth_path, engine="h5netcdf") as data:
-        p_high = data["subject_p_high"].load()
     if sites not in ("chosen", "all"):
         raise ConfigError(f"sites must be 'chosen' or 'all', got {sites!r}")
-    if sites == "chosen":
-        chosen = [str(e) for e in summary["chosen_electrodes"]]
-        p_high = p_high.sel(electrode=chosen)
-    return simulate_trials(p_high, trials_per_site, float(summary["subject_lapse_rate"]),
-                           float(summary["current_uA"]), seed=seed,
+    summary_path, summary, p_high = _plan_truth(plan_dir, chosen_only=sites == "chosen")
+    lapse_rate = _lapse_rate(summary_path, summary)
+    return simulate_trials(p_high, trials_per_site, lapse_rate,
+                           summary_number(summary_path, summary, "current_uA"), seed=seed,
                            subject_id=str(summary.get("subject_id", "virtual")),
                            session_id=session_id or f"session-seed{seed}")

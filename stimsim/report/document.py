@@ -35,12 +35,14 @@ def png_data_uri(png: bytes) -> str:
 @dataclass(frozen=True)
 class Image:
     """A PNG image; ``width_mm`` sets its printed and displayed width (None: the figure's own size,
-    at most the page width). Used on its own as a figure (with ``caption``) or inside a table cell."""
+    at most the page width). Used on its own as a figure (with ``caption``) or inside a table cell. ``css_class``
+    "first-page" prints a figure small enough to share the first PDF page with the title and a few paragraphs."""
 
     png: bytes
     caption: str = ""
     alt: str = ""
     width_mm: float | None = None
+    css_class: str = ""
 
     def __post_init__(self):
         png_data_uri(self.png)  # validates
@@ -54,9 +56,10 @@ class Image:
 
 @dataclass(frozen=True)
 class Paragraph:
-    """A paragraph of plain text (escaped when rendered)."""
+    """A paragraph of plain text (escaped when rendered); ``css_class`` "warning" draws it in a warning box."""
 
     text: str
+    css_class: str = ""
 
 
 Cell = Union[str, int, float, bool, None, Image, tuple]

@@ -127,6 +127,24 @@ def shannon_k(charge_per_phase_nC: float, electrode_area_um2: float) -> float:
     return math.log10(density) + math.log10(charge_per_phase_nC / _NC_PER_UC)
 
 
+def largest_safe_current_uA(pulse_width_ms: float, limits: SafetyLimits | None = None) -> float:
+    """The largest current (µA, rounded down to 0.1 µA) within ``limits`` at ``pulse_width_ms`` per phase: Shannon's
+    k = 2 log10(Q / µC) − log10(A / cm²) ≤ max_shannon_k gives Q ≤ 10^((k_max + log10(A / cm²)) / 2) µC, and
+    Q ≤ max_charge_per_phase_nC where that is set; I = Q / PW."""
+    limits = SafetyLimits() if limits is None else limits
+    charge_nC = _NC_PER_UC * 10 ** ((limits.max_shannon_k + math.log10(limits.electrode_area_um2 / _UM2_PER_CM2)) / 2)
+    if limits.max_charge_per_phase_nC is not None:
+        charge_nC = min(charge_nC, limits.max_charge_per_phase_nC)
+    current = math.floor(charge_nC / pulse_width_ms * 10 + 1e-9) / 10
+
+    def within(value):
+        charge = charge_per_phase_nC(value, pulse_width_ms)
+        return shannon_k(charge, limits.electrode_area_um2) <= limits.max_shannon_k and (
+            limits.max_charge_per_phase_nC is None or charge <= limits.max_charge_per_phase_nC)
+
+    return current if within(current) else round(current - 0.1, 1)  # a bound met only to rounding
+
+
 def check_protocol(stim: ElectricalStimulation, limits: SafetyLimits | None = None) -> SafetyReport:
     """Measure ``stim`` against ``limits`` (default :class:`SafetyLimits`) without raising."""
     if not isinstance(stim, ElectricalStimulation):
@@ -149,6 +167,10 @@ def check_protocol(stim: ElectricalStimulation, limits: SafetyLimits | None = No
             f"charge per phase {charge_nC:g} nC exceeds the limit max_charge_per_phase_nC = "
             f"{limits.max_charge_per_phase_nC:g} nC"
         )
+    if (k > limits.max_shannon_k or limits.max_charge_per_phase_nC is not None
+            and charge_nC > limits.max_charge_per_phase_nC):
+        violations[-1] += (f"; the largest current within the limits at {stim.pulse_width_ms:g} ms per phase is "
+                           f"{largest_safe_current_uA(stim.pulse_width_ms, limits):g} µA")
     if not balanced:
         violations.append(
             f"waveform {stim.waveform!r} is not charge-balanced; the limit allows only "

@@ -28,6 +28,7 @@ import math
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ from stimsim.config import Section, load_toml
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.errors import ConfigError, DataError, FileFormatError
 from stimsim.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance
+from stimsim.limits import MAX_SEED
 from stimsim.recordings import Recordings
 
 #: IT area label of the models a subject is built from.
@@ -89,7 +91,7 @@ class VirtualSubject:
         root = Section(config, source)
         subject = root.section("subject", required=True)
         model_name = subject.get("model", str)
-        seed = subject.get("seed", int, minimum=0)
+        seed = subject.get("seed", int, minimum=0, maximum=MAX_SEED)
         lapse_rate = subject.get("lapse_rate", float, 0.02, minimum=0.0, maximum=1.0)
         scale = subject.get("cortex_mm_per_model_mm", float, None, minimum=1e-6)
         subject.finish()
@@ -118,6 +120,9 @@ class VirtualSubject:
         if dead_list is not None and "dead_fraction" in config["array"]:
             raise ConfigError(f"{source} [array]: give dead_electrodes (which ones) or dead_fraction (how many, drawn "
                               "from the seed), not both")
+        if dead_fraction >= 1.0:
+            raise ConfigError(f"{source} [array]: 'dead_fraction' = {dead_fraction:g} leaves no working electrode; "
+                              "give a fraction below 1")
 
         rec = root.section("recording")
         recording = {
@@ -130,6 +135,12 @@ class VirtualSubject:
             "noise": rec.get("noise", str, "poisson", choices=("poisson", "none")),
         }
         rec.finish()
+        x0, x1, y0, y1 = sheet.extent_mm
+        span_mm = max(x1 - x0, y1 - y0)
+        if recording["radius_mm"] > span_mm:
+            raise ConfigError(f"{source} [recording]: 'radius_mm' = {recording['radius_mm']:g} is larger than the "
+                              f"model's IT sheet (extent {_extent_text(sheet)} mm): every electrode would record the "
+                              f"whole sheet; give at most {span_mm:.3g} mm")
         window = recording["window_ms"]
         if (len(window) != 2 or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in window)
                 or not 0 <= window[0] < window[1]):
@@ -175,6 +186,9 @@ class VirtualSubject:
         """Build a subject from a configuration file (TOML)."""
         path = Path(path)
         subject = cls.create(load_toml(path), source=str(path), model=model)
+        if subject.recording["repeats"] < 2:
+            warnings.warn(f"{path} [recording]: repeats = 1: a plan on this subject needs [array] min_reliability "
+                          "= -1 (split-half reliability needs 2 or more presentations of every image)", stacklevel=2)
         subject.config_text = path.read_text()
         subject.config_dir = path.parent
         return subject

@@ -1,0 +1,74 @@
+"""A finished plan's files read back (``summary.json``, ``truth/subject_p_high.nc``) for sessions and power:
+a missing, damaged or inconsistent file is a :class:`~stimsim.errors.FileFormatError` naming it and the field."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from stimsim.errors import FileFormatError
+
+TRUTH_FILE = Path("truth") / "subject_p_high.nc"
+TRUTH_DIMS = ("electrode", "stimulated", "sequence", "step")
+
+
+def read_summary(plan_dir) -> tuple[Path, dict]:
+    """The path and content of ``plan_dir/summary.json`` (a JSON object)."""
+    path = Path(plan_dir) / "summary.json"
+    if not path.is_file():
+        raise FileFormatError(path, "not found; is this a directory written by `stimsim plan`?")
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FileFormatError(path, f"not a plan summary: invalid JSON ({exc})") from None
+    if not isinstance(summary, dict):
+        raise FileFormatError(path, f"not a plan summary: a JSON {type(summary).__name__}, not an object")
+    return path, summary
+
+
+def summary_number(path: Path, summary: dict, key: str, default=None) -> float:
+    """The finite number ``summary[key]`` (``default`` when absent and a default is given)."""
+    value = summary.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise FileFormatError(path, f"field {key!r} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def summary_electrodes(path: Path, summary: dict, key: str = "chosen_electrodes") -> list[str]:
+    """The electrode ids listed at ``summary[key]`` (a list of text or numbers)."""
+    value = summary.get(key)
+    if not isinstance(value, list) or not all(isinstance(e, (str, int)) and not isinstance(e, bool) for e in value):
+        raise FileFormatError(path, f"field {key!r} must be a list of electrode ids, got {value!r}")
+    return [str(e) for e in value]
+
+
+def read_subject_p_high(plan_dir, electrodes: list[str] | None, summary_path: Path) -> xr.DataArray:
+    """The virtual subject's P(high) of ``electrodes`` (all when None), dims (electrode, stimulated, sequence,
+    step) with stimulated = [False, True]; ``summary_path`` is named when it lists an electrode the truth lacks."""
+    path = Path(plan_dir) / TRUTH_FILE
+    try:
+        with xr.open_dataset(path, engine="h5netcdf") as data:
+            p_high = data["subject_p_high"].load() if "subject_p_high" in data else None
+    except Exception as exc:  # h5py and xarray raise many types for a damaged file
+        raise FileFormatError(path, f"not a readable NetCDF file ({type(exc).__name__}: {exc})") from None
+    if p_high is None or set(p_high.dims) != set(TRUTH_DIMS):
+        raise FileFormatError(path, f"needs a variable 'subject_p_high' with dims {TRUTH_DIMS}")
+    values = p_high.values
+    if not np.all((values >= 0) & (values <= 1)):  # NaN fails too
+        raise FileFormatError(path, "'subject_p_high' must hold probabilities in [0, 1] (it holds others or NaN)")
+    held = [str(e) for e in p_high["electrode"].values]
+    p_high = p_high.assign_coords(electrode=held).transpose(*TRUTH_DIMS)
+    flags = sorted(bool(v) for v in p_high["stimulated"].values)
+    if flags != [False, True]:
+        raise FileFormatError(path, f"'stimulated' must be [False, True], got {flags}")
+    if electrodes is None:
+        return p_high
+    missing = [e for e in electrodes if e not in set(held)]
+    if missing:
+        raise FileFormatError(summary_path, f"names electrode(s) {missing} that {path} does not hold (it holds "
+                                            f"{held[:8]}{' ...' if len(held) > 8 else ''}); the files are not "
+                                            "of one plan")
+    return p_high.sel(electrode=electrodes)

@@ -1,0 +1,212 @@
+"""The rig package of a plan (``DIR/rig/``): what a lab loads on its stimulus and stimulation computers.
+
+* ``images/`` — every step of every chosen site's sequences as a PNG, the plan's own pixels (grey levels
+  0–255), to be shown ``[display] size_deg`` wide at ``viewing_distance_cm``;
+* ``trials.csv`` — the trial list (:data:`TRIAL_COLUMNS`): ``[session] trials_per_site`` trials per chosen site,
+  in randomised interleaved blocks drawn from the plan's seed — each block holds every site once sham and once
+  stimulated, in random order; a site's sham and stimulated trials each run through its (sequence, step)
+  images in a random order before any image repeats;
+* ``trials.nwb`` — the same list as an NWB ``trials`` table, with an empty ``choice`` column for the animal's
+  choices ("low" / "high"): a session written with these columns is read by ``stimsim analyze`` as it is;
+* ``display.json`` — the display geometry the plan assumed.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from stimsim.errors import ConfigError
+from stimsim.io import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, csv_text
+
+#: Value of ``stimulated_electrode`` (and ``condition``) on sham trials, as the analysis reads it.
+SHAM = "sham"
+#: The planned trial clock of the NWB template (s): a trial starts every period and lasts the duration.
+TRIAL_PERIOD_S, TRIAL_DURATION_S = 1.5, 1.0
+
+#: Columns of ``trials.csv`` and the NWB template (channel, bank and elec for a .cmp layout only).
+TRIAL_COLUMNS = {
+    "trial": "trial number, 1 = first",
+    "block": "block number: every block holds every site once sham and once stimulated",
+    "electrode": "site whose image sequence is shown (electrode id of the plan)",
+    "channel": "Cerebus channel of the electrode (bank index × 32 + elec)",
+    "bank": "Cerebus bank of the electrode (A–D)",
+    "elec": "electrode number within its bank (1–32)",
+    "condition": "'sham' or 'stimulation'",
+    "stimulated_electrode": "electrode id stimulated on this trial, or 'sham'",
+    "sequence": "index of the site's sequence",
+    "step": "position along the sequence (0 = 'low' end, last = 'high' end)",
+    "stimulus_id": "image shown: '{electrode}_seq{sequence}_step{step}'",
+    "image_file": "the image's PNG, relative to the rig folder",
+    "current_uA": "stimulation current, microamperes (0 on sham trials)",
+    "frequency_Hz": "pulse frequency of the train, Hz (empty on sham trials)",
+    "pulse_width_ms": "width of each phase, ms (empty on sham trials)",
+    "train_ms": "train duration, ms (empty on sham trials)",
+    "train_onset_ms": "train onset relative to image onset, ms (negative: before; empty on sham trials)",
+}
+#: Columns of the NWB template beyond the trial list.
+NWB_COLUMNS = {"choice": "the animal's choice, 'low' or 'high' (empty in the template: fill in on the rig)"}
+
+
+@dataclass(frozen=True)
+class RigSpec:
+    """The session the plan is made for: ``trials_per_site`` (even: half sham, half stimulated), the train onset
+    relative to image onset (ms) and the display: images ``size_deg`` wide at ``viewing_distance_cm``."""
+
+    trials_per_site: int = 400
+    train_onset_ms: float = 0.0
+    size_deg: float = 8.0
+    viewing_distance_cm: float = 57.0
+
+    @property
+    def image_size_cm(self) -> float:
+        """Width of an image on the screen, cm: 2 d tan(size / 2)."""
+        return 2 * self.viewing_distance_cm * math.tan(math.radians(self.size_deg) / 2)
+
+    def display(self, image_px: int) -> dict:
+        """display.json: the geometry for images ``image_px`` pixels wide."""
+        return {"size_deg": self.size_deg, "viewing_distance_cm": self.viewing_distance_cm,
+                "image_size_cm": self.image_size_cm, "image_px": int(image_px),
+                "pixels_per_deg": image_px / self.size_deg,
+                "note": "show every image at size_deg × size_deg degrees of visual angle (image_size_cm on the "
+                        "screen at viewing_distance_cm), scaled from its image_px pixels"}
+
+    def to_dict(self) -> dict:
+        return {"session": {"trials_per_site": self.trials_per_site, "train_onset_ms": self.train_onset_ms},
+                "display": {"size_deg": self.size_deg, "viewing_distance_cm": self.viewing_distance_cm}}
+
+
+def read_rig_spec(session, display, where: str, n_steps: int) -> RigSpec:
+    """A :class:`RigSpec` from the plan file's ``[session]`` and ``[display]`` tables (:class:`stimsim.config.Section`)."""
+    defaults = RigSpec()
+    trials = session.get("trials_per_site", int, defaults.trials_per_site, minimum=2 * n_steps)
+    if trials % 2:
+        raise ConfigError(f"{where} [session]: 'trials_per_site' must be even (half sham, half stimulated), "
+                          f"got {trials}")
+    onset = session.get("train_onset_ms", float, defaults.train_onset_ms, minimum=-10_000.0, maximum=10_000.0)
+    size = display.get("size_deg", float, defaults.size_deg)
+    if not 0 < size < 180:
+        raise ConfigError(f"{where} [display]: 'size_deg' (image width, degrees of visual angle) must lie between 0 "
+                          f"and 180, got {size:g}")
+    distance = display.get("viewing_distance_cm", float, defaults.viewing_distance_cm)
+    if not distance > 0:
+        raise ConfigError(f"{where} [display]: 'viewing_distance_cm' (eye to screen) must be > 0 cm, got {distance:g}")
+    return RigSpec(trials, onset, size, distance)
+
+
+def image_names(electrodes) -> dict:
+    """Electrode id → the stem of its images' file names: the id with every character other than letters, digits,
+    ``.``, ``-`` and ``_`` as ``_``; prefixed by the site's number where two ids would share a stem."""
+    stems = [re.sub(r"[^A-Za-z0-9._-]", "_", str(e)) for e in electrodes]
+    if len(set(stems)) < len(stems):
+        stems = [f"site{i + 1}_{stem}" for i, stem in enumerate(stems)]
+    return dict(zip(map(str, electrodes), stems))
+
+
+def trial_list(electrodes, n_sequences: int, n_steps: int, spec: RigSpec, stimulation: dict, seed: int,
+               layout=None) -> pd.DataFrame:
+    """The trial list of :data:`TRIAL_COLUMNS` for ``electrodes`` (the chosen sites); ``layout`` (an
+    :class:`~stimsim.arrays.ArrayLayout`) gives the Cerebus channel, bank and elec of a .cmp map."""
+    rng = np.random.default_rng([seed, 0x816])
+    electrodes = [str(e) for e in electrodes]
+    cells = [(j, k) for j in range(n_sequences) for k in range(n_steps)]
+    n_blocks = spec.trials_per_site // 2
+
+    def schedule():  # one site's images for one condition: every image once before any repeats
+        repeats = -(-n_blocks // len(cells))
+        return np.concatenate([rng.permutation(len(cells)) for _ in range(repeats)])[:n_blocks]
+
+    order = {(site, stim): schedule() for site in range(len(electrodes)) for stim in (False, True)}
+    stems = image_names(electrodes)
+    rows = []
+    for block in range(n_blocks):
+        entries = [(site, stim) for site in range(len(electrodes)) for stim in (False, True)]
+        for index in rng.permutation(len(entries)):
+            site, stim = entries[index]
+            j, k = cells[order[(site, stim)][block]]
+            electrode = electrodes[site]
+            row = {"trial": len(rows) + 1, "block": block + 1, "electrode": electrode}
+            numbers = None if layout is None else layout.cerebus_numbers(electrode)
+            if numbers is not None:
+                row.update(numbers)
+            row.update({
+                "condition": "stimulation" if stim else SHAM, "stimulated_electrode": electrode if stim else SHAM,
+                "sequence": j, "step": k, "stimulus_id": f"{electrode}_seq{j}_step{k}",
+                "image_file": f"images/{stems[electrode]}_seq{j}_step{k}.png",
+                "current_uA": float(stimulation["current_uA"]) if stim else 0.0,
+                "frequency_Hz": float(stimulation["frequency_Hz"]) if stim else np.nan,
+                "pulse_width_ms": float(stimulation["pulse_width_ms"]) if stim else np.nan,
+                "train_ms": float(stimulation["train_ms"]) if stim else np.nan,
+                "train_onset_ms": spec.train_onset_ms if stim else np.nan})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_rig(out_dir: Path, images: np.ndarray, electrodes, spec: RigSpec, trials: pd.DataFrame,
+              description: str) -> Path:
+    """Write ``DIR/rig``: ``images`` (n_sites, n_sequences, n_steps, H, W) of ``electrodes`` as PNGs, the trial list
+    as CSV and NWB template, and display.json. Returns the folder."""
+    from stimsim.report.figures import image_png
+
+    rig = Path(out_dir) / "rig"
+    (rig / "images").mkdir(parents=True, exist_ok=True)
+    stems = image_names(electrodes)
+    for site, electrode in enumerate(map(str, electrodes)):
+        for j in range(images.shape[1]):
+            for k in range(images.shape[2]):
+                atomic_write_bytes(rig / "images" / f"{stems[electrode]}_seq{j}_step{k}.png",
+                                   image_png(images[site, j, k]))
+    atomic_write_text(rig / "trials.csv", csv_text(trials, significant_digits=10))
+    template = trials.assign(start_time=(trials["trial"] - 1) * TRIAL_PERIOD_S,
+                             stop_time=(trials["trial"] - 1) * TRIAL_PERIOD_S + TRIAL_DURATION_S, choice="")
+    write_trials_nwb(template, rig / "trials.nwb", subject_id="subject", session_id="planned",
+                     description=f"stimsim plan {description}: trial list to run (planned times; choices to fill in)")
+    atomic_write_json(rig / "display.json", spec.display(images.shape[-1]))
+    return rig
+
+
+def write_trials_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: str, description: str) -> Path:
+    """``trials`` (start_time, stop_time and columns of :data:`TRIAL_COLUMNS` / :data:`NWB_COLUMNS` or the session
+    columns) as the NWB trials table, written atomically; empty numbers (sham trials' train) as NaN."""
+    from pynwb import NWBHDF5IO, NWBFile
+    from pynwb.file import Subject
+
+    from stimsim.planning.session import COLUMN_DESCRIPTIONS
+
+    described = {**COLUMN_DESCRIPTIONS, **TRIAL_COLUMNS, **NWB_COLUMNS}
+    nwbfile = NWBFile(session_description=description, identifier=f"{subject_id}-{session_id}",
+                      session_start_time=datetime.now(timezone.utc), session_id=session_id,
+                      subject=Subject(subject_id=subject_id))
+    columns = [name for name in trials.columns if name not in ("start_time", "stop_time")]
+    for name in columns:
+        nwbfile.add_trial_column(name=name, description=described.get(name, name))
+    for record in trials[["start_time", "stop_time", *columns]].itertuples(index=False):
+        nwbfile.add_trial(**{name: value.item() if isinstance(value, np.generic) else value
+                             for name, value in zip(["start_time", "stop_time", *columns], record)})
+
+    def write(tmp):
+        with NWBHDF5IO(tmp, "w") as io:
+            io.write(nwbfile)
+
+    return atomic_save(path, write)
+
+
+def read_trial_list(path) -> pd.DataFrame:
+    """A plan's ``rig/trials.csv`` (ids as text)."""
+    from stimsim.errors import FileFormatError
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"trial list not found: {path} (a plan writes it as rig/trials.csv)")
+    table = pd.read_csv(path, dtype={"electrode": str, "stimulated_electrode": str, "bank": str})
+    missing = [name for name in ("trial", "electrode", "stimulated_electrode", "sequence", "step", "current_uA")
+               if name not in table]
+    if missing:
+        raise FileFormatError(path, f"missing column(s) {missing}; a trial list as `stimsim plan` writes it in "
+                                    "rig/trials.csv has them")
+    return table

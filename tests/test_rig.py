@@ -1,0 +1,269 @@
+"""A plan a lab takes to the rig: the power forecast and its warning, both intervals, the rig package (images,
+trial list in interleaved blocks, NWB template, display), the array as on its .cmp map, and the round trip from
+the trial list through a virtual session to `stimsim analyze` with no mapping."""
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+from PIL import Image as PILImage
+
+from stimsim.analysis.effects import delta_auc_of_counts
+from stimsim.cli import main
+from stimsim.errors import ConfigError
+from stimsim.planning.config import load_plan_config
+from stimsim.planning.detectability import forecast, subject_error_sd, with_subject_error
+from stimsim.planning.rig import RigSpec, trial_list
+
+#: A 4 × 4 map written by hand: comments, then electrode lines (no description line); banks A and B, labels.
+CMP = "// 4x4 test map, no description line\n// col row bank elec label\n" + "".join(
+    f"{k % 4}\t{k // 4}\t{'AB'[k // 8]}\t{k % 8 + 1}\telec{k + 1}\n" for k in range(16))
+
+SUBJECT = """
+[subject]
+model = "stimsim-topo-s2"
+seed = 7
+lapse_rate = 0.02
+[array]
+layout = "array.cmp"
+layout_ids = "label"
+[recording]
+radius_mm = 0.25
+repeats = 4
+[[stimuli]]
+source = "lfw_subset"
+"""
+
+PLAN = """
+name = "rig"
+seed = 3
+[models]
+candidates = ["stimsim-topo-s0"]
+n_folds = 3
+[subject]
+config = "subject.toml"
+[array]
+min_reliability = -1
+[registration]
+n_boot = 2
+[sequences]
+n_sequences = 2
+iterations = 8
+recording_radius_mm = 0.25
+[decoder]
+n_noise = 6
+n_eval = 3
+[stimulation]
+current_uA = 150
+[selection]
+n_sites = 3
+min_separation_mm = 0.8
+[session]
+trials_per_site = {trials}
+train_onset_ms = -20
+[display]
+size_deg = 6
+viewing_distance_cm = 50
+"""
+TRIALS_PER_SITE = 1400
+
+
+def _write(directory, trials=TRIALS_PER_SITE):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "array.cmp").write_text(CMP)
+    (directory / "subject.toml").write_text(SUBJECT)
+    (directory / "plan.toml").write_text(PLAN.format(trials=trials))
+    return directory / "plan.toml"
+
+
+@pytest.fixture(scope="module")
+def rig_plan(tmp_path_factory, one_torch_thread):
+    base = tmp_path_factory.mktemp("rig")
+    out = base / "out"
+    assert main(["plan", str(_write(base / "config")), "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+def test_rig_package_holds_every_image_and_the_interleaved_trial_list(rig_plan):
+    summary = json.loads((rig_plan / "summary.json").read_text())
+    chosen = summary["chosen_electrodes"]
+    trials = pd.read_csv(rig_plan / "rig" / "trials.csv", dtype={"electrode": str, "stimulated_electrode": str})
+    with xr.open_dataset(rig_plan / "plan.nc", engine="h5netcdf") as plan:
+        images = plan["sequence_image"].sel(electrode=chosen).values  # (site, sequence, step, y, x)
+    n_sites, n_sequences, n_steps = images.shape[:3]
+    pngs = sorted((rig_plan / "rig" / "images").glob("*.png"))
+    assert len(pngs) == n_sites * n_sequences * n_steps == summary["rig"]["n_images"]
+    # every row's image is the plan's own image of that site, sequence and step (grey levels 0–255)
+    for row in trials.drop_duplicates("image_file").itertuples():
+        pixels = np.asarray(PILImage.open(rig_plan / "rig" / row.image_file), dtype=float)
+        np.testing.assert_allclose(pixels / 255, images[chosen.index(row.electrode), row.sequence, row.step],
+                                   atol=0.5 / 255 + 1e-9)
+    assert len(trials) == TRIALS_PER_SITE * n_sites and trials["trial"].tolist() == list(range(1, len(trials) + 1))
+    # blocks: every site once sham and once stimulated, in an order that changes from block to block
+    blocks = trials.groupby("block")
+    assert blocks.ngroups == TRIALS_PER_SITE // 2
+    assert all(sorted(zip(b["electrode"], b["condition"])) == sorted((e, c) for e in chosen
+                                                                     for c in ("sham", "stimulation"))
+               for _, b in blocks)
+    assert len({tuple(b["electrode"] + b["condition"]) for _, b in blocks}) > 1
+    # within a site and condition each of its images is shown equally often (± 1)
+    per_image = trials.groupby(["electrode", "condition", "sequence", "step"]).size()
+    assert len(per_image) == n_sites * 2 * n_sequences * n_steps and np.ptp(per_image.to_numpy()) <= 1
+    stim = trials[trials["condition"] == "stimulation"]
+    sham = trials[trials["condition"] == "sham"]
+    assert (stim["stimulated_electrode"] == stim["electrode"]).all() and (sham["stimulated_electrode"] == "sham").all()
+    assert (stim["current_uA"] == 150).all() and (sham["current_uA"] == 0).all()
+    assert (stim["frequency_Hz"] == 200).all() and (stim["pulse_width_ms"] == 0.2).all()
+    assert (stim["train_onset_ms"] == -20).all() and sham["train_onset_ms"].isna().all()
+    # Cerebus numbers from the map: elec{k+1} is bank A/B, elec k % 8 + 1, channel bank index × 32 + elec
+    for row in trials.drop_duplicates("electrode").itertuples():
+        k = int(row.electrode.removeprefix("elec")) - 1
+        assert (row.bank, row.elec, row.channel) == ("AB"[k // 8], k % 8 + 1, 32 * (k // 8) + k % 8 + 1)
+    display = json.loads((rig_plan / "rig" / "display.json").read_text())
+    assert display["image_size_cm"] == pytest.approx(2 * 50 * math.tan(math.radians(3)))
+    assert display["pixels_per_deg"] == pytest.approx(images.shape[-1] / 6)
+
+
+def test_sites_csv_and_report_show_the_map_as_the_lab_knows_it(rig_plan, chromium_render, pdf_pages):
+    sites = pd.read_csv(rig_plan / "sites.csv", dtype={"electrode_id": str, "bank": str})
+    k = sites["electrode_id"].str.removeprefix("elec").astype(int) - 1
+    assert (sites["bank"] == ["AB"[i // 8] for i in k]).all() and (sites["elec"] == k % 8 + 1).all()
+    assert (sites["channel"] == 32 * (k // 8) + k % 8 + 1).all()
+    summary = json.loads((rig_plan / "summary.json").read_text())
+    assert summary["layout_description"].startswith("(no description line")
+    dom, images_ok, images_total, console = chromium_render(rig_plan / "report.html")
+    assert images_ok == images_total and console == []
+    assert "the array as on its map and pedestal (col from the left, row from the bottom, not rotated)" in dom
+    assert "cells coloured by Cerebus bank" in dom
+    texts, _ = pdf_pages(rig_plan / "report.pdf")
+    first = " ".join(texts[0].split())
+    assert "Power at the planned 1,400 trials per site" in first and "Right: the array as on its map" in first
+
+
+def test_a_session_run_from_the_trial_list_is_analysed_with_no_mapping(rig_plan, tmp_path, capsys):
+    """The virtual subject runs rig/trials.csv; `stimsim analyze` reads the NWB it writes as it is and recovers the
+    subject's per-site effects as well as from a `subject session` of as many trials."""
+    rig_session, plain_session = tmp_path / "rig.nwb", tmp_path / "plain.nwb"
+    assert main(["subject", "session", str(rig_plan), "--trials", str(rig_plan / "rig" / "trials.csv"),
+                 "--out", str(rig_session), "--seed", "4"]) == 0
+    assert main(["subject", "session", str(rig_plan), "--trials-per-site", str(TRIALS_PER_SITE),
+                 "--out", str(plain_session), "--seed", "4"]) == 0
+    summary = json.loads((rig_plan / "summary.json").read_text())
+    lapse = summary["subject_lapse_rate"]
+    with xr.open_dataset(rig_plan / "truth" / "subject_p_high.nc", engine="h5netcdf") as truth:
+        p = lapse / 2 + (1 - lapse) * truth["subject_p_high"].sel(electrode=summary["chosen_electrodes"]).mean(
+            "sequence").transpose("electrode", "stimulated", "step").values
+    steps = np.linspace(0, 1, p.shape[-1])
+    expected = dict(zip(summary["chosen_electrodes"], delta_auc_of_counts(p, np.ones_like(p), steps)))
+    errors = {}
+    for name, session in (("rig", rig_session), ("plain", plain_session)):
+        assert main(["analyze", str(session), "--plan", str(rig_plan), "--out", str(tmp_path / name),
+                     "--no-progress"]) == 0
+        observed = pd.read_csv(tmp_path / name / "sites.csv", dtype={"electrode": str}).set_index("electrode")
+        assert sorted(observed.index) == sorted(expected)
+        errors[name] = np.array([observed.loc[e, "delta_auc"] - expected[e] for e in expected])
+    capsys.readouterr()
+    # binomial SE of a site's ΔAUC: ~ sqrt(Σ w² p (1 − p) / n) over both conditions, n trials per cell
+    weights = np.full(p.shape[-1], 1.0 / (p.shape[-1] - 1))
+    weights[[0, -1]] /= 2
+    n_cell = TRIALS_PER_SITE / (2 * p.shape[-1])
+    se = np.sqrt((weights ** 2 * p * (1 - p) / n_cell).sum(axis=(1, 2)))
+    assert np.all(np.abs(errors["rig"]) < 4 * se)
+    assert np.abs(errors["rig"]).mean() < 2 * np.abs(errors["plain"]).mean() + se.mean()
+
+
+def test_a_trial_list_session_takes_no_trial_count_or_site_choice(tmp_path, capsys):
+    for extra in (["--trials-per-site", "40"], ["--sites", "all"]):
+        assert main(["subject", "session", str(tmp_path), "--trials", str(tmp_path / "trials.csv"),
+                     "--csv", str(tmp_path / "s.csv"), *extra]) == 2
+        assert "--trials runs that trial list as it is; --trials-per-site and --sites apply without it" in \
+            capsys.readouterr().err
+    assert not (tmp_path / "s.csv").exists()
+
+
+def test_trial_list_is_seeded_and_session_table_settings_are_checked(tmp_path):
+    stimulation = {"current_uA": 50, "frequency_Hz": 200, "pulse_width_ms": 0.2, "train_ms": 50}
+    spec = RigSpec(trials_per_site=28)
+    first = trial_list(["a", "b"], 2, 7, spec, stimulation, seed=1)
+    assert first.equals(trial_list(["a", "b"], 2, 7, spec, stimulation, seed=1))
+    assert not first.equals(trial_list(["a", "b"], 2, 7, spec, stimulation, seed=2))
+    assert "channel" not in first  # no banks without a .cmp map
+    path = _write(tmp_path, trials=401)
+    with pytest.raises(ConfigError, match=r"plan.toml \[session\]: 'trials_per_site' must be even"):
+        load_plan_config(path)
+    path.write_text(path.read_text().replace("trials_per_site = 401", "trials_per_site = 10"))
+    with pytest.raises(ConfigError, match=r"plan.toml \[session\]: 'trials_per_site' must be >= 14"):
+        load_plan_config(path)
+    path.write_text(path.read_text().replace("trials_per_site = 10", "trials_per_site = 400")
+                    .replace("size_deg = 6", "size_deg = 0"))
+    with pytest.raises(ConfigError, match=r"plan.toml \[display\]: 'size_deg' .* between 0 and 180, got 0"):
+        load_plan_config(path)
+    path.write_text(path.read_text().replace("size_deg = 0", "size_deg = 6\nscreen = 1"))
+    with pytest.raises(ConfigError, match=r"\[display\].*screen"):
+        load_plan_config(path)
+    # the session and display change no computed phase: a plan's cache stays valid
+    path.write_text(path.read_text().replace("\nscreen = 1", ""))
+    config = load_plan_config(path)
+    path.write_text(path.read_text().replace("size_deg = 6", "size_deg = 10"))
+    assert load_plan_config(path).digest() == config.digest() and load_plan_config(path).rig.size_deg == 10
+
+
+def test_power_forecast_warns_only_when_the_effects_are_too_small():
+    """Large planted effects (P(high) up by 0.3 at every step) are detected at 400 trials per site; tiny ones (0.002)
+    are not, and say so."""
+    base = np.linspace(0.1, 0.8, 7)
+    for shift, warned in ((0.2, False), (0.002, True)):
+        curves = np.stack([np.stack([base, base + shift]) for _ in range(6)])
+        result = forecast(curves, [f"s{i}" for i in range(6)], np.full(6, shift), 400, seed=0)
+        power = result["power_at_planned_trials"]
+        assert (result["power_warning"] is not None) == warned
+        if warned:
+            assert power["across_sites"] < 0.8 and "400 trials per site" in result["power_warning"]
+            assert result["trials_per_site_needed"]["across_sites"] is None  # more than 6,400
+        else:
+            assert power["across_sites"] >= 0.8 and power["per_site_mean"] > 0.8
+            assert result["trials_per_site_needed"]["across_sites"] <= 400
+    # 4 sites: the exact one-sided Wilcoxon p is at least 1/16 > 0.05, however large the effects
+    strong = np.stack([np.stack([base, base + 0.2]) for _ in range(4)])
+    result = forecast(strong, ["a", "b", "c", "d"], np.full(4, 0.2), 400, seed=0)
+    assert result["power_at_planned_trials"]["across_sites"] == 0
+    assert result["power_warning"].endswith("with 4 site(s) the test across sites can never reach p < 0.05 (it needs "
+                                            "at least 5: its smallest p is 1/2^n)")
+
+
+def test_plan_with_tiny_effects_warns_on_stderr(rig_plan, tmp_path, capsys):
+    summary = json.loads((rig_plan / "summary.json").read_text())
+    if summary["power_warning"] is None:
+        pytest.skip("the fixture's effects are detectable")
+    config = rig_plan.parent / "config" / "plan.toml"
+    assert main(["plan", str(config), "--out", str(rig_plan), "--no-progress"]) == 0  # cached: only the outputs
+    assert f"stimsim: warning: {summary['power_warning']}" in capsys.readouterr().err
+
+
+def test_model_to_subject_error_from_the_candidates_spread():
+    """Two candidates disagreeing by ±d at every site: σ² = var(ddof 1) = 2 d², the mean of 2 lies σ √(3/2) from a
+    third instance; the interval grows by 1.96 that in quadrature."""
+    d = 0.01
+    fitted = np.array([[0.1 + d, 0.2 - d, 0.3 + d], [0.1 - d, 0.2 + d, 0.3 - d]])
+    sd = subject_error_sd(fitted)
+    assert sd == pytest.approx(math.sqrt(2 * d ** 2 * 1.5))
+    low, high = with_subject_error([0.1], [0.09], [0.13], sd)
+    assert low[0] == pytest.approx(0.1 - math.hypot(0.01, 1.959964 * sd), rel=1e-6)
+    assert high[0] == pytest.approx(0.1 + math.hypot(0.03, 1.959964 * sd), rel=1e-6)
+    assert subject_error_sd(fitted[:1]) is None
+    assert np.isnan(with_subject_error([0.1], [0.09], [0.13], None)[0]).all()
+
+
+def test_the_map_caption_says_grey_when_the_images_have_no_face_labels():
+    from types import SimpleNamespace
+
+    from stimsim.planning.report import sheet_caption
+
+    labelled = SimpleNamespace(labels={"category": np.array(["face", "object", "face"])})
+    unlabelled = SimpleNamespace(labels={})
+    assert "coloured by face selectivity" in sheet_caption(labelled, 0.3, banks=True)
+    caption = sheet_caption(unlabelled, 0.3, banks=False)
+    assert "coloured by face selectivity" not in caption and "in grey (the images have no 'category' labels" in caption
+    assert "cells coloured by Cerebus bank" not in caption
