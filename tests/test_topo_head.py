@@ -185,3 +185,11 @@ def test_densify_interpolates_a_linear_map_between_cell_centres():
     x_dense = grid_positions_mm(8, 4.0)[:, 0]
     inside = (x_dense > 0.5) & (x_dense < 3.5)
     assert np.allclose(dense.it[1].weight[:, 0].detach().numpy()[inside], 2.0 * x_dense[inside] - 1.0, atol=1e-5)
+
+
+def test_the_build_file_in_experiments_parses():
+    from pathlib import Path
+
+    config, _, _ = load_head_config(Path(__file__).resolve().parents[1] / "experiments" / "build_stimsim_mnv2_s0.toml")
+    assert config.model.base_network == "mobilenet_v2" and config.model.grid_side == 224
+    assert config.cortex_scale.face_cluster_cortex_mm == 4.0
