@@ -29,6 +29,10 @@ from stimsim.errors import ConfigError
 from stimsim.stimulation.perturbations import apply_effect
 
 
+#: What the inversion matches: the activity, or its pattern over the units (see :class:`InversionSettings`).
+MATCHES = ("euclidean", "pattern")
+
+
 @dataclass(frozen=True)
 class InversionSettings:
     """How the inversion searches.
@@ -36,13 +40,16 @@ class InversionSettings:
     steps : gradient steps per image; learning_rate : Adam step size in pixel units ([0, 1] range);
     tv_weight : weight of the total-variation prior (mean absolute difference of neighbouring pixels)
     against the activity match (mean squared error over the layer's units, in units of the unperturbed
-    activity's mean square); jitter_px : largest random shift (pixels) applied before every step.
+    activity's mean square); jitter_px : largest random shift (pixels) applied before every step;
+    match : ``"euclidean"`` (the activity itself) or ``"pattern"`` (the activity less its mean over the units:
+    a change common to every unit is not matched, only how the change is distributed over the sheet).
     """
 
     steps: int = 100
     learning_rate: float = 0.02
     tv_weight: float = 0.05
     jitter_px: int = 4
+    match: str = "euclidean"
 
     def __post_init__(self):
         for name, value, low in (("steps", self.steps, 1), ("jitter_px", self.jitter_px, 0)):
@@ -53,6 +60,8 @@ class InversionSettings:
                 raise ConfigError(f"inversion {name} must be a finite number >= 0, got {value!r}")
         if self.learning_rate == 0:
             raise ConfigError("inversion learning_rate must be > 0")
+        if self.match not in MATCHES:
+            raise ConfigError(f"inversion match must be one of {list(MATCHES)}, got {self.match!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,6 +102,11 @@ def _run(model, x: torch.Tensor, stop: str, start: str | None = None) -> torch.T
     for _, module in model.stages[first:names.index(stop) + 1]:
         x = module(x)
     return x
+
+
+def _matched(activity: torch.Tensor, match: str) -> torch.Tensor:
+    """(K, N) activity as matched: itself, or less its mean over the N units."""
+    return activity - activity.mean(1, keepdim=True) if match == "pattern" else activity
 
 
 def _total_variation(x: torch.Tensor) -> torch.Tensor:
@@ -141,8 +155,9 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
             perturbed = apply_effect(activity.flatten(1), multiplier.to(device, torch.float32),
                                      additive.to(device, torch.float32)).reshape((k,) + tuple(shape))
             target = perturbed if match_layer == layer else _run(model, perturbed, match_layer, start=layer)
-            target = target.flatten(1)
-            scale = float(_run(model, _normalise(model, start), match_layer).square().mean()) or 1.0
+            target = _matched(target.flatten(1), settings.match)
+            scale = float(_matched(_run(model, _normalise(model, start), match_layer).flatten(1),
+                                   settings.match).square().mean()) or 1.0
         pixels = start.repeat(k, 1, 1, 1).clone().requires_grad_(True)
         optimiser = torch.optim.Adam([pixels], lr=settings.learning_rate)
         generator = torch.Generator().manual_seed(int(seed))
@@ -150,7 +165,7 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
         for _ in range(settings.steps):
             shift = torch.randint(-j, j + 1, (2,), generator=generator).tolist() if j else [0, 0]
             seen = torch.roll(pixels, shifts=shift, dims=(2, 3))
-            features = _run(model, _normalise(model, seen), match_layer).flatten(1)
+            features = _matched(_run(model, _normalise(model, seen), match_layer).flatten(1), settings.match)
             match = (features - target).square().mean(1) / scale
             loss = (match + settings.tv_weight * _total_variation(pixels)).sum()
             optimiser.zero_grad(set_to_none=True)
@@ -159,7 +174,7 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
             with torch.no_grad():
                 pixels.clamp_(0.0, 1.0)
         with torch.no_grad():
-            features = _run(model, _normalise(model, pixels), match_layer).flatten(1)
+            features = _matched(_run(model, _normalise(model, pixels), match_layer).flatten(1), settings.match)
             final = ((features - target).square().mean(1) / scale).cpu().numpy().astype(np.float64)
     finally:
         for p, flag in zip(parameters, trainable):

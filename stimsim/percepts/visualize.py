@@ -149,7 +149,7 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
     try:
         settings = InversionSettings(**{key: inversion.get(key, type(getattr(InversionSettings, key)),
                                                            getattr(InversionSettings, key))
-                                        for key in ("steps", "learning_rate", "tv_weight", "jitter_px")})
+                                        for key in ("steps", "learning_rate", "tv_weight", "jitter_px", "match")})
     except ConfigError as exc:
         raise ConfigError(f"{where} [inversion]: {exc}") from None
     inversion.finish()
