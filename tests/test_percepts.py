@@ -72,7 +72,7 @@ def test_inversion_brings_unperturbed_activity_towards_the_stimulated_activity(m
     assert np.all(loss[1:] < start_loss[1:])
     with torch.no_grad():  # the returned loss is that of the returned images
         final = model.run_stages(model.preprocess(images), stop="it").flatten(1)
-    np.testing.assert_allclose(((final - target).square().mean(1) / start.square().mean()).numpy(), loss, rtol=1e-4)
+    np.testing.assert_allclose(((final - target).square().mean(1) / start.square().mean()).numpy(), loss, rtol=1e-4, atol=1e-9)
 
 
 def test_inversion_is_reproducible_and_its_seed_matters(model, image):
@@ -81,6 +81,16 @@ def test_inversion_is_reproducible_and_its_seed_matters(model, image):
     first = synthesize(model, image, m, a, "it", settings=settings, seed=5)[0]
     assert torch.equal(first, synthesize(model, image, m, a, "it", settings=settings, seed=5)[0])
     assert not torch.equal(first, synthesize(model, image, m, a, "it", settings=settings, seed=6)[0])
+
+
+def test_the_blur_prior_smooths_the_change_the_inversion_makes(model, image):
+    m, a = _effects(model)
+    plain = synthesize(model, image, m, a, "it", settings=InversionSettings(steps=10, tv_weight=0.0, jitter_px=0))[0]
+    blurred = synthesize(model, image, m, a, "it",
+                         settings=InversionSettings(steps=10, tv_weight=0.0, jitter_px=0, blur_sigma_px=1.0))[0]
+    assert torch.equal(blurred[0], image)  # nothing to match: no change to blur
+    roughness = lambda change: (change[..., 1:, :] - change[..., :-1, :]).abs().mean() / change.abs().mean()  # noqa: E731
+    assert roughness(blurred[1] - image) < 0.5 * roughness(plain[1] - image)
 
 
 def test_matching_a_layer_before_the_perturbed_one_is_refused(model, image):

@@ -41,6 +41,8 @@ class InversionSettings:
     tv_weight : weight of the total-variation prior (mean absolute difference of neighbouring pixels)
     against the activity match (mean squared error over the layer's units, in units of the unperturbed
     activity's mean square); jitter_px : largest random shift (pixels) applied before every step;
+    blur_sigma_px : σ (pixels) of a Gaussian blur applied to the change from the original image after every
+    step (0: none), a prior against the high spatial frequencies a network's gradient is rich in;
     match : ``"euclidean"`` (the activity itself) or ``"pattern"`` (the activity less its mean over the units:
     a change common to every unit is not matched, only how the change is distributed over the sheet).
     """
@@ -49,13 +51,15 @@ class InversionSettings:
     learning_rate: float = 0.02
     tv_weight: float = 0.05
     jitter_px: int = 4
+    blur_sigma_px: float = 0.0
     match: str = "euclidean"
 
     def __post_init__(self):
         for name, value, low in (("steps", self.steps, 1), ("jitter_px", self.jitter_px, 0)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 raise ConfigError(f"inversion {name} must be an integer >= {low}, got {value!r}")
-        for name, value in (("learning_rate", self.learning_rate), ("tv_weight", self.tv_weight)):
+        for name, value in (("learning_rate", self.learning_rate), ("tv_weight", self.tv_weight),
+                            ("blur_sigma_px", self.blur_sigma_px)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
                 raise ConfigError(f"inversion {name} must be a finite number >= 0, got {value!r}")
         if self.learning_rate == 0:
@@ -109,6 +113,23 @@ def _matched(activity: torch.Tensor, match: str) -> torch.Tensor:
     return activity - activity.mean(1, keepdim=True) if match == "pattern" else activity
 
 
+def _gaussian_blur(sigma_px: float, channels: int, device):
+    """A function blurring (K, channels, H, W) images with a Gaussian of σ = ``sigma_px`` (separable, 3σ wide,
+    edges reflected)."""
+    radius = max(1, int(np.ceil(3 * sigma_px)))
+    taps = torch.exp(-torch.arange(-radius, radius + 1, dtype=torch.float32) ** 2 / (2 * sigma_px ** 2))
+    taps = (taps / taps.sum()).to(device)
+    rows = taps.view(1, 1, 1, -1).repeat(channels, 1, 1, 1)
+    columns = taps.view(1, 1, -1, 1).repeat(channels, 1, 1, 1)
+
+    def blur(x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.pad(x, (radius, radius, radius, radius), mode="reflect")
+        x = torch.nn.functional.conv2d(x, rows, groups=channels)
+        return torch.nn.functional.conv2d(x, columns, groups=channels)
+
+    return blur
+
+
 def _total_variation(x: torch.Tensor) -> torch.Tensor:
     """Mean absolute difference of vertically and horizontally neighbouring pixels, per image (K,)."""
     dy = (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1)
@@ -150,18 +171,22 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
         p.requires_grad_(False)
     try:
         with torch.no_grad():
-            activity = _run(model, _normalise(model, start), layer)
+            # computed on K copies, as the search computes: the same batch shape gives the same numbers, so an
+            # unperturbed condition starts at a loss of exactly 0 (Adam would turn rounding noise into steps)
+            copies = _normalise(model, start.repeat(k, 1, 1, 1))
+            activity = _run(model, copies, layer)
             shape = activity.shape[1:]
             perturbed = apply_effect(activity.flatten(1), multiplier.to(device, torch.float32),
                                      additive.to(device, torch.float32)).reshape((k,) + tuple(shape))
             target = perturbed if match_layer == layer else _run(model, perturbed, match_layer, start=layer)
             target = _matched(target.flatten(1), settings.match)
-            scale = float(_matched(_run(model, _normalise(model, start), match_layer).flatten(1),
-                                   settings.match).square().mean()) or 1.0
+            unperturbed = activity if match_layer == layer else _run(model, activity, match_layer, start=layer)
+            scale = float(_matched(unperturbed.flatten(1), settings.match).square().mean()) or 1.0
         pixels = start.repeat(k, 1, 1, 1).clone().requires_grad_(True)
         optimiser = torch.optim.Adam([pixels], lr=settings.learning_rate)
         generator = torch.Generator().manual_seed(int(seed))
         j = settings.jitter_px
+        blur = _gaussian_blur(settings.blur_sigma_px, start.shape[1], device) if settings.blur_sigma_px > 0 else None
         for _ in range(settings.steps):
             shift = torch.randint(-j, j + 1, (2,), generator=generator).tolist() if j else [0, 0]
             seen = torch.roll(pixels, shifts=shift, dims=(2, 3))
@@ -172,6 +197,8 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
             loss.backward()
             optimiser.step()
             with torch.no_grad():
+                if blur is not None:
+                    pixels.copy_(start + blur(pixels - start))
                 pixels.clamp_(0.0, 1.0)
         with torch.no_grad():
             features = _matched(_run(model, _normalise(model, pixels), match_layer).flatten(1), settings.match)
