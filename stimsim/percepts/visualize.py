@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -215,6 +216,9 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool) -> di
     report_phase(f"visualize: loading model {config.model} and judge {config.judge}", progress)
     topo, layer, scale = _scaled_model(config.model, config.layer, "model")
     judge_model, judge_layer, _ = _scaled_model(config.judge, config.layer, "judge")
+    if judge_model.name == topo.name:
+        warnings.warn(f"the independent judge {config.judge!r} is the model itself ({topo.name!r}); its P(face) is not "
+                      "independent of the inversion — give another model ([judge] model or --judge)", stacklevel=2)
     match_layer = None if config.match_layer is None else topo.resolve_layer(config.match_layer)
     rows = _load_rows(config)
     localizer = _load_localizer(config, set(rows.stimulus_id.tolist()))
