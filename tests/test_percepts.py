@@ -28,12 +28,12 @@ def image(model):
     return pixel_images(model, [rng.random((32, 32)).astype(np.float32)])[0]
 
 
-def _effects(model, currents_uA=(300.0,)):
+def _effects(model, currents_uA=(300.0,), activation_per_Hz=0.01):
     sheet = model.sheet("it")
     centre = tuple(np.mean(sheet.coordinates_mm, axis=0))
     conditions = [Condition("none")] + [
         Condition(f"stim{c:g}", (ElectricalStimulation((centre,), current_uA=c, frequency_Hz=200, form="additive",
-                                                       activation_per_Hz=0.01, layer="it"),))
+                                                       activation_per_Hz=activation_per_Hz, layer="it"),))
         for c in currents_uA]
     m, a = Condition.batch_effects(conditions, sheet)
     return m.float(), a.float()
@@ -93,12 +93,26 @@ def test_the_blur_prior_smooths_the_change_the_inversion_makes(model, image):
     assert roughness(blurred[1] - image) < 0.5 * roughness(plain[1] - image)
 
 
+def test_batch_normalized_steps_leave_an_unstimulated_condition_nearly_where_it_started(model, image):
+    # with jitter its gradient is not zero, only small: Adam makes full steps of it, scaled steps do not
+    m, a = _effects(model, (300.0,), activation_per_Hz=0.1)
+    changes = {}
+    for optimizer in ("adam", "batch_normalized"):
+        settings = InversionSettings(steps=10, jitter_px=1, tv_weight=0.0, optimizer=optimizer)
+        images = synthesize(model, image, m, a, "it", settings=settings)[0]
+        changes[optimizer] = [(images[row] - image).abs().mean().item() for row in range(2)]
+    assert changes["batch_normalized"][0] < 0.3 * changes["adam"][0]
+    assert changes["batch_normalized"][0] < 0.5 * changes["batch_normalized"][1]
+
+
 def test_matching_a_layer_before_the_perturbed_one_is_refused(model, image):
     m, a = _effects(model)
     with pytest.raises(ConfigError, match="comes before"):
         synthesize(model, image, m, a, "it", match_layer="v4")
     with pytest.raises(ConfigError, match="match must be one of"):
         InversionSettings(match="cosine")
+    with pytest.raises(ConfigError, match="optimizer must be one of"):
+        InversionSettings(optimizer="sgd")
 
 
 def _small_config(tmp_path: Path, **changes) -> Path:

@@ -6,8 +6,9 @@ activity of the original image: the image the network would have to see to be in
 stimulation puts it in (feature inversion, Mahendran & Vedaldi 2015, CVPR; under stimulation as in
 Mehrer et al. 2025, arXiv 2510.03684, where a generative decoder of IT showed "facephenes").
 
-The search starts from the image itself and runs gradient descent (Adam) on its pixels, through every
-stage up to the matched layer. Image priors keep the result an image (Olah, Mordvintsev & Schubert
+The search starts from the image itself and runs gradient descent on its pixels (Adam, or steps scaled
+by the gradient's RMS over the whole batch, so that a condition far from its target moves more than one
+near it), through every stage up to the matched layer. Image priors keep the result an image (Olah, Mordvintsev & Schubert
 2017, Distill): pixels stay in [0, 1] (projected after every step), a total-variation penalty favours
 smooth images, and every step sees the image shifted by a random jitter of up to ``jitter_px`` pixels,
 so that no pattern tied to exact pixel positions can satisfy the match. All conditions of an image are
@@ -31,13 +32,18 @@ from stimsim.stimulation.perturbations import apply_effect
 
 #: What the inversion matches: the activity, or its pattern over the units (see :class:`InversionSettings`).
 MATCHES = ("euclidean", "pattern")
+#: How a step is taken (see :class:`InversionSettings`).
+OPTIMIZERS = ("adam", "batch_normalized")
 
 
 @dataclass(frozen=True)
 class InversionSettings:
     """How the inversion searches.
 
-    steps : gradient steps per image; learning_rate : Adam step size in pixel units ([0, 1] range);
+    steps : gradient steps per image; learning_rate : step size in pixel units ([0, 1] range);
+    optimizer : ``"adam"`` (Adam: every pixel's step normalised on its own, so that even a tiny gradient makes a
+    full step) or ``"batch_normalized"`` (the gradient divided by its RMS over all pixels of all conditions of
+    the batch: a condition moves in proportion to how strongly its mismatch pulls);
     tv_weight : weight of the total-variation prior (mean absolute difference of neighbouring pixels)
     against the activity match (mean squared error over the layer's units, in units of the unperturbed
     activity's mean square); jitter_px : largest random shift (pixels) applied before every step;
@@ -53,6 +59,7 @@ class InversionSettings:
     jitter_px: int = 4
     blur_sigma_px: float = 0.0
     match: str = "euclidean"
+    optimizer: str = "adam"
 
     def __post_init__(self):
         for name, value, low in (("steps", self.steps, 1), ("jitter_px", self.jitter_px, 0)):
@@ -64,6 +71,8 @@ class InversionSettings:
                 raise ConfigError(f"inversion {name} must be a finite number >= 0, got {value!r}")
         if self.learning_rate == 0:
             raise ConfigError("inversion learning_rate must be > 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"inversion optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.match not in MATCHES:
             raise ConfigError(f"inversion match must be one of {list(MATCHES)}, got {self.match!r}")
 
@@ -183,7 +192,7 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
             unperturbed = activity if match_layer == layer else _run(model, activity, match_layer, start=layer)
             scale = float(_matched(unperturbed.flatten(1), settings.match).square().mean()) or 1.0
         pixels = start.repeat(k, 1, 1, 1).clone().requires_grad_(True)
-        optimiser = torch.optim.Adam([pixels], lr=settings.learning_rate)
+        optimiser = torch.optim.Adam([pixels], lr=settings.learning_rate) if settings.optimizer == "adam" else None
         generator = torch.Generator().manual_seed(int(seed))
         j = settings.jitter_px
         blur = _gaussian_blur(settings.blur_sigma_px, start.shape[1], device) if settings.blur_sigma_px > 0 else None
@@ -193,10 +202,15 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
             features = _matched(_run(model, _normalise(model, seen), match_layer).flatten(1), settings.match)
             match = (features - target).square().mean(1) / scale
             loss = (match + settings.tv_weight * _total_variation(pixels)).sum()
-            optimiser.zero_grad(set_to_none=True)
+            pixels.grad = None
             loss.backward()
-            optimiser.step()
             with torch.no_grad():
+                if optimiser is not None:
+                    optimiser.step()
+                else:
+                    rms = pixels.grad.square().mean().sqrt()
+                    if rms > 0:
+                        pixels.sub_(settings.learning_rate * pixels.grad / rms)
                 if blur is not None:
                     pixels.copy_(start + blur(pixels - start))
                 pixels.clamp_(0.0, 1.0)

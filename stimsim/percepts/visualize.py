@@ -21,7 +21,7 @@ The file (example: ``experiments/visualize_default.toml``) names
   ``activation_per_Hz`` is in SDs of the layer's response to the localizer images);
 * ``[safety]``: as in experiment files (``max_shannon_k``, ``electrode_area_um2``, ``override``);
 * ``[inversion]``: :class:`stimsim.percepts.InversionSettings` (``steps``, ``learning_rate``,
-  ``tv_weight``, ``jitter_px``, ``blur_sigma_px``, ``match``);
+  ``tv_weight``, ``jitter_px``, ``blur_sigma_px``, ``match``, ``optimizer``);
 * ``[judge]``: ``model``, the independent judge (``--judge`` overrides it): another model whose face
   decoder scores the images without having been optimised against.
 
@@ -151,7 +151,7 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
         settings = InversionSettings(**{key: inversion.get(key, type(getattr(InversionSettings, key)),
                                                            getattr(InversionSettings, key))
                                         for key in ("steps", "learning_rate", "tv_weight", "jitter_px", "blur_sigma_px",
-                                                    "match")})
+                                                    "match", "optimizer")})
     except ConfigError as exc:
         raise ConfigError(f"{where} [inversion]: {exc}") from None
     inversion.finish()
