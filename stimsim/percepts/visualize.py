@@ -61,8 +61,6 @@ from stimsim.topography import smoothed_values_at
 
 PNG_FILE, DATA_FILE, SUMMARY_FILE, CONFIG_FILE = "percepts.png", "percepts.nc", "summary.json", "config.json"
 SITE_METHODS = ("selectivity", "explicit", "plan")
-#: Condition kinds, in the order of the figure's columns after the original.
-KINDS = ("unstimulated", "face_site", "control_site", "scrambled")
 
 
 @dataclasses.dataclass(frozen=True)
