@@ -178,3 +178,13 @@ def test_visualize_refuses_a_bad_file_in_one_line_and_leaves_no_output(tmp_path,
     error = capsys.readouterr().err.strip()
     assert error.startswith("stimsim: error: ") and "\n" not in error and message in error, error
     assert not out.exists()
+
+
+def test_visualize_has_help_with_model_and_judge_overrides(capsys):
+    from stimsim.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["visualize", "--help"])
+    help_text = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "usage: stimsim visualize" in help_text
+    assert "--model" in help_text and "--judge" in help_text
