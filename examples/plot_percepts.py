@@ -22,7 +22,6 @@ from stimsim.percepts.visualize import run_visualize
 default = Path(stimsim.__file__).resolve().parents[1] / "experiments" / "visualize_default.toml"
 small = default.read_text()
 for old, new in {"n = 2": "n = 1", "n_per_category = 16": "n_per_category = 8",
-                 "currents_uA = [100, 300, 1000]": "currents_uA = [50, 150, 300]",
                  "steps = 100": "steps = 40", "jitter_px = 4": "jitter_px = 1"}.items():
     small = small.replace(old, new)
 work = Path(tempfile.mkdtemp())

@@ -118,10 +118,7 @@ def test_matching_a_layer_before_the_perturbed_one_is_refused(model, image):
 def _small_config(tmp_path: Path, **changes) -> Path:
     """experiments/visualize_default.toml on the 32-px models, at a size a test can afford."""
     text = (REPO / "experiments" / "visualize_default.toml").read_text()
-    replacements = {'model = "stimsim-mnv2-s0"': 'model = "stimsim-topo-s0"',
-                    'model = "stimsim-effl0-s0"': 'model = "stimsim-topo-s1"',
-                    "n = 2": "n = 1", "n_per_category = 16": "n_per_category = 8",
-                    "currents_uA = [100, 300, 1000]": "currents_uA = [50, 150, 300]",
+    replacements = {"n = 2": "n = 1", "n_per_category = 16": "n_per_category = 8",
                     "steps = 100": "steps = 40", "jitter_px = 4": "jitter_px = 1", **changes}
     for old, new in replacements.items():
         assert old in text, old
@@ -165,7 +162,7 @@ def test_visualize_face_site_stimulation_makes_images_face_like_by_both_judges(t
 
 @pytest.mark.parametrize("change, message", [
     ({"steps = 100": "stepz = 100"}, "unknown key(s) ['stepz']"),
-    ({"currents_uA = [100, 300, 1000]": "currents_uA = [300, 100]"}, "at least two rising currents"),
+    ({"currents_uA = [50, 150, 300]": "currents_uA = [300, 100]"}, "at least two rising currents"),
     ({'method = "selectivity"': 'method = "random"'}, "'method' must be one of"),
 ])
 def test_visualize_refuses_a_bad_file_in_one_line_and_leaves_no_output(tmp_path, capsys, change, message):
