@@ -145,6 +145,17 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _cmd_visualize(args) -> int:
+    from stimsim.percepts.visualize import run_visualize
+
+    summary = run_visualize(args.config, args.out, model=args.model, judge=args.judge, progress=not args.no_progress,
+                            force=args.force)
+    print(json.dumps({key: summary[key] for key in ("model", "judge_model", "currents_uA", "sites", "judges",
+                                                    "seconds_per_image")}, indent=2))
+    report_phase(f"percepts written to {args.out}: percepts.png, percepts.nc, summary.json, config.json")
+    return 0
+
+
 def _cmd_plan(args) -> int:
     from stimsim.planning.plan import run_plan
 
@@ -362,6 +373,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(run)
     add_compute_arguments(run)
     run.set_defaults(handler=_cmd_run)
+
+    visualize = commands.add_parser("visualize", help="predicted percepts of stimulation: images synthesised to "
+                                                      "match the stimulated IT (percepts.png, percepts.nc, summary.json)")
+    visualize.add_argument("config", help="visualisation file (TOML), e.g. experiments/visualize_default.toml")
+    visualize.add_argument("--out", required=True, help="output directory")
+    visualize.add_argument("--model", help="model name or directory (overrides the file)")
+    visualize.add_argument("--judge", help="independent judge model, name or directory (overrides the file)")
+    visualize.add_argument("--force", action="store_true",
+                           help="write into --out even if it holds files stimsim did not write")
+    visualize.add_argument("--no-progress", action="store_true", help="hide the phase messages")
+    _add_mirror(visualize)
+    _add_threads(visualize)
+    visualize.set_defaults(handler=_cmd_visualize)
 
     plan = commands.add_parser("plan", help="plan stimulation sites for a lab session (report.html/pdf, sites.csv, "
                                             "plan.nc, summary.json); re-run the same command to resume")

@@ -1,0 +1,250 @@
+"""Predicted percepts: feature inversion under stimulation.
+
+For one image and a list of perturbation effects, :func:`synthesize` looks for the images whose
+*unperturbed* activity at the perturbed layer (or a chosen later layer) best matches the *perturbed*
+activity of the original image: the image the network would have to see to be in the state that
+stimulation puts it in (feature inversion, Mahendran & Vedaldi 2015, CVPR; under stimulation as in
+Mehrer et al. 2025, arXiv 2510.03684, where a generative decoder of IT showed "facephenes").
+
+The search starts from the image itself and runs gradient descent on its pixels (Adam, or steps scaled
+by the gradient's RMS over the whole batch, so that a condition far from its target moves more than one
+near it), through every stage up to the matched layer. Image priors keep the result an image (Olah, Mordvintsev & Schubert
+2017, Distill): pixels stay in [0, 1] (projected after every step), a total-variation penalty favours
+smooth images, and every step sees the image shifted by a random jitter of up to ``jitter_px`` pixels,
+so that no pattern tied to exact pixel positions can satisfy the match. All conditions of an image are
+optimised in one batch; the jitter is drawn from ``seed``, so a run on the CPU is reproducible.
+
+Controls: :func:`scrambled_effects` gives the same per-unit changes to randomly permuted units (the
+spatial structure of stimulation removed, its total amount kept); the unperturbed effect (identity)
+measures the inversion's own drift. :class:`FaceJudge` scores images by a frozen face decoder.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from stimsim.behavior.decoders import LogisticDecoder
+from stimsim.errors import ConfigError
+from stimsim.stimulation.perturbations import apply_effect
+
+
+#: What the inversion matches: the activity, or its pattern over the units (see :class:`InversionSettings`).
+MATCHES = ("euclidean", "pattern")
+#: How a step is taken (see :class:`InversionSettings`).
+OPTIMIZERS = ("adam", "batch_normalized")
+
+
+@dataclass(frozen=True)
+class InversionSettings:
+    """How the inversion searches.
+
+    steps : gradient steps per image; learning_rate : step size in pixel units ([0, 1] range);
+    optimizer : ``"adam"`` (Adam: every pixel's step normalised on its own, so that even a tiny gradient makes a
+    full step) or ``"batch_normalized"`` (the gradient divided by its RMS over all pixels of all conditions of
+    the batch: a condition moves in proportion to how strongly its mismatch pulls);
+    tv_weight : weight of the total-variation prior (mean absolute difference of neighbouring pixels)
+    against the activity match (mean squared error over the layer's units, in units of the unperturbed
+    activity's mean square); jitter_px : largest random shift (pixels) applied before every step;
+    blur_sigma_px : σ (pixels) of a Gaussian blur applied to the change from the original image after every
+    step (0: none), a prior against the high spatial frequencies a network's gradient is rich in;
+    match : ``"euclidean"`` (the activity itself) or ``"pattern"`` (the activity less its mean over the units:
+    a change common to every unit is not matched, only how the change is distributed over the sheet).
+    """
+
+    steps: int = 100
+    learning_rate: float = 0.02
+    tv_weight: float = 0.05
+    jitter_px: int = 4
+    blur_sigma_px: float = 0.0
+    match: str = "euclidean"
+    optimizer: str = "adam"
+
+    def __post_init__(self):
+        for name, value, low in (("steps", self.steps, 1), ("jitter_px", self.jitter_px, 0)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise ConfigError(f"inversion {name} must be an integer >= {low}, got {value!r}")
+        for name, value in (("learning_rate", self.learning_rate), ("tv_weight", self.tv_weight),
+                            ("blur_sigma_px", self.blur_sigma_px)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+                raise ConfigError(f"inversion {name} must be a finite number >= 0, got {value!r}")
+        if self.learning_rate == 0:
+            raise ConfigError("inversion learning_rate must be > 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"inversion optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.match not in MATCHES:
+            raise ConfigError(f"inversion match must be one of {list(MATCHES)}, got {self.match!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def scrambled_effects(multiplier: torch.Tensor, additive: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Effects (K, N) whose per-unit changes are given to randomly permuted units: unit ``perm[i]`` gets
+    what unit ``i`` got (one permutation per row, drawn from ``seed``). Every value of a row is kept, so
+    the total change is the same; only where it lands differs."""
+    generator = torch.Generator().manual_seed(int(seed))
+    rows = [torch.randperm(multiplier.shape[1], generator=generator) for _ in range(multiplier.shape[0])]
+    m, a = torch.empty_like(multiplier), torch.empty_like(additive)
+    for row, perm in enumerate(rows):
+        perm = perm.to(multiplier.device)
+        m[row, perm] = multiplier[row]
+        a[row, perm] = additive[row]
+    return m, a
+
+
+def pixel_images(model, images) -> torch.Tensor:
+    """Images at the model's input geometry, not normalised: (N, channels, size_px, size_px) in [0, 1]."""
+    arrays = model.preprocessing.geometry(images)
+    batch = torch.from_numpy(np.stack(arrays)).to(torch.float32)
+    return batch[:, None] if batch.ndim == 3 else batch.permute(0, 3, 1, 2).contiguous()
+
+
+def _normalise(model, pixels: torch.Tensor) -> torch.Tensor:
+    p = model.preprocessing
+    mean = torch.tensor(p.mean, dtype=pixels.dtype, device=pixels.device).view(1, -1, 1, 1)
+    std = torch.tensor(p.std, dtype=pixels.dtype, device=pixels.device).view(1, -1, 1, 1)
+    return (pixels - mean) / std
+
+
+def _run(model, x: torch.Tensor, stop: str, start: str | None = None) -> torch.Tensor:
+    """The stages after ``start`` up to ``stop``, with gradients (``model.run_stages`` runs without)."""
+    names = model.stage_names
+    first = 0 if start is None else names.index(start) + 1
+    for _, module in model.stages[first:names.index(stop) + 1]:
+        x = module(x)
+    return x
+
+
+def _matched(activity: torch.Tensor, match: str) -> torch.Tensor:
+    """(K, N) activity as matched: itself, or less its mean over the N units."""
+    return activity - activity.mean(1, keepdim=True) if match == "pattern" else activity
+
+
+def _gaussian_blur(sigma_px: float, channels: int, device):
+    """A function blurring (K, channels, H, W) images with a Gaussian of σ = ``sigma_px`` (separable, 3σ wide,
+    edges reflected)."""
+    radius = max(1, int(np.ceil(3 * sigma_px)))
+    taps = torch.exp(-torch.arange(-radius, radius + 1, dtype=torch.float32) ** 2 / (2 * sigma_px ** 2))
+    taps = (taps / taps.sum()).to(device)
+    rows = taps.view(1, 1, 1, -1).repeat(channels, 1, 1, 1)
+    columns = taps.view(1, 1, -1, 1).repeat(channels, 1, 1, 1)
+
+    def blur(x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.pad(x, (radius, radius, radius, radius), mode="reflect")
+        x = torch.nn.functional.conv2d(x, rows, groups=channels)
+        return torch.nn.functional.conv2d(x, columns, groups=channels)
+
+    return blur
+
+
+def _total_variation(x: torch.Tensor) -> torch.Tensor:
+    """Mean absolute difference of vertically and horizontally neighbouring pixels, per image (K,)."""
+    dy = (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1)
+    dx = (x[..., :, 1:] - x[..., :, :-1]).abs().flatten(1).mean(1)
+    return dy + dx
+
+
+def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: torch.Tensor, layer: str,
+               match_layer: str | None = None, settings: InversionSettings = InversionSettings(),
+               seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
+    """The images whose unperturbed activity best matches the perturbed activity of ``image``.
+
+    Parameters
+    ----------
+    model : a ``TopographicModel`` (its weights are not changed).
+    image : (channels, size_px, size_px) pixels in [0, 1] (see :func:`pixel_images`).
+    multiplier, additive : (K, N) effects on the N units of ``layer`` (``Condition.batch_effects``), one
+        row per condition; all K are optimised in one batch.
+    layer : the perturbed layer; match_layer : the layer whose activity is matched (default ``layer``;
+        a later stage: the perturbed activity is run through the stages in between first).
+    settings : :class:`InversionSettings`; seed : seed of the jitter.
+
+    Returns
+    -------
+    (images (K, channels, size_px, size_px) in [0, 1] on the CPU, final match loss per condition (K,)).
+    """
+    layer = model.resolve_layer(layer)
+    match_layer = layer if match_layer is None else model.resolve_layer(match_layer)
+    names = model.stage_names
+    if names.index(match_layer) < names.index(layer):
+        raise ConfigError(f"match_layer {match_layer!r} comes before the perturbed layer {layer!r}; match the "
+                          "perturbed layer or a later one")
+    device = model.device
+    k = multiplier.shape[0]
+    start = image.to(device=device, dtype=torch.float32)[None]
+    parameters = list(model.network.parameters())
+    trainable = [p.requires_grad for p in parameters]
+    for p in parameters:
+        p.requires_grad_(False)
+    try:
+        with torch.no_grad():
+            # computed on K copies, as the search computes: the same batch shape gives the same numbers, so an
+            # unperturbed condition starts at a loss of exactly 0 (Adam would turn rounding noise into steps)
+            copies = _normalise(model, start.repeat(k, 1, 1, 1))
+            activity = _run(model, copies, layer)
+            shape = activity.shape[1:]
+            perturbed = apply_effect(activity.flatten(1), multiplier.to(device, torch.float32),
+                                     additive.to(device, torch.float32)).reshape((k,) + tuple(shape))
+            target = perturbed if match_layer == layer else _run(model, perturbed, match_layer, start=layer)
+            target = _matched(target.flatten(1), settings.match)
+            unperturbed = activity if match_layer == layer else _run(model, activity, match_layer, start=layer)
+            scale = float(_matched(unperturbed.flatten(1), settings.match).square().mean()) or 1.0
+        pixels = start.repeat(k, 1, 1, 1).clone().requires_grad_(True)
+        optimiser = torch.optim.Adam([pixels], lr=settings.learning_rate) if settings.optimizer == "adam" else None
+        generator = torch.Generator().manual_seed(int(seed))
+        j = settings.jitter_px
+        blur = _gaussian_blur(settings.blur_sigma_px, start.shape[1], device) if settings.blur_sigma_px > 0 else None
+        for _ in range(settings.steps):
+            shift = torch.randint(-j, j + 1, (2,), generator=generator).tolist() if j else [0, 0]
+            seen = torch.roll(pixels, shifts=shift, dims=(2, 3))
+            features = _matched(_run(model, _normalise(model, seen), match_layer).flatten(1), settings.match)
+            match = (features - target).square().mean(1) / scale
+            loss = (match + settings.tv_weight * _total_variation(pixels)).sum()
+            pixels.grad = None
+            loss.backward()
+            with torch.no_grad():
+                if optimiser is not None:
+                    optimiser.step()
+                else:
+                    rms = pixels.grad.square().mean().sqrt()
+                    if rms > 0:
+                        pixels.sub_(settings.learning_rate * pixels.grad / rms)
+                if blur is not None:
+                    pixels.copy_(start + blur(pixels - start))
+                pixels.clamp_(0.0, 1.0)
+        with torch.no_grad():
+            features = _matched(_run(model, _normalise(model, pixels), match_layer).flatten(1), settings.match)
+            final = ((features - target).square().mean(1) / scale).cpu().numpy().astype(np.float64)
+    finally:
+        for p, flag in zip(parameters, trainable):
+            p.requires_grad_(flag)
+    return pixels.detach().cpu(), final
+
+
+@dataclass(frozen=True, eq=False)
+class FaceJudge:
+    """A frozen face / non-face decoder on one model's layer: ``p_face(images)`` scores any images (each
+    brought to the model's input geometry)."""
+
+    model: object
+    decoder: LogisticDecoder
+    positive: str = "face"
+
+    @classmethod
+    def fit(cls, model, images, is_face, layer: str = "IT", C: float = 1e-3, seed: int = 0) -> "FaceJudge":
+        """Fit the decoder on the unperturbed activity of ``layer`` for ``images`` (``is_face`` (n,) bool)."""
+        layer = model.resolve_layer(layer)
+        is_face = np.asarray(is_face, dtype=bool)
+        if is_face.sum() < 2 or (~is_face).sum() < 2:
+            raise ConfigError(f"a face decoder needs at least 2 face and 2 other images, got {int(is_face.sum())} "
+                              f"and {int((~is_face).sum())}")
+        features = model.activations(images, layer).numpy()
+        labels = np.where(is_face, "face", "nonface")
+        return cls(model=model, decoder=LogisticDecoder.fit(features, labels, layer=layer, C=C, seed=seed))
+
+    def p_face(self, images) -> np.ndarray:
+        """P(face) (n,) for images (anything ``model.preprocess`` takes, e.g. (n, H, W, C) arrays in [0, 1])."""
+        features = self.model.activations(images, self.decoder.layer).numpy()
+        return self.decoder.predict_proba(features)[:, self.decoder.choices.index(self.positive)]

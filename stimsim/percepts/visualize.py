@@ -1,0 +1,482 @@
+"""``stimsim visualize CONFIG.toml --out DIR``: predicted percepts of stimulation, as a figure grid.
+
+The file (example: ``experiments/visualize_default.toml``) names
+
+* top level: ``name``, ``description``, ``model`` (shipped name or model directory; ``--model``
+  overrides it), ``layer`` (default ``"IT"``), ``match_layer`` (default: ``layer``), ``seed`` (default 0);
+* ``[[images]]``: the rows, each a table for ``stimsim.data.stimuli.load_stimulus_source`` plus ``group``
+  (row label, e.g. ``"object"``), optional ``n`` (the first n images) and ``only`` (a table
+  label → value the images must have);
+* ``[localizer]``: ``sets`` (as ``[[images]]``, images shown in rows are left out), ``label``,
+  ``positive`` (the face class), ``C`` of the face decoders (default 1e-3);
+* ``[sites]``: ``method = "selectivity"`` (face site: the candidate point, ``candidate_step_mm`` grid
+  ``margin_mm`` from the edge, where the unit face-d′ map smoothed with ``smoothing_sigma_mm`` is highest;
+  control site: where it is lowest at least ``outside_min_distance_mm`` away), ``"explicit"``
+  (``face_site_mm``, ``control_site_mm``) or ``"plan"`` (``plan`` = a ``stimsim plan`` directory,
+  ``face_electrode``, ``control_electrode``: their ``cortex_x_mm`` / ``cortex_y_mm`` in its sites.csv).
+  Every length is in cortex mm, at the model's own scale (its ``cortex_scale``);
+* ``[stimulation]``: an electrical stimulation template (``stimsim.stimulation.ElectricalStimulation``
+  keys without ``sites_mm``, ``layer`` and ``current_uA``), ``currents_uA`` (rising; the face site gets
+  each, the control site and the scrambled control the highest) and ``additive_scale`` (``"sd"``:
+  ``activation_per_Hz`` is in SDs of the layer's response to the localizer images);
+* ``[safety]``: as in experiment files (``max_shannon_k``, ``electrode_area_um2``, ``override``);
+* ``[inversion]``: :class:`stimsim.percepts.InversionSettings` (``steps``, ``learning_rate``,
+  ``tv_weight``, ``jitter_px``, ``blur_sigma_px``, ``match``, ``optimizer``);
+* ``[judge]``: ``model``, the independent judge (``--judge`` overrides it): another model whose face
+  decoder scores the images without having been optimised against.
+
+Output (one :class:`stimsim.io.ResultSet`): ``percepts.png`` (rows: images; columns: original,
+unstimulated inversion, face site at each current, control site, scrambled; P(face) of both judges
+under each), ``percepts.nc`` (``percept`` image × condition × y × x × channel in [0, 1], ``original``,
+``p_face`` judge × image × condition, ``p_face_original``, ``match_loss``; condition coords ``kind``,
+``current_uA``, ``site_x_mm``, ``site_y_mm``), ``summary.json`` (``judges`` → ``own`` / ``independent`` →
+``pface_face_site`` by rising current, ``pface_control_site``, ``pface_scrambled``,
+``pface_unstimulated``, ``pface_original``: means over the images of ``summary_groups``) and
+``config.json`` (the file as run, sites, safety, decoders' fit, versions).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import xarray as xr
+
+from stimsim.config import Section, load_toml
+from stimsim.data.stimuli import StimulusSet, load_stimulus_source
+from stimsim.errors import ConfigError, SafetyError
+from stimsim.figures import pyplot, save_figure
+from stimsim.io import ResultSet, provenance
+from stimsim.jsonable import json_ready
+from stimsim.models.registry import load_model
+from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
+from stimsim.percepts import FaceJudge, InversionSettings, pixel_images, scrambled_effects, synthesize
+from stimsim.progress import report_phase
+from stimsim.stimulation import Condition, SafetyLimits, enforce, perturbation_from_dict
+from stimsim.topography import smoothed_values_at
+
+PNG_FILE, DATA_FILE, SUMMARY_FILE, CONFIG_FILE = "percepts.png", "percepts.nc", "summary.json", "config.json"
+SITE_METHODS = ("selectivity", "explicit", "plan")
+
+
+@dataclasses.dataclass(frozen=True)
+class VisualizeConfig:
+    """A checked visualisation file (see the module docstring); ``raw`` is the file as parsed."""
+
+    name: str
+    model: str
+    judge: str
+    layer: str
+    match_layer: str | None
+    seed: int
+    images: tuple[dict, ...]
+    localizer: dict
+    sites: dict
+    stimulation: dict
+    currents_uA: tuple[float, ...]
+    additive_scale: str
+    safety: dict
+    inversion: InversionSettings
+    summary_groups: tuple[str, ...]
+    source: str
+    raw: dict
+
+
+def load_config(path, model: str | None = None, judge: str | None = None) -> VisualizeConfig:
+    """Read and check a visualisation file; ``model`` / ``judge`` override the file's."""
+    path = Path(path)
+    raw = load_toml(path)
+    where = str(path)
+    top = Section(raw, where)
+    name = top.text("name")
+    top.text("description", "")
+    file_model = top.text("model")
+    model = model or file_model
+    layer = top.text("layer", "IT")
+    match_layer = top.get("match_layer", str, None)
+    seed = top.get("seed", int, 0, minimum=0)
+    summary_groups = tuple(top.get("summary_groups", list, ["object", "place"]))
+    images = top.get("images", list)
+    if not images or not all(isinstance(entry, dict) for entry in images):
+        raise ConfigError(f"{where}: 'images' must be a non-empty list of tables ([[images]])")
+    for index, entry in enumerate(images):
+        if not isinstance(entry.get("group"), str) or not entry["group"].strip():
+            raise ConfigError(f"{where} [[images]] #{index + 1}: 'group' (the row label, e.g. \"object\") is required")
+    groups = {entry["group"] for entry in images}
+    missing = [g for g in summary_groups if g not in groups]
+    if missing or not summary_groups:
+        raise ConfigError(f"{where}: 'summary_groups' must name groups of [[images]] ({sorted(groups)}), got "
+                          f"{list(summary_groups)}")
+    localizer = top.section("localizer", required=True)
+    localizer_record = {"sets": localizer.get("sets", list), "label": localizer.text("label"),
+                        "positive": localizer.text("positive"), "C": localizer.get("C", float, 1e-3, minimum=1e-12)}
+    localizer.finish()
+    sites = _sites_section(top.section("sites", required=True))
+    stimulation_section = top.section("stimulation", required=True)
+    template = dict(stimulation_section.values)
+    currents = stimulation_section.numbers("currents_uA")
+    additive_scale = stimulation_section.get("additive_scale", str, "activation", choices=("activation", "sd"))
+    for key in ("currents_uA", "additive_scale"):
+        template.pop(key, None)
+    for key in ("sites_mm", "layer", "current_uA"):
+        if key in template:
+            raise ConfigError(f"{where} [stimulation]: {key!r} is not set here (sites come from [sites], the layer "
+                              "from 'layer', currents from 'currents_uA')")
+    if template.get("kind", "electrical") != "electrical":
+        raise ConfigError(f"{where} [stimulation]: 'kind' must be \"electrical\", got {template.get('kind')!r}")
+    template["kind"] = "electrical"
+    if len(currents) < 2 or list(currents) != sorted(set(currents)):
+        raise ConfigError(f"{where} [stimulation]: 'currents_uA' must list at least two rising currents (µA), got "
+                          f"{list(currents)}")
+    if additive_scale == "sd" and template.get("form") != "additive":
+        raise ConfigError(f"{where} [stimulation]: additive_scale = \"sd\" needs form = \"additive\"")
+    for current in currents:
+        try:
+            perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": layer, "current_uA": current})
+        except ConfigError as exc:
+            raise ConfigError(f"{where} [stimulation]: {exc}") from None
+    safety = top.section("safety")
+    safety_record = {"max_shannon_k": safety.get("max_shannon_k", float, 1.85),
+                     "electrode_area_um2": safety.get("electrode_area_um2", float, None),
+                     "override": safety.get("override", str, None)}
+    safety.finish()
+    inversion = top.section("inversion")
+    try:
+        settings = InversionSettings(**{key: inversion.get(key, type(getattr(InversionSettings, key)),
+                                                           getattr(InversionSettings, key))
+                                        for key in ("steps", "learning_rate", "tv_weight", "jitter_px", "blur_sigma_px",
+                                                    "match", "optimizer")})
+    except ConfigError as exc:
+        raise ConfigError(f"{where} [inversion]: {exc}") from None
+    inversion.finish()
+    judge_section = top.section("judge", required=True)
+    file_judge = judge_section.text("model")
+    judge = judge or file_judge
+    judge_section.finish()
+    top.finish()
+    return VisualizeConfig(name=name, model=model, judge=judge, layer=layer, match_layer=match_layer, seed=seed,
+                           images=tuple(images), localizer=localizer_record, sites=sites, stimulation=template,
+                           currents_uA=currents, additive_scale=additive_scale, safety=safety_record,
+                           inversion=settings, summary_groups=summary_groups, source=where,
+                           raw=json.loads(json.dumps(raw, default=str)))
+
+
+def _sites_section(section: Section) -> dict:
+    method = section.get("method", str, choices=SITE_METHODS)
+    record = {"method": method, "recording_radius_mm": section.get("recording_radius_mm", float, 0.5, minimum=1e-6)}
+    if method == "selectivity":
+        record.update(smoothing_sigma_mm=section.get("smoothing_sigma_mm", float, 1.0, minimum=1e-6),
+                      outside_min_distance_mm=section.get("outside_min_distance_mm", float, 3.0, minimum=0.0),
+                      candidate_step_mm=section.get("candidate_step_mm", float, 0.5, minimum=1e-3),
+                      margin_mm=section.get("margin_mm", float, 0.5, minimum=0.0))
+    elif method == "explicit":
+        for key in ("face_site_mm", "control_site_mm"):
+            point = section.numbers(key)
+            if len(point) != 2:
+                raise ConfigError(f"{section.where}: {key!r} must be [x, y] (cortex mm), got {list(point)}")
+            record[key] = point
+    else:
+        record.update(plan=section.text("plan"), face_electrode=section.get("face_electrode", (int, str)),
+                      control_electrode=section.get("control_electrode", (int, str)))
+    section.finish()
+    return record
+
+
+# --- running ------------------------------------------------------------------------------------
+def run_visualize(config_path, out_dir, model: str | None = None, judge: str | None = None, progress: bool = True,
+                  force: bool = False) -> dict:
+    """Run a visualisation file and write its result set into ``out_dir``; returns the summary. A run that
+    fails before writing a file leaves ``out_dir`` as it found it."""
+    config = load_config(config_path, model=model, judge=judge)
+    with ResultSet(out_dir, "percepts", force=force) as results:
+        return _run_into(results, config, progress)
+
+
+def _scaled_model(name: str, layer: str, what: str):
+    """The model ``name`` with its ``layer`` sheet in cortex mm (its own recorded scale)."""
+    topo = load_model(name)
+    try:
+        layer = topo.resolve_layer(layer)
+    except ConfigError as exc:
+        raise ConfigError(f"{what} {name!r}: {exc}") from None
+    scale = topo.cortex_scale(layer)
+    if scale["cortex_mm_per_model_mm"] != 1.0:
+        topo = topo.with_sheet_scale(layer, scale["cortex_mm_per_model_mm"])
+    return topo, layer, scale
+
+
+def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool) -> dict:
+    started = time.perf_counter()
+    report_phase(f"visualize: loading model {config.model} and judge {config.judge}", progress)
+    topo, layer, scale = _scaled_model(config.model, config.layer, "model")
+    judge_model, judge_layer, _ = _scaled_model(config.judge, config.layer, "judge")
+    if judge_model.name == topo.name:
+        warnings.warn(f"the independent judge {config.judge!r} is the model itself ({topo.name!r}); its P(face) is not "
+                      "independent of the inversion — give another model ([judge] model or --judge)", stacklevel=2)
+    match_layer = None if config.match_layer is None else topo.resolve_layer(config.match_layer)
+    rows = _load_rows(config)
+    localizer = _load_localizer(config, set(rows.stimulus_id.tolist()))
+    is_face = np.asarray(localizer.labels[config.localizer["label"]]).astype(str) == config.localizer["positive"]
+    report_phase(f"localizer: {layer} responses to {len(localizer)} images ({int(is_face.sum())} "
+                 f"{config.localizer['positive']}); face decoders of both models", progress)
+    responses = topo.activations(localizer.images, layer).numpy()
+    own = FaceJudge.fit(topo, localizer.images, is_face, layer, C=config.localizer["C"], seed=config.seed)
+    independent = FaceJudge.fit(judge_model, localizer.images, is_face, judge_layer, C=config.localizer["C"],
+                                seed=config.seed)
+    sheet = topo.sheet(layer)
+    sites = _choose_sites(config, sheet, responses, is_face)
+    conditions, labels, kinds, currents, positions, template, safety = _conditions(config, layer, sites, responses)
+    multiplier, additive = Condition.batch_effects([c for c in conditions if c is not None], sheet)
+    multiplier, additive = multiplier.to(torch.float32), additive.to(torch.float32)
+    scrambled = kinds.index("scrambled")
+    source = labels.index(f"face_site_{_current_label(config.currents_uA[-1])}")
+    ms, a_s = scrambled_effects(multiplier[source:source + 1], additive[source:source + 1], config.seed)
+    multiplier = torch.cat([multiplier[:scrambled], ms, multiplier[scrambled:]])
+    additive = torch.cat([additive[:scrambled], a_s, additive[scrambled:]])
+
+    originals = pixel_images(topo, rows.images)
+    percepts, losses, seconds = [], [], []
+    for index, (image, stimulus_id) in enumerate(zip(originals, rows.stimulus_id)):
+        report_phase(f"inversion {index + 1}/{len(rows)}: {stimulus_id} × {len(labels)} conditions, "
+                     f"{config.inversion.steps} steps", progress)
+        tick = time.perf_counter()
+        images, loss = synthesize(topo, image, multiplier, additive, layer, match_layer, config.inversion,
+                                  seed=config.seed + index)
+        seconds.append(time.perf_counter() - tick)
+        percepts.append(images)
+        losses.append(loss)
+    percepts = torch.stack(percepts)  # (images, conditions, C, H, W)
+    report_phase("scoring: P(face) of every image by both face decoders", progress)
+    as_arrays = lambda batch: batch.permute(0, 2, 3, 1).numpy()  # noqa: E731
+    flat = as_arrays(percepts.flatten(0, 1))
+    p_face = np.stack([j.p_face(flat).reshape(len(rows), len(labels)) for j in (own, independent)])
+    p_original = np.stack([j.p_face(as_arrays(originals)) for j in (own, independent)])
+
+    groups = np.asarray(rows.labels["group"]).astype(str)
+    scored = np.isin(groups, config.summary_groups)
+    judges = {}
+    for name, model_name, values, original in (("own", config.model, p_face[0], p_original[0]),
+                                               ("independent", config.judge, p_face[1], p_original[1])):
+        mean = values[scored].mean(axis=0)
+        judges[name] = {"model": model_name,
+                        "pface_face_site": [float(mean[labels.index(f"face_site_{_current_label(c)}")])
+                                            for c in config.currents_uA],
+                        "pface_control_site": float(mean[kinds.index("control_site")]),
+                        "pface_scrambled": float(mean[kinds.index("scrambled")]),
+                        "pface_unstimulated": float(mean[kinds.index("unstimulated")]),
+                        "pface_original": float(original[scored].mean())}
+    summary = json_ready({
+        "name": config.name, "model": config.model, "judge_model": config.judge, "layer": layer,
+        "match_layer": match_layer or layer, "currents_uA": list(config.currents_uA),
+        "summary_groups": list(config.summary_groups), "n_images_scored": int(scored.sum()),
+        "cortex_mm_per_model_mm": scale["cortex_mm_per_model_mm"], "sites": sites, "judges": judges,
+        "seconds_per_image": float(np.mean(seconds)), "n_conditions": len(labels),
+        "seconds_total": time.perf_counter() - started,
+    })
+    created = provenance()
+    record = json_ready({
+        "config": config.raw, "config_file": config.source, "model": config.model, "judge_model": config.judge,
+        "layer": layer, "cortex_scale": scale, "sites": sites, "stimulation": template, "safety": safety,
+        "conditions": [{"label": label, "kind": kind, "current_uA": current, "site_mm": position,
+                        "condition": None if condition is None else condition.to_dict()}
+                       for label, kind, current, position, condition in zip(labels, kinds, currents, positions,
+                                                                            conditions)],
+        "scrambled_from": labels[source], "inversion": config.inversion.to_dict(), "seed": config.seed,
+        "decoders": {"own": own.decoder.readout.fit_params, "independent": independent.decoder.readout.fit_params},
+        "created_utc": created["created_utc"], "software": created["software"],
+    })
+    dataset = _dataset(rows, groups, originals, percepts, np.asarray(losses), p_face, p_original, labels, kinds,
+                       currents, positions, record)
+    results.write(DATA_FILE, lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
+    plot_percepts(dataset, results / PNG_FILE, f"{config.name}: {config.model} (judge {config.judge})")
+    results.write_json(CONFIG_FILE, record)
+    results.write_json(SUMMARY_FILE, summary)
+    results.finish()
+    return summary
+
+
+def _current_label(current_uA: float) -> str:
+    return f"{current_uA:g}uA"
+
+
+def _load_rows(config: VisualizeConfig) -> StimulusSet:
+    """The row images, with labels ``group`` and ``source_set``."""
+    images, ids, groups = [], [], []
+    for index, entry in enumerate(config.images):
+        where = f"{config.source} [[images]] #{index + 1}"
+        params = dict(entry)
+        group = params.pop("group")
+        count = params.pop("n", None)
+        only = params.pop("only", {})
+        stimuli = load_stimulus_source(params, where)
+        keep = np.ones(len(stimuli), dtype=bool)
+        if not isinstance(only, dict):
+            raise ConfigError(f"{where}: 'only' must be a table label = value")
+        for label, value in only.items():
+            if label not in stimuli.labels:
+                raise ConfigError(f"{where}: 'only' names label {label!r}; the images have {sorted(stimuli.labels)}")
+            keep &= np.asarray(stimuli.labels[label]).astype(str) == str(value)
+        chosen = np.flatnonzero(keep)
+        if count is not None:
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ConfigError(f"{where}: 'n' must be a positive integer, got {count!r}")
+            chosen = chosen[:count]
+        if len(chosen) == 0:
+            raise ConfigError(f"{where}: no image is left (check 'only' and the source's keys)")
+        images += [stimuli.images[i] for i in chosen]
+        ids += [str(stimuli.stimulus_id[i]) for i in chosen]
+        groups += [group] * len(chosen)
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{config.source} [[images]]: an image is listed twice")
+    return StimulusSet(name="rows", images=images, stimulus_id=np.asarray(ids), labels={"group": np.asarray(groups)})
+
+
+def _load_localizer(config: VisualizeConfig, shown: set) -> StimulusSet:
+    """The localizer images, without those shown in the rows."""
+    label = config.localizer["label"]
+    images, ids, values = [], [], []
+    for index, entry in enumerate(config.localizer["sets"]):
+        where = f"{config.source} [localizer] sets[{index}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: must be a table")
+        stimuli = load_stimulus_source(entry, where)
+        if label not in stimuli.labels:
+            raise ConfigError(f"{where}: the images have no label {label!r}; labels: {sorted(stimuli.labels)}")
+        for image, stimulus_id, value in zip(stimuli.images, stimuli.stimulus_id, stimuli.labels[label]):
+            if str(stimulus_id) not in shown:
+                images.append(image)
+                ids.append(str(stimulus_id))
+                values.append(str(value))
+    return StimulusSet(name="localizer", images=images, stimulus_id=np.asarray(ids), labels={label: np.asarray(values)})
+
+
+def _choose_sites(config: VisualizeConfig, sheet, responses, is_face) -> dict:
+    """Face and control sites (cortex mm) with their multi-unit face d′."""
+    spec = config.sites
+    where = f"{config.source} [sites]"
+    if spec["method"] == "selectivity":
+        candidates = candidate_points_mm(sheet, spec["candidate_step_mm"], spec["margin_mm"])
+        smoothed = smoothed_values_at(unit_dprime(responses, is_face), sheet, candidates, spec["smoothing_sigma_mm"])
+        face = int(np.nanargmax(smoothed))
+        far = (np.linalg.norm(candidates - candidates[face], axis=1) >= spec["outside_min_distance_mm"]) \
+            & np.isfinite(smoothed)
+        if not far.any():
+            raise ConfigError(f"{where}: no candidate point lies {spec['outside_min_distance_mm']:g} mm or more from "
+                              "the face site; lower outside_min_distance_mm")
+        control = np.flatnonzero(far)[np.nanargmin(smoothed[far])]
+        points = np.array([candidates[face], candidates[control]])
+    elif spec["method"] == "explicit":
+        points = np.array([spec["face_site_mm"], spec["control_site_mm"]])
+    else:
+        points = _plan_sites(spec, where)
+    off = [tuple(np.round(p, 3)) for p in points if not sheet.contains(tuple(p))]
+    if off:
+        x0, x1, y0, y1 = sheet.extent_mm
+        raise ConfigError(f"{where}: site(s) {off} lie off the sheet (x in [{x0:g}, {x1:g}], y in [{y0:g}, {y1:g}] "
+                          "cortex mm)")
+    values, counts = multi_unit_dprime(responses, is_face, sheet, points, spec["recording_radius_mm"])
+    return {name: {"x_mm": float(p[0]), "y_mm": float(p[1]), "dprime": float(v), "n_units": int(n)}
+            for name, p, v, n in zip(("face", "control"), points, values, counts)}
+
+
+def _plan_sites(spec: dict, where: str) -> np.ndarray:
+    import pandas as pd
+
+    path = Path(spec["plan"]) / "sites.csv"
+    if not path.is_file():
+        raise ConfigError(f"{where}: plan {spec['plan']} has no sites.csv; give a directory written by `stimsim plan`")
+    table = pd.read_csv(path)
+    points = []
+    for key in ("face_electrode", "control_electrode"):
+        match = table[table["electrode_id"].astype(str) == str(spec[key])]
+        if match.empty:
+            raise ConfigError(f"{where}: {key} {spec[key]!r} is not an electrode of {path}; electrodes: "
+                              f"{', '.join(map(str, table['electrode_id'][:10]))}, ...")
+        points.append([float(match["cortex_x_mm"].iloc[0]), float(match["cortex_y_mm"].iloc[0])])
+    return np.array(points)
+
+
+def _conditions(config: VisualizeConfig, layer: str, sites: dict, responses: np.ndarray):
+    """Conditions in column order: unstimulated, the face site at each current, the control site and the
+    scrambled one at the top current (None: made from the face site's effect by permuting units)."""
+    template = dict(config.stimulation)
+    if config.additive_scale == "sd":
+        template["activation_per_Hz"] = float(template.get("activation_per_Hz", 0.0)) * float(responses.std())
+    top = config.currents_uA[-1]
+    stim = lambda site, current: perturbation_from_dict({  # noqa: E731
+        **template, "layer": layer, "current_uA": current,
+        "sites_mm": [[sites[site]["x_mm"], sites[site]["y_mm"]]]})
+    limits = SafetyLimits(max_shannon_k=config.safety["max_shannon_k"],
+                          **({} if config.safety["electrode_area_um2"] is None
+                             else {"electrode_area_um2": config.safety["electrode_area_um2"]}))
+    try:
+        safety = enforce(stim("face", top), limits, override=config.safety["override"]).to_dict()
+    except SafetyError as exc:
+        raise SafetyError(f"{config.source} [safety] at {top:g} µA: {exc}") from None
+    face = lambda current: (f"face_site_{_current_label(current)}", "face_site", current,  # noqa: E731
+                            (sites["face"]["x_mm"], sites["face"]["y_mm"]))
+    rows = [("unstimulated", "unstimulated", 0.0, (np.nan, np.nan))] + [face(c) for c in config.currents_uA] + [
+        (f"control_site_{_current_label(top)}", "control_site", top, (sites["control"]["x_mm"], sites["control"]["y_mm"])),
+        (f"scrambled_{_current_label(top)}", "scrambled", top, (sites["face"]["x_mm"], sites["face"]["y_mm"]))]
+    conditions = []
+    for label, kind, current, _ in rows:
+        if kind == "unstimulated":
+            conditions.append(Condition(label))
+        elif kind == "scrambled":
+            conditions.append(None)
+        else:
+            conditions.append(Condition(label, (stim(kind.split("_")[0], current),)))
+    labels, kinds, currents, positions = (list(column) for column in zip(*rows))
+    return conditions, labels, kinds, currents, positions, template, safety
+
+
+# --- outputs ------------------------------------------------------------------------------------
+def _dataset(rows, groups, originals, percepts, losses, p_face, p_original, labels, kinds, currents, positions,
+             record) -> xr.Dataset:
+    channels = ["gray"] if originals.shape[1] == 1 else ["red", "green", "blue"]
+    image_dims = ("stimulus_id", "condition", "y", "x", "channel")
+    positions = np.asarray(positions, dtype=np.float64)
+    return xr.Dataset(
+        {"percept": (image_dims, percepts.permute(0, 1, 3, 4, 2).numpy(), {"units": "intensity in [0, 1]"}),
+         "original": (("stimulus_id", "y", "x", "channel"), originals.permute(0, 2, 3, 1).numpy(),
+                      {"units": "intensity in [0, 1]"}),
+         "p_face": (("judge", "stimulus_id", "condition"), p_face, {"units": "probability"}),
+         "p_face_original": (("judge", "stimulus_id"), p_original, {"units": "probability"}),
+         "match_loss": (("stimulus_id", "condition"), losses,
+                        {"units": "mean squared error / mean square of the unperturbed activity"})},
+        coords={"stimulus_id": np.asarray(rows.stimulus_id, dtype=object), "group": ("stimulus_id", groups.astype(object)),
+                "condition": np.asarray(labels, dtype=object), "kind": ("condition", np.asarray(kinds, dtype=object)),
+                "current_uA": ("condition", np.asarray(currents, dtype=np.float64)),
+                "site_x_mm": ("condition", positions[:, 0]), "site_y_mm": ("condition", positions[:, 1]),
+                "judge": np.asarray(["own", "independent"], dtype=object), "channel": channels},
+        attrs={"model": record["model"], "judge_model": record["judge_model"], "layer": record["layer"],
+               "config_json": json.dumps(record["config"], sort_keys=True),
+               "software_json": json.dumps(record["software"], sort_keys=True), "created_utc": record["created_utc"]})
+
+
+def plot_percepts(dataset: xr.Dataset, path, title: str) -> None:
+    """The grid: one row per image, columns original then every condition, P(face) (own / independent) below."""
+    plt = pyplot()
+    n_rows, n_cols = dataset.sizes["stimulus_id"], dataset.sizes["condition"] + 1
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 1.75 * n_rows + 0.6), squeeze=False)
+    gray = dataset.sizes["channel"] == 1
+    for row in range(n_rows):
+        pictures = [dataset["original"].values[row]] + list(dataset["percept"].values[row])
+        scores = [dataset["p_face_original"].values[:, row]] + list(dataset["p_face"].values[:, row].T)
+        for col, (picture, score) in enumerate(zip(pictures, scores)):
+            ax = axes[row, col]
+            ax.imshow(picture[..., 0] if gray else picture, cmap="gray" if gray else None, vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_xlabel(f"P(face) {score[0]:.2f} / {score[1]:.2f}", fontsize=6)
+            if row == 0:
+                heading = "original" if col == 0 else str(dataset["condition"].values[col - 1]).replace("_", " ")
+                ax.set_title(heading, fontsize=7)
+        axes[row, 0].set_ylabel(str(dataset["group"].values[row]), fontsize=7)
+    fig.suptitle(f"{title}\nP(face): own decoder / independent judge", fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)

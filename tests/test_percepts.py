@@ -1,0 +1,187 @@
+"""Predicted percepts: feature inversion under stimulation, its controls, and ``stimsim visualize``."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from stimsim.cli import main
+from stimsim.errors import ConfigError
+from stimsim.models.registry import load_model
+from stimsim.percepts import InversionSettings, pixel_images, scrambled_effects, synthesize
+from stimsim.stimulation import Condition, ElectricalStimulation
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model(one_torch_thread):
+    topo = load_model("stimsim-topo-s0")
+    return topo.with_sheet_scale("it", topo.cortex_scale("it")["cortex_mm_per_model_mm"])
+
+
+@pytest.fixture(scope="module")
+def image(model):
+    rng = np.random.default_rng(3)
+    return pixel_images(model, [rng.random((32, 32)).astype(np.float32)])[0]
+
+
+def _effects(model, currents_uA=(300.0,), activation_per_Hz=0.01):
+    sheet = model.sheet("it")
+    centre = tuple(np.mean(sheet.coordinates_mm, axis=0))
+    conditions = [Condition("none")] + [
+        Condition(f"stim{c:g}", (ElectricalStimulation((centre,), current_uA=c, frequency_Hz=200, form="additive",
+                                                       activation_per_Hz=activation_per_Hz, layer="it"),))
+        for c in currents_uA]
+    m, a = Condition.batch_effects(conditions, sheet)
+    return m.float(), a.float()
+
+
+def test_scrambled_effects_keep_every_change_and_move_it_to_other_units():
+    m = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
+    a = torch.tensor([[0.0, 0.5, 1.0, 1.5, 2.0, 2.5]])
+    sm, sa = scrambled_effects(m, a, seed=1)
+    assert torch.equal(torch.sort(sm[0]).values, m[0]) and torch.equal(torch.sort(sa[0]).values, a[0])
+    assert not torch.equal(sm, m)
+    # one permutation for both terms: a unit keeps its (multiplier, additive) pair, a = (m - 1) / 2 here
+    assert torch.equal(sa, (sm - 1) / 2)
+    again = scrambled_effects(m, a, seed=1)
+    assert torch.equal(again[0], sm) and torch.equal(again[1], sa)
+
+
+def test_unperturbed_target_without_priors_leaves_the_image_as_it_is(model, image):
+    m, a = _effects(model)
+    settings = InversionSettings(steps=5, tv_weight=0.0, jitter_px=0)
+    images, loss = synthesize(model, image, m[:1], a[:1], "it", settings=settings)
+    assert torch.equal(images[0], image)
+    assert loss[0] == 0.0
+
+
+def test_inversion_brings_unperturbed_activity_towards_the_stimulated_activity(model, image):
+    m, a = _effects(model, (100.0, 300.0))
+    with torch.no_grad():
+        start = model.run_stages(model.preprocess(image[None]), stop="it").flatten(1)
+    target = start * m + a
+    start_loss = ((start - target).square().mean(1) / start.square().mean()).numpy()
+    assert start_loss[0] == 0 and 0 < start_loss[1] < start_loss[2]
+    settings = InversionSettings(steps=30, tv_weight=0.0, jitter_px=0, learning_rate=0.02)
+    images, loss = synthesize(model, image, m, a, "it", settings=settings)
+    assert images.shape == (3,) + tuple(image.shape) and images.min() >= 0 and images.max() <= 1
+    assert np.all(loss[1:] < start_loss[1:])
+    with torch.no_grad():  # the returned loss is that of the returned images
+        final = model.run_stages(model.preprocess(images), stop="it").flatten(1)
+    np.testing.assert_allclose(((final - target).square().mean(1) / start.square().mean()).numpy(), loss, rtol=1e-4, atol=1e-9)
+
+
+def test_inversion_is_reproducible_and_its_seed_matters(model, image):
+    m, a = _effects(model)
+    settings = InversionSettings(steps=4, jitter_px=2)
+    first = synthesize(model, image, m, a, "it", settings=settings, seed=5)[0]
+    assert torch.equal(first, synthesize(model, image, m, a, "it", settings=settings, seed=5)[0])
+    assert not torch.equal(first, synthesize(model, image, m, a, "it", settings=settings, seed=6)[0])
+
+
+def test_the_blur_prior_smooths_the_change_the_inversion_makes(model, image):
+    m, a = _effects(model)
+    plain = synthesize(model, image, m, a, "it", settings=InversionSettings(steps=10, tv_weight=0.0, jitter_px=0))[0]
+    blurred = synthesize(model, image, m, a, "it",
+                         settings=InversionSettings(steps=10, tv_weight=0.0, jitter_px=0, blur_sigma_px=1.0))[0]
+    assert torch.equal(blurred[0], image)  # nothing to match: no change to blur
+    roughness = lambda change: (change[..., 1:, :] - change[..., :-1, :]).abs().mean() / change.abs().mean()  # noqa: E731
+    assert roughness(blurred[1] - image) < 0.5 * roughness(plain[1] - image)
+
+
+def test_batch_normalized_steps_leave_an_unstimulated_condition_nearly_where_it_started(model, image):
+    # with jitter its gradient is not zero, only small: Adam makes full steps of it, scaled steps do not
+    m, a = _effects(model, (300.0,), activation_per_Hz=0.1)
+    changes = {}
+    for optimizer in ("adam", "batch_normalized"):
+        settings = InversionSettings(steps=10, jitter_px=1, tv_weight=0.0, optimizer=optimizer)
+        images = synthesize(model, image, m, a, "it", settings=settings)[0]
+        changes[optimizer] = [(images[row] - image).abs().mean().item() for row in range(2)]
+    assert changes["batch_normalized"][0] < 0.3 * changes["adam"][0]
+    assert changes["batch_normalized"][0] < 0.5 * changes["batch_normalized"][1]
+
+
+def test_matching_a_layer_before_the_perturbed_one_is_refused(model, image):
+    m, a = _effects(model)
+    with pytest.raises(ConfigError, match="comes before"):
+        synthesize(model, image, m, a, "it", match_layer="v4")
+    with pytest.raises(ConfigError, match="match must be one of"):
+        InversionSettings(match="cosine")
+    with pytest.raises(ConfigError, match="optimizer must be one of"):
+        InversionSettings(optimizer="sgd")
+
+
+def _small_config(tmp_path: Path, **changes) -> Path:
+    """experiments/visualize_default.toml on the 32-px models, at a size a test can afford."""
+    text = (REPO / "experiments" / "visualize_default.toml").read_text()
+    replacements = {"n = 2": "n = 1", "n_per_category = 16": "n_per_category = 8",
+                    "steps = 100": "steps = 40", "jitter_px = 4": "jitter_px = 1", **changes}
+    for old, new in replacements.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / "visualize.toml"
+    path.write_text(text)
+    return path
+
+
+def test_visualize_face_site_stimulation_makes_images_face_like_by_both_judges(tmp_path, shared_data, capsys,
+                                                                               one_torch_thread):
+    shared_data("natural/floc")
+    shared_data("moeller2017/Eliciting_Face_Response")
+    out = tmp_path / "out"
+    assert main(["visualize", str(_small_config(tmp_path)), "--out", str(out), "--no-progress",
+                 "--threads", "1"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for name in ("own", "independent"):
+        judge = summary["judges"][name]
+        face = judge["pface_face_site"]
+        others = max(judge["pface_control_site"], judge["pface_scrambled"], judge["pface_unstimulated"])
+        assert face[-1] > face[0], (name, judge)
+        assert face[-1] - others >= 0.2, (name, judge)
+    assert summary["judges"]["independent"]["model"] == "stimsim-topo-s1"
+    assert summary["sites"]["face"]["dprime"] > summary["sites"]["control"]["dprime"]
+    data = xr.open_dataset(out / "percepts.nc", engine="h5netcdf")
+    assert list(data["kind"].values) == ["unstimulated", "face_site", "face_site", "face_site", "control_site",
+                                         "scrambled"]
+    assert data["percept"].shape == (5, 6, 32, 32, 1)
+    assert list(data["group"].values) == ["object", "object", "place", "place", "face-like object"]
+    # the summary's numbers are the means of the stored scores over the object and place rows
+    scored = data["p_face"].sel(judge="own").where(data["group"].isin(["object", "place"]), drop=True)
+    np.testing.assert_allclose(scored.mean("stimulus_id").values[1:4], summary["judges"]["own"]["pface_face_site"])
+    data.close()
+    assert (out / "percepts.png").stat().st_size > 10_000
+    config = json.loads((out / "config.json").read_text())
+    assert config["software"]["stimsim"] and config["config"]["name"] == "visualize_default"
+    assert set(json.loads((out / "result_set.json").read_text())["files"]) == {
+        "percepts.png", "percepts.nc", "summary.json", "config.json"}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"steps = 100": "stepz = 100"}, "unknown key(s) ['stepz']"),
+    ({"currents_uA = [50, 150, 300]": "currents_uA = [300, 100]"}, "at least two rising currents"),
+    ({'method = "selectivity"': 'method = "random"'}, "'method' must be one of"),
+])
+def test_visualize_refuses_a_bad_file_in_one_line_and_leaves_no_output(tmp_path, capsys, change, message):
+    text = (REPO / "experiments" / "visualize_default.toml").read_text()
+    (old, new), = change.items()
+    path = tmp_path / "bad.toml"
+    path.write_text(text.replace(old, new))
+    out = tmp_path / "out"
+    assert main(["visualize", str(path), "--out", str(out), "--no-progress"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("stimsim: error: ") and "\n" not in error and message in error, error
+    assert not out.exists()
+
+
+def test_visualize_has_help_with_model_and_judge_overrides(capsys):
+    from stimsim.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["visualize", "--help"])
+    help_text = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "usage: stimsim visualize" in help_text
+    assert "--model" in help_text and "--judge" in help_text
