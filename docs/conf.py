@@ -8,6 +8,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# the published data mirror for the examples that need it (as the tests find it): the checkout's sibling
+# shared/data unless STIMSIM_MIRROR_DIR is set
+if not os.environ.get("STIMSIM_MIRROR_DIR") and (ROOT.parent / "shared" / "data").is_dir():
+    os.environ["STIMSIM_MIRROR_DIR"] = str(ROOT.parent / "shared" / "data")
 
 import stimsim  # noqa: E402
 
