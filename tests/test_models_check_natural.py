@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from stimsim.activation_cache import SAMPLED_ROWS
 from stimsim.cli import main
 from stimsim.data import manifest
 from stimsim.models.preprocessing import Preprocessing
@@ -54,14 +55,15 @@ def test_the_default_images_are_floc_by_domain_with_maps_clusters_figures_and_im
     assert report["cluster_p"] == maps["face"]["p"] and report["n_classes"] == 5
     assert sorted(report["figures"]) == sorted(maps)
     assert all((tmp_path / "maps" / f"mnv2-64_{d}_dprime.png").stat().st_size > 1000 for d in maps)
-    assert report["figure"] == str(tmp_path / "maps" / "mnv2-64_faces_dprime.png")
+    assert report["figure"] == str(tmp_path / "maps" / "mnv2-64_face_dprime.png")
     # the model's own output is MobileNetV2's ImageNet classifier; the base network runs at 224 px
     assert report["base_network"] == "mobilenet_v2" and report["imagenet_n"] == 20
     assert 0 <= report["imagenet_top1"] <= 1 and report["imagenet_top1_base"] >= 0.7
     assert calls == [60]
     again = evaluation.check_model(small_mobilenet, n_shuffles=20, imagenet=False)
-    # the responses come from the activation cache: only its first and last rows are computed again
-    assert calls == [60, 2] and again["domain_maps"] == maps and "imagenet_top1" not in again
+    # the responses come from the activation cache: only its first, last and SAMPLED_ROWS random rows are
+    # computed again
+    assert calls == [60, 2 + SAMPLED_ROWS] and again["domain_maps"] == maps and "imagenet_top1" not in again
 
 
 def test_without_floc_the_check_says_so_and_uses_the_heldout_images(tmp_path, monkeypatch, capsys):
