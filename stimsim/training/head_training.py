@@ -9,8 +9,9 @@ names a ``base_network``. The recipe:
    network receives it, the others randomly cropped (``crop_scale``), flipped, contrast-jittered and with a
    random fraction of pixels replaced by uniform noise (visual signal drawn in [``min_signal_percent``,
    100] %, as in :func:`stimsim.data.stimuli.pixel_noise`) — and the frozen trunk's pooled features of each
-   version are computed once and cached. A version depends only on the data seed, the view and the image's id. The teacher output of every version is the base
-   network's ImageNet output for view 0, so IT learns to see through noise.
+   version are computed once and cached; a version depends only on the data seed, the view and the image's
+   id. The teacher output of every version is the base network's ImageNet output for view 0, so IT learns
+   to see through noise.
 3. **Training** IT and its readouts on those features (the trunk never changes): distillation to the base
    network's own ImageNet outputs (KL divergence at temperature ``distill_temperature``; no ImageNet labels),
    cross-entropy of the localizer's domains (``domain_weight``), TDANN's relative spatial loss on IT
@@ -237,7 +238,7 @@ def trunk_features(config: HeadConfig, stimuli, trunk, classifier, preprocessing
     geometry = preprocessing.geometry(stimuli.images)
     mean = torch.tensor(preprocessing.mean).view(1, 3, 1, 1)
     std = torch.tensor(preprocessing.std).view(1, 3, 1, 1)
-    features = np.zeros((views, len(geometry), config_channels(config)), np.float32)
+    features = np.zeros((views, len(geometry), base_network_spec(config.model.base_network).feature_channels), np.float32)
     teacher = np.zeros((len(geometry), 1000), np.float32)
     batch = 32
     bar = tqdm(total=views * len(geometry), desc="trunk features", unit="img", disable=not progress)
@@ -274,10 +275,6 @@ def _content_sha256(arrays: dict) -> str:
     return digest.hexdigest()
 
 
-def config_channels(config: HeadConfig) -> int:
-    return base_network_spec(config.model.base_network).feature_channels
-
-
 # --- training -------------------------------------------------------------------------------------
 def _learning_rate(training: HeadTrainingTable, step: int) -> float:
     if step < training.warmup_steps:
@@ -286,12 +283,16 @@ def _learning_rate(training: HeadTrainingTable, step: int) -> float:
     return training.learning_rate * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def _distillation_loss(logits, teacher_logits, temperature: float):
+    """KL divergence of the student's softened outputs from the teacher's, × T² (Hinton et al. 2015)."""
+    return F.kl_div(F.log_softmax(logits / temperature, 1), F.log_softmax(teacher_logits / temperature, 1),
+                    reduction="batchmean", log_target=True) * temperature ** 2
+
+
 def _losses(network: TopoHeadNet, config: HeadConfig, x, teacher, domains, coords, neighborhoods) -> dict:
     training = config.training
     it = network.it(x)
-    temperature = training.distill_temperature
-    distill = F.kl_div(F.log_softmax(network.head(it) / temperature, 1), F.log_softmax(teacher / temperature, 1),
-                       reduction="batchmean", log_target=True) * temperature ** 2
+    distill = _distillation_loss(network.head(it), teacher, training.distill_temperature)
     losses = {"distill": distill}
     labelled = domains >= 0
     if network.domain_head is not None and bool(labelled.any()):
@@ -375,10 +376,7 @@ def tune_readouts(config: HeadConfig, network: TopoHeadNet, cached: dict, domain
         view = torch.from_numpy(rng.integers(n_views, size=len(index)))
         with torch.no_grad():
             it = network.it(features[view, index])
-        temperature = training.distill_temperature
-        distill = F.kl_div(F.log_softmax(network.head(it) / temperature, 1),
-                           F.log_softmax(teacher[index] / temperature, 1), reduction="batchmean",
-                           log_target=True) * temperature ** 2
+        distill = _distillation_loss(network.head(it), teacher[index], training.distill_temperature)
         total = training.distill_weight * distill
         labelled = domain_ids[index] >= 0
         if network.domain_head is not None and bool(labelled.any()):
@@ -411,8 +409,7 @@ def face_cluster_scale(model: TopographicModel, localizer, positive_domain: str,
     return target_mm / clusters[0], clusters
 
 
-def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step: int | None = None,
-                          threads: int | None = None) -> Path:
+def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step: int | None = None) -> Path:
     """Build the model a ``topo_head`` file describes into ``out_dir/model`` (see the module docstring)."""
     config, raw, folder = load_head_config(path)
     out_dir = Path(out_dir)
