@@ -46,6 +46,9 @@ def test_analyze_lab_nwb_with_mapping_and_plan(tmp_path, capsys, chromium_render
     assert images_total >= 4 and images_ok == images_total and not console
     texts, pngs = pdf_pages(out / "report.pdf")
     assert any("Predictions against outcomes" in text for text in texts) and len(pngs) >= 3
+    # the figure a scientist looks for first opens the report: per-site effects on page 1, before the scores
+    assert "ΔAUC per site with 95 % bootstrap intervals" in texts[0]
+    assert "\n".join(texts).index("ΔAUC per site") < "\n".join(texts).index("mean_shift")
     with xr.open_dataset(out / "results.nc", engine="h5netcdf") as data:
         assert sorted(data["electrode"].values.tolist(), key=int) == sorted(electrodes, key=int)
 

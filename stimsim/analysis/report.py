@@ -88,18 +88,19 @@ def build_report(analysis, sources=()) -> Report:
         site_columns.append("delta_auc_missing_reason")
     ci = round(100 * summary["ci"])
     by_effect = sites[site_columns].sort_values("delta_auc", key=abs, ascending=False, kind="stable")
-    effects = [Image(figure_png(figures.plot_site_effects(analysis)),
-                     caption=f"ΔAUC per site with {ci} % bootstrap intervals (trials resampled within each "
-                             f"condition and step)."),
-               Table.from_dataframe(by_effect,
+    per_site_figure = Image(figure_png(figures.plot_site_effects(analysis)), css_class="first-page",
+                            caption=f"ΔAUC per site with {ci} % bootstrap intervals (trials resampled within each "
+                                    f"condition and step)" + ("; × the plan's prediction." if "predicted_delta_auc"
+                                                              in sites else "."))
+    effects = [Table.from_dataframe(by_effect,
                                     caption="Per-site effects (sorted by |ΔAUC|); stim_logodds: stimulation term of "
                                             "the per-site logistic regression with its standard error and Wald p; "
                                             "p_fdr: the permutation p adjusted for the number of sites "
                                             "(Benjamini–Hochberg).")]
     sections = [Section("Summary", [Paragraph("Per-site stimulation effects, stimulated against interleaved sham "
                                               "trials; statistics across sites; every score beside its chance "
-                                              "level or baseline."), _score_table(summary),
-                                   *_notes(summary)]),
+                                              "level or baseline."), per_site_figure,
+                                   _score_table(summary), *_notes(summary)]),
                 Section("Session overview", overview),
                 Section("Per-site effects", effects),
                 Section("Psychometric curves of the top sites",
