@@ -5,7 +5,8 @@ Write your own paradigm
 A task is one class: it reads its own keys from the experiment file, prepares the trials and the
 frozen decoder, and turns choice probabilities into per-site metrics. Registered under a name, it
 runs through ``stimsim run`` like the built-in ones. This one, ``face_bias``, reuses the
-categorisation task's trials and reports only how much each site moves P("face").
+categorisation task's trials and reports only how much each site moves P("face"); it runs on
+``stimsim-topo-s0``, the small 32-px shipped model, so that it takes seconds.
 """
 import tempfile
 import tomllib

@@ -3,7 +3,9 @@ Read results with xarray
 ========================
 
 ``results.nc`` is an xarray Dataset: choice probabilities per condition × stimulus × choice, with
-every stimulation parameter as a coordinate, and per-site metrics on the ``site`` dimension.
+every stimulation parameter as a coordinate, and per-site metrics on the ``site`` dimension. The run here is
+on ``stimsim-topo-s0``, the small 32-px model that ships beside the ImageNet-based defaults, so that it takes
+seconds.
 """
 import tempfile
 import tomllib

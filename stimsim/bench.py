@@ -6,8 +6,8 @@ every image; Moeller et al. 2017, Nat Neurosci 20:743, 300 µA):
 - ``it``: stimulation at IT (``layer4.1`` of a TDANN-sized ResNet-18, 512×7×7 = 25,088 units at 224 px,
   on a 70 mm sheet as in Margalit et al. 2024), decoder on the same layer: 256 sites × 200 images.
 - ``pre_it``: stimulation at ``layer4.0``, decoder on ``layer4.1``: 64 sites × 100 images.
-- ``small``: the shipped default model (stimsim-topo-s0, IT = 4,096 units), 1,024 IT sites × 800 images.
-- ``dask``: a sweep of the default model at V4 (decoder on IT; every (site, image) pair runs V4 → IT),
+- ``small``: the small shipped model (stimsim-topo-s0, IT = 4,096 units), 1,024 IT sites × 800 images.
+- ``dask``: a sweep of the small model at V4 (decoder on IT; every (site, image) pair runs V4 → IT),
   512 sites × 100 images, on 1 and on 2 Dask worker processes of one thread each.
 
 What each number means (all measured in the same run; timed sections are interleaved and repeated,

@@ -209,9 +209,9 @@ def _cmd_subject_session(args) -> int:
 
 def _cmd_bench(args) -> int:
     from stimsim.bench import run_benchmark
-    from stimsim.models.registry import DEFAULT_MODEL, available_models, load_model
+    from stimsim.models.registry import SMALL_MODEL, available_models, load_model
 
-    name = args.model or (DEFAULT_MODEL if DEFAULT_MODEL in available_models() else None)
+    name = args.model or (SMALL_MODEL if SMALL_MODEL in available_models() else None)
     sections = args.sections.split(",") if args.sections else None
     report = run_benchmark(quick=args.quick, default_model=load_model(name, device=args.device) if name else None,
                            progress=not args.no_progress, device=args.device, sections=sections,
@@ -405,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
                                               "plain approach, Dask workers")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not the reported numbers)")
-    bench.add_argument("--model", help="small model measured besides the ResNet-18 (default: the shipped default model)")
+    bench.add_argument("--model", help="small model measured besides the ResNet-18 (default: stimsim-topo-s0, the small shipped model)")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
     bench.add_argument("--sections", help="comma-separated sections to run (default: all): bound, plain, dask, load, analysis")
     _add_threads(bench)

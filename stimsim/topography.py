@@ -6,6 +6,7 @@ shuffling the unit positions (equivalently, permuting the values over the fixed 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -82,17 +83,27 @@ def clustering_test(values, coordinates_mm, radius_mm: float = 1.0, n_shuffles: 
     return ClusteringTest(observed, float(null.mean()), float(null.std()), float(p_value), n_shuffles, radius_mm)
 
 
+#: Unit indices held at once by :func:`smoothed_values_at` (about 8 bytes each, several times over as lists).
+SMOOTHING_NEIGHBOURS_PER_CHUNK = 2_000_000
+
+
 def smoothed_values_at(values, sheet: CorticalSheet, points_mm, sigma_mm: float = 0.5) -> np.ndarray:
     """Gaussian-weighted mean (σ = ``sigma_mm``) of a per-unit value around each point (M, 2) in mm;
-    NaN where no unit lies within 3σ."""
+    NaN where no unit lies within 3σ. Points are taken in chunks, so memory stays bounded on dense sheets
+    (:data:`SMOOTHING_NEIGHBOURS_PER_CHUNK` neighbours at a time)."""
     values = np.asarray(values, float)
     points = np.asarray(points_mm, float).reshape(-1, 2)
     result = np.full(len(points), np.nan)
-    for i, neighbours in enumerate(cKDTree(sheet.coordinates_mm).query_ball_point(points, 3 * sigma_mm)):
-        if neighbours:
-            d2 = np.sum((sheet.coordinates_mm[neighbours] - points[i]) ** 2, axis=1)
-            weights = np.exp(-d2 / (2 * sigma_mm ** 2))
-            result[i] = np.dot(weights, values[neighbours]) / weights.sum()
+    tree = cKDTree(sheet.coordinates_mm)
+    per_point = sheet.density_per_mm2 * math.pi * (3 * sigma_mm) ** 2
+    chunk = max(1, int(SMOOTHING_NEIGHBOURS_PER_CHUNK // max(per_point, 1.0)))
+    for start in range(0, len(points), chunk):
+        block = points[start:start + chunk]
+        for i, neighbours in enumerate(tree.query_ball_point(block, 3 * sigma_mm), start=start):
+            if neighbours:
+                d2 = np.sum((sheet.coordinates_mm[neighbours] - points[i]) ** 2, axis=1)
+                weights = np.exp(-d2 / (2 * sigma_mm ** 2))
+                result[i] = np.dot(weights, values[neighbours]) / weights.sum()
     return result
 
 

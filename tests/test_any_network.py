@@ -74,7 +74,7 @@ def test_mobilenet_v2_engine_matches_a_hook_on_the_whole_network(mobilenet):
 def test_mobilenet_v2_runs_an_afraz2006_style_experiment_end_to_end(mobilenet, tmp_path):
     raw = load_toml(REPO / "experiments" / "afraz2006.toml")
     raw["model"] = "mobilenet_v2"
-    raw["stimuli"].update(sets=[{"source": "lfw_subset"}], n_per_choice=6)
+    raw["stimuli"].update(sets=[{"source": "lfw_subset"}], label="category", n_per_choice=6)
     raw["stimuli"]["noise"]["signal_percent"] = [0, 50, 100]
     raw["sites"] = {"method": "explicit", "sites_mm": [[2.0, 2.0], [4.0, 4.0], [6.0, 3.0]],
                     "groups": ["a", "b", "b"], "recording_radius_mm": 2.0}

@@ -287,8 +287,9 @@ def test_a_model_name_is_the_shipped_model_even_beside_a_folder_of_that_name(tmp
     experiment = tmp_path / "afraz.toml"
     text = (REPO / "experiments" / "afraz2006.toml").read_text()
     experiment.write_text(text)
+    experiment.write_text(text.replace('model = "stimsim-mnv2-s0"', 'model = "stimsim-topo-s0"'))
     assert load_experiment(experiment).model == "stimsim-topo-s0"  # the file's model, beside the folder
-    experiment.write_text(text.replace('model = "stimsim-topo-s0"', 'model = "mine"'))
+    experiment.write_text(text.replace('model = "stimsim-mnv2-s0"', 'model = "mine"'))
     assert load_experiment(experiment).model == str(tmp_path / "mine")  # a folder beside the file
 
 

@@ -57,7 +57,7 @@ def test_error_locations_name_the_file_then_the_table():
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("layer", "head", "'layer': layer 'head' has no cortical sheet; topographic layers: "),
+    ("layer", "trunk.18", "'layer': layer 'trunk.18' has no cortical sheet; topographic layers: "),
     ("layer", "V9", "'layer': unknown layer 'V9'; stages: "),
     ("model", "no-such-model", "'model': unknown model 'no-such-model': not one of the shipped models"),
 ])
@@ -66,7 +66,7 @@ def test_a_layer_or_model_the_run_cannot_use_names_the_file_and_key(tmp_path, ca
 
     raw = (EXPERIMENTS / "afraz2006.toml").read_text()
     path = tmp_path / "x.toml"
-    path.write_text(raw.replace(f'{key} = "{"IT" if key == "layer" else "stimsim-topo-s0"}"', f'{key} = "{value}"', 1))
+    path.write_text(raw.replace(f'{key} = "{"IT" if key == "layer" else "stimsim-mnv2-s0"}"', f'{key} = "{value}"', 1))
     assert main(["run", str(path), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"stimsim: error: {path}: {message}") and err.count("\n") == 1, err

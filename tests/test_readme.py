@@ -22,13 +22,16 @@ def test_the_python_api_snippet_runs_in_cortex_millimetres(capsys):
     exec(compile(_python_api_snippet(), "README.md", "exec"), namespace)
     printed = capsys.readouterr().out.split("\n")
     model_mm, cortex_mm = (np.array(line.split(), dtype=float) for line in printed[:2])
-    assert model_mm == pytest.approx([9.86, 42.0], abs=0.2)  # the comment: 9.86 mm, 42 units/mm²
-    # 2 cortex mm per model mm (the model's recorded scale): twice the size, a quarter of the density
-    assert cortex_mm == pytest.approx([2 * model_mm[0], model_mm[1] / 4])
-    assert cortex_mm == pytest.approx([19.7, 10.5], abs=0.05)
+    assert model_mm == pytest.approx([5.97, 1406], abs=0.5)  # the comment: 5.97 mm, 1406 units/mm²
+    # 3.27 cortex mm per model mm (the model's recorded scale): that many times the size, 1/3.27² the density
+    scale = namespace["scale"]
+    assert scale == pytest.approx(3.27, abs=0.005)
+    assert cortex_mm == pytest.approx([scale * model_mm[0], model_mm[1] / scale ** 2])
+    assert cortex_mm == pytest.approx([19.5, 131], abs=0.5)
     # the stimulation acts on the sheet in cortex mm, as experiment files do
     assert namespace["p"].sizes == {"condition": 2, "stimulus_id": 200, "choice": 2}
-    assert namespace["cortex"].sheet("IT").size_mm == pytest.approx(19.7, abs=0.05)
+    assert namespace["it"].shape == (200, 224 * 224)
+    assert np.array(printed[2].strip("[]").split(), dtype=float) == pytest.approx([0.49999, 0.49957], abs=2e-5)
     assert namespace["report"].shannon_k == pytest.approx(np.log10(10e-3 / 2000e-8) + np.log10(10e-3), abs=1e-9)
 
 
@@ -39,3 +42,33 @@ def test_the_reports_snippet_runs_and_writes_html_and_pdf(tmp_path, monkeypatch)
     assert sorted(path.name for path in written.iterdir()) == ["report.html", "report.pdf"]  # the comment
     assert (written / "report.pdf").read_bytes().startswith(b"%PDF")
     assert "ΔAUC" in (written / "report.html").read_text(encoding="utf-8")
+
+
+def _readme_number(text: str) -> float:
+    return float(text.replace("−", "-"))
+
+
+@pytest.mark.slow
+def test_the_default_plan_figures_the_readme_quotes_are_what_the_main_command_gives(tmp_path):
+    """The README's main command (``stimsim plan experiments/plan_default.toml``), run as written: its
+    predicted-vs-true r (all, per candidate) and power figures are the ones the README states."""
+    import json
+
+    from stimsim.cli import main
+
+    out = tmp_path / "plan"
+    assert main(["plan", str(README.parent / "experiments" / "plan_default.toml"), "--out", str(out),
+                 "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    quoted = re.search(r"measured on this README's main command:\s+r = ([−\d.]+); per candidate stimsim-topo-s0 "
+                       r"([−\d.]+), stimsim-topo-s1 ([−\d.]+); power across sites ([\d.]+) at (\d+) trials",
+                       README.read_text(encoding="utf-8"))
+    assert quoted, "the README no longer quotes the default plan's figures in the form this test reads"
+    r, r_s0, r_s1, power, trials = quoted.groups()
+    assert summary["predicted_vs_true_r"] == pytest.approx(_readme_number(r), abs=5e-4)
+    per_model = summary["predicted_vs_true_r_per_model"]
+    assert per_model["stimsim-topo-s0"] == pytest.approx(_readme_number(r_s0), abs=5e-3)
+    assert per_model["stimsim-topo-s1"] == pytest.approx(_readme_number(r_s1), abs=5e-3)
+    assert summary["power_at_planned_trials"]["trials_per_site"] == int(trials)
+    assert summary["power_at_planned_trials"]["across_sites"] == pytest.approx(float(power), abs=5e-3)
+    assert summary["trials_per_site_needed"]["across_sites"] is None  # "no site count up to 6,400"

@@ -1,4 +1,5 @@
-"""The shipped default models: verified by checksum, and good enough for the science to show."""
+"""The shipped models: the ImageNet-based defaults and the small 32-px family, verified by checksum, at the scale
+their rule sets."""
 import json
 
 import numpy as np
@@ -7,18 +8,37 @@ import pytest
 from stimsim.cli import main
 from stimsim.data.manifest import get_entry, verify
 from stimsim.errors import DataError
-from stimsim.models.registry import SHIPPED_DIR, available_models, load_model
+from stimsim.models.registry import DEFAULT_MODEL, SHIPPED_DIR, SMALL_MODEL, available_models, load_model
 
+#: The small fast family (unit tests, the engine benchmark) and the ImageNet-based defaults.
 SHIPPED = ["stimsim-topo-s0", "stimsim-topo-s1", "stimsim-topo-s2"]
+DEFAULTS = ["stimsim-effl0-s0", "stimsim-mnv2-s0", "stimsim-mnv2-s1"]
 
 
-def test_three_seeds_ship_and_verify_against_the_manifest():
-    assert available_models() == SHIPPED
+def test_both_families_ship_and_verify_against_the_manifest():
+    assert available_models() == sorted(SHIPPED + DEFAULTS)
+    assert DEFAULT_MODEL == "stimsim-mnv2-s0" and SMALL_MODEL == "stimsim-topo-s0"
     entry = get_entry("stimsim_default_models")
     listed = {f.path for f in entry.files}
-    for name in SHIPPED:
+    for name in SHIPPED + DEFAULTS:
         assert f"shipped_models/{name}/weights.pt" in listed
     assert all(status == "ok" for _, status in verify("stimsim_default_models"))
+
+
+@pytest.mark.parametrize("name", DEFAULTS)
+def test_imagenet_model_scale_is_set_by_its_face_cluster_on_the_localizer(name):
+    """The rule written before any stimulation run: the largest face cluster (units with smoothed face d′ > 1 on
+    fLoc) spans 4 mm of macaque cortex, the size of a face patch; recorded in model.json with the clusters."""
+    spec = json.loads((SHIPPED_DIR / name / "model.json").read_text())
+    scale = spec["metadata"]["cortex_scale"]
+    assert scale["layer"] == "it" and "4 mm of macaque cortex" in scale["rule"]
+    largest_model_mm = max(spec["metadata"]["face_clusters_model_mm"])
+    assert scale["cortex_mm_per_model_mm"] == pytest.approx(4.0 / largest_model_mm, rel=1e-3)
+    assert scale["sheet_size_cortex_mm"] == pytest.approx(6.0 * scale["cortex_mm_per_model_mm"], rel=0.01)
+    assert spec["architecture"]["family"] == "topo_head" and spec["readout_layer"] == "it"
+    # its training held out 30 % of every fLoc category, which the experiments use
+    held = spec["metadata"]["holdout_stimulus_ids"]
+    assert sum(s.startswith("adult/") for s in held) == pytest.approx(0.3 * 144, abs=1)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -40,9 +60,9 @@ def test_model_records_its_cortex_scale_and_the_rule_that_set_it(name):
 
 
 def test_shipped_files_stay_small():
-    for name in SHIPPED:
+    for name in SHIPPED + DEFAULTS:
         size = sum(f.stat().st_size for f in (SHIPPED_DIR / name).rglob("*") if f.is_file())
-        assert size < 25e6, f"{name}: {size / 1e6:.1f} MB"
+        assert size <= (40e6 if name in DEFAULTS else 25e6), f"{name}: {size / 1e6:.1f} MB"
 
 
 def test_corrupted_shipped_model_is_refused(tmp_path):
@@ -80,3 +100,31 @@ def test_load_and_activation_timing_is_reported():
     timing = time_load_and_activations("stimsim-topo-s0", n_images=10)
     assert timing["n_images"] == 10
     assert 0 < timing["load_s"] < timing["total_s"]
+
+
+def test_shipping_a_model_copies_its_files_and_lists_their_checksums(tmp_path):
+    import hashlib
+    import shutil
+
+    from stimsim.models.shipping import MAX_MODEL_BYTES, ship_model
+
+    shipped, manifest = tmp_path / "package" / "shipped_models", tmp_path / "stimsim_default_models.json"
+    shipped.mkdir(parents=True)
+    manifest.write_text(json.dumps({"name": "stimsim_default_models", "kind": "checkpoint", "files": []}))
+    built = tmp_path / "built"
+    shutil.copytree(SHIPPED_DIR / "stimsim-topo-s1", built)
+    (built / "notes.txt").write_text("not a model file")  # files model.json does not list stay behind
+    target = ship_model(built, shipped, manifest)
+    assert target == shipped / "stimsim-topo-s1" and not (target / "notes.txt").exists()
+    listed = {f["path"]: f for f in json.loads(manifest.read_text())["files"]}
+    assert set(listed) == {f"shipped_models/stimsim-topo-s1/{p.relative_to(target).as_posix()}"
+                           for p in target.rglob("*") if p.is_file()}
+    weights = listed["shipped_models/stimsim-topo-s1/weights.pt"]
+    assert weights["sha256"] == hashlib.sha256((built / "weights.pt").read_bytes()).hexdigest()
+    assert weights["size_bytes"] == (built / "weights.pt").stat().st_size
+    assert load_model(target).name == "stimsim-topo-s1"
+    with open(built / "weights.pt", "ab") as handle:  # a model over the size limit is refused, nothing changes
+        handle.truncate(MAX_MODEL_BYTES + 1)
+    with pytest.raises(DataError, match="more than the 40 MiB"):
+        ship_model(built, shipped, manifest)
+    assert listed == {f["path"]: f for f in json.loads(manifest.read_text())["files"]}

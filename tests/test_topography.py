@@ -70,3 +70,23 @@ def test_clustering_test_refuses_bad_input():
         clustering_test([1, np.nan, 1, 0], LINE_MM, 1.5)
     with pytest.raises(ValueError, match="radius"):
         morans_i([1, 0, 1, 0], LINE_MM, radius_mm=0.5)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 10_000_000])
+def test_smoothed_values_in_chunks_equal_the_gaussian_mean_of_all_units_within_3_sigma(chunk, monkeypatch):
+    """Brute force over every unit: weights exp(−d²/2σ²) within 3σ, NaN where none; the same whatever the
+    chunk size that bounds memory on dense sheets."""
+    from stimsim import topography
+    from stimsim.sheet import CorticalSheet
+
+    rng = np.random.default_rng(0)
+    sheet = CorticalSheet("it", (300, 1, 1), rng.uniform(0, 4, size=(300, 2)))
+    values = rng.normal(size=300)
+    points = np.vstack([rng.uniform(0, 4, size=(25, 2)), [[40.0, 40.0]]])  # the last has no unit within 3σ
+    monkeypatch.setattr(topography, "SMOOTHING_NEIGHBOURS_PER_CHUNK", chunk)
+    got = topography.smoothed_values_at(values, sheet, points, sigma_mm=0.4)
+    d2 = ((points[:, None, :] - sheet.coordinates_mm[None]) ** 2).sum(-1)
+    weights = np.where(d2 <= (3 * 0.4) ** 2, np.exp(-d2 / (2 * 0.4 ** 2)), 0.0)
+    inside = weights.sum(1) > 0
+    assert np.allclose(got[inside], (weights @ values)[inside] / weights.sum(1)[inside])
+    assert np.isnan(got[~inside]).all() and (~inside).sum() == 1

@@ -12,8 +12,12 @@ DENSITY_CURRENT_UA = 50.0
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "shipped_models"
 
-#: The shipped model used when none is named.
-DEFAULT_MODEL = "stimsim-topo-s0"
+#: The shipped model used when none is named: a topographic IT on MobileNetV2's ImageNet trunk.
+DEFAULT_MODEL = "stimsim-mnv2-s0"
+
+#: The small, fast shipped model (32 px grayscale, 4,096 IT units): the engine benchmark's ``small`` and ``dask``
+#: workloads, which need a topographic layer before IT.
+SMALL_MODEL = "stimsim-topo-s0"
 
 #: Data manifest entry listing every shipped model file with its sha256.
 SHIPPED_MANIFEST_ENTRY = "stimsim_default_models"

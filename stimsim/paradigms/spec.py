@@ -15,7 +15,7 @@ Top level
 (:mod:`stimsim.paradigms.categorization`), ``"same_different"`` (:mod:`stimsim.paradigms.same_different`),
 ``"sequence_2afc"`` (:mod:`stimsim.paradigms.sequence_2afc`) or any other registered one, see :mod:`stimsim.paradigms.base`; a paradigm reads its own keys of
 ``[stimuli]`` and its own tables, documented in its module),
-``model`` (shipped model name or model directory; default ``"stimsim-topo-s0"``; ``stimsim run --model``
+``model`` (shipped model name or model directory; default ``"stimsim-mnv2-s0"``; ``stimsim run --model``
 overrides it), ``layer`` (the layer stimulated, a stage name or an area label; default ``"IT"``),
 ``cortex_mm_per_model_mm`` (number in (0, 100]; default: the model's own scale, recorded in its
 metadata with the anatomical rule that set it, or 1 for a model that records none. How many
