@@ -45,6 +45,9 @@ random weights (timing does not depend on them).
 
 Sections are listed in :data:`SECTIONS`; :func:`register_section` adds one (a function of the
 :class:`BenchContext` returning a dict of report entries).
+
+Over 500 lines: every workload of the benchmark and the exact bound and baselines it is measured against sit
+in one file, so that one run's ratios come from one place.
 """
 from __future__ import annotations
 

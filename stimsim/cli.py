@@ -1,5 +1,8 @@
 """The ``stimsim`` command line: train models, manage data, check models, run experiments, plan stimulation
-sessions, make virtual subjects and their sessions, analyse recorded sessions and their power, benchmark."""
+sessions, make virtual subjects and their sessions, analyse recorded sessions and their power, benchmark.
+
+Over 500 lines: the parser of every command is built here, one place for the words of the command line (the
+commands' work is in the packages)."""
 from __future__ import annotations
 
 import argparse
@@ -157,7 +160,7 @@ def _cmd_visualize(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    from stimsim.planning.plan import run_plan
+    from stimsim.planning.job import run_plan
 
     if args.validate is not None and args.validate < 1:
         raise ConfigError(f"--validate needs a number of hidden poses >= 1, got {args.validate}")

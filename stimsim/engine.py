@@ -26,6 +26,9 @@ Conditions follow the ``stimsim.stimulation.Condition`` protocol (``label``, ``l
 ``effect(sheet)`` → an effect with ``multiplier``, ``additive`` and ``is_identity``, ``describe()``);
 decoders follow the ``stimsim.behavior`` protocol (``layer``, ``choices``,
 ``probabilities(features (K, B, F), stimulus_index (B,)) → (K, B, n_choices)``).
+
+Over 500 lines: the exact fast path, the plain path, the chunk plan and the resumable store are one engine
+whose fingerprints must agree.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from stimsim.errors import ConfigError, DataError
 from stimsim.hashing import sha256_of
 from stimsim.jsonable import json_value
-from stimsim.locking import LOCK_FILE
+from stimsim.locking import LOCK_FILE, checked_output_path, missing_directories
 
 #: File of a result set's manifest (written last).
 RESULT_SET_FILE = "result_set.json"
@@ -150,13 +150,13 @@ class ResultSet:
     """
 
     def __init__(self, directory, kind: str, keep: tuple[str, ...] = (), force: bool = False):
-        directory = _checked_output_path(directory)
+        directory = checked_output_path(directory)
         self.directory, self.kind, self.keep = directory, kind, tuple(keep)
         manifest = directory / RESULT_SET_FILE
         previous = _read_manifest(directory) if manifest.is_file() else None
         self._previous = set(previous["files"]) if previous else set()
         self._previous_manifest = manifest.read_bytes() if previous else None
-        self._created = _missing_directories(directory)
+        self._created = missing_directories(directory)
         if directory.is_dir():
             foreign = sorted(entry.name for entry in directory.iterdir()
                              if entry.name not in self._previous | set(self.keep) | {RESULT_SET_FILE, LOCK_FILE}
@@ -238,28 +238,10 @@ class ResultSet:
             "format": RESULT_SET_FORMAT, "kind": self.kind, "complete": complete, "files": files})
 
 
-def _checked_output_path(directory) -> Path:
-    if not str(directory).strip():
-        raise ConfigError("the output directory is empty text; give a directory path")
-    directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise ConfigError(f"output directory {directory} is a file, not a directory")
-    return directory
-
-
-def _missing_directories(directory: Path) -> list[Path]:
-    """``directory`` and those of its parents that do not exist yet, deepest first."""
-    missing, path = [], directory.absolute()
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
-    return missing
-
-
 def check_output_dir(directory) -> Path:
     """Check, without creating anything, that the output directory ``directory`` could be written:
     an empty path, a file, a path under a file or an unwritable place raise ConfigError."""
-    directory = _checked_output_path(directory)
+    directory = checked_output_path(directory)
     existing = directory.absolute()
     while not existing.exists():
         existing = existing.parent
@@ -288,7 +270,7 @@ def check_output_file(path) -> Path:
 def ensure_output_dir(directory) -> Path:
     """Create the output directory ``directory`` if needed and check that files can be written in it;
     an empty path, a file, a path under a file or an unwritable directory raise ConfigError."""
-    directory = _checked_output_path(directory)
+    directory = checked_output_path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         Path(_temp_file(directory / ".write_probe")).unlink()

@@ -25,6 +25,25 @@ LOCK_FILE = ".stimsim.lock"
 _HELD: set[str] = set()  # lock files this process holds
 
 
+def checked_output_path(directory) -> Path:
+    """``directory`` as a Path; empty text or an existing file is a ConfigError."""
+    if not str(directory).strip():
+        raise ConfigError("the output directory is empty text; give a directory path")
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"output directory {directory} is a file, not a directory")
+    return directory
+
+
+def missing_directories(directory: Path) -> list[Path]:
+    """``directory`` and those of its parents that do not exist yet, deepest first."""
+    missing, path = [], directory.absolute()
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -53,13 +72,8 @@ class DirectoryLock:
         return False
 
     def acquire(self) -> None:
-        from stimsim.io import _checked_output_path
-
-        _checked_output_path(self.directory)
-        missing, path = [], self.directory.absolute()
-        while not path.exists():
-            missing.append(path)
-            path = path.parent
+        checked_output_path(self.directory)
+        missing = missing_directories(self.directory)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

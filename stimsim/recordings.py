@@ -29,6 +29,9 @@ origin); pass a ``layout`` to use another frame.
 ``x_mm``, ``y_mm``, ``x_um``, ``y_um``) onto the lab's, e.g. ``{"response": "mua", "stimulus_id": "image"}``: in NetCDF
 they are variable/dimension/coordinate names, in NWB ``presentation`` names the table, ``electrode``
 the electrodes table's id column, the others its columns.
+
+Over 500 lines: the NetCDF and NWB readers share the checks of electrodes, positions and responses that
+:class:`Recordings` relies on.
 """
 from __future__ import annotations
 

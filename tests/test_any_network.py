@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torchvision
 from torch import nn
 
 from stimsim.behavior import LogisticDecoder

@@ -271,7 +271,7 @@ def test_a_model_name_is_the_shipped_model_even_beside_a_folder_of_that_name(tmp
 
     from stimsim.errors import DataError
     from stimsim.models.registry import SHIPPED_DIR, model_path
-    from stimsim.paradigms.spec import load_experiment
+    from stimsim.paradigms import load_experiment
 
     monkeypatch.chdir(tmp_path)
     shutil.copytree(SHIPPED_DIR / "stimsim-topo-s2", tmp_path / "stimsim-topo-s0")

@@ -6,7 +6,7 @@ import pytest
 from stimsim.config import load_toml
 from stimsim.errors import ConfigError, FileFormatError
 from stimsim.training.loop import load_training_config
-from stimsim.paradigms.spec import load_experiment, parse_experiment
+from stimsim.paradigms import load_experiment, parse_experiment
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 

@@ -12,12 +12,11 @@ import pytest
 from stimsim.config import load_toml
 from stimsim.data.stimuli import load_stimulus_source
 from stimsim.errors import ConfigError
-from stimsim.paradigms import PARADIGMS, get_paradigm, parse_experiment
+from stimsim.paradigms import PARADIGMS, get_paradigm, load_experiment, parse_experiment
 from stimsim.paradigms.runner import load_results, run_experiment
 from stimsim.paradigms.schema import SCHEMA_PATH
 from stimsim.paradigms.sequence_2afc import TaskSpec, fit_readouts
 from stimsim.paradigms.sites import CONTROL_LABEL, Site, SiteSelection
-from stimsim.paradigms.spec import load_experiment
 from stimsim.planning.rehearsal import rehearse
 from stimsim.sequences import SequenceSpec, build_sequences, pooling_matrix
 from stimsim.stimulation import Condition
@@ -132,7 +131,7 @@ def prepared(model):
     selection = SiteSelection(sites=sites, method="explicit", unit_dprime=np.zeros(model.sheet("IT").n_units),
                               peak_mm=(0.0, 0.0), recording_radius_mm=0.5, smoothing_sigma_mm=0.5)
     stimuli = load_stimulus_source({"source": "lfw_subset"})
-    trials = spec.task.prepare(spec, model, stimuli, selection)
+    trials = get_paradigm(spec.paradigm).prepare(spec, model, stimuli, selection)
     return spec, selection, stimuli, trials
 
 
@@ -147,8 +146,8 @@ def _conditions(spec, selection, **changes):
 def simulated(model, prepared):
     """Every site's trials under the control condition and stimulation at every site, and their analysis."""
     spec, selection, _, trials = prepared
-    probabilities = spec.task.simulate(spec, model, trials, _conditions(spec, selection), None, False)
-    metrics, summary = spec.task.analyse(spec, trials, probabilities, selection)
+    probabilities = get_paradigm(spec.paradigm).simulate(spec, model, trials, _conditions(spec, selection), None, False)
+    metrics, summary = get_paradigm(spec.paradigm).analyse(spec, trials, probabilities, selection)
     return probabilities, metrics, summary
 
 
@@ -180,7 +179,7 @@ def test_own_site_delta_auc_equals_the_planning_rehearsal(model, prepared, simul
 def test_a_condition_without_effect_has_delta_auc_exactly_zero(model, prepared):
     """0 Hz in the multiplicative form leaves every unit's activity as it is: P(high) is the control's."""
     spec, selection, _, trials = prepared
-    paradigm = spec.task
+    paradigm = get_paradigm(spec.paradigm)
     probabilities = paradigm.simulate(spec, model, trials, _conditions(spec, selection, frequency_Hz=0.0), None, False)
     metrics, summary = paradigm.analyse(spec, trials, probabilities, selection)
     assert np.all(metrics["delta_auc"].values == 0.0)

@@ -24,7 +24,8 @@ from stimsim.datasets import afraz2006, moeller2017
 from stimsim.paradigms import categorization, same_different
 from stimsim.paradigms.runner import load_results, run_experiment
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, select_sites
-from stimsim.paradigms.spec import LocalizerSpec, SitesSpec, load_experiment, parse_experiment
+from stimsim.paradigms import load_experiment, parse_experiment
+from stimsim.paradigms.spec import LocalizerSpec, SitesSpec
 from stimsim.sheet import CorticalSheet
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ import xarray as xr
 
 from stimsim.cli import main
 from stimsim.errors import ConfigError, DataError, SafetyError
-from stimsim.planning.plan import run_plan
+from stimsim.planning.job import run_plan
 from stimsim.planning.selection import separation_mm
 from stimsim.planning.validation import meets_targets
 
@@ -717,7 +717,7 @@ def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e
     ("um_as_mm", r"layout.csv: columns x_mm, y_mm: electrodes are 400 mm from their nearest neighbour .* x_um, y_um"),
 ])
 def test_bad_lab_input_is_named_and_leaves_nothing(tmp_path, capsys, case, pattern, one_torch_thread):
-    """The issue's bad input: a layout whose ids do not match the recordings, fewer images than the ridge folds
+    """Bad input: a layout whose ids do not match the recordings, fewer images than the ridge folds
     need, an array that fits the sheet at no pose (a line of 16 electrodes 2 mm apart is 30 mm long; the sheet is
     19.7 cortex mm square, 27.9 mm across its diagonal), a layout in µm written under x_mm, y_mm."""
     options = {"ids": {"layout_prefix": "x"}, "folds": {"n_images": 8, "n_folds": 10},

@@ -10,7 +10,7 @@ import torch
 
 from stimsim import plugins
 from stimsim.config import load_toml
-from stimsim.datasets import DATASETS, get_dataset
+from stimsim.datasets import get_dataset
 from stimsim.errors import ConfigError
 from stimsim.io import software_versions
 from stimsim.paradigms import PARADIGMS, Paradigm, get_paradigm, parse_experiment, register_paradigm
@@ -107,7 +107,7 @@ def test_a_new_paradigm_is_one_class(tmp_path):
 
     try:
         spec = parse_experiment(tomllib.loads(TOY), where="toy.toml")
-        assert spec.task.name == "toy_flip"
+        assert get_paradigm(spec.paradigm).name == "toy_flip"
         summary = run_experiment(spec, tmp_path, model=_tiny_model(), progress=False, figures=False)
         dataset, stored, config = load_results(tmp_path)
         assert stored["paradigm"] == "toy_flip" and summary["n_sites"] == 2

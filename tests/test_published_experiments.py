@@ -47,7 +47,7 @@ def _run(experiment, model, out_dir, capsys):
 def test_afraz2006_face_selective_sites_shift_choices_towards_face(model, tmp_path, capsys):
     summary = _run("afraz2006", model, tmp_path, capsys)
     assert summary["model_n_sites"] == 86 and summary["model_n_selective"] == 31
-    # the issue's targets that the model meets: shift against d' r >= 0.4 with p < 0.01, other sites below
+    # the targets that the model meets: shift against d' r >= 0.4 with p < 0.01, other sites below
     # 2.5 % signal, and the shift reported in log-odds too
     assert summary["model_r"] >= 0.4 and summary["model_p"] < 0.01
     assert summary["model_mean_shift_other"] < 2.5
@@ -84,7 +84,7 @@ def test_moeller2017_runs_beside_the_published_counts(model, tmp_path, capsys):
     # as in the monkeys, stimulating inside the face patch turns "same" faces into "different" far
     # more than stimulating outside it, and affects faces more than objects
     inside, outside = summary["model_same_hit_drop_inside"], summary["model_same_hit_drop_outside"]
-    # the issue's targets, all met on this model: inside drop >= 0.5, outside <= 0.1, objects less than faces
+    # the targets, all met on this model: inside drop >= 0.5, outside <= 0.1, objects less than faces
     assert inside >= 0.5 and outside <= 0.1
     assert summary["model_object_same_hit_drop_inside"] < inside
     # the README's figures are this run's

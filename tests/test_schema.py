@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from stimsim.config import load_toml
-from stimsim.paradigms.schema import SCHEMA_PATH, experiment_schema
+from stimsim.paradigms.experiment_file import experiment_schema
+from stimsim.paradigms.schema import SCHEMA_PATH
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 RUNNABLE = ("afraz2006", "moeller2017", "muscimol_categorization", "sequence2afc")
@@ -15,7 +16,7 @@ RUNNABLE = ("afraz2006", "moeller2017", "muscimol_categorization", "sequence2afc
 def test_shipped_schema_is_generated_from_the_models():
     shipped = json.loads(SCHEMA_PATH.read_text())
     assert shipped == json.loads(json.dumps(experiment_schema())), (
-        "regenerate: python -c 'from stimsim.paradigms.schema import write_schema; write_schema()'")
+        "regenerate: python -c 'from stimsim.paradigms.experiment_file import write_schema; write_schema()'")
     assert {alternative["$ref"].rsplit("/", 1)[-1] for alternative in shipped["oneOf"]} >= {
         "categorization_experiment", "same_different_experiment"}
 

@@ -203,7 +203,7 @@ def curves_from_plan(plan_dir) -> dict:
 
     from stimsim.analysis.comparison import load_plan_predictions
     from stimsim.errors import FileFormatError
-    from stimsim.planning.readback import TRUTH_FILE, read_subject_p_high, summary_electrodes, summary_number
+    from stimsim.analysis.plan_readback import TRUTH_FILE, read_subject_p_high, summary_electrodes, summary_number
 
     plan_dir = Path(plan_dir)
     summary_path = plan_dir / "summary.json"

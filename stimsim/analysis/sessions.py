@@ -10,6 +10,9 @@ and every problem's row and column), never half-loaded. Labs that name their col
 pass a mapping ``{lab_name: stimsim_name}`` (:func:`parse_column_mapping`, :func:`load_column_mapping`);
 labs that code values differently (choices 0/1, sham as electrode -1 or current -1) pass a value mapping
 ``{stimsim_column: {lab_code: stimsim_value}}`` (:func:`value_mapping`, :data:`VALUE_TARGETS`).
+
+Over 500 lines: reading a session file is one contract: the column and value mappings, the three formats and
+the whole-file validation share one way of reporting every bad row, so they stay together.
 """
 from __future__ import annotations
 
@@ -280,8 +283,8 @@ def _check_correct(sessions: pd.DataFrame, last_step: int) -> None:
             "--values choice:CODE=low,CODE=high)" if swapped else
             "the choices or the 'correct' values of these rows are wrong")
     _refuse(sessions, _row_problems(sessions.assign(correct=sessions["correct"].astype(object)), wrong, "correct",
-                                    f"'correct' disagrees with the choice at its step (below the sequence's centre "
-                                    f"'low' is correct, above it 'high')"), f"; {hint}")
+                                    "'correct' disagrees with the choice at its step (below the sequence's centre "
+                                    "'low' is correct, above it 'high')"), f"; {hint}")
 
 
 def check_against_plan(sessions: pd.DataFrame, n_sequences: int, n_steps: int, plan_file) -> None:

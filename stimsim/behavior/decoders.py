@@ -14,6 +14,9 @@ The readout is a multinomial logistic regression on standardised features, as in
 behavioural benchmarks (regularisation C = 1e-3; Schrimpf et al. 2024, bioRxiv
 2024.01.09.572970). It is fitted with scikit-learn (lbfgs) and applied in torch, in float64, so the
 probabilities equal scikit-learn's ``predict_proba`` on the same features.
+
+Over 500 lines: the frozen decoders share their checks and their round trip through plain numbers (``to_dict``
+/ :func:`decoder_from_dict`), which must stay in step.
 """
 from __future__ import annotations
 

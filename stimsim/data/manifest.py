@@ -50,6 +50,9 @@ its size check, if any, and reported as ``"unverified"``.
 ``"missing"`` (not fetched yet: neither in the cache nor in the source's own directory).
 Only ``"mismatch"`` is a failure: :func:`verification_passed` is true when everything present
 verifies, which is what ``stimsim data verify`` turns into its exit status.
+
+Over 500 lines: the manifest format, the cache and every way of getting a file (mirror, wheel, URL) verify
+against the same checksums and stay together.
 """
 from __future__ import annotations
 

@@ -8,6 +8,9 @@ Constructors: :func:`from_folder`, :func:`from_table` (CSV or HDF5), :func:`lfw_
 :func:`fashion_mnist`, :func:`moeller2017`, :func:`floc`, :func:`imagenet_samples`; transform: :func:`pixel_noise` (Afraz et al. 2006).
 The named sets are read through their data manifests (:mod:`stimsim.data.manifest`), so every
 file is checksum-verified when it is read.
+
+Over 500 lines: :class:`StimulusSet` and the readers of the named image sets, each short, share its checks of
+ids, labels and pixel values.
 """
 from __future__ import annotations
 

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import xarray as xr
 
 from stimsim.plugins import Registry
 
-if TYPE_CHECKING:
-    from stimsim.paradigms.spec import ExperimentSpec
-
 
 class PublishedDataset(ABC):
-    """Published data an experiment can be compared with."""
+    """Published data an experiment can be compared with. Its methods receive the experiment as ``spec`` (a
+    :class:`stimsim.paradigms.spec.ExperimentSpec`; this interface sits below the paradigms and does not import
+    them)."""
 
     #: Stable name used in experiment files (set by :func:`register_dataset`).
     name: str = ""
@@ -38,18 +36,18 @@ class PublishedDataset(ABC):
     #: The data manifest entry holding the files.
     manifest_entry: str = ""
 
-    def check(self, spec: "ExperimentSpec") -> None:
+    def check(self, spec) -> None:
         """Refuse (``ConfigError``, without the file name: the caller adds it) an experiment whose
         design cannot be compared with these data; the paradigm is checked already."""
 
     @abstractmethod
-    def compare(self, spec: "ExperimentSpec", trials, mirror=None) -> tuple[xr.Dataset, dict]:
+    def compare(self, spec, trials, mirror=None) -> tuple[xr.Dataset, dict]:
         """The published data (variables prefixed ``data_``) and the data side of the summary
         (keys prefixed ``data_``), named as the paradigm names the model's. Missing files raise
         ``DataError``."""
 
     @abstractmethod
-    def figure(self, spec: "ExperimentSpec", results: xr.Dataset, data: xr.Dataset, summary: dict,
+    def figure(self, spec, results: xr.Dataset, data: xr.Dataset, summary: dict,
                out_dir: Path) -> None:
         """Write the model-beside-animals figure (PNG) into ``out_dir``."""
 

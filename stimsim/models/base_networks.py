@@ -151,7 +151,7 @@ def load_base_network(name: str, pretrained: bool = True, mirror=None) -> nn.Mod
     """Base network ``name`` as an ImageNet classifier in eval mode, with its ImageNet weights unless
     ``pretrained`` is False (then the architecture's default random initialisation)."""
     from stimsim.errors import FileFormatError
-    from stimsim.models.torchvision_builder import load_weights, read_checkpoint_file
+    from stimsim.models.weights import load_weights, read_checkpoint_file
 
     spec = base_network_spec(name)
     network = spec.build()

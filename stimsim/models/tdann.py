@@ -37,7 +37,7 @@ from stimsim.hashing import sha256_of
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
-from stimsim.models.torchvision_builder import load_weights, read_checkpoint_file
+from stimsim.models.weights import load_weights, read_checkpoint_file
 from stimsim.sheet import CorticalSheet
 
 #: The eight topographic layers of a TDANN ResNet-18, in network order.

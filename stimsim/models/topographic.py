@@ -301,7 +301,7 @@ class TopographicModel:
         every file the model needs and that each matches; weights that do not fit the architecture or are not
         finite are refused."""
         from stimsim.devices import resolve_device
-        from stimsim.models.torchvision_builder import load_weights, read_checkpoint_file
+        from stimsim.models.weights import load_weights, read_checkpoint_file
 
         device = resolve_device(device)
         directory = Path(directory)

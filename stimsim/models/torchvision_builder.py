@@ -7,92 +7,23 @@ dict file read with ``torch.load(weights_only=True)`` (no arbitrary unpickling) 
 """
 from __future__ import annotations
 
-import pickle
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from stimsim.errors import ConfigError, FileFormatError
+from stimsim.errors import ConfigError
 from stimsim.hashing import sha256_of
 from stimsim.models.architectures import build_network
 from stimsim.models.positions import build_sheet
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.swap import swap_optimize
 from stimsim.models.topographic import TopographicModel
+from stimsim.models.weights import load_weights, read_checkpoint_file
 
 #: Keys of one layer's sheet spec: required ones first.
 SHEET_SPEC_REQUIRED = ("sheet_size_mm", "neighborhood_width_mm")
 SHEET_SPEC_OPTIONAL = ("area", "n_neighborhoods")
-
-#: How many offending keys an error message lists.
-_KEYS_SHOWN = 5
-
-
-def read_checkpoint_file(path):
-    """Read a torch checkpoint with ``weights_only=True`` (tensors and plain containers only).
-
-    A file that needs other Python objects is refused with a ``FileFormatError`` instead of being
-    unpickled, since unpickling a downloaded file can run arbitrary code.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint file not found: {path}")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        detail = f"it references {found.group(1)}" if found else "torch.load(weights_only=True) refused it"
-        raise FileFormatError(
-            path,
-            f"holds Python objects other than tensors and plain containers ({detail}), and stimsim never unpickles "
-            "arbitrary objects from a file since that can run code; in an environment you trust, load it and "
-            "torch.save only the nested dicts of tensors you need",
-        ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise FileFormatError(path, f"not a readable torch checkpoint ({exc})") from None
-
-
-def load_weights(network: nn.Module, state_dict, source=None) -> None:
-    """Load ``state_dict`` (parameter name → tensor) into ``network``, all keys and shapes checked.
-
-    ``source`` is the file the state dict came from (errors are then ``FileFormatError`` naming it),
-    or None for a state dict given in memory (errors are ``ConfigError``). Missing BatchNorm
-    ``num_batches_tracked`` counters are tolerated (old checkpoints lack them).
-    """
-    def fail(problem):
-        if source is None:
-            raise ConfigError(f"state dict: {problem}")
-        raise FileFormatError(source, problem)
-
-    if not isinstance(state_dict, Mapping):
-        fail(f"expected a state dict (parameter name -> tensor), got {type(state_dict).__name__}")
-    not_tensors = [key for key, value in state_dict.items() if not isinstance(value, torch.Tensor)]
-    if not_tensors:
-        fail(f"expected a state dict (parameter name -> tensor); not tensors: {_some(not_tensors)}")
-    expected = network.state_dict()
-    missing = [key for key in expected if key not in state_dict and not key.endswith("num_batches_tracked")]
-    unexpected = [key for key in state_dict if key not in expected]
-    wrong_shape = [f"{key} {tuple(state_dict[key].shape)} (network: {tuple(expected[key].shape)})"
-                   for key in expected if key in state_dict and state_dict[key].shape != expected[key].shape]
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} missing key(s): {_some(missing)}")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected key(s): {_some(unexpected)}")
-    if wrong_shape:
-        problems.append(f"{len(wrong_shape)} key(s) with the wrong shape: {_some(wrong_shape)}")
-    if problems:
-        fail(f"does not match {type(network).__name__}: " + "; ".join(problems))
-    network.load_state_dict(dict(state_dict), strict=False)
-
-
-def _some(keys) -> str:
-    keys = list(keys)
-    shown = ", ".join(str(k) for k in keys[:_KEYS_SHOWN])
-    return shown + (f", ... ({len(keys) - _KEYS_SHOWN} more)" if len(keys) > _KEYS_SHOWN else "")
 
 
 def build_torchvision_model(arch: str, state_dict, layers: dict, preprocessing: Preprocessing = Preprocessing(),

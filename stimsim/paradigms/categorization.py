@@ -14,7 +14,7 @@ frozen; the remaining (test) images are then shown under every condition. Per si
   x50(control) − x50(stimulated) is in % signal (positive = towards the positive choice, as in
   Afraz et al. 2006).
 
-Keys of ``[stimuli]`` besides ``sets`` (see :mod:`stimsim.paradigms.spec` for the common ones):
+Keys of ``[stimuli]`` besides ``sets`` (see :mod:`stimsim.paradigms.experiment_file` for the common ones):
 ``label`` (the label holding the class, default ``"category"``); ``positive`` (optional: a two-choice
 task, this class against all others, which are merged into the choice ``negative``, default
 ``"non<positive>"``; without it every label value is a choice); ``n_per_choice`` (optional: draw this

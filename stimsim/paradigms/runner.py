@@ -1,6 +1,6 @@
 """Running an experiment file end to end: ``stimsim run EXPERIMENT.toml --out DIR``.
 
-Steps: read and check the file (:mod:`stimsim.paradigms.spec`; an unsafe protocol is refused
+Steps: read and check the file (:mod:`stimsim.paradigms.experiment_file`; an unsafe protocol is refused
 there), load the model and the images, choose the sites from the localizer's selectivity map
 (:mod:`stimsim.paradigms.sites`), fit the frozen decoder on unperturbed trials, simulate the control
 condition and one condition per site with the batched engine (:func:`stimsim.engine.simulate`,
@@ -59,8 +59,10 @@ from stimsim.jsonable import json_ready
 from stimsim.locking import DirectoryLock
 from stimsim.models.registry import load_model, model_path
 from stimsim.models.topographic import TopographicModel
+from stimsim.paradigms.base import get_paradigm
+from stimsim.paradigms.experiment_file import load_experiment
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection, plot_sites, select_sites
-from stimsim.paradigms.spec import ExperimentSpec, load_experiment
+from stimsim.paradigms.spec import ExperimentSpec
 from stimsim.progress import report_phase
 from stimsim.stimulation import Condition, SafetyLimits, signed_gain_warning
 
@@ -125,7 +127,7 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
         topo = topo.with_sheet_scale(layer, scale)
     sheet = topo.sheet(layer)
     localizer = spec.sites.localizer
-    paradigm = spec.task
+    paradigm = get_paradigm(spec.paradigm)
     labels = paradigm.labels(spec) | ({localizer.label} if localizer.sets is None else set())
     stimuli = load_stimuli(spec.stimuli.sets, sorted(labels), topo, notes, f"{spec.source} [stimuli]")
     localizer_images = stimuli if localizer.sets is None else load_stimuli(

@@ -6,12 +6,11 @@ The common tables are declared here; a paradigm adds the keys of ``[stimuli]`` i
 (:attr:`~stimsim.paradigms.base.Paradigm.stimuli_model`, a subclass of :class:`StimuliFile`) and its
 own tables (:attr:`~stimsim.paradigms.base.Paradigm.table_models`). :func:`validate_file` checks a
 parsed file and turns pydantic's errors into messages that name the file, the table, the key and
-what is allowed. Regenerate the shipped schema with
-``python -c "from stimsim.paradigms.schema import write_schema; write_schema()"``.
+what is allowed. The shipped schema is written by
+:func:`stimsim.paradigms.experiment_file.write_schema`.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
@@ -177,24 +176,3 @@ def validate_file(raw: dict, paradigm, where: str) -> ExperimentFile:
     """``raw`` checked against :func:`file_model`; the first problem is a ``ConfigError`` naming
     ``where``, the table, the key and what is allowed (:func:`stimsim.filemodels.validate`)."""
     return validate(file_model(paradigm), raw, where)
-
-
-def experiment_schema() -> dict:
-    """JSON Schema of experiment files of every registered paradigm (one alternative per
-    paradigm, chosen by ``paradigm``)."""
-    from pydantic import TypeAdapter
-
-    from stimsim.paradigms.base import PARADIGMS
-
-    models = [file_model(paradigm) for _, paradigm in PARADIGMS.items()]
-    union = Annotated[Union[tuple(models)], Field(discriminator="paradigm")] if len(models) > 1 else models[0]
-    schema = TypeAdapter(union).json_schema()
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "stimsim experiment file",
-            "description": "An in-silico stimulation experiment (TOML); see stimsim.paradigms.spec.", **schema}
-
-
-def write_schema(path=SCHEMA_PATH) -> Path:
-    """Write :func:`experiment_schema` as JSON (sorted keys, 2-space indent)."""
-    path = Path(path)
-    path.write_text(json.dumps(experiment_schema(), indent=2, sort_keys=True) + "\n")
-    return path

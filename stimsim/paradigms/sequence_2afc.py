@@ -26,7 +26,7 @@ locality summary compares the mean absolute ΔAUC on a site's own sequences with
 sites' sequences (baseline: equal, difference 0, when stimulation is not specific to the site the
 sequences move).
 
-Experiment file keys (besides the common ones of :mod:`stimsim.paradigms.spec`):
+Experiment file keys (besides the common ones of :mod:`stimsim.paradigms.experiment_file`):
 
 ``[stimuli]``
     ``sets``: the natural start images (e.g. ``[{ source = "lfw_subset" }]``); each site's sequences start
@@ -39,6 +39,9 @@ Experiment file keys (besides the common ones of :mod:`stimsim.paradigms.spec`):
     ``n_noise`` (24), ``n_eval`` (8), ``noise_sd`` (0.15), ``C`` (1e-3), plus the common ``layer`` and
     ``max_iter``; ``fit_fraction`` does not apply (the readouts are fitted on noisy copies of the end
     images, every step is tested on other noisy copies).
+
+Over 500 lines: the task, its readouts, its sequences' trials and its analysis are one paradigm, which
+planning also rehearses.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ the localizer's preferred class and the rest (Afraz, Kiani & Esteky 2006 measure
 selectivity of the multi-unit activity at each stimulation site). "Selective" means d′ above a
 threshold (d′ > 1 for face-selective sites, as in Afraz et al. 2006).
 
-Methods (see :mod:`stimsim.paradigms.spec`): explicit positions; selectivity strata (n sites above
+Methods (see :mod:`stimsim.paradigms.experiment_file`): explicit positions; selectivity strata (n sites above
 the threshold and n at or below it, drawn at random among candidate grid points); the face patch
 (inside = peak of the smoothed unit-d′ map, outside = the least selective candidate far from it);
 a regular grid.

@@ -17,6 +17,8 @@ computed again: :mod:`stimsim.planning.cache`):
    constraints;
 6. truth (virtual subject only, never used by the phases above) — the subject's own decoders and its
    true electrode positions give the true ΔAUC of the same sequences; ``predicted_vs_true_r``.
+
+Over 500 lines: the plan's phases in the order they run, sharing its inputs and the phase cache.
 """
 from __future__ import annotations
 
@@ -32,10 +34,9 @@ import xarray as xr
 from stimsim.errors import ConfigError, DataError, SafetyError, StimsimError
 from stimsim.hashing import sha256_of
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance
-from stimsim.locking import DirectoryLock
 from stimsim.paradigms.sequence_2afc import fit_readouts
 from stimsim.planning.cache import PhaseCache, directory_files_sha256, remove_temporaries
-from stimsim.planning.config import PlanConfig, load_plan_config
+from stimsim.planning.config import PlanConfig
 from stimsim.planning.detectability import (INTERVAL_SPANS, coverage, forecast, predicted_curves, subject_error_sd,
                                             with_subject_error)
 from stimsim.planning.face_task import face_rehearsal, face_trials
@@ -227,46 +228,6 @@ def _points(layout, pose_dicts, electrodes) -> np.ndarray:
 
     index = [layout.index_of(e) for e in electrodes]
     return np.stack([layout.on_sheet(ArrayPose.from_dict(p))[index] for p in pose_dicts], axis=1)
-
-
-def run_plan(config_path, out_dir, progress: bool = True, validate: int = 0, device="cpu", scheduler=None) -> dict:
-    """Run the plan of ``config_path`` into ``out_dir``; returns the summary (also in summary.json).
-    ``validate`` > 0 (virtual subjects only) then repeats the closed loop on that many hidden poses
-    (:mod:`stimsim.planning.validation`) and writes ``validation.json``.
-
-    Parameters
-    ----------
-    device : where the models, sequence optimisation, effects and decoders compute (cpu, cuda, cuda:N, mps,
-        auto; :mod:`stimsim.devices`).
-    scheduler : None (this process), or a Dask scheduler (``"local"``, ``"processes=N"``, an address or a
-        ``distributed.Client``) whose workers run the rehearsal sweeps, one task per site
-        (:mod:`stimsim.distributed`); one set of workers serves the whole plan. The results are the same.
-    """
-    from stimsim.devices import resolve_device
-    from stimsim.distributed import check_scheduler, shared_scheduler
-
-    device = resolve_device(device)
-    check_scheduler(scheduler)
-    config = load_plan_config(config_path)
-    if validate and config.subject_config is None:
-        raise ConfigError(f"{config.path}: --validate needs a virtual subject made from a file ([subject] config = ...)")
-    compute = {"device": device, "scheduler_description": _describe_scheduler(scheduler)}
-    with DirectoryLock(out_dir, "plan") as lock, shared_scheduler(scheduler) as client:
-        compute["scheduler"] = client
-        summary = plan_once(config, Path(out_dir), progress, compute=compute, created=bool(lock.created))
-        if validate:
-            from stimsim.planning.validation import validate_plan
-
-            summary["validation"] = validate_plan(config, Path(out_dir), validate, progress=progress,
-                                                  compute=compute)
-    return summary
-
-
-def _describe_scheduler(scheduler) -> str | None:
-    """What config.json records for ``scheduler``: its text, or the scheduler address of a Client."""
-    if scheduler is None or isinstance(scheduler, str):
-        return scheduler
-    return str(scheduler.scheduler.address)
 
 
 def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_seed: int | None = None,

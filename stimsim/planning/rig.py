@@ -51,6 +51,18 @@ TRIAL_COLUMNS = {
 }
 #: Columns of the NWB template beyond the trial list.
 NWB_COLUMNS = {"choice": "the animal's choice, 'low' or 'high' (empty in the template: fill in on the rig)"}
+#: Columns of a behavioural session beyond start_time and stop_time (s), as the virtual subject writes them and
+#: :mod:`stimsim.analysis.sessions` reads them.
+SESSION_COLUMNS = {
+    "stimulus_id": "image shown: '{electrode}_seq{sequence}_step{step}'",
+    "electrode": "site whose image sequence is shown (electrode id)",
+    "sequence": "index of the site's sequence",
+    "step": "position along the sequence (0 = 'low' end, last = 'high' end)",
+    "stimulated_electrode": "electrode id stimulated on this trial, or 'sham'",
+    "current_uA": "stimulation current, microamperes (0 on sham trials)",
+    "choice": "the subject's choice, 'low' or 'high'",
+    "correct": "choice matches the nearer end of the sequence (middle step: false)",
+}
 
 
 @dataclass(frozen=True)
@@ -170,18 +182,17 @@ def write_rig(out_dir: Path, images: np.ndarray, electrodes, spec: RigSpec, tria
     return rig
 
 
-def write_trials_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: str, description: str) -> Path:
-    """``trials`` (start_time, stop_time and columns of :data:`TRIAL_COLUMNS` / :data:`NWB_COLUMNS` or the session
-    columns) as the NWB trials table, written atomically; empty numbers (sham trials' train) as NaN."""
+def write_trials_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: str, description: str,
+                     species: str | None = None, subject_description: str | None = None) -> Path:
+    """``trials`` (start_time, stop_time and columns of :data:`TRIAL_COLUMNS` / :data:`NWB_COLUMNS` or
+    :data:`SESSION_COLUMNS`) as the NWB trials table, written atomically; empty numbers (sham trials' train) as NaN."""
     from pynwb import NWBHDF5IO, NWBFile
     from pynwb.file import Subject
 
-    from stimsim.planning.session import COLUMN_DESCRIPTIONS
-
-    described = {**COLUMN_DESCRIPTIONS, **TRIAL_COLUMNS, **NWB_COLUMNS}
+    described = {**SESSION_COLUMNS, **TRIAL_COLUMNS, **NWB_COLUMNS}
     nwbfile = NWBFile(session_description=description, identifier=f"{subject_id}-{session_id}",
                       session_start_time=datetime.now(timezone.utc), session_id=session_id,
-                      subject=Subject(subject_id=subject_id))
+                      subject=Subject(subject_id=subject_id, species=species, description=subject_description))
     columns = [name for name in trials.columns if name not in ("start_time", "stop_time")]
     for name in columns:
         nwbfile.add_trial_column(name=name, description=described.get(name, name))

@@ -15,7 +15,6 @@ high; the middle step: false), and in tables subject_id, session_id.
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -23,26 +22,14 @@ import pandas as pd
 import xarray as xr
 
 from stimsim.errors import ConfigError, FileFormatError
-from stimsim.io import atomic_save, atomic_write_text
+from stimsim.io import atomic_write_text
 from stimsim.limits import check_memory
+from stimsim.planning.rig import (SESSION_COLUMNS, SHAM, TRIAL_DURATION_S, TRIAL_PERIOD_S, read_trial_list,
+                                  write_trials_nwb)
 
-SHAM = "sham"
-TRIAL_PERIOD_S = 1.5
-TRIAL_DURATION_S = 1.0
 #: Peak memory per trial, bytes: its row as simulated and as written into the NWB trials table (measured
 #: about 850 + 1150 with tracemalloc).
 SESSION_BYTES_PER_TRIAL = 2500
-
-COLUMN_DESCRIPTIONS = {
-    "stimulus_id": "image shown: '{electrode}_seq{sequence}_step{step}'",
-    "electrode": "site whose image sequence is shown (electrode id)",
-    "sequence": "index of the site's sequence",
-    "step": "position along the sequence (0 = 'low' end, last = 'high' end)",
-    "stimulated_electrode": "electrode id stimulated on this trial, or 'sham'",
-    "current_uA": "stimulation current, microamperes (0 on sham trials)",
-    "choice": "the subject's choice, 'low' or 'high'",
-    "correct": "choice matches the nearer end of the sequence (middle step: false)",
-}
 
 
 def simulate_trials(p_high: xr.DataArray, trials_per_site: int, lapse_rate: float, current_uA: float,
@@ -105,40 +92,18 @@ def simulate_trials(p_high: xr.DataArray, trials_per_site: int, lapse_rate: floa
 def write_session_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: str,
                       description: str = "virtual subject: 2AFC image sequences with interleaved microstimulation") -> Path:
     """Write ``trials`` as the NWB trials table (pynwb), atomically; subject and session ids at file level."""
-    from pynwb import NWBHDF5IO, NWBFile
-    from pynwb.file import Subject
-
-    nwbfile = NWBFile(session_description=description, identifier=f"{subject_id}-{session_id}",
-                      session_start_time=datetime.now(timezone.utc), session_id=session_id,
-                      subject=Subject(subject_id=subject_id, species="virtual (stimsim model)",
-                                      description="stimsim virtual subject"))
-    for name, text in COLUMN_DESCRIPTIONS.items():
-        nwbfile.add_trial_column(name=name, description=text)
-    columns = ["start_time", "stop_time", *COLUMN_DESCRIPTIONS]
-    for record in trials[columns].itertuples(index=False):
-        nwbfile.add_trial(**{name: _python(value) for name, value in zip(columns, record)})
-
-    def write(tmp):
-        with NWBHDF5IO(tmp, "w") as io:
-            io.write(nwbfile)
-
-    return atomic_save(path, write)
+    return write_trials_nwb(trials[["start_time", "stop_time", *SESSION_COLUMNS]], path, subject_id, session_id,
+                            description, species="virtual (stimsim model)", subject_description="stimsim virtual subject")
 
 
 def write_session_csv(trials: pd.DataFrame, path) -> Path:
     return atomic_write_text(path, trials.to_csv(index=False))
 
 
-def _python(value):
-    return value.item() if isinstance(value, np.generic) else value
-
-
 def session_from_trial_list(plan_dir, trial_list, seed: int = 0, session_id: str | None = None) -> pd.DataFrame:
     """The virtual subject of a plan directory running the plan's own trial list (``rig/trials.csv``, or another
     list with its columns), in its order: every column of the list kept, with start_time, stop_time, choice
     (as in :func:`simulate_trials`), correct, subject_id and session_id added."""
-    from stimsim.planning.rig import read_trial_list
-
     summary_path, summary, p_high = _plan_truth(plan_dir, chosen_only=False)
     trials = read_trial_list(trial_list)
     p = p_high.transpose("electrode", "stimulated", "sequence", "step")
@@ -167,7 +132,7 @@ def session_from_trial_list(plan_dir, trial_list, seed: int = 0, session_id: str
 def _plan_truth(plan_dir, chosen_only: bool) -> tuple[Path, dict, xr.DataArray]:
     """summary.json of a plan directory made on a virtual subject (its path and content), and the subject's
     P(high) of the sequences of the chosen sites (or of every rehearsed site), every file checked."""
-    from stimsim.planning.readback import TRUTH_FILE, read_subject_p_high, read_summary, summary_electrodes
+    from stimsim.analysis.plan_readback import TRUTH_FILE, read_subject_p_high, read_summary, summary_electrodes
 
     plan_dir = Path(plan_dir)
     truth_path = plan_dir / TRUTH_FILE
@@ -182,7 +147,7 @@ def _plan_truth(plan_dir, chosen_only: bool) -> tuple[Path, dict, xr.DataArray]:
 
 
 def _lapse_rate(summary_path, summary) -> float:
-    from stimsim.planning.readback import summary_number
+    from stimsim.analysis.plan_readback import summary_number
 
     lapse_rate = summary_number(summary_path, summary, "subject_lapse_rate")
     if not 0 <= lapse_rate <= 1:
@@ -196,7 +161,7 @@ def session_from_plan(plan_dir, trials_per_site: int, seed: int = 0, session_id:
 
     ``sites``: "chosen" (the plan's chosen sites, default) or "all" (every rehearsed working electrode).
     """
-    from stimsim.planning.readback import summary_number
+    from stimsim.analysis.plan_readback import summary_number
 
     if sites not in ("chosen", "all"):
         raise ConfigError(f"sites must be 'chosen' or 'all', got {sites!r}")

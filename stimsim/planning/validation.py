@@ -24,8 +24,9 @@ from tqdm.auto import tqdm
 from stimsim.config import load_toml
 from stimsim.errors import ConfigError
 from stimsim.io import atomic_write_json, provenance
+from stimsim.planning.plan import plan_once
 
-#: The issue's targets: median r over 5 poses and the number of poses above their null's 95th percentile.
+#: Targets of the closed loop (as the paper reached against monkeys): median r over 5 poses and the number of poses above their null's 95th percentile.
 TARGET_R = 0.5
 TARGET_POSES_ABOVE_NULL = 4
 TARGET_N_POSES = 5
@@ -38,8 +39,6 @@ def validate_plan(config, out_dir: Path, n_poses: int, progress: bool = True, n_
 
     ``config`` is a :class:`stimsim.planning.config.PlanConfig` with a virtual subject made from a file;
     ``compute``: device and scheduler of every plan (see :func:`stimsim.planning.plan.plan_once`)."""
-    from stimsim.planning.plan import plan_once
-
     if n_poses < 1:
         raise ConfigError(f"--validate needs a number of poses >= 1, got {n_poses}")
     if n_random < MIN_RANDOM:
@@ -92,7 +91,7 @@ def _provenance(config, n_poses: int, n_random: int, base_seed: int, compute: di
 
 
 def meets_targets(per_pose_r, per_pose_null_p95) -> bool:
-    """The issue's targets on ``TARGET_N_POSES`` poses: median r ≥ ``TARGET_R`` and r above its null's 95th
+    """The closed loop's targets on ``TARGET_N_POSES`` poses: median r ≥ ``TARGET_R`` and r above its null's 95th
     percentile in at least ``TARGET_POSES_ABOVE_NULL`` poses (scaled to the number of poses given)."""
     n = len(per_pose_r)
     needed = int(np.ceil(TARGET_POSES_ABOVE_NULL * n / TARGET_N_POSES))

@@ -12,6 +12,9 @@ to all units computed in one vectorised step.
 Specs round-trip through plain dicts (``to_dict`` / ``from_dict``, JSON and TOML friendly: ``None``
 values are left out, since TOML has no null) and refuse unknown keys, so a typo in an experiment file
 is an error rather than a silently ignored parameter.
+
+Over 500 lines: the four perturbation kinds share the spread laws, the site geometry and the batched effects'
+layout.
 """
 from __future__ import annotations
 

@@ -396,7 +396,7 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
 
 def _resume(checkpoint_path: Path, config: TrainingConfig, network, optimizer) -> tuple[int, list, float]:
     """Load a checkpoint into ``network`` and ``optimizer``; returns (step, history, CPU seconds)."""
-    from stimsim.models.torchvision_builder import load_weights, read_checkpoint_file
+    from stimsim.models.weights import load_weights, read_checkpoint_file
 
     state = read_checkpoint_file(checkpoint_path)
     keys = ("fingerprint", "step", "network", "optimizer", "history", "cpu_seconds")
