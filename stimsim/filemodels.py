@@ -22,7 +22,7 @@ stimsim.errors.ConfigError: disc.toml: unknown key 'colour'; allowed: ['radius_m
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -35,9 +35,26 @@ Text = Annotated[str, Field(min_length=1, pattern=TEXT_PATTERN)]
 
 class FileModel(BaseModel):
     """A table of a file: strict types (no text for numbers), unknown keys refused, NaN and
-    infinity refused."""
+    infinity refused. Built in code (``Model(key=value)``), a bad value is a ``ConfigError`` naming
+    :attr:`table` and the key, as it would be in a file."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+    #: The table's name in files, for messages about a model built in code (e.g. ``"sequences"``).
+    table: ClassVar[str] = ""
+
+    def __init__(self, **values):
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise ConfigError(describe_error(exc.errors()[0], type(self), f"[{self.table}]" if self.table else "")
+                              ) from None
+
+    # validating a file builds nested tables without this constructor, so their errors keep their place in the file
+    __init__.__pydantic_base_init__ = True
+
+    def to_dict(self) -> dict:
+        """The table as plain values (JSON-ready: tuples as lists)."""
+        return self.model_dump(mode="json")
 
 
 def validate(model: type[BaseModel], raw, where: str):
@@ -72,7 +89,9 @@ def describe_error(error: dict, model: type[BaseModel], where: str) -> str:
     names = [i for i, part in enumerate(loc) if isinstance(part, str)]
     key = loc[names[-1]] if names else ""
     table = _location(loc[:names[-1]] if names else loc)
-    if error["type"] == "value_error":  # a check of a whole table (a validator): the table is the place
+    if error["type"] == "value_error" and names and _is_plain_key(model, loc[:names[-1]], key):
+        problem = str(error["ctx"]["error"])  # a check of one key (a field validator)
+    elif error["type"] == "value_error":  # a check of a whole table (a model validator): the table is the place
         table, problem = _location(loc), str(error["ctx"]["error"])
     elif error["type"] in ("union_tag_invalid", "union_tag_not_found"):
         table = _location(loc)
@@ -146,6 +165,17 @@ def _step(current: list, part):
         current[:] = tagged
         return None
     return current
+
+
+def _is_plain_key(model: type[BaseModel], loc, key) -> bool:
+    """Whether ``key`` of the table at ``loc`` holds a value rather than a table."""
+    current = [model]
+    for part in loc:
+        step = _step(current, part)
+        if step is not None:
+            current = step
+    fields = [m.model_fields[key] for m in current if key in m.model_fields]
+    return bool(fields) and not _models_in(fields[0].annotation)
 
 
 def _allowed(model: type[BaseModel], loc) -> list[str]:

@@ -28,18 +28,20 @@ sequences starts the rest from images it is silent for, and those stay near ``x0
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Annotated, ClassVar
 
 import numpy as np
 import torch
+from pydantic import Field, field_validator
 from tqdm.auto import tqdm
 
 from stimsim.errors import ConfigError
+from stimsim.filemodels import FileModel
 
 
-@dataclass(frozen=True)
-class SequenceSpec:
-    """How sequences are made.
+class SequenceSpec(FileModel):
+    """How sequences are made (a plan's ``[sequences]`` table).
 
     * n_sequences : sequences per site (they stand in for trials with different images).
     * n_steps : images per sequence (odd; the middle one is the natural start image).
@@ -53,37 +55,26 @@ class SequenceSpec:
       instances share rather than one instance's idiosyncrasies.
     """
 
-    n_sequences: int = 3
-    n_steps: int = 7
-    max_sd: float = 5.0
-    iterations: int = 40
-    learning_rate: float = 0.03
-    others_weight: float = 1.0
-    tv_weight: float = 0.02
-    step_weight: float = 0.5
-    recording_radius_mm: float = 0.5
-    batch_images: int = 256
+    table: ClassVar[str] = "sequences"
+
+    n_sequences: Annotated[int, Field(ge=1)] = 3
+    n_steps: Annotated[int, Field(ge=3)] = 7
+    max_sd: Annotated[float, Field(gt=0)] = 5.0
+    iterations: Annotated[int, Field(ge=1)] = 40
+    learning_rate: Annotated[float, Field(gt=0)] = 0.03
+    others_weight: Annotated[float, Field(ge=0)] = 1.0
+    tv_weight: Annotated[float, Field(ge=0)] = 0.02
+    step_weight: Annotated[float, Field(ge=0)] = 0.5
+    recording_radius_mm: Annotated[float, Field(gt=0)] = 0.5
+    batch_images: Annotated[int, Field(ge=1)] = 256
     ensemble: bool = False
 
-    def __post_init__(self):
-        for name in ("n_sequences", "n_steps", "iterations", "batch_images"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ConfigError(f"sequences.{name} must be a positive integer, got {value!r}")
-        if self.n_steps < 3 or self.n_steps % 2 == 0:
-            raise ConfigError(f"sequences.n_steps must be odd and >= 3 (the middle step is the start image), "
-                              f"got {self.n_steps}")
-        for name in ("max_sd", "learning_rate", "recording_radius_mm"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) or value <= 0:
-                raise ConfigError(f"sequences.{name} must be a number > 0, got {value!r}")
-        for name in ("others_weight", "tv_weight", "step_weight"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) or value < 0:
-                raise ConfigError(f"sequences.{name} must be a number >= 0, got {value!r}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    @field_validator("n_steps")
+    @classmethod
+    def _odd(cls, n_steps: int) -> int:
+        if n_steps % 2 == 0:
+            raise ValueError(f"'n_steps' must be odd (the middle step is the start image), got {n_steps}")
+        return n_steps
 
 
 @dataclass

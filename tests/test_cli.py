@@ -85,7 +85,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("argv, module, function, resumes", [
     (["run", "experiment.toml", "--out", "out"], "stimsim.paradigms.runner", "run_experiment", True),
-    (["plan", "plan.toml", "--out", "out"], "stimsim.planning.plan", "run_plan", True),
+    (["plan", "plan.toml", "--out", "out"], "stimsim.planning.job", "run_plan", True),
     (["train", str(REPO / "experiments" / "train_stimsim_topo_seed0.toml"), "--out", "out"], "stimsim.training.loop",
      "train", True),
     (["analyze", "session.csv", "--out", "out"], "stimsim.analysis.analyze", "run_analysis", False),

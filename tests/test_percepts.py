@@ -109,9 +109,9 @@ def test_matching_a_layer_before_the_perturbed_one_is_refused(model, image):
     m, a = _effects(model)
     with pytest.raises(ConfigError, match="comes before"):
         synthesize(model, image, m, a, "it", match_layer="v4")
-    with pytest.raises(ConfigError, match="match must be one of"):
+    with pytest.raises(ConfigError, match="'match' must be one of"):
         InversionSettings(match="cosine")
-    with pytest.raises(ConfigError, match="optimizer must be one of"):
+    with pytest.raises(ConfigError, match="'optimizer' must be one of"):
         InversionSettings(optimizer="sgd")
 
 
@@ -161,7 +161,7 @@ def test_visualize_face_site_stimulation_makes_images_face_like_by_both_judges(t
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"steps = 100": "stepz = 100"}, "unknown key(s) ['stepz']"),
+    ({"steps = 100": "stepz = 100"}, "unknown key 'stepz'"),
     ({"currents_uA = [50, 150, 300]": "currents_uA = [300, 100]"}, "at least two rising currents"),
     ({'method = "selectivity"': 'method = "random"'}, "'method' must be one of"),
 ])

@@ -979,5 +979,5 @@ def test_shipped_plan_files_parse_and_tasks_keep_their_own_tables(tmp_path):
         load_plan_config(mixed)
     bad = tmp_path / "bad.toml"
     bad.write_text(mixed.read_text().replace("[decoder]\nC = 1.0\n", "").replace("n_per_class = 40", "n_per_class = 1"))
-    with pytest.raises(ConfigError, match=r"bad.toml \[face_task\]: face_task.n_per_class must be an integer >= 2"):
+    with pytest.raises(ConfigError, match=r"bad.toml \[face_task\]: 'n_per_class' must be >= 2"):
         load_plan_config(bad)

@@ -15,7 +15,7 @@ from stimsim.cli import main
 from stimsim.errors import ConfigError
 from stimsim.planning.config import load_plan_config
 from stimsim.planning.detectability import forecast, subject_error_sd, with_subject_error
-from stimsim.planning.rig import RigSpec, trial_list
+from stimsim.planning.rig import RigSpec, SessionTable, trial_list
 
 #: A 4 × 4 map written by hand: comments, then electrode lines (no description line); banks A and B, labels.
 CMP = "// 4x4 test map, no description line\n// col row bank elec label\n" + "".join(
@@ -185,7 +185,7 @@ def test_a_trial_list_session_takes_no_trial_count_or_site_choice(tmp_path, caps
 
 def test_trial_list_is_seeded_and_session_table_settings_are_checked(tmp_path):
     stimulation = {"current_uA": 50, "frequency_Hz": 200, "pulse_width_ms": 0.2, "train_ms": 50}
-    spec = RigSpec(trials_per_site=28)
+    spec = RigSpec(session=SessionTable(trials_per_site=28))
     first = trial_list(["a", "b"], 2, 7, spec, stimulation, seed=1)
     assert first.equals(trial_list(["a", "b"], 2, 7, spec, stimulation, seed=1))
     assert not first.equals(trial_list(["a", "b"], 2, 7, spec, stimulation, seed=2))
@@ -198,7 +198,7 @@ def test_trial_list_is_seeded_and_session_table_settings_are_checked(tmp_path):
         load_plan_config(path)
     path.write_text(path.read_text().replace("trials_per_site = 10", "trials_per_site = 400")
                     .replace("size_deg = 6", "size_deg = 0"))
-    with pytest.raises(ConfigError, match=r"plan.toml \[display\]: 'size_deg' .* between 0 and 180, got 0"):
+    with pytest.raises(ConfigError, match=r"plan.toml \[display\]: 'size_deg' must be > 0.0, got 0"):
         load_plan_config(path)
     path.write_text(path.read_text().replace("size_deg = 0", "size_deg = 6\nscreen = 1"))
     with pytest.raises(ConfigError, match=r"\[display\].*screen"):

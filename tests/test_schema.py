@@ -1,31 +1,56 @@
-"""The JSON Schema of experiment files shipped with the package: up to date with the typed models,
-and it accepts the shipped experiments and refuses what the models refuse."""
+"""The JSON Schemas shipped with the package, one per file kind: up to date with the file models that read the
+files, they accept every shipped file of their kind and refuse what the models refuse."""
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from stimsim.config import load_toml
-from stimsim.paradigms.experiment_file import experiment_schema
-from stimsim.paradigms.schema import SCHEMA_PATH
+from stimsim.schemas import SCHEMAS, schema_text
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-RUNNABLE = ("afraz2006", "moeller2017", "muscimol_categorization", "sequence2afc")
+#: The shipped files of each kind.
+SHIPPED = {
+    "experiment": ("afraz2006", "moeller2017", "muscimol_categorization", "sequence2afc"),
+    "plan": ("plan_default", "plan_face"),
+    "subject": ("subject_default",),
+    "train": ("train_stimsim_topo_seed0", "train_stimsim_topo_seed1", "train_stimsim_topo_seed2",
+              "train_stimsim_topo_alpha0_control", "build_stimsim_mnv2_s0", "build_stimsim_mnv2_s1",
+              "build_stimsim_effl0_s0"),
+    "visualize": ("visualize_default",),
+}
 
 
-def test_shipped_schema_is_generated_from_the_models():
-    shipped = json.loads(SCHEMA_PATH.read_text())
-    assert shipped == json.loads(json.dumps(experiment_schema())), (
-        "regenerate: python -c 'from stimsim.paradigms.experiment_file import write_schema; write_schema()'")
+def _validator(kind: str):
+    return jsonschema.Draft202012Validator(json.loads(SCHEMAS[kind][1].read_text(encoding="utf-8")))
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEMAS))
+def test_shipped_schema_is_generated_from_the_file_models(kind):
+    assert SCHEMAS[kind][1].read_text(encoding="utf-8") == schema_text(kind), "regenerate: python -m stimsim.schemas"
+
+
+def test_every_shipped_file_has_a_kind():
+    named = {f"{name}.toml" for names in SHIPPED.values() for name in names}
+    assert named == {path.name for path in EXPERIMENTS.glob("*.toml")}
+
+
+@pytest.mark.parametrize("kind", sorted(SHIPPED))
+def test_schema_accepts_the_shipped_files_and_refuses_an_unknown_key(kind):
+    validator = _validator(kind)
+    for name in SHIPPED[kind]:
+        raw = load_toml(EXPERIMENTS / f"{name}.toml")
+        assert not list(validator.iter_errors(raw)), name
+        raw["colour"] = "red"
+        assert list(validator.iter_errors(raw)), name
+
+
+def test_experiment_schema_has_one_alternative_per_paradigm_and_refuses_what_the_models_refuse():
+    shipped = json.loads(SCHEMAS["experiment"][1].read_text(encoding="utf-8"))
     assert {alternative["$ref"].rsplit("/", 1)[-1] for alternative in shipped["oneOf"]} >= {
-        "categorization_experiment", "same_different_experiment"}
-
-
-def test_schema_accepts_the_shipped_experiments_and_refuses_typos():
-    jsonschema = pytest.importorskip("jsonschema")
-    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
-    for name in RUNNABLE:
-        assert not list(validator.iter_errors(load_toml(EXPERIMENTS / f"{name}.toml"))), name
+        "categorization_experiment", "same_different_experiment", "sequence_2afc_experiment"}
+    validator = _validator("experiment")
     raw = load_toml(EXPERIMENTS / "afraz2006.toml")
     raw["sites"]["n_selectiv"] = 3
     assert list(validator.iter_errors(raw))
@@ -35,3 +60,15 @@ def test_schema_accepts_the_shipped_experiments_and_refuses_typos():
     del raw["pairs"]
     raw["decoder"]["fit_fraction"] = 0.5
     assert list(validator.iter_errors(raw))
+
+
+def test_plan_subject_and_train_schemas_refuse_bad_values():
+    plan = load_toml(EXPERIMENTS / "plan_default.toml")
+    plan["selection"] = {"n_sites": 0}
+    assert list(_validator("plan").iter_errors(plan))
+    subject = load_toml(EXPERIMENTS / "subject_default.toml")
+    subject["recording"]["noise"] = "gaussian"
+    assert list(_validator("subject").iter_errors(subject))
+    train = load_toml(EXPERIMENTS / "train_stimsim_topo_seed0.toml")
+    train["training"]["steps"] = 0
+    assert list(_validator("train").iter_errors(train))

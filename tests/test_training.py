@@ -212,15 +212,15 @@ SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "train
      r"\[spatial_loss\]: 'neighborhoods_per_step' must be <= \d+, the number of neighbourhoods on the sheet of layer"),
     ("it_units = 4096,", "it_unitz = 4096,", r"\[model\]: kwargs do not fit family 'stimsim_topo' .*it_unitz"),
     ("it_units = 4096,", "it_units = 4096.5,", r"\[model\]: kwargs do not fit family 'stimsim_topo'"),
-    ("std = [0.25]", 'std = ["a"]', r"\[model.preprocessing\]: 'std' must be a list of finite numbers"),
+    ("std = [0.25]", 'std = ["a"]', r"\[model.preprocessing\]: 'std' must be a number"),
     ("mean = [0.45]", "mean = [0.45, 0.2]", r"\[model.preprocessing\]: preprocessing.mean and .std need 1 value"),
-    ("holdout_fraction = 0.3", "holdout_fraction = 1.0", r"\[data\] sets\[0\]: 'holdout_fraction' must be < 1"),
-    ("holdout_fraction = 0.3", 'holdout_fraction = "a"', r"\[data\] sets\[0\]: 'holdout_fraction' must be a number"),
+    ("holdout_fraction = 0.3", "holdout_fraction = 1.0", r"\[data.sets\[0\]\]: 'holdout_fraction' must be < 1"),
+    ("holdout_fraction = 0.3", 'holdout_fraction = "a"', r"\[data.sets\[0\]\]: 'holdout_fraction' must be a number"),
     ("n_per_class = 600", "n_per_class = -1", r"\[data\] sets\[1\]: n_per_class must be a positive integer"),
     ('{ source = "lfw_subset", holdout_fraction = 0.3 }', '{ source = "folder", path = "/no/such/folder" }',
      r"\[data\] sets\[0\] path: stimulus folder not found"),
     ('name = "stimsim-topo-s0"', 'name = "../elsewhere"', r"'name' must be a plain name without '/'"),
-    ('name = "stimsim-topo-s0"', 'name = ""', r"'name' must be non-empty text"),
+    ('name = "stimsim-topo-s0"', 'name = ""', r"'name' must not be empty"),
 ])
 def test_bad_values_in_a_training_file_are_one_line_errors_naming_file_and_field(tmp_path, capsys, old, new, message):
     text = SHIPPED_CONFIG.read_text()

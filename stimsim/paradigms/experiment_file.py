@@ -101,7 +101,7 @@ from stimsim.config import load_toml
 from stimsim.datasets import DATASETS
 from stimsim.errors import ConfigError, SafetyError
 from stimsim.paradigms.base import PARADIGMS
-from stimsim.paradigms.schema import SCHEMA_PATH, SafetyFile, file_model, validate_file
+from stimsim.paradigms.schema import SafetyFile, file_model, validate_file
 from stimsim.paradigms.spec import AnalysisSpec, DecoderSpec, ExperimentSpec, LocalizerSpec, SitesSpec, StimuliSpec
 from stimsim.stimulation import SafetyLimits, enforce, perturbation_from_dict
 
@@ -269,10 +269,3 @@ def experiment_schema() -> dict:
     schema = TypeAdapter(union).json_schema()
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "stimsim experiment file",
             "description": "An in-silico stimulation experiment (TOML); see stimsim.paradigms.experiment_file.", **schema}
-
-
-def write_schema(path=SCHEMA_PATH) -> Path:
-    """Write :func:`experiment_schema` as JSON (sorted keys, 2-space indent)."""
-    path = Path(path)
-    path.write_text(json.dumps(experiment_schema(), indent=2, sort_keys=True) + "\n")
-    return path

@@ -7,7 +7,7 @@ The common tables are declared here; a paradigm adds the keys of ``[stimuli]`` i
 own tables (:attr:`~stimsim.paradigms.base.Paradigm.table_models`). :func:`validate_file` checks a
 parsed file and turns pydantic's errors into messages that name the file, the table, the key and
 what is allowed. The shipped schema is written by
-:func:`stimsim.paradigms.experiment_file.write_schema`.
+``python -m stimsim.schemas``.
 """
 from __future__ import annotations
 

@@ -45,8 +45,8 @@ planning also rehearses.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, ClassVar
 
 import numpy as np
 import torch
@@ -70,28 +70,17 @@ CHOICES = ("high", "low")
 FIT_NOISE_STREAM, EVAL_NOISE_STREAM = 0x2AFC, 0xE7A1
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    """The 2AFC decoder: ``n_noise`` noisy copies per end image to fit it, ``n_eval`` noisy copies per step
-    image to read P(high), pixel noise SD ``noise_sd`` (images in [0, 1]), inverse regularisation ``C``."""
+class TaskSpec(FileModel):
+    """The 2AFC decoder (a plan's ``[decoder]`` table): ``n_noise`` noisy copies per end image to fit it, ``n_eval``
+    noisy copies per step image to read P(high), pixel noise SD ``noise_sd`` (images in [0, 1]), inverse
+    regularisation ``C``."""
 
-    n_noise: int = 24
-    n_eval: int = 8
-    noise_sd: float = 0.15
-    C: float = 1e-3
+    table: ClassVar[str] = "decoder"
 
-    def __post_init__(self):
-        for name in ("n_noise", "n_eval"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 2:
-                raise ConfigError(f"decoder.{name} must be an integer >= 2, got {value!r}")
-        for name in ("noise_sd", "C"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
-                raise ConfigError(f"decoder.{name} must be a number > 0, got {value!r}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    n_noise: Annotated[int, Field(ge=2)] = 24
+    n_eval: Annotated[int, Field(ge=2)] = 8
+    noise_sd: Annotated[float, Field(gt=0)] = 0.15
+    C: Annotated[float, Field(gt=0)] = 1e-3
 
 
 class SequenceReadouts:
@@ -250,18 +239,21 @@ def _refuse_keys(data, reasons: dict[str, str]):
     return data
 
 
-class SequencesFile(FileModel):
-    """``[sequences]`` of a sequence_2afc experiment (:class:`stimsim.sequences.SequenceSpec`, whose defaults it takes)."""
+def _without_plan_only_keys(schema: dict) -> None:
+    """The JSON Schema of :class:`SequencesFile` leaves out the plan's keys it refuses."""
+    for key in _NOT_IN_SEQUENCES:
+        schema["properties"].pop(key, None)
 
-    n_sequences: Annotated[int, Field(ge=1)] = SequenceSpec.n_sequences
-    n_steps: Annotated[int, Field(ge=3)] = SequenceSpec.n_steps
-    max_sd: Annotated[float, Field(gt=0)] = SequenceSpec.max_sd
-    iterations: Annotated[int, Field(ge=1)] = SequenceSpec.iterations
-    learning_rate: Annotated[float, Field(gt=0)] = SequenceSpec.learning_rate
-    others_weight: Annotated[float, Field(ge=0)] = SequenceSpec.others_weight
-    tv_weight: Annotated[float, Field(ge=0)] = SequenceSpec.tv_weight
-    step_weight: Annotated[float, Field(ge=0)] = SequenceSpec.step_weight
-    batch_images: Annotated[int, Field(ge=1)] = SequenceSpec.batch_images
+
+class SequencesFile(SequenceSpec):
+    """``[sequences]`` of a sequence_2afc experiment: the keys and defaults of a plan's
+    (:class:`stimsim.sequences.SequenceSpec`) but for ``recording_radius_mm`` and ``ensemble``, which an
+    experiment sets elsewhere or cannot use (refused in files, left out of dumps)."""
+
+    model_config = ConfigDict(json_schema_extra=_without_plan_only_keys)
+    recording_radius_mm: Annotated[float, Field(gt=0, exclude=True)] = \
+        SequenceSpec.model_fields["recording_radius_mm"].default
+    ensemble: Annotated[bool, Field(exclude=True)] = False
 
     @model_validator(mode="before")
     @classmethod
@@ -280,9 +272,9 @@ class SequenceDecoderFile(DecoderFile):
 
     model_config = ConfigDict(json_schema_extra=_without_fit_fraction)
     fit_fraction: Annotated[float, Field(gt=0, lt=1, exclude=True)] = 0.5  # refused in files, kept out of dumps
-    n_noise: Annotated[int, Field(ge=2)] = TaskSpec.n_noise
-    n_eval: Annotated[int, Field(ge=2)] = TaskSpec.n_eval
-    noise_sd: Annotated[float, Field(gt=0)] = TaskSpec.noise_sd
+    n_noise: Annotated[int, Field(ge=2)] = TaskSpec.model_fields["n_noise"].default
+    n_eval: Annotated[int, Field(ge=2)] = TaskSpec.model_fields["n_eval"].default
+    noise_sd: Annotated[float, Field(gt=0)] = TaskSpec.model_fields["noise_sd"].default
 
     @model_validator(mode="before")
     @classmethod
@@ -306,9 +298,6 @@ class SequenceOptions:
 def parse_options(tables: dict, where: str) -> SequenceOptions:
     """Options from the validated ``[sequences]`` and ``[decoder]`` tables; ``where`` names the file."""
     sequences = tables["sequences"].model_dump()
-    if sequences["n_steps"] % 2 == 0:
-        raise ConfigError(f"{where} [sequences]: 'n_steps' must be odd (the middle step is the start image), "
-                          f"got {sequences['n_steps']}")
     decoder = tables["decoder"]
     task = TaskSpec(n_noise=decoder.n_noise, n_eval=decoder.n_eval, noise_sd=decoder.noise_sd, C=decoder.C)
     return SequenceOptions(sequences=sequences, task=task)

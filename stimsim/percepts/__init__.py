@@ -20,13 +20,16 @@ measures the inversion's own drift. :class:`FaceJudge` scores images by a frozen
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from stimsim.behavior.decoders import LogisticDecoder
 from stimsim.errors import ConfigError
+from stimsim.filemodels import FileModel
 from stimsim.stimulation.perturbations import apply_effect
 
 
@@ -36,9 +39,8 @@ MATCHES = ("euclidean", "pattern")
 OPTIMIZERS = ("adam", "batch_normalized")
 
 
-@dataclass(frozen=True)
-class InversionSettings:
-    """How the inversion searches.
+class InversionSettings(FileModel):
+    """How the inversion searches (a visualisation file's ``[inversion]`` table).
 
     steps : gradient steps per image; learning_rate : step size in pixel units ([0, 1] range);
     optimizer : ``"adam"`` (Adam: every pixel's step normalised on its own, so that even a tiny gradient makes a
@@ -53,31 +55,15 @@ class InversionSettings:
     a change common to every unit is not matched, only how the change is distributed over the sheet).
     """
 
-    steps: int = 100
-    learning_rate: float = 0.02
-    tv_weight: float = 0.05
-    jitter_px: int = 4
-    blur_sigma_px: float = 0.0
-    match: str = "euclidean"
-    optimizer: str = "adam"
+    table: ClassVar[str] = "inversion"
 
-    def __post_init__(self):
-        for name, value, low in (("steps", self.steps, 1), ("jitter_px", self.jitter_px, 0)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise ConfigError(f"inversion {name} must be an integer >= {low}, got {value!r}")
-        for name, value in (("learning_rate", self.learning_rate), ("tv_weight", self.tv_weight),
-                            ("blur_sigma_px", self.blur_sigma_px)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
-                raise ConfigError(f"inversion {name} must be a finite number >= 0, got {value!r}")
-        if self.learning_rate == 0:
-            raise ConfigError("inversion learning_rate must be > 0")
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"inversion optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.match not in MATCHES:
-            raise ConfigError(f"inversion match must be one of {list(MATCHES)}, got {self.match!r}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    steps: Annotated[int, Field(ge=1)] = 100
+    learning_rate: Annotated[float, Field(gt=0)] = 0.02
+    tv_weight: Annotated[float, Field(ge=0)] = 0.05
+    jitter_px: Annotated[int, Field(ge=0)] = 4
+    blur_sigma_px: Annotated[float, Field(ge=0)] = 0.0
+    match: Literal[MATCHES] = "euclidean"
+    optimizer: Literal[OPTIMIZERS] = "adam"
 
 
 def scrambled_effects(multiplier: torch.Tensor, additive: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

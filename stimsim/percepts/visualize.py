@@ -46,21 +46,22 @@ import numpy as np
 import torch
 import xarray as xr
 
-from stimsim.config import Section, load_toml
+from stimsim.config import load_toml
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.errors import ConfigError, SafetyError
 from stimsim.figures import pyplot, save_figure
+from stimsim.filemodels import validate
 from stimsim.io import ResultSet, provenance
 from stimsim.jsonable import json_ready
 from stimsim.models.registry import load_model
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
 from stimsim.percepts import FaceJudge, InversionSettings, pixel_images, scrambled_effects, synthesize
+from stimsim.percepts.visualize_file import VisualizeFile
 from stimsim.progress import report_phase
 from stimsim.stimulation import Condition, SafetyLimits, enforce, perturbation_from_dict
 from stimsim.topography import smoothed_values_at
 
 PNG_FILE, DATA_FILE, SUMMARY_FILE, CONFIG_FILE = "percepts.png", "percepts.nc", "summary.json", "config.json"
-SITE_METHODS = ("selectivity", "explicit", "plan")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,37 +92,16 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
     path = Path(path)
     raw = load_toml(path)
     where = str(path)
-    top = Section(raw, where)
-    name = top.text("name")
-    top.text("description", "")
-    file_model = top.text("model")
-    model = model or file_model
-    layer = top.text("layer", "IT")
-    match_layer = top.get("match_layer", str, None)
-    seed = top.get("seed", int, 0, minimum=0)
-    summary_groups = tuple(top.get("summary_groups", list, ["object", "place"]))
-    images = top.get("images", list)
-    if not images or not all(isinstance(entry, dict) for entry in images):
-        raise ConfigError(f"{where}: 'images' must be a non-empty list of tables ([[images]])")
-    for index, entry in enumerate(images):
-        if not isinstance(entry.get("group"), str) or not entry["group"].strip():
-            raise ConfigError(f"{where} [[images]] #{index + 1}: 'group' (the row label, e.g. \"object\") is required")
+    checked = validate(VisualizeFile, raw, where)
+    images = [entry.model_dump() for entry in checked.images]
     groups = {entry["group"] for entry in images}
-    missing = [g for g in summary_groups if g not in groups]
-    if missing or not summary_groups:
+    missing = [g for g in checked.summary_groups if g not in groups]
+    if missing:
         raise ConfigError(f"{where}: 'summary_groups' must name groups of [[images]] ({sorted(groups)}), got "
-                          f"{list(summary_groups)}")
-    localizer = top.section("localizer", required=True)
-    localizer_record = {"sets": localizer.get("sets", list), "label": localizer.text("label"),
-                        "positive": localizer.text("positive"), "C": localizer.get("C", float, 1e-3, minimum=1e-12)}
-    localizer.finish()
-    sites = _sites_section(top.section("sites", required=True))
-    stimulation_section = top.section("stimulation", required=True)
-    template = dict(stimulation_section.values)
-    currents = stimulation_section.numbers("currents_uA")
-    additive_scale = stimulation_section.get("additive_scale", str, "activation", choices=("activation", "sd"))
-    for key in ("currents_uA", "additive_scale"):
-        template.pop(key, None)
+                          f"{list(checked.summary_groups)}")
+    stimulation = checked.stimulation
+    template = stimulation.model_dump(exclude={"currents_uA", "additive_scale"})
+    currents = tuple(stimulation.currents_uA)
     for key in ("sites_mm", "layer", "current_uA"):
         if key in template:
             raise ConfigError(f"{where} [stimulation]: {key!r} is not set here (sites come from [sites], the layer "
@@ -129,61 +109,28 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
     if template.get("kind", "electrical") != "electrical":
         raise ConfigError(f"{where} [stimulation]: 'kind' must be \"electrical\", got {template.get('kind')!r}")
     template["kind"] = "electrical"
-    if len(currents) < 2 or list(currents) != sorted(set(currents)):
+    if list(currents) != sorted(set(currents)):
         raise ConfigError(f"{where} [stimulation]: 'currents_uA' must list at least two rising currents (µA), got "
                           f"{list(currents)}")
-    if additive_scale == "sd" and template.get("form") != "additive":
+    if stimulation.additive_scale == "sd" and template.get("form") != "additive":
         raise ConfigError(f"{where} [stimulation]: additive_scale = \"sd\" needs form = \"additive\"")
     for current in currents:
         try:
-            perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": layer, "current_uA": current})
+            perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer,
+                                    "current_uA": current})
         except ConfigError as exc:
             raise ConfigError(f"{where} [stimulation]: {exc}") from None
-    safety = top.section("safety")
-    safety_record = {"max_shannon_k": safety.get("max_shannon_k", float, 1.85),
-                     "electrode_area_um2": safety.get("electrode_area_um2", float, None),
-                     "override": safety.get("override", str, None)}
-    safety.finish()
-    inversion = top.section("inversion")
-    try:
-        settings = InversionSettings(**{key: inversion.get(key, type(getattr(InversionSettings, key)),
-                                                           getattr(InversionSettings, key))
-                                        for key in ("steps", "learning_rate", "tv_weight", "jitter_px", "blur_sigma_px",
-                                                    "match", "optimizer")})
-    except ConfigError as exc:
-        raise ConfigError(f"{where} [inversion]: {exc}") from None
-    inversion.finish()
-    judge_section = top.section("judge", required=True)
-    file_judge = judge_section.text("model")
-    judge = judge or file_judge
-    judge_section.finish()
-    top.finish()
-    return VisualizeConfig(name=name, model=model, judge=judge, layer=layer, match_layer=match_layer, seed=seed,
-                           images=tuple(images), localizer=localizer_record, sites=sites, stimulation=template,
-                           currents_uA=currents, additive_scale=additive_scale, safety=safety_record,
-                           inversion=settings, summary_groups=summary_groups, source=where,
+    sites = checked.sites.to_dict()
+    for key in ("face_site_mm", "control_site_mm"):
+        if key in sites:
+            sites[key] = tuple(sites[key])
+    return VisualizeConfig(name=checked.name, model=model or checked.model, judge=judge or checked.judge.model,
+                           layer=checked.layer, match_layer=checked.match_layer, seed=checked.seed,
+                           images=tuple(images), localizer=checked.localizer.to_dict(), sites=sites,
+                           stimulation=template, currents_uA=currents, additive_scale=stimulation.additive_scale,
+                           safety=checked.safety.to_dict(), inversion=checked.inversion,
+                           summary_groups=tuple(checked.summary_groups), source=where,
                            raw=json.loads(json.dumps(raw, default=str)))
-
-
-def _sites_section(section: Section) -> dict:
-    method = section.get("method", str, choices=SITE_METHODS)
-    record = {"method": method, "recording_radius_mm": section.get("recording_radius_mm", float, 0.5, minimum=1e-6)}
-    if method == "selectivity":
-        record.update(smoothing_sigma_mm=section.get("smoothing_sigma_mm", float, 1.0, minimum=1e-6),
-                      outside_min_distance_mm=section.get("outside_min_distance_mm", float, 3.0, minimum=0.0),
-                      candidate_step_mm=section.get("candidate_step_mm", float, 0.5, minimum=1e-3),
-                      margin_mm=section.get("margin_mm", float, 0.5, minimum=0.0))
-    elif method == "explicit":
-        for key in ("face_site_mm", "control_site_mm"):
-            point = section.numbers(key)
-            if len(point) != 2:
-                raise ConfigError(f"{section.where}: {key!r} must be [x, y] (cortex mm), got {list(point)}")
-            record[key] = point
-    else:
-        record.update(plan=section.text("plan"), face_electrode=section.get("face_electrode", (int, str)),
-                      control_electrode=section.get("control_electrode", (int, str)))
-    section.finish()
-    return record
 
 
 # --- running ------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Plan files (TOML): what to plan on, with which models, under which constraints.
 
-Tables and keys (every length in mm, current in µA; unknown keys are errors):
+Tables and keys (every length in mm, current in µA; unknown keys are errors), declared by :class:`PlanFile`,
+whose JSON Schema ships as ``plan.schema.json`` beside this module:
 
 top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehrer et al. 2025;
                 "face_categorization": the face / non-face task of Afraz et al. 2006)
@@ -30,16 +31,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
 
 from stimsim.arrays.anatomy import AnatomicalPose
 from stimsim.arrays.layout import cmp_options
-from stimsim.config import Section, load_toml
+from stimsim.config import load_toml
 from stimsim.errors import ConfigError
+from stimsim.filemodels import FileModel, Text, validate
 from stimsim.hashing import json_sha256, sha256_of
 from stimsim.limits import MAX_SEED
 from stimsim.paradigms.sequence_2afc import TaskSpec
 from stimsim.planning.face_task import FaceTaskSpec
-from stimsim.planning.rig import RigSpec, read_rig_spec
+from stimsim.planning.rig import DisplayTable, RigSpec, SessionTable
 from stimsim.planning.selection import SelectionSpec
 from stimsim.recordings import FIELD_NAMES
 from stimsim.sequences import SequenceSpec
@@ -48,8 +53,135 @@ from stimsim.stimulation import SafetyLimits
 TASKS = ("sequence_2afc", "face_categorization")
 #: The effect each task predicts per site (names of the columns and keys of the outputs).
 EFFECTS = {"sequence_2afc": "delta_auc", "face_categorization": "delta_p_face"}
-STIMULATION_KEYS = {"current_uA": 50.0, "frequency_Hz": 200.0, "pulse_width_ms": 0.2, "interphase_ms": 0.1,
-                    "train_ms": 50.0}
+#: Where the JSON Schema of plan files ships.
+SCHEMA_PATH = Path(__file__).with_name("plan.schema.json")
+
+_NonNegative = Annotated[float, Field(ge=0)]
+
+
+class ModelsTable(FileModel):
+    """``[models]``: the candidate models (shipped names or model directories) and the ridge CV folds."""
+
+    candidates: Annotated[list[Text], Field(min_length=1)]
+    n_folds: Annotated[int, Field(ge=2)] = 10
+
+
+class SubjectTable(FileModel):
+    """``[subject]``: exactly one of ``config`` (a virtual-subject file) and ``dir`` (a subject directory)."""
+
+    config: Text | None = None
+    dir: Text | None = None
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.config is None) == (self.dir is None):
+            raise ValueError("give exactly one of config (a subject file) or dir (a subject directory)")
+        return self
+
+
+class RecordingsTable(FileModel):
+    """``[recordings]``: a lab's passive-viewing recordings, their images and the array's layout."""
+
+    path: Text
+    images: list[dict[str, Any]]
+    layout: Text = "10x10"
+    layout_ids: Text = "channel"
+    pitch_mm: float | None = None  # a .cmp map's spacing, checked against the plausible range
+    names: dict[str, Any] = {}
+    electrode_group: Text | None = None
+
+
+class ArrayTable(FileModel):
+    """``[array]``: broken electrodes, the reliability below which an electrode is not working, the anatomical
+    pose (optional)."""
+
+    broken_electrodes: list[Annotated[int, Field(strict=True)] | Text] = []
+    min_reliability: Annotated[float, Field(ge=-1, le=1)] = 0.3
+    anatomical: dict[str, Any] | None = None
+
+
+class RegistrationTable(FileModel):
+    """``[registration]``: bootstrap resamples of the array's registration onto each model; allow a scale."""
+
+    n_boot: Annotated[int, Field(ge=2)] = 10
+    allow_scale: bool = False
+
+
+class StimulationTable(FileModel):
+    """``[stimulation]``: the electrical train given at every candidate site."""
+
+    current_uA: _NonNegative = 50.0
+    frequency_Hz: _NonNegative = 200.0
+    pulse_width_ms: _NonNegative = 0.2
+    interphase_ms: _NonNegative = 0.1
+    train_ms: _NonNegative = 50.0
+    waveform: Text = "biphasic_cathodic_first"
+
+    @field_validator("frequency_Hz")
+    @classmethod
+    def _pulses(cls, frequency_Hz: float) -> float:
+        if frequency_Hz <= 0:
+            raise ValueError(f"'frequency_Hz' must be > 0 (a train at 0 Hz delivers no pulse), got {frequency_Hz:g}")
+        return frequency_Hz
+
+
+class SafetyTable(FileModel):
+    """``[safety]``: the limits every site's train must respect, and an override with its reason."""
+
+    max_shannon_k: float = 1.85
+    electrode_area_um2: float = 2000.0
+    max_charge_per_phase_nC: float | None = None
+    override: str | None = None
+
+    @field_validator("override")
+    @classmethod
+    def _reason(cls, override):
+        if override is not None and not override.strip():
+            raise ValueError("'override' must be the reason the limits are overridden (non-empty text); leave the "
+                             "key out to enforce them")
+        return override
+
+
+class SelectionTable(SelectionSpec):
+    """``[selection]``: :class:`~stimsim.planning.selection.SelectionSpec` but for the broken electrodes, which
+    ``[array]`` gives."""
+
+    model_config = {"json_schema_extra": lambda schema: schema["properties"].pop("broken_electrodes", None)}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_broken(cls, data):
+        if isinstance(data, dict) and "broken_electrodes" in data:
+            raise ValueError("'broken_electrodes' is given in [array]")
+        return data
+
+
+class PlanFile(FileModel):
+    """A plan file (see the module docstring)."""
+
+    name: Text | None = None
+    description: str = ""
+    task: Literal[TASKS] = "sequence_2afc"
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
+    models: ModelsTable
+    subject: SubjectTable | None = None
+    recordings: RecordingsTable | None = None
+    array: ArrayTable = ArrayTable()
+    registration: RegistrationTable = RegistrationTable()
+    sequences: SequenceSpec = SequenceSpec()
+    decoder: TaskSpec = TaskSpec()
+    face_task: FaceTaskSpec = FaceTaskSpec()
+    stimulation: StimulationTable = StimulationTable()
+    safety: SafetyTable = SafetyTable()
+    selection: SelectionTable = SelectionTable()
+    session: SessionTable = SessionTable()
+    display: DisplayTable = DisplayTable()
+
+
+def plan_schema() -> dict:
+    """JSON Schema of plan files."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "stimsim plan file",
+            "description": "A site-planning job (TOML); see stimsim.planning.config.", **PlanFile.model_json_schema()}
 
 
 @dataclass
@@ -127,19 +259,6 @@ class PlanConfig:
         return json_sha256(record)
 
 
-def _number_or_none(section: Section, key: str):
-    value = section.get(key, (int, float), None)
-    return None if value is None else float(value)
-
-
-def _spec(kind, where: str, table: str, **values):
-    """``kind(**values)``; its errors name the file and the table."""
-    try:
-        return kind(**values)
-    except ConfigError as exc:
-        raise ConfigError(f"{where} [{table}]: {exc}") from None
-
-
 def _check_model(name: str, where: str) -> None:
     """A model name that is neither shipped nor a model directory is an error naming where it was given."""
     from stimsim.errors import DataError
@@ -152,149 +271,86 @@ def _check_model(name: str, where: str) -> None:
 
 
 def load_plan_config(path) -> PlanConfig:
+    """Read and check a plan file: the tables of :class:`PlanFile`, then what depends on several of them and
+    on the files they name; relative paths are taken from the file's folder."""
     path = Path(path)
     raw = load_toml(path)
     where = str(path)
-    root = Section(raw, where)
-    name = root.get("name", str, path.stem)
-    description = root.get("description", str, "")
-    task = root.get("task", str, "sequence_2afc", choices=TASKS)
-    seed = root.get("seed", int, 0, minimum=0, maximum=MAX_SEED)
-
-    models = root.section("models", required=True)
-    candidates = models.get("candidates", list)
-    if not candidates or not all(isinstance(c, str) and c for c in candidates):
-        raise ConfigError(f"{where} [models]: candidates must be a non-empty list of model names or directories")
+    checked = validate(PlanFile, raw, where)
     candidates = [str((path.parent / c).resolve()) if ("/" in c and not Path(c).is_absolute()) else c
-                  for c in candidates]
+                  for c in checked.models.candidates]
     for candidate in candidates:
         _check_model(candidate, f"{where} [models] candidates")
-    n_folds = models.get("n_folds", int, 10, minimum=2)
-    models.finish()
 
     subject_config = subject_dir = recordings = None
-    if "subject" in raw and "recordings" in raw:
+    if checked.subject is not None and checked.recordings is not None:
         raise ConfigError(f"{where}: give either [subject] (a virtual subject) or [recordings] (a lab's), not both")
-    if "subject" in raw:
-        subject = root.section("subject")
-        config_file = subject.get("config", str, None)
-        directory = subject.get("dir", str, None)
-        subject.finish()
-        if (config_file is None) == (directory is None):
-            raise ConfigError(f"{where} [subject]: give exactly one of config (a subject file) or dir (a subject directory)")
-        if config_file is not None:
-            subject_config = (path.parent / config_file).resolve()
+    if checked.subject is not None:
+        if checked.subject.config is not None:
+            subject_config = (path.parent / checked.subject.config).resolve()
             if not subject_config.is_file():
                 raise ConfigError(f"{where} [subject]: config file {subject_config} not found")
         else:
-            subject_dir = (path.parent / directory).resolve()
-    elif "recordings" in raw:
-        section = root.section("recordings")
-        recordings = {
-            "path": str((path.parent / section.get("path", str)).resolve()),
-            "images": section.get("images", list),
-            "layout": section.get("layout", str, "10x10"),
-            "layout_ids": section.get("layout_ids", str, "channel"),
-            "pitch_mm": section.get("pitch_mm", float, None),
-            "names": section.get("names", dict, {}),
-            "electrode_group": section.get("electrode_group", str, None),
-        }
-        section.finish()
-        if not Path(recordings["path"]).is_file():
-            raise ConfigError(f"{where} [recordings] path: file {recordings['path']} not found")
-        layout_spec = recordings["layout"]
-        if layout_spec not in ("10x10", "8x8"):
-            recordings["layout"] = str((path.parent / layout_spec).resolve())
-            if not Path(recordings["layout"]).is_file():
-                raise ConfigError(f"{where} [recordings] layout: file {recordings['layout']} not found")
-        if recordings["electrode_group"] is not None and not recordings["path"].lower().endswith(".nwb"):
-            raise ConfigError(f"{where} [recordings] electrode_group: selects an ElectrodeGroup (array) of an NWB file; "
-                              f"the recordings are {Path(recordings['path']).name}")
-        recordings["pitch_mm"] = cmp_options(layout_spec, recordings["layout_ids"], recordings["pitch_mm"],
-                                             where=f"{where} [recordings]").get("cmp_pitch_mm")
-        unknown = sorted(set(recordings["names"]) - set(FIELD_NAMES))
-        if unknown or not all(isinstance(v, str) and v for v in recordings["names"].values()):
-            raise ConfigError(f"{where} [recordings] names: maps stimsim's fields {list(FIELD_NAMES)} onto your names "
-                              f"(text), e.g. {{ response = \"mua\" }}; got {recordings['names']!r}")
-        for entry in recordings["images"]:
-            if not isinstance(entry, dict):
-                raise ConfigError(f"{where} [recordings]: images must be tables such as {{ source = \"folder\", path = ... }}")
-            if "path" in entry:
-                entry["path"] = str((path.parent / entry["path"]).resolve())
+            subject_dir = (path.parent / checked.subject.dir).resolve()
+    elif checked.recordings is not None:
+        recordings = _recordings(checked.recordings, path.parent, f"{where} [recordings]")
     else:
         raise ConfigError(f"{where}: missing [subject] (a virtual subject) or [recordings] (a lab's recordings)")
 
-    array = root.section("array")
-    broken = array.get("broken_electrodes", list, [])
-    min_reliability = array.get("min_reliability", float, 0.3, minimum=-1.0, maximum=1.0)
-    anatomical = array.get("anatomical", dict, None)
-    array.finish()
+    anatomical = checked.array.anatomical
     if anatomical is not None:  # checked now, not when the outputs are written after the plan's work
         try:
             AnatomicalPose.from_dict(anatomical)
         except ConfigError as exc:
             raise ConfigError(f"{where} [array] anatomical: {str(exc).removeprefix('anatomical pose: ')}") from None
 
-    registration = root.section("registration")
-    n_boot = registration.get("n_boot", int, 10, minimum=2)
-    allow_scale = registration.get("allow_scale", bool, False)
-    registration.finish()
-
-    if task == "face_categorization":
-        extra = [name for name in ("sequences", "decoder") if name in raw]
+    given = checked.model_fields_set
+    if checked.task == "face_categorization":
+        extra = [name for name in ("sequences", "decoder") if name in given]
         if extra:
             raise ConfigError(f"{where}: {extra} belong to task = \"sequence_2afc\"; the face task takes [face_task]")
-    elif "face_task" in raw:
-        raise ConfigError(f"{where}: [face_task] belongs to task = \"face_categorization\" (task is {task!r})")
-    face = root.section("face_task")
-    defaults = FaceTaskSpec()
-    face_spec = _spec(FaceTaskSpec, where, "face_task", n_per_class=face.get("n_per_class", int, defaults.n_per_class),
-                      signal_percent=tuple(face.get("signal_percent", list, list(defaults.signal_percent))),
-                      fit_fraction=face.get("fit_fraction", float, defaults.fit_fraction),
-                      C=face.get("C", float, defaults.C))
-    face.finish()
-    sequences = root.section("sequences")
-    sequence_spec = _spec(SequenceSpec, where, "sequences", **{key: sequences.get(key, type(default), default)
-                                                               for key, default in SequenceSpec().to_dict().items()})
-    sequences.finish()
-    task_section = root.section("decoder")
-    task_spec = _spec(TaskSpec, where, "decoder",
-                      **{key: task_section.get(key, int if isinstance(default, int) else float, default)
-                         for key, default in TaskSpec().to_dict().items()})
-    task_section.finish()
+    elif "face_task" in given:
+        raise ConfigError(f"{where}: [face_task] belongs to task = \"face_categorization\" (task is {checked.task!r})")
 
-    stim = root.section("stimulation")
-    stimulation = {key: stim.get(key, float, default, minimum=0.0) for key, default in STIMULATION_KEYS.items()}
-    stimulation["waveform"] = stim.get("waveform", str, "biphasic_cathodic_first")
-    stim.finish()
-    if stimulation["frequency_Hz"] <= 0:
-        raise ConfigError(f"{where} [stimulation]: 'frequency_Hz' must be > 0 (a train at 0 Hz delivers no pulse), "
-                          f"got {stimulation['frequency_Hz']:g}")
+    safety = checked.safety
+    limits = SafetyLimits(max_shannon_k=safety.max_shannon_k, electrode_area_um2=safety.electrode_area_um2,
+                          max_charge_per_phase_nC=safety.max_charge_per_phase_nC)
+    selection = SelectionSpec(**checked.selection.model_dump(exclude={"broken_electrodes"}),
+                              broken_electrodes=tuple(checked.array.broken_electrodes))
+    n_steps = checked.sequences.n_steps if checked.task == "sequence_2afc" else 1
+    if checked.session.trials_per_site < 2 * n_steps:
+        raise ConfigError(f"{where} [session]: 'trials_per_site' must be >= {2 * n_steps} (every step of a sequence "
+                          f"once sham and once stimulated), got {checked.session.trials_per_site}")
+    return PlanConfig(name=checked.name or path.stem, path=path.resolve(), raw=raw, task=checked.task,
+                      seed=checked.seed, candidates=candidates, n_folds=checked.models.n_folds,
+                      subject_config=subject_config, subject_dir=subject_dir, recordings=recordings,
+                      min_reliability=checked.array.min_reliability, anatomical=anatomical,
+                      n_boot=checked.registration.n_boot, allow_scale=checked.registration.allow_scale,
+                      sequences=checked.sequences, task_spec=checked.decoder, stimulation=checked.stimulation.to_dict(),
+                      safety=limits, safety_override=safety.override, selection=selection,
+                      face_task=checked.face_task, rig=RigSpec(session=checked.session, display_table=checked.display),
+                      description=checked.description)
 
-    safety = root.section("safety")
-    limits = SafetyLimits(max_shannon_k=safety.get("max_shannon_k", float, 1.85),
-                          electrode_area_um2=safety.get("electrode_area_um2", float, 2000.0),
-                          max_charge_per_phase_nC=_number_or_none(safety, "max_charge_per_phase_nC"))
-    override = safety.get("override", str, None)
-    safety.finish()
-    if override is not None and not override.strip():
-        raise ConfigError(f"{where} [safety]: 'override' must be the reason the limits are overridden (non-empty "
-                          "text); leave the key out to enforce them")
 
-    selection = root.section("selection")
-    selection_spec = _spec(SelectionSpec, where, "selection", n_sites=selection.get("n_sites", int, 16),
-                                   min_separation_mm=selection.get("min_separation_mm", float, 0.0),
-                                   metric=selection.get("metric", str, "euclidean"),
-                                   broken_electrodes=tuple(str(b) for b in broken))
-    selection.finish()
-    session, display = root.section("session"), root.section("display")
-    rig = read_rig_spec(session, display, where, sequence_spec.n_steps if task == "sequence_2afc" else 1)
-    session.finish()
-    display.finish()
-    root.finish()
-    return PlanConfig(name=name, path=path.resolve(), raw=raw, task=task, seed=seed, candidates=candidates,
-                      n_folds=n_folds, subject_config=subject_config, subject_dir=subject_dir, recordings=recordings,
-                      min_reliability=min_reliability, anatomical=anatomical, n_boot=n_boot, allow_scale=allow_scale,
-                      sequences=sequence_spec, task_spec=task_spec, stimulation=stimulation, safety=limits,
-                      safety_override=override, selection=selection_spec, face_task=face_spec,
-                      rig=rig, description=description)
+def _recordings(table: RecordingsTable, folder: Path, where: str) -> dict:
+    """The ``[recordings]`` table with its paths resolved against ``folder`` and its files and options checked."""
+    recordings = {**table.model_dump(), "path": str((folder / table.path).resolve()),
+                  "images": [dict(entry) for entry in table.images]}
+    if not Path(recordings["path"]).is_file():
+        raise ConfigError(f"{where} path: file {recordings['path']} not found")
+    if table.layout not in ("10x10", "8x8"):
+        recordings["layout"] = str((folder / table.layout).resolve())
+        if not Path(recordings["layout"]).is_file():
+            raise ConfigError(f"{where} layout: file {recordings['layout']} not found")
+    if table.electrode_group is not None and not recordings["path"].lower().endswith(".nwb"):
+        raise ConfigError(f"{where} electrode_group: selects an ElectrodeGroup (array) of an NWB file; "
+                          f"the recordings are {Path(recordings['path']).name}")
+    recordings["pitch_mm"] = cmp_options(table.layout, table.layout_ids, table.pitch_mm, where=where).get("cmp_pitch_mm")
+    unknown = sorted(set(table.names) - set(FIELD_NAMES))
+    if unknown or not all(isinstance(v, str) and v for v in table.names.values()):
+        raise ConfigError(f"{where} names: maps stimsim's fields {list(FIELD_NAMES)} onto your names "
+                          f"(text), e.g. {{ response = \"mua\" }}; got {table.names!r}")
+    for entry in recordings["images"]:
+        if "path" in entry:
+            entry["path"] = str((folder / entry["path"]).resolve())
+    return recordings

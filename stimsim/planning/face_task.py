@@ -13,48 +13,47 @@ towards "face" at face-selective sites).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
+from typing import Annotated, ClassVar
 
 import numpy as np
+from pydantic import Field, field_validator
 
 from stimsim.behavior import LogisticDecoder
 from stimsim.data.stimuli import StimulusSet, pixel_noise
 from stimsim.engine import simulate
 from stimsim.errors import ConfigError
+from stimsim.filemodels import FileModel
 from stimsim.stimulation import Condition
 
 FACE, NONFACE = "face", "nonface"
 AFRAZ_SIGNAL_PERCENT = (0.0, 15.0, 25.0, 40.0, 50.0, 80.0, 100.0)
 
 
-@dataclass(frozen=True)
-class FaceTaskSpec:
-    """n_per_class : face and non-face images drawn from the plan's images; signal_percent : visual-signal
-    levels (% of pixels kept); fit_fraction : clean images whose copies fit the decoder; C : its inverse
-    regularisation."""
+class FaceTaskSpec(FileModel):
+    """The face task (a plan's ``[face_task]`` table): n_per_class : face and non-face images drawn from the plan's
+    images; signal_percent : visual-signal levels (% of pixels kept, distinct); fit_fraction : clean images whose
+    copies fit the decoder; C : its inverse regularisation."""
 
-    n_per_class: int = 40
-    signal_percent: tuple = AFRAZ_SIGNAL_PERCENT
-    fit_fraction: float = 0.5
-    C: float = 1e-3
+    table: ClassVar[str] = "face_task"
 
-    def __post_init__(self):
-        if isinstance(self.n_per_class, bool) or not isinstance(self.n_per_class, (int, np.integer)) or self.n_per_class < 2:
-            raise ConfigError(f"face_task.n_per_class must be an integer >= 2, got {self.n_per_class!r}")
-        levels = tuple(self.signal_percent)
-        if (not levels or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 100 for v in levels)
-                or len(set(levels)) != len(levels)):
-            raise ConfigError(f"face_task.signal_percent must be distinct percentages in [0, 100], got {self.signal_percent!r}")
-        object.__setattr__(self, "signal_percent", tuple(float(v) for v in levels))
-        if not isinstance(self.fit_fraction, (int, float)) or not 0 < self.fit_fraction < 1:
-            raise ConfigError(f"face_task.fit_fraction must lie in (0, 1), got {self.fit_fraction!r}")
-        if isinstance(self.C, bool) or not isinstance(self.C, (int, float)) or not np.isfinite(self.C) or self.C <= 0:
-            raise ConfigError(f"face_task.C must be a number > 0, got {self.C!r}")
+    n_per_class: Annotated[int, Field(ge=2)] = 40
+    signal_percent: Annotated[tuple[Annotated[float, Field(ge=0, le=100)], ...], Field(min_length=1)] = \
+        AFRAZ_SIGNAL_PERCENT
+    fit_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    C: Annotated[float, Field(gt=0)] = 1e-3
 
-    def to_dict(self) -> dict:
-        record = asdict(self)
-        record["signal_percent"] = list(self.signal_percent)
-        return record
+    @field_validator("signal_percent", mode="before")
+    @classmethod
+    def _as_tuple(cls, levels):
+        return tuple(levels) if isinstance(levels, list) else levels
+
+    @field_validator("signal_percent")
+    @classmethod
+    def _distinct(cls, levels: tuple) -> tuple:
+        if len(set(levels)) != len(levels):
+            raise ValueError(f"'signal_percent' must be distinct percentages in [0, 100], got {list(levels)}")
+        return levels
 
 
 @dataclass

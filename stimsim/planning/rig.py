@@ -17,11 +17,13 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Annotated, ClassVar
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, field_validator
 
-from stimsim.errors import ConfigError
+from stimsim.filemodels import FileModel
 from stimsim.io import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, csv_text
 
 #: Value of ``stimulated_electrode`` (and ``condition``) on sham trials, as the analysis reads it.
@@ -65,15 +67,54 @@ SESSION_COLUMNS = {
 }
 
 
+class SessionTable(FileModel):
+    """A plan's ``[session]``: ``trials_per_site`` (even: half sham, half stimulated) and the train onset relative to
+    image onset, ms (negative: before)."""
+
+    table: ClassVar[str] = "session"
+
+    trials_per_site: Annotated[int, Field(ge=2)] = 400
+    train_onset_ms: Annotated[float, Field(ge=-10_000, le=10_000)] = 0.0
+
+    @field_validator("trials_per_site")
+    @classmethod
+    def _even(cls, trials: int) -> int:
+        if trials % 2:
+            raise ValueError(f"'trials_per_site' must be even (half sham, half stimulated), got {trials}")
+        return trials
+
+
+class DisplayTable(FileModel):
+    """A plan's ``[display]``: images ``size_deg`` wide (degrees of visual angle) at ``viewing_distance_cm``."""
+
+    table: ClassVar[str] = "display"
+
+    size_deg: Annotated[float, Field(gt=0, lt=180)] = 8.0
+    viewing_distance_cm: Annotated[float, Field(gt=0)] = 57.0
+
+
 @dataclass(frozen=True)
 class RigSpec:
-    """The session the plan is made for: ``trials_per_site`` (even: half sham, half stimulated), the train onset
-    relative to image onset (ms) and the display: images ``size_deg`` wide at ``viewing_distance_cm``."""
+    """The session the plan is made for (``[session]``) and the display its images are shown on (``[display]``)."""
 
-    trials_per_site: int = 400
-    train_onset_ms: float = 0.0
-    size_deg: float = 8.0
-    viewing_distance_cm: float = 57.0
+    session: SessionTable = SessionTable()
+    display_table: DisplayTable = DisplayTable()
+
+    @property
+    def trials_per_site(self) -> int:
+        return self.session.trials_per_site
+
+    @property
+    def train_onset_ms(self) -> float:
+        return self.session.train_onset_ms
+
+    @property
+    def size_deg(self) -> float:
+        return self.display_table.size_deg
+
+    @property
+    def viewing_distance_cm(self) -> float:
+        return self.display_table.viewing_distance_cm
 
     @property
     def image_size_cm(self) -> float:
@@ -89,26 +130,7 @@ class RigSpec:
                         "screen at viewing_distance_cm), scaled from its image_px pixels"}
 
     def to_dict(self) -> dict:
-        return {"session": {"trials_per_site": self.trials_per_site, "train_onset_ms": self.train_onset_ms},
-                "display": {"size_deg": self.size_deg, "viewing_distance_cm": self.viewing_distance_cm}}
-
-
-def read_rig_spec(session, display, where: str, n_steps: int) -> RigSpec:
-    """A :class:`RigSpec` from the plan file's ``[session]`` and ``[display]`` tables (:class:`stimsim.config.Section`)."""
-    defaults = RigSpec()
-    trials = session.get("trials_per_site", int, defaults.trials_per_site, minimum=2 * n_steps)
-    if trials % 2:
-        raise ConfigError(f"{where} [session]: 'trials_per_site' must be even (half sham, half stimulated), "
-                          f"got {trials}")
-    onset = session.get("train_onset_ms", float, defaults.train_onset_ms, minimum=-10_000.0, maximum=10_000.0)
-    size = display.get("size_deg", float, defaults.size_deg)
-    if not 0 < size < 180:
-        raise ConfigError(f"{where} [display]: 'size_deg' (image width, degrees of visual angle) must lie between 0 "
-                          f"and 180, got {size:g}")
-    distance = display.get("viewing_distance_cm", float, defaults.viewing_distance_cm)
-    if not distance > 0:
-        raise ConfigError(f"{where} [display]: 'viewing_distance_cm' (eye to screen) must be > 0 cm, got {distance:g}")
-    return RigSpec(trials, onset, size, distance)
+        return {"session": self.session.to_dict(), "display": self.display_table.to_dict()}
 
 
 def image_names(electrodes) -> dict:

@@ -7,11 +7,13 @@ array, mm) to a site already chosen; selection stops at ``n_sites``.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
+from pydantic import Field, field_validator
 
 from stimsim.errors import ConfigError
+from stimsim.filemodels import FileModel
 from stimsim.ordering import natural_key
 
 METRICS = ("euclidean", "manhattan")
@@ -21,30 +23,24 @@ METRICS = ("euclidean", "manhattan")
 SEPARATION_TOLERANCE_MM = 1e-9
 
 
-@dataclass(frozen=True)
-class SelectionSpec:
-    """n_sites : sites to choose; min_separation_mm : between any two chosen sites (array mm);
-    metric : "euclidean" or "manhattan"; broken_electrodes : ids the lab marks broken."""
+class SelectionSpec(FileModel):
+    """A plan's ``[selection]`` table and the broken electrodes of its ``[array]``: n_sites : sites to choose;
+    min_separation_mm : between any two chosen sites (array mm); metric : "euclidean" or "manhattan";
+    broken_electrodes : ids the lab marks broken (numbers are read as their text)."""
 
-    n_sites: int = 16
-    min_separation_mm: float = 0.0
-    metric: str = "euclidean"
-    broken_electrodes: tuple = ()
+    table: ClassVar[str] = "selection"
 
-    def __post_init__(self):
-        if isinstance(self.n_sites, bool) or not isinstance(self.n_sites, (int, np.integer)) or self.n_sites < 1:
-            raise ConfigError(f"selection.n_sites must be a positive integer, got {self.n_sites!r}")
-        value = self.min_separation_mm
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
-            raise ConfigError(f"selection.min_separation_mm must be a number >= 0 (mm), got {value!r}")
-        if self.metric not in METRICS:
-            raise ConfigError(f"selection.metric must be one of {list(METRICS)}, got {self.metric!r}")
-        object.__setattr__(self, "broken_electrodes", tuple(str(e) for e in self.broken_electrodes))
+    n_sites: Annotated[int, Field(ge=1)] = 16
+    min_separation_mm: Annotated[float, Field(ge=0)] = 0.0
+    metric: Literal[METRICS] = "euclidean"
+    broken_electrodes: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["broken_electrodes"] = list(self.broken_electrodes)
-        return data
+    @field_validator("broken_electrodes", mode="before")
+    @classmethod
+    def _as_text(cls, ids):
+        if isinstance(ids, (list, tuple)) and all(isinstance(e, (str, int)) and not isinstance(e, bool) for e in ids):
+            return tuple(str(e) for e in ids)
+        return ids
 
 
 #: Why a recorded electrode that is not broken is left out of a plan as not working, in the order checked.

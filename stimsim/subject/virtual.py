@@ -35,22 +35,16 @@ import numpy as np
 
 from stimsim.arrays.layout import ArrayLayout, cmp_options, load_layout
 from stimsim.arrays.pose import ArrayPose
-from stimsim.config import Section, load_toml
+from stimsim.config import load_toml
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.errors import ConfigError, DataError, FileFormatError
+from stimsim.filemodels import validate
 from stimsim.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance
-from stimsim.limits import MAX_SEED
 from stimsim.recordings import Recordings
+from stimsim.subject.subject_file import SubjectFile
 
 #: IT area label of the models a subject is built from.
 IT_AREA = "IT"
-#: Image sets recorded when a configuration names none: the LFW crops and 80 Fashion-MNIST test
-#: images per class (1,000 images).
-DEFAULT_STIMULI = ({"source": "lfw_subset"},
-                   {"source": "fashion_mnist", "split": "test", "n_per_class": 80, "seed": 0})
-#: Most presentations of every image a subject records (labs record tens; 1,000 repeats of the default 1,000
-#: images on a 10×10 array already hold 96 million responses, 0.8 GB).
-MAX_REPEATS = 1000
 SUBJECT_FILES = ("subject.toml", "recordings.nc", "recordings.nwb", "stimuli.npz", "truth.json")
 
 
@@ -88,73 +82,34 @@ class VirtualSubject:
         (an already loaded TopographicModel, e.g. in tests)."""
         from stimsim.models.registry import load_model, model_path
 
-        root = Section(config, source)
-        subject = root.section("subject", required=True)
-        model_name = subject.get("model", str)
-        seed = subject.get("seed", int, minimum=0, maximum=MAX_SEED)
-        lapse_rate = subject.get("lapse_rate", float, 0.02, minimum=0.0, maximum=1.0)
-        scale = subject.get("cortex_mm_per_model_mm", float, None, minimum=1e-6)
-        subject.finish()
+        checked = validate(SubjectFile, config, source)
+        seed, lapse_rate = checked.subject.seed, checked.subject.lapse_rate
         if model is None:
             try:
-                model_path(model_name)
+                model_path(checked.subject.model)
             except DataError as exc:
                 raise ConfigError(f"{source} [subject]: 'model': {exc}") from None
-        source_model = model if model is not None else load_model(model_name)
-        model, scale_record = cortex_view(source_model, scale)
+        source_model = model if model is not None else load_model(checked.subject.model)
+        model, scale_record = cortex_view(source_model, checked.subject.cortex_mm_per_model_mm)
         sheet = model.sheet(IT_AREA)
 
-        array = root.section("array", required=True)
-        layout_spec = array.get("layout", str, "10x10")
-        cmp = cmp_options(layout_spec, array.get("layout_ids", str, "channel"), array.get("pitch_mm", float, None),
-                          where=f"{source} [array]")
+        array = checked.array
+        cmp = cmp_options(array.layout, array.layout_ids, array.pitch_mm, where=f"{source} [array]")
         try:
-            layout = load_layout(_resolve(layout_spec, source), **cmp)
+            layout = load_layout(_resolve(array.layout, source), **cmp)
         except FileNotFoundError as exc:
             raise ConfigError(f"{source} [array] layout: {exc} (a layout file is read relative to the "
                               "configuration file's folder)") from None
-        pose_table = array.get("pose", dict, None)
-        dead_fraction = array.get("dead_fraction", float, 0.0, minimum=0.0, maximum=1.0)
-        dead_list = array.get("dead_electrodes", list, None)
-        array.finish()
-        if dead_list is not None and "dead_fraction" in config["array"]:
-            raise ConfigError(f"{source} [array]: give dead_electrodes (which ones) or dead_fraction (how many, drawn "
-                              "from the seed), not both")
-        if dead_fraction >= 1.0:
-            raise ConfigError(f"{source} [array]: 'dead_fraction' = {dead_fraction:g} leaves no working electrode; "
-                              "give a fraction below 1")
+        pose_table, dead_fraction, dead_list = array.pose, array.dead_fraction, array.dead_electrodes
 
-        rec = root.section("recording")
-        recording = {
-            "radius_mm": rec.get("radius_mm", float, 0.25, minimum=1e-6),
-            "repeats": rec.get("repeats", int, 4, minimum=1, maximum=MAX_REPEATS),
-            "window_ms": rec.get("window_ms", list, [70.0, 170.0]),
-            "baseline_rate_Hz": rec.get("baseline_rate_Hz", float, 20.0, minimum=0.0),
-            "gain_Hz_per_sd": rec.get("gain_Hz_per_sd", float, 60.0, minimum=0.0),
-            "gain_log_sd": rec.get("gain_log_sd", float, 0.3, minimum=0.0),
-            "noise": rec.get("noise", str, "poisson", choices=("poisson", "none")),
-        }
-        rec.finish()
+        recording = checked.recording.to_dict()
         x0, x1, y0, y1 = sheet.extent_mm
         span_mm = max(x1 - x0, y1 - y0)
         if recording["radius_mm"] > span_mm:
             raise ConfigError(f"{source} [recording]: 'radius_mm' = {recording['radius_mm']:g} is larger than the "
                               f"model's IT sheet (extent {_extent_text(sheet)} mm): every electrode would record the "
                               f"whole sheet; give at most {span_mm:.3g} mm")
-        window = recording["window_ms"]
-        if (len(window) != 2 or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in window)
-                or not 0 <= window[0] < window[1]):
-            raise ConfigError(f"{source} [recording]: window_ms must be [start, stop] with 0 <= start < stop, "
-                              f"got {window!r}")
-        recording["window_ms"] = [float(w) for w in window]
-
-        stimuli_spec = config.get("stimuli", list(DEFAULT_STIMULI))
-        if not isinstance(stimuli_spec, list) or not stimuli_spec or not all(isinstance(s, dict) for s in stimuli_spec):
-            raise ConfigError(f"{source}: [[stimuli]] must be one or more tables such as "
-                              "{source = \"lfw_subset\"}")
-        unknown = sorted(set(config) - {"subject", "array", "recording", "stimuli"})
-        if unknown:
-            raise ConfigError(f"{source}: unknown table(s) {unknown}; allowed: subject, array, recording, stimuli")
+        stimuli_spec = [dict(entry) for entry in checked.stimuli]
 
         rng = np.random.default_rng([seed, 0x5B])
         if pose_table is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,16 +19,18 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from stimsim.config import Section, load_toml
+from stimsim.config import load_toml
 from stimsim.errors import ConfigError, FileFormatError, TrainingDiverged
 from stimsim.figures import pyplot, save_figure
+from stimsim.filemodels import validate
 from stimsim.hashing import json_sha256
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance
 from stimsim.models.architectures import build_network
 from stimsim.models.positions import build_sheet
 from stimsim.models.preprocessing import Preprocessing
-from stimsim.training.spatial_loss import layer_spatial_loss
 from stimsim.models.topographic import TopographicModel
+from stimsim.training.spatial_loss import layer_spatial_loss
+from stimsim.training.train_file import TrainFile
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -43,7 +45,8 @@ class LayerSheetSpec:
 
 @dataclass
 class TrainingConfig:
-    """Everything a training run needs; built from TOML by :func:`load_training_config`."""
+    """Everything a training run needs, resolved from a :class:`~stimsim.training.train_file.TrainFile` by
+    :func:`load_training_config` (the file model holds the defaults)."""
     name: str
     family: str
     model_kwargs: dict
@@ -52,25 +55,25 @@ class TrainingConfig:
     readout_layer: str | None
     data_sets: list[dict]
     label: str
-    seed: int = 0
-    steps: int = 1000
-    batch_size: int = 128
-    learning_rate: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    warmup_steps: int = 50
-    task: str = "supervised"
-    simclr_temperature: float = 0.1
-    augment: bool = True
-    checkpoint_every_steps: int = 100
-    spatial_alpha: float = 0.25
-    spatial_layers: list[str] = field(default_factory=list)
-    neighborhoods_per_step: int = 8
-    activity_l1: float = 0.0
-    activity_layers: list[str] = field(default_factory=list)
-    cortex_scale: dict | None = None
-    raw: dict = field(default_factory=dict)
-    source: str = "training config"
+    seed: int
+    steps: int
+    batch_size: int
+    learning_rate: float
+    momentum: float
+    weight_decay: float
+    warmup_steps: int
+    task: str
+    simclr_temperature: float
+    augment: bool
+    checkpoint_every_steps: int
+    spatial_alpha: float
+    spatial_layers: list[str]
+    neighborhoods_per_step: int
+    activity_l1: float
+    activity_layers: list[str]
+    cortex_scale: dict | None
+    raw: dict
+    source: str
 
     def fingerprint(self) -> str:
         return json_sha256(self.raw)[:16]
@@ -81,97 +84,36 @@ def load_training_config(path_or_dict) -> TrainingConfig:
     of a ``folder`` or ``table`` image set in a file is taken relative to the file's own folder."""
     raw = load_toml(path_or_dict) if isinstance(path_or_dict, (str, Path)) else dict(path_or_dict)
     where = str(path_or_dict) if isinstance(path_or_dict, (str, Path)) else "training config"
-    top = Section(raw, where)
-    name = top.text("name")
-    if any(character in name for character in "/\\") or name in (".", ".."):
-        raise ConfigError(f"{where}: 'name' must be a plain name without '/' or '\\' (it names the default run "
-                          f"directory runs/NAME), got {name!r}")
-    model = top.section("model", required=True)
-    family = model.get("family", str)
-    model_kwargs = model.get("kwargs", dict, {})
-    readout_layer = model.get("readout_layer", str, None)
-    pre = model.section("preprocessing", required=True)
-    size_px, channels = pre.get("size_px", int, minimum=8), pre.get("channels", int, choices=(1, 3))
-    mean, std = pre.numbers("mean"), pre.numbers("std")
+    checked = validate(TrainFile, raw, where)
+    pre = checked.model.preprocessing
     try:
-        preprocessing = Preprocessing(size_px=size_px, channels=channels, mean=mean, std=std)
+        preprocessing = Preprocessing(size_px=pre.size_px, channels=pre.channels, mean=tuple(pre.mean),
+                                      std=tuple(pre.std))
     except ConfigError as exc:
-        raise ConfigError(f"{pre.where}: {exc}") from None
-    pre.finish()
-    layers_section = model.section("layers", required=True)
-    layers = {}
-    for layer in list(layers_section.values):
-        spec = layers_section.section(layer)
-        layers[layer] = LayerSheetSpec(spec.get("sheet_size_mm", float, minimum=1e-3),
-                                       spec.get("neighborhood_width_mm", float, minimum=1e-3),
-                                       spec.get("area", str, None))
-        spec.finish()
-    layers_section.finish()
-    model.finish()
-
-    data = top.section("data", required=True)
-    label = data.get("label", str, "category")
-    sets = list(data.get("sets", list))  # a copy: resolved paths stay out of the recorded configuration
-    for i, entry in enumerate(sets):
-        if not isinstance(entry, dict) or "source" not in entry:
-            raise ConfigError(f"{where} [data] sets[{i}] must be a table with a 'source' key")
+        raise ConfigError(f"{where} [model.preprocessing]: {exc}") from None
+    layers = {name: LayerSheetSpec(layer.sheet_size_mm, layer.neighborhood_width_mm, layer.area)
+              for name, layer in checked.model.layers.items()}
+    sets = []  # copies: resolved paths stay out of the recorded configuration
+    for entry in checked.data.sets:
+        entry = entry.model_dump(exclude_unset=True)
         path = entry.get("path")
         if isinstance(path_or_dict, (str, Path)) and entry["source"] in ("folder", "table") and isinstance(path, str) \
                 and path and not Path(path).is_absolute():  # relative to the configuration file, as in experiments
-            sets[i] = {**entry, "path": str((Path(path_or_dict).parent / path).absolute())}
-        fraction = Section(entry, f"{where} [data] sets[{i}]").get("holdout_fraction", float, 0.0, minimum=0.0)
-        if fraction >= 1:
-            raise ConfigError(f"{where} [data] sets[{i}]: 'holdout_fraction' must be < 1 (some images must be left "
-                              f"to train on), got {fraction!r}")
-    data.finish()
-
+            entry["path"] = str((Path(path_or_dict).parent / path).absolute())
+        sets.append(entry)
     cortex_scale = None
-    scale = top.section("cortex_scale")
-    if scale.values:
-        cortex_scale = {"layer": scale.get("layer", str),
-                        "cortex_mm_per_model_mm": scale.get("cortex_mm_per_model_mm", float, minimum=1e-3, maximum=100.0),
-                        "rule": scale.get("rule", str)}
-        if cortex_scale["layer"] not in layers:
-            raise ConfigError(f"{where} [cortex_scale] layer {cortex_scale['layer']!r} has no sheet in [model.layers]")
+    if checked.cortex_scale is not None:
+        cortex_scale = checked.cortex_scale.to_dict()
         cortex_scale["sheet_size_cortex_mm"] = round(
             cortex_scale["cortex_mm_per_model_mm"] * layers[cortex_scale["layer"]].sheet_size_mm, 3)
-    scale.finish()
-
-    tr = top.section("training", required=True)
-    spatial = top.section("spatial_loss")
-    activity = top.section("activity_penalty")
-    config = TrainingConfig(
-        name=name, family=family, model_kwargs=model_kwargs, preprocessing=preprocessing, layers=layers,
-        readout_layer=readout_layer, data_sets=sets, label=label,
-        seed=tr.get("seed", int, 0, minimum=0, maximum=2**32 - 1),
-        steps=tr.get("steps", int, minimum=1),
-        batch_size=tr.get("batch_size", int, 128, minimum=2),
-        learning_rate=tr.get("learning_rate", float, 0.05, minimum=0.0),
-        momentum=tr.get("momentum", float, 0.9, minimum=0.0, maximum=1.0),
-        weight_decay=tr.get("weight_decay", float, 5e-4, minimum=0.0),
-        warmup_steps=tr.get("warmup_steps", int, 50, minimum=0),
-        task=tr.get("task", str, "supervised", choices=("supervised", "simclr")),
-        simclr_temperature=tr.get("simclr_temperature", float, 0.1, minimum=1e-4),
-        augment=tr.get("augment", bool, True),
-        checkpoint_every_steps=tr.get("checkpoint_every_steps", int, 100, minimum=1),
-        spatial_alpha=spatial.get("alpha", float, 0.25, minimum=0.0),
-        spatial_layers=spatial.get("layers", list, []),
-        neighborhoods_per_step=spatial.get("neighborhoods_per_step", int, 8, minimum=1),
-        activity_l1=activity.get("l1", float, 0.0, minimum=0.0),
-        activity_layers=activity.get("layers", list, []),
-        cortex_scale=cortex_scale,
-        raw=raw,
-        source=where,
-    )
-    tr.finish()
-    spatial.finish()
-    activity.finish()
-    top.finish()
-    for block, names in (("spatial_loss", config.spatial_layers), ("activity_penalty", config.activity_layers)):
-        unknown = [layer for layer in names if layer not in layers]
-        if unknown:
-            raise ConfigError(f"{where} [{block}] layers {unknown} have no sheet in [model.layers]")
-    return config
+    training, spatial, activity = checked.training, checked.spatial_loss, checked.activity_penalty
+    return TrainingConfig(
+        name=checked.name, family=checked.model.family, model_kwargs=dict(checked.model.kwargs),
+        preprocessing=preprocessing, layers=layers, readout_layer=checked.model.readout_layer, data_sets=sets,
+        label=checked.data.label, **training.model_dump(), spatial_alpha=spatial.alpha,
+        spatial_layers=list(spatial.layers), neighborhoods_per_step=spatial.neighborhoods_per_step,
+        activity_l1=activity.l1, activity_layers=list(activity.layers), cortex_scale=cortex_scale, raw=raw,
+        source=where)
 
 
 def build_untrained_model(config: TrainingConfig) -> TopographicModel:
