@@ -34,6 +34,9 @@ source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 # headings get GitHub's anchors, so that links such as models.md#default-models-imagenet-trunks work both
 # here and on the repository's pages
 myst_heading_anchors = 3
+# quotes and ellipses become typographic, but "--" stays two hyphens: the command-line reference writes
+# options (--out, --figure) inside the help texts
+smartquotes_action = "qe"
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"
