@@ -1,5 +1,6 @@
-"""Sphinx configuration: API reference from the docstrings (autodoc + napoleon) and a gallery of
-short runnable examples (sphinx-gallery, executed at every build)."""
+"""Sphinx configuration: the guide's pages in Markdown (myst-parser), the command-line reference from the
+command's parser (sphinx-argparse), the API reference from the docstrings (autodoc + napoleon) and a gallery
+of short runnable examples (sphinx-gallery, executed at every build)."""
 import os
 import re
 import sys
@@ -26,7 +27,16 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
     "sphinx_gallery.gen_gallery",
+    "myst_parser",
+    "sphinxarg.ext",
 ]
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+# headings get GitHub's anchors, so that links such as models.md#default-models-imagenet-trunks work both
+# here and on the repository's pages
+myst_heading_anchors = 3
+# quotes and ellipses become typographic, but "--" stays two hyphens: the command-line reference writes
+# options (--out, --figure) inside the help texts
+smartquotes_action = "qe"
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"

@@ -8,7 +8,7 @@
 ``processes=N``
     the same with N worker processes;
 an address (``tcp://host:8786`` or ``host:8786``)
-    a running Dask scheduler, e.g. one started by dask-jobqueue on a SLURM cluster (see the README);
+    a running Dask scheduler, e.g. one started by dask-jobqueue on a SLURM cluster (see docs/engine.md);
 a ``distributed.Client``
     (Python API) used as it is and left open.
 

@@ -575,11 +575,11 @@ def test_muscimol_example_runs_on_the_shipped_model(tmp_path, shared_data):
     # silencing moves choices away from "face", the more the more face-selective the site
     assert summary["model_r"] < -0.4 and summary["model_p"] < 0.01
     assert summary["model_mean_shift_selective"] < min(0.0, summary["model_mean_shift_other"])
-    # the README's figures are this run's
+    # the figures docs/experiments.md gives are this run's
     import re
 
     quoted = re.search(r"shift against d′: r = ([−\d.]+),\s+p = ([\d.]+); ([−+\d.]+) % signal at the one face-selective "
-                       r"grid site, ([−+\d.]+) % elsewhere", (REPO / "README.md").read_text(encoding="utf-8"))
+                       r"grid site, ([−+\d.]+) % elsewhere", (REPO / "docs" / "experiments.md").read_text(encoding="utf-8"))
     r, p, selective, other = (float(x.replace("−", "-")) for x in quoted.groups())
     assert summary["model_r"] == pytest.approx(r, abs=0.005) and summary["model_p"] == pytest.approx(p, abs=5e-4)
     assert summary["model_mean_shift_selective"] == pytest.approx(selective, abs=0.05)

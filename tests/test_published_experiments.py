@@ -1,7 +1,7 @@
 """The published experiments, end to end on the shipped default model, beside the monkey data.
 
 Every run takes about two minutes on the 50,176-unit default, so the suite runs them on stimsim-mnv2-s0 only
-(the README's "Default models" gives all three ImageNet-based models)."""
+(the documentation's "Default models", docs/models.md, gives all three ImageNet-based models)."""
 import json
 import os
 from pathlib import Path
@@ -18,14 +18,14 @@ pytestmark = [pytest.mark.slow,
 
 
 SHIPPED = ["stimsim-mnv2-s0"]
-README = Path(__file__).resolve().parents[1] / "README.md"
+MODELS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 
 
-def _readme_cell(row_label: str, model: str) -> list[float]:
-    """The numbers in ``model``'s column of the README's "Default models" table row ``row_label``."""
+def _docs_cell(row_label: str, model: str) -> list[float]:
+    """The numbers in ``model``'s column of the "Default models" table row ``row_label`` (docs/models.md)."""
     import re
 
-    lines = [line for line in README.read_text(encoding="utf-8").splitlines() if line.startswith("| ")]
+    lines = [line for line in MODELS_PAGE.read_text(encoding="utf-8").splitlines() if line.startswith("| ")]
     header = next(line for line in lines if "| stimsim-mnv2-s0 | stimsim-mnv2-s1 |" in line)
     column = [cell.strip() for cell in header.split("|")].index(model)
     row = next(line for line in lines if line.startswith(f"| {row_label} |"))
@@ -52,21 +52,21 @@ def test_afraz2006_face_selective_sites_shift_choices_towards_face(model, tmp_pa
     assert summary["model_r"] >= 0.4 and summary["model_p"] < 0.01
     assert summary["model_mean_shift_other"] < 2.5
     assert summary["model_mean_shift_selective_logodds"] > summary["model_mean_shift_other_logodds"]
-    # not met (README "Default models"): the 2.3-9.1 % shift at d' > 1 sites (1.0 % measured) and a control
+    # not met (docs/models.md, "Default models"): the 2.3-9.1 % shift at d' > 1 sites (1.0 % measured) and a control
     # curve as steep as a trained animal's (P(face) 0.22 at -50 %, 0.75 at +50 %); held: the direction, and a
     # curve that rises from non-faces to faces
     assert summary["model_mean_shift_selective"] > max(0.0, summary["model_mean_shift_other"])
     assert summary["control_p_face_at_minus50"] < 0.5 < summary["control_p_face_at_50"]
-    # the README's figures are this run's
-    r, p = _readme_cell("Afraz r (p)", model)
+    # the figures docs/models.md gives are this run's
+    r, p = _docs_cell("Afraz r (p)", model)
     assert summary["model_r"] == pytest.approx(r, abs=0.005) and summary["model_p"] == pytest.approx(p, rel=0.5)
-    shift, logodds = _readme_cell("Afraz shift at d′ > 1 sites (% signal / log-odds)", model)
+    shift, logodds = _docs_cell("Afraz shift at d′ > 1 sites (% signal / log-odds)", model)
     assert summary["model_mean_shift_selective"] == pytest.approx(shift, abs=0.005)
     assert summary["model_mean_shift_selective_logodds"] == pytest.approx(logodds, abs=5e-4)
-    assert summary["model_mean_shift_other"] == pytest.approx(_readme_cell("Afraz shift at other sites (%)", model)[0],
+    assert summary["model_mean_shift_other"] == pytest.approx(_docs_cell("Afraz shift at other sites (%)", model)[0],
                                                               abs=0.005)
     assert [summary["control_p_face_at_minus50"], summary["control_p_face_at_50"]] == pytest.approx(
-        _readme_cell("Afraz control P(face) at −50 % / +50 % signal", model), abs=0.005)
+        _docs_cell("Afraz control P(face) at −50 % / +50 % signal", model), abs=0.005)
     # the monkeys (Afraz et al. 2006): r ≈ 0.55, selective sites shift more
     assert summary["data_r"] == pytest.approx(0.552, abs=0.005)
     assert summary["data_mean_shift_selective"] > summary["data_mean_shift_other"]
@@ -87,10 +87,10 @@ def test_moeller2017_runs_beside_the_published_counts(model, tmp_path, capsys):
     # the targets, all met on this model: inside drop >= 0.5, outside <= 0.1, objects less than faces
     assert inside >= 0.5 and outside <= 0.1
     assert summary["model_object_same_hit_drop_inside"] < inside
-    # the README's figures are this run's
+    # the figures docs/models.md gives are this run's
     assert [inside, outside] == pytest.approx(
-        _readme_cell('Moeller "same"-hit drop inside / outside the face patch', model), abs=0.005)
+        _docs_cell('Moeller "same"-hit drop inside / outside the face patch', model), abs=0.005)
     assert summary["model_object_same_hit_drop_inside"] == pytest.approx(
-        _readme_cell("Moeller object drop inside", model)[0], abs=0.005)
+        _docs_cell("Moeller object drop inside", model)[0], abs=0.005)
     config = json.loads((tmp_path / "config.json").read_text())
     assert "override" in json.dumps(config)

@@ -1,20 +1,28 @@
-"""The README's Python snippets run as written, and their comments state what they print and write."""
+"""The Python snippets of the README and of the documentation pages run as written, and their comments state
+what they print and write; the figures the documentation quotes for the main command are what it gives."""
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
 
 
-def _python_snippet(heading: str) -> str:
-    section = README.read_text(encoding="utf-8").split(heading, 1)[1]
+def _docs_page(name: str) -> str:
+    """The text of the documentation page ``docs/NAME.md``."""
+    return (REPO / "docs" / f"{name}.md").read_text(encoding="utf-8")
+
+
+def _python_snippet(text: str, heading: str) -> str:
+    """The first Python code block after ``heading`` in ``text``."""
+    section = text.split(heading, 1)[1]
     return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
 
 
 def _python_api_snippet() -> str:
-    return _python_snippet("## Python API in five minutes")
+    return _python_snippet(README.read_text(encoding="utf-8"), "## Python API in five minutes")
 
 
 def test_the_python_api_snippet_runs_in_cortex_millimetres(capsys):
@@ -37,38 +45,38 @@ def test_the_python_api_snippet_runs_in_cortex_millimetres(capsys):
 
 def test_the_reports_snippet_runs_and_writes_html_and_pdf(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    exec(compile(_python_snippet("## Reports"), "README.md", "exec"), {})
+    exec(compile(_python_snippet(_docs_page("reports"), "# Reports"), "docs/reports.md", "exec"), {})
     written = tmp_path / "results" / "my_result"
     assert sorted(path.name for path in written.iterdir()) == ["report.html", "report.pdf"]  # the comment
     assert (written / "report.pdf").read_bytes().startswith(b"%PDF")
     assert "ΔAUC" in (written / "report.html").read_text(encoding="utf-8")
 
 
-def _readme_number(text: str) -> float:
+def _quoted_number(text: str) -> float:
     return float(text.replace("−", "-"))
 
 
 @pytest.mark.slow
-def test_the_default_plan_figures_the_readme_quotes_are_what_the_main_command_gives(tmp_path):
-    """The README's main command (``stimsim plan experiments/plan_default.toml``), run as written: its
-    predicted-vs-true r (all, per candidate) and power figures are the ones the README states."""
+def test_the_default_plan_figures_the_docs_quote_are_what_the_main_command_gives(tmp_path):
+    """The quick start's main command (``stimsim plan experiments/plan_default.toml``), run as written: its
+    predicted-vs-true r (all, per candidate) and power figures are the ones docs/planning.md states."""
     import json
 
     from stimsim.cli import main
 
     out = tmp_path / "plan"
-    assert main(["plan", str(README.parent / "experiments" / "plan_default.toml"), "--out", str(out),
+    assert main(["plan", str(REPO / "experiments" / "plan_default.toml"), "--out", str(out),
                  "--no-progress"]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    quoted = re.search(r"measured on this README's main command:\s+r = ([−\d.]+); per candidate stimsim-topo-s0 "
+    quoted = re.search(r"measured on the quick start's main command:\s+r = ([−\d.]+); per candidate stimsim-topo-s0 "
                        r"([−\d.]+), stimsim-topo-s1 ([−\d.]+); power across sites ([\d.]+) at (\d+) trials",
-                       README.read_text(encoding="utf-8"))
-    assert quoted, "the README no longer quotes the default plan's figures in the form this test reads"
+                       _docs_page("planning"))
+    assert quoted, "docs/planning.md no longer quotes the default plan's figures in the form this test reads"
     r, r_s0, r_s1, power, trials = quoted.groups()
-    assert summary["predicted_vs_true_r"] == pytest.approx(_readme_number(r), abs=5e-4)
+    assert summary["predicted_vs_true_r"] == pytest.approx(_quoted_number(r), abs=5e-4)
     per_model = summary["predicted_vs_true_r_per_model"]
-    assert per_model["stimsim-topo-s0"] == pytest.approx(_readme_number(r_s0), abs=5e-3)
-    assert per_model["stimsim-topo-s1"] == pytest.approx(_readme_number(r_s1), abs=5e-3)
+    assert per_model["stimsim-topo-s0"] == pytest.approx(_quoted_number(r_s0), abs=5e-3)
+    assert per_model["stimsim-topo-s1"] == pytest.approx(_quoted_number(r_s1), abs=5e-3)
     assert summary["power_at_planned_trials"]["trials_per_site"] == int(trials)
     assert summary["power_at_planned_trials"]["across_sites"] == pytest.approx(float(power), abs=5e-3)
     assert summary["trials_per_site_needed"]["across_sites"] is None  # "no site count up to 6,400"
