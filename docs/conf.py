@@ -29,6 +29,7 @@ extensions = [
     "sphinx_gallery.gen_gallery",
     "myst_parser",
     "sphinxarg.ext",
+    "sphinx-jsonschema",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 # headings get GitHub's anchors, so that links such as models.md#default-models-imagenet-trunks work both

@@ -23,6 +23,7 @@ class ImageRows(FileModel):
     first ``n`` images and ``only`` (label → the value the images must have)."""
 
     model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Any] = Field(init=False)  # the source's own keys
     source: Text
     group: Text
 
@@ -72,6 +73,7 @@ class StimulationTable(FileModel):
     ``sites_mm``, ``layer`` and ``current_uA``), the rising ``currents_uA`` and the scale of its additive form."""
 
     model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Any] = Field(init=False)  # the electrical template's keys
     currents_uA: Annotated[list[Annotated[float, Field(ge=0)]], Field(min_length=2)]
     additive_scale: Literal["activation", "sd"] = "activation"
 
@@ -91,7 +93,8 @@ class JudgeTable(FileModel):
 
 
 class VisualizeFile(FileModel):
-    """A visualisation file (see the module docstring)."""
+    """A visualisation file: the model, the image rows, the localizer, the face and control sites, the currents,
+    the inversion and the independent judge."""
 
     name: Text
     description: str = ""

@@ -157,7 +157,8 @@ class SelectionTable(SelectionSpec):
 
 
 class PlanFile(FileModel):
-    """A plan file (see the module docstring)."""
+    """A plan file: what to plan on (a virtual subject or a lab's recordings), with which candidate models, under
+    which constraints; the tables are described in the module docstring."""
 
     name: Text | None = None
     description: str = ""

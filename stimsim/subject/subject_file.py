@@ -79,7 +79,7 @@ class RecordingTable(FileModel):
 
 
 class SubjectFile(FileModel):
-    """A virtual-subject file (see the module docstring)."""
+    """A virtual-subject file: the model, the array implanted in its IT, how it records and what it is shown."""
 
     subject: SubjectTable
     array: ArrayTable

@@ -126,7 +126,8 @@ class CortexScaleTable(FileModel):
 
 
 class HeadConfig(FileModel):
-    """A ``topo_head`` build file (see the module docstring)."""
+    """A ``topo_head`` build file: the ImageNet-trained base network, the IT grid and its sheet, the images and
+    their domains, the training and the anatomical scale rule."""
     name: Text
     description: Text | None = None
     model: HeadModelTable

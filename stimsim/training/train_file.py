@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, TypeAdapter, field_validator, model_validator
+from pydantic import ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from stimsim.filemodels import FileModel, Text
 from stimsim.training.head_training import HeadConfig
@@ -53,7 +53,8 @@ class DataSet(FileModel):
     """One image set of ``[data] sets``: a stimulus source (``source`` and its own keys) and the share held
     out from training."""
 
-    model_config = {"extra": "allow"}
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Any] = Field(init=False)  # the source's own keys
     source: Text
     holdout_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.0
 
@@ -65,7 +66,7 @@ class DataTable(FileModel):
     label: Text = "category"
 
 
-class CortexScaleTable(FileModel):
+class LayerScaleTable(FileModel):
     """``[cortex_scale]``: how many cortex mm one model mm of ``layer`` stands for, and the anatomical rule."""
 
     layer: Text
@@ -105,12 +106,13 @@ class ActivityPenaltyTable(FileModel):
 
 
 class TrainFile(FileModel):
-    """A training file (see the module docstring)."""
+    """A training file of a network trained from scratch: the network and its sheets, the images, the optimisation,
+    the spatial loss and the activity penalty."""
 
     name: Text
     model: ModelTable
     data: DataTable
-    cortex_scale: CortexScaleTable | None = None
+    cortex_scale: LayerScaleTable | None = None
     training: TrainingTable
     spatial_loss: SpatialLossTable = SpatialLossTable()
     activity_penalty: ActivityPenaltyTable = ActivityPenaltyTable()
