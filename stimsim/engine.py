@@ -48,7 +48,8 @@ from stimsim.devices import resolve_device
 from stimsim.errors import ConfigError, FileFormatError, SafetyError
 from stimsim.hashing import canonical_json, json_sha256, tensor_sha256, update_with_tensors
 from stimsim.io import atomic_save, atomic_write_json, is_temporary_file
-from stimsim.stimulation.perturbations import Condition, apply_effect
+from stimsim.stimulation.base import apply_effect
+from stimsim.stimulation.conditions import Condition
 
 #: Default memory budget for the perturbed activity of one pass (bytes).
 DEFAULT_MAX_CHUNK_BYTES = 1 << 30
@@ -293,9 +294,9 @@ class _Setup:
 
 
 def _safety_gate(conditions: list, limits, override) -> dict[str, str]:
-    """Check every electrical stimulation against the safety limits (``stimsim.stimulation.enforce``);
-    returns the attrs that record the limits and the override reason."""
-    from stimsim.stimulation import ElectricalStimulation, SafetyLimits, enforce
+    """Check every perturbation that carries charge (``carries_charge``) against the safety limits
+    (``stimsim.stimulation.enforce``); returns the attrs that record the limits and the override reason."""
+    from stimsim.stimulation import SafetyLimits, enforce
 
     limits = SafetyLimits() if limits is None else limits
     if not isinstance(limits, SafetyLimits):
@@ -303,7 +304,7 @@ def _safety_gate(conditions: list, limits, override) -> dict[str, str]:
     overridden = False
     for condition in conditions:
         for perturbation in getattr(condition, "perturbations", ()):
-            if isinstance(perturbation, ElectricalStimulation):
+            if perturbation.carries_charge:
                 try:
                     overridden |= enforce(perturbation, limits, override=override).overridden
                 except SafetyError as exc:

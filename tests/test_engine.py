@@ -295,6 +295,21 @@ def test_the_engine_enforces_the_safety_limits(model, images, decoder):
                         progress=False)
 
 
+def test_the_safety_gate_checks_every_kind_that_carries_charge(model, images, decoder):
+    """The gate keys on the ``carries_charge`` capability, not on one class: a new current-carrying kind (here an
+    electrical train that also records its own name) is refused above the limits as electrical stimulation is."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    @dataclass(frozen=True)
+    class TaggedTrain(ElectricalStimulation):
+        kind: ClassVar[str] = "tagged_train"
+
+    strong = Condition("tagged", (TaggedTrain(((5.0, 5.0),), current_uA=300.0, layer="IT"),))
+    with pytest.raises(SafetyError, match=r"condition 'tagged'.*Shannon's k = 2\.255 exceeds"):
+        engine.simulate(model, images, [strong], decoder, progress=False)
+
+
 def test_labels_round_trip_through_netcdf(model, images, labels, decoder, tmp_path):
     ids = [f"img{i:02d}" for i in range(N_IMAGES)]
     result = simulate(model, images, [Condition("control"), *it_sites(2)], decoder, stimulus_ids=ids,

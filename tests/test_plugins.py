@@ -141,7 +141,7 @@ def _install_fake_package(root: Path, group: str, entry_points: dict[str, str]) 
     (package / "cool.py").write_text(
         "from dataclasses import dataclass\n"
         "from typing import ClassVar\n"
-        "from stimsim.stimulation.perturbations import Ablation, Perturbation\n"
+        "from stimsim.stimulation import Ablation, Perturbation\n"
         "@dataclass(frozen=True)\n"
         "class Cooling(Ablation):\n"
         "    kind: ClassVar[str] = 'cooling'\n"
@@ -158,7 +158,8 @@ def _install_fake_package(root: Path, group: str, entry_points: dict[str, str]) 
 
 
 def test_broken_plug_ins_are_named_with_their_entry_point_and_package(tmp_path, monkeypatch):
-    from stimsim.stimulation.perturbations import ElectricalStimulation, _check_perturbation_class
+    from stimsim.stimulation import ElectricalStimulation
+    from stimsim.stimulation.base import _check_perturbation_class
 
     group = "stimsim.test_broken_perturbations"
     _install_fake_package(tmp_path, group, {
@@ -193,7 +194,7 @@ def test_broken_plug_ins_are_named_with_their_entry_point_and_package(tmp_path, 
                                           "'cooling'"):
         registry.get("chill")
     with pytest.raises(ConfigError, match=r"perturbation kind 'electrical' is registered more than once: "
-                       r"stimsim.stimulation.perturbations:ElectricalStimulation; "
+                       r"stimsim.stimulation.electrical:ElectricalStimulation; "
                        + declared.format("electrical = labplug_t.cool:Cooling")):
         registry.get("electrical")
     with pytest.raises(ConfigError, match="Frost' .* cannot be imported"):  # the same error on every lookup

@@ -106,8 +106,9 @@ def test_charge_imbalance_is_a_violation_even_if_the_spec_was_tampered_with():
     assert "not charge-balanced" in report.violations[0]
 
 
-def test_only_electrical_protocols_are_checked():
-    with pytest.raises(TypeError, match="ElectricalStimulation"):
+def test_only_perturbations_that_carry_charge_are_checked():
+    assert ElectricalStimulation.carries_charge and not OptogeneticSuppression.carries_charge
+    with pytest.raises(TypeError, match="carry charge, got OptogeneticSuppression"):
         check_protocol(OptogeneticSuppression(((0.0, 0.0),), power_mW=1.0))
 
 

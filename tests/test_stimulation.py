@@ -484,6 +484,51 @@ def test_batch_effects_equal_one_condition_at_a_time():
         Condition.batch_effects([Condition("far", (Ablation(((50.0, 1.0),), radius_mm=1.0, layer="it"),))], sheet)
 
 
+def test_every_kind_gives_its_published_law_at_every_unit():
+    """Each kind's one implementation (torch) against the laws written out here in numpy: Kumaravelu et al. 2022
+    exp(−d/λ(I)) and Tehovnik et al. 2006 discs combined by sum or max, the multiplicative gain and the additive
+    rate increment; Gaussian suppression max(1 − a·exp(−d²/2σ²), 0) multiplied over sites; lesions."""
+    sheet = grid_sheet(n_side=17, size_mm=4.0)
+    xy = sheet.coordinates_mm
+    d = lambda site: np.hypot(xy[:, 0] - site[0], xy[:, 1] - site[1])  # noqa: E731
+    a, b = (1.0, 1.5), (2.8, 2.2)
+    lam = 0.00505047 * (80.0 - 5.26062)
+    summed = np.exp(-d(a) / lam) + np.exp(-d(b) / lam)
+    stim = ElectricalStimulation((a, b), current_uA=80.0, frequency_Hz=120.0, layer="it")
+    np.testing.assert_allclose(stim.effect(sheet).multiplier, 1 + (120.0 / 30.0) * summed, rtol=1e-12)
+    radius = math.sqrt(900.0 / 1292.0)
+    disc = np.maximum(d(a) <= radius, d(b) <= radius).astype(float)
+    stim = ElectricalStimulation((a, b), current_uA=900.0, spread="tehovnik", combine="max", form="additive",
+                                 activation_per_Hz=0.01, frequency_Hz=100.0, layer="it")
+    effect = stim.effect(sheet)
+    np.testing.assert_array_equal(effect.multiplier, np.ones(sheet.n_units))
+    np.testing.assert_allclose(effect.additive, 0.01 * min(30.0 + 100.0, 200.0) * disc, rtol=1e-12)
+    light = OptogeneticSuppression((a, b), power_mW=1.5, layer="it").effect(sheet).multiplier
+    expected = np.prod([np.maximum(1 - 1.5 * np.exp(-d(s) ** 2 / (2 * 0.234)), 0) for s in (a, b)], axis=0)
+    np.testing.assert_allclose(light, expected, rtol=1e-12, atol=1e-15)
+    drug = MuscimolInactivation((a,), volume_uL=0.5, layer="it").effect(sheet).multiplier
+    np.testing.assert_allclose(drug, np.maximum(1 - 0.5 * np.exp(-d(a) ** 2 / (2 * 1.17)), 0), rtol=1e-12)
+    lesion = Ablation((a, b), radius_mm=0.6, layer="it").effect(sheet).multiplier
+    np.testing.assert_array_equal(lesion, np.where((d(a) <= 0.6) | (d(b) <= 0.6), 0.0, 1.0))
+
+
+def test_one_batch_may_mix_spread_laws_forms_and_combinations():
+    """Rows of different laws, forms and combinations in one ``batch_effect`` call equal each perturbation alone."""
+    sheet = grid_sheet(n_side=11, size_mm=4.0)
+    rng = np.random.default_rng(7)
+    stims = [ElectricalStimulation(tuple(tuple(rng.uniform(0.5, 3.5, 2)) for _ in range(int(rng.integers(1, 4)))),
+                                   current_uA=float(rng.uniform(20, 400)), frequency_Hz=float(rng.uniform(0, 300)),
+                                   spread=str(rng.choice(["kumaravelu", "tehovnik"])),
+                                   combine=str(rng.choice(["sum", "max"])), layer="it",
+                                   **({"form": "additive", "activation_per_Hz": 0.02} if rng.random() < 0.5 else {}))
+             for _ in range(12)]
+    multiplier, additive = ElectricalStimulation.batch_effect(stims, sheet)
+    for row, stim in enumerate(stims):
+        alone = stim.effect(sheet)
+        np.testing.assert_allclose(multiplier[row].numpy(), alone.multiplier, rtol=1e-13)
+        np.testing.assert_allclose(additive[row].numpy(), alone.additive, rtol=1e-13, atol=1e-15)
+
+
 def test_batch_effect_at_an_electrode_tip_is_one_plus_f_over_baseline():
     sheet = point_sheet([(1.0, 1.0), (1.0, 1.0 + 0.479)])  # 0.479 mm = λ(100 µA)
     stim = ElectricalStimulation(((1.0, 1.0),), current_uA=100.0, frequency_Hz=150.0, layer="it")

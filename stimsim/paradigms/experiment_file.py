@@ -69,7 +69,7 @@ key, e.g. Fashion-MNIST's draw, is that set's).
 ``[stimulation]``
     One perturbation template applied at every site: ``kind`` (``"electrical"``, ``"optogenetic"``,
     ``"muscimol"``, ``"ablation"``) and that perturbation's parameters with units (see
-    :mod:`stimsim.stimulation.perturbations`; e.g. ``current_uA``, ``frequency_Hz``,
+    :mod:`stimsim.stimulation`; e.g. ``current_uA``, ``frequency_Hz``,
     ``pulse_width_ms``, ``train_ms`` / ``power_mW`` / ``volume_uL`` / ``radius_mm``). ``sites_mm``
     and ``layer`` come from ``[sites]`` and the top-level ``layer``.
 

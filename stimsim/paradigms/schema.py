@@ -102,7 +102,7 @@ SitesFile = Annotated[Union[ExplicitSites, SelectivitySites, FacePatchSites, Gri
 
 class StimulationFile(BaseModel):
     """``[stimulation]``: one perturbation template, ``kind`` and that kind's parameters with units
-    (checked by the perturbation class, ``stimsim.stimulation.perturbations``). ``additive_scale``
+    (checked by the perturbation class, ``stimsim.stimulation``). ``additive_scale``
     (electrical, ``form = "additive"``): ``"activation"`` (default: ``activation_per_Hz`` in model
     activation units) or ``"sd"`` (``activation_per_Hz`` in standard deviations of the stimulated
     layer's response to the localizer images, over images and units)."""

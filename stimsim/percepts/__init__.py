@@ -30,7 +30,7 @@ from pydantic import Field
 from stimsim.behavior.decoders import LogisticDecoder
 from stimsim.errors import ConfigError
 from stimsim.filemodels import FileModel
-from stimsim.stimulation.perturbations import apply_effect
+from stimsim.stimulation.base import apply_effect
 
 
 #: What the inversion matches: the activity, or its pattern over the units (see :class:`InversionSettings`).

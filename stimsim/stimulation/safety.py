@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass
 
 from stimsim.errors import ConfigError, SafetyError
-from stimsim.stimulation.perturbations import CHARGE_BALANCED_WAVEFORMS, ElectricalStimulation
+from stimsim.stimulation.base import Perturbation
+from stimsim.stimulation.electrical import CHARGE_BALANCED_WAVEFORMS
 
 #: Geometric surface area of one Utah-array electrode tip, µm²: the 2000 µm² sputtered-iridium-oxide
 #: tips of the penetrating arrays characterised by Cogan, Ehrlich, Plante & Van Wagenen 2009
@@ -145,10 +146,11 @@ def largest_safe_current_uA(pulse_width_ms: float, limits: SafetyLimits | None =
     return current if within(current) else round(current - 0.1, 1)  # a bound met only to rounding
 
 
-def check_protocol(stim: ElectricalStimulation, limits: SafetyLimits | None = None) -> SafetyReport:
-    """Measure ``stim`` against ``limits`` (default :class:`SafetyLimits`) without raising."""
-    if not isinstance(stim, ElectricalStimulation):
-        raise TypeError(f"safety checks apply to ElectricalStimulation, got {type(stim).__name__}")
+def check_protocol(stim: Perturbation, limits: SafetyLimits | None = None) -> SafetyReport:
+    """Measure ``stim``, a perturbation that carries charge (``carries_charge``: it has ``current_uA``,
+    ``pulse_width_ms`` and ``waveform``), against ``limits`` (default :class:`SafetyLimits`) without raising."""
+    if not getattr(stim, "carries_charge", False):
+        raise TypeError(f"safety checks apply to perturbations that carry charge, got {type(stim).__name__}")
     limits = SafetyLimits() if limits is None else limits
     charge_nC = charge_per_phase_nC(stim.current_uA, stim.pulse_width_ms)
     density = charge_density_uC_per_cm2(charge_nC, limits.electrode_area_um2)
@@ -183,7 +185,7 @@ def check_protocol(stim: ElectricalStimulation, limits: SafetyLimits | None = No
     )
 
 
-def enforce(stim: ElectricalStimulation, limits: SafetyLimits | None = None,
+def enforce(stim: Perturbation, limits: SafetyLimits | None = None,
             override: str | None = None) -> SafetyReport:
     """Check ``stim``; raise SafetyError on a violation unless ``override`` gives a reason.
 

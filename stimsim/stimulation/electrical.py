@@ -1,0 +1,206 @@
+"""Electrical microstimulation: a charge-balanced pulse train through one or more electrodes, its spread over the
+sheet by a registered spread law (:mod:`stimsim.stimulation.spread`) and its multiplicative or additive effect."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from stimsim.errors import ConfigError
+from stimsim.sheet import CorticalSheet
+from stimsim.stimulation.base import (Perturbation, _choice, _constant, _in_range, _layer, _number, _per_row,
+                                      _reduce_rows, _site_distances, _sites, register_perturbation)
+from stimsim.stimulation.spread import SPREAD_LAWS, TEHOVNIK_K_DEFAULT_UA_PER_MM2, spread_extent_mm, validate_tehovnik_K
+
+#: Pulse shapes whose two phases carry equal and opposite charge.
+CHARGE_BALANCED_WAVEFORMS = ("biphasic_cathodic_first", "biphasic_anodic_first")
+#: Pulse shapes that leave net charge in the tissue; refused.
+MONOPHASIC_WAVEFORMS = ("monophasic_cathodic", "monophasic_anodic")
+#: How the spatial profiles of several electrodes of one stimulation combine.
+ELECTRODE_COMBINATIONS = ("sum", "max")
+#: How stimulation changes activity.
+STIMULATION_FORMS = ("multiplicative", "additive")
+#: Highest current accepted, µA (well above the 300 µA of Moeller et al. 2017).
+MAX_CURRENT_UA = 5000.0
+
+
+@register_perturbation
+@dataclass(frozen=True)
+class ElectricalStimulation(Perturbation):
+    """Electrical microstimulation through one or more electrodes.
+
+    Spatial weight of one electrode at distance d (mm): ``w(d) = exp(−d/λ(I))`` with
+    ``λ(I) = 0.00505047·(I − 5.26062)`` mm (``spread="kumaravelu"``, Kumaravelu et al. 2022, Brain
+    Stimulation 15:141), or 1 inside the disc of radius ``sqrt(I/K)`` mm and 0 outside
+    (``spread="tehovnik"``, Tehovnik et al. 2006); see :mod:`stimsim.stimulation.spread`.
+
+    Several electrodes (``sites_mm`` with more than one pair): ``combine="sum"`` adds the
+    per-electrode weights (increments superpose), ``combine="max"`` keeps the strongest electrode
+    at every unit.
+
+    ``form="multiplicative"`` (the lab's public code): ``gain = 1 + (f / baseline_frequency_Hz)·w``,
+    activity × gain; with ``gain_cap`` set, gain = min(gain, gain_cap) (an older variant used a cap of
+    2). f = 0 Hz gives exactly the identity. Units with zero activity stay at zero.
+
+    ``form="additive"`` (Mehrer et al. 2025): a rate increment
+    ``Δr = min(rate_base_Hz + rate_gain_Hz_per_Hz·f, rate_max_Hz)·w`` in Hz, added to activity as
+    ``activation_per_Hz·Δr`` — model activations are not in Hz, so ``activation_per_Hz`` is required.
+    The default gain of 1 Hz per Hz of pulse rate assumes one extra spike per pulse in directly
+    activated neurons, up to ``rate_max_Hz``. Units with zero activity are driven too.
+
+    Current in µA: (5.26062, 5000] for the Kumaravelu law, (0, 5000] for the Tehovnik law. Pulse
+    width, interphase gap, train duration and onset (ms) do not change the static model: they are
+    validated, recorded and checked by :mod:`stimsim.stimulation.safety`. Only charge-balanced
+    (biphasic) waveforms are accepted.
+
+    >>> stim = ElectricalStimulation(((1.0, 2.0),), current_uA=50, frequency_Hz=200)
+    >>> round(stim.spread_extent_mm, 3)
+    0.226
+    """
+
+    kind: ClassVar[str] = "electrical"
+    carries_charge: ClassVar[bool] = True
+
+    sites_mm: tuple[tuple[float, float], ...]
+    current_uA: float = 50.0
+    frequency_Hz: float = 200.0
+    pulse_width_ms: float = 0.2
+    interphase_ms: float = 0.1
+    train_ms: float = 50.0
+    onset_ms: float = 0.0
+    waveform: str = "biphasic_cathodic_first"
+    spread: str = "kumaravelu"
+    tehovnik_K_uA_per_mm2: float = TEHOVNIK_K_DEFAULT_UA_PER_MM2
+    form: str = "multiplicative"
+    baseline_frequency_Hz: float = 30.0
+    gain_cap: float | None = None
+    rate_base_Hz: float = 30.0
+    rate_max_Hz: float = 200.0
+    rate_gain_Hz_per_Hz: float = 1.0
+    activation_per_Hz: float | None = None
+    combine: str = "sum"
+    layer: str = "IT"
+
+    def __post_init__(self):
+        def put(name, value):  # fields of a frozen dataclass are set through object.__setattr__
+            object.__setattr__(self, name, value)
+
+        put("sites_mm", _sites(self.sites_mm))
+        put("spread", _choice("spread", self.spread, tuple(SPREAD_LAWS)))
+        law = SPREAD_LAWS.get(self.spread)
+        low_uA = law.lowest_current_uA()
+        unit = f"µA ({law.lowest_current_note})" if law.lowest_current_note else "µA"
+        put("current_uA", _in_range("current_uA", self.current_uA, unit, low_uA, MAX_CURRENT_UA, low_open=True))
+        put("tehovnik_K_uA_per_mm2", validate_tehovnik_K(
+            _number("tehovnik_K_uA_per_mm2", self.tehovnik_K_uA_per_mm2, "µA/mm²")))
+        put("frequency_Hz", _in_range("frequency_Hz", self.frequency_Hz, "Hz", 0.0, 1000.0))
+        put("pulse_width_ms", _in_range("pulse_width_ms", self.pulse_width_ms, "ms", 0.0, 2.0, low_open=True))
+        put("interphase_ms", _in_range("interphase_ms", self.interphase_ms, "ms", 0.0, 1.0))
+        put("train_ms", _in_range("train_ms", self.train_ms, "ms", 0.0, None, low_open=True))
+        put("onset_ms", _in_range("onset_ms", self.onset_ms, "ms", 0.0, None))
+        if self.frequency_Hz > 0:
+            pulse_ms = 2 * self.pulse_width_ms + self.interphase_ms
+            period_ms = 1000.0 / self.frequency_Hz
+            if pulse_ms > period_ms:
+                raise ConfigError(
+                    f"a biphasic pulse (2 × pulse_width_ms + interphase_ms = {pulse_ms:g} ms) must fit in the "
+                    f"pulse period 1000 / frequency_Hz = {period_ms:g} ms"
+                )
+        if self.waveform in MONOPHASIC_WAVEFORMS:
+            raise ConfigError(
+                f"waveform {self.waveform!r} is not charge-balanced; only biphasic, charge-balanced pulses are "
+                f"allowed: {', '.join(CHARGE_BALANCED_WAVEFORMS)}"
+            )
+        put("waveform", _choice("waveform", self.waveform, CHARGE_BALANCED_WAVEFORMS))
+        put("form", _choice("form", self.form, STIMULATION_FORMS))
+        put("combine", _choice("combine", self.combine, ELECTRODE_COMBINATIONS))
+        put("baseline_frequency_Hz", _in_range("baseline_frequency_Hz", self.baseline_frequency_Hz, "Hz",
+                                               0.0, 1000.0, low_open=True))
+        put("rate_max_Hz", _in_range("rate_max_Hz", self.rate_max_Hz, "Hz", 0.0, 1000.0, low_open=True))
+        put("rate_base_Hz", _in_range("rate_base_Hz", self.rate_base_Hz, "Hz (at most rate_max_Hz)",
+                                      0.0, self.rate_max_Hz))
+        put("rate_gain_Hz_per_Hz", _in_range("rate_gain_Hz_per_Hz", self.rate_gain_Hz_per_Hz, "Hz per Hz", 0.0))
+        if self.gain_cap is not None:
+            if self.form != "multiplicative":
+                raise ConfigError("gain_cap applies to form='multiplicative' only; leave it unset for 'additive'")
+            put("gain_cap", _in_range("gain_cap", self.gain_cap, "(gain, dimensionless)", 1.0))
+        if self.activation_per_Hz is not None:
+            if self.form != "additive":
+                raise ConfigError(
+                    "activation_per_Hz applies to form='additive' only; leave it unset for 'multiplicative'")
+            put("activation_per_Hz", _in_range("activation_per_Hz", self.activation_per_Hz,
+                                               "activation units per Hz", 0.0, low_open=True))
+        elif self.form == "additive":
+            raise ConfigError(
+                "form='additive' needs activation_per_Hz (> 0, model activation units per Hz of rate increment): "
+                "model activations are not in Hz"
+            )
+        put("layer", _layer(self.layer))
+
+    @property
+    def spread_extent_mm(self) -> float:
+        """λ(I) (mm) for the Kumaravelu law, the activated-disc radius (mm) for the Tehovnik law."""
+        return spread_extent_mm(self.current_uA, self.spread, self.tehovnik_K_uA_per_mm2)
+
+    @property
+    def rate_increment_Hz(self) -> float:
+        """Peak rate increment of the additive form, min(rate_base_Hz + rate_gain_Hz_per_Hz·f, rate_max_Hz)."""
+        return min(self.rate_base_Hz + self.rate_gain_Hz_per_Hz * self.frequency_Hz, self.rate_max_Hz)
+
+    @classmethod
+    def batch_effect(cls, perturbations, sheet: CorticalSheet, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        perturbations = list(perturbations)
+        distance, owner = _site_distances(perturbations, sheet, device)
+        extent = _per_row([p.spread_extent_mm for p in perturbations], owner, distance)
+        laws = sorted({p.spread for p in perturbations})
+        if len(laws) == 1:  # the weights may take the distances' memory
+            weight = SPREAD_LAWS.get(laws[0]).weights(distance, extent)
+        else:
+            weight = torch.zeros_like(distance)
+            for name in laws:
+                rows = _per_row([p.spread == name for p in perturbations], owner, distance) > 0
+                weight = torch.where(rows, SPREAD_LAWS.get(name).weights(distance.clone(), extent), weight)
+        n = len(perturbations)
+        column = lambda values: torch.tensor(values, dtype=distance.dtype, device=distance.device)[:, None]  # noqa: E731
+        combined = {how: _reduce_rows(weight, owner, n, how) for how in {p.combine for p in perturbations}}
+        weight = combined["sum"] if len(combined) == 1 and "sum" in combined else combined.get("max")
+        if len(combined) == 2:
+            weight = torch.where(column([p.combine == "sum" for p in perturbations]) > 0, combined["sum"], weight)
+        forms = {p.form for p in perturbations}
+        multiplier, additive = _constant(1.0, weight), _constant(0.0, weight)
+        if "additive" in forms:
+            additive = column([(p.activation_per_Hz or 0.0) * p.rate_increment_Hz for p in perturbations]) * weight
+        if "multiplicative" in forms:  # gain = 1 + (f / f_baseline)·w, in place on the weights when they are not needed
+            gain = weight if "additive" not in forms else weight.clone()
+            gain.mul_(column([p.frequency_Hz / p.baseline_frequency_Hz for p in perturbations])).add_(1.0)
+            if any(p.gain_cap is not None for p in perturbations):
+                gain = torch.minimum(gain, column([math.inf if p.gain_cap is None else p.gain_cap
+                                                   for p in perturbations]))
+            multiplier = gain
+        if len(forms) == 2:
+            multiplicative = column([p.form == "multiplicative" for p in perturbations]) > 0
+            multiplier = torch.where(multiplicative, multiplier, 1.0)
+            additive = torch.where(multiplicative, 0.0, additive)
+        return multiplier, additive
+
+    def describe(self) -> dict:
+        record = {"kind": self.kind, "layer": self.layer, **self._describe_sites(),
+                  "current_uA": self.current_uA, "frequency_Hz": self.frequency_Hz,
+                  "pulse_width_ms": self.pulse_width_ms, "interphase_ms": self.interphase_ms,
+                  "train_ms": self.train_ms, "onset_ms": self.onset_ms, "waveform": self.waveform,
+                  "spread": self.spread}
+        record[SPREAD_LAWS.get(self.spread).extent_name] = self.spread_extent_mm
+        if self.spread == "tehovnik":
+            record["tehovnik_K_uA_per_mm2"] = self.tehovnik_K_uA_per_mm2
+        record["form"] = self.form
+        record["combine"] = self.combine
+        if self.form == "multiplicative":
+            record["baseline_frequency_Hz"] = self.baseline_frequency_Hz
+            record["gain_cap"] = "none" if self.gain_cap is None else self.gain_cap
+        else:
+            record.update(rate_base_Hz=self.rate_base_Hz, rate_max_Hz=self.rate_max_Hz,
+                          rate_gain_Hz_per_Hz=self.rate_gain_Hz_per_Hz, rate_increment_Hz=self.rate_increment_Hz,
+                          activation_per_Hz=self.activation_per_Hz)
+        return record
