@@ -73,6 +73,9 @@ class CorticalSheet:
     neighborhood_indices : (P, Q) int array, each row one neighbourhood of unit indices
         (TDANN's precomputed neighbourhoods for the spatial loss), or an empty (0, 0) array.
     neighborhood_width_mm : width of those neighbourhoods, mm.
+    cortex_mm_per_model_mm : the frame of the coordinates: how many of their mm one mm of the model's own sheet
+        is (1: the model's own frame; a sheet in cortex mm, made by :meth:`scaled`, records its factor and
+        converts back with :meth:`to_model_mm`).
     """
 
     name: str
@@ -80,6 +83,7 @@ class CorticalSheet:
     coordinates_mm: np.ndarray
     neighborhood_indices: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
     neighborhood_width_mm: float = float("nan")
+    cortex_mm_per_model_mm: float = 1.0
 
     def __post_init__(self):
         dims = tuple(int(d) for d in np.atleast_1d(self.dims))
@@ -171,11 +175,15 @@ class CorticalSheet:
 
     def scaled(self, factor: float) -> "CorticalSheet":
         """A copy with every position and the neighbourhood width multiplied by ``factor`` (e.g. to
-        express a model sheet in millimetres of cortex)."""
+        express a model sheet in millimetres of cortex); the copy records the factor in its frame."""
         if not factor > 0:
             raise ValueError(f"scale factor must be > 0, got {factor}")
         return CorticalSheet(self.name, self.dims, self.coordinates_mm * factor, self.neighborhood_indices,
-                             self.neighborhood_width_mm * factor)
+                             self.neighborhood_width_mm * factor, self.cortex_mm_per_model_mm * factor)
+
+    def to_model_mm(self, points_mm) -> np.ndarray:
+        """Points (…, 2) given in this sheet's frame, in mm of the model's own sheet."""
+        return np.asarray(points_mm, dtype=np.float64) / self.cortex_mm_per_model_mm
 
     # --- files ----------------------------------------------------------------------------
     def save(self, path) -> Path:

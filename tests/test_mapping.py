@@ -9,7 +9,6 @@ from stimsim.mapping import (RegistrationProblem, bootstrap_registration, cross_
                              select_model)
 from stimsim.models.registry import load_model
 from stimsim.subject import VirtualSubject
-from stimsim.subject.virtual import cortex_view
 
 STIMULI = [{"source": "lfw_subset"}, {"source": "fashion_mnist", "split": "test", "n_per_class": 10, "seed": 1}]
 
@@ -17,7 +16,7 @@ STIMULI = [{"source": "lfw_subset"}, {"source": "fashion_mnist", "split": "test"
 @pytest.fixture(scope="module")
 def model():
     """The planning model with its IT sheet in cortex mm (the frame of array pitch and poses)."""
-    return cortex_view(load_model("stimsim-topo-s2"))[0]
+    return load_model("stimsim-topo-s2").in_cortex_mm("IT")[0]
 
 
 @pytest.fixture(scope="module")

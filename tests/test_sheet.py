@@ -251,3 +251,30 @@ def test_scaled_sheet_multiplies_positions_and_neighbourhood_width():
     assert doubled.distances_mm((0.0, 0.0)).tolist() == [0.0, 2.0, 4.0]
     with pytest.raises(ValueError, match="> 0"):
         sheet.scaled(0.0)
+
+
+def test_a_scaled_sheet_knows_its_frame_and_converts_back():
+    sheet = grid_sheet()
+    cortex = sheet.scaled(2.5).scaled(2.0)
+    assert cortex.cortex_mm_per_model_mm == 5.0 and sheet.cortex_mm_per_model_mm == 1.0
+    np.testing.assert_allclose(cortex.coordinates_mm, 5.0 * sheet.coordinates_mm)
+    np.testing.assert_allclose(cortex.to_model_mm(cortex.coordinates_mm), sheet.coordinates_mm, rtol=1e-15)
+    assert cortex.neighborhood_width_mm == 5.0 * sheet.neighborhood_width_mm or np.isnan(sheet.neighborhood_width_mm)
+
+
+def test_the_model_makes_its_cortex_frame_once():
+    """``in_cortex_mm`` converts by the model's own scale; a converted view converts no further; an override is
+    recorded as one, and the model's own scale beside it."""
+    from stimsim.models.registry import load_model
+
+    model = load_model("stimsim-topo-s0")
+    own = model.cortex_scale("IT")["cortex_mm_per_model_mm"]
+    view, record = model.in_cortex_mm("IT")
+    assert record == {"cortex_mm_per_model_mm": own, "model_cortex_mm_per_model_mm": own, "scale_overridden": False}
+    np.testing.assert_allclose(view.sheet("IT").coordinates_mm, own * model.sheet("IT").coordinates_mm)
+    again, second = view.in_cortex_mm("IT")
+    assert again is view and second["cortex_mm_per_model_mm"] == 1.0
+    assert view.cortex_scale("IT")["sheet_size_cortex_mm"] == model.cortex_scale("IT")["sheet_size_cortex_mm"]
+    overridden, third = model.in_cortex_mm("IT", 3.0)
+    assert third == {"cortex_mm_per_model_mm": 3.0, "model_cortex_mm_per_model_mm": own, "scale_overridden": True}
+    assert overridden.sheet("IT").to_model_mm([[3.0, 6.0]]).tolist() == [[1.0, 2.0]]

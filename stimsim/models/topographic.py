@@ -174,21 +174,40 @@ class TopographicModel:
         return self.sheets[layer]
 
     def cortex_scale(self, layer: str) -> dict:
-        """How ``layer``'s sheet maps to macaque cortex: ``cortex_mm_per_model_mm``,
-        ``sheet_size_cortex_mm`` and the anatomical ``rule`` that set the scale, from the model's
-        metadata (``metadata["cortex_scale"]``, written by training); 1 cortex mm per model mm, with
-        the rule "none recorded", for a layer without one."""
+        """How ``layer``'s sheet, as it is, maps to macaque cortex: ``cortex_mm_per_model_mm`` (cortex mm per mm of
+        the sheet's coordinates), ``sheet_size_cortex_mm`` and the anatomical ``rule`` that set the scale, from the
+        model's metadata (``metadata["cortex_scale"]``, written by training); 1 cortex mm per model mm, with the
+        rule "none recorded", for a layer without one. For a sheet already converted (:meth:`in_cortex_mm`) the
+        factor is what remains: 1, unless the conversion overrode the model's own scale."""
         layer = self.resolve_layer(layer)
         record = self.metadata.get("cortex_scale") or {}
         if record.get("layer") == layer:
             factor, rule = float(record["cortex_mm_per_model_mm"]), str(record["rule"])
         else:
             factor, rule = 1.0, "none recorded: 1 cortex mm per model mm"
+        converted = self.sheet(layer).cortex_mm_per_model_mm
+        if converted != 1.0:
+            factor, rule = factor / converted, f"{rule} [sheet converted by {converted:g} cortex mm per model mm]"
         return {"layer": layer, "cortex_mm_per_model_mm": factor,
                 "sheet_size_cortex_mm": round(factor * self.sheet(layer).size_mm, 3), "rule": rule}
 
+    def in_cortex_mm(self, layer: str, cortex_mm_per_model_mm: float | None = None) -> tuple["TopographicModel", dict]:
+        """A view of this model (same network) whose ``layer`` sheet is in cortex mm — the one place the cortex
+        frame is made. Every length a lab or a file gives (array pitch, poses, radii, spread, separations) is in
+        cortex mm; the sheet is converted by the model's own recorded scale (:meth:`cortex_scale`) unless
+        ``cortex_mm_per_model_mm`` overrides it; the view's sheet converts back with
+        :meth:`~stimsim.sheet.CorticalSheet.to_model_mm`. Returns ``(view, record)``, the record with
+        ``cortex_mm_per_model_mm`` (used), ``model_cortex_mm_per_model_mm`` (the model's own) and
+        ``scale_overridden``."""
+        own = self.cortex_scale(layer)
+        factor = own["cortex_mm_per_model_mm"] if cortex_mm_per_model_mm is None else float(cortex_mm_per_model_mm)
+        view = self.with_sheet_scale(layer, factor) if factor != 1.0 else self
+        return view, {"cortex_mm_per_model_mm": factor, "model_cortex_mm_per_model_mm": own["cortex_mm_per_model_mm"],
+                      "scale_overridden": factor != own["cortex_mm_per_model_mm"]}
+
     def with_sheet_scale(self, layer: str, cortex_mm_per_model_mm: float) -> "TopographicModel":
-        """A view of this model (same network) whose ``layer`` sheet is scaled to cortex millimetres."""
+        """A view of this model (same network) whose ``layer`` sheet is scaled by ``cortex_mm_per_model_mm``
+        (:meth:`in_cortex_mm` chooses the factor)."""
         layer = self.resolve_layer(layer)
         view = copy.copy(self)
         view.sheets = {**self.sheets, layer: self.sheet(layer).scaled(cortex_mm_per_model_mm)}

@@ -118,13 +118,11 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
         model_scale = topo.cortex_scale(layer)
     except ConfigError as exc:
         raise ConfigError(f"{spec.source}: 'layer': {exc}") from None
-    scale = model_scale["cortex_mm_per_model_mm"] if spec.cortex_mm_per_model_mm is None else spec.cortex_mm_per_model_mm
-    scale_overridden = scale != model_scale["cortex_mm_per_model_mm"]
+    topo, scale_record = topo.in_cortex_mm(layer, spec.cortex_mm_per_model_mm)
+    scale, scale_overridden = scale_record["cortex_mm_per_model_mm"], scale_record["scale_overridden"]
     if scale_overridden:
         notes.append(f"the experiment file sets cortex_mm_per_model_mm = {scale:g}, overriding the model's own "
                      f"{model_scale['cortex_mm_per_model_mm']:g} ({model_scale['rule']})")
-    if scale != 1.0:
-        topo = topo.with_sheet_scale(layer, scale)
     sheet = topo.sheet(layer)
     localizer = spec.sites.localizer
     paradigm = get_paradigm(spec.paradigm)

@@ -151,8 +151,7 @@ def _scaled_model(name: str, layer: str, what: str):
     except ConfigError as exc:
         raise ConfigError(f"{what} {name!r}: {exc}") from None
     scale = topo.cortex_scale(layer)
-    if scale["cortex_mm_per_model_mm"] != 1.0:
-        topo = topo.with_sheet_scale(layer, scale["cortex_mm_per_model_mm"])
+    topo, _ = topo.in_cortex_mm(layer)
     return topo, layer, scale
 
 

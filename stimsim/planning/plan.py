@@ -321,13 +321,12 @@ def random_registrations(layout, sheet, n: int, seed) -> list:
 
 def load_candidates(names, device="cpu") -> tuple[dict, dict]:
     """Candidate models (on ``device``) with their IT sheets in cortex mm (each by its own recorded scale, see
-    :func:`stimsim.subject.virtual.cortex_view`), and each model's scale record."""
+    :meth:`stimsim.models.topographic.TopographicModel.in_cortex_mm`), and each model's scale record."""
     from stimsim.models.registry import load_model
-    from stimsim.subject.virtual import cortex_view
 
     models, scales = {}, {}
     for name in names:
-        models[name], scales[name] = cortex_view(load_model(name, device=device))
+        models[name], scales[name] = load_model(name, device=device).in_cortex_mm("IT")
     return models, scales
 
 
@@ -480,6 +479,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     charge = charge_per_phase_nC(config.stimulation["current_uA"], config.stimulation["pulse_width_ms"])
     verdict = "passed" if safety["passed"] else f"overridden: {safety['override_reason']}"
     factor = scales[chosen_model]["cortex_mm_per_model_mm"]
+    plan = {**plan, "model_xy": models[chosen_model].sheet("IT").to_model_mm(plan["cortex_xy"])}
     rank_of = np.empty(len(working), dtype=np.int64)
     rank_of[order] = np.arange(1, len(working) + 1)
     subject_sd = subject_error_sd(plan["per_model"][:, :, 0])
@@ -491,7 +491,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
         row.update({"array_x_mm": plan["array_xy"][i, 0], "array_y_mm": plan["array_xy"][i, 1]})
         if anatomical is not None:
             row["ap_mm"], row["ml_mm"] = anatomical[i, 0], anatomical[i, 1]
-        row.update({"model_x_mm": plan["cortex_xy"][i, 0] / factor, "model_y_mm": plan["cortex_xy"][i, 1] / factor,
+        row.update({"model_x_mm": plan["model_xy"][i, 0], "model_y_mm": plan["model_xy"][i, 1],
                     "cortex_x_mm": plan["cortex_xy"][i, 0], "cortex_y_mm": plan["cortex_xy"][i, 1],
                     f"predicted_{effect}": plan["predicted"][i], f"predicted_{effect}_low": plan["low"][i],
                     f"predicted_{effect}_high": plan["high"][i], f"predicted_{effect}_subject_low": subject_low[i],
@@ -630,7 +630,7 @@ def _plan_dataset(config, working, sequences, rehearsals, plan, factor: float) -
          "others_change_sd": (("electrode", "sequence", "step"), sequences["others_change_sd"]),
          "predicted_delta_auc": ("electrode", plan["predicted"]),
          "predicted_delta_auc_low": ("electrode", plan["low"]),
-         "predicted_delta_auc_high": ("electrode", plan["high"]), **_site_coordinates(plan, factor)},
+         "predicted_delta_auc_high": ("electrode", plan["high"]), **_site_coordinates(plan)},
         coords={"electrode": list(working), "model": names, "sequence": np.arange(n_seq), "step": np.arange(n_steps),
                 "pose": ["fitted"] + [f"bootstrap_{k}" for k in range(first["delta_auc"].shape[1] - 1)],
                 "stimulated": [False, True]},
@@ -639,9 +639,8 @@ def _plan_dataset(config, working, sequences, rehearsals, plan, factor: float) -
     return data
 
 
-def _site_coordinates(plan, factor: float) -> dict:
-    return {"model_x_mm": ("electrode", plan["cortex_xy"][:, 0] / factor),
-            "model_y_mm": ("electrode", plan["cortex_xy"][:, 1] / factor),
+def _site_coordinates(plan) -> dict:
+    return {"model_x_mm": ("electrode", plan["model_xy"][:, 0]), "model_y_mm": ("electrode", plan["model_xy"][:, 1]),
             "cortex_x_mm": ("electrode", plan["cortex_xy"][:, 0]), "cortex_y_mm": ("electrode", plan["cortex_xy"][:, 1]),
             "array_x_mm": ("electrode", plan["array_xy"][:, 0]), "array_y_mm": ("electrode", plan["array_xy"][:, 1])}
 
@@ -655,7 +654,7 @@ def _face_dataset(config, working, rehearsals, plan, factor: float) -> xr.Datase
          "delta_p_face": (("model", "electrode", "pose"), np.stack([rehearsals[n]["delta_p_face"][..., 0] for n in names])),
          "predicted_delta_p_face": ("electrode", plan["predicted"]),
          "predicted_delta_p_face_low": ("electrode", plan["low"]),
-         "predicted_delta_p_face_high": ("electrode", plan["high"]), **_site_coordinates(plan, factor)},
+         "predicted_delta_p_face_high": ("electrode", plan["high"]), **_site_coordinates(plan)},
         coords={"electrode": list(working), "model": names, "stimulated": [False, True],
                 "pose": ["fitted"] + [f"bootstrap_{k}" for k in range(p_face.shape[2] - 2)]},
         attrs={"task": config.task, "current_uA": config.stimulation["current_uA"], "cortex_mm_per_model_mm": factor,

@@ -10,7 +10,8 @@ baseline's Poisson noise only. Every image is shown ``repeats`` times, each repe
 order.
 
 Lengths (pose, array pitch, ``radius_mm``) are cortex mm: the model's IT sheet is converted by the
-model's own recorded scale (``[subject] cortex_mm_per_model_mm`` overrides it; see :func:`cortex_view`),
+model's own recorded scale (``[subject] cortex_mm_per_model_mm`` overrides it; see
+:meth:`stimsim.models.topographic.TopographicModel.in_cortex_mm`),
 so a 10×10 Utah array (0.4 mm pitch, 3.6 mm across) spans 1.8 model mm of a 2:1 model's sheet.
 
 A subject directory (``stimsim subject make CONFIG.toml --out DIR``) holds ``subject.toml`` (the
@@ -90,7 +91,7 @@ class VirtualSubject:
             except DataError as exc:
                 raise ConfigError(f"{source} [subject]: 'model': {exc}") from None
         source_model = model if model is not None else load_model(checked.subject.model)
-        model, scale_record = cortex_view(source_model, checked.subject.cortex_mm_per_model_mm)
+        model, scale_record = source_model.in_cortex_mm(IT_AREA, checked.subject.cortex_mm_per_model_mm)
         sheet = model.sheet(IT_AREA)
 
         array = checked.array
@@ -186,8 +187,8 @@ class VirtualSubject:
 
     def electrode_sites_model_mm(self) -> dict:
         """Electrode id → its true position in the model's own sheet mm (cortex mm / cortex_mm_per_model_mm)."""
-        factor = self.scale["cortex_mm_per_model_mm"]
-        return {i: (x / factor, y / factor) for i, (x, y) in self.electrode_sites_mm().items()}
+        sheet = self.model.sheet(IT_AREA)
+        return {i: tuple(float(v) for v in sheet.to_model_mm(point)) for i, point in self.electrode_sites_mm().items()}
 
     def recorded_units(self) -> list:
         """For every electrode (layout order), the indices of the IT units within the recording radius."""
@@ -282,30 +283,6 @@ class VirtualSubject:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def cortex_view(model, cortex_mm_per_model_mm: float | None = None, layer: str = IT_AREA):
-    """``model`` with its ``layer`` sheet in cortex mm, and the scale used.
-
-    Everything a lab gives (array pitch, poses, recording radius, stimulation spread, separations) is in
-    cortex mm; the model's sheet is converted once, here, by the model's own recorded scale
-    (:meth:`TopographicModel.cortex_scale`: 2 cortex mm per model mm for the shipped models) unless
-    ``cortex_mm_per_model_mm`` overrides it. Returns ``(view, record)`` with record keys
-    ``cortex_mm_per_model_mm`` (used), ``model_cortex_mm_per_model_mm`` (the model's own), ``scale_overridden``.
-    """
-    scale = model.cortex_scale(layer)
-    own = float(scale["cortex_mm_per_model_mm"])
-    factor = own if cortex_mm_per_model_mm is None else float(cortex_mm_per_model_mm)
-    view = model
-    if factor != 1.0:
-        view = model.with_sheet_scale(layer, factor)
-        # the view's sheet is in cortex mm already: its own recorded scale becomes own / factor (1 unless
-        # overridden), so converting the view again changes nothing
-        view.metadata = {**model.metadata, "cortex_scale": {
-            "layer": scale["layer"], "cortex_mm_per_model_mm": own / factor,
-            "rule": f"{scale['rule']} [sheet converted by {factor:g} cortex mm per model mm]"}}
-    return view, {"cortex_mm_per_model_mm": factor, "model_cortex_mm_per_model_mm": own,
-                  "scale_overridden": factor != own}
 
 
 def random_pose(layout: ArrayLayout, sheet, rng: np.random.Generator, margin_mm: float = 0.0) -> ArrayPose:

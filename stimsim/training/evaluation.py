@@ -220,7 +220,7 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
     objects = cv_scores(responses, categories, seed)
     report_phase(f"models check: clustering of every class's d′ map against {n_shuffles} position shuffles", progress)
     scale = model.cortex_scale(layer)
-    cortex_sheet = sheet.scaled(scale["cortex_mm_per_model_mm"])
+    cortex_sheet = model.in_cortex_mm(layer)[0].sheet(layer)
     maps, dprimes = {}, {}
     for index, category in enumerate(sorted(set(categories))):
         dprime = dprimes[category] = face_dprime(responses, categories == category)
