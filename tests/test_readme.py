@@ -29,17 +29,17 @@ def test_the_python_api_snippet_runs_in_cortex_millimetres(capsys):
     namespace = {}
     exec(compile(_python_api_snippet(), "README.md", "exec"), namespace)
     printed = capsys.readouterr().out.split("\n")
-    model_mm, cortex_mm = (np.array(line.split(), dtype=float) for line in printed[:2])
+    model_mm, cortex_mm = (np.array(printed[line].split(), dtype=float) for line in (0, 2))
     assert model_mm == pytest.approx([5.97, 1406], abs=0.5)  # the comment: 5.97 mm, 1406 units/mm²
     # 3.27 cortex mm per model mm (the model's recorded scale): that many times the size, 1/3.27² the density
-    scale = namespace["scale"]
-    assert scale == pytest.approx(3.27, abs=0.005)
+    scale = float(printed[1])
+    assert scale == pytest.approx(3.27, abs=0.005) and namespace["scale"]["scale_overridden"] is False
     assert cortex_mm == pytest.approx([scale * model_mm[0], model_mm[1] / scale ** 2])
     assert cortex_mm == pytest.approx([19.5, 131], abs=0.5)
     # the stimulation acts on the sheet in cortex mm, as experiment files do
     assert namespace["p"].sizes == {"condition": 2, "stimulus_id": 200, "choice": 2}
     assert namespace["it"].shape == (200, 224 * 224)
-    assert np.array(printed[2].strip("[]").split(), dtype=float) == pytest.approx([0.49999, 0.49957], abs=2e-5)
+    assert np.array(printed[3].strip("[]").split(), dtype=float) == pytest.approx([0.49999, 0.49957], abs=2e-5)
     assert namespace["report"].shannon_k == pytest.approx(np.log10(10e-3 / 2000e-8) + np.log10(10e-3), abs=1e-9)
 
 
