@@ -16,6 +16,7 @@ import xarray as xr
 
 from stimsim.cli import main
 from stimsim.errors import ConfigError, DataError, SafetyError
+from stimsim.planning.config import load_plan_config
 from stimsim.planning.job import run_plan
 from stimsim.planning.selection import separation_mm
 from stimsim.planning.validation import meets_targets
@@ -375,6 +376,22 @@ def test_a_current_outside_the_spread_law_names_the_file_and_table(tmp_path):
     with pytest.raises(ConfigError, match=r"plan.toml \[stimulation\]: current_uA must be in \(5.26"):
         run_plan(config, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_plan_takes_the_electrical_kinds_own_keys_as_an_experiment_does(tmp_path):
+    """[stimulation] is checked by the electrical stimulation itself: its other keys (a spread law, ...) are taken,
+    a misspelt key is refused with the allowed ones, and what the plan sets elsewhere is refused with the reason."""
+    config = _write_plan(tmp_path / "config", current=300)
+    text = config.read_text()
+    config.write_text(text.replace("[stimulation]\n", '[stimulation]\nspread = "tehovnik"\n'))
+    plan = load_plan_config(config)
+    assert plan.stimulation["spread"] == "tehovnik" and plan.stimulation["current_uA"] == 300.0
+    config.write_text(text.replace("[stimulation]\n", "[stimulation]\ncurent_uA = 60\n"))
+    with pytest.raises(ConfigError, match=r"plan.toml \[stimulation\]: unknown key\(s\) \['curent_uA'\].*allowed keys"):
+        load_plan_config(config)
+    config.write_text(text.replace("[stimulation]\n", "[stimulation]\nonset_ms = 10\n"))
+    with pytest.raises(ConfigError, match=r"plan.toml \[stimulation\]: 'onset_ms' is not set here: .*train_onset_ms"):
+        load_plan_config(config)
 
 
 def test_unknown_broken_electrode_names_the_file(tmp_path):

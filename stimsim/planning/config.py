@@ -20,7 +20,8 @@ top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehr
 [decoder]       the 2AFC decoder: see :class:`stimsim.paradigms.sequence_2afc.TaskSpec`
 [face_task]     the face task's images and decoder: see :class:`stimsim.planning.face_task.FaceTaskSpec`
                 ([sequences] and [decoder] belong to the 2AFC and are refused with the face task)
-[stimulation]   current_uA, frequency_Hz, pulse_width_ms, interphase_ms, train_ms, waveform
+[stimulation]   current_uA, frequency_Hz, pulse_width_ms, interphase_ms, train_ms, waveform, and any other key of an
+                electrical stimulation (spread, form, combine, ...; as in experiment files)
 [safety]        max_shannon_k, electrode_area_um2, max_charge_per_phase_nC, override (a reason)
 [selection]     n_sites, min_separation_mm, metric ("euclidean" / "manhattan")
 [session]       the lab's session: trials_per_site (even, default 400; the power forecast and the trial list),
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from stimsim.arrays.anatomy import AnatomicalPose
 from stimsim.arrays.layout import cmp_options
@@ -44,6 +45,7 @@ from stimsim.hashing import json_sha256, sha256_of
 from stimsim.limits import MAX_SEED
 from stimsim.paradigms.sequence_2afc import TaskSpec
 from stimsim.planning.face_task import FaceTaskSpec
+from stimsim.planning.rehearsal import stimulation_at
 from stimsim.planning.rig import DisplayTable, RigSpec, SessionTable
 from stimsim.planning.selection import SelectionSpec
 from stimsim.recordings import FIELD_NAMES
@@ -107,15 +109,36 @@ class RegistrationTable(FileModel):
     allow_scale: bool = False
 
 
-class StimulationTable(FileModel):
-    """``[stimulation]``: the electrical train given at every candidate site."""
+#: Keys of an electrical stimulation that a plan sets elsewhere, and why.
+_NOT_IN_STIMULATION = {
+    "kind": "is not set here: a plan stimulates electrically",
+    "sites_mm": "is not set here: the sites are the array's electrodes",
+    "layer": "is not set here: a plan stimulates the models' IT",
+    "onset_ms": "is not set here: the train's onset relative to the image is [session] train_onset_ms",
+}
 
+
+class StimulationTable(FileModel):
+    """``[stimulation]``: the electrical train given at every candidate site: the keys below and any other of
+    :class:`stimsim.stimulation.ElectricalStimulation` (``spread``, ``form``, ``combine``, ...), checked by it, as
+    an experiment's ``[stimulation]`` is."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Any] = Field(init=False)  # the electrical kind's other keys
     current_uA: _NonNegative = 50.0
     frequency_Hz: _NonNegative = 200.0
     pulse_width_ms: _NonNegative = 0.2
     interphase_ms: _NonNegative = 0.1
     train_ms: _NonNegative = 50.0
     waveform: Text = "biphasic_cathodic_first"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_keys_set_elsewhere(cls, data):
+        for key, why in _NOT_IN_STIMULATION.items():
+            if isinstance(data, dict) and key in data:
+                raise ValueError(f"{key!r} {why}")
+        return data
 
     @field_validator("frequency_Hz")
     @classmethod
@@ -313,6 +336,11 @@ def load_plan_config(path) -> PlanConfig:
     elif "face_task" in given:
         raise ConfigError(f"{where}: [face_task] belongs to task = \"face_categorization\" (task is {checked.task!r})")
 
+    stimulation = checked.stimulation.to_dict()
+    try:
+        stimulation_at((0.0, 0.0), stimulation)
+    except ConfigError as exc:
+        raise ConfigError(f"{where} [stimulation]: {exc}") from None
     safety = checked.safety
     limits = SafetyLimits(max_shannon_k=safety.max_shannon_k, electrode_area_um2=safety.electrode_area_um2,
                           max_charge_per_phase_nC=safety.max_charge_per_phase_nC)
@@ -327,7 +355,7 @@ def load_plan_config(path) -> PlanConfig:
                       subject_config=subject_config, subject_dir=subject_dir, recordings=recordings,
                       min_reliability=checked.array.min_reliability, anatomical=anatomical,
                       n_boot=checked.registration.n_boot, allow_scale=checked.registration.allow_scale,
-                      sequences=checked.sequences, task_spec=checked.decoder, stimulation=checked.stimulation.to_dict(),
+                      sequences=checked.sequences, task_spec=checked.decoder, stimulation=stimulation,
                       safety=limits, safety_override=safety.override, selection=selection,
                       face_task=checked.face_task, rig=RigSpec(session=checked.session, display_table=checked.display),
                       description=checked.description)

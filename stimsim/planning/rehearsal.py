@@ -43,8 +43,9 @@ class Rehearsal:
 
 
 def stimulation_at(point_mm, template: dict) -> ElectricalStimulation:
-    """An ElectricalStimulation at ``point_mm`` with the parameters of ``template`` (units in the keys)."""
-    return ElectricalStimulation(sites_mm=(tuple(float(v) for v in point_mm),), **template)
+    """An ElectricalStimulation at ``point_mm`` with the parameters of ``template`` (units in the keys); an unknown
+    key is a ``ConfigError`` listing the allowed ones."""
+    return ElectricalStimulation.from_dict({**template, "sites_mm": (tuple(float(v) for v in point_mm),)})
 
 
 def rehearse(model, sequence_images: np.ndarray, points_mm: np.ndarray, stimulation: dict, readouts: SequenceReadouts,
