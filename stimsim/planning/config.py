@@ -30,6 +30,7 @@ top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehr
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -50,7 +51,7 @@ from stimsim.planning.rig import DisplayTable, RigSpec, SessionTable
 from stimsim.planning.selection import SelectionSpec
 from stimsim.recordings import FIELD_NAMES
 from stimsim.sequences import SequenceSpec
-from stimsim.stimulation import SafetyLimits
+from stimsim.stimulation import ElectricalStimulation, SafetyLimits
 
 TASKS = ("sequence_2afc", "face_categorization")
 #: The effect each task predicts per site (names of the columns and keys of the outputs).
@@ -109,6 +110,8 @@ class RegistrationTable(FileModel):
     allow_scale: bool = False
 
 
+#: The electrical kind's defaults, which a plan's train takes.
+_ELECTRICAL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ElectricalStimulation)}
 #: Keys of an electrical stimulation that a plan sets elsewhere, and why.
 _NOT_IN_STIMULATION = {
     "kind": "is not set here: a plan stimulates electrically",
@@ -125,12 +128,12 @@ class StimulationTable(FileModel):
 
     model_config = ConfigDict(extra="allow")
     __pydantic_extra__: dict[str, Any] = Field(init=False)  # the electrical kind's other keys
-    current_uA: _NonNegative = 50.0
-    frequency_Hz: _NonNegative = 200.0
-    pulse_width_ms: _NonNegative = 0.2
-    interphase_ms: _NonNegative = 0.1
-    train_ms: _NonNegative = 50.0
-    waveform: Text = "biphasic_cathodic_first"
+    current_uA: _NonNegative = _ELECTRICAL_DEFAULTS["current_uA"]
+    frequency_Hz: _NonNegative = _ELECTRICAL_DEFAULTS["frequency_Hz"]
+    pulse_width_ms: _NonNegative = _ELECTRICAL_DEFAULTS["pulse_width_ms"]
+    interphase_ms: _NonNegative = _ELECTRICAL_DEFAULTS["interphase_ms"]
+    train_ms: _NonNegative = _ELECTRICAL_DEFAULTS["train_ms"]
+    waveform: Text = _ELECTRICAL_DEFAULTS["waveform"]
 
     @model_validator(mode="before")
     @classmethod

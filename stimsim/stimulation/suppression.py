@@ -2,7 +2,6 @@
 calibrations of one law (Schrimpf et al. 2024, bioRxiv 2024.01.09.572970)."""
 from __future__ import annotations
 
-import abc
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -27,11 +26,25 @@ class GaussianSuppression(Perturbation):
     silence independently: their multipliers multiply."""
 
     variance_mm2: float
+    #: The dose's field, its unit and its largest accepted value (e.g. ``("power_mW", "mW", 100.0)``).
+    dose: ClassVar[tuple[str, str, float]]
+
+    def __post_init__(self):
+        name, unit, highest = self.dose
+        object.__setattr__(self, "sites_mm", _sites(self.sites_mm))
+        object.__setattr__(self, name, _in_range(name, getattr(self, name), unit, 0.0, highest))
+        object.__setattr__(self, "variance_mm2", _in_range("variance_mm2", self.variance_mm2, "mm²", 0.0,
+                                                           low_open=True))
+        object.__setattr__(self, "layer", _layer(self.layer))
 
     @property
-    @abc.abstractmethod
     def amount(self) -> float:
         """The dose in the kind's unit (mW of light, µL of muscimol); 1 silences the centre."""
+        return getattr(self, self.dose[0])
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "layer": self.layer, **self._describe_sites(),
+                self.dose[0]: self.amount, "variance_mm2": self.variance_mm2}
 
     @classmethod
     def batch_effect(cls, perturbations, sheet: CorticalSheet, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,26 +68,13 @@ class OptogeneticSuppression(GaussianSuppression):
     """
 
     kind: ClassVar[str] = "optogenetic"
+    dose: ClassVar[tuple[str, str, float]] = ("power_mW", "mW", 100.0)
 
     sites_mm: tuple[tuple[float, float], ...]
     power_mW: float
     variance_mm2: float = CHOW2010_VARIANCE_MM2
     layer: str = "IT"
 
-    def __post_init__(self):
-        object.__setattr__(self, "sites_mm", _sites(self.sites_mm))
-        object.__setattr__(self, "power_mW", _in_range("power_mW", self.power_mW, "mW", 0.0, 100.0))
-        object.__setattr__(self, "variance_mm2", _in_range("variance_mm2", self.variance_mm2, "mm²", 0.0,
-                                                           low_open=True))
-        object.__setattr__(self, "layer", _layer(self.layer))
-
-    @property
-    def amount(self) -> float:
-        return self.power_mW
-
-    def describe(self) -> dict:
-        return {"kind": self.kind, "layer": self.layer, **self._describe_sites(), "power_mW": self.power_mW,
-                "variance_mm2": self.variance_mm2}
 
 
 @register_perturbation
@@ -89,23 +89,9 @@ class MuscimolInactivation(GaussianSuppression):
     """
 
     kind: ClassVar[str] = "muscimol"
+    dose: ClassVar[tuple[str, str, float]] = ("volume_uL", "µL", 10.0)
 
     sites_mm: tuple[tuple[float, float], ...]
     volume_uL: float
     variance_mm2: float = ARIKAN2002_VARIANCE_MM2
     layer: str = "IT"
-
-    def __post_init__(self):
-        object.__setattr__(self, "sites_mm", _sites(self.sites_mm))
-        object.__setattr__(self, "volume_uL", _in_range("volume_uL", self.volume_uL, "µL", 0.0, 10.0))
-        object.__setattr__(self, "variance_mm2", _in_range("variance_mm2", self.variance_mm2, "mm²", 0.0,
-                                                           low_open=True))
-        object.__setattr__(self, "layer", _layer(self.layer))
-
-    @property
-    def amount(self) -> float:
-        return self.volume_uL
-
-    def describe(self) -> dict:
-        return {"kind": self.kind, "layer": self.layer, **self._describe_sites(), "volume_uL": self.volume_uL,
-                "variance_mm2": self.variance_mm2}
