@@ -17,7 +17,7 @@ from stimsim.paradigms.runner import load_results, run_experiment
 from stimsim.paradigms.schema import SCHEMA_PATH
 from stimsim.paradigms.sequence_2afc import TaskSpec, fit_readouts
 from stimsim.paradigms.sites import CONTROL_LABEL, Site, SiteSelection
-from stimsim.planning.rehearsal import rehearse
+from stimsim.planning.tasks.sequence_2afc import rehearse
 from stimsim.sequences import SequenceSpec, build_sequences, pooling_matrix
 from stimsim.stimulation import Condition
 

@@ -433,7 +433,8 @@ def test_noise_is_added_at_the_models_input_size(tiny_model):
     spec = parse_experiment(raw, where="tiny_noise.toml")
     stimuli = _images_of_any_size()
     originals = dict(zip(stimuli.stimulus_id, stimuli.images))
-    trials = categorization.prepare(spec, tiny_model, stimuli)
+    trials = categorization.categorization_trials(spec.options, spec.decoder, tiny_model, stimuli, spec.seed,
+                                                  "tiny_noise.toml")
     replaced = {0.0: 1024, 15.0: 870, 50.0: 512, 100.0: 0}
     clean_input = {}
     for shown in (trials.fit, trials.test):

@@ -686,6 +686,91 @@ def test_face_task_ranks_sites_in_the_models_face_patch(tmp_path, one_torch_thre
     assert np.median(top) > np.percentile(site_dprime, 75)
 
 
+#: A plan task from outside stimsim, in one module: P(non-face) on the face task's trials.
+NONFACE_TASK = '''
+from types import SimpleNamespace
+
+import numpy as np
+import xarray as xr
+
+from stimsim.planning.tasks import PlanTask, register_plan_task
+from stimsim.planning.tasks.face_categorization import FaceCategorizationTask, FaceTaskSpec
+
+
+class NonfaceTask(PlanTask):
+    paradigm = "categorization"
+    effect = "delta_p_nonface"
+    effect_label = "ΔP(non-face)"
+    probability = "p_nonface"
+    tables = {"nonface_task": FaceTaskSpec}
+
+    def prepare(self, options, images, seed, where):
+        return FaceCategorizationTask().prepare(SimpleNamespace(face_task=options.nonface_task), images, seed, where)
+
+    def rehearse(self, model, options, trials, points_mm, stimulation, seed, engine, progress):
+        face = FaceCategorizationTask().rehearse(model, SimpleNamespace(face_task=options.nonface_task), trials,
+                                                 points_mm, stimulation, seed, engine, progress)
+        return {"p_nonface": 1.0 - face["p_face"], "delta_p_nonface": -face["delta_p_face"]}
+
+    def dataset_variables(self, working, trials, rehearsals):
+        return {"p_nonface": (("model", "electrode", "condition"), np.stack([r["p_nonface"] for r in rehearsals.values()]))}, {}
+
+    def truth_dataset(self, working, truth, trials):
+        return "subject_p_nonface.nc", xr.Dataset({"true_delta_p_nonface": ("electrode", truth["delta_p_nonface"][:, 0])},
+                                                  coords={"electrode": list(working)})
+
+    def describe(self, options, summary):
+        return "Task: face / non-face categorisation; the effect is the change of P(non-face) (chance 0)."
+'''
+
+
+def test_a_plan_task_from_another_package_is_one_module(tmp_path, monkeypatch, one_torch_thread):
+    """A task registered from outside (one module, above) plans like a built-in one: on the same trials, the
+    predicted change of P(non-face) at every electrode is minus the face task's change of P(face), since the two
+    choices' probabilities sum to 1, and so is the subject's true effect (the same r). Declared by an installed
+    package's entry point, a fresh process finds it by the plan file's task name."""
+    from stimsim.planning.tasks import PLAN_TASKS
+
+    (tmp_path / "labtask_t").mkdir()
+    (tmp_path / "labtask_t" / "__init__.py").write_text("")
+    (tmp_path / "labtask_t" / "nonface.py").write_text(NONFACE_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from labtask_t.nonface import NonfaceTask
+
+    config = _write_plan(tmp_path / "config")
+    face = config.read_text().replace('name = "small"', 'name = "small"\ntask = "face_categorization"')
+    face = face[:face.index("[sequences]")] + "[face_task]\nn_per_class = 10\nsignal_percent = [40, 100]\n" + \
+        face[face.index("[stimulation]"):]
+    config.write_text(face)
+    nonface = tmp_path / "config" / "nonface.toml"
+    nonface.write_text(face.replace('task = "face_categorization"', 'task = "nonface"').replace("[face_task]",
+                                                                                               "[nonface_task]"))
+    PLAN_TASKS.register("nonface", NonfaceTask)
+    try:
+        assert main(["plan", str(config), "--out", str(tmp_path / "face"), "--no-progress"]) == 0
+        assert main(["plan", str(nonface), "--out", str(tmp_path / "nonface"), "--no-progress"]) == 0
+    finally:
+        PLAN_TASKS.unregister("nonface")
+    face_sites = pd.read_csv(tmp_path / "face" / "sites.csv", dtype={"electrode_id": str}).set_index("electrode_id")
+    nonface_sites = pd.read_csv(tmp_path / "nonface" / "sites.csv", dtype={"electrode_id": str}).set_index("electrode_id")
+    np.testing.assert_allclose(nonface_sites.loc[face_sites.index, "predicted_delta_p_nonface"],
+                               -face_sites["predicted_delta_p_face"], rtol=0, atol=1e-12)
+    summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("face", "nonface")]
+    assert summaries[1]["task"] == "nonface" and summaries[1]["effect"] == "delta_p_nonface"
+    assert summaries[1]["predicted_vs_true_r"] == pytest.approx(summaries[0]["predicted_vs_true_r"], abs=1e-9)
+    assert (tmp_path / "nonface" / "truth" / "subject_p_nonface.nc").is_file()
+    assert "change of P(non-face)" in (tmp_path / "nonface" / "report.html").read_text()
+
+    dist = tmp_path / "labtask_t-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: labtask-t\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[stimsim.plan_tasks]\nnonface = labtask_t.nonface:NonfaceTask\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])}
+    run = subprocess.run([sys.executable, "-c", "import sys; from stimsim.planning.config import load_plan_config; "
+                          "c = load_plan_config(sys.argv[1]); print(c.task, c.effect)", str(nonface)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0 and run.stdout.split() == ["nonface", "delta_p_nonface"], run.stderr
+
 LAB_PLAN = """
 name = "lab"
 [models]
@@ -802,7 +887,7 @@ def test_face_task_without_face_labels_stops_before_any_work(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 2
     error = capsys.readouterr().err
-    assert re.search(r"^stimsim: error: \S*plan.toml: the face task needs images with a 'category' label", error), error
+    assert re.search(r"^stimsim: error: \S*plan.toml \[face_task\]: the images have no label 'category'", error), error
     assert not out.exists()
 
 
@@ -988,12 +1073,23 @@ def test_shipped_plan_files_parse_and_tasks_keep_their_own_tables(tmp_path):
     face = load_plan_config(experiments / "plan_face.toml")
     assert default.task == "sequence_2afc" and default.effect == "delta_auc"
     assert face.task == "face_categorization" and face.effect == "delta_p_face"
-    assert face.face_task.signal_percent == (0.0, 15.0, 25.0, 40.0, 50.0, 80.0, 100.0)
+    assert face.task_options.face_task.signal_percent == (0.0, 15.0, 25.0, 40.0, 50.0, 80.0, 100.0)
     mixed = tmp_path / "mixed.toml"
     mixed.write_text((experiments / "plan_face.toml").read_text().replace(
         'config = "subject_default.toml"', f'config = "{experiments / "subject_default.toml"}"') + "\n[decoder]\nC = 1.0\n")
-    with pytest.raises(ConfigError, match=r"mixed.toml: \['decoder'\] belong to task = \"sequence_2afc\""):
+    with pytest.raises(ConfigError, match=r"mixed.toml: \[decoder\] belongs to task = \"sequence_2afc\"; task "
+                                          r"'face_categorization' takes \[face_task\]"):
         load_plan_config(mixed)
+    other = tmp_path / "other.toml"
+    other.write_text((experiments / "plan_default.toml").read_text().replace(
+        'config = "subject_default.toml"', f'config = "{experiments / "subject_default.toml"}"') + "\n[face_task]\nC = 1.0\n")
+    with pytest.raises(ConfigError, match=r"other.toml: \[face_task\] belongs to task = \"face_categorization\""):
+        load_plan_config(other)
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text(other.read_text().replace('task = "sequence_2afc"', 'task = "oddball"'))
+    with pytest.raises(ConfigError, match=r"unknown.toml task: must be one of \['face_categorization', "
+                                          r"'sequence_2afc'\], got 'oddball'"):
+        load_plan_config(unknown)
     bad = tmp_path / "bad.toml"
     bad.write_text(mixed.read_text().replace("[decoder]\nC = 1.0\n", "").replace("n_per_class = 40", "n_per_class = 1"))
     with pytest.raises(ConfigError, match=r"bad.toml \[face_task\]: 'n_per_class' must be >= 2"):

@@ -8,7 +8,7 @@ import xarray as xr
 from stimsim.behavior.metrics import auc_of_curve
 from stimsim.errors import ConfigError
 from stimsim.paradigms.sequence_2afc import TaskSpec, fit_readouts
-from stimsim.planning.rehearsal import rehearse
+from stimsim.planning.tasks.sequence_2afc import rehearse
 from stimsim.planning.selection import (SelectionSpec, choose_sites, rank_sites, ranking_reliability,
                                         separation_mm, shortfall_message)
 from stimsim.planning.session import simulate_trials, write_session_csv, write_session_nwb
@@ -306,6 +306,7 @@ def test_bootstrap_pose_off_the_sheet_has_no_prediction(model, small_sequences):
     from types import SimpleNamespace
 
     from stimsim.planning.plan import _rehearsal_phase, off_sheet
+    from stimsim.planning.tasks import get_plan_task
     from stimsim.stimulation import SafetyLimits
 
     sites, seq = small_sequences
@@ -313,14 +314,16 @@ def test_bootstrap_pose_off_the_sheet_has_no_prediction(model, small_sequences):
     x0, x1, y0, y1 = sheet.extent_mm
     assert off_sheet(sheet, np.array([[x1 + 0.01, 5.0], [5.0, y0 - 0.01], [5.0, 5.0]])).tolist() == [True, True, False]
     points = np.stack([sites, sites + 0.05, sites + [[0.0, 20.0]]], axis=1)  # third "pose" is off the sheet
-    config = SimpleNamespace(sequences=SequenceSpec(recording_radius_mm=0.5), task_spec=TaskSpec(n_noise=4, n_eval=2),
-                             seed=0, stimulation={"current_uA": 50.0}, safety=SafetyLimits(), safety_override=None)
-    result = _rehearsal_phase(config, model, {"images": seq.images}, points, progress=False)
+    config = SimpleNamespace(plan_task=get_plan_task("sequence_2afc"), seed=0, stimulation={"current_uA": 50.0},
+                             task_options=SimpleNamespace(sequences=SequenceSpec(recording_radius_mm=0.5),
+                                                          decoder=TaskSpec(n_noise=4, n_eval=2)))
+    engine = {"safety_limits": SafetyLimits(), "safety_override": None, "scheduler": None}
+    result = _rehearsal_phase(config, model, {"images": seq.images}, points, progress=False, engine=engine)
     assert np.isnan(result["delta_auc"][:, 2]).all() and np.isfinite(result["delta_auc"][:, :2]).all()
     assert np.isnan(result["p_high"][:, 3]).all() and np.isfinite(result["p_high"][:, :3]).all()
     fitted_off = points[:, :2].copy()
     fitted_off[0, 0] = (x1 + 0.05, sites[0, 1])  # the fitted registration maps site 0 just off the sheet
-    result = _rehearsal_phase(config, model, {"images": seq.images}, fitted_off, progress=False)
+    result = _rehearsal_phase(config, model, {"images": seq.images}, fitted_off, progress=False, engine=engine)
     assert np.isnan(result["delta_auc"][0, 0]).all() and np.isfinite(result["delta_auc"][1:]).all()
 
 
@@ -353,32 +356,6 @@ def test_sequences_and_rehearsal_on_a_gpu_agree_with_the_cpu(device, small_seque
     on_cpu = rehearse(cpu_model, seq.images, points, stimulation, readouts, spec, seed=3, progress=False)
     elsewhere = rehearse(on_device, seq.images, points, stimulation, readouts, spec, seed=3, progress=False)
     np.testing.assert_allclose(elsewhere.p_high, on_cpu.p_high, rtol=0, atol=1e-4)
-
-
-# --- face task ---------------------------------------------------------------------------------------
-def test_face_task_noise_is_added_at_each_models_input_size():
-    """The face task draws and splits its clean images once; each model gets noisy copies at its own input
-    size, so a 64 px image shown to a 32 px model has exactly round((1 − s/100)·32²) network input pixels
-    replaced at signal level s, and round((1 − s/100)·16²) in a 16 px model."""
-    from stimsim.data.stimuli import StimulusSet
-    from stimsim.models.preprocessing import Preprocessing
-    from stimsim.planning.face_task import FaceTaskSpec, face_trials
-
-    rng = np.random.default_rng(0)
-    images = StimulusSet("textures", [rng.uniform(0, 1, (64, 64)).astype(np.float32) for _ in range(8)],
-                         np.asarray([f"image{k}" for k in range(8)]), {"category": np.asarray(["face", "car"] * 4)})
-    trials = face_trials(images, FaceTaskSpec(n_per_class=4, signal_percent=(0, 25, 100)), seed=1)
-    assert trials.n_fit_images == 12 and trials.n_test_images == 12
-    originals = dict(zip(images.stimulus_id, images.images))
-    for size_px, replaced in ((32, {0.0: 1024, 25.0: 768, 100.0: 0}), (16, {0.0: 256, 25.0: 192, 100.0: 0})):
-        model_input = Preprocessing(size_px=size_px, channels=1, mean=(0.5,), std=(0.25,))
-        fit, test = trials.shown(model_input)
-        assert len(fit) == len(test) == 12 and set(fit.labels["true_choice"]) == {"face", "nonface"}
-        for shown in (fit, test):
-            for image, stimulus_id, level in zip(shown.images, shown.stimulus_id, shown.labels["signal_percent"]):
-                assert image.shape == (size_px, size_px)
-                clean = originals[stimulus_id.rsplit("_signal", 1)[0]]
-                assert int((model_input([image]) != model_input([clean])).sum()) == replaced[level]
 
 
 def test_electrodes_left_out_are_named_with_their_reason():

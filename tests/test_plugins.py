@@ -98,9 +98,9 @@ def test_a_new_paradigm_is_one_class(tmp_path):
             return {"category"}
 
         def prepare(self, spec, model, stimuli, selection, progress=False):
-            from stimsim.paradigms.categorization import prepare
+            from stimsim.paradigms.categorization import categorization_trials
 
-            return prepare(spec, model, stimuli)
+            return categorization_trials(spec.options, spec.decoder, model, stimuli, spec.seed, spec.source)
 
         def analyse(self, spec, trials, probabilities, selection):
             return categorization_analyse(spec, trials, probabilities, selection)

@@ -48,7 +48,7 @@ from stimsim.filemodels import FileModel, Text
 from stimsim.paradigms.base import Paradigm, register_paradigm
 from stimsim.paradigms.schema import StimuliFile
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
-from stimsim.paradigms.spec import ExperimentSpec, LocalizerSpec
+from stimsim.paradigms.spec import DecoderSpec, ExperimentSpec, LocalizerSpec
 
 
 @dataclass(frozen=True)
@@ -153,77 +153,84 @@ class CategorizationTrials:
         }
 
 
-def true_choices(spec: ExperimentSpec, stimuli: StimulusSet) -> np.ndarray:
-    """The correct choice of every image: its label, or positive / negative in a two-choice task."""
-    label, positive = spec.options.label, spec.options.positive
+def true_choices(options: CategorizationOptions, stimuli: StimulusSet, where: str) -> np.ndarray:
+    """The correct choice of every image: its label, or positive / negative in a two-choice task; ``where``
+    names the file (and table) the options come from."""
+    label, positive = options.label, options.positive
     if label not in stimuli.labels:
-        raise ConfigError(f"{spec.source} [stimuli]: the images have no label {label!r}; labels: "
-                          f"{sorted(stimuli.labels)}")
+        raise ConfigError(f"{where}: the images have no label {label!r}; labels: {sorted(stimuli.labels)}")
     values = np.asarray(stimuli.labels[label]).astype(str)
     if positive is None:
         if len(np.unique(values)) < 2:
-            raise ConfigError(f"{spec.source} [stimuli]: label {label!r} has a single value {values[0]!r}; a "
-                              f"categorisation needs at least 2 classes")
+            raise ConfigError(f"{where}: label {label!r} has a single value {values[0]!r}; a categorisation needs at "
+                              f"least 2 classes")
         return values
     if not np.any(values == positive):
-        raise ConfigError(f"{spec.source} [stimuli]: no image has {label} = {positive!r}; values: "
-                          f"{sorted(set(values.tolist()))}")
+        raise ConfigError(f"{where}: no image has {label} = {positive!r}; values: {sorted(set(values.tolist()))}")
     if np.all(values == positive):
-        raise ConfigError(f"{spec.source} [stimuli]: every image has {label} = {positive!r}; add images of other "
-                          f"classes for the {spec.options.negative!r} choice")
-    return np.where(values == positive, positive, spec.options.negative)
+        raise ConfigError(f"{where}: every image has {label} = {positive!r}; add images of other classes for the "
+                          f"{options.negative!r} choice")
+    return np.where(values == positive, positive, options.negative)
 
 
-def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> CategorizationTrials:
-    """Split the clean images into fitting and test images (stratified by choice; all noisy copies of
-    an image on the same side), add noise at the model's input geometry, and fit the frozen decoder on
-    the fitting images."""
-    choice = true_choices(spec, stimuli)
+def clean_images(options: CategorizationOptions, stimuli: StimulusSet, seed: int, where: str,
+                 count_key: str = "n_per_choice") -> StimulusSet:
+    """The clean images of the task, labelled ``true_choice`` (and ``source_set`` where the images have it):
+    all of them, or ``n_per_choice`` of each choice drawn with ``seed`` (``count_key`` is that number's name in
+    the file, for errors)."""
+    choice = true_choices(options, stimuli, where)
     selected = np.arange(len(stimuli))
-    if spec.options.n_per_choice is not None:
-        rng = np.random.default_rng([spec.seed, 3])
+    if options.n_per_choice is not None:
+        rng = np.random.default_rng([seed, 3])
         picks = []
         for value in np.unique(choice):
             members = np.flatnonzero(choice == value)
-            if len(members) < spec.options.n_per_choice:
-                raise ConfigError(f"{spec.source} [stimuli]: n_per_choice = {spec.options.n_per_choice} but choice "
-                                  f"{value!r} has only {len(members)} images")
-            picks.append(rng.choice(members, size=spec.options.n_per_choice, replace=False))
+            if len(members) < options.n_per_choice:
+                raise ConfigError(f"{where}: {count_key} = {options.n_per_choice} but choice {value!r} has only "
+                                  f"{len(members)} images")
+            picks.append(rng.choice(members, size=options.n_per_choice, replace=False))
         selected = np.sort(np.concatenate(picks))
-    clean = StimulusSet(name=stimuli.name, images=[stimuli.images[i] for i in selected],
-                        stimulus_id=stimuli.stimulus_id[selected],
-                        labels={"true_choice": choice[selected],
-                                "source_set": np.asarray(stimuli.labels["source_set"])[selected]})
+    labels = {"true_choice": choice[selected]}
+    if "source_set" in stimuli.labels:
+        labels["source_set"] = np.asarray(stimuli.labels["source_set"])[selected]
+    return StimulusSet(name=stimuli.name, images=[stimuli.images[i] for i in selected],
+                       stimulus_id=stimuli.stimulus_id[selected], labels=labels)
+
+
+def categorization_trials(options: CategorizationOptions, decoder: DecoderSpec, model, stimuli: StimulusSet, seed: int,
+                          where: str, count_key: str = "n_per_choice") -> CategorizationTrials:
+    """Split the clean images (:func:`clean_images`) into fitting and test images (stratified by choice; all
+    noisy copies of an image on the same side), add noise at ``model``'s input geometry, and fit the frozen
+    decoder on the fitting images; every draw from ``seed``. ``where`` names the file for errors."""
+    clean = clean_images(options, stimuli, seed, where, count_key)
     classes = clean.labels["true_choice"]
     is_fit_clean = stratified_fit_mask({f"class {value!r}": np.flatnonzero(classes == value)
                                         for value in np.unique(classes)},
-                                       spec.decoder.fit_fraction, np.random.default_rng([spec.seed, 5]), spec.source,
-                                       "images")
+                                       decoder.fit_fraction, np.random.default_rng([seed, 5]), where, "images")
     noise_input = None
-    if spec.options.signal_percent is not None:
+    if options.signal_percent is not None:
         preprocessing = model.preprocessing
         noise_input = {"size_px": preprocessing.size_px, "channels": preprocessing.channels}
-        shown = pixel_noise(replace(clean, images=preprocessing.geometry(clean.images)), spec.options.signal_percent,
-                            seed=spec.seed)
-        base_ids = np.tile(clean.stimulus_id, len(spec.options.signal_percent))
-        is_fit = np.tile(is_fit_clean, len(spec.options.signal_percent))
+        shown = pixel_noise(replace(clean, images=preprocessing.geometry(clean.images)), options.signal_percent,
+                            seed=seed)
+        base_ids = np.tile(clean.stimulus_id, len(options.signal_percent))
+        is_fit = np.tile(is_fit_clean, len(options.signal_percent))
     else:
         shown = clean.with_labels(signal_percent=np.full(len(clean), 100.0))
         base_ids, is_fit = clean.stimulus_id, is_fit_clean
     labels = {"base_stimulus_id": base_ids}
-    if spec.options.positive is not None:
-        sign = np.where(shown.labels["true_choice"] == spec.options.positive, 1.0, -1.0)
+    if options.positive is not None:
+        sign = np.where(shown.labels["true_choice"] == options.positive, 1.0, -1.0)
         labels["signed_signal_percent"] = sign * shown.labels["signal_percent"]
     shown = shown.with_labels(**labels)
     fit, test = shown.subset(is_fit, name=f"{shown.name}_fit"), shown.subset(~is_fit, name=f"{shown.name}_test")
-    layer = model.resolve_layer(spec.decoder.layer)
+    layer = model.resolve_layer(decoder.layer)
     features = model.activations(fit.images, layer).numpy()
-    decoder = LogisticDecoder.fit(features, fit.labels["true_choice"], layer=layer, C=spec.decoder.C,
-                                  seed=spec.seed, max_iter=spec.decoder.max_iter)
-    choices = tuple(decoder.choices)
-    psychometric = spec.options.positive is not None and spec.options.signal_percent is not None
-    return CategorizationTrials(choices=choices, positive=spec.options.positive, fit=fit, test=test,
-                                decoder=decoder, psychometric=psychometric, noise_input=noise_input)
+    fitted = LogisticDecoder.fit(features, fit.labels["true_choice"], layer=layer, C=decoder.C, seed=seed,
+                                 max_iter=decoder.max_iter)
+    psychometric = options.positive is not None and options.signal_percent is not None
+    return CategorizationTrials(choices=tuple(fitted.choices), positive=options.positive, fit=fit, test=test,
+                                decoder=fitted, psychometric=psychometric, noise_input=noise_input)
 
 
 def analyse(spec: ExperimentSpec, trials: CategorizationTrials, probabilities: xr.DataArray,
@@ -398,7 +405,7 @@ class Categorization(Paradigm):
         return LocalizerSpec(label=options.label, positive=options.positive, sets=None)
 
     def prepare(self, spec, model, stimuli, selection, progress=False):
-        return prepare(spec, model, stimuli)
+        return categorization_trials(spec.options, spec.decoder, model, stimuli, spec.seed, f"{spec.source} [stimuli]")
 
     def analyse(self, spec, trials, probabilities, selection):
         return analyse(spec, trials, probabilities, selection)

@@ -16,7 +16,7 @@ Slope-to-noise score of a sequence: the least-squares slope of the site's pooled
 steps (per step) divided by the SD of that response over the noisy copies of the end images (the
 trial-to-trial noise the decoder is fitted on) — how many noise SDs one step moves the site.
 
-Site planning (:mod:`stimsim.planning.rehearsal`) rehearses this task at every mapped electrode with the
+Site planning (:mod:`stimsim.planning.tasks.sequence_2afc`) rehearses this task at every mapped electrode with the
 pieces defined here. ``stimsim run`` runs it as the paradigm ``"sequence_2afc"``: every site's trials
 (its sequences' noisy step images, ids ``<site>_seq<j>_step<k>_copy<c>``) are shown under the control
 condition and under stimulation at every selected site, so the run measures both each site's effect on

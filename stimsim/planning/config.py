@@ -3,8 +3,9 @@
 Tables and keys (every length in mm, current in µA; unknown keys are errors), declared by :class:`PlanFile`,
 whose JSON Schema ships as ``plan.schema.json`` beside this module:
 
-top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehrer et al. 2025;
-                "face_categorization": the face / non-face task of Afraz et al. 2006)
+top level       name, description, seed, task (a registered plan task, :mod:`stimsim.planning.tasks`:
+                "sequence_2afc", the 2AFC of Mehrer et al. 2025, the default; "face_categorization",
+                the face / non-face task of Afraz et al. 2006)
 [models]        candidates (shipped names or model directories), n_folds (ridge CV folds)
 [subject]       config = a virtual-subject file (``stimsim subject make`` format) or dir = a subject
                 directory: plan on its recordings (truth is read only to validate)
@@ -16,10 +17,8 @@ top level       name, description, seed, task ("sequence_2afc": the 2AFC of Mehr
 [array]         broken_electrodes, min_reliability (split-half; below it an electrode is not working),
                 anatomical = {ap_mm, ml_mm, rotation_deg, hemisphere, reference} (optional)
 [registration]  n_boot, allow_scale
-[sequences]     see :class:`stimsim.sequences.SequenceSpec`
-[decoder]       the 2AFC decoder: see :class:`stimsim.paradigms.sequence_2afc.TaskSpec`
-[face_task]     the face task's images and decoder: see :class:`stimsim.planning.face_task.FaceTaskSpec`
-                ([sequences] and [decoder] belong to the 2AFC and are refused with the face task)
+(the task's)    the tables of the plan's task (:attr:`stimsim.planning.tasks.PlanTask.tables`): [sequences]
+                and [decoder] of the 2AFC, [face_task] of the face task; a table of another task is refused
 [stimulation]   current_uA, frequency_Hz, pulse_width_ms, interphase_ms, train_ms, waveform, and any other key of an
                 electrical stimulation (spread, form, combine, ...; as in experiment files)
 [safety]        max_shannon_k, electrode_area_um2, max_charge_per_phase_nC, override (a reason)
@@ -33,9 +32,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
 from stimsim.arrays.anatomy import AnatomicalPose
 from stimsim.arrays.layout import cmp_options
@@ -44,18 +44,14 @@ from stimsim.errors import ConfigError
 from stimsim.filemodels import FileModel, Text, validate
 from stimsim.hashing import json_sha256, sha256_of
 from stimsim.limits import MAX_SEED
-from stimsim.paradigms.sequence_2afc import TaskSpec
-from stimsim.planning.face_task import FaceTaskSpec
-from stimsim.planning.rehearsal import stimulation_at
 from stimsim.planning.rig import DisplayTable, RigSpec, SessionTable
 from stimsim.planning.selection import SelectionSpec
+from stimsim.planning.tasks import PLAN_TASKS, PlanTask, get_plan_task, stimulation_at
 from stimsim.recordings import FIELD_NAMES
-from stimsim.sequences import SequenceSpec
 from stimsim.stimulation import ElectricalStimulation, SafetyLimits
 
-TASKS = ("sequence_2afc", "face_categorization")
-#: The effect each task predicts per site (names of the columns and keys of the outputs).
-EFFECTS = {"sequence_2afc": "delta_auc", "face_categorization": "delta_p_face"}
+#: The plan task of a file that names none.
+DEFAULT_TASK = "sequence_2afc"
 #: Where the JSON Schema of plan files ships.
 SCHEMA_PATH = Path(__file__).with_name("plan.schema.json")
 
@@ -184,20 +180,18 @@ class SelectionTable(SelectionSpec):
 
 class PlanFile(FileModel):
     """A plan file: what to plan on (a virtual subject or a lab's recordings), with which candidate models, under
-    which constraints; the tables are described in the module docstring."""
+    which constraints; the tables are described in the module docstring. The task's own tables are added by
+    :func:`plan_file_model`."""
 
     name: Text | None = None
     description: str = ""
-    task: Literal[TASKS] = "sequence_2afc"
+    task: Text = DEFAULT_TASK
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
     models: ModelsTable
     subject: SubjectTable | None = None
     recordings: RecordingsTable | None = None
     array: ArrayTable = ArrayTable()
     registration: RegistrationTable = RegistrationTable()
-    sequences: SequenceSpec = SequenceSpec()
-    decoder: TaskSpec = TaskSpec()
-    face_task: FaceTaskSpec = FaceTaskSpec()
     stimulation: StimulationTable = StimulationTable()
     safety: SafetyTable = SafetyTable()
     selection: SelectionTable = SelectionTable()
@@ -205,10 +199,27 @@ class PlanFile(FileModel):
     display: DisplayTable = DisplayTable()
 
 
+def plan_file_model(tasks: list[PlanTask]) -> type[PlanFile]:
+    """:class:`PlanFile` with ``task`` one of ``tasks`` and the tables every one of them takes (a table name that
+    the plan or another of them declares with another model is a ``ConfigError``)."""
+    tables: dict[str, type[FileModel]] = {}
+    for task in tasks:
+        for table, model in task.tables.items():
+            if table in PlanFile.model_fields or tables.get(table, model) is not model:
+                raise ConfigError(f"plan task {task.name!r}: its table [{table}] is already a plan table with another "
+                                  f"model")
+            tables[table] = model
+    names = tuple(task.name for task in tasks)
+    return create_model("PlanFile", __base__=PlanFile, __doc__=PlanFile.__doc__,
+                        task=(Literal[names], DEFAULT_TASK if DEFAULT_TASK in names else names[0]),
+                        **{table: (model, model()) for table, model in tables.items()})
+
+
 def plan_schema() -> dict:
-    """JSON Schema of plan files."""
+    """JSON Schema of plan files, with every registered task and its tables."""
+    model = plan_file_model([task for _, task in PLAN_TASKS.items()])
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "stimsim plan file",
-            "description": "A site-planning job (TOML); see stimsim.planning.config.", **PlanFile.model_json_schema()}
+            "description": "A site-planning job (TOML); see stimsim.planning.config.", **model.model_json_schema()}
 
 
 @dataclass
@@ -217,6 +228,7 @@ class PlanConfig:
     path: Path
     raw: dict
     task: str
+    task_options: SimpleNamespace
     seed: int
     candidates: list
     n_folds: int
@@ -227,21 +239,23 @@ class PlanConfig:
     anatomical: dict | None
     n_boot: int
     allow_scale: bool
-    sequences: SequenceSpec
-    task_spec: TaskSpec
     stimulation: dict
     safety: SafetyLimits
     safety_override: str | None
     selection: SelectionSpec
-    face_task: FaceTaskSpec = field(default_factory=FaceTaskSpec)
     rig: RigSpec = field(default_factory=RigSpec)
     description: str = ""
     extra: dict = field(default_factory=dict)
 
     @property
+    def plan_task(self) -> PlanTask:
+        """The registered task the plan rehearses."""
+        return get_plan_task(self.task)
+
+    @property
     def effect(self) -> str:
-        """What the task predicts per site: "delta_auc" (2AFC) or "delta_p_face" (face task)."""
-        return EFFECTS[self.task]
+        """What the task predicts per site (e.g. "delta_auc" for the 2AFC, "delta_p_face" for the face task)."""
+        return self.plan_task.effect
 
     def to_dict(self) -> dict:
         """Every resolved parameter (JSON-ready)."""
@@ -254,8 +268,7 @@ class PlanConfig:
             "array": {"broken_electrodes": list(self.selection.broken_electrodes),
                       "min_reliability": self.min_reliability, "anatomical": self.anatomical},
             "registration": {"n_boot": self.n_boot, "allow_scale": self.allow_scale},
-            **({"sequences": self.sequences.to_dict(), "task_spec": self.task_spec.to_dict()}
-               if self.task == "sequence_2afc" else {"face_task": self.face_task.to_dict()}),
+            **self.plan_task.record(self.task_options),
             "stimulation": dict(self.stimulation),
             "safety": {**self.safety.to_dict(), "override": self.safety_override},
             "selection": self.selection.to_dict(),
@@ -303,7 +316,8 @@ def load_plan_config(path) -> PlanConfig:
     path = Path(path)
     raw = load_toml(path)
     where = str(path)
-    checked = validate(PlanFile, raw, where)
+    plan_task = _plan_task(raw, where)
+    checked = validate(plan_file_model([plan_task]), raw, where)
     candidates = [str((path.parent / c).resolve()) if ("/" in c and not Path(c).is_absolute()) else c
                   for c in checked.models.candidates]
     for candidate in candidates:
@@ -331,13 +345,8 @@ def load_plan_config(path) -> PlanConfig:
         except ConfigError as exc:
             raise ConfigError(f"{where} [array] anatomical: {str(exc).removeprefix('anatomical pose: ')}") from None
 
-    given = checked.model_fields_set
-    if checked.task == "face_categorization":
-        extra = [name for name in ("sequences", "decoder") if name in given]
-        if extra:
-            raise ConfigError(f"{where}: {extra} belong to task = \"sequence_2afc\"; the face task takes [face_task]")
-    elif "face_task" in given:
-        raise ConfigError(f"{where}: [face_task] belongs to task = \"face_categorization\" (task is {checked.task!r})")
+    task_options = SimpleNamespace(**{table: getattr(checked, table) for table in plan_task.tables})
+    plan_task.check(task_options, where)
 
     stimulation = checked.stimulation.to_dict()
     try:
@@ -349,19 +358,43 @@ def load_plan_config(path) -> PlanConfig:
                           max_charge_per_phase_nC=safety.max_charge_per_phase_nC)
     selection = SelectionSpec(**checked.selection.model_dump(exclude={"broken_electrodes"}),
                               broken_electrodes=tuple(checked.array.broken_electrodes))
-    n_steps = checked.sequences.n_steps if checked.task == "sequence_2afc" else 1
+    n_steps = plan_task.steps_per_stimulus(task_options)
     if checked.session.trials_per_site < 2 * n_steps:
         raise ConfigError(f"{where} [session]: 'trials_per_site' must be >= {2 * n_steps} (every step of a sequence "
                           f"once sham and once stimulated), got {checked.session.trials_per_site}")
     return PlanConfig(name=checked.name or path.stem, path=path.resolve(), raw=raw, task=checked.task,
-                      seed=checked.seed, candidates=candidates, n_folds=checked.models.n_folds,
+                      task_options=task_options, seed=checked.seed, candidates=candidates, n_folds=checked.models.n_folds,
                       subject_config=subject_config, subject_dir=subject_dir, recordings=recordings,
                       min_reliability=checked.array.min_reliability, anatomical=anatomical,
                       n_boot=checked.registration.n_boot, allow_scale=checked.registration.allow_scale,
-                      sequences=checked.sequences, task_spec=checked.decoder, stimulation=stimulation,
+                      stimulation=stimulation,
                       safety=limits, safety_override=safety.override, selection=selection,
-                      face_task=checked.face_task, rig=RigSpec(session=checked.session, display_table=checked.display),
+                      rig=RigSpec(session=checked.session, display_table=checked.display),
                       description=checked.description)
+
+
+def _plan_task(raw: dict, where: str) -> PlanTask:
+    """The task a plan file names (``task``, default :data:`DEFAULT_TASK`); a table that belongs to another
+    registered task is refused, naming that task."""
+    name = raw.get("task", DEFAULT_TASK)
+    if not isinstance(name, str) or name not in PLAN_TASKS:
+        raise ConfigError(f"{where} task: must be one of {PLAN_TASKS.names()}, got {name!r}")
+    task = get_plan_task(name)
+    for table in sorted(set(raw) - set(PlanFile.model_fields) - set(task.tables)):
+        owners = [other for other in PLAN_TASKS.names() if other != name and table in _tables_of(other)]
+        if owners:
+            takes = ", ".join(f"[{t}]" for t in task.tables) or "no table of its own"
+            raise ConfigError(f"{where}: [{table}] belongs to task = \"{owners[0]}\"; task {name!r} takes {takes}")
+    return task
+
+
+def _tables_of(name: str) -> dict:
+    """The tables of the registered task ``name``; none for a plug-in that cannot be loaded (the plan does not
+    use it)."""
+    try:
+        return get_plan_task(name).tables
+    except ConfigError:
+        return {}
 
 
 def _recordings(table: RecordingsTable, folder: Path, where: str) -> dict:

@@ -9,14 +9,15 @@ computed again: :mod:`stimsim.planning.cache`):
    before any work;
 2. mapping — every candidate model's cross-validated ridge predictivity, its registration of the array
    on the model's IT sheet and the registration bootstrap (:mod:`stimsim.mapping`);
-3. sequences — on the best candidate, image sequences along every working electrode's mapped site;
-4. rehearsal — the 2AFC task in every candidate at its own mapped sites, without and with stimulation
-   at the fitted pose and at every bootstrap pose;
-5. ranking and constraints — predicted ΔAUC per electrode = mean over candidates (fitted pose), its
-   interval = 2.5–97.5 percentiles over candidates × bootstrap poses; greedy choice under the lab's
-   constraints;
+3. design (tasks that have one) — on the best candidate, the task's stimuli at every working electrode's
+   mapped site (the 2AFC's image sequences along each site's tuning);
+4. rehearsal — the plan's task (:mod:`stimsim.planning.tasks`) in every candidate at its own mapped sites,
+   without and with stimulation at the fitted pose and at every bootstrap pose;
+5. ranking and constraints — the predicted effect per electrode (ΔAUC for the 2AFC) = mean over candidates
+   (fitted pose), its interval = 2.5–97.5 percentiles over candidates × bootstrap poses; greedy choice under
+   the lab's constraints;
 6. truth (virtual subject only, never used by the phases above) — the subject's own decoders and its
-   true electrode positions give the true ΔAUC of the same sequences; ``predicted_vs_true_r``.
+   true electrode positions give the true effect of the same stimuli; ``predicted_vs_true_r``.
 
 Over 500 lines: the plan's phases in the order they run, sharing its inputs and the phase cache.
 """
@@ -34,18 +35,13 @@ import xarray as xr
 from stimsim.errors import ConfigError, DataError, SafetyError, StimsimError
 from stimsim.hashing import sha256_of
 from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance
-from stimsim.paradigms.sequence_2afc import fit_readouts
 from stimsim.planning.cache import PhaseCache, directory_files_sha256, remove_temporaries
 from stimsim.planning.config import PlanConfig
-from stimsim.planning.detectability import (INTERVAL_SPANS, coverage, forecast, predicted_curves, subject_error_sd,
-                                            with_subject_error)
-from stimsim.planning.face_task import face_rehearsal, face_trials
-from stimsim.planning.rehearsal import rehearse
-from stimsim.planning.rig import trial_list, write_rig
-from stimsim.planning.selection import (check_broken, choose_sites, left_out_message, ranking_reliability,
-                                       screen_electrodes, shortfall_message)
+from stimsim.planning.detectability import INTERVAL_SPANS, coverage, subject_error_sd, with_subject_error
+from stimsim.planning.selection import (check_broken, choose_sites, left_out_message, screen_electrodes,
+                                       shortfall_message)
+from stimsim.planning.tasks import stimulation_at
 from stimsim.progress import report_phase
-from stimsim.sequences import build_sequences, excursion_warning, pooling_matrix
 from stimsim.stimulation import enforce
 from stimsim.stimulation.safety import charge_per_phase_nC
 
@@ -61,8 +57,6 @@ def model_checksums(name: str) -> dict:
 
 
 def _stimulation_report(config: PlanConfig) -> dict:
-    from stimsim.planning.rehearsal import stimulation_at
-
     try:
         stim = stimulation_at((0.0, 0.0), config.stimulation)
     except ConfigError as exc:
@@ -249,8 +243,8 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
         cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
                            + (f"-random{n_random_poses}" if n_random_poses else ""), progress=progress)
         inputs = PlanInputs(config, out_dir, progress, subject_seed, device=compute["device"])
-        face_task_trials = (face_trials(inputs.images, config.face_task, seed=config.seed, where=str(config.path))
-                            if config.task == "face_categorization" else None)  # its images checked before any work
+        plan_task = config.plan_task
+        prepared = plan_task.prepare(config.task_options, inputs.images, config.seed, str(config.path))
         models, scales = load_candidates(config.candidates, device=compute["device"])
         remove_temporaries(out_dir, Path(out_dir) / "truth")
         cache.bind({"subject_files": directory_files_sha256(inputs.subject_dir) if inputs.subject_dir else {},
@@ -271,18 +265,19 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
         poses = [reg["pose"]] + mapping["bootstraps"][name]["poses"]
         return _points(layout, poses, working)
 
-    if config.task == "sequence_2afc":
+    phases = ("mapping.json",)
+    task = prepared
+    if plan_task.design_phase is not None:
         design_points = registered_points(chosen_model)[:, 0]
         companions = [(models[name], registered_points(name)[:, 0]) for name in models if name != chosen_model]
-        task = cache.arrays("sequences", lambda: _sequences_phase(config, models[chosen_model], design_points,
-                                                                  inputs.images, progress, companions),
-                            after=("mapping.json",))
-        phase = partial(_rehearsal_phase, scheduler=compute["scheduler"])
-    else:
-        task = face_task_trials
-        phase = _face_phase
-    effect = config.effect
-    phases = ("mapping.json", "sequences.npz") if config.task == "sequence_2afc" else ("mapping.json",)
+        task = cache.arrays(plan_task.design_phase, lambda: plan_task.design(
+            config.task_options, prepared, models[chosen_model], design_points, config.seed, progress, companions),
+            after=phases)
+        phases += (f"{plan_task.design_phase}.npz",)
+    engine = {"safety_limits": config.safety, "safety_override": config.safety_override,
+              "scheduler": compute["scheduler"]}
+    phase = partial(_rehearsal_phase, engine=engine)
+    effect, probability = plan_task.effect, plan_task.probability
     rehearsals = {}
     for index, (name, model) in enumerate(models.items()):
         def rehearse_model(model=model, name=name, index=index):
@@ -296,7 +291,6 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
             registered = points.shape[1]
             result["random_effect"] = result[effect][:, registered:]
             result[effect] = result[effect][:, :registered]
-            probability = "p_high" if effect == "delta_auc" else "p_face"
             result[probability] = result[probability][:, :registered + 1]
             return result
         rehearsals[name] = cache.arrays(f"rehearsal_{_cache_key(list(models), name)}", rehearse_model, after=phases)
@@ -304,7 +298,7 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
     truth = None
     if inputs.subject_dir is not None:
         truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, task, progress,
-                                                           compute["scheduler"]), after=phases)
+                                                           engine), after=phases)
         _write_truth(config, out_dir, truth, working, task)
     return _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth,
                           safety, models, scales, write_report, compute)
@@ -339,14 +333,6 @@ def _cache_key(names: list, name: str) -> str:
     return key if keys.count(key) == 1 else f"{names.index(name)}_{key}"
 
 
-def _sequences_phase(config, model, points, images, progress, companions=()) -> dict:
-    seq = build_sequences(model, points, images.images, config.sequences, layer=IT, seed=config.seed,
-                          progress=progress, companions=companions)
-    return {"images": seq.images, "start_index": seq.start_index, "site_response": seq.site_response,
-            "others_change_sd": seq.others_change_sd, "natural_mean": seq.natural_mean,
-            "natural_sd": seq.natural_sd}
-
-
 def _onto_sheet(sheet, points: np.ndarray) -> np.ndarray:
     """Points moved to the nearest point of the sheet's extent; used only where the result is then marked
     as having no prediction (an electrode a registration maps off the sheet)."""
@@ -360,67 +346,32 @@ def off_sheet(sheet, points: np.ndarray) -> np.ndarray:
     return (points[..., 0] < x0) | (points[..., 0] > x1) | (points[..., 1] < y0) | (points[..., 1] > y1)
 
 
-def _rehearsal_phase(config, model, sequences, points, progress, scheduler=None) -> dict:
-    """The task in ``model`` at every electrode's mapped points (fitted pose, then bootstrap poses). A pose can
-    send an electrode off the sheet: that (electrode, pose) has no prediction (NaN; left out of the pooled
+def _rehearsal_phase(config, model, trials, points, progress, engine: dict) -> dict:
+    """The plan's task in ``model`` at every electrode's mapped points (fitted pose, then bootstrap poses). A pose
+    can send an electrode off the sheet: that (electrode, pose) has no prediction (NaN; left out of the pooled
     prediction and its interval); it is simulated at the nearest sheet point only to keep the batch
     rectangular."""
-    sheet = model.sheet(IT)
-    outside = off_sheet(sheet, points)
-    fitted = _onto_sheet(sheet, points[:, 0])
-    simulated = np.where(outside[..., None], fitted[:, None], points)
-    pool = pooling_matrix(sheet, fitted, config.sequences.recording_radius_mm)
-    readouts, noise_sd = fit_readouts(model, sequences["images"], pool, config.task_spec, seed=config.seed,
-                                      progress=progress)
-    responses = _site_responses(model, sequences["images"], pool)
-    result = rehearse(model, sequences["images"], simulated, config.stimulation, readouts, config.task_spec,
-                      responses, noise_sd, seed=config.seed, progress=progress, safety_limits=config.safety,
-                      safety_override=config.safety_override, scheduler=scheduler)
-    p_high, delta = result.p_high.copy(), result.delta_auc.copy()
-    p_high[:, 1:][outside] = np.nan
-    delta[outside] = np.nan
-    return {"p_high": p_high, "delta_auc": delta, "slope_to_noise": result.slope_to_noise,
-            "site_response": responses}
-
-
-def _face_phase(config, model, trials, points, progress) -> dict:
-    """The face task in ``model`` at every electrode's mapped points; off-sheet points have no prediction."""
+    plan_task = config.plan_task
     sheet = model.sheet(IT)
     outside = off_sheet(sheet, points)
     simulated = np.where(outside[..., None], _onto_sheet(sheet, points[:, 0])[:, None], points)
-    result = face_rehearsal(model, trials, simulated, config.stimulation, config.face_task, seed=config.seed,
-                            progress=progress, safety_limits=config.safety, safety_override=config.safety_override)
-    result["p_face"][:, 1:][outside] = np.nan
-    result["delta_p_face"][outside] = np.nan
+    result = plan_task.rehearse(model, config.task_options, trials, simulated, config.stimulation, config.seed,
+                                engine, progress)
+    result[plan_task.probability] = np.array(result[plan_task.probability], dtype=np.float64)
+    result[plan_task.effect] = np.array(result[plan_task.effect], dtype=np.float64)
+    result[plan_task.probability][:, 1:][outside] = np.nan
+    result[plan_task.effect][outside] = np.nan
     return result
 
 
-def _site_responses(model, images, pool) -> np.ndarray:
-    """(n_sites, n_seq, n_steps) each site's pooled response to its own sequences in ``model``."""
-    n_sites, n_seq, n_steps = images.shape[:3]
-    flat = list(images.reshape(-1, *images.shape[3:]))
-    activity = model.activations(flat, IT, batch_size=512).numpy().reshape(n_sites, n_seq * n_steps, -1)
-    weights = pool.numpy()
-    return np.einsum("sif,sf->si", activity, weights).reshape(n_sites, n_seq, n_steps).astype(np.float64)
-
-
-def _truth_phase(config, subject, working, task, progress, scheduler=None) -> dict:
-    """The virtual subject's own P(high) for the plan's sequences (or its P(face) on the face task's images):
-    its decoders, its true positions."""
+def _truth_phase(config, subject, working, trials, progress, engine: dict) -> dict:
+    """The virtual subject's own results for the plan's stimuli: its decoders, its true positions."""
     sites = subject.electrode_sites_mm()
     points = np.array([sites[e] for e in working])[:, None, :]
     dead = np.array([e in set(subject.dead_electrodes) for e in working])
-    if config.task == "face_categorization":
-        result = face_rehearsal(subject.model, task, points, config.stimulation, config.face_task, seed=config.seed + 1,
-                                progress=progress, safety_limits=config.safety, safety_override=config.safety_override)
-        return {"p_face": result["p_face"], "delta_p_face": result["delta_p_face"][:, 0], "dead": dead}
-    sequences = task
-    readouts, _ = fit_readouts(subject.model, sequences["images"], None, config.task_spec, seed=config.seed + 1,
-                               progress=progress)
-    result = rehearse(subject.model, sequences["images"], points, config.stimulation, readouts, config.task_spec,
-                      seed=config.seed + 1, progress=progress, safety_limits=config.safety,
-                      safety_override=config.safety_override, scheduler=scheduler)
-    return {"p_high": result.p_high, "delta_auc": result.delta_auc[:, 0], "dead": dead}
+    result = config.plan_task.truth(subject.model, config.task_options, trials, points, config.stimulation,
+                                    config.seed, engine, progress)
+    return {**result, "dead": dead}
 
 
 def _assemble(config, inputs, mapping, chosen_model, rehearsals, registered_points) -> dict:
@@ -443,24 +394,9 @@ def _assemble(config, inputs, mapping, chosen_model, rehearsals, registered_poin
             "array_xy": array_xy, "cortex_xy": registered_points(chosen_model)[:, 0]}
 
 
-def _write_truth(config, out_dir: Path, truth: dict, working, task) -> None:
-    if config.task == "face_categorization":
-        data = xr.Dataset(
-            {"subject_p_face": (("electrode", "stimulated"), truth["p_face"]),
-             "true_delta_p_face": (("electrode",), truth["delta_p_face"][:, 0]), "dead": ("electrode", truth["dead"])},
-            coords={"electrode": list(working), "stimulated": [False, True]},
-            attrs={"description": "the virtual subject's own P(face) on the face task's test images (validation only)"})
-        atomic_save(out_dir / "truth" / "subject_p_face.nc", lambda tmp: data.to_netcdf(tmp, engine="h5netcdf"))
-        return
-    n_seq, n_steps = task["images"].shape[1:3]
-    data = xr.Dataset(
-        {"subject_p_high": (("electrode", "stimulated", "sequence", "step"), truth["p_high"]),
-         "true_delta_auc": (("electrode", "sequence"), truth["delta_auc"]),
-         "dead": ("electrode", truth["dead"])},
-        coords={"electrode": list(working), "stimulated": [False, True], "sequence": np.arange(n_seq),
-                "step": np.arange(n_steps)},
-        attrs={"description": "the virtual subject's own P(high) for the plan's sequences (validation only)"})
-    atomic_save(out_dir / "truth" / "subject_p_high.nc", lambda tmp: data.to_netcdf(tmp, engine="h5netcdf"))
+def _write_truth(config, out_dir: Path, truth: dict, working, trials) -> None:
+    name, data = config.plan_task.truth_dataset(working, truth, trials)
+    atomic_save(out_dir / "truth" / name, lambda tmp: data.to_netcdf(tmp, engine="h5netcdf"))
 
 
 def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth, safety,
@@ -468,7 +404,8 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     from stimsim.models.registry import model_path
     from stimsim.planning.report import build_report
 
-    effect = config.effect
+    plan_task = config.plan_task
+    effect = plan_task.effect
     working = mapping["working"]
     order, chosen = plan["choice"]["order"], plan["choice"]["chosen"]
     anatomical = None
@@ -524,29 +461,8 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     summary["sites_warning"] = shortfall_message(plan["choice"], config.selection)
     if summary["sites_warning"] is not None:
         warnings.warn(summary["sites_warning"], stacklevel=2)
-    if config.task == "sequence_2afc":
-        sequences = task
-        summary.update({
-            "sequence_response_change_sd": float(np.median(
-                (sequences["site_response"][:, :, -1] - sequences["site_response"][:, :, 0]) / sequences["natural_sd"][:, None])),
-            "sequence_others_change_sd": float(np.median(sequences["others_change_sd"][:, :, [0, -1]])),
-            "ranking_reliability": _finite_or_none(ranking_reliability(np.nanmean(
-                np.stack([rehearsals[n]["delta_auc"][:, 0] for n in rehearsals]), axis=0))),
-            "ranking_reliability_chance": 0.0,
-            "sequence_warning": excursion_warning(sequences["site_response"], sequences["natural_sd"],
-                                                  config.sequences.recording_radius_mm)})
-        if summary["sequence_warning"] is not None:
-            warnings.warn(summary["sequence_warning"], stacklevel=2)
-        summary.update(forecast(predicted_curves(rehearsals, chosen), [working[i] for i in chosen],
-                                plan["predicted"][chosen], config.rig.trials_per_site, config.seed))
-        if summary["power_warning"] is not None:
-            warnings.warn(summary["power_warning"], stacklevel=2)
-    else:
-        summary["face_task_images"] = {
-            "fit": task.n_fit_images, "test": task.n_test_images,
-            "noise_at_input_size_px": {name: model.preprocessing.size_px for name, model in models.items()}}
-        summary.update({"power_at_planned_trials": None, "trials_per_site_needed": None, "power_warning": None,
-                        "power_forecast": "the power forecast and the rig package cover the sequence 2AFC only"})
+    summary.update(plan_task.summary(config.task_options, task, rehearsals, plan, working, models, config.rig,
+                                     config.seed))
     if truth is not None:
         subject = inputs.load_subject()
         alive = ~truth["dead"] & np.isfinite(plan["predicted"])
@@ -569,8 +485,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     if not write_report:
         atomic_write_json(out_dir / "summary.json", summary)
         return summary
-    dataset = (_plan_dataset(config, working, task, rehearsals, plan, factor) if config.task == "sequence_2afc"
-               else _face_dataset(config, working, rehearsals, plan, factor))
+    dataset = _plan_dataset(config, working, task, rehearsals, plan, factor)
     atomic_save(out_dir / "plan.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
     record = provenance(config.to_dict())
     record["model_checksums"] = {name: model_checksums(name) for name in models}
@@ -580,23 +495,14 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     record["cortex_scale"] = scales
     record["input_sha256"] = config.input_files()
     atomic_write_json(out_dir / "config.json", record)
-    if config.task == "sequence_2afc":
-        sites_chosen = [working[i] for i in chosen]
-        n_sequences, n_steps = task["images"].shape[1:3]
-        n_images = n_sequences * n_steps
-        trials = trial_list(sites_chosen, n_sequences, n_steps, config.rig, config.stimulation, config.seed,
-                            inputs.array_layout)
-        write_rig(out_dir, task["images"][chosen], sites_chosen, config.rig, trials, config.name)
-        summary["rig"] = {"folder": "rig", "n_trials": int(len(trials)), "n_images": int(len(chosen) * n_images)}
+    rig = plan_task.write_rig(out_dir, config.task_options, task, chosen, working, config.rig, config.stimulation,
+                              config.seed, inputs.array_layout, config.name)
+    if rig is not None:
+        summary["rig"] = rig
     atomic_write_json(out_dir / "summary.json", summary)
     build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, sites, summary, truth,
                  models, record).write(out_dir)
     return summary
-
-
-def _finite_or_none(value: float):
-    """``value``, or None (JSON null) where it is undefined (NaN)."""
-    return value if np.isfinite(value) else None
 
 
 def _random_pose_null(rehearsals, true, alive) -> dict:
@@ -616,52 +522,22 @@ def _pearson(a, b) -> float:
     return float(np.corrcoef(a[keep], b[keep])[0, 1]) if keep.sum() > 2 else float("nan")
 
 
-def _plan_dataset(config, working, sequences, rehearsals, plan, factor: float) -> xr.Dataset:
-    names = list(rehearsals)
-    n_sites, n_seq, n_steps = sequences["images"].shape[:3]
-    first = rehearsals[names[0]]
-    data = xr.Dataset(
-        {"sequence_image": (("electrode", "sequence", "step", "y", "x"), sequences["images"]),
-         "p_high": (("model", "electrode", "pose", "stimulated", "sequence", "step"),
-                    np.stack([_p_high_by_pose(rehearsals[n]["p_high"]) for n in names])),
-         "delta_auc": (("model", "electrode", "pose", "sequence"), np.stack([rehearsals[n]["delta_auc"] for n in names])),
-         "slope_to_noise": (("model", "electrode", "sequence"), np.stack([rehearsals[n]["slope_to_noise"] for n in names])),
-         "site_response": (("electrode", "sequence", "step"), sequences["site_response"]),
-         "others_change_sd": (("electrode", "sequence", "step"), sequences["others_change_sd"]),
-         "predicted_delta_auc": ("electrode", plan["predicted"]),
-         "predicted_delta_auc_low": ("electrode", plan["low"]),
-         "predicted_delta_auc_high": ("electrode", plan["high"]), **_site_coordinates(plan)},
-        coords={"electrode": list(working), "model": names, "sequence": np.arange(n_seq), "step": np.arange(n_steps),
-                "pose": ["fitted"] + [f"bootstrap_{k}" for k in range(first["delta_auc"].shape[1] - 1)],
-                "stimulated": [False, True]},
+def _plan_dataset(config, working, trials, rehearsals, plan, factor: float) -> xr.Dataset:
+    """plan.nc: the task's variables, the pooled prediction with its interval, and every site's coordinates."""
+    plan_task = config.plan_task
+    effect = plan_task.effect
+    variables, coords = plan_task.dataset_variables(working, trials, rehearsals)
+    return xr.Dataset(
+        {**variables, f"predicted_{effect}": ("electrode", plan["predicted"]),
+         f"predicted_{effect}_low": ("electrode", plan["low"]), f"predicted_{effect}_high": ("electrode", plan["high"]),
+         **_site_coordinates(plan)},
+        coords={"electrode": list(working), "model": list(rehearsals), "stimulated": [False, True], **coords},
         attrs={"task": config.task, "current_uA": config.stimulation["current_uA"], "cortex_mm_per_model_mm": factor,
-               "description": "stimsim plan: sequences, P(high) with and without stimulation, predicted ΔAUC"})
-    return data
+               "description": f"stimsim plan: the {config.task} task with and without stimulation, predicted "
+                              f"{plan_task.effect_label}"})
 
 
 def _site_coordinates(plan) -> dict:
     return {"model_x_mm": ("electrode", plan["model_xy"][:, 0]), "model_y_mm": ("electrode", plan["model_xy"][:, 1]),
             "cortex_x_mm": ("electrode", plan["cortex_xy"][:, 0]), "cortex_y_mm": ("electrode", plan["cortex_xy"][:, 1]),
             "array_x_mm": ("electrode", plan["array_xy"][:, 0]), "array_y_mm": ("electrode", plan["array_xy"][:, 1])}
-
-
-def _face_dataset(config, working, rehearsals, plan, factor: float) -> xr.Dataset:
-    names = list(rehearsals)
-    p_face = np.stack([rehearsals[n]["p_face"] for n in names])  # (model, electrode, 1 + poses)
-    control = np.broadcast_to(p_face[:, :, :1], p_face[:, :, 1:].shape)
-    return xr.Dataset(
-        {"p_face": (("model", "electrode", "pose", "stimulated"), np.stack([control, p_face[:, :, 1:]], axis=-1)),
-         "delta_p_face": (("model", "electrode", "pose"), np.stack([rehearsals[n]["delta_p_face"][..., 0] for n in names])),
-         "predicted_delta_p_face": ("electrode", plan["predicted"]),
-         "predicted_delta_p_face_low": ("electrode", plan["low"]),
-         "predicted_delta_p_face_high": ("electrode", plan["high"]), **_site_coordinates(plan)},
-        coords={"electrode": list(working), "model": names, "stimulated": [False, True],
-                "pose": ["fitted"] + [f"bootstrap_{k}" for k in range(p_face.shape[2] - 2)]},
-        attrs={"task": config.task, "current_uA": config.stimulation["current_uA"], "cortex_mm_per_model_mm": factor,
-               "description": "stimsim plan: P(face) on noisy face / non-face images with and without stimulation"})
-
-
-def _p_high_by_pose(p_high: np.ndarray) -> np.ndarray:
-    """(sites, 1 + poses, seq, steps) with condition 0 = control → (sites, poses, 2, seq, steps)."""
-    control = np.broadcast_to(p_high[:, :1], p_high[:, 1:].shape)
-    return np.stack([control, p_high[:, 1:]], axis=2)

@@ -7,16 +7,11 @@ import os
 import numpy as np
 
 from stimsim.figures import pyplot
-from stimsim.report import (Image, Listing, Paragraph, Report, Section, Table, figure_png, format_value,
-                            image_png)
+from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png
 
 IT = "IT"
 #: Margin around the array in the enlarged panel of the sheet figure: cortex mm plus a fraction of the array's extent.
 ZOOM_MARGIN_MM, ZOOM_MARGIN_FRACTION = 0.4, 0.05
-#: Top-ranked sites whose P(high) curves the report draws.
-N_CURVES = 4
-#: Below this largest gap in P(high) (about a marker's width on the figure's 0–1 axis) the curves overlap.
-OVERLAP_GAP = 0.02
 
 
 def _face_dprime_possible(images) -> bool:
@@ -184,12 +179,6 @@ def sheet_figure(model, images, mapping, chosen_model, plan, working, array_layo
     return figure_png(fig)
 
 
-def _top_chosen(plan, n_top: int) -> np.ndarray:
-    """The ``n_top`` best-ranked chosen sites (indices; rank order), the best-ranked sites when none is chosen."""
-    chosen = np.asarray(plan["choice"]["chosen"], dtype=int)
-    return (chosen if chosen.size else np.asarray(plan["choice"]["order"], dtype=int))[:n_top]
-
-
 def sheet_caption(images, min_reliability: float, banks: bool) -> str:
     """The caption of :func:`sheet_figure`: the sheet coloured by face d′ only where the images allow one
     (:func:`_face_dprime_possible`), the pedestal panel's cells by bank only for a .cmp map (``banks``)."""
@@ -206,51 +195,8 @@ def sheet_caption(images, min_reliability: float, banks: bool) -> str:
             "same ids" + (", cells coloured by Cerebus bank" if banks else "") + ".")
 
 
-def curves_figure(rehearsals, plan, working, chosen_model: str, n_top: int = N_CURVES) -> bytes:
-    plt = pyplot()
-    top = _top_chosen(plan, n_top)
-    fig, axes = plt.subplots(1, len(top), figsize=(3.0 * len(top), 2.8), squeeze=False)
-    for ax, site in zip(axes[0], top):
-        p = rehearsals[chosen_model]["p_high"][site]  # (conditions, seq, steps)
-        steps = np.arange(p.shape[-1])
-        ax.plot(steps, p[0].mean(0), "k-o", ms=3, label="no stimulation")
-        ax.plot(steps, p[1].mean(0), "r-o", ms=3, label="stimulated")
-        ax.set_title(f"electrode {working[site]}  predicted ΔAUC {plan['predicted'][site]:.3f}", fontsize=8)
-        ax.set_xlabel("step")
-        ax.set_ylim(-0.02, 1.02)
-    axes[0][0].set_ylabel(f"P(high), {chosen_model}")
-    axes[0][0].legend(fontsize=7)
-    return figure_png(fig)
-
-
-def _span(values, digits: int = 2) -> str:
-    """"a–b" of the finite values (one number when they are all equal)."""
-    values = np.asarray(values, dtype=np.float64)
-    values = values[np.isfinite(values)]
-    if values.size == 0:
-        return "–"
-    low, high = format_value(float(values.min()), digits), format_value(float(values.max()), digits)
-    return low if low == high else f"{low}–{high}"
-
-
-def curves_effects(rehearsals, plan, chosen_model: str, n_top: int = N_CURVES) -> str:
-    """In words, the size of the effects :func:`curves_figure` draws: the ΔAUC of the drawn curves (the chosen
-    model at its fitted registration, mean over sequences), the sites' predicted ΔAUC, and the largest gap
-    between the curves without and with stimulation (P(high))."""
-    top = _top_chosen(plan, n_top)
-    p_high = rehearsals[chosen_model]["p_high"][top]  # (sites, conditions, seq, steps)
-    drawn = np.nanmean(rehearsals[chosen_model]["delta_auc"][top, 0], axis=-1)
-    gap = float(np.nanmax(np.abs(p_high[:, 1].mean(1) - p_high[:, 0].mean(1))))
-    text = (f"Effect sizes drawn: ΔAUC of these curves {_span(drawn)}, predicted ΔAUC of these sites (mean over "
-            f"candidates) {_span(plan['predicted'][top])}, chance 0; the curves differ by at most "
-            f"{format_value(gap, 2)} in P(high)")
-    return text + (", so they overlap at this scale." if gap < OVERLAP_GAP else ".")
-
-
-EFFECT_LABELS = {"delta_auc": "ΔAUC", "delta_p_face": "ΔP(face)"}
-
-
-def truth_figure(plan, truth, summary, effect: str) -> bytes:
+def truth_figure(plan, truth, summary, effect: str, label: str) -> bytes:
+    """Planned against true ``effect`` (written ``label``) per working electrode (PNG)."""
     from matplotlib.ticker import MaxNLocator
 
     plt = pyplot()
@@ -262,8 +208,8 @@ def truth_figure(plan, truth, summary, effect: str) -> bytes:
                              0, None),  # few candidates × poses: the pooled mean can lie outside the percentiles
                 fmt="o", ms=3, alpha=0.7, elinewidth=0.5)
     ax.xaxis.set_major_locator(MaxNLocator(nbins=4))  # small effects have long tick labels: few keep them apart
-    ax.set_xlabel(f"planned {EFFECT_LABELS[effect]}")
-    ax.set_ylabel(f"virtual subject's true {EFFECT_LABELS[effect]}")
+    ax.set_xlabel(f"planned {label}")
+    ax.set_ylabel(f"virtual subject's true {label}")
     ax.set_title(f"r = {summary['predicted_vs_true_r']:.2f} across {int(alive.sum())} working electrodes", fontsize=9)
     return figure_png(fig)
 
@@ -273,18 +219,14 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
     working = mapping["working"]
     index_of = {e: i for i, e in enumerate(working)}
     names = list(rehearsals)
-    effect = config.effect
-    label = EFFECT_LABELS[effect]
-    sequence_task = config.task == "sequence_2afc"
+    plan_task = config.plan_task
+    effect, label = plan_task.effect, plan_task.effect_label
     columns = ["rank", "electrode id", "array x, y (mm)"]
     if "ap_mm" in sites:
         columns += ["AP, ML (mm)"]
     columns += ["model x, y (model mm)", "sheet x, y (cortex mm)", f"predicted {label}",
                 "95% interval: candidates × poses", "with model-to-subject error"]
-    if sequence_task:
-        stn = rehearsals[chosen_model]["slope_to_noise"]
-        columns += ["best sequence (low → high)", "slope/noise"]
-    columns += ["status"]
+    columns += [*plan_task.site_columns(), "status"]
     rows = []
     for record_row in sites.to_dict(orient="records"):
         i = index_of[record_row["electrode_id"]]
@@ -294,11 +236,7 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
         row += [(record_row["model_x_mm"], record_row["model_y_mm"]),
                 (record_row["cortex_x_mm"], record_row["cortex_y_mm"]), record_row[f"predicted_{effect}"],
                 _interval(record_row, f"predicted_{effect}"), _interval(record_row, f"predicted_{effect}_subject")]
-        if sequence_task:
-            best = int(np.nanargmax(stn[i])) if np.any(np.isfinite(stn[i])) else 0
-            row += [tuple(Image(image_png(task["images"][i, best, k], scale=1), alt=f"step {k}")
-                          for k in range(task["images"].shape[2])), float(stn[i, best])]
-        row += [record_row["status"]]
+        row += [*plan_task.site_cells(task, rehearsals[chosen_model], i), record_row["status"]]
         rows.append(tuple(row))
     protocol = sites.iloc[0]  # one stimulation protocol and one safety verdict for the whole plan
     table = Table(tuple(columns), rows, digits=3, css_class="sites",
@@ -316,8 +254,6 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                                   boot["sd_y_mm"], boot["sd_rotation_deg"],
                                   float(np.mean(list(boot["electrode_consistency"].values())))))
     n_chosen = summary["n_sites"]
-    noise_sizes = "" if sequence_task else ", ".join(
-        f"{px} px" for px in sorted(set(summary["face_task_images"]["noise_at_input_size_px"].values())))
     overview = [Paragraph(
         f"{n_chosen} site(s) chosen out of {len(working)} working electrodes ({len(inputs.layout)} recorded of "
         f"{len(inputs.array_layout)} on the array). Stimulation: {config.stimulation['current_uA']:g} µA, "
@@ -331,12 +267,7 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
         + (f"SD {summary['model_to_subject_sd']:.2g}, estimated from how far the candidates' effects lie from each "
            "other. " if summary["model_to_subject_sd"] is not None else
            "which needs at least 2 candidates (none here). ")
-        + ("Task: 2AFC between the two ends of 7-step image sequences along each site's tuning (chance ΔAUC = 0)."
-           if sequence_task else
-           f"Task: face / non-face categorisation of noisy images (Afraz et al. 2006; {summary['face_task_images']['test']} "
-           f"test images at {len(config.face_task.signal_percent)} visual-signal levels, the noise added after each "
-           f"image is resized to the model's input, {noise_sizes}); the effect is the change of P(face) with "
-           "stimulation (chance 0).")),
+        + plan_task.describe(config.task_options, summary)),
         *detectability_blocks(summary, label),
         Image(sheet_figure(models[chosen_model], inputs.images, mapping, chosen_model, plan, working,
                            inputs.array_layout, config.selection.broken_electrodes),
@@ -346,11 +277,7 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
         overview.append(Paragraph(f"Warning: {summary['left_out_warning']}."))
     if summary.get("sequence_warning"):
         overview.append(Paragraph(f"Warning: {summary['sequence_warning']}."))
-    if sequence_task:
-        overview.append(Image(curves_figure(rehearsals, plan, working, chosen_model),
-                              caption="P(high) along the sequences of the best-ranked chosen sites, mean over sequences, "
-                                      "without and with stimulation (the chosen model at its fitted registration). "
-                                      + curves_effects(rehearsals, plan, chosen_model)))
+    overview += plan_task.overview_blocks(rehearsals, plan, working, chosen_model)
     sections = [Section("Plan", overview), Section("Ranked sites", [table])]
     sections.append(Section("Model selection and registration", [
         Table(("rank", "model", "median CV ridge R²", "chance median R²"), selection_rows,
@@ -362,17 +289,11 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                       + "; ".join(f"{name} {scale['cortex_mm_per_model_mm']:g} cortex mm per model mm"
                                   + (" (overridden)" if scale["scale_overridden"] else "")
                                   for name, scale in summary["cortex_scale"].items()))]))
-    if sequence_task:
-        sections[-1].blocks.append(Paragraph(
-            "Sequence method: pixel-space gradient steps with image priors (smoothness, small steps, pixel range) — "
-            "not a generative model; see stimsim.sequences. Median change of the target site across a "
-            f"sequence: {summary['sequence_response_change_sd']:.2f} natural SDs; other sites at the ends: "
-            f"{summary['sequence_others_change_sd']:.2f} SDs (RMS). " + _reliability_sentence(
-                summary["ranking_reliability"], config.sequences.n_sequences, label)))
+    sections[-1].blocks += plan_task.method_blocks(config.task_options, summary)
     if truth is not None:
         sections.append(Section("Validation on the virtual subject", [
             Paragraph(f"The subject's true {label}: the same "
-                      + ("sequences" if sequence_task else "images")
+                      + plan_task.stimuli_noun
                       + ", its own frozen decoders, stimulation at each "
                       f"electrode's true position on its sheet. Pearson r across working electrodes = "
                       f"{summary['predicted_vs_true_r']:.3f} (chance 0); per candidate model: "
@@ -380,7 +301,7 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                       "The model was chosen by cross-validated predictivity of the recordings only (ridge R², as in "
                       "Mehrer et al. 2025), never by the truth: these validation numbers are a check, available only "
                       "on a virtual subject."),
-            Image(truth_figure(plan, truth, summary, effect),
+            Image(truth_figure(plan, truth, summary, effect, label),
                   caption=f"Planned against true {label} per working electrode.")]))
     sections.append(Section("Model checksums", [Listing(record["model_checksums"])]))
     return Report(f"Stimulation plan: {config.name}", sections,
@@ -417,13 +338,3 @@ def detectability_blocks(summary: dict, label: str) -> list:
         return [Paragraph(f"Warning: these sites cannot reach {forecast['target_power']:.0%} power at the planned "
                           f"trial count. {text}", css_class="warning")]
     return [Paragraph(text)]
-
-
-def _reliability_sentence(reliability, n_sequences: int, label: str) -> str:
-    """The ranking's reproducibility over image sequences, in words."""
-    if reliability is None:
-        return ("Reproducibility of the ranking over sequences: undefined (it needs at least 2 sequences per site "
-                "and 3 sites with a prediction).")
-    return (f"Reproducibility of the ranking over sequences: ICC(1,k) = {reliability:.2f} (chance 0), the share of "
-            f"the spread of predicted {label} across sites that a fresh set of {n_sequences} sequences per site "
-            "would reproduce.")

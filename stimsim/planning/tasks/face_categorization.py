@@ -1,0 +1,135 @@
+"""The face / non-face task of Afraz, Kiani & Esteky 2006 (Nature 442:692) as a plan task
+(``task = "face_categorization"``, plan table ``[face_task]``).
+
+The trials are those of the categorisation paradigm (:func:`stimsim.paradigms.categorization.categorization_trials`,
+as ``experiments/afraz2006.toml`` makes them): ``n_per_class`` face and ``n_per_class`` non-face images drawn
+(seeded) from the plan's images (label ``category``: ``"face"`` against every other value) and split into
+fitting and test images (stratified; all noisy copies of an image on the same side). For each model every image
+is brought to the model's input size and colour, then degraded to each visual-signal level of
+``signal_percent`` (a fraction 1 − s/100 of its pixels replaced by uniform noise), so that the network sees the
+stated level. In every model a logistic face / non-face readout of IT is fitted on the fitting images without
+stimulation and frozen; on the test images P(face) is the mean choice probability, without stimulation and with
+stimulation at a site. The site's effect is ΔP(face) = stimulated − control (chance 0; Afraz et al. 2006 report
+a shift towards "face" at face-selective sites).
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Annotated, ClassVar
+
+import numpy as np
+import xarray as xr
+from pydantic import Field, field_validator
+
+from stimsim.engine import simulate
+from stimsim.filemodels import FileModel
+from stimsim.paradigms.categorization import CategorizationOptions, categorization_trials, clean_images
+from stimsim.paradigms.spec import DecoderSpec
+from stimsim.planning.tasks.base import PlanTask, register_plan_task, stimulation_at
+from stimsim.stimulation import Condition
+
+FACE, NONFACE = "face", "nonface"
+AFRAZ_SIGNAL_PERCENT = (0.0, 15.0, 25.0, 40.0, 50.0, 80.0, 100.0)
+IT = "IT"
+
+
+class FaceTaskSpec(FileModel):
+    """The face task (a plan's ``[face_task]`` table): n_per_class : face and non-face images drawn from the plan's
+    images; signal_percent : visual-signal levels (% of pixels kept, distinct); fit_fraction : clean images whose
+    copies fit the decoder; C : its inverse regularisation."""
+
+    table: ClassVar[str] = "face_task"
+
+    n_per_class: Annotated[int, Field(ge=2)] = 40
+    signal_percent: Annotated[tuple[Annotated[float, Field(ge=0, le=100)], ...], Field(min_length=1)] = \
+        AFRAZ_SIGNAL_PERCENT
+    fit_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    C: Annotated[float, Field(gt=0)] = 1e-3
+
+    @field_validator("signal_percent", mode="before")
+    @classmethod
+    def _as_tuple(cls, levels):
+        return tuple(levels) if isinstance(levels, list) else levels
+
+    @field_validator("signal_percent")
+    @classmethod
+    def _distinct(cls, levels: tuple) -> tuple:
+        if len(set(levels)) != len(levels):
+            raise ValueError(f"'signal_percent' must be distinct percentages in [0, 100], got {list(levels)}")
+        return levels
+
+    def categorization(self) -> tuple[CategorizationOptions, DecoderSpec]:
+        """The categorisation paradigm's options and decoder for this task: "face" against every other category."""
+        return (CategorizationOptions(label="category", positive=FACE, negative=NONFACE, n_per_choice=self.n_per_class,
+                                      signal_percent=tuple(self.signal_percent)),
+                DecoderSpec(C=self.C, fit_fraction=self.fit_fraction, layer=IT, max_iter=1000))
+
+
+@register_plan_task("face_categorization")
+class FaceCategorizationTask(PlanTask):
+    """P(face) on noisy face / non-face images without and with stimulation (module docstring)."""
+
+    paradigm = "categorization"
+    effect = "delta_p_face"
+    effect_label = "ΔP(face)"
+    probability = "p_face"
+    tables = {"face_task": FaceTaskSpec}
+
+    def prepare(self, options, images, seed, where):
+        """The plan's images, once their face and non-face images are checked (label and counts)."""
+        choices, _ = options.face_task.categorization()
+        clean_images(choices, images, seed, f"{where} [face_task]", count_key="n_per_class")
+        return SimpleNamespace(images=images, where=f"{where} [face_task]")
+
+    def rehearse(self, model, options, trials, points_mm, stimulation, seed, engine, progress) -> dict:
+        """P(face) on the test images (noisy copies at ``model``'s input geometry) without stimulation and with
+        stimulation at every point: ``p_face`` (n_sites, 1 + n_points; column 0 is the control, the same for every
+        site) and ``delta_p_face`` (n_sites, n_points, 1)."""
+        choices, decoder = options.face_task.categorization()
+        task = categorization_trials(choices, decoder, model, trials.images, seed, trials.where, "n_per_class")
+        points = np.asarray(points_mm, dtype=np.float64)
+        n_sites, n_points = points.shape[:2]
+        conditions = [Condition("control")] + [
+            Condition(f"site{i}_point{k}", (stimulation_at(points[i, k], stimulation),))
+            for i in range(n_sites) for k in range(n_points)]
+        result = simulate(model, task.test.images, conditions, task.decoder, progress=progress,
+                          safety_limits=engine["safety_limits"], safety_override=engine["safety_override"])
+        p_face = result.sel(choice=FACE).transpose("condition", ...).values.mean(-1)
+        stimulated = p_face[1:].reshape(n_sites, n_points)
+        return {"p_face": np.column_stack([np.full(n_sites, p_face[0]), stimulated]),
+                "delta_p_face": (stimulated - p_face[0])[..., None]}
+
+    def dataset_variables(self, working, trials, rehearsals) -> tuple[dict, dict]:
+        names = list(rehearsals)
+        p_face = np.stack([rehearsals[n]["p_face"] for n in names])  # (model, electrode, 1 + poses)
+        control = np.broadcast_to(p_face[:, :, :1], p_face[:, :, 1:].shape)
+        variables = {
+            "p_face": (("model", "electrode", "pose", "stimulated"), np.stack([control, p_face[:, :, 1:]], axis=-1)),
+            "delta_p_face": (("model", "electrode", "pose"),
+                             np.stack([rehearsals[n]["delta_p_face"][..., 0] for n in names]))}
+        return variables, {"pose": ["fitted"] + [f"bootstrap_{k}" for k in range(p_face.shape[2] - 2)]}
+
+    def truth_dataset(self, working, truth, trials) -> tuple[str, xr.Dataset]:
+        return "subject_p_face.nc", xr.Dataset(
+            {"subject_p_face": (("electrode", "stimulated"), truth["p_face"]),
+             "true_delta_p_face": (("electrode",), truth["delta_p_face"][:, 0]), "dead": ("electrode", truth["dead"])},
+            coords={"electrode": list(working), "stimulated": [False, True]},
+            attrs={"description": "the virtual subject's own P(face) on the face task's test images (validation only)"})
+
+    def summary(self, options, trials, rehearsals, plan, working, models, rig, seed) -> dict:
+        spec = options.face_task
+        n_test = 2 * spec.n_per_class - 2 * int(round(spec.fit_fraction * spec.n_per_class))
+        return {"face_task_images": {
+                    "fit": (2 * spec.n_per_class - n_test) * len(spec.signal_percent),
+                    "test": n_test * len(spec.signal_percent),
+                    "noise_at_input_size_px": {name: model.preprocessing.size_px for name, model in models.items()}},
+                "power_at_planned_trials": None, "trials_per_site_needed": None, "power_warning": None,
+                "power_forecast": "the power forecast and the rig package cover the sequence 2AFC only"}
+
+    def describe(self, options, summary) -> str:
+        images = summary["face_task_images"]
+        sizes = ", ".join(f"{px} px" for px in sorted(set(images["noise_at_input_size_px"].values())))
+        return (f"Task: face / non-face categorisation of noisy images (Afraz et al. 2006; {images['test']} test "
+                f"images at {len(options.face_task.signal_percent)} visual-signal levels, the noise added after each "
+                f"image is resized to the model's input, {sizes}); the effect is the change of P(face) with "
+                "stimulation (chance 0).")
