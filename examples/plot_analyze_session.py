@@ -17,7 +17,7 @@ import numpy as np
 from scipy.integrate import trapezoid
 
 from stimsim.analysis.analyze import analyze
-from stimsim.analysis.sessions import load_sessions, value_mapping
+from stimsim.lab.sessions import load_sessions, value_mapping
 from stimsim.analysis.synthetic import planted_curves, planted_session
 
 stim_logodds = [0.0] * 6 + [1.5] * 6     # planted effect of each site (log-odds)

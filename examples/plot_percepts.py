@@ -17,7 +17,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 import stimsim
-from stimsim.errors import DataError
+from stimsim.utilities.errors import DataError
 from stimsim.percepts.visualize import run_visualize
 
 default = Path(stimsim.__file__).resolve().parents[1] / "experiments" / "visualize_default.toml"

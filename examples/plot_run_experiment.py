@@ -13,7 +13,7 @@ import tomllib
 
 import matplotlib.pyplot as plt
 
-from stimsim.errors import DataError
+from stimsim.utilities.errors import DataError
 from stimsim.paradigms import parse_experiment, run_experiment
 
 EXPERIMENT = """

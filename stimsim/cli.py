@@ -18,18 +18,18 @@ from pathlib import Path
 
 import stimsim
 from stimsim.data.manifest import MIRROR_DIR_ENV
-from stimsim.devices import add_device_argument
-from stimsim.distributed import add_compute_arguments
-from stimsim.errors import ConfigError, StimsimError, TrainingDiverged
-from stimsim.io import check_output_dir, check_output_file
-from stimsim.jsonable import json_ready
-from stimsim.limits import check_seed
-from stimsim.locking import LOCK_FILE, DirectoryLock
-from stimsim.progress import report_phase, write_line
+from stimsim.engine.devices import add_device_argument
+from stimsim.engine.distributed import add_compute_arguments
+from stimsim.utilities.errors import ConfigError, StimsimError, TrainingDiverged
+from stimsim.utilities.io import check_output_dir, check_output_file
+from stimsim.utilities.jsonable import json_ready
+from stimsim.utilities.limits import check_seed
+from stimsim.utilities.locking import LOCK_FILE, DirectoryLock
+from stimsim.utilities.progress import report_phase, write_line
 
 
 def _cmd_train(args) -> int:
-    from stimsim.config import load_toml
+    from stimsim.utilities.config import load_toml
     from stimsim.training.head_training import build_topo_head_model, is_head_config, load_head_config
     from stimsim.training.loop import CHECKPOINT_NAME, load_training_config, train
 
@@ -211,7 +211,7 @@ def _cmd_subject_session(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from stimsim.bench import run_benchmark
+    from stimsim.engine.bench import run_benchmark
     from stimsim.models.registry import SMALL_MODEL, available_models, load_model
 
     name = args.model or (SMALL_MODEL if SMALL_MODEL in available_models() else None)
@@ -241,7 +241,7 @@ def _cmd_subject_make(args) -> int:
 
 def _cmd_analyze(args) -> int:
     from stimsim.analysis.analyze import run_analysis
-    from stimsim.analysis.sessions import column_mapping, value_mapping
+    from stimsim.lab.sessions import column_mapping, value_mapping
 
     _check_at_least("--boot", args.boot, 2)
     _check_at_least("--perm", args.perm, 1)

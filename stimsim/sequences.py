@@ -36,8 +36,8 @@ import torch
 from pydantic import Field, field_validator
 from tqdm.auto import tqdm
 
-from stimsim.errors import ConfigError
-from stimsim.filemodels import FileModel
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.filemodels import FileModel
 
 
 class SequenceSpec(FileModel):

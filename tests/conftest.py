@@ -40,7 +40,7 @@ def shared_data():
 def base_network():
     """``load(name) -> nn.Module``: base network ``name`` with its ImageNet weights; weights that cannot be
     fetched skip the test, except under CI (``CI=true``), where they fail it."""
-    from stimsim.errors import DataError
+    from stimsim.utilities.errors import DataError
     from stimsim.models.base_networks import load_base_network
 
     def load(name):

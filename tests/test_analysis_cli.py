@@ -10,7 +10,7 @@ import xarray as xr
 from stimsim.analysis.effects import expected_fdr_discoveries_under_null
 from stimsim.analysis.synthetic import planted_curves, planted_session
 from stimsim.cli import main
-from stimsim.io import read_result_set
+from stimsim.utilities.io import read_result_set
 from test_analysis_sessions import LAB_MAPPING, write_lab_nwb
 
 
@@ -168,7 +168,7 @@ def test_analyze_reads_a_cmp_layouts_labels_with_layout_ids(tmp_path, capsys):
 
 
 def test_analysis_benchmark_entry_runs_on_quick_sizes():
-    from stimsim.bench import time_analysis
+    from stimsim.engine.bench import time_analysis
 
     timing = time_analysis(quick=True)
     assert (timing["n_sites"], timing["trials_per_site"]) == (10, 100)

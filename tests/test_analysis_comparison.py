@@ -9,8 +9,8 @@ import xarray as xr
 from stimsim.analysis import analyze, compare_predictions, expected_correlation, load_sessions, save_analysis
 from stimsim.analysis.comparison import expected_correlation_reason, load_plan_sequences
 from stimsim.analysis.synthetic import planted_curves, planted_session
-from stimsim.errors import ConfigError, FileFormatError
-from stimsim.io import read_result_set
+from stimsim.utilities.errors import ConfigError, FileFormatError
+from stimsim.utilities.io import read_result_set
 
 
 def test_comparison_against_direct_formulas():

@@ -40,7 +40,7 @@ def test_null_sites_are_detected_at_alpha_over_two_against_a_planned_direction()
 
 
 def test_trial_counts_below_one_trial_per_step_and_condition_are_refused():
-    from stimsim.errors import ConfigError
+    from stimsim.utilities.errors import ConfigError
 
     curves = planted_curves([0.5, 1.0, -0.5])  # 7 steps × 2 conditions: a ΔAUC needs 14 trials at least
     with pytest.raises(ConfigError, match=r"^--trials-per-site: trial counts must be integers >= 14 .*got \[13, 100\]"):
@@ -54,8 +54,8 @@ def test_trial_counts_below_one_trial_per_step_and_condition_are_refused():
 
 
 def test_a_session_count_beyond_the_memory_available_is_refused_with_the_estimate():
-    from stimsim.errors import ConfigError
-    from stimsim.limits import available_memory_bytes, format_bytes
+    from stimsim.utilities.errors import ConfigError
+    from stimsim.utilities.limits import available_memory_bytes, format_bytes
 
     curves = planted_curves([0.5, 1.0, -0.5])  # 3 sites × 7 steps × 2 conditions
     needed = 12 * 8 * 10**9 * 3 * 7 * 2

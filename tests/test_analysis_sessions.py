@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stimsim.analysis.sessions import column_mapping, load_column_mapping, load_sessions, load_value_mapping, \
+from stimsim.lab.sessions import column_mapping, load_column_mapping, load_sessions, load_value_mapping, \
     parse_column_mapping, parse_value_mapping, value_mapping
 from stimsim.analysis.synthetic import planted_session
-from stimsim.errors import ConfigError, FileFormatError
+from stimsim.utilities.errors import ConfigError, FileFormatError
 
 
 @pytest.fixture
@@ -510,3 +510,65 @@ def test_errors_hint_at_what_was_meant(tmp_path, table):
                                                        table["stimulated_electrode"]))
     with pytest.raises(FileFormatError, match=r"--values stimulated_electrode:CODE=sham"):
         load_sessions(write_csv(coded, tmp_path / "coded.csv"))
+
+
+#: A session format from outside stimsim, in one module: tab-separated tables.
+TSV_FORMAT = '''
+import pandas as pd
+
+from stimsim.lab.sessions import SessionFormat, register_session_format
+
+
+class TSVSessions(SessionFormat):
+    suffixes = (".tsv",)
+
+    def read(self, path):
+        return pd.read_csv(path, sep="\\t", dtype=str, keep_default_na=False), None, None
+'''
+
+
+def test_a_session_format_from_another_package_is_one_module(tmp_path, monkeypatch, table):
+    """A format registered from outside reads like the built-in ones: the same trials written as CSV and as TSV
+    load to the same table, and a TSV file with a bad row is refused by the shared validation with the same
+    message as the CSV file. Declared by an installed package's entry point, a fresh process finds it by suffix."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from stimsim.lab.sessions import SESSION_FORMATS
+
+    (tmp_path / "labfmt_t").mkdir()
+    (tmp_path / "labfmt_t" / "__init__.py").write_text("")
+    (tmp_path / "labfmt_t" / "tsv.py").write_text(TSV_FORMAT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from labfmt_t.tsv import TSVSessions
+
+    table.to_csv(tmp_path / "s.tsv", sep="\t", index=False)
+    SESSION_FORMATS.register("TSV", TSVSessions)
+    try:
+        from_tsv = load_sessions(tmp_path / "s.tsv")
+        pd.testing.assert_frame_equal(from_tsv.drop(columns="file"),
+                                      load_sessions(write_csv(table, tmp_path / "s.csv")).drop(columns="file"))
+        bad = table.copy()
+        bad.loc[3, "choice"] = "left"
+        bad.to_csv(tmp_path / "bad.tsv", sep="\t", index=False)
+        with pytest.raises(FileFormatError) as tsv_error:
+            load_sessions(tmp_path / "bad.tsv")
+        with pytest.raises(FileFormatError) as csv_error:
+            load_sessions(write_csv(bad, tmp_path / "bad.csv"))
+        assert str(tsv_error.value).replace("bad.tsv", "bad.csv") == str(csv_error.value)
+    finally:
+        SESSION_FORMATS.unregister("TSV")
+    with pytest.raises(FileFormatError, match=r"unknown session format '.tsv'; use \.csv, \.h5, \.hdf5, \.nwb"):
+        load_sessions(tmp_path / "s.tsv")
+
+    dist = tmp_path / "labfmt_t-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: labfmt-t\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[stimsim.session_formats]\nTSV = labfmt_t.tsv:TSVSessions\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])}
+    run = subprocess.run([sys.executable, "-c", "import sys; from stimsim.lab.sessions import load_sessions; "
+                          "print(len(load_sessions(sys.argv[1])))", str(tmp_path / "s.tsv")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == str(len(table)), run.stderr

@@ -4,9 +4,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stimsim.arrays import AnatomicalPose, ArrayLayout, ArrayPose, load_layout, pose_error, utah_array
-from stimsim.arrays.layout import NO_CMP_DESCRIPTION
-from stimsim.errors import ConfigError, FileFormatError
+from stimsim.lab.arrays import AnatomicalPose, ArrayLayout, ArrayPose, load_layout, pose_error, utah_array
+from stimsim.lab.arrays.layout import NO_CMP_DESCRIPTION
+from stimsim.utilities.errors import ConfigError, FileFormatError
 
 CMP_FIXTURE = Path(__file__).parent / "data" / "example_array.cmp"
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from stimsim.errors import DataError, FileFormatError
+from stimsim.utilities.errors import DataError, FileFormatError
 from stimsim.models.base_networks import (BASE_NETWORKS, base_network_spec, efficientnet_keys_to_timm,
                                           imagenet_logits, load_base_network)
 from stimsim.training.imagenet import imagenet_files, imagenet_top1

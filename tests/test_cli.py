@@ -112,7 +112,7 @@ def test_phase_lines_and_warnings_never_share_a_line_with_a_progress_bar(capsys)
     from tqdm import tqdm
 
     from stimsim.cli import _show_warning
-    from stimsim.progress import report_phase
+    from stimsim.utilities.progress import report_phase
 
     with tqdm(total=2, desc="poses", file=sys.stderr) as bar:
         bar.update(1)
@@ -124,13 +124,13 @@ def test_phase_lines_and_warnings_never_share_a_line_with_a_progress_bar(capsys)
     assert not any("poses" in piece and "stimsim:" in piece for piece in pieces)
 
 
-#: A command (``data list`` replaced) that is writing its result file through stimsim.io when the signal comes:
+#: A command (``data list`` replaced) that is writing its result file through stimsim.utilities.io when the signal comes:
 #: it prints ``writing`` once the temporary file exists, then waits.
 _WRITING = """
 import sys, time
 from pathlib import Path
 import stimsim.cli as cli
-from stimsim.io import atomic_save
+from stimsim.utilities.io import atomic_save
 
 def write_slowly(args):
     def save(tmp):
@@ -215,7 +215,7 @@ def _lock(directory: Path, pid: int, host: str | None = None) -> Path:
     import json
     import socket
 
-    from stimsim.locking import LOCK_FILE
+    from stimsim.utilities.locking import LOCK_FILE
 
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_FILE
@@ -269,7 +269,7 @@ def test_a_model_name_is_the_shipped_model_even_beside_a_folder_of_that_name(tmp
     directory is read only when given as a path (./NAME, /path, DIR/NAME), and a bare folder name says so."""
     import shutil
 
-    from stimsim.errors import DataError
+    from stimsim.utilities.errors import DataError
     from stimsim.models.registry import SHIPPED_DIR, model_path
     from stimsim.paradigms import load_experiment
 

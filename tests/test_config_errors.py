@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from stimsim.config import load_toml
-from stimsim.errors import ConfigError, FileFormatError
+from stimsim.utilities.config import load_toml
+from stimsim.utilities.errors import ConfigError, FileFormatError
 from stimsim.training.loop import load_training_config
 from stimsim.paradigms import load_experiment, parse_experiment
 

@@ -14,7 +14,7 @@ from stimsim.behavior.decoders import (
     SameDifferentDecoder,
     decoder_from_dict,
 )
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 
 
 def _clusters(n_classes, n_per_class=40, n_features=20, separation=1.5, seed=0):

@@ -1,4 +1,4 @@
-"""Sweeps as Dask tasks (stimsim.distributed): same result as one process, lost workers, resuming."""
+"""Sweeps as Dask tasks (stimsim.engine.distributed): same result as one process, lost workers, resuming."""
 import functools
 import os
 import signal
@@ -8,15 +8,15 @@ import pytest
 import torch
 import xarray as xr
 
-from stimsim import engine
+from stimsim.engine import simulation as engine
 from stimsim.behavior import LogisticDecoder
-from stimsim.distributed import parse_scheduler
-from stimsim.errors import ConfigError
+from stimsim.engine.distributed import parse_scheduler
+from stimsim.utilities.errors import ConfigError
 from stimsim.models.architectures import build_network
-from stimsim.models.positions import retinotopic_positions
+from stimsim.cortex.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
-from stimsim.sheet import CorticalSheet
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.stimulation import Condition, ElectricalStimulation
 
 distributed = pytest.importorskip("distributed")
@@ -74,7 +74,7 @@ def test_killed_worker_is_replaced_and_the_result_equals_one_process(sweep, clie
     assert len(workers) == 2 and all(address.startswith("tcp://127.0.0.1:") for address in workers)
     victim = sorted(workers.values())[0]
     written, at_kill = [], []
-    real_write = engine._write_chunk
+    real_write = engine.write_chunk
 
     def write_and_kill_once(directory, indices, *rest):
         written.append(indices.tolist())
@@ -83,7 +83,7 @@ def test_killed_worker_is_replaced_and_the_result_equals_one_process(sweep, clie
             at_kill.append(len(written))
             os.kill(victim, signal.SIGKILL)
 
-    monkeypatch.setattr(engine, "_write_chunk", write_and_kill_once)
+    monkeypatch.setattr(engine, "write_chunk", write_and_kill_once)
     store = tmp_path / "store"
     result = simulate(model, images, conditions, decoder, progress=False, scheduler=client, store=store)
     n_chunks = len(written)
@@ -99,7 +99,7 @@ def test_interrupted_dask_run_resumes_without_writing_twice(sweep, client, tmp_p
     single = simulate(model, images, conditions, decoder, progress=False)
     store = tmp_path / "store"
     written = []
-    real_write = engine._write_chunk
+    real_write = engine.write_chunk
 
     def write_then_stop(directory, indices, *rest):
         if len(written) == 3:
@@ -140,7 +140,7 @@ def test_two_local_clusters_at_once_start_without_a_port_warning():
     """Two sweeps on one machine each start a local cluster; neither asks for an HTTP port the other holds."""
     import warnings
 
-    from stimsim.distributed import ChunkPool
+    from stimsim.engine.distributed import ChunkPool
 
     with warnings.catch_warnings():
         # distributed warns "Port 8787 is already in use" when a fixed port is taken
@@ -163,7 +163,7 @@ def test_an_interrupt_while_a_local_cluster_starts_stops_without_a_traceback():
     script = """
 import os, signal, threading
 import distributed
-from stimsim.distributed import ChunkPool
+from stimsim.engine.distributed import ChunkPool
 
 started = distributed.LocalCluster
 
@@ -192,7 +192,7 @@ def test_a_scheduler_address_that_accepts_but_never_answers_is_refused_within_th
     import threading
     import time
 
-    import stimsim.distributed as dask_pool
+    import stimsim.engine.distributed as dask_pool
 
     pool = dask_pool.ChunkPool(client.scheduler.address)
     assert pool.threads == 2

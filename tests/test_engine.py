@@ -1,4 +1,4 @@
-"""Tests of the batched simulation engine (stimsim.engine) and its benchmark (stimsim.bench)."""
+"""Tests of the batched simulation engine (stimsim.engine) and its benchmark (stimsim.engine.bench)."""
 import functools
 import json
 import math
@@ -10,18 +10,18 @@ import pytest
 import torch
 import xarray as xr
 
-from stimsim import engine
-from stimsim.activation_cache import SAMPLED_ROWS
+from stimsim.engine import simulation as engine
+from stimsim.engine.activation_cache import SAMPLED_ROWS
 from stimsim.behavior import LogisticDecoder
-from stimsim.bench import run_benchmark
-from stimsim.errors import ConfigError, SafetyError
-from stimsim.hashing import sha256_of
+from stimsim.engine.bench import run_benchmark
+from stimsim.utilities.errors import ConfigError, SafetyError
+from stimsim.utilities.hashing import sha256_of
 from stimsim.models.architectures import build_network
-from stimsim.models.positions import retinotopic_positions
+from stimsim.cortex.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
-from stimsim.sheet import CorticalSheet
-from stimsim.devices import resolve_device
+from stimsim.cortex.sheet import CorticalSheet
+from stimsim.engine.devices import resolve_device
 from stimsim.stimulation import (Ablation, Condition, ElectricalStimulation, MuscimolInactivation,
                                  OptogeneticSuppression, SafetyLimits)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stimsim.hashing import canonical_json, json_sha256, sha256_of, state_sha256, tensor_sha256
-from stimsim.jsonable import json_ready, json_value
+from stimsim.utilities.hashing import canonical_json, json_sha256, sha256_of, state_sha256, tensor_sha256
+from stimsim.utilities.jsonable import json_ready, json_value
 
 
 def test_file_and_record_digests_match_hashlib(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stimsim.data import manifest
-from stimsim.errors import ConfigError, DataError, FileFormatError
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 REPO_MANIFESTS = Path(__file__).resolve().parents[1] / "data_manifests"

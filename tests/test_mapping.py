@@ -3,8 +3,8 @@ bootstrap stability, back-mapping, and bad input."""
 import numpy as np
 import pytest
 
-from stimsim.arrays import AnatomicalPose, ArrayPose, pose_error, utah_array
-from stimsim.errors import ConfigError, DataError
+from stimsim.lab.arrays import AnatomicalPose, ArrayPose, pose_error, utah_array
+from stimsim.utilities.errors import ConfigError, DataError
 from stimsim.mapping import (RegistrationProblem, bootstrap_registration, cross_validated_r2, register,
                              select_model)
 from stimsim.models.registry import load_model

@@ -11,15 +11,15 @@ import pytest
 import torch
 from PIL import Image
 
-from stimsim.errors import ConfigError, DataError
-from stimsim.io import (RESULT_SET_FILE, ResultSet, atomic_write_json, check_output_dir, check_output_file,
+from stimsim.utilities.errors import ConfigError, DataError
+from stimsim.utilities.io import (RESULT_SET_FILE, ResultSet, atomic_write_json, check_output_dir, check_output_file,
                         read_result_set)
 from stimsim.models.architectures import build_network
-from stimsim.models.positions import retinotopic_positions
+from stimsim.cortex.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
 from stimsim.paradigms.runner import load_results, run_experiment
-from stimsim.sheet import CorticalSheet
+from stimsim.cortex.sheet import CorticalSheet
 
 EXPERIMENT = """
 name = "bright_dark"
@@ -289,7 +289,7 @@ def test_a_failed_rerun_keeps_the_finished_set(experiment_dir, elsewhere, capsys
 
 
 def test_a_run_interrupted_during_its_simulation_keeps_its_store(experiment_dir, elsewhere, monkeypatch):
-    from stimsim import engine
+    from stimsim.engine import simulation as engine
 
     real = engine._write_chunk
 

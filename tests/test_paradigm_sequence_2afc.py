@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stimsim.config import load_toml
+from stimsim.utilities.config import load_toml
 from stimsim.data.stimuli import load_stimulus_source
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 from stimsim.paradigms import PARADIGMS, get_paradigm, load_experiment, parse_experiment
 from stimsim.paradigms.runner import load_results, run_experiment
 from stimsim.paradigms.schema import SCHEMA_PATH

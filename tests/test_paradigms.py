@@ -12,12 +12,12 @@ import xarray as xr
 from PIL import Image
 
 from stimsim.cli import main as cli_main
-from stimsim.config import load_toml
+from stimsim.utilities.config import load_toml
 from stimsim.data import manifest
 from stimsim.data.stimuli import StimulusSet
-from stimsim.errors import ConfigError, DataError, SafetyError
+from stimsim.utilities.errors import ConfigError, DataError, SafetyError
 from stimsim.models.architectures import build_network
-from stimsim.models.positions import retinotopic_positions
+from stimsim.cortex.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
 from stimsim.datasets import afraz2006, moeller2017
@@ -26,7 +26,7 @@ from stimsim.paradigms.runner import load_results, run_experiment
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, select_sites
 from stimsim.paradigms import load_experiment, parse_experiment
 from stimsim.paradigms.spec import LocalizerSpec, SitesSpec
-from stimsim.sheet import CorticalSheet
+from stimsim.cortex.sheet import CorticalSheet
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"

@@ -15,7 +15,7 @@ import pytest
 import xarray as xr
 
 from stimsim.cli import main
-from stimsim.errors import ConfigError, DataError, SafetyError
+from stimsim.utilities.errors import ConfigError, DataError, SafetyError
 from stimsim.planning.config import load_plan_config
 from stimsim.planning.job import run_plan
 from stimsim.planning.selection import separation_mm
@@ -277,7 +277,7 @@ def test_a_changed_or_damaged_cache_file_is_computed_again_with_a_warning(plan_d
 def test_a_plan_whose_subject_files_changed_is_computed_again(plan_dir, tmp_path, capsys):
     """The phases depend on the plan's own virtual subject: the responses of DIR/subject/recordings.nc given to
     the electrodes in reverse order are new inputs, so every phase is computed again (with a warning), not taken from the cache."""
-    from stimsim.recordings import load_recordings
+    from stimsim.lab.recordings import load_recordings
 
     config, reference = plan_dir
     out = tmp_path / "changed"
@@ -511,7 +511,7 @@ def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_di
 
 
 def test_subject_session_from_the_plan(plan_dir, tmp_path, capsys):
-    from stimsim.analysis.sessions import load_sessions
+    from stimsim.lab.sessions import load_sessions
 
     _, out = plan_dir
     nwb, csv = tmp_path / "session.nwb", tmp_path / "session.csv"
@@ -789,9 +789,9 @@ def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e
     """A lab's plan: recordings (random responses, ``repeats`` repeats) of ``n_images`` LFW images on a layout of 16
     electrodes in ``columns`` columns at ``pitch_mm``; the plan's layout file names its electrodes ``layout_prefix``
     1..16."""
-    from stimsim.arrays import ArrayLayout
+    from stimsim.lab.arrays import ArrayLayout
     from stimsim.data.stimuli import lfw_subset
-    from stimsim.recordings import Recordings
+    from stimsim.lab.recordings import Recordings
 
     directory.mkdir(parents=True)
     xs, ys = np.meshgrid(np.arange(columns) * pitch_mm, np.arange(16 // columns) * pitch_mm)
@@ -912,10 +912,10 @@ def test_anatomical_reference_may_be_an_electrode_the_recordings_leave_out(tmp_p
     """The implant's reference (e.g. electrode 1) keeps its place on the array when the lab's recordings omit it (and
     it may be listed as broken): e2, 0.4 mm right of e1 on the 4×4 layout, lies 0.4 mm anterior of e1's AP at
     rotation 0."""
-    from stimsim.arrays.anatomy import AnatomicalPose
+    from stimsim.lab.arrays.anatomy import AnatomicalPose
     from stimsim.planning.config import load_plan_config
     from stimsim.planning.plan import PlanInputs
-    from stimsim.recordings import load_recordings
+    from stimsim.lab.recordings import load_recordings
 
     config_path = _lab_plan(tmp_path / "config")
     recordings = load_recordings(tmp_path / "config" / "recordings.nc").select_electrodes([f"e{i}" for i in range(2, 17)])
@@ -995,7 +995,7 @@ def test_flat_and_unreliable_channels_are_left_out_by_name(tmp_path):
     noise alone (reliability ≈ 0 < 0.3), e1 is listed as broken (the lab's own list: not reported)."""
     from stimsim.planning.config import load_plan_config
     from stimsim.planning.plan import PlanInputs, _mapping_phase, _reliability, _screen
-    from stimsim.recordings import Recordings, load_recordings
+    from stimsim.lab.recordings import Recordings, load_recordings
 
     config_path = _lab_plan(tmp_path / "config")
     path = tmp_path / "config" / "recordings.nc"
@@ -1047,7 +1047,7 @@ def test_a_plan_cache_of_recordings_that_changed_since_is_refused(tmp_path):
     """Re-running into the same --out after the lab re-exported its recordings must not reuse the old mapping."""
     from stimsim.planning.config import load_plan_config
     from stimsim.planning.plan import PhaseCache
-    from stimsim.recordings import load_recordings
+    from stimsim.lab.recordings import load_recordings
 
     config_path = _lab_plan(tmp_path / "config")
     before = load_plan_config(config_path).digest()

@@ -6,7 +6,7 @@ import torch
 import xarray as xr
 
 from stimsim.behavior.metrics import auc_of_curve
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 from stimsim.paradigms.sequence_2afc import TaskSpec, fit_readouts
 from stimsim.planning.tasks.sequence_2afc import rehearse
 from stimsim.planning.selection import (SelectionSpec, choose_sites, rank_sites, ranking_reliability,
@@ -70,7 +70,7 @@ def test_sites_exactly_min_separation_apart_on_a_utah_grid_are_both_chosen(metri
     """Every pair of 10×10 Utah electrodes exactly two pitches (0.8 mm) apart, by grid cells counted by hand (ids
     row by row from the bottom-left, corners unconnected), is allowed under min_separation_mm = 0.8; one pitch
     (0.4 mm) is refused."""
-    from stimsim.arrays import utah_array
+    from stimsim.lab.arrays import utah_array
 
     layout = utah_array("10x10")
     corners = {(0, 0), (0, 9), (9, 0), (9, 9)}

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from stimsim.arrays import utah_array
-from stimsim.errors import ConfigError, DataError, FileFormatError
-from stimsim.recordings import Recordings, load_recordings
+from stimsim.lab.arrays import utah_array
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
+from stimsim.lab.recordings import Recordings, load_recordings
 
 
 def _planted(n_images=40, n_repeats=3, layout=None, seed=0, signal_sd=1.0, noise_sd=1.0):
@@ -174,7 +174,7 @@ def test_positions_that_mirror_the_layout_are_refused_and_rotated_ones_accepted(
     """Electrodes 1, 2 (bottom row) and 9 (second row, first column) of the 8×8 grid: with rows counted from the top
     the file's triangle is the layout's mirror image — every distance agrees, but no rotation maps one onto the other.
     Turned by 90° and moved, the same positions are the layout's own."""
-    from stimsim.arrays import ArrayLayout
+    from stimsim.lab.arrays import ArrayLayout
 
     layout = utah_array("8x8")
     ids = ["1", "2", "9"]
@@ -315,3 +315,76 @@ def test_an_electrode_position_that_is_not_a_number_is_an_error_naming_the_elect
     with pytest.raises(FileFormatError, match=r"lab.nwb: electrodes table columns 'pos_x', 'pos_y': electrode\(s\) "
                                               r"e3, e5 \(row\(s\) 3, 5\) have no finite position"):
         load_recordings(path, names=names)
+
+
+#: A recording format from outside stimsim, in one module: NumPy archives.
+NPZ_FORMAT = '''
+import numpy as np
+
+from stimsim.lab.recordings import RecordingFormat, RecordingTable
+
+
+class NpzRecordings(RecordingFormat):
+    suffixes = (".npz",)
+
+    def read(self, path, names, mapped, electrode_group):
+        with np.load(path) as archive:
+            return RecordingTable(archive["response"].astype(float), archive["stimulus_id"].astype(str).tolist(),
+                                  archive["electrode"].astype(str).tolist(),
+                                  np.column_stack([archive["x_mm"], archive["y_mm"]]), {},
+                                  {"response": "array 'response'", "electrode": "array 'electrode'",
+                                   "stimulus_id": "array 'stimulus_id'", "positions": "arrays 'x_mm', 'y_mm'"})
+'''
+
+
+def test_a_recording_format_from_another_package_is_one_module(tmp_path, monkeypatch):
+    """A format registered from outside reads like the built-in ones and gets their checks: the same recordings
+    saved as NetCDF and as .npz load to the same per-image means, a NaN response is refused naming the format's
+    own field and row, an electrode_group is refused for a format of one array. Declared by an installed package's
+    entry point, a fresh process finds it by suffix."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from stimsim.lab.recordings import RECORDING_FORMATS
+
+    (tmp_path / "labrec_t").mkdir()
+    (tmp_path / "labrec_t" / "__init__.py").write_text("")
+    (tmp_path / "labrec_t" / "npz.py").write_text(NPZ_FORMAT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from labrec_t.npz import NpzRecordings
+
+    recordings, *_ = _planted()
+    arrays = {"response": recordings.response.values, "stimulus_id": recordings.response.stimulus_id.values,
+              "electrode": np.asarray(recordings.electrode_ids), "x_mm": recordings.layout.positions_mm[:, 0],
+              "y_mm": recordings.layout.positions_mm[:, 1]}
+    np.savez(tmp_path / "rec.npz", **arrays)
+    values = arrays["response"].copy()
+    values[5, 1] = np.nan
+    np.savez(tmp_path / "nan.npz", **{**arrays, "response": values})
+    RECORDING_FORMATS.register("npz", NpzRecordings)
+    try:
+        back = load_recordings(tmp_path / "rec.npz")
+        reference = load_recordings(recordings.save_netcdf(tmp_path / "rec.nc"))
+        np.testing.assert_array_equal(back.per_image().values, reference.per_image().values)
+        assert back.electrode_ids == reference.electrode_ids
+        with pytest.raises(DataError, match=r"nan.npz: array 'response', row 5 .*electrode '2'"):
+            load_recordings(tmp_path / "nan.npz")
+        with pytest.raises(ConfigError, match=r"electrode_group = 'A' selects an NWB ElectrodeGroup; a npz file"):
+            load_recordings(tmp_path / "rec.npz", electrode_group="A")
+    finally:
+        RECORDING_FORMATS.unregister("npz")
+    with pytest.raises(FileFormatError, match=r"rec.npz: recordings must be a file of a known format: NWB \(\.nwb\); "
+                                              r"NetCDF \(\.nc, \.nc4, \.netcdf, \.h5netcdf\)"):
+        load_recordings(tmp_path / "rec.npz")
+
+    dist = tmp_path / "labrec_t-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: labrec-t\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[stimsim.recording_formats]\nnpz = labrec_t.npz:NpzRecordings\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])}
+    run = subprocess.run([sys.executable, "-c", "import sys; from stimsim.lab.recordings import load_recordings; "
+                          "print(load_recordings(sys.argv[1]).response.shape)", str(tmp_path / "rec.npz")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == str(recordings.response.shape), run.stderr

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image as PILImage
 
-from stimsim.figures import pyplot
+from stimsim.utilities.figures import pyplot
 from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png, format_value, image_png
 
 

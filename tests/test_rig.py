@@ -12,7 +12,7 @@ from PIL import Image as PILImage
 
 from stimsim.analysis.effects import delta_auc_of_counts
 from stimsim.cli import main
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 from stimsim.planning.config import load_plan_config
 from stimsim.planning.detectability import forecast, subject_error_sd, with_subject_error
 from stimsim.planning.rig import RigSpec, SessionTable, trial_list

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from stimsim.errors import ConfigError, SafetyError
+from stimsim.utilities.errors import ConfigError, SafetyError
 from stimsim.stimulation import (
     ElectricalStimulation,
     OptogeneticSuppression,

@@ -6,7 +6,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from stimsim.config import load_toml
+from stimsim.utilities.config import load_toml
 from stimsim.schemas import SCHEMAS, schema_text
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from stimsim.errors import FileFormatError
-from stimsim.sheet import CorticalSheet
+from stimsim.utilities.errors import FileFormatError
+from stimsim.cortex.sheet import CorticalSheet
 
 
 def grid_sheet(name="grid") -> CorticalSheet:

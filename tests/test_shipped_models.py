@@ -7,7 +7,7 @@ import pytest
 
 from stimsim.cli import main
 from stimsim.data.manifest import get_entry, verify
-from stimsim.errors import DataError
+from stimsim.utilities.errors import DataError
 from stimsim.models.registry import DEFAULT_MODEL, SHIPPED_DIR, SMALL_MODEL, available_models, load_model
 
 #: The small fast family (unit tests, the engine benchmark) and the ImageNet-based defaults.
@@ -95,7 +95,7 @@ def test_models_check_meets_the_targets(name, tmp_path, capsys):
 
 
 def test_load_and_activation_timing_is_reported():
-    from stimsim.bench import time_load_and_activations
+    from stimsim.engine.bench import time_load_and_activations
 
     timing = time_load_and_activations("stimsim-topo-s0", n_images=10)
     assert timing["n_images"] == 10

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from stimsim.errors import ConfigError
-from stimsim.sheet import CorticalSheet
+from stimsim.utilities.errors import ConfigError
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.stimulation import (
     Ablation,
     Condition,
@@ -391,7 +391,7 @@ def test_condition_control_combination_and_layers():
 
 
 def test_apply_effect_is_the_one_perturbation_arithmetic_and_the_engine_uses_it(monkeypatch):
-    from stimsim import engine
+    from stimsim.engine import simulation as engine
     from stimsim.behavior import LogisticDecoder
     from stimsim.stimulation import apply_effect
 

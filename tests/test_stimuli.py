@@ -21,7 +21,7 @@ from stimsim.data.stimuli import (
     pixel_noise,
 )
 from stimsim.data.images import load_image
-from stimsim.errors import ConfigError, FileFormatError
+from stimsim.utilities.errors import ConfigError, FileFormatError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")

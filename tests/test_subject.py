@@ -4,12 +4,12 @@ import json
 import numpy as np
 import pytest
 
-from stimsim.arrays import ArrayPose, utah_array
+from stimsim.lab.arrays import ArrayPose, utah_array
 from stimsim.cli import main
 from stimsim.data.stimuli import lfw_subset
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 from stimsim.models.registry import load_model
-from stimsim.recordings import load_recordings
+from stimsim.lab.recordings import load_recordings
 from stimsim.subject import VirtualSubject
 
 

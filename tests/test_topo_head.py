@@ -8,8 +8,8 @@ from PIL import Image
 
 from stimsim.models.topo_head import TopoHeadNet
 from stimsim.models.topographic import TopographicModel
-from stimsim.sheet import CorticalSheet
-from stimsim.topography import selective_clusters_mm
+from stimsim.cortex.sheet import CorticalSheet
+from stimsim.cortex.topography import selective_clusters_mm
 from stimsim.training.head_training import build_topo_head_model, load_head_config
 
 
@@ -27,14 +27,14 @@ def test_network_shapes_and_non_negative_it():
 
 @pytest.mark.parametrize("key, value", [("it_units", 1), ("it_rank", 0), ("n_domains", -1), ("it_units", 2.5)])
 def test_network_refuses_bad_sizes(key, value):
-    from stimsim.errors import ConfigError
+    from stimsim.utilities.errors import ConfigError
 
     with pytest.raises(ConfigError, match=key):
         TopoHeadNet("mobilenet_v2", **{key: value})
 
 
 def test_unknown_base_network_lists_the_known():
-    from stimsim.errors import ConfigError
+    from stimsim.utilities.errors import ConfigError
 
     with pytest.raises(ConfigError, match="mobilenet_v2"):
         TopoHeadNet("resnet9000")
@@ -140,7 +140,7 @@ def test_build_is_deterministic_resumable_and_loads(tmp_path):
 
 
 def test_bad_build_file_names_the_key(tmp_path):
-    from stimsim.errors import ConfigError
+    from stimsim.utilities.errors import ConfigError
 
     path = _config(tmp_path)
     path.write_text(path.read_text().replace("it_rank = 8", "it_rank = 0"))

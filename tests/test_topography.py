@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import pdist, squareform
 
-from stimsim.topography import clustering_test, morans_i
+from stimsim.cortex.topography import clustering_test, morans_i
 
 LINE_MM = np.array([[0.0, 0.0], [1.0, 0.0], [2.0, 0.0], [3.0, 0.0]])
 
@@ -76,8 +76,8 @@ def test_clustering_test_refuses_bad_input():
 def test_smoothed_values_in_chunks_equal_the_gaussian_mean_of_all_units_within_3_sigma(chunk, monkeypatch):
     """Brute force over every unit: weights exp(−d²/2σ²) within 3σ, NaN where none; the same whatever the
     chunk size that bounds memory on dense sheets."""
-    from stimsim import topography
-    from stimsim.sheet import CorticalSheet
+    from stimsim.cortex import topography
+    from stimsim.cortex.sheet import CorticalSheet
 
     rng = np.random.default_rng(0)
     sheet = CorticalSheet("it", (300, 1, 1), rng.uniform(0, 4, size=(300, 2)))

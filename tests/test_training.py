@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from stimsim.cli import main
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 from stimsim.models.topographic import TopographicModel
 from stimsim.training.loop import load_training_config, load_training_data, train
 
@@ -112,7 +112,7 @@ def test_simclr_task_trains_without_labels_in_the_loss(tmp_path, tiny_data):
 
 def test_a_diverging_run_stops_at_the_first_non_finite_loss_and_keeps_its_last_good_checkpoint(
         tmp_path, tiny_data, monkeypatch):
-    from stimsim.errors import TrainingDiverged
+    from stimsim.utilities.errors import TrainingDiverged
     from stimsim.training import loop as training
 
     config = load_training_config(small_config(steps=20, checkpoint_every_steps=5))
@@ -135,7 +135,7 @@ def test_a_diverging_run_stops_at_the_first_non_finite_loss_and_keeps_its_last_g
 
 
 def test_a_huge_learning_rate_is_stopped_not_saved(tmp_path, tiny_data):
-    from stimsim.errors import TrainingDiverged
+    from stimsim.utilities.errors import TrainingDiverged
 
     config = load_training_config(small_config(steps=10, learning_rate=1e8, warmup_steps=0))
     with pytest.raises(TrainingDiverged, match=r"diverged at step \d+: .*not finite.*Lower learning_rate \(now 1e\+08\)"):
@@ -144,7 +144,7 @@ def test_a_huge_learning_rate_is_stopped_not_saved(tmp_path, tiny_data):
 
 
 def test_a_damaged_checkpoint_is_a_clear_error(tmp_path, tiny_data):
-    from stimsim.errors import FileFormatError
+    from stimsim.utilities.errors import FileFormatError
 
     config = load_training_config(small_config(steps=10, checkpoint_every_steps=5))
     train(config, tmp_path, progress=False, data=tiny_data, stop_after_step=5)

@@ -16,12 +16,12 @@ from stimsim.analysis.comparison import compare_predictions, expected_correlatio
     load_plan_predictions, load_plan_sequences
 from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, \
     expected_fdr_discoveries_under_null, fdr_adjusted, site_effects, split_half_reliability
-from stimsim.analysis.sessions import SHAM, check_against_plan
-from stimsim.errors import ConfigError
-from stimsim.jsonable import json_ready
-from stimsim.limits import check_memory, check_seed
-from stimsim.ordering import natural_key, naturally_ordered
-from stimsim.progress import report_phase
+from stimsim.lab.sessions import SHAM, check_against_plan
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.jsonable import json_ready
+from stimsim.utilities.limits import check_memory, check_seed
+from stimsim.utilities.ordering import natural_key, naturally_ordered
+from stimsim.utilities.progress import report_phase
 
 #: Per-site permutation p below which a site counts as significant in the summary; also the false
 #: discovery rate q of the Benjamini–Hochberg count.
@@ -89,7 +89,7 @@ def _check_memory(counts, sessions: pd.DataFrame, n_boot: int, n_perm: int, n_sp
 
 def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: int = 1000,
             n_splits: int = 100, ci: float = 0.95, seed: int = 0, same_subject: bool = False) -> Analysis:
-    """Analyse a validated session table (:func:`stimsim.analysis.sessions.load_sessions`). Given a
+    """Analyse a validated session table (:func:`stimsim.lab.sessions.load_sessions`). Given a
     plan directory, trials of a sequence or at a step beyond the plan's are refused, and every site's curve
     spans the plan's steps (a step without trials leaves the site without ΔAUC, and says so).
 
@@ -289,18 +289,18 @@ def _nanmean(values) -> float:
 
 
 def save_analysis(analysis: Analysis, out_dir, sources=(), report: bool = True, force: bool = False) -> Path:
-    """Write the analysis into ``out_dir`` as one result set (:class:`stimsim.io.ResultSet`):
+    """Write the analysis into ``out_dir`` as one result set (:class:`stimsim.utilities.io.ResultSet`):
     ``results.nc``, ``sites.csv``, ``summary.json`` (with provenance) and, with ``report``,
     ``report.html`` + ``report.pdf``. ``force`` writes into a directory holding other files."""
-    from stimsim.io import ResultSet
-    from stimsim.locking import DirectoryLock
+    from stimsim.utilities.io import ResultSet
+    from stimsim.utilities.locking import DirectoryLock
 
     with DirectoryLock(out_dir, "analyze"), ResultSet(out_dir, "analysis", force=force) as results:
         return _write_analysis(analysis, results, sources, report)
 
 
 def _write_analysis(analysis: Analysis, results, sources, report: bool) -> Path:
-    from stimsim.io import provenance
+    from stimsim.utilities.io import provenance
 
     record = provenance({**analysis.parameters, "sessions": [str(path) for path in sources]})
     dataset = analysis.to_dataset()
@@ -329,10 +329,10 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
     column names ``columns`` and value codes ``values`` translated), analyse them, and write the report
     (HTML + PDF), ``results.nc``, ``sites.csv`` and ``summary.json`` into ``out_dir`` as one result set.
     ``progress`` prints each phase on stderr."""
-    from stimsim.analysis.sessions import load_sessions
-    from stimsim.arrays.layout import cmp_options, load_layout
-    from stimsim.io import ResultSet
-    from stimsim.locking import DirectoryLock
+    from stimsim.lab.sessions import load_sessions
+    from stimsim.lab.arrays.layout import cmp_options, load_layout
+    from stimsim.utilities.io import ResultSet
+    from stimsim.utilities.locking import DirectoryLock
 
     cmp = cmp_options(str(layout), layout_ids, names=("--layout-ids", "pitch_mm")) if layout is not None else {}
     if layout is None and layout_ids != "channel":

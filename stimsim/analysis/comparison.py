@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from stimsim.errors import FileFormatError
+from stimsim.utilities.errors import FileFormatError
 
 #: Columns of the plan's sites.csv that the comparison reads.
 PLAN_SITE_COLUMNS = ("electrode_id", "predicted_delta_auc")

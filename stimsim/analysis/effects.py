@@ -29,8 +29,8 @@ import pandas as pd
 from scipy import stats
 from scipy.integrate import trapezoid
 
-from stimsim.analysis.sessions import SHAM
-from stimsim.ordering import natural_key
+from stimsim.lab.sessions import SHAM
+from stimsim.utilities.ordering import natural_key
 
 #: Condition axis of the counts.
 CONDITIONS = ("sham", "stimulated")
@@ -68,7 +68,7 @@ class SiteCounts:
 
 
 def count_trials(sessions: pd.DataFrame, n_steps: int | None = None) -> SiteCounts:
-    """Count a validated session table (:func:`stimsim.analysis.sessions.load_sessions`) over steps
+    """Count a validated session table (:func:`stimsim.lab.sessions.load_sessions`) over steps
     0 .. ``n_steps`` - 1 (a plan's sequences; None: up to the last step in the table). A step without
     trials is an empty cell."""
     last_step = int(sessions["step"].max()) if n_steps is None else n_steps - 1

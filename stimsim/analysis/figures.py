@@ -1,11 +1,11 @@
-"""Figures of an analysis, as matplotlib figures (for a report, or stimsim.figures.save_figure):
+"""Figures of an analysis, as matplotlib figures (for a report, or stimsim.utilities.figures.save_figure):
 session overview, per-site effects with intervals, psychometric curves of the top sites,
 predicted against observed effects, and the power curve."""
 from __future__ import annotations
 
 import numpy as np
 
-from stimsim.figures import pyplot
+from stimsim.utilities.figures import pyplot
 
 
 def _site_labels(sites) -> list[str]:

@@ -1,5 +1,5 @@
 """A finished plan's files read back (``summary.json``, ``truth/subject_p_high.nc``) for sessions and power:
-a missing, damaged or inconsistent file is a :class:`~stimsim.errors.FileFormatError` naming it and the field."""
+a missing, damaged or inconsistent file is a :class:`~stimsim.utilities.errors.FileFormatError` naming it and the field."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from stimsim.errors import FileFormatError
+from stimsim.utilities.errors import FileFormatError
 
 TRUTH_FILE = Path("truth") / "subject_p_high.nc"
 TRUTH_DIMS = ("electrode", "stimulated", "sequence", "step")

@@ -28,8 +28,8 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from stimsim.analysis.effects import delta_auc_of_counts, fit_grouped_logistic
-from stimsim.errors import ConfigError
-from stimsim.limits import check_memory, check_seed
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.limits import check_memory, check_seed
 
 #: Trials per site simulated by default (stimulated + sham).
 DEFAULT_TRIAL_COUNTS = (50, 100, 200, 400, 800, 1600)
@@ -202,7 +202,7 @@ def curves_from_plan(plan_dir) -> dict:
     import xarray as xr
 
     from stimsim.analysis.comparison import load_plan_predictions
-    from stimsim.errors import FileFormatError
+    from stimsim.utilities.errors import FileFormatError
     from stimsim.analysis.plan_readback import TRUTH_FILE, read_subject_p_high, summary_electrodes, summary_number
 
     plan_dir = Path(plan_dir)
@@ -246,10 +246,10 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     """Power of the plan's chosen sites; writes ``power_curve.csv``, ``power_sites.csv``,
     ``summary.json`` and ``report.html`` / ``report.pdf`` (table and curve) into ``out_dir`` as one
     result set."""
-    from stimsim.jsonable import json_ready
+    from stimsim.utilities.jsonable import json_ready
     from stimsim.analysis.figures import plot_power_curve
-    from stimsim.io import ResultSet, provenance
-    from stimsim.locking import DirectoryLock
+    from stimsim.utilities.io import ResultSet, provenance
+    from stimsim.utilities.locking import DirectoryLock
     from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
 
     # The output directory is checked (and claimed) before the work; a run that fails or is interrupted

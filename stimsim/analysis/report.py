@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from stimsim.analysis import figures
-from stimsim.ordering import natural_key
+from stimsim.utilities.ordering import natural_key
 from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
 
 #: Scores of the summary table: (key, meaning, chance level or baseline key / value).

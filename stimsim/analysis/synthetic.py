@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stimsim.analysis.sessions import SHAM
+from stimsim.lab.sessions import SHAM
 
 
 def planted_curves(stim_logodds, slope_logodds: float = 8.0, n_steps: int = 7, lapse_rate: float = 0.0):

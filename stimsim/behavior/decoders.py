@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 
 #: Rows of a (rows, F) float64 block handled at once are limited to about this many numbers
 #: (64 MiB), so large (K, B, F) batches never need a full float64 copy.

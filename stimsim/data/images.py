@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stimsim.errors import FileFormatError
+from stimsim.utilities.errors import FileFormatError
 
 
 def load_image(path) -> np.ndarray:

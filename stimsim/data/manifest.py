@@ -76,10 +76,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from stimsim.errors import ConfigError, DataError, FileFormatError
-from stimsim.filemodels import FileModel, Text, validate_file
-from stimsim.hashing import sha256_of
-from stimsim.io import atomic_save
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
+from stimsim.utilities.filemodels import FileModel, Text, validate_file
+from stimsim.utilities.hashing import sha256_of
+from stimsim.utilities.io import atomic_save
 
 MANIFEST_DIR_ENV = "STIMSIM_MANIFEST_DIR"
 MIRROR_DIR_ENV = "STIMSIM_MIRROR_DIR"

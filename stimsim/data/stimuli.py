@@ -26,8 +26,8 @@ import numpy as np
 
 from stimsim.data.images import load_image
 from stimsim.data.manifest import entry_path, entry_paths, get_entry
-from stimsim.errors import ConfigError, FileFormatError
-from stimsim.io import atomic_save
+from stimsim.utilities.errors import ConfigError, FileFormatError
+from stimsim.utilities.io import atomic_save
 
 #: File name endings read as images (case-insensitive).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".gif", ".webp")

@@ -17,8 +17,8 @@ import xarray as xr
 from stimsim.behavior.metrics import shift_summary
 from stimsim.data.manifest import entry_path
 from stimsim.datasets.base import PublishedDataset, read_csv, register_dataset
-from stimsim.errors import ConfigError, FileFormatError
-from stimsim.figures import pyplot, save_figure
+from stimsim.utilities.errors import ConfigError, FileFormatError
+from stimsim.utilities.figures import pyplot, save_figure
 
 CITATION = "Afraz, Kiani & Esteky 2006, Nature 442:692"
 MANIFEST_ENTRY = "afraz2006"

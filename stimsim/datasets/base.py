@@ -19,7 +19,7 @@ from pathlib import Path
 
 import xarray as xr
 
-from stimsim.plugins import Registry
+from stimsim.utilities.plugins import Registry
 
 
 class PublishedDataset(ABC):
@@ -73,7 +73,7 @@ def read_csv(path, required: tuple[str, ...]):
     A missing column or an empty table is a ``FileFormatError`` naming the file."""
     import pandas as pd
 
-    from stimsim.errors import FileFormatError
+    from stimsim.utilities.errors import FileFormatError
 
     try:
         table = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)

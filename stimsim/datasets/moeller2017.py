@@ -18,7 +18,7 @@ import xarray as xr
 
 from stimsim.data.manifest import entry_path
 from stimsim.datasets.base import PublishedDataset, read_csv, register_dataset
-from stimsim.errors import ConfigError, FileFormatError
+from stimsim.utilities.errors import ConfigError, FileFormatError
 
 CITATION = "Moeller, Crapse, Chang & Tsao 2017, Nat Neurosci 20:743"
 MANIFEST_ENTRY = "moeller2017"

@@ -17,7 +17,7 @@ from sklearn.linear_model import RidgeCV
 from sklearn.model_selection import KFold
 
 from stimsim.data.stimuli import StimulusSet
-from stimsim.errors import ConfigError, DataError
+from stimsim.utilities.errors import ConfigError, DataError
 
 IT_AREA = "IT"
 #: Ridge penalties searched inside every training fold.

@@ -24,11 +24,11 @@ import xarray as xr
 from scipy import optimize, sparse
 from scipy.spatial import cKDTree
 
-from stimsim.arrays.anatomy import AnatomicalPose
-from stimsim.arrays.layout import ArrayLayout
-from stimsim.arrays.pose import ArrayPose, angle_difference_deg
+from stimsim.lab.arrays.anatomy import AnatomicalPose
+from stimsim.lab.arrays.layout import ArrayLayout
+from stimsim.lab.arrays.pose import ArrayPose, angle_difference_deg
 from stimsim.data.stimuli import StimulusSet
-from stimsim.errors import ConfigError, DataError
+from stimsim.utilities.errors import ConfigError, DataError
 from stimsim.mapping.predictivity import IT_AREA, aligned_features
 
 #: Fewest images whose responses a registration is fitted to.

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from stimsim.errors import ConfigError
-from stimsim.plugins import Registry
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.plugins import Registry
 
 def _check_builder(name: str, builder) -> None:
     """A family's builder is callable (what it builds is checked by :func:`build_network`)."""

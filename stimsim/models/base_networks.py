@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 from stimsim.models.preprocessing import Preprocessing
 
 
@@ -150,7 +150,7 @@ def base_weights_path(name: str, mirror=None):
 def load_base_network(name: str, pretrained: bool = True, mirror=None) -> nn.Module:
     """Base network ``name`` as an ImageNet classifier in eval mode, with its ImageNet weights unless
     ``pretrained`` is False (then the architecture's default random initialisation)."""
-    from stimsim.errors import FileFormatError
+    from stimsim.utilities.errors import FileFormatError
     from stimsim.models.weights import load_weights, read_checkpoint_file
 
     spec = base_network_spec(name)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from stimsim.data.images import load_image
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 
 #: ITU-R BT.601 luma weights for RGB → grayscale.
 _LUMA_RGB = (0.299, 0.587, 0.114)

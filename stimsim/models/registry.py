@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from stimsim.errors import DataError
+from stimsim.utilities.errors import DataError
 from stimsim.models.topographic import TopographicModel
 
 #: Current (µA) whose spread length λ the density figure ``units_within_lambda50`` uses.
@@ -82,10 +82,10 @@ def describe_model(name_or_path) -> dict:
     import numpy as np
     from scipy.spatial import cKDTree
 
-    from stimsim.filemodels import validate_file
+    from stimsim.utilities.filemodels import validate_file
     from stimsim.models.base_networks import BASE_NETWORKS
     from stimsim.models.topographic import ModelFile
-    from stimsim.sheet import CorticalSheet
+    from stimsim.cortex.sheet import CorticalSheet
     from stimsim.stimulation.spread import kumaravelu_length_mm
 
     path = model_path(name_or_path)

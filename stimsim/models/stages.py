@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import fx, nn
 
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 
 #: Name of the stage that holds computation after the last module stage, when there is any.
 OUTPUT_STAGE = "output"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stimsim.sheet import CorticalSheet
+from stimsim.cortex.sheet import CorticalSheet
 
 #: Added to norms as in ``stimsim.training.spatial_loss`` (constant units then correlate 0).
 _EPS = 1e-8

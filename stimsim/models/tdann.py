@@ -15,7 +15,7 @@ keys when there are any (and checks that the ``_feature_blocks.`` aliases agree 
 the ``_feature_blocks.`` keys with ``layerX_Y`` read as ``layerX.Y``; ``fc.`` keys are dropped.
 
 Positions: one TDANN positions file per layer, ``<layer>.npz`` or ``<layer>.pkl`` (see
-``stimsim.sheet``), each checked against the layer's output dims at 224 px.
+``stimsim.cortex.sheet``), each checked against the layer's output dims at 224 px.
 
 Areas (``TDANN_AREAS``): TDANN maps layer1.x to the retina, layer2.x to V1, layer3.0 to V2, layer3.1
 to V4 and layer4.x to ventral temporal cortex (VTC, read here as IT). An area label must name one
@@ -32,13 +32,13 @@ from pathlib import Path
 
 import torch
 
-from stimsim.errors import ConfigError, FileFormatError
-from stimsim.hashing import sha256_of
+from stimsim.utilities.errors import ConfigError, FileFormatError
+from stimsim.utilities.hashing import sha256_of
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
 from stimsim.models.weights import load_weights, read_checkpoint_file
-from stimsim.sheet import CorticalSheet
+from stimsim.cortex.sheet import CorticalSheet
 
 #: The eight topographic layers of a TDANN ResNet-18, in network order.
 TDANN_LAYERS = ("layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0", "layer3.1", "layer4.0", "layer4.1")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 from stimsim.models.base_networks import base_network_spec
 
 FAMILY = "topo_head"

@@ -31,14 +31,14 @@ from torch import nn
 
 from pydantic import ConfigDict, Field
 
-from stimsim.errors import ConfigError, DataError, FileFormatError
-from stimsim.filemodels import FileModel, Text, validate_file
-from stimsim.hashing import sha256_of
-from stimsim.io import atomic_write_bytes, atomic_write_json
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
+from stimsim.utilities.filemodels import FileModel, Text, validate_file
+from stimsim.utilities.hashing import sha256_of
+from stimsim.utilities.io import atomic_write_bytes, atomic_write_json
 from stimsim.models.architectures import StimsimTopoNet, build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.stages import split_network
-from stimsim.sheet import CorticalSheet
+from stimsim.cortex.sheet import CorticalSheet
 
 MODEL_FORMAT = "stimsim-model/1"
 _SHA256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -196,7 +196,7 @@ class TopographicModel:
         frame is made. Every length a lab or a file gives (array pitch, poses, radii, spread, separations) is in
         cortex mm; the sheet is converted by the model's own recorded scale (:meth:`cortex_scale`) unless
         ``cortex_mm_per_model_mm`` overrides it; the view's sheet converts back with
-        :meth:`~stimsim.sheet.CorticalSheet.to_model_mm`. Returns ``(view, record)``, the record with
+        :meth:`~stimsim.cortex.sheet.CorticalSheet.to_model_mm`. Returns ``(view, record)``, the record with
         ``cortex_mm_per_model_mm`` (used), ``model_cortex_mm_per_model_mm`` (the model's own) and
         ``scale_overridden``."""
         own = self.cortex_scale(layer)
@@ -233,9 +233,9 @@ class TopographicModel:
         return torch.device("cpu")
 
     def to(self, device) -> "TopographicModel":
-        """Move the network to ``device`` (a name as in :func:`stimsim.devices.resolve_device`), in place;
+        """Move the network to ``device`` (a name as in :func:`stimsim.engine.devices.resolve_device`), in place;
         returns the model. Preprocessing, activations and the engine then compute there."""
-        from stimsim.devices import resolve_device
+        from stimsim.engine.devices import resolve_device
 
         self.network.to(resolve_device(device))
         return self
@@ -319,7 +319,7 @@ class TopographicModel:
         """Load a model directory onto ``device`` (cpu, cuda, mps, auto), verifying that ``files_sha256`` covers
         every file the model needs and that each matches; weights that do not fit the architecture or are not
         finite are refused."""
-        from stimsim.devices import resolve_device
+        from stimsim.engine.devices import resolve_device
         from stimsim.models.weights import load_weights, read_checkpoint_file
 
         device = resolve_device(device)

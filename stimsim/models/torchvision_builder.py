@@ -1,6 +1,6 @@
 """Any torchvision classification network as a topographic model, with positions assigned by stimsim.
 
-The chosen layers get TDANN-style retinotopic positions (``stimsim.models.positions.build_sheet``),
+The chosen layers get TDANN-style retinotopic positions (``stimsim.cortex.positions.build_sheet``),
 optionally swap-optimised on the network's responses to a few images
 (``stimsim.models.swap.swap_optimize``; Margalit et al. 2024, Neuron). Weights come from a state
 dict file read with ``torch.load(weights_only=True)`` (no arbitrary unpickling) or from memory.
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from stimsim.errors import ConfigError
-from stimsim.hashing import sha256_of
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.hashing import sha256_of
 from stimsim.models.architectures import build_network
-from stimsim.models.positions import build_sheet
+from stimsim.cortex.positions import build_sheet
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.swap import swap_optimize
 from stimsim.models.topographic import TopographicModel

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from stimsim.errors import ConfigError, FileFormatError
+from stimsim.utilities.errors import ConfigError, FileFormatError
 
 #: How many offending keys an error message lists.
 _KEYS_SHOWN = 5

@@ -37,7 +37,7 @@ import xarray as xr
 from pydantic import BaseModel
 
 from stimsim.paradigms.schema import StimuliFile
-from stimsim.plugins import Registry
+from stimsim.utilities.plugins import Registry
 
 if TYPE_CHECKING:
     from stimsim.data.stimuli import StimulusSet

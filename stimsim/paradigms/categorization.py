@@ -42,9 +42,9 @@ from stimsim.behavior import LogisticDecoder, bootstrap_ci, fit_psychometric, ps
     stratified_fit_mask
 from stimsim.behavior.metrics import delta_accuracy, shift_summary, site_correlation, stratum_mean
 from stimsim.data.stimuli import StimulusSet, pixel_noise
-from stimsim.errors import ConfigError
-from stimsim.figures import pyplot, save_figure
-from stimsim.filemodels import FileModel, Text
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.figures import pyplot, save_figure
+from stimsim.utilities.filemodels import FileModel, Text
 from stimsim.paradigms.base import Paradigm, register_paradigm
 from stimsim.paradigms.schema import StimuliFile
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection

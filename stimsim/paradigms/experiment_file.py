@@ -97,9 +97,9 @@ from typing import Annotated, Union
 
 from pydantic import Field, TypeAdapter
 
-from stimsim.config import load_toml
+from stimsim.utilities.config import load_toml
 from stimsim.datasets import DATASETS
-from stimsim.errors import ConfigError, SafetyError
+from stimsim.utilities.errors import ConfigError, SafetyError
 from stimsim.paradigms.base import PARADIGMS
 from stimsim.paradigms.schema import SafetyFile, file_model, validate_file
 from stimsim.paradigms.spec import AnalysisSpec, DecoderSpec, ExperimentSpec, LocalizerSpec, SitesSpec, StimuliSpec

@@ -6,7 +6,7 @@ there), load the model and the images, choose the sites from the localizer's sel
 condition and one condition per site with the batched engine (:func:`stimsim.engine.simulate`,
 resumable: the chunks it finishes are kept under ``DIR/simulation_store``), compute the paradigm's
 per-site metrics, compare with published data when asked, and write into ``DIR`` one result set
-(:class:`stimsim.io.ResultSet`: each file atomically, then ``result_set.json`` with the sha256 of
+(:class:`stimsim.utilities.io.ResultSet`: each file atomically, then ``result_set.json`` with the sha256 of
 every file; :func:`load_results` refuses a set that does not match it, and a ``DIR`` holding files
 stimsim did not write is refused unless forced):
 
@@ -34,7 +34,7 @@ stimsim did not write is refused unless forced):
     Compared data add the same numbers with a ``data_`` prefix.
 ``config.json``
     the experiment as run, model name and checksums, sites, conditions, safety report, decoder fit
-    and trials, notes, time and software versions (:func:`stimsim.io.provenance`).
+    and trials, notes, time and software versions (:func:`stimsim.utilities.io.provenance`).
 ``decoder.json``
     the frozen decoder's numbers (``stimsim.behavior.decoder_from_dict`` rebuilds it; the 2AFC
     sequences' readouts: ``stimsim.paradigms.sequence_2afc.SequenceReadouts.from_dict``).
@@ -52,18 +52,18 @@ import xarray as xr
 
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.datasets import DATASETS
-from stimsim.errors import ConfigError, DataError
-from stimsim.hashing import sha256_of, state_sha256
-from stimsim.io import ResultSet, provenance, read_result_set
-from stimsim.jsonable import json_ready
-from stimsim.locking import DirectoryLock
+from stimsim.utilities.errors import ConfigError, DataError
+from stimsim.utilities.hashing import sha256_of, state_sha256
+from stimsim.utilities.io import ResultSet, provenance, read_result_set
+from stimsim.utilities.jsonable import json_ready
+from stimsim.utilities.locking import DirectoryLock
 from stimsim.models.registry import load_model, model_path
 from stimsim.models.topographic import TopographicModel
 from stimsim.paradigms.base import get_paradigm
 from stimsim.paradigms.experiment_file import load_experiment
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection, plot_sites, select_sites
 from stimsim.paradigms.spec import ExperimentSpec
-from stimsim.progress import report_phase
+from stimsim.utilities.progress import report_phase
 from stimsim.stimulation import Condition, SafetyLimits, signed_gain_warning
 
 #: Name of the engine's resumable store inside the output directory.
@@ -74,12 +74,12 @@ RESULTS_FILE, SUMMARY_FILE, CONFIG_FILE, DECODER_FILE = "results.nc", "summary.j
 def run_experiment(experiment, out_dir, model=None, progress: bool = True, figures: bool = True,
                    force: bool = False, device="cpu", scheduler=None) -> dict:
     """Run an experiment and write its results into ``out_dir`` as one result set
-    (:class:`stimsim.io.ResultSet`); returns the summary. A run that fails before writing any result
+    (:class:`stimsim.utilities.io.ResultSet`); returns the summary. A run that fails before writing any result
     leaves ``out_dir`` as it found it (a directory it made is removed, unless it holds the simulation
     store of a run to resume).
 
     The unperturbed activity of the stimulated layer is kept in the stimsim cache
-    (:mod:`stimsim.activation_cache`): another run on the same model and images skips that forward pass.
+    (:mod:`stimsim.engine.activation_cache`): another run on the same model and images skips that forward pass.
 
     Parameters
     ----------
@@ -90,10 +90,10 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     figures : write the PNG figures (the data files are always written).
     force : write into ``out_dir`` even if it holds files stimsim did not write.
     device : where the model, effects and decoder compute (cpu, cuda, cuda:N, mps, auto).
-    scheduler : None (this process) or a Dask scheduler for the sweep (see :mod:`stimsim.distributed`).
+    scheduler : None (this process) or a Dask scheduler for the sweep (see :mod:`stimsim.engine.distributed`).
     """
-    from stimsim.devices import resolve_device
-    from stimsim.distributed import check_scheduler
+    from stimsim.engine.devices import resolve_device
+    from stimsim.engine.distributed import check_scheduler
 
     device = resolve_device(device)
     check_scheduler(scheduler)

@@ -16,7 +16,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from stimsim.filemodels import FileModel, Text, validate
+from stimsim.utilities.filemodels import FileModel, Text, validate
 from stimsim.models.registry import DEFAULT_MODEL
 from stimsim.stimulation import PERTURBATION_KINDS
 
@@ -174,5 +174,5 @@ def file_model(paradigm) -> type[ExperimentFile]:
 
 def validate_file(raw: dict, paradigm, where: str) -> ExperimentFile:
     """``raw`` checked against :func:`file_model`; the first problem is a ``ConfigError`` naming
-    ``where``, the table, the key and what is allowed (:func:`stimsim.filemodels.validate`)."""
+    ``where``, the table, the key and what is allowed (:func:`stimsim.utilities.filemodels.validate`)."""
     return validate(file_model(paradigm), raw, where)

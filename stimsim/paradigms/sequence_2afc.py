@@ -56,9 +56,9 @@ from tqdm.auto import tqdm
 
 from stimsim.behavior import LogisticDecoder
 from stimsim.behavior.metrics import delta_auc, stratum_mean
-from stimsim.errors import ConfigError
-from stimsim.figures import pyplot, save_figure
-from stimsim.filemodels import FileModel
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.figures import pyplot, save_figure
+from stimsim.utilities.filemodels import FileModel
 from stimsim.paradigms.base import Paradigm, register_paradigm
 from stimsim.paradigms.schema import DecoderFile
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection

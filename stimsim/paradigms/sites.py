@@ -20,11 +20,11 @@ from scipy import sparse
 from scipy.spatial import cKDTree
 
 from stimsim.behavior.metrics import dprime
-from stimsim.errors import ConfigError
-from stimsim.figures import pyplot, save_figure
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.paradigms.spec import SitesSpec
-from stimsim.sheet import CorticalSheet
-from stimsim.topography import peak_location_mm, smoothed_values_at
+from stimsim.cortex.sheet import CorticalSheet
+from stimsim.cortex.topography import peak_location_mm, smoothed_values_at
 
 #: Label of the unperturbed condition of an experiment; site i is condition ``site_<iii>``.
 CONTROL_LABEL = "control"

@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from stimsim.errors import ConfigError
-from stimsim.hashing import json_sha256
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.hashing import json_sha256
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ import torch
 from pydantic import Field
 
 from stimsim.behavior.decoders import LogisticDecoder
-from stimsim.errors import ConfigError
-from stimsim.filemodels import FileModel
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.filemodels import FileModel
 from stimsim.stimulation.base import apply_effect
 
 

@@ -25,7 +25,7 @@ The file (example: ``experiments/visualize_default.toml``) names
 * ``[judge]``: ``model``, the independent judge (``--judge`` overrides it): another model whose face
   decoder scores the images without having been optimised against.
 
-Output (one :class:`stimsim.io.ResultSet`): ``percepts.png`` (rows: images; columns: original,
+Output (one :class:`stimsim.utilities.io.ResultSet`): ``percepts.png`` (rows: images; columns: original,
 unstimulated inversion, face site at each current, control site, scrambled; P(face) of both judges
 under each), ``percepts.nc`` (``percept`` image × condition × y × x × channel in [0, 1], ``original``,
 ``p_face`` judge × image × condition, ``p_face_original``, ``match_loss``; condition coords ``kind``,
@@ -46,20 +46,20 @@ import numpy as np
 import torch
 import xarray as xr
 
-from stimsim.config import load_toml
+from stimsim.utilities.config import load_toml
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
-from stimsim.errors import ConfigError, SafetyError
-from stimsim.figures import pyplot, save_figure
-from stimsim.filemodels import validate
-from stimsim.io import ResultSet, provenance
-from stimsim.jsonable import json_ready
+from stimsim.utilities.errors import ConfigError, SafetyError
+from stimsim.utilities.figures import pyplot, save_figure
+from stimsim.utilities.filemodels import validate
+from stimsim.utilities.io import ResultSet, provenance
+from stimsim.utilities.jsonable import json_ready
 from stimsim.models.registry import load_model
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
 from stimsim.percepts import FaceJudge, InversionSettings, pixel_images, scrambled_effects, synthesize
 from stimsim.percepts.visualize_file import VisualizeFile
-from stimsim.progress import report_phase
+from stimsim.utilities.progress import report_phase
 from stimsim.stimulation import Condition, SafetyLimits, enforce, perturbation_from_dict
-from stimsim.topography import smoothed_values_at
+from stimsim.cortex.topography import smoothed_values_at
 
 PNG_FILE, DATA_FILE, SUMMARY_FILE, CONFIG_FILE = "percepts.png", "percepts.nc", "summary.json", "config.json"
 

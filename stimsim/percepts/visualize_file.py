@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Field
 
-from stimsim.filemodels import FileModel, Text
+from stimsim.utilities.filemodels import FileModel, Text
 from stimsim.percepts import InversionSettings
 
 #: Where the JSON Schema of visualisation files ships.

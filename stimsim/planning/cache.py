@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from stimsim.errors import ConfigError
-from stimsim.hashing import json_sha256, sha256_of
-from stimsim.io import atomic_save, is_temporary_file
-from stimsim.jsonable import json_value
-from stimsim.progress import report_phase
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.hashing import json_sha256, sha256_of
+from stimsim.utilities.io import atomic_save, is_temporary_file
+from stimsim.utilities.jsonable import json_value
+from stimsim.utilities.progress import report_phase
 
 #: Format tag of a cached file's record.
 RECORD_FORMAT = "stimsim-plan-cache/1"

@@ -37,17 +37,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
-from stimsim.arrays.anatomy import AnatomicalPose
-from stimsim.arrays.layout import cmp_options
-from stimsim.config import load_toml
-from stimsim.errors import ConfigError
-from stimsim.filemodels import FileModel, Text, validate
-from stimsim.hashing import json_sha256, sha256_of
-from stimsim.limits import MAX_SEED
+from stimsim.lab.arrays.anatomy import AnatomicalPose
+from stimsim.lab.arrays.layout import cmp_options
+from stimsim.utilities.config import load_toml
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.filemodels import FileModel, Text, validate
+from stimsim.utilities.hashing import json_sha256, sha256_of
+from stimsim.utilities.limits import MAX_SEED
 from stimsim.planning.rig import DisplayTable, RigSpec, SessionTable
 from stimsim.planning.selection import SelectionSpec
 from stimsim.planning.tasks import PLAN_TASKS, PlanTask, get_plan_task, stimulation_at
-from stimsim.recordings import FIELD_NAMES
+from stimsim.lab.recordings import FIELD_NAMES
 from stimsim.stimulation import ElectricalStimulation, SafetyLimits
 
 #: The plan task of a file that names none.
@@ -301,7 +301,7 @@ class PlanConfig:
 
 def _check_model(name: str, where: str) -> None:
     """A model name that is neither shipped nor a model directory is an error naming where it was given."""
-    from stimsim.errors import DataError
+    from stimsim.utilities.errors import DataError
     from stimsim.models.registry import model_path
 
     try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stimsim.errors import ConfigError
-from stimsim.locking import DirectoryLock
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.locking import DirectoryLock
 from stimsim.planning.config import load_plan_config
 from stimsim.planning.plan import plan_once
 from stimsim.planning.validation import validate_plan
@@ -19,13 +19,13 @@ def run_plan(config_path, out_dir, progress: bool = True, validate: int = 0, dev
     Parameters
     ----------
     device : where the models, sequence optimisation, effects and decoders compute (cpu, cuda, cuda:N, mps,
-        auto; :mod:`stimsim.devices`).
+        auto; :mod:`stimsim.engine.devices`).
     scheduler : None (this process), or a Dask scheduler (``"local"``, ``"processes=N"``, an address or a
         ``distributed.Client``) whose workers run the rehearsal sweeps, one task per site
-        (:mod:`stimsim.distributed`); one set of workers serves the whole plan. The results are the same.
+        (:mod:`stimsim.engine.distributed`); one set of workers serves the whole plan. The results are the same.
     """
-    from stimsim.devices import resolve_device
-    from stimsim.distributed import check_scheduler, shared_scheduler
+    from stimsim.engine.devices import resolve_device
+    from stimsim.engine.distributed import check_scheduler, shared_scheduler
 
     device = resolve_device(device)
     check_scheduler(scheduler)

@@ -32,16 +32,16 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from stimsim.errors import ConfigError, DataError, SafetyError, StimsimError
-from stimsim.hashing import sha256_of
-from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance
+from stimsim.utilities.errors import ConfigError, DataError, SafetyError, StimsimError
+from stimsim.utilities.hashing import sha256_of
+from stimsim.utilities.io import atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance
 from stimsim.planning.cache import PhaseCache, directory_files_sha256, remove_temporaries
 from stimsim.planning.config import PlanConfig
 from stimsim.planning.detectability import INTERVAL_SPANS, coverage, subject_error_sd, with_subject_error
 from stimsim.planning.selection import (check_broken, choose_sites, left_out_message, screen_electrodes,
                                        shortfall_message)
 from stimsim.planning.tasks import stimulation_at
-from stimsim.progress import report_phase
+from stimsim.utilities.progress import report_phase
 from stimsim.stimulation import enforce
 from stimsim.stimulation.safety import charge_per_phase_nC
 
@@ -74,7 +74,7 @@ class PlanInputs:
 
     def __init__(self, config: PlanConfig, out_dir: Path, progress: bool, subject_seed: int | None = None,
                  device="cpu"):
-        from stimsim.recordings import load_recordings
+        from stimsim.lab.recordings import load_recordings
 
         self.device = device
         self.subject = None
@@ -91,7 +91,7 @@ class PlanInputs:
                     report_phase("plan: making the virtual subject and its recordings", progress)
                     subject = VirtualSubject.from_file(config.subject_config)
                     if subject_seed is not None:
-                        from stimsim.config import load_toml
+                        from stimsim.utilities.config import load_toml
 
                         raw = load_toml(config.subject_config)
                         raw["subject"] = {**raw["subject"], "seed": int(subject_seed)}
@@ -107,7 +107,7 @@ class PlanInputs:
             cmp_map = _subject_map(self.subject_dir)
             layout = recordings.layout if cmp_map is None else cmp_map
         else:
-            from stimsim.arrays.layout import cmp_options, load_layout
+            from stimsim.lab.arrays.layout import cmp_options, load_layout
             from stimsim.subject.virtual import build_stimuli
 
             layout = load_layout(config.recordings["layout"], **cmp_options(
@@ -146,8 +146,8 @@ class PlanInputs:
 
 def _subject_map(subject_dir: Path):
     """The Blackrock map of a virtual subject whose array comes from a .cmp file (its banks and labels), else None."""
-    from stimsim.arrays.layout import cmp_options, load_layout
-    from stimsim.config import load_toml
+    from stimsim.lab.arrays.layout import cmp_options, load_layout
+    from stimsim.utilities.config import load_toml
 
     array = load_toml(subject_dir / "subject.toml").get("array", {})
     spec = str(array.get("layout", "10x10"))
@@ -218,7 +218,7 @@ def _mapping_phase(config: PlanConfig, inputs: PlanInputs, models: dict, progres
 
 def _points(layout, pose_dicts, electrodes) -> np.ndarray:
     """(n_electrodes, n_poses, 2) sheet points of ``electrodes`` under each pose."""
-    from stimsim.arrays import ArrayPose
+    from stimsim.lab.arrays import ArrayPose
 
     index = [layout.index_of(e) for e in electrodes]
     return np.stack([layout.on_sheet(ArrayPose.from_dict(p))[index] for p in pose_dicts], axis=1)
@@ -410,7 +410,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     order, chosen = plan["choice"]["order"], plan["choice"]["chosen"]
     anatomical = None
     if config.anatomical is not None:
-        from stimsim.arrays.anatomy import AnatomicalPose
+        from stimsim.lab.arrays.anatomy import AnatomicalPose
 
         anatomical = AnatomicalPose.from_dict(config.anatomical).to_anatomical(inputs.array_layout, plan["array_xy"])
     charge = charge_per_phase_nC(config.stimulation["current_uA"], config.stimulation["pulse_width_ms"])

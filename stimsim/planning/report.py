@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from stimsim.figures import pyplot
+from stimsim.utilities.figures import pyplot
 from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png
 
 IT = "IT"
@@ -109,7 +109,7 @@ def sheet_figure(model, images, mapping, chosen_model, plan, working, array_layo
     from matplotlib.patches import Rectangle
     from matplotlib.patheffects import withStroke
 
-    from stimsim.arrays import ArrayPose
+    from stimsim.lab.arrays import ArrayPose
 
     plt = pyplot()
     coords = model.sheet(IT).coordinates_mm

@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
 
-from stimsim.filemodels import FileModel
-from stimsim.io import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, csv_text
+from stimsim.utilities.filemodels import FileModel
+from stimsim.utilities.io import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, csv_text
 
 #: Value of ``stimulated_electrode`` (and ``condition``) on sham trials, as the analysis reads it.
 SHAM = "sham"
@@ -54,7 +54,7 @@ TRIAL_COLUMNS = {
 #: Columns of the NWB template beyond the trial list.
 NWB_COLUMNS = {"choice": "the animal's choice, 'low' or 'high' (empty in the template: fill in on the rig)"}
 #: Columns of a behavioural session beyond start_time and stop_time (s), as the virtual subject writes them and
-#: :mod:`stimsim.analysis.sessions` reads them.
+#: :mod:`stimsim.lab.sessions` reads them.
 SESSION_COLUMNS = {
     "stimulus_id": "image shown: '{electrode}_seq{sequence}_step{step}'",
     "electrode": "site whose image sequence is shown (electrode id)",
@@ -145,7 +145,7 @@ def image_names(electrodes) -> dict:
 def trial_list(electrodes, n_sequences: int, n_steps: int, spec: RigSpec, stimulation: dict, seed: int,
                layout=None) -> pd.DataFrame:
     """The trial list of :data:`TRIAL_COLUMNS` for ``electrodes`` (the chosen sites); ``layout`` (an
-    :class:`~stimsim.arrays.ArrayLayout`) gives the Cerebus channel, bank and elec of a .cmp map."""
+    :class:`~stimsim.lab.arrays.ArrayLayout`) gives the Cerebus channel, bank and elec of a .cmp map."""
     rng = np.random.default_rng([seed, 0x816])
     electrodes = [str(e) for e in electrodes]
     cells = [(j, k) for j in range(n_sequences) for k in range(n_steps)]
@@ -231,7 +231,7 @@ def write_trials_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: st
 
 def read_trial_list(path) -> pd.DataFrame:
     """A plan's ``rig/trials.csv`` (ids as text)."""
-    from stimsim.errors import FileFormatError
+    from stimsim.utilities.errors import FileFormatError
 
     path = Path(path)
     if not path.is_file():

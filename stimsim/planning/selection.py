@@ -12,9 +12,9 @@ from typing import Annotated, ClassVar, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from stimsim.errors import ConfigError
-from stimsim.filemodels import FileModel
-from stimsim.ordering import natural_key
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.filemodels import FileModel
+from stimsim.utilities.ordering import natural_key
 
 METRICS = ("euclidean", "manhattan")
 #: Separations within this much (mm) of ``min_separation_mm`` count as equal to it: grid positions such as

@@ -8,7 +8,7 @@ own frozen decoder's output for that image, with stimulation at the electrode's 
 sheet (stimulated trials) or without (sham) — the subject's P(high) computed when the plan was made
 (``truth/subject_p_high.nc``). Trials last 1 s and start every 1.5 s.
 
-Columns (the contract shared with :mod:`stimsim.analysis.sessions`): start_time, stop_time (s),
+Columns (the contract shared with :mod:`stimsim.lab.sessions`): start_time, stop_time (s),
 stimulus_id ("{electrode}_seq{j}_step{k}"), electrode, sequence, step, stimulated_electrode (id or
 "sham"), current_uA (0 on sham), choice ("low"/"high"), correct (steps below the middle: low; above:
 high; the middle step: false), and in tables subject_id, session_id.
@@ -21,9 +21,9 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from stimsim.errors import ConfigError, FileFormatError
-from stimsim.io import atomic_write_text
-from stimsim.limits import check_memory
+from stimsim.utilities.errors import ConfigError, FileFormatError
+from stimsim.utilities.io import atomic_write_text
+from stimsim.utilities.limits import check_memory
 from stimsim.planning.rig import (SESSION_COLUMNS, SHAM, TRIAL_DURATION_S, TRIAL_PERIOD_S, read_trial_list,
                                   write_trials_nwb)
 

@@ -20,7 +20,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from stimsim.io import atomic_write_bytes, atomic_write_text, software_versions
+from stimsim.utilities.io import atomic_write_bytes, atomic_write_text, software_versions
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

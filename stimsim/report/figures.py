@@ -5,7 +5,7 @@ import io
 
 import numpy as np
 
-from stimsim.figures import pyplot
+from stimsim.utilities.figures import pyplot
 
 
 def figure_png(fig, dpi: int = 110) -> bytes:

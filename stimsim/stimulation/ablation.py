@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import torch
 
-from stimsim.sheet import CorticalSheet
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.stimulation.base import (Perturbation, _constant, _in_range, _layer, _per_row, _reduce_rows,
                                       _site_distances, _sites, register_perturbation)
 

@@ -1,7 +1,7 @@
 """The perturbation interface: frozen specs with units, and what they do to the units of one layer.
 
 A perturbation is a frozen spec (site(s) in sheet mm, current in µA, power in mW, ...). Given the
-:class:`~stimsim.sheet.CorticalSheet` of the layer it acts on, its kind's ``batch_effect`` gives the per-unit
+:class:`~stimsim.cortex.sheet.CorticalSheet` of the layer it acts on, its kind's ``batch_effect`` gives the per-unit
 ``multiplier`` and ``additive`` terms of many perturbations at once as (n, N) tensors on any torch device, applied
 as ``activity × multiplier + additive``; ``effect(sheet)`` is the same computation for one perturbation, as a
 :class:`UnitEffect`. Each kind is one module of this package (:mod:`~stimsim.stimulation.electrical`,
@@ -25,9 +25,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from stimsim.errors import ConfigError
-from stimsim.plugins import Registry
-from stimsim.sheet import CorticalSheet
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.plugins import Registry
+from stimsim.cortex.sheet import CorticalSheet
 
 
 def _check_perturbation_class(kind: str, cls) -> None:

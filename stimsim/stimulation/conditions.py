@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from stimsim.errors import ConfigError
-from stimsim.sheet import CorticalSheet
+from stimsim.utilities.errors import ConfigError
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.stimulation.base import Perturbation, UnitEffect, _effect_dtype, _slots, perturbation_from_dict
 
 

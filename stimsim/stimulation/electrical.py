@@ -8,8 +8,8 @@ from typing import ClassVar
 
 import torch
 
-from stimsim.errors import ConfigError
-from stimsim.sheet import CorticalSheet
+from stimsim.utilities.errors import ConfigError
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.stimulation.base import (Perturbation, _choice, _constant, _in_range, _layer, _number, _per_row,
                                       _reduce_rows, _site_distances, _sites, register_perturbation)
 from stimsim.stimulation.spread import SPREAD_LAWS, TEHOVNIK_K_DEFAULT_UA_PER_MM2, spread_extent_mm, validate_tehovnik_K

@@ -10,7 +10,7 @@ For a protocol with current I (µA) and phase width PW (ms) on an electrode of g
 * charge-balanced (biphasic) pulses only.
 
 ``check_protocol`` measures a protocol against :class:`SafetyLimits`; ``enforce`` refuses a protocol
-that violates a limit (:class:`~stimsim.errors.SafetyError`) unless an override reason is given, and
+that violates a limit (:class:`~stimsim.utilities.errors.SafetyError`) unless an override reason is given, and
 then records the override in the report. Limits may be tightened freely; a limit looser than its
 default (a higher ``max_shannon_k``, a larger ``electrode_area_um2`` than the Utah tip's) is itself a
 violation, so loosening a limit needs an override reason like any other.
@@ -21,7 +21,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from stimsim.errors import ConfigError, SafetyError
+from stimsim.utilities.errors import ConfigError, SafetyError
 from stimsim.stimulation.base import Perturbation
 from stimsim.stimulation.electrical import CHARGE_BALANCED_WAVEFORMS
 

@@ -32,8 +32,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from stimsim.errors import ConfigError
-from stimsim.plugins import Registry
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.plugins import Registry
 
 #: Slope of the Kumaravelu et al. 2022 spread length, mm per µA.
 KUMARAVELU_SLOPE_MM_PER_UA = 0.00505047

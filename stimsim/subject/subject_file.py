@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from stimsim.filemodels import FileModel, Text
-from stimsim.limits import MAX_SEED
+from stimsim.utilities.filemodels import FileModel, Text
+from stimsim.utilities.limits import MAX_SEED
 
 #: Where the JSON Schema of subject files ships.
 SCHEMA_PATH = Path(__file__).with_name("subject.schema.json")

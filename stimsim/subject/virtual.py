@@ -16,7 +16,7 @@ so a 10×10 Utah array (0.4 mm pitch, 3.6 mm across) spans 1.8 model mm of a 2:1
 
 A subject directory (``stimsim subject make CONFIG.toml --out DIR``) holds ``subject.toml`` (the
 configuration as given), ``recordings.nc`` and ``recordings.nwb`` (the same recordings in both
-formats, see :mod:`stimsim.recordings`), ``stimuli.npz`` (the images shown, keyed by stimulus id,
+formats, see :mod:`stimsim.lab.recordings`), ``stimuli.npz`` (the images shown, keyed by stimulus id,
 with their labels), ``truth.json`` (model, pose, dead electrodes, gains, seed — for validation
 only; a planner never reads it) and, when the configuration's layout is a file, a copy of it (the saved
 ``subject.toml`` names the copy).
@@ -34,14 +34,14 @@ from pathlib import Path
 
 import numpy as np
 
-from stimsim.arrays.layout import ArrayLayout, cmp_options, load_layout
-from stimsim.arrays.pose import ArrayPose
-from stimsim.config import load_toml
+from stimsim.lab.arrays.layout import ArrayLayout, cmp_options, load_layout
+from stimsim.lab.arrays.pose import ArrayPose
+from stimsim.utilities.config import load_toml
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
-from stimsim.errors import ConfigError, DataError, FileFormatError
-from stimsim.filemodels import validate
-from stimsim.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance
-from stimsim.recordings import Recordings
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
+from stimsim.utilities.filemodels import validate
+from stimsim.utilities.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance
+from stimsim.lab.recordings import Recordings
 from stimsim.subject.subject_file import SubjectFile
 
 #: IT area label of the models a subject is built from.

@@ -6,7 +6,7 @@ available (no mirror or cached copy), the LFW crops the training run held out (l
 metadata; all 200 crops if the model records none) and Fashion-MNIST's test split, and the report
 says so (``images_note``); on request (``heldout``) those held-out images; or any labelled stimulus
 set (``stimuli``, ``label``, ``positive``: then the ``face_*`` numbers are those of the ``positive``
-class). Responses are kept in the activation cache (:mod:`stimsim.activation_cache`).
+class). Responses are kept in the activation cache (:mod:`stimsim.engine.activation_cache`).
 
 Clusters of a class's map (``clusters_mm``): the per-unit d′ map on the sheet scaled to cortex mm
 (the model's ``cortex_scale``) is smoothed with a Gaussian of σ = ``CLUSTER_SIGMA_CORTEX_MM`` onto a
@@ -32,10 +32,10 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from stimsim.errors import ConfigError, DataError
+from stimsim.utilities.errors import ConfigError, DataError
 from stimsim.models.topographic import TopographicModel
-from stimsim.progress import report_phase
-from stimsim.topography import clustering_test, plot_sheet_map, selective_clusters_mm
+from stimsim.utilities.progress import report_phase
+from stimsim.cortex.topography import clustering_test, plot_sheet_map, selective_clusters_mm
 
 #: Moran's I neighbourhood radius (mm of the model's sheet) for the selectivity-map clustering statistic.
 CLUSTER_RADIUS_MM = 1.0
@@ -97,7 +97,7 @@ def imagenet_scores(model: TopographicModel, progress: bool = False, limit: int 
     """``imagenet_top1`` (the model's own output, when it has 1,000 classes) and ``imagenet_top1_base`` (its
     base network) on the ``imagenet_samples`` images (the first ``limit``), each None where it does not
     apply, with ``imagenet_note`` saying why."""
-    from stimsim.activation_cache import model_sha256
+    from stimsim.engine.activation_cache import model_sha256
     from stimsim.data.manifest import entry_path
     from stimsim.training.imagenet import N_IMAGENET_CLASSES, base_network_top1, imagenet_top1
 
@@ -210,7 +210,7 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
         raise ConfigError(f"stimulus set {stimuli.name!r}: every {label} needs >= {CV_FOLDS} images (one per "
                           f"cross-validation fold) and there must be two or more; "
                           f"{f'too few in {small}' if small else f'only {values.tolist()}'}")
-    from stimsim.activation_cache import cached_activations
+    from stimsim.engine.activation_cache import cached_activations
 
     report_phase(f"models check: responses of {layer} to {len(stimuli)} images", progress)
     responses = cached_activations(model, stimuli.images, layer).numpy()

@@ -21,7 +21,7 @@ names a ``base_network``. The recipe:
    ends with the weights of an uninterrupted run (CPU).
 4. **The physical scale**, fixed by the rule in ``[cortex_scale]`` before any stimulation experiment:
    with ``face_cluster_cortex_mm`` the largest face cluster of IT on the localizer images (faces against
-   the other domains, smoothed d′ > 1, :func:`stimsim.topography.selective_clusters_mm`) is set to that
+   the other domains, smoothed d′ > 1, :func:`stimsim.cortex.topography.selective_clusters_mm`) is set to that
    many mm of macaque cortex; or a fixed ``cortex_mm_per_model_mm``.
 5. **Storage**: weights rounded to float16 (``storage = "float16"``) before anything is measured, so the
    model that is evaluated is the model that is saved.
@@ -42,16 +42,16 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from tqdm.auto import tqdm
 
-from stimsim.config import load_toml
-from stimsim.errors import ConfigError, TrainingDiverged
-from stimsim.filemodels import FileModel, Text, validate
-from stimsim.hashing import json_sha256, sha256_of
-from stimsim.io import atomic_save, atomic_write_text, provenance
+from stimsim.utilities.config import load_toml
+from stimsim.utilities.errors import ConfigError, TrainingDiverged
+from stimsim.utilities.filemodels import FileModel, Text, validate
+from stimsim.utilities.hashing import json_sha256, sha256_of
+from stimsim.utilities.io import atomic_save, atomic_write_text, provenance
 from stimsim.models.base_networks import base_network_spec, base_weights_path, load_base_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topo_head import FAMILY, TopoHeadNet, densify, grid_positions_mm
 from stimsim.models.topographic import TopographicModel
-from stimsim.sheet import CorticalSheet
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.training.spatial_loss import layer_spatial_loss
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -396,7 +396,7 @@ def tune_readouts(config: HeadConfig, network: TopoHeadNet, cached: dict, domain
 def face_cluster_scale(model: TopographicModel, localizer, positive_domain: str, layer: str, target_mm: float):
     """(cortex mm per model mm, diameters of the face clusters in model mm): the largest cluster of units with
     smoothed face d′ > 1 on the localizer images is set to ``target_mm`` of cortex."""
-    from stimsim.topography import selective_clusters_mm
+    from stimsim.cortex.topography import selective_clusters_mm
     from stimsim.training.evaluation import face_dprime
 
     responses = model.activations(localizer.images, layer).numpy()

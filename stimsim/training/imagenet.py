@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from stimsim.errors import DataError
+from stimsim.utilities.errors import DataError
 
 N_IMAGENET_CLASSES = 1000
 #: Images per call of the classifier (bounds memory at 224 px: about 30 MB of input per batch).
@@ -52,7 +52,7 @@ def imagenet_top1(predict_logits: Callable, images_dir, limit: int | None = None
     :data:`BATCH_IMAGES`. Returns ``{"top1", "n", "chance"}`` (chance = 1/1000).
 
     ``cache_as``: ``{"model_sha256", "layer", "preprocessing"}`` naming what ``predict_logits`` computes; the
-    logits are then kept in the activation cache (:mod:`stimsim.activation_cache`, keyed also by the image
+    logits are then kept in the activation cache (:mod:`stimsim.engine.activation_cache`, keyed also by the image
     files' bytes) and reused."""
     import torch
 
@@ -75,8 +75,8 @@ def imagenet_top1(predict_logits: Callable, images_dir, limit: int | None = None
     if cache_as is None:
         logits = compute()
     else:
-        from stimsim.activation_cache import cached_activity, default_directory, entry_key
-        from stimsim.hashing import json_sha256, sha256_of
+        from stimsim.engine.activation_cache import cached_activity, default_directory, entry_key
+        from stimsim.utilities.hashing import json_sha256, sha256_of
 
         inputs = json_sha256([[p.name, sha256_of(p)] for p in files])
         key = entry_key(cache_as["model_sha256"], cache_as["layer"], cache_as["preprocessing"], inputs)

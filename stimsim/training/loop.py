@@ -3,7 +3,7 @@
 ``stimsim train CONFIG.toml --out DIR`` runs :func:`train`. Every random draw of a step (batch,
 augmentation, spatial-loss neighbourhoods) is seeded by (seed, step), so a run killed and resumed
 from its last checkpoint ends with exactly the weights of an uninterrupted run (on CPU). A step whose
-loss or updated weights are not finite stops the run (:class:`~stimsim.errors.TrainingDiverged`
+loss or updated weights are not finite stops the run (:class:`~stimsim.utilities.errors.TrainingDiverged`
 naming the step); the last good checkpoint stays as it was.
 """
 from __future__ import annotations
@@ -19,14 +19,14 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from stimsim.config import load_toml
-from stimsim.errors import ConfigError, FileFormatError, TrainingDiverged
-from stimsim.figures import pyplot, save_figure
-from stimsim.filemodels import validate
-from stimsim.hashing import json_sha256
-from stimsim.io import atomic_save, atomic_write_json, atomic_write_text, provenance
+from stimsim.utilities.config import load_toml
+from stimsim.utilities.errors import ConfigError, FileFormatError, TrainingDiverged
+from stimsim.utilities.figures import pyplot, save_figure
+from stimsim.utilities.filemodels import validate
+from stimsim.utilities.hashing import json_sha256
+from stimsim.utilities.io import atomic_save, atomic_write_json, atomic_write_text, provenance
 from stimsim.models.architectures import build_network
-from stimsim.models.positions import build_sheet
+from stimsim.cortex.positions import build_sheet
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
 from stimsim.training.spatial_loss import layer_spatial_loss
@@ -246,7 +246,7 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
     ``device`` (cpu, cuda, mps, auto) is where the network trains; batches are drawn and augmented on the
     CPU (seeded), checkpoints and the saved model hold CPU tensors.
     """
-    from stimsim.devices import resolve_device
+    from stimsim.engine.devices import resolve_device
 
     device = resolve_device(device)
     out_dir = Path(out_dir)

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from stimsim.filemodels import FileModel, Text
+from stimsim.utilities.filemodels import FileModel, Text
 from stimsim.training.head_training import HeadConfig
 
 #: Where the JSON Schema of training files ships.

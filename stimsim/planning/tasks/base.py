@@ -32,8 +32,8 @@ from typing import Any, ClassVar
 import numpy as np
 import xarray as xr
 
-from stimsim.filemodels import FileModel
-from stimsim.plugins import Registry
+from stimsim.utilities.filemodels import FileModel
+from stimsim.utilities.plugins import Registry
 from stimsim.stimulation import ElectricalStimulation
 
 

@@ -22,7 +22,7 @@ import xarray as xr
 from pydantic import Field, field_validator
 
 from stimsim.engine import simulate
-from stimsim.filemodels import FileModel
+from stimsim.utilities.filemodels import FileModel
 from stimsim.paradigms.categorization import CategorizationOptions, categorization_trials, clean_images
 from stimsim.paradigms.spec import DecoderSpec
 from stimsim.planning.tasks.base import PlanTask, register_plan_task, stimulation_at

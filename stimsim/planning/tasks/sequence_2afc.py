@@ -20,8 +20,8 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from stimsim.engine import simulate
-from stimsim.errors import ConfigError
-from stimsim.figures import pyplot
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.figures import pyplot
 from stimsim.paradigms.sequence_2afc import (EVAL_NOISE_STREAM, SequenceReadouts, TaskSpec, evaluation_images,
                                              fit_readouts, p_high_curves, sequence_delta_auc, site_readouts,
                                              slope_to_noise)
@@ -75,7 +75,7 @@ def rehearse(model, sequence_images: np.ndarray, points_mm: np.ndarray, stimulat
     stimulation : ElectricalStimulation keyword arguments other than ``sites_mm`` (current_uA, ...).
     safety_limits, safety_override : passed to the engine's safety gate.
     device : where :func:`stimsim.engine.simulate` computes (None: where the model is).
-    scheduler : None (this process) or a Dask scheduler (:mod:`stimsim.distributed`; a ``distributed.Client``
+    scheduler : None (this process) or a Dask scheduler (:mod:`stimsim.engine.distributed`; a ``distributed.Client``
         is used as it is): each site's sweep is one Dask task, the model is sent to every worker once. The
         result is the same.
     """
@@ -97,7 +97,7 @@ def rehearse(model, sequence_images: np.ndarray, points_mm: np.ndarray, stimulat
     if scheduler is None:
         results = ((site, _site_sweep(model, sweep, settings)) for site, sweep in sweeps())
     else:
-        from stimsim.distributed import run_tasks
+        from stimsim.engine.distributed import run_tasks
 
         results = run_tasks(scheduler, _site_sweep, model, sweeps(), settings)
     for site, probabilities in tqdm(results, total=n_sites, desc="rehearsal", unit="site", disable=not progress):

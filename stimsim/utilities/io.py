@@ -16,10 +16,10 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from stimsim.errors import ConfigError, DataError
-from stimsim.hashing import sha256_of
-from stimsim.jsonable import json_value
-from stimsim.locking import LOCK_FILE, checked_output_path, missing_directories
+from stimsim.utilities.errors import ConfigError, DataError
+from stimsim.utilities.hashing import sha256_of
+from stimsim.utilities.jsonable import json_value
+from stimsim.utilities.locking import LOCK_FILE, checked_output_path, missing_directories
 
 #: File of a result set's manifest (written last).
 RESULT_SET_FILE = "result_set.json"
@@ -106,7 +106,7 @@ def software_versions() -> dict:
     import xarray
 
     import stimsim
-    from stimsim.plugins import plugin_packages
+    from stimsim.utilities.plugins import plugin_packages
 
     versions = {
         "python": sys.version.split()[0],
@@ -140,7 +140,7 @@ class ResultSet:
     ``ResultSet(directory, kind, keep=("simulation_store",), force=False)`` checks the directory: it
     may be new or empty, or hold a set stimsim wrote before (the files its manifest names, the
     entries in ``keep`` and temporary files of a killed write); anything else is refused with
-    :class:`~stimsim.errors.ConfigError` unless ``force`` is true. :meth:`claim` (or ``result_set / name``)
+    :class:`~stimsim.utilities.errors.ConfigError` unless ``force`` is true. :meth:`claim` (or ``result_set / name``)
     records a file's name before the caller writes it atomically, so a killed run's files stay
     recognisable as stimsim's; :meth:`write` and :meth:`write_json` claim and write in one call;
     :meth:`finish` removes the files of an older set that this one did not write, and writes the

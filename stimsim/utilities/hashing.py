@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from stimsim.jsonable import json_value
+from stimsim.utilities.jsonable import json_value
 
 #: Bytes read at a time when hashing a file.
 CHUNK_BYTES = 1 << 20

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stimsim.errors import FileFormatError
-from stimsim.io import atomic_write_bytes
+from stimsim.utilities.errors import FileFormatError
+from stimsim.utilities.io import atomic_write_bytes
 
 #: The one class a TDANN ``.pkl`` positions file may hold, besides numpy arrays.
 TDANN_POSITIONS_CLASS = ("spacetorch.models.positions", "LayerPositions")

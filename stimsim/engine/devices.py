@@ -10,7 +10,7 @@ import argparse
 
 import torch
 
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 
 #: Device names accepted on the command line (``cuda:N`` picks one GPU).
 DEVICE_CHOICES = ("cpu", "cuda", "mps", "auto")

@@ -3,7 +3,7 @@ or NWB, averaged per image, with split-half reliability per electrode.
 
 In memory a :class:`Recordings` holds an ``xarray.DataArray`` named ``response`` with dims
 ``("presentation", "electrode")``, a ``stimulus_id`` coordinate on ``presentation`` and text
-electrode ids, plus the :class:`~stimsim.arrays.ArrayLayout` of the array.
+electrode ids, plus the :class:`~stimsim.lab.arrays.ArrayLayout` of the array.
 
 **NetCDF layout** (``save_netcdf`` writes it; any file with these names, or names mapped onto them,
 is read): variable ``response`` (presentation × electrode), coordinates ``stimulus_id``
@@ -30,8 +30,9 @@ origin); pass a ``layout`` to use another frame.
 they are variable/dimension/coordinate names, in NWB ``presentation`` names the table, ``electrode``
 the electrodes table's id column, the others its columns.
 
-Over 500 lines: the NetCDF and NWB readers share the checks of electrodes, positions and responses that
-:class:`Recordings` relies on.
+The readers are one module per format (:mod:`~stimsim.lab.recordings.netcdf`, :mod:`~stimsim.lab.recordings.nwb`)
+behind a registry (:mod:`~stimsim.lab.recordings.formats`); the checks of electrodes, positions and responses that
+:class:`Recordings` relies on are made here, the same for every format.
 """
 from __future__ import annotations
 
@@ -42,15 +43,15 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from stimsim.arrays.layout import POSITION_UNITS, ArrayLayout, check_spacing_mm
-from stimsim.errors import ConfigError, DataError, FileFormatError
-from stimsim.io import atomic_save
+from stimsim.lab.arrays.layout import ArrayLayout, check_spacing_mm
+from stimsim.lab.recordings.formats import format_of
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
+from stimsim.utilities.io import atomic_save
 
 #: stimsim's names for the fields of a recordings file; ``names`` maps them onto a lab's.
 FIELD_NAMES = ("response", "stimulus_id", "electrode", "presentation", "x_mm", "y_mm", "x_um", "y_um")
 DEFAULT_NAMES = {"response": "response", "stimulus_id": "stimulus_id", "electrode": "electrode",
                  "presentation": "presentation", "x_mm": "x_mm", "y_mm": "y_mm", "x_um": "x_um", "y_um": "y_um"}
-NWB_DEFAULT_NAMES = {**DEFAULT_NAMES, "electrode": "electrode_id", "presentation": "presentations"}
 #: Largest disagreement (mm) between the distance of two electrodes in a recordings file and on the layout it is read
 #: with; more, and the file belongs to another array, frame scale or unit.
 POSITION_TOLERANCE_MM = 0.02
@@ -255,7 +256,8 @@ class Recordings:
 def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None = None,
                     stimulus_ids=None, images_source: str = "the image set",
                     electrode_group: str | None = None) -> Recordings:
-    """Read recordings from ``.nc`` or ``.nwb`` (see the module docstring for the layouts).
+    """Read recordings from ``.nc`` or ``.nwb``, or any registered recording format (by the file's suffix; see
+    the module docstring for the built-in layouts).
 
     Parameters
     ----------
@@ -276,18 +278,12 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
     unknown = sorted(set(names) - set(FIELD_NAMES))
     if unknown:
         raise ConfigError(f"names: unknown field(s) {unknown}; stimsim's fields are {list(FIELD_NAMES)}")
-    suffix = path.suffix.lower()
-    if suffix in (".nc", ".nc4", ".netcdf", ".h5netcdf"):
-        values, stimulus_id, electrode_ids, positions, attrs, where = _read_netcdf(path, {**DEFAULT_NAMES, **names},
-                                                                                   set(names))
-    elif suffix == ".nwb":
-        values, stimulus_id, electrode_ids, positions, attrs, where = _read_nwb(path, {**NWB_DEFAULT_NAMES, **names},
-                                                                                set(names), electrode_group)
-    else:
-        raise FileFormatError(path, "recordings must be a NetCDF (.nc) or NWB (.nwb) file")
-    if electrode_group is not None and suffix != ".nwb":
-        raise ConfigError(f"{path}: electrode_group = {electrode_group!r} selects an NWB ElectrodeGroup; a NetCDF file "
-                          "holds one array")
+    reader = format_of(path)
+    if electrode_group is not None and not reader.electrode_groups:
+        raise ConfigError(f"{path}: electrode_group = {electrode_group!r} selects an NWB ElectrodeGroup; a {reader.name} "
+                          "file holds one array")
+    values, stimulus_id, electrode_ids, positions, attrs, where = reader.read(
+        path, {**DEFAULT_NAMES, **reader.default_names, **names}, set(names), electrode_group)
     duplicates = sorted({i for i in electrode_ids if electrode_ids.count(i) > 1})
     if duplicates:
         raise FileFormatError(path, f"{where['electrode']}: electrode id(s) repeated: {_preview(duplicates)}")
@@ -327,141 +323,6 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
     return result
 
 
-def _read_netcdf(path: Path, names: dict, mapped=frozenset()):
-    """``mapped``: the fields the lab named; a named position variable must exist (the defaults are optional)."""
-    try:
-        dataset = xr.open_dataset(path, engine="h5netcdf")
-    except Exception as exc:  # xarray/h5py raise many types for a damaged or foreign file
-        raise FileFormatError(path, f"not a readable NetCDF4 file ({exc})") from None
-    with dataset:
-        response_name = names["response"]
-        if response_name not in dataset:
-            raise FileFormatError(path, f"no variable {response_name!r} (response); variables: "
-                                        f"{sorted(dataset.data_vars)}; map yours with names={{'response': ...}}")
-        response = dataset[response_name]
-        dims = {names["presentation"]: "presentation", names["electrode"]: "electrode"}
-        if set(response.dims) != set(dims):
-            raise FileFormatError(path, f"variable {response_name!r} has dims {response.dims}; expected "
-                                        f"({names['presentation']!r}, {names['electrode']!r})")
-        response = response.transpose(names["presentation"], names["electrode"])
-        if names["stimulus_id"] not in response.coords and names["stimulus_id"] not in dataset:
-            raise FileFormatError(path, f"no coordinate {names['stimulus_id']!r} (stimulus_id) on "
-                                        f"{names['presentation']!r}")
-        stimulus_id = dataset[names["stimulus_id"]]
-        if stimulus_id.dims != (names["presentation"],):
-            raise FileFormatError(path, f"{names['stimulus_id']!r} must lie on dim {names['presentation']!r}, "
-                                        f"got {stimulus_id.dims}")
-        if names["electrode"] not in dataset.coords:
-            raise FileFormatError(path, f"no coordinate {names['electrode']!r} holding electrode ids")
-        electrode_ids = [_id_text(v) for v in dataset[names["electrode"]].values]
-        for field in ("x_mm", "y_mm", "x_um", "y_um"):
-            if field in mapped and names[field] not in dataset:
-                raise FileFormatError(path, f"names: {field} = {names[field]!r}, but the file has no such variable; "
-                                            f"variables and coordinates: {sorted(map(str, dataset.variables))}")
-        position_names = _position_fields(path, names, set(map(str, dataset.variables)), mapped)
-        positions = None
-        if position_names is not None:
-            (x_name, y_name), to_mm = position_names
-            positions = np.column_stack([dataset[x_name].values, dataset[y_name].values]).astype(float) * to_mm
-        attrs = {k: v for k, v in response.attrs.items() if isinstance(v, (str, int, float))}
-        values = np.asarray(response.values, dtype=np.float64)
-        stimulus_values = [_id_text(s) for s in stimulus_id.values]
-    where = {"response": f"variable {names['response']!r}", "electrode": f"coordinate {names['electrode']!r}",
-             "stimulus_id": f"coordinate {names['stimulus_id']!r}",
-             "positions": _positions_where("coordinates", names, position_names)}
-    return values, stimulus_values, electrode_ids, positions, attrs, where
-
-
-def _read_nwb(path: Path, names: dict, mapped=frozenset(), electrode_group: str | None = None):
-    """``mapped``: the fields the lab named; a named electrodes-table column must exist (without a name the ids fall
-    back to the ``label`` column, then the row ids). ``electrode_group``: the array to read when the electrodes belong
-    to several ``ElectrodeGroup``s (refused without it)."""
-    from hdmf.common import DynamicTable
-    from pynwb import NWBHDF5IO
-
-    try:
-        io = NWBHDF5IO(str(path), "r")
-        nwbfile = io.read()
-    except Exception as exc:  # pynwb/h5py raise many types for a damaged or foreign file
-        raise FileFormatError(path, f"not a readable NWB file ({exc})") from None
-    with io:
-        if nwbfile.electrodes is None or len(nwbfile.electrodes) == 0:
-            raise FileFormatError(path, "the NWB file has no electrodes table")
-        electrodes = nwbfile.electrodes
-        columns = set(electrodes.colnames)
-        for field in ("electrode", "x_mm", "y_mm", "x_um", "y_um"):
-            if field in mapped and names[field] not in columns:
-                raise FileFormatError(path, f"names: {field} = {names[field]!r}, but the electrodes table has no such "
-                                            f"column; columns: {list(electrodes.colnames)}")
-        id_column = names["electrode"]
-        if id_column in columns:
-            electrode_ids = [_id_text(v) for v in electrodes[id_column].data[:]]
-            id_where = f"electrodes table, column {id_column!r}"
-        elif "label" in columns:
-            electrode_ids = [_id_text(v) for v in electrodes["label"].data[:]]
-            id_where = "electrodes table, column 'label'"
-        else:
-            electrode_ids = [str(int(v)) for v in electrodes.id.data[:]]
-            id_where = "electrodes table, row ids"
-        position_names = _position_fields(path, names, columns, mapped)
-        positions = None
-        if position_names is not None:
-            (x_name, y_name), to_mm = position_names
-            positions = np.column_stack([np.asarray(electrodes[x_name].data[:], dtype=float),
-                                         np.asarray(electrodes[y_name].data[:], dtype=float)]) * to_mm
-        table_name = names["presentation"]
-        candidates = [obj for obj in nwbfile.objects.values()
-                      if isinstance(obj, DynamicTable) and obj.name == table_name]
-        if not candidates:
-            tables = sorted({obj.name for obj in nwbfile.objects.values() if isinstance(obj, DynamicTable)})
-            raise FileFormatError(path, f"no table named {table_name!r} (presentations); tables in the file: "
-                                        f"{tables}; map yours with names={{'presentation': ...}}")
-        table = candidates[0]
-        where_table = f"table {table_name!r}"
-        for field in ("stimulus_id", "response"):
-            if names[field] not in table.colnames:
-                raise FileFormatError(path, f"{where_table}: no column {names[field]!r} ({field}); columns: "
-                                            f"{list(table.colnames)}")
-        stimulus_id = [_id_text(v) for v in table[names["stimulus_id"]].data[:]]
-        column = table[names["response"]]
-        n_electrodes = len(electrode_ids)
-        if hasattr(column, "target"):  # a ragged column: VectorIndex over VectorData
-            rows = [np.asarray(column[i], dtype=float) for i in range(len(table))]
-            for i, row in enumerate(rows):
-                if row.shape != (n_electrodes,):
-                    raise FileFormatError(path, f"{where_table}, column {names['response']!r}, row {i}: "
-                                                f"{row.size} values for {n_electrodes} electrodes")
-            values = np.stack(rows) if rows else np.zeros((0, n_electrodes))
-        else:
-            values = np.asarray(column.data[:], dtype=float)
-            if values.ndim == 1 and n_electrodes == 1:
-                values = values[:, None]
-            if values.ndim != 2 or values.shape[1] != n_electrodes:
-                raise FileFormatError(path, f"{where_table}, column {names['response']!r}: shape {values.shape}; "
-                                            f"expected (presentations, {n_electrodes} electrodes of the "
-                                            "electrodes table)")
-        attrs = {"units_description": column.description}
-        group_names = [str(group.name) for group in electrodes["group"].data[:]]
-        counts = {name: group_names.count(name) for name in dict.fromkeys(group_names)}
-        if electrode_group is not None or len(counts) > 1:
-            listed = ", ".join(f"{name!r} ({n} electrodes)" for name, n in counts.items())
-            if electrode_group is None:
-                raise FileFormatError(path, f"electrodes table: electrodes of {len(counts)} arrays (ElectrodeGroups "
-                                            f"{listed}); a plan registers one array: choose it with electrode_group "
-                                            "([recordings] electrode_group in a plan)")
-            if electrode_group not in counts:
-                raise FileFormatError(path, f"electrodes table: no ElectrodeGroup {electrode_group!r}; groups: {listed}")
-            keep = [i for i, name in enumerate(group_names) if name == electrode_group]
-            electrode_ids = [electrode_ids[i] for i in keep]
-            values = values[:, keep]
-            positions = None if positions is None else positions[keep]
-            id_where += f" (ElectrodeGroup {electrode_group!r})"
-    where = {"response": f"{where_table}, column {names['response']!r}", "electrode": id_where,
-             "stimulus_id": f"{where_table}, column {names['stimulus_id']!r}",
-             "positions": _positions_where("electrodes table columns", names, position_names)}
-    return values, stimulus_id, electrode_ids, positions, attrs, where
-
-
 def _check_positions_match(path: Path, where: str, positions_mm: np.ndarray, layout: ArrayLayout) -> None:
     """Refuse a file whose electrode positions contradict the layout it is read with (the same electrodes in the same
     order): every pairwise distance must agree within :data:`POSITION_TOLERANCE_MM`, and the frames may differ by a
@@ -485,45 +346,6 @@ def _check_positions_match(path: Path, where: str, positions_mm: np.ndarray, lay
         raise DataError(f"{path}: {where}: the electrode positions in the file are the mirror image of the array layout "
                         f"{layout.name!r} (e.g. rows counted from the top in one and from the bottom in the other); give "
                         "the layout the recordings were made with")
-
-
-def _position_fields(path: Path, names: dict, available: set, mapped=frozenset()):
-    """The file's position fields — ``((x name, y name), factor to mm)`` — from x_mm, y_mm or x_um, y_um (by
-    ``names``), or None when the file has neither pair. Both pairs, or half of one the lab named, are refused."""
-    found = {unit: tuple(names[f] for f in fields) for unit, (fields, _) in POSITION_UNITS.items()
-             if all(names[f] in available for f in fields)}
-    for unit, (fields, _) in POSITION_UNITS.items():
-        if unit not in found and any(f in mapped for f in fields):
-            raise FileFormatError(path, f"names: {' and '.join(f for f in fields if f in mapped)} named, but the file "
-                                        f"has no {' / '.join(names[f] for f in fields if names[f] not in available)} "
-                                        f"for the other coordinate; name both {fields[0]} and {fields[1]}")
-    if len(found) > 1:
-        named = [unit for unit in found if any(f in mapped for f in POSITION_UNITS[unit][0])]
-        if len(named) != 1:
-            raise FileFormatError(path, f"positions in both mm ({', '.join(found['mm'])}) and µm "
-                                        f"({', '.join(found['um'])}); name the pair to read with names "
-                                        "(x_mm, y_mm or x_um, y_um)")
-        found = {named[0]: found[named[0]]}
-    if not found:
-        return None
-    unit, fields = next(iter(found.items()))
-    return fields, POSITION_UNITS[unit][1]
-
-
-def _positions_where(kind: str, names: dict, position_names) -> str:
-    """How error messages name the position fields: the ones read, else both pairs looked for."""
-    if position_names is None:
-        return f"{kind} {names['x_mm']!r}, {names['y_mm']!r} or {names['x_um']!r}, {names['y_um']!r}"
-    x_name, y_name = position_names[0]
-    return f"{kind} {x_name!r}, {y_name!r}"
-
-
-def _id_text(value) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def _columnwise_pearson(a: np.ndarray, b: np.ndarray) -> np.ndarray:

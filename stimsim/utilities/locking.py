@@ -3,7 +3,7 @@
 ``with DirectoryLock(directory, "plan"):`` creates ``directory`` if needed and the file ``.stimsim.lock`` in it,
 holding the holder's pid, host, command and start time (UTC); it is created whole or not at all (written
 beside it, then hard-linked into place). A second run into a held directory is refused with
-:class:`~stimsim.errors.ConfigError` naming the holder. A lock whose holder is gone — a pid that no longer
+:class:`~stimsim.utilities.errors.ConfigError` naming the holder. A lock whose holder is gone — a pid that no longer
 runs on this host, e.g. a run killed with SIGKILL — is taken over. On leaving, the lock is removed, and so
 are the directories the lock created if nothing else is in them (a run that failed before writing leaves
 nothing behind).
@@ -17,7 +17,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 
 #: Name of the lock file inside a held output directory.
 LOCK_FILE = ".stimsim.lock"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stimsim.io import atomic_save
+from stimsim.utilities.io import atomic_save
 
 
 def pyplot():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 
 #: Largest seed accepted: every seed is valid for numpy's generators and for scikit-learn's random_state.
 MAX_SEED = 2**32 - 1

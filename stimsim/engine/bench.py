@@ -62,15 +62,15 @@ import numpy as np
 import torch
 
 from stimsim.behavior import LogisticDecoder
-from stimsim.devices import resolve_device
-from stimsim.engine import DEFAULT_MAX_CHUNK_BYTES, simulate, simulate_plain
-from stimsim.errors import ConfigError
+from stimsim.engine.devices import resolve_device
+from stimsim.engine import DEFAULT_MAX_CHUNK_BYTES, chunk_count, serial_work, simulate, simulate_plain
+from stimsim.utilities.errors import ConfigError
 from stimsim.models.architectures import build_network
-from stimsim.models.positions import retinotopic_positions
+from stimsim.cortex.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
-from stimsim.progress import report_phase
-from stimsim.sheet import CorticalSheet
+from stimsim.utilities.progress import report_phase
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.stimulation import Condition, ElectricalStimulation
 
 #: Workload sizes: image size of the ResNet-18 (px), (sites, images) per workload, plain sites, timing repeats.
@@ -217,8 +217,7 @@ def dask_section(context: BenchContext) -> dict:
         return {"dask_2workers_vs_1": None, "dask_note": "not measured (quick mode or no default model)"}
     from distributed import Client, LocalCluster
 
-    from stimsim.distributed import CHUNKS_PER_THREAD
-    from stimsim.engine import _chunk_plan, _Runner, _Setup
+    from stimsim.engine.distributed import CHUNKS_PER_THREAD
 
     model = context.default_model
     n_sites, n_images = context.sizes["dask"]
@@ -227,10 +226,10 @@ def dask_section(context: BenchContext) -> dict:
     layer = model.stage_names[model.stage_names.index(it_layer) - 2]  # two stages before IT: each pair runs them
     decoder = LogisticDecoder.fit(model.activations(images, it_layer), labels, layer=it_layer, C=DECODER_C)
     conditions = _site_conditions(model.sheet(layer), layer, n_sites, context.seed)
-    setup = _Setup(model, images, conditions, decoder, None, None, 64, None, SAFETY_OVERRIDE)
-    chunks = {n: len(_chunk_plan(setup, context.max_chunk_bytes, CHUNKS_PER_THREAD * n)) for n in (1, 2)}
+    chunks = {n: chunk_count(model, images, conditions, decoder, context.max_chunk_bytes, CHUNKS_PER_THREAD * n,
+                             safety_override=SAFETY_OVERRIDE) for n in (1, 2)}
     start = time.perf_counter()
-    _Runner(setup).portable(_chunk_plan(setup, context.max_chunk_bytes))  # what this process computes per run
+    serial_work(model, images, conditions, decoder, context.max_chunk_bytes, safety_override=SAFETY_OVERRIDE)
     serial_s = time.perf_counter() - start
     report_phase(f"bench: Dask sweep of {n_sites} sites × {n_images} images at {layer} on 1 and 2 workers",
                  context.progress)

@@ -13,8 +13,8 @@ import numpy as np
 from scipy import sparse
 from scipy.spatial import cKDTree
 
-from stimsim.figures import pyplot, save_figure
-from stimsim.sheet import CorticalSheet
+from stimsim.utilities.figures import pyplot, save_figure
+from stimsim.cortex.sheet import CorticalSheet
 
 
 #: Position shuffles evaluated together (one sparse product each batch).

@@ -7,7 +7,7 @@ up to the perturbed layer L, a condition's effect changes the activity of L's un
 on the perturbed activity, and a frozen decoder reads its layer and returns choice probabilities.
 
 :func:`simulate` computes the activity of L once per image (or reads it from the activation cache,
-:mod:`stimsim.activation_cache`) and reuses it for every condition, and builds the effects of a whole
+:mod:`stimsim.engine.activation_cache`) and reuses it for every condition, and builds the effects of a whole
 chunk of conditions at once (:meth:`Condition.batch_effects`). Two paths then give the probabilities:
 
 * exact fast path, when the decoder is linear in its features (``linear_weights``: logistic, N-way) and
@@ -20,7 +20,7 @@ chunk of conditions at once (:meth:`Condition.batch_effects`). Two paths then gi
 
 :func:`simulate_plain` is the reference: one full forward pass per condition with a hook on L, the effect
 built by ``condition.effect``. All return the same labelled array. Chunks can run as Dask tasks
-(``scheduler=``, :mod:`stimsim.distributed`); everything computes on the chosen ``device``.
+(``scheduler=``, :mod:`stimsim.engine.distributed`); everything computes on the chosen ``device``.
 
 Conditions follow the ``stimsim.stimulation.Condition`` protocol (``label``, ``layer()``,
 ``effect(sheet)`` → an effect with ``multiplier``, ``additive`` and ``is_identity``, ``describe()``);
@@ -35,7 +35,6 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
-import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -44,18 +43,16 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from stimsim.devices import resolve_device
-from stimsim.errors import ConfigError, FileFormatError, SafetyError
-from stimsim.hashing import canonical_json, json_sha256, tensor_sha256, update_with_tensors
-from stimsim.io import atomic_save, atomic_write_json, is_temporary_file
+from stimsim.engine.devices import resolve_device
+from stimsim.engine.store import open_store, write_chunk
 from stimsim.stimulation.base import apply_effect
 from stimsim.stimulation.conditions import Condition
+from stimsim.utilities.errors import ConfigError, SafetyError
+from stimsim.utilities.hashing import canonical_json, json_sha256, tensor_sha256, update_with_tensors
 
 #: Default memory budget for the perturbed activity of one pass (bytes).
 DEFAULT_MAX_CHUNK_BYTES = 1 << 30
 
-#: Format tag of the ``store.json`` file of a simulation store.
-STORE_FORMAT = "stimsim-simulation-store/1"
 
 #: Coordinate names the engine sets itself; condition parameters and stimulus labels may not use them.
 RESERVED_COORDS = ("condition", "stimulus_id", "choice", "perturbed_layer")
@@ -97,12 +94,12 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
         condition raises SafetyError. Recorded in the result's attrs.
     device : None (where the model is; the CPU for a freshly loaded model), ``"cpu"``, ``"cuda"``, ``"cuda:N"``,
         ``"mps"`` or ``"auto"``; model, preprocessing, effects and decoder all compute there
-        (see :mod:`stimsim.devices`).
+        (see :mod:`stimsim.engine.devices`).
     activation_cache : None/False (off), True (``$STIMSIM_CACHE_DIR/activations``) or a directory: the
         unperturbed activity of the perturbed layers is read from / written to it, keyed by model weights,
-        layer, preprocessing and images, checksum verified (:mod:`stimsim.activation_cache`).
+        layer, preprocessing and images, checksum verified (:mod:`stimsim.engine.activation_cache`).
     scheduler : None (this process), or a Dask scheduler — ``"local"``, ``"processes=N"``, a scheduler
-        address or a ``distributed.Client``: chunks become Dask tasks (:mod:`stimsim.distributed`); the result
+        address or a ``distributed.Client``: chunks become Dask tasks (:mod:`stimsim.engine.distributed`); the result
         is the same.
 
     Returns
@@ -121,7 +118,7 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
                    safety_override)
     pool = None
     if scheduler is not None:
-        from stimsim.distributed import ChunkPool
+        from stimsim.engine.distributed import ChunkPool
 
         pool = ChunkPool(scheduler)
     try:
@@ -131,7 +128,10 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
         store_dir = store_id = None
         if store is not None:
             store_dir = Path(store)
-            store_id = _open_store(store_dir, setup, probabilities, done)
+            store_id = open_store(store_dir, _fingerprint(setup), {"n_conditions": len(setup.conditions),
+                                                                    "n_images": setup.n_images,
+                                                                    "choices": [str(c) for c in setup.choices]},
+                                  probabilities, done)
         runner = _Runner(setup, _cache_directory(activation_cache))
         todo = [(layer, indices[~done[indices]], images_per_pass) for layer, indices, images_per_pass in chunks
                 if not done[indices].all()]
@@ -141,7 +141,7 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
             probabilities[indices] = values
             done[indices] = True
             if store_dir is not None:
-                _write_chunk(store_dir, indices, values, store_id)
+                write_chunk(store_dir, indices, values, store_id)
             bar.update()
         bar.close()
     finally:
@@ -150,11 +150,27 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
     return _to_dataarray(setup, probabilities)
 
 
+def chunk_count(model, images, conditions, decoder, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+                min_chunks: int = 1, batch_size: int = 64, safety_override: str | None = None) -> int:
+    """How many chunks :func:`simulate` splits this sweep into under ``max_chunk_bytes`` (at least ``min_chunks``,
+    as a run on Dask workers asks for)."""
+    setup = _Setup(model, images, conditions, decoder, None, None, batch_size, None, safety_override)
+    return len(_chunk_plan(setup, max_chunk_bytes, min_chunks))
+
+
+def serial_work(model, images, conditions, decoder, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+                batch_size: int = 64, safety_override: str | None = None) -> None:
+    """Compute what the calling process computes itself in a run of this sweep on Dask workers — the inputs, the
+    activity of every perturbed layer and the control probabilities — and nothing more (to time that part)."""
+    setup = _Setup(model, images, conditions, decoder, None, None, batch_size, None, safety_override)
+    _Runner(setup).portable(_chunk_plan(setup, max_chunk_bytes))
+
+
 def _cache_directory(activation_cache) -> Path | None:
     if activation_cache is None or activation_cache is False:
         return None
     if activation_cache is True:
-        from stimsim.activation_cache import default_directory
+        from stimsim.engine.activation_cache import default_directory
 
         return default_directory()
     if isinstance(activation_cache, (str, Path)):
@@ -248,7 +264,7 @@ class _Setup:
     def weights_sha256(self) -> str:
         """sha256 of what the model's activations depend on besides the input: architecture, stages, weights."""
         if "weights" not in self._digests:
-            from stimsim.activation_cache import model_sha256
+            from stimsim.engine.activation_cache import model_sha256
 
             self._digests["weights"] = model_sha256(self.model)
         return self._digests["weights"]
@@ -388,7 +404,7 @@ class _Runner:
     """Runs chunks, caching unperturbed activity per layer and the control probabilities.
 
     Everything a chunk needs is here: :meth:`portable` gives a copy without the input images (activity of
-    the needed layers precomputed, on the CPU) that :mod:`stimsim.distributed` ships to worker processes."""
+    the needed layers precomputed, on the CPU) that :mod:`stimsim.engine.distributed` ships to worker processes."""
 
     def __init__(self, setup: _Setup, cache_directory: Path | None = None):
         self.setup = setup
@@ -413,7 +429,7 @@ class _Runner:
             if self.cache_directory is None:
                 self._activity[layer] = compute()
             else:
-                from stimsim.activation_cache import cached_activity, entry_key
+                from stimsim.engine.activation_cache import cached_activity, entry_key
 
                 key = entry_key(s.weights_sha256(), layer, s.model.preprocessing.to_dict(), s.inputs_sha256())
                 self._activity[layer] = cached_activity(
@@ -557,89 +573,6 @@ def _to_dataarray(setup: _Setup, probabilities: np.ndarray) -> xr.DataArray:
                         name="choice_probability",
                         attrs={"model": setup.model.name, "perturbed_layers": ",".join(layers),
                                "decoder_layer": setup.decoder_layer, "units": "probability", **setup.safety})
-
-
-# --- store -------------------------------------------------------------------------------------
-def _open_store(directory: Path, setup: _Setup, probabilities: np.ndarray, done: np.ndarray) -> str:
-    """Create the store, or check its fingerprint and load its verified chunks into ``probabilities``;
-    returns the store's id (the digest of its fingerprint) that binds every chunk to it."""
-    fingerprint = _fingerprint(setup)
-    store_id = json_sha256(fingerprint)
-    spec_path = directory / "store.json"
-    if not spec_path.is_file():
-        if directory.exists() and not directory.is_dir():
-            raise ConfigError(f"store directory {directory} is a file; give a directory")
-        leftovers = [p for p in directory.iterdir() if not is_temporary_file(p.name)] if directory.is_dir() else []
-        if leftovers:
-            raise ConfigError(f"store directory {directory} is not empty and holds no store.json; "
-                              "give an empty or new directory")
-        atomic_write_json(spec_path, {"format": STORE_FORMAT, "fingerprint": fingerprint,
-                                      "n_conditions": len(setup.conditions), "n_images": setup.n_images,
-                                      "choices": [str(c) for c in setup.choices]})
-        return store_id
-    try:
-        spec = json.loads(spec_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FileFormatError(spec_path, f"not valid JSON ({exc})") from None
-    if not isinstance(spec, dict) or spec.get("format") != STORE_FORMAT:
-        raise FileFormatError(spec_path, f"not a simulation store (format should be {STORE_FORMAT!r})")
-    stored = spec.get("fingerprint", {})
-    stored = stored if isinstance(stored, dict) else {}
-    differing = sorted(key for key in set(stored) | set(fingerprint) if stored.get(key) != fingerprint.get(key))
-    if differing:
-        raise ConfigError(f"store {directory} was written for different inputs (they differ in: "
-                          f"{', '.join(differing)}); resume only with the same call, or give a new directory")
-    for path in sorted(directory.glob("chunk_*.nc")):
-        try:
-            indices, values = _read_chunk(path, probabilities.shape, store_id)
-        except FileFormatError as exc:
-            warnings.warn(f"simulation store: {exc}; the chunk is discarded and recomputed", stacklevel=3)
-            path.unlink()
-            continue
-        probabilities[indices] = values
-        done[indices] = True
-    return store_id
-
-
-def _write_chunk(directory: Path, indices: np.ndarray, values: np.ndarray, store_id: str) -> None:
-    """One finished chunk as NetCDF4 (HDF5): probabilities of the conditions ``indices``, with the store's
-    id and the sha256 of its numbers as attributes."""
-    indices = np.asarray(indices, dtype=np.int64)
-    values = np.asarray(values, dtype=np.float64)
-    chunk = xr.Dataset({"probability": (("condition_index", "stimulus", "choice"), values)},
-                       coords={"condition_index": indices},
-                       attrs={"store_id": store_id, "sha256": _chunk_sha256(store_id, indices, values)})
-    atomic_save(directory / f"chunk_{int(indices.min()):08d}.nc", lambda tmp: chunk.to_netcdf(tmp, engine="h5netcdf"))
-
-
-def _read_chunk(path: Path, shape: tuple[int, int, int], store_id: str) -> tuple[np.ndarray, np.ndarray]:
-    """The condition indices and probabilities of a chunk, after checking that it belongs to the store
-    ``store_id``, fits its shape and that its numbers match their checksum (FileFormatError otherwise)."""
-    try:
-        with xr.open_dataset(path, engine="h5netcdf") as chunk:
-            indices = chunk["condition_index"].values
-            values = chunk["probability"].values
-            attrs = dict(chunk.attrs)
-    except Exception as exc:  # h5py and xarray raise many types for a damaged file
-        raise FileFormatError(path, f"not a readable chunk file ({exc})") from None
-    if (indices.ndim != 1 or values.shape != (len(indices),) + shape[1:] or len(indices) == 0
-            or indices.min() < 0 or indices.max() >= shape[0]):
-        raise FileFormatError(path, f"chunk does not fit this store ({len(indices)} condition indices, "
-                                    f"probabilities {values.shape}; store has {shape[0]} conditions × {shape[1:]})")
-    if attrs.get("store_id") != store_id:
-        raise FileFormatError(path, "chunk belongs to another store (written for other inputs)")
-    indices, values = np.asarray(indices, dtype=np.int64), np.asarray(values, dtype=np.float64)
-    if attrs.get("sha256") != _chunk_sha256(store_id, indices, values):
-        raise FileFormatError(path, "chunk fails its checksum (its numbers were changed after it was written)")
-    return indices, values
-
-
-def _chunk_sha256(store_id: str, indices: np.ndarray, values: np.ndarray) -> str:
-    digest = hashlib.sha256(store_id.encode())
-    digest.update(f"{indices.shape}{values.shape}".encode())
-    digest.update(np.ascontiguousarray(indices, dtype="<i8").tobytes())
-    digest.update(np.ascontiguousarray(values, dtype="<f8").tobytes())
-    return digest.hexdigest()
 
 
 def _fingerprint(setup: _Setup) -> dict[str, str]:

@@ -35,7 +35,7 @@ import signal
 import threading
 from contextlib import contextmanager
 
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 
 #: Chunks submitted per worker thread, so that a slow or lost worker delays little of the sweep.
 CHUNKS_PER_THREAD = 4
@@ -76,7 +76,7 @@ def check_scheduler(scheduler) -> None:
 
 def add_compute_arguments(parser: argparse.ArgumentParser) -> None:
     """``--device`` and ``--scheduler`` on a command that runs sweeps (``run``, ``plan``)."""
-    from stimsim.devices import add_device_argument
+    from stimsim.engine.devices import add_device_argument
 
     add_device_argument(parser)
     add_scheduler_argument(parser)

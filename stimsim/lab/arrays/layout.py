@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 from scipy.spatial import cKDTree
 
-from stimsim.arrays.pose import ArrayPose
-from stimsim.errors import ConfigError, FileFormatError
+from stimsim.lab.arrays.pose import ArrayPose
+from stimsim.utilities.errors import ConfigError, FileFormatError
 
 #: Electrode pitch of Utah arrays (Blackrock Microsystems), mm.
 UTAH_PITCH_MM = 0.4

@@ -1,11 +1,11 @@
 """Reading TOML files: a syntax error or a file that is not UTF-8 names the file and the problem. What a file
-may hold is declared by its file model (:mod:`stimsim.filemodels`)."""
+may hold is declared by its file model (:mod:`stimsim.utilities.filemodels`)."""
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
 
-from stimsim.errors import FileFormatError
+from stimsim.utilities.errors import FileFormatError
 
 
 def load_toml(path) -> dict:

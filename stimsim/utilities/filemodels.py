@@ -13,11 +13,11 @@ Experiment files (:mod:`stimsim.paradigms.schema`) and model directories' ``mode
 >>> validate(Disc, {"radius_mm": -1.0}, "disc.toml")
 Traceback (most recent call last):
 ...
-stimsim.errors.ConfigError: disc.toml: 'radius_mm' must be > 0.0, got -1.0
+stimsim.utilities.errors.ConfigError: disc.toml: 'radius_mm' must be > 0.0, got -1.0
 >>> validate(Disc, {"radius_mm": 1.0, "colour": "red"}, "disc.toml")
 Traceback (most recent call last):
 ...
-stimsim.errors.ConfigError: disc.toml: unknown key 'colour'; allowed: ['radius_mm']
+stimsim.utilities.errors.ConfigError: disc.toml: unknown key 'colour'; allowed: ['radius_mm']
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from stimsim.errors import ConfigError, FileFormatError
+from stimsim.utilities.errors import ConfigError, FileFormatError
 
 #: Non-empty, printable text (no control characters such as NUL or newline).
 TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*[^\x00-\x20\x7f][^\x00-\x1f\x7f]*$"

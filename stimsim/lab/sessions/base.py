@@ -5,25 +5,28 @@ sequence of site ``electrode`` is shown at ``step`` 0..6 (0 = the "low" end, 6 =
 the site is stimulated or not (``stimulated_electrode`` = the electrode id, or ``"sham"``), and the
 animal chooses ``"low"`` or ``"high"``. Column names and their meaning: :data:`COLUMNS`.
 
-A file with any problem is refused whole (:class:`~stimsim.errors.FileFormatError` naming the file,
+A file with any problem is refused whole (:class:`~stimsim.utilities.errors.FileFormatError` naming the file,
 and every problem's row and column), never half-loaded. Labs that name their columns differently
 pass a mapping ``{lab_name: stimsim_name}`` (:func:`parse_column_mapping`, :func:`load_column_mapping`);
 labs that code values differently (choices 0/1, sham as electrode -1 or current -1) pass a value mapping
 ``{stimsim_column: {lab_code: stimsim_value}}`` (:func:`value_mapping`, :data:`VALUE_TARGETS`).
 
-Over 500 lines: reading a session file is one contract: the column and value mappings, the three formats and
-the whole-file validation share one way of reporting every bad row, so they stay together.
+The formats are read by one module each (:mod:`~stimsim.lab.sessions.csv_table`, :mod:`~stimsim.lab.sessions.nwb`,
+:mod:`~stimsim.lab.sessions.hdf5`) behind a registry (:mod:`~stimsim.lab.sessions.formats`).
+
+Over 500 lines: reading a session is one contract: the column and value mappings and the whole-file validation
+share one way of reporting every bad row, so they stay together.
 """
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from stimsim.errors import ConfigError, FileFormatError
-from stimsim.ordering import natural_key
+from stimsim.lab.sessions.formats import session_format_of
+from stimsim.utilities.errors import ConfigError, FileFormatError
+from stimsim.utilities.ordering import natural_key
 
 #: Choices of the 2AFC between the two ends of a sequence.
 CHOICES = ("low", "high")
@@ -95,7 +98,7 @@ def load_value_mapping(path) -> dict[str, dict[str, str]]:
 
 
 def _mapping_document(path) -> dict:
-    from stimsim.config import load_toml
+    from stimsim.utilities.config import load_toml
 
     document = load_toml(path)
     unknown = set(document) - {"columns", "values"}
@@ -398,100 +401,11 @@ def _renamed(raw: pd.DataFrame, mapping: dict[str, str], file_ids: dict, path: P
 
 def _read_raw(path: Path) -> tuple[pd.DataFrame, dict]:
     """The file's trials as a DataFrame with its own column names, unvalidated, and the file-level
-    ``subject_id`` and ``session_id`` (NWB; None for tables)."""
+    ``subject_id`` and ``session_id`` (None where the format holds none), by the reader of its format."""
     if not path.is_file():
         raise FileNotFoundError(f"session file not found: {path}")
-    suffix = path.suffix.lower()
-    if suffix == ".nwb":
-        table, subject_id, session_id = _read_nwb(path)
-    elif suffix == ".csv":
-        try:
-            table = pd.read_csv(path, dtype=str, keep_default_na=False)
-        except pd.errors.EmptyDataError:
-            raise FileFormatError(path, "empty session: the file holds no table (no header, no rows)") from None
-        except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-            raise FileFormatError(path, f"not a readable CSV table ({str(exc).strip()})") from None
-        with open(path, newline="", encoding="utf-8") as handle:  # pandas renames a repeated column (x, x.1)
-            header = next(csv.reader(handle), [])
-        twice = sorted({name for name in header if header.count(name) > 1})
-        if twice:
-            raise FileFormatError(path, f"the header names column(s) {twice} more than once; give each column once")
-        subject_id = session_id = None
-    elif suffix in (".h5", ".hdf5"):
-        table = _read_hdf5(path)
-        subject_id = session_id = None
-    else:
-        raise FileFormatError(path, f"unknown session format {suffix!r}; use .nwb, .csv, .h5 or .hdf5")
+    table, subject_id, session_id = session_format_of(path).read(path)
     return table, {"subject_id": subject_id, "session_id": session_id}
-
-
-def _read_nwb(path: Path):
-    from pynwb import NWBHDF5IO
-
-    try:
-        with NWBHDF5IO(str(path), "r") as io:
-            try:
-                nwbfile = io.read()
-            except TypeError as exc:  # pynwb's answer to an HDF5 file without the NWB version
-                raise FileFormatError(path, f"not a readable NWB file ({exc})") from None
-            if nwbfile.trials is None:
-                raise FileFormatError(path, "the NWB file has no trials table")
-            table = nwbfile.trials.to_dataframe().reset_index(drop=True)
-            subject = nwbfile.subject.subject_id if nwbfile.subject is not None else None
-            return table, subject, nwbfile.session_id
-    except FileFormatError:
-        raise
-    except (OSError, KeyError, ValueError) as exc:
-        raise FileFormatError(path, f"not a readable NWB file ({exc})") from None
-
-
-def _read_hdf5(path: Path) -> pd.DataFrame:
-    """A group ``trials`` with one 1-D dataset per column, or a compound dataset ``trials``."""
-    import h5py
-
-    try:
-        with h5py.File(path, "r") as handle:
-            if "trials" not in handle:
-                raise FileFormatError(path, "no 'trials' group or dataset; expected /trials with one "
-                                            "1-D dataset per column (or a compound dataset)")
-            node = handle["trials"]
-            if isinstance(node, h5py.Dataset):
-                if node.dtype.names is None:
-                    raise FileFormatError(path, "/trials is a plain dataset; it must be a compound "
-                                                "dataset or a group of columns")
-                data = node[()]
-                columns = {name: data[name] for name in node.dtype.names}
-            else:
-                columns = {name: node[name][()] for name in node if isinstance(node[name], h5py.Dataset)}
-    except FileFormatError:
-        raise
-    except OSError as exc:
-        raise FileFormatError(path, f"not a readable HDF5 file ({exc})") from None
-    shapes = {name: np.shape(values) for name, values in columns.items()}
-    not_1d = {name: shape for name, shape in shapes.items() if len(shape) != 1}
-    if not_1d:
-        raise FileFormatError(path, "/trials columns must be 1-D (one value per trial); "
-                                    + ", ".join(f"column {name!r} has shape {shape}" for name, shape in not_1d.items()))
-    lengths = {name: shape[0] for name, shape in shapes.items()}
-    if len(set(lengths.values())) > 1:
-        raise FileFormatError(path, f"/trials columns must be of equal length, got lengths {lengths}")
-    decoded = {name: _decoded(path, name, values) if np.asarray(values).dtype.kind in "OS" else values
-               for name, values in columns.items()}
-    return pd.DataFrame(decoded)
-
-
-def _decoded(path: Path, name: str, values) -> list:
-    """The text of an HDF5 column of bytes (UTF-8); undecodable bytes name the column and row."""
-    text = []
-    for row, value in enumerate(values, start=1):
-        if isinstance(value, bytes):
-            try:
-                value = value.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise FileFormatError(path, f"/trials column {name!r}, row {row}: not UTF-8 text ({exc.reason} at "
-                                            f"byte {exc.start}: {value[max(exc.start - 8, 0):exc.start + 8]!r})") from None
-        text.append(value)
-    return text
 
 
 def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,

@@ -20,7 +20,7 @@ cannot be imported or does not fit the registry, and a name that two sources reg
 built-in, or two installed packages), are ``ConfigError`` naming the entry point, its group and the
 package that declares it, when that name is looked up.
 
->>> from stimsim.plugins import Registry
+>>> from stimsim.utilities.plugins import Registry
 >>> shapes = Registry("shape", entry_point_group=None)
 >>> @shapes.register("square")
 ... class Square:
@@ -30,7 +30,7 @@ package that declares it, when that name is looked up.
 >>> shapes.get("circle")
 Traceback (most recent call last):
 ...
-stimsim.errors.ConfigError: unknown shape 'circle'; registered: ['square']
+stimsim.utilities.errors.ConfigError: unknown shape 'circle'; registered: ['square']
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ import traceback
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 
 
 #: Packages whose entry points this process has loaded: distribution name → version.

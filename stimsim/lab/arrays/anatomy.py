@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stimsim.arrays.layout import ArrayLayout
-from stimsim.errors import ConfigError
+from stimsim.lab.arrays.layout import ArrayLayout
+from stimsim.utilities.errors import ConfigError
 
 HEMISPHERES = ("left", "right")
 

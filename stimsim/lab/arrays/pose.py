@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from stimsim.errors import ConfigError
+from stimsim.utilities.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from stimsim.hashing import canonical_json, json_sha256, sha256_of, update_with_tensors
-from stimsim.io import atomic_save, atomic_write_json
+from stimsim.utilities.hashing import canonical_json, json_sha256, sha256_of, update_with_tensors
+from stimsim.utilities.io import atomic_save, atomic_write_json
 
 #: Format tag of an entry's ``.json`` record.
 CACHE_FORMAT = "stimsim-activation-cache/1"

@@ -1,0 +1,30 @@
+"""CSV session tables: one row per trial, a header of column names, every value read as text."""
+from __future__ import annotations
+
+import csv
+
+import pandas as pd
+
+from stimsim.lab.sessions.formats import SessionFormat, register_session_format
+from stimsim.utilities.errors import FileFormatError
+
+
+@register_session_format("CSV")
+class CSVSessions(SessionFormat):
+    """A CSV table (UTF-8); a column named twice in the header is refused (pandas would rename it)."""
+
+    suffixes = (".csv",)
+
+    def read(self, path):
+        try:
+            table = pd.read_csv(path, dtype=str, keep_default_na=False)
+        except pd.errors.EmptyDataError:
+            raise FileFormatError(path, "empty session: the file holds no table (no header, no rows)") from None
+        except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+            raise FileFormatError(path, f"not a readable CSV table ({str(exc).strip()})") from None
+        with open(path, newline="", encoding="utf-8") as handle:  # pandas renames a repeated column (x, x.1)
+            header = next(csv.reader(handle), [])
+        twice = sorted({name for name in header if header.count(name) > 1})
+        if twice:
+            raise FileFormatError(path, f"the header names column(s) {twice} more than once; give each column once")
+        return table, None, None
