@@ -107,13 +107,13 @@ def test_interrupted_dask_run_resumes_without_writing_twice(sweep, client, tmp_p
         written.append(indices.tolist())
         real_write(directory, indices, *rest)
 
-    monkeypatch.setattr(engine, "_write_chunk", write_then_stop)
+    monkeypatch.setattr(engine, "write_chunk", write_then_stop)
     with pytest.raises(KeyboardInterrupt):
         simulate(model, images, conditions, decoder, progress=False, scheduler=client, store=store)
     first = {i for chunk in written for i in chunk}
     stamps = {path.name: path.stat().st_mtime_ns for path in store.glob("chunk_*.nc")}
     assert len(stamps) == 3
-    monkeypatch.setattr(engine, "_write_chunk", lambda d, i, *rest: (written.append(i.tolist()), real_write(d, i, *rest)))
+    monkeypatch.setattr(engine, "write_chunk", lambda d, i, *rest: (written.append(i.tolist()), real_write(d, i, *rest)))
     resumed = simulate(model, images, conditions, decoder, progress=False, scheduler=client, store=store)
     xr.testing.assert_identical(resumed, single)
     second = [i for chunk in written[3:] for i in chunk]

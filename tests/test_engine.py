@@ -160,7 +160,7 @@ def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder,
     uninterrupted = simulate(model, images, conditions, decoder, max_chunk_bytes=budget_bytes, progress=False)
     store = tmp_path / "store"
 
-    real_write = engine._write_chunk
+    real_write = engine.write_chunk
     writes = []
 
     def write_then_die(directory, indices, values, store_id):
@@ -169,7 +169,7 @@ def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder,
             raise RuntimeError("killed")
         real_write(directory, indices, values, store_id)
 
-    monkeypatch.setattr(engine, "_write_chunk", write_then_die)
+    monkeypatch.setattr(engine, "write_chunk", write_then_die)
     with pytest.raises(RuntimeError, match="killed"):
         simulate(model, images, conditions, decoder, store=store, max_chunk_bytes=budget_bytes, progress=False)
     monkeypatch.undo()

@@ -291,13 +291,13 @@ def test_a_failed_rerun_keeps_the_finished_set(experiment_dir, elsewhere, capsys
 def test_a_run_interrupted_during_its_simulation_keeps_its_store(experiment_dir, elsewhere, monkeypatch):
     from stimsim.engine import simulation as engine
 
-    real = engine._write_chunk
+    real = engine.write_chunk
 
     def interrupt_after_a_chunk(*args):
         real(*args)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(engine, "_write_chunk", interrupt_after_a_chunk)
+    monkeypatch.setattr(engine, "write_chunk", interrupt_after_a_chunk)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(experiment_dir / "seed0.toml", "fresh", progress=False, figures=False)
     store = elsewhere / "fresh" / "simulation_store"
