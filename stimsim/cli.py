@@ -130,6 +130,21 @@ def _cmd_models_check(args) -> int:
     return 0
 
 
+def _cmd_models_score(args) -> int:
+    from stimsim.paradigms.scoring import PRINTED_COLUMNS, benchmark_experiments, score_model, score_table
+
+    experiments = args.experiments or benchmark_experiments()
+    scores = score_model(args.name, experiments, args.out, progress=not args.no_progress, force=args.force,
+                         device=args.device, scheduler=args.scheduler)
+    if args.json:
+        print(json.dumps(scores, indent=2))
+        return 0
+    print(score_table(scores).loc[:, list(PRINTED_COLUMNS)].to_string(index=False, na_rep="-",
+                                                                      float_format=lambda value: f"{value:.3f}"))
+    report_phase(f"scores of {scores['model']} in {args.out}: scores.json, scores.csv, one run per experiment")
+    return 0
+
+
 def _print_report(report: dict, as_json: bool, width: int) -> None:
     """A report as JSON, or one ``key value`` line per entry with keys padded to ``width``."""
     if as_json:
@@ -365,6 +380,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_argument(check)
     check.set_defaults(handler=_cmd_models_check)
 
+    score = model_commands.add_parser("score", help="score a model on the published experiments: each one's "
+                                                    "metric beside its ceiling and chance (scores.json, scores.csv)")
+    score.add_argument("name", help="shipped model name or model directory")
+    score.add_argument("experiments", nargs="*", metavar="EXPERIMENT.toml",
+                       help="experiment files with a [comparison] (default: the TOML files in ./experiments whose "
+                            "[comparison] names a registered dataset)")
+    score.add_argument("--out", required=True, help="output directory: scores.json, scores.csv and one run folder "
+                                                    "per experiment (DIR/<file stem>/); re-run the same command to "
+                                                    "resume")
+    score.add_argument("--json", action="store_true", help="print scores.json instead of the table")
+    score.add_argument("--force", action="store_true",
+                       help="write into --out even if it holds files stimsim did not write")
+    score.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
+    _add_mirror(score)
+    _add_threads(score)
+    add_compute_arguments(score)
+    score.set_defaults(handler=_cmd_models_score)
+
     run = commands.add_parser("run", help="run an experiment definition (TOML) and write results to --out")
     run.add_argument("experiment", help="experiment file, e.g. experiments/afraz2006.toml")
     run.add_argument("--out", required=True, help="output directory (results.nc, summary.json, figures)")
@@ -535,7 +568,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 #: Commands that resume where an interrupted run of the same command stopped (training checkpoints, the
 #: simulation store, the plan's phase cache).
-RESUMABLE = (_cmd_train, _cmd_run, _cmd_plan)
+RESUMABLE = (_cmd_train, _cmd_run, _cmd_plan, _cmd_models_score)
 
 
 class Terminated(KeyboardInterrupt):

@@ -11,7 +11,7 @@ from stimsim import __version__
 from stimsim.cli import build_parser, main
 
 SUBCOMMANDS = [["train"], ["data"], ["data", "list"], ["data", "fetch"], ["data", "verify"], ["models"],
-               ["models", "list"], ["models", "check"], ["run"], ["plan"], ["bench"], ["subject"], ["subject", "make"],
+               ["models", "list"], ["models", "check"], ["models", "score"], ["run"], ["plan"], ["bench"], ["subject"], ["subject", "make"],
                ["subject", "session"], ["analyze"], ["power"]]
 
 
@@ -61,7 +61,8 @@ def test_run_reports_a_missing_experiment_file(tmp_path, capsys):
     assert "missing.toml" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("words", [["run"], ["plan"], ["train"], ["models", "check"], ["bench"]], ids=" ".join)
+@pytest.mark.parametrize("words", [["run"], ["plan"], ["train"], ["models", "check"], ["models", "score"], ["bench"]],
+                         ids=" ".join)
 def test_compute_commands_take_a_device(words, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args([*words, "--help"])

@@ -525,6 +525,15 @@ def test_same_different_run_records_override_and_hit_rates(tiny_model, tmp_path)
         assert key in summary
     drop = summary["model_same_hit_rate_control"] - summary["model_same_hit_rate_inside"]
     assert summary["model_same_hit_drop_inside"] == pytest.approx(drop)
+    # the benchmark's score: 1 − mean |model − monkeys' drop| over the 6 published cells of the summary (objects
+    # outside the face patches have none)
+    cells = [f"{group}{trial}_hit_drop_{location}" for location, groups in (("inside", ("", "object_")),
+                                                                           ("outside", ("",)))
+             for group in groups for trial in ("same", "different")]
+    assert summary["data_object_same_hit_drop_outside"] is None
+    assert summary["score"]["metric"] == "hit-drop agreement"
+    assert summary["score"]["score"] == pytest.approx(
+        1 - np.mean([abs(summary[f"model_{cell}"] - summary[f"data_{cell}"]) for cell in cells]), abs=1e-12)
     assert dataset["hit_rate"].dims == ("site", "pair_group", "trial_type")
     assert dataset["current_uA"].values[1:].tolist() == [300.0, 300.0]
     assert (tmp_path / "out" / "moeller2017_comparison.png").is_file()

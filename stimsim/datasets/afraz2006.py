@@ -8,6 +8,13 @@ the psychometric shift (% visual signal, positive = towards "face") caused by st
 from the paper's figure (manifest entry ``afraz2006``). The comparison needs a categorisation
 experiment with a positive class and noise levels (a psychometric shift per site) and sets the
 model's shift-against-d′ relation beside the animals'.
+
+Benchmark (:func:`score`): the metric is that relation itself, the Pearson r between a site's face d′ and its
+psychometric shift, the measure the paper reports for its sites. The model's score is its r over its sites
+(``model_r``); the ceiling is the monkeys' r over the 86 published sites (``data_r``, with its bootstrap
+interval over sites, ``data_r_ci``): a model that ties shifts to selectivity as tightly as the animals did
+reaches it, and a tighter one goes above it (normalized > 1, reported as it is). Chance is r = 0, the expected r
+of shifts that do not depend on selectivity; normalized = model_r / data_r.
 """
 from __future__ import annotations
 
@@ -35,6 +42,13 @@ SELECTIVE_DPRIME = 1.0
 # may rerun the comparison with another protocol on purpose.
 #: Stimulation protocol of the paper (for reference and documentation).
 PROTOCOL = {"current_uA": 50.0, "frequency_Hz": 200.0, "pulse_width_ms": 0.2, "train_ms": 50.0}
+#: The benchmark's metric (see the module docstring).
+METRIC = "shift-selectivity correlation"
+METRIC_DESCRIPTION = ("Pearson r of site face d′ against psychometric shift; score: the model's r (model_r), "
+                      "ceiling: the monkeys' r on the 86 published sites (data_r), chance: 0 (shifts that do "
+                      "not depend on selectivity)")
+#: The expected r of psychometric shifts that do not depend on the site's selectivity.
+CHANCE_R = 0.0
 
 
 def load(mirror=None) -> xr.Dataset:
@@ -66,6 +80,22 @@ def compare(n_perm: int, n_boot: int, ci: float, seed: int, mirror=None) -> tupl
                             data["data_psychometric_shift_percent"].values, SELECTIVE_DPRIME, n_perm, n_boot, ci,
                             seed)
     return data, summary
+
+
+def score(summary: dict) -> dict:
+    """The values of the benchmark from a run's summary: ``score`` = ``model_r`` (``score_ci`` its
+    bootstrap interval), ``ceiling`` = ``data_r`` (``ceiling_ci``), ``chance`` = :data:`CHANCE_R` and the
+    ``reasons`` for any that is undefined (arguments of :meth:`PublishedDataset.score_record`)."""
+    reasons = []
+    if summary.get("model_r") is None:
+        reasons.append(f"model_r is undefined: fewer than 3 of the model's sites have a psychometric shift, or "
+                       f"their d′ or their shifts do not vary ({summary.get('model_n_sites')} usable sites)")
+    if summary.get("data_r") is None:
+        reasons.append("data_r is unavailable: the published sites were not compared"
+                       + (f" ({summary['comparison_skipped']})" if "comparison_skipped" in summary else ""))
+    return {"score": summary.get("model_r"), "score_ci": summary.get("model_r_ci"),
+            "ceiling": summary.get("data_r"), "ceiling_ci": summary.get("data_r_ci"), "chance": CHANCE_R,
+            "reasons": reasons}
 
 
 def plot(model_dprime, model_shift, data: xr.Dataset, summary: dict, path, model_threshold: float) -> None:
@@ -100,6 +130,10 @@ class Afraz2006(PublishedDataset):
     paradigm = "categorization"
     citation = CITATION
     manifest_entry = MANIFEST_ENTRY
+    metric = METRIC
+    metric_description = METRIC_DESCRIPTION
+    headline_keys = ("model_r", "model_p", "model_mean_shift_selective", "model_mean_shift_other", "data_r",
+                     "data_mean_shift_selective", "data_mean_shift_other")
 
     def check(self, spec) -> None:
         if spec.options.positive is None or spec.options.signal_percent is None:
@@ -113,3 +147,6 @@ class Afraz2006(PublishedDataset):
     def figure(self, spec, results, data, summary, out_dir) -> None:
         plot(results["site_dprime"].values, results["psychometric_shift_percent"].values, data, summary,
              out_dir / "afraz2006_comparison.png", spec.sites.dprime_threshold)
+
+    def score(self, spec, trials, summary, data):
+        return self.score_record(**score(summary))

@@ -4,9 +4,11 @@ An experiment file asks for a comparison with ``[comparison] dataset = "<name>"`
 looked up in :data:`DATASETS`. A dataset names the paradigm it needs (:attr:`PublishedDataset.paradigm`),
 checks that the experiment measures what the paper measured (:meth:`PublishedDataset.check`), loads its
 data through the data manifest, computes the data side of the summary
-(:meth:`PublishedDataset.compare`) and draws model and animals side by side
-(:meth:`PublishedDataset.figure`). Every experimental constant sits beside the sentence of the paper's
-methods it comes from, with the citation.
+(:meth:`PublishedDataset.compare`), draws model and animals side by side
+(:meth:`PublishedDataset.figure`) and scores the model as a benchmark does (:meth:`PublishedDataset.score`): one
+number, the metric, beside its ceiling (what the animals' own data reach on it) and its chance level (what a model
+whose stimulation does not do what the paper found reaches), and the score normalised between the two. Every
+experimental constant sits beside the sentence of the paper's methods it comes from, with the citation.
 
 A new dataset is one module in :mod:`stimsim.datasets` with a subclass registered by
 ``@register_dataset("name")``, or a class in another package registered through the entry point
@@ -14,6 +16,7 @@ group ``stimsim.datasets``.
 """
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -35,6 +38,11 @@ class PublishedDataset(ABC):
     citation: str = ""
     #: The data manifest entry holding the files.
     manifest_entry: str = ""
+    #: Name of the benchmark's metric and one line saying what its score, ceiling and chance are.
+    metric: str = ""
+    metric_description: str = ""
+    #: Summary keys (the model's and the data's) that a table of scores shows beside the score.
+    headline_keys: tuple[str, ...] = ()
 
     def check(self, spec) -> None:
         """Refuse (``ConfigError``, without the file name: the caller adds it) an experiment whose
@@ -51,6 +59,34 @@ class PublishedDataset(ABC):
                out_dir: Path) -> None:
         """Write the model-beside-animals figure (PNG) into ``out_dir``."""
 
+    @abstractmethod
+    def score(self, spec, trials, summary: dict, data: xr.Dataset | None) -> dict:
+        """The model's score on this benchmark, from the run's summary (the model's and the data's keys) and the
+        published data (None when they were not available here), as :meth:`score_record` gives it."""
+
+    def score_record(self, score, ceiling, chance, reasons=(), score_ci=None, ceiling_ci=None) -> dict:
+        """A score as every benchmark reports it: ``metric``, ``description``, ``score`` (+ ``score_ci``),
+        ``ceiling`` (+ ``ceiling_ci``), ``chance`` and ``normalized`` = (score − chance) / (ceiling − chance), not
+        clipped (a model above the ceiling has normalized > 1). A value that cannot be computed is None and
+        ``undefined_reason`` (None otherwise) says why, from ``reasons``."""
+        values = {"score": score, "ceiling": ceiling, "chance": chance}
+        values = {key: None if value is None else float(value) for key, value in values.items()}
+        reasons = list(reasons)
+        for key, value in values.items():
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{self.name} {key} is {value}; an undefined value is None with its reason")
+        normalized = None
+        if None not in values.values():
+            if values["ceiling"] == values["chance"]:
+                reasons.append(f"the ceiling equals chance ({values['chance']:g}): nothing to normalise by")
+            else:
+                normalized = (values["score"] - values["chance"]) / (values["ceiling"] - values["chance"])
+        if normalized is None and not reasons:
+            raise ValueError(f"{self.name} score: a value is None without a reason")
+        return {"metric": self.metric, "description": self.metric_description, **values,
+                "score_ci": _interval(score_ci), "ceiling_ci": _interval(ceiling_ci), "normalized": normalized,
+                "undefined_reason": "; ".join(reasons) if reasons else None}
+
 
 #: Published datasets by the name experiment files use.
 DATASETS = Registry("comparison dataset", entry_point_group="stimsim.datasets", packages=("stimsim.datasets",),
@@ -65,6 +101,10 @@ def register_dataset(name: str):
 def get_dataset(name: str) -> PublishedDataset:
     """The registered dataset ``name`` (a ``ConfigError`` lists the known ones)."""
     return DATASETS.get(name)
+
+
+def _interval(interval):
+    return None if interval is None else [float(interval[0]), float(interval[1])]
 
 
 def read_csv(path, required: tuple[str, ...]):

@@ -8,9 +8,20 @@ with stimulation (``_MSC`` columns), inside and outside the face patches, per st
 monkey (manifest entry ``moeller2017``, which also holds their images). The table's column
 ``Current_Pulse_mA`` holds the current in µA; it is read as ``current_uA``. The comparison needs a
 same/different experiment with ``face_patch`` sites and pair groups among the table's classes.
+
+Benchmark (:func:`score`): "hit-drop agreement", 1 − the mean absolute difference between the model's hit drop
+and the monkeys' (hit rate without − with stimulation) over the cells the table has trials for: location (inside,
+outside the face patch) × pair group × trial type (same, different); objects outside the patches have none. The
+paper's result is this pattern of drops (a large "same" drop for faces inside the patches, small ones outside
+and for objects), so the metric weighs every cell alike. The ceiling is the agreement that the monkeys'
+experiment reaches with itself: the table's hits in every cell redrawn from binomials with its trial counts at
+its rates (:data:`CEILING_REPLICATES` replicates, seeded by the experiment's ``seed``), the mean agreement of a
+replicate with the table, and the central interval of the replicates (``[analysis] ci``). Chance is the
+agreement of a model whose stimulation changes nothing (every drop 0): 1 − the mean absolute drop of the table.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -39,6 +50,13 @@ _COUNT_COLUMNS = {
 # holds only these 300 µA sessions; the loader checks it.
 #: Current of every row of the summary table (µA).
 CURRENT_UA = 300.0
+#: The benchmark's metric (see the module docstring).
+METRIC = "hit-drop agreement"
+METRIC_DESCRIPTION = ("1 − mean |model hit drop − monkeys' hit drop| over the published cells (location × pair "
+                      "group × same/different); ceiling: the agreement of binomial replicates of the table with "
+                      "it, chance: a model whose stimulation changes nothing (every drop 0)")
+#: Binomial replicates of the table averaged for the ceiling.
+CEILING_REPLICATES = 1000
 
 
 def load(groups, mirror=None) -> xr.Dataset:
@@ -115,6 +133,42 @@ def compare(groups, prefix_of, mirror=None) -> tuple[xr.Dataset, dict]:
     return data, summary
 
 
+def score(summary: dict, data: xr.Dataset | None, prefix_of, seed: int, ci: float = 0.95,
+          n_replicates: int = CEILING_REPLICATES) -> dict:
+    """The values of the benchmark (arguments of :meth:`PublishedDataset.score_record`): ``score`` from the
+    model's ``model_<prefix><trial>_hit_drop_<location>`` keys of ``summary`` against the table's drops in
+    ``data`` (from :func:`load`; None when not available), ``ceiling`` and ``ceiling_ci`` from
+    ``n_replicates`` binomial replicates of the table drawn with ``seed``, ``chance`` and ``reasons``."""
+    if data is None:
+        reason = "the published counts are not available here" + (
+            f" ({summary['comparison_skipped']})" if "comparison_skipped" in summary else "")
+        return {"score": None, "ceiling": None, "chance": None, "reasons": [reason]}
+    dims = ("data_location", "pair_group", "trial_type", "stimulation")
+    cells = list(itertools.product(*(data[dim].values.astype(str).tolist() for dim in dims[:3])))
+    hits = data["data_hits"].transpose(*dims).sel(stimulation=["off", "on"]).values.reshape(len(cells), 2)
+    counts = hits + data["data_misses"].transpose(*dims).sel(stimulation=["off", "on"]).values.reshape(len(cells), 2)
+    published = np.all(counts > 0, axis=1)  # cells with trials without and with stimulation
+    cells, hits, counts = [c for c, keep in zip(cells, published) if keep], hits[published], counts[published]
+    rates = hits / counts
+    data_drop = rates[:, 0] - rates[:, 1]
+    chance = 1.0 - float(np.mean(np.abs(data_drop)))
+
+    rng = np.random.default_rng(seed)
+    replicate = rng.binomial(counts.astype(np.int64), rates, size=(n_replicates, *counts.shape)) / counts
+    agreement = 1.0 - np.mean(np.abs(replicate[..., 0] - replicate[..., 1] - data_drop), axis=1)
+    ceiling = float(agreement.mean())
+    ceiling_ci = np.quantile(agreement, [(1 - ci) / 2, (1 + ci) / 2])
+
+    keys = [f"model_{prefix_of(group)}{trial}_hit_drop_{location}" for location, group, trial in cells]
+    missing = [key for key in keys if summary.get(key) is None or not math.isfinite(summary[key])]
+    if missing:
+        return {"score": None, "ceiling": ceiling, "ceiling_ci": ceiling_ci, "chance": chance,
+                "reasons": [f"the model has no hit drop for the published cell(s) {missing}"]}
+    model_drop = np.array([summary[key] for key in keys], dtype=np.float64)
+    return {"score": 1.0 - float(np.mean(np.abs(model_drop - data_drop))), "ceiling": ceiling,
+            "ceiling_ci": ceiling_ci, "chance": chance, "reasons": []}
+
+
 def _finite_or_none(value: float):
     return float(value) if math.isfinite(value) else None
 
@@ -126,6 +180,10 @@ class Moeller2017(PublishedDataset):
     paradigm = "same_different"
     citation = CITATION
     manifest_entry = MANIFEST_ENTRY
+    metric = METRIC
+    metric_description = METRIC_DESCRIPTION
+    headline_keys = ("model_same_hit_drop_inside", "model_same_hit_drop_outside", "model_object_same_hit_drop_inside",
+                     "data_same_hit_drop_inside", "data_same_hit_drop_outside", "data_object_same_hit_drop_inside")
 
     def check(self, spec) -> None:
         if spec.sites.method != "face_patch":
@@ -145,3 +203,6 @@ class Moeller2017(PublishedDataset):
 
         plot_hit_rates(results, out_dir / "moeller2017_comparison.png", f"{spec.name}: same/different hit rates",
                        data=data, data_label="monkeys (Moeller et al. 2017)")
+
+    def score(self, spec, trials, summary, data):
+        return self.score_record(**score(summary, data, trials.summary_prefix, spec.seed, spec.analysis.ci))

@@ -31,7 +31,8 @@ stimsim did not write is refused unless forced):
     (per site, on its own sequences), ``cross_abs_delta_auc`` (per site, on the other sites'),
     ``mean_own_delta_auc``, ``mean_own_abs_delta_auc`` / ``mean_cross_abs_delta_auc`` and
     ``mean_locality_abs_delta_auc`` (their difference; + ``_ci``), ``control_step_auc_mean`` (chance 0.5).
-    Compared data add the same numbers with a ``data_`` prefix.
+    Compared data add the same numbers with a ``data_`` prefix, and ``score``: the model's score on the dataset's
+    benchmark with its ceiling and chance level (:meth:`stimsim.datasets.base.PublishedDataset.score_record`).
 ``config.json``
     the experiment as run, model name and checksums, sites, conditions, safety report, decoder fit
     and trials, notes, time and software versions (:func:`stimsim.utilities.io.provenance`).
@@ -165,13 +166,14 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
         notes.append(message)
         warnings.warn(message, stacklevel=2)
         data_summary = {"comparison_skipped": message}
+    score = {} if comparison is None else {"score": comparison.score(spec, trials, {**summary, **data_summary}, data)}
 
     summary = json_ready({
         "experiment": spec.name, "paradigm": spec.paradigm, "model": model_record["name"], "layer": layer,
         "cortex_mm_per_model_mm": scale, "scale_overridden": scale_overridden,
         "model_cortex_mm_per_model_mm": model_scale["cortex_mm_per_model_mm"], "scale_rule": model_scale["rule"],
         "sheet_size_mm": sheet.size_mm,
-        "site_method": spec.sites.method, **summary, **data_summary,
+        "site_method": spec.sites.method, **summary, **data_summary, **score,
     })
     created = provenance()
     config = json_ready({
