@@ -72,3 +72,27 @@ def test_plan_subject_and_train_schemas_refuse_bad_values():
     train = load_toml(EXPERIMENTS / "train_stimsim_topo_seed0.toml")
     train["training"]["steps"] = 0
     assert list(_validator("train").iter_errors(train))
+
+
+@pytest.mark.parametrize("kind, name", [("experiment", "afraz2006"), ("experiment", "muscimol_categorization"),
+                                        ("plan", "plan_default")])
+def test_stimulation_schema_states_the_kinds_own_parameters(kind, name):
+    """[stimulation] in the schemas is the perturbation kind's declared parameters: a current outside the
+    electrical kind's (0, 5000] µA, a dose above the muscimol kind's 10 µL, a misspelt key and a waveform the kind
+    does not allow are refused, as the kinds refuse them when a file is read."""
+    from stimsim.stimulation import ElectricalStimulation, MuscimolInactivation
+    from stimsim.utilities.errors import ConfigError
+
+    validator = _validator(kind)
+    raw = load_toml(EXPERIMENTS / f"{name}.toml")
+    electrical = raw["stimulation"].get("kind", "electrical") == "electrical"
+    bad_values = ({"current_uA": 6000.0}, {"waveform": "monophasic_cathodic"}, {"curent_uA": 50.0}) if electrical \
+        else ({"volume_uL": 11.0}, {"volume_ul": 1.0})
+    for bad in bad_values:
+        changed = {**raw, "stimulation": {**raw["stimulation"], **bad}}
+        assert list(validator.iter_errors(changed)), bad
+        kind_class = ElectricalStimulation if electrical else MuscimolInactivation
+        params = {key: value for key, value in changed["stimulation"].items()
+                  if key not in ("kind", "additive_scale")}
+        with pytest.raises((ConfigError, TypeError)):
+            kind_class(((0.0, 0.0),), **params)

@@ -107,10 +107,26 @@ class StimulationFile(BaseModel):
     activation units) or ``"sd"`` (``activation_per_Hz`` in standard deviations of the stimulated
     layer's response to the localizer images, over images and units)."""
 
-    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True,
+                              json_schema_extra=lambda schema: _one_alternative_per_kind(schema))
     kind: Annotated[Text, Field(description="a registered perturbation kind",
                                 examples=sorted(PERTURBATION_KINDS))]
     additive_scale: Literal["activation", "sd"] = "activation"
+
+
+def _one_alternative_per_kind(schema: dict) -> None:
+    """The JSON Schema of ``[stimulation]``: one alternative per registered perturbation kind, its parameters as the
+    kind declares them (:meth:`stimsim.stimulation.base.Perturbation.parameters_schema`), chosen by ``kind``.
+    Files are checked by the kind itself; the schema states the same rules for editors and the documentation."""
+    alternatives = []
+    for _, kind in PERTURBATION_KINDS.items():
+        alternative = kind.parameters_schema()
+        alternative["properties"]["additive_scale"] = schema["properties"]["additive_scale"]
+        alternative["additionalProperties"] = False
+        alternatives.append(alternative)
+    for key in ("properties", "required", "additionalProperties", "type"):
+        schema.pop(key, None)
+    schema["oneOf"] = alternatives
 
 
 class SafetyFile(FileModel):

@@ -122,7 +122,7 @@ class StimulationTable(FileModel):
     :class:`stimsim.stimulation.ElectricalStimulation` (``spread``, ``form``, ``combine``, ...), checked by it, as
     an experiment's ``[stimulation]`` is."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=lambda schema: _electrical_parameters(schema))
     __pydantic_extra__: dict[str, Any] = Field(init=False)  # the electrical kind's other keys
     current_uA: _NonNegative = _ELECTRICAL_DEFAULTS["current_uA"]
     frequency_Hz: _NonNegative = _ELECTRICAL_DEFAULTS["frequency_Hz"]
@@ -145,6 +145,18 @@ class StimulationTable(FileModel):
         if frequency_Hz <= 0:
             raise ValueError(f"'frequency_Hz' must be > 0 (a train at 0 Hz delivers no pulse), got {frequency_Hz:g}")
         return frequency_Hz
+
+
+def _electrical_parameters(schema: dict) -> None:
+    """The JSON Schema of a plan's ``[stimulation]``: the electrical kind's parameters as it declares them
+    (:meth:`stimsim.stimulation.base.Perturbation.parameters_schema`), but for the keys a plan sets elsewhere, and
+    a train of more than 0 Hz."""
+    declared = ElectricalStimulation.parameters_schema()
+    properties = {key: value for key, value in declared["properties"].items() if key not in _NOT_IN_STIMULATION}
+    properties["frequency_Hz"] = {**properties["frequency_Hz"], "exclusiveMinimum": 0.0}
+    properties["frequency_Hz"].pop("minimum", None)
+    schema.update(properties=properties, additionalProperties=False)
+    schema.pop("required", None)
 
 
 class SafetyTable(FileModel):

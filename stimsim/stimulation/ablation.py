@@ -7,8 +7,8 @@ from typing import ClassVar
 import torch
 
 from stimsim.cortex.sheet import CorticalSheet
-from stimsim.stimulation.base import (Perturbation, _constant, _in_range, _layer, _per_row, _reduce_rows,
-                                      _site_distances, _sites, register_perturbation)
+from stimsim.stimulation.base import (Perturbation, _constant, _layer, _per_row, _reduce_rows, _site_distances, _sites,
+                                      parameter, register_perturbation)
 
 
 @register_perturbation
@@ -19,12 +19,12 @@ class Ablation(Perturbation):
     kind: ClassVar[str] = "ablation"
 
     sites_mm: tuple[tuple[float, float], ...]
-    radius_mm: float
+    radius_mm: float = parameter(unit="mm", low=0.0, low_open=True)
     layer: str = "IT"
 
     def __post_init__(self):
         object.__setattr__(self, "sites_mm", _sites(self.sites_mm))
-        object.__setattr__(self, "radius_mm", _in_range("radius_mm", self.radius_mm, "mm", 0.0, low_open=True))
+        self.check_parameters()
         object.__setattr__(self, "layer", _layer(self.layer))
 
     @classmethod

@@ -156,6 +156,22 @@ def signed_gain_warning(perturbation, sheet: CorticalSheet, activity) -> str | N
 
 
 # --- validation helpers ---------------------------------------------------------------------
+def parameter(default=dataclasses.MISSING, *, unit: str, low: float | None = None, high: float | None = None,
+              low_open: bool = False, high_open: bool = False, choices=None):
+    """A perturbation parameter, declared once: its unit, and its allowed interval (``low``/``high``, each closed
+    unless ``low_open``/``high_open``; None: unbounded) or its ``choices`` (a tuple of text, or a function that
+    returns one, e.g. a registry's names). The perturbation checks it on creation
+    (:meth:`Perturbation.check_parameters`; a default of None means the parameter may be left unset) and its JSON
+    Schema states it (:meth:`Perturbation.parameters_schema`)."""
+    return dataclasses.field(default=default, metadata={
+        "unit": unit, "low": low, "high": high, "low_open": low_open, "high_open": high_open, "choices": choices})
+
+
+def _allowed(choices) -> tuple[str, ...]:
+    """The allowed values of a :func:`parameter` declared with ``choices``."""
+    return tuple(choices()) if callable(choices) else tuple(choices)
+
+
 def _number(name: str, value, unit: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConfigError(f"{name} must be a number ({unit}), got {value!r}")
@@ -293,6 +309,51 @@ class Perturbation(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> dict:
         """Flat ``{name_with_unit: number | str}`` record of the spec, for labelled results."""
+
+    def check_parameters(self) -> None:
+        """Check every parameter declared with :func:`parameter` (``ConfigError`` naming it, its unit and what is
+        allowed) and store it as a float (numbers) or as given (choices)."""
+        for declared in dataclasses.fields(self):
+            rule = declared.metadata
+            value = getattr(self, declared.name)
+            if "unit" not in rule or (value is None and declared.default is None):
+                continue
+            if rule["choices"] is not None:
+                value = _choice(declared.name, value, _allowed(rule["choices"]))
+            else:
+                value = _in_range(declared.name, value, rule["unit"], rule["low"], rule["high"], rule["low_open"],
+                                  rule["high_open"])
+            object.__setattr__(self, declared.name, value)
+
+    @classmethod
+    def parameters_schema(cls) -> dict:
+        """JSON Schema of the kind's parameters as a file's table gives them (``kind`` and every declared
+        parameter with its unit, bounds or choices and default; ``sites_mm`` and ``layer`` come from elsewhere)."""
+        properties = {"kind": {"const": cls.kind, "description": "the perturbation kind"}}
+        required = ["kind"]
+        for declared in dataclasses.fields(cls):
+            rule = declared.metadata
+            if "unit" not in rule:
+                continue
+            entry = {"description": f"unit: {rule['unit']}"}
+            if rule["choices"] is not None:
+                entry.update(type="string", enum=list(_allowed(rule["choices"])))
+            else:
+                entry["type"] = "number"
+                for bound, closed, opened in (("low", "minimum", "exclusiveMinimum"),
+                                              ("high", "maximum", "exclusiveMaximum")):
+                    if rule[bound] is not None:
+                        entry[opened if rule[f"{bound}_open"] else closed] = rule[bound]
+            if declared.default is dataclasses.MISSING:
+                required.append(declared.name)
+            elif declared.default is None:
+                entry = {"anyOf": [entry, {"type": "null"}], "default": None}
+            else:
+                entry["default"] = declared.default
+            properties[declared.name] = entry
+        return {"title": f"{cls.__name__} ([stimulation] kind = {cls.kind!r})", "type": "object",
+                "description": (cls.__doc__ or "").strip().split("\n\n")[0], "properties": properties,
+                "required": required}
 
     def effect(self, sheet: CorticalSheet) -> UnitEffect:
         """Per-unit effect on the layer whose positions are ``sheet``: :meth:`batch_effect` of this one

@@ -10,9 +10,10 @@ import torch
 
 from stimsim.utilities.errors import ConfigError
 from stimsim.cortex.sheet import CorticalSheet
-from stimsim.stimulation.base import (Perturbation, _choice, _constant, _in_range, _layer, _number, _per_row,
-                                      _reduce_rows, _site_distances, _sites, register_perturbation)
-from stimsim.stimulation.spread import SPREAD_LAWS, TEHOVNIK_K_DEFAULT_UA_PER_MM2, spread_extent_mm, validate_tehovnik_K
+from stimsim.stimulation.base import (Perturbation, _choice, _constant, _in_range, _layer, _per_row,
+                                      _reduce_rows, _site_distances, _sites, parameter, register_perturbation)
+from stimsim.stimulation.spread import (SPREAD_LAWS, TEHOVNIK_K_DEFAULT_UA_PER_MM2, TEHOVNIK_K_RANGE_UA_PER_MM2,
+                                        spread_extent_mm)
 
 #: Pulse shapes whose two phases carry equal and opposite charge.
 CHARGE_BALANCED_WAVEFORMS = ("biphasic_cathodic_first", "biphasic_anodic_first")
@@ -64,23 +65,25 @@ class ElectricalStimulation(Perturbation):
     carries_charge: ClassVar[bool] = True
 
     sites_mm: tuple[tuple[float, float], ...]
-    current_uA: float = 50.0
-    frequency_Hz: float = 200.0
-    pulse_width_ms: float = 0.2
-    interphase_ms: float = 0.1
-    train_ms: float = 50.0
-    onset_ms: float = 0.0
-    waveform: str = "biphasic_cathodic_first"
-    spread: str = "kumaravelu"
-    tehovnik_K_uA_per_mm2: float = TEHOVNIK_K_DEFAULT_UA_PER_MM2
-    form: str = "multiplicative"
-    baseline_frequency_Hz: float = 30.0
-    gain_cap: float | None = None
-    rate_base_Hz: float = 30.0
-    rate_max_Hz: float = 200.0
-    rate_gain_Hz_per_Hz: float = 1.0
-    activation_per_Hz: float | None = None
-    combine: str = "sum"
+    current_uA: float = parameter(50.0, unit="µA", low=0.0, high=MAX_CURRENT_UA, low_open=True)
+    frequency_Hz: float = parameter(200.0, unit="Hz", low=0.0, high=1000.0)
+    pulse_width_ms: float = parameter(0.2, unit="ms", low=0.0, high=2.0, low_open=True)
+    interphase_ms: float = parameter(0.1, unit="ms", low=0.0, high=1.0)
+    train_ms: float = parameter(50.0, unit="ms", low=0.0, low_open=True)
+    onset_ms: float = parameter(0.0, unit="ms", low=0.0)
+    waveform: str = parameter("biphasic_cathodic_first", unit="pulse shape", choices=CHARGE_BALANCED_WAVEFORMS)
+    spread: str = parameter("kumaravelu", unit="spread law", choices=lambda: SPREAD_LAWS.names())
+    tehovnik_K_uA_per_mm2: float = parameter(TEHOVNIK_K_DEFAULT_UA_PER_MM2,
+                                             unit="µA/mm² (the range reported by Tehovnik et al. 2006)",
+                                             low=TEHOVNIK_K_RANGE_UA_PER_MM2[0], high=TEHOVNIK_K_RANGE_UA_PER_MM2[1])
+    form: str = parameter("multiplicative", unit="how stimulation changes activity", choices=STIMULATION_FORMS)
+    baseline_frequency_Hz: float = parameter(30.0, unit="Hz", low=0.0, high=1000.0, low_open=True)
+    gain_cap: float | None = parameter(None, unit="(gain, dimensionless)", low=1.0)
+    rate_base_Hz: float = parameter(30.0, unit="Hz (at most rate_max_Hz)", low=0.0)
+    rate_max_Hz: float = parameter(200.0, unit="Hz", low=0.0, high=1000.0, low_open=True)
+    rate_gain_Hz_per_Hz: float = parameter(1.0, unit="Hz per Hz", low=0.0)
+    activation_per_Hz: float | None = parameter(None, unit="activation units per Hz", low=0.0, low_open=True)
+    combine: str = parameter("sum", unit="how electrodes combine", choices=ELECTRODE_COMBINATIONS)
     layer: str = "IT"
 
     def __post_init__(self):
@@ -88,18 +91,18 @@ class ElectricalStimulation(Perturbation):
             object.__setattr__(self, name, value)
 
         put("sites_mm", _sites(self.sites_mm))
-        put("spread", _choice("spread", self.spread, tuple(SPREAD_LAWS)))
+        put("spread", _choice("spread", self.spread, tuple(SPREAD_LAWS)))  # the law's lowest current comes first
+        if self.waveform in MONOPHASIC_WAVEFORMS:
+            raise ConfigError(
+                f"waveform {self.waveform!r} is not charge-balanced; only biphasic, charge-balanced pulses are "
+                f"allowed: {', '.join(CHARGE_BALANCED_WAVEFORMS)}"
+            )
         law = SPREAD_LAWS.get(self.spread)
-        low_uA = law.lowest_current_uA()
         unit = f"µA ({law.lowest_current_note})" if law.lowest_current_note else "µA"
-        put("current_uA", _in_range("current_uA", self.current_uA, unit, low_uA, MAX_CURRENT_UA, low_open=True))
-        put("tehovnik_K_uA_per_mm2", validate_tehovnik_K(
-            _number("tehovnik_K_uA_per_mm2", self.tehovnik_K_uA_per_mm2, "µA/mm²")))
-        put("frequency_Hz", _in_range("frequency_Hz", self.frequency_Hz, "Hz", 0.0, 1000.0))
-        put("pulse_width_ms", _in_range("pulse_width_ms", self.pulse_width_ms, "ms", 0.0, 2.0, low_open=True))
-        put("interphase_ms", _in_range("interphase_ms", self.interphase_ms, "ms", 0.0, 1.0))
-        put("train_ms", _in_range("train_ms", self.train_ms, "ms", 0.0, None, low_open=True))
-        put("onset_ms", _in_range("onset_ms", self.onset_ms, "ms", 0.0, None))
+        # the spread law sets the lowest current: checked before the declared bounds, with the law's reason
+        put("current_uA", _in_range("current_uA", self.current_uA, unit, law.lowest_current_uA(), MAX_CURRENT_UA,
+                                    low_open=True))
+        self.check_parameters()
         if self.frequency_Hz > 0:
             pulse_ms = 2 * self.pulse_width_ms + self.interphase_ms
             period_ms = 1000.0 / self.frequency_Hz
@@ -108,31 +111,13 @@ class ElectricalStimulation(Perturbation):
                     f"a biphasic pulse (2 × pulse_width_ms + interphase_ms = {pulse_ms:g} ms) must fit in the "
                     f"pulse period 1000 / frequency_Hz = {period_ms:g} ms"
                 )
-        if self.waveform in MONOPHASIC_WAVEFORMS:
-            raise ConfigError(
-                f"waveform {self.waveform!r} is not charge-balanced; only biphasic, charge-balanced pulses are "
-                f"allowed: {', '.join(CHARGE_BALANCED_WAVEFORMS)}"
-            )
-        put("waveform", _choice("waveform", self.waveform, CHARGE_BALANCED_WAVEFORMS))
-        put("form", _choice("form", self.form, STIMULATION_FORMS))
-        put("combine", _choice("combine", self.combine, ELECTRODE_COMBINATIONS))
-        put("baseline_frequency_Hz", _in_range("baseline_frequency_Hz", self.baseline_frequency_Hz, "Hz",
-                                               0.0, 1000.0, low_open=True))
-        put("rate_max_Hz", _in_range("rate_max_Hz", self.rate_max_Hz, "Hz", 0.0, 1000.0, low_open=True))
         put("rate_base_Hz", _in_range("rate_base_Hz", self.rate_base_Hz, "Hz (at most rate_max_Hz)",
                                       0.0, self.rate_max_Hz))
-        put("rate_gain_Hz_per_Hz", _in_range("rate_gain_Hz_per_Hz", self.rate_gain_Hz_per_Hz, "Hz per Hz", 0.0))
-        if self.gain_cap is not None:
-            if self.form != "multiplicative":
-                raise ConfigError("gain_cap applies to form='multiplicative' only; leave it unset for 'additive'")
-            put("gain_cap", _in_range("gain_cap", self.gain_cap, "(gain, dimensionless)", 1.0))
-        if self.activation_per_Hz is not None:
-            if self.form != "additive":
-                raise ConfigError(
-                    "activation_per_Hz applies to form='additive' only; leave it unset for 'multiplicative'")
-            put("activation_per_Hz", _in_range("activation_per_Hz", self.activation_per_Hz,
-                                               "activation units per Hz", 0.0, low_open=True))
-        elif self.form == "additive":
+        if self.gain_cap is not None and self.form != "multiplicative":
+            raise ConfigError("gain_cap applies to form='multiplicative' only; leave it unset for 'additive'")
+        if self.activation_per_Hz is not None and self.form != "additive":
+            raise ConfigError("activation_per_Hz applies to form='additive' only; leave it unset for 'multiplicative'")
+        if self.activation_per_Hz is None and self.form == "additive":
             raise ConfigError(
                 "form='additive' needs activation_per_Hz (> 0, model activation units per Hz of rate increment): "
                 "model activations are not in Hz"

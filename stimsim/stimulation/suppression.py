@@ -8,8 +8,8 @@ from typing import ClassVar
 import torch
 
 from stimsim.cortex.sheet import CorticalSheet
-from stimsim.stimulation.base import (Perturbation, _constant, _in_range, _layer, _per_row, _reduce_rows,
-                                      _site_distances, _sites, register_perturbation)
+from stimsim.stimulation.base import (Perturbation, _constant, _layer, _per_row, _reduce_rows, _site_distances, _sites,
+                                      parameter, register_perturbation)
 from stimsim.stimulation.spread import gaussian_weights
 
 #: Gaussian spread of optogenetic suppression, mm² (σ ≈ 0.48 mm), calibrated on Chow et al. 2010
@@ -26,25 +26,22 @@ class GaussianSuppression(Perturbation):
     silence independently: their multipliers multiply."""
 
     variance_mm2: float
-    #: The dose's field, its unit and its largest accepted value (e.g. ``("power_mW", "mW", 100.0)``).
-    dose: ClassVar[tuple[str, str, float]]
+    #: The name of the dose's parameter (e.g. ``"power_mW"``).
+    dose: ClassVar[str]
 
     def __post_init__(self):
-        name, unit, highest = self.dose
         object.__setattr__(self, "sites_mm", _sites(self.sites_mm))
-        object.__setattr__(self, name, _in_range(name, getattr(self, name), unit, 0.0, highest))
-        object.__setattr__(self, "variance_mm2", _in_range("variance_mm2", self.variance_mm2, "mm²", 0.0,
-                                                           low_open=True))
+        self.check_parameters()
         object.__setattr__(self, "layer", _layer(self.layer))
 
     @property
     def amount(self) -> float:
         """The dose in the kind's unit (mW of light, µL of muscimol); 1 silences the centre."""
-        return getattr(self, self.dose[0])
+        return getattr(self, self.dose)
 
     def describe(self) -> dict:
         return {"kind": self.kind, "layer": self.layer, **self._describe_sites(),
-                self.dose[0]: self.amount, "variance_mm2": self.variance_mm2}
+                self.dose: self.amount, "variance_mm2": self.variance_mm2}
 
     @classmethod
     def batch_effect(cls, perturbations, sheet: CorticalSheet, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,11 +65,11 @@ class OptogeneticSuppression(GaussianSuppression):
     """
 
     kind: ClassVar[str] = "optogenetic"
-    dose: ClassVar[tuple[str, str, float]] = ("power_mW", "mW", 100.0)
+    dose: ClassVar[str] = "power_mW"
 
     sites_mm: tuple[tuple[float, float], ...]
-    power_mW: float
-    variance_mm2: float = CHOW2010_VARIANCE_MM2
+    power_mW: float = parameter(unit="mW", low=0.0, high=100.0)
+    variance_mm2: float = parameter(CHOW2010_VARIANCE_MM2, unit="mm²", low=0.0, low_open=True)
     layer: str = "IT"
 
 
@@ -89,9 +86,9 @@ class MuscimolInactivation(GaussianSuppression):
     """
 
     kind: ClassVar[str] = "muscimol"
-    dose: ClassVar[tuple[str, str, float]] = ("volume_uL", "µL", 10.0)
+    dose: ClassVar[str] = "volume_uL"
 
     sites_mm: tuple[tuple[float, float], ...]
-    volume_uL: float
-    variance_mm2: float = ARIKAN2002_VARIANCE_MM2
+    volume_uL: float = parameter(unit="µL", low=0.0, high=10.0)
+    variance_mm2: float = parameter(ARIKAN2002_VARIANCE_MM2, unit="mm²", low=0.0, low_open=True)
     layer: str = "IT"
