@@ -25,7 +25,7 @@ from stimsim.paradigms import categorization, same_different
 from stimsim.paradigms.runner import load_results, run_experiment
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, select_sites
 from stimsim.paradigms import load_experiment, parse_experiment
-from stimsim.paradigms.spec import LocalizerSpec, SitesSpec
+from stimsim.paradigms.schema import ExplicitSites, FacePatchSites, LocalizerFile, SelectivitySites
 from stimsim.cortex.sheet import CorticalSheet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -236,9 +236,9 @@ def _synthetic_face_patch(sheet, centre=(3.0, 3.0), n_images=40, seed=0):
 def test_selectivity_strata_have_requested_sizes_and_d_prime_order():
     sheet = _grid_sheet()
     responses, is_face = _synthetic_face_patch(sheet)
-    spec = SitesSpec(method="selectivity", localizer=LocalizerSpec("category", "face", None), n_selective=5,
-                     n_other=7, dprime_threshold=1.0, recording_radius_mm=0.6, candidate_step_mm=0.5,
-                     min_separation_mm=0.5)
+    spec = SelectivitySites(method="selectivity", localizer=LocalizerFile(label="category", positive="face"),
+                            n_selective=5, n_other=7, dprime_threshold=1.0, recording_radius_mm=0.6,
+                            candidate_step_mm=0.5, min_separation_mm=0.5)
     selection = select_sites(spec, sheet, responses, is_face, seed=1)
     groups = [s.group for s in selection.sites]
     dprimes = np.array([s.dprime for s in selection.sites])
@@ -253,7 +253,7 @@ def test_selectivity_strata_have_requested_sizes_and_d_prime_order():
     assert [s.label for s in selection.sites] == [f"site_{i:03d}" for i in range(12)]
     again = select_sites(spec, sheet, responses, is_face, seed=1)
     assert again.sites == selection.sites
-    too_many = SitesSpec(**{**spec.__dict__, "n_selective": 500})
+    too_many = spec.model_copy(update={"n_selective": 500})
     with pytest.raises(ConfigError, match="lower n_selective"):
         select_sites(too_many, sheet, responses, is_face, seed=1)
 
@@ -261,8 +261,8 @@ def test_selectivity_strata_have_requested_sizes_and_d_prime_order():
 def test_face_patch_inside_at_peak_and_outside_far_and_unselective():
     sheet = _grid_sheet()
     responses, is_face = _synthetic_face_patch(sheet, centre=(3.0, 6.0))
-    spec = SitesSpec(method="face_patch", localizer=LocalizerSpec("category", "face", None),
-                     recording_radius_mm=0.6, outside_min_distance_mm=4.0)
+    spec = FacePatchSites(method="face_patch", localizer=LocalizerFile(label="category", positive="face"),
+                          recording_radius_mm=0.6, outside_min_distance_mm=4.0)
     selection = select_sites(spec, sheet, responses, is_face)
     inside, outside = selection.sites
     assert (inside.group, outside.group) == ("inside", "outside")
@@ -276,8 +276,8 @@ def test_grid_and_explicit_sites():
     points = candidate_points_mm(sheet, step_mm=2.0, margin_mm=1.0)
     assert len(points) == 25 and points.min() == pytest.approx(1.0) and points.max() == pytest.approx(9.0)
     responses, is_face = _synthetic_face_patch(sheet)
-    spec = SitesSpec(method="explicit", localizer=LocalizerSpec("category", "face", None),
-                     sites_mm=((11.0, 2.0),), groups=("x",))
+    spec = ExplicitSites(method="explicit", localizer=LocalizerFile(label="category", positive="face"),
+                         sites_mm=[[11.0, 2.0]], groups=["x"])
     with pytest.raises(ConfigError, match=r"^\[sites\] 'sites_mm': \(11, 2\) mm lies off sheet .*, which spans x in \["):
         select_sites(spec, sheet, responses, is_face)
 

@@ -42,7 +42,8 @@ from stimsim.utilities.plugins import Registry
 if TYPE_CHECKING:
     from stimsim.data.stimuli import StimulusSet
     from stimsim.paradigms.sites import SiteSelection
-    from stimsim.paradigms.spec import ExperimentSpec, LocalizerSpec
+    from stimsim.paradigms.schema import LocalizerFile
+    from stimsim.paradigms.spec import ExperimentSpec
 
 
 
@@ -90,7 +91,7 @@ class Paradigm(ABC):
     def labels(self, spec: "ExperimentSpec") -> set[str]:
         """Image labels the trials need (kept, as text, when the stimulus sets are loaded)."""
 
-    def default_localizer(self, options) -> "LocalizerSpec | None":
+    def default_localizer(self, options) -> "LocalizerFile | None":
         """Localizer used when the file has no ``[sites.localizer]``; None = the file must give one."""
         return None
 

@@ -48,7 +48,8 @@ from stimsim.utilities.filemodels import FileModel, Text
 from stimsim.paradigms.base import Paradigm, register_paradigm
 from stimsim.paradigms.schema import StimuliFile
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
-from stimsim.paradigms.spec import DecoderSpec, ExperimentSpec, LocalizerSpec
+from stimsim.paradigms.schema import DecoderFile, LocalizerFile
+from stimsim.paradigms.spec import ExperimentSpec
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def clean_images(options: CategorizationOptions, stimuli: StimulusSet, seed: int
                        stimulus_id=stimuli.stimulus_id[selected], labels=labels)
 
 
-def categorization_trials(options: CategorizationOptions, decoder: DecoderSpec, model, stimuli: StimulusSet, seed: int,
+def categorization_trials(options: CategorizationOptions, decoder: DecoderFile, model, stimuli: StimulusSet, seed: int,
                           where: str, count_key: str = "n_per_choice") -> CategorizationTrials:
     """Split the clean images (:func:`clean_images`) into fitting and test images (stratified by choice; all
     noisy copies of an image on the same side), add noise at ``model``'s input geometry, and fit the frozen
@@ -399,10 +400,10 @@ class Categorization(Paradigm):
     def labels(self, spec: ExperimentSpec) -> set[str]:
         return {spec.options.label}
 
-    def default_localizer(self, options: CategorizationOptions) -> LocalizerSpec | None:
+    def default_localizer(self, options: CategorizationOptions) -> LocalizerFile | None:
         if options.positive is None:
             return None
-        return LocalizerSpec(label=options.label, positive=options.positive, sets=None)
+        return LocalizerFile(label=options.label, positive=options.positive)
 
     def prepare(self, spec, model, stimuli, selection, progress=False):
         return categorization_trials(spec.options, spec.decoder, model, stimuli, spec.seed, f"{spec.source} [stimuli]")

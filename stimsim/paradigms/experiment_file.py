@@ -102,7 +102,8 @@ from stimsim.datasets import DATASETS
 from stimsim.utilities.errors import ConfigError, SafetyError
 from stimsim.paradigms.base import PARADIGMS
 from stimsim.paradigms.schema import SafetyFile, file_model, validate_file
-from stimsim.paradigms.spec import AnalysisSpec, DecoderSpec, ExperimentSpec, LocalizerSpec, SitesSpec, StimuliSpec
+from stimsim.paradigms.schema import LocalizerFile, SitesFile
+from stimsim.paradigms.spec import ExperimentSpec
 from stimsim.stimulation import SafetyLimits, enforce, perturbation_from_dict
 
 
@@ -163,11 +164,9 @@ def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
     spec = ExperimentSpec(
         name=checked.name, description=checked.description, citation=checked.citation, paradigm=name,
         model=checked.model, layer=checked.layer, seed=checked.seed,
-        stimuli=StimuliSpec(sets=_sets(checked.stimuli.sets)),
-        decoder=DecoderSpec(C=checked.decoder.C, fit_fraction=checked.decoder.fit_fraction,
-                            layer=checked.decoder.layer or checked.layer, max_iter=checked.decoder.max_iter),
+        stimuli=checked.stimuli, decoder=checked.decoder.model_copy(update={"layer": checked.decoder.layer or checked.layer}),
         sites=_sites(checked.sites, paradigm.default_localizer(options), where),
-        stimulation=stimulation, analysis=AnalysisSpec(**checked.analysis.model_dump()),
+        stimulation=stimulation, analysis=checked.analysis,
         options=options, perturbation=perturbation, additive_scale=checked.stimulation.additive_scale,
         safety=_safety(checked, stimulation, where), cortex_mm_per_model_mm=checked.cortex_mm_per_model_mm,
         source=where, raw=json.loads(json.dumps(raw, default=str)),
@@ -176,30 +175,24 @@ def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
 
 
 # --- checks across tables ---------------------------------------------------------------------
-def _sets(sets) -> tuple[dict, ...]:
-    return tuple(entry.model_dump(exclude_unset=True) for entry in sets)
-
-
-def _sites(sites, default_localizer: LocalizerSpec | None, where: str) -> SitesSpec:
+def _sites(sites, default_localizer: LocalizerFile | None, where: str) -> SitesFile:
+    """The ``[sites]`` table with its localizer resolved (the paradigm's default when the file gives none) and an
+    explicit method's ``groups`` filled (one ``"explicit"`` per site when not given)."""
+    update = {}
     if sites.localizer is None:
         if default_localizer is None:
             raise ConfigError(f"{where} [sites.localizer]: site selectivity needs a localizer: give "
                               f"[sites.localizer] with 'label' and 'positive' (the preferred class, e.g. \"face\")")
-        localizer = default_localizer
-    else:
-        localizer = LocalizerSpec(label=sites.localizer.label, positive=sites.localizer.positive,
-                                  sets=None if sites.localizer.sets is None else _sets(sites.localizer.sets))
-    values = sites.model_dump(exclude={"localizer"})
+        update["localizer"] = default_localizer
     if sites.method == "explicit":
-        values["sites_mm"] = tuple((float(x), float(y)) for x, y in sites.sites_mm)
         groups = sites.groups if sites.groups is not None else ["explicit"] * len(sites.sites_mm)
         if len(groups) != len(sites.sites_mm):
             raise ConfigError(f"{where} [sites]: 'groups' must hold one non-empty name per site "
                               f"({len(sites.sites_mm)}), got {groups!r}")
-        values["groups"] = tuple(groups)
+        update["groups"] = list(groups)
     if sites.method == "selectivity" and sites.n_selective + sites.n_other < 1:
         raise ConfigError(f"{where} [sites]: n_selective + n_other must be at least 1")
-    return SitesSpec(localizer=localizer, **values)
+    return sites.model_copy(update=update)
 
 
 def _stimulation_template(checked, where: str):

@@ -22,7 +22,7 @@ from scipy.spatial import cKDTree
 from stimsim.behavior.metrics import dprime
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.figures import pyplot, save_figure
-from stimsim.paradigms.spec import SitesSpec
+from stimsim.paradigms.schema import SitesFile
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.cortex.topography import peak_location_mm, smoothed_values_at
 
@@ -128,7 +128,7 @@ def candidate_points_mm(sheet: CorticalSheet, step_mm: float, margin_mm: float) 
     return np.stack([xs.ravel(), ys.ravel()], axis=1)
 
 
-def select_sites(spec: SitesSpec, sheet: CorticalSheet, responses, is_positive, seed: int = 0) -> SiteSelection:
+def select_sites(spec: SitesFile, sheet: CorticalSheet, responses, is_positive, seed: int = 0) -> SiteSelection:
     """Choose the sites that ``spec`` describes on ``sheet``, from the localizer ``responses``
     (n_images, N) and ``is_positive`` (n_images,) bool; random draws use ``seed``."""
     responses, is_positive = _check_responses(responses, is_positive)
@@ -164,7 +164,7 @@ def select_sites(spec: SitesSpec, sheet: CorticalSheet, responses, is_positive, 
                          recording_radius_mm=radius, smoothing_sigma_mm=spec.smoothing_sigma_mm)
 
 
-def _selectivity_strata(spec: SitesSpec, sheet, responses, is_positive, seed):
+def _selectivity_strata(spec: SitesFile, sheet, responses, is_positive, seed):
     """n_selective points with d′ > threshold, then n_other with d′ <= threshold, each sorted by
     decreasing d′, drawn at random (at least ``min_separation_mm`` apart)."""
     candidates = candidate_points_mm(sheet, spec.candidate_step_mm, spec.margin_mm)
@@ -208,7 +208,7 @@ def _draw_separated(candidates, indices, wanted, min_separation_mm, already, rng
     return picked
 
 
-def _face_patch(spec: SitesSpec, sheet, responses, is_positive, peak):
+def _face_patch(spec: SitesFile, sheet, responses, is_positive, peak):
     """Inside = the candidate point where the unit-d′ map smoothed with ``smoothing_sigma_mm`` is
     highest (the face-patch centre, kept ``margin_mm`` from the edge); outside = the candidate at
     least ``outside_min_distance_mm`` from it where that smoothed map is lowest. With σ about the

@@ -1,77 +1,26 @@
-"""The validated experiment: what an experiment file says, as frozen records that the paradigms,
-the runner and the published datasets read. Files become an :class:`ExperimentSpec` through
-:func:`stimsim.paradigms.experiment_file.load_experiment`, whose module documents every table and key."""
+"""The validated experiment: what an experiment file says, as the frozen record that the paradigms, the runner
+and the published datasets read. Files become an :class:`ExperimentSpec` through
+:func:`stimsim.paradigms.experiment_file.load_experiment`, whose module documents every table and key; its tables
+are the validated file models themselves (:mod:`stimsim.paradigms.schema`)."""
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.hashing import json_sha256
 
-
-@dataclass(frozen=True)
-class StimuliSpec:
-    """The images of an experiment: ``sets``, tables for ``load_stimulus_source`` (optionally with
-    ``heldout_only``)."""
-
-    sets: tuple[dict, ...]
-
-
-@dataclass(frozen=True)
-class DecoderSpec:
-    """Decoder fitting: regularisation ``C``, share of trials for fitting, readout layer."""
-
-    C: float
-    fit_fraction: float
-    layer: str
-    max_iter: int
-
-
-@dataclass(frozen=True)
-class LocalizerSpec:
-    """Images defining site selectivity: d′ of ``positive`` against the rest of ``label``;
-    ``sets`` None = the experiment's own clean images."""
-
-    label: str
-    positive: str
-    sets: tuple[dict, ...] | None
-
-
-@dataclass(frozen=True)
-class SitesSpec:
-    """How stimulation sites are chosen on the sheet (mm); see the module docstring."""
-
-    method: str
-    localizer: LocalizerSpec
-    recording_radius_mm: float = 0.5
-    margin_mm: float = 0.5
-    dprime_threshold: float = 1.0
-    sites_mm: tuple[tuple[float, float], ...] = ()
-    groups: tuple[str, ...] = ()
-    n_selective: int = 0
-    n_other: int = 0
-    candidate_step_mm: float = 0.25
-    min_separation_mm: float = 0.0
-    smoothing_sigma_mm: float = 0.5
-    outside_min_distance_mm: float = 3.0
-    grid_step_mm: float = 2.0
-
-
-@dataclass(frozen=True)
-class AnalysisSpec:
-    """Uncertainty settings: bootstrap resamples, permutations, confidence level."""
-
-    n_boot: int = 1000
-    n_perm: int = 1000
-    ci: float = 0.95
+if TYPE_CHECKING:
+    from stimsim.paradigms.schema import AnalysisFile, DecoderFile, SitesFile, StimuliFile
 
 
 @dataclass(frozen=True)
 class ExperimentSpec:
-    """A validated experiment file. ``options`` holds what the paradigm parsed (its own keys and
+    """A validated experiment file. ``stimuli``, ``decoder`` (its ``layer`` resolved), ``sites`` (its
+    ``localizer`` resolved, an explicit method's ``groups`` filled) and ``analysis`` are the file's validated
+    tables. ``options`` holds what the paradigm parsed (its own keys and
     tables), ``raw`` the file's content as parsed (stored with results), ``source`` the file it came
     from, ``safety`` the safety report with its limits and any override reason (electrical
     stimulation only)."""
@@ -83,11 +32,11 @@ class ExperimentSpec:
     model: str
     layer: str
     seed: int
-    stimuli: StimuliSpec
-    decoder: DecoderSpec
-    sites: SitesSpec
+    stimuli: "StimuliFile"
+    decoder: "DecoderFile"
+    sites: "SitesFile"
     stimulation: dict
-    analysis: AnalysisSpec
+    analysis: "AnalysisFile"
     options: Any = None
     perturbation: Any = None
     additive_scale: str = "activation"

@@ -24,7 +24,7 @@ from pydantic import Field, field_validator
 from stimsim.engine import simulate
 from stimsim.utilities.filemodels import FileModel
 from stimsim.paradigms.categorization import CategorizationOptions, categorization_trials, clean_images
-from stimsim.paradigms.spec import DecoderSpec
+from stimsim.paradigms.schema import DecoderFile
 from stimsim.planning.tasks.base import PlanTask, register_plan_task, stimulation_at
 from stimsim.stimulation import Condition
 
@@ -58,11 +58,11 @@ class FaceTaskSpec(FileModel):
             raise ValueError(f"'signal_percent' must be distinct percentages in [0, 100], got {list(levels)}")
         return levels
 
-    def categorization(self) -> tuple[CategorizationOptions, DecoderSpec]:
+    def categorization(self) -> tuple[CategorizationOptions, DecoderFile]:
         """The categorisation paradigm's options and decoder for this task: "face" against every other category."""
         return (CategorizationOptions(label="category", positive=FACE, negative=NONFACE, n_per_choice=self.n_per_class,
                                       signal_percent=tuple(self.signal_percent)),
-                DecoderSpec(C=self.C, fit_fraction=self.fit_fraction, layer=IT, max_iter=1000))
+                DecoderFile(C=self.C, fit_fraction=self.fit_fraction, layer=IT))
 
 
 @register_plan_task("face_categorization")
