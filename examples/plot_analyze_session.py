@@ -17,8 +17,8 @@ import numpy as np
 from scipy.integrate import trapezoid
 
 from stimsim.analysis.analyze import analyze
-from stimsim.lab.sessions import load_sessions, value_mapping
 from stimsim.analysis.synthetic import planted_curves, planted_session
+from stimsim.lab.sessions import load_sessions, value_mapping
 
 stim_logodds = [0.0] * 6 + [1.5] * 6     # planted effect of each site (log-odds)
 trials = planted_session(stim_logodds, trials_per_site=400, lapse_rate=0.02, seed=0)

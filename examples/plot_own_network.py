@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 from stimsim.behavior import LogisticDecoder
+from stimsim.cortex.positions import retinotopic_positions
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.data.stimuli import lfw_subset
 from stimsim.engine import simulate
-from stimsim.cortex.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
-from stimsim.cortex.sheet import CorticalSheet
 from stimsim.stimulation import Condition, ElectricalStimulation
 
 

@@ -34,7 +34,7 @@ class FaceBias(Paradigm):
         return categorization.Categorization().default_localizer(options)
 
     def prepare(self, spec, model, stimuli, selection, progress=False):
-        return categorization.prepare(spec, model, stimuli)
+        return categorization.categorization_trials(spec.options, spec.decoder, model, stimuli, spec.seed, spec.source)
 
     def analyse(self, spec, trials, probabilities, selection):
         p = probabilities.sel(choice=spec.options.positive).mean("stimulus_id")

@@ -17,8 +17,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 import stimsim
-from stimsim.utilities.errors import DataError
 from stimsim.percepts.visualize import run_visualize
+from stimsim.utilities.errors import DataError
 
 default = Path(stimsim.__file__).resolve().parents[1] / "experiments" / "visualize_default.toml"
 small = default.read_text()

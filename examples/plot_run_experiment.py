@@ -13,8 +13,8 @@ import tomllib
 
 import matplotlib.pyplot as plt
 
-from stimsim.utilities.errors import DataError
 from stimsim.paradigms import parse_experiment, run_experiment
+from stimsim.utilities.errors import DataError
 
 EXPERIMENT = """
 name = "afraz2006_small"

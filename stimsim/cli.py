@@ -29,9 +29,9 @@ from stimsim.utilities.progress import report_phase, write_line
 
 
 def _cmd_train(args) -> int:
-    from stimsim.utilities.config import load_toml
     from stimsim.training.head_training import build_topo_head_model, is_head_config, load_head_config
     from stimsim.training.loop import CHECKPOINT_NAME, load_training_config, train
+    from stimsim.utilities.config import load_toml
 
     if is_head_config(load_toml(args.config)):
         config = load_head_config(args.config)[0]
@@ -98,8 +98,8 @@ def _cmd_models_list(args) -> int:
 
 
 def _cmd_models_check(args) -> int:
-    from stimsim.training.evaluation import check_model
     from stimsim.models.registry import load_model
+    from stimsim.training.evaluation import check_model
 
     progress = not args.no_progress
     _check_at_least("--shuffles", args.shuffles, 1)

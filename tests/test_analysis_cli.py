@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+from test_analysis_sessions import LAB_MAPPING, write_lab_nwb
 
 from stimsim.analysis.effects import expected_fdr_discoveries_under_null
 from stimsim.analysis.synthetic import planted_curves, planted_session
 from stimsim.cli import main
 from stimsim.utilities.io import read_result_set
-from test_analysis_sessions import LAB_MAPPING, write_lab_nwb
 
 
 def test_analyze_lab_nwb_with_mapping_and_plan(tmp_path, capsys, chromium_render, pdf_pages):

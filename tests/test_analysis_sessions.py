@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stimsim.lab.sessions import column_mapping, load_column_mapping, load_sessions, load_value_mapping, \
-    parse_column_mapping, parse_value_mapping, value_mapping
 from stimsim.analysis.synthetic import planted_session
+from stimsim.lab.sessions import (column_mapping, load_column_mapping, load_sessions, load_value_mapping,
+                                  parse_column_mapping, parse_value_mapping, value_mapping)
 from stimsim.utilities.errors import ConfigError, FileFormatError
 
 

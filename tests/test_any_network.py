@@ -13,18 +13,18 @@ import torch
 from torch import nn
 
 from stimsim.behavior import LogisticDecoder
-from stimsim.utilities.config import load_toml
+from stimsim.cortex.positions import retinotopic_positions
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.data.stimuli import lfw_subset
 from stimsim.engine import simulate, simulate_plain
-from stimsim.utilities.errors import ConfigError
-from stimsim.cortex.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.stages import split_network
 from stimsim.models.topographic import TopographicModel
 from stimsim.models.torchvision_builder import build_torchvision_model
 from stimsim.paradigms import load_results, parse_experiment, run_experiment
-from stimsim.cortex.sheet import CorticalSheet
 from stimsim.stimulation import Condition, ElectricalStimulation
+from stimsim.utilities.config import load_toml
+from stimsim.utilities.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

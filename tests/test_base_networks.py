@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 import torch
 
-from stimsim.utilities.errors import DataError, FileFormatError
-from stimsim.models.base_networks import (BASE_NETWORKS, base_network_spec, efficientnet_keys_to_timm,
-                                          imagenet_logits, load_base_network)
+from stimsim.models.base_networks import (BASE_NETWORKS, base_network_spec, efficientnet_keys_to_timm, imagenet_logits,
+                                          load_base_network)
 from stimsim.training.imagenet import imagenet_files, imagenet_top1
+from stimsim.utilities.errors import DataError, FileFormatError
 
 
 def test_efficientnet_keys_are_renamed_to_timm_stages():

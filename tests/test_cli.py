@@ -270,9 +270,9 @@ def test_a_model_name_is_the_shipped_model_even_beside_a_folder_of_that_name(tmp
     directory is read only when given as a path (./NAME, /path, DIR/NAME), and a bare folder name says so."""
     import shutil
 
-    from stimsim.utilities.errors import DataError
     from stimsim.models.registry import SHIPPED_DIR, model_path
     from stimsim.paradigms import load_experiment
+    from stimsim.utilities.errors import DataError
 
     monkeypatch.chdir(tmp_path)
     shutil.copytree(SHIPPED_DIR / "stimsim-topo-s2", tmp_path / "stimsim-topo-s0")

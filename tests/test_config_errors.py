@@ -3,10 +3,10 @@ from pathlib import Path
 
 import pytest
 
+from stimsim.paradigms import load_experiment, parse_experiment
+from stimsim.training.loop import load_training_config
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, FileFormatError
-from stimsim.training.loop import load_training_config
-from stimsim.paradigms import load_experiment, parse_experiment
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 

@@ -7,13 +7,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from stimsim.behavior import decoders
-from stimsim.behavior.decoders import (
-    BoundSameDifferentDecoder,
-    Decoder,
-    LogisticDecoder,
-    SameDifferentDecoder,
-    decoder_from_dict,
-)
+from stimsim.behavior.decoders import (BoundSameDifferentDecoder, Decoder, LogisticDecoder, SameDifferentDecoder,
+                                       decoder_from_dict)
 from stimsim.utilities.errors import ConfigError
 
 

@@ -8,16 +8,16 @@ import pytest
 import torch
 import xarray as xr
 
-from stimsim.engine import simulation as engine
 from stimsim.behavior import LogisticDecoder
-from stimsim.engine.distributed import parse_scheduler
-from stimsim.utilities.errors import ConfigError
-from stimsim.models.architectures import build_network
 from stimsim.cortex.positions import retinotopic_positions
+from stimsim.cortex.sheet import CorticalSheet
+from stimsim.engine import simulation as engine
+from stimsim.engine.distributed import parse_scheduler
+from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
-from stimsim.cortex.sheet import CorticalSheet
 from stimsim.stimulation import Condition, ElectricalStimulation
+from stimsim.utilities.errors import ConfigError
 
 distributed = pytest.importorskip("distributed")
 

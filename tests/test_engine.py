@@ -10,20 +10,20 @@ import pytest
 import torch
 import xarray as xr
 
+from stimsim.behavior import LogisticDecoder
+from stimsim.cortex.positions import retinotopic_positions
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.engine import simulation as engine
 from stimsim.engine.activation_cache import SAMPLED_ROWS
-from stimsim.behavior import LogisticDecoder
 from stimsim.engine.bench import run_benchmark
-from stimsim.utilities.errors import ConfigError, SafetyError
-from stimsim.utilities.hashing import sha256_of
+from stimsim.engine.devices import resolve_device
 from stimsim.models.architectures import build_network
-from stimsim.cortex.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
-from stimsim.cortex.sheet import CorticalSheet
-from stimsim.engine.devices import resolve_device
 from stimsim.stimulation import (Ablation, Condition, ElectricalStimulation, MuscimolInactivation,
                                  OptogeneticSuppression, SafetyLimits)
+from stimsim.utilities.errors import ConfigError, SafetyError
+from stimsim.utilities.hashing import sha256_of
 
 #: 300 µA exceeds Shannon's limit on a Utah tip; these tests want strong in-silico effects, no protocol.
 OVERRIDE = "engine tests: strong in-silico effects, no protocol proposed"

@@ -4,11 +4,10 @@ import numpy as np
 import pytest
 
 from stimsim.lab.arrays import AnatomicalPose, ArrayPose, pose_error, utah_array
-from stimsim.utilities.errors import ConfigError, DataError
-from stimsim.mapping import (RegistrationProblem, bootstrap_registration, cross_validated_r2, register,
-                             select_model)
+from stimsim.mapping import RegistrationProblem, bootstrap_registration, cross_validated_r2, register, select_model
 from stimsim.models.registry import load_model
 from stimsim.subject import VirtualSubject
+from stimsim.utilities.errors import ConfigError, DataError
 
 STIMULI = [{"source": "lfw_subset"}, {"source": "fashion_mnist", "split": "test", "n_per_class": 10, "seed": 1}]
 

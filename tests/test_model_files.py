@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
-from stimsim.utilities.hashing import sha256_of
-from stimsim.models.architectures import build_network
 from stimsim.cortex.positions import retinotopic_positions
+from stimsim.cortex.sheet import CorticalSheet
+from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
 from stimsim.models.torchvision_builder import build_torchvision_model
-from stimsim.cortex.sheet import CorticalSheet
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
+from stimsim.utilities.hashing import sha256_of
 
 
 def tiny_model(it_units=64, seed=0):

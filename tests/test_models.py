@@ -12,14 +12,14 @@ import torch
 import torchvision
 from PIL import Image
 
-from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
 from stimsim.cortex.positions import build_sheet, retinotopic_positions
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.swap import swap_optimize
 from stimsim.models.tdann import TDANN_AREAS, load_tdann, read_vissl_trunk
 from stimsim.models.topographic import TopographicModel
 from stimsim.models.torchvision_builder import build_torchvision_model
-from stimsim.cortex.sheet import CorticalSheet
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
 
 MOELLER_FACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "moeller2017" / "Faces"
 

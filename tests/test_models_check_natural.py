@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from stimsim.engine.activation_cache import SAMPLED_ROWS
 from stimsim.cli import main
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.data import manifest
+from stimsim.engine.activation_cache import SAMPLED_ROWS
+from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.registry import describe_model
-from stimsim.models.architectures import build_network
 from stimsim.models.topographic import TopographicModel
-from stimsim.cortex.sheet import CorticalSheet
 from stimsim.training import evaluation
 
 

@@ -11,15 +11,15 @@ import pytest
 import torch
 from PIL import Image
 
-from stimsim.utilities.errors import ConfigError, DataError
-from stimsim.utilities.io import (RESULT_SET_FILE, ResultSet, atomic_write_json, check_output_dir, check_output_file,
-                        read_result_set)
-from stimsim.models.architectures import build_network
 from stimsim.cortex.positions import retinotopic_positions
+from stimsim.cortex.sheet import CorticalSheet
+from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
 from stimsim.paradigms.runner import load_results, run_experiment
-from stimsim.cortex.sheet import CorticalSheet
+from stimsim.utilities.errors import ConfigError, DataError
+from stimsim.utilities.io import (RESULT_SET_FILE, ResultSet, atomic_write_json, check_output_dir, check_output_file,
+                                  read_result_set)
 
 EXPERIMENT = """
 name = "bright_dark"

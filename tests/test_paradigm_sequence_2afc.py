@@ -9,9 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stimsim.utilities.config import load_toml
 from stimsim.data.stimuli import load_stimulus_source
-from stimsim.utilities.errors import ConfigError
 from stimsim.paradigms import PARADIGMS, get_paradigm, load_experiment, parse_experiment
 from stimsim.paradigms.runner import load_results, run_experiment
 from stimsim.paradigms.schema import SCHEMA_PATH
@@ -20,6 +18,8 @@ from stimsim.paradigms.sites import CONTROL_LABEL, Site, SiteSelection
 from stimsim.planning.tasks.sequence_2afc import rehearse
 from stimsim.sequences import SequenceSpec, build_sequences, pooling_matrix
 from stimsim.stimulation import Condition
+from stimsim.utilities.config import load_toml
+from stimsim.utilities.errors import ConfigError
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 SITES_MM = [[3.0, 3.0], [6.5, 6.0], [2.5, 7.5]]

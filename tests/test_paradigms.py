@@ -12,21 +12,20 @@ import xarray as xr
 from PIL import Image
 
 from stimsim.cli import main as cli_main
-from stimsim.utilities.config import load_toml
+from stimsim.cortex.positions import retinotopic_positions
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.data import manifest
 from stimsim.data.stimuli import StimulusSet
-from stimsim.utilities.errors import ConfigError, DataError, SafetyError
+from stimsim.datasets import afraz2006, moeller2017
 from stimsim.models.architectures import build_network
-from stimsim.cortex.positions import retinotopic_positions
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
-from stimsim.datasets import afraz2006, moeller2017
-from stimsim.paradigms import categorization, same_different
+from stimsim.paradigms import categorization, load_experiment, parse_experiment, same_different
 from stimsim.paradigms.runner import load_results, run_experiment
-from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, select_sites
-from stimsim.paradigms import load_experiment, parse_experiment
 from stimsim.paradigms.schema import ExplicitSites, FacePatchSites, LocalizerFile, SelectivitySites
-from stimsim.cortex.sheet import CorticalSheet
+from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, select_sites
+from stimsim.utilities.config import load_toml
+from stimsim.utilities.errors import ConfigError, DataError, SafetyError
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"

@@ -8,10 +8,10 @@ import torch
 import xarray as xr
 
 from stimsim.cli import main
-from stimsim.utilities.errors import ConfigError
 from stimsim.models.registry import load_model
 from stimsim.percepts import InversionSettings, pixel_images, scrambled_effects, synthesize
 from stimsim.stimulation import Condition, ElectricalStimulation
+from stimsim.utilities.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 

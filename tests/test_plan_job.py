@@ -15,11 +15,11 @@ import pytest
 import xarray as xr
 
 from stimsim.cli import main
-from stimsim.utilities.errors import ConfigError, DataError, SafetyError
 from stimsim.planning.config import load_plan_config
 from stimsim.planning.job import run_plan
 from stimsim.planning.selection import separation_mm
 from stimsim.planning.validation import meets_targets
+from stimsim.utilities.errors import ConfigError, DataError, SafetyError
 
 SUBJECT = """
 [subject]
@@ -789,8 +789,8 @@ def _lab_plan(directory, pitch_mm=0.4, n_images=200, n_folds=3, layout_prefix="e
     """A lab's plan: recordings (random responses, ``repeats`` repeats) of ``n_images`` LFW images on a layout of 16
     electrodes in ``columns`` columns at ``pitch_mm``; the plan's layout file names its electrodes ``layout_prefix``
     1..16."""
-    from stimsim.lab.arrays import ArrayLayout
     from stimsim.data.stimuli import lfw_subset
+    from stimsim.lab.arrays import ArrayLayout
     from stimsim.lab.recordings import Recordings
 
     directory.mkdir(parents=True)
@@ -913,9 +913,9 @@ def test_anatomical_reference_may_be_an_electrode_the_recordings_leave_out(tmp_p
     it may be listed as broken): e2, 0.4 mm right of e1 on the 4×4 layout, lies 0.4 mm anterior of e1's AP at
     rotation 0."""
     from stimsim.lab.arrays.anatomy import AnatomicalPose
+    from stimsim.lab.recordings import load_recordings
     from stimsim.planning.config import load_plan_config
     from stimsim.planning.plan import PlanInputs
-    from stimsim.lab.recordings import load_recordings
 
     config_path = _lab_plan(tmp_path / "config")
     recordings = load_recordings(tmp_path / "config" / "recordings.nc").select_electrodes([f"e{i}" for i in range(2, 17)])
@@ -993,9 +993,9 @@ def test_flat_and_unreliable_channels_are_left_out_by_name(tmp_path):
     noise of SD 1, split-half reliability ≈ 0.99): e3 records 7.0 throughout (constant), e5 records 5.0 but 6.0 once
     (in every split the half without that presentation has constant image means: reliability undefined), e7 is
     noise alone (reliability ≈ 0 < 0.3), e1 is listed as broken (the lab's own list: not reported)."""
+    from stimsim.lab.recordings import Recordings, load_recordings
     from stimsim.planning.config import load_plan_config
     from stimsim.planning.plan import PlanInputs, _mapping_phase, _reliability, _screen
-    from stimsim.lab.recordings import Recordings, load_recordings
 
     config_path = _lab_plan(tmp_path / "config")
     path = tmp_path / "config" / "recordings.nc"
@@ -1045,9 +1045,9 @@ def test_split_half_reliability_is_needed_only_where_it_is_asked_for(tmp_path):
 
 def test_a_plan_cache_of_recordings_that_changed_since_is_refused(tmp_path):
     """Re-running into the same --out after the lab re-exported its recordings must not reuse the old mapping."""
+    from stimsim.lab.recordings import load_recordings
     from stimsim.planning.config import load_plan_config
     from stimsim.planning.plan import PhaseCache
-    from stimsim.lab.recordings import load_recordings
 
     config_path = _lab_plan(tmp_path / "config")
     before = load_plan_config(config_path).digest()

@@ -6,13 +6,13 @@ import torch
 import xarray as xr
 
 from stimsim.behavior.metrics import auc_of_curve
-from stimsim.utilities.errors import ConfigError
 from stimsim.paradigms.sequence_2afc import TaskSpec, fit_readouts
-from stimsim.planning.tasks.sequence_2afc import rehearse
-from stimsim.planning.selection import (SelectionSpec, choose_sites, rank_sites, ranking_reliability,
-                                        separation_mm, shortfall_message)
+from stimsim.planning.selection import (SelectionSpec, choose_sites, rank_sites, ranking_reliability, separation_mm,
+                                        shortfall_message)
 from stimsim.planning.session import simulate_trials, write_session_csv, write_session_nwb
+from stimsim.planning.tasks.sequence_2afc import rehearse
 from stimsim.sequences import SequenceSpec, build_sequences, excursion_warning, pooling_matrix
+from stimsim.utilities.errors import ConfigError
 
 
 # --- ranking and constraints ------------------------------------------------------------------------

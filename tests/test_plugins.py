@@ -8,19 +8,20 @@ import numpy as np
 import pytest
 import torch
 
-from stimsim.utilities import plugins
-from stimsim.utilities.config import load_toml
-from stimsim.datasets import get_dataset
-from stimsim.utilities.errors import ConfigError
-from stimsim.utilities.io import software_versions
-from stimsim.paradigms import PARADIGMS, Paradigm, get_paradigm, parse_experiment, register_paradigm
-from stimsim.paradigms.categorization import Categorization, analyse as categorization_analyse
-from stimsim.models.architectures import build_network
 from stimsim.cortex.positions import retinotopic_positions
+from stimsim.cortex.sheet import CorticalSheet
+from stimsim.datasets import get_dataset
+from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
+from stimsim.paradigms import PARADIGMS, Paradigm, get_paradigm, parse_experiment, register_paradigm
+from stimsim.paradigms.categorization import Categorization
+from stimsim.paradigms.categorization import analyse as categorization_analyse
 from stimsim.paradigms.runner import load_results, run_experiment
-from stimsim.cortex.sheet import CorticalSheet
+from stimsim.utilities import plugins
+from stimsim.utilities.config import load_toml
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.io import software_versions
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 

@@ -5,12 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from stimsim.utilities.errors import ConfigError
 from stimsim.cortex.positions import build_sheet, retinotopic_positions
-from stimsim.training.spatial_loss import layer_spatial_loss, neighborhood_spatial_loss
-from stimsim.models.swap import swap_optimize
 from stimsim.cortex.sheet import CorticalSheet
-
+from stimsim.models.swap import swap_optimize
+from stimsim.training.spatial_loss import layer_spatial_loss, neighborhood_spatial_loss
+from stimsim.utilities.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -6,8 +6,8 @@ import pytest
 import xarray as xr
 
 from stimsim.lab.arrays import utah_array
-from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
 from stimsim.lab.recordings import Recordings, load_recordings
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
 
 
 def _planted(n_images=40, n_repeats=3, layout=None, seed=0, signal_sd=1.0, noise_sd=1.0):

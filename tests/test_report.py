@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image as PILImage
 
-from stimsim.utilities.figures import pyplot
 from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png, format_value, image_png
+from stimsim.utilities.figures import pyplot
 
 
 def _example_report():

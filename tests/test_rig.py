@@ -12,10 +12,10 @@ from PIL import Image as PILImage
 
 from stimsim.analysis.effects import delta_auc_of_counts
 from stimsim.cli import main
-from stimsim.utilities.errors import ConfigError
 from stimsim.planning.config import load_plan_config
 from stimsim.planning.detectability import forecast, subject_error_sd, with_subject_error
 from stimsim.planning.rig import RigSpec, SessionTable, trial_list
+from stimsim.utilities.errors import ConfigError
 
 #: A 4 × 4 map written by hand: comments, then electrode lines (no description line); banks A and B, labels.
 CMP = "// 4x4 test map, no description line\n// col row bank elec label\n" + "".join(

@@ -5,16 +5,9 @@ import re
 
 import pytest
 
+from stimsim.stimulation import (ElectricalStimulation, OptogeneticSuppression, SafetyLimits, charge_per_phase_nC,
+                                 check_protocol, enforce, shannon_k)
 from stimsim.utilities.errors import ConfigError, SafetyError
-from stimsim.stimulation import (
-    ElectricalStimulation,
-    OptogeneticSuppression,
-    SafetyLimits,
-    charge_per_phase_nC,
-    check_protocol,
-    enforce,
-    shannon_k,
-)
 
 
 def protocol(current_uA=50.0, **params):

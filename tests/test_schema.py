@@ -6,8 +6,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from stimsim.utilities.config import load_toml
 from stimsim.schemas import SCHEMAS, schema_text
+from stimsim.utilities.config import load_toml
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 #: The shipped files of each kind.

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from stimsim.utilities.errors import FileFormatError
 from stimsim.cortex.sheet import CorticalSheet
+from stimsim.utilities.errors import FileFormatError
 
 
 def grid_sheet(name="grid") -> CorticalSheet:

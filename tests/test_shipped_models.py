@@ -7,8 +7,8 @@ import pytest
 
 from stimsim.cli import main
 from stimsim.data.manifest import get_entry, verify
-from stimsim.utilities.errors import DataError
 from stimsim.models.registry import DEFAULT_MODEL, SHIPPED_DIR, SMALL_MODEL, available_models, load_model
+from stimsim.utilities.errors import DataError
 
 #: The small fast family (unit tests, the engine benchmark) and the ImageNet-based defaults.
 SHIPPED = ["stimsim-topo-s0", "stimsim-topo-s1", "stimsim-topo-s2"]

@@ -9,21 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from stimsim.utilities.errors import ConfigError
 from stimsim.cortex.sheet import CorticalSheet
-from stimsim.stimulation import (
-    Ablation,
-    Condition,
-    ElectricalStimulation,
-    MuscimolInactivation,
-    OptogeneticSuppression,
-    Perturbation,
-    UnitEffect,
-    electrical_profile,
-    kumaravelu_length_mm,
-    perturbation_from_dict,
-    tehovnik_radius_mm,
-)
+from stimsim.stimulation import (Ablation, Condition, ElectricalStimulation, MuscimolInactivation,
+                                 OptogeneticSuppression, Perturbation, UnitEffect, electrical_profile,
+                                 kumaravelu_length_mm, perturbation_from_dict, tehovnik_radius_mm)
+from stimsim.utilities.errors import ConfigError
 
 KUMARAVELU_CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "calibration" / \
     "kumaravelu2021_fig2C_activation_vs_distance.csv"
@@ -391,8 +381,8 @@ def test_condition_control_combination_and_layers():
 
 
 def test_apply_effect_is_the_one_perturbation_arithmetic_and_the_engine_uses_it(monkeypatch):
-    from stimsim.engine import simulation as engine
     from stimsim.behavior import LogisticDecoder
+    from stimsim.engine import simulation as engine
     from stimsim.stimulation import apply_effect
 
     activity = torch.tensor([[1.0, -2.0, 3.0]])

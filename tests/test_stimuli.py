@@ -10,17 +10,9 @@ import xarray as xr
 from PIL import Image
 
 from stimsim.data import manifest
-from stimsim.data.stimuli import (
-    FASHION_MNIST_CLASSES,
-    StimulusSet,
-    fashion_mnist,
-    from_folder,
-    from_table,
-    lfw_subset,
-    moeller2017,
-    pixel_noise,
-)
 from stimsim.data.images import load_image
+from stimsim.data.stimuli import (FASHION_MNIST_CLASSES, StimulusSet, fashion_mnist, from_folder, from_table,
+                                  lfw_subset, moeller2017, pixel_noise)
 from stimsim.utilities.errors import ConfigError, FileFormatError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

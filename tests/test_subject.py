@@ -4,13 +4,13 @@ import json
 import numpy as np
 import pytest
 
-from stimsim.lab.arrays import ArrayPose, utah_array
 from stimsim.cli import main
 from stimsim.data.stimuli import lfw_subset
-from stimsim.utilities.errors import ConfigError
-from stimsim.models.registry import load_model
+from stimsim.lab.arrays import ArrayPose, utah_array
 from stimsim.lab.recordings import load_recordings
+from stimsim.models.registry import load_model
 from stimsim.subject import VirtualSubject
+from stimsim.utilities.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ import pytest
 import torch
 from PIL import Image
 
-from stimsim.models.topo_head import TopoHeadNet
-from stimsim.models.topographic import TopographicModel
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.cortex.topography import selective_clusters_mm
+from stimsim.models.topo_head import TopoHeadNet
+from stimsim.models.topographic import TopographicModel
 from stimsim.training.head_training import build_topo_head_model, load_head_config
 
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from stimsim.cli import main
-from stimsim.utilities.errors import ConfigError
 from stimsim.models.topographic import TopographicModel
 from stimsim.training.loop import load_training_config, load_training_data, train
+from stimsim.utilities.errors import ConfigError
 
 
 def small_config(**training):
@@ -112,8 +112,8 @@ def test_simclr_task_trains_without_labels_in_the_loss(tmp_path, tiny_data):
 
 def test_a_diverging_run_stops_at_the_first_non_finite_loss_and_keeps_its_last_good_checkpoint(
         tmp_path, tiny_data, monkeypatch):
-    from stimsim.utilities.errors import TrainingDiverged
     from stimsim.training import loop as training
+    from stimsim.utilities.errors import TrainingDiverged
 
     config = load_training_config(small_config(steps=20, checkpoint_every_steps=5))
     real = training.layer_spatial_loss

@@ -12,10 +12,11 @@ import pandas as pd
 import xarray as xr
 from scipy import stats
 
-from stimsim.analysis.comparison import compare_predictions, expected_correlation, expected_correlation_reason, \
-    load_plan_predictions, load_plan_sequences
-from stimsim.analysis.effects import CONDITIONS, SiteCounts, across_sites, count_trials, \
-    expected_fdr_discoveries_under_null, fdr_adjusted, site_effects, split_half_reliability
+from stimsim.analysis.comparison import (compare_predictions, expected_correlation, expected_correlation_reason,
+                                         load_plan_predictions, load_plan_sequences)
+from stimsim.analysis.effects import (CONDITIONS, SiteCounts, across_sites, count_trials,
+                                      expected_fdr_discoveries_under_null, fdr_adjusted, site_effects,
+                                      split_half_reliability)
 from stimsim.lab.sessions import SHAM, check_against_plan
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.jsonable import json_ready
@@ -329,8 +330,8 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
     column names ``columns`` and value codes ``values`` translated), analyse them, and write the report
     (HTML + PDF), ``results.nc``, ``sites.csv`` and ``summary.json`` into ``out_dir`` as one result set.
     ``progress`` prints each phase on stderr."""
-    from stimsim.lab.sessions import load_sessions
     from stimsim.lab.arrays.layout import cmp_options, load_layout
+    from stimsim.lab.sessions import load_sessions
     from stimsim.utilities.io import ResultSet
     from stimsim.utilities.locking import DirectoryLock
 

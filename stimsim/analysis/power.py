@@ -202,8 +202,8 @@ def curves_from_plan(plan_dir) -> dict:
     import xarray as xr
 
     from stimsim.analysis.comparison import load_plan_predictions
-    from stimsim.utilities.errors import FileFormatError
     from stimsim.analysis.plan_readback import TRUTH_FILE, read_subject_p_high, summary_electrodes, summary_number
+    from stimsim.utilities.errors import FileFormatError
 
     plan_dir = Path(plan_dir)
     summary_path = plan_dir / "summary.json"
@@ -246,11 +246,11 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     """Power of the plan's chosen sites; writes ``power_curve.csv``, ``power_sites.csv``,
     ``summary.json`` and ``report.html`` / ``report.pdf`` (table and curve) into ``out_dir`` as one
     result set."""
-    from stimsim.utilities.jsonable import json_ready
     from stimsim.analysis.figures import plot_power_curve
-    from stimsim.utilities.io import ResultSet, provenance
-    from stimsim.utilities.locking import DirectoryLock
     from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
+    from stimsim.utilities.io import ResultSet, provenance
+    from stimsim.utilities.jsonable import json_ready
+    from stimsim.utilities.locking import DirectoryLock
 
     # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
     # before writing leaves it as it was.

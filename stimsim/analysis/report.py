@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from stimsim.analysis import figures
-from stimsim.utilities.ordering import natural_key
 from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
+from stimsim.utilities.ordering import natural_key
 
 #: Scores of the summary table: (key, meaning, chance level or baseline key / value).
 _SCORES = (

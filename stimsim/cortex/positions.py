@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from stimsim.utilities.errors import ConfigError
 from stimsim.cortex.sheet import CorticalSheet
+from stimsim.utilities.errors import ConfigError
 
 
 def retinotopic_positions(dims, sheet_size_mm: float, overlap: float = 0.5, jitter: float = 0.3,

@@ -13,9 +13,8 @@ import numpy as np
 from scipy import sparse
 from scipy.spatial import cKDTree
 
-from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.cortex.sheet import CorticalSheet
-
+from stimsim.utilities.figures import pyplot, save_figure
 
 #: Position shuffles evaluated together (one sparse product each batch).
 _SHUFFLE_BATCH = 100

@@ -62,16 +62,16 @@ import numpy as np
 import torch
 
 from stimsim.behavior import LogisticDecoder
-from stimsim.engine.devices import resolve_device
-from stimsim.engine import DEFAULT_MAX_CHUNK_BYTES, chunk_count, serial_work, simulate, simulate_plain
-from stimsim.utilities.errors import ConfigError
-from stimsim.models.architectures import build_network
 from stimsim.cortex.positions import retinotopic_positions
+from stimsim.cortex.sheet import CorticalSheet
+from stimsim.engine import DEFAULT_MAX_CHUNK_BYTES, chunk_count, serial_work, simulate, simulate_plain
+from stimsim.engine.devices import resolve_device
+from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
-from stimsim.utilities.progress import report_phase
-from stimsim.cortex.sheet import CorticalSheet
 from stimsim.stimulation import Condition, ElectricalStimulation
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.progress import report_phase
 
 #: Workload sizes: image size of the ResNet-18 (px), (sites, images) per workload, plain sites, timing repeats.
 FULL_SIZES = {"size_px": 224, "it": (256, 200), "pre_it": (64, 100), "n_plain_sites": 4, "small": (1024, 800),

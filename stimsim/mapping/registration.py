@@ -24,12 +24,12 @@ import xarray as xr
 from scipy import optimize, sparse
 from scipy.spatial import cKDTree
 
+from stimsim.data.stimuli import StimulusSet
 from stimsim.lab.arrays.anatomy import AnatomicalPose
 from stimsim.lab.arrays.layout import ArrayLayout
 from stimsim.lab.arrays.pose import ArrayPose, angle_difference_deg
-from stimsim.data.stimuli import StimulusSet
-from stimsim.utilities.errors import ConfigError, DataError
 from stimsim.mapping.predictivity import IT_AREA, aligned_features
+from stimsim.utilities.errors import ConfigError, DataError
 
 #: Fewest images whose responses a registration is fitted to.
 MIN_REGISTRATION_IMAGES = 10

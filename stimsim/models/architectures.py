@@ -16,6 +16,7 @@ from torch import nn
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.plugins import Registry
 
+
 def _check_builder(name: str, builder) -> None:
     """A family's builder is callable (what it builds is checked by :func:`build_network`)."""
     if not callable(builder):

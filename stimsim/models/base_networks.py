@@ -23,8 +23,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from stimsim.utilities.errors import ConfigError
 from stimsim.models.preprocessing import Preprocessing
+from stimsim.utilities.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -150,8 +150,8 @@ def base_weights_path(name: str, mirror=None):
 def load_base_network(name: str, pretrained: bool = True, mirror=None) -> nn.Module:
     """Base network ``name`` as an ImageNet classifier in eval mode, with its ImageNet weights unless
     ``pretrained`` is False (then the architecture's default random initialisation)."""
-    from stimsim.utilities.errors import FileFormatError
     from stimsim.models.weights import load_weights, read_checkpoint_file
+    from stimsim.utilities.errors import FileFormatError
 
     spec = base_network_spec(name)
     network = spec.build()

@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from stimsim.utilities.errors import DataError
 from stimsim.models.topographic import TopographicModel
+from stimsim.utilities.errors import DataError
 
 #: Current (µA) whose spread length λ the density figure ``units_within_lambda50`` uses.
 DENSITY_CURRENT_UA = 50.0
@@ -82,11 +82,11 @@ def describe_model(name_or_path) -> dict:
     import numpy as np
     from scipy.spatial import cKDTree
 
-    from stimsim.utilities.filemodels import validate_file
+    from stimsim.cortex.sheet import CorticalSheet
     from stimsim.models.base_networks import BASE_NETWORKS
     from stimsim.models.topographic import ModelFile
-    from stimsim.cortex.sheet import CorticalSheet
     from stimsim.stimulation.spread import kumaravelu_length_mm
+    from stimsim.utilities.filemodels import validate_file
 
     path = model_path(name_or_path)
     spec_path = path / "model.json"

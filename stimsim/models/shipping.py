@@ -14,10 +14,10 @@ import json
 import shutil
 from pathlib import Path
 
+from stimsim.models.registry import SHIPPED_DIR, SHIPPED_MANIFEST_ENTRY
 from stimsim.utilities.errors import DataError
 from stimsim.utilities.hashing import sha256_of
 from stimsim.utilities.io import atomic_write_text
-from stimsim.models.registry import SHIPPED_DIR, SHIPPED_MANIFEST_ENTRY
 
 #: Largest total size of one shipped model's files (bytes): the package must stay installable.
 MAX_MODEL_BYTES = 40 * 2 ** 20

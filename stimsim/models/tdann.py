@@ -32,13 +32,13 @@ from pathlib import Path
 
 import torch
 
-from stimsim.utilities.errors import ConfigError, FileFormatError
-from stimsim.utilities.hashing import sha256_of
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
 from stimsim.models.weights import load_weights, read_checkpoint_file
-from stimsim.cortex.sheet import CorticalSheet
+from stimsim.utilities.errors import ConfigError, FileFormatError
+from stimsim.utilities.hashing import sha256_of
 
 #: The eight topographic layers of a TDANN ResNet-18, in network order.
 TDANN_LAYERS = ("layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0", "layer3.1", "layer4.0", "layer4.1")

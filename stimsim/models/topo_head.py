@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from stimsim.utilities.errors import ConfigError
 from stimsim.models.base_networks import base_network_spec
+from stimsim.utilities.errors import ConfigError
 
 FAMILY = "topo_head"
 N_IMAGENET_CLASSES = 1000

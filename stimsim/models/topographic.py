@@ -27,18 +27,17 @@ from typing import Annotated, Any, Literal
 import numpy as np
 import torch
 import xarray as xr
+from pydantic import ConfigDict, Field
 from torch import nn
 
-from pydantic import ConfigDict, Field
-
+from stimsim.cortex.sheet import CorticalSheet
+from stimsim.models.architectures import StimsimTopoNet, build_network
+from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.stages import split_network
 from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
 from stimsim.utilities.filemodels import FileModel, Text, validate_file
 from stimsim.utilities.hashing import sha256_of
 from stimsim.utilities.io import atomic_write_bytes, atomic_write_json
-from stimsim.models.architectures import StimsimTopoNet, build_network
-from stimsim.models.preprocessing import Preprocessing
-from stimsim.models.stages import split_network
-from stimsim.cortex.sheet import CorticalSheet
 
 MODEL_FORMAT = "stimsim-model/1"
 _SHA256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]

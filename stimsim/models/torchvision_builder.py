@@ -12,14 +12,14 @@ from pathlib import Path
 
 import torch
 
-from stimsim.utilities.errors import ConfigError
-from stimsim.utilities.hashing import sha256_of
-from stimsim.models.architectures import build_network
 from stimsim.cortex.positions import build_sheet
+from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.swap import swap_optimize
 from stimsim.models.topographic import TopographicModel
 from stimsim.models.weights import load_weights, read_checkpoint_file
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.hashing import sha256_of
 
 #: Keys of one layer's sheet spec: required ones first.
 SHEET_SPEC_REQUIRED = ("sheet_size_mm", "neighborhood_width_mm")

@@ -41,8 +41,8 @@ from stimsim.utilities.plugins import Registry
 
 if TYPE_CHECKING:
     from stimsim.data.stimuli import StimulusSet
-    from stimsim.paradigms.sites import SiteSelection
     from stimsim.paradigms.schema import LocalizerFile
+    from stimsim.paradigms.sites import SiteSelection
     from stimsim.paradigms.spec import ExperimentSpec
 
 

@@ -38,18 +38,17 @@ import numpy as np
 import xarray as xr
 from pydantic import Field
 
-from stimsim.behavior import LogisticDecoder, bootstrap_ci, fit_psychometric, psychometric_shift_percent, \
-    stratified_fit_mask
+from stimsim.behavior import (LogisticDecoder, bootstrap_ci, fit_psychometric, psychometric_shift_percent,
+                              stratified_fit_mask)
 from stimsim.behavior.metrics import delta_accuracy, shift_summary, site_correlation, stratum_mean
 from stimsim.data.stimuli import StimulusSet, pixel_noise
+from stimsim.paradigms.base import Paradigm, register_paradigm
+from stimsim.paradigms.schema import DecoderFile, LocalizerFile, StimuliFile
+from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
+from stimsim.paradigms.spec import ExperimentSpec
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.utilities.filemodels import FileModel, Text
-from stimsim.paradigms.base import Paradigm, register_paradigm
-from stimsim.paradigms.schema import StimuliFile
-from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
-from stimsim.paradigms.schema import DecoderFile, LocalizerFile
-from stimsim.paradigms.spec import ExperimentSpec
 
 
 @dataclass(frozen=True)

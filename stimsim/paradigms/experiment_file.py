@@ -97,15 +97,13 @@ from typing import Annotated, Union
 
 from pydantic import Field, TypeAdapter
 
-from stimsim.utilities.config import load_toml
 from stimsim.datasets import DATASETS
-from stimsim.utilities.errors import ConfigError, SafetyError
 from stimsim.paradigms.base import PARADIGMS
-from stimsim.paradigms.schema import SafetyFile, file_model, validate_file
-from stimsim.paradigms.schema import LocalizerFile, SitesFile
+from stimsim.paradigms.schema import LocalizerFile, SafetyFile, SitesFile, file_model, validate_file
 from stimsim.paradigms.spec import ExperimentSpec
 from stimsim.stimulation import SafetyLimits, enforce, perturbation_from_dict
-
+from stimsim.utilities.config import load_toml
+from stimsim.utilities.errors import ConfigError, SafetyError
 
 #: Stimulus sources whose ``path`` names a file or folder.
 _PATH_SOURCES = ("table", "folder")

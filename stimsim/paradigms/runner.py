@@ -53,19 +53,19 @@ import xarray as xr
 
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.datasets import DATASETS
-from stimsim.utilities.errors import ConfigError, DataError
-from stimsim.utilities.hashing import sha256_of, state_sha256
-from stimsim.utilities.io import ResultSet, provenance, read_result_set
-from stimsim.utilities.jsonable import json_ready
-from stimsim.utilities.locking import DirectoryLock
 from stimsim.models.registry import load_model, model_path
 from stimsim.models.topographic import TopographicModel
 from stimsim.paradigms.base import get_paradigm
 from stimsim.paradigms.experiment_file import load_experiment
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection, plot_sites, select_sites
 from stimsim.paradigms.spec import ExperimentSpec
-from stimsim.utilities.progress import report_phase
 from stimsim.stimulation import Condition, SafetyLimits, signed_gain_warning
+from stimsim.utilities.errors import ConfigError, DataError
+from stimsim.utilities.hashing import sha256_of, state_sha256
+from stimsim.utilities.io import ResultSet, provenance, read_result_set
+from stimsim.utilities.jsonable import json_ready
+from stimsim.utilities.locking import DirectoryLock
+from stimsim.utilities.progress import report_phase
 
 #: Name of the engine's resumable store inside the output directory.
 STORE_DIRNAME = "simulation_store"

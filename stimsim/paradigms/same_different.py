@@ -33,15 +33,15 @@ import numpy as np
 import xarray as xr
 from pydantic import Field
 
-from stimsim.behavior import SAME_DIFFERENT_CHOICES, BoundSameDifferentDecoder, SameDifferentDecoder, bootstrap_ci, \
-    stratified_fit_mask
+from stimsim.behavior import (SAME_DIFFERENT_CHOICES, BoundSameDifferentDecoder, SameDifferentDecoder, bootstrap_ci,
+                              stratified_fit_mask)
 from stimsim.data.stimuli import StimulusSet
-from stimsim.utilities.errors import ConfigError
-from stimsim.utilities.figures import pyplot, save_figure
-from stimsim.utilities.filemodels import FileModel, Text
 from stimsim.paradigms.base import Paradigm, register_paradigm
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
 from stimsim.paradigms.spec import ExperimentSpec
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.figures import pyplot, save_figure
+from stimsim.utilities.filemodels import FileModel, Text
 
 TRIAL_TYPES = ("same", "different")
 STIMULATED_IMAGES = ("second", "first")

@@ -16,9 +16,9 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from stimsim.utilities.filemodels import FileModel, Text, validate
 from stimsim.models.registry import DEFAULT_MODEL
 from stimsim.stimulation import PERTURBATION_KINDS
+from stimsim.utilities.filemodels import FileModel, Text, validate
 
 #: The JSON Schema of experiment files shipped with the package.
 SCHEMA_PATH = Path(__file__).with_name("experiment.schema.json")

@@ -25,15 +25,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stimsim.utilities.config import load_toml
 from stimsim.datasets import DATASETS
+from stimsim.models.registry import model_path
+from stimsim.paradigms.experiment_file import load_experiment
+from stimsim.paradigms.runner import CONFIG_FILE, run_experiment
+from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.io import RESULT_SET_FILE, ResultSet, provenance, read_result_set
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.locking import DirectoryLock
-from stimsim.models.registry import model_path
-from stimsim.paradigms.experiment_file import load_experiment
-from stimsim.paradigms.runner import CONFIG_FILE, run_experiment
 from stimsim.utilities.progress import report_phase
 
 SCORES_JSON, SCORES_CSV = "scores.json", "scores.csv"

@@ -56,13 +56,13 @@ from tqdm.auto import tqdm
 
 from stimsim.behavior import LogisticDecoder
 from stimsim.behavior.metrics import delta_auc, stratum_mean
-from stimsim.utilities.errors import ConfigError
-from stimsim.utilities.figures import pyplot, save_figure
-from stimsim.utilities.filemodels import FileModel
 from stimsim.paradigms.base import Paradigm, register_paradigm
 from stimsim.paradigms.schema import DecoderFile
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
 from stimsim.sequences import SequenceSet, SequenceSpec, build_sequences, pooling_matrix
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.figures import pyplot, save_figure
+from stimsim.utilities.filemodels import FileModel
 
 #: The two choices of every sequence's decoder ("high" end, "low" end), in the decoders' order.
 CHOICES = ("high", "low")

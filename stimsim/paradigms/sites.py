@@ -20,11 +20,11 @@ from scipy import sparse
 from scipy.spatial import cKDTree
 
 from stimsim.behavior.metrics import dprime
-from stimsim.utilities.errors import ConfigError
-from stimsim.utilities.figures import pyplot, save_figure
-from stimsim.paradigms.schema import SitesFile
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.cortex.topography import peak_location_mm, smoothed_values_at
+from stimsim.paradigms.schema import SitesFile
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.figures import pyplot, save_figure
 
 #: Label of the unperturbed condition of an experiment; site i is condition ``site_<iii>``.
 CONTROL_LABEL = "control"

@@ -28,10 +28,9 @@ import torch
 from pydantic import Field
 
 from stimsim.behavior.decoders import LogisticDecoder
+from stimsim.stimulation.base import apply_effect
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.filemodels import FileModel
-from stimsim.stimulation.base import apply_effect
-
 
 #: What the inversion matches: the activity, or its pattern over the units (see :class:`InversionSettings`).
 MATCHES = ("euclidean", "pattern")

@@ -46,20 +46,20 @@ import numpy as np
 import torch
 import xarray as xr
 
-from stimsim.utilities.config import load_toml
+from stimsim.cortex.topography import smoothed_values_at
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
+from stimsim.models.registry import load_model
+from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
+from stimsim.percepts import FaceJudge, InversionSettings, pixel_images, scrambled_effects, synthesize
+from stimsim.percepts.visualize_file import VisualizeFile
+from stimsim.stimulation import Condition, SafetyLimits, enforce, perturbation_from_dict
+from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, SafetyError
 from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.utilities.filemodels import validate
 from stimsim.utilities.io import ResultSet, provenance
 from stimsim.utilities.jsonable import json_ready
-from stimsim.models.registry import load_model
-from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
-from stimsim.percepts import FaceJudge, InversionSettings, pixel_images, scrambled_effects, synthesize
-from stimsim.percepts.visualize_file import VisualizeFile
 from stimsim.utilities.progress import report_phase
-from stimsim.stimulation import Condition, SafetyLimits, enforce, perturbation_from_dict
-from stimsim.cortex.topography import smoothed_values_at
 
 PNG_FILE, DATA_FILE, SUMMARY_FILE, CONFIG_FILE = "percepts.png", "percepts.nc", "summary.json", "config.json"
 

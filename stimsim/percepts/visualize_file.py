@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Field
 
-from stimsim.utilities.filemodels import FileModel, Text
 from stimsim.percepts import InversionSettings
+from stimsim.utilities.filemodels import FileModel, Text
 
 #: Where the JSON Schema of visualisation files ships.
 SCHEMA_PATH = Path(__file__).with_name("visualize.schema.json")

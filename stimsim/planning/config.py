@@ -39,16 +39,16 @@ from pydantic import ConfigDict, Field, create_model, field_validator, model_val
 
 from stimsim.lab.arrays.anatomy import AnatomicalPose
 from stimsim.lab.arrays.layout import cmp_options
+from stimsim.lab.recordings import FIELD_NAMES
+from stimsim.planning.rig import DisplayTable, RigSpec, SessionTable
+from stimsim.planning.selection import SelectionSpec
+from stimsim.planning.tasks import PLAN_TASKS, PlanTask, get_plan_task, stimulation_at
+from stimsim.stimulation import ElectricalStimulation, SafetyLimits
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.filemodels import FileModel, Text, validate
 from stimsim.utilities.hashing import json_sha256, sha256_of
 from stimsim.utilities.limits import MAX_SEED
-from stimsim.planning.rig import DisplayTable, RigSpec, SessionTable
-from stimsim.planning.selection import SelectionSpec
-from stimsim.planning.tasks import PLAN_TASKS, PlanTask, get_plan_task, stimulation_at
-from stimsim.lab.recordings import FIELD_NAMES
-from stimsim.stimulation import ElectricalStimulation, SafetyLimits
 
 #: The plan task of a file that names none.
 DEFAULT_TASK = "sequence_2afc"
@@ -313,8 +313,8 @@ class PlanConfig:
 
 def _check_model(name: str, where: str) -> None:
     """A model name that is neither shipped nor a model directory is an error naming where it was given."""
-    from stimsim.utilities.errors import DataError
     from stimsim.models.registry import model_path
+    from stimsim.utilities.errors import DataError
 
     try:
         model_path(name)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stimsim.utilities.errors import ConfigError
-from stimsim.utilities.locking import DirectoryLock
 from stimsim.planning.config import load_plan_config
 from stimsim.planning.plan import plan_once
 from stimsim.planning.validation import validate_plan
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.locking import DirectoryLock
 
 
 def run_plan(config_path, out_dir, progress: bool = True, validate: int = 0, device="cpu", scheduler=None) -> dict:

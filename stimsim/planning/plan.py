@@ -32,18 +32,18 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from stimsim.utilities.errors import ConfigError, DataError, SafetyError, StimsimError
-from stimsim.utilities.hashing import sha256_of
-from stimsim.utilities.io import atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance
 from stimsim.planning.cache import PhaseCache, directory_files_sha256, remove_temporaries
 from stimsim.planning.config import PlanConfig
 from stimsim.planning.detectability import INTERVAL_SPANS, coverage, subject_error_sd, with_subject_error
 from stimsim.planning.selection import (check_broken, choose_sites, left_out_message, screen_electrodes,
-                                       shortfall_message)
+                                        shortfall_message)
 from stimsim.planning.tasks import stimulation_at
-from stimsim.utilities.progress import report_phase
 from stimsim.stimulation import enforce
 from stimsim.stimulation.safety import charge_per_phase_nC
+from stimsim.utilities.errors import ConfigError, DataError, SafetyError, StimsimError
+from stimsim.utilities.hashing import sha256_of
+from stimsim.utilities.io import atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance
+from stimsim.utilities.progress import report_phase
 
 IT = "IT"
 

@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
-from stimsim.utilities.figures import pyplot
 from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png
+from stimsim.utilities.figures import pyplot
 
 IT = "IT"
 #: Margin around the array in the enlarged panel of the sheet figure: cortex mm plus a fraction of the array's extent.

@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from stimsim.planning.rig import (SESSION_COLUMNS, SHAM, TRIAL_DURATION_S, TRIAL_PERIOD_S, read_trial_list,
+                                  write_trials_nwb)
 from stimsim.utilities.errors import ConfigError, FileFormatError
 from stimsim.utilities.io import atomic_write_text
 from stimsim.utilities.limits import check_memory
-from stimsim.planning.rig import (SESSION_COLUMNS, SHAM, TRIAL_DURATION_S, TRIAL_PERIOD_S, read_trial_list,
-                                  write_trials_nwb)
 
 #: Peak memory per trial, bytes: its row as simulated and as written into the NWB trials table (measured
 #: about 850 + 1150 with tracemalloc).

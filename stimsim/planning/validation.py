@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from stimsim.planning.plan import plan_once
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.io import atomic_write_json, provenance
-from stimsim.planning.plan import plan_once
 
 #: Targets of the closed loop (as the paper reached against monkeys): median r over 5 poses and the number of poses above their null's 95th percentile.
 TARGET_R = 0.5

@@ -25,9 +25,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from stimsim.cortex.sheet import CorticalSheet
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.plugins import Registry
-from stimsim.cortex.sheet import CorticalSheet
 
 
 def _check_perturbation_class(kind: str, cls) -> None:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from stimsim.utilities.errors import ConfigError
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.stimulation.base import Perturbation, UnitEffect, _effect_dtype, _slots, perturbation_from_dict
+from stimsim.utilities.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ from typing import ClassVar
 
 import torch
 
-from stimsim.utilities.errors import ConfigError
 from stimsim.cortex.sheet import CorticalSheet
-from stimsim.stimulation.base import (Perturbation, _choice, _constant, _in_range, _layer, _per_row,
-                                      _reduce_rows, _site_distances, _sites, parameter, register_perturbation)
+from stimsim.stimulation.base import (Perturbation, _choice, _constant, _in_range, _layer, _per_row, _reduce_rows,
+                                      _site_distances, _sites, parameter, register_perturbation)
 from stimsim.stimulation.spread import (SPREAD_LAWS, TEHOVNIK_K_DEFAULT_UA_PER_MM2, TEHOVNIK_K_RANGE_UA_PER_MM2,
                                         spread_extent_mm)
+from stimsim.utilities.errors import ConfigError
 
 #: Pulse shapes whose two phases carry equal and opposite charge.
 CHARGE_BALANCED_WAVEFORMS = ("biphasic_cathodic_first", "biphasic_anodic_first")

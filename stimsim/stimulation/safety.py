@@ -21,9 +21,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from stimsim.utilities.errors import ConfigError, SafetyError
 from stimsim.stimulation.base import Perturbation
 from stimsim.stimulation.electrical import CHARGE_BALANCED_WAVEFORMS
+from stimsim.utilities.errors import ConfigError, SafetyError
 
 #: Geometric surface area of one Utah-array electrode tip, µm²: the 2000 µm² sputtered-iridium-oxide
 #: tips of the penetrating arrays characterised by Cogan, Ehrlich, Plante & Van Wagenen 2009

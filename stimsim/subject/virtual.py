@@ -34,15 +34,15 @@ from pathlib import Path
 
 import numpy as np
 
+from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.lab.arrays.layout import ArrayLayout, cmp_options, load_layout
 from stimsim.lab.arrays.pose import ArrayPose
+from stimsim.lab.recordings import Recordings
+from stimsim.subject.subject_file import SubjectFile
 from stimsim.utilities.config import load_toml
-from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
 from stimsim.utilities.filemodels import validate
 from stimsim.utilities.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance
-from stimsim.lab.recordings import Recordings
-from stimsim.subject.subject_file import SubjectFile
 
 #: IT area label of the models a subject is built from.
 IT_AREA = "IT"

@@ -32,10 +32,10 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from stimsim.utilities.errors import ConfigError, DataError
-from stimsim.models.topographic import TopographicModel
-from stimsim.utilities.progress import report_phase
 from stimsim.cortex.topography import clustering_test, plot_sheet_map, selective_clusters_mm
+from stimsim.models.topographic import TopographicModel
+from stimsim.utilities.errors import ConfigError, DataError
+from stimsim.utilities.progress import report_phase
 
 #: Moran's I neighbourhood radius (mm of the model's sheet) for the selectivity-map clustering statistic.
 CLUSTER_RADIUS_MM = 1.0
@@ -97,8 +97,8 @@ def imagenet_scores(model: TopographicModel, progress: bool = False, limit: int 
     """``imagenet_top1`` (the model's own output, when it has 1,000 classes) and ``imagenet_top1_base`` (its
     base network) on the ``imagenet_samples`` images (the first ``limit``), each None where it does not
     apply, with ``imagenet_note`` saying why."""
-    from stimsim.engine.activation_cache import model_sha256
     from stimsim.data.manifest import entry_path
+    from stimsim.engine.activation_cache import model_sha256
     from stimsim.training.imagenet import N_IMAGENET_CLASSES, base_network_top1, imagenet_top1
 
     base = base_network_of(model)

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 import warnings
 import zlib
-import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -42,17 +42,17 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from tqdm.auto import tqdm
 
+from stimsim.cortex.sheet import CorticalSheet
+from stimsim.models.base_networks import base_network_spec, base_weights_path, load_base_network
+from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.topo_head import FAMILY, TopoHeadNet, densify, grid_positions_mm
+from stimsim.models.topographic import TopographicModel
+from stimsim.training.spatial_loss import layer_spatial_loss
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, TrainingDiverged
 from stimsim.utilities.filemodels import FileModel, Text, validate
 from stimsim.utilities.hashing import json_sha256, sha256_of
 from stimsim.utilities.io import atomic_save, atomic_write_text, provenance
-from stimsim.models.base_networks import base_network_spec, base_weights_path, load_base_network
-from stimsim.models.preprocessing import Preprocessing
-from stimsim.models.topo_head import FAMILY, TopoHeadNet, densify, grid_positions_mm
-from stimsim.models.topographic import TopographicModel
-from stimsim.cortex.sheet import CorticalSheet
-from stimsim.training.spatial_loss import layer_spatial_loss
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FEATURES_SUBDIR = "trunk_features"

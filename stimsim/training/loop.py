@@ -19,18 +19,18 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from stimsim.cortex.positions import build_sheet
+from stimsim.models.architectures import build_network
+from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.topographic import TopographicModel
+from stimsim.training.spatial_loss import layer_spatial_loss
+from stimsim.training.train_file import TrainFile
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, FileFormatError, TrainingDiverged
 from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.utilities.filemodels import validate
 from stimsim.utilities.hashing import json_sha256
 from stimsim.utilities.io import atomic_save, atomic_write_json, atomic_write_text, provenance
-from stimsim.models.architectures import build_network
-from stimsim.cortex.positions import build_sheet
-from stimsim.models.preprocessing import Preprocessing
-from stimsim.models.topographic import TopographicModel
-from stimsim.training.spatial_loss import layer_spatial_loss
-from stimsim.training.train_file import TrainFile
 
 CHECKPOINT_NAME = "checkpoint.pt"
 

@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from stimsim.utilities.filemodels import FileModel, Text
 from stimsim.training.head_training import HeadConfig
+from stimsim.utilities.filemodels import FileModel, Text
 
 #: Where the JSON Schema of training files ships.
 SCHEMA_PATH = Path(__file__).with_name("train.schema.json")

@@ -42,7 +42,6 @@ from pathlib import Path
 
 from stimsim.utilities.errors import ConfigError
 
-
 #: Packages whose entry points this process has loaded: distribution name → version.
 _LOADED_PACKAGES: dict[str, str] = {}
 

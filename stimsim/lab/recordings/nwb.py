@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stimsim.lab.recordings.formats import (RecordingFormat, RecordingTable, id_text, position_fields,
-                                            positions_where, register_recording_format)
+from stimsim.lab.recordings.formats import (RecordingFormat, RecordingTable, id_text, position_fields, positions_where,
+                                            register_recording_format)
 from stimsim.utilities.errors import FileFormatError
 
 

@@ -32,9 +32,9 @@ from typing import Any, ClassVar
 import numpy as np
 import xarray as xr
 
+from stimsim.stimulation import ElectricalStimulation
 from stimsim.utilities.filemodels import FileModel
 from stimsim.utilities.plugins import Registry
-from stimsim.stimulation import ElectricalStimulation
 
 
 def stimulation_at(point_mm, template: dict) -> ElectricalStimulation:

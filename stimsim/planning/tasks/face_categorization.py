@@ -22,11 +22,11 @@ import xarray as xr
 from pydantic import Field, field_validator
 
 from stimsim.engine import simulate
-from stimsim.utilities.filemodels import FileModel
 from stimsim.paradigms.categorization import CategorizationOptions, categorization_trials, clean_images
 from stimsim.paradigms.schema import DecoderFile
 from stimsim.planning.tasks.base import PlanTask, register_plan_task, stimulation_at
 from stimsim.stimulation import Condition
+from stimsim.utilities.filemodels import FileModel
 
 FACE, NONFACE = "face", "nonface"
 AFRAZ_SIGNAL_PERCENT = (0.0, 15.0, 25.0, 40.0, 50.0, 80.0, 100.0)

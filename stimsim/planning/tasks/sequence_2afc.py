@@ -20,8 +20,6 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from stimsim.engine import simulate
-from stimsim.utilities.errors import ConfigError
-from stimsim.utilities.figures import pyplot
 from stimsim.paradigms.sequence_2afc import (EVAL_NOISE_STREAM, SequenceReadouts, TaskSpec, evaluation_images,
                                              fit_readouts, p_high_curves, sequence_delta_auc, site_readouts,
                                              slope_to_noise)
@@ -32,6 +30,8 @@ from stimsim.planning.tasks.base import PlanTask, register_plan_task, stimulatio
 from stimsim.report import Image, Paragraph, figure_png, format_value, image_png
 from stimsim.sequences import SequenceSpec, build_sequences, excursion_warning, pooling_matrix
 from stimsim.stimulation import Condition
+from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.figures import pyplot
 
 __all__ = ["Rehearsal", "SequenceTask", "rehearse"]
 
