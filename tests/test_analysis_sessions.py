@@ -560,7 +560,8 @@ def test_a_session_format_from_another_package_is_one_module(tmp_path, monkeypat
         assert str(tsv_error.value).replace("bad.tsv", "bad.csv") == str(csv_error.value)
     finally:
         SESSION_FORMATS.unregister("TSV")
-    with pytest.raises(FileFormatError, match=r"unknown session format '.tsv'; use \.csv, \.h5, \.hdf5, \.nwb"):
+    with pytest.raises(FileFormatError, match=r"unknown session format '.tsv'; known: CSV \(\.csv\); HDF5 \(\.h5, "
+                                              r"\.hdf5\); NWB \(\.nwb\)"):
         load_sessions(tmp_path / "s.tsv")
 
     dist = tmp_path / "labfmt_t-0.1.dist-info"

@@ -375,7 +375,7 @@ def test_a_recording_format_from_another_package_is_one_module(tmp_path, monkeyp
             load_recordings(tmp_path / "rec.npz", electrode_group="A")
     finally:
         RECORDING_FORMATS.unregister("npz")
-    with pytest.raises(FileFormatError, match=r"rec.npz: recordings must be a file of a known format: NWB \(\.nwb\); "
+    with pytest.raises(FileFormatError, match=r"rec.npz: unknown recording format '.npz'; known: NWB \(\.nwb\); "
                                               r"NetCDF \(\.nc, \.nc4, \.netcdf, \.h5netcdf\)"):
         load_recordings(tmp_path / "rec.npz")
 

@@ -40,7 +40,7 @@ import traceback
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
-from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.errors import ConfigError, FileFormatError
 
 #: Packages whose entry points this process has loaded: distribution name → version.
 _LOADED_PACKAGES: dict[str, str] = {}
@@ -203,6 +203,18 @@ class Registry:
         dist = getattr(entry_point, "dist", None)
         if dist is not None:
             _LOADED_PACKAGES[dist.name] = dist.version
+
+
+def plugin_for_suffix(registry: Registry, path):
+    """The plug-in of ``registry`` (file formats: each has ``suffixes``, lower case with the dot) that reads ``path``,
+    by its suffix; another suffix is a ``FileFormatError`` naming the formats known and their suffixes."""
+    suffix = Path(path).suffix.lower()
+    known = registry.items()
+    for _, plugin in known:
+        if suffix in plugin.suffixes:
+            return plugin
+    listed = "; ".join(f"{name} ({', '.join(plugin.suffixes)})" for name, plugin in known)
+    raise FileFormatError(path, f"unknown {registry.kind} {suffix!r}; known: {listed}")
 
 
 def _entry_point_text(entry_point: EntryPoint) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from stimsim.lab.arrays.layout import POSITION_UNITS
 from stimsim.utilities.errors import FileFormatError
-from stimsim.utilities.plugins import Registry
+from stimsim.utilities.plugins import Registry, plugin_for_suffix
 
 
 class RecordingTable(NamedTuple):
@@ -70,13 +70,7 @@ def register_recording_format(name: str):
 def format_of(path: Path) -> RecordingFormat:
     """The registered format that reads ``path`` (by its suffix); another suffix is a ``FileFormatError`` listing
     the known ones."""
-    suffix = Path(path).suffix.lower()
-    known = RECORDING_FORMATS.items()
-    for _, reader in known:
-        if suffix in reader.suffixes:
-            return reader
-    listed = "; ".join(f"{name} ({', '.join(reader.suffixes)})" for name, reader in known)
-    raise FileFormatError(path, f"recordings must be a file of a known format: {listed}")
+    return plugin_for_suffix(RECORDING_FORMATS, path)
 
 
 def position_fields(path: Path, names: dict, available: set, mapped=frozenset()):

@@ -15,8 +15,7 @@ from typing import ClassVar
 
 import pandas as pd
 
-from stimsim.utilities.errors import FileFormatError
-from stimsim.utilities.plugins import Registry
+from stimsim.utilities.plugins import Registry, plugin_for_suffix
 
 
 class SessionFormat(ABC):
@@ -46,10 +45,4 @@ def register_session_format(name: str):
 def session_format_of(path: Path) -> SessionFormat:
     """The registered format that reads ``path`` (by its suffix); another suffix is a ``FileFormatError`` listing
     the known ones."""
-    suffix = Path(path).suffix.lower()
-    known = SESSION_FORMATS.items()
-    for _, reader in known:
-        if suffix in reader.suffixes:
-            return reader
-    suffixes = ", ".join(s for _, reader in known for s in reader.suffixes)
-    raise FileFormatError(path, f"unknown session format {suffix!r}; use {suffixes}")
+    return plugin_for_suffix(SESSION_FORMATS, path)
