@@ -65,3 +65,24 @@ def test_long_modules_state_why():
             unexplained.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
     assert not unexplained, f"modules over {MAX_LINES} lines whose docstring does not say why " \
                             f"(\"{LONG_MODULE_MARK} ...\"): {unexplained}"
+
+
+def test_module_paths_from_before_the_re_layout_still_import_with_a_warning():
+    """A script written for the earlier layout (``from stimsim.arrays import ArrayLayout``) gets the module at its
+    new place — the same objects — and a DeprecationWarning naming it; every old path points at a module."""
+    import importlib
+    import subprocess
+    import sys
+
+    from stimsim.utilities.moved import MOVED
+
+    for new in MOVED.values():
+        importlib.import_module(new)
+    run = subprocess.run([sys.executable, "-W", "always", "-c",
+                          "from stimsim.arrays import ArrayLayout; import stimsim.lab.arrays.layout as layout; "
+                          "import stimsim.sheet, stimsim.cortex.sheet; "
+                          "print(ArrayLayout is layout.ArrayLayout, stimsim.sheet is stimsim.cortex.sheet)"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.split() == ["True", "True"], run.stderr
+    assert "DeprecationWarning: stimsim.arrays is now stimsim.lab.arrays; import it from there" in run.stderr
+    assert "DeprecationWarning: stimsim.sheet is now stimsim.cortex.sheet" in run.stderr
