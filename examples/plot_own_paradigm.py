@@ -27,17 +27,17 @@ class FaceBias(Paradigm):
     def parse(self, stimuli, tables, where):
         return categorization.parse_options(stimuli, where)
 
-    def labels(self, spec):
-        return {spec.options.label}
+    def labels(self, task):
+        return {task.options.label}
 
     def default_localizer(self, options):
         return categorization.Categorization().default_localizer(options)
 
-    def prepare(self, spec, model, stimuli, selection, progress=False):
-        return categorization.categorization_trials(spec.options, spec.decoder, model, stimuli, spec.seed, spec.source)
+    def prepare(self, task, model, stimuli, selection, progress=False):
+        return categorization.categorization_trials(task.options, task.decoder, model, stimuli, task.seed, task.source)
 
-    def analyse(self, spec, trials, probabilities, selection):
-        p = probabilities.sel(choice=spec.options.positive).mean("stimulus_id")
+    def analyse(self, task, trials, probabilities, selection):
+        p = probabilities.sel(choice=task.options.positive).mean("stimulus_id")
         sites = [site.label for site in selection.sites]
         bias = p.sel(condition=sites).values - float(p.sel(condition="control"))
         metrics = xr.Dataset({"face_bias": ("site", bias)}, coords={"site": sites})

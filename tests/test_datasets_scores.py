@@ -87,14 +87,14 @@ def test_moeller_model_equal_to_the_data_scores_one_and_the_chance_model_zero(mo
     data, summary = moeller2017.compare(["face", "object"], _prefix)
     dataset = get_dataset("moeller2017")
     trials = type("Trials", (), {"summary_prefix": staticmethod(_prefix)})()
-    spec = type("Spec", (), {"seed": 0, "analysis": type("Analysis", (), {"ci": 0.95})()})()
-    equal = dataset.score(spec, trials, {**summary, **_model_summary(_data_drops(moeller_table))}, data)
+    task = type("Task", (), {"seed": 0, "analysis": type("Analysis", (), {"ci": 0.95})()})()
+    equal = dataset.score(task, trials, {**summary, **_model_summary(_data_drops(moeller_table))}, data)
     assert set(equal) == SCORE_KEYS and equal["metric"] == "hit-drop agreement"
     assert equal["score"] == pytest.approx(1.0, abs=1e-12)
     # above its ceiling, reported as it is
     assert equal["normalized"] == pytest.approx((1 - equal["chance"]) / (equal["ceiling"] - equal["chance"]))
     assert equal["normalized"] > 1 and equal["undefined_reason"] is None
-    unchanged = dataset.score(spec, trials, {**summary, **_model_summary({cell: 0.0 for cell in moeller_table})}, data)
+    unchanged = dataset.score(task, trials, {**summary, **_model_summary({cell: 0.0 for cell in moeller_table})}, data)
     assert unchanged["score"] == pytest.approx(unchanged["chance"], abs=1e-12)
     assert unchanged["normalized"] == pytest.approx(0.0, abs=1e-12)
 

@@ -131,7 +131,7 @@ def prepared(model):
     selection = SiteSelection(sites=sites, method="explicit", unit_dprime=np.zeros(model.sheet("IT").n_units),
                               peak_mm=(0.0, 0.0), recording_radius_mm=0.5, smoothing_sigma_mm=0.5)
     stimuli = load_stimulus_source({"source": "lfw_subset"})
-    trials = get_paradigm(spec.paradigm).prepare(spec, model, stimuli, selection)
+    trials = get_paradigm(spec.paradigm).prepare(spec.settings(), model, stimuli, selection)
     return spec, selection, stimuli, trials
 
 
@@ -146,8 +146,9 @@ def _conditions(spec, selection, **changes):
 def simulated(model, prepared):
     """Every site's trials under the control condition and stimulation at every site, and their analysis."""
     spec, selection, _, trials = prepared
-    probabilities = get_paradigm(spec.paradigm).simulate(spec, model, trials, _conditions(spec, selection), None, False)
-    metrics, summary = get_paradigm(spec.paradigm).analyse(spec, trials, probabilities, selection)
+    probabilities = get_paradigm(spec.paradigm).simulate(spec.settings(), model, trials, _conditions(spec, selection),
+                                                          None, False)
+    metrics, summary = get_paradigm(spec.paradigm).analyse(spec.settings(), trials, probabilities, selection)
     return probabilities, metrics, summary
 
 
@@ -180,8 +181,9 @@ def test_a_condition_without_effect_has_delta_auc_exactly_zero(model, prepared):
     """0 Hz in the multiplicative form leaves every unit's activity as it is: P(high) is the control's."""
     spec, selection, _, trials = prepared
     paradigm = get_paradigm(spec.paradigm)
-    probabilities = paradigm.simulate(spec, model, trials, _conditions(spec, selection, frequency_Hz=0.0), None, False)
-    metrics, summary = paradigm.analyse(spec, trials, probabilities, selection)
+    probabilities = paradigm.simulate(spec.settings(), model, trials, _conditions(spec, selection, frequency_Hz=0.0),
+                                      None, False)
+    metrics, summary = paradigm.analyse(spec.settings(), trials, probabilities, selection)
     assert np.all(metrics["delta_auc"].values == 0.0)
     assert summary["mean_own_delta_auc"] == 0.0 and summary["mean_cross_abs_delta_auc"] == 0.0
     assert summary["delta_auc_chance"] == 0.0

@@ -316,9 +316,9 @@ def test_psychometric_shift_recovers_a_known_midpoint_shift():
         sites=(types.SimpleNamespace(label="site_000", dprime=2.0),
                types.SimpleNamespace(label="site_001", dprime=0.0)),
         distance_to_peak_mm=lambda: np.array([0.0, 4.0]))
-    spec = types.SimpleNamespace(analysis=types.SimpleNamespace(n_boot=10, n_perm=10, ci=0.9), seed=0,
+    task = types.SimpleNamespace(analysis=types.SimpleNamespace(n_boot=10, n_perm=10, ci=0.9), seed=0,
                                  sites=types.SimpleNamespace(dprime_threshold=1.0))
-    metrics, summary = categorization.analyse(spec, trials, probabilities, selection)
+    metrics, summary = categorization.analyse(task, trials, probabilities, selection)
     # x50 moves from +5 % to −7 %: 12 % signal towards "face"; the other site changes nothing
     assert metrics["psychometric_shift_percent"].values == pytest.approx([12.0, 0.0], abs=1e-4)
     assert summary["control_midpoint_percent"] == pytest.approx(5.0, abs=1e-4)

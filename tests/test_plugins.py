@@ -95,16 +95,16 @@ def test_a_new_paradigm_is_one_class(tmp_path):
 
             return CategorizationOptions(label="category", positive="face", negative="nonface")
 
-        def labels(self, spec):
+        def labels(self, task):
             return {"category"}
 
-        def prepare(self, spec, model, stimuli, selection, progress=False):
+        def prepare(self, task, model, stimuli, selection, progress=False):
             from stimsim.paradigms.categorization import categorization_trials
 
-            return categorization_trials(spec.options, spec.decoder, model, stimuli, spec.seed, spec.source)
+            return categorization_trials(task.options, task.decoder, model, stimuli, task.seed, task.source)
 
-        def analyse(self, spec, trials, probabilities, selection):
-            return categorization_analyse(spec, trials, probabilities, selection)
+        def analyse(self, task, trials, probabilities, selection):
+            return categorization_analyse(task, trials, probabilities, selection)
 
     try:
         spec = parse_experiment(tomllib.loads(TOY), where="toy.toml")

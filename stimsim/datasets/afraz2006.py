@@ -135,18 +135,18 @@ class Afraz2006(PublishedDataset):
     headline_keys = ("model_r", "model_p", "model_mean_shift_selective", "model_mean_shift_other", "data_r",
                      "data_mean_shift_selective", "data_mean_shift_other")
 
-    def check(self, spec) -> None:
-        if spec.options.positive is None or spec.options.signal_percent is None:
+    def check(self, task) -> None:
+        if task.options.positive is None or task.options.signal_percent is None:
             raise ConfigError("the afraz2006 comparison needs psychometric shifts: give [stimuli] positive and "
                               "[stimuli.noise] signal_percent")
 
-    def compare(self, spec, trials, mirror=None):
-        analysis = spec.analysis
-        return compare(analysis.n_perm, analysis.n_boot, analysis.ci, spec.seed, mirror=mirror)
+    def compare(self, task, trials, mirror=None):
+        analysis = task.analysis
+        return compare(analysis.n_perm, analysis.n_boot, analysis.ci, task.seed, mirror=mirror)
 
-    def figure(self, spec, results, data, summary, out_dir) -> None:
+    def figure(self, task, results, data, summary, out_dir) -> None:
         plot(results["site_dprime"].values, results["psychometric_shift_percent"].values, data, summary,
-             out_dir / "afraz2006_comparison.png", spec.sites.dprime_threshold)
+             out_dir / "afraz2006_comparison.png", task.sites.dprime_threshold)
 
-    def score(self, spec, trials, summary, data):
+    def score(self, task, trials, summary, data):
         return self.score_record(**score(summary))

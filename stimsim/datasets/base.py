@@ -26,9 +26,9 @@ from stimsim.utilities.plugins import Registry
 
 
 class PublishedDataset(ABC):
-    """Published data an experiment can be compared with. Its methods receive the experiment as ``spec`` (a
-    :class:`stimsim.paradigms.spec.ExperimentSpec`; this interface sits below the paradigms and does not import
-    them)."""
+    """Published data an experiment can be compared with. Its methods receive what the experiment's task reads,
+    ``task`` (a :class:`stimsim.paradigms.spec.TaskSettings`: options, decoder, sites, analysis settings, seed,
+    layer, name, source; this interface sits below the paradigms and does not import them)."""
 
     #: Stable name used in experiment files (set by :func:`register_dataset`).
     name: str = ""
@@ -44,23 +44,23 @@ class PublishedDataset(ABC):
     #: Summary keys (the model's and the data's) that a table of scores shows beside the score.
     headline_keys: tuple[str, ...] = ()
 
-    def check(self, spec) -> None:
+    def check(self, task) -> None:
         """Refuse (``ConfigError``, without the file name: the caller adds it) an experiment whose
         design cannot be compared with these data; the paradigm is checked already."""
 
     @abstractmethod
-    def compare(self, spec, trials, mirror=None) -> tuple[xr.Dataset, dict]:
+    def compare(self, task, trials, mirror=None) -> tuple[xr.Dataset, dict]:
         """The published data (variables prefixed ``data_``) and the data side of the summary
         (keys prefixed ``data_``), named as the paradigm names the model's. Missing files raise
         ``DataError``."""
 
     @abstractmethod
-    def figure(self, spec, results: xr.Dataset, data: xr.Dataset, summary: dict,
+    def figure(self, task, results: xr.Dataset, data: xr.Dataset, summary: dict,
                out_dir: Path) -> None:
         """Write the model-beside-animals figure (PNG) into ``out_dir``."""
 
     @abstractmethod
-    def score(self, spec, trials, summary: dict, data: xr.Dataset | None) -> dict:
+    def score(self, task, trials, summary: dict, data: xr.Dataset | None) -> dict:
         """The model's score on this benchmark, from the run's summary (the model's and the data's keys) and the
         published data (None when they were not available here), as :meth:`score_record` gives it."""
 

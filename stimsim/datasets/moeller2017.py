@@ -185,24 +185,24 @@ class Moeller2017(PublishedDataset):
     headline_keys = ("model_same_hit_drop_inside", "model_same_hit_drop_outside", "model_object_same_hit_drop_inside",
                      "data_same_hit_drop_inside", "data_same_hit_drop_outside", "data_object_same_hit_drop_inside")
 
-    def check(self, spec) -> None:
-        if spec.sites.method != "face_patch":
+    def check(self, task) -> None:
+        if task.sites.method != "face_patch":
             raise ConfigError("the moeller2017 comparison needs sites inside and outside the face patch: use "
                               "[sites] method = \"face_patch\"")
-        groups = spec.options.groups
+        groups = task.options.groups
         if groups is None or not set(groups) <= set(CLASSES):
             raise ConfigError(f"the moeller2017 comparison needs [pairs] groups drawn from {sorted(CLASSES)} (the "
                               f"stimulus classes of the published table), got "
                               f"{None if groups is None else list(groups)}")
 
-    def compare(self, spec, trials, mirror=None):
+    def compare(self, task, trials, mirror=None):
         return compare(list(trials.groups), trials.summary_prefix, mirror=mirror)
 
-    def figure(self, spec, results, data, summary, out_dir) -> None:
+    def figure(self, task, results, data, summary, out_dir) -> None:
         from stimsim.paradigms.same_different import plot_hit_rates
 
-        plot_hit_rates(results, out_dir / "moeller2017_comparison.png", f"{spec.name}: same/different hit rates",
+        plot_hit_rates(results, out_dir / "moeller2017_comparison.png", f"{task.name}: same/different hit rates",
                        data=data, data_label="monkeys (Moeller et al. 2017)")
 
-    def score(self, spec, trials, summary, data):
-        return self.score_record(**score(summary, data, trials.summary_prefix, spec.seed, spec.analysis.ci))
+    def score(self, task, trials, summary, data):
+        return self.score_record(**score(summary, data, trials.summary_prefix, task.seed, task.analysis.ci))

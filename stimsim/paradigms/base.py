@@ -9,7 +9,9 @@ safety, files) and asks the paradigm for the rest:
    :mod:`stimsim.paradigms.schema`); a table whose keys all have defaults may be left out of a file,
    and a paradigm may extend a common table (e.g. ``[decoder]``) by naming it with a subclass of its
    model. Once the file is validated, :meth:`Paradigm.parse` checks what depends on several keys and
-   returns an options object, stored as ``ExperimentSpec.options``;
+   returns an options object, stored as ``ExperimentSpec.options``. Every later call receives the
+   experiment's :class:`~stimsim.paradigms.spec.TaskSettings` (``task``: the options, decoder, sites, analysis
+   settings, seed, layer, name and source), not the whole experiment;
 2. :meth:`Paradigm.labels` names the image labels it needs; :meth:`Paradigm.default_localizer`
    says which images define site selectivity when the file has no ``[sites.localizer]``;
 3. the runner chooses the sites; :meth:`Paradigm.prepare` then builds the trials from the images and
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
     from stimsim.data.stimuli import StimulusSet
     from stimsim.paradigms.schema import LocalizerFile
     from stimsim.paradigms.sites import SiteSelection
-    from stimsim.paradigms.spec import ExperimentSpec
+    from stimsim.paradigms.spec import TaskSettings
 
 
 
@@ -88,7 +90,7 @@ class Paradigm(ABC):
         return SimpleNamespace(stimuli=stimuli, **tables)
 
     @abstractmethod
-    def labels(self, spec: "ExperimentSpec") -> set[str]:
+    def labels(self, task: "TaskSettings") -> set[str]:
         """Image labels the trials need (kept, as text, when the stimulus sets are loaded)."""
 
     def default_localizer(self, options) -> "LocalizerFile | None":
@@ -96,13 +98,13 @@ class Paradigm(ABC):
         return None
 
     @abstractmethod
-    def prepare(self, spec: "ExperimentSpec", model, stimuli: "StimulusSet", selection: "SiteSelection",
+    def prepare(self, task: "TaskSettings", model, stimuli: "StimulusSet", selection: "SiteSelection",
                 progress: bool = False) -> Trials:
         """Trials and the frozen decoder, from the experiment's images (``stimuli``) and the selected sites
         (``selection``, on the stimulated layer's sheet of ``model``); ``progress`` shows progress bars of
         long steps."""
 
-    def simulate(self, spec: "ExperimentSpec", model, trials: Trials, conditions: list, store: Path,
+    def simulate(self, task: "TaskSettings", model, trials: Trials, conditions: list, store: Path,
                  progress: bool, **engine_options) -> xr.DataArray:
         """Choice probabilities (condition × stimulus_id × choice) of every trial under every condition;
         resumable through ``store``; ``engine_options`` (e.g. the safety limits) go to the engine."""
@@ -112,11 +114,11 @@ class Paradigm(ABC):
                         stimulus_coords=trials.stimulus_coords, store=store, progress=progress, **engine_options)
 
     @abstractmethod
-    def analyse(self, spec: "ExperimentSpec", trials: Trials, probabilities: xr.DataArray,
+    def analyse(self, task: "TaskSettings", trials: Trials, probabilities: xr.DataArray,
                 selection: "SiteSelection") -> tuple[xr.Dataset, dict]:
         """Per-site metrics (dimension ``site``, labelled by ``site.label``) and summary numbers."""
 
-    def figures(self, spec: "ExperimentSpec", results: xr.Dataset, out_dir: Path) -> None:
+    def figures(self, task: "TaskSettings", results: xr.Dataset, out_dir: Path) -> None:
         """Write this paradigm's figures (PNG) into ``out_dir``; ``results`` is the ``results.nc`` dataset."""
 
     def comparisons(self) -> list[str]:

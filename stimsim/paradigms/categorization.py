@@ -45,7 +45,7 @@ from stimsim.data.stimuli import StimulusSet, pixel_noise
 from stimsim.paradigms.base import Paradigm, register_paradigm
 from stimsim.paradigms.schema import DecoderFile, LocalizerFile, StimuliFile
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
-from stimsim.paradigms.spec import ExperimentSpec
+from stimsim.paradigms.spec import TaskSettings
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.utilities.filemodels import FileModel, Text
@@ -233,7 +233,7 @@ def categorization_trials(options: CategorizationOptions, decoder: DecoderFile, 
                                 decoder=fitted, psychometric=psychometric, noise_input=noise_input)
 
 
-def analyse(spec: ExperimentSpec, trials: CategorizationTrials, probabilities: xr.DataArray,
+def analyse(task: TaskSettings, trials: CategorizationTrials, probabilities: xr.DataArray,
             selection: SiteSelection) -> tuple[xr.Dataset, dict]:
     """Per-site metrics (dim ``site``; psychometric curves on ``condition`` × ``signal_level_percent``)
     and the summary numbers of a categorisation run. ``probabilities`` is the engine's output for the
@@ -244,10 +244,10 @@ def analyse(spec: ExperimentSpec, trials: CategorizationTrials, probabilities: x
     choice_index = {choice: i for i, choice in enumerate(probabilities["choice"].values.tolist())}
     truth = trials.test.labels["true_choice"]
     correct = p[:, np.arange(p.shape[1]), [choice_index[c] for c in truth]]
-    analysis = spec.analysis
+    analysis = task.analysis
     accuracy = correct.mean(axis=1)
     delta = delta_accuracy(correct[1:], correct[:1], axis=1)
-    intervals = np.array([_paired_interval(correct[k], correct[0], analysis, spec.seed)
+    intervals = np.array([_paired_interval(correct[k], correct[0], analysis, task.seed)
                           for k in range(1, len(conditions))]).reshape(-1, 2)
     site_dprime = np.array([site.dprime for site in selection.sites])
     distance = selection.distance_to_peak_mm()
@@ -265,10 +265,10 @@ def analyse(spec: ExperimentSpec, trials: CategorizationTrials, probabilities: x
         "choices": list(trials.choices),
         "control_accuracy": float(accuracy[0]),
     }
-    mean_delta = stratum_mean(delta, analysis.n_boot, analysis.ci, spec.seed)
+    mean_delta = stratum_mean(delta, analysis.n_boot, analysis.ci, task.seed)
     summary["mean_delta_accuracy"], summary["mean_delta_accuracy_ci"] = mean_delta["mean"], mean_delta["ci"]
     for name, x in (("dprime", site_dprime), ("distance", distance)):
-        result = site_correlation(x, delta, analysis.n_perm, analysis.n_boot, analysis.ci, spec.seed)
+        result = site_correlation(x, delta, analysis.n_perm, analysis.n_boot, analysis.ci, task.seed)
         summary[f"delta_accuracy_vs_{name}_r"] = result["r"]
         summary[f"delta_accuracy_vs_{name}_p"] = result["p"]
     coords = {"site": site_labels}
@@ -279,7 +279,7 @@ def analyse(spec: ExperimentSpec, trials: CategorizationTrials, probabilities: x
         summary["mean_delta_p_positive"] = float(change.mean())
     if trials.psychometric:
         psychometric_vars, psychometric_summary = _psychometric(trials, p[:, :, choice_index[trials.positive]],
-                                                                site_dprime, spec)
+                                                                site_dprime, task)
         coords["condition"] = conditions
         variables.update(psychometric_vars)
         summary.update(psychometric_summary)
@@ -296,7 +296,7 @@ def _paired_interval(stimulated: np.ndarray, control: np.ndarray, analysis, seed
 
 
 def _psychometric(trials: CategorizationTrials, p_positive: np.ndarray, site_dprime: np.ndarray,
-                  spec: ExperimentSpec) -> tuple[dict, dict]:
+                  task: TaskSettings) -> tuple[dict, dict]:
     signed = trials.test.labels["signed_signal_percent"]
     levels = np.unique(signed)
     members = [signed == level for level in levels]
@@ -322,16 +322,16 @@ def _psychometric(trials: CategorizationTrials, p_positive: np.ndarray, site_dpr
         "control_midpoint_percent": ((), control.midpoint_percent),
         "control_fit_message": ((), control.message),
     }
-    analysis = spec.analysis
+    analysis = task.analysis
     summary = {
         "control_midpoint_percent": control.midpoint_percent if control.success else None,
         "control_fit_message": control.message,
         "n_failed_fits": n_failed,
-        **shift_summary("model", site_dprime, shifts, spec.sites.dprime_threshold, analysis.n_perm,
-                        analysis.n_boot, analysis.ci, spec.seed),
+        **shift_summary("model", site_dprime, shifts, task.sites.dprime_threshold, analysis.n_perm,
+                        analysis.n_boot, analysis.ci, task.seed),
     }
-    for name, mask in (("selective", site_dprime > spec.sites.dprime_threshold),
-                       ("other", site_dprime <= spec.sites.dprime_threshold)):
+    for name, mask in (("selective", site_dprime > task.sites.dprime_threshold),
+                       ("other", site_dprime <= task.sites.dprime_threshold)):
         values = shifts_logodds[mask & np.isfinite(shifts_logodds)]
         summary[f"model_mean_shift_{name}_logodds"] = float(values.mean()) if values.size else None
     for level in (-50, 50):  # how steep the unstimulated curve is, against a trained animal's
@@ -396,21 +396,21 @@ class Categorization(Paradigm):
     def parse(self, stimuli: CategorizationStimuli, tables: dict, where: str) -> CategorizationOptions:
         return parse_options(stimuli, where)
 
-    def labels(self, spec: ExperimentSpec) -> set[str]:
-        return {spec.options.label}
+    def labels(self, task: TaskSettings) -> set[str]:
+        return {task.options.label}
 
     def default_localizer(self, options: CategorizationOptions) -> LocalizerFile | None:
         if options.positive is None:
             return None
         return LocalizerFile(label=options.label, positive=options.positive)
 
-    def prepare(self, spec, model, stimuli, selection, progress=False):
-        return categorization_trials(spec.options, spec.decoder, model, stimuli, spec.seed, f"{spec.source} [stimuli]")
+    def prepare(self, task, model, stimuli, selection, progress=False):
+        return categorization_trials(task.options, task.decoder, model, stimuli, task.seed, f"{task.source} [stimuli]")
 
-    def analyse(self, spec, trials, probabilities, selection):
-        return analyse(spec, trials, probabilities, selection)
+    def analyse(self, task, trials, probabilities, selection):
+        return analyse(task, trials, probabilities, selection)
 
-    def figures(self, spec, results, out_dir) -> None:
-        plot_site_effects(results, out_dir / "site_effects.png", f"{spec.name}: effect per site")
+    def figures(self, task, results, out_dir) -> None:
+        plot_site_effects(results, out_dir / "site_effects.png", f"{task.name}: effect per site")
         if "psychometric_shift_percent" in results:
-            plot_psychometric(results, out_dir / "psychometric.png", spec.name)
+            plot_psychometric(results, out_dir / "psychometric.png", task.name)

@@ -162,7 +162,8 @@ def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
     spec = ExperimentSpec(
         name=checked.name, description=checked.description, citation=checked.citation, paradigm=name,
         model=checked.model, layer=checked.layer, seed=checked.seed,
-        stimuli=checked.stimuli, decoder=checked.decoder.model_copy(update={"layer": checked.decoder.layer or checked.layer}),
+        stimuli=checked.stimuli,
+        decoder=checked.decoder.model_copy(update={"layer": checked.decoder.layer or checked.layer}),
         sites=_sites(checked.sites, paradigm.default_localizer(options), where),
         stimulation=stimulation, analysis=checked.analysis,
         options=options, perturbation=perturbation, additive_scale=checked.stimulation.additive_scale,
@@ -246,7 +247,7 @@ def _comparison(checked, spec: ExperimentSpec, where: str) -> str | None:
         raise ConfigError(f"{where} [comparison]: {name!r} is a {dataset.paradigm} experiment; this file's paradigm "
                           f"is {spec.paradigm!r}")
     try:
-        dataset.check(spec)
+        dataset.check(spec.settings())
     except ConfigError as exc:
         raise ConfigError(f"{where} [comparison]: {exc}") from None
     return name

@@ -127,7 +127,7 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
     sheet = topo.sheet(layer)
     localizer = spec.sites.localizer
     paradigm = get_paradigm(spec.paradigm)
-    labels = paradigm.labels(spec) | ({localizer.label} if localizer.sets is None else set())
+    labels = paradigm.labels(spec.settings()) | ({localizer.label} if localizer.sets is None else set())
     stimuli = load_stimuli(spec.stimuli.sets, sorted(labels), topo, notes, f"{spec.source} [stimuli]")
     localizer_images = stimuli if localizer.sets is None else load_stimuli(
         localizer.sets, [localizer.label], topo, notes, f"{spec.source} [sites.localizer]")
@@ -148,17 +148,18 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
         Condition(site.label, (spec.perturbation_at(site.position_mm),)) for site in selection.sites]
     _warn_signed_gain(conditions, sheet, responses, notes)
     report_phase(f"trials: preparing the {spec.paradigm} trials and fitting their readout without stimulation", progress)
-    trials = paradigm.prepare(spec, topo, stimuli, selection, progress=progress)
-    probabilities = paradigm.simulate(spec, topo, trials, conditions, out_dir / STORE_DIRNAME, progress,
+    task = spec.settings()
+    trials = paradigm.prepare(task, topo, stimuli, selection, progress=progress)
+    probabilities = paradigm.simulate(task, topo, trials, conditions, out_dir / STORE_DIRNAME, progress,
                                       device=device, activation_cache=True, scheduler=scheduler,
                                       **_safety_arguments(spec))
-    metrics, summary = paradigm.analyse(spec, trials, probabilities, selection)
+    metrics, summary = paradigm.analyse(task, trials, probabilities, selection)
 
     data, data_summary = None, {}
     comparison = None if spec.comparison is None else DATASETS.get(spec.comparison)
     try:
         if comparison is not None:
-            data, data_summary = comparison.compare(spec, trials)
+            data, data_summary = comparison.compare(task, trials)
     except DataError as exc:
         # the model's results stand on their own; the published data are optional
         message = (f"comparison with {spec.comparison!r} skipped, its data are not available here "
@@ -166,7 +167,7 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
         notes.append(message)
         warnings.warn(message, stacklevel=2)
         data_summary = {"comparison_skipped": message}
-    score = {} if comparison is None else {"score": comparison.score(spec, trials, {**summary, **data_summary}, data)}
+    score = {} if comparison is None else {"score": comparison.score(task, trials, {**summary, **data_summary}, data)}
 
     summary = json_ready({
         "experiment": spec.name, "paradigm": spec.paradigm, "model": model_record["name"], "layer": layer,
@@ -212,9 +213,9 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
     results.write_json(DECODER_FILE, trials.frozen_decoder.to_dict())
     if figures:
         plot_sites(selection, sheet, results / "sites.png", f"{spec.name}: {selection.method} sites on {sheet.name}")
-        paradigm.figures(spec, dataset, results)
+        paradigm.figures(task, dataset, results)
         if data is not None:
-            comparison.figure(spec, dataset, data, summary, results)
+            comparison.figure(task, dataset, data, summary, results)
     results.write_json(CONFIG_FILE, config)
     results.write_json(SUMMARY_FILE, summary)
     results.finish()

@@ -38,7 +38,7 @@ from stimsim.behavior import (SAME_DIFFERENT_CHOICES, BoundSameDifferentDecoder,
 from stimsim.data.stimuli import StimulusSet
 from stimsim.paradigms.base import Paradigm, register_paradigm
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
-from stimsim.paradigms.spec import ExperimentSpec
+from stimsim.paradigms.spec import TaskSettings
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.utilities.filemodels import FileModel, Text
@@ -158,39 +158,39 @@ def sample_pairs(identity, group, groups, n_same: int, n_different: int, seed: i
             np.concatenate(same))
 
 
-def prepare(spec: ExperimentSpec, model, stimuli: StimulusSet) -> PairTrials:
+def prepare(task: TaskSettings, model, stimuli: StimulusSet) -> PairTrials:
     """Draw the pairs, split them into fitting and test pairs (stratified by group and trial type),
     fit the frozen decoder on the fitting pairs and bind it to the unperturbed image of every test pair."""
-    pairs = spec.options
+    pairs = task.options
     for label in (pairs.identity_label, pairs.group_label):
         if label not in stimuli.labels:
-            raise ConfigError(f"{spec.source} [pairs]: the images have no label {label!r}; labels: "
+            raise ConfigError(f"{task.source} [pairs]: the images have no label {label!r}; labels: "
                               f"{sorted(stimuli.labels)}")
     group_values = np.asarray(stimuli.labels[pairs.group_label]).astype(str)
     groups = pairs.groups if pairs.groups is not None else tuple(dict.fromkeys(group_values.tolist()))
     missing = [g for g in groups if g not in set(group_values.tolist())]
     if missing:
-        raise ConfigError(f"{spec.source} [pairs]: no image has {pairs.group_label} in {missing}; values: "
+        raise ConfigError(f"{task.source} [pairs]: no image has {pairs.group_label} in {missing}; values: "
                           f"{sorted(set(group_values.tolist()))}")
     first, second, group, same = sample_pairs(stimuli.labels[pairs.identity_label], group_values, groups,
-                                              pairs.n_same_per_group, pairs.n_different_per_group, spec.seed)
+                                              pairs.n_same_per_group, pairs.n_different_per_group, task.seed)
     strata = {f"the {'same' if kind else 'different'} pairs of {name!r}": np.flatnonzero((group == name) & (same == kind))
               for name in groups for kind in (True, False)}
-    is_fit = stratified_fit_mask(strata, spec.decoder.fit_fraction, np.random.default_rng([spec.seed, 13]),
-                                 spec.source, "pairs")
-    layer = model.resolve_layer(spec.decoder.layer)
+    is_fit = stratified_fit_mask(strata, task.decoder.fit_fraction, np.random.default_rng([task.seed, 13]),
+                                 task.source, "pairs")
+    layer = model.resolve_layer(task.decoder.layer)
     features = model.activations(stimuli.images, layer).numpy()
     pair_decoder = SameDifferentDecoder.fit(features[first[is_fit]], features[second[is_fit]], same[is_fit],
-                                            layer=layer, C=spec.decoder.C, seed=spec.seed,
-                                            max_iter=spec.decoder.max_iter)
+                                            layer=layer, C=task.decoder.C, seed=task.seed,
+                                            max_iter=task.decoder.max_iter)
     unperturbed = first if pairs.stimulated_image == "second" else second
     decoder = pair_decoder.bind(features[unperturbed[~is_fit]])
     return PairTrials(stimuli=stimuli, first=first, second=second, group=group, same=same, is_fit=is_fit,
                       stimulated_image=pairs.stimulated_image, pair_decoder=pair_decoder, decoder=decoder,
-                      groups=tuple(groups), headline_group=spec.sites.localizer.positive)
+                      groups=tuple(groups), headline_group=task.sites.localizer.positive)
 
 
-def analyse(spec: ExperimentSpec, trials: PairTrials, probabilities: xr.DataArray,
+def analyse(task: TaskSettings, trials: PairTrials, probabilities: xr.DataArray,
             selection: SiteSelection, headline_group: str) -> tuple[xr.Dataset, dict]:
     """Hit rates per site, group and trial type, their change with stimulation (with a bootstrap
     interval over test pairs), and the summary. Summary keys name the trial type and site group,
@@ -208,7 +208,7 @@ def analyse(spec: ExperimentSpec, trials: PairTrials, probabilities: xr.DataArra
     shape = (len(site_labels), len(groups), len(TRIAL_TYPES))
     rate, change, low, high = (np.full(shape, np.nan) for _ in range(4))
     control = np.full(shape[1:], np.nan)
-    analysis = spec.analysis
+    analysis = task.analysis
     for g, name in enumerate(groups):
         for t, kind in enumerate(TRIAL_TYPES):
             mask = (group == name) & (same == (kind == "same"))
@@ -217,7 +217,7 @@ def analyse(spec: ExperimentSpec, trials: PairTrials, probabilities: xr.DataArra
                 rate[s, g, t] = correct[s + 1, mask].mean()
                 change[s, g, t], low[s, g, t], high[s, g, t] = bootstrap_ci(
                     lambda a, b: np.mean(a - b), correct[s + 1, mask], correct[0, mask],
-                    n_boot=analysis.n_boot, ci=analysis.ci, seed=spec.seed)
+                    n_boot=analysis.n_boot, ci=analysis.ci, seed=task.seed)
     dims = ("site", "pair_group", "trial_type")
     dataset = xr.Dataset(
         {"hit_rate": (dims, rate), "hit_rate_control": (dims[1:], control), "hit_rate_change": (dims, change),
@@ -303,14 +303,14 @@ class SameDifferent(Paradigm):
             raise ConfigError(f"{where} [pairs]: 'groups' must be distinct names, got {pairs.groups!r}")
         return pairs
 
-    def labels(self, spec: ExperimentSpec) -> set[str]:
-        return {spec.options.identity_label, spec.options.group_label}
+    def labels(self, task: TaskSettings) -> set[str]:
+        return {task.options.identity_label, task.options.group_label}
 
-    def prepare(self, spec, model, stimuli, selection, progress=False):
-        return prepare(spec, model, stimuli)
+    def prepare(self, task, model, stimuli, selection, progress=False):
+        return prepare(task, model, stimuli)
 
-    def analyse(self, spec, trials, probabilities, selection):
-        return analyse(spec, trials, probabilities, selection, trials.headline_group)
+    def analyse(self, task, trials, probabilities, selection):
+        return analyse(task, trials, probabilities, selection, trials.headline_group)
 
-    def figures(self, spec, results, out_dir) -> None:
-        plot_hit_rates(results, out_dir / "hit_rates.png", f"{spec.name}: same/different hit rates")
+    def figures(self, task, results, out_dir) -> None:
+        plot_hit_rates(results, out_dir / "hit_rates.png", f"{task.name}: same/different hit rates")

@@ -388,24 +388,24 @@ class SequenceTrials:
         }
 
 
-def prepare(spec, model, stimuli, selection: SiteSelection, progress: bool = False) -> SequenceTrials:
+def prepare(task, model, stimuli, selection: SiteSelection, progress: bool = False) -> SequenceTrials:
     """Sequences along every selected site's tuning from the experiment's images, the frozen readouts, and
     the noisy test images (seeded by the experiment's ``seed`` as a plan seeds its rehearsal)."""
-    options = spec.options
-    layer = model.resolve_layer(spec.layer)
+    options = task.options
+    layer = model.resolve_layer(task.layer)
     labels = tuple(site.label for site in selection.sites)
     sites = np.array([site.position_mm for site in selection.sites], dtype=np.float64).reshape(-1, 2)
-    sequence_spec = options.sequence_spec(spec.sites.recording_radius_mm)
+    sequence_spec = options.sequence_spec(task.sites.recording_radius_mm)
     try:
-        sequences = build_sequences(model, sites, stimuli.images, sequence_spec, layer=layer, seed=spec.seed,
+        sequences = build_sequences(model, sites, stimuli.images, sequence_spec, layer=layer, seed=task.seed,
                                     progress=progress)
     except ConfigError as exc:
-        raise ConfigError(f"{spec.source} [sequences]: {exc}") from None
+        raise ConfigError(f"{task.source} [sequences]: {exc}") from None
     pool = pooling_matrix(model.sheet(layer), sites, sequence_spec.recording_radius_mm)
-    readouts, noise_sd = fit_readouts(model, sequences.images, pool, options.task, seed=spec.seed,
-                                      layer=spec.decoder.layer, progress=progress, max_iter=spec.decoder.max_iter,
+    readouts, noise_sd = fit_readouts(model, sequences.images, pool, options.task, seed=task.seed,
+                                      layer=task.decoder.layer, progress=progress, max_iter=task.decoder.max_iter,
                                       response_layer=layer)
-    rng = np.random.default_rng([spec.seed, EVAL_NOISE_STREAM])
+    rng = np.random.default_rng([task.seed, EVAL_NOISE_STREAM])
     test_images = np.stack([evaluation_images(sequences.images[s], options.task, rng) for s in range(len(sites))])
     return SequenceTrials(site_labels=labels, sequences=sequences, sequence_spec=sequence_spec, task=options.task,
                           test_images=test_images, readouts=readouts, noise_sd=noise_sd,
@@ -445,7 +445,7 @@ def step_auc(p_high: np.ndarray, n_steps: int) -> float:
     return float(roc_auc_score(truth, np.concatenate([low, high])))
 
 
-def analyse(spec, trials: SequenceTrials, probabilities: xr.DataArray,
+def analyse(task, trials: SequenceTrials, probabilities: xr.DataArray,
             selection: SiteSelection) -> tuple[xr.Dataset, dict]:
     """ΔAUC of every stimulated site on every site's sequences; per site its own effect (the plan's number)
     and its effect elsewhere; the locality summary. ``probabilities``: the control condition and one
@@ -493,14 +493,14 @@ def analyse(spec, trials: SequenceTrials, probabilities: xr.DataArray,
                                    description="stimulated − control; 0 without effect")
     dataset["control_step_auc"].attrs.update(description="P(high) orders the high half of the steps above the low "
                                                           "half, without stimulation; chance 0.5")
-    analysis = spec.analysis
+    analysis = task.analysis
     summary = {"n_sites": n_sites, "n_sequences": n_seq, "n_steps": n_steps, "n_eval": n_eval,
                "n_test_images": int(n_sites * n_seq * n_steps * n_eval), "delta_auc_chance": 0.0,
                "control_step_auc_mean": float(control_step_auc.mean()), "control_step_auc_chance": 0.5}
     for name, values in (("own_delta_auc", own.mean(axis=1)), ("cross_delta_auc", cross_mean),
                          ("own_abs_delta_auc", own_abs), ("cross_abs_delta_auc", cross_abs),
                          ("locality_abs_delta_auc", own_abs - cross_abs)):
-        result = stratum_mean(values, analysis.n_boot, analysis.ci, spec.seed)
+        result = stratum_mean(values, analysis.n_boot, analysis.ci, task.seed)
         summary[f"mean_{name}"], summary[f"mean_{name}_ci"] = result["mean"], result["ci"]
     summary["locality_baseline"] = 0.0
     summary["median_slope_to_noise"] = float(np.nanmedian(trials.slope_to_noise))
@@ -597,19 +597,19 @@ class Sequence2AFC(Paradigm):
     def parse(self, stimuli, tables: dict, where: str) -> SequenceOptions:
         return parse_options(tables, where)
 
-    def labels(self, spec) -> set[str]:
+    def labels(self, task) -> set[str]:
         return set()
 
-    def prepare(self, spec, model, stimuli, selection, progress=False):
-        return prepare(spec, model, stimuli, selection, progress)
+    def prepare(self, task, model, stimuli, selection, progress=False):
+        return prepare(task, model, stimuli, selection, progress)
 
-    def simulate(self, spec, model, trials, conditions, store, progress, **engine_options):
+    def simulate(self, task, model, trials, conditions, store, progress, **engine_options):
         return simulate(trials, model, conditions, store, progress, **engine_options)
 
-    def analyse(self, spec, trials, probabilities, selection):
-        return analyse(spec, trials, probabilities, selection)
+    def analyse(self, task, trials, probabilities, selection):
+        return analyse(task, trials, probabilities, selection)
 
-    def figures(self, spec, results, out_dir) -> None:
-        plot_delta_auc_matrix(results, out_dir / "delta_auc_matrix.png", f"{spec.name}: ΔAUC per site and sequence")
-        plot_p_high_steps(results, out_dir / "p_high_steps.png", f"{spec.name}: P(high) along the sequences")
-        plot_sequences(results, out_dir / "sequences.png", f"{spec.name}: first sequence per site (low → high)")
+    def figures(self, task, results, out_dir) -> None:
+        plot_delta_auc_matrix(results, out_dir / "delta_auc_matrix.png", f"{task.name}: ΔAUC per site and sequence")
+        plot_p_high_steps(results, out_dir / "p_high_steps.png", f"{task.name}: P(high) along the sequences")
+        plot_sequences(results, out_dir / "sequences.png", f"{task.name}: first sequence per site (low → high)")

@@ -17,6 +17,23 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class TaskSettings:
+    """What a paradigm's task (and a published dataset set beside it) reads of an experiment: its ``name``, the
+    file it came from (``source``, for messages), ``seed``, the stimulated ``layer``, the paradigm's own parsed
+    ``options``, the ``decoder``, the ``sites`` and the ``analysis`` settings — not the model, the stimulation or
+    the file's other content, so that other jobs (e.g. planning) can set a task up without an experiment file."""
+
+    name: str
+    source: str
+    seed: int
+    layer: str
+    options: Any
+    decoder: "DecoderFile"
+    sites: "SitesFile"
+    analysis: "AnalysisFile"
+
+
+@dataclass(frozen=True)
 class ExperimentSpec:
     """A validated experiment file. ``stimuli``, ``decoder`` (its ``layer`` resolved), ``sites`` (its
     ``localizer`` resolved, an explicit method's ``groups`` filled) and ``analysis`` are the file's validated
@@ -45,6 +62,11 @@ class ExperimentSpec:
     cortex_mm_per_model_mm: float | None = None
     source: str = ""
     raw: dict = dataclasses.field(default_factory=dict)
+
+    def settings(self) -> TaskSettings:
+        """The part of the experiment its paradigm and its published dataset read."""
+        return TaskSettings(name=self.name, source=self.source, seed=self.seed, layer=self.layer, options=self.options,
+                            decoder=self.decoder, sites=self.sites, analysis=self.analysis)
 
     def perturbation_at(self, site_mm):
         """The ``[stimulation]`` template (:attr:`perturbation`, typed) applied at one site (x, y) mm."""
