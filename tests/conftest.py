@@ -135,3 +135,40 @@ def pdf_pages(tmp_path):
         return text.split("\f")[:len(pngs)], pngs
 
     return pages
+
+
+class OutsidePackage:
+    """A package of plug-ins written by a test on ``root``, as a lab's own package would be: its modules (imported in
+    this process), then its installed metadata declaring entry points, read by a fresh process."""
+
+    def __init__(self, root: Path, name: str, monkeypatch):
+        self.root, self.name = root, name
+        (root / name).mkdir()
+        (root / name / "__init__.py").write_text("")
+        monkeypatch.syspath_prepend(str(root))
+
+    def module(self, module: str, source: str):
+        """Write ``<package>/<module>.py`` and import it."""
+        import importlib
+
+        (self.root / self.name / f"{module}.py").write_text(source)
+        return importlib.import_module(f"{self.name}.{module}")
+
+    def run_installed(self, group: str, entry_point: str, code: str, *args: str):
+        """Declare ``entry_point`` (``name = module:attr``) in ``group`` as installed metadata of the package, then run
+        ``python -c code args`` in a fresh process that sees the package and this checkout."""
+        import subprocess
+        import sys
+
+        dist = self.root / f"{self.name}-0.1.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {self.name.replace('_', '-')}\nVersion: 0.1\n")
+        (dist / "entry_points.txt").write_text(f"[{group}]\n{entry_point}\n")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(self.root), str(Path(__file__).resolve().parents[1])])}
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.fixture
+def outside_package(tmp_path, monkeypatch):
+    """``outside_package(name)``: an :class:`OutsidePackage` on ``tmp_path``."""
+    return lambda name: OutsidePackage(tmp_path, name, monkeypatch)

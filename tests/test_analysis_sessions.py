@@ -527,22 +527,14 @@ class TSVSessions(SessionFormat):
 '''
 
 
-def test_a_session_format_from_another_package_is_one_module(tmp_path, monkeypatch, table):
+def test_a_session_format_from_another_package_is_one_module(tmp_path, outside_package, table):
     """A format registered from outside reads like the built-in ones: the same trials written as CSV and as TSV
     load to the same table, and a TSV file with a bad row is refused by the shared validation with the same
     message as the CSV file. Declared by an installed package's entry point, a fresh process finds it by suffix."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from stimsim.lab.sessions import SESSION_FORMATS
 
-    (tmp_path / "labfmt_t").mkdir()
-    (tmp_path / "labfmt_t" / "__init__.py").write_text("")
-    (tmp_path / "labfmt_t" / "tsv.py").write_text(TSV_FORMAT)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    from labfmt_t.tsv import TSVSessions
+    package = outside_package("labfmt_t")
+    TSVSessions = package.module("tsv", TSV_FORMAT).TSVSessions
 
     table.to_csv(tmp_path / "s.tsv", sep="\t", index=False)
     SESSION_FORMATS.register("TSV", TSVSessions)
@@ -564,12 +556,7 @@ def test_a_session_format_from_another_package_is_one_module(tmp_path, monkeypat
                                               r"\.hdf5\); NWB \(\.nwb\)"):
         load_sessions(tmp_path / "s.tsv")
 
-    dist = tmp_path / "labfmt_t-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: labfmt-t\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[stimsim.session_formats]\nTSV = labfmt_t.tsv:TSVSessions\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])}
-    run = subprocess.run([sys.executable, "-c", "import sys; from stimsim.lab.sessions import load_sessions; "
-                          "print(len(load_sessions(sys.argv[1])))", str(tmp_path / "s.tsv")],
-                         capture_output=True, text=True, env=env, timeout=300)
+    run = package.run_installed("stimsim.session_formats", "TSV = labfmt_t.tsv:TSVSessions",
+                                "import sys; from stimsim.lab.sessions import load_sessions; "
+                                "print(len(load_sessions(sys.argv[1])))", str(tmp_path / "s.tsv"))
     assert run.returncode == 0 and run.stdout.strip() == str(len(table)), run.stderr

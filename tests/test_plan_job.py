@@ -724,18 +724,15 @@ class NonfaceTask(PlanTask):
 '''
 
 
-def test_a_plan_task_from_another_package_is_one_module(tmp_path, monkeypatch, one_torch_thread):
+def test_a_plan_task_from_another_package_is_one_module(tmp_path, outside_package, one_torch_thread):
     """A task registered from outside (one module, above) plans like a built-in one: on the same trials, the
     predicted change of P(non-face) at every electrode is minus the face task's change of P(face), since the two
     choices' probabilities sum to 1, and so is the subject's true effect (the same r). Declared by an installed
     package's entry point, a fresh process finds it by the plan file's task name."""
     from stimsim.planning.tasks import PLAN_TASKS
 
-    (tmp_path / "labtask_t").mkdir()
-    (tmp_path / "labtask_t" / "__init__.py").write_text("")
-    (tmp_path / "labtask_t" / "nonface.py").write_text(NONFACE_TASK)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    from labtask_t.nonface import NonfaceTask
+    package = outside_package("labtask_t")
+    NonfaceTask = package.module("nonface", NONFACE_TASK).NonfaceTask
 
     config = _write_plan(tmp_path / "config")
     face = config.read_text().replace('name = "small"', 'name = "small"\ntask = "face_categorization"')
@@ -761,14 +758,9 @@ def test_a_plan_task_from_another_package_is_one_module(tmp_path, monkeypatch, o
     assert (tmp_path / "nonface" / "truth" / "subject_p_nonface.nc").is_file()
     assert "change of P(non-face)" in (tmp_path / "nonface" / "report.html").read_text()
 
-    dist = tmp_path / "labtask_t-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: labtask-t\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[stimsim.plan_tasks]\nnonface = labtask_t.nonface:NonfaceTask\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])}
-    run = subprocess.run([sys.executable, "-c", "import sys; from stimsim.planning.config import load_plan_config; "
-                          "c = load_plan_config(sys.argv[1]); print(c.task, c.effect)", str(nonface)],
-                         capture_output=True, text=True, env=env, timeout=300)
+    run = package.run_installed("stimsim.plan_tasks", "nonface = labtask_t.nonface:NonfaceTask",
+                                "import sys; from stimsim.planning.config import load_plan_config; "
+                                "c = load_plan_config(sys.argv[1]); print(c.task, c.effect)", str(nonface))
     assert run.returncode == 0 and run.stdout.split() == ["nonface", "delta_p_nonface"], run.stderr
 
 LAB_PLAN = """

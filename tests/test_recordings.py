@@ -337,23 +337,15 @@ class NpzRecordings(RecordingFormat):
 '''
 
 
-def test_a_recording_format_from_another_package_is_one_module(tmp_path, monkeypatch):
+def test_a_recording_format_from_another_package_is_one_module(tmp_path, outside_package):
     """A format registered from outside reads like the built-in ones and gets their checks: the same recordings
     saved as NetCDF and as .npz load to the same per-image means, a NaN response is refused naming the format's
     own field and row, an electrode_group is refused for a format of one array. Declared by an installed package's
     entry point, a fresh process finds it by suffix."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from stimsim.lab.recordings import RECORDING_FORMATS
 
-    (tmp_path / "labrec_t").mkdir()
-    (tmp_path / "labrec_t" / "__init__.py").write_text("")
-    (tmp_path / "labrec_t" / "npz.py").write_text(NPZ_FORMAT)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    from labrec_t.npz import NpzRecordings
+    package = outside_package("labrec_t")
+    NpzRecordings = package.module("npz", NPZ_FORMAT).NpzRecordings
 
     recordings, *_ = _planted()
     arrays = {"response": recordings.response.values, "stimulus_id": recordings.response.stimulus_id.values,
@@ -379,12 +371,7 @@ def test_a_recording_format_from_another_package_is_one_module(tmp_path, monkeyp
                                               r"NetCDF \(\.nc, \.nc4, \.netcdf, \.h5netcdf\)"):
         load_recordings(tmp_path / "rec.npz")
 
-    dist = tmp_path / "labrec_t-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: labrec-t\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[stimsim.recording_formats]\nnpz = labrec_t.npz:NpzRecordings\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])}
-    run = subprocess.run([sys.executable, "-c", "import sys; from stimsim.lab.recordings import load_recordings; "
-                          "print(load_recordings(sys.argv[1]).response.shape)", str(tmp_path / "rec.npz")],
-                         capture_output=True, text=True, env=env, timeout=300)
+    run = package.run_installed("stimsim.recording_formats", "npz = labrec_t.npz:NpzRecordings",
+                                "import sys; from stimsim.lab.recordings import load_recordings; "
+                                "print(load_recordings(sys.argv[1]).response.shape)", str(tmp_path / "rec.npz"))
     assert run.returncode == 0 and run.stdout.strip() == str(recordings.response.shape), run.stderr
