@@ -54,6 +54,10 @@ def test_imagenet_class_order_and_top1_of_a_constant_guess(shared_data):
     assert files[0].name.startswith("n01440764_") and files[-1].name.startswith("n15075141_")
     assert imagenet_top1(lambda images: np.eye(1000)[[0] * len(images)], folder, limit=60) == \
         {"top1": 1 / 60, "n": 60, "chance": 0.001}
+    # split by what a model held out: the first file (class 0, guessed right) and the 11th (class 10, wrong)
+    split = imagenet_top1(lambda images: np.eye(1000)[[0] * len(images)], folder, limit=20,
+                          held_out={files[0].name, files[10].name, "word/word-47.jpg"})
+    assert split["held_out"] == {"top1": 0.5, "n": 2} and split["trained_on"] == {"top1": 0.0, "n": 18}
     with pytest.raises(DataError, match="no ImageNet images"):
         imagenet_top1(lambda images: None, folder.parent / "floc")
 

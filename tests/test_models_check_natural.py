@@ -1,6 +1,7 @@
 """`stimsim models check` on natural images (fLoc by domain, ImageNet top-1) and `models list --json`."""
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -59,11 +60,39 @@ def test_the_default_images_are_floc_by_domain_with_maps_clusters_figures_and_im
     # the model's own output is MobileNetV2's ImageNet classifier; the base network runs at 224 px
     assert report["base_network"] == "mobilenet_v2" and report["imagenet_n"] == 20
     assert 0 <= report["imagenet_top1"] <= 1 and report["imagenet_top1_base"] >= 0.7
+    assert report["imagenet_images"] == "all" and "imagenet_top1_trained_images" not in report
     assert calls == [60]
     again = evaluation.check_model(small_mobilenet, n_shuffles=20, imagenet=False)
     # the responses come from the activation cache: only its first, last and SAMPLED_ROWS random rows are
     # computed again
     assert calls == [60, 2 + SAMPLED_ROWS] and again["domain_maps"] == maps and "imagenet_top1" not in again
+
+
+def test_a_model_trained_on_the_imagenet_samples_is_scored_on_those_it_held_out(
+        small_mobilenet, shared_data, monkeypatch, one_torch_thread):
+    from stimsim.training.imagenet import imagenet_files
+
+    folder = shared_data("natural/imagenet_samples")
+    monkeypatch.setenv(manifest.MIRROR_DIR_ENV, str(folder.parents[1]))
+    files, _ = imagenet_files(folder)
+    held = [files[i].name for i in (3, 7, 11, 15)]
+    everything = evaluation.imagenet_scores(small_mobilenet, limit=20)
+    small_mobilenet.metadata.update(training={"data": {"sets": [{"source": "imagenet_samples"}]}},
+                                    holdout_stimulus_ids=held + ["adult/adult-1.jpg"])
+    with warnings.catch_warnings():
+        # the logits come from the activation cache: its check recomputes rows in a batch of another size,
+        # whose last bits differ, and must not take that for changed content
+        warnings.simplefilter("error", UserWarning)
+        report = evaluation.imagenet_scores(small_mobilenet, limit=20)
+    assert report["imagenet_images"] == "held out from the build" and report["imagenet_n"] == 4
+    assert report["imagenet_n_trained_images"] == 16
+    # the held-out and trained-on scores are the all-image score's two parts
+    parts = 4 * report["imagenet_top1"] + 16 * report["imagenet_top1_trained_images"]
+    assert parts == pytest.approx(20 * everything["imagenet_top1"])
+    # a build that held none of the samples out has no unseen top-1
+    small_mobilenet.metadata["holdout_stimulus_ids"] = ["adult/adult-1.jpg"]
+    none_left = evaluation.imagenet_scores(small_mobilenet, limit=20)
+    assert none_left["imagenet_top1"] is None and "no top-1 on unseen images" in none_left["imagenet_note"]
 
 
 def test_without_floc_the_check_says_so_and_uses_the_heldout_images(tmp_path, monkeypatch, capsys):

@@ -15,7 +15,10 @@ d′ ``CLUSTER_DPRIME``, its size the diameter of the disc of equal area (cortex
 
 ImageNet top-1 on the ``imagenet_samples`` images, where they are available: ``imagenet_top1`` of the
 model's own output when it has the 1,000 ImageNet classes, ``imagenet_top1_base`` of the base network
-the model records (``metadata.base_network`` or ``architecture.kwargs.base_network``).
+the model records (``metadata.base_network`` or ``architecture.kwargs.base_network``). A model whose build
+trained on the samples is scored on the ones it held out (``metadata.holdout_stimulus_ids``), both networks
+on the same images (``imagenet_images`` says which; ``imagenet_top1_trained_images`` is the model's top-1 on
+the others, for comparison).
 
 Decoders are the project's: a logistic regression on standardised IT responses with C = 1e-3 (the
 regularisation of every experiment's decoder, as in the Brain-Score behavioural benchmarks),
@@ -93,10 +96,21 @@ def base_network_of(model: TopographicModel) -> str | None:
     return name if name in BASE_NETWORKS else None
 
 
+def _imagenet_training_split(model: TopographicModel) -> set[str] | None:
+    """File names of the ``imagenet_samples`` images a model's build held out, or None when its build did not
+    train on them (``metadata.training`` names its image sets)."""
+    training = model.metadata.get("training")
+    sets = training.get("data", {}).get("sets", []) if isinstance(training, dict) else []
+    if not any(isinstance(entry, dict) and entry.get("source") == "imagenet_samples" for entry in sets):
+        return None
+    return {Path(str(stimulus_id)).name for stimulus_id in model.metadata.get("holdout_stimulus_ids", [])}
+
+
 def imagenet_scores(model: TopographicModel, progress: bool = False, limit: int | None = None) -> dict:
     """``imagenet_top1`` (the model's own output, when it has 1,000 classes) and ``imagenet_top1_base`` (its
-    base network) on the ``imagenet_samples`` images (the first ``limit``), each None where it does not
-    apply, with ``imagenet_note`` saying why."""
+    base network) on the ``imagenet_samples`` images (the first ``limit``; only those the model's build held
+    out, when it trained on the samples), each None where it does not apply, with ``imagenet_note`` saying
+    why."""
     from stimsim.data.manifest import entry_path
     from stimsim.engine.activation_cache import model_sha256
     from stimsim.training.imagenet import N_IMAGENET_CLASSES, base_network_top1, imagenet_top1
@@ -112,16 +126,30 @@ def imagenet_scores(model: TopographicModel, progress: bool = False, limit: int 
     except DataError:
         return {**result, "imagenet_note": "the ImageNet samples are not available (no mirror or cached copy of "
                                            "data entry 'imagenet_samples')"}
+    held_out = _imagenet_training_split(model)
+    result["imagenet_images"] = "all" if held_out is None else "held out from the build"
+
+    def scored(score: dict) -> tuple[float | None, int]:
+        return (score["top1"], score["n"]) if held_out is None else (score["held_out"]["top1"],
+                                                                     score["held_out"]["n"])
+
     if own:
         report_phase("models check: ImageNet top-1 of the model's output", progress)
         score = imagenet_top1(lambda images: model.run_stages(model.preprocess(images)).cpu().numpy(), folder,
                               limit=limit, cache_as={"model_sha256": model_sha256(model), "layer": model.stage_names[-1],
-                                                     "preprocessing": model.preprocessing.to_dict()})
-        result.update(imagenet_top1=score["top1"], imagenet_n=score["n"])
+                                                     "preprocessing": model.preprocessing.to_dict()},
+                              held_out=held_out)
+        result["imagenet_top1"], result["imagenet_n"] = scored(score)
+        if held_out is not None:
+            result["imagenet_top1_trained_images"] = score["trained_on"]["top1"]
+            result["imagenet_n_trained_images"] = score["trained_on"]["n"]
     if base is not None:
         report_phase(f"models check: ImageNet top-1 of the base network {base}", progress)
-        score = base_network_top1(base, folder, limit=limit)
-        result.update(imagenet_top1_base=score["top1"], imagenet_n=score["n"])
+        score = base_network_top1(base, folder, limit=limit, held_out=held_out)
+        result["imagenet_top1_base"], result["imagenet_n"] = scored(score)
+    if held_out is not None and result["imagenet_n"] == 0:
+        result["imagenet_note"] = ("the model's build trained on every ImageNet sample scored (it records none "
+                                   "held out), so no top-1 on unseen images can be given")
     return result
 
 

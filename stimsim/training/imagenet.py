@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 
@@ -46,10 +46,14 @@ def imagenet_files(images_dir) -> tuple[list[Path], np.ndarray]:
 
 
 def imagenet_top1(predict_logits: Callable, images_dir, limit: int | None = None,
-                  cache_as: dict | None = None) -> dict:
+                  cache_as: dict | None = None, held_out: Collection[str] | None = None) -> dict:
     """Top-1 accuracy of ``predict_logits`` (list of float images in [0, 1] → (N, 1000) logits) on the
     images of ``images_dir`` (every one, or the first ``limit`` by name), read in batches of
     :data:`BATCH_IMAGES`. Returns ``{"top1", "n", "chance"}`` (chance = 1/1000).
+
+    ``held_out``: file names of images a model was not trained on; the result then also has
+    ``"held_out"`` and ``"trained_on"``, each ``{"top1", "n"}`` over those images and over the others
+    (``top1`` None where there are none).
 
     ``cache_as``: ``{"model_sha256", "layer", "preprocessing"}`` naming what ``predict_logits`` computes; the
     logits are then kept in the activation cache (:mod:`stimsim.engine.activation_cache`, keyed also by the image
@@ -84,11 +88,18 @@ def imagenet_top1(predict_logits: Callable, images_dir, limit: int | None = None
                                  describe={"model": cache_as["model_sha256"], "layer": cache_as["layer"],
                                            "n_images": len(files), "images": str(images_dir)},
                                  compute_rows=lambda rows: predict([files[r] for r in rows]), n_rows=len(files))
-    correct = int(np.sum(logits.numpy().argmax(axis=1) == classes))
-    return {"top1": correct / len(files), "n": len(files), "chance": 1.0 / N_IMAGENET_CLASSES}
+    correct = logits.numpy().argmax(axis=1) == classes
+    result = {"top1": float(correct.mean()), "n": len(files), "chance": 1.0 / N_IMAGENET_CLASSES}
+    if held_out is not None:
+        names = set(held_out)
+        unseen = np.array([path.name in names for path in files], dtype=bool)
+        for key, mask in (("held_out", unseen), ("trained_on", ~unseen)):
+            result[key] = {"top1": float(correct[mask].mean()) if mask.any() else None, "n": int(mask.sum())}
+    return result
 
 
-def base_network_top1(name: str, images_dir, limit: int | None = None, mirror=None) -> dict:
+def base_network_top1(name: str, images_dir, limit: int | None = None, mirror=None,
+                      held_out: Collection[str] | None = None) -> dict:
     """:func:`imagenet_top1` of base network ``name`` with its ImageNet weights and its own preprocessing;
     the logits are kept in the activation cache."""
     import torch
@@ -104,4 +115,4 @@ def base_network_top1(name: str, images_dir, limit: int | None = None, mirror=No
 
     return imagenet_top1(predict, images_dir, limit=limit,
                          cache_as={"model_sha256": spec.weights_sha256, "layer": f"{name} ImageNet logits",
-                                   "preprocessing": spec.preprocessing.to_dict()})
+                                   "preprocessing": spec.preprocessing.to_dict()}, held_out=held_out)
