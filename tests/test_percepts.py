@@ -93,6 +93,63 @@ def test_the_blur_prior_smooths_the_change_the_inversion_makes(model, image):
     assert roughness(blurred[1] - image) < 0.5 * roughness(plain[1] - image)
 
 
+def _high_frequency_share(change: torch.Tensor, cutoff: float = 0.25) -> float:
+    """Share of a change's spectral power at spatial frequencies above ``cutoff`` cycles/pixel."""
+    power = torch.fft.fft2(change).abs().square()
+    fy = torch.fft.fftfreq(change.shape[-2])[:, None]
+    fx = torch.fft.fftfreq(change.shape[-1])[None, :]
+    high = torch.sqrt(fx ** 2 + fy ** 2) > cutoff
+    return float((power * high).sum() / power.sum())
+
+
+def test_the_fourier_parametrization_makes_changes_of_low_spatial_frequency(model, image):
+    m, a = _effects(model, (300.0,), activation_per_Hz=0.1)
+    changes = {}
+    for parametrization in ("pixels", "fourier"):
+        settings = InversionSettings(steps=10, tv_weight=0.0, jitter_px=0, parametrization=parametrization,
+                                     learning_rate=0.01)
+        images, loss = synthesize(model, image, m, a, "it", settings=settings)
+        assert torch.equal(images[0], image) and loss[0] == 0.0  # nothing to match: no change
+        changes[parametrization] = images[1] - image
+        assert changes[parametrization].abs().max() > 0.01
+    # white noise has 1 - π/4 ≈ 0.21 of its power above 0.25 cycles/pixel; 1/f weights move power below
+    assert _high_frequency_share(changes["fourier"]) < 0.5 * _high_frequency_share(changes["pixels"])
+    with pytest.raises(ConfigError, match="blur_sigma_px applies to parametrization = 'pixels'"):
+        InversionSettings(parametrization="fourier", blur_sigma_px=1.0)
+
+
+@pytest.mark.parametrize("parametrization", ["pixels", "fourier"])
+def test_a_gray_change_is_the_same_on_every_colour_channel(parametrization):
+    from stimsim.cortex.positions import retinotopic_positions
+    from stimsim.cortex.sheet import CorticalSheet
+    from stimsim.models.architectures import build_network
+    from stimsim.models.preprocessing import Preprocessing
+    from stimsim.models.topographic import TopographicModel
+
+    torch.manual_seed(0)
+    kwargs = {"n_classes": 2, "it_units": 64, "in_channels": 3}
+    colour = TopographicModel(build_network("stimsim_topo", **kwargs),
+                              {"it": CorticalSheet("it", (64, 1, 1), retinotopic_positions((64, 1, 1), 8.0, seed=1))},
+                              Preprocessing(size_px=16, channels=3, mean=(0.5,) * 3, std=(0.25,) * 3),
+                              {"family": "stimsim_topo", "kwargs": kwargs}, areas={"it": "IT"}, name="colour")
+    rng = np.random.default_rng(0)
+    start = torch.from_numpy(rng.uniform(0.2, 0.8, (3, 16, 16)).astype(np.float32))  # no channel near a bound
+    additive = torch.zeros(2, 64)
+    additive[1, :8] = 3.0
+    changed = {}
+    for gray in (False, True):
+        settings = InversionSettings(steps=5, tv_weight=0.0, jitter_px=0, gray_change=gray,
+                                     parametrization=parametrization)
+        images = synthesize(colour, start, torch.ones(2, 64), additive, "it", settings=settings)[0]
+        changed[gray] = images[1] - start
+        # pixels clipped at 0 or 1 on some channel (the Fourier change is clipped, not projected) differ
+        inside = ((images[1] > 0) & (images[1] < 1)).all(0)
+    assert changed[True].abs().max() > 1e-3 and inside.float().mean() > 0.9
+    for channel in (1, 2):
+        assert (changed[True][0] - changed[True][channel])[inside].abs().max() < 1e-6
+    assert (changed[False][0] - changed[False][1]).abs().max() > 1e-3
+
+
 def test_batch_normalized_steps_leave_an_unstimulated_condition_nearly_where_it_started(model, image):
     # with jitter its gradient is not zero, only small: Adam makes full steps of it, scaled steps do not
     m, a = _effects(model, (300.0,), activation_per_Hz=0.1)
@@ -115,42 +172,52 @@ def test_matching_a_layer_before_the_perturbed_one_is_refused(model, image):
         InversionSettings(optimizer="sgd")
 
 
-def _small_config(tmp_path: Path, **changes) -> Path:
-    """experiments/visualize_default.toml on the 32-px models, at a size a test can afford."""
+def _small_config(tmp_path: Path) -> Path:
+    """experiments/visualize_default.toml at a size a test can afford: one object (a car) and one place (a
+    house), no face-like object."""
     text = (REPO / "experiments" / "visualize_default.toml").read_text()
-    replacements = {"n = 2": "n = 1", "n_per_category = 16": "n_per_category = 8",
-                    "steps = 100": "steps = 40", "jitter_px = 4": "jitter_px = 1", **changes}
+    replacements = {'categories = ["car", "instrument"]': 'categories = ["car"]',
+                    'categories = ["house", "corridor"]': 'categories = ["house"]'}
     for old, new in replacements.items():
         assert old in text, old
         text = text.replace(old, new)
+    face_like = text.index('[[images]]\ngroup = "face-like object"')
+    text = text[:face_like] + text[text.index("[localizer]"):]
     path = tmp_path / "visualize.toml"
     path.write_text(text)
     return path
 
 
-def test_visualize_face_site_stimulation_makes_images_face_like_by_both_judges(tmp_path, shared_data, capsys,
-                                                                               one_torch_thread):
+def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared_data, capsys,
+                                                                               base_network, one_torch_thread):
     shared_data("natural/floc")
-    shared_data("moeller2017/Eliciting_Face_Response")
+    for name in ("mobilenet_v2", "efficientnet_lite0"):
+        base_network(name)
     out = tmp_path / "out"
     assert main(["visualize", str(_small_config(tmp_path)), "--out", str(out), "--no-progress",
                  "--threads", "1"]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    for name in ("own", "independent"):
-        judge = summary["judges"][name]
-        face = judge["pface_face_site"]
-        others = max(judge["pface_control_site"], judge["pface_scrambled"], judge["pface_unstimulated"])
-        assert face[-1] > face[0], (name, judge)
-        assert face[-1] - others >= 0.2, (name, judge)
-    assert summary["judges"]["independent"]["model"] == "stimsim-topo-s1"
+    own = summary["judges"]["own"]
+    face = own["pface_face_site"]
+    assert face[0] < min(face[1:]), own  # rises from the lowest current (and saturates near 1)
+    assert face[-1] - max(own["pface_control_site"], own["pface_scrambled"], own["pface_unstimulated"]) >= 0.2, own
+    # the independent judge (another architecture) sees the top current's images as more face-like than the
+    # unstimulated inversions, but by far less than the model itself: how much depends on the seed (docs)
+    independent = summary["judges"]["independent"]
+    assert independent["pface_face_site"][-1] > 5 * independent["pface_unstimulated"], independent
+    assert summary["judges"]["own"]["model"] == "stimsim-mnv2-s0"
+    assert summary["judges"]["independent"]["model"] == "stimsim-effl0-s0"
     assert summary["sites"]["face"]["dprime"] > summary["sites"]["control"]["dprime"]
     data = xr.open_dataset(out / "percepts.nc", engine="h5netcdf")
     assert list(data["kind"].values) == ["unstimulated", "face_site", "face_site", "face_site", "control_site",
                                          "scrambled"]
-    assert data["percept"].shape == (5, 6, 32, 32, 1)
-    assert list(data["group"].values) == ["object", "object", "place", "place", "face-like object"]
+    # colour images of 224 px whose change is one luminance change: gray images stay gray
+    assert data["percept"].shape == (2, 6, 224, 224, 3)
+    percepts = data["percept"].values
+    assert np.abs(percepts[..., 0] - percepts[..., 1]).max() < 1e-6
+    assert list(data["group"].values) == ["object", "place"]
     # the summary's numbers are the means of the stored scores over the object and place rows
-    scored = data["p_face"].sel(judge="own").where(data["group"].isin(["object", "place"]), drop=True)
+    scored = data["p_face"].sel(judge="own")
     np.testing.assert_allclose(scored.mean("stimulus_id").values[1:4], summary["judges"]["own"]["pface_face_site"])
     data.close()
     assert (out / "percepts.png").stat().st_size > 10_000
@@ -162,7 +229,7 @@ def test_visualize_face_site_stimulation_makes_images_face_like_by_both_judges(t
 
 @pytest.mark.parametrize("change, message", [
     ({"steps = 100": "stepz = 100"}, "unknown key 'stepz'"),
-    ({"currents_uA = [50, 150, 300]": "currents_uA = [300, 100]"}, "at least two rising currents"),
+    ({"currents_uA = [100, 300, 1000]": "currents_uA = [300, 100]"}, "at least two rising currents"),
     ({'method = "selectivity"': 'method = "random"'}, "'method' must be one of"),
 ])
 def test_visualize_refuses_a_bad_file_in_one_line_and_leaves_no_output(tmp_path, capsys, change, message):

@@ -6,9 +6,11 @@ activity of the original image: the image the network would have to see to be in
 stimulation puts it in (feature inversion, Mahendran & Vedaldi 2015, CVPR; under stimulation as in
 Mehrer et al. 2025, arXiv 2510.03684, where a generative decoder of IT showed "facephenes").
 
-The search starts from the image itself and runs gradient descent on its pixels (Adam, or steps scaled
-by the gradient's RMS over the whole batch, so that a condition far from its target moves more than one
-near it), through every stage up to the matched layer. Image priors keep the result an image (Olah, Mordvintsev & Schubert
+The search starts from the image itself and runs gradient descent on its change from it (Adam, or steps
+scaled by the gradient's RMS over the whole batch, so that a condition far from its target moves more than
+one near it), through every stage up to the matched layer; the change is made per pixel, or as a
+1/f-weighted spectrum so that it is mostly of low spatial frequency (Olah et al. 2017), on every colour
+channel or as one luminance change. Image priors keep the result an image (Olah, Mordvintsev & Schubert
 2017, Distill): pixels stay in [0, 1] (projected after every step), a total-variation penalty favours
 smooth images, and every step sees the image shifted by a random jitter of up to ``jitter_px`` pixels,
 so that no pattern tied to exact pixel positions can satisfy the match. All conditions of an image are
@@ -25,7 +27,7 @@ from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from stimsim.behavior.decoders import LogisticDecoder
 from stimsim.stimulation.base import apply_effect
@@ -36,6 +38,8 @@ from stimsim.utilities.filemodels import FileModel
 MATCHES = ("euclidean", "pattern")
 #: How a step is taken (see :class:`InversionSettings`).
 OPTIMIZERS = ("adam", "batch_normalized")
+#: What the search changes (see :class:`InversionSettings`).
+PARAMETRIZATIONS = ("pixels", "fourier")
 
 
 class InversionSettings(FileModel):
@@ -51,7 +55,13 @@ class InversionSettings(FileModel):
     blur_sigma_px : σ (pixels) of a Gaussian blur applied to the change from the original image after every
     step (0: none), a prior against the high spatial frequencies a network's gradient is rich in;
     match : ``"euclidean"`` (the activity itself) or ``"pattern"`` (the activity less its mean over the units:
-    a change common to every unit is not matched, only how the change is distributed over the sheet).
+    a change common to every unit is not matched, only how the change is distributed over the sheet);
+    parametrization : what the search changes: ``"pixels"`` (every pixel on its own) or ``"fourier"`` (the
+    change's 2-D spectrum, each frequency f (cycles/pixel) weighted by f^−``spectrum_decay``, the weights
+    scaled to an RMS of 1: a step of the same size moves mostly low spatial frequencies, as in Olah et al.
+    2017's decorrelated image parametrisation; pixels are then clipped to [0, 1] rather than projected, and
+    the blur prior does not apply); gray_change : one change for all colour channels (a luminance change:
+    gray images stay gray, no colour noise), rather than one per channel.
     """
 
     table: ClassVar[str] = "inversion"
@@ -63,6 +73,16 @@ class InversionSettings(FileModel):
     blur_sigma_px: Annotated[float, Field(ge=0)] = 0.0
     match: Literal[MATCHES] = "euclidean"
     optimizer: Literal[OPTIMIZERS] = "adam"
+    parametrization: Literal[PARAMETRIZATIONS] = "pixels"
+    spectrum_decay: Annotated[float, Field(ge=0)] = 1.0
+    gray_change: bool = False
+
+    @model_validator(mode="after")
+    def _one_smoothness_prior(self):
+        if self.parametrization == "fourier" and self.blur_sigma_px > 0:
+            raise ValueError("blur_sigma_px applies to parametrization = 'pixels'; the 'fourier' parametrization's "
+                             "1/f weights are its prior against high spatial frequencies (set blur_sigma_px = 0)")
+        return self
 
 
 def scrambled_effects(multiplier: torch.Tensor, additive: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,29 +196,31 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
             target = _matched(target.flatten(1), settings.match)
             unperturbed = activity if match_layer == layer else _run(model, activity, match_layer, start=layer)
             scale = float(_matched(unperturbed.flatten(1), settings.match).square().mean()) or 1.0
-        pixels = start.repeat(k, 1, 1, 1).clone().requires_grad_(True)
-        optimiser = torch.optim.Adam([pixels], lr=settings.learning_rate) if settings.optimizer == "adam" else None
+        change = _ChangeParametrization(settings, k, start.shape[1:], device)
+        optimiser = torch.optim.Adam([change.values], lr=settings.learning_rate) if settings.optimizer == "adam" else None
         generator = torch.Generator().manual_seed(int(seed))
         j = settings.jitter_px
         blur = _gaussian_blur(settings.blur_sigma_px, start.shape[1], device) if settings.blur_sigma_px > 0 else None
         for _ in range(settings.steps):
             shift = torch.randint(-j, j + 1, (2,), generator=generator).tolist() if j else [0, 0]
+            pixels = change.images(start)
             seen = torch.roll(pixels, shifts=shift, dims=(2, 3))
             features = _matched(_run(model, _normalise(model, seen), match_layer).flatten(1), settings.match)
             match = (features - target).square().mean(1) / scale
             loss = (match + settings.tv_weight * _total_variation(pixels)).sum()
-            pixels.grad = None
+            change.values.grad = None
             loss.backward()
             with torch.no_grad():
                 if optimiser is not None:
                     optimiser.step()
                 else:
-                    rms = pixels.grad.square().mean().sqrt()
+                    rms = change.values.grad.square().mean().sqrt()
                     if rms > 0:
-                        pixels.sub_(settings.learning_rate * pixels.grad / rms)
+                        change.values.sub_(settings.learning_rate * change.values.grad / rms)
                 if blur is not None:
-                    pixels.copy_(start + blur(pixels - start))
-                pixels.clamp_(0.0, 1.0)
+                    change.values.copy_(blur(change.values))
+                change.project(start)
+        pixels = change.images(start).detach()
         with torch.no_grad():
             features = _matched(_run(model, _normalise(model, pixels), match_layer).flatten(1), settings.match)
             final = ((features - target).square().mean(1) / scale).cpu().numpy().astype(np.float64)
@@ -206,6 +228,50 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
         for p, flag in zip(parameters, trainable):
             p.requires_grad_(flag)
     return pixels.detach().cpu(), final
+
+
+class _ChangeParametrization:
+    """The change from the start image that the search optimises: per pixel, or as a 1/f-weighted Fourier
+    spectrum (Olah et al. 2017: steps favour low spatial frequencies); on every channel, or one luminance
+    change shared by all channels."""
+
+    def __init__(self, settings: InversionSettings, k: int, image_shape, device):
+        channels, height, width = image_shape
+        self.settings = settings
+        self.channels = channels
+        shared = 1 if settings.gray_change else channels
+        if settings.parametrization == "fourier":
+            fy = torch.fft.fftfreq(height, device=device)[:, None]
+            fx = torch.fft.rfftfreq(width, device=device)[None, :]
+            frequency = torch.sqrt(fx ** 2 + fy ** 2).clamp_min(1.0 / max(height, width))
+            weight = frequency ** -settings.spectrum_decay
+            self.weight = (weight / weight.square().mean().sqrt()).to(torch.float32)
+            self.size = (height, width)
+            self.values = torch.zeros((k, shared, height, width // 2 + 1, 2), device=device, requires_grad=True)
+        else:
+            self.values = torch.zeros((k, shared, height, width), device=device, requires_grad=True)
+
+    def change(self) -> torch.Tensor:
+        if self.settings.parametrization == "fourier":
+            spectrum = torch.view_as_complex(self.values) * self.weight
+            delta = torch.fft.irfft2(spectrum, s=self.size, norm="ortho")
+        else:
+            delta = self.values
+        return delta.expand(-1, self.channels, -1, -1) if delta.shape[1] != self.channels else delta
+
+    def images(self, start: torch.Tensor) -> torch.Tensor:
+        pixels = start + self.change()
+        if self.settings.parametrization == "fourier":
+            return pixels.clamp(0.0, 1.0)
+        return pixels
+
+    def project(self, start: torch.Tensor) -> None:
+        """Keep per-pixel changes within the pixel range [0, 1]."""
+        if self.settings.parametrization == "pixels":
+            lo, hi = -start, 1.0 - start
+            if self.values.shape[1] != self.channels:
+                lo, hi = lo.max(1, keepdim=True).values, hi.min(1, keepdim=True).values
+            self.values.copy_(torch.maximum(torch.minimum(self.values, hi), lo))
 
 
 @dataclass(frozen=True, eq=False)

@@ -21,7 +21,8 @@ The file (example: ``experiments/visualize_default.toml``) names
   ``activation_per_Hz`` is in SDs of the layer's response to the localizer images);
 * ``[safety]``: as in experiment files (``max_shannon_k``, ``electrode_area_um2``, ``override``);
 * ``[inversion]``: :class:`stimsim.percepts.InversionSettings` (``steps``, ``learning_rate``,
-  ``tv_weight``, ``jitter_px``, ``blur_sigma_px``, ``match``, ``optimizer``);
+  ``tv_weight``, ``jitter_px``, ``blur_sigma_px``, ``match``, ``optimizer``, ``parametrization``,
+  ``spectrum_decay``, ``gray_change``);
 * ``[judge]``: ``model``, the independent judge (``--judge`` overrides it): another model whose face
   decoder scores the images without having been optimised against.
 
