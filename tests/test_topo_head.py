@@ -79,7 +79,7 @@ def _write_images(root, n_per_class=6):
             Image.fromarray((image * 255).astype(np.uint8)).save(root / category / f"{category}-{i}.png")
 
 
-def _config(tmp_path, steps=6, storage="float16"):
+def _config(tmp_path, steps=6, storage="float16", extra_model="", extra_training=""):
     _write_images(tmp_path / "images")
     path = tmp_path / "build.toml"
     path.write_text(f"""
@@ -97,6 +97,7 @@ n_neighborhoods = 8
 max_neighborhood_units = 32
 storage = "{storage}"
 preprocessing = {{ size_px = 32 }}
+{extra_model}
 [data]
 sets = [{{ source = "folder", path = "images", holdout_fraction = 0.25 }}]
 views = 2
@@ -109,6 +110,7 @@ batch_size = 6
 neighborhoods_per_step = 2
 checkpoint_every_steps = 2
 readout_steps = 3
+{extra_training}
 [cortex_scale]
 rule = "a fixed scale, for the test"
 cortex_mm_per_model_mm = 2.5
@@ -137,6 +139,50 @@ def test_build_is_deterministic_resumable_and_loads(tmp_path):
     # the model that was measured is the one that was saved: its weights are float16 values
     weight = model.network.it[1].weight
     assert torch.equal(weight, weight.half().float())
+
+
+def test_a_build_storing_the_trained_grid_has_the_same_units_in_a_smaller_file(tmp_path):
+    torch.set_num_threads(1)
+    per_unit = build_topo_head_model(_config(tmp_path / "a"), tmp_path / "a" / "out", progress=False)
+    grid = build_topo_head_model(_config(tmp_path / "b", extra_model='it_weights = "trained_grid"'),
+                                 tmp_path / "b" / "out", progress=False)
+    stored = torch.load(grid / "weights.pt", weights_only=True)
+    # the trained 8 x 8 grid's weights, not the 16 x 16 units'
+    assert stored["it.1.weight"].shape == (64, 8) and stored["it.1.bias"].shape == (64,)
+    assert torch.load(per_unit / "weights.pt", weights_only=True)["it.1.weight"].shape == (256, 8)
+    a, b = TopographicModel.load(per_unit), TopographicModel.load(grid)
+    assert b.architecture["kwargs"]["it_grid_side"] == 8 and "it_grid_side" not in a.architecture["kwargs"]
+    images = np.random.default_rng(0).random((3, 32, 32, 3)).astype(np.float32)
+    # the same IT up to float16 rounding (of the interpolated weights in one, of the grid's in the other)
+    np.testing.assert_allclose(b.activations(images, "IT").numpy(), a.activations(images, "IT").numpy(),
+                               rtol=0, atol=2e-3 * float(a.activations(images, "IT").abs().max()))
+
+
+def test_sampled_features_follow_the_cached_features_and_reach_the_build(tmp_path):
+    from stimsim.training.head_training import FeatureSampler
+
+    rng = np.random.default_rng(0)
+    mixing = rng.normal(size=(3, 3))
+    features = (rng.normal(size=(2, 4000, 3)) @ mixing.T + 5.0).astype(np.float32)  # far from 0: no clipping
+    classifier = torch.nn.Linear(3, 1000)
+    sampler = FeatureSampler(features, classifier)
+    samples, logits = sampler.draw(20000, seed=3)
+    flat = features.reshape(-1, 3)
+    np.testing.assert_allclose(samples.mean(0).numpy(), flat.mean(0), atol=0.05)
+    np.testing.assert_allclose(np.cov(samples.numpy().T), np.cov(flat.T), atol=0.1 * np.abs(np.cov(flat.T)).max())
+    with torch.no_grad():
+        assert torch.equal(logits, classifier(samples))
+    assert torch.equal(sampler.draw(5, seed=3)[0], sampler.draw(5, seed=3)[0])
+    # pooled ReLU features are never negative, nor are the samples
+    assert float(FeatureSampler(features - 5.0, classifier).draw(1000, seed=0)[0].min()) == 0.0
+    torch.set_num_threads(1)
+    plain = build_topo_head_model(_config(tmp_path / "a"), tmp_path / "a" / "out", progress=False)
+    sampled = build_topo_head_model(_config(tmp_path / "b", extra_training="feature_samples_per_step = 4"),
+                                    tmp_path / "b" / "out", progress=False)
+    again = build_topo_head_model(_config(tmp_path / "c", extra_training="feature_samples_per_step = 4"),
+                                  tmp_path / "c" / "out", progress=False)
+    assert (sampled / "weights.pt").read_bytes() == (again / "weights.pt").read_bytes()
+    assert (sampled / "weights.pt").read_bytes() != (plain / "weights.pt").read_bytes()
 
 
 def test_bad_build_file_names_the_key(tmp_path):

@@ -16,7 +16,9 @@ names a ``base_network``. The recipe:
    network's own ImageNet outputs (KL divergence at temperature ``distill_temperature``; no ImageNet labels),
    cross-entropy of the localizer's domains (``domain_weight``), TDANN's relative spatial loss on IT
    (``spatial_alpha``; Margalit et al. 2024) and an L1 penalty on IT activity (``activity_l1``: a sparse
-   code, so that a site outside a cluster leaves the others' code alone). Adam, cosine learning rate.
+   code, so that a site outside a cluster leaves the others' code alone). With ``feature_samples_per_step``
+   every batch also holds feature vectors drawn from a Gaussian fitted to the cached features, for the
+   distillation loss only (:class:`FeatureSampler`). Adam, cosine learning rate.
    Every draw of a step comes from (seed, step), so a run killed and resumed from ``DIR/checkpoint.pt``
    ends with the weights of an uninterrupted run (CPU).
 4. **The physical scale**, fixed by the rule in ``[cortex_scale]`` before any stimulation experiment:
@@ -24,7 +26,8 @@ names a ``base_network``. The recipe:
    the other domains, smoothed d′ > 1, :func:`stimsim.cortex.topography.selective_clusters_mm`) is set to that
    many mm of macaque cortex; or a fixed ``cortex_mm_per_model_mm``.
 5. **Storage**: weights rounded to float16 (``storage = "float16"``) before anything is measured, so the
-   model that is evaluated is the model that is saved.
+   model that is evaluated is the model that is saved; IT's weights per unit, or as the trained grid's,
+   which the network interpolates as it runs (``it_weights = "trained_grid"``).
 """
 from __future__ import annotations
 
@@ -63,7 +66,8 @@ _Count = Annotated[int, Field(ge=1)]
 class HeadModelTable(FileModel):
     """``[model]``: the base network, IT's size and sheet: IT is trained as a ``trained_grid_side`` ×
     ``trained_grid_side`` grid of units and then densified onto ``grid_side`` × ``grid_side``
-    (:func:`stimsim.models.topo_head.densify`)."""
+    (:func:`stimsim.models.topo_head.densify`), its weights stored per unit or as the trained grid's
+    (``it_weights``; the same units, about it_rank × 2 bytes less per unit)."""
     base_network: Text
     grid_side: Annotated[int, Field(ge=2, le=400)] = 224
     trained_grid_side: Annotated[int, Field(ge=2, le=400)] = 64
@@ -76,6 +80,7 @@ class HeadModelTable(FileModel):
     max_neighborhood_units: Annotated[int, Field(ge=2, le=5000)] = 500
     base_weights: Literal["imagenet", "random"] = "imagenet"
     storage: Literal["float16", "float32"] = "float16"
+    it_weights: Literal["per_unit", "trained_grid"] = "per_unit"
     preprocessing: dict[str, Any] = {}
 
 
@@ -95,7 +100,9 @@ class HeadDataTable(FileModel):
 
 
 class HeadTrainingTable(FileModel):
-    """``[training]``: optimisation and the loss weights."""
+    """``[training]``: optimisation and the loss weights; ``feature_samples_per_step``: feature vectors drawn
+    from a Gaussian fitted to the cached trunk features, added to every step's batch for the distillation
+    loss only (see :class:`FeatureSampler`)."""
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
     steps: Annotated[int, Field(ge=1, le=1_000_000)] = 1500
     batch_size: Annotated[int, Field(ge=2, le=4096)] = 256
@@ -109,6 +116,7 @@ class HeadTrainingTable(FileModel):
     activity_l1: Annotated[float, Field(ge=0)] = 0.0
     checkpoint_every_steps: _Count = 250
     readout_steps: Annotated[int, Field(ge=0, le=100_000)] = 400
+    feature_samples_per_step: Annotated[int, Field(ge=0, le=65536)] = 0
 
 
 class CortexScaleTable(FileModel):
@@ -290,7 +298,43 @@ def _distillation_loss(logits, teacher_logits, temperature: float):
                     reduction="batchmean", log_target=True) * temperature ** 2
 
 
-def _losses(network: TopoHeadNet, config: HeadConfig, x, teacher, domains, coords, neighborhoods) -> dict:
+class FeatureSampler:
+    """Feature vectors drawn from a Gaussian with the mean and covariance of the cached trunk features (every
+    view of every training image), clipped at 0 as pooled ReLU features are; the teacher is the base
+    network's classifier applied to them. They cover directions of feature space that the few training
+    images do not, so that distillation carries the base network's function to classes the training images
+    lack (distillation from samples of a fitted feature distribution, no images needed)."""
+
+    def __init__(self, features: np.ndarray, classifier):
+        flat = torch.from_numpy(features.reshape(-1, features.shape[-1])).double()
+        self.mean = flat.mean(0)
+        covariance = torch.cov(flat.T)
+        ridge = 1e-6 * float(torch.diagonal(covariance).mean())
+        self.factor = torch.linalg.cholesky(covariance + ridge * torch.eye(len(covariance), dtype=torch.float64))
+        self.classifier = classifier
+
+    def draw(self, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(n, C) features and their (n, 1000) teacher logits, drawn from ``seed``."""
+        generator = torch.Generator().manual_seed(seed)
+        normal = torch.randn(n, len(self.mean), generator=generator, dtype=torch.float64)
+        samples = (self.mean + normal @ self.factor.T).clamp_min(0).float()
+        with torch.no_grad():
+            return samples, self.classifier(samples)
+
+
+def _batch(config: HeadConfig, sampler: FeatureSampler | None, rng: np.random.Generator, x, teacher, domains):
+    """The step's batch with ``feature_samples_per_step`` sampled features appended (no domain label)."""
+    n = config.training.feature_samples_per_step
+    if sampler is None or n == 0:
+        return x, teacher, domains
+    samples, logits = sampler.draw(n, int(rng.integers(2 ** 62)))
+    return torch.cat([x, samples]), torch.cat([teacher, logits]), torch.cat([domains, torch.full((n,), -1)])
+
+
+def _losses(network: TopoHeadNet, config: HeadConfig, x, teacher, domains, coords, neighborhoods,
+            n_images: int) -> dict:
+    """The loss terms of one step; the first ``n_images`` rows of ``x`` are images' features (the spatial and
+    activity terms are theirs), the others sampled features (distillation only)."""
     training = config.training
     it = network.it(x)
     distill = _distillation_loss(network.head(it), teacher, training.distill_temperature)
@@ -298,8 +342,8 @@ def _losses(network: TopoHeadNet, config: HeadConfig, x, teacher, domains, coord
     labelled = domains >= 0
     if network.domain_head is not None and bool(labelled.any()):
         losses["domain"] = F.cross_entropy(network.domain_head(it[labelled]), domains[labelled])
-    losses["spatial"] = layer_spatial_loss(it, coords, neighborhoods)
-    losses["activity"] = it.abs().mean()
+    losses["spatial"] = layer_spatial_loss(it[:n_images], coords, neighborhoods)
+    losses["activity"] = it[:n_images].abs().mean()
     total = training.distill_weight * distill + training.spatial_alpha * losses["spatial"] \
         + training.activity_l1 * losses["activity"]
     if "domain" in losses:
@@ -309,7 +353,8 @@ def _losses(network: TopoHeadNet, config: HeadConfig, x, teacher, domains, coord
 
 
 def train_head(config: HeadConfig, network: TopoHeadNet, sheet, cached: dict, domains: np.ndarray, out_dir: Path,
-               progress: bool = True, stop_after_step: int | None = None) -> list[dict]:
+               progress: bool = True, stop_after_step: int | None = None,
+               sampler: FeatureSampler | None = None) -> list[dict]:
     """Train ``network``'s IT and readouts on cached trunk features (resumable); returns the loss history."""
     training = config.training
     params = [p for name, p in network.named_parameters() if not name.startswith("trunk.")]
@@ -338,8 +383,8 @@ def train_head(config: HeadConfig, network: TopoHeadNet, sheet, cached: dict, do
                                              replace=False))
         for group in optimiser.param_groups:
             group["lr"] = _learning_rate(training, step)
-        losses = _losses(network, config, features[view, index], teacher[index], domain_ids[index], coords,
-                         all_neighborhoods[picked])
+        x, targets, labels = _batch(config, sampler, rng, features[view, index], teacher[index], domain_ids[index])
+        losses = _losses(network, config, x, targets, labels, coords, all_neighborhoods[picked], len(index))
         if not torch.isfinite(losses["total"]):
             raise TrainingDiverged(f"{config.name}: the loss became {float(losses['total'])} at step {step}")
         optimiser.zero_grad()
@@ -359,7 +404,7 @@ def train_head(config: HeadConfig, network: TopoHeadNet, sheet, cached: dict, do
 
 
 def tune_readouts(config: HeadConfig, network: TopoHeadNet, cached: dict, domains: np.ndarray,
-                  progress: bool = True) -> list[dict]:
+                  progress: bool = True, sampler: FeatureSampler | None = None) -> list[dict]:
     """Fit the readouts of a densified network to the base network again (``readout_steps`` steps of the
     distillation and domain losses; IT stays as densified), since resampling their weights only approximates
     what the trained map's readouts computed."""
@@ -375,14 +420,15 @@ def tune_readouts(config: HeadConfig, network: TopoHeadNet, cached: dict, domain
         rng = np.random.default_rng([training.seed, training.steps + step])
         index = torch.from_numpy(rng.choice(n_images, size=min(training.batch_size, n_images), replace=False))
         view = torch.from_numpy(rng.integers(n_views, size=len(index)))
+        x, targets, labels = _batch(config, sampler, rng, features[view, index], teacher[index], domain_ids[index])
         with torch.no_grad():
-            it = network.it(features[view, index])
-        distill = _distillation_loss(network.head(it), teacher[index], training.distill_temperature)
+            it = network.it(x)
+        distill = _distillation_loss(network.head(it), targets, training.distill_temperature)
         total = training.distill_weight * distill
-        labelled = domain_ids[index] >= 0
+        labelled = labels >= 0
         if network.domain_head is not None and bool(labelled.any()):
             total = total + training.domain_weight * F.cross_entropy(network.domain_head(it[labelled]),
-                                                                     domain_ids[index][labelled])
+                                                                     labels[labelled])
         optimiser.zero_grad()
         total.backward()
         optimiser.step()
@@ -439,11 +485,13 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
     trained_sheet = CorticalSheet("it", (side * side, 1, 1), grid_positions_mm(side, config.model.sheet_size_mm))
     trained_sheet = trained_sheet.with_neighborhoods(config.model.neighborhood_width_mm, config.model.n_neighborhoods,
                                                      config.model.max_neighborhood_units, seed=config.training.seed)
-    history = train_head(config, network, trained_sheet, cached, domains, out_dir, progress, stop_after_step)
+    sampler = FeatureSampler(cached["features"], classifier.eval()) if config.training.feature_samples_per_step else None
+    history = train_head(config, network, trained_sheet, cached, domains, out_dir, progress, stop_after_step, sampler)
     if stop_after_step is not None and len(history) < config.training.steps:
         return out_dir
-    network = densify(network, side, dense_side)
-    history += tune_readouts(config, network, cached, domains, progress)
+    per_unit = config.model.it_weights == "per_unit"
+    network = densify(network, side, dense_side, per_unit=per_unit)
+    history += tune_readouts(config, network, cached, domains, progress, sampler)
     sheet = CorticalSheet("it", (dense_side ** 2, 1, 1), grid_positions_mm(dense_side, config.model.sheet_size_mm))
     if config.model.storage == "float16":
         with torch.no_grad():
@@ -459,7 +507,8 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
                                                  "it_units": config.model.grid_side ** 2,
                                                  "it_rank": config.model.it_rank,
                                                  "head_rank": config.model.head_rank,
-                                                 "n_domains": len(domain_names)}}
+                                                 "n_domains": len(domain_names),
+                                                 **({} if per_unit else {"it_grid_side": side})}}
     model = TopographicModel(network, {"it": sheet}, preprocessing, architecture, readout_layer="it",
                              areas={"it": config.model.area}, name=config.name, metadata=metadata)
     rule = config.cortex_scale
