@@ -9,8 +9,8 @@ known from the folder itself.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from collections.abc import Callable, Collection
+from pathlib import Path
 
 import numpy as np
 
