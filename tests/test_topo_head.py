@@ -159,7 +159,7 @@ def test_a_build_storing_the_trained_grid_has_the_same_units_in_a_smaller_file(t
 
 
 def test_sampled_features_follow_the_cached_features_and_reach_the_build(tmp_path):
-    from stimsim.training.head_training import FeatureSampler
+    from stimsim.training.trunk_features import FeatureSampler
 
     rng = np.random.default_rng(0)
     mixing = rng.normal(size=(3, 3))
