@@ -252,6 +252,7 @@ class _ChangeParametrization:
             self.values = torch.zeros((k, shared, height, width), device=device, requires_grad=True)
 
     def change(self) -> torch.Tensor:
+        """The change (K, channels, H, W) in pixel units."""
         if self.settings.parametrization == "fourier":
             spectrum = torch.view_as_complex(self.values) * self.weight
             delta = torch.fft.irfft2(spectrum, s=self.size, norm="ortho")
@@ -260,6 +261,7 @@ class _ChangeParametrization:
         return delta.expand(-1, self.channels, -1, -1) if delta.shape[1] != self.channels else delta
 
     def images(self, start: torch.Tensor) -> torch.Tensor:
+        """The images (K, channels, H, W) in [0, 1]: ``start`` plus the change (clipped, for a spectrum)."""
         pixels = start + self.change()
         if self.settings.parametrization == "fourier":
             return pixels.clamp(0.0, 1.0)
