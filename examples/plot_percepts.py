@@ -4,7 +4,7 @@ Predicted percepts of face-patch stimulation
 
 ``stimsim visualize`` synthesises, for each image, the image whose unstimulated IT activity best
 matches IT under stimulation (:mod:`stimsim.percepts`). Here ``experiments/visualize_default.toml``
-runs on two of its images (an fLoc car and house) with a smaller localizer: ``stimsim-mnv2-s0`` is
+runs on one of its images (an fLoc car): ``stimsim-mnv2-s0`` is
 stimulated and inverted, and ``stimsim-effl0-s0``'s face decoder (another architecture) is the independent
 judge. Columns: the original, the inversion without stimulation, the face site at 100, 300 and
 1000 µA, a low-selectivity control site and the scrambled stimulation. The images come from the
@@ -22,11 +22,9 @@ from stimsim.utilities.errors import DataError
 
 default = Path(stimsim.__file__).resolve().parents[1] / "experiments" / "visualize_default.toml"
 small = default.read_text()
-for old, new in {'categories = ["car", "instrument"]': 'categories = ["car"]',
-                 'categories = ["house", "corridor"]': 'categories = ["house"]',
-                 "n_per_category = 16": "n_per_category = 8"}.items():
-    small = small.replace(old, new)
-small = small[:small.index('[[images]]\ngroup = "face-like object"')] + small[small.index("[localizer]"):]
+small = small.replace('categories = ["car", "instrument"]', 'categories = ["car"]')
+small = small.replace('summary_groups = ["object", "place"]', 'summary_groups = ["object"]')
+small = small[:small.index('[[images]]\ngroup = "place"')] + small[small.index("[localizer]"):]
 work = Path(tempfile.mkdtemp())
 (work / "visualize.toml").write_text(small)
 try:
@@ -39,6 +37,6 @@ except DataError as exc:  # the fLoc and Moeller images come from the data mirro
 # %%
 # P(face) under every picture: the model's own face decoder / the independent judge.
 if summary is not None:
-    plt.figure(figsize=(10, 3.5))
+    plt.figure(figsize=(10, 2.2))
     plt.imshow(plt.imread(work / "out" / "percepts.png"))
     plt.axis("off")

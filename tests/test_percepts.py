@@ -173,16 +173,13 @@ def test_matching_a_layer_before_the_perturbed_one_is_refused(model, image):
 
 
 def _small_config(tmp_path: Path) -> Path:
-    """experiments/visualize_default.toml at a size a test can afford: one object (a car) and one place (a
-    house), no face-like object."""
+    """experiments/visualize_default.toml at a size a test can afford: one image, an fLoc car."""
     text = (REPO / "experiments" / "visualize_default.toml").read_text()
-    replacements = {'categories = ["car", "instrument"]': 'categories = ["car"]',
-                    'categories = ["house", "corridor"]': 'categories = ["house"]'}
-    for old, new in replacements.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    face_like = text.index('[[images]]\ngroup = "face-like object"')
-    text = text[:face_like] + text[text.index("[localizer]"):]
+    assert 'categories = ["car", "instrument"]' in text
+    text = text.replace('categories = ["car", "instrument"]', 'categories = ["car"]')
+    text = text.replace('summary_groups = ["object", "place"]', 'summary_groups = ["object"]')
+    place = text.index('[[images]]\ngroup = "place"')
+    text = text[:place] + text[text.index("[localizer]"):]
     path = tmp_path / "visualize.toml"
     path.write_text(text)
     return path
@@ -212,11 +209,11 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
     assert list(data["kind"].values) == ["unstimulated", "face_site", "face_site", "face_site", "control_site",
                                          "scrambled"]
     # colour images of 224 px whose change is one luminance change: gray images stay gray
-    assert data["percept"].shape == (2, 6, 224, 224, 3)
+    assert data["percept"].shape == (1, 6, 224, 224, 3)
     percepts = data["percept"].values
     assert np.abs(percepts[..., 0] - percepts[..., 1]).max() < 1e-6
-    assert list(data["group"].values) == ["object", "place"]
-    # the summary's numbers are the means of the stored scores over the object and place rows
+    assert list(data["group"].values) == ["object"]
+    # the summary's numbers are the means of the stored scores over the object and place rows (here one)
     scored = data["p_face"].sel(judge="own")
     np.testing.assert_allclose(scored.mean("stimulus_id").values[1:4], summary["judges"]["own"]["pface_face_site"])
     data.close()
