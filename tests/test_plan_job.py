@@ -18,7 +18,7 @@ from stimsim.cli import main
 from stimsim.planning.config import load_plan_config
 from stimsim.planning.job import run_plan
 from stimsim.planning.selection import separation_mm
-from stimsim.planning.validation import meets_targets
+from stimsim.planning.validation import meets_targets, pooled_permutation
 from stimsim.utilities.errors import ConfigError, DataError, SafetyError
 
 SUBJECT = """
@@ -122,6 +122,18 @@ def test_plan_writes_every_output(plan_dir):
     assert summary["chosen_electrodes"] == chosen["electrode_id"].tolist()
     assert -1 <= summary["predicted_vs_true_r"] <= 1 and summary["current_uA"] == 50
     assert summary["subject_dir"].endswith("subject")
+    # the effects' spread across the subject's living electrodes, planned and true (sample SDs)
+    alive = [e for e in summary["true_delta_auc"] if e not in summary["dead_electrodes_rehearsed"]]
+    assert summary["true_effect_sd"] == pytest.approx(np.std([summary["true_delta_auc"][e] for e in alive], ddof=1))
+    assert summary["predicted_effect_sd"] == pytest.approx(
+        np.std([summary["predicted_delta_auc"][e] for e in alive], ddof=1))
+    # 32 px networks trained from scratch: the candidates' and the subject's architecture family
+    assert summary["candidate_base_networks"] == ["stimsim_topo"] and summary["subject_base_network"] == "stimsim_topo"
+    phases = summary["phases"]  # every phase computed in this first run
+    assert set(phases) == {"inputs", "mapping", "sequences", "rehearsal_stimsim-topo-s0", "truth"}
+    assert not any(t["cached"] for t in phases.values())
+    assert all(t["seconds"] > 0 for t in phases.values())
+    assert summary["phases_seconds_total"] == pytest.approx(sum(t["seconds"] for t in phases.values()), abs=1e-2)
     config = json.loads((out / "config.json").read_text())
     assert set(config["model_checksums"]["stimsim-topo-s0"]) == {"model.json", "weights.pt"}
     from stimsim.models.registry import SHIPPED_DIR
@@ -202,6 +214,75 @@ def test_plan_report_states_the_drawn_effects_and_how_the_model_was_chosen(plan_
     assert "never by the truth" in validation
 
 
+PERCEPTS = """
+name = "plan_view"
+model = "stimsim-topo-s2"            # replaced by the plan's chosen model
+summary_groups = ["nonface"]
+[[images]]
+group = "nonface"
+source = "lfw_subset"
+only = { category = "nonface" }
+n = 1
+[localizer]
+sets = [{ source = "lfw_subset" }]
+label = "category"
+positive = "face"
+[sites]                              # replaced by the plan's sites
+method = "explicit"
+recording_radius_mm = 0.5
+face_site_mm = [0.0, 0.0]
+control_site_mm = [0.0, 0.0]
+[stimulation]
+currents_uA = [50, 150]
+[inversion]
+steps = 10
+[judge]
+model = "stimsim-topo-s1"
+"""
+
+
+@pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")  # the subject's dead electrodes
+@pytest.mark.filterwarnings("ignore:at the planned .* trials per site")  # the small plan's effects are tiny
+def test_the_report_shows_predicted_percepts_of_the_best_chosen_site(tmp_path, one_torch_thread, capsys):
+    """[percepts]: stimsim visualize on the plan's chosen model, stimulating the best-ranked chosen site with the
+    lowest-ranked working electrode as the control; its result set in DIR/percepts, its figure in the report."""
+    config = _write_plan(tmp_path / "config")
+    (tmp_path / "config" / "view.toml").write_text(PERCEPTS)
+    config.write_text(config.read_text() + '\n[percepts]\nconfig = "view.toml"\n')
+    out = tmp_path / "out"
+    summary = run_plan(config, out, progress=False)
+    view = summary["percepts"]
+    sites = pd.read_csv(out / "sites.csv", dtype={"electrode_id": str})
+    assert view["electrode"] == summary["chosen_electrodes"][0] == sites["electrode_id"].iloc[0]
+    assert view["control_electrode"] == sites.dropna(subset=["predicted_delta_auc"])["electrode_id"].iloc[-1]
+    written = json.loads((out / "percepts" / "summary.json").read_text())
+    assert written["model"] == summary["chosen_model"] == "stimsim-topo-s0" and written["judge_model"] == "stimsim-topo-s1"
+    best = sites.set_index("electrode_id").loc[view["electrode"]]
+    assert written["sites"]["face"]["x_mm"] == pytest.approx(best["cortex_x_mm"])
+    assert written["sites"]["face"]["y_mm"] == pytest.approx(best["cortex_y_mm"])
+    assert view["judges"] == written["judges"] and len(view["judges"]["own"]["pface_face_site"]) == 2
+    html = (out / "report.html").read_text()
+    assert "Predicted percepts" in html and f"at electrode {view['electrode']}, the best-ranked chosen site" in html
+    assert "percepts" in summary["phases"] and not summary["phases"]["percepts"]["cached"]
+    capsys.readouterr()
+    again = run_plan(config, out, progress=True)
+    assert again["percepts"] == view and f"reusing cached percepts from {out / 'cache'}" in capsys.readouterr().err
+    (out / "percepts" / "percepts.png").unlink()  # the view's files removed: made again
+    assert run_plan(config, out, progress=False)["percepts"] == view and (out / "percepts" / "percepts.png").is_file()
+
+
+def test_a_bad_percepts_file_stops_the_plan_before_any_work(tmp_path, capsys):
+    config = _write_plan(tmp_path / "config")
+    (tmp_path / "config" / "view.toml").write_text(PERCEPTS.replace("currents_uA = [50, 150]", "currents_uA = [50]"))
+    config.write_text(config.read_text() + '\n[percepts]\nconfig = "view.toml"\n')
+    assert main(["plan", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "view.toml" in err and "currents_uA" in err and not (tmp_path / "out").exists()
+    config.write_text(config.read_text().replace('config = "view.toml"', 'config = "missing.toml"'))
+    assert main(["plan", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert "[percepts]: config file" in capsys.readouterr().err
+
+
 @pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")  # the subject's dead electrodes
 @pytest.mark.filterwarnings("ignore:at the planned .* trials per site")  # the small plan's effects are tiny
 def test_plan_resumes_and_refuses_another_configuration(plan_dir, tmp_path):
@@ -224,6 +305,11 @@ def test_plan_prints_only_its_json_on_stdout_and_says_what_it_reuses(plan_dir, c
     for phase in ("mapping", "sequences", "rehearsal_stimsim-topo-s0", "truth"):
         assert f"stimsim: plan: reusing cached {phase} from {out / 'cache'}" in captured.err
     assert f"stimsim: plan written to {out}: " in captured.err
+    record = json.loads((out / "cache" / "sequences.npz.sha256").read_text())
+    phases = json.loads((out / "summary.json").read_text())["phases"]  # a re-run reads every phase and says how
+    # long each took when it was computed
+    assert all(t["cached"] for t in phases.values())
+    assert phases["sequences"]["compute_seconds"] == pytest.approx(record["compute_seconds"], abs=1e-3)
 
 
 def _warnings(err: str) -> list[str]:
@@ -559,6 +645,34 @@ def test_targets_by_hand():
     assert not meets_targets([0.6, 0.45, 0.4, 0.7, 0.2], [0.1] * 5)  # median 0.45
 
 
+def test_pooled_permutation_p_is_the_t_tests_for_exchangeable_electrodes():
+    """Five poses of 60 electrodes with a weak true association: the within-pose permutation p of the pooled r
+    is the one-sided p of Pearson's t test (exact for normal data), to the shuffles' Monte Carlo error."""
+    from scipy.stats import pearsonr
+
+    rng = np.random.default_rng(3)
+    true = [rng.normal(size=60) for _ in range(5)]
+    pairs = [(t + 20.0 * rng.normal(size=60), t) for t in true]
+    result = pooled_permutation(pairs, seed=0)
+    planned, truth = np.concatenate([p for p, _ in pairs]), np.concatenate(true)
+    expected = pearsonr(planned, truth, alternative="greater")
+    assert result["pooled_r"] == pytest.approx(expected.statistic)
+    assert 0.001 < expected.pvalue < 0.1  # a case where the test's resolution matters
+    assert result["pooled_permutation_p"] == pytest.approx(expected.pvalue, abs=4 * np.sqrt(expected.pvalue / 1e4))
+    assert result["pooled_n_electrodes"] == 300
+
+
+def test_pooled_permutation_keeps_what_differs_between_poses():
+    """Planned and true effects that agree only in each pose's mean (a pose whose effects are all larger) pool to a
+    large r; shuffling within poses keeps that, so it is not counted as evidence for the sites' ranking."""
+    rng = np.random.default_rng(4)
+    offsets = [0.0, 0.1, 0.2, 0.3, 0.4]
+    pairs = [(o + 0.01 * rng.normal(size=40), o + 0.01 * rng.normal(size=40)) for o in offsets]
+    result = pooled_permutation(pairs, seed=0)
+    assert result["pooled_r"] > 0.9
+    assert result["pooled_permutation_p"] > 0.05
+
+
 def test_a_plan_on_the_subjects_own_model_predicts_its_effects(tmp_path, one_torch_thread):
     """With the subject's own model as the only candidate, prediction and truth share the model, the sequences
     and the stimulation; they differ only by the decoders' fitting noise and the registration error (about
@@ -615,6 +729,9 @@ def test_validate_writes_per_pose_numbers_and_the_null(tmp_path, one_torch_threa
     assert pose_summary["predicted_vs_true_r"] == pose["predicted_vs_true_r"]
     assert validation["targets_met"] == meets_targets(validation["predicted_vs_true_r_per_pose"],
                                                       validation["random_pose_r_p95"])
+    assert validation["pooled_r"] == pytest.approx(validation["predicted_vs_true_r_per_pose"][0])  # one pose
+    assert 1 / (1 + validation["pooled_n_permutations"]) <= validation["pooled_permutation_p"] <= 1
+    assert validation["pooled_n_electrodes"] == pose["n_electrodes"]
     assert pose["subject_seed"] == 7 + 101  # another hidden pose than the plan's own subject
     record = validation["provenance"]  # the validation's own parameters, versions and inputs, as config.json
     assert record["config"]["validation"] == {"n_poses": 1, "n_random": 100, "subject_seeds": [7 + 101]}

@@ -265,5 +265,5 @@ def test_the_map_caption_says_grey_when_the_images_have_no_face_labels():
     unlabelled = SimpleNamespace(labels={})
     assert "coloured by face selectivity" in sheet_caption(labelled, 0.3, banks=True)
     caption = sheet_caption(unlabelled, 0.3, banks=False)
-    assert "coloured by face selectivity" not in caption and "in grey (the images have no 'category' labels" in caption
+    assert "coloured by face selectivity" not in caption and "in grey (the images have no 'domain' or 'category' labels" in caption
     assert "cells coloured by Cerebus bank" not in caption

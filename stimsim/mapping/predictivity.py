@@ -26,7 +26,11 @@ DEFAULT_ALPHAS = tuple(np.logspace(-1, 6, 15))
 
 def aligned_features(per_image: xr.DataArray, model, images: StimulusSet, source: str = "recordings") -> np.ndarray:
     """IT activations (N_images × N_units, float64) of ``images`` in the order of ``per_image``'s
-    stimulus ids; every recorded stimulus id must be in ``images``."""
+    stimulus ids; every recorded stimulus id must be in ``images``. Kept in the activation cache
+    (:mod:`stimsim.engine.activation_cache`): model selection, registration and its bootstrap, and every later
+    plan on the same recordings compute them once."""
+    from stimsim.engine.activation_cache import cached_activations
+
     if not isinstance(images, StimulusSet):
         raise ConfigError("images must be a StimulusSet (the images shown during the recordings)")
     position = {stimulus_id: i for i, stimulus_id in enumerate(images.stimulus_id)}
@@ -36,7 +40,7 @@ def aligned_features(per_image: xr.DataArray, model, images: StimulusSet, source
         raise DataError(f"{source}: stimulus_id: {len(missing)} recorded image(s) are not in the image set "
                         f"'{images.name}': {', '.join(missing[:8])}{' …' if len(missing) > 8 else ''}")
     chosen = images.subset(np.array([position[s] for s in ids], dtype=np.int64))
-    return model.activations(chosen.images, IT_AREA).numpy().astype(np.float64)
+    return cached_activations(model, chosen.images, IT_AREA).numpy().astype(np.float64)
 
 
 def cross_validated_r2(features: np.ndarray, responses: np.ndarray, n_folds: int = 10, seed: int = 0,

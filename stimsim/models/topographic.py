@@ -155,6 +155,13 @@ class TopographicModel:
         """Topographic layers, in network order."""
         return sorted(self.sheets, key=self.stage_names.index)
 
+    @property
+    def base_network(self) -> str:
+        """The ImageNet-trained network this model is built on (e.g. ``"mobilenet_v2"``); for a model trained from
+        scratch, its architecture family (e.g. ``"stimsim_topo"``)."""
+        return (self.metadata.get("base_network") or self.architecture.get("kwargs", {}).get("base_network")
+                or self.architecture["family"])
+
     def resolve_layer(self, layer: str) -> str:
         """A stage name, given a stage name or an area label such as ``"IT"``."""
         if layer in self.stage_names:

@@ -139,7 +139,11 @@ def run_visualize(config_path, out_dir, model: str | None = None, judge: str | N
                   force: bool = False) -> dict:
     """Run a visualisation file and write its result set into ``out_dir``; returns the summary. A run that
     fails before writing a file leaves ``out_dir`` as it found it."""
-    config = load_config(config_path, model=model, judge=judge)
+    return run_config(load_config(config_path, model=model, judge=judge), out_dir, progress, force)
+
+
+def run_config(config: VisualizeConfig, out_dir, progress: bool = True, force: bool = False) -> dict:
+    """:func:`run_visualize` on a checked configuration (e.g. one whose sites a plan chose)."""
     with ResultSet(out_dir, "percepts", force=force) as results:
         return _run_into(results, config, progress)
 

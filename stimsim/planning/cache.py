@@ -4,7 +4,8 @@ Every cached file ``NAME`` (``mapping.json``, ``sequences.npz``, ``rehearsal_<mo
 record ``NAME.sha256`` (JSON) written before the file is moved into place: the file's sha256 and the digest of
 exactly the inputs it was computed from — the plan's parameters and input files (``cache/config_digest.txt``),
 the files of the subject directory, the candidate models' weights and the cached files of the phases before it.
-On resume a file is reused only when both match; one whose checksum or inputs differ, or that is a symbolic
+The record also holds the seconds the phase took to compute (``compute_seconds``). On resume a file is reused only
+when both match; one whose checksum or inputs differ, or that is a symbolic
 link, not a regular file, without a readable record or unreadable itself, is reported with a one-line warning
 naming it and computed again. A cache made with other parameters or input files is refused, never mixed in.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -51,6 +53,7 @@ class PhaseCache:
         self.digest = digest
         self.inputs = digest
         self.sha256: dict[str, str] = {}  # cached file → its sha256, for the phases after it
+        self.timings: dict[str, dict] = {}  # phase → this run's wall seconds, whether cached, compute seconds
 
     def bind(self, inputs: dict) -> None:
         """Bind every phase to ``inputs`` (a JSON record of digests of what the configuration digest leaves out)."""
@@ -81,6 +84,7 @@ class PhaseCache:
 
     def _phase(self, file: str, compute, read, write, after):
         path = self.dir / file
+        started = time.perf_counter()
         inputs = json_sha256({"inputs": self.inputs, "file": file, "after": {a: self.sha256[a] for a in after}})
         if path.exists() or path.is_symlink():
             problem = self._problem(path, inputs)
@@ -91,7 +95,9 @@ class PhaseCache:
                     problem = f"cannot be read ({type(exc).__name__}: {exc})"
                 else:
                     report_phase(f"plan: reusing cached {path.stem} from {self.dir}", self.progress)
-                    self.sha256[file] = self._recorded(path)["sha256"]
+                    record = self._recorded(path)
+                    self.sha256[file] = record["sha256"]
+                    self._time(path, started, cached=True, compute_seconds=record.get("compute_seconds"))
                     return value
             warnings.warn(f"plan cache file {path} {problem}; it is computed again", stacklevel=3)
             if path.is_dir() and not path.is_symlink():
@@ -99,16 +105,25 @@ class PhaseCache:
             else:
                 path.unlink()
         value = compute()
+        compute_seconds = time.perf_counter() - started
 
         def save(tmp):
             write(tmp, value)
             self.sha256[file] = sha256_of(tmp)
             atomic_save(_record_path(path), lambda record: Path(record).write_text(json.dumps(
-                {"format": RECORD_FORMAT, "file": file, "sha256": self.sha256[file], "inputs": inputs},
-                indent=2) + "\n", encoding="utf-8"))
+                {"format": RECORD_FORMAT, "file": file, "sha256": self.sha256[file], "inputs": inputs,
+                 "compute_seconds": compute_seconds}, indent=2) + "\n", encoding="utf-8"))
 
         atomic_save(path, save)
+        self._time(path, started, cached=False, compute_seconds=compute_seconds)
         return value
+
+    def _time(self, path: Path, started: float, cached: bool, compute_seconds) -> None:
+        """Record phase ``path``'s wall seconds in this run, whether it came from the cache, and the seconds it
+        took when it was computed (None for a file cached before records held them)."""
+        known = isinstance(compute_seconds, (int, float)) and not isinstance(compute_seconds, bool)
+        self.timings[path.stem] = {"seconds": round(time.perf_counter() - started, 3), "cached": cached,
+                                   "compute_seconds": round(float(compute_seconds), 3) if known else None}
 
     def _problem(self, path: Path, inputs: str) -> str | None:
         """None when ``path`` is the file its record describes, computed from ``inputs``; else what is wrong."""

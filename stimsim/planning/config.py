@@ -26,6 +26,9 @@ top level       name, description, seed, task (a registered plan task, :mod:`sti
 [session]       the lab's session: trials_per_site (even, default 400; the power forecast and the trial list),
                 train_onset_ms (train onset relative to image onset, default 0)
 [display]       size_deg (image width, degrees of visual angle, default 8), viewing_distance_cm (default 57)
+[percepts]      optional: config = a visualisation file (``stimsim visualize`` format): the report shows the
+                predicted percepts of stimulating the best-ranked chosen site in the chosen model, with that file's
+                images, currents, inversion and judge, the lowest-ranked working electrode as the control site
 """
 from __future__ import annotations
 
@@ -190,6 +193,12 @@ class SelectionTable(SelectionSpec):
         return data
 
 
+class PerceptsTable(FileModel):
+    """``[percepts]``: a visualisation file (read relative to the plan file) for the report's percept view."""
+
+    config: Text
+
+
 class PlanFile(FileModel):
     """A plan file: what to plan on (a virtual subject or a lab's recordings), with which candidate models, under
     which constraints; the tables are described in the module docstring. The task's own tables are added by
@@ -209,6 +218,7 @@ class PlanFile(FileModel):
     selection: SelectionTable = SelectionTable()
     session: SessionTable = SessionTable()
     display: DisplayTable = DisplayTable()
+    percepts: PerceptsTable | None = None
 
 
 def plan_file_model(tasks: list[PlanTask]) -> type[PlanFile]:
@@ -258,6 +268,7 @@ class PlanConfig:
     rig: RigSpec = field(default_factory=RigSpec)
     description: str = ""
     extra: dict = field(default_factory=dict)
+    percepts: Path | None = None
 
     @property
     def plan_task(self) -> PlanTask:
@@ -285,6 +296,7 @@ class PlanConfig:
             "safety": {**self.safety.to_dict(), "override": self.safety_override},
             "selection": self.selection.to_dict(),
             **self.rig.to_dict(),
+            **({} if self.percepts is None else {"percepts": {"config": str(self.percepts)}}),
         }
 
     def input_files(self) -> dict:
@@ -299,6 +311,8 @@ class PlanConfig:
                       if "path" in entry and Path(entry["path"]).is_file()]
         if self.subject_config is not None:
             paths.append(self.subject_config)
+        if self.percepts is not None:
+            paths.append(self.percepts)
         return {str(p): sha256_of(p) for p in paths}
 
     def digest(self) -> str:
@@ -374,6 +388,14 @@ def load_plan_config(path) -> PlanConfig:
     if checked.session.trials_per_site < 2 * n_steps:
         raise ConfigError(f"{where} [session]: 'trials_per_site' must be >= {2 * n_steps} (every step of a sequence "
                           f"once sham and once stimulated), got {checked.session.trials_per_site}")
+    percepts = None
+    if checked.percepts is not None:  # checked now, so that a bad file stops the plan before any work
+        from stimsim.percepts.visualize import load_config
+
+        percepts = (path.parent / checked.percepts.config).resolve()
+        if not percepts.is_file():
+            raise ConfigError(f"{where} [percepts]: config file {percepts} not found")
+        load_config(percepts)
     return PlanConfig(name=checked.name or path.stem, path=path.resolve(), raw=raw, task=checked.task,
                       task_options=task_options, seed=checked.seed, candidates=candidates, n_folds=checked.models.n_folds,
                       subject_config=subject_config, subject_dir=subject_dir, recordings=recordings,
@@ -382,7 +404,7 @@ def load_plan_config(path) -> PlanConfig:
                       stimulation=stimulation,
                       safety=limits, safety_override=safety.override, selection=selection,
                       rig=RigSpec(session=checked.session, display_table=checked.display),
-                      description=checked.description)
+                      description=checked.description, percepts=percepts)
 
 
 def _plan_task(raw: dict, where: str) -> PlanTask:

@@ -24,6 +24,7 @@ Over 500 lines: the plan's phases in the order they run, sharing its inputs and 
 from __future__ import annotations
 
 import shutil
+import time
 import warnings
 from functools import partial
 from pathlib import Path
@@ -79,6 +80,7 @@ class PlanInputs:
         self.device = device
         self.subject = None
         self.subject_dir = None
+        self.made_subject = False
         if config.recordings is None:
             from stimsim.subject import VirtualSubject
             from stimsim.subject.virtual import read_stimuli_npz
@@ -100,6 +102,7 @@ class PlanInputs:
                         subject.config_dir = config.subject_config.parent
                     subject.model.to(device)
                     subject.save(self.subject_dir)
+                    self.made_subject = True
                 else:
                     report_phase(f"plan: reusing the virtual subject in {self.subject_dir}", progress)
             recordings = load_recordings(self.subject_dir / "recordings.nc")
@@ -242,10 +245,13 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
     try:  # bad input found while reading the inputs or mapping leaves nothing behind
         cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
                            + (f"-random{n_random_poses}" if n_random_poses else ""), progress=progress)
+        started = time.perf_counter()
         inputs = PlanInputs(config, out_dir, progress, subject_seed, device=compute["device"])
         plan_task = config.plan_task
         prepared = plan_task.prepare(config.task_options, inputs.images, config.seed, str(config.path))
         models, scales = load_candidates(config.candidates, device=compute["device"])
+        cache.timings["inputs"] = {"seconds": round(time.perf_counter() - started, 3),
+                                   "cached": not inputs.made_subject, "compute_seconds": None}
         remove_temporaries(out_dir, Path(out_dir) / "truth")
         cache.bind({"subject_files": directory_files_sha256(inputs.subject_dir) if inputs.subject_dir else {},
                     "models": {name: model_checksums(name) for name in models}})
@@ -295,13 +301,52 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
             return result
         rehearsals[name] = cache.arrays(f"rehearsal_{_cache_key(list(models), name)}", rehearse_model, after=phases)
     plan = _assemble(config, inputs, mapping, chosen_model, rehearsals, registered_points)
+    percepts = None
+    if config.percepts is not None and write_report:
+        rehearsed = tuple(f"rehearsal_{_cache_key(list(models), name)}.npz" for name in models)
+        percepts = _percepts_phase(config, out_dir, cache, chosen_model, plan, working, progress, phases + rehearsed)
     truth = None
     if inputs.subject_dir is not None:
         truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, task, progress,
                                                            engine), after=phases)
         _write_truth(config, out_dir, truth, working, task)
     return _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth,
-                          safety, models, scales, write_report, compute)
+                          safety, models, scales, write_report, compute, cache.timings, percepts)
+
+
+def _percepts_phase(config, out_dir: Path, cache: PhaseCache, chosen_model: str, plan: dict, working, progress: bool,
+                    after: tuple) -> dict:
+    """The report's view of predicted percepts (plan table ``[percepts]``, :mod:`stimsim.percepts`): the visualisation
+    file run on the chosen model, its stimulated site the best-ranked chosen site (the best-ranked site when none is
+    chosen), its control site the lowest-ranked working electrode with a prediction; the result set is
+    ``DIR/percepts/`` (as ``stimsim visualize`` writes it), and what the report needs is cached."""
+    import dataclasses
+
+    from stimsim.percepts.visualize import PNG_FILE, load_config, run_config
+
+    folder = Path(out_dir) / "percepts"
+    order, chosen = list(plan["choice"]["order"]), list(plan["choice"]["chosen"])
+    predicted = [int(i) for i in order if np.isfinite(plan["predicted"][i])]
+    site = int(chosen[0]) if chosen else (predicted[0] if predicted else None)
+    if site is None or len(predicted) < 2 or predicted[-1] == site:
+        raise ConfigError(f"{config.path} [percepts]: the percept view needs two working electrodes with a prediction "
+                          f"(a stimulated and a control site), the plan has {len(predicted)}")
+    control = predicted[-1]
+
+    def compute():
+        visualize = load_config(config.percepts, model=chosen_model)
+        sites = {"method": "explicit", "recording_radius_mm": visualize.sites["recording_radius_mm"],
+                 "face_site_mm": tuple(map(float, plan["cortex_xy"][site])),
+                 "control_site_mm": tuple(map(float, plan["cortex_xy"][control]))}
+        summary = run_config(dataclasses.replace(visualize, sites=sites), folder, progress, force=True)
+        return {"folder": "percepts", "electrode": working[site], "control_electrode": working[control],
+                "model": chosen_model, "judge_model": summary["judge_model"], "currents_uA": summary["currents_uA"],
+                "summary_groups": summary["summary_groups"], "judges": summary["judges"], "sites": summary["sites"]}
+
+    record = cache.dir / "percepts.json"
+    if record.is_file() and not (folder / PNG_FILE).is_file():  # the result set was removed: made again
+        record.unlink()
+    return cache.json("percepts", compute, after=after)
 
 
 def random_registrations(layout, sheet, n: int, seed) -> list:
@@ -400,7 +445,7 @@ def _write_truth(config, out_dir: Path, truth: dict, working, trials) -> None:
 
 
 def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth, safety,
-                   models, scales, write_report: bool, compute: dict) -> dict:
+                   models, scales, write_report: bool, compute: dict, timings: dict, percepts: dict | None) -> dict:
     from stimsim.models.registry import model_path
     from stimsim.planning.report import build_report
 
@@ -453,7 +498,11 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                                           for name, boot in mapping["bootstraps"].items()},
                "effect": effect, f"predicted_{effect}_median": float(np.nanmedian(plan["predicted"])),
                "interval_spans": INTERVAL_SPANS, "model_to_subject_sd": subject_sd,
-               "layout_description": inputs.array_layout.description or None}
+               "layout_description": inputs.array_layout.description or None,
+               "candidate_base_networks": [models[name].base_network for name in models],
+               "subject_base_network": None if inputs.subject_dir is None else inputs.load_subject().model.base_network,
+               "predicted_effect_sd": _sd(plan["predicted"]),
+               "phases": timings, "phases_seconds_total": round(sum(t["seconds"] for t in timings.values()), 3)}
     _, summary["left_out_electrodes"] = _screen(config, inputs, mapping["reliability"] or None)
     summary["left_out_warning"] = left_out_message(summary["left_out_electrodes"], config.min_reliability)
     if summary["left_out_warning"] is not None:
@@ -473,6 +522,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                             name: _pearson(plan["per_model"][m, alive, 0], true[alive])
                             for m, name in enumerate(rehearsals)},
                         f"true_{effect}_median": float(np.median(true[alive])),
+                        "true_effect_sd": _sd(true[alive]), "predicted_effect_sd": _sd(plan["predicted"][alive]),
                         "interval_coverage_of_true": {
                             "interval": coverage(true[alive], plan["low"][alive], plan["high"][alive]),
                             "interval_with_subject": coverage(true[alive], subject_low[alive], subject_high[alive])},
@@ -499,9 +549,11 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                               config.seed, inputs.array_layout, config.name)
     if rig is not None:
         summary["rig"] = rig
+    if percepts is not None:
+        summary["percepts"] = percepts
     atomic_write_json(out_dir / "summary.json", summary)
     build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, sites, summary, truth,
-                 models, record).write(out_dir)
+                 models, record, out_dir).write(out_dir)
     return summary
 
 
@@ -514,6 +566,13 @@ def _random_pose_null(rehearsals, true, alive) -> dict:
     values = [_pearson(predicted[alive, k], true[alive]) for k in range(predicted.shape[1])]
     return {"random_pose_r": values, "random_pose_r_p95": float(np.nanpercentile(values, 95)),
             "random_pose_r_median": float(np.nanmedian(values)), "n_random_poses": len(values)}
+
+
+def _sd(values) -> float | None:
+    """Sample SD (ddof 1) of the finite values; None (JSON null) with fewer than 2."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    return float(np.std(values, ddof=1)) if values.size > 1 else None
 
 
 def _pearson(a, b) -> float:

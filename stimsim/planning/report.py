@@ -3,10 +3,11 @@ and stability, every parameter, model checksums and software versions."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
-from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png
+from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png, format_value
 from stimsim.utilities.figures import pyplot
 
 IT = "IT"
@@ -14,20 +15,26 @@ IT = "IT"
 ZOOM_MARGIN_MM, ZOOM_MARGIN_FRACTION = 0.4, 0.05
 
 
-def _face_dprime_possible(images) -> bool:
-    """Whether the images have "category" labels with faces and other images (the face d′ needs both)."""
-    labels = images.labels.get("category")
-    return labels is not None and bool(np.any(labels == "face")) and not bool(np.all(labels == "face"))
+def _face_labels(images) -> np.ndarray | None:
+    """The label that names faces: ``domain`` where it does (the fLoc images: adult and child faces are the domain
+    "face"), else ``category``; None when neither holds faces and other images (the face d′ needs both)."""
+    for key in ("domain", "category"):
+        labels = images.labels.get(key)
+        if labels is not None and bool(np.any(labels == "face")) and not bool(np.all(labels == "face")):
+            return labels
+    return None
 
 
 def _face_dprime(model, images) -> np.ndarray | None:
-    """Per-unit face d′ of the IT units over the images labelled "face" / other, or None without labels."""
+    """Per-unit face d′ of the IT units over the images labelled "face" / other, or None without labels. The
+    activity comes from the activation cache (the mapping phase stored it)."""
     from stimsim.behavior.metrics import dprime
+    from stimsim.engine.activation_cache import cached_activations
 
-    if not _face_dprime_possible(images):
+    labels = _face_labels(images)
+    if labels is None:
         return None
-    labels = images.labels["category"]
-    activity = model.activations(images.images, IT, batch_size=512).numpy().astype(np.float64)
+    activity = cached_activations(model, images.images, IT, batch_size=512).numpy().astype(np.float64)
     is_face = labels == "face"
     values = dprime(activity[is_face], activity[~is_face])
     return np.clip(np.nan_to_num(values, posinf=5.0, neginf=-5.0), -5.0, 5.0)
@@ -181,11 +188,12 @@ def sheet_figure(model, images, mapping, chosen_model, plan, working, array_layo
 
 def sheet_caption(images, min_reliability: float, banks: bool) -> str:
     """The caption of :func:`sheet_figure`: the sheet coloured by face d′ only where the images allow one
-    (:func:`_face_dprime_possible`), the pedestal panel's cells by bank only for a .cmp map (``banks``)."""
+    (:func:`_face_labels`), the pedestal panel's cells by bank only for a .cmp map (``banks``)."""
     return ("Left: the chosen model's IT sheet "
             + ("coloured by face selectivity (unit d′, faces vs other images of the mapping set)"
-               if _face_dprime_possible(images) else
-               "in grey (the images have no 'category' labels with faces and other images, so no face selectivity)")
+               if _face_labels(images) is not None else
+               "in grey (the images have no 'domain' or 'category' labels with faces and other images, so no face "
+               "selectivity)")
             + ", every electrode of the array at the registered pose — recorded ones in black circles, those of the "
             "layout without recordings in grey dotted circles, broken ones in red — and the chosen sites (green "
             "rings). Middle: the dashed box enlarged, every electrode labelled with its id: chosen sites in bold "
@@ -215,7 +223,7 @@ def truth_figure(plan, truth, summary, effect: str, label: str) -> bytes:
 
 
 def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, sites, summary, truth, models,
-                 record) -> Report:
+                 record, out_dir) -> Report:
     working = mapping["working"]
     index_of = {e: i for i, e in enumerate(working)}
     names = list(rehearsals)
@@ -303,10 +311,38 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                       "on a virtual subject."),
             Image(truth_figure(plan, truth, summary, effect, label),
                   caption=f"Planned against true {label} per working electrode.")]))
+    if "percepts" in summary:
+        sections.append(Section("Predicted percepts", percept_blocks(summary["percepts"], Path(out_dir))))
     sections.append(Section("Model checksums", [Listing(record["model_checksums"])]))
     return Report(f"Stimulation plan: {config.name}", sections,
                   subtitle=config.description or "stimsim site plan", parameters=record["config"],
                   software=record["software"])
+
+
+def percept_blocks(percepts: dict, out_dir: Path) -> list:
+    """The percept view (plan table ``[percepts]``): the figure ``stimsim visualize`` drew for the best-ranked chosen
+    site, and in words the P(face) both judges give its images, as in its summary.json."""
+    from stimsim.percepts.visualize import PNG_FILE
+
+    def scores(judge: dict) -> str:
+        rising = " / ".join(format_value(v, 2) for v in judge["pface_face_site"])
+        return (f"{rising} at the site, {format_value(judge['pface_control_site'], 2)} at the control site, "
+                f"{format_value(judge['pface_scrambled'], 2)} scrambled, {format_value(judge['pface_unstimulated'], 2)} "
+                "unstimulated")
+
+    currents = ", ".join(f"{c:g}" for c in percepts["currents_uA"])
+    own, independent = percepts["judges"]["own"], percepts["judges"]["independent"]
+    text = (f"Images synthesised so that the unperturbed IT of {percepts['model']} matches its IT under stimulation "
+            f"(feature inversion, stimsim.percepts) at electrode {percepts['electrode']}, the best-ranked chosen site, "
+            f"at {currents} µA; the control site is electrode {percepts['control_electrode']}, the lowest-ranked "
+            "working electrode; 'scrambled' gives the top current's per-unit changes to shuffled units. P(face) of "
+            f"the synthesised images (mean over the {', '.join(percepts['summary_groups'])} images), by the model's own "
+            f"face decoder: {scores(own)}; by an independent model's ({independent['model']}): {scores(independent)}. "
+            f"Every file of the view is in {percepts['folder']}/ (percepts.nc, summary.json, config.json).")
+    png = (out_dir / percepts["folder"] / PNG_FILE).read_bytes()
+    return [Paragraph(text), Image(png, caption=f"Predicted percepts of stimulating electrode {percepts['electrode']} "
+                                                 f"(rows: images; columns: original, unstimulated inversion, the site "
+                                                 f"at rising currents, the control site, scrambled).")]
 
 
 def _interval(row: dict, name: str) -> str | None:

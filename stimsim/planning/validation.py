@@ -12,6 +12,12 @@ centre uniform among the positions where the array lies on the sheet); the plan 
 registration (mean over candidates, as the plan itself) is correlated with the true ΔAUC, and
 ``random_pose_r_p95`` is the 95th percentile of these r. A pose passes when its r exceeds its own null's
 95th percentile.
+
+Pooled over poses: ``pooled_r`` is the Pearson r of planned against true ΔAUC over every pose's electrodes
+together, and ``pooled_permutation_p`` its one-sided permutation p (planned values shuffled among the electrodes
+of the same pose, ``N_PERMUTATIONS`` times; p = (1 + #{r_perm ≥ r}) / (1 + N_PERMUTATIONS)). Shuffling treats
+electrodes as exchangeable, which spatially smooth effects are not: the random-registration null above is the
+test of the registration, the pooled p that of the association across poses.
 """
 from __future__ import annotations
 
@@ -31,6 +37,8 @@ TARGET_R = 0.5
 TARGET_POSES_ABOVE_NULL = 4
 TARGET_N_POSES = 5
 MIN_RANDOM = 100
+#: Shuffles of the pooled permutation test (its smallest p is 1 / (1 + N_PERMUTATIONS)).
+N_PERMUTATIONS = 10_000
 
 
 def validate_plan(config, out_dir: Path, n_poses: int, progress: bool = True, n_random: int = MIN_RANDOM,
@@ -46,13 +54,14 @@ def validate_plan(config, out_dir: Path, n_poses: int, progress: bool = True, n_
     if config.subject_config is None:
         raise ConfigError(f"{config.path}: validation needs a virtual subject made from a file ([subject] config = ...)")
     base_seed = int(load_toml(config.subject_config)["subject"]["seed"])
-    per_pose, nulls, details = [], [], []
+    per_pose, nulls, details, pairs = [], [], [], []
     for k in tqdm(range(n_poses), desc="validation poses", unit="pose", disable=not progress):
         seed = base_seed + 101 * (k + 1)
         pose_dir = Path(out_dir) / "validation" / f"pose_{k}"
         summary = plan_once(config, pose_dir, progress, subject_seed=seed, write_report=False, compute=compute,
                             n_random_poses=n_random)
         truth = json.loads((pose_dir / "subject" / "truth.json").read_text())
+        pairs.append(_alive_pairs(summary, config.effect))
         per_pose.append(summary["predicted_vs_true_r"])
         nulls.append(summary["random_pose_r_p95"])
         details.append({"subject_seed": seed, "pose": truth["pose"], "predicted_vs_true_r": summary["predicted_vs_true_r"],
@@ -70,6 +79,7 @@ def validate_plan(config, out_dir: Path, n_poses: int, progress: bool = True, n_
               "target": {"predicted_vs_true_r_at_least": TARGET_R,
                          "poses_above_random_p95_at_least": TARGET_POSES_ABOVE_NULL, "n_poses": TARGET_N_POSES},
               "targets_met": meets_targets(per_pose, nulls),
+              **pooled_permutation(pairs, seed=config.seed),
               "null_method": f"{n_random} random registrations of the array on every candidate's sheet, the same "
                              "sequences rehearsed there (see stimsim.planning.validation)",
               "poses": details,
@@ -88,6 +98,37 @@ def _provenance(config, n_poses: int, n_random: int, base_seed: int, compute: di
     record["scheduler"] = compute.get("scheduler_description")
     record["input_sha256"] = config.input_files()
     return record
+
+
+def _alive_pairs(summary: dict, effect: str) -> tuple[np.ndarray, np.ndarray]:
+    """(planned, true) effect of one pose's electrodes that are alive in the subject and have both values."""
+    dead = set(summary["dead_electrodes_rehearsed"])
+    planned, true = summary[f"predicted_{effect}"], summary[f"true_{effect}"]
+    electrodes = [e for e in planned if e not in dead and np.isfinite(planned[e]) and np.isfinite(true[e])]
+    return np.array([planned[e] for e in electrodes]), np.array([true[e] for e in electrodes])
+
+
+def pooled_permutation(pairs, seed: int = 0, n_permutations: int = N_PERMUTATIONS) -> dict:
+    """``pooled_r`` of planned against true effects over every pose's (planned, true) pairs together and its
+    one-sided permutation p, planned values shuffled within each pose (module docstring); None with fewer than 3
+    pairs or no spread."""
+    planned = np.concatenate([p for p, _ in pairs]) if pairs else np.empty(0)
+    true = np.concatenate([t for _, t in pairs]) if pairs else np.empty(0)
+    result = {"pooled_r": None, "pooled_permutation_p": None, "pooled_n_electrodes": int(planned.size),
+              "pooled_n_permutations": n_permutations}
+    if planned.size < 3 or np.ptp(planned) == 0 or np.ptp(true) == 0:
+        return result
+    observed = float(np.corrcoef(planned, true)[0, 1])
+    rng = np.random.default_rng([seed, 0x9E7])
+    bounds = np.cumsum([0] + [len(p) for p, _ in pairs])
+    shuffled = np.empty((n_permutations, planned.size))
+    for begin, end in zip(bounds[:-1], bounds[1:]):
+        shuffled[:, begin:end] = rng.permuted(np.broadcast_to(planned[begin:end], (n_permutations, end - begin)), axis=1)
+    centred = shuffled - shuffled.mean(1, keepdims=True)
+    true_centred = true - true.mean()
+    r = centred @ true_centred / (np.linalg.norm(centred, axis=1) * np.linalg.norm(true_centred))
+    result.update(pooled_r=observed, pooled_permutation_p=float((1 + np.sum(r >= observed)) / (1 + n_permutations)))
+    return result
 
 
 def meets_targets(per_pose_r, per_pose_null_p95) -> bool:
