@@ -18,7 +18,7 @@ from pathlib import Path
 
 import stimsim
 from stimsim.data.manifest import MIRROR_DIR_ENV
-from stimsim.engine.devices import add_device_argument
+from stimsim.engine.devices import add_device_argument, resolve_device
 from stimsim.engine.distributed import add_compute_arguments
 from stimsim.utilities.errors import ConfigError, StimsimError, TrainingDiverged
 from stimsim.utilities.io import check_output_dir, check_output_file
@@ -167,7 +167,7 @@ def _cmd_visualize(args) -> int:
     from stimsim.percepts.visualize import run_visualize
 
     summary = run_visualize(args.config, args.out, model=args.model, judge=args.judge, progress=not args.no_progress,
-                            force=args.force)
+                            force=args.force, device=args.device)
     print(json.dumps({key: summary[key] for key in ("model", "judge_model", "currents_uA", "sites", "judges",
                                                     "seconds_per_image")}, indent=2))
     report_phase(f"percepts written to {args.out}: percepts.png, percepts.nc, summary.json, config.json")
@@ -241,9 +241,11 @@ def _cmd_bench(args) -> int:
 def _cmd_subject_make(args) -> int:
     from stimsim.subject import VirtualSubject
 
+    device = resolve_device(args.device)  # a missing accelerator stops the command before anything is written
     _refuse_foreign_directory(args.out, ("truth.json", "subject.toml"), "a virtual subject", args.force)
     with DirectoryLock(args.out, "subject make"):
         subject = VirtualSubject.from_file(args.config)
+        subject.model.to(device)
         out = subject.save(args.out)
     print(json.dumps({"subject_model": subject.config["subject"]["model"], "n_electrodes": len(subject.layout),
                       "n_dead_electrodes": len(subject.dead_electrodes), "out": str(out),
@@ -421,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     visualize.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     _add_mirror(visualize)
     _add_threads(visualize)
+    add_device_argument(visualize)
     visualize.set_defaults(handler=_cmd_visualize)
 
     plan = commands.add_parser("plan", help="plan stimulation sites for a lab session (report.html/pdf, sites.csv, "
@@ -456,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     subject_make.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     subject_make.add_argument("--force", action="store_true", help="write into --out even if it holds files that "
                                                                    "are not a subject (same names are overwritten)")
+    add_device_argument(subject_make)
     subject_make.set_defaults(handler=_cmd_subject_make)
     session = subject_commands.add_parser("session", help="run a plan's sites and sequences on its virtual subject "
                                                           "(stimulation and sham interleaved 50/50) → NWB trials")

@@ -249,3 +249,15 @@ def test_visualize_has_help_with_model_and_judge_overrides(capsys):
     help_text = capsys.readouterr().out
     assert exit_info.value.code == 0 and "usage: stimsim visualize" in help_text
     assert "--model" in help_text and "--judge" in help_text
+
+
+@pytest.mark.parametrize("command", ["visualize", "subject make"])
+def test_visualize_and_subject_make_refuse_a_device_they_lack_before_writing(tmp_path, capsys, command):
+    config = REPO / "experiments" / ("visualize_default.toml" if command == "visualize" else "subject_default.toml")
+    out = tmp_path / "out"
+    assert main([*command.split(), str(config), "--out", str(out), "--device", "tpu"]) == 2
+    assert "stimsim: error: unknown device 'tpu'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main([*command.split(), str(config), "--out", str(out), "--device", "cuda"]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
+    assert not out.exists()

@@ -1,8 +1,8 @@
 """Compute devices: ``cpu``, ``cuda`` (``cuda:N``), ``mps`` or ``auto`` (a GPU when present, else the CPU).
 
 Every entry point that computes (``simulate``, model loading and activations, decoders, training,
-``stimsim run | plan | train | models check | bench``) takes a device through :func:`resolve_device`,
-so a missing accelerator is one clear error rather than a CUDA traceback deep in torch.
+``stimsim run | plan | visualize | subject make | train | models check | bench``) takes a device through
+:func:`resolve_device`, so a missing accelerator is one clear error rather than a CUDA traceback deep in torch.
 """
 from __future__ import annotations
 

@@ -49,6 +49,7 @@ import xarray as xr
 
 from stimsim.cortex.topography import smoothed_values_at
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
+from stimsim.engine.devices import resolve_device
 from stimsim.models.registry import load_model
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
 from stimsim.percepts import FaceJudge, InversionSettings, pixel_images, scrambled_effects, synthesize
@@ -136,21 +137,23 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
 
 # --- running ------------------------------------------------------------------------------------
 def run_visualize(config_path, out_dir, model: str | None = None, judge: str | None = None, progress: bool = True,
-                  force: bool = False) -> dict:
+                  force: bool = False, device="cpu") -> dict:
     """Run a visualisation file and write its result set into ``out_dir``; returns the summary. A run that
-    fails before writing a file leaves ``out_dir`` as it found it."""
-    return run_config(load_config(config_path, model=model, judge=judge), out_dir, progress, force)
+    fails before writing a file leaves ``out_dir`` as it found it. ``device``: where both models compute (cpu,
+    cuda, cuda:N, mps, auto)."""
+    return run_config(load_config(config_path, model=model, judge=judge), out_dir, progress, force, device)
 
 
-def run_config(config: VisualizeConfig, out_dir, progress: bool = True, force: bool = False) -> dict:
+def run_config(config: VisualizeConfig, out_dir, progress: bool = True, force: bool = False, device="cpu") -> dict:
     """:func:`run_visualize` on a checked configuration (e.g. one whose sites a plan chose)."""
+    device = resolve_device(device)
     with ResultSet(out_dir, "percepts", force=force) as results:
-        return _run_into(results, config, progress)
+        return _run_into(results, config, progress, device)
 
 
-def _scaled_model(name: str, layer: str, what: str):
-    """The model ``name`` with its ``layer`` sheet in cortex mm (its own recorded scale)."""
-    topo = load_model(name)
+def _scaled_model(name: str, layer: str, what: str, device):
+    """The model ``name`` on ``device`` with its ``layer`` sheet in cortex mm (its own recorded scale)."""
+    topo = load_model(name, device=device)
     try:
         layer = topo.resolve_layer(layer)
     except ConfigError as exc:
@@ -160,11 +163,11 @@ def _scaled_model(name: str, layer: str, what: str):
     return topo, layer, scale
 
 
-def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool) -> dict:
+def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, device) -> dict:
     started = time.perf_counter()
     report_phase(f"visualize: loading model {config.model} and judge {config.judge}", progress)
-    topo, layer, scale = _scaled_model(config.model, config.layer, "model")
-    judge_model, judge_layer, _ = _scaled_model(config.judge, config.layer, "judge")
+    topo, layer, scale = _scaled_model(config.model, config.layer, "model", device)
+    judge_model, judge_layer, _ = _scaled_model(config.judge, config.layer, "judge", device)
     if judge_model.name == topo.name:
         warnings.warn(f"the independent judge {config.judge!r} is the model itself ({topo.name!r}); its P(face) is not "
                       "independent of the inversion — give another model ([judge] model or --judge)", stacklevel=2)
@@ -238,7 +241,7 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool) -> di
                                                                             conditions)],
         "scrambled_from": labels[source], "inversion": config.inversion.to_dict(), "seed": config.seed,
         "decoders": {"own": own.decoder.readout.fit_params, "independent": independent.decoder.readout.fit_params},
-        "created_utc": created["created_utc"], "software": created["software"],
+        "created_utc": created["created_utc"], "software": created["software"], "device": str(device),
     })
     dataset = _dataset(rows, groups, originals, percepts, np.asarray(losses), p_face, p_original, labels, kinds,
                        currents, positions, record)

@@ -304,7 +304,8 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
     percepts = None
     if config.percepts is not None and write_report:
         rehearsed = tuple(f"rehearsal_{_cache_key(list(models), name)}.npz" for name in models)
-        percepts = _percepts_phase(config, out_dir, cache, chosen_model, plan, working, progress, phases + rehearsed)
+        percepts = _percepts_phase(config, out_dir, cache, chosen_model, plan, working, progress, phases + rehearsed,
+                                   compute["device"])
     truth = None
     if inputs.subject_dir is not None:
         truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, task, progress,
@@ -315,7 +316,7 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
 
 
 def _percepts_phase(config, out_dir: Path, cache: PhaseCache, chosen_model: str, plan: dict, working, progress: bool,
-                    after: tuple) -> dict:
+                    after: tuple, device) -> dict:
     """The report's view of predicted percepts (plan table ``[percepts]``, :mod:`stimsim.percepts`): the visualisation
     file run on the chosen model, its stimulated site the best-ranked chosen site (the best-ranked site when none is
     chosen), its control site the lowest-ranked working electrode with a prediction; the result set is
@@ -338,7 +339,7 @@ def _percepts_phase(config, out_dir: Path, cache: PhaseCache, chosen_model: str,
         sites = {"method": "explicit", "recording_radius_mm": visualize.sites["recording_radius_mm"],
                  "face_site_mm": tuple(map(float, plan["cortex_xy"][site])),
                  "control_site_mm": tuple(map(float, plan["cortex_xy"][control]))}
-        summary = run_config(dataclasses.replace(visualize, sites=sites), folder, progress, force=True)
+        summary = run_config(dataclasses.replace(visualize, sites=sites), folder, progress, force=True, device=device)
         return {"folder": "percepts", "electrode": working[site], "control_electrode": working[control],
                 "model": chosen_model, "judge_model": summary["judge_model"], "currents_uA": summary["currents_uA"],
                 "summary_groups": summary["summary_groups"], "judges": summary["judges"], "sites": summary["sites"]}
