@@ -446,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not the reported numbers)")
     bench.add_argument("--model", help="small model measured besides the ResNet-18 (default: stimsim-topo-s0, the small shipped model)")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
-    bench.add_argument("--sections", help="comma-separated sections to run (default: all): bound, plain, dask, load, analysis")
+    bench.add_argument("--sections", help="comma-separated sections to run (default: all): bound, plain, dask, load, plan, analysis")
     _add_threads(bench)
     add_device_argument(bench)
     bench.set_defaults(handler=_cmd_bench)

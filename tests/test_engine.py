@@ -488,3 +488,8 @@ def test_benchmark_quick_mode(model):
         assert math.isfinite(report["default_model"][key]), key
     assert report["max_abs_diff_it"] < 1e-5 and report["max_abs_diff_pre_it"] < 1e-5
     assert report["default_model"]["it_layer"] == "it" and report["default_model"]["pre_it_layer"] == "v4"
+    plan = report["plan_phases"]  # the ImageNet plan's phases per site, and the default plan they add up to
+    per_site = plan["seconds_per_site"]
+    assert set(per_site) == {"sequences", "decoders", "rehearsal"} and all(v > 0 for v in per_site.values())
+    assert plan["plan_default_design_and_rehearsal_s"] == pytest.approx(
+        75 * (per_site["sequences"] + 3 * (per_site["decoders"] + per_site["rehearsal"])))

@@ -38,6 +38,13 @@ and the minimum of ``repeats`` ≥ 3 is kept):
     machine does not change; the wall-time ratio reaches it only when each worker has a free core.
 ``max_abs_diff_*``
     largest difference of choice probabilities between the engine and the approach compared.
+``plan_phases`` (section ``plan``)
+    the 2AFC plan's work per working electrode on an ImageNet-based model at 224 px (stimsim-mnv2-s0, at
+    the settings of ``experiments/plan_imagenet.toml``): seconds per site of the sequence design (gradient
+    steps through the whole network), of the frozen decoders and of the rehearsal (no stimulation and the
+    fitted plus bootstrap poses' stimulation, on the engine's exact path), and what they add up to for the
+    default ImageNet plan (``plan_default_sites`` electrodes: the design once, decoders and rehearsal in each
+    of two candidates and in the subject). The phases' own work, measured on a few sites; no ratio.
 
 The images are the 100 face and 100 non-face crops of Labeled Faces in the Wild bundled with
 scikit-image (800 for ``small``: each crop, mirrored left-right, up-down and both); the ResNet-18 has
@@ -75,9 +82,18 @@ from stimsim.utilities.progress import report_phase
 
 #: Workload sizes: image size of the ResNet-18 (px), (sites, images) per workload, plain sites, timing repeats.
 FULL_SIZES = {"size_px": 224, "it": (256, 200), "pre_it": (64, 100), "n_plain_sites": 4, "small": (1024, 800),
-              "small_baseline_sites": 128, "dask": (512, 100), "repeats": 3}
+              "small_baseline_sites": 128, "dask": (512, 100), "repeats": 3, "plan_sites": 4, "plan_iterations": 20}
 QUICK_SIZES = {"size_px": 32, "it": (4, 4), "pre_it": (3, 4), "n_plain_sites": 2, "small": (8, 8),
-               "small_baseline_sites": 4, "dask": None, "repeats": 1}
+               "small_baseline_sites": 4, "dask": None, "repeats": 1, "plan_sites": 1, "plan_iterations": 1}
+
+#: The ImageNet-based model of the ``plan`` section, and the working electrodes of the default ImageNet plan
+#: (75 of its virtual subject's 100: 5 dead, the others below the split-half reliability limit).
+PLAN_MODEL = "stimsim-mnv2-s0"
+PLAN_DEFAULT_SITES = 75
+#: Bootstrap poses of the plan (``[registration] n_boot``): each site is rehearsed at 1 + this many points.
+PLAN_N_BOOT = 5
+#: The plan's stimulation (Mehrer et al. 2025: 50 µA, 200 Hz).
+PLAN_CURRENT_UA, PLAN_FREQUENCY_HZ = 50.0, 200.0
 
 #: Targets of the engine.
 TARGET_SPEEDUP_IT = 50.0
@@ -277,6 +293,51 @@ def load_section(context: BenchContext) -> dict:
         return {}
     return {"default_model_load_and_activations": time_load_and_activations(context.default_model_source,
                                                                             device=context.device)}
+
+
+@register_section("plan")
+def plan_section(context: BenchContext) -> dict:
+    """Seconds per working electrode of the 2AFC plan's phases on an ImageNet-based model (module docstring)."""
+    from stimsim.models.registry import load_model
+    from stimsim.paradigms.sequence_2afc import TaskSpec, fit_readouts
+    from stimsim.planning.tasks.sequence_2afc import rehearse
+    from stimsim.sequences import SequenceSpec, build_sequences
+
+    sizes = context.sizes
+    model, _ = load_model(PLAN_MODEL, device=context.device).in_cortex_mm("IT")
+    sheet = model.sheet("IT")
+    n_sites = sizes["plan_sites"]
+    rng = np.random.default_rng(context.seed)
+    x0, x1, y0, y1 = sheet.extent_mm
+    sites = np.column_stack([rng.uniform(x0 + 1, x1 - 1, n_sites), rng.uniform(y0 + 1, y1 - 1, n_sites)])
+    natural, _ = _face_images(32)
+    spec = SequenceSpec(n_sequences=3, n_steps=7, iterations=sizes["plan_iterations"], batch_images=32)
+    decoder = TaskSpec(n_noise=16, n_eval=8)
+    seconds = {}
+    report_phase(f"bench: plan phases on {PLAN_MODEL}, {n_sites} site(s) at 224 px", context.progress)
+    start = time.perf_counter()
+    sequences = build_sequences(model, sites, natural, spec, seed=context.seed, progress=context.progress)
+    _synchronize(context.device)
+    seconds["sequences"] = time.perf_counter() - start
+    start = time.perf_counter()
+    readouts, _ = fit_readouts(model, sequences.images, None, decoder, seed=context.seed, progress=context.progress)
+    _synchronize(context.device)
+    seconds["decoders"] = time.perf_counter() - start
+    points = np.repeat(sites[:, None], 1 + PLAN_N_BOOT, axis=1)
+    start = time.perf_counter()
+    rehearse(model, sequences.images, points, {"current_uA": PLAN_CURRENT_UA, "frequency_Hz": PLAN_FREQUENCY_HZ},
+             readouts, decoder, seed=context.seed, progress=context.progress, device=context.device)
+    _synchronize(context.device)
+    seconds["rehearsal"] = time.perf_counter() - start
+    per_site = {phase: value / n_sites for phase, value in seconds.items()}
+    models_rehearsed = 3  # two candidates and the virtual subject
+    total = PLAN_DEFAULT_SITES * (per_site["sequences"] + models_rehearsed * (per_site["decoders"] + per_site["rehearsal"]))
+    return {"plan_phases": {"model": PLAN_MODEL, "n_sites": n_sites, "iterations": spec.iterations,
+                            "n_sequences": spec.n_sequences, "n_steps": spec.n_steps, "n_noise": decoder.n_noise,
+                            "n_eval": decoder.n_eval, "points_per_site": 1 + PLAN_N_BOOT,
+                            "current_uA": PLAN_CURRENT_UA,
+                            "seconds_per_site": per_site, "plan_default_sites": PLAN_DEFAULT_SITES,
+                            "models_rehearsed": models_rehearsed, "plan_default_design_and_rehearsal_s": total}}
 
 
 @register_section("analysis")
