@@ -239,3 +239,33 @@ def test_the_build_file_in_experiments_parses():
     config, _, _ = load_head_config(Path(__file__).resolve().parents[1] / "experiments" / "build_stimsim_mnv2_s0.toml")
     assert config.model.base_network == "mobilenet_v2" and config.model.grid_side == 224
     assert config.cortex_scale.face_cluster_cortex_mm == 4.0
+
+
+def test_models_on_the_same_trunk_share_its_output_and_get_exactly_their_own(one_torch_thread):
+    """Inside shared_trunk_outputs, stimsim-mnv2-s1 reuses the trunk output stimsim-mnv2-s0 computed for the same
+    images (the trunk runs once) and gets bit for bit what it computes alone; a trunk whose weights differ, or
+    another input, is computed anew; outside the block nothing is kept."""
+    from stimsim.models.registry import load_model
+    from stimsim.models.shared_trunk import shared_trunk_outputs
+
+    first, second, changed = (load_model(name) for name in ("stimsim-mnv2-s0", "stimsim-mnv2-s1", "stimsim-mnv2-s1"))
+    with torch.no_grad():
+        next(changed.stages[0][1].parameters()).mul_(1.01)  # one trunk weight changed
+    passes = []  # the model of every pass through the trunk's first stage
+    for model in (first, second, changed):
+        model.stages[0][1].register_forward_hook(lambda *args, model=model: passes.append(model))
+    images = np.random.default_rng(0).uniform(0, 1, (2, 224, 224, 3)).astype(np.float32)
+    alone = {name: model.activations(images, "IT") for name, model in (("second", second), ("changed", changed))}
+    assert len(passes) == 2
+    passes.clear()
+    with shared_trunk_outputs() as kept:
+        first.activations(images, "IT")
+        shared = second.activations(images, "IT")
+        own = changed.activations(images, "IT")
+        other = second.activations(images[::-1].copy(), "IT")
+    assert passes == [first, changed, second] and kept.hits == 1
+    assert torch.equal(shared, alone["second"]) and torch.equal(own, alone["changed"])
+    assert not torch.equal(own, shared) and torch.equal(other, alone["second"].flip(0))
+    passes.clear()
+    second.activations(images, "IT")
+    assert passes == [second]

@@ -33,6 +33,7 @@ from torch import nn
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.models.architectures import StimsimTopoNet, build_network
 from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.shared_trunk import SHARED_TRUNK_STAGES, trunk_digest, trunk_output
 from stimsim.models.stages import split_network
 from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
 from stimsim.utilities.filemodels import FileModel, Text, validate_file
@@ -259,9 +260,27 @@ class TopographicModel:
         if last < first - 1:
             raise ConfigError(f"stage {stop!r} comes before {start!r}")
         with torch.no_grad():
-            for _, module in self.stages[first:last + 1]:
-                x = module(x)
+            shared = self._shared_trunk_end()
+            if first == 0 and shared is not None and last >= shared:  # maybe computed by a model of the same trunk
+                x = trunk_output(self._trunk_digest, x, lambda inputs: self._run_range(inputs, 0, shared))
+                first = shared + 1
+            x = self._run_range(x, first, last)
         return x
+
+    def _run_range(self, x: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        for _, module in self.stages[first:last + 1]:
+            x = module(x)
+        return x
+
+    def _shared_trunk_end(self) -> int | None:
+        """Index of the last stage of a trunk this model may share with others (:mod:`stimsim.models.shared_trunk`)."""
+        stage = SHARED_TRUNK_STAGES.get(self.architecture.get("family"))
+        return self.stage_names.index(stage) if stage in self.stage_names else None
+
+    def _trunk_digest(self) -> str:
+        if getattr(self, "_trunk_sha256", None) is None:
+            self._trunk_sha256 = trunk_digest(self.stages[:self._shared_trunk_end() + 1])
+        return self._trunk_sha256
 
     def activations(self, images, layer: str, batch_size: int = 64) -> torch.Tensor:
         """Activations of ``layer`` for ``images`` (a sequence or a stacked array/tensor), flattened to

@@ -237,7 +237,17 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
     ``n_random_poses`` > 0 (virtual subjects): every candidate also rehearses the sequences at that many random
     registrations of the array on its sheet (rotation uniform, centre uniform where the array fits), the null
     of ``predicted_vs_true_r`` (``random_pose_r``, ``random_pose_r_p95`` in summary.json). ``created``: whether
-    this run made ``out_dir`` (removed again when the inputs or mapping fail; default: whether it is missing now)."""
+    this run made ``out_dir`` (removed again when the inputs or mapping fail; default: whether it is missing now).
+    Candidates on the same frozen trunk (e.g. two MobileNetV2 instances) compute each image's trunk output once
+    (:mod:`stimsim.models.shared_trunk`)."""
+    from stimsim.models.shared_trunk import shared_trunk_outputs
+
+    with shared_trunk_outputs():
+        return _plan_once(config, out_dir, progress, subject_seed, write_report, compute, n_random_poses, created)
+
+
+def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: int | None, write_report: bool,
+               compute: dict | None, n_random_poses: int, created: bool | None) -> dict:
     safety = _stimulation_report(config)  # refuses an unsafe protocol before anything is computed
     compute = {"device": "cpu", "scheduler": None, "scheduler_description": None, **(compute or {})}
     created = not Path(out_dir).exists() if created is None else created
