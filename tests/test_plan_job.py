@@ -68,6 +68,33 @@ metric = "manhattan"
 """
 
 
+PERCEPTS = """
+name = "plan_view"
+model = "stimsim-topo-s2"            # replaced by the plan's chosen model
+summary_groups = ["nonface"]
+[[images]]
+group = "nonface"
+source = "lfw_subset"
+only = { category = "nonface" }
+n = 1
+[localizer]
+sets = [{ source = "lfw_subset" }]
+label = "category"
+positive = "face"
+[sites]                              # replaced by the plan's sites
+method = "explicit"
+recording_radius_mm = 0.5
+face_site_mm = [0.0, 0.0]
+control_site_mm = [0.0, 0.0]
+[stimulation]
+currents_uA = [50, 150]
+[inversion]
+steps = 10
+[judge]
+model = "stimsim-topo-s1"
+"""
+
+
 def _write_plan(directory, current=50, broken='["e1"]'):
     directory.mkdir(parents=True, exist_ok=True)
     xs, ys = np.meshgrid(np.arange(4) * 0.4 - 0.6, np.arange(4) * 0.4 - 0.6)
@@ -81,8 +108,11 @@ def _write_plan(directory, current=50, broken='["e1"]'):
 
 @pytest.fixture(scope="module")
 def plan_dir(tmp_path_factory, one_torch_thread):
+    """The small plan, with the report's percept view ([percepts]: :data:`PERCEPTS`)."""
     base = tmp_path_factory.mktemp("plan")
     config = _write_plan(base / "config")
+    (base / "config" / "view.toml").write_text(PERCEPTS)
+    config.write_text(config.read_text() + '\n[percepts]\nconfig = "view.toml"\n')
     out = base / "out"
     assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
     return config, out
@@ -130,7 +160,7 @@ def test_plan_writes_every_output(plan_dir):
     # 32 px networks trained from scratch: the candidates' and the subject's architecture family
     assert summary["candidate_base_networks"] == ["stimsim_topo"] and summary["subject_base_network"] == "stimsim_topo"
     phases = summary["phases"]  # every phase computed in this first run
-    assert set(phases) == {"inputs", "mapping", "sequences", "rehearsal_stimsim-topo-s0", "truth"}
+    assert set(phases) == {"inputs", "mapping", "sequences", "rehearsal_stimsim-topo-s0", "percepts", "truth"}
     assert not any(t["cached"] for t in phases.values())
     assert all(t["seconds"] > 0 for t in phases.values())
     assert summary["phases_seconds_total"] == pytest.approx(sum(t["seconds"] for t in phases.values()), abs=1e-2)
@@ -214,43 +244,13 @@ def test_plan_report_states_the_drawn_effects_and_how_the_model_was_chosen(plan_
     assert "never by the truth" in validation
 
 
-PERCEPTS = """
-name = "plan_view"
-model = "stimsim-topo-s2"            # replaced by the plan's chosen model
-summary_groups = ["nonface"]
-[[images]]
-group = "nonface"
-source = "lfw_subset"
-only = { category = "nonface" }
-n = 1
-[localizer]
-sets = [{ source = "lfw_subset" }]
-label = "category"
-positive = "face"
-[sites]                              # replaced by the plan's sites
-method = "explicit"
-recording_radius_mm = 0.5
-face_site_mm = [0.0, 0.0]
-control_site_mm = [0.0, 0.0]
-[stimulation]
-currents_uA = [50, 150]
-[inversion]
-steps = 10
-[judge]
-model = "stimsim-topo-s1"
-"""
-
-
 @pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")  # the subject's dead electrodes
 @pytest.mark.filterwarnings("ignore:at the planned .* trials per site")  # the small plan's effects are tiny
-def test_the_report_shows_predicted_percepts_of_the_best_chosen_site(tmp_path, one_torch_thread, capsys):
+def test_the_report_shows_predicted_percepts_of_the_best_chosen_site(plan_dir, capsys):
     """[percepts]: stimsim visualize on the plan's chosen model, stimulating the best-ranked chosen site with the
     lowest-ranked working electrode as the control; its result set in DIR/percepts, its figure in the report."""
-    config = _write_plan(tmp_path / "config")
-    (tmp_path / "config" / "view.toml").write_text(PERCEPTS)
-    config.write_text(config.read_text() + '\n[percepts]\nconfig = "view.toml"\n')
-    out = tmp_path / "out"
-    summary = run_plan(config, out, progress=False)
+    config, out = plan_dir
+    summary = json.loads((out / "summary.json").read_text())
     view = summary["percepts"]
     sites = pd.read_csv(out / "sites.csv", dtype={"electrode_id": str})
     assert view["electrode"] == summary["chosen_electrodes"][0] == sites["electrode_id"].iloc[0]
@@ -263,7 +263,7 @@ def test_the_report_shows_predicted_percepts_of_the_best_chosen_site(tmp_path, o
     assert view["judges"] == written["judges"] and len(view["judges"]["own"]["pface_face_site"]) == 2
     html = (out / "report.html").read_text()
     assert "Predicted percepts" in html and f"at electrode {view['electrode']}, the best-ranked chosen site" in html
-    assert "percepts" in summary["phases"] and not summary["phases"]["percepts"]["cached"]
+    assert "percepts" in summary["phases"]
     capsys.readouterr()
     again = run_plan(config, out, progress=True)
     assert again["percepts"] == view and f"reusing cached percepts from {out / 'cache'}" in capsys.readouterr().err
@@ -302,7 +302,7 @@ def test_plan_prints_only_its_json_on_stdout_and_says_what_it_reuses(plan_dir, c
     shown = json.loads(captured.out)  # `stimsim plan ... > plan.json` is valid JSON
     assert shown["chosen_electrodes"] == json.loads((out / "summary.json").read_text())["chosen_electrodes"]
     assert f"stimsim: plan: reusing the virtual subject in {out / 'subject'}" in captured.err
-    for phase in ("mapping", "sequences", "rehearsal_stimsim-topo-s0", "truth"):
+    for phase in ("mapping", "sequences", "rehearsal_stimsim-topo-s0", "percepts", "truth"):
         assert f"stimsim: plan: reusing cached {phase} from {out / 'cache'}" in captured.err
     assert f"stimsim: plan written to {out}: " in captured.err
     record = json.loads((out / "cache" / "sequences.npz.sha256").read_text())
