@@ -84,7 +84,7 @@ def describe_model(name_or_path) -> dict:
 
     from stimsim.cortex.sheet import CorticalSheet
     from stimsim.models.base_networks import BASE_NETWORKS
-    from stimsim.models.topographic import ModelFile
+    from stimsim.models.topographic import ModelFile, declared_base_network
     from stimsim.stimulation.spread import kumaravelu_length_mm
     from stimsim.utilities.filemodels import validate_file
 
@@ -95,7 +95,7 @@ def describe_model(name_or_path) -> dict:
     areas = {layer: info.area for layer, info in spec.layers.items()}
     it_layer = next((layer for layer, area in areas.items() if area == "IT"), spec.readout_layer)
     metadata = raw.get("metadata", {})
-    base = metadata.get("base_network") or spec.architecture.kwargs.get("base_network")
+    base = declared_base_network(metadata, spec.architecture.kwargs)
     base_sha256 = metadata.get("base_weights_sha256") or (BASE_NETWORKS[base].weights_sha256
                                                           if base in BASE_NETWORKS else None)
     scale = spec.metadata.cortex_scale

@@ -98,6 +98,12 @@ class ModelFile(FileModel):
     files_sha256: dict[str, _SHA256]
 
 
+def declared_base_network(metadata: dict, architecture_kwargs: dict) -> str | None:
+    """The ImageNet-trained network a model file says it is built on (its build's metadata, else its
+    architecture's ``base_network`` argument), or None."""
+    return metadata.get("base_network") or architecture_kwargs.get("base_network")
+
+
 class TopographicModel:
     """A network whose layers named in ``sheets`` have unit positions on a cortical sheet.
 
@@ -160,8 +166,7 @@ class TopographicModel:
     def base_network(self) -> str:
         """The ImageNet-trained network this model is built on (e.g. ``"mobilenet_v2"``); for a model trained from
         scratch, its architecture family (e.g. ``"stimsim_topo"``)."""
-        return (self.metadata.get("base_network") or self.architecture.get("kwargs", {}).get("base_network")
-                or self.architecture["family"])
+        return declared_base_network(self.metadata, self.architecture.get("kwargs", {})) or self.architecture["family"]
 
     def resolve_layer(self, layer: str) -> str:
         """A stage name, given a stage name or an area label such as ``"IT"``."""

@@ -6,8 +6,9 @@ exactly the inputs it was computed from — the plan's parameters and input file
 the files of the subject directory, the candidate models' weights and the cached files of the phases before it.
 The record also holds the seconds the phase took to compute (``compute_seconds``). On resume a file is reused only
 when both match; one whose checksum or inputs differ, or that is a symbolic
-link, not a regular file, without a readable record or unreadable itself, is reported with a one-line warning
-naming it and computed again. A cache made with other parameters or input files is refused, never mixed in.
+link, not a regular file, without a readable record or unreadable itself, or whose phase wrote files outside the
+cache that are gone (the percept view's ``DIR/percepts/``), is reported with a one-line warning naming it and
+computed again. A cache made with other parameters or input files is refused, never mixed in.
 """
 from __future__ import annotations
 
@@ -59,8 +60,9 @@ class PhaseCache:
         """Bind every phase to ``inputs`` (a JSON record of digests of what the configuration digest leaves out)."""
         self.inputs = json_sha256({"config": self.digest, **inputs})
 
-    def json(self, name: str, compute, after: tuple[str, ...] = ()):
-        """The JSON value of phase ``name``, cached as ``name.json``, computed from the phases ``after`` (files)."""
+    def json(self, name: str, compute, after: tuple[str, ...] = (), outputs: tuple[Path, ...] = ()):
+        """The JSON value of phase ``name``, cached as ``name.json``, computed from the phases ``after`` (files);
+        ``outputs``: files outside the cache that the phase writes (one missing, the phase is computed again)."""
         def read(path):
             return json.loads(path.read_text(encoding="utf-8"))
 
@@ -68,7 +70,7 @@ class PhaseCache:
             text = json.dumps(value, indent=2, sort_keys=True, default=json_value) + "\n"
             Path(tmp).write_text(text, encoding="utf-8")
 
-        return self._phase(f"{name}.json", compute, read, write, after)
+        return self._phase(f"{name}.json", compute, read, write, after, outputs)
 
     def arrays(self, name: str, compute, after: tuple[str, ...] = ()) -> dict:
         """The arrays (name → ndarray) of phase ``name``, cached as ``name.npz``."""
@@ -82,12 +84,15 @@ class PhaseCache:
 
         return self._phase(f"{name}.npz", compute, read, write, after)
 
-    def _phase(self, file: str, compute, read, write, after):
+    def _phase(self, file: str, compute, read, write, after, outputs=()):
         path = self.dir / file
         started = time.perf_counter()
         inputs = json_sha256({"inputs": self.inputs, "file": file, "after": {a: self.sha256[a] for a in after}})
         if path.exists() or path.is_symlink():
             problem = self._problem(path, inputs)
+            lost = [str(output) for output in outputs if not Path(output).is_file()]
+            if problem is None and lost:
+                problem = f"describes files that are gone ({', '.join(lost)})"
             if problem is None:
                 try:
                     value = read(path)

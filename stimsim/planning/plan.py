@@ -354,10 +354,7 @@ def _percepts_phase(config, out_dir: Path, cache: PhaseCache, chosen_model: str,
                 "model": chosen_model, "judge_model": summary["judge_model"], "currents_uA": summary["currents_uA"],
                 "summary_groups": summary["summary_groups"], "judges": summary["judges"], "sites": summary["sites"]}
 
-    record = cache.dir / "percepts.json"
-    if record.is_file() and not (folder / PNG_FILE).is_file():  # the result set was removed: made again
-        record.unlink()
-    return cache.json("percepts", compute, after=after)
+    return cache.json("percepts", compute, after=after, outputs=(folder / PNG_FILE,))
 
 
 def random_registrations(layout, sheet, n: int, seed) -> list:
@@ -512,7 +509,6 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                "layout_description": inputs.array_layout.description or None,
                "candidate_base_networks": [models[name].base_network for name in models],
                "subject_base_network": None if inputs.subject_dir is None else inputs.load_subject().model.base_network,
-               "predicted_effect_sd": _sd(plan["predicted"]),
                "phases": timings, "phases_seconds_total": round(sum(t["seconds"] for t in timings.values()), 3)}
     _, summary["left_out_electrodes"] = _screen(config, inputs, mapping["reliability"] or None)
     summary["left_out_warning"] = left_out_message(summary["left_out_electrodes"], config.min_reliability)
@@ -533,12 +529,14 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                             name: _pearson(plan["per_model"][m, alive, 0], true[alive])
                             for m, name in enumerate(rehearsals)},
                         f"true_{effect}_median": float(np.median(true[alive])),
-                        "true_effect_sd": _sd(true[alive]), "predicted_effect_sd": _sd(plan["predicted"][alive]),
+                        "true_effect_sd": _sd(true[alive]),
                         "interval_coverage_of_true": {
                             "interval": coverage(true[alive], plan["low"][alive], plan["high"][alive]),
                             "interval_with_subject": coverage(true[alive], subject_low[alive], subject_high[alive])},
                         **_random_pose_null(rehearsals, true, alive),
                         "subject_lapse_rate": subject.lapse_rate, "subject_id": f"virtual-{subject.seed}"})
+    # on a virtual subject, over the electrodes alive in it, as the true effects' SD
+    summary["predicted_effect_sd"] = _sd(plan["predicted"] if truth is None else plan["predicted"][alive])
     summary[f"predicted_{effect}"] = {e: float(v) for e, v in zip(working, plan["predicted"])}
     if truth is not None:
         summary[f"true_{effect}"] = {e: float(v) for e, v in zip(working, true)}
