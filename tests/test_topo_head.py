@@ -79,7 +79,7 @@ def _write_images(root, n_per_class=6):
             Image.fromarray((image * 255).astype(np.uint8)).save(root / category / f"{category}-{i}.png")
 
 
-def _config(tmp_path, steps=6, storage="float16", extra_model="", extra_training=""):
+def _config(tmp_path, steps=6, storage="float16", extra_model="", extra_training="", readout="readout_steps = 3"):
     _write_images(tmp_path / "images")
     path = tmp_path / "build.toml"
     path.write_text(f"""
@@ -109,7 +109,7 @@ steps = {steps}
 batch_size = 6
 neighborhoods_per_step = 2
 checkpoint_every_steps = 2
-readout_steps = 3
+{readout}
 {extra_training}
 [cortex_scale]
 rule = "a fixed scale, for the test"
@@ -185,6 +185,66 @@ def test_sampled_features_follow_the_cached_features_and_reach_the_build(tmp_pat
     assert (sampled / "weights.pt").read_bytes() != (plain / "weights.pt").read_bytes()
 
 
+def _imagenet_build(folder, **options):
+    """A tiny build on MobileNetV2's ImageNet trunk (a random trunk gives the same features for every image)."""
+    path = _config(folder, **options)
+    path.write_text(path.read_text().replace('base_weights = "random"', 'base_weights = "imagenet"'))
+    return build_topo_head_model(path, folder / "out", progress=False)
+
+
+def test_principal_projection_whitens_along_the_leading_components():
+    from stimsim.training.trunk_features import principal_projection
+    from stimsim.utilities.errors import ConfigError
+
+    rng = np.random.default_rng(0)
+    axes = np.linalg.qr(rng.normal(size=(6, 6)))[0]
+    features = (rng.normal(size=(2, 3000, 6)) * [5, 3, 2, 1, 0.5, 0.1]) @ axes.T + 2.0
+    projection = principal_projection(features.astype(np.float32), 3).double().numpy()
+    flat = features.reshape(-1, 6)
+    np.testing.assert_allclose(np.cov((flat @ projection.T).T), np.eye(3), atol=1e-3)
+    # the rows point along the three largest of the axes the data were drawn on (up to sign)
+    cosines = np.abs(projection / np.linalg.norm(projection, axis=1, keepdims=True) @ axes[:, :3])
+    np.testing.assert_allclose(cosines, np.eye(3), atol=0.05)
+    with pytest.raises(ConfigError, match="rank 1 to 6"):
+        principal_projection(features.astype(np.float32), 7)
+
+
+def test_a_build_on_principal_components_keeps_that_projection_fixed(tmp_path, base_network):
+    from stimsim.training.trunk_features import principal_projection
+
+    base_network("mobilenet_v2")
+    torch.set_num_threads(1)
+    model = TopographicModel.load(_imagenet_build(tmp_path, extra_model='it_projection = "principal_components"'))
+    from stimsim.data.manifest import cache_dir
+
+    # the projection of the build's cached trunk features (a random trunk's are not cached), unchanged by training
+    cached = [np.load(path)["features"] for path in (cache_dir() / "trunk_features").glob("*.npz")]
+    weight = model.network.it[0].weight
+    assert any(torch.equal(weight, principal_projection(features, 8).half().float()) for features in cached)
+
+
+def test_a_ridge_readout_build_is_deterministic_and_records_its_penalties(tmp_path, base_network):
+    """On the ImageNet trunk (a random one gives the same IT activity for every image)."""
+    from stimsim.training.ridge_readout import RELATIVE_PENALTIES
+
+    base_network("mobilenet_v2")
+    torch.set_num_threads(1)
+    ridge = 'readout_fit = "ridge"\nreadout_samples = 16'
+
+    first, again, distilled = (_imagenet_build(tmp_path / "a", readout=ridge), _imagenet_build(tmp_path / "b", readout=ridge),
+                               _imagenet_build(tmp_path / "c"))
+    assert (first / "weights.pt").read_bytes() == (again / "weights.pt").read_bytes()
+    weights = {k: torch.load(path / "weights.pt", weights_only=True) for k, path in (("r", first), ("d", distilled))}
+    # the same trained IT, other readouts
+    assert torch.equal(weights["r"]["it.1.weight"], weights["d"]["it.1.weight"])
+    assert not torch.equal(weights["r"]["head.1.weight"], weights["d"]["head.1.weight"])
+    readouts = TopographicModel.load(first).metadata["readouts"]
+    assert readouts["readout_fit"] == "ridge" and set(readouts) == {"readout_fit", "imagenet", "domain"}
+    assert readouts["imagenet"]["relative_penalty"] in RELATIVE_PENALTIES
+    assert len(readouts["domain"]["validation_agreement"]) == len(RELATIVE_PENALTIES)
+    assert TopographicModel.load(distilled).metadata["readouts"] == {"readout_fit": "distill"}
+
+
 def test_bad_build_file_names_the_key(tmp_path):
     from stimsim.utilities.errors import ConfigError
 
@@ -196,6 +256,9 @@ def test_bad_build_file_names_the_key(tmp_path):
         "cortex_mm_per_model_mm = 2.5", "cortex_mm_per_model_mm = 2.5\nface_cluster_cortex_mm = 4.0"))
     with pytest.raises(ConfigError, match="exactly one"):
         load_head_config(path)
+    ridge_with_steps = _config(tmp_path / "r", extra_training='readout_fit = "ridge"')
+    with pytest.raises(ConfigError, match="readout_steps"):
+        load_head_config(ridge_with_steps)
 
 
 def test_densify_keeps_a_uniform_map_exactly():

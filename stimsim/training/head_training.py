@@ -20,7 +20,10 @@ names a ``base_network``. The recipe:
    every batch also holds feature vectors drawn from a Gaussian fitted to the cached features, for the
    distillation loss only (:class:`FeatureSampler`). Adam, cosine learning rate.
    Every draw of a step comes from (seed, step), so a run killed and resumed from ``DIR/checkpoint.pt``
-   ends with the weights of an uninterrupted run (CPU).
+   ends with the weights of an uninterrupted run (CPU). IT's first product is trained, or fixed to the
+   features' principal components (``it_projection``). Once IT is densified its readouts are fitted again,
+   by ``readout_steps`` distillation steps or in closed form (``readout_fit = "ridge"``,
+   :mod:`stimsim.training.ridge_readout`).
 4. **The physical scale**, fixed by the rule in ``[cortex_scale]`` before any stimulation experiment:
    with ``face_cluster_cortex_mm`` the largest face cluster of IT on the localizer images (faces against
    the other domains, smoothed d′ > 1, :func:`stimsim.cortex.topography.selective_clusters_mm`) is set to that
@@ -47,8 +50,9 @@ from stimsim.models.base_networks import base_network_spec, base_weights_path, l
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topo_head import FAMILY, TopoHeadNet, densify, grid_positions_mm
 from stimsim.models.topographic import TopographicModel
+from stimsim.training.ridge_readout import ridge_readouts
 from stimsim.training.spatial_loss import layer_spatial_loss
-from stimsim.training.trunk_features import FeatureSampler, trunk_features
+from stimsim.training.trunk_features import FeatureSampler, principal_projection, trunk_features
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, TrainingDiverged
 from stimsim.utilities.filemodels import FileModel, Text, validate
@@ -64,7 +68,10 @@ class HeadModelTable(FileModel):
     """``[model]``: the base network, IT's size and sheet: IT is trained as a ``trained_grid_side`` ×
     ``trained_grid_side`` grid of units and then densified onto ``grid_side`` × ``grid_side``
     (:func:`stimsim.models.topo_head.densify`), its weights stored per unit or as the trained grid's
-    (``it_weights``; the same units, about it_rank × 2 bytes less per unit)."""
+    (``it_weights``; the same units, about it_rank × 2 bytes less per unit). IT's first product (features →
+    it_rank) is trained, or fixed to the whitened first it_rank principal components of the cached trunk
+    features (``it_projection = "principal_components"``: IT then draws on the directions in which the
+    features vary most, not on those that serve the few training images best)."""
     base_network: Text
     grid_side: Annotated[int, Field(ge=2, le=400)] = 224
     trained_grid_side: Annotated[int, Field(ge=2, le=400)] = 64
@@ -78,6 +85,7 @@ class HeadModelTable(FileModel):
     base_weights: Literal["imagenet", "random"] = "imagenet"
     storage: Literal["float16", "float32"] = "float16"
     it_weights: Literal["per_unit", "trained_grid"] = "per_unit"
+    it_projection: Literal["trained", "principal_components"] = "trained"
     preprocessing: dict[str, Any] = {}
 
 
@@ -99,7 +107,10 @@ class HeadDataTable(FileModel):
 class HeadTrainingTable(FileModel):
     """``[training]``: optimisation and the loss weights; ``feature_samples_per_step``: feature vectors drawn
     from a Gaussian fitted to the cached trunk features, added to every step's batch for the distillation
-    loss only (see :class:`FeatureSampler`)."""
+    loss only (see :class:`FeatureSampler`). The readouts of the densified IT are fitted again either by
+    ``readout_steps`` steps of distillation (``readout_fit = "distill"``) or in closed form
+    (``"ridge"``: :func:`ridge_readouts`, on every view of every training image and ``readout_samples``
+    sampled feature vectors)."""
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
     steps: Annotated[int, Field(ge=1, le=1_000_000)] = 1500
     batch_size: Annotated[int, Field(ge=2, le=4096)] = 256
@@ -114,6 +125,18 @@ class HeadTrainingTable(FileModel):
     checkpoint_every_steps: _Count = 250
     readout_steps: Annotated[int, Field(ge=0, le=100_000)] = 400
     feature_samples_per_step: Annotated[int, Field(ge=0, le=65536)] = 0
+    readout_fit: Literal["distill", "ridge"] = "distill"
+    readout_samples: Annotated[int, Field(ge=0, le=65536)] = 8000
+
+    @model_validator(mode="after")
+    def _readout_options(self):
+        if self.readout_fit == "ridge" and "readout_steps" in self.model_fields_set:
+            raise ValueError("'readout_steps' belongs to readout_fit = \"distill\"; a ridge readout takes no steps "
+                             "(remove it, or set readout_fit = \"distill\")")
+        if self.readout_fit == "distill" and "readout_samples" in self.model_fields_set:
+            raise ValueError("'readout_samples' belongs to readout_fit = \"ridge\" (remove it, or set "
+                             "readout_fit = \"ridge\")")
+        return self
 
 
 class CortexScaleTable(FileModel):
@@ -156,6 +179,9 @@ def load_head_config(path) -> tuple[HeadConfig, dict, Path]:
         Preprocessing.from_dict({**spec.preprocessing.to_dict(), **config.model.preprocessing})
     except ConfigError as exc:
         raise ConfigError(f"{path} [model] preprocessing: {exc}") from None
+    if config.model.it_projection == "principal_components" and config.model.it_rank > spec.feature_channels:
+        raise ConfigError(f"{path} [model] it_rank: a projection onto principal components of {spec.feature_channels} "
+                          f"trunk features has rank at most {spec.feature_channels}, got {config.model.it_rank}")
     return config, raw, path.resolve().parent
 
 
@@ -239,7 +265,8 @@ def train_head(config: HeadConfig, network: TopoHeadNet, sheet, cached: dict, do
                sampler: FeatureSampler | None = None) -> list[dict]:
     """Train ``network``'s IT and readouts on cached trunk features (resumable); returns the loss history."""
     training = config.training
-    params = [p for name, p in network.named_parameters() if not name.startswith("trunk.")]
+    fixed = ("trunk.", "it.0.") if config.model.it_projection == "principal_components" else ("trunk.",)
+    params = [p for name, p in network.named_parameters() if not name.startswith(fixed)]
     optimiser = torch.optim.Adam(params, lr=training.learning_rate)
     checkpoint = out_dir / CHECKPOINT_NAME
     history, start = [], 0
@@ -363,17 +390,25 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
     network.trunk.load_state_dict(trunk.state_dict())
     cached = trunk_features(config, stimuli, network.trunk.eval(), classifier.eval(), preprocessing, base_sha256,
                             progress)
+    if config.model.it_projection == "principal_components":
+        with torch.no_grad():
+            network.it[0].weight.copy_(principal_projection(cached["features"], config.model.it_rank))
     side, dense_side = config.model.trained_grid_side, config.model.grid_side
     trained_sheet = CorticalSheet("it", (side * side, 1, 1), grid_positions_mm(side, config.model.sheet_size_mm))
     trained_sheet = trained_sheet.with_neighborhoods(config.model.neighborhood_width_mm, config.model.n_neighborhoods,
                                                      config.model.max_neighborhood_units, seed=config.training.seed)
-    sampler = FeatureSampler(cached["features"], classifier.eval()) if config.training.feature_samples_per_step else None
+    wants_samples = config.training.feature_samples_per_step or config.training.readout_fit == "ridge"
+    sampler = FeatureSampler(cached["features"], classifier.eval()) if wants_samples else None
     history = train_head(config, network, trained_sheet, cached, domains, out_dir, progress, stop_after_step, sampler)
     if stop_after_step is not None and len(history) < config.training.steps:
         return out_dir
     per_unit = config.model.it_weights == "per_unit"
     network = densify(network, side, dense_side, per_unit=per_unit)
-    history += tune_readouts(config, network, cached, domains, progress, sampler)
+    if config.training.readout_fit == "ridge":
+        readouts = {"readout_fit": "ridge", **ridge_readouts(config, network, cached, domains, sampler, progress)}
+    else:
+        history += tune_readouts(config, network, cached, domains, progress, sampler)
+        readouts = {"readout_fit": "distill"}
     sheet = CorticalSheet("it", (dense_side ** 2, 1, 1), grid_positions_mm(dense_side, config.model.sheet_size_mm))
     if config.model.storage == "float16":
         with torch.no_grad():
@@ -383,7 +418,7 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
     metadata = {"training": raw, "builder": "stimsim.training.head_training.build_topo_head_model",
                 "family": FAMILY, "base_network": config.model.base_network,
                 "base_weights_sha256": base_sha256, "domains": domain_names,
-                "holdout_stimulus_ids": holdout, "weights_storage": config.model.storage,
+                "holdout_stimulus_ids": holdout, "weights_storage": config.model.storage, "readouts": readouts,
                 "training_cpu_s": round(time.process_time() - started, 1), "provenance": provenance()}
     architecture = {"family": FAMILY, "kwargs": {"base_network": config.model.base_network,
                                                  "it_units": config.model.grid_side ** 2,

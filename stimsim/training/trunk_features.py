@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from stimsim.models.base_networks import base_network_spec
 from stimsim.models.preprocessing import Preprocessing
+from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.hashing import json_sha256
 from stimsim.utilities.io import atomic_save
 
@@ -134,3 +135,18 @@ class FeatureSampler:
         samples = (self.mean + normal @ self.factor.T).clamp_min(0).float()
         with torch.no_grad():
             return samples, self.classifier(samples)
+
+
+def principal_projection(features: np.ndarray, rank: int) -> torch.Tensor:
+    """(rank, C) whitened projection onto the first ``rank`` principal components of the cached trunk features
+    (every view of every training image): row k is the k-th eigenvector of their covariance / √eigenvalue, its
+    largest component positive, so projected features have unit variance along each component."""
+    flat = torch.from_numpy(features.reshape(-1, features.shape[-1])).double()
+    if not 1 <= rank <= flat.shape[1]:
+        raise ConfigError(f"a principal projection of {flat.shape[1]} features has rank 1 to {flat.shape[1]}, got {rank}")
+    variances, vectors = torch.linalg.eigh(torch.cov(flat.T))
+    variances, vectors = variances.flip(0)[:rank], vectors.flip(1)[:, :rank]
+    if not bool((variances > 0).all()):
+        raise ConfigError(f"the trunk features span fewer than {rank} dimensions; lower it_rank")
+    signs = torch.sign(vectors.gather(0, vectors.abs().argmax(0, keepdim=True)))
+    return ((vectors * signs) / variances.sqrt()).T.float()
