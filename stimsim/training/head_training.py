@@ -34,6 +34,7 @@ names a ``base_network``. The recipe:
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 from pathlib import Path
@@ -69,7 +70,7 @@ class HeadModelTable(FileModel):
     ``trained_grid_side`` grid of units and then densified onto ``grid_side`` × ``grid_side``
     (:func:`stimsim.models.topo_head.densify`), its weights stored per unit or as the trained grid's
     (``it_weights``; the same units, about it_rank × 2 bytes less per unit). IT's first product (features →
-    it_rank) is trained, or fixed to the whitened first it_rank principal components of the cached trunk
+    it_rank) is trained, or fixed to the first it_rank principal components of the cached trunk
     features (``it_projection = "principal_components"``: IT then draws on the directions in which the
     features vary most, not on those that serve the few training images best)."""
     base_network: Text
@@ -404,44 +405,56 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
         return out_dir
     per_unit = config.model.it_weights == "per_unit"
     network = densify(network, side, dense_side, per_unit=per_unit)
-    if config.training.readout_fit == "ridge":
-        readouts = {"readout_fit": "ridge", **ridge_readouts(config, network, cached, domains, sampler, progress)}
-    else:
-        history += tune_readouts(config, network, cached, domains, progress, sampler)
-        readouts = {"readout_fit": "distill"}
     sheet = CorticalSheet("it", (dense_side ** 2, 1, 1), grid_positions_mm(dense_side, config.model.sheet_size_mm))
-    if config.model.storage == "float16":
-        with torch.no_grad():
-            for tensor in network.state_dict().values():
-                if tensor.is_floating_point():
-                    tensor.copy_(tensor.half().float())
-    metadata = {"training": raw, "builder": "stimsim.training.head_training.build_topo_head_model",
-                "family": FAMILY, "base_network": config.model.base_network,
-                "base_weights_sha256": base_sha256, "domains": domain_names,
-                "holdout_stimulus_ids": holdout, "weights_storage": config.model.storage, "readouts": readouts,
-                "training_cpu_s": round(time.process_time() - started, 1), "provenance": provenance()}
     architecture = {"family": FAMILY, "kwargs": {"base_network": config.model.base_network,
                                                  "it_units": config.model.grid_side ** 2,
                                                  "it_rank": config.model.it_rank,
                                                  "head_rank": config.model.head_rank,
                                                  "n_domains": len(domain_names),
                                                  **({} if per_unit else {"it_grid_side": side})}}
-    model = TopographicModel(network, {"it": sheet}, preprocessing, architecture, readout_layer="it",
-                             areas={"it": config.model.area}, name=config.name, metadata=metadata)
+
+    def as_model(net, metadata=None):
+        return TopographicModel(net, {"it": sheet}, preprocessing, architecture, readout_layer="it",
+                                areas={"it": config.model.area}, name=config.name, metadata=metadata)
+
     rule = config.cortex_scale
     if rule.face_cluster_cortex_mm is not None:
+        # the readouts do not change IT, so the scale is measured before they are fitted (a build the rule cannot
+        # apply to stops here), on IT as the model file will hold it
         localizer = stimuli.subset(np.flatnonzero(domains >= 0))
-        scale, clusters = face_cluster_scale(model, localizer, config.data.positive_domain, "it",
-                                             rule.face_cluster_cortex_mm)
-        model.metadata["face_clusters_model_mm"] = [round(c, 4) for c in clusters[:10]]
+        scale, clusters = face_cluster_scale(as_model(_as_stored(copy.deepcopy(network), config.model.storage)),
+                                             localizer, config.data.positive_domain, "it", rule.face_cluster_cortex_mm)
     else:
-        scale = rule.cortex_mm_per_model_mm
+        scale, clusters = rule.cortex_mm_per_model_mm, None
+    if config.training.readout_fit == "ridge":
+        readouts = {"readout_fit": "ridge", **ridge_readouts(config, network, cached, domains, sampler, progress)}
+    else:
+        history += tune_readouts(config, network, cached, domains, progress, sampler)
+        readouts = {"readout_fit": "distill"}
+    metadata = {"training": raw, "builder": "stimsim.training.head_training.build_topo_head_model",
+                "family": FAMILY, "base_network": config.model.base_network,
+                "base_weights_sha256": base_sha256, "domains": domain_names,
+                "holdout_stimulus_ids": holdout, "weights_storage": config.model.storage, "readouts": readouts,
+                "training_cpu_s": round(time.process_time() - started, 1), "provenance": provenance()}
+    model = as_model(_as_stored(network, config.model.storage), metadata)
+    if clusters is not None:
+        model.metadata["face_clusters_model_mm"] = [round(c, 4) for c in clusters[:10]]
     model.metadata["cortex_scale"] = {"layer": "it", "cortex_mm_per_model_mm": float(scale),
                                       "sheet_size_cortex_mm": float(scale * config.model.sheet_size_mm),
                                       "rule": rule.rule}
     _write_history(out_dir / "loss_history.csv", history)
     model.save(out_dir / "model")
     return out_dir / "model"
+
+
+def _as_stored(network: TopoHeadNet, storage: str) -> TopoHeadNet:
+    """``network`` with its weights rounded as ``storage`` keeps them (in place; float16 values in float32)."""
+    if storage == "float16":
+        with torch.no_grad():
+            for tensor in network.state_dict().values():
+                if tensor.is_floating_point():
+                    tensor.copy_(tensor.half().float())
+    return network
 
 
 def _write_history(path: Path, history: list[dict]) -> None:

@@ -138,9 +138,10 @@ class FeatureSampler:
 
 
 def principal_projection(features: np.ndarray, rank: int) -> torch.Tensor:
-    """(rank, C) whitened projection onto the first ``rank`` principal components of the cached trunk features
-    (every view of every training image): row k is the k-th eigenvector of their covariance / √eigenvalue, its
-    largest component positive, so projected features have unit variance along each component."""
+    """(rank, C) projection onto the first ``rank`` principal components of the cached trunk features (every
+    view of every training image): row k is the k-th eigenvector of their covariance, its largest component
+    positive, all rows divided by √(mean of the kept eigenvalues), so that projected features have unit
+    variance on average and keep the components' relative variances."""
     flat = torch.from_numpy(features.reshape(-1, features.shape[-1])).double()
     if not 1 <= rank <= flat.shape[1]:
         raise ConfigError(f"a principal projection of {flat.shape[1]} features has rank 1 to {flat.shape[1]}, got {rank}")
@@ -149,4 +150,4 @@ def principal_projection(features: np.ndarray, rank: int) -> torch.Tensor:
     if not bool((variances > 0).all()):
         raise ConfigError(f"the trunk features span fewer than {rank} dimensions; lower it_rank")
     signs = torch.sign(vectors.gather(0, vectors.abs().argmax(0, keepdim=True)))
-    return ((vectors * signs) / variances.sqrt()).T.float()
+    return ((vectors * signs) / variances.mean().sqrt()).T.float()
