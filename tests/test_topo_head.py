@@ -210,18 +210,31 @@ def test_principal_projection_keeps_the_leading_components_at_unit_mean_variance
         principal_projection(features.astype(np.float32), 7)
 
 
-def test_a_build_on_principal_components_keeps_that_projection_fixed(tmp_path, base_network):
+@pytest.mark.parametrize("principal_rank", [8, 5])
+def test_a_build_on_principal_components_keeps_them_fixed_and_trains_the_other_directions(
+        tmp_path, base_network, principal_rank):
+    """it_rank 8: all 8 directions fixed to the cached features' components, or 5 fixed and 3 trained."""
+    from stimsim.data.manifest import cache_dir
     from stimsim.training.trunk_features import principal_projection
 
     base_network("mobilenet_v2")
     torch.set_num_threads(1)
-    model = TopographicModel.load(_imagenet_build(tmp_path, extra_model='it_projection = "principal_components"'))
-    from stimsim.data.manifest import cache_dir
-
+    options = f'it_projection = "principal_components"\nit_principal_rank = {principal_rank}'
+    weight = TopographicModel.load(_imagenet_build(tmp_path, extra_model=options)).network.it[0].weight
     # the projection of the build's cached trunk features (a random trunk's are not cached), unchanged by training
     cached = [np.load(path)["features"] for path in (cache_dir() / "trunk_features").glob("*.npz")]
-    weight = model.network.it[0].weight
-    assert any(torch.equal(weight, principal_projection(features, 8).half().float()) for features in cached)
+    fixed = weight[:principal_rank]
+    assert any(torch.equal(fixed, principal_projection(features, principal_rank).half().float()) for features in cached)
+    if principal_rank == 8:
+        return
+    # the other rows left their initial values (the build's network at its seed, 0) and are no components
+    torch.manual_seed(0)
+    initial = TopoHeadNet("mobilenet_v2", it_units=64, it_rank=8, head_rank=8, n_domains=2).it[0].weight
+    trained = weight[principal_rank:]
+    # (6 Adam steps move a weight by up to about 6 × its warm-up learning rate; float16 rounds these by < 2e-5)
+    assert float((trained - initial[principal_rank:]).abs().max()) > 1e-4
+    assert not any(torch.allclose(trained, principal_projection(features, 8)[principal_rank:], atol=1e-2)
+                   for features in cached)
 
 
 def test_a_ridge_readout_build_is_deterministic_and_records_its_penalties(tmp_path, base_network):
@@ -260,6 +273,11 @@ def test_bad_build_file_names_the_key(tmp_path):
     ridge_with_steps = _config(tmp_path / "r", extra_training='readout_fit = "ridge"')
     with pytest.raises(ConfigError, match="readout_steps"):
         load_head_config(ridge_with_steps)
+    with pytest.raises(ConfigError, match="it_principal_rank needs it_projection"):
+        load_head_config(_config(tmp_path / "p", extra_model="it_principal_rank = 4"))
+    too_many = 'it_projection = "principal_components"\nit_principal_rank = 9'
+    with pytest.raises(ConfigError, match=r"it_principal_rank \(9\) is at most it_rank \(8\)"):
+        load_head_config(_config(tmp_path / "q", extra_model=too_many))
 
 
 def test_densify_keeps_a_uniform_map_exactly():

@@ -87,7 +87,25 @@ class HeadModelTable(FileModel):
     storage: Literal["float16", "float32"] = "float16"
     it_weights: Literal["per_unit", "trained_grid"] = "per_unit"
     it_projection: Literal["trained", "principal_components"] = "trained"
+    it_principal_rank: Annotated[int, Field(ge=1, le=4096)] | None = None
     preprocessing: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _principal_rank(self):
+        if self.it_principal_rank is None:
+            return self
+        if self.it_projection != "principal_components":
+            raise ValueError('it_principal_rank needs it_projection = "principal_components"')
+        if self.it_principal_rank > self.it_rank:
+            raise ValueError(f"it_principal_rank ({self.it_principal_rank}) is at most it_rank ({self.it_rank})")
+        return self
+
+    @property
+    def principal_rank(self) -> int:
+        """How many of IT's it_rank input directions are fixed to principal components (0: all trained)."""
+        if self.it_projection != "principal_components":
+            return 0
+        return self.it_rank if self.it_principal_rank is None else self.it_principal_rank
 
 
 class HeadDataTable(FileModel):
@@ -180,9 +198,9 @@ def load_head_config(path) -> tuple[HeadConfig, dict, Path]:
         Preprocessing.from_dict({**spec.preprocessing.to_dict(), **config.model.preprocessing})
     except ConfigError as exc:
         raise ConfigError(f"{path} [model] preprocessing: {exc}") from None
-    if config.model.it_projection == "principal_components" and config.model.it_rank > spec.feature_channels:
+    if config.model.principal_rank > spec.feature_channels:
         raise ConfigError(f"{path} [model] it_rank: a projection onto principal components of {spec.feature_channels} "
-                          f"trunk features has rank at most {spec.feature_channels}, got {config.model.it_rank}")
+                          f"trunk features has rank at most {spec.feature_channels}, got {config.model.principal_rank}")
     return config, raw, path.resolve().parent
 
 
@@ -266,7 +284,8 @@ def train_head(config: HeadConfig, network: TopoHeadNet, sheet, cached: dict, do
                sampler: FeatureSampler | None = None) -> list[dict]:
     """Train ``network``'s IT and readouts on cached trunk features (resumable); returns the loss history."""
     training = config.training
-    fixed = ("trunk.", "it.0.") if config.model.it_projection == "principal_components" else ("trunk.",)
+    fixed_rows = config.model.principal_rank
+    fixed = ("trunk.", "it.0.") if fixed_rows == config.model.it_rank else ("trunk.",)
     params = [p for name, p in network.named_parameters() if not name.startswith(fixed)]
     optimiser = torch.optim.Adam(params, lr=training.learning_rate)
     checkpoint = out_dir / CHECKPOINT_NAME
@@ -299,6 +318,9 @@ def train_head(config: HeadConfig, network: TopoHeadNet, sheet, cached: dict, do
             raise TrainingDiverged(f"{config.name}: the loss became {float(losses['total'])} at step {step}")
         optimiser.zero_grad()
         losses["total"].backward()
+        if 0 < fixed_rows < config.model.it_rank:
+            # Adam without weight decay leaves an entry whose gradient is always 0 exactly where it is
+            network.it[0].weight.grad[:fixed_rows] = 0
         optimiser.step()
         history.append({"step": step, **{k: float(v.detach()) for k, v in losses.items()}})
         bar.set_postfix(loss=f"{history[-1]['total']:.3f}")
@@ -391,9 +413,10 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
     network.trunk.load_state_dict(trunk.state_dict())
     cached = trunk_features(config, stimuli, network.trunk.eval(), classifier.eval(), preprocessing, base_sha256,
                             progress)
-    if config.model.it_projection == "principal_components":
+    if config.model.principal_rank:
         with torch.no_grad():
-            network.it[0].weight.copy_(principal_projection(cached["features"], config.model.it_rank))
+            rows = config.model.principal_rank
+            network.it[0].weight[:rows].copy_(principal_projection(cached["features"], rows))
     side, dense_side = config.model.trained_grid_side, config.model.grid_side
     trained_sheet = CorticalSheet("it", (side * side, 1, 1), grid_positions_mm(side, config.model.sheet_size_mm))
     trained_sheet = trained_sheet.with_neighborhoods(config.model.neighborhood_width_mm, config.model.n_neighborhoods,

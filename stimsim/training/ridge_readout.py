@@ -92,13 +92,14 @@ def fit_ridge_readout(activity: torch.Tensor, targets: torch.Tensor, rank: int, 
                          "fitted to it")
     gram_fit, gram_val = _centred_on_fit_rows(gram, fit_rows, val_rows)
     wanted, fit_mean = targets[val_rows].argmax(1), targets[fit_rows].double().mean(0)
+    fit_targets = targets[fit_rows].double() - fit_mean
     agreement = {}
     for relative in tqdm(penalties, desc="readout penalties", disable=not progress):
-        coefficients = _dual_coefficients(gram_fit, targets[fit_rows].double() - fit_mean, relative * scale)
+        coefficients = _dual_coefficients(gram_fit, fit_targets, relative * scale)
         predicted = gram_val @ coefficients + fit_mean
         agreement[relative] = float((predicted.argmax(1) == wanted).double().mean())
     best = max(penalties, key=lambda relative: (agreement[relative], relative))
-    del gram_fit, gram_val
+    del gram_fit, gram_val, fit_targets
     coefficients = _dual_coefficients(gram, yc, best * scale)
     fitted = gram @ coefficients
     directions = torch.linalg.svd(fitted, full_matrices=False).Vh[:rank].T          # (outputs, rank)
