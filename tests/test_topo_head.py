@@ -276,7 +276,7 @@ def test_bad_build_file_names_the_key(tmp_path):
     with pytest.raises(ConfigError, match="it_principal_rank needs it_projection"):
         load_head_config(_config(tmp_path / "p", extra_model="it_principal_rank = 4"))
     too_many = 'it_projection = "principal_components"\nit_principal_rank = 9'
-    with pytest.raises(ConfigError, match=r"it_principal_rank \(9\) is at most it_rank \(8\)"):
+    with pytest.raises(ConfigError, match=r"it_principal_rank must be at most it_rank \(8\), got 9"):
         load_head_config(_config(tmp_path / "q", extra_model=too_many))
 
 

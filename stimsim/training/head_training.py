@@ -97,7 +97,7 @@ class HeadModelTable(FileModel):
         if self.it_projection != "principal_components":
             raise ValueError('it_principal_rank needs it_projection = "principal_components"')
         if self.it_principal_rank > self.it_rank:
-            raise ValueError(f"it_principal_rank ({self.it_principal_rank}) is at most it_rank ({self.it_rank})")
+            raise ValueError(f"it_principal_rank must be at most it_rank ({self.it_rank}), got {self.it_principal_rank}")
         return self
 
     @property
@@ -447,6 +447,10 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
         localizer = stimuli.subset(np.flatnonzero(domains >= 0))
         scale, clusters = face_cluster_scale(as_model(_as_stored(copy.deepcopy(network), config.model.storage)),
                                              localizer, config.data.positive_domain, "it", rule.face_cluster_cortex_mm)
+        if progress:
+            tqdm.write(f"face clusters on the localizer: {', '.join(f'{c:.2f}' for c in clusters[:5])} model mm; the "
+                       f"largest spans {rule.face_cluster_cortex_mm:g} cortex mm, so the sheet is "
+                       f"{scale * config.model.sheet_size_mm:.1f} cortex mm ({scale:.3f} cortex mm per model mm)")
     else:
         scale, clusters = rule.cortex_mm_per_model_mm, None
     if config.training.readout_fit == "ridge":
