@@ -220,7 +220,7 @@ def test_a_build_on_principal_components_keeps_them_fixed_and_trains_the_other_d
     base_network("mobilenet_v2")
     torch.set_num_threads(1)
     options = f'it_projection = "principal_components"\nit_principal_rank = {principal_rank}'
-    weight = TopographicModel.load(_imagenet_build(tmp_path, extra_model=options)).network.it[0].weight
+    weight = TopographicModel.load(_imagenet_build(tmp_path, extra_model=options)).network.it[0].weight.detach()
     # the projection of the build's cached trunk features (a random trunk's are not cached), unchanged by training
     cached = [np.load(path)["features"] for path in (cache_dir() / "trunk_features").glob("*.npz")]
     fixed = weight[:principal_rank]
@@ -229,7 +229,7 @@ def test_a_build_on_principal_components_keeps_them_fixed_and_trains_the_other_d
         return
     # the other rows left their initial values (the build's network at its seed, 0) and are no components
     torch.manual_seed(0)
-    initial = TopoHeadNet("mobilenet_v2", it_units=64, it_rank=8, head_rank=8, n_domains=2).it[0].weight
+    initial = TopoHeadNet("mobilenet_v2", it_units=64, it_rank=8, head_rank=8, n_domains=2).it[0].weight.detach()
     trained = weight[principal_rank:]
     # (6 Adam steps move a weight by up to about 6 × its warm-up learning rate; float16 rounds these by < 2e-5)
     assert float((trained - initial[principal_rank:]).abs().max()) > 1e-4
