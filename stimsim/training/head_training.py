@@ -199,7 +199,8 @@ def load_head_config(path) -> tuple[HeadConfig, dict, Path]:
     except ConfigError as exc:
         raise ConfigError(f"{path} [model] preprocessing: {exc}") from None
     if config.model.principal_rank > spec.feature_channels:
-        raise ConfigError(f"{path} [model] it_rank: a projection onto principal components of {spec.feature_channels} "
+        key = "it_rank" if config.model.it_principal_rank is None else "it_principal_rank"
+        raise ConfigError(f"{path} [model] {key}: a projection onto principal components of {spec.feature_channels} "
                           f"trunk features has rank at most {spec.feature_channels}, got {config.model.principal_rank}")
     return config, raw, path.resolve().parent
 
