@@ -356,3 +356,18 @@ def test_models_check_writes_its_figure_where_told_and_takes_a_mirror(elsewhere,
     assert sorted(p.name for p in elsewhere.iterdir()) == ["checks"]
     assert (elsewhere / "checks" / "stimsim-topo-s0_face_dprime.png").stat().st_size > 1000
     assert "stimsim: models check: clustering of every class's d′ map against 10 position shuffles" in err
+
+
+def test_provenance_records_the_thread_count_a_result_was_computed_with():
+    from stimsim.utilities.io import provenance
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = provenance({"a": 1})
+        torch.set_num_threads(2)
+        two = provenance()
+    finally:
+        torch.set_num_threads(before)
+    assert (one["torch_threads"], two["torch_threads"]) == (1, 2)
+    assert one["config"] == {"a": 1} and two["config"] == {} and "torch" in one["software"]

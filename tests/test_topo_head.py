@@ -315,6 +315,57 @@ def test_densify_interpolates_a_linear_map_between_cell_centres():
     assert np.allclose(dense.it[1].weight[:, 0].detach().numpy()[inside], 2.0 * x_dense[inside] - 1.0, atol=1e-5)
 
 
+def test_grid_weights_are_resampled_once_for_inference_and_anew_after_any_change():
+    """The dense weights of a trained-grid IT are the bilinear resampling of its coarse grid: kept between calls
+    that send no gradient to the parameters (inference, input-only gradients), resampled after an in-place change
+    or a replaced parameter, and resampled at every call, with gradients, while the parameters train."""
+    from stimsim.models import topo_head
+    from stimsim.models.topo_head import GridInterpolatedLinear
+
+    torch.manual_seed(0)
+    layer = GridInterpolatedLinear(in_features=3, grid_side=4, dense_side=8)
+    x = torch.randn(5, 3)
+    calls = []
+    resample = topo_head._resample
+
+    def counting(*args):
+        calls.append(args[1:])
+        return resample(*args)
+
+    topo_head._resample = counting
+    try:
+        def expected():
+            weight = torch.nn.functional.interpolate(layer.weight.detach().T.reshape(1, 3, 4, 4), size=(8, 8),
+                                                     mode="bilinear", align_corners=False).reshape(3, 64).T
+            bias = torch.nn.functional.interpolate(layer.bias.detach().reshape(1, 1, 4, 4), size=(8, 8),
+                                                   mode="bilinear", align_corners=False).reshape(64)
+            return x @ weight.T + bias
+
+        with torch.no_grad():
+            first, second = layer(x), layer(x)
+        assert torch.allclose(first, expected(), atol=1e-6) and torch.equal(first, second)
+        assert len(calls) == 2                       # weight and bias, once
+        layer.requires_grad_(False)
+        x_grad = x.clone().requires_grad_(True)
+        layer(x_grad).sum().backward()               # an input-only gradient reuses the kept weights
+        assert len(calls) == 2 and x_grad.grad is not None
+        layer.requires_grad_(True)
+        with torch.no_grad():
+            layer.weight.add_(1.0)                   # an in-place change (an optimiser step, load_state_dict)
+            assert torch.allclose(layer(x), expected(), atol=1e-5)
+        assert len(calls) == 4
+        layer.bias = torch.nn.Parameter(torch.zeros(16))  # a replaced parameter
+        with torch.no_grad():
+            assert torch.allclose(layer(x), expected(), atol=1e-5)
+        assert len(calls) == 6
+        layer(x).sum().backward()                    # training: fresh weights, gradients reach the grid
+        layer(x).sum().backward()
+        assert len(calls) == 10
+        assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+    finally:
+        topo_head._resample = resample
+
+
 def test_the_build_file_in_experiments_parses():
     from pathlib import Path
 

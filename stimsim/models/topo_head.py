@@ -35,7 +35,11 @@ N_IMAGENET_CLASSES = 1000
 class GridInterpolatedLinear(nn.Module):
     """A linear layer onto a ``dense_side`` × ``dense_side`` grid of units whose weights and biases are the
     bilinear interpolation (:func:`_resample`) of those of a ``grid_side`` × ``grid_side`` grid on the same
-    sheet; only the coarse grid's are parameters. Units are row-major, as :func:`grid_positions_mm`."""
+    sheet; only the coarse grid's are parameters. Units are row-major, as :func:`grid_positions_mm`.
+
+    Where no gradient reaches the parameters (inference, or an input-only gradient as in percept inversion),
+    the dense weights are resampled once and kept until a parameter changes (in place or replaced), moves
+    device or changes dtype; while the parameters are trained they are resampled at every call."""
 
     def __init__(self, in_features: int, grid_side: int, dense_side: int):
         super().__init__()
@@ -44,11 +48,32 @@ class GridInterpolatedLinear(nn.Module):
         coarse = nn.Linear(in_features, grid_side * grid_side)  # its initialisation
         self.weight = nn.Parameter(coarse.weight.detach().clone())
         self.bias = nn.Parameter(coarse.bias.detach().clone())
+        self._dense: tuple | None = None  # (parameter state, dense weight, dense bias)
+
+    def _parameter_state(self) -> tuple:
+        # the parameters themselves are kept in the state, so that a replaced one is never mistaken for its
+        # successor at the same address
+        return tuple((p, p.data_ptr(), p._version, p.device, p.dtype) for p in (self.weight, self.bias))
+
+    def _same_state(self, state: tuple) -> bool:
+        return self._dense is not None and all(
+            old[0] is new[0] and old[1:] == new[1:] for old, new in zip(self._dense[0], state))
+
+    def dense_parameters(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dense (units, in_features) weights and (units,) biases that :meth:`forward` applies."""
+        if torch.is_grad_enabled() and (self.weight.requires_grad or self.bias.requires_grad):
+            self._dense = None
+            return (_resample(self.weight, self.grid_side, self.dense_side),
+                    _resample(self.bias[:, None], self.grid_side, self.dense_side)[:, 0])
+        state = self._parameter_state()
+        if not self._same_state(state):
+            with torch.no_grad():
+                self._dense = (state, _resample(self.weight, self.grid_side, self.dense_side),
+                               _resample(self.bias[:, None], self.grid_side, self.dense_side)[:, 0])
+        return self._dense[1], self._dense[2]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = _resample(self.weight, self.grid_side, self.dense_side)
-        bias = _resample(self.bias[:, None], self.grid_side, self.dense_side)[:, 0]
-        return nn.functional.linear(x, weight, bias)
+        return nn.functional.linear(x, *self.dense_parameters())
 
 
 class TopoHeadNet(nn.Module):

@@ -125,10 +125,15 @@ def software_versions() -> dict:
 
 
 def provenance(config: dict | None = None) -> dict:
-    """What to store beside a result so it can be reproduced: config, versions, time (UTC)."""
+    """What to store beside a result so it can be reproduced: config, versions, time (UTC), and the CPU threads
+    torch computed with (``torch_threads``: sums over threads round in another order, so a long optimisation,
+    such as a model build, is reproduced bit for bit only with the same count)."""
+    import torch
+
     return {
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "software": software_versions(),
+        "torch_threads": torch.get_num_threads(),
         "config": config or {},
     }
 
