@@ -1,6 +1,8 @@
 """The topo_head family (a topographic IT on an ImageNet trunk) and its build from a file."""
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -362,6 +364,12 @@ def test_grid_weights_are_resampled_once_for_inference_and_anew_after_any_change
         layer(x).sum().backward()
         assert len(calls) == 10
         assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+        with torch.no_grad():
+            kept = layer(x)
+        copied = pickle.loads(pickle.dumps(layer))   # as a model sent to a worker: the kept weights stay behind
+        assert layer._dense is not None and copied._dense is None
+        with torch.no_grad():
+            assert torch.equal(copied(x), kept)
     finally:
         topo_head._resample = resample
 

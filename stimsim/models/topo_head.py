@@ -75,6 +75,10 @@ class GridInterpolatedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(x, *self.dense_parameters())
 
+    def __getstate__(self):
+        # a copy or a pickle (e.g. a model sent to a worker process) leaves the kept dense weights behind
+        return {**self.__dict__, "_dense": None}
+
 
 class TopoHeadNet(nn.Module):
     """Base network trunk → pooled features → topographic IT → ImageNet head (see the module docstring).
