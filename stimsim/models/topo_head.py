@@ -63,14 +63,16 @@ class GridInterpolatedLinear(nn.Module):
         """The dense (units, in_features) weights and (units,) biases that :meth:`forward` applies."""
         if torch.is_grad_enabled() and (self.weight.requires_grad or self.bias.requires_grad):
             self._dense = None
-            return (_resample(self.weight, self.grid_side, self.dense_side),
-                    _resample(self.bias[:, None], self.grid_side, self.dense_side)[:, 0])
+            return self._resampled()
         state = self._parameter_state()
         if not self._same_state(state):
             with torch.no_grad():
-                self._dense = (state, _resample(self.weight, self.grid_side, self.dense_side),
-                               _resample(self.bias[:, None], self.grid_side, self.dense_side)[:, 0])
+                self._dense = (state, *self._resampled())
         return self._dense[1], self._dense[2]
+
+    def _resampled(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return (_resample(self.weight, self.grid_side, self.dense_side),
+                _resample(self.bias[:, None], self.grid_side, self.dense_side)[:, 0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(x, *self.dense_parameters())
