@@ -165,17 +165,21 @@ def _total_variation(x: torch.Tensor) -> torch.Tensor:
             + (x[..., :, 1:] - x[..., :, :-1]).abs().mean(dim=(1, 2, 3)))
 
 
-def _place_steps(model, starts, ends, pool, layer, half: int, sign: float, grid: int = 16) -> torch.Tensor:
+def _place_steps(model, starts, ends, pool, layer, half: int, sign: float, grid: int = 16,
+                 progress: bool = False) -> torch.Tensor:
     """``half`` images on the straight pixel line from each start to its end whose site responses step
     evenly towards the best response reached on that line (first crossing of each level on a grid of
-    ``grid`` points, so the responses never step back). Returns (sites, seq, half, C, H, W)."""
+    ``grid`` points, so the responses never step back). Returns (sites, seq, half, C, H, W). ``progress``
+    shows a bar over the line's images."""
     n_sites, n_seq = starts.shape[:2]
     device = starts.device
     fractions = torch.linspace(0, 1, grid + 1, device=device)[1:]
     path = starts[:, :, None] + fractions.view(1, 1, -1, 1, 1, 1) * (ends - starts)[:, :, None]
     with torch.no_grad():
         flat = path.reshape(-1, *starts.shape[2:])
-        r = torch.cat([_features(model, flat[i:i + 512], layer) @ pool.T for i in range(0, len(flat), 512)])
+        chunks = tqdm(range(0, len(flat), 512), desc=f"placing steps towards the {'low' if sign < 0 else 'high'} ends",
+                      unit="batch", disable=not progress)
+        r = torch.cat([_features(model, flat[i:i + 512], layer) @ pool.T for i in chunks])
         r0 = torch.cat([_features(model, starts.reshape(-1, *starts.shape[2:]), layer) @ pool.T])
     site = torch.arange(n_sites, device=device).repeat_interleave(n_seq)
     rows = torch.arange(n_sites * n_seq, device=device)
@@ -292,7 +296,7 @@ def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = Sequen
     ends = ends.view(n_sites, s.n_sequences, 2, *natural.shape[1:])
     starts = natural[torch.from_numpy(start_index.reshape(-1)).to(device)].view(n_sites, s.n_sequences, *natural.shape[1:])
     half = s.n_steps // 2
-    sides = [_place_steps(model, starts, ends[:, :, end], pool, layer, half, sign)
+    sides = [_place_steps(model, starts, ends[:, :, end], pool, layer, half, sign, progress=progress)
              for end, sign in ((0, -1.0), (1, 1.0))]
     images = torch.cat([sides[0].flip(2), starts[:, :, None], sides[1]], dim=2).clamp(0, 1)  # (sites, seq, steps, C, H, W)
     with torch.no_grad():
