@@ -266,3 +266,15 @@ def test_stored_delta_auc_and_locality_recomputed_from_the_choice_probabilities(
     assert summary["mean_cross_abs_delta_auc"] == pytest.approx(cross.mean(), abs=1e-12)
     assert summary["mean_locality_abs_delta_auc"] == pytest.approx((own - cross).mean(), abs=1e-12)
     assert summary["own_delta_auc"]["site_001"] == pytest.approx(effect[1, 1].mean(), abs=1e-12)
+
+
+def test_sequence_design_shows_the_step_placement_on_stderr_only_when_asked(model, prepared, capsys):
+    """The step placement (a pass over every image on the lines to the ends: minutes at 224 px) has a bar of
+    its own for each end, and none with ``progress=False``."""
+    _, _, stimuli, _ = prepared
+    spec = SequenceSpec(n_sequences=1, n_steps=3, iterations=1, recording_radius_mm=0.5)
+    build_sequences(model, np.array(SITES_MM[:1], dtype=np.float64), stimuli.images, spec, layer="IT", progress=True)
+    shown = capsys.readouterr().err
+    assert "placing steps towards the low ends" in shown and "placing steps towards the high ends" in shown
+    build_sequences(model, np.array(SITES_MM[:1], dtype=np.float64), stimuli.images, spec, layer="IT", progress=False)
+    assert "placing steps" not in capsys.readouterr().err
