@@ -243,6 +243,26 @@ def test_activations_xarray_coords(tdann_model):
         tdann_model.activations_xarray(images, "V4", stimulus_ids=["a"])
 
 
+def test_activations_split_a_large_batch_of_large_images(tdann_model, monkeypatch):
+    """``activations`` runs at most MAX_BATCH_PIXELS input pixels at a time whatever batch is asked for (at 224 px
+    a batch of 512 peaked at 5 GB): with room for 3 images of the model's input size, 7 images asked in one batch
+    of 512 run as 3 + 3 + 1 and give the activity they give one at a time; a batch below the limit is kept."""
+    from stimsim.models import topographic
+
+    size = tdann_model.preprocessing.size_px
+    images = rgb_images(n=7, seed=5)
+    one_by_one = tdann_model.activations(images, "V4", batch_size=1)
+    batches = []
+    run_stages = tdann_model.run_stages
+    monkeypatch.setattr(tdann_model, "run_stages", lambda x, **kw: batches.append(len(x)) or run_stages(x, **kw))
+    monkeypatch.setattr(topographic, "MAX_BATCH_PIXELS", 3 * size * size)
+    np.testing.assert_allclose(tdann_model.activations(images, "V4", batch_size=512), one_by_one, rtol=1e-4, atol=1e-5)
+    assert batches == [3, 3, 1]
+    batches.clear()
+    tdann_model.activations(images, "V4", batch_size=2)
+    assert batches == [2, 2, 2, 1]
+
+
 # --- preprocessing ------------------------------------------------------------------------------------
 def test_preprocessing_accepts_every_image_kind(tmp_path):
     gray = np.full((20, 20), 128, dtype=np.uint8)

@@ -41,6 +41,10 @@ from stimsim.utilities.hashing import sha256_of
 from stimsim.utilities.io import atomic_write_bytes, atomic_write_json
 
 MODEL_FORMAT = "stimsim-model/1"
+#: Most input pixels (per channel) one batch of :meth:`TopographicModel.activations` runs at a time: 64 images of
+#: 224 px. A larger batch of large images is split, so that an ImageNet network's early feature maps stay below
+#: about 1 GB (a batch of 512 images at 224 px peaked at 5 GB); small images keep the batch asked for.
+MAX_BATCH_PIXELS = 64 * 224 * 224
 _SHA256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -290,8 +294,10 @@ class TopographicModel:
     def activations(self, images, layer: str, batch_size: int = 64) -> torch.Tensor:
         """Activations of ``layer`` for ``images`` (a sequence or a stacked array/tensor), flattened to
         (N_images, N_units) in C-major order; computed on the model's device batch by batch (only one batch
-        of preprocessed images is held at a time), returned on the CPU."""
+        of preprocessed images is held at a time; at most :data:`MAX_BATCH_PIXELS` input pixels, whatever
+        ``batch_size`` asks), returned on the CPU."""
         layer = self.resolve_layer(layer)
+        batch_size = max(1, min(int(batch_size), MAX_BATCH_PIXELS // self.preprocessing.size_px ** 2))
         outputs = [self.run_stages(self.preprocess(images[i:i + batch_size]), stop=layer).flatten(1).cpu()
                    for i in range(0, len(images), batch_size)]
         return torch.cat(outputs)
