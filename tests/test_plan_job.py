@@ -983,23 +983,47 @@ def test_bad_lab_files_are_named_with_the_plan_and_leave_nothing(tmp_path, capsy
 
 def test_face_task_without_face_labels_stops_before_any_work(tmp_path, capsys):
     """A lab's face-task plan whose images carry no 'category' label is refused with the inputs, not after the
-    models have been fitted and registered."""
-    import h5py
-
-    from stimsim.data.stimuli import lfw_subset
-
-    config = _lab_plan(tmp_path / "config")
-    images = lfw_subset()
-    with h5py.File(tmp_path / "config" / "images.h5", "w") as handle:  # the images, without their labels
-        handle["images"] = np.stack(images.images)
-        handle["stimulus_id"] = images.stimulus_id.astype("S")
-    config.write_text(config.read_text().replace('name = "lab"', 'name = "lab"\ntask = "face_categorization"').replace(
-        'images = [{ source = "lfw_subset" }]', 'images = [{ source = "table", path = "images.h5" }]'))
+    models have been fitted and registered; the error names the label the task looked for."""
+    config = _face_lab_plan(tmp_path / "config", {})
     out = tmp_path / "out"
     assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 2
     error = capsys.readouterr().err
     assert re.search(r"^stimsim: error: \S*plan.toml \[face_task\]: the images have no label 'category'", error), error
     assert not out.exists()
+
+
+def test_face_task_reads_faces_from_the_label_the_plan_names(tmp_path):
+    """Images whose faces are marked by another label and value (as fLoc's domain = "face", where 'category' is
+    adult, child, ...) plan with ``[face_task] label`` and ``positive``: the plan runs, and its test trials are
+    the face and non-face images that label marks."""
+    from stimsim.data.stimuli import lfw_subset
+
+    marks = np.where(lfw_subset().labels["category"] == "face", "portrait", "other")
+    config = _face_lab_plan(tmp_path / "config", {"kind": marks})
+    config.write_text(config.read_text() + '\n[face_task]\nlabel = "kind"\npositive = "portrait"\nn_per_class = 20\n'
+                                           'signal_percent = [50, 100]\n')
+    out = tmp_path / "out"
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["task"] == "face_categorization" and summary["face_task_images"]["test"] == 40
+
+
+def _face_lab_plan(directory, labels: dict):
+    """A lab's face-task plan (:func:`_lab_plan`) whose images are the LFW images in a table with only ``labels``."""
+    import h5py
+
+    from stimsim.data.stimuli import lfw_subset
+
+    config = _lab_plan(directory)
+    images = lfw_subset()
+    with h5py.File(directory / "images.h5", "w") as handle:
+        handle["images"] = np.stack(images.images)
+        handle["stimulus_id"] = images.stimulus_id.astype("S")
+        for name, values in labels.items():
+            handle[name] = values.astype("S")
+    config.write_text(config.read_text().replace('name = "lab"', 'name = "lab"\ntask = "face_categorization"').replace(
+        'images = [{ source = "lfw_subset" }]', 'images = [{ source = "table", path = "images.h5" }]'))
+    return config
 
 
 @pytest.mark.parametrize("anatomical, pattern", [

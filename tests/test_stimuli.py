@@ -328,6 +328,29 @@ def test_imagenet_samples_in_class_order(shared_data, monkeypatch):
     assert first.images[0].ndim == 3 and min(first.images[0].shape[:2]) == 256
 
 
+def test_a_set_given_constant_labels_keeps_them_when_combined(shared_data, monkeypatch):
+    """``labels`` in a source table gives every image of that set a text label, so that a list of sets keeps a
+    label only one of them has (fLoc's ``domain`` beside ImageNet samples): the combined set marks exactly the 4
+    fLoc faces with domain "face" and the 3 ImageNet samples with the given value. A label the set already has is
+    refused (its own values would be lost), as is a value that is not text."""
+    from stimsim.data.stimuli import load_stimulus_source
+    from stimsim.subject.virtual import build_stimuli
+
+    monkeypatch.setenv(manifest.MIRROR_DIR_ENV, str(shared_data("natural/floc").parents[1]))
+    entries = [{"source": "floc", "categories": ["adult", "child", "car"], "n_per_category": 2},
+               {"source": "imagenet_samples", "limit": 3}]
+    assert "domain" not in build_stimuli(entries).labels  # only the labels both sets have
+    entries[1]["labels"] = {"domain": "imagenet"}
+    combined = build_stimuli(entries)
+    assert combined.labels["domain"].tolist() == ["face"] * 4 + ["object"] * 2 + ["imagenet"] * 3
+    assert combined.labels["category"].tolist()[-3:] == ["tench", "goldfish", "great_white_shark"]
+    with pytest.raises(ConfigError, match=r"x.toml: 'labels': the set 'lfw_subset' already has label\(s\) "
+                                          r"\['category'\]; 'labels' only adds labels it lacks"):
+        load_stimulus_source({"source": "lfw_subset", "labels": {"category": "face"}}, where="x.toml")
+    with pytest.raises(ConfigError, match=r"x.toml: 'labels' must be a table of label names and text values"):
+        load_stimulus_source({"source": "lfw_subset", "labels": {"domain": 3}}, where="x.toml")
+
+
 def test_pixel_noise_levels_fraction_and_determinism():
     rng = np.random.default_rng(0)
     images = [rng.random((40, 50)).astype(np.float32), rng.random((30, 30, 3)).astype(np.float32)]

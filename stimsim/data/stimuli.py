@@ -628,9 +628,11 @@ STIMULUS_SOURCES = {
 
 
 def load_stimulus_source(entry: dict, where: str | None = None) -> StimulusSet:
-    """Build a stimulus set from a configuration table: ``{"source": NAME, **constructor kwargs}``.
-    With ``where`` (e.g. ``"train.toml [data] sets[0]"``) every problem with the entry, and a folder or
-    table its path names that does not exist, is a ConfigError placed there.
+    """Build a stimulus set from a configuration table: ``{"source": NAME, **constructor kwargs}``, and
+    optionally ``labels``, text labels given to every image of the set (``{domain = "imagenet"}``: a label
+    that another set has, so that sets combined in one list keep it). With ``where`` (e.g.
+    ``"train.toml [data] sets[0]"``) every problem with the entry, and a folder or table its path names that
+    does not exist, is a ConfigError placed there.
 
     >>> load_stimulus_source({"source": "lfw_subset"}).name
     'lfw_subset'
@@ -648,6 +650,7 @@ def load_stimulus_source(entry: dict, where: str | None = None) -> StimulusSet:
 def _build_stimulus_source(entry: dict) -> StimulusSet:
     entry = dict(entry)
     source = entry.pop("source", None)
+    constant_labels = entry.pop("labels", None)
     if source not in STIMULUS_SOURCES:
         raise ConfigError(f"unknown stimulus source {source!r}; choose one of {sorted(STIMULUS_SOURCES)}")
     constructor = STIMULUS_SOURCES[source]
@@ -658,4 +661,23 @@ def _build_stimulus_source(entry: dict) -> StimulusSet:
     for key in ("folders", "categories"):
         if isinstance(entry.get(key), list):
             entry[key] = tuple(entry[key])
-    return constructor(**entry)
+    stimuli = constructor(**entry)
+    return stimuli if constant_labels is None else with_constant_labels(stimuli, constant_labels)
+
+
+def with_constant_labels(stimuli: StimulusSet, labels) -> StimulusSet:
+    """``stimuli`` with each of ``labels`` (label name → text) given to every image; a label the set already has
+    is an error (its own values would be lost).
+
+    >>> with_constant_labels(lfw_subset(), {"domain": "face"}).labels["domain"][:2]
+    array(['face', 'face'], dtype='<U4')
+    """
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and k and isinstance(v, str) and v
+                                               for k, v in labels.items()):
+        raise ConfigError(f"'labels' must be a table of label names and text values (e.g. labels = "
+                          f"{{ domain = \"imagenet\" }}), got {labels!r}")
+    clash = sorted(set(labels) & set(stimuli.labels))
+    if clash:
+        raise ConfigError(f"'labels': the set {stimuli.name!r} already has label(s) {clash}; 'labels' only adds "
+                          f"labels it lacks (its own: {sorted(stimuli.labels)})")
+    return stimuli.with_labels(**{name: np.full(len(stimuli), value) for name, value in labels.items()})

@@ -30,8 +30,10 @@ key, e.g. Fashion-MNIST's draw, is that set's).
 ``[stimuli]``
     ``sets`` (required): a list of tables, each handed to ``stimsim.data.stimuli.load_stimulus_source``
     (``source`` plus that source's own keys, e.g. ``{ source = "fashion_mnist", split = "test",
-    n_per_class = 3 }``), plus the optional key ``heldout_only = true``: keep only the images the
-    model's training run held out (the model's ``metadata["holdout_stimulus_ids"]``).
+    n_per_class = 3 }``), plus the optional keys ``heldout_only = true``: keep only the images the
+    model's training run held out (the model's ``metadata["holdout_stimulus_ids"]``), and ``labels``: text
+    labels given to every image of the set (``labels = { domain = "imagenet" }``), so that a label of another
+    set in the list (fLoc's ``domain``) is kept when the sets are combined.
     The paradigm's own keys (e.g. categorisation's ``label``, ``positive`` and ``[stimuli.noise]``) are
     documented in its module.
 

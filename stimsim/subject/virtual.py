@@ -302,8 +302,9 @@ def random_pose(layout: ArrayLayout, sheet, rng: np.random.Generator, margin_mm:
 
 
 def build_stimuli(spec, source: str = "subject configuration", table: str = "[[stimuli]]") -> StimulusSet:
-    """The image set of a [[stimuli]] definition: the sets in order, keeping the labels they share. Errors name
-    ``source`` (the configuration file) and ``table`` (where the definition sits in it)."""
+    """The image set of a [[stimuli]] definition: the sets in order, keeping the labels they share (a set given
+    ``labels`` gains the ones it lacks). Errors name ``source`` (the configuration file) and ``table`` (where the
+    definition sits in it)."""
     try:
         sets = [load_stimulus_source(entry) for entry in spec]
         if len(sets) == 1:

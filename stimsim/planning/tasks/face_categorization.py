@@ -4,7 +4,8 @@
 The trials are those of the categorisation paradigm (:func:`stimsim.paradigms.categorization.categorization_trials`,
 as ``experiments/afraz2006.toml`` makes them): ``n_per_class`` face and ``n_per_class`` non-face images drawn
 (seeded) from the plan's images (label ``category``: ``"face"`` against every other value) and split into
-fitting and test images (stratified; all noisy copies of an image on the same side). For each model every image
+fitting and test images (stratified; all noisy copies of an image on the same side); ``label`` and ``positive``
+name another label and value that marks faces, e.g. fLoc's ``domain = "face"``. For each model every image
 is brought to the model's input size and colour, then degraded to each visual-signal level of
 ``signal_percent`` (a fraction 1 − s/100 of its pixels replaced by uniform noise), so that the network sees the
 stated level. In every model a logistic face / non-face readout of IT is fitted on the fitting images without
@@ -26,7 +27,7 @@ from stimsim.paradigms.categorization import CategorizationOptions, categorizati
 from stimsim.paradigms.schema import DecoderFile
 from stimsim.planning.tasks.base import PlanTask, register_plan_task, stimulation_at
 from stimsim.stimulation import Condition
-from stimsim.utilities.filemodels import FileModel
+from stimsim.utilities.filemodels import FileModel, Text
 
 FACE, NONFACE = "face", "nonface"
 AFRAZ_SIGNAL_PERCENT = (0.0, 15.0, 25.0, 40.0, 50.0, 80.0, 100.0)
@@ -34,12 +35,16 @@ IT = "IT"
 
 
 class FaceTaskSpec(FileModel):
-    """The face task (a plan's ``[face_task]`` table): n_per_class : face and non-face images drawn from the plan's
-    images; signal_percent : visual-signal levels (% of pixels kept, distinct); fit_fraction : clean images whose
-    copies fit the decoder; C : its inverse regularisation."""
+    """The face task (a plan's ``[face_task]`` table): label, positive : the images' label and its value that marks
+    a face (every other value is a non-face; ``label = "domain"`` for fLoc photographs, whose ``category`` is
+    adult, child, ...); n_per_class : face and non-face images drawn from the plan's images; signal_percent :
+    visual-signal levels (% of pixels kept, distinct); fit_fraction : clean images whose copies fit the decoder;
+    C : its inverse regularisation."""
 
     table: ClassVar[str] = "face_task"
 
+    label: Text = "category"
+    positive: Text = FACE
     n_per_class: Annotated[int, Field(ge=2)] = 40
     signal_percent: Annotated[tuple[Annotated[float, Field(ge=0, le=100)], ...], Field(min_length=1)] = \
         AFRAZ_SIGNAL_PERCENT
@@ -59,8 +64,10 @@ class FaceTaskSpec(FileModel):
         return levels
 
     def categorization(self) -> tuple[CategorizationOptions, DecoderFile]:
-        """The categorisation paradigm's options and decoder for this task: "face" against every other category."""
-        return (CategorizationOptions(label="category", positive=FACE, negative=NONFACE, n_per_choice=self.n_per_class,
+        """The categorisation paradigm's options and decoder for this task: ``positive`` against every other value of
+        ``label``, as the choices "face" and "nonface"."""
+        return (CategorizationOptions(label=self.label, positive=self.positive, negative=NONFACE,
+                                      n_per_choice=self.n_per_class,
                                       signal_percent=tuple(self.signal_percent)),
                 DecoderFile(C=self.C, fit_fraction=self.fit_fraction, layer=IT))
 
@@ -94,7 +101,7 @@ class FaceCategorizationTask(PlanTask):
             for i in range(n_sites) for k in range(n_points)]
         result = simulate(model, task.test.images, conditions, task.decoder, progress=progress,
                           safety_limits=engine["safety_limits"], safety_override=engine["safety_override"])
-        p_face = result.sel(choice=FACE).transpose("condition", ...).values.mean(-1)
+        p_face = result.sel(choice=options.face_task.positive).transpose("condition", ...).values.mean(-1)
         stimulated = p_face[1:].reshape(n_sites, n_points)
         return {"p_face": np.column_stack([np.full(n_sites, p_face[0]), stimulated]),
                 "delta_p_face": (stimulated - p_face[0])[..., None]}
