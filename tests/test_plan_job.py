@@ -1209,6 +1209,9 @@ def test_shipped_plan_files_parse_and_tasks_keep_their_own_tables(tmp_path):
     assert default.task == "sequence_2afc" and default.effect == "delta_auc"
     assert face.task == "face_categorization" and face.effect == "delta_p_face"
     assert face.task_options.face_task.signal_percent == (0.0, 15.0, 25.0, 40.0, 50.0, 80.0, 100.0)
+    natural = load_plan_config(experiments / "plan_face_imagenet.toml").task_options.face_task
+    assert (natural.label, natural.positive) == ("domain", "face")  # fLoc's faces, across the subject's sets
+    assert (face.task_options.face_task.label, face.task_options.face_task.positive) == ("category", "face")
     mixed = tmp_path / "mixed.toml"
     mixed.write_text((experiments / "plan_face.toml").read_text().replace(
         'config = "subject_default.toml"', f'config = "{experiments / "subject_default.toml"}"') + "\n[decoder]\nC = 1.0\n")
