@@ -159,6 +159,17 @@ def _features(model, pixels: torch.Tensor, layer: str) -> torch.Tensor:
     raise ConfigError(f"layer {layer!r} is not a stage of the model")
 
 
+def _pooled_responses(model, pixels: torch.Tensor, layer: str, pool: torch.Tensor, batch_size: int = 512,
+                      desc: str | None = None) -> torch.Tensor:
+    """Responses (N, n_pools) of ``pool``'s unit pools to images (N, C, H, W) in [0, 1], without gradients, in
+    batches of at most ``batch_size`` images (fewer of large images: ``model.batch_limit``); a progress bar named
+    ``desc`` when one is given."""
+    step = model.batch_limit(batch_size)
+    batches = tqdm(range(0, len(pixels), step), desc=desc, unit="batch", disable=desc is None)
+    with torch.no_grad():
+        return torch.cat([_features(model, pixels[i:i + step], layer) @ pool.T for i in batches])
+
+
 def _total_variation(x: torch.Tensor) -> torch.Tensor:
     """Mean absolute difference of neighbouring pixels, per image."""
     return ((x[..., 1:, :] - x[..., :-1, :]).abs().mean(dim=(1, 2, 3))
@@ -175,12 +186,9 @@ def _place_steps(model, starts, ends, pool, layer, half: int, sign: float, grid:
     device = starts.device
     fractions = torch.linspace(0, 1, grid + 1, device=device)[1:]
     path = starts[:, :, None] + fractions.view(1, 1, -1, 1, 1, 1) * (ends - starts)[:, :, None]
-    with torch.no_grad():
-        flat = path.reshape(-1, *starts.shape[2:])
-        chunks = tqdm(range(0, len(flat), 512), desc=f"placing steps towards the {'low' if sign < 0 else 'high'} ends",
-                      unit="batch", disable=not progress)
-        r = torch.cat([_features(model, flat[i:i + 512], layer) @ pool.T for i in chunks])
-        r0 = torch.cat([_features(model, starts.reshape(-1, *starts.shape[2:]), layer) @ pool.T])
+    r = _pooled_responses(model, path.reshape(-1, *starts.shape[2:]), layer, pool,
+                          desc=f"placing steps towards the {'low' if sign < 0 else 'high'} ends" if progress else None)
+    r0 = _pooled_responses(model, starts.reshape(-1, *starts.shape[2:]), layer, pool)
     site = torch.arange(n_sites, device=device).repeat_interleave(n_seq)
     rows = torch.arange(n_sites * n_seq, device=device)
     own = sign * r.view(n_sites * n_seq, grid, n_sites)[rows, :, site]  # larger = further
@@ -240,9 +248,7 @@ def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = Sequen
                + torch.tensor(p.mean, device=device).view(1, -1, 1, 1)).clamp(0, 1)
     if len(natural) < s.n_sequences:
         raise ConfigError(f"{len(natural)} natural images cannot start {s.n_sequences} sequences per site")
-    with torch.no_grad():
-        responses = torch.cat([_features(model, natural[i:i + 256], layer) @ pool.T
-                               for i in range(0, len(natural), 256)]).cpu().numpy().astype(np.float64)
+    responses = _pooled_responses(model, natural, layer, pool, batch_size=256).cpu().numpy().astype(np.float64)
     natural_mean, natural_sd = responses.mean(0), responses.std(0)
     natural_sd = np.where(natural_sd > 0, natural_sd, 1.0)
     terms = [(model, pool, torch.from_numpy(natural_sd.astype(np.float32)).to(device))]
@@ -250,9 +256,7 @@ def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = Sequen
         for other, other_sites in companions:
             other_pool = pooling_matrix(other.sheet(layer), np.asarray(other_sites).reshape(-1, 2),
                                         spec.recording_radius_mm).to(device)
-            with torch.no_grad():
-                other_responses = torch.cat([_features(other, natural[i:i + 256], layer) @ other_pool.T
-                                             for i in range(0, len(natural), 256)])
+            other_responses = _pooled_responses(other, natural, layer, other_pool, batch_size=256)
             other_sd = other_responses.std(0, unbiased=False)
             terms.append((other, other_pool, torch.where(other_sd > 0, other_sd, torch.ones_like(other_sd))))
     rng = np.random.default_rng(seed)
@@ -299,9 +303,7 @@ def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = Sequen
     sides = [_place_steps(model, starts, ends[:, :, end], pool, layer, half, sign, progress=progress)
              for end, sign in ((0, -1.0), (1, 1.0))]
     images = torch.cat([sides[0].flip(2), starts[:, :, None], sides[1]], dim=2).clamp(0, 1)  # (sites, seq, steps, C, H, W)
-    with torch.no_grad():
-        flat = images.reshape(-1, *natural.shape[1:])
-        r = torch.cat([_features(model, flat[i:i + 512], layer) @ pool.T for i in range(0, len(flat), 512)])
+    r = _pooled_responses(model, images.reshape(-1, *natural.shape[1:]), layer, pool)
     r = r.cpu().numpy().astype(np.float64).reshape(n_sites, s.n_sequences, s.n_steps, n_sites)
     own = np.take_along_axis(r, np.arange(n_sites)[:, None, None, None], axis=3)[..., 0]
     change = (r - r[:, :, half:half + 1, :]) / natural_sd

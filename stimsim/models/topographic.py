@@ -297,10 +297,14 @@ class TopographicModel:
         of preprocessed images is held at a time; at most :data:`MAX_BATCH_PIXELS` input pixels, whatever
         ``batch_size`` asks), returned on the CPU."""
         layer = self.resolve_layer(layer)
-        batch_size = max(1, min(int(batch_size), MAX_BATCH_PIXELS // self.preprocessing.size_px ** 2))
+        batch_size = self.batch_limit(batch_size)
         outputs = [self.run_stages(self.preprocess(images[i:i + batch_size]), stop=layer).flatten(1).cpu()
                    for i in range(0, len(images), batch_size)]
         return torch.cat(outputs)
+
+    def batch_limit(self, batch_size: int) -> int:
+        """``batch_size``, or fewer images where that many of this model's input size exceed :data:`MAX_BATCH_PIXELS`."""
+        return max(1, min(int(batch_size), MAX_BATCH_PIXELS // self.preprocessing.size_px ** 2))
 
     def activations_xarray(self, images, layer: str, stimulus_ids=None, batch_size: int = 64) -> xr.DataArray:
         """Activations as a labelled array (stimulus_id × unit) with unit coords x_mm, y_mm, channel."""
