@@ -51,6 +51,14 @@ class FaceTaskSpec(FileModel):
     fit_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.5
     C: Annotated[float, Field(gt=0)] = 1e-3
 
+    @field_validator("positive")
+    @classmethod
+    def _not_the_merged_choice(cls, positive: str) -> str:
+        if positive == NONFACE:
+            raise ValueError(f"'positive' names the value of 'label' that marks a face; {NONFACE!r} is the name of the "
+                             "task's other choice (every other value of the label), so it cannot be that value")
+        return positive
+
     @field_validator("signal_percent", mode="before")
     @classmethod
     def _as_tuple(cls, levels):
