@@ -992,6 +992,63 @@ def test_face_task_without_face_labels_stops_before_any_work(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_additive_form_in_sds_is_resolved_in_each_model(tmp_path, one_torch_thread):
+    """``additive_scale = "sd"``: ``activation_per_Hz`` counts SDs of each model's own IT response to the plan's
+    mapping images (the subject's 200 LFW-subset images), so the candidate and the virtual subject (models of
+    different activation scales) get increments of the same relative strength. The SDs are recomputed here from
+    the models; the candidate's predictions equal those of a plan giving its resolved value in activation units,
+    while the subject's truth differs (its IT varies less, so it gets a smaller increment)."""
+    from stimsim.data.stimuli import lfw_subset
+    from stimsim.models.registry import load_model
+
+    def plan(name, stimulation):
+        config = _write_plan(tmp_path / name)
+        config.write_text(config.read_text().replace("[stimulation]\n", "[stimulation]\n" + stimulation))
+        assert main(["plan", str(config), "--out", str(tmp_path / name / "out"), "--no-progress"]) == 0
+        return (json.loads((tmp_path / name / "out" / file).read_text()) for file in ("summary.json", "config.json"))
+
+    in_sd, record = plan("sd", 'form = "additive"\nadditive_scale = "sd"\nactivation_per_Hz = 0.01\n')
+    images = lfw_subset().images
+    for key, model in (("stimsim-topo-s0", "stimsim-topo-s0"), ("virtual_subject", "stimsim-topo-s2")):
+        sd = load_model(model).activations(images, "IT").numpy().astype(np.float64).std()
+        resolved = in_sd["additive_scale"][key]
+        assert resolved["layer_sd"] == pytest.approx(sd, rel=1e-5)
+        assert resolved["activation_per_Hz"] == pytest.approx(0.01 * sd, rel=1e-5)
+    assert record["additive_scale"] == in_sd["additive_scale"]
+    assert record["config"]["stimulation"]["additive_scale"] == "sd"
+    per_Hz = in_sd["additive_scale"]["stimsim-topo-s0"]["activation_per_Hz"]
+    in_units, _ = plan("units", f'form = "additive"\nactivation_per_Hz = {per_Hz!r}\n')
+    assert in_units["additive_scale"] == {"additive_scale": "activation"}
+    electrodes = list(in_sd["predicted_delta_auc"])
+    assert np.allclose([in_sd["predicted_delta_auc"][e] for e in electrodes],
+                       [in_units["predicted_delta_auc"][e] for e in electrodes], rtol=1e-9, atol=0)
+    assert in_sd["additive_scale"]["virtual_subject"]["layer_sd"] < in_sd["additive_scale"]["stimsim-topo-s0"]["layer_sd"]
+    assert not np.allclose(list(in_sd["true_delta_auc"].values()), list(in_units["true_delta_auc"].values()))
+
+
+def test_additive_scale_needs_the_additive_form(tmp_path, capsys):
+    """``additive_scale = "sd"`` with the default multiplicative form is refused with the key and the remedy."""
+    config = _write_plan(tmp_path / "config")
+    config.write_text(config.read_text().replace("[stimulation]\n", '[stimulation]\nadditive_scale = "sd"\n'))
+    assert main(["plan", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert re.search(r'\[stimulation\].*additive_scale = "sd" sets the scale of the additive form; give form = '
+                     r'"additive"', error), error
+    assert not (tmp_path / "out").exists()
+
+
+def test_face_task_refuses_the_other_choice_as_the_face_value(tmp_path, capsys):
+    """``positive = "nonface"`` would make the face value the name of the task's other choice (every image then on
+    one side): the plan file is refused, naming the field, before any work."""
+    config = _face_lab_plan(tmp_path / "config", {})
+    config.write_text(config.read_text() + '\n[face_task]\npositive = "nonface"\n')
+    out = tmp_path / "out"
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert re.search(r"\[face_task\].*positive.*'nonface' is the name of the task's other choice", error), error
+    assert not out.exists()
+
+
 def test_face_task_reads_faces_from_the_label_the_plan_names(tmp_path):
     """Images whose faces are marked by another label and value (as fLoc's domain = "face", where 'category' is
     adult, child, ...) plan with ``[face_task] label`` and ``positive``: the plan runs, and its test trials are
@@ -1211,6 +1268,9 @@ def test_shipped_plan_files_parse_and_tasks_keep_their_own_tables(tmp_path):
     assert face.task_options.face_task.signal_percent == (0.0, 15.0, 25.0, 40.0, 50.0, 80.0, 100.0)
     natural = load_plan_config(experiments / "plan_face_imagenet.toml").task_options.face_task
     assert (natural.label, natural.positive) == ("domain", "face")  # fLoc's faces, across the subject's sets
+    additive = load_plan_config(experiments / "plan_face_imagenet_additive.toml")
+    assert additive.additive_scale == "sd" and additive.stimulation["form"] == "additive"
+    assert additive.stimulation["activation_per_Hz"] == pytest.approx(1 / 60)  # SD per Hz, fixed before any run
     assert (face.task_options.face_task.label, face.task_options.face_task.positive) == ("category", "face")
     mixed = tmp_path / "mixed.toml"
     mixed.write_text((experiments / "plan_face.toml").read_text().replace(

@@ -13,7 +13,8 @@ EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 #: The shipped files of each kind.
 SHIPPED = {
     "experiment": ("afraz2006", "moeller2017", "muscimol_categorization", "sequence2afc"),
-    "plan": ("plan_default", "plan_face", "plan_face_imagenet", "plan_imagenet", "plan_same_family"),
+    "plan": ("plan_default", "plan_face", "plan_face_imagenet", "plan_face_imagenet_additive", "plan_imagenet",
+             "plan_same_family"),
     "subject": ("subject_default", "subject_effl0", "subject_mnv2_s1"),
     "train": ("train_stimsim_topo_seed0", "train_stimsim_topo_seed1", "train_stimsim_topo_seed2",
               "train_stimsim_topo_alpha0_control", "build_stimsim_mnv2_s0", "build_stimsim_mnv2_s1",

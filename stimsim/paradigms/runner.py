@@ -59,7 +59,7 @@ from stimsim.paradigms.base import get_paradigm
 from stimsim.paradigms.experiment_file import load_experiment
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection, plot_sites, select_sites
 from stimsim.paradigms.spec import ExperimentSpec
-from stimsim.stimulation import Condition, SafetyLimits, signed_gain_warning
+from stimsim.stimulation import Condition, SafetyLimits, additive_scale_record, signed_gain_warning
 from stimsim.utilities.errors import ConfigError, DataError
 from stimsim.utilities.hashing import sha256_of, state_sha256
 from stimsim.utilities.io import ResultSet, provenance, read_result_set
@@ -142,8 +142,11 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
     except ConfigError as exc:
         raise ConfigError(f"{spec.source}: {exc}") from None
 
-    stimulation_scale = _resolve_additive_scale(spec, responses, layer, notes)
-    spec = spec.with_layer_sd(float(responses.std()))
+    try:
+        stimulation_scale = _resolve_additive_scale(spec, responses, layer, notes)
+    except ConfigError as exc:
+        raise ConfigError(f"{spec.source} [stimulation]: {exc}") from None
+    spec = spec.with_additive_scale(stimulation_scale)
     conditions = [Condition(CONTROL_LABEL)] + [
         Condition(site.label, (spec.perturbation_at(site.position_mm),)) for site in selection.sites]
     _warn_signed_gain(conditions, sheet, responses, notes)
@@ -228,13 +231,11 @@ def _resolve_additive_scale(spec: ExperimentSpec, responses: np.ndarray, layer: 
     layer's SD over the localizer images and units, and the activation_per_Hz it gives."""
     if spec.additive_scale != "sd":
         return {"additive_scale": spec.additive_scale}
-    layer_sd = float(responses.std())
-    per_Hz = spec.perturbation.activation_per_Hz * layer_sd
+    record = additive_scale_record(spec.perturbation.activation_per_Hz, responses)
     notes.append(f"additive_scale = \"sd\": activation_per_Hz = {spec.perturbation.activation_per_Hz} SD of layer "
-                 f"{layer!r} per Hz × SD {layer_sd:.6g} (its response to {len(responses)} localizer images) = "
-                 f"{per_Hz:.6g} activation units per Hz")
-    return {"additive_scale": "sd", "layer_sd": layer_sd, "activation_per_Hz_sd": spec.perturbation.activation_per_Hz,
-            "activation_per_Hz": per_Hz}
+                 f"{layer!r} per Hz × SD {record['layer_sd']:.6g} (its response to {len(responses)} localizer images) = "
+                 f"{record['activation_per_Hz']:.6g} activation units per Hz")
+    return record
 
 
 def _warn_signed_gain(conditions: list, sheet, responses: np.ndarray, notes: list) -> None:

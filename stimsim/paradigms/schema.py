@@ -17,7 +17,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from stimsim.models.registry import DEFAULT_MODEL
-from stimsim.stimulation import PERTURBATION_KINDS
+from stimsim.stimulation import ADDITIVE_SCALES, PERTURBATION_KINDS
 from stimsim.utilities.filemodels import FileModel, Text, validate
 
 #: The JSON Schema of experiment files shipped with the package.
@@ -111,7 +111,7 @@ class StimulationFile(BaseModel):
                               json_schema_extra=lambda schema: _one_alternative_per_kind(schema))
     kind: Annotated[Text, Field(description="a registered perturbation kind",
                                 examples=sorted(PERTURBATION_KINDS))]
-    additive_scale: Literal["activation", "sd"] = "activation"
+    additive_scale: Literal[ADDITIVE_SCALES] = "activation"
 
 
 def _one_alternative_per_kind(schema: dict) -> None:

@@ -5,7 +5,6 @@ are the validated file models themselves (:mod:`stimsim.paradigms.schema`)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -72,16 +71,12 @@ class ExperimentSpec:
         """The ``[stimulation]`` template (:attr:`perturbation`, typed) applied at one site (x, y) mm."""
         return dataclasses.replace(self.perturbation, sites_mm=((float(site_mm[0]), float(site_mm[1])),))
 
-    def with_layer_sd(self, layer_sd: float) -> "ExperimentSpec":
-        """With ``additive_scale = "sd"``: a copy whose ``activation_per_Hz`` is converted from SDs of
-        the layer's response to activation units (× ``layer_sd``); otherwise this spec."""
+    def with_additive_scale(self, record: dict) -> "ExperimentSpec":
+        """With ``additive_scale = "sd"``: a copy whose ``activation_per_Hz`` is the one ``record``
+        (:func:`stimsim.stimulation.additive_scale_record`) resolved in activation units; otherwise this spec."""
         if self.additive_scale != "sd":
             return self
-        if not math.isfinite(layer_sd) or layer_sd <= 0:
-            raise ConfigError(f"{self.source} [stimulation]: additive_scale = \"sd\" needs a layer whose response "
-                              f"varies; its SD is {layer_sd}")
-        scaled = dataclasses.replace(self.perturbation,
-                                     activation_per_Hz=self.perturbation.activation_per_Hz * float(layer_sd))
+        scaled = dataclasses.replace(self.perturbation, activation_per_Hz=record["activation_per_Hz"])
         return dataclasses.replace(self, perturbation=scaled, additive_scale="activation")
 
     def with_model(self, model: str) -> "ExperimentSpec":

@@ -54,7 +54,7 @@ from stimsim.models.registry import load_model
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
 from stimsim.percepts import FaceJudge, InversionSettings, pixel_images, scrambled_effects, synthesize
 from stimsim.percepts.visualize_file import VisualizeFile
-from stimsim.stimulation import Condition, SafetyLimits, enforce, perturbation_from_dict
+from stimsim.stimulation import Condition, SafetyLimits, additive_scale_record, enforce, perturbation_from_dict
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, SafetyError
 from stimsim.utilities.figures import pyplot, save_figure
@@ -359,7 +359,11 @@ def _conditions(config: VisualizeConfig, layer: str, sites: dict, responses: np.
     scrambled one at the top current (None: made from the face site's effect by permuting units)."""
     template = dict(config.stimulation)
     if config.additive_scale == "sd":
-        template["activation_per_Hz"] = float(template.get("activation_per_Hz", 0.0)) * float(responses.std())
+        try:
+            resolved = additive_scale_record(template["activation_per_Hz"], responses)
+        except ConfigError as exc:
+            raise ConfigError(f"{config.source} [stimulation]: {exc}") from None
+        template["activation_per_Hz"] = resolved["activation_per_Hz"]
     top = config.currents_uA[-1]
     stim = lambda site, current: perturbation_from_dict({  # noqa: E731
         **template, "layer": layer, "current_uA": current,

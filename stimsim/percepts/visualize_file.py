@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import ConfigDict, Field
 
 from stimsim.percepts import InversionSettings
+from stimsim.stimulation import ADDITIVE_SCALES
 from stimsim.utilities.filemodels import FileModel, Text
 
 #: Where the JSON Schema of visualisation files ships.
@@ -75,7 +76,7 @@ class StimulationTable(FileModel):
     model_config = ConfigDict(extra="allow")
     __pydantic_extra__: dict[str, Any] = Field(init=False)  # the electrical template's keys
     currents_uA: Annotated[list[Annotated[float, Field(ge=0)]], Field(min_length=2)]
-    additive_scale: Literal["activation", "sd"] = "activation"
+    additive_scale: Literal[ADDITIVE_SCALES] = "activation"
 
 
 class SafetyTable(FileModel):

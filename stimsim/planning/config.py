@@ -20,7 +20,9 @@ top level       name, description, seed, task (a registered plan task, :mod:`sti
 (the task's)    the tables of the plan's task (:attr:`stimsim.planning.tasks.PlanTask.tables`): [sequences]
                 and [decoder] of the 2AFC, [face_task] of the face task; a table of another task is refused
 [stimulation]   current_uA, frequency_Hz, pulse_width_ms, interphase_ms, train_ms, waveform, and any other key of an
-                electrical stimulation (spread, form, combine, ...; as in experiment files)
+                electrical stimulation (spread, form, combine, ...; as in experiment files); additive_scale
+                ("activation" or "sd": form = "additive"'s activation_per_Hz in SDs of each model's IT response to
+                the plan's mapping images, resolved per model)
 [safety]        max_shannon_k, electrode_area_um2, max_charge_per_phase_nC, override (a reason)
 [selection]     n_sites, min_separation_mm, metric ("euclidean" / "manhattan")
 [session]       the lab's session: trials_per_site (even, default 400; the power forecast and the trial list),
@@ -46,7 +48,7 @@ from stimsim.lab.recordings import FIELD_NAMES
 from stimsim.planning.rig import DisplayTable, RigSpec, SessionTable
 from stimsim.planning.selection import SelectionSpec
 from stimsim.planning.tasks import PLAN_TASKS, PlanTask, get_plan_task, stimulation_at
-from stimsim.stimulation import ElectricalStimulation, SafetyLimits
+from stimsim.stimulation import ADDITIVE_SCALES, ElectricalStimulation, SafetyLimits
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.filemodels import FileModel, Text, validate
@@ -133,6 +135,10 @@ class StimulationTable(FileModel):
     interphase_ms: _NonNegative = _ELECTRICAL_DEFAULTS["interphase_ms"]
     train_ms: _NonNegative = _ELECTRICAL_DEFAULTS["train_ms"]
     waveform: Text = _ELECTRICAL_DEFAULTS["waveform"]
+    additive_scale: Annotated[Literal[ADDITIVE_SCALES], Field(description=(
+        'form = "additive": "activation" (activation_per_Hz in each model\'s activation units) or "sd" (in SDs of '
+        "each model's IT response to the plan's mapping images, resolved per model: the same relative strength in "
+        "candidates and subject)"))] = "activation"
 
     @model_validator(mode="before")
     @classmethod
@@ -141,6 +147,13 @@ class StimulationTable(FileModel):
             if isinstance(data, dict) and key in data:
                 raise ValueError(f"{key!r} {why}")
         return data
+
+    @model_validator(mode="after")
+    def _scale_of_the_additive_form(self):
+        if self.additive_scale == "sd" and (self.__pydantic_extra__ or {}).get("form") != "additive":
+            raise ValueError('additive_scale = "sd" sets the scale of the additive form; give form = "additive" or '
+                             "remove additive_scale")
+        return self
 
     @field_validator("frequency_Hz")
     @classmethod
@@ -157,6 +170,7 @@ def _electrical_parameters(schema: dict) -> None:
     declared = ElectricalStimulation.parameters_schema()
     properties = {key: value for key, value in declared["properties"].items() if key not in _NOT_IN_STIMULATION}
     properties["frequency_Hz"] = {**properties["frequency_Hz"], "exclusiveMinimum": 0.0}
+    properties["additive_scale"] = schema["properties"]["additive_scale"]
     properties["frequency_Hz"].pop("minimum", None)
     schema.update(properties=properties, additionalProperties=False)
     schema.pop("required", None)
@@ -269,6 +283,7 @@ class PlanConfig:
     description: str = ""
     extra: dict = field(default_factory=dict)
     percepts: Path | None = None
+    additive_scale: str = "activation"
 
     @property
     def plan_task(self) -> PlanTask:
@@ -292,7 +307,7 @@ class PlanConfig:
                       "min_reliability": self.min_reliability, "anatomical": self.anatomical},
             "registration": {"n_boot": self.n_boot, "allow_scale": self.allow_scale},
             **self.plan_task.record(self.task_options),
-            "stimulation": dict(self.stimulation),
+            "stimulation": {**self.stimulation, "additive_scale": self.additive_scale},
             "safety": {**self.safety.to_dict(), "override": self.safety_override},
             "selection": self.selection.to_dict(),
             **self.rig.to_dict(),
@@ -375,6 +390,7 @@ def load_plan_config(path) -> PlanConfig:
     plan_task.check(task_options, where)
 
     stimulation = checked.stimulation.to_dict()
+    additive_scale = stimulation.pop("additive_scale")
     try:
         stimulation_at((0.0, 0.0), stimulation)
     except ConfigError as exc:
@@ -401,7 +417,7 @@ def load_plan_config(path) -> PlanConfig:
                       subject_config=subject_config, subject_dir=subject_dir, recordings=recordings,
                       min_reliability=checked.array.min_reliability, anatomical=anatomical,
                       n_boot=checked.registration.n_boot, allow_scale=checked.registration.allow_scale,
-                      stimulation=stimulation,
+                      stimulation=stimulation, additive_scale=additive_scale,
                       safety=limits, safety_override=safety.override, selection=selection,
                       rig=RigSpec(session=checked.session, display_table=checked.display),
                       description=checked.description, percepts=percepts)

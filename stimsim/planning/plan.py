@@ -39,7 +39,7 @@ from stimsim.planning.detectability import INTERVAL_SPANS, coverage, subject_err
 from stimsim.planning.selection import (check_broken, choose_sites, left_out_message, screen_electrodes,
                                         shortfall_message)
 from stimsim.planning.tasks import stimulation_at
-from stimsim.stimulation import enforce
+from stimsim.stimulation import additive_scale_record, enforce
 from stimsim.stimulation.safety import charge_per_phase_nC
 from stimsim.utilities.errors import ConfigError, DataError, SafetyError, StimsimError
 from stimsim.utilities.hashing import sha256_of
@@ -47,6 +47,8 @@ from stimsim.utilities.io import atomic_save, atomic_write_json, atomic_write_te
 from stimsim.utilities.progress import report_phase
 
 IT = "IT"
+#: The virtual subject's key beside the candidates' names in the resolved additive scales.
+SUBJECT = "virtual_subject"
 
 
 def model_checksums(name: str) -> dict:
@@ -282,6 +284,10 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
         return _points(layout, poses, working)
 
     phases = ("mapping.json",)
+    additive = {}
+    if config.additive_scale == "sd":
+        additive = cache.json("additive_scale", lambda: _additive_scales(config, inputs, models), after=phases)
+        phases += ("additive_scale.json",)
     task = prepared
     if plan_task.design_phase is not None:
         design_points = registered_points(chosen_model)[:, 0]
@@ -293,17 +299,19 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
     engine = {"safety_limits": config.safety, "safety_override": config.safety_override,
               "scheduler": compute["scheduler"]}
     phase = partial(_rehearsal_phase, engine=engine)
+    stimulation_of = partial(_stimulation_in, config, additive)
     effect, probability = plan_task.effect, plan_task.probability
     rehearsals = {}
     for index, (name, model) in enumerate(models.items()):
         def rehearse_model(model=model, name=name, index=index):
             points = registered_points(name)
+            stimulation = stimulation_of(name)
             if not n_random_poses:
-                return phase(config, model, task, points, progress)
+                return phase(config, model, task, points, stimulation, progress)
             random = random_registrations(layout, model.sheet(IT), n_random_poses,
                                           seed=(config.seed, subject_seed or 0, index))
             both = np.concatenate([points, _points(layout, random, working)], axis=1)
-            result = phase(config, model, task, both, progress)
+            result = phase(config, model, task, both, stimulation, progress)
             registered = points.shape[1]
             result["random_effect"] = result[effect][:, registered:]
             result[effect] = result[effect][:, :registered]
@@ -318,11 +326,12 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
                                    compute["device"])
     truth = None
     if inputs.subject_dir is not None:
-        truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, task, progress,
-                                                           engine), after=phases)
+        truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, task,
+                                                           stimulation_of(SUBJECT), progress, engine), after=phases)
         _write_truth(config, out_dir, truth, working, task)
     return _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth,
-                          safety, models, scales, write_report, compute, cache.timings, percepts)
+                          safety, models, scales, write_report, compute, cache.timings, percepts,
+                          additive or {"additive_scale": config.additive_scale})
 
 
 def _percepts_phase(config, out_dir: Path, cache: PhaseCache, chosen_model: str, plan: dict, working, progress: bool,
@@ -399,7 +408,31 @@ def off_sheet(sheet, points: np.ndarray) -> np.ndarray:
     return (points[..., 0] < x0) | (points[..., 0] > x1) | (points[..., 1] < y0) | (points[..., 1] > y1)
 
 
-def _rehearsal_phase(config, model, trials, points, progress, engine: dict) -> dict:
+def _additive_scales(config, inputs, models: dict) -> dict:
+    """``additive_scale = "sd"`` resolved in every model (candidates by name, the virtual subject as :data:`SUBJECT`):
+    the SD of its IT response to the plan's mapping images, and the ``activation_per_Hz`` it gives
+    (:func:`stimsim.stimulation.additive_scale_record`), so that one value is equally strong in models of any scale."""
+    every = dict(models)
+    if inputs.subject_dir is not None:
+        every[SUBJECT] = inputs.load_subject().model
+    per_Hz_sd = config.stimulation["activation_per_Hz"]
+    scales = {}
+    for name, model in every.items():
+        try:
+            scales[name] = additive_scale_record(per_Hz_sd, model.activations(inputs.images.images, IT).numpy())
+        except ConfigError as exc:
+            raise ConfigError(f"{config.path} [stimulation] in {name}: {exc}") from None
+    return scales
+
+
+def _stimulation_in(config, additive: dict, name: str) -> dict:
+    """The plan's train as model ``name`` receives it (``activation_per_Hz`` in its activation units)."""
+    if name not in additive:
+        return config.stimulation
+    return {**config.stimulation, "activation_per_Hz": additive[name]["activation_per_Hz"]}
+
+
+def _rehearsal_phase(config, model, trials, points, stimulation: dict, progress, engine: dict) -> dict:
     """The plan's task in ``model`` at every electrode's mapped points (fitted pose, then bootstrap poses). A pose
     can send an electrode off the sheet: that (electrode, pose) has no prediction (NaN; left out of the pooled
     prediction and its interval); it is simulated at the nearest sheet point only to keep the batch
@@ -408,8 +441,8 @@ def _rehearsal_phase(config, model, trials, points, progress, engine: dict) -> d
     sheet = model.sheet(IT)
     outside = off_sheet(sheet, points)
     simulated = np.where(outside[..., None], _onto_sheet(sheet, points[:, 0])[:, None], points)
-    result = plan_task.rehearse(model, config.task_options, trials, simulated, config.stimulation, config.seed,
-                                engine, progress)
+    result = plan_task.rehearse(model, config.task_options, trials, simulated, stimulation, config.seed, engine,
+                                progress)
     result[plan_task.probability] = np.array(result[plan_task.probability], dtype=np.float64)
     result[plan_task.effect] = np.array(result[plan_task.effect], dtype=np.float64)
     result[plan_task.probability][:, 1:][outside] = np.nan
@@ -417,13 +450,13 @@ def _rehearsal_phase(config, model, trials, points, progress, engine: dict) -> d
     return result
 
 
-def _truth_phase(config, subject, working, trials, progress, engine: dict) -> dict:
+def _truth_phase(config, subject, working, trials, stimulation: dict, progress, engine: dict) -> dict:
     """The virtual subject's own results for the plan's stimuli: its decoders, its true positions."""
     sites = subject.electrode_sites_mm()
     points = np.array([sites[e] for e in working])[:, None, :]
     dead = np.array([e in set(subject.dead_electrodes) for e in working])
-    result = config.plan_task.truth(subject.model, config.task_options, trials, points, config.stimulation,
-                                    config.seed, engine, progress)
+    result = config.plan_task.truth(subject.model, config.task_options, trials, points, stimulation, config.seed,
+                                    engine, progress)
     return {**result, "dead": dead}
 
 
@@ -453,7 +486,8 @@ def _write_truth(config, out_dir: Path, truth: dict, working, trials) -> None:
 
 
 def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth, safety,
-                   models, scales, write_report: bool, compute: dict, timings: dict, percepts: dict | None) -> dict:
+                   models, scales, write_report: bool, compute: dict, timings: dict, percepts: dict | None,
+                   additive: dict) -> dict:
     from stimsim.models.registry import model_path
     from stimsim.planning.report import build_report
 
@@ -498,7 +532,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                "n_rehearsed": len(working), "chosen_electrodes": [working[i] for i in chosen],
                "current_uA": config.stimulation["current_uA"], "chosen_model": chosen_model,
                "candidate_models": list(models), "safety": safety, "lengths": "cortex mm unless named model mm",
-               "cortex_scale": scales,
+               "cortex_scale": scales, "additive_scale": additive,
                "registration": {name: {"pose": reg["pose"], "mean_correlation": reg["mean_correlation"],
                                        "chance_mean_correlation_p95": reg["chance_mean_correlation_p95"]}
                                 for name, reg in mapping["registrations"].items()},
@@ -552,6 +586,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     record["device"] = str(compute["device"])
     record["scheduler"] = compute["scheduler_description"]
     record["cortex_scale"] = scales
+    record["additive_scale"] = additive
     record["input_sha256"] = config.input_files()
     atomic_write_json(out_dir / "config.json", record)
     rig = plan_task.write_rig(out_dir, config.task_options, task, chosen, working, config.rig, config.stimulation,

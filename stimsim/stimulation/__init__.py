@@ -11,11 +11,13 @@ from stimsim.stimulation.base import (
 )
 from stimsim.stimulation.conditions import Condition
 from stimsim.stimulation.electrical import (
+    ADDITIVE_SCALES,
     CHARGE_BALANCED_WAVEFORMS,
     ELECTRODE_COMBINATIONS,
     MAX_CURRENT_UA,
     STIMULATION_FORMS,
     ElectricalStimulation,
+    additive_scale_record,
 )
 from stimsim.stimulation.safety import (
     SHANNON_K_LIMIT,
@@ -50,7 +52,7 @@ from stimsim.stimulation.suppression import (
 )
 
 __all__ = [
-    "ARIKAN2002_VARIANCE_MM2", "CHARGE_BALANCED_WAVEFORMS", "CHOW2010_VARIANCE_MM2", "ELECTRODE_COMBINATIONS",
+    "ADDITIVE_SCALES", "additive_scale_record", "ARIKAN2002_VARIANCE_MM2", "CHARGE_BALANCED_WAVEFORMS", "CHOW2010_VARIANCE_MM2", "ELECTRODE_COMBINATIONS",
     "MAX_CURRENT_UA", "PERTURBATION_KINDS", "STIMULATION_FORMS", "Ablation", "Condition", "ElectricalStimulation",
     "GaussianSuppression", "MuscimolInactivation", "OptogeneticSuppression", "Perturbation", "UnitEffect", "apply_effect",
     "perturbation_from_dict", "register_perturbation", "signed_gain_warning",

@@ -25,6 +25,22 @@ ELECTRODE_COMBINATIONS = ("sum", "max")
 STIMULATION_FORMS = ("multiplicative", "additive")
 #: Highest current accepted, µA (well above the 300 µA of Moeller et al. 2017).
 MAX_CURRENT_UA = 5000.0
+#: How a file states the additive form's ``activation_per_Hz``: in the stimulated layer's activation units, or in
+#: standard deviations of its response (so that one value means the same strength in models of any scale).
+ADDITIVE_SCALES = ("activation", "sd")
+
+
+def additive_scale_record(activation_per_Hz_sd: float, responses) -> dict:
+    """``additive_scale = "sd"`` resolved for one model: ``activation_per_Hz_sd`` (SDs of the layer's response per Hz
+    of rate increment) × the SD of ``responses`` (images × units of that layer; one SD over both, population SD)
+    gives ``activation_per_Hz`` in the layer's activation units. Returns {"additive_scale": "sd", "layer_sd",
+    "activation_per_Hz_sd", "activation_per_Hz"}; a layer whose response does not vary is a ConfigError."""
+    layer_sd = float(torch.as_tensor(responses, dtype=torch.float64).std(correction=0))
+    if not math.isfinite(layer_sd) or layer_sd <= 0:
+        raise ConfigError(f"additive_scale = \"sd\" needs a layer whose response varies; its SD over "
+                          f"{len(responses)} images is {layer_sd}")
+    return {"additive_scale": "sd", "layer_sd": layer_sd, "activation_per_Hz_sd": float(activation_per_Hz_sd),
+            "activation_per_Hz": float(activation_per_Hz_sd) * layer_sd}
 
 
 @register_perturbation
