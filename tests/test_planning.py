@@ -314,16 +314,18 @@ def test_bootstrap_pose_off_the_sheet_has_no_prediction(model, small_sequences):
     x0, x1, y0, y1 = sheet.extent_mm
     assert off_sheet(sheet, np.array([[x1 + 0.01, 5.0], [5.0, y0 - 0.01], [5.0, 5.0]])).tolist() == [True, True, False]
     points = np.stack([sites, sites + 0.05, sites + [[0.0, 20.0]]], axis=1)  # third "pose" is off the sheet
-    config = SimpleNamespace(plan_task=get_plan_task("sequence_2afc"), seed=0, stimulation={"current_uA": 50.0},
+    config = SimpleNamespace(plan_task=get_plan_task("sequence_2afc"), seed=0,
                              task_options=SimpleNamespace(sequences=SequenceSpec(recording_radius_mm=0.5),
                                                           decoder=TaskSpec(n_noise=4, n_eval=2)))
     engine = {"safety_limits": SafetyLimits(), "safety_override": None, "scheduler": None}
-    result = _rehearsal_phase(config, model, {"images": seq.images}, points, progress=False, engine=engine)
+    result = _rehearsal_phase(config, model, {"images": seq.images}, points, {"current_uA": 50.0}, progress=False,
+                              engine=engine)
     assert np.isnan(result["delta_auc"][:, 2]).all() and np.isfinite(result["delta_auc"][:, :2]).all()
     assert np.isnan(result["p_high"][:, 3]).all() and np.isfinite(result["p_high"][:, :3]).all()
     fitted_off = points[:, :2].copy()
     fitted_off[0, 0] = (x1 + 0.05, sites[0, 1])  # the fitted registration maps site 0 just off the sheet
-    result = _rehearsal_phase(config, model, {"images": seq.images}, fitted_off, progress=False, engine=engine)
+    result = _rehearsal_phase(config, model, {"images": seq.images}, fitted_off, {"current_uA": 50.0}, progress=False,
+                              engine=engine)
     assert np.isnan(result["delta_auc"][0, 0]).all() and np.isfinite(result["delta_auc"][1:]).all()
 
 
