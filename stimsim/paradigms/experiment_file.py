@@ -103,7 +103,7 @@ from stimsim.datasets import DATASETS
 from stimsim.paradigms.base import PARADIGMS
 from stimsim.paradigms.schema import LocalizerFile, SafetyFile, SitesFile, file_model, validate_file
 from stimsim.paradigms.spec import ExperimentSpec
-from stimsim.stimulation import SafetyLimits, enforce, perturbation_from_dict
+from stimsim.stimulation import SafetyLimits, check_additive_scale, enforce, perturbation_from_dict
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, SafetyError
 
@@ -205,11 +205,9 @@ def _stimulation_template(checked, where: str):
             raise ConfigError(f"{where} [stimulation]: {key!r} is not set here; it comes from {origin}")
     try:
         perturbation = perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer})
+        check_additive_scale(checked.stimulation.additive_scale, getattr(perturbation, "form", None))
     except ConfigError as exc:
         raise ConfigError(f"{where} [stimulation]: {exc}") from None
-    if checked.stimulation.additive_scale == "sd" and getattr(perturbation, "form", None) != "additive":
-        raise ConfigError(f"{where} [stimulation]: additive_scale = \"sd\" sets the scale of the additive form; "
-                          f"give form = \"additive\" or remove additive_scale")
     return template, perturbation
 
 

@@ -54,7 +54,8 @@ from stimsim.models.registry import load_model
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
 from stimsim.percepts import FaceJudge, InversionSettings, pixel_images, scrambled_effects, synthesize
 from stimsim.percepts.visualize_file import VisualizeFile
-from stimsim.stimulation import Condition, SafetyLimits, additive_scale_record, enforce, perturbation_from_dict
+from stimsim.stimulation import (Condition, SafetyLimits, additive_scale_record, check_additive_scale, enforce,
+                                 perturbation_from_dict)
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, SafetyError
 from stimsim.utilities.figures import pyplot, save_figure
@@ -114,14 +115,13 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
     if list(currents) != sorted(set(currents)):
         raise ConfigError(f"{where} [stimulation]: 'currents_uA' must list at least two rising currents (µA), got "
                           f"{list(currents)}")
-    if stimulation.additive_scale == "sd" and template.get("form") != "additive":
-        raise ConfigError(f"{where} [stimulation]: additive_scale = \"sd\" needs form = \"additive\"")
-    for current in currents:
-        try:
+    try:
+        check_additive_scale(stimulation.additive_scale, template.get("form"))
+        for current in currents:
             perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer,
                                     "current_uA": current})
-        except ConfigError as exc:
-            raise ConfigError(f"{where} [stimulation]: {exc}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{where} [stimulation]: {exc}") from None
     sites = checked.sites.to_dict()
     for key in ("face_site_mm", "control_site_mm"):
         if key in sites:

@@ -48,7 +48,7 @@ from stimsim.lab.recordings import FIELD_NAMES
 from stimsim.planning.rig import DisplayTable, RigSpec, SessionTable
 from stimsim.planning.selection import SelectionSpec
 from stimsim.planning.tasks import PLAN_TASKS, PlanTask, get_plan_task, stimulation_at
-from stimsim.stimulation import ADDITIVE_SCALES, ElectricalStimulation, SafetyLimits
+from stimsim.stimulation import ADDITIVE_SCALES, ElectricalStimulation, SafetyLimits, check_additive_scale
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.filemodels import FileModel, Text, validate
@@ -147,13 +147,6 @@ class StimulationTable(FileModel):
             if isinstance(data, dict) and key in data:
                 raise ValueError(f"{key!r} {why}")
         return data
-
-    @model_validator(mode="after")
-    def _scale_of_the_additive_form(self):
-        if self.additive_scale == "sd" and (self.__pydantic_extra__ or {}).get("form") != "additive":
-            raise ValueError('additive_scale = "sd" sets the scale of the additive form; give form = "additive" or '
-                             "remove additive_scale")
-        return self
 
     @field_validator("frequency_Hz")
     @classmethod
@@ -392,6 +385,7 @@ def load_plan_config(path) -> PlanConfig:
     stimulation = checked.stimulation.to_dict()
     additive_scale = stimulation.pop("additive_scale")
     try:
+        check_additive_scale(additive_scale, stimulation.get("form"))
         stimulation_at((0.0, 0.0), stimulation)
     except ConfigError as exc:
         raise ConfigError(f"{where} [stimulation]: {exc}") from None

@@ -18,6 +18,7 @@ from stimsim.stimulation.electrical import (
     STIMULATION_FORMS,
     ElectricalStimulation,
     additive_scale_record,
+    check_additive_scale,
 )
 from stimsim.stimulation.safety import (
     SHANNON_K_LIMIT,
@@ -52,7 +53,7 @@ from stimsim.stimulation.suppression import (
 )
 
 __all__ = [
-    "ADDITIVE_SCALES", "additive_scale_record", "ARIKAN2002_VARIANCE_MM2", "CHARGE_BALANCED_WAVEFORMS", "CHOW2010_VARIANCE_MM2", "ELECTRODE_COMBINATIONS",
+    "ADDITIVE_SCALES", "additive_scale_record", "check_additive_scale", "ARIKAN2002_VARIANCE_MM2", "CHARGE_BALANCED_WAVEFORMS", "CHOW2010_VARIANCE_MM2", "ELECTRODE_COMBINATIONS",
     "MAX_CURRENT_UA", "PERTURBATION_KINDS", "STIMULATION_FORMS", "Ablation", "Condition", "ElectricalStimulation",
     "GaussianSuppression", "MuscimolInactivation", "OptogeneticSuppression", "Perturbation", "UnitEffect", "apply_effect",
     "perturbation_from_dict", "register_perturbation", "signed_gain_warning",

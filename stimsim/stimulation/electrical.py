@@ -30,6 +30,13 @@ MAX_CURRENT_UA = 5000.0
 ADDITIVE_SCALES = ("activation", "sd")
 
 
+def check_additive_scale(additive_scale: str, form: str | None) -> None:
+    """``additive_scale = "sd"`` sets the scale of the additive form: with another ``form`` a ConfigError."""
+    if additive_scale == "sd" and form != "additive":
+        raise ConfigError('additive_scale = "sd" sets the scale of the additive form; give form = "additive" or '
+                          "remove additive_scale")
+
+
 def additive_scale_record(activation_per_Hz_sd: float, responses) -> dict:
     """``additive_scale = "sd"`` resolved for one model: ``activation_per_Hz_sd`` (SDs of the layer's response per Hz
     of rate increment) × the SD of ``responses`` (images × units of that layer; one SD over both, population SD)
