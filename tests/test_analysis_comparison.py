@@ -7,6 +7,7 @@ import pytest
 import xarray as xr
 
 from stimsim.analysis import analyze, compare_predictions, expected_correlation, load_sessions, save_analysis
+from stimsim.analysis.analyze import Analysis
 from stimsim.analysis.comparison import expected_correlation_reason, load_plan_sequences
 from stimsim.analysis.synthetic import planted_curves, planted_session
 from stimsim.utilities.errors import ConfigError, FileFormatError
@@ -193,10 +194,11 @@ def test_sites_stimulated_at_several_currents_or_another_than_planned_are_named(
 def test_top_sites_are_the_plans_top_ranked_given_predictions_else_the_strongest_observed():
     from stimsim.analysis.figures import top_sites
 
-    sites = pd.DataFrame({"delta_auc": [0.01, -0.20, 0.05, 0.10], "predicted_delta_auc": [0.3, 0.0, np.nan, 0.1]})
-    order, how = top_sites(sites, n_top=2)
-    assert order.tolist() == [0, 3] and "plan" in how
-    order, how = top_sites(sites.drop(columns="predicted_delta_auc"), n_top=3)
+    sites = pd.DataFrame({"delta_auc": [0.01, -0.20, 0.05, 0.10], "predicted_delta_p_face": [0.3, 0.0, np.nan, 0.1]})
+    planned = Analysis(pd.DataFrame(), None, sites, {"plan_effect": "delta_p_face", "plan_effect_label": "ΔP(face)"})
+    order, how = top_sites(planned, n_top=2)
+    assert order.tolist() == [0, 3] and "largest predicted ΔP(face)" in how
+    order, how = top_sites(Analysis(pd.DataFrame(), None, sites.drop(columns="predicted_delta_p_face"), {}), n_top=3)
     assert order.tolist() == [1, 3, 2] and "observed" in how
 
 

@@ -35,7 +35,7 @@ def test_site_power_matches_normal_theory_and_null_rate():
 
 def test_null_sites_are_detected_at_alpha_over_two_against_a_planned_direction():
     curves = planted_curves(np.zeros(20))
-    _, sites, _ = power_analysis(curves, planned_delta_auc=np.ones(20), trial_counts=(400,), n_sessions=500, seed=2)
+    _, sites, _ = power_analysis(curves, planned_effect=np.ones(20), trial_counts=(400,), n_sessions=500, seed=2)
     assert sites["power_400"].mean() == pytest.approx(0.025, abs=0.01)
 
 

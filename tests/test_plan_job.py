@@ -803,6 +803,57 @@ def test_face_task_ranks_sites_in_the_models_face_patch(tmp_path, one_torch_thre
           f"median {np.median(site_dprime):.2f}")
     assert above >= 5  # chance: P(>= 5 of 6) = 7/64
     assert np.median(top) > np.percentile(site_dprime, 75)
+    _face_plan_closes_the_loop(out, summary, sites, tmp_path)
+
+
+def _face_plan_closes_the_loop(out, summary, sites, tmp_path):
+    """A face plan's virtual subject runs a session, which `analyze --plan` and `power` take as a sequence plan's:
+    P(face) on the signed visual-signal axis of Afraz et al. 2006 (non-face images at −s %, faces at +s %)."""
+    truth_path = out / summary["truth_file"]
+    assert summary["truth_file"] == "truth/subject_p_face.nc"
+    with xr.open_dataset(truth_path, engine="h5netcdf") as truth:
+        truth = truth.load()
+    # the face plan's levels are 30, 60 and 100 %: six steps, no 0 % step
+    assert truth["signed_signal_percent"].values.tolist() == [-100.0, -60.0, -30.0, 30.0, 60.0, 100.0]
+    assert summary["signed_signal_percent"] == truth["signed_signal_percent"].values.tolist()
+    curves = truth["subject_p_high"].transpose("electrode", "stimulated", "sequence", "step").values
+    # every step holds the same number of test images (10 faces or 10 non-faces), so the subject's ΔP(face) over
+    # all test images is the mean over the steps of its change of P(face)
+    per_step = curves[:, 1, 0] - curves[:, 0, 0]
+    np.testing.assert_allclose(per_step.mean(-1), truth["true_delta_p_face"].values, atol=1e-12)
+    sham = curves[0, 0, 0]
+    assert sham[-1] > sham[0] and sham[3:].mean() > sham[:3].mean()  # the psychometric curve rises towards faces
+    assert summary["power_at_planned_trials"]["trials_per_site"] == 400  # the forecast covers the face task
+
+    session = tmp_path / "session.csv"
+    assert main(["subject", "session", str(out), "--trials-per-site", "240", "--csv", str(session)]) == 0
+    trials = pd.read_csv(session, dtype={"electrode": str, "stimulated_electrode": str})
+    assert len(trials) == 240 * len(summary["chosen_electrodes"]) and set(trials["step"]) == set(range(6))
+    shown = trials[trials["stimulated_electrode"] == "sham"]
+    face_steps = shown["step"] >= 3
+    high = shown["choice"] == "high"
+    print(f"face plan session: P('high' = face) on sham trials {high[face_steps].mean():.2f} at face steps, "
+          f"{high[~face_steps].mean():.2f} at non-face steps (the subject's own P(face): {sham[3:].mean():.2f}, "
+          f"{sham[:3].mean():.2f})")
+    assert high[face_steps].mean() > high[~face_steps].mean()
+
+    analysis = tmp_path / "analysis"
+    assert main(["analyze", str(session), "--plan", str(out), "--out", str(analysis), "--boot", "20", "--perm", "20",
+                 "--splits", "4", "--no-progress"]) == 0
+    result = json.loads((analysis / "summary.json").read_text())
+    assert result["plan_effect"] == "delta_p_face" and result["plan_effect_label"] == "ΔP(face)"
+    assert result["n_steps"] == 6 and -1 <= result["predicted_vs_observed_r"] <= 1
+    observed = pd.read_csv(analysis / "sites.csv", dtype={"electrode": str}).set_index("electrode")
+    planned = sites.set_index("electrode_id")
+    np.testing.assert_allclose(observed["predicted_delta_p_face"],  # the analysis's sites.csv: 6 significant digits
+                               planned.loc[observed.index, "predicted_delta_p_face"], rtol=1e-5)
+
+    power = tmp_path / "power"
+    assert main(["power", str(out), "--out", str(power), "--trials-per-site", "100", "400", "--sessions", "20",
+                 "--no-progress"]) == 0
+    forecast = json.loads((power / "summary.json").read_text())
+    assert forecast["planned_effect"] == "delta_p_face" and forecast["simulated_from"].startswith("virtual subject")
+    assert "planned_delta_p_face" in pd.read_csv(power / "power_sites.csv")
 
 
 #: A plan task from outside stimsim, in one module: P(non-face) on the face task's trials.
@@ -843,7 +894,7 @@ class NonfaceTask(PlanTask):
 '''
 
 
-def test_a_plan_task_from_another_package_is_one_module(tmp_path, outside_package, one_torch_thread):
+def test_a_plan_task_from_another_package_is_one_module(tmp_path, outside_package, one_torch_thread, capsys):
     """A task registered from outside (one module, above) plans like a built-in one: on the same trials, the
     predicted change of P(non-face) at every electrode is minus the face task's change of P(face), since the two
     choices' probabilities sum to 1, and so is the subject's true effect (the same r). Declared by an installed
@@ -876,6 +927,11 @@ def test_a_plan_task_from_another_package_is_one_module(tmp_path, outside_packag
     assert summaries[1]["predicted_vs_true_r"] == pytest.approx(summaries[0]["predicted_vs_true_r"], abs=1e-9)
     assert (tmp_path / "nonface" / "truth" / "subject_p_nonface.nc").is_file()
     assert "change of P(non-face)" in (tmp_path / "nonface" / "report.html").read_text()
+    # its truth has no trial-by-trial P(high), so it cannot run a session: said, not guessed
+    capsys.readouterr()
+    assert main(["subject", "session", str(tmp_path / "nonface"), "--csv", str(tmp_path / "session.csv")]) != 0
+    assert "subject_p_nonface.nc" in (err := capsys.readouterr().err) and "cannot simulate sessions" in err
+    assert not (tmp_path / "session.csv").exists()
 
     run = package.run_installed("stimsim.plan_tasks", "nonface = labtask_t.nonface:NonfaceTask",
                                 "import sys; from stimsim.planning.config import load_plan_config; "

@@ -13,7 +13,7 @@ import xarray as xr
 from scipy import stats
 
 from stimsim.analysis.comparison import (compare_predictions, expected_correlation, expected_correlation_reason,
-                                         load_plan_predictions, load_plan_sequences)
+                                         load_plan_predictions, load_plan_sequences, predicted_column)
 from stimsim.analysis.effects import (CONDITIONS, SiteCounts, across_sites, count_trials,
                                       expected_fdr_discoveries_under_null, fdr_adjusted, site_effects,
                                       split_half_reliability)
@@ -32,14 +32,25 @@ SITE_ALPHA = 0.05
 @dataclass
 class Analysis:
     """Everything :func:`analyze` found. ``sites``: one row per (subject, electrode) with its effects
-    (and ``predicted_delta_auc`` given a plan); ``summary``: the numbers of ``summary.json``, with
-    ``warnings`` (text) about what the statistics had to leave out or could not compute."""
+    (and the plan's predicted effect, :attr:`predicted_column`, given a plan); ``summary``: the numbers of
+    ``summary.json``, with ``warnings`` (text) about what the statistics had to leave out or could not compute."""
 
     sessions: pd.DataFrame
     counts: SiteCounts
     sites: pd.DataFrame
     summary: dict
     parameters: dict = field(default_factory=dict)
+
+    @property
+    def predicted_column(self) -> str | None:
+        """The column of ``sites`` with the plan's predicted effect (``predicted_delta_auc``,
+        ``predicted_delta_p_face``, ...); None without a plan."""
+        return f"predicted_{self.summary['plan_effect']}" if "plan_effect" in self.summary else None
+
+    @property
+    def predicted_label(self) -> str:
+        """How figures and the report name the plan's predicted effect ("ΔAUC", "ΔP(face)")."""
+        return self.summary.get("plan_effect_label") or str(self.summary.get("plan_effect", ""))
 
     def to_dataset(self) -> xr.Dataset:
         """Labelled arrays: counts and P(high) per (site, condition, step); per-site effects on site;
@@ -106,9 +117,10 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
         raise ConfigError(f"ci must lie strictly between 0 and 1, got {ci}")
     parameters = {"plan_dir": str(plan_dir) if plan_dir else None, "n_boot": n_boot, "n_perm": n_perm,
                   "n_splits": n_splits, "ci": ci, "seed": seed, "site_alpha": SITE_ALPHA, "same_subject": same_subject}
-    plan_sites, plan_summary, n_steps = None, {}, None
+    plan_sites, plan_summary, n_steps, predicted = None, {}, None, None
     if plan_dir is not None:
         plan_sites, plan_summary = load_plan_predictions(plan_dir)
+        predicted = predicted_column(plan_summary)
         plan_file, n_sequences, n_steps = load_plan_sequences(plan_dir)
         check_against_plan(sessions, n_sequences, n_steps, plan_file)
         _check_plan_subject(plan_dir, plan_summary, sessions, same_subject)
@@ -116,16 +128,18 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
     _check_memory(counts, sessions, n_boot, n_perm, n_splits)
     sites = site_effects(counts, n_boot=n_boot, n_perm=n_perm, ci=ci, seed=seed, sessions=sessions)
     if plan_sites is not None:
-        interval = [name for name in ("predicted_delta_auc_low", "predicted_delta_auc_high") if name in plan_sites]
-        sites = sites.merge(plan_sites[["electrode_id", "predicted_delta_auc", *interval]].rename(
+        interval = [name for name in (f"{predicted}_low", f"{predicted}_high") if name in plan_sites]
+        sites = sites.merge(plan_sites[["electrode_id", predicted, *interval]].rename(
             columns={"electrode_id": "electrode"}), on="electrode", how="left")
 
+    plan_effect = {} if predicted is None else {
+        "plan_effect": predicted.removeprefix("predicted_"), "plan_effect_label": plan_summary.get("effect_label")}
     summary = {"n_trials": int(len(sessions)),
                "n_subjects": int(sessions["subject_id"].nunique()),
                "n_sessions": int(sessions[["subject_id", "session_id"]].drop_duplicates().shape[0]),
                "n_steps": int(counts.steps.size),
-               "ci": ci,
-               **_group_summary(sites, counts, plan_summary, n_perm, n_splits, seed)}
+               "ci": ci, **plan_effect,
+               **_group_summary(sites, counts, plan_summary, n_perm, n_splits, seed, predicted)}
     summary["warnings"] = _warnings(sites, summary) + _current_warnings(sessions, sites, plan_sites)
     for message in summary["warnings"]:
         warnings.warn(message, stacklevel=2)
@@ -134,7 +148,7 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
         summary["per_subject"] = {
             str(subject): _group_summary(sites[sites["subject_id"] == subject].reset_index(drop=True),
                                          _subset(counts, counts.subject_id == subject), plan_summary, n_perm,
-                                         n_splits, seed)
+                                         n_splits, seed, predicted)
             for subject in subjects}
     return Analysis(sessions, counts, sites, summary, parameters)
 
@@ -215,8 +229,8 @@ def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: p
                         f"Analyse the trials of each current separately to compare currents.")
     if other:
         messages.append(f"{len(other)} of {len(sites)} sites were stimulated at another current than the one the plan "
-                        f"predicted their effect for: {'; '.join(other)}. The predicted ΔAUC and the slope refer to "
-                        f"the plan's current.")
+                        f"predicted their effect for: {'; '.join(other)}. The predicted effect and the slope refer "
+                        f"to the plan's current.")
     return messages
 
 
@@ -226,9 +240,10 @@ def _subset(counts: SiteCounts, keep: np.ndarray) -> SiteCounts:
 
 
 def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, n_perm: int, n_splits: int,
-                   seed: int) -> dict:
-    """Statistics across the sites of one group (all subjects pooled, or one subject). The false
-    discovery rate is controlled over the group's own sites (Benjamini–Hochberg at q = SITE_ALPHA)."""
+                   seed: int, predicted: str | None) -> dict:
+    """Statistics across the sites of one group (all subjects pooled, or one subject), and against the plan's
+    predicted effect in the column ``predicted`` (None: no plan). The false discovery rate is controlled over the
+    group's own sites (Benjamini–Hochberg at q = SITE_ALPHA)."""
     significant = sites["permutation_p"] < SITE_ALPHA
     n_tested = int(np.isfinite(sites["permutation_p"]).sum())
     summary = {"n_sites_recorded": int(len(sites)), **across_sites(sites["delta_auc"], n_perm=10 * n_perm, seed=seed),
@@ -240,13 +255,13 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
                "n_sites_significant_fdr": int((fdr_adjusted(sites["permutation_p"]) < SITE_ALPHA).sum()),
                "n_sites_significant_fdr_chance": expected_fdr_discoveries_under_null(n_tested, SITE_ALPHA),
                **split_half_reliability(counts, n_splits=n_splits, seed=seed)}
-    if "predicted_delta_auc" not in sites:
+    if predicted is None:
         return summary
-    comparison = compare_predictions(sites["predicted_delta_auc"], sites["delta_auc"], summary["noise_ceiling"],
+    comparison = compare_predictions(sites[predicted], sites["delta_auc"], summary["noise_ceiling"],
                                      n_perm=10 * n_perm, seed=seed)
     summary.update(comparison)
     summary["permutation_p"] = comparison["predicted_vs_observed_permutation_p"]
-    direction = np.sign(sites["predicted_delta_auc"]) * sites["delta_auc"]
+    direction = np.sign(sites[predicted]) * sites["delta_auc"]
     direction = direction[np.isfinite(direction)].to_numpy()
     summary["shift_in_predicted_direction"] = _nanmean(direction)
     summary["shift_in_predicted_direction_chance"] = 0.0
@@ -259,7 +274,7 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
         summary["plan_predicted_vs_true_r_chance"] = 0.0
         # The plan's r is over every site it rehearsed; the sites of a session (e.g. the top-ranked ones) can
         # correlate less (a narrower range of predictions). With the plan's per-site truth, use these sites.
-        sites_r = _plan_r_on_sites(plan_summary, sites["electrode"])
+        sites_r = _plan_r_on_sites(plan_summary, predicted.removeprefix("predicted_"), sites["electrode"])
         summary["plan_predicted_vs_true_r_these_sites"] = sites_r
         basis = sites_r if np.isfinite(sites_r) else float(planned_r)
         expected, low, high = expected_correlation(basis, summary["noise_ceiling"], comparison["n_sites_compared"])
@@ -270,10 +285,10 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
     return summary
 
 
-def _plan_r_on_sites(plan_summary: dict, electrodes) -> float:
-    """Pearson r of the plan's predicted and true ΔAUC (virtual-subject plans list both per electrode)
+def _plan_r_on_sites(plan_summary: dict, effect: str, electrodes) -> float:
+    """Pearson r of the plan's predicted and true ``effect`` (virtual-subject plans list both per electrode)
     over ``electrodes``; NaN when the plan lacks them or fewer than 3 sites have both."""
-    predicted, true = plan_summary.get("predicted_delta_auc"), plan_summary.get("true_delta_auc")
+    predicted, true = plan_summary.get(f"predicted_{effect}"), plan_summary.get(f"true_{effect}")
     if not isinstance(predicted, dict) or not isinstance(true, dict):
         return float("nan")
     pairs = np.array([(predicted.get(str(e), np.nan), true.get(str(e), np.nan)) for e in electrodes], dtype=float)

@@ -1,4 +1,4 @@
-"""Predictions against outcomes: the plan's predicted per-site ΔAUC against the observed ones.
+"""Predictions against outcomes: the plan's predicted per-site effect against the observed ΔAUC.
 
 Mehrer et al. 2025 (arXiv 2510.03684) report the per-site model-vs-monkey Pearson r with a
 permutation p, and that the model over-estimated effect magnitudes; here also the slope of observed on
@@ -17,25 +17,44 @@ from scipy import stats
 
 from stimsim.utilities.errors import FileFormatError
 
-#: Columns of the plan's sites.csv that the comparison reads.
-PLAN_SITE_COLUMNS = ("electrode_id", "predicted_delta_auc")
+#: The per-site effect of a plan whose summary names none (plans made before ``effect`` was recorded).
+DEFAULT_PLAN_EFFECT = "delta_auc"
+
+
+def predicted_column(summary: dict, summary_path="summary.json") -> str:
+    """The column of a plan's sites.csv with its predicted per-site effect: ``predicted_<effect>``, the effect that
+    its summary.json names (``delta_auc`` for the sequence task, ``delta_p_face`` for the face task). Sessions
+    measure ΔAUC of P(high) over the steps of every site's stimuli; for both tasks the plan's effect is a mean of
+    the per-step changes of that same P(high) (the face task's: over its images, every level equally), so that
+    they are compared by r, and by the slope only as a rough scale."""
+    effect = summary.get("effect", DEFAULT_PLAN_EFFECT)
+    if not isinstance(effect, str) or not effect.isidentifier():
+        raise FileFormatError(summary_path, f"field 'effect' must name the plan's effect, got {effect!r}")
+    return f"predicted_{effect}"
 
 
 def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
-    """``sites.csv`` (electrode_id as text, predicted_delta_auc, ...) and ``summary.json`` of a plan."""
+    """``sites.csv`` (electrode_id as text, the predicted effect :func:`predicted_column` with its interval, ...)
+    and ``summary.json`` of a plan."""
     plan_dir = Path(plan_dir)
     sites_path, summary_path = plan_dir / "sites.csv", plan_dir / "summary.json"
     for path in (sites_path, summary_path):
         if not path.is_file():
             raise FileNotFoundError(f"plan directory {plan_dir} has no {path.name} (made by `stimsim plan`)")
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FileFormatError(summary_path, f"invalid JSON ({exc})") from None
+    predicted = predicted_column(summary if isinstance(summary, dict) else {}, summary_path)
+    numbers = (predicted, f"{predicted}_low", f"{predicted}_high")
     sites = pd.read_csv(sites_path, dtype={"electrode_id": str})
-    missing = [name for name in PLAN_SITE_COLUMNS if name not in sites]
+    missing = [name for name in ("electrode_id", predicted) if name not in sites]
     if missing:
         raise FileFormatError(sites_path, f"missing column(s) {missing}")
     if sites["electrode_id"].duplicated().any():
         raise FileFormatError(sites_path, "an electrode_id appears twice")
     problems = []
-    for name in ("electrode_id", "predicted_delta_auc", "predicted_delta_auc_low", "predicted_delta_auc_high"):
+    for name in ("electrode_id", *numbers):
         if name not in sites:
             continue
         bad = (sites[name].isna() | (sites[name].astype(str).str.strip() == "")) if name == "electrode_id" else \
@@ -47,14 +66,10 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
                             f"{'empty' if name == 'electrode_id' else 'not a number (empty, NaN or text)'}")
     if problems:
         raise FileFormatError(sites_path, "; ".join(problems) + " (every site of a plan has an id and a predicted "
-                                                                 "ΔAUC with its interval)")
-    for name in ("predicted_delta_auc", "predicted_delta_auc_low", "predicted_delta_auc_high"):
+                                                                 "effect with its interval)")
+    for name in numbers:
         if name in sites:
             sites[name] = sites[name].astype(float)
-    try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FileFormatError(summary_path, f"invalid JSON ({exc})") from None
     return sites, summary
 
 

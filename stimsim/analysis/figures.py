@@ -36,15 +36,16 @@ def plot_overview(analysis):
 
 
 def plot_site_effects(analysis):
-    """Per-site ΔAUC with bootstrap intervals, sorted; the plan's prediction beside it if given."""
+    """Per-site ΔAUC with bootstrap intervals, sorted; the plan's predicted effect beside it if given."""
     plt = pyplot()
     sites = analysis.sites.sort_values("delta_auc").reset_index(drop=True)
     fig, ax = plt.subplots(figsize=(max(6, 0.12 * len(sites) + 2), 3.8))
     index = np.arange(len(sites))
     error = np.abs(np.vstack([sites["delta_auc"] - sites["delta_auc_low"], sites["delta_auc_high"] - sites["delta_auc"]]))
     ax.errorbar(index, sites["delta_auc"], yerr=np.nan_to_num(error), fmt="o", ms=3, color="C0", label="observed")
-    if "predicted_delta_auc" in sites:
-        ax.plot(index, sites["predicted_delta_auc"], "x", color="C1", label="predicted (plan)")
+    if analysis.predicted_column is not None:
+        ax.plot(index, sites[analysis.predicted_column], "x", color="C1",
+                label=f"predicted (plan, {analysis.predicted_label})")
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xlabel("site (sorted by observed ΔAUC)")
     ax.set_ylabel("ΔAUC (stimulated − sham)")
@@ -55,13 +56,14 @@ def plot_site_effects(analysis):
     return fig
 
 
-def top_sites(sites, n_top: int = 6) -> tuple[np.ndarray, str]:
-    """Row indices of the top sites and how they were picked: the plan's largest predicted ΔAUC when
+def top_sites(analysis, n_top: int = 6) -> tuple[np.ndarray, str]:
+    """Row indices of the top sites and how they were picked: the plan's largest predicted effect when
     the sites carry predictions (picked before seeing the data), else the largest observed |ΔAUC|."""
-    if "predicted_delta_auc" in sites and np.isfinite(sites["predicted_delta_auc"]).any():
-        predicted = sites["predicted_delta_auc"].to_numpy(dtype=float)
+    sites, column = analysis.sites, analysis.predicted_column
+    if column is not None and np.isfinite(sites[column]).any():
+        predicted = sites[column].to_numpy(dtype=float)
         return np.argsort(-np.where(np.isfinite(predicted), predicted, -np.inf), kind="stable")[:n_top], \
-            "the plan's top-ranked sites (largest predicted ΔAUC)"
+            f"the plan's top-ranked sites (largest predicted {analysis.predicted_label})"
     observed = np.abs(np.nan_to_num(sites["delta_auc"].to_numpy(dtype=float)))
     return np.argsort(-observed, kind="stable")[:n_top], "the sites with the largest observed |ΔAUC|"
 
@@ -69,7 +71,7 @@ def top_sites(sites, n_top: int = 6) -> tuple[np.ndarray, str]:
 def plot_top_sites(analysis, n_top: int = 6):
     """P(high) per step, stimulated vs sham, for the top sites (:func:`top_sites`)."""
     plt = pyplot()
-    order, _ = top_sites(analysis.sites, n_top)
+    order, _ = top_sites(analysis, n_top)
     columns = min(3, len(order))
     rows = int(np.ceil(len(order) / columns))
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows), squeeze=False)
@@ -79,8 +81,8 @@ def plot_top_sites(analysis, n_top: int = 6):
         ax.plot(analysis.counts.steps, p_high[i, 0], "o-", color="0.4", label="sham")
         ax.plot(analysis.counts.steps, p_high[i, 1], "o-", color="C3", label="stimulated")
         title = f"site {labels[i]}: ΔAUC {analysis.sites['delta_auc'].iloc[i]:+.3f}"
-        if "predicted_delta_auc" in analysis.sites:
-            title += f" (plan {analysis.sites['predicted_delta_auc'].iloc[i]:+.3f})"
+        if analysis.predicted_column is not None:
+            title += f" (plan {analysis.predicted_label} {analysis.sites[analysis.predicted_column].iloc[i]:+.3f})"
         ax.set_title(title, fontsize=8)
         ax.set_ylim(0, 1)
         ax.set_xlabel("step")
@@ -93,21 +95,21 @@ def plot_top_sites(analysis, n_top: int = 6):
 
 
 def plot_predicted_vs_observed(analysis):
-    """Observed against predicted ΔAUC per site (vertical bars: the observed bootstrap interval;
+    """Observed ΔAUC against the plan's predicted effect per site (vertical bars: the observed bootstrap interval;
     horizontal bars: the plan's prediction interval where the plan gives one), with the identity line and
     the fitted slope. Each axis spans its own data, so a narrow range of predictions stays readable."""
     plt = pyplot()
     sites = analysis.sites
     fig, ax = plt.subplots(figsize=(5.0, 4.4))
-    predicted = sites["predicted_delta_auc"].to_numpy(dtype=float)
+    column = analysis.predicted_column
+    predicted = sites[column].to_numpy(dtype=float)
     yerr = np.abs(np.vstack([sites["delta_auc"] - sites["delta_auc_low"], sites["delta_auc_high"] - sites["delta_auc"]]))
     xerr = None
     x_values = [predicted]
-    if {"predicted_delta_auc_low", "predicted_delta_auc_high"} <= set(sites.columns):
-        xerr = np.nan_to_num(np.abs(np.vstack([predicted - sites["predicted_delta_auc_low"],
-                                               sites["predicted_delta_auc_high"] - predicted])))
-        x_values += [sites["predicted_delta_auc_low"].to_numpy(dtype=float),
-                     sites["predicted_delta_auc_high"].to_numpy(dtype=float)]
+    if {f"{column}_low", f"{column}_high"} <= set(sites.columns):
+        xerr = np.nan_to_num(np.abs(np.vstack([predicted - sites[f"{column}_low"],
+                                               sites[f"{column}_high"] - predicted])))
+        x_values += [sites[f"{column}_low"].to_numpy(dtype=float), sites[f"{column}_high"].to_numpy(dtype=float)]
     ax.errorbar(predicted, sites["delta_auc"], yerr=np.nan_to_num(yerr), xerr=xerr, fmt="o", ms=4, color="C0",
                 ecolor="0.6", elinewidth=0.8, alpha=0.9)
     x_low, x_high = _padded_range(np.concatenate(x_values))
@@ -121,7 +123,7 @@ def plot_predicted_vs_observed(analysis):
                 label=f"fit: slope {summary['slope']:.2f}")
     ax.set_xlim(x_low, x_high)
     ax.set_ylim(y_low, y_high)
-    ax.set_xlabel("predicted ΔAUC (plan)")
+    ax.set_xlabel(f"predicted {analysis.predicted_label} (plan)")
     ax.set_ylabel("observed ΔAUC")
     ax.set_title(f"r = {summary.get('predicted_vs_observed_r', float('nan')):.2f}, "
                  f"permutation p = {summary.get('permutation_p', float('nan')):.3g}", fontsize=9)

@@ -11,7 +11,8 @@ import xarray as xr
 
 from stimsim.utilities.errors import FileFormatError
 
-TRUTH_FILE = Path("truth") / "subject_p_high.nc"
+#: The virtual subject's results when the summary names none (plans made before ``truth_file`` was recorded).
+TRUTH_FILE = "truth/subject_p_high.nc"
 TRUTH_DIMS = ("electrode", "stimulated", "sequence", "step")
 
 
@@ -45,17 +46,31 @@ def summary_electrodes(path: Path, summary: dict, key: str = "chosen_electrodes"
     return [str(e) for e in value]
 
 
-def read_subject_p_high(plan_dir, electrodes: list[str] | None, summary_path: Path) -> xr.DataArray:
-    """The virtual subject's P(high) of ``electrodes`` (all when None), dims (electrode, stimulated, sequence,
-    step) with stimulated = [False, True]; ``summary_path`` is named when it lists an electrode the truth lacks."""
-    path = Path(plan_dir) / TRUTH_FILE
+def truth_path(plan_dir, summary_path: Path, summary: dict) -> Path | None:
+    """The virtual subject's results of a plan (summary.json's ``truth_file``, a path inside ``plan_dir``), or None
+    when the plan was made for a real subject (neither the field nor the file)."""
+    name = summary.get("truth_file", TRUTH_FILE)
+    if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise FileFormatError(summary_path, f"field 'truth_file' must be a path inside the plan directory, "
+                                            f"got {name!r}")
+    path = Path(plan_dir) / name
+    return path if "truth_file" in summary or path.is_file() else None
+
+
+def read_subject_p_high(path: Path, electrodes: list[str] | None, summary_path: Path) -> xr.DataArray:
+    """The virtual subject's P(high) of ``electrodes`` (all when None) from its results ``path``
+    (:func:`truth_path`), dims (electrode, stimulated, sequence, step) with stimulated = [False, True];
+    ``summary_path`` is named when it lists an electrode the truth lacks."""
+    if not path.is_file():
+        raise FileFormatError(path, "not found: the plan's summary names it as the virtual subject's results")
     try:
         with xr.open_dataset(path, engine="h5netcdf") as data:
             p_high = data["subject_p_high"].load() if "subject_p_high" in data else None
     except Exception as exc:  # h5py and xarray raise many types for a damaged file
         raise FileFormatError(path, f"not a readable NetCDF file ({type(exc).__name__}: {exc})") from None
     if p_high is None or set(p_high.dims) != set(TRUTH_DIMS):
-        raise FileFormatError(path, f"needs a variable 'subject_p_high' with dims {TRUTH_DIMS}")
+        raise FileFormatError(path, f"needs a variable 'subject_p_high' with dims {TRUTH_DIMS} (the subject's P(high) "
+                                    "trial by trial; a plan task without it cannot simulate sessions)")
     values = p_high.values
     if not np.all((values >= 0) & (values <= 1)):  # NaN fails too
         raise FileFormatError(path, "'subject_p_high' must hold probabilities in [0, 1] (it holds others or NaN)")

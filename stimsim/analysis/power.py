@@ -68,16 +68,17 @@ def site_z_p(n_high: np.ndarray, n: np.ndarray, positions: np.ndarray) -> tuple[
     return delta, np.where(np.isfinite(delta), p_value, np.nan)
 
 
-def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts=DEFAULT_TRIAL_COUNTS,
+def power_analysis(p_high, electrodes=None, planned_effect=None, trial_counts=DEFAULT_TRIAL_COUNTS,
                    n_sessions: int = 200, alpha: float = 0.05, target_power: float = 0.8,
-                   seed: int = 0, progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+                   seed: int = 0, progress: bool = False,
+                   effect: str = "delta_auc") -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Simulate ``n_sessions`` sessions at every count of ``trial_counts`` (trials per site) from
-    ``p_high``; the planned direction of every site is the sign of ``planned_delta_auc`` (default:
-    the ΔAUC of ``p_high`` itself).
+    ``p_high``; the planned direction of every site is the sign of ``planned_effect``, the plan's predicted
+    ``effect`` (default: the ΔAUC of ``p_high`` itself).
 
     Returns ``curve`` (one row per trial count: ``wilcoxon_power``, ``mean_site_power``, mean
     ``observed_vs_true_r`` and ``observed_vs_planned_r`` across sites),
-    ``sites`` (one row per site: planned ΔAUC, power at every count, ``trials_needed``) and a
+    ``sites`` (one row per site: ``planned_<effect>``, power at every count, ``trials_needed``) and a
     summary (``wilcoxon_trials_needed``, ``median_site_trials_needed``,
     ``observed_vs_true_r_trials_needed`` for a mean r of :data:`TARGET_OBSERVED_VS_TRUE_R`, parameters).
     ``median_site_trials_needed`` is the lower median of the ``trials_needed`` of the sites that reach the
@@ -103,10 +104,10 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
                  POWER_BYTES_PER_CELL * n_sessions * n_sites * 2 * n_steps, "--sessions (n_sessions)")
     electrodes = [str(i + 1) for i in range(n_sites)] if electrodes is None else [str(e) for e in electrodes]
     positions = np.linspace(0.0, 1.0, n_steps)
-    planned = (delta_auc_of_counts(p_high, np.ones_like(p_high), positions) if planned_delta_auc is None
-               else np.asarray(planned_delta_auc, dtype=float))
+    planned = (delta_auc_of_counts(p_high, np.ones_like(p_high), positions) if planned_effect is None
+               else np.asarray(planned_effect, dtype=float))
     if planned.shape != (n_sites,):
-        raise ValueError(f"planned_delta_auc must hold one value per site ({n_sites}), got shape {planned.shape}")
+        raise ValueError(f"planned_effect must hold one value per site ({n_sites}), got shape {planned.shape}")
     direction = np.sign(planned)
     true_delta = delta_auc_of_counts(p_high, np.ones_like(p_high), positions)
     true_logodds = fit_grouped_logistic(p_high, np.ones_like(p_high), positions)[..., 2]
@@ -133,7 +134,7 @@ def power_analysis(p_high, electrodes=None, planned_delta_auc=None, trial_counts
                           "mean_site_power": site_power.mean(axis=1), "observed_vs_true_r": versus_true,
                           "observed_vs_planned_r": versus_planned,
                           "stim_logodds_observed_vs_true_r": logodds_versus_true})
-    sites = pd.DataFrame({"electrode": electrodes, "planned_delta_auc": planned})
+    sites = pd.DataFrame({"electrode": electrodes, f"planned_{effect}": planned})
     for i, count in enumerate(counts):
         sites[f"power_{count}"] = site_power[i]
     sites["trials_needed"] = pd.Series([needed(site_power[:, j]) for j in range(n_sites)], dtype=object)
@@ -194,15 +195,15 @@ def _directed_wilcoxon_p(signed: np.ndarray) -> np.ndarray:
 
 def curves_from_plan(plan_dir) -> dict:
     """P(high) per (chosen site, condition, step) to simulate sessions from, averaged over each site's
-    sequences: the virtual subject's own curves with its lapses (``truth/subject_p_high.nc``) when the
-    plan was made on a virtual subject, else the plan's predictions (``plan.nc``, chosen model, fitted
-    pose). Also the plan's predicted ΔAUC of those sites (their planned direction)."""
+    sequences: the virtual subject's own curves with its lapses (``subject_p_high`` of the summary's
+    ``truth_file``) when the plan was made on a virtual subject, else the plan's predictions (``plan.nc``, chosen
+    model, fitted pose). Also the plan's predicted effect of those sites (their planned direction) and its name."""
     from pathlib import Path
 
     import xarray as xr
 
-    from stimsim.analysis.comparison import load_plan_predictions
-    from stimsim.analysis.plan_readback import TRUTH_FILE, read_subject_p_high, summary_electrodes, summary_number
+    from stimsim.analysis.comparison import load_plan_predictions, predicted_column
+    from stimsim.analysis.plan_readback import read_subject_p_high, summary_electrodes, summary_number, truth_path
     from stimsim.utilities.errors import FileFormatError
 
     plan_dir = Path(plan_dir)
@@ -216,9 +217,9 @@ def curves_from_plan(plan_dir) -> dict:
     if unknown:
         raise FileFormatError(summary_path, f"names electrode(s) {unknown} that {plan_dir / 'sites.csv'} does not "
                                             "list; the files are not of one plan")
-    truth_path = plan_dir / TRUTH_FILE
-    if truth_path.is_file():
-        p_high = read_subject_p_high(plan_dir, chosen, summary_path)
+    truth = truth_path(plan_dir, summary_path, summary)
+    if truth is not None:
+        p_high = read_subject_p_high(truth, chosen, summary_path)
         lapse = summary_number(summary_path, summary, "subject_lapse_rate", 0.0)
         source = f"virtual subject (lapse rate {lapse:g})"
     else:
@@ -236,8 +237,9 @@ def curves_from_plan(plan_dir) -> dict:
         lapse = 0.0
         source = f"plan predictions ({summary['chosen_model']})"
     curves = lapse / 2 + (1 - lapse) * p_high.values.mean(axis=2)
-    return {"p_high": curves, "electrodes": chosen, "source": source,
-            "planned_delta_auc": sites.loc[chosen, "predicted_delta_auc"].to_numpy(dtype=float)}
+    column = predicted_column(summary, summary_path)
+    return {"p_high": curves, "electrodes": chosen, "source": source, "effect": column.removeprefix("predicted_"),
+            "planned_effect": sites.loc[chosen, column].to_numpy(dtype=float)}
 
 
 def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
@@ -256,10 +258,12 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     # before writing leaves it as it was.
     with DirectoryLock(out_dir, "power"), ResultSet(out_dir, "power", force=force) as results:
         planned = curves_from_plan(plan_dir)
-        curve, sites, summary = power_analysis(planned["p_high"], planned["electrodes"], planned["planned_delta_auc"],
+        curve, sites, summary = power_analysis(planned["p_high"], planned["electrodes"], planned["planned_effect"],
                                                trial_counts=trial_counts, n_sessions=n_sessions, alpha=alpha,
-                                               target_power=target_power, seed=seed, progress=progress)
-        summary = {**summary, "simulated_from": planned["source"], "plan_dir": str(plan_dir)}
+                                               target_power=target_power, seed=seed, progress=progress,
+                                               effect=planned["effect"])
+        summary = {**summary, "simulated_from": planned["source"], "plan_dir": str(plan_dir),
+                   "planned_effect": planned["effect"]}
         parameters = {"plan_dir": str(plan_dir), "target_power": target_power, "alpha": alpha,
                       "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions, "seed": seed}
         beyond = f"more than {max(summary['trial_counts'])}"
@@ -283,8 +287,10 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
                 Image(figure_png(plot_power_curve(curve, target_power)),
                       caption=f"Power against trials per site; target {target_power:g}.")]),
             Section("Power curve", [Table.from_dataframe(curve)]),
-            Section("Per site", [Table.from_dataframe(sites, caption="planned ΔAUC, power at every trial count, "
-                                                                      "trials needed (– : not within the counts)")])])
+            Section("Per site", [Table.from_dataframe(sites, caption=f"the plan's predicted effect "
+                                                                      f"({planned['effect']}), power at every trial "
+                                                                      "count, trials needed (– : not within the "
+                                                                      "counts)")])])
         results.claim("report.html")
         results.claim("report.pdf")
         report.write(results.directory)

@@ -82,16 +82,16 @@ def build_report(analysis, sources=()) -> Report:
     site_columns = (["subject_id"] if summary["n_subjects"] > 1 else []) + [
         "electrode", "n_stimulated", "n_sham", "delta_auc", "delta_auc_low", "delta_auc_high", "shift_steps",
         "stim_logodds", "stim_logodds_se", "permutation_p", "p_fdr"]
-    if "predicted_delta_auc" in sites:
-        site_columns.append("predicted_delta_auc")
+    predicted = analysis.predicted_column
+    if predicted is not None:
+        site_columns.append(predicted)
     if (sites["delta_auc_missing_reason"] != "").any():
         site_columns.append("delta_auc_missing_reason")
     ci = round(100 * summary["ci"])
     by_effect = sites[site_columns].sort_values("delta_auc", key=abs, ascending=False, kind="stable")
     per_site_figure = Image(figure_png(figures.plot_site_effects(analysis)), css_class="first-page",
                             caption=f"ΔAUC per site with {ci} % bootstrap intervals (trials resampled within each "
-                                    f"condition and step)" + ("; × the plan's prediction." if "predicted_delta_auc"
-                                                              in sites else "."))
+                                    f"condition and step)" + ("; × the plan's prediction." if predicted else "."))
     effects = [Table.from_dataframe(by_effect,
                                     caption="Per-site effects (sorted by |ΔAUC|); stim_logodds: stimulation term of "
                                             "the per-site logistic regression with its standard error and Wald p; "
@@ -106,13 +106,13 @@ def build_report(analysis, sources=()) -> Report:
                 Section("Psychometric curves of the top sites",
                         [Image(figure_png(figures.plot_top_sites(analysis)),
                                caption=f"P('high') per step, stimulated vs sham, for "
-                                       f"{figures.top_sites(sites)[1]}.")])]
-    if "predicted_delta_auc" in sites:
+                                       f"{figures.top_sites(analysis)[1]}.")])]
+    if predicted is not None:
         sections.append(Section("Predictions against outcomes", [
             Image(figure_png(figures.plot_predicted_vs_observed(analysis)),
-                  caption=f"Observed against predicted ΔAUC per site (vertical bars: {ci} % bootstrap intervals of "
-                          "the observed ΔAUC; horizontal bars: the plan's prediction intervals), identity line "
-                          "dashed."),
+                  caption=f"Observed ΔAUC against the plan's predicted {analysis.predicted_label} per site (vertical "
+                          f"bars: {ci} % bootstrap intervals of the observed ΔAUC; horizontal bars: the plan's "
+                          "prediction intervals), identity line dashed."),
             Paragraph("The slope of observed on predicted measures magnitude: below 1 the plan over-estimates "
                       "the effects. Observed effects of reliability ρ (the noise ceiling) correlate with any "
                       "prediction at most sqrt(ρ) times as well as the true effects do, so a plan that "

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -63,6 +64,18 @@ def forecast(curves: np.ndarray, electrodes, planned_effect, trials_per_site: in
                 "alpha": ALPHA, "target_power": TARGET_POWER, "n_sessions": FORECAST_SESSIONS, "seed": seed,
                 "curve": curve[["trials_per_site", "wilcoxon_power", "mean_site_power"]].to_dict(orient="list")},
             "power_warning": power_warning(power, needed)}
+
+
+def power_forecast(rehearsals: dict, plan: dict, working: list, trials_per_site: int, seed: int) -> dict:
+    """:func:`forecast` of a plan's chosen sites (``plan["choice"]["chosen"]``, indices into ``working``) on the
+    candidates' P(high) curves (``rehearsals``: candidate → its ``p_high``), in the direction of their predicted
+    effect; the warning is also issued."""
+    chosen = plan["choice"]["chosen"]
+    result = forecast(predicted_curves(rehearsals, chosen), [working[i] for i in chosen], plan["predicted"][chosen],
+                      trials_per_site, seed)
+    if result["power_warning"] is not None:
+        warnings.warn(result["power_warning"], stacklevel=4)
+    return result
 
 
 def _trials_text(count, largest: int) -> str:

@@ -324,12 +324,12 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
         rehearsed = tuple(f"rehearsal_{_cache_key(list(models), name)}.npz" for name in models)
         percepts = _percepts_phase(config, out_dir, cache, chosen_model, plan, working, progress, phases + rehearsed,
                                    compute["device"])
-    truth = None
+    truth = truth_file = None
     if inputs.subject_dir is not None:
         truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, task,
                                                            stimulation_of(SUBJECT), progress, engine), after=phases)
-        _write_truth(config, out_dir, truth, working, task)
-    return _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth,
+        truth_file = _write_truth(config, out_dir, truth, working, task)
+    return _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth, truth_file,
                           safety, models, scales, write_report, compute, cache.timings, percepts,
                           additive or {"additive_scale": config.additive_scale})
 
@@ -480,12 +480,14 @@ def _assemble(config, inputs, mapping, chosen_model, rehearsals, registered_poin
             "array_xy": array_xy, "cortex_xy": registered_points(chosen_model)[:, 0]}
 
 
-def _write_truth(config, out_dir: Path, truth: dict, working, trials) -> None:
+def _write_truth(config, out_dir: Path, truth: dict, working, trials) -> str:
+    """Write the virtual subject's own results; their path relative to ``out_dir`` (in POSIX form)."""
     name, data = config.plan_task.truth_dataset(working, truth, trials)
     atomic_save(out_dir / "truth" / name, lambda tmp: data.to_netcdf(tmp, engine="h5netcdf"))
+    return f"truth/{name}"
 
 
-def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth, safety,
+def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth, truth_file, safety,
                    models, scales, write_report: bool, compute: dict, timings: dict, percepts: dict | None,
                    additive: dict) -> dict:
     from stimsim.models.registry import model_path
@@ -538,7 +540,8 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                                 for name, reg in mapping["registrations"].items()},
                "registration_stability": {name: {k: boot[k] for k in ("sd_x_mm", "sd_y_mm", "sd_rotation_deg", "n_boot")}
                                           for name, boot in mapping["bootstraps"].items()},
-               "effect": effect, f"predicted_{effect}_median": float(np.nanmedian(plan["predicted"])),
+               "effect": effect, "effect_label": plan_task.effect_label,
+               f"predicted_{effect}_median": float(np.nanmedian(plan["predicted"])),
                "interval_spans": INTERVAL_SPANS, "model_to_subject_sd": subject_sd,
                "layout_description": inputs.array_layout.description or None,
                "candidate_base_networks": [models[name].base_network for name in models],
@@ -558,7 +561,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
         alive = ~truth["dead"] & np.isfinite(plan["predicted"])
         true = truth[effect].mean(-1) if truth[effect].ndim > 1 else truth[effect]
         r = float(np.corrcoef(plan["predicted"][alive], true[alive])[0, 1]) if alive.sum() > 2 else float("nan")
-        summary.update({"subject_dir": str(inputs.subject_dir), "predicted_vs_true_r": r,
+        summary.update({"subject_dir": str(inputs.subject_dir), "truth_file": truth_file, "predicted_vs_true_r": r,
                         "predicted_vs_true_r_per_model": {
                             name: _pearson(plan["per_model"][m, alive, 0], true[alive])
                             for m, name in enumerate(rehearsals)},

@@ -276,7 +276,7 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
            "other. " if summary["model_to_subject_sd"] is not None else
            "which needs at least 2 candidates (none here). ")
         + plan_task.describe(config.task_options, summary)),
-        *detectability_blocks(summary, label),
+        *detectability_blocks(summary),
         Image(sheet_figure(models[chosen_model], inputs.images, mapping, chosen_model, plan, working,
                            inputs.array_layout, config.selection.broken_electrodes),
               caption=sheet_caption(inputs.images, config.min_reliability, bool(inputs.array_layout.cerebus)),
@@ -351,9 +351,10 @@ def _interval(row: dict, name: str) -> str | None:
     return None if not (np.isfinite(low) and np.isfinite(high)) else f"[{low:.4f}, {high:.4f}]"
 
 
-def detectability_blocks(summary: dict, label: str) -> list:
+def detectability_blocks(summary: dict) -> list:
     """The power forecast in words for the report's first page, in a warning box when the sites cannot reach the
-    target power at the planned trial count (sequence task only)."""
+    target power at the planned trial count. The tests are on ΔAUC of P(high) over each site's steps, whatever the
+    task's own effect."""
     power, needed = summary.get("power_at_planned_trials"), summary.get("trials_per_site_needed")
     if power is None:
         return []
@@ -364,7 +365,7 @@ def detectability_blocks(summary: dict, label: str) -> list:
 
     reached = sum(value is not None for value in needed["per_site"].values())
     text = (f"Power at the planned {power['trials_per_site']:,} trials per site ([session] trials_per_site, half "
-            f"sham): {power['across_sites']:.0%} across sites (one-sided Wilcoxon signed-rank of {label} in the "
+            f"sham): {power['across_sites']:.0%} across sites (one-sided Wilcoxon signed-rank of ΔAUC in the "
             f"planned direction), {power['per_site_mean']:.0%} per site (mean; two-sided z test; α = "
             f"{forecast['alpha']:g}). Trials per site for {forecast['target_power']:.0%} power: "
             f"{trials(needed['across_sites'])} across sites, {trials(needed['per_site_median'])} per site (median; "

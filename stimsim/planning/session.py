@@ -1,4 +1,10 @@
-"""Behavioural sessions of the virtual subject: the plan's sites and sequences, trial by trial.
+"""Behavioural sessions of the virtual subject: the plan's sites and stimuli, trial by trial.
+
+The stimuli are a site's sequences of steps: for the sequence task its image sequences (step 0 the "low" end);
+for the face task one "sequence" per site, whose steps are the signed visual-signal levels of
+:mod:`stimsim.planning.tasks.face_categorization` (step 0 the clearest non-face level, "high" the choice "face"),
+a trial showing a test image of that level drawn at random — as a mixture, the subject's P(face) at a step is the
+mean over its images, which is what the plan stores.
 
 Every site gets ``trials_per_site`` trials: its sequences × steps, stimulated and sham interleaved 50/50
 (balanced: the conditions are repeated to fill the trials and shuffled; with an odd count the last trial
@@ -90,7 +96,7 @@ def simulate_trials(p_high: xr.DataArray, trials_per_site: int, lapse_rate: floa
 
 
 def write_session_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: str,
-                      description: str = "virtual subject: 2AFC image sequences with interleaved microstimulation") -> Path:
+                      description: str = "virtual subject: a plan's stimuli with interleaved microstimulation") -> Path:
     """Write ``trials`` as the NWB trials table (pynwb), atomically; subject and session ids at file level."""
     return write_trials_nwb(trials[["start_time", "stop_time", *SESSION_COLUMNS]], path, subject_id, session_id,
                             description, species="virtual (stimsim model)", subject_description="stimsim virtual subject")
@@ -131,19 +137,15 @@ def session_from_trial_list(plan_dir, trial_list, seed: int = 0, session_id: str
 
 def _plan_truth(plan_dir, chosen_only: bool) -> tuple[Path, dict, xr.DataArray]:
     """summary.json of a plan directory made on a virtual subject (its path and content), and the subject's
-    P(high) of the sequences of the chosen sites (or of every rehearsed site), every file checked."""
-    from stimsim.analysis.plan_readback import TRUTH_FILE, read_subject_p_high, read_summary, summary_electrodes
+    P(high) of the stimuli of the chosen sites (or of every rehearsed site), every file checked."""
+    from stimsim.analysis.plan_readback import read_subject_p_high, read_summary, summary_electrodes, truth_path
 
-    plan_dir = Path(plan_dir)
-    truth_path = plan_dir / TRUTH_FILE
     summary_path, summary = read_summary(plan_dir)
-    if summary.get("task", "sequence_2afc") != "sequence_2afc":
-        raise ConfigError(f"{summary_path}: task {summary['task']!r}: sessions simulate the sequence 2AFC only "
-                          "(plan with task = \"sequence_2afc\")")
-    if not truth_path.is_file():
-        raise FileFormatError(truth_path, "not found: sessions need a plan made on a virtual subject")
+    path = truth_path(plan_dir, summary_path, summary)
+    if path is None:
+        raise FileFormatError(Path(plan_dir) / "truth", "not found: sessions need a plan made on a virtual subject")
     electrodes = summary_electrodes(summary_path, summary) if chosen_only else None
-    return summary_path, summary, read_subject_p_high(plan_dir, electrodes, summary_path)
+    return summary_path, summary, read_subject_p_high(path, electrodes, summary_path)
 
 
 def _lapse_rate(summary_path, summary) -> float:

@@ -43,6 +43,13 @@ def stimulation_at(point_mm, template: dict) -> ElectricalStimulation:
     return ElectricalStimulation.from_dict({**template, "sites_mm": (tuple(float(v) for v in point_mm),)})
 
 
+def control_and_stimulated(p_high: np.ndarray) -> np.ndarray:
+    """Curves by pose: (sites, 1 + poses, sequences, steps) with condition 0 the control → (sites, poses, 2,
+    sequences, steps), ``stimulated`` = [False, True] on axis 2."""
+    control = np.broadcast_to(p_high[:, :1], p_high[:, 1:].shape)
+    return np.stack([control, p_high[:, 1:]], axis=2)
+
+
 class PlanTask(ABC):
     """A behavioural task rehearsed at a plan's sites (see the module docstring for the order of the calls).
 

@@ -12,6 +12,13 @@ stated level. In every model a logistic face / non-face readout of IT is fitted 
 stimulation and frozen; on the test images P(face) is the mean choice probability, without stimulation and with
 stimulation at a site. The site's effect is ΔP(face) = stimulated − control (chance 0; Afraz et al. 2006 report
 a shift towards "face" at face-selective sites).
+
+The rehearsal also keeps the psychometric curve of Afraz et al.'s Fig. 2: P(face) at every signed visual-signal
+level (non-face images at −s %, face images at +s %; at 0 % every pixel is noise, so the two classes are one level),
+as ``p_high`` on the steps of that axis (one "sequence" per site, ``signed_signal_percent`` on ``step``). This is the
+session contract of :mod:`stimsim.planning.session` and :mod:`stimsim.lab.sessions` ("high" is the choice "face",
+step 0 the clearest non-face level), so that virtual sessions, ``stimsim analyze --plan`` and ``stimsim power``
+take a face plan as they take a sequence plan.
 """
 from __future__ import annotations
 
@@ -25,13 +32,35 @@ from pydantic import Field, field_validator
 from stimsim.engine import simulate
 from stimsim.paradigms.categorization import CategorizationOptions, categorization_trials, clean_images
 from stimsim.paradigms.schema import DecoderFile
-from stimsim.planning.tasks.base import PlanTask, register_plan_task, stimulation_at
+from stimsim.planning.detectability import power_forecast
+from stimsim.planning.tasks.base import PlanTask, control_and_stimulated, register_plan_task, stimulation_at
 from stimsim.stimulation import Condition
 from stimsim.utilities.filemodels import FileModel, Text
 
 FACE, NONFACE = "face", "nonface"
 AFRAZ_SIGNAL_PERCENT = (0.0, 15.0, 25.0, 40.0, 50.0, 80.0, 100.0)
 IT = "IT"
+
+
+def signed_signal_levels(signal_percent) -> np.ndarray:
+    """The steps of the psychometric axis, ascending: −s for non-face and +s for face images at every visual-signal
+    level s (%), 0 % once (pure noise shows no class)."""
+    levels = np.asarray(signal_percent, dtype=np.float64)
+    return np.unique(np.concatenate([-levels, levels]) + 0.0)  # + 0.0 turns −0.0 into 0.0
+
+
+def curves_by_step(p_face: np.ndarray, signed_percent, levels: np.ndarray) -> np.ndarray:
+    """Mean P(face) over the images of every step: ``p_face`` (..., n_images) → (..., n_steps); ``signed_percent``
+    is each image's signed visual signal (%), ``levels`` the steps (:func:`signed_signal_levels`)."""
+    signed = np.asarray(signed_percent, dtype=np.float64) + 0.0
+    if not np.isin(signed, levels).all():
+        raise ValueError(f"an image's signed signal is not one of the steps {levels.tolist()}")
+    step = np.searchsorted(levels, signed)
+    counts = np.bincount(step, minlength=len(levels))
+    if np.any(counts == 0):
+        raise ValueError(f"step(s) {levels[counts == 0].tolist()} % have no image")
+    sums = np.stack([p_face[..., step == k].sum(-1) for k in range(len(levels))], axis=-1)
+    return sums / counts
 
 
 class FaceTaskSpec(FileModel):
@@ -94,12 +123,14 @@ class FaceCategorizationTask(PlanTask):
         """The plan's images, once their face and non-face images are checked (label and counts)."""
         choices, _ = options.face_task.categorization()
         clean_images(choices, images, seed, f"{where} [face_task]", count_key="n_per_class")
-        return SimpleNamespace(images=images, where=f"{where} [face_task]")
+        return SimpleNamespace(images=images, where=f"{where} [face_task]",
+                               levels=signed_signal_levels(options.face_task.signal_percent))
 
     def rehearse(self, model, options, trials, points_mm, stimulation, seed, engine, progress) -> dict:
         """P(face) on the test images (noisy copies at ``model``'s input geometry) without stimulation and with
         stimulation at every point: ``p_face`` (n_sites, 1 + n_points; column 0 is the control, the same for every
-        site) and ``delta_p_face`` (n_sites, n_points, 1)."""
+        site), ``delta_p_face`` (n_sites, n_points, 1) and the psychometric curves ``p_high`` (n_sites, 1 + n_points,
+        1, n_steps): P(face) at every step of ``trials.levels``."""
         choices, decoder = options.face_task.categorization()
         task = categorization_trials(choices, decoder, model, trials.images, seed, trials.where, "n_per_class")
         points = np.asarray(points_mm, dtype=np.float64)
@@ -109,10 +140,19 @@ class FaceCategorizationTask(PlanTask):
             for i in range(n_sites) for k in range(n_points)]
         result = simulate(model, task.test.images, conditions, task.decoder, progress=progress,
                           safety_limits=engine["safety_limits"], safety_override=engine["safety_override"])
-        p_face = result.sel(choice=options.face_task.positive).transpose("condition", ...).values.mean(-1)
+        by_image = result.sel(choice=options.face_task.positive).transpose("condition", ...).values
+        p_face = by_image.mean(-1)
         stimulated = p_face[1:].reshape(n_sites, n_points)
+        curves = curves_by_step(by_image, task.test.labels["signed_signal_percent"], trials.levels)
+        curves = np.concatenate([np.broadcast_to(curves[:1], (n_sites, 1, curves.shape[-1])),
+                                 curves[1:].reshape(n_sites, n_points, -1)], axis=1)
         return {"p_face": np.column_stack([np.full(n_sites, p_face[0]), stimulated]),
-                "delta_p_face": (stimulated - p_face[0])[..., None]}
+                "delta_p_face": (stimulated - p_face[0])[..., None], "p_high": curves[:, :, None, :]}
+
+    def truth(self, model, options, trials, points_mm, stimulation, seed, engine, progress) -> dict:
+        """As :meth:`PlanTask.truth`, with the subject's psychometric curves ``p_high`` (n_sites, 2, 1, n_steps)."""
+        result = self.rehearse(model, options, trials, points_mm, stimulation, seed, engine, progress)
+        return {"p_face": result["p_face"], "delta_p_face": result["delta_p_face"][:, 0], "p_high": result["p_high"]}
 
     def dataset_variables(self, working, trials, rehearsals) -> tuple[dict, dict]:
         names = list(rehearsals)
@@ -121,15 +161,20 @@ class FaceCategorizationTask(PlanTask):
         variables = {
             "p_face": (("model", "electrode", "pose", "stimulated"), np.stack([control, p_face[:, :, 1:]], axis=-1)),
             "delta_p_face": (("model", "electrode", "pose"),
-                             np.stack([rehearsals[n]["delta_p_face"][..., 0] for n in names]))}
-        return variables, {"pose": ["fitted"] + [f"bootstrap_{k}" for k in range(p_face.shape[2] - 2)]}
+                             np.stack([rehearsals[n]["delta_p_face"][..., 0] for n in names])),
+            "p_high": (("model", "electrode", "pose", "stimulated", "sequence", "step"),
+                       np.stack([control_and_stimulated(rehearsals[n]["p_high"]) for n in names]))}
+        return variables, {"pose": ["fitted"] + [f"bootstrap_{k}" for k in range(p_face.shape[2] - 2)],
+                           **_step_coords(trials.levels)}
 
     def truth_dataset(self, working, truth, trials) -> tuple[str, xr.Dataset]:
         return "subject_p_face.nc", xr.Dataset(
             {"subject_p_face": (("electrode", "stimulated"), truth["p_face"]),
-             "true_delta_p_face": (("electrode",), truth["delta_p_face"][:, 0]), "dead": ("electrode", truth["dead"])},
-            coords={"electrode": list(working), "stimulated": [False, True]},
-            attrs={"description": "the virtual subject's own P(face) on the face task's test images (validation only)"})
+             "true_delta_p_face": (("electrode",), truth["delta_p_face"][:, 0]), "dead": ("electrode", truth["dead"]),
+             "subject_p_high": (("electrode", "stimulated", "sequence", "step"), truth["p_high"])},
+            coords={"electrode": list(working), "stimulated": [False, True], **_step_coords(trials.levels)},
+            attrs={"description": "the virtual subject's own P(face) on the face task's test images (validation "
+                                  "only); subject_p_high: P(face) at every signed visual-signal level"})
 
     def summary(self, options, trials, rehearsals, plan, working, models, rig, seed) -> dict:
         spec = options.face_task
@@ -138,8 +183,8 @@ class FaceCategorizationTask(PlanTask):
                     "fit": (2 * spec.n_per_class - n_test) * len(spec.signal_percent),
                     "test": n_test * len(spec.signal_percent),
                     "noise_at_input_size_px": {name: model.preprocessing.size_px for name, model in models.items()}},
-                "power_at_planned_trials": None, "trials_per_site_needed": None, "power_warning": None,
-                "power_forecast": "the power forecast and the rig package cover the sequence 2AFC only"}
+                "signed_signal_percent": trials.levels.tolist(),
+                **power_forecast(rehearsals, plan, working, rig.trials_per_site, seed)}
 
     def describe(self, options, summary) -> str:
         images = summary["face_task_images"]
@@ -148,3 +193,8 @@ class FaceCategorizationTask(PlanTask):
                 f"images at {len(options.face_task.signal_percent)} visual-signal levels, the noise added after each "
                 f"image is resized to the model's input, {sizes}); the effect is the change of P(face) with "
                 "stimulation (chance 0).")
+
+
+def _step_coords(levels: np.ndarray) -> dict:
+    """Coordinates of the psychometric curves: one sequence, the steps with their signed visual signal (%)."""
+    return {"sequence": [0], "step": np.arange(len(levels)), "signed_signal_percent": ("step", levels)}

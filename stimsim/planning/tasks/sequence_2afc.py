@@ -7,8 +7,7 @@ pose and under every bootstrap pose), with frozen per-sequence readouts (plan ta
 ΔAUC (chance 0). The task itself — readouts, noisy test copies, P(high) curves, ΔAUC, slope-to-noise — is the
 paradigm :mod:`stimsim.paradigms.sequence_2afc`; this module sweeps it over a plan's points with the batched
 engine (:func:`stimsim.engine.simulate`, one call per site with every point of that site as a condition; on
-Dask workers when asked). Only this task has a power forecast and a rig package (trial list, images, NWB
-template).
+Dask workers when asked). Only this task has a rig package (trial list, images, NWB template).
 """
 from __future__ import annotations
 
@@ -23,10 +22,10 @@ from stimsim.engine import simulate
 from stimsim.paradigms.sequence_2afc import (EVAL_NOISE_STREAM, SequenceReadouts, TaskSpec, evaluation_images,
                                              fit_readouts, p_high_curves, sequence_delta_auc, site_readouts,
                                              slope_to_noise)
-from stimsim.planning.detectability import forecast, predicted_curves
+from stimsim.planning.detectability import power_forecast
 from stimsim.planning.rig import trial_list, write_rig
 from stimsim.planning.selection import ranking_reliability
-from stimsim.planning.tasks.base import PlanTask, register_plan_task, stimulation_at
+from stimsim.planning.tasks.base import PlanTask, control_and_stimulated, register_plan_task, stimulation_at
 from stimsim.report import Image, Paragraph, figure_png, format_value, image_png
 from stimsim.sequences import SequenceSpec, build_sequences, excursion_warning, pooling_matrix
 from stimsim.stimulation import Condition
@@ -173,7 +172,7 @@ class SequenceTask(PlanTask):
         variables = {
             "sequence_image": (("electrode", "sequence", "step", "y", "x"), trials["images"]),
             "p_high": (("model", "electrode", "pose", "stimulated", "sequence", "step"),
-                       np.stack([_by_pose(rehearsals[n]["p_high"]) for n in names])),
+                       np.stack([control_and_stimulated(rehearsals[n]["p_high"]) for n in names])),
             "delta_auc": (("model", "electrode", "pose", "sequence"), np.stack([rehearsals[n]["delta_auc"] for n in names])),
             "slope_to_noise": (("model", "electrode", "sequence"),
                                np.stack([rehearsals[n]["slope_to_noise"] for n in names])),
@@ -206,10 +205,7 @@ class SequenceTask(PlanTask):
                                                   options.sequences.recording_radius_mm)}
         if summary["sequence_warning"] is not None:
             warnings.warn(summary["sequence_warning"], stacklevel=3)
-        summary.update(forecast(predicted_curves(rehearsals, chosen), [working[i] for i in chosen],
-                                plan["predicted"][chosen], rig.trials_per_site, seed))
-        if summary["power_warning"] is not None:
-            warnings.warn(summary["power_warning"], stacklevel=3)
+        summary.update(power_forecast(rehearsals, plan, working, rig.trials_per_site, seed))
         return summary
 
     def write_rig(self, out_dir, options, trials, chosen, working, rig, stimulation, seed, layout, name) -> dict:
@@ -246,12 +242,6 @@ class SequenceTask(PlanTask):
             f"sequence: {summary['sequence_response_change_sd']:.2f} natural SDs; other sites at the ends: "
             f"{summary['sequence_others_change_sd']:.2f} SDs (RMS). " + _reliability_sentence(
                 summary["ranking_reliability"], options.sequences.n_sequences, self.effect_label))]
-
-
-def _by_pose(p_high: np.ndarray) -> np.ndarray:
-    """(sites, 1 + poses, seq, steps) with condition 0 = control → (sites, poses, 2, seq, steps)."""
-    control = np.broadcast_to(p_high[:, :1], p_high[:, 1:].shape)
-    return np.stack([control, p_high[:, 1:]], axis=2)
 
 
 def _finite_or_none(value: float):
