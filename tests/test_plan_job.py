@@ -855,6 +855,17 @@ def _face_plan_closes_the_loop(out, summary, sites, tmp_path):
     assert forecast["planned_effect"] == "delta_p_face" and forecast["simulated_from"].startswith("virtual subject")
     assert "planned_delta_p_face" in pd.read_csv(power / "power_sites.csv")
 
+    # the rig package: every site's trials run through the 20 test images at the 3 levels, each at its step
+    rig = pd.read_csv(out / "rig" / "trials.csv", dtype={"electrode": str, "stimulated_electrode": str})
+    assert summary["rig"]["n_images"] == 60 and len(list((out / "rig" / "images").glob("*.png"))) == 60
+    assert len(rig) == 400 * len(summary["chosen_electrodes"]) and set(rig["sequence"]) == {0}
+    signal = rig["stimulus_id"].str.extract(r"_signal(\d+)$")[0].astype(float)
+    levels = np.array(summary["signed_signal_percent"])
+    assert (np.abs(levels[rig["step"]]) == signal).all()
+    assert main(["subject", "session", str(out), "--trials", str(out / "rig" / "trials.csv"), "--csv",
+                 str(tmp_path / "rig_session.csv")]) == 0
+    assert len(pd.read_csv(tmp_path / "rig_session.csv")) == len(rig)
+
 
 #: A plan task from outside stimsim, in one module: P(non-face) on the face task's trials.
 NONFACE_TASK = '''

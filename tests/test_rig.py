@@ -14,7 +14,7 @@ from stimsim.analysis.effects import delta_auc_of_counts
 from stimsim.cli import main
 from stimsim.planning.config import load_plan_config
 from stimsim.planning.detectability import forecast, subject_error_sd, with_subject_error
-from stimsim.planning.rig import RigSpec, SessionTable, trial_list
+from stimsim.planning.rig import RigSpec, SessionTable, sequence_images, trial_list
 from stimsim.utilities.errors import ConfigError
 
 #: A 4 × 4 map written by hand: comments, then electrode lines (no description line); banks A and B, labels.
@@ -186,9 +186,10 @@ def test_a_trial_list_session_takes_no_trial_count_or_site_choice(tmp_path, caps
 def test_trial_list_is_seeded_and_session_table_settings_are_checked(tmp_path):
     stimulation = {"current_uA": 50, "frequency_Hz": 200, "pulse_width_ms": 0.2, "train_ms": 50}
     spec = RigSpec(session=SessionTable(trials_per_site=28))
-    first = trial_list(["a", "b"], 2, 7, spec, stimulation, seed=1)
-    assert first.equals(trial_list(["a", "b"], 2, 7, spec, stimulation, seed=1))
-    assert not first.equals(trial_list(["a", "b"], 2, 7, spec, stimulation, seed=2))
+    images = sequence_images(["a", "b"], 2, 7)
+    first = trial_list(["a", "b"], images, spec, stimulation, seed=1)
+    assert first.equals(trial_list(["a", "b"], images, spec, stimulation, seed=1))
+    assert not first.equals(trial_list(["a", "b"], images, spec, stimulation, seed=2))
     assert "channel" not in first  # no banks without a .cmp map
     path = _write(tmp_path, trials=401)
     with pytest.raises(ConfigError, match=r"plan.toml \[session\]: 'trials_per_site' must be even"):

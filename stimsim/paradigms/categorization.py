@@ -199,9 +199,23 @@ def clean_images(options: CategorizationOptions, stimuli: StimulusSet, seed: int
 
 def categorization_trials(options: CategorizationOptions, decoder: DecoderFile, model, stimuli: StimulusSet, seed: int,
                           where: str, count_key: str = "n_per_choice") -> CategorizationTrials:
-    """Split the clean images (:func:`clean_images`) into fitting and test images (stratified by choice; all
-    noisy copies of an image on the same side), add noise at ``model``'s input geometry, and fit the frozen
-    decoder on the fitting images; every draw from ``seed``. ``where`` names the file for errors."""
+    """The fitting and test images of :func:`shown_images`, and the frozen decoder fitted on the fitting images."""
+    fit, test, noise_input = shown_images(options, decoder, model, stimuli, seed, where, count_key)
+    layer = model.resolve_layer(decoder.layer)
+    features = model.activations(fit.images, layer).numpy()
+    fitted = LogisticDecoder.fit(features, fit.labels["true_choice"], layer=layer, C=decoder.C, seed=seed,
+                                 max_iter=decoder.max_iter)
+    psychometric = options.positive is not None and options.signal_percent is not None
+    return CategorizationTrials(choices=tuple(fitted.choices), positive=options.positive, fit=fit, test=test,
+                                decoder=fitted, psychometric=psychometric, noise_input=noise_input)
+
+
+def shown_images(options: CategorizationOptions, decoder: DecoderFile, model, stimuli: StimulusSet, seed: int,
+                 where: str, count_key: str = "n_per_choice") -> tuple[StimulusSet, StimulusSet, dict | None]:
+    """The images the task shows ``model``: the clean images (:func:`clean_images`) split into fitting and test
+    images (stratified by choice; all noisy copies of an image on the same side), with noise added at ``model``'s
+    input geometry; every draw from ``seed``. Returns the fitting and the test images and the geometry of the noise
+    (None without visual-signal levels). ``where`` names the file for errors."""
     clean = clean_images(options, stimuli, seed, where, count_key)
     classes = clean.labels["true_choice"]
     is_fit_clean = stratified_fit_mask({f"class {value!r}": np.flatnonzero(classes == value)
@@ -224,13 +238,7 @@ def categorization_trials(options: CategorizationOptions, decoder: DecoderFile, 
         labels["signed_signal_percent"] = sign * shown.labels["signal_percent"]
     shown = shown.with_labels(**labels)
     fit, test = shown.subset(is_fit, name=f"{shown.name}_fit"), shown.subset(~is_fit, name=f"{shown.name}_test")
-    layer = model.resolve_layer(decoder.layer)
-    features = model.activations(fit.images, layer).numpy()
-    fitted = LogisticDecoder.fit(features, fit.labels["true_choice"], layer=layer, C=decoder.C, seed=seed,
-                                 max_iter=decoder.max_iter)
-    psychometric = options.positive is not None and options.signal_percent is not None
-    return CategorizationTrials(choices=tuple(fitted.choices), positive=options.positive, fit=fit, test=test,
-                                decoder=fitted, psychometric=psychometric, noise_input=noise_input)
+    return fit, test, noise_input
 
 
 def analyse(task: TaskSettings, trials: CategorizationTrials, probabilities: xr.DataArray,

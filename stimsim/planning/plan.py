@@ -593,7 +593,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     record["input_sha256"] = config.input_files()
     atomic_write_json(out_dir / "config.json", record)
     rig = plan_task.write_rig(out_dir, config.task_options, task, chosen, working, config.rig, config.stimulation,
-                              config.seed, inputs.array_layout, config.name)
+                              config.seed, inputs.array_layout, config.name, models[chosen_model])
     if rig is not None:
         summary["rig"] = rig
     if percepts is not None:

@@ -1,11 +1,12 @@
 """The rig package of a plan (``DIR/rig/``): what a lab loads on its stimulus and stimulation computers.
 
-* ``images/`` — every step of every chosen site's sequences as a PNG, the plan's own pixels (grey levels
-  0–255), to be shown ``[display] size_deg`` wide at ``viewing_distance_cm``;
+* ``images/`` — every image a chosen site's trials show as a PNG, the plan's own pixels (levels 0–255), to be
+  shown ``[display] size_deg`` wide at ``viewing_distance_cm``: for the sequence task every step of every chosen
+  site's sequences, for the face task every noisy test image (shared by the sites);
 * ``trials.csv`` — the trial list (:data:`TRIAL_COLUMNS`): ``[session] trials_per_site`` trials per chosen site,
   in randomised interleaved blocks drawn from the plan's seed — each block holds every site once sham and once
-  stimulated, in random order; a site's sham and stimulated trials each run through its (sequence, step)
-  images in a random order before any image repeats;
+  stimulated, in random order; a site's sham and stimulated trials each run through its images in a random
+  order before any image repeats;
 * ``trials.nwb`` — the same list as an NWB ``trials`` table, with an empty ``choice`` column for the animal's
   choices ("low" / "high"): a session written with these columns is read by ``stimsim analyze`` as it is;
 * ``display.json`` — the display geometry the plan assumed.
@@ -35,15 +36,15 @@ TRIAL_PERIOD_S, TRIAL_DURATION_S = 1.5, 1.0
 TRIAL_COLUMNS = {
     "trial": "trial number, 1 = first",
     "block": "block number: every block holds every site once sham and once stimulated",
-    "electrode": "site whose image sequence is shown (electrode id of the plan)",
+    "electrode": "site whose images are shown (electrode id of the plan)",
     "channel": "Cerebus channel of the electrode (bank index × 32 + elec)",
     "bank": "Cerebus bank of the electrode (A–D)",
     "elec": "electrode number within its bank (1–32)",
     "condition": "'sham' or 'stimulation'",
     "stimulated_electrode": "electrode id stimulated on this trial, or 'sham'",
     "sequence": "index of the site's sequence",
-    "step": "position along the sequence (0 = 'low' end, last = 'high' end)",
-    "stimulus_id": "image shown: '{electrode}_seq{sequence}_step{step}'",
+    "step": "position along the sequence (0 = 'low' end, last = 'high' end; face task: signed signal level)",
+    "stimulus_id": "image shown: '{electrode}_seq{sequence}_step{step}' (face task: the noisy image's id)",
     "image_file": "the image's PNG, relative to the rig folder",
     "current_uA": "stimulation current, microamperes (0 on sham trials)",
     "frequency_Hz": "pulse frequency of the train, Hz (empty on sham trials)",
@@ -142,36 +143,48 @@ def image_names(electrodes) -> dict:
     return dict(zip(map(str, electrodes), stems))
 
 
-def trial_list(electrodes, n_sequences: int, n_steps: int, spec: RigSpec, stimulation: dict, seed: int,
+def sequence_images(electrodes, n_sequences: int, n_steps: int) -> dict[str, list[dict]]:
+    """The images of every site's sequences, as :func:`trial_list` takes them: electrode id → one entry per
+    (sequence, step) with its ``stimulus_id`` and ``image_file`` (``images/<stem>_seq<j>_step<k>.png``)."""
+    stems = image_names(electrodes)
+    return {electrode: [{"sequence": j, "step": k, "stimulus_id": f"{electrode}_seq{j}_step{k}",
+                         "image_file": f"images/{stems[electrode]}_seq{j}_step{k}.png"}
+                        for j in range(n_sequences) for k in range(n_steps)] for electrode in map(str, electrodes)}
+
+
+def trial_list(electrodes, images: dict[str, list[dict]], spec: RigSpec, stimulation: dict, seed: int,
                layout=None) -> pd.DataFrame:
-    """The trial list of :data:`TRIAL_COLUMNS` for ``electrodes`` (the chosen sites); ``layout`` (an
-    :class:`~stimsim.lab.arrays.ArrayLayout`) gives the Cerebus channel, bank and elec of a .cmp map."""
+    """The trial list of :data:`TRIAL_COLUMNS` for ``electrodes`` (the chosen sites); ``images``: electrode id →
+    the images its trials run through (entries with sequence, step, stimulus_id, image_file; e.g.
+    :func:`sequence_images`), as many for every site. ``layout`` (an :class:`~stimsim.lab.arrays.ArrayLayout`) gives
+    the Cerebus channel, bank and elec of a .cmp map."""
     rng = np.random.default_rng([seed, 0x816])
     electrodes = [str(e) for e in electrodes]
-    cells = [(j, k) for j in range(n_sequences) for k in range(n_steps)]
+    n_images = len(images[electrodes[0]]) if electrodes else 0
+    if any(len(images[electrode]) != n_images for electrode in electrodes):
+        raise ValueError("every site's trials must run through as many images")
     n_blocks = spec.trials_per_site // 2
 
     def schedule():  # one site's images for one condition: every image once before any repeats
-        repeats = -(-n_blocks // len(cells))
-        return np.concatenate([rng.permutation(len(cells)) for _ in range(repeats)])[:n_blocks]
+        repeats = -(-n_blocks // n_images)
+        return np.concatenate([rng.permutation(n_images) for _ in range(repeats)])[:n_blocks]
 
     order = {(site, stim): schedule() for site in range(len(electrodes)) for stim in (False, True)}
-    stems = image_names(electrodes)
     rows = []
     for block in range(n_blocks):
         entries = [(site, stim) for site in range(len(electrodes)) for stim in (False, True)]
         for index in rng.permutation(len(entries)):
             site, stim = entries[index]
-            j, k = cells[order[(site, stim)][block]]
             electrode = electrodes[site]
+            shown = images[electrode][order[(site, stim)][block]]
             row = {"trial": len(rows) + 1, "block": block + 1, "electrode": electrode}
             numbers = None if layout is None else layout.cerebus_numbers(electrode)
             if numbers is not None:
                 row.update(numbers)
             row.update({
                 "condition": "stimulation" if stim else SHAM, "stimulated_electrode": electrode if stim else SHAM,
-                "sequence": j, "step": k, "stimulus_id": f"{electrode}_seq{j}_step{k}",
-                "image_file": f"images/{stems[electrode]}_seq{j}_step{k}.png",
+                "sequence": int(shown["sequence"]), "step": int(shown["step"]), "stimulus_id": shown["stimulus_id"],
+                "image_file": shown["image_file"],
                 "current_uA": float(stimulation["current_uA"]) if stim else 0.0,
                 "frequency_Hz": float(stimulation["frequency_Hz"]) if stim else np.nan,
                 "pulse_width_ms": float(stimulation["pulse_width_ms"]) if stim else np.nan,
@@ -181,26 +194,22 @@ def trial_list(electrodes, n_sequences: int, n_steps: int, spec: RigSpec, stimul
     return pd.DataFrame(rows)
 
 
-def write_rig(out_dir: Path, images: np.ndarray, electrodes, spec: RigSpec, trials: pd.DataFrame,
+def write_rig(out_dir: Path, images: dict[str, np.ndarray], spec: RigSpec, trials: pd.DataFrame,
               description: str) -> Path:
-    """Write ``DIR/rig``: ``images`` (n_sites, n_sequences, n_steps, H, W) of ``electrodes`` as PNGs, the trial list
-    as CSV and NWB template, and display.json. Returns the folder."""
+    """Write ``DIR/rig``: ``images`` (file relative to the rig folder → (H, W) grayscale or (H, W, 3) RGB in [0, 1],
+    all of one size) as PNGs, the trial list as CSV and NWB template, and display.json. Returns the folder."""
     from stimsim.report.figures import image_png
 
     rig = Path(out_dir) / "rig"
     (rig / "images").mkdir(parents=True, exist_ok=True)
-    stems = image_names(electrodes)
-    for site, electrode in enumerate(map(str, electrodes)):
-        for j in range(images.shape[1]):
-            for k in range(images.shape[2]):
-                atomic_write_bytes(rig / "images" / f"{stems[electrode]}_seq{j}_step{k}.png",
-                                   image_png(images[site, j, k]))
+    for name, image in images.items():
+        atomic_write_bytes(rig / name, image_png(image))
     atomic_write_text(rig / "trials.csv", csv_text(trials, significant_digits=10))
     template = trials.assign(start_time=(trials["trial"] - 1) * TRIAL_PERIOD_S,
                              stop_time=(trials["trial"] - 1) * TRIAL_PERIOD_S + TRIAL_DURATION_S, choice="")
     write_trials_nwb(template, rig / "trials.nwb", subject_id="subject", session_id="planned",
                      description=f"stimsim plan {description}: trial list to run (planned times; choices to fill in)")
-    atomic_write_json(rig / "display.json", spec.display(images.shape[-1]))
+    atomic_write_json(rig / "display.json", spec.display(next(iter(images.values())).shape[1]))
     return rig
 
 

@@ -18,7 +18,8 @@ level (non-face images at −s %, face images at +s %; at 0 % every pixel is noi
 as ``p_high`` on the steps of that axis (one "sequence" per site, ``signed_signal_percent`` on ``step``). This is the
 session contract of :mod:`stimsim.planning.session` and :mod:`stimsim.lab.sessions` ("high" is the choice "face",
 step 0 the clearest non-face level), so that virtual sessions, ``stimsim analyze --plan`` and ``stimsim power``
-take a face plan as they take a sequence plan.
+take a face plan as they take a sequence plan. Its rig package shows every site the test images as the chosen
+candidate saw them, each trial at its image's step.
 """
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ import xarray as xr
 from pydantic import Field, field_validator
 
 from stimsim.engine import simulate
-from stimsim.paradigms.categorization import CategorizationOptions, categorization_trials, clean_images
+from stimsim.paradigms.categorization import CategorizationOptions, categorization_trials, clean_images, shown_images
 from stimsim.paradigms.schema import DecoderFile
 from stimsim.planning.detectability import power_forecast
+from stimsim.planning.rig import image_names, trial_list, write_rig
 from stimsim.planning.tasks.base import PlanTask, control_and_stimulated, register_plan_task, stimulation_at
 from stimsim.stimulation import Condition
 from stimsim.utilities.filemodels import FileModel, Text
@@ -49,13 +51,19 @@ def signed_signal_levels(signal_percent) -> np.ndarray:
     return np.unique(np.concatenate([-levels, levels]) + 0.0)  # + 0.0 turns −0.0 into 0.0
 
 
-def curves_by_step(p_face: np.ndarray, signed_percent, levels: np.ndarray) -> np.ndarray:
-    """Mean P(face) over the images of every step: ``p_face`` (..., n_images) → (..., n_steps); ``signed_percent``
-    is each image's signed visual signal (%), ``levels`` the steps (:func:`signed_signal_levels`)."""
+def steps_of(signed_percent, levels: np.ndarray) -> np.ndarray:
+    """The step of every image: the index of its signed visual signal (%) in ``levels``
+    (:func:`signed_signal_levels`)."""
     signed = np.asarray(signed_percent, dtype=np.float64) + 0.0
     if not np.isin(signed, levels).all():
         raise ValueError(f"an image's signed signal is not one of the steps {levels.tolist()}")
-    step = np.searchsorted(levels, signed)
+    return np.searchsorted(levels, signed)
+
+
+def curves_by_step(p_face: np.ndarray, signed_percent, levels: np.ndarray) -> np.ndarray:
+    """Mean P(face) over the images of every step: ``p_face`` (..., n_images) → (..., n_steps); ``signed_percent``
+    is each image's signed visual signal (%), ``levels`` the steps (:func:`signed_signal_levels`)."""
+    step = steps_of(signed_percent, levels)
     counts = np.bincount(step, minlength=len(levels))
     if np.any(counts == 0):
         raise ValueError(f"step(s) {levels[counts == 0].tolist()} % have no image")
@@ -185,6 +193,25 @@ class FaceCategorizationTask(PlanTask):
                     "noise_at_input_size_px": {name: model.preprocessing.size_px for name, model in models.items()}},
                 "signed_signal_percent": trials.levels.tolist(),
                 **power_forecast(rehearsals, plan, working, rig.trials_per_site, seed)}
+
+    def write_rig(self, out_dir, options, trials, chosen, working, rig, stimulation, seed, layout, name,
+                  model) -> dict:
+        """Every site's trials run through the test images as the chosen candidate saw them (noise added at its
+        input size), step = the image's signed signal level; the images are shared by the sites."""
+        choices, decoder = options.face_task.categorization()
+        _, test, _ = shown_images(choices, decoder, model, trials.images, seed, trials.where, "n_per_class")
+        ids = [str(i) for i in test.stimulus_id]
+        stems = image_names(ids)
+        steps = steps_of(test.labels["signed_signal_percent"], trials.levels)
+        shown = [{"sequence": 0, "step": int(step), "stimulus_id": i, "image_file": f"images/{stems[i]}.png"}
+                 for i, step in zip(ids, steps)]
+        sites_chosen = [working[i] for i in chosen]
+        trial_table = trial_list(sites_chosen, {electrode: shown for electrode in sites_chosen}, rig, stimulation,
+                                 seed, layout)
+        write_rig(out_dir, {entry["image_file"]: image for entry, image in zip(shown, test.images)}, rig,
+                  trial_table, name)
+        return {"folder": "rig", "n_trials": int(len(trial_table)), "n_images": len(shown),
+                "images_at_input_px": int(model.preprocessing.size_px)}
 
     def describe(self, options, summary) -> str:
         images = summary["face_task_images"]

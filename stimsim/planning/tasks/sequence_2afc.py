@@ -23,7 +23,7 @@ from stimsim.paradigms.sequence_2afc import (EVAL_NOISE_STREAM, SequenceReadouts
                                              fit_readouts, p_high_curves, sequence_delta_auc, site_readouts,
                                              slope_to_noise)
 from stimsim.planning.detectability import power_forecast
-from stimsim.planning.rig import trial_list, write_rig
+from stimsim.planning.rig import sequence_images, trial_list, write_rig
 from stimsim.planning.selection import ranking_reliability
 from stimsim.planning.tasks.base import PlanTask, control_and_stimulated, register_plan_task, stimulation_at
 from stimsim.report import Image, Paragraph, figure_png, format_value, image_png
@@ -208,12 +208,16 @@ class SequenceTask(PlanTask):
         summary.update(power_forecast(rehearsals, plan, working, rig.trials_per_site, seed))
         return summary
 
-    def write_rig(self, out_dir, options, trials, chosen, working, rig, stimulation, seed, layout, name) -> dict:
+    def write_rig(self, out_dir, options, trials, chosen, working, rig, stimulation, seed, layout, name,
+                  model) -> dict:
         sites_chosen = [working[i] for i in chosen]
         n_sequences, n_steps = trials["images"].shape[1:3]
-        trial_table = trial_list(sites_chosen, n_sequences, n_steps, rig, stimulation, seed, layout)
-        write_rig(out_dir, trials["images"][chosen], sites_chosen, rig, trial_table, name)
-        return {"folder": "rig", "n_trials": int(len(trial_table)), "n_images": int(len(chosen) * n_sequences * n_steps)}
+        images = sequence_images(sites_chosen, n_sequences, n_steps)
+        trial_table = trial_list(sites_chosen, images, rig, stimulation, seed, layout)
+        files = {entry["image_file"]: trials["images"][site, entry["sequence"], entry["step"]]
+                 for site, electrode in zip(chosen, sites_chosen) for entry in images[electrode]}
+        write_rig(out_dir, files, rig, trial_table, name)
+        return {"folder": "rig", "n_trials": int(len(trial_table)), "n_images": len(files)}
 
     def describe(self, options, summary) -> str:
         return (f"Task: 2AFC between the two ends of {options.sequences.n_steps}-step image sequences along each "
