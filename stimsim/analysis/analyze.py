@@ -13,7 +13,7 @@ import xarray as xr
 from scipy import stats
 
 from stimsim.analysis.comparison import (compare_predictions, expected_correlation, expected_correlation_reason,
-                                         load_plan_predictions, load_plan_sequences, predicted_column)
+                                         load_plan_predictions, load_plan_sequences, plan_effect)
 from stimsim.analysis.effects import (CONDITIONS, SiteCounts, across_sites, count_trials,
                                       expected_fdr_discoveries_under_null, fdr_adjusted, site_effects,
                                       split_half_reliability)
@@ -117,10 +117,10 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
         raise ConfigError(f"ci must lie strictly between 0 and 1, got {ci}")
     parameters = {"plan_dir": str(plan_dir) if plan_dir else None, "n_boot": n_boot, "n_perm": n_perm,
                   "n_splits": n_splits, "ci": ci, "seed": seed, "site_alpha": SITE_ALPHA, "same_subject": same_subject}
-    plan_sites, plan_summary, n_steps, predicted = None, {}, None, None
+    plan_sites, plan_summary, n_steps, effect = None, {}, None, None
     if plan_dir is not None:
         plan_sites, plan_summary = load_plan_predictions(plan_dir)
-        predicted = predicted_column(plan_summary)
+        effect = plan_effect(plan_summary)
         plan_file, n_sequences, n_steps = load_plan_sequences(plan_dir)
         check_against_plan(sessions, n_sequences, n_steps, plan_file)
         _check_plan_subject(plan_dir, plan_summary, sessions, same_subject)
@@ -128,18 +128,17 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
     _check_memory(counts, sessions, n_boot, n_perm, n_splits)
     sites = site_effects(counts, n_boot=n_boot, n_perm=n_perm, ci=ci, seed=seed, sessions=sessions)
     if plan_sites is not None:
-        interval = [name for name in (f"{predicted}_low", f"{predicted}_high") if name in plan_sites]
-        sites = sites.merge(plan_sites[["electrode_id", predicted, *interval]].rename(
+        interval = [name for name in (f"predicted_{effect}_low", f"predicted_{effect}_high") if name in plan_sites]
+        sites = sites.merge(plan_sites[["electrode_id", f"predicted_{effect}", *interval]].rename(
             columns={"electrode_id": "electrode"}), on="electrode", how="left")
 
-    plan_effect = {} if predicted is None else {
-        "plan_effect": predicted.removeprefix("predicted_"), "plan_effect_label": plan_summary.get("effect_label")}
+    planned = {} if effect is None else {"plan_effect": effect, "plan_effect_label": plan_summary.get("effect_label")}
     summary = {"n_trials": int(len(sessions)),
                "n_subjects": int(sessions["subject_id"].nunique()),
                "n_sessions": int(sessions[["subject_id", "session_id"]].drop_duplicates().shape[0]),
                "n_steps": int(counts.steps.size),
-               "ci": ci, **plan_effect,
-               **_group_summary(sites, counts, plan_summary, n_perm, n_splits, seed, predicted)}
+               "ci": ci, **planned,
+               **_group_summary(sites, counts, plan_summary, n_perm, n_splits, seed, effect)}
     summary["warnings"] = _warnings(sites, summary) + _current_warnings(sessions, sites, plan_sites)
     for message in summary["warnings"]:
         warnings.warn(message, stacklevel=2)
@@ -148,7 +147,7 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
         summary["per_subject"] = {
             str(subject): _group_summary(sites[sites["subject_id"] == subject].reset_index(drop=True),
                                          _subset(counts, counts.subject_id == subject), plan_summary, n_perm,
-                                         n_splits, seed, predicted)
+                                         n_splits, seed, effect)
             for subject in subjects}
     return Analysis(sessions, counts, sites, summary, parameters)
 
@@ -240,9 +239,9 @@ def _subset(counts: SiteCounts, keep: np.ndarray) -> SiteCounts:
 
 
 def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, n_perm: int, n_splits: int,
-                   seed: int, predicted: str | None) -> dict:
+                   seed: int, effect: str | None) -> dict:
     """Statistics across the sites of one group (all subjects pooled, or one subject), and against the plan's
-    predicted effect in the column ``predicted`` (None: no plan). The false discovery rate is controlled over the
+    predicted ``effect`` (column ``predicted_<effect>``; None: no plan). The false discovery rate is controlled over the
     group's own sites (Benjamini–Hochberg at q = SITE_ALPHA)."""
     significant = sites["permutation_p"] < SITE_ALPHA
     n_tested = int(np.isfinite(sites["permutation_p"]).sum())
@@ -255,8 +254,9 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
                "n_sites_significant_fdr": int((fdr_adjusted(sites["permutation_p"]) < SITE_ALPHA).sum()),
                "n_sites_significant_fdr_chance": expected_fdr_discoveries_under_null(n_tested, SITE_ALPHA),
                **split_half_reliability(counts, n_splits=n_splits, seed=seed)}
-    if predicted is None:
+    if effect is None:
         return summary
+    predicted = f"predicted_{effect}"
     comparison = compare_predictions(sites[predicted], sites["delta_auc"], summary["noise_ceiling"],
                                      n_perm=10 * n_perm, seed=seed)
     summary.update(comparison)
@@ -274,7 +274,7 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
         summary["plan_predicted_vs_true_r_chance"] = 0.0
         # The plan's r is over every site it rehearsed; the sites of a session (e.g. the top-ranked ones) can
         # correlate less (a narrower range of predictions). With the plan's per-site truth, use these sites.
-        sites_r = _plan_r_on_sites(plan_summary, predicted.removeprefix("predicted_"), sites["electrode"])
+        sites_r = _plan_r_on_sites(plan_summary, effect, sites["electrode"])
         summary["plan_predicted_vs_true_r_these_sites"] = sites_r
         basis = sites_r if np.isfinite(sites_r) else float(planned_r)
         expected, low, high = expected_correlation(basis, summary["noise_ceiling"], comparison["n_sites_compared"])

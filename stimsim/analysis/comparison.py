@@ -21,20 +21,20 @@ from stimsim.utilities.errors import FileFormatError
 DEFAULT_PLAN_EFFECT = "delta_auc"
 
 
-def predicted_column(summary: dict, summary_path="summary.json") -> str:
-    """The column of a plan's sites.csv with its predicted per-site effect: ``predicted_<effect>``, the effect that
-    its summary.json names (``delta_auc`` for the sequence task, ``delta_p_face`` for the face task). Sessions
+def plan_effect(summary: dict, summary_path="summary.json") -> str:
+    """The per-site effect a plan predicts, as its summary.json names it (``delta_auc`` for the sequence task,
+    ``delta_p_face`` for the face task); its sites.csv holds it as ``predicted_<effect>``. Sessions
     measure ΔAUC of P(high) over the steps of every site's stimuli; for both tasks the plan's effect is a mean of
     the per-step changes of that same P(high) (the face task's: over its images, every level equally), so that
     they are compared by r, and by the slope only as a rough scale."""
     effect = summary.get("effect", DEFAULT_PLAN_EFFECT)
     if not isinstance(effect, str) or not effect.isidentifier():
         raise FileFormatError(summary_path, f"field 'effect' must name the plan's effect, got {effect!r}")
-    return f"predicted_{effect}"
+    return effect
 
 
 def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
-    """``sites.csv`` (electrode_id as text, the predicted effect :func:`predicted_column` with its interval, ...)
+    """``sites.csv`` (electrode_id as text, the predicted effect of :func:`plan_effect` with its interval, ...)
     and ``summary.json`` of a plan."""
     plan_dir = Path(plan_dir)
     sites_path, summary_path = plan_dir / "sites.csv", plan_dir / "summary.json"
@@ -45,7 +45,7 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FileFormatError(summary_path, f"invalid JSON ({exc})") from None
-    predicted = predicted_column(summary if isinstance(summary, dict) else {}, summary_path)
+    predicted = f"predicted_{plan_effect(summary if isinstance(summary, dict) else {}, summary_path)}"
     numbers = (predicted, f"{predicted}_low", f"{predicted}_high")
     sites = pd.read_csv(sites_path, dtype={"electrode_id": str})
     missing = [name for name in ("electrode_id", predicted) if name not in sites]

@@ -202,7 +202,7 @@ def curves_from_plan(plan_dir) -> dict:
 
     import xarray as xr
 
-    from stimsim.analysis.comparison import load_plan_predictions, predicted_column
+    from stimsim.analysis.comparison import load_plan_predictions, plan_effect
     from stimsim.analysis.plan_readback import read_subject_p_high, summary_electrodes, summary_number, truth_path
     from stimsim.utilities.errors import FileFormatError
 
@@ -237,9 +237,9 @@ def curves_from_plan(plan_dir) -> dict:
         lapse = 0.0
         source = f"plan predictions ({summary['chosen_model']})"
     curves = lapse / 2 + (1 - lapse) * p_high.values.mean(axis=2)
-    column = predicted_column(summary, summary_path)
-    return {"p_high": curves, "electrodes": chosen, "source": source, "effect": column.removeprefix("predicted_"),
-            "planned_effect": sites.loc[chosen, column].to_numpy(dtype=float)}
+    effect = plan_effect(summary, summary_path)
+    return {"p_high": curves, "electrodes": chosen, "source": source, "effect": effect,
+            "planned_effect": sites.loc[chosen, f"predicted_{effect}"].to_numpy(dtype=float)}
 
 
 def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,

@@ -109,10 +109,11 @@ class PlanTask(ABC):
     def truth(self, model, options, trials, points_mm: np.ndarray, stimulation: dict, seed: int, engine: dict,
               progress: bool) -> dict:
         """The same in a virtual subject's ``model`` at its true positions (n_sites, 1, 2), on the same stimuli
-        (``seed`` is the plan's), with its own frozen decoders: :attr:`probability` and :attr:`effect` (n_sites,
-        n_repeats). Default: :meth:`rehearse`."""
+        (``seed`` is the plan's), with its own frozen decoders: :attr:`probability`, :attr:`effect` (n_sites,
+        n_repeats) and every other array of the rehearsal (e.g. the curves ``p_high`` that sessions are drawn
+        from). Default: :meth:`rehearse`."""
         result = self.rehearse(model, options, trials, points_mm, stimulation, seed, engine, progress)
-        return {self.probability: result[self.probability], self.effect: result[self.effect][:, 0]}
+        return {**result, self.effect: result[self.effect][:, 0]}
 
     @abstractmethod
     def dataset_variables(self, working: list, trials, rehearsals: dict) -> tuple[dict, dict]:

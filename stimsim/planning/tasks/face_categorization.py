@@ -157,11 +157,6 @@ class FaceCategorizationTask(PlanTask):
         return {"p_face": np.column_stack([np.full(n_sites, p_face[0]), stimulated]),
                 "delta_p_face": (stimulated - p_face[0])[..., None], "p_high": curves[:, :, None, :]}
 
-    def truth(self, model, options, trials, points_mm, stimulation, seed, engine, progress) -> dict:
-        """As :meth:`PlanTask.truth`, with the subject's psychometric curves ``p_high`` (n_sites, 2, 1, n_steps)."""
-        result = self.rehearse(model, options, trials, points_mm, stimulation, seed, engine, progress)
-        return {"p_face": result["p_face"], "delta_p_face": result["delta_p_face"][:, 0], "p_high": result["p_high"]}
-
     def dataset_variables(self, working, trials, rehearsals) -> tuple[dict, dict]:
         names = list(rehearsals)
         p_face = np.stack([rehearsals[n]["p_face"] for n in names])  # (model, electrode, 1 + poses)
