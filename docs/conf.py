@@ -55,6 +55,8 @@ sphinx_gallery_conf = {
     "download_all_examples": False,
     "remove_config_comments": True,
     "within_subsection_order": "FileNameSortKey",
+    # the examples run in two processes (one per core of the machines the documentation is built on)
+    "parallel": 2,
 }
 
 html_theme = "alabaster"

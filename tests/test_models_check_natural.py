@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from docs_figures import REPO, table_cell
 from stimsim.cli import main
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.data import manifest
@@ -160,3 +161,44 @@ def test_models_list_json_describes_every_shipped_model(capsys):
         expected = math.pi * 0.226 ** 2 * 224 ** 2 / model["sheet_size_cortex_mm"] ** 2
         assert model["units_within_lambda50"] == pytest.approx(expected, rel=0.05)
         assert model["units_within_lambda50"] >= 20
+        # the figures docs/models.md gives, to the one decimal it quotes
+        sheet_mm, units = table_cell(MODELS_PAGE, "IT sheet (cortex mm) / units within λ(50 µA)", name)
+        assert model["sheet_size_cortex_mm"] == pytest.approx(sheet_mm, abs=0.05 + 1e-9)
+        assert model["units_within_lambda50"] == pytest.approx(units, abs=0.05 + 1e-9)
+
+
+MODELS_PAGE = REPO / "docs" / "models.md"
+BASE_TOP1_COLUMN = {"mobilenet_v2": 0, "efficientnet_lite0": 1}  # the order docs/models.md names the base networks
+
+
+@pytest.mark.slow
+@pytest.mark.every_model
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", ["stimsim-mnv2-s0", "stimsim-mnv2-s1", "stimsim-effl0-s0"])
+def test_the_default_models_check_gives_the_figures_of_the_docs(name, shared_data, capsys):
+    """`stimsim models check NAME` as docs/models.md ran it (fLoc, 1,000 shuffles, ImageNet top-1 on the samples
+    the build held out): every figure of its "Default models" table. About 12 minutes a model on one core."""
+    shared_data("natural/floc")
+    shared_data("natural/imagenet_samples")
+    assert main(["models", "check", name, "--json", "--shuffles", "1000", "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["stimuli"] == "floc" and report["imagenet_images"] == "held out from the build"
+
+    def cell(row):
+        return table_cell(MODELS_PAGE, row, name)
+
+    assert report["face_balanced_accuracy"] == pytest.approx(cell("face balanced accuracy (chance 0.5)")[0], abs=5e-4)
+    morans_i, p, *clusters = cell("face Moran's I (p) / largest face clusters (cortex mm)")
+    assert report["morans_i"] == pytest.approx(morans_i, abs=0.005)
+    assert report["cluster_p"] == pytest.approx(p, rel=0.01)
+    assert report["domain_maps"]["face"]["clusters_mm"][:3] == pytest.approx(clusters, abs=0.05)
+    assert [report["n_classes_clustered"], report["n_classes"]] == cell("domains clustered (p < 0.01)")
+    assert report["morans_i_null_mean"] == pytest.approx(
+        cell("face Moran's I with shuffled positions (mean of the 1,000 shuffles)")[0], abs=5e-6)
+    top1_rows = "ImageNet top-1 on the 300 samples the build held out (on the 700 it trained on)"
+    held_out, trained_on = cell(top1_rows)
+    assert report["imagenet_n"] == 300 and report["imagenet_n_trained_images"] == 700
+    assert report["imagenet_top1"] == pytest.approx(held_out, abs=5e-4)
+    assert report["imagenet_top1_trained_images"] == pytest.approx(trained_on, abs=5e-4)
+    base = table_cell(MODELS_PAGE, top1_rows, "monkeys / base network")[BASE_TOP1_COLUMN[report["base_network"]]]
+    assert report["imagenet_top1_base"] == pytest.approx(base, abs=5e-4)

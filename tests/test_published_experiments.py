@@ -1,14 +1,17 @@
-"""The published experiments, end to end on the shipped default model, beside the monkey data.
+"""The published experiments, end to end on the shipped ImageNet-based models, beside the monkey data; every
+figure the documentation's "Default models" table (docs/models.md) gives for them is checked against these runs.
 
-Every run takes about two minutes on the 50,176-unit default, so the suite runs them on stimsim-mnv2-s0 only
-(the documentation's "Default models", docs/models.md, gives all three ImageNet-based models)."""
+Every run takes about two minutes on a 50,176-unit model, so the suite runs them on the default stimsim-mnv2-s0;
+the other two models carry the marker ``every_model`` (``pytest -m every_model``)."""
 import json
 import os
 from pathlib import Path
 
 import pytest
 
+from docs_figures import REPO, table_cell, table_rows
 from stimsim.cli import main
+from stimsim.models.registry import DEFAULT_MODEL
 
 SHARED_DATA = Path(os.environ.get("STIMSIM_MIRROR_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
@@ -17,20 +20,27 @@ pytestmark = [pytest.mark.slow,
                                                                   f"{SHARED_DATA}; set STIMSIM_MIRROR_DIR")]
 
 
-SHIPPED = ["stimsim-mnv2-s0"]
-MODELS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "models.md"
+SHIPPED = ["stimsim-mnv2-s0", *(pytest.param(name, marks=pytest.mark.every_model)
+                                for name in ("stimsim-mnv2-s1", "stimsim-effl0-s0"))]
+MODELS_PAGE = REPO / "docs" / "models.md"
 
 
 def _docs_cell(row_label: str, model: str) -> list[float]:
     """The numbers in ``model``'s column of the "Default models" table row ``row_label`` (docs/models.md)."""
-    import re
+    return table_cell(MODELS_PAGE, row_label, model)
 
-    lines = [line for line in MODELS_PAGE.read_text(encoding="utf-8").splitlines() if line.startswith("| ")]
-    header = next(line for line in lines if "| stimsim-mnv2-s0 | stimsim-mnv2-s1 |" in line)
-    column = [cell.strip() for cell in header.split("|")].index(model)
-    row = next(line for line in lines if line.startswith(f"| {row_label} |"))
-    return [float(x.replace("−", "-")) for x in re.findall(r"[−\d.e-]+", row.split("|")[column])
-            if re.search(r"\d", x)]
+
+EXPERIMENTS_PAGE = REPO / "docs" / "experiments.md"
+AFRAZ_COLUMNS = ["r (shift vs d′)", "p", "mean shift, d′ > 1 sites (% signal)", "mean shift, other sites"]
+
+
+def _experiments_row_labels() -> list[str]:
+    return [row[0] for row in table_rows(EXPERIMENTS_PAGE)]
+
+
+def _experiments_cell(row_label: str, column: str) -> list[float]:
+    """The numbers of a cell of docs/experiments.md's tables."""
+    return table_cell(EXPERIMENTS_PAGE, row_label, column)
 
 
 def _run(experiment, model, out_dir, capsys):
@@ -47,16 +57,17 @@ def _run(experiment, model, out_dir, capsys):
 def test_afraz2006_face_selective_sites_shift_choices_towards_face(model, tmp_path, capsys):
     summary = _run("afraz2006", model, tmp_path, capsys)
     assert summary["model_n_sites"] == 86 and summary["model_n_selective"] == 31
-    # the targets that the model meets: a shift that grows with d' at p < 0.01, other sites below 2.5 % signal,
-    # and the shift reported in log-odds too
-    assert summary["model_r"] > 0 and summary["model_p"] < 0.01
-    assert summary["model_mean_shift_other"] < 2.5
-    assert summary["model_mean_shift_selective_logodds"] > summary["model_mean_shift_other_logodds"]
-    # not met (docs/models.md, "Default models"): r >= 0.4 (0.398 measured), the 2.3-9.1 % shift at d' > 1 sites
-    # (0.63 %) and a control curve as steep as a trained animal's (P(face) 0.33 at -50 %, 0.75 at +50 %); held: the
-    # direction, and a curve that rises from non-faces to faces
+    # held on every model, as in the monkeys: the shift grows with d', selective sites shift towards "face" more
+    # than the others, in % signal and in log-odds, and the control curve rises from non-faces to faces
+    assert summary["model_r"] > 0
     assert summary["model_mean_shift_selective"] > max(0.0, summary["model_mean_shift_other"])
+    assert summary["model_mean_shift_selective_logodds"] > summary["model_mean_shift_other_logodds"]
     assert summary["control_p_face_at_minus50"] < 0.5 < summary["control_p_face_at_50"]
+    if model == DEFAULT_MODEL:
+        # the targets the default meets: the relation at p < 0.01, other sites below 2.5 % signal; not met
+        # (docs/models.md, "Default models"): r >= 0.4 (0.398), the 2.3-9.1 % shift at d' > 1 sites (0.63 %) and a
+        # control curve as steep as a trained animal's (P(face) 0.33 at -50 %, 0.75 at +50 %)
+        assert summary["model_p"] < 0.01 and summary["model_mean_shift_other"] < 2.5
     # the figures docs/models.md gives are this run's
     r, p = _docs_cell("Afraz r (p)", model)
     assert summary["model_r"] == pytest.approx(r, abs=0.005) and summary["model_p"] == pytest.approx(p, rel=0.5)
@@ -70,6 +81,18 @@ def test_afraz2006_face_selective_sites_shift_choices_towards_face(model, tmp_pa
     # the monkeys (Afraz et al. 2006): r ≈ 0.55, selective sites shift more
     assert summary["data_r"] == pytest.approx(0.552, abs=0.005)
     assert summary["data_mean_shift_selective"] > summary["data_mean_shift_other"]
+    # docs/experiments.md's Afraz table: the monkeys' row and this model's are these runs' figures
+    data_r, data_p, data_selective, data_other = (_experiments_cell("monkeys (Afraz et al. 2006)", column)
+                                                  for column in AFRAZ_COLUMNS)
+    assert data_r + data_p == pytest.approx([summary["data_r"], summary["data_p"]], rel=0.01)
+    assert data_selective + data_other == pytest.approx(
+        [summary["data_mean_shift_selective"], summary["data_n_selective"], summary["data_mean_shift_other"],
+         summary["data_n_other"]], abs=0.005)
+    row = next(label for label in _experiments_row_labels() if label.strip("*").startswith(model))
+    r_cell, p_cell, selective_cell, other_cell = (_experiments_cell(row, column) for column in AFRAZ_COLUMNS)
+    assert r_cell + p_cell == _docs_cell("Afraz r (p)", model)
+    assert selective_cell == _docs_cell("Afraz shift at d′ > 1 sites (% signal / log-odds)", model)[:1]
+    assert other_cell == _docs_cell("Afraz shift at other sites (%)", model)
     for name in ("results.nc", "config.json", "afraz2006_comparison.png"):
         assert (tmp_path / name).is_file()
 
@@ -84,10 +107,11 @@ def test_moeller2017_runs_beside_the_published_counts(model, tmp_path, capsys):
     # as in the monkeys, stimulating inside the face patch turns "same" faces into "different" far
     # more than stimulating outside it, and affects faces more than objects
     inside, outside = summary["model_same_hit_drop_inside"], summary["model_same_hit_drop_outside"]
-    # the targets met on this model: inside drop >= 0.5, objects less than faces; not met: outside <= 0.1 (0.109
-    # measured, docs/models.md); held: the outside drop far below the inside drop
-    assert inside >= 0.5 and outside < inside / 4
-    assert summary["model_object_same_hit_drop_inside"] < inside
+    assert inside > outside and summary["model_object_same_hit_drop_inside"] < inside
+    if model == DEFAULT_MODEL:
+        # the targets the default meets: inside drop >= 0.5, objects less than faces; not met: outside <= 0.1 (0.109,
+        # docs/models.md); held: the outside drop far below the inside drop
+        assert inside >= 0.5 and outside < inside / 4
     # the figures docs/models.md gives are this run's
     assert [inside, outside] == pytest.approx(
         _docs_cell('Moeller "same"-hit drop inside / outside the face patch', model), abs=0.005)
@@ -95,3 +119,35 @@ def test_moeller2017_runs_beside_the_published_counts(model, tmp_path, capsys):
         _docs_cell("Moeller object drop inside", model)[0], abs=0.005)
     config = json.loads((tmp_path / "config.json").read_text())
     assert "override" in json.dumps(config)
+
+
+MOELLER_COLUMNS = ["no stimulation", "inside face patch", "outside", "objects: drop inside / outside"]
+
+
+@pytest.mark.parametrize("model", ["stimsim-topo-s0", "stimsim-topo-s1", "stimsim-topo-s2"])
+def test_moeller2017_on_the_32px_family_gives_the_table_of_the_docs(model, tmp_path, capsys):
+    """docs/experiments.md's Moeller table: the monkeys' row and the small models' rows are these runs' figures."""
+    summary = _run("moeller2017", model, tmp_path, capsys)
+    control, inside, outside, objects = (_experiments_cell(f"{model}, own scale (2:1)", column)
+                                         for column in MOELLER_COLUMNS)
+    assert control == pytest.approx([summary["model_same_hit_rate_control"]], abs=0.005)
+    assert inside == pytest.approx([summary["model_same_hit_rate_inside"], summary["model_same_hit_drop_inside"]],
+                                   abs=0.005)
+    assert outside == pytest.approx([summary["model_same_hit_rate_outside"], summary["model_same_hit_drop_outside"]],
+                                    abs=0.005)
+    assert objects == pytest.approx([summary["model_object_same_hit_drop_inside"],
+                                     summary["model_object_same_hit_drop_outside"]], abs=0.005)
+    # and its row of the "Locality and scale" table
+    row = next(label for label in _experiments_row_labels() if label.strip("*").endswith(f"shipped {model}"))
+    assert [_experiments_cell(row, column)[0] for column in ("Moeller drop inside", "drop outside",
+                                                             "object drop inside")] == pytest.approx(
+        [summary["model_same_hit_drop_inside"], summary["model_same_hit_drop_outside"],
+         summary["model_object_same_hit_drop_inside"]], abs=0.005)
+    control, inside, outside, objects = (_experiments_cell("monkeys", column) for column in MOELLER_COLUMNS)
+    assert control == pytest.approx(
+        [summary["data_same_hit_rate_inside_off"], summary["data_same_hit_rate_outside_off"]], abs=0.005)
+    assert inside == pytest.approx([summary["data_same_hit_rate_inside_on"], summary["data_same_hit_drop_inside"]],
+                                   abs=0.005)
+    assert outside == pytest.approx([summary["data_same_hit_rate_outside_on"], summary["data_same_hit_drop_outside"]],
+                                    abs=0.005)
+    assert objects == pytest.approx([summary["data_object_same_hit_drop_inside"]], abs=0.005)

@@ -1,10 +1,14 @@
 """The Python snippets of the README and of the documentation pages run as written, and their comments state
-what they print and write; the figures the documentation quotes for the main command are what it gives."""
+what they print and write; the figures the documentation quotes for the main command and the tour after it are
+what they give."""
+import csv
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from docs_figures import numbers, table_cell, table_rows
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -54,6 +58,25 @@ def test_the_reports_snippet_runs_and_writes_html_and_pdf(tmp_path, monkeypatch)
     assert "ΔAUC" in (written / "report.html").read_text(encoding="utf-8")
 
 
+def test_the_default_models_figures_of_the_readme_are_those_of_the_models_page():
+    """The README's headline table repeats figures of docs/models.md's "Default models" table, which the runs of
+    tests/test_published_experiments.py and tests/test_models_check_natural.py check."""
+    models_page = REPO / "docs" / "models.md"
+    rows = [row for row in table_rows(README) if row[0].strip("*").startswith("stimsim-") and len(row) == 7]
+    assert [row[0].strip("*") for row in rows] == ["stimsim-mnv2-s0", "stimsim-mnv2-s1", "stimsim-effl0-s0"]
+    for name, trunk, top1, sheet_mm, units, afraz_r, moeller in rows:
+        name = name.strip("*")
+        base_top1 = table_cell(models_page, "ImageNet top-1 on the 300 samples the build held out (on the 700 it "
+                                            "trained on)", "monkeys / base network")[0 if "MobileNet" in trunk else 1]
+        assert numbers(top1) == [table_cell(models_page, "ImageNet top-1 on the 300 samples the build held out (on "
+                                                         "the 700 it trained on)", name)[0], base_top1]
+        assert numbers(sheet_mm) + numbers(units) == table_cell(
+            models_page, "IT sheet (cortex mm) / units within λ(50 µA)", name)
+        assert numbers(afraz_r) == table_cell(models_page, "Afraz r (p)", name)[:1]
+        assert numbers(moeller) == table_cell(models_page, 'Moeller "same"-hit drop inside / outside the face patch',
+                                              name)
+
+
 def _quoted_number(text: str) -> float:
     return float(text.replace("−", "-"))
 
@@ -61,7 +84,8 @@ def _quoted_number(text: str) -> float:
 @pytest.mark.slow
 def test_the_default_plan_figures_the_docs_quote_are_what_the_main_command_gives(tmp_path):
     """The quick start's main command (``stimsim plan experiments/plan_default.toml``), run as written: its
-    predicted-vs-true r (all, per candidate) and power figures are the ones docs/planning.md states."""
+    predicted-vs-true r (all, per candidate) and power figures are the ones docs/planning.md states; then the
+    README tour's session, analysis and power: the figures docs/analysis.md states."""
     import json
 
     from stimsim.cli import main
@@ -82,3 +106,54 @@ def test_the_default_plan_figures_the_docs_quote_are_what_the_main_command_gives
     assert summary["power_at_planned_trials"]["trials_per_site"] == int(trials)
     assert summary["power_at_planned_trials"]["across_sites"] == pytest.approx(float(power), abs=5e-3)
     assert summary["trials_per_site_needed"]["across_sites"] is None  # "no site count up to 6,400"
+    # the tour's next three commands as the README gives them (the session with its defaults: the chosen sites,
+    # 400 trials per site, seed 0): docs/analysis.md's table of their figures
+    session, analysis = tmp_path / "session.nwb", tmp_path / "analysis"
+    assert main(["subject", "session", str(out), "--out", str(session)]) == 0
+    assert main(["analyze", str(session), "--plan", str(out), "--out", str(analysis), "--no-progress"]) == 0
+    assert main(["power", str(out), "--no-progress"]) == 0
+    analysed = json.loads((analysis / "summary.json").read_text())
+    power = json.loads((out / "power" / "summary.json").read_text())
+    curve = {int(row["trials_per_site"]): row for row in csv.DictReader(open(out / "power" / "power_curve.csv"))}
+
+    def cell(row):
+        return table_cell(REPO / "docs" / "analysis.md", row, "figure")
+
+    assert analysed["n_sites"] == 24
+    assert cell("true ΔAUC SD across the chosen sites (`power`: `true_delta_auc_sd`)") == pytest.approx(
+        [power["true_delta_auc_sd"]], abs=5e-5)
+    assert cell("plan's predicted vs true r, the chosen sites / every working electrode") == pytest.approx(
+        [analysed["plan_predicted_vs_true_r_these_sites"], summary["predicted_vs_true_r"]], abs=5e-3)
+    assert cell("split-half r of the per-site ΔAUC (the noise ceiling is undefined below 0)") == pytest.approx(
+        [analysed["split_half_r"]], abs=5e-3)
+    assert analysed["noise_ceiling"] is None
+    assert cell("predicted vs observed r (permutation p)") == pytest.approx(
+        [analysed["predicted_vs_observed_r"], analysed["predicted_vs_observed_permutation_p"]], abs=5e-3)
+    assert cell("sites with p < 0.05") == pytest.approx(
+        [analysed["n_sites_significant"]]) and analysed["n_sites_significant_chance"] == pytest.approx(1.2)
+    assert cell("`power`: observed vs true r at 400 / 1,600 trials per site") == pytest.approx(
+        [float(curve[400]["observed_vs_true_r"]), float(curve[1600]["observed_vs_true_r"])], abs=5e-3)
+    assert cell("`power`: across-site Wilcoxon power at 400 trials per site") == pytest.approx(
+        [float(curve[400]["wilcoxon_power"])], abs=5e-3)
+    assert power["wilcoxon_trials_needed"] is None and max(curve) == 1600  # "no trial count up to 1,600"
+    # docs/planning.md's reading of the same plan: the subject's median true ΔAUC, and how far pooling candidates
+    # could go (each candidate's prediction at its fitted pose; ρ = the mean of the three correlations)
+    import xarray as xr
+
+    planning = " ".join(_docs_page("planning").split())
+    median = re.search(r"subject's median ΔAUC is ([\d.]+) at 50 µA", planning)
+    assert median and summary["true_delta_auc_median"] == pytest.approx(float(median.group(1)), abs=5e-5)
+    quoted = re.search(r"agree with each other at r = ([−\d.]+) and with the subject at ([−\d.]+) and ([−\d.]+), so .*?"
+                       r"ρ ≈ ([\d.]+) .*?: ([\d.]+) for K = 2 \(the plan's pooled prediction: ([\d.]+)\) and at most "
+                       r"√ρ ≈ ([\d.]+)", planning)
+    assert quoted, "docs/planning.md no longer states the pooling figures in the form this test reads"
+    with xr.open_dataset(out / "plan.nc") as plan_nc, xr.open_dataset(out / "truth" / "subject_p_high.nc") as truth:
+        per_model = plan_nc["delta_auc"].sel(pose="fitted").mean("sequence").values
+        alive = ~truth["dead"].values
+        true = truth["true_delta_auc"].mean("sequence").values[alive]
+    between = np.corrcoef(per_model[0, alive], per_model[1, alive])[0, 1]
+    with_subject = [np.corrcoef(prediction[alive], true)[0, 1] for prediction in per_model]
+    shared = (between + sum(with_subject)) / 3
+    derived = [between, *with_subject, shared, shared / np.sqrt(shared + (1 - shared) / 2),
+               summary["predicted_vs_true_r"], np.sqrt(shared)]
+    assert [_quoted_number(x) for x in quoted.groups()] == pytest.approx(derived, abs=5e-3)

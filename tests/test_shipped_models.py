@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from docs_figures import REPO, table_cell, table_rows
 from stimsim.cli import main
 from stimsim.data.manifest import get_entry, verify
 from stimsim.models.registry import DEFAULT_MODEL, SHIPPED_DIR, SMALL_MODEL, available_models, load_model
@@ -13,6 +14,7 @@ from stimsim.utilities.errors import DataError
 #: The small fast family (unit tests, the engine benchmark) and the ImageNet-based defaults.
 SHIPPED = ["stimsim-topo-s0", "stimsim-topo-s1", "stimsim-topo-s2"]
 DEFAULTS = ["stimsim-effl0-s0", "stimsim-mnv2-s0", "stimsim-mnv2-s1"]
+EXPERIMENTS_PAGE = REPO / "docs" / "experiments.md"
 
 
 def test_both_families_ship_and_verify_against_the_manifest():
@@ -93,6 +95,15 @@ def test_models_check_meets_the_targets(name, tmp_path, capsys):
     assert report["n_classes"] == 12 and report["n_classes_clustered"] >= 8
     assert 0 < report["face_selective_fraction"] < 0.6
     assert figure.stat().st_size > 10_000
+    # the figures of this model's row in docs/experiments.md's "Locality and scale" table
+    row = next(label for label in (row[0] for row in table_rows(EXPERIMENTS_PAGE))
+               if label.strip("*").endswith(f"shipped {name}"))
+    assert table_cell(EXPERIMENTS_PAGE, row, "face balanced acc.") == pytest.approx(
+        [report["face_balanced_accuracy"]], abs=5e-4)
+    assert table_cell(EXPERIMENTS_PAGE, row, "face Moran's I (p)") == pytest.approx(
+        [report["morans_i"], report["cluster_p"]], abs=5e-4)
+    assert table_cell(EXPERIMENTS_PAGE, row, "classes clustered") == [report["n_classes_clustered"],
+                                                                      report["n_classes"]]
 
 
 def test_load_and_activation_timing_is_reported():
