@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from docs_figures import REPO, table_cell
 from stimsim.models.base_networks import (BASE_NETWORKS, base_network_spec, efficientnet_keys_to_timm, imagenet_logits,
                                           load_base_network)
 from stimsim.training.imagenet import imagenet_files, imagenet_top1
@@ -62,16 +63,30 @@ def test_imagenet_class_order_and_top1_of_a_constant_guess(shared_data):
         imagenet_top1(lambda images: None, folder.parent / "floc")
 
 
-@pytest.mark.parametrize("name", sorted(BASE_NETWORKS))
-def test_imagenet_top1_on_the_first_samples(name, shared_data, base_network, one_torch_thread):
-    """Published ImageNet validation top-1: MobileNetV2 71.9 %, EfficientNet-Lite0 74.9 %; the samples are
-    easier (one clear photograph per class). Measured on all 1,000: 0.827 and 0.853."""
-    folder = shared_data("natural/imagenet_samples")
+def _base_network_top1(name, base_network, folder, limit):
     network, preprocessing = base_network(name), base_network_spec(name).preprocessing
 
     def predict(images):
         with torch.inference_mode():
             return network(preprocessing(images)).numpy()
 
-    result = imagenet_top1(predict, folder, limit=100)
+    return imagenet_top1(predict, folder, limit=limit)
+
+
+@pytest.mark.parametrize("name", sorted(BASE_NETWORKS))
+def test_imagenet_top1_on_the_first_samples(name, shared_data, base_network, one_torch_thread):
+    """Published ImageNet validation top-1: MobileNetV2 71.9 %, EfficientNet-Lite0 74.9 %; the samples are
+    easier (one clear photograph per class)."""
+    result = _base_network_top1(name, base_network, shared_data("natural/imagenet_samples"), limit=100)
     assert result["n"] == 100 and result["top1"] >= 0.7
+
+
+@pytest.mark.slow
+@pytest.mark.every_model
+@pytest.mark.parametrize("name", sorted(BASE_NETWORKS))
+def test_imagenet_top1_on_all_samples_is_the_figure_of_the_docs(name, shared_data, base_network, one_torch_thread):
+    """The base networks' top-1 on all 1,000 samples, as docs/data.md's table gives it (a few minutes each)."""
+    result = _base_network_top1(name, base_network, shared_data("natural/imagenet_samples"), limit=None)
+    assert result["n"] == 1000
+    assert [result["top1"]] == pytest.approx(table_cell(REPO / "docs" / "data.md", f"`{name}`",
+                                                        "ImageNet top-1, 1,000 samples"), abs=5e-4)

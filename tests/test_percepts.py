@@ -261,3 +261,44 @@ def test_visualize_and_subject_make_refuse_a_device_they_lack_before_writing(tmp
         assert main([*command.split(), str(config), "--out", str(out), "--device", "cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.every_model
+@pytest.mark.timeout(1800)
+def test_the_default_visualization_gives_the_figures_of_the_docs(tmp_path, shared_data, base_network):
+    """``stimsim visualize experiments/visualize_default.toml`` as the README runs it (about 7 minutes on one
+    core): the P(face) figures docs/experiments.md gives for it."""
+    import re
+
+    from docs_figures import REPO
+
+    shared_data("natural/floc")
+    shared_data("moeller2017")
+    for name in ("mobilenet_v2", "efficientnet_lite0"):
+        base_network(name)
+    out = tmp_path / "out"
+    assert main(["visualize", str(REPO / "experiments" / "visualize_default.toml"), "--out", str(out), "--no-progress",
+                 "--threads", "1"]) == 0
+    judges = json.loads((out / "summary.json").read_text())["judges"]
+    page = " ".join((REPO / "docs" / "experiments.md").read_text(encoding="utf-8").split())
+    number = r"([\d.]+)"
+    quoted = re.search(rf"at the face site {number}, {number}, {number} \(own decoder\) and {number}, {number}, "
+                       rf"{number} \(independent judge\), against {number} / {number} at the control site, {number} / "
+                       rf"{number} scrambled and {number} / {number} without stimulation \(the originals: {number} / "
+                       rf"{number}\)", page)
+    assert quoted, "docs/experiments.md no longer gives the default visualization's figures in the form this test reads"
+    own, independent = judges["own"], judges["independent"]
+    computed = [*own["pface_face_site"], *independent["pface_face_site"]]
+    for key in ("pface_control_site", "pface_scrambled", "pface_unstimulated", "pface_original"):
+        computed += [own[key], independent[key]]
+    assert [float(x) for x in quoted.groups()] == pytest.approx(computed, abs=5e-4)
+    # "at 1000 µA ... the house and the instrument fall back to 0.58 and 0.14" (the own decoder)
+    fall_back = re.search(r"the house and the instrument fall back to ([\d.]+) and ([\d.]+)", page)
+    with xr.open_dataset(out / "percepts.nc", engine="h5netcdf") as data:
+        top_current = int(np.flatnonzero(data["kind"].values == "face_site")[-1])
+        scores = data["p_face"].sel(judge="own").isel(condition=top_current)
+        ids = [str(s) for s in data["stimulus_id"].values]
+        house, instrument = (float(scores.values[next(i for i, s in enumerate(ids) if category in s)])
+                             for category in ("house", "instrument"))
+    assert [house, instrument] == pytest.approx([float(x) for x in fall_back.groups()], abs=5e-3)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xarray as xr
 
 from docs_figures import numbers, table_cell, table_rows
 
@@ -138,14 +139,12 @@ def test_the_default_plan_figures_the_docs_quote_are_what_the_main_command_gives
     assert power["wilcoxon_trials_needed"] is None and max(curve) == 1600  # "no trial count up to 1,600"
     # docs/planning.md's reading of the same plan: the subject's median true ΔAUC, and how far pooling candidates
     # could go (each candidate's prediction at its fitted pose; ρ = the mean of the three correlations)
-    import xarray as xr
-
     planning = " ".join(_docs_page("planning").split())
     median = re.search(r"subject's median ΔAUC is ([\d.]+) at 50 µA", planning)
     assert median and summary["true_delta_auc_median"] == pytest.approx(float(median.group(1)), abs=5e-5)
-    quoted = re.search(r"agree with each other at r = ([−\d.]+) and with the subject at ([−\d.]+) and ([−\d.]+), so .*?"
-                       r"ρ ≈ ([\d.]+) .*?: ([\d.]+) for K = 2 \(the plan's pooled prediction: ([\d.]+)\) and at most "
-                       r"√ρ ≈ ([\d.]+)", planning)
+    quoted = re.search(r"agree with each other at r = ([−\d.]+) and with the subject at ([−\d.]+) and ([−\d.]+), "
+                       r"so .*?ρ ≈ ([\d.]+) .*?: ([\d.]+) for K = 2 \(the plan's pooled prediction: ([\d.]+)\) and "
+                       r"at most √ρ ≈ ([\d.]+)", planning)
     assert quoted, "docs/planning.md no longer states the pooling figures in the form this test reads"
     with xr.open_dataset(out / "plan.nc") as plan_nc, xr.open_dataset(out / "truth" / "subject_p_high.nc") as truth:
         per_model = plan_nc["delta_auc"].sel(pose="fitted").mean("sequence").values
@@ -157,3 +156,21 @@ def test_the_default_plan_figures_the_docs_quote_are_what_the_main_command_gives
     derived = [between, *with_subject, shared, shared / np.sqrt(shared + (1 - shared) / 2),
                summary["predicted_vs_true_r"], np.sqrt(shared)]
     assert [_quoted_number(x) for x in quoted.groups()] == pytest.approx(derived, abs=5e-3)
+    # docs/analysis.md's statistics on the same plan: the chance counts for its 24 sites, and a session of 40 trials
+    # per site (seed 0), which leaves 5 sites without a ΔAUC and a split-half r below 0 (no noise ceiling)
+    analysis_page = " ".join(_docs_page("analysis").split())
+    fdr, uncorrected = re.search(r"Roters 2002\): ([\d.]+) for 24 sites, against ([\d.]+) uncorrected",
+                                 analysis_page).groups()
+    assert [analysed["n_sites_significant_fdr_chance"], analysed["n_sites_significant_chance"]] == pytest.approx(
+        [float(fdr), float(uncorrected)], abs=5e-4)
+    short, short_analysis = tmp_path / "short.nwb", tmp_path / "short_analysis"
+    assert main(["subject", "session", str(out), "--trials-per-site", "40", "--out", str(short)]) == 0
+    assert main(["analyze", str(short), "--plan", str(out), "--out", str(short_analysis), "--no-progress"]) == 0
+    short_summary = json.loads((short_analysis / "summary.json").read_text())
+    without = re.search(r"at 40 trials per site, seed 0: (\d+) of its (\d+) sites\)", analysis_page)
+    assert [short_summary["n_sites_without_effect"], short_summary["n_sites_recorded"]] == [
+        int(x) for x in without.groups()]
+    split_half, sites = re.search(r"The default plan at 40 trials per site \(seed 0\) gives split-half r ([−\d.]+) "
+                                  r"over (\d+) sites: undefined", analysis_page).groups()
+    assert short_summary["split_half_r"] == pytest.approx(_quoted_number(split_half), abs=5e-3)
+    assert short_summary["split_half_mean_sites"] == int(sites) and short_summary["noise_ceiling"] is None

@@ -1,11 +1,12 @@
 """The shipped models: the ImageNet-based defaults and the small 32-px family, verified by checksum, at the scale
 their rule sets."""
 import json
+import re
 
 import numpy as np
 import pytest
 
-from docs_figures import REPO, table_cell, table_rows
+from docs_figures import REPO, numbers, table_cell, table_rows
 from stimsim.cli import main
 from stimsim.data.manifest import get_entry, verify
 from stimsim.models.registry import DEFAULT_MODEL, SHIPPED_DIR, SMALL_MODEL, available_models, load_model
@@ -15,6 +16,7 @@ from stimsim.utilities.errors import DataError
 SHIPPED = ["stimsim-topo-s0", "stimsim-topo-s1", "stimsim-topo-s2"]
 DEFAULTS = ["stimsim-effl0-s0", "stimsim-mnv2-s0", "stimsim-mnv2-s1"]
 EXPERIMENTS_PAGE = REPO / "docs" / "experiments.md"
+MODELS_PAGE = REPO / "docs" / "models.md"
 
 
 def test_both_families_ship_and_verify_against_the_manifest():
@@ -95,6 +97,22 @@ def test_models_check_meets_the_targets(name, tmp_path, capsys):
     assert report["n_classes"] == 12 and report["n_classes_clustered"] >= 8
     assert 0 < report["face_selective_fraction"] < 0.6
     assert figure.stat().st_size > 10_000
+    # the figures of this model's row in docs/models.md's table of the 32-px family, and its class maps' range
+    columns = {"face balanced accuracy (chance 0.5)": report["face_balanced_accuracy"],
+               "face ROC AUC (chance 0.5)": report["face_roc_auc"],
+               "12-class balanced accuracy (chance 0.083)": report["object_balanced_accuracy"],
+               "face-selective fraction (d′ > 1)": report["face_selective_fraction"],
+               "face Moran's I": report["morans_i"], "face cluster_p": report["cluster_p"]}
+    assert [table_cell(MODELS_PAGE, name, column)[0] for column in columns] == pytest.approx(list(columns.values()),
+                                                                                             abs=5e-4)
+    assert table_cell(MODELS_PAGE, name, "classes clustered (p < 0.01)") == [report["n_classes_clustered"],
+                                                                           report["n_classes"]]
+    ranges = re.search(r"The class maps' Moran's I ranges (.*?); the control", " ".join(
+        MODELS_PAGE.read_text(encoding="utf-8").split())).group(1)
+    seed = name.rsplit("-", 1)[1]
+    low, high = numbers(re.search(rf"([\d.]+–[\d.]+) \({seed}\)", ranges).group(1).replace("–", " "))
+    class_morans_i = [entry["morans_i"] for entry in report["class_maps"].values()]
+    assert [min(class_morans_i), max(class_morans_i)] == pytest.approx([low, high], abs=5e-3)
     # the figures of this model's row in docs/experiments.md's "Locality and scale" table
     row = next(label for label in (row[0] for row in table_rows(EXPERIMENTS_PAGE))
                if label.strip("*").endswith(f"shipped {name}"))
@@ -140,3 +158,27 @@ def test_shipping_a_model_copies_its_files_and_lists_their_checksums(tmp_path):
     with pytest.raises(DataError, match="more than the 40 MiB"):
         ship_model(built, shipped, manifest)
     assert listed == {f["path"]: f for f in json.loads(manifest.read_text())["files"]}
+
+
+@pytest.mark.slow
+@pytest.mark.every_model
+def test_without_the_spatial_loss_the_face_map_does_not_cluster(tmp_path, capsys):
+    """The control of the 32-px family: the seed-0 recipe with α = 0 (``experiments/train_stimsim_topo_alpha0_control
+    .toml``, not shipped) trained again here, about 100 s on one core: the face map of the same network without the
+    spatial loss is salt and pepper; the figures of its row in docs/models.md's table."""
+    model_dir = tmp_path / "alpha0"
+    assert main(["train", str(REPO / "experiments" / "train_stimsim_topo_alpha0_control.toml"), "--out",
+                 str(model_dir), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["models", "check", str(model_dir / "model"), "--heldout", "--json", "--shuffles", "200"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["morans_i"] < 0.05 and report["cluster_p"] > 0.05 and report["n_classes_clustered"] == 0
+    assert all(abs(entry["morans_i"]) <= 0.005 for entry in report["class_maps"].values())
+    row = "α = 0 control (not shipped)"
+    assert [table_cell(MODELS_PAGE, row, column)[0] for column in (
+        "face balanced accuracy (chance 0.5)", "face ROC AUC (chance 0.5)", "12-class balanced accuracy (chance 0.083)",
+        "face-selective fraction (d′ > 1)", "face Moran's I")] == pytest.approx(
+        [report["face_balanced_accuracy"], report["face_roc_auc"], report["object_balanced_accuracy"],
+         report["face_selective_fraction"], report["morans_i"]], abs=5e-4)
+    assert table_cell(MODELS_PAGE, row, "face cluster_p") == pytest.approx([report["cluster_p"]], abs=5e-3)
+    assert table_cell(MODELS_PAGE, row, "classes clustered (p < 0.01)") == [0, report["n_classes"]]

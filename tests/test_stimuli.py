@@ -1,5 +1,6 @@
 """Stimulus sets: construction, validation, file round trips, the named sets and pixel noise."""
 import csv
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -395,3 +396,33 @@ def test_pixel_noise_refuses_bad_seed_and_renoising():
     noisy = pixel_noise(_small_set(), [50])
     with pytest.raises(ValueError, match="already has a 'signal_percent'"):
         pixel_noise(noisy, [50])
+
+
+def test_noise_added_before_a_resize_changes_more_pixels_than_its_level():
+    """docs/data.md's reason to add the pixel noise at the model's input: at 50 % signal, noise added to five
+    seeded 64 px uniform textures, or to the first five 25 px LFW faces, before they are resized to a 32 px
+    input changes far more than half of the 1,024 input pixels; added at the input, exactly half."""
+    from dataclasses import replace
+
+    from docs_figures import REPO, numbers
+    from stimsim.models.preprocessing import Preprocessing
+
+    preprocessing = Preprocessing(size_px=32, channels=1, mean=(0.5,), std=(0.25,))
+    rng = np.random.default_rng(0)
+    textures = StimulusSet("textures", [rng.random((64, 64)).astype(np.float32) for _ in range(5)],
+                           np.array([f"texture_{i}" for i in range(5)]))
+    lfw = lfw_subset()
+    first_faces = np.flatnonzero(lfw.labels["category"] == "face")[:5]
+    faces = StimulusSet("faces", [lfw.images[i] for i in first_faces], lfw.stimulus_id[first_faces])
+    changed = {}
+    for stimuli in (textures, faces):
+        clean = preprocessing.geometry(stimuli.images)
+        noisy_before = preprocessing.geometry(pixel_noise(stimuli, [50]).images)
+        noisy_at_input = pixel_noise(replace(stimuli, images=clean), [50]).images
+        changed[stimuli.name] = [int(np.sum(noisy != image)) for noisy, image in zip(noisy_before, clean)]
+        assert [int(np.sum(noisy != image)) for noisy, image in zip(noisy_at_input, clean)] == [512] * 5
+    quoted = " ".join((REPO / "docs" / "data.md").read_text(encoding="utf-8").split())
+    textures_quoted = re.search(r"64 px random textures shown to a 32 px model had ([\d,]+) of their", quoted)
+    faces_quoted = re.search(r"25 px LFW crops enlarged to 32 px ([\d–]+) ", quoted)
+    assert changed["textures"] == [int(textures_quoted.group(1).replace(",", ""))] * 5
+    assert [min(changed["faces"]), max(changed["faces"])] == numbers(faces_quoted.group(1).replace("–", " "))
