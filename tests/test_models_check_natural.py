@@ -18,6 +18,9 @@ from stimsim.models.registry import describe_model
 from stimsim.models.topographic import TopographicModel
 from stimsim.training import evaluation
 
+MODELS_PAGE = REPO / "docs" / "models.md"
+BASE_TOP1_COLUMN = {"mobilenet_v2": 0, "efficientnet_lite0": 1}  # the order docs/models.md names the base networks
+
 
 @pytest.fixture
 def small_mobilenet(base_network):
@@ -165,10 +168,6 @@ def test_models_list_json_describes_every_shipped_model(capsys):
         sheet_mm, units = table_cell(MODELS_PAGE, "IT sheet (cortex mm) / units within λ(50 µA)", name)
         assert model["sheet_size_cortex_mm"] == pytest.approx(sheet_mm, abs=0.05 + 1e-9)
         assert model["units_within_lambda50"] == pytest.approx(units, abs=0.05 + 1e-9)
-
-
-MODELS_PAGE = REPO / "docs" / "models.md"
-BASE_TOP1_COLUMN = {"mobilenet_v2": 0, "efficientnet_lite0": 1}  # the order docs/models.md names the base networks
 
 
 @pytest.mark.slow

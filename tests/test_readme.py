@@ -115,7 +115,8 @@ def test_the_default_plan_figures_the_docs_quote_are_what_the_main_command_gives
     assert main(["power", str(out), "--no-progress"]) == 0
     analysed = json.loads((analysis / "summary.json").read_text())
     power = json.loads((out / "power" / "summary.json").read_text())
-    curve = {int(row["trials_per_site"]): row for row in csv.DictReader(open(out / "power" / "power_curve.csv"))}
+    with open(out / "power" / "power_curve.csv", newline="") as handle:
+        curve = {int(row["trials_per_site"]): row for row in csv.DictReader(handle)}
 
     def cell(row):
         return table_cell(REPO / "docs" / "analysis.md", row, "figure")
