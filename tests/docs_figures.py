@@ -1,6 +1,7 @@
 """The figures the documentation's tables quote, read so that tests can check them against the runs that compute
 them: a number in the docs is one that an executed test or example gives."""
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,6 +21,15 @@ def table_rows(path: Path) -> list[list[str]]:
     """The rows of every Markdown table in ``path``, header rows included, each a list of stripped cells."""
     lines = path.read_text(encoding="utf-8").splitlines()
     return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
+
+
+def row_label(path: Path, matches: Callable[[str], bool]) -> str:
+    """The first cell of the first table row in ``path`` whose first cell, bold marks stripped, ``matches``: the
+    label :func:`table_cell` takes."""
+    for row in table_rows(path):
+        if matches(row[0].strip("*")):
+            return row[0]
+    raise AssertionError(f"{path.name} has no table row whose label matches {matches}")
 
 
 def table_cell(path: Path, row_label: str, column: str) -> list[float]:

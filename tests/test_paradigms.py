@@ -594,6 +594,12 @@ def test_muscimol_example_runs_on_the_shipped_model(tmp_path, shared_data):
     assert summary["model_r"] == pytest.approx(r, abs=0.005) and summary["model_p"] == pytest.approx(p, abs=5e-4)
     assert summary["model_mean_shift_selective"] == pytest.approx(selective, abs=0.05)
     assert summary["model_mean_shift_other"] == pytest.approx(other, abs=0.005)
+    quoted = re.search(r"mean Δaccuracy ([−\d.]+); against the distance from the face patch r = ([−\d.]+), p = ([\d.]+)\)",
+                       " ".join((REPO / "docs" / "experiments.md").read_text(encoding="utf-8").split()))
+    delta, distance_r, distance_p = (float(x.replace("−", "-")) for x in quoted.groups())
+    assert summary["mean_delta_accuracy"] == pytest.approx(delta, abs=5e-4)
+    assert [summary["delta_accuracy_vs_distance_r"], summary["delta_accuracy_vs_distance_p"]] == pytest.approx(
+        [distance_r, distance_p], abs=5e-3)
 
 
 # --- model-mm ↔ cortex-mm scale -------------------------------------------------------------------

@@ -1,7 +1,6 @@
 """The Python snippets of the README and of the documentation pages run as written, and their comments state
 what they print and write; the figures the documentation quotes for the main command and the tour after it are
 what they give."""
-import csv
 import re
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 import xarray as xr
 
 from docs_figures import numbers, table_cell, table_rows
+from readme_tour import run_tour
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -65,12 +65,11 @@ def test_the_default_models_figures_of_the_readme_are_those_of_the_models_page()
     models_page = REPO / "docs" / "models.md"
     rows = [row for row in table_rows(README) if row[0].strip("*").startswith("stimsim-") and len(row) == 7]
     assert [row[0].strip("*") for row in rows] == ["stimsim-mnv2-s0", "stimsim-mnv2-s1", "stimsim-effl0-s0"]
+    top1_row = "ImageNet top-1 on the 300 samples the build held out (on the 700 it trained on)"
     for name, trunk, top1, sheet_mm, units, afraz_r, moeller in rows:
         name = name.strip("*")
-        base_top1 = table_cell(models_page, "ImageNet top-1 on the 300 samples the build held out (on the 700 it "
-                                            "trained on)", "monkeys / base network")[0 if "MobileNet" in trunk else 1]
-        assert numbers(top1) == [table_cell(models_page, "ImageNet top-1 on the 300 samples the build held out (on "
-                                                         "the 700 it trained on)", name)[0], base_top1]
+        base_top1 = table_cell(models_page, top1_row, "monkeys / base network")[0 if "MobileNet" in trunk else 1]
+        assert numbers(top1) == [table_cell(models_page, top1_row, name)[0], base_top1]
         assert numbers(sheet_mm) + numbers(units) == table_cell(
             models_page, "IT sheet (cortex mm) / units within λ(50 µA)", name)
         assert numbers(afraz_r) == table_cell(models_page, "Afraz r (p)", name)[:1]
@@ -107,16 +106,15 @@ def test_the_default_plan_figures_the_docs_quote_are_what_the_main_command_gives
     assert summary["power_at_planned_trials"]["trials_per_site"] == int(trials)
     assert summary["power_at_planned_trials"]["across_sites"] == pytest.approx(float(power), abs=5e-3)
     assert summary["trials_per_site_needed"]["across_sites"] is None  # "no site count up to 6,400"
+    # the sequences' excursions the planning page quotes: the target site's median change end to end, and the
+    # other mapped sites' median change at the ends, in natural SDs
+    quoted = re.search(r"the target site moves by a median ([\d.]+) SDs end to end while the\s+other sites move "
+                       r"([\d.]+) SDs", _docs_page("planning"))
+    assert [summary["sequence_response_change_sd"], summary["sequence_others_change_sd"]] == pytest.approx(
+        [float(x) for x in quoted.groups()], abs=0.005)
     # the tour's next three commands as the README gives them (the session with its defaults: the chosen sites,
     # 400 trials per site, seed 0): docs/analysis.md's table of their figures
-    session, analysis = tmp_path / "session.nwb", tmp_path / "analysis"
-    assert main(["subject", "session", str(out), "--out", str(session)]) == 0
-    assert main(["analyze", str(session), "--plan", str(out), "--out", str(analysis), "--no-progress"]) == 0
-    assert main(["power", str(out), "--no-progress"]) == 0
-    analysed = json.loads((analysis / "summary.json").read_text())
-    power = json.loads((out / "power" / "summary.json").read_text())
-    with open(out / "power" / "power_curve.csv", newline="") as handle:
-        curve = {int(row["trials_per_site"]): row for row in csv.DictReader(handle)}
+    analysed, power, curve = run_tour(out, tmp_path)
 
     def cell(row):
         return table_cell(REPO / "docs" / "analysis.md", row, "figure")
@@ -175,3 +173,57 @@ def test_the_default_plan_figures_the_docs_quote_are_what_the_main_command_gives
                                   r"over (\d+) sites: undefined", analysis_page).groups()
     assert short_summary["split_half_r"] == pytest.approx(_quoted_number(split_half), abs=5e-3)
     assert short_summary["split_half_mean_sites"] == int(sites) and short_summary["noise_ceiling"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.every_model
+@pytest.mark.timeout(3600)
+def test_the_default_plan_validated_on_five_poses_gives_the_figures_of_the_docs(tmp_path):
+    """``stimsim plan experiments/plan_default.toml --validate 5`` (about 35 minutes on one core): the median r, the
+    per-pose r and random-pose nulls, and the poses above their null that docs/planning.md states."""
+    import json
+
+    from stimsim.cli import main
+
+    out = tmp_path / "plan"
+    assert main(["plan", str(REPO / "experiments" / "plan_default.toml"), "--out", str(out), "--validate", "5",
+                 "--no-progress"]) == 0
+    validation = json.loads((out / "validation.json").read_text())
+    planning = " ".join(_docs_page("planning").split())
+    quoted = re.search(r"with `--validate 5` the median r over the hidden poses is ([−\d.]+) \(target ≥ 0\.5; the paper "
+                       r"reports 0\.53–0\.58 against monkeys\), above its random-pose null in (\d) of 5 poses \(target "
+                       r"4\)\. Per pose, r \(null 95th percentile\): (.*?)\. ", planning)
+    assert quoted, "docs/planning.md no longer states the default plan's validation in the form this test reads"
+    median, above, per_pose = quoted.groups()
+    assert validation["predicted_vs_true_r"] == pytest.approx(_quoted_number(median), abs=5e-3)
+    assert validation["poses_above_random_p95"] == int(above) and validation["targets_met"] is False
+    pairs = re.findall(r"([−\d.]+) \(null ([−\d.]+)\)", per_pose)
+    assert [_quoted_number(r) for r, _ in pairs] == pytest.approx(validation["predicted_vs_true_r_per_pose"], abs=5e-3)
+    assert [_quoted_number(p) for _, p in pairs] == pytest.approx(validation["random_pose_r_p95"], abs=5e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.every_model
+def test_the_default_plan_on_the_subjects_own_model_gives_the_figures_of_the_docs(tmp_path):
+    """The default plan with the subject's own model (stimsim-topo-s2) as its only candidate: the registration's
+    mean electrode r and the predicted-vs-true r that docs/planning.md states."""
+    import json
+
+    from stimsim.cli import main
+
+    text = (REPO / "experiments" / "plan_default.toml").read_text(encoding="utf-8")
+    assert 'candidates = ["stimsim-topo-s0", "stimsim-topo-s1"]' in text
+    text = text.replace('candidates = ["stimsim-topo-s0", "stimsim-topo-s1"]', 'candidates = ["stimsim-topo-s2"]')
+    text = text.replace('config = "subject_default.toml"', f'config = "{REPO / "experiments" / "subject_default.toml"}"')
+    config = tmp_path / "plan_own_model.toml"
+    config.write_text(text, encoding="utf-8")
+    out = tmp_path / "plan"
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    planning = " ".join(_docs_page("planning").split())
+    quoted = re.search(r"\(stimsim-topo-s2 planning for itself, same hidden pose, registration mean r ([\d.]+)\) the "
+                       r"same plan gives r = ([\d.]+)", planning)
+    assert quoted, "docs/planning.md no longer states the own-model plan in the form this test reads"
+    registration_r, r = (float(x) for x in quoted.groups())
+    assert summary["registration"]["stimsim-topo-s2"]["mean_correlation"] == pytest.approx(registration_r, abs=5e-3)
+    assert summary["predicted_vs_true_r"] == pytest.approx(r, abs=5e-3)
