@@ -163,10 +163,12 @@ def test_without_the_spatial_loss_the_face_map_does_not_cluster(tmp_path, capsys
     .toml``, not shipped) trained again here, about 100 s on one core: the face map of the same network without the
     spatial loss is salt and pepper; the figures of its row in docs/models.md's table."""
     model_dir = tmp_path / "alpha0"
+    # one CPU thread for both: training and the decoder fits are deterministic at a fixed thread count only
     assert main(["train", str(REPO / "experiments" / "train_stimsim_topo_alpha0_control.toml"), "--out",
-                 str(model_dir), "--no-progress"]) == 0
+                 str(model_dir), "--no-progress", "--threads", "1"]) == 0
     capsys.readouterr()
-    assert main(["models", "check", str(model_dir / "model"), "--heldout", "--json", "--shuffles", "200"]) == 0
+    assert main(["models", "check", str(model_dir / "model"), "--heldout", "--json", "--shuffles", "200",
+                 "--threads", "1"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["morans_i"] < 0.05 and report["cluster_p"] > 0.05 and report["n_classes_clustered"] == 0
     assert all(abs(entry["morans_i"]) <= 0.005 for entry in report["class_maps"].values())
