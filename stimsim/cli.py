@@ -20,8 +20,9 @@ import stimsim
 from stimsim.data.manifest import MIRROR_DIR_ENV
 from stimsim.engine.devices import add_device_argument, resolve_device
 from stimsim.engine.distributed import add_compute_arguments
+from stimsim.engine.jobs_bench import job_names
 from stimsim.utilities.errors import ConfigError, StimsimError, TrainingDiverged
-from stimsim.utilities.io import check_output_dir, check_output_file
+from stimsim.utilities.io import atomic_write_json, check_output_dir, check_output_file
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.limits import check_seed
 from stimsim.utilities.locking import LOCK_FILE, DirectoryLock
@@ -231,10 +232,21 @@ def _cmd_bench(args) -> int:
 
     name = args.model or (SMALL_MODEL if SMALL_MODEL in available_models() else None)
     sections = args.sections.split(",") if args.sections else None
+    jobs = args.jobs.split(",") if args.jobs else None
+    if (jobs is not None or args.jobs_out) and "jobs" not in (sections or ()):
+        raise ConfigError("--jobs and --jobs-out are options of the jobs section; add --sections jobs")
+    save = (lambda report: atomic_write_json(args.out, report, sort_keys=False)) if args.out else None
     report = run_benchmark(quick=args.quick, default_model=load_model(name, device=args.device) if name else None,
                            progress=not args.no_progress, device=args.device, sections=sections,
-                           default_model_source=name)
+                           default_model_source=name, job_names=jobs, jobs_out=args.jobs_out, on_partial=save)
+    if save is not None:
+        save(report)
     _print_report(report, args.json, width=28)
+    failed = sorted(job for job, figures in report.get("jobs", {}).items() if figures["exit_status"] != 0)
+    if failed:
+        print(f"stimsim: error: job(s) {failed} failed; their exit status and error output are in the report",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -446,7 +458,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not the reported numbers)")
     bench.add_argument("--model", help="small model measured besides the ResNet-18 (default: stimsim-topo-s0, the small shipped model)")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
-    bench.add_argument("--sections", help="comma-separated sections to run (default: all): bound, plain, dask, load, plan, analysis")
+    bench.add_argument("--sections", help="comma-separated sections to run (default: all but jobs): bound, plain, "
+                                          "dask, load, plan, analysis, jobs (the README's jobs as a user runs them: "
+                                          "wall time, CPU time and peak memory of each; about an hour on 2 cores)")
+    bench.add_argument("--jobs", help="comma-separated jobs of the jobs section (default: all): "
+                                      + ", ".join(job_names()))
+    bench.add_argument("--jobs-out", metavar="DIR", help="keep the jobs' outputs in DIR (default: a temporary "
+                                                         "folder, removed at the end)")
+    bench.add_argument("--out", metavar="FILE.json", help="also write the report to this JSON file (written again "
+                                                          "after every section and job, so a stopped run keeps "
+                                                          "what it measured)")
     _add_threads(bench)
     add_device_argument(bench)
     bench.set_defaults(handler=_cmd_bench)
@@ -523,16 +544,23 @@ def _add_mirror(command) -> None:
                                                           "(default: $STIMSIM_MIRROR_DIR)")
 
 
+#: The environment variables that set the CPU threads of a process's OpenMP and BLAS libraries.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
 def _add_threads(command) -> None:
     command.add_argument("--threads", type=int, metavar="N",
-                         help="CPU threads torch and the BLAS under numpy and scikit-learn use (default: their "
+                         help="CPU threads torch and the BLAS under numpy and scikit-learn use, in this process and "
+                              "those it starts (default: their "
                               "choice, usually every core; on a shared or busy machine 1 is often faster)")
 
 
 def _apply_common_options(args) -> None:
     """--out, --mirror and --threads: checked and put into effect before the command runs."""
     out = getattr(args, "out", None)
-    if getattr(args, "handler", None) is _cmd_subject_session:  # its --out and --csv are files
+    if getattr(args, "handler", None) is _cmd_bench and out is not None:  # a file
+        check_output_file(out)
+    elif getattr(args, "handler", None) is _cmd_subject_session:  # its --out and --csv are files
         if not out and not args.csv:
             raise ConfigError("stimsim subject session: give --out FILE.nwb and/or --csv FILE.csv")
         if out and Path(out).suffix.lower() != ".nwb":
@@ -562,6 +590,8 @@ def _apply_common_options(args) -> None:
 
         torch.set_num_threads(threads)
         threadpool_limits(threads)  # the BLAS under numpy, scipy and scikit-learn's decoders too
+        for variable in THREAD_VARIABLES:  # and the processes this one starts (the benchmark's jobs)
+            os.environ[variable] = str(threads)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -50,8 +50,14 @@ The images are the 100 face and 100 non-face crops of Labeled Faces in the Wild 
 scikit-image (800 for ``small``: each crop, mirrored left-right, up-down and both); the ResNet-18 has
 random weights (timing does not depend on them).
 
+``jobs`` (section ``jobs``, run only when named)
+    wall time, CPU time and peak memory of the README's jobs as a user runs them, each in a child process
+    on an empty activation cache (:mod:`stimsim.engine.jobs_bench`); absolute figures against the targets
+    of the jobs, no ratio.
+
 Sections are listed in :data:`SECTIONS`; :func:`register_section` adds one (a function of the
-:class:`BenchContext` returning a dict of report entries).
+:class:`BenchContext` returning a dict of report entries). The report records the software versions, the
+processor and the load average at the start, beside what was measured.
 
 Over 500 lines: every workload of the benchmark and the exact bound and baselines it is measured against sit
 in one file, so that one run's ratios come from one place.
@@ -59,10 +65,12 @@ in one file, so that one run's ratios come from one place.
 from __future__ import annotations
 
 import os
+import platform
 import resource
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -78,6 +86,7 @@ from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
 from stimsim.stimulation import Condition, ElectricalStimulation
 from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.io import software_versions
 from stimsim.utilities.progress import report_phase
 
 #: Workload sizes: image size of the ResNet-18 (px), (sites, images) per workload, plain sites, timing repeats.
@@ -130,6 +139,10 @@ class BenchContext:
     progress: bool
     default_model: TopographicModel | None
     default_model_source: str | None = None
+    #: Jobs of the ``jobs`` section to run (None: all) and the callback given each job's figures as they come.
+    job_names: list[str] | None = None
+    jobs_out: str | None = None
+    on_job: Callable[[dict], None] | None = None
     _resnet: TopographicModel | None = None
 
     @property
@@ -142,12 +155,17 @@ class BenchContext:
 
 #: The benchmark's sections, run in this order: (name, function of the context → report entries).
 SECTIONS: list[tuple[str, Callable[[BenchContext], dict]]] = []
+#: Sections run only when named (their work takes far longer than the others').
+ON_REQUEST_SECTIONS: set[str] = set()
 
 
-def register_section(name: str):
-    """Decorator adding a section to :data:`SECTIONS` (its entries are merged into the report)."""
+def register_section(name: str, on_request: bool = False):
+    """Decorator adding a section to :data:`SECTIONS` (its entries are merged into the report); an
+    ``on_request`` section runs only when ``sections`` names it."""
     def add(function):
         SECTIONS.append((name, function))
+        if on_request:
+            ON_REQUEST_SECTIONS.add(name)
         return function
 
     return add
@@ -155,32 +173,42 @@ def register_section(name: str):
 
 def run_benchmark(quick: bool = False, default_model: TopographicModel | None = None,
                   max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, seed: int = 0, progress: bool = False,
-                  device="cpu", sections=None, default_model_source: str | None = None) -> dict:
-    """Run the benchmark sections (all, or those named in ``sections``) and return a JSON-ready report.
+                  device="cpu", sections=None, default_model_source: str | None = None, job_names=None,
+                  jobs_out=None, on_partial: Callable[[dict], None] | None = None) -> dict:
+    """Run the benchmark sections (all but the on-request ones, or those named in ``sections``) and return a
+    JSON-ready report.
 
     ``quick`` shrinks every size (32 px ResNet, a few sites and images, one repetition, no Dask section) for a
     smoke test. ``default_model`` is the small model of the ``small`` and ``dask`` workloads (skipped without
     one); ``default_model_source`` (its name or directory) lets the ``load`` section time loading it. The report
     holds the keys described in the module docstring, their targets, sizes, device, and
-    ``peak_rss_MB`` (peak resident memory of the process).
+    ``peak_rss_MB`` (peak resident memory of the process). ``job_names`` selects the jobs of the ``jobs``
+    section and ``jobs_out`` the folder that keeps their outputs (default: a temporary one);
+    ``on_partial(report)`` is called with the report so far after every section and every job, so that a long
+    run can save what it has measured.
     """
     device = resolve_device(device)
     names = [name for name, _ in SECTIONS]
     unknown = sorted(set(sections or ()) - set(names))
     if unknown:
         raise ConfigError(f"unknown benchmark section(s) {unknown}; sections: {names}")
-    context = BenchContext(QUICK_SIZES if quick else FULL_SIZES, device, seed, int(max_chunk_bytes), progress,
-                           None if default_model is None else default_model.to(device), default_model_source)
     report = {"quick": bool(quick), "device": str(device), "max_chunk_bytes": int(max_chunk_bytes),
-              "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "repeats": context.sizes["repeats"],
+              "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
+              "load_average_1min_at_start": round(os.getloadavg()[0], 2), "software": software_versions(),
+              "repeats": (QUICK_SIZES if quick else FULL_SIZES)["repeats"],
               "stim_current_uA": STIM_CURRENT_UA, "stim_frequency_Hz": STIM_FREQUENCY_HZ}
+    save = on_partial or (lambda partial: None)
+    context = BenchContext(QUICK_SIZES if quick else FULL_SIZES, device, seed, int(max_chunk_bytes), progress,
+                           None if default_model is None else default_model.to(device), default_model_source,
+                           job_names, jobs_out, lambda partial: save({**report, **partial}))
     for name, section in SECTIONS:
-        if sections is None or name in sections:
+        if name in sections if sections is not None else name not in ON_REQUEST_SECTIONS:
             values = section(context)
             repeated = sorted(set(values) & set(report))
             if repeated:
                 raise RuntimeError(f"benchmark section {name!r} would overwrite the report's keys {repeated}")
             report.update(values)
+            save(report)
     report["peak_rss_MB"] = _peak_rss_MB()
     return report
 
@@ -344,6 +372,15 @@ def plan_section(context: BenchContext) -> dict:
 def analysis_section(context: BenchContext) -> dict:
     """Time of ``stimsim analyze`` on a planted session (:func:`time_analysis`)."""
     return {"analysis": time_analysis(quick=context.sizes is QUICK_SIZES, seed=context.seed)}
+
+
+@register_section("jobs", on_request=True)
+def jobs_section(context: BenchContext) -> dict:
+    """The README's jobs as a user runs them: wall time, CPU time, peak memory (:mod:`stimsim.engine.jobs_bench`)."""
+    from stimsim.engine.jobs_bench import time_jobs
+
+    return time_jobs(context.job_names, quick=context.sizes is QUICK_SIZES, work_dir=context.jobs_out,
+                     progress=context.progress, on_result=context.on_job)
 
 
 def cached_baseline(model, images, conditions, decoder, layer: str, chunk_bytes: int = BASELINE_CHUNK_BYTES):
@@ -555,6 +592,16 @@ def _mirrored_face_images(n_images: int) -> tuple[np.ndarray, np.ndarray]:
     if not 2 <= n_images <= 200 * len(views):
         raise ConfigError(f"the mirrored image set has 2 to {200 * len(views)} images, got {n_images}")
     return np.ascontiguousarray(np.concatenate(views)[:n_images]), np.tile(labels, len(views))[:n_images]
+
+
+def _cpu_model() -> str | None:
+    """The processor's name as ``/proc/cpuinfo`` gives it (Linux), else :func:`platform.processor`, else None."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or None
 
 
 def _peak_rss_MB() -> float:
