@@ -70,6 +70,7 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -192,7 +193,8 @@ def run_benchmark(quick: bool = False, default_model: TopographicModel | None = 
     unknown = sorted(set(sections or ()) - set(names))
     if unknown:
         raise ConfigError(f"unknown benchmark section(s) {unknown}; sections: {names}")
-    report = {"quick": bool(quick), "device": str(device), "max_chunk_bytes": int(max_chunk_bytes),
+    report = {"started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "quick": bool(quick),
+              "device": str(device), "max_chunk_bytes": int(max_chunk_bytes),
               "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
               "load_average_1min_at_start": round(os.getloadavg()[0], 2), "software": software_versions(),
               "repeats": (QUICK_SIZES if quick else FULL_SIZES)["repeats"],

@@ -84,6 +84,8 @@ JOBS: tuple[Job, ...] = (
     Job("visualize", ("visualize", "experiments/visualize_default.toml", "--out", "{out}/visualize"),
         "predicted percepts on the default model, judged by EfficientNet-Lite0", {},
         ("floc", "moeller2017") + _IMAGENET_WEIGHTS),
+    Job("train_small", ("train", "experiments/train_stimsim_topo_seed0.toml", "--out", "{out}/train_small"),
+        "stimsim-topo-s0 (the small 32-px model) trained again from its file"),
 )
 
 #: The quick run's one job (a smoke test of the section, not a reported figure).

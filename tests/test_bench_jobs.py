@@ -1,0 +1,74 @@
+"""The benchmark's ``jobs`` section: the README's jobs timed and measured as a user runs them."""
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stimsim.cli import main
+from stimsim.engine.bench import run_benchmark
+from stimsim.engine.jobs_bench import _LAUNCHER, JOBS, Job, job_names, time_job
+from stimsim.utilities.errors import ConfigError
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def test_quick_jobs_section_measures_a_real_command_and_saves_as_it_goes():
+    saved = []
+    report = run_benchmark(quick=True, sections=["jobs"], on_partial=lambda partial: saved.append(partial))
+    figures = report["jobs"]["models_list"]
+    assert figures["exit_status"] == 0 and "error" not in figures
+    assert figures["command"] == "stimsim models list --json"
+    assert figures["wall_s"] > 0 and figures["cpu_s"] > 0
+    assert figures["peak_rss_MB"] > 50  # a Python process that imported torch
+    assert set(report) >= {"software", "cpu_count", "load_average_1min_at_start", "jobs_commit", "jobs_threads"}
+    assert saved and "models_list" in saved[-1]["jobs"]  # the callback saw the job before the run ended
+    assert "jobs" not in run_benchmark(quick=True, sections=["analysis"])  # only run when named
+
+
+def test_a_failing_job_is_recorded_with_its_error_and_no_verdict(tmp_path):
+    job = Job("missing", ("run", "experiments/no_such_file.toml", "--out", "{out}/x"), "a file that is not there",
+              {"peak_GB": 8.0})
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    figures = time_job(job, tmp_path / "out", REPOSITORY, cache)
+    assert figures["exit_status"] == 2
+    assert "no_such_file.toml" in figures["error"]
+    assert figures["targets"] == {"peak_GB": {"limit": 8.0, "met": None}}
+
+
+def test_peak_memory_is_the_jobs_own_not_the_benchmarks(tmp_path):
+    """A child that touches 300 MiB is measured at 300 MiB plus an interpreter, though this process is larger."""
+    held = bytearray(400 * 2**20)
+    held[::4096] = b"x" * len(held[::4096])  # make this process's resident memory exceed the child's
+    parent_MB = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    child = "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096])"
+    usage_file = tmp_path / "usage.json"
+    subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, str(usage_file), sys.executable, "-S", "-c", child],
+                   check=True)
+    usage = json.loads(usage_file.read_text())
+    child_MB = usage["ru_maxrss"] / 1024
+    assert usage["exit_status"] == 0
+    assert 300 <= child_MB < 340 < parent_MB
+
+
+def test_jobs_are_the_readme_commands_and_their_experiment_files_exist():
+    readme = (REPOSITORY / "README.md").read_text()
+    for job in JOBS:
+        for argument in job.arguments:
+            if argument.startswith("experiments/"):
+                assert (REPOSITORY / argument).is_file(), argument
+    for command in ("stimsim run experiments/afraz2006.toml", "stimsim plan experiments/plan_default.toml",
+                    "stimsim visualize experiments/visualize_default.toml"):
+        assert command in readme
+        assert any(("stimsim " + " ".join(job.arguments)).startswith(command) for job in JOBS), command
+
+
+def test_job_options_are_checked(capsys):
+    with pytest.raises(ConfigError, match="unknown job"):
+        run_benchmark(quick=True, sections=["jobs"], job_names=["afraz2006"])  # not a quick job
+    assert main(["bench", "--quick", "--jobs", "models_list"]) == 2
+    assert "add --sections jobs" in capsys.readouterr().err
+    assert job_names(quick=True) == ["models_list"]
