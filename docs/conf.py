@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tables, this folder's own extension
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # the published data mirror for the examples that need it (as the tests find it): the checkout's sibling
 # shared/data unless STIMSIM_MIRROR_DIR is set
@@ -30,6 +31,7 @@ extensions = [
     "myst_parser",
     "sphinxarg.ext",
     "sphinx-jsonschema",
+    "bench_tables",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 # headings get GitHub's anchors, so that links such as models.md#default-models-imagenet-trunks work both
