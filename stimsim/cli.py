@@ -460,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
     bench.add_argument("--sections", help="comma-separated sections to run (default: all but jobs): bound, plain, "
                                           "dask, load, plan, analysis, jobs (the README's jobs as a user runs them: "
-                                          "wall time, CPU time and peak memory of each; about an hour on 2 cores)")
+                                          "wall time, CPU time and peak memory of each; by far the longest section)")
     bench.add_argument("--jobs", help="comma-separated jobs of the jobs section (default: all): "
                                       + ", ".join(job_names()))
     bench.add_argument("--jobs-out", metavar="DIR", help="keep the jobs' outputs in DIR (default: a temporary "

@@ -1,5 +1,6 @@
 """Per-site effects and statistics against hand computations, planted truths and direct formulas."""
 import itertools
+import re
 
 import numpy as np
 import pandas as pd
@@ -8,8 +9,9 @@ import statsmodels.api as sm
 from scipy import stats
 
 from stimsim.analysis.analyze import analyze
-from stimsim.analysis.effects import across_sites, count_trials, expected_fdr_discoveries_under_null, \
-    fdr_adjusted, fit_grouped_logistic, noise_ceiling_of, site_effects, spearman_brown, split_half_reliability
+from stimsim.analysis.effects import across_sites, count_trials, delta_auc_of_counts, \
+    expected_fdr_discoveries_under_null, fdr_adjusted, fit_grouped_logistic, noise_ceiling_of, site_effects, \
+    spearman_brown, split_half_reliability
 from stimsim.analysis.synthetic import planted_curves, planted_session
 
 
@@ -287,3 +289,23 @@ def test_fdr_count_keeps_the_strong_sites_and_drops_most_chance_ones():
     assert null_declared_fdr < null_declared_raw  # ... which the false discovery rate control removes
     assert summary["n_sites_significant_chance"] == pytest.approx(0.05 * 36)
     assert summary["n_sites_significant_fdr_chance"] == pytest.approx(expected_fdr_discoveries_under_null(36, 0.05))
+
+
+def test_binomial_noise_of_one_sites_delta_auc_at_400_trials_is_the_figure_the_docs_give():
+    """docs/analysis.md: at 400 trials per site the per-site ΔAUC has a binomial noise of about 0.04. Derivation:
+    AUC is the trapezoid mean of P̂(high) over 7 steps (weights (½, 1, 1, 1, 1, 1, ½) / 6), each step's P̂ from about
+    200 / 7 trials, so Var(AUC) = Σ wᵢ² pᵢ(1 − pᵢ) / (200 / 7) and ΔAUC = AUC(stimulated) − AUC(sham) has twice
+    that; on the planted curve (log-odds slope 8 over the sequence) SD(ΔAUC) = 0.037."""
+    from docs_figures import REPO
+
+    weights = np.array([0.5, 1, 1, 1, 1, 1, 0.5]) / 6
+    p = planted_curves([0.0])[0, 0]
+    derived = np.sqrt(2 * np.sum(weights ** 2 * p * (1 - p)) / (200 / 7))
+    assert derived == pytest.approx(0.037, abs=5e-4)
+    sessions = planted_session(np.zeros(3000), trials_per_site=400, seed=4)
+    counts = count_trials(sessions)
+    simulated = np.nanstd(delta_auc_of_counts(counts.n_high, counts.n, counts.steps), ddof=1)
+    assert simulated == pytest.approx(derived, rel=0.08)  # steps drawn at random add a little to the fixed split
+    page = " ".join((REPO / "docs" / "analysis.md").read_text(encoding="utf-8").split())
+    quoted = re.search(r"binomial noise of one site's ΔAUC at 400 trials \(about ([\d.]+):", page)
+    assert quoted and round(simulated, 2) == float(quoted.group(1))

@@ -1,5 +1,6 @@
 """The benchmark's ``jobs`` section: the README's jobs timed and measured as a user runs them."""
 import json
+import re
 import resource
 import subprocess
 import sys
@@ -72,3 +73,43 @@ def test_job_options_are_checked(capsys):
     assert main(["bench", "--quick", "--jobs", "models_list"]) == 2
     assert "add --sections jobs" in capsys.readouterr().err
     assert job_names(quick=True) == ["models_list"]
+
+
+def _bench_tables():
+    sys.path.insert(0, str(REPOSITORY / "docs"))
+    try:
+        import bench_tables
+    finally:
+        sys.path.pop(0)
+    return bench_tables
+
+
+def test_the_documented_reports_cover_every_job_and_render_every_figure():
+    """docs/bench/*.json are the reports the documentation's tables are read from: a whole run of committed code."""
+    bench_tables = _bench_tables()
+    jobs = json.loads((REPOSITORY / "docs" / "bench" / "jobs.json").read_text())
+    assert list(jobs["jobs"]) == job_names()
+    assert all(job["exit_status"] == 0 for job in jobs["jobs"].values())
+    assert not jobs["quick"] and "+modified" not in jobs["jobs_commit"]
+    table = bench_tables.jobs_table_lines(jobs)
+    assert len([line for line in table if line.startswith("| ")]) == 1 + len(JOBS)
+    engine = json.loads((REPOSITORY / "docs" / "bench" / "engine.json").read_text())
+    assert not engine["quick"] and "+modified" not in engine["commit"]
+    page = (REPOSITORY / "docs" / "engine.md").read_text(encoding="utf-8")
+    block = re.search(r"```\{bench-values\} bench/engine.json\n:header: (.*?)\n(.*?)```", page, re.S)
+    rows = [row for row in block.group(2).splitlines() if row.strip()]
+    lines = bench_tables.values_table_lines(engine, block.group(1), rows)  # every entry the page names exists
+    assert len([line for line in lines if line.startswith("| ")]) == 1 + len(rows)
+
+
+def test_no_page_types_in_a_duration():
+    """Times are the benchmark's: a duration typed into a page (outside code) would not follow the code. Targets
+    ("under 30 s", "within 5 minutes") are allowed; the development record keeps its one-off measurements."""
+    duration = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:s|min|minutes|hours?|h)\b")
+    for page in [REPOSITORY / "README.md", *sorted((REPOSITORY / "docs").glob("*.md"))]:
+        if page.name == "record.md":
+            continue
+        text = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S))
+        typed = [match.group() for match in duration.finditer(text)
+                 if not re.search(r"(≤|<|under|within)\s*$", text[max(0, match.start() - 12):match.start()])]
+        assert not typed, f"{page.name}: {typed}"

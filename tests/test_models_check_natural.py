@@ -1,6 +1,7 @@
 """`stimsim models check` on natural images (fLoc by domain, ImageNet top-1) and `models list --json`."""
 import json
 import math
+import re
 import warnings
 
 import numpy as np
@@ -168,6 +169,14 @@ def test_models_list_json_describes_every_shipped_model(capsys):
         sheet_mm, units = table_cell(MODELS_PAGE, "IT sheet (cortex mm) / units within λ(50 µA)", name)
         assert model["sheet_size_cortex_mm"] == pytest.approx(sheet_mm, abs=0.05 + 1e-9)
         assert model["units_within_lambda50"] == pytest.approx(units, abs=0.05 + 1e-9)
+    # the file sizes docs/models.md and the README give, in MB of 10⁶ bytes
+    models_page, readme = MODELS_PAGE.read_text(encoding="utf-8"), (REPO / "README.md").read_text(encoding="utf-8")
+    low, high = map(float, re.search(r"Files\s+(\d+)–(\d+) MB in float16", models_page).groups())
+    assert all(low <= round(models[name]["files_bytes"] / 1e6) <= high for name in bases)
+    for text in (models_page, readme):
+        low, high = map(float, re.search(r"(\d\.\d)–(\d\.\d) MB each", text).groups())
+        for small in ("stimsim-topo-s0", "stimsim-topo-s1", "stimsim-topo-s2"):
+            assert low <= round(models[small]["files_bytes"] / 1e6, 1) <= high, small
 
 
 @pytest.mark.slow

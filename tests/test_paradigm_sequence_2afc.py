@@ -278,3 +278,41 @@ def test_sequence_design_shows_the_step_placement_on_stderr_only_when_asked(mode
     assert "placing steps towards the low ends" in shown and "placing steps towards the high ends" in shown
     build_sequences(model, np.array(SITES_MM[:1], dtype=np.float64), stimuli.images, spec, layer="IT", progress=False)
     assert "placing steps" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.every_model
+@pytest.mark.timeout(1800)
+def test_the_shipped_file_on_the_default_model_gives_the_table_of_the_docs(shared_data, base_network, tmp_path):
+    """``stimsim run experiments/sequence2afc.toml`` on one thread (deterministic there): every figure of
+    docs/experiments.md's table of the task on stimsim-mnv2-s0, and the readouts following the sequences."""
+    from docs_figures import REPO, table_cell
+    from stimsim.cli import main
+
+    shared_data("floc")
+    base_network("mobilenet_v2")
+    out = tmp_path / "run"
+    assert main(["run", str(REPO / "experiments" / "sequence2afc.toml"), "--out", str(out), "--threads", "1",
+                 "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    page = REPO / "docs" / "experiments.md"
+
+    def cell(key):
+        label = next(row for row in _table_labels(page) if f"`{key}`" in row)
+        return table_cell(page, label, "stimsim-mnv2-s0")
+
+    assert cell("control_step_auc_mean") == pytest.approx([summary["control_step_auc_mean"]], abs=5e-4)
+    assert summary["control_step_auc_mean"] > summary["control_step_auc_chance"] == 0.5
+    assert cell("median_slope_to_noise") == pytest.approx([summary["median_slope_to_noise"]], abs=5e-3)
+    assert cell("sequence_response_change_sd") == pytest.approx(
+        [summary["sequence_response_change_sd"], summary["sequence_others_change_sd"]], abs=5e-3)
+    for key in ("mean_own_delta_auc", "mean_cross_abs_delta_auc", "mean_locality_abs_delta_auc"):
+        assert cell(key) == pytest.approx([summary[key], *summary[f"{key}_ci"]], abs=5e-5), key
+    assert summary["n_sites"] == 12 and summary["mean_own_delta_auc_ci"][0] > 0  # "the interval excludes 0"
+    assert summary["mean_locality_abs_delta_auc_ci"][0] < 0 < summary["mean_locality_abs_delta_auc_ci"][1]
+
+
+def _table_labels(page: Path) -> list[str]:
+    from docs_figures import table_rows
+
+    return [row[0] for row in table_rows(page)]

@@ -39,6 +39,11 @@ def test_the_python_api_snippet_runs_in_cortex_millimetres(capsys):
     # 2.76 cortex mm per model mm (the model's recorded scale): that many times the size, 1/2.76² the density
     scale = float(printed[1])
     assert scale == pytest.approx(2.755, abs=0.005) and namespace["scale"]["scale_overridden"] is False
+    readme = " ".join(README.read_text(encoding="utf-8").split())
+    quoted = re.search(r"50 µA would act on ([\d.]+)² ≈ ([\d.]+) times", readme)
+    assert quoted and [float(x) for x in quoted.groups()] == pytest.approx([scale, scale ** 2], abs=0.05)
+    experiments_page = " ".join(_docs_page("experiments").split())
+    assert f"{scale:.2f} for stimsim-mnv2-s0, 2 for the 32-px models" in experiments_page
     assert cortex_mm == pytest.approx([scale * model_mm[0], model_mm[1] / scale ** 2])
     assert cortex_mm == pytest.approx([16.5, 185], abs=0.5)
     # the stimulation acts on the sheet in cortex mm, as experiment files do
@@ -155,6 +160,8 @@ def test_the_default_plan_figures_the_docs_quote_are_what_the_main_command_gives
     derived = [between, *with_subject, shared, shared / np.sqrt(shared + (1 - shared) / 2),
                summary["predicted_vs_true_r"], np.sqrt(shared)]
     assert [_quoted_number(x) for x in quoted.groups()] == pytest.approx(derived, abs=5e-3)
+    electrodes = re.search(r"on its (\d+) working electrodes, .*? at (\d+) electrodes\.", planning)
+    assert electrodes and [int(x) for x in electrodes.groups()] == [int(alive.sum())] * 2
     # docs/analysis.md's statistics on the same plan: the chance counts for its 24 sites, and a session of 40 trials
     # per site (seed 0), which leaves 5 sites without a ΔAUC and a split-half r below 0 (no noise ceiling)
     analysis_page = " ".join(_docs_page("analysis").split())

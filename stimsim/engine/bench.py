@@ -57,7 +57,7 @@ random weights (timing does not depend on them).
 
 Sections are listed in :data:`SECTIONS`; :func:`register_section` adds one (a function of the
 :class:`BenchContext` returning a dict of report entries). The report records the software versions, the
-processor and the load average at the start, beside what was measured.
+processor, the checkout's commit and the load average at the start, beside what was measured.
 
 Over 500 lines: every workload of the benchmark and the exact bound and baselines it is measured against sit
 in one file, so that one run's ratios come from one place.
@@ -82,6 +82,7 @@ from stimsim.cortex.positions import retinotopic_positions
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.engine import DEFAULT_MAX_CHUNK_BYTES, chunk_count, serial_work, simulate, simulate_plain
 from stimsim.engine.devices import resolve_device
+from stimsim.engine.jobs_bench import checkout_commit
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
@@ -197,6 +198,7 @@ def run_benchmark(quick: bool = False, default_model: TopographicModel | None = 
               "device": str(device), "max_chunk_bytes": int(max_chunk_bytes),
               "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
               "load_average_1min_at_start": round(os.getloadavg()[0], 2), "software": software_versions(),
+              "commit": checkout_commit(Path(__file__).resolve().parents[2]),
               "repeats": (QUICK_SIZES if quick else FULL_SIZES)["repeats"],
               "stim_current_uA": STIM_CURRENT_UA, "stim_frequency_Hz": STIM_FREQUENCY_HZ}
     save = on_partial or (lambda partial: None)

@@ -117,7 +117,7 @@ def time_jobs(names=None, quick: bool = False, repository=None, work_dir=None, p
     for entry in sorted({name for job in selected for name in job.data}):
         report_phase(f"bench: fetching {entry} before the jobs (not timed)", progress)
         fetch(entry)
-    report = {"jobs": {}, "jobs_repository": str(repository), "jobs_commit": _commit(repository),
+    report = {"jobs": {}, "jobs_repository": str(repository), "jobs_commit": checkout_commit(repository),
               "jobs_threads": os.environ.get("OMP_NUM_THREADS", "default")}
     with tempfile.TemporaryDirectory(prefix="stimsim-jobs-") as scratch:
         out = Path(work_dir) if work_dir is not None else Path(scratch) / "out"
@@ -181,8 +181,11 @@ def _met(target: str, limit: float, figures: dict) -> bool | None:
     raise ValueError(f"unknown target {target!r}")
 
 
-def _commit(repository: Path) -> str | None:
-    """The checkout's commit, ``+modified`` where its tracked files differ from it; None outside git."""
+def checkout_commit(repository: Path) -> str | None:
+    """The checkout's commit, ``+modified`` where its tracked files differ from it; None where ``repository`` is
+    not the top of a git checkout (an installed package inside some other repository's folder)."""
+    if not (repository / ".git").exists():
+        return None
     def git(*arguments):
         return subprocess.run(["git", *arguments], cwd=repository, capture_output=True, text=True, check=True).stdout
 
