@@ -10,7 +10,7 @@ import pytest
 
 from stimsim.cli import main
 from stimsim.engine.bench import run_benchmark
-from stimsim.engine.jobs_bench import _LAUNCHER, JOBS, Job, job_names, time_job
+from stimsim.engine.jobs_bench import _LAUNCHER, JOBS, Job, job_names, time_job, time_jobs
 from stimsim.utilities.errors import ConfigError
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -113,3 +113,12 @@ def test_no_page_types_in_a_duration():
         typed = [match.group() for match in duration.finditer(text)
                  if not re.search(r"(≤|<|under|within)\s*$", text[max(0, match.start() - 12):match.start()])]
         assert not typed, f"{page.name}: {typed}"
+
+
+def test_jobs_refuse_a_used_output_folder_and_a_folder_without_experiments(tmp_path):
+    used = tmp_path / "used"
+    (used / "afraz2006").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="not empty"):
+        time_jobs(quick=True, work_dir=used, progress=False)
+    with pytest.raises(ConfigError, match="no experiments/ folder"):
+        time_jobs(quick=True, repository=tmp_path, progress=False)

@@ -289,7 +289,7 @@ def test_the_shipped_file_on_the_default_model_gives_the_table_of_the_docs(share
     from docs_figures import REPO, table_cell
     from stimsim.cli import main
 
-    shared_data("floc")
+    shared_data("natural/floc")
     base_network("mobilenet_v2")
     out = tmp_path / "run"
     assert main(["run", str(REPO / "experiments" / "sequence2afc.toml"), "--out", str(out), "--threads", "1",

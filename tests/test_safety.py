@@ -138,3 +138,13 @@ def test_an_unsafe_current_names_the_largest_current_that_passes():
     assert largest_safe_current_uA(0.2, capped) == 100.0
     report = check_protocol(ElectricalStimulation(((0.0, 0.0),), current_uA=120.0), capped)
     assert report.violations[-1].endswith("is 100 µA")
+
+
+def test_the_docs_quote_shannon_k_of_the_moeller_protocol():
+    """docs/experiments.md: 300 µA for 0.2 ms on a Utah tip exceeds Shannon's k (2.26 > 1.85)."""
+    from docs_figures import REPO
+
+    page = " ".join((REPO / "docs" / "experiments.md").read_text(encoding="utf-8").split())
+    k, limit = (float(x) for x in re.search(r"Shannon's k on a Utah tip \(([\d.]+) > ([\d.]+)\)", page).groups())
+    report = check_protocol(protocol(300.0, frequency_Hz=150, train_ms=200))
+    assert [k, limit] == pytest.approx([report.shannon_k, 1.85], abs=0.005)

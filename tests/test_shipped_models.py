@@ -60,6 +60,24 @@ def test_model_records_its_cortex_scale_and_the_rule_that_set_it(name):
     assert cortex.density_per_mm2 == pytest.approx(sheet.density_per_mm2 / 4, rel=1e-6)
     middle = tuple(np.mean(cortex.coordinates_mm, axis=0))
     assert len(cortex.units_within(middle, 0.5)) >= 5
+    # what the pages say of this sheet, in cortex mm: its side, density and the units around an electrode
+    # (docs/models.md), the unit spacing (docs/planning.md), a 10×10 array at 0.4 mm pitch (docs/lab.md)
+    models_page = " ".join(MODELS_PAGE.read_text(encoding="utf-8").split())
+    side, density, near, recording = (float(x) for x in re.search(
+        r"stands for ([\d.]+) × [\d.]+ mm of cortex \(([\d.]+) units/mm²; the 0\.25 mm around an electrode holds "
+        r"about (\d+) units, the 0\.5 mm recording radius about (\d+)\)", models_page).groups())
+    assert side == pytest.approx(scale["sheet_size_cortex_mm"], abs=0.05)
+    assert round(cortex.density_per_mm2, 1) == density
+    assert round(cortex.density_per_mm2 * np.pi * 0.25 ** 2) == near
+    assert round(cortex.density_per_mm2 * np.pi * 0.5 ** 2) == recording
+    planning = " ".join((REPO / "docs" / "planning.md").read_text(encoding="utf-8").split())
+    spacing = float(re.search(r"units of the sheet \(([\d.]+) mm apart in cortex mm\)", planning).group(1))
+    assert spacing == pytest.approx(scale["sheet_size_cortex_mm"] / 63, abs=0.005)  # 64 units a side
+    lab = " ".join((REPO / "docs" / "lab.md").read_text(encoding="utf-8").split())
+    cortex_span, model_span, units = (float(x) for x in re.search(
+        r"spans ([\d.]+) cortex mm = ([\d.]+) model mm, and 0\.25 mm holds about (\d+) units", lab).groups())
+    assert [cortex_span, model_span] == pytest.approx([9 * 0.4, 9 * 0.4 / scale["cortex_mm_per_model_mm"]])
+    assert round(cortex.density_per_mm2 * np.pi * 0.25 ** 2) == units
 
 
 def test_shipped_files_stay_small():

@@ -2,6 +2,7 @@
 import csv
 import json
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -527,3 +528,15 @@ def test_batch_effect_at_an_electrode_tip_is_one_plus_f_over_baseline():
     expected = [1.0 + 150.0 / 30.0, 1.0 + (150.0 / 30.0) * math.exp(-0.479 / length_mm)]
     np.testing.assert_allclose(multiplier[0, :2].numpy(), expected, rtol=1e-12)
     assert torch.equal(additive, torch.zeros_like(additive))
+
+
+def test_the_docs_quote_the_kumaravelu_spread_lengths():
+    """docs/perturbations.md's λ(50), λ(100), λ(300) and docs/experiments.md's λ(1000 µA) are the law's."""
+    from docs_figures import REPO
+
+    perturbations = " ".join((REPO / "docs" / "perturbations.md").read_text(encoding="utf-8").split())
+    quoted = re.search(r"λ\(50 µA\) = ([\d.]+) mm, λ\(100\) = ([\d.]+), λ\(300\) = ([\d.]+)", perturbations).groups()
+    assert [float(x) for x in quoted] == pytest.approx([kumaravelu_length_mm(i) for i in (50, 100, 300)], abs=0.0015)
+    experiments = " ".join((REPO / "docs" / "experiments.md").read_text(encoding="utf-8").split())
+    at_1000 = float(re.search(r"at 1000 µA, whose spread length is ([\d.]+) mm", experiments).group(1))
+    assert round(kumaravelu_length_mm(1000)) == at_1000

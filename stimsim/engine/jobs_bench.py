@@ -100,8 +100,9 @@ def time_jobs(names=None, quick: bool = False, repository=None, work_dir=None, p
               on_result=None) -> dict:
     """Run the jobs (all, or those in ``names``, in their order) and return ``{"jobs": {name: figures}}``.
 
-    ``repository`` is the folder the commands run in (default: the checkout this package is in, which holds
-    ``experiments/``); ``work_dir`` keeps the jobs' outputs (default: a temporary folder, removed at the end);
+    ``repository`` is the folder the commands run in, a checkout of stimsim with its ``experiments/`` (default: the
+    working directory if it has one, else the checkout this package is in); ``work_dir`` keeps the jobs' outputs
+    (new or empty, so that no job resumes an earlier run; default: a temporary folder, removed at the end);
     ``on_result(report)`` is called after every job, so a long run can save what it has measured so far.
     """
     jobs = QUICK_JOBS if quick else JOBS
@@ -110,10 +111,16 @@ def time_jobs(names=None, quick: bool = False, repository=None, work_dir=None, p
     if unknown:
         raise ConfigError(f"unknown job(s) {unknown}; jobs: {known}")
     selected = [job for job in jobs if names is None or job.name in names]
-    repository = Path(repository) if repository is not None else Path(__file__).resolve().parents[2]
+    if repository is None:
+        checkouts = [Path.cwd(), Path(__file__).resolve().parents[2]]
+        repository = next((folder for folder in checkouts if (folder / "experiments").is_dir()), checkouts[0])
+    repository = Path(repository)
     if not (repository / "experiments").is_dir():
-        raise ConfigError(f"{repository} has no experiments/ folder; the jobs run the checkout's experiment files "
-                          "(give the checkout)")
+        raise ConfigError(f"{repository} has no experiments/ folder: the jobs run the experiment files of a checkout "
+                          "of stimsim; run the benchmark from the checkout's top folder")
+    if work_dir is not None and Path(work_dir).exists() and any(Path(work_dir).iterdir()):
+        raise ConfigError(f"the jobs' output folder {work_dir} is not empty: a job would resume the run it holds "
+                          "instead of being timed; give a new or empty folder")
     for entry in sorted({name for job in selected for name in job.data}):
         report_phase(f"bench: fetching {entry} before the jobs (not timed)", progress)
         fetch(entry)
