@@ -19,17 +19,15 @@ from docutils.parsers.rst import Directive
 from docutils.statemachine import StringList
 
 
-def _duration(seconds: float) -> str:
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes} min {rest:02d} s" if minutes else f"{seconds:.1f} s"
+def _seconds(seconds: float) -> str:
+    return f"{seconds:,.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
 
 
 def _target(name: str, target: dict) -> str:
     verdict = {True: "met", False: "**not met**", None: "not judged"}[target["met"]]
-    limits = {"peak_GB": f"peak ≤ {target['limit']:g} GB",
-              "wall_s_on_2_cores": f"wall ≤ {_duration(target['limit'])} on 2 cores"}
-    limit = limits.get(name, f"{name} ≤ {target['limit']}")
-    return f"{limit}: {verdict}"
+    limit = target["limit"]
+    limits = {"peak_GB": f"≤ {limit:g} GB", "wall_s_on_2_cores": f"≤ {_seconds(limit)} on 2 cores"}
+    return f"{limits.get(name, f'{name} ≤ {limit}')} {verdict}"
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -41,11 +39,11 @@ def _table(rows: list[list[str]]) -> list[str]:
 def jobs_table_lines(report: dict) -> list[str]:
     """Markdown of the report: a line on how it was measured, then one table row per job."""
     threads = report["jobs_threads"]
-    rows = [["job", "command", "wall time", "CPU time", "peak memory", "load average before / after", "targets"]]
+    rows = [["job: command", "wall time", "CPU time", "peak memory", "load before / after", "targets"]]
     for name, job in report["jobs"].items():
         status = "" if job["exit_status"] == 0 else f" (**failed**, exit status {job['exit_status']})"
         targets = "; ".join(_target(key, value) for key, value in job["targets"].items()) or "—"
-        rows.append([f"{name}{status}", f"`{job['command']}`", _duration(job["wall_s"]), _duration(job["cpu_s"]),
+        rows.append([f"**{name}**{status}: `{job['command']}`", _seconds(job["wall_s"]), _seconds(job["cpu_s"]),
                      f"{job['peak_rss_MB'] * 2**20 / 1e9:.1f} GB",
                      f"{job['load_average_1min_before']:.1f} / {job['load_average_1min_after']:.1f}", targets])
     return [_measured(report, "`stimsim bench --sections jobs`", f"at commit `{report['jobs_commit']}`",

@@ -126,6 +126,10 @@ def test_models_check_meets_the_targets(name, tmp_path, capsys):
     assert figure.stat().st_size > 10_000
     # the figures of this model's row in docs/models.md's table of the 32-px family, and its class maps' range
     columns = {**_check_columns(report), "face cluster_p": report["cluster_p"]}
+    # the 12-class accuracy's fourth decimal differs between processors (stimsim-topo-s0: 0.7886 on one, at most
+    # 0.7885 on another), so its third is held to within one unit
+    twelve_class = "12-class balanced accuracy (chance 0.083)"
+    assert table_cell(MODELS_PAGE, name, twelve_class)[0] == pytest.approx(columns.pop(twelve_class), abs=1e-3)
     assert [table_cell(MODELS_PAGE, name, column)[0] for column in columns] == pytest.approx(list(columns.values()),
                                                                                              abs=5e-4)
     assert table_cell(MODELS_PAGE, name, "classes clustered (p < 0.01)") == [report["n_classes_clustered"],
