@@ -41,21 +41,31 @@ def jobs_table_lines(report: dict) -> list[str]:
     threads = report["jobs_threads"]
     rows = [["job: command", "wall time", "CPU time", "peak memory", "load before / after", "targets"]]
     for name, job in report["jobs"].items():
-        status = "" if job["exit_status"] == 0 else f" (**failed**, exit status {job['exit_status']})"
+        command = job["command"].replace("|", "\\|")
+        load = f"{job['load_average_1min_before']:.1f} / {job['load_average_1min_after']:.1f}"
+        if job["exit_status"] != 0:
+            how = (f"killed by signal {-job['exit_status']}" if job["exit_status"] < 0
+                   else f"exit status {job['exit_status']}")
+            rows.append([f"**{name}** (**failed**, {how}): `{command}`", "—", "—", "—", load, "not judged"])
+            continue
         targets = "; ".join(_target(key, value) for key, value in job["targets"].items()) or "—"
-        rows.append([f"**{name}**{status}: `{job['command']}`", _seconds(job["wall_s"]), _seconds(job["cpu_s"]),
-                     f"{job['peak_rss_MB'] * 2**20 / 1e9:.1f} GB",
-                     f"{job['load_average_1min_before']:.1f} / {job['load_average_1min_after']:.1f}", targets])
-    return [_measured(report, "`stimsim bench --sections jobs`", f"at commit `{report['jobs_commit']}`",
+        rows.append([f"**{name}**: `{command}`", _seconds(job["wall_s"]), _seconds(job["cpu_s"]),
+                     f"{job['peak_rss_MB'] * 2**20 / 1e9:.1f} GB", load, targets])
+    return [_measured(report, "`stimsim bench --sections jobs`", _at_commit(report["jobs_commit"]),
                       f"each job on {threads} thread(s)" if threads != "default" else "default threads"), "",
             *_table(rows)]
+
+
+def _at_commit(commit: str | None) -> str:
+    return f"at commit `{commit}`" if commit else "outside a git checkout"
 
 
 def _measured(report: dict, command: str, where: str, threads: str) -> str:
     """The sentence that says how a report was measured: command, start, machine, threads, software."""
     software = report["software"]
     started = f" (started {report['started_utc']} UTC)" if "started_utc" in report else ""
-    return (f"Measured by {command}{started} {where} on {report['cpu_count']} cores ({report['cpu_model']}, load "
+    quick = "**A quick run: a smoke test of the benchmark, not its figures.** " if report["quick"] else ""
+    return (f"{quick}Measured by {command}{started} {where} on {report['cpu_count']} cores ({report['cpu_model']}, load "
             f"average {report['load_average_1min_at_start']:.1f} at the start), {threads}; Python "
             f"{software['python']}, torch {software['torch']}, numpy {software['numpy']}, {report['device']}.")
 
@@ -77,7 +87,7 @@ def values_table_lines(report: dict, header: str, rows: list[str]) -> list[str]:
     with the report."""
     entries = _Entries(report)
     cells = [[cell.strip() for cell in row.split("|")] for row in [header, *(r.format_map(entries) for r in rows)]]
-    return [_measured(report, "`stimsim bench`", f"at commit `{report['commit']}`",
+    return [_measured(report, "`stimsim bench`", _at_commit(report["commit"]),
                       f"{report['torch_threads']} torch thread(s)"), "", *_table(cells)]
 
 
@@ -114,7 +124,12 @@ class BenchJobsDirective(Directive):
 
     def run(self):
         source, report = _report(self)
-        return _parsed(self, jobs_table_lines(report), source)
+        try:
+            lines = jobs_table_lines(report)
+        except KeyError as missing:
+            raise self.error(f"{source}: the report has no entry {missing}; save a report of `stimsim bench "
+                             "--sections jobs --out FILE.json` there") from None
+        return _parsed(self, lines, source)
 
 
 def setup(app):

@@ -232,7 +232,10 @@ def _cmd_bench(args) -> int:
 
     name = args.model or (SMALL_MODEL if SMALL_MODEL in available_models() else None)
     sections = args.sections.split(",") if args.sections else None
-    jobs = args.jobs.split(",") if args.jobs else None
+    jobs = None if args.jobs is None else [job.strip() for job in args.jobs.split(",")]
+    if jobs is not None and not all(jobs):
+        raise ConfigError(f"--jobs {args.jobs!r} has an empty name; give comma-separated job names: "
+                          + ", ".join(job_names()))
     if (jobs is not None or args.jobs_out) and "jobs" not in (sections or ()):
         raise ConfigError("--jobs and --jobs-out are options of the jobs section; add --sections jobs")
     save = (lambda report: atomic_write_json(args.out, report, sort_keys=False)) if args.out else None
@@ -455,7 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmark the simulation engine: exact lower bound, cached baseline, "
                                               "plain approach, Dask workers")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
-    bench.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not the reported numbers)")
+    bench.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not the reported numbers); "
+                                                          "the jobs section runs one short job instead of the README's")
     bench.add_argument("--model", help="small model measured besides the ResNet-18 (default: stimsim-topo-s0, the small shipped model)")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
     bench.add_argument("--sections", help="comma-separated sections to run (default: all but jobs): bound, plain, "

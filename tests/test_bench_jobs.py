@@ -122,3 +122,30 @@ def test_jobs_refuse_a_used_output_folder_and_a_folder_without_experiments(tmp_p
         time_jobs(quick=True, work_dir=used, progress=False)
     with pytest.raises(ConfigError, match="no experiments/ folder"):
         time_jobs(quick=True, repository=tmp_path, progress=False)
+
+
+def test_job_options_are_checked_before_any_section_runs(tmp_path, capsys):
+    ran = []
+    with pytest.raises(ConfigError, match="smoke-test job"):
+        run_benchmark(quick=True, sections=["analysis", "jobs"], job_names=["nosuch"],
+                      on_partial=lambda partial: ran.append(partial))
+    assert not ran  # the analysis section did not run first
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    with pytest.raises(ConfigError, match="is a file"):
+        run_benchmark(quick=True, sections=["jobs"], jobs_out=a_file)
+    assert main(["bench", "--quick", "--sections", "jobs", "--jobs", "models_list,"]) == 2
+    assert "has an empty name" in capsys.readouterr().err
+
+
+def test_a_failed_job_renders_without_figures_and_a_quick_report_says_so():
+    bench_tables = _bench_tables()
+    report = json.loads((REPOSITORY / "docs" / "bench" / "jobs.json").read_text())
+    report["quick"], report["jobs_commit"] = True, None
+    report["jobs"]["afraz2006"].update(exit_status=-9, error="Killed")
+    report["jobs"]["power"]["command"] = "stimsim power OUT/plan | head"
+    lines = bench_tables.jobs_table_lines(report)
+    assert lines[0].startswith("**A quick run") and "outside a git checkout" in lines[0]
+    killed = next(line for line in lines if "**afraz2006**" in line)
+    assert "killed by signal 9" in killed and killed.count("| — ") == 3 and "not judged" in killed
+    assert "OUT/plan \\| head" in next(line for line in lines if "**power**" in line)

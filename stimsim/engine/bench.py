@@ -82,7 +82,7 @@ from stimsim.cortex.positions import retinotopic_positions
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.engine import DEFAULT_MAX_CHUNK_BYTES, chunk_count, serial_work, simulate, simulate_plain
 from stimsim.engine.devices import resolve_device
-from stimsim.engine.jobs_bench import checkout_commit
+from stimsim.engine.jobs_bench import check_jobs, checkout_commit
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
@@ -194,6 +194,8 @@ def run_benchmark(quick: bool = False, default_model: TopographicModel | None = 
     unknown = sorted(set(sections or ()) - set(names))
     if unknown:
         raise ConfigError(f"unknown benchmark section(s) {unknown}; sections: {names}")
+    if "jobs" in (sections or ()):
+        check_jobs(job_names, quick, work_dir=jobs_out)  # before the other sections: a typo shows at once
     report = {"started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "quick": bool(quick),
               "device": str(device), "max_chunk_bytes": int(max_chunk_bytes),
               "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),

@@ -105,22 +105,7 @@ def time_jobs(names=None, quick: bool = False, repository=None, work_dir=None, p
     (new or empty, so that no job resumes an earlier run; default: a temporary folder, removed at the end);
     ``on_result(report)`` is called after every job, so a long run can save what it has measured so far.
     """
-    jobs = QUICK_JOBS if quick else JOBS
-    known = [job.name for job in jobs]
-    unknown = sorted(set(names or ()) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown job(s) {unknown}; jobs: {known}")
-    selected = [job for job in jobs if names is None or job.name in names]
-    if repository is None:
-        checkouts = [Path.cwd(), Path(__file__).resolve().parents[2]]
-        repository = next((folder for folder in checkouts if (folder / "experiments").is_dir()), checkouts[0])
-    repository = Path(repository)
-    if not (repository / "experiments").is_dir():
-        raise ConfigError(f"{repository} has no experiments/ folder: the jobs run the experiment files of a checkout "
-                          "of stimsim; run the benchmark from the checkout's top folder")
-    if work_dir is not None and Path(work_dir).exists() and any(Path(work_dir).iterdir()):
-        raise ConfigError(f"the jobs' output folder {work_dir} is not empty: a job would resume the run it holds "
-                          "instead of being timed; give a new or empty folder")
+    selected, repository = check_jobs(names, quick, repository, work_dir)
     for entry in sorted({name for job in selected for name in job.data}):
         report_phase(f"bench: fetching {entry} before the jobs (not timed)", progress)
         fetch(entry)
@@ -136,6 +121,32 @@ def time_jobs(names=None, quick: bool = False, repository=None, work_dir=None, p
             if on_result is not None:
                 on_result(report)
     return report
+
+
+def check_jobs(names=None, quick: bool = False, repository=None, work_dir=None) -> tuple[list[Job], Path]:
+    """The jobs :func:`time_jobs` would run and the checkout it would run them in; a ConfigError for an unknown
+    job, a folder without ``experiments/`` or an output folder that is a file or not empty (checked before any
+    section of the benchmark runs)."""
+    jobs = QUICK_JOBS if quick else JOBS
+    known = [job.name for job in jobs]
+    unknown = sorted(set(names or ()) - set(known))
+    if unknown:
+        quick_note = " (--quick runs only its smoke-test job)" if quick else ""
+        raise ConfigError(f"unknown job(s) {unknown}; jobs{quick_note}: {known}")
+    if repository is None:
+        checkouts = [Path.cwd(), Path(__file__).resolve().parents[2]]
+        repository = next((folder for folder in checkouts if (folder / "experiments").is_dir()), checkouts[0])
+    repository = Path(repository)
+    if not (repository / "experiments").is_dir():
+        raise ConfigError(f"{repository} has no experiments/ folder: the jobs run the experiment files of a checkout "
+                          "of stimsim; run the benchmark from the checkout's top folder")
+    if work_dir is not None and Path(work_dir).exists():
+        if not Path(work_dir).is_dir():
+            raise ConfigError(f"the jobs' output folder {work_dir} is a file; give a new or empty folder")
+        if any(Path(work_dir).iterdir()):
+            raise ConfigError(f"the jobs' output folder {work_dir} is not empty: a job would resume the run it holds "
+                              "instead of being timed; give a new or empty folder")
+    return [job for job in jobs if names is None or job.name in names], repository
 
 
 #: Started by the benchmark, this small process starts the job and writes the job's resource use (from
