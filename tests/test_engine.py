@@ -480,6 +480,7 @@ def test_benchmark_quick_mode(model):
     assert report["max_abs_diff_engine_vs_baseline_small"] < 1e-6
     assert report["dask_2workers_vs_1"] is None  # not measured in quick mode
     assert report["meets_targets"] is None  # the targets apply to the full sizes only
+    assert "jobs" not in report  # the jobs section runs only when named
     keys = ("speedup_it", "speedup_pre_it", "max_abs_diff_it", "max_abs_diff_pre_it", "engine_pairs_per_s_it",
             "plain_pairs_per_s_it", "engine_pairs_per_s_pre_it", "plain_pairs_per_s_pre_it")
     for key in (*keys, "peak_rss_MB"):
