@@ -67,7 +67,6 @@ from __future__ import annotations
 import os
 import platform
 import resource
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -82,7 +81,7 @@ from stimsim.cortex.positions import retinotopic_positions
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.engine import DEFAULT_MAX_CHUNK_BYTES, chunk_count, serial_work, simulate, simulate_plain
 from stimsim.engine.devices import resolve_device
-from stimsim.engine.jobs_bench import check_jobs, checkout_commit
+from stimsim.engine.jobs_bench import check_jobs, checkout_commit, max_rss_MB
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
@@ -611,9 +610,8 @@ def _cpu_model() -> str | None:
 
 
 def _peak_rss_MB() -> float:
-    """Peak resident memory of this process, MB (ru_maxrss is in kB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+    """Peak resident memory of this process, MB."""
+    return max_rss_MB(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 #: Analysis workload (sites, trials per site) and its target, s on 2 CPU cores.

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,12 +109,13 @@ def time_jobs(names=None, quick: bool = False, repository=None, work_dir=None, p
         fetch(entry)
     report = {"jobs": {}, "jobs_repository": str(repository), "jobs_commit": checkout_commit(repository),
               "jobs_threads": os.environ.get("OMP_NUM_THREADS", "default")}
+    fetched = [cache_dir() / name for name in load_manifests() if (cache_dir() / name).exists()]
     with tempfile.TemporaryDirectory(prefix="stimsim-jobs-") as scratch:
         out = Path(work_dir) if work_dir is not None else Path(scratch) / "out"
         out.mkdir(parents=True, exist_ok=True)
         for job in selected:
             report_phase(f"bench: job {job.name}: stimsim {' '.join(job.command(out))}", progress)
-            cache = _fresh_cache(Path(scratch) / "cache" / job.name)
+            cache = _fresh_cache(Path(scratch) / "cache" / job.name, fetched)
             report["jobs"][job.name] = time_job(job, out, repository, cache)
             if on_result is not None:
                 on_result(report)
@@ -177,7 +176,7 @@ def time_job(job: Job, out: Path, repository: Path, cache: Path) -> dict:
         usage = json.loads(usage_file.read_text())
     figures = {"command": "stimsim " + " ".join(job.command(Path("OUT"))), "what": job.what,
                "wall_s": round(usage["wall_s"], 2), "cpu_s": round(usage["cpu_s"], 2),
-               "peak_rss_MB": round(_max_rss_MB(usage["ru_maxrss"]), 1),
+               "peak_rss_MB": round(max_rss_MB(usage["ru_maxrss"]), 1),
                "load_average_1min_before": round(load_before, 2),
                "load_average_1min_after": round(os.getloadavg()[0], 2), "exit_status": usage["exit_status"]}
     if usage["exit_status"] != 0:
@@ -214,19 +213,16 @@ def checkout_commit(repository: Path) -> str | None:
         return None
 
 
-def _fresh_cache(path: Path) -> Path:
-    """A stimsim cache at ``path`` holding links to the data entries of the user's cache, nothing computed."""
-    if path.exists():
-        shutil.rmtree(path)
+def _fresh_cache(path: Path, fetched: list[Path]) -> Path:
+    """A new stimsim cache at ``path`` holding links to ``fetched`` (the user's cached data entries), nothing
+    computed."""
     path.mkdir(parents=True)
-    source = cache_dir()
-    for name in load_manifests():
-        if (source / name).exists():
-            (path / name).symlink_to((source / name).resolve(), target_is_directory=True)
+    for entry in fetched:
+        (path / entry.name).symlink_to(entry.resolve(), target_is_directory=True)
     return path
 
 
-def _max_rss_MB(ru_maxrss: int) -> float:
+def max_rss_MB(ru_maxrss: int) -> float:
     """``ru_maxrss`` in MB (2²⁰ bytes): kB on Linux, bytes on macOS."""
     return ru_maxrss / 2**20 if sys.platform == "darwin" else ru_maxrss / 1024
 
