@@ -29,7 +29,7 @@ sequences starts the rest from images it is silent for, and those stay near ``x0
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -53,6 +53,11 @@ class SequenceSpec(FileModel):
     * ensemble : optimise every end image for the site in every candidate model at once (the loss summed over
       the models given as ``companions`` to :func:`build_sequences`), so the sequences follow the tuning the
       instances share rather than one instance's idiosyncrasies.
+    * precision : the number format the sequences are computed in. ``"float64"``: the same sequences with AVX2 and
+      AVX-512 kernels. ``"float32"``: faster (in float64 a 224 px MobileNetV2 pass with its gradient took 2.4 times
+      as long, the default plan's 32 px sequences 1.5 times), but the Adam steps amplify the float rounding of the
+      network's products, which differs between processors' kernels, so the sequences, and every figure made from
+      them, depend on the processor.
     """
 
     table: ClassVar[str] = "sequences"
@@ -68,6 +73,7 @@ class SequenceSpec(FileModel):
     recording_radius_mm: Annotated[float, Field(gt=0)] = 0.5
     batch_images: Annotated[int, Field(ge=1)] = 256
     ensemble: bool = False
+    precision: Literal["float64", "float32"] = "float64"
 
     @field_validator("n_steps")
     @classmethod
@@ -184,7 +190,7 @@ def _place_steps(model, starts, ends, pool, layer, half: int, sign: float, grid:
     shows a bar over the line's images."""
     n_sites, n_seq = starts.shape[:2]
     device = starts.device
-    fractions = torch.linspace(0, 1, grid + 1, device=device)[1:]
+    fractions = torch.linspace(0, 1, grid + 1, device=device, dtype=starts.dtype)[1:]
     path = starts[:, :, None] + fractions.view(1, 1, -1, 1, 1, 1) * (ends - starts)[:, :, None]
     r = _pooled_responses(model, path.reshape(-1, *starts.shape[2:]), layer, pool,
                           desc=f"placing steps towards the {'low' if sign < 0 else 'high'} ends" if progress else None)
@@ -206,22 +212,32 @@ def _place_steps(model, starts, ends, pool, layer, half: int, sign: float, grid:
     return picked.view(n_sites, n_seq, half, *starts.shape[2:])
 
 
+#: Responses of a site closer than this fraction of its largest response count as equal when start images are
+#: chosen: far below any difference that matters, far above the float rounding of the network's products (which
+#: differs between processors' kernels and would otherwise decide near-ties, and a silent site's "floor").
+START_RESPONSE_TOLERANCE = 1e-4
+
+
 def _start_images(responses: np.ndarray, n_sequences: int, rng: np.random.Generator) -> np.ndarray:
     """(n_sites, n_sequences) indices of the start images among the natural images (``responses``:
     (n_images, n_sites) pooled site responses): the images on which the site responds above its floor
     (its lowest response; for a ReLU layer, where it is not silent, since a silent site gives the pixels no
     gradient) whose responses lie closest to the median of those responses, ties broken at random (seeded).
-    A site that responds above its floor to fewer than ``n_sequences`` images takes the rest from the others.
+    Responses and distances are compared on a grid of :data:`START_RESPONSE_TOLERANCE` times the site's largest
+    response, so that float rounding cannot decide between images. A site that responds above its floor to fewer
+    than ``n_sequences`` images takes the rest from the others.
 
     >>> responses = np.array([[0.0, 1.0], [0.0, 2.0], [0.0, 4.0], [0.4, 8.0], [0.2, 3.0]])
     >>> # site 0 responds to images 3 and 4 only; site 1 above its floor of 1.0 to 2, 4, 8, 3 (median 3.5)
     >>> np.sort(_start_images(responses, 2, np.random.default_rng(0)), axis=1).tolist()
     [[3, 4], [2, 4]]
     """
-    above_floor = responses > responses.min(axis=0)
+    scale = np.abs(responses).max(axis=0)
+    quantum = np.where(scale > 0, START_RESPONSE_TOLERANCE * scale, 1.0)
+    above_floor = responses > responses.min(axis=0) + quantum
     reference = np.array([np.median(site[above]) if above.any() else site[0]
                           for site, above in zip(responses.T, above_floor.T)])
-    distance = np.where(above_floor, np.abs(responses - reference), np.inf)
+    distance = np.where(above_floor, np.round(np.abs(responses - reference) / quantum), np.inf)
     order = np.lexsort((rng.random(responses.shape).T, distance.T), axis=-1)
     return order[:, :n_sequences]
 
@@ -241,21 +257,27 @@ def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = Sequen
     sites = np.asarray(sites_mm, dtype=np.float64).reshape(-1, 2)
     n_sites, s = len(sites), spec
     device = model.device
-    pool = pooling_matrix(sheet, sites, spec.recording_radius_mm).to(device)
+    dtype = getattr(torch, spec.precision)
+    if dtype == torch.float64 and device.type == "mps":
+        raise ConfigError('Apple GPUs (mps) have no float64: set [sequences] precision = "float32" (its sequences '
+                          'depend on the processor) or compute on the CPU')
+    pool = pooling_matrix(sheet, sites, spec.recording_radius_mm).to(device, dtype)
     p = model.preprocessing
-    natural = model.preprocess(natural_images)  # normalised, on the model's device
-    natural = (natural * torch.tensor(p.std, device=device).view(1, -1, 1, 1)
-               + torch.tensor(p.mean, device=device).view(1, -1, 1, 1)).clamp(0, 1)
+    natural = model.preprocess(natural_images).to(dtype)  # normalised, on the model's device
+    natural = (natural * torch.tensor(p.std, device=device, dtype=dtype).view(1, -1, 1, 1)
+               + torch.tensor(p.mean, device=device, dtype=dtype).view(1, -1, 1, 1)).clamp(0, 1)
+    model = model.with_dtype(dtype)
     if len(natural) < s.n_sequences:
         raise ConfigError(f"{len(natural)} natural images cannot start {s.n_sequences} sequences per site")
     responses = _pooled_responses(model, natural, layer, pool, batch_size=256).cpu().numpy().astype(np.float64)
     natural_mean, natural_sd = responses.mean(0), responses.std(0)
     natural_sd = np.where(natural_sd > 0, natural_sd, 1.0)
-    terms = [(model, pool, torch.from_numpy(natural_sd.astype(np.float32)).to(device))]
+    terms = [(model, pool, torch.from_numpy(natural_sd).to(device, dtype))]
     if spec.ensemble:
         for other, other_sites in companions:
+            other = other.with_dtype(dtype)
             other_pool = pooling_matrix(other.sheet(layer), np.asarray(other_sites).reshape(-1, 2),
-                                        spec.recording_radius_mm).to(device)
+                                        spec.recording_radius_mm).to(device, dtype)
             other_responses = _pooled_responses(other, natural, layer, other_pool, batch_size=256)
             other_sd = other_responses.std(0, unbiased=False)
             terms.append((other, other_pool, torch.where(other_sd > 0, other_sd, torch.ones_like(other_sd))))
@@ -266,14 +288,14 @@ def build_sequences(model, sites_mm, natural_images, spec: SequenceSpec = Sequen
     site_of = np.repeat(np.arange(n_sites), s.n_sequences * 2)
     start_of = np.repeat(start_index.reshape(-1), 2)
     sign_of = np.tile([-1.0, 1.0], n_sites * s.n_sequences)
-    ends = torch.empty((len(site_of),) + natural.shape[1:], device=device)
+    ends = torch.empty((len(site_of),) + natural.shape[1:], device=device, dtype=dtype)
     for begin in tqdm(range(0, len(site_of), s.batch_images), desc="sequences", unit="batch", disable=not progress):
         jobs = slice(begin, min(begin + s.batch_images, len(site_of)))
         x0 = natural[torch.from_numpy(start_of[jobs]).to(device)]
         site = torch.from_numpy(site_of[jobs]).to(device)
-        sign = torch.from_numpy(sign_of[jobs].astype(np.float32)).to(device)
+        sign = torch.from_numpy(sign_of[jobs]).to(device, dtype)
         rows = torch.arange(len(site), device=device)
-        others = torch.ones(len(site), n_sites, device=device)
+        others = torch.ones(len(site), n_sites, device=device, dtype=dtype)
         others[rows, site] = 0.0
         n_others = others.sum(1).clamp(min=1)
         starts_r, targets = [], []

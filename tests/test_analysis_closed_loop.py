@@ -4,6 +4,8 @@ reliability ρ (the noise ceiling) correlate with the true effects at sqrt(ρ), 
 correlate with the truth at r at about r·sqrt(ρ)."""
 import json
 import math
+import shutil
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -47,21 +49,43 @@ def fisher_interval(r: float, n: int, z: float = 1.959964) -> tuple[float, float
     return math.tanh(centre - z / math.sqrt(n - 3)), math.tanh(centre + z / math.sqrt(n - 3))
 
 
+def _plan_that_predicts_the_truth(plan, directory):
+    """A copy of ``plan`` whose predicted ΔAUC are the virtual subject's true ones (its predicted vs true r is 1)."""
+    shutil.copytree(plan, directory)
+    summary = json.loads((directory / "summary.json").read_text())
+    summary["predicted_delta_auc"] = summary["true_delta_auc"]
+    (directory / "summary.json").write_text(json.dumps(summary))
+    sites = pd.read_csv(directory / "sites.csv", dtype={"electrode_id": str})
+    sites["predicted_delta_auc"] = sites["electrode_id"].map(summary["true_delta_auc"])
+    sites.drop(columns=[c for c in sites if c.startswith("predicted_delta_auc_")]).to_csv(directory / "sites.csv",
+                                                                                         index=False)
+    return directory
+
+
 @pytest.mark.slow
-@pytest.mark.every_model
-def test_observed_effects_track_the_true_effects_as_their_reliability_allows(closed_loop):
-    """Only with ``pytest -m every_model``: on another processor the plan differs in its float rounding
-    (docs/planning.md) and this r fell above the interval (0.87 against at most 0.79): the interval takes the
-    noise ceiling as known, not as the estimate it is, so it is too narrow."""
-    plan_summary, analysis, _ = closed_loop
-    sites = analysis.sites.set_index("electrode")
-    truth = pd.Series(plan_summary["true_delta_auc"])[sites.index]
-    assert len(sites) >= 10 and (sites["n_stimulated"] == TRIALS_PER_SITE // 2).all() and (sites["n_sham"] == TRIALS_PER_SITE // 2).all()
-    observed_vs_true = np.corrcoef(truth, sites["delta_auc"])[0, 1]
-    reliability = analysis.summary["noise_ceiling"]
-    assert reliability > 0.1  # the subject's effects stand out of the noise at this current
-    low, high = fisher_interval(math.sqrt(reliability), len(sites))
-    assert low <= observed_vs_true <= high
+def test_the_expected_r_holds_the_observed_r_in_most_sessions(closed_loop, tmp_path):
+    """Over 40 sessions of the plan (other seeds), the interval `analyze` gives for r(predicted, observed) holds
+    it in about 95 % of them: for the plan's predictions, and for predictions that are the truth itself (where the
+    expectation is sqrt(noise ceiling): observed effects of reliability ρ correlate with the true ones at sqrt(ρ)).
+    One session's r falls outside a 95 % interval one time in twenty, so a single session cannot test it (measured:
+    all 38 sessions with a noise ceiling for the plan's predictions, 36 of the 38 for the truth)."""
+    _, _, plan = closed_loop
+    truth_plan = _plan_that_predicts_the_truth(plan, tmp_path / "truth_plan")
+    electrodes = pd.read_csv(plan / "sites.csv", dtype={"electrode_id": str})["electrode_id"]
+    inside = {plan: [], truth_plan: []}
+    for seed in range(100, 140):
+        path = tmp_path / "session.csv"
+        session_from_plan(plan, trials_per_site=TRIALS_PER_SITE, seed=seed, sites="all").to_csv(path, index=False)
+        sessions = load_sessions(path, electrodes=electrodes)
+        for plan_dir, outcomes in inside.items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "noise ceiling undefined" in a few sessions: no interval there
+                summary = analyze(sessions, plan_dir=plan_dir, n_boot=300, n_perm=10, n_splits=50, seed=seed).summary
+            low, high = summary["expected_predicted_vs_observed_r_95"]
+            if np.isfinite(low):
+                outcomes.append(low <= summary["predicted_vs_observed_r"] <= high)
+    for outcomes in inside.values():
+        assert len(outcomes) >= 30 and np.mean(outcomes) >= 0.85
 
 
 @pytest.mark.slow

@@ -13,9 +13,11 @@ import xarray as xr
 from scipy import stats
 
 from stimsim.analysis.comparison import (compare_predictions, expected_correlation, expected_correlation_reason,
-                                         load_plan_predictions, load_plan_sequences, plan_effect)
+                                         load_plan_predictions, load_plan_sequences, plan_effect,
+                                         resampled_discrepancy)
 from stimsim.analysis.effects import (CONDITIONS, SiteCounts, across_sites, count_trials,
                                       expected_fdr_discoveries_under_null, fdr_adjusted, site_effects,
+                                      site_resampling_weights, spearman_brown, resampled_split_half_r,
                                       split_half_reliability)
 from stimsim.lab.sessions import SHAM, check_against_plan
 from stimsim.utilities.errors import ConfigError
@@ -83,7 +85,8 @@ class Analysis:
         return data
 
 
-#: Peak memory of the resampling, bytes: per bootstrap resample or split half and (site, condition, step) cell,
+#: Peak memory of the resampling, bytes: per bootstrap resample and (site, condition, step) cell, per split half
+#: and (site, condition, step, sequence) stratum,
 #: and per permutation and trial of a site (measured with tracemalloc: 8.4, 6.8 and 3.2).
 BOOT_BYTES_PER_CELL, SPLIT_BYTES_PER_CELL, PERM_BYTES_PER_TRIAL = 10 * 8, 8 * 8, 4 * 4
 
@@ -91,9 +94,10 @@ BOOT_BYTES_PER_CELL, SPLIT_BYTES_PER_CELL, PERM_BYTES_PER_TRIAL = 10 * 8, 8 * 8,
 def _check_memory(counts, sessions: pd.DataFrame, n_boot: int, n_perm: int, n_splits: int) -> None:
     """Refuse resample counts whose arrays would not fit in the memory available (estimated before any work)."""
     cells = counts.n[..., 0, :].size * 2
+    strata = cells * (counts.sequence_n.shape[-1] if counts.sequence_n is not None else 1)
     most_trials = int(counts.n.sum(axis=(1, 2)).max()) if counts.n.size else 0
     for option, count, needed in (("--boot", n_boot, BOOT_BYTES_PER_CELL * n_boot * cells),
-                                  ("--splits", n_splits, SPLIT_BYTES_PER_CELL * n_splits * cells),
+                                  ("--splits", n_splits, SPLIT_BYTES_PER_CELL * n_splits * strata),
                                   ("--perm", n_perm, PERM_BYTES_PER_TRIAL * n_perm * most_trials)):
         check_memory(f"analyze: {option} {count} over {len(counts.electrode)} sites ({len(sessions)} trials)",
                      needed, option)
@@ -138,7 +142,7 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
                "n_sessions": int(sessions[["subject_id", "session_id"]].drop_duplicates().shape[0]),
                "n_steps": int(counts.steps.size),
                "ci": ci, **planned,
-               **_group_summary(sites, counts, plan_summary, n_perm, n_splits, seed, effect)}
+               **_group_summary(sites, counts, plan_summary, n_boot, n_perm, n_splits, seed, effect)}
     summary["warnings"] = _warnings(sites, summary) + _current_warnings(sessions, sites, plan_sites)
     for message in summary["warnings"]:
         warnings.warn(message, stacklevel=2)
@@ -146,8 +150,8 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
     if len(subjects) > 1:
         summary["per_subject"] = {
             str(subject): _group_summary(sites[sites["subject_id"] == subject].reset_index(drop=True),
-                                         _subset(counts, counts.subject_id == subject), plan_summary, n_perm,
-                                         n_splits, seed, effect)
+                                         _subset(counts, counts.subject_id == subject), plan_summary, n_boot,
+                                         n_perm, n_splits, seed, effect)
             for subject in subjects}
     return Analysis(sessions, counts, sites, summary, parameters)
 
@@ -234,15 +238,18 @@ def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: p
 
 
 def _subset(counts: SiteCounts, keep: np.ndarray) -> SiteCounts:
+    by_sequence = counts.sequence_n is not None
     return SiteCounts(counts.subject_id[keep], counts.electrode[keep], counts.steps, counts.n[keep],
-                      counts.n_high[keep], counts.current_uA[keep])
+                      counts.n_high[keep], counts.current_uA[keep], counts.sequence_n[keep] if by_sequence else None,
+                      counts.sequence_n_high[keep] if by_sequence else None)
 
 
-def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, n_perm: int, n_splits: int,
-                   seed: int, effect: str | None) -> dict:
+def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, n_boot: int, n_perm: int,
+                   n_splits: int, seed: int, effect: str | None) -> dict:
     """Statistics across the sites of one group (all subjects pooled, or one subject), and against the plan's
-    predicted ``effect`` (column ``predicted_<effect>``; None: no plan). The false discovery rate is controlled over the
-    group's own sites (Benjamini–Hochberg at q = SITE_ALPHA)."""
+    predicted ``effect`` (column ``predicted_<effect>``; None: no plan). The false discovery rate is controlled over
+    the group's own sites (Benjamini–Hochberg at q = SITE_ALPHA). The split-half r is resampled over the group's
+    sites ``n_boot`` times: its interval, and the noise ceiling's uncertainty in the expected r."""
     significant = sites["permutation_p"] < SITE_ALPHA
     n_tested = int(np.isfinite(sites["permutation_p"]).sum())
     summary = {"n_sites_recorded": int(len(sites)), **across_sites(sites["delta_auc"], n_perm=10 * n_perm, seed=seed),
@@ -254,6 +261,10 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
                "n_sites_significant_fdr": int((fdr_adjusted(sites["permutation_p"]) < SITE_ALPHA).sum()),
                "n_sites_significant_fdr_chance": expected_fdr_discoveries_under_null(n_tested, SITE_ALPHA),
                **split_half_reliability(counts, n_splits=n_splits, seed=seed)}
+    weights = site_resampling_weights(len(sites), n_boot, seed)
+    split_half_r_resampled = resampled_split_half_r(counts, weights, n_splits=n_splits, seed=seed)
+    summary["split_half_r_95"] = (np.nanquantile(split_half_r_resampled, [0.025, 0.975]).tolist()
+                                  if np.isfinite(split_half_r_resampled).any() else [float("nan")] * 2)
     if effect is None:
         return summary
     predicted = f"predicted_{effect}"
@@ -274,28 +285,44 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
         summary["plan_predicted_vs_true_r_chance"] = 0.0
         # The plan's r is over every site it rehearsed; the sites of a session (e.g. the top-ranked ones) can
         # correlate less (a narrower range of predictions). With the plan's per-site truth, use these sites.
-        sites_r = _plan_r_on_sites(plan_summary, effect, sites["electrode"])
+        plan_predicted, plan_true = _plan_truth_on_sites(plan_summary, effect, sites["electrode"])
+        sites_r = _pearson(plan_predicted, plan_true)
         summary["plan_predicted_vs_true_r_these_sites"] = sites_r
         basis = sites_r if np.isfinite(sites_r) else float(planned_r)
-        expected, low, high = expected_correlation(basis, summary["noise_ceiling"], comparison["n_sites_compared"])
+        # a resample whose split-half r is <= 0 estimates no reliability: it expects r = 0
+        resampled_ceilings = np.where(split_half_r_resampled > 0, spearman_brown(np.clip(split_half_r_resampled, 0, 1)),
+                                      0.0)
+        discrepancy = resampled_discrepancy(weights, sites[predicted], sites["delta_auc"], resampled_ceilings,
+                                            predicted_vs_true_r=basis,
+                                            true=plan_true if np.isfinite(sites_r) else None)
+        reason = expected_correlation_reason(basis, summary["noise_ceiling"], comparison["n_sites_compared"])
+        if reason is None and np.isfinite(discrepancy).sum() < 2:
+            reason = "fewer than 2 resamples of the sites give an r; the interval needs them"
+        expected, low, high = (expected_correlation(basis, summary["noise_ceiling"], comparison["n_sites_compared"],
+                                                    resampled_discrepancy=discrepancy)
+                               if reason is None else (float("nan"),) * 3)
         summary.update({"expected_predicted_vs_observed_r": expected,
                         "expected_predicted_vs_observed_r_95": [low, high],
-                        "expected_predicted_vs_observed_r_undefined_reason": expected_correlation_reason(
-                            basis, summary["noise_ceiling"], comparison["n_sites_compared"])})
+                        "expected_predicted_vs_observed_r_undefined_reason": reason})
     return summary
 
 
-def _plan_r_on_sites(plan_summary: dict, effect: str, electrodes) -> float:
-    """Pearson r of the plan's predicted and true ``effect`` (virtual-subject plans list both per electrode)
-    over ``electrodes``; NaN when the plan lacks them or fewer than 3 sites have both."""
+def _plan_truth_on_sites(plan_summary: dict, effect: str, electrodes) -> tuple[np.ndarray, np.ndarray]:
+    """The plan's predicted and true ``effect`` at ``electrodes`` (virtual-subject plans list both per electrode);
+    NaN where the plan lacks them."""
     predicted, true = plan_summary.get(f"predicted_{effect}"), plan_summary.get(f"true_{effect}")
     if not isinstance(predicted, dict) or not isinstance(true, dict):
+        return np.full(len(electrodes), np.nan), np.full(len(electrodes), np.nan)
+    return (np.array([predicted.get(str(e), np.nan) for e in electrodes], dtype=float),
+            np.array([true.get(str(e), np.nan) for e in electrodes], dtype=float))
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson r over the sites where both are finite; NaN with fewer than 3 of them or no spread."""
+    both = np.isfinite(x) & np.isfinite(y)
+    if both.sum() < 3 or np.ptp(x[both]) == 0 or np.ptp(y[both]) == 0:
         return float("nan")
-    pairs = np.array([(predicted.get(str(e), np.nan), true.get(str(e), np.nan)) for e in electrodes], dtype=float)
-    pairs = pairs[np.isfinite(pairs).all(axis=1)] if pairs.size else pairs.reshape(0, 2)
-    if len(pairs) < 3 or np.ptp(pairs[:, 0]) == 0 or np.ptp(pairs[:, 1]) == 0:
-        return float("nan")
-    return float(stats.pearsonr(pairs[:, 0], pairs[:, 1]).statistic)
+    return float(stats.pearsonr(x[both], y[both]).statistic)
 
 
 def _nanmean(values) -> float:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from stimsim.analysis.effects import weighted_pearson
 from stimsim.utilities.errors import FileFormatError
 
 #: The per-site effect of a plan whose summary names none (plans made before ``effect`` was recorded).
@@ -102,19 +103,46 @@ def _checked_noise_ceiling(noise_ceiling: float) -> float:
     return noise_ceiling
 
 
-def expected_correlation(predicted_vs_true_r: float, noise_ceiling: float, n_sites: int,
-                         ci: float = 0.95) -> tuple[float, float, float]:
+def expected_correlation(predicted_vs_true_r: float, noise_ceiling: float, n_sites: int, ci: float = 0.95,
+                         resampled_discrepancy=None) -> tuple[float, float, float]:
     """What r(predicted, observed) should be if the plan correlates with the true effects at
-    ``predicted_vs_true_r`` and the observed effects have reliability ``noise_ceiling``:
-    r·sqrt(reliability) (attenuation), with a Fisher-z interval for ``n_sites`` sites. NaN (all three)
-    when either is undefined (NaN) or there are fewer than 4 sites (:func:`expected_correlation_reason`)."""
+    ``predicted_vs_true_r`` and the observed effects have reliability ``noise_ceiling``: r·sqrt(reliability)
+    (attenuation), with an interval. The noise ceiling is itself estimated from the session, and its error moves
+    with the observed r's; given ``resampled_discrepancy`` (:func:`resampled_discrepancy`), the interval is the
+    expectation's Fisher z plus that discrepancy's percentile spread about its median. Without it, a Fisher-z
+    interval for ``n_sites`` sites that takes the ceiling as known (too narrow when the ceiling is low). NaN (all
+    three) when either is undefined (NaN) or there are fewer than 4 sites (:func:`expected_correlation_reason`)."""
     noise_ceiling = _checked_noise_ceiling(noise_ceiling)
+    if not 0 < ci < 1:
+        raise ValueError(f"ci must lie strictly between 0 and 1, got {ci}")
     if expected_correlation_reason(predicted_vs_true_r, noise_ceiling, n_sites) is not None:
         return float("nan"), float("nan"), float("nan")
     expected = predicted_vs_true_r * math.sqrt(noise_ceiling)
-    half_width = stats.norm.ppf((1 + ci) / 2) / math.sqrt(n_sites - 3)
     z = math.atanh(max(min(expected, 0.999999), -0.999999))
-    return expected, math.tanh(z - half_width), math.tanh(z + half_width)
+    if resampled_discrepancy is None:
+        half_width = stats.norm.ppf((1 + ci) / 2) / math.sqrt(n_sites - 3)
+        return expected, math.tanh(z - half_width), math.tanh(z + half_width)
+    discrepancy = np.asarray(resampled_discrepancy, dtype=float)
+    discrepancy = discrepancy[np.isfinite(discrepancy)]
+    if discrepancy.size < 2:
+        raise ValueError(f"the interval needs at least 2 finite resampled discrepancies, got {discrepancy.size}")
+    low, high = np.quantile(discrepancy - np.median(discrepancy), [(1 - ci) / 2, (1 + ci) / 2])
+    return expected, math.tanh(z + low), math.tanh(z + high)
+
+
+def resampled_discrepancy(weights, predicted, observed, resampled_ceilings, predicted_vs_true_r=None,
+                          true=None) -> np.ndarray:
+    """atanh r(predicted, observed) − atanh(r(predicted, true)·sqrt(noise ceiling)) on resamples of the sites
+    (``weights`` (n_boot, n_sites) of :func:`stimsim.analysis.effects.site_resampling_weights`), each with the
+    noise ceiling of the same resample (``resampled_ceilings``, 0 where it estimates no reliability) and, given
+    the sites' ``true`` effects, the r(predicted, true) of the same resample (else ``predicted_vs_true_r``
+    throughout). Its spread is the sampling error of the observed r against its expectation."""
+    if true is None and predicted_vs_true_r is None:
+        raise ValueError("give either the sites' true effects or the plan's predicted_vs_true_r")
+    basis = weighted_pearson(weights, predicted, true) if true is not None else float(predicted_vs_true_r)
+    observed_r = weighted_pearson(weights, predicted, observed)
+    expected = np.clip(basis * np.sqrt(np.asarray(resampled_ceilings, dtype=float)), -0.999999, 0.999999)
+    return np.arctanh(np.clip(observed_r, -0.999999, 0.999999)) - np.arctanh(expected)
 
 
 def expected_correlation_reason(predicted_vs_true_r: float, noise_ceiling: float, n_sites: int) -> str | None:

@@ -46,7 +46,9 @@ class SiteCounts:
 
     ``subject_id``, ``electrode``: (n_sites,) text; ``steps``: (n_steps,) step numbers 0..last;
     ``n``, ``n_high``: (n_sites, 2, n_steps) trials and "high" choices, condition 0 = sham,
-    1 = stimulated; ``current_uA``: (n_sites,) mean current of the stimulated trials.
+    1 = stimulated; ``current_uA``: (n_sites,) mean current of the stimulated trials;
+    ``sequence_n``, ``sequence_n_high``: the same per sequence shown (in the order of their numbers), (n_sites,
+    2, n_steps, n_sequences), summing to ``n`` and ``n_high`` (None: not known, one stratum per cell).
     """
 
     subject_id: np.ndarray
@@ -55,6 +57,8 @@ class SiteCounts:
     n: np.ndarray
     n_high: np.ndarray
     current_uA: np.ndarray
+    sequence_n: np.ndarray | None = None
+    sequence_n_high: np.ndarray | None = None
 
     @property
     def positions(self) -> np.ndarray:
@@ -82,19 +86,23 @@ def count_trials(sessions: pd.DataFrame, n_steps: int | None = None) -> SiteCoun
         pd.MultiIndex.from_frame(sessions[["subject_id", "electrode"]]))
     condition = (sessions["stimulated_electrode"].to_numpy() != SHAM).astype(int)
     step = sessions["step"].to_numpy()
+    # the sequences shown, numbered 0 .. (how many) - 1
+    sequences, sequence = np.unique(sessions["sequence"].to_numpy() if "sequence" in sessions else
+                                    np.zeros(len(sessions), dtype=int), return_inverse=True)
     high = (sessions["choice"].to_numpy() == "high").astype(int)
-    shape = (len(sites), 2, last_step + 1)
-    flat = np.ravel_multi_index((site_index, condition, step), shape)
+    shape = (len(sites), 2, last_step + 1, max(len(sequences), 1))
+    flat = np.ravel_multi_index((site_index, condition, step, sequence), shape)
     size = int(np.prod(shape))
-    n = np.bincount(flat, minlength=size).reshape(shape)
-    n_high = np.bincount(flat, weights=high, minlength=size).reshape(shape).astype(int)
+    sequence_n = np.bincount(flat, minlength=size).reshape(shape)
+    sequence_n_high = np.bincount(flat, weights=high, minlength=size).reshape(shape).astype(int)
+    n, n_high = sequence_n.sum(axis=-1), sequence_n_high.sum(axis=-1)
     stimulated = condition == 1
     current_sum = np.bincount(site_index[stimulated], weights=sessions["current_uA"].to_numpy()[stimulated],
                               minlength=len(sites))
     with np.errstate(invalid="ignore", divide="ignore"):
         current = current_sum / n[:, 1].sum(axis=1)
     return SiteCounts(sites["subject_id"].to_numpy(dtype=object), sites["electrode"].to_numpy(dtype=object),
-                      np.arange(last_step + 1), n, n_high, current)
+                      np.arange(last_step + 1), n, n_high, current, sequence_n, sequence_n_high)
 
 
 def delta_auc_of_counts(n_high, n, positions) -> np.ndarray:
@@ -343,23 +351,39 @@ def noise_ceiling_of(split_half_r: float) -> tuple[float, str | None]:
     return spearman_brown(split_half_r), None
 
 
+def _split_half_deltas(counts: SiteCounts, n_splits: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """ΔAUC of the two halves of ``n_splits`` random splits, (n_splits, n_sites) each: the trials of every
+    (site, condition, step) cell are split at random into two halves, sequence by sequence when the counts
+    have them (the "high" count of a half is hypergeometric). Splitting within each sequence keeps the halves
+    as balanced over the sequences as the session was, so that a half's noise is that of the session at half
+    its trials: a split that pools a cell's sequences adds the spread of P(high) between them to both halves,
+    and under-estimates the reliability of a session that showed the sequences in balanced blocks."""
+    if n_splits < 1:
+        raise ValueError(f"n_splits must be >= 1, got {n_splits}")
+    n, n_high = ((counts.sequence_n, counts.sequence_n_high) if counts.sequence_n is not None
+                 else (counts.n[..., None], counts.n_high[..., None]))
+    rng = np.random.default_rng(seed)
+    # A stratum's odd trial goes to either half at random, alternating over the cell's odd strata in a random
+    # order, so that a cell's halves differ by at most one trial (as a split of the pooled cell would).
+    odd = np.broadcast_to(n % 2, (n_splits,) + n.shape)
+    order = np.where(odd > 0, rng.random(odd.shape), np.inf).argsort(axis=-1).argsort(axis=-1)
+    first_parity = rng.integers(0, 2, size=odd.shape[:-1] + (1,))
+    n_first = n // 2 + odd * ((order + first_parity) % 2)
+    high_first = rng.hypergeometric(np.broadcast_to(n_high, n_first.shape),
+                                    np.broadcast_to(n - n_high, n_first.shape), n_first)
+    n_first, high_first = n_first.sum(axis=-1), high_first.sum(axis=-1)
+    return (delta_auc_of_counts(high_first, n_first, counts.positions),
+            delta_auc_of_counts(counts.n_high - high_first, counts.n - n_first, counts.positions))
+
+
 def split_half_reliability(counts: SiteCounts, n_splits: int = 100, seed: int = 0) -> dict:
-    """Split-half reliability of the per-site ΔAUC: every (site, condition, step) cell's trials are
-    split at random into two halves (the "high" count of a half is hypergeometric), ΔAUC is computed
-    on each half, and the Pearson r across sites between the halves is averaged over ``n_splits``
+    """Split-half reliability of the per-site ΔAUC: ΔAUC is computed on each half of every random split
+    (:func:`_split_half_deltas`), and the Pearson r across sites between the halves is averaged over ``n_splits``
     splits (``split_half_r``; the result's ``n_splits`` counts the splits where at least 3 sites have a
     ΔAUC in both halves, ``split_half_mean_sites`` of them on average); ``noise_ceiling`` is its Spearman–Brown
     correction to the full number of trials, NaN with ``noise_ceiling_undefined_reason`` when the
     split-half r is not positive (:func:`noise_ceiling_of`)."""
-    if n_splits < 1:
-        raise ValueError(f"n_splits must be >= 1, got {n_splits}")
-    x = counts.positions
-    rng = np.random.default_rng(seed)
-    n_first = counts.n // 2 + rng.integers(0, 2, size=(n_splits,) + counts.n.shape) * (counts.n % 2)
-    high_first = rng.hypergeometric(np.broadcast_to(counts.n_high, n_first.shape),
-                                    np.broadcast_to(counts.n - counts.n_high, n_first.shape), n_first)
-    first = delta_auc_of_counts(high_first, n_first, x)
-    second = delta_auc_of_counts(counts.n_high - high_first, counts.n - n_first, x)
+    first, second = _split_half_deltas(counts, n_splits, seed)
     correlations, n_sites = [], []
     for a, b in zip(first, second):
         usable = np.isfinite(a) & np.isfinite(b)
@@ -368,10 +392,50 @@ def split_half_reliability(counts: SiteCounts, n_splits: int = 100, seed: int = 
             n_sites.append(int(usable.sum()))
     split_half_r = float(np.mean(correlations)) if correlations else float("nan")
     noise_ceiling, reason = noise_ceiling_of(split_half_r)
-    with_effect = int(np.isfinite(delta_auc_of_counts(counts.n_high, counts.n, x)).sum())
+    with_effect = int(np.isfinite(delta_auc_of_counts(counts.n_high, counts.n, counts.positions)).sum())
     if not correlations and with_effect < 3:
         reason = (f"no split-half r: {with_effect} site(s) have a ΔAUC, and a correlation across sites needs "
                   f"3 or more")
     return {"split_half_r": split_half_r, "split_half_r_chance": 0.0, "noise_ceiling": noise_ceiling,
             "noise_ceiling_undefined_reason": reason, "n_splits": len(correlations),
             "split_half_mean_sites": float(np.mean(n_sites)) if n_sites else 0.0}
+
+
+def site_resampling_weights(n_sites: int, n_boot: int, seed: int = 0) -> np.ndarray:
+    """(n_boot, n_sites) counts of each site in ``n_boot`` resamples of the sites drawn with replacement."""
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    return np.random.default_rng([seed, 1]).multinomial(n_sites, np.full(n_sites, 1 / n_sites),
+                                                        size=n_boot).astype(float)
+
+
+def weighted_pearson(weights: np.ndarray, x, y) -> np.ndarray:
+    """Pearson r of ``x`` and ``y`` (n_sites,) with each site counted as often as ``weights`` (n_boot, n_sites)
+    says, one r per row; sites where either is NaN are left out; NaN for a row with fewer than 3 distinct sites
+    left or no spread."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    usable = np.isfinite(x) & np.isfinite(y)
+    if not usable.any():
+        return np.full(len(weights), np.nan)
+    # centred, so that the weighted moments below do not lose digits
+    x = np.where(usable, x - x[usable].mean(), 0.0)
+    y = np.where(usable, y - y[usable].mean(), 0.0)
+    weights = weights * usable
+    with np.errstate(invalid="ignore", divide="ignore"):
+        total = weights.sum(axis=1)
+        mean_x, mean_y = weights @ x / total, weights @ y / total
+        var_x, var_y = weights @ (x * x) / total - mean_x ** 2, weights @ (y * y) / total - mean_y ** 2
+        r = (weights @ (x * y) / total - mean_x * mean_y) / np.sqrt(var_x * var_y)
+    defined = ((weights > 0).sum(axis=1) >= 3) & (var_x > 0) & (var_y > 0)
+    return np.where(defined, np.clip(r, -1.0, 1.0), np.nan)
+
+
+def resampled_split_half_r(counts: SiteCounts, weights: np.ndarray, n_splits: int = 100, seed: int = 0) -> np.ndarray:
+    """The split-half r of :func:`split_half_reliability` (same splits, same ``seed``) on resamples of the sites
+    (``weights`` of :func:`site_resampling_weights`): its sampling distribution over sites. NaN for a resample
+    where no split has a defined r."""
+    first, second = _split_half_deltas(counts, n_splits, seed)
+    per_split = np.stack([weighted_pearson(weights, a, b) for a, b in zip(first, second)], axis=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a resample with no defined split is NaN
+        return np.nanmean(per_split, axis=1)

@@ -23,6 +23,7 @@ _SCORES = (
     ("n_sites_significant_fdr", "sites with a Benjamini–Hochberg adjusted p < 0.05 (false discovery rate 0.05)",
      "n_sites_significant_fdr_chance"),
     ("split_half_r", "split-half r of per-site ΔAUC", 0.0),
+    ("split_half_r_95", "its 95 % interval over sites resampled with replacement", None),
     ("split_half_mean_sites", "sites with a ΔAUC in both halves (mean over splits)", None),
     ("noise_ceiling", "noise ceiling (Spearman–Brown corrected split-half r; undefined when that r ≤ 0)", None),
     ("predicted_vs_observed_r", "Pearson r, predicted vs observed ΔAUC", "predicted_vs_observed_r_null_95"),

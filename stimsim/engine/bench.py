@@ -344,7 +344,8 @@ def plan_section(context: BenchContext) -> dict:
     x0, x1, y0, y1 = sheet.extent_mm
     sites = np.column_stack([rng.uniform(x0 + 1, x1 - 1, n_sites), rng.uniform(y0 + 1, y1 - 1, n_sites)])
     natural, _ = _face_images(32)
-    spec = SequenceSpec(n_sequences=3, n_steps=7, iterations=sizes["plan_iterations"], batch_images=32)
+    spec = SequenceSpec(n_sequences=3, n_steps=7, iterations=sizes["plan_iterations"], batch_images=32,
+                        precision="float32")  # as experiments/plan_imagenet.toml
     decoder = TaskSpec(n_noise=16, n_eval=8)
     seconds = {}
     report_phase(f"bench: plan phases on {PLAN_MODEL}, {n_sites} site(s) at 224 px", context.progress)

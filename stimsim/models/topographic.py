@@ -256,6 +256,19 @@ class TopographicModel:
         self.network.to(resolve_device(device))
         return self
 
+    def with_dtype(self, dtype: torch.dtype) -> "TopographicModel":
+        """This model when its network already computes in ``dtype`` (e.g. ``torch.float64``), else a copy whose
+        network does; the input ``preprocess`` gives stays float32 (convert it)."""
+        for tensor in self.network.parameters():
+            if tensor.dtype == dtype:
+                return self
+            break
+        converted = copy.deepcopy(self)
+        converted.network.to(dtype)
+        for _, module in converted.stages:
+            module.to(dtype)
+        return converted
+
     # --- running --------------------------------------------------------------------------
     def preprocess(self, images) -> torch.Tensor:
         """Images → normalised float32 input (N, channels, size_px, size_px) on the model's device."""
