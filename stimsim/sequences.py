@@ -224,8 +224,8 @@ def _start_images(responses: np.ndarray, n_sequences: int, rng: np.random.Genera
     (its lowest response; for a ReLU layer, where it is not silent, since a silent site gives the pixels no
     gradient) whose responses lie closest to the median of those responses, ties broken at random (seeded).
     Responses and distances are compared on a grid of :data:`START_RESPONSE_TOLERANCE` times the site's largest
-    response, so that float rounding cannot decide between images. A site that responds above its floor to fewer
-    than ``n_sequences`` images takes the rest from the others.
+    response, so that float rounding decides between images only at the edge of a grid step. A site that responds
+    above its floor to fewer than ``n_sequences`` images takes the rest from the others.
 
     >>> responses = np.array([[0.0, 1.0], [0.0, 2.0], [0.0, 4.0], [0.4, 8.0], [0.2, 3.0]])
     >>> # site 0 responds to images 3 and 4 only; site 1 above its floor of 1.0 to 2, 4, 8, 3 (median 3.5)

@@ -68,7 +68,7 @@ def test_the_expected_r_holds_the_observed_r_in_most_sessions(closed_loop, tmp_p
     it in about 95 % of them: for the plan's predictions, and for predictions that are the truth itself (where the
     expectation is sqrt(noise ceiling): observed effects of reliability ρ correlate with the true ones at sqrt(ρ)).
     One session's r falls outside a 95 % interval one time in twenty, so a single session cannot test it (measured:
-    all 38 sessions with a noise ceiling for the plan's predictions, 36 of the 38 for the truth)."""
+    all 36 sessions with a noise ceiling for the plan's predictions, 35 of the 36 for the truth)."""
     _, _, plan = closed_loop
     truth_plan = _plan_that_predicts_the_truth(plan, tmp_path / "truth_plan")
     electrodes = pd.read_csv(plan / "sites.csv", dtype={"electrode_id": str})["electrode_id"]

@@ -9,7 +9,7 @@ import statsmodels.api as sm
 from scipy import stats
 
 from stimsim.analysis.analyze import analyze
-from stimsim.analysis.effects import SiteCounts, across_sites, count_trials, delta_auc_of_counts, \
+from stimsim.analysis.effects import across_sites, count_trials, delta_auc_of_counts, \
     expected_fdr_discoveries_under_null, fdr_adjusted, fit_grouped_logistic, noise_ceiling_of, site_effects, \
     spearman_brown, split_half_reliability
 from stimsim.analysis.synthetic import planted_curves, planted_session
@@ -310,31 +310,3 @@ def test_binomial_noise_of_one_sites_delta_auc_at_400_trials_is_the_figure_the_d
     quoted = re.search(r"binomial noise of one site's ΔAUC at 400 trials \(about ([\d.]+):", page)
     assert quoted and round(simulated, 2) == float(quoted.group(1))
 
-
-def test_noise_ceiling_of_a_session_balanced_over_sequences_matches_its_reliability():
-    """Two sequences per site whose P(high) lie far apart at every step (log-odds −2 and +2 about the site's
-    curve), shown in balanced blocks (every condition × sequence × step cell 40 trials): the sampling variance of
-    P(high) at a step is the mean of the sequences' p (1 − p) / 80, below the p̄ (1 − p̄) / 80 of the pooled cell.
-    Splitting each sequence's trials in halves gives the reliability of such a session; splitting the pooled
-    cells takes the sequences' spread for noise and gives a lower one (measured: 0.60 against 0.59 expected;
-    pooled 0.34)."""
-    rng = np.random.default_rng(7)
-    n_sites, per_cell = 300, 40
-    stim_logodds = rng.normal(0, 0.25, n_sites)
-    log_odds = np.log(planted_curves(stim_logodds, 8.0)) - np.log1p(-planted_curves(stim_logodds, 8.0))
-    curves = 1 / (1 + np.exp(-(log_odds[..., None] + np.array([-2.0, 2.0]))))  # (sites, 2, steps, sequences)
-    sequence_n = np.full(curves.shape, per_cell)
-    sequence_n_high = rng.binomial(sequence_n, curves)
-    counts = SiteCounts(np.array(["s"] * n_sites, dtype=object), np.arange(n_sites).astype(str).astype(object),
-                        np.arange(7), sequence_n.sum(-1), sequence_n_high.sum(-1), np.full(n_sites, 50.0),
-                        sequence_n, sequence_n_high)
-    weights = np.full(7, 1 / 6)
-    weights[[0, -1]] = 1 / 12
-    truth = ((weights * curves.mean(-1)).sum(-1) @ np.array([-1.0, 1.0]))
-    sampling = (weights ** 2 * (curves * (1 - curves)).mean(-1) / (2 * per_cell)).sum(axis=(1, 2))
-    expected = truth.var() / (truth.var() + sampling.mean())
-    balanced = split_half_reliability(counts, n_splits=50, seed=3)["noise_ceiling"]
-    pooled = split_half_reliability(SiteCounts(*[getattr(counts, name) for name in (
-        "subject_id", "electrode", "steps", "n", "n_high", "current_uA")]), n_splits=50, seed=3)["noise_ceiling"]
-    assert balanced == pytest.approx(expected, abs=0.05)
-    assert pooled < expected - 0.1

@@ -85,8 +85,7 @@ class Analysis:
         return data
 
 
-#: Peak memory of the resampling, bytes: per bootstrap resample and (site, condition, step) cell, per split half
-#: and (site, condition, step, sequence) stratum,
+#: Peak memory of the resampling, bytes: per bootstrap resample or split half and (site, condition, step) cell,
 #: and per permutation and trial of a site (measured with tracemalloc: 8.4, 6.8 and 3.2).
 BOOT_BYTES_PER_CELL, SPLIT_BYTES_PER_CELL, PERM_BYTES_PER_TRIAL = 10 * 8, 8 * 8, 4 * 4
 
@@ -94,10 +93,9 @@ BOOT_BYTES_PER_CELL, SPLIT_BYTES_PER_CELL, PERM_BYTES_PER_TRIAL = 10 * 8, 8 * 8,
 def _check_memory(counts, sessions: pd.DataFrame, n_boot: int, n_perm: int, n_splits: int) -> None:
     """Refuse resample counts whose arrays would not fit in the memory available (estimated before any work)."""
     cells = counts.n[..., 0, :].size * 2
-    strata = cells * (counts.sequence_n.shape[-1] if counts.sequence_n is not None else 1)
     most_trials = int(counts.n.sum(axis=(1, 2)).max()) if counts.n.size else 0
     for option, count, needed in (("--boot", n_boot, BOOT_BYTES_PER_CELL * n_boot * cells),
-                                  ("--splits", n_splits, SPLIT_BYTES_PER_CELL * n_splits * strata),
+                                  ("--splits", n_splits, SPLIT_BYTES_PER_CELL * n_splits * cells),
                                   ("--perm", n_perm, PERM_BYTES_PER_TRIAL * n_perm * most_trials)):
         check_memory(f"analyze: {option} {count} over {len(counts.electrode)} sites ({len(sessions)} trials)",
                      needed, option)
@@ -238,10 +236,8 @@ def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: p
 
 
 def _subset(counts: SiteCounts, keep: np.ndarray) -> SiteCounts:
-    by_sequence = counts.sequence_n is not None
     return SiteCounts(counts.subject_id[keep], counts.electrode[keep], counts.steps, counts.n[keep],
-                      counts.n_high[keep], counts.current_uA[keep], counts.sequence_n[keep] if by_sequence else None,
-                      counts.sequence_n_high[keep] if by_sequence else None)
+                      counts.n_high[keep], counts.current_uA[keep])
 
 
 def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, n_boot: int, n_perm: int,
@@ -290,8 +286,9 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
         summary["plan_predicted_vs_true_r_these_sites"] = sites_r
         basis = sites_r if np.isfinite(sites_r) else float(planned_r)
         # a resample whose split-half r is <= 0 estimates no reliability: it expects r = 0
+        # (a resample without a split-half r is left out)
         resampled_ceilings = np.where(split_half_r_resampled > 0, spearman_brown(np.clip(split_half_r_resampled, 0, 1)),
-                                      0.0)
+                                      np.where(np.isfinite(split_half_r_resampled), 0.0, np.nan))
         discrepancy = resampled_discrepancy(weights, sites[predicted], sites["delta_auc"], resampled_ceilings,
                                             predicted_vs_true_r=basis,
                                             true=plan_true if np.isfinite(sites_r) else None)

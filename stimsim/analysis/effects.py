@@ -46,9 +46,7 @@ class SiteCounts:
 
     ``subject_id``, ``electrode``: (n_sites,) text; ``steps``: (n_steps,) step numbers 0..last;
     ``n``, ``n_high``: (n_sites, 2, n_steps) trials and "high" choices, condition 0 = sham,
-    1 = stimulated; ``current_uA``: (n_sites,) mean current of the stimulated trials;
-    ``sequence_n``, ``sequence_n_high``: the same per sequence shown (in the order of their numbers), (n_sites,
-    2, n_steps, n_sequences), summing to ``n`` and ``n_high`` (None: not known, one stratum per cell).
+    1 = stimulated; ``current_uA``: (n_sites,) mean current of the stimulated trials.
     """
 
     subject_id: np.ndarray
@@ -57,8 +55,6 @@ class SiteCounts:
     n: np.ndarray
     n_high: np.ndarray
     current_uA: np.ndarray
-    sequence_n: np.ndarray | None = None
-    sequence_n_high: np.ndarray | None = None
 
     @property
     def positions(self) -> np.ndarray:
@@ -86,23 +82,19 @@ def count_trials(sessions: pd.DataFrame, n_steps: int | None = None) -> SiteCoun
         pd.MultiIndex.from_frame(sessions[["subject_id", "electrode"]]))
     condition = (sessions["stimulated_electrode"].to_numpy() != SHAM).astype(int)
     step = sessions["step"].to_numpy()
-    # the sequences shown, numbered 0 .. (how many) - 1
-    sequences, sequence = np.unique(sessions["sequence"].to_numpy() if "sequence" in sessions else
-                                    np.zeros(len(sessions), dtype=int), return_inverse=True)
     high = (sessions["choice"].to_numpy() == "high").astype(int)
-    shape = (len(sites), 2, last_step + 1, max(len(sequences), 1))
-    flat = np.ravel_multi_index((site_index, condition, step, sequence), shape)
+    shape = (len(sites), 2, last_step + 1)
+    flat = np.ravel_multi_index((site_index, condition, step), shape)
     size = int(np.prod(shape))
-    sequence_n = np.bincount(flat, minlength=size).reshape(shape)
-    sequence_n_high = np.bincount(flat, weights=high, minlength=size).reshape(shape).astype(int)
-    n, n_high = sequence_n.sum(axis=-1), sequence_n_high.sum(axis=-1)
+    n = np.bincount(flat, minlength=size).reshape(shape)
+    n_high = np.bincount(flat, weights=high, minlength=size).reshape(shape).astype(int)
     stimulated = condition == 1
     current_sum = np.bincount(site_index[stimulated], weights=sessions["current_uA"].to_numpy()[stimulated],
                               minlength=len(sites))
     with np.errstate(invalid="ignore", divide="ignore"):
         current = current_sum / n[:, 1].sum(axis=1)
     return SiteCounts(sites["subject_id"].to_numpy(dtype=object), sites["electrode"].to_numpy(dtype=object),
-                      np.arange(last_step + 1), n, n_high, current, sequence_n, sequence_n_high)
+                      np.arange(last_step + 1), n, n_high, current)
 
 
 def delta_auc_of_counts(n_high, n, positions) -> np.ndarray:
@@ -352,26 +344,14 @@ def noise_ceiling_of(split_half_r: float) -> tuple[float, str | None]:
 
 
 def _split_half_deltas(counts: SiteCounts, n_splits: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """ΔAUC of the two halves of ``n_splits`` random splits, (n_splits, n_sites) each: the trials of every
-    (site, condition, step) cell are split at random into two halves, sequence by sequence when the counts
-    have them (the "high" count of a half is hypergeometric). Splitting within each sequence keeps the halves
-    as balanced over the sequences as the session was, so that a half's noise is that of the session at half
-    its trials: a split that pools a cell's sequences adds the spread of P(high) between them to both halves,
-    and under-estimates the reliability of a session that showed the sequences in balanced blocks."""
+    """ΔAUC of the two halves of ``n_splits`` random splits, (n_splits, n_sites) each: every (site, condition,
+    step) cell's trials are split at random into two halves (the "high" count of a half is hypergeometric)."""
     if n_splits < 1:
         raise ValueError(f"n_splits must be >= 1, got {n_splits}")
-    n, n_high = ((counts.sequence_n, counts.sequence_n_high) if counts.sequence_n is not None
-                 else (counts.n[..., None], counts.n_high[..., None]))
     rng = np.random.default_rng(seed)
-    # A stratum's odd trial goes to either half at random, alternating over the cell's odd strata in a random
-    # order, so that a cell's halves differ by at most one trial (as a split of the pooled cell would).
-    odd = np.broadcast_to(n % 2, (n_splits,) + n.shape)
-    order = np.where(odd > 0, rng.random(odd.shape), np.inf).argsort(axis=-1).argsort(axis=-1)
-    first_parity = rng.integers(0, 2, size=odd.shape[:-1] + (1,))
-    n_first = n // 2 + odd * ((order + first_parity) % 2)
-    high_first = rng.hypergeometric(np.broadcast_to(n_high, n_first.shape),
-                                    np.broadcast_to(n - n_high, n_first.shape), n_first)
-    n_first, high_first = n_first.sum(axis=-1), high_first.sum(axis=-1)
+    n_first = counts.n // 2 + rng.integers(0, 2, size=(n_splits,) + counts.n.shape) * (counts.n % 2)
+    high_first = rng.hypergeometric(np.broadcast_to(counts.n_high, n_first.shape),
+                                    np.broadcast_to(counts.n - counts.n_high, n_first.shape), n_first)
     return (delta_auc_of_counts(high_first, n_first, counts.positions),
             delta_auc_of_counts(counts.n_high - high_first, counts.n - n_first, counts.positions))
 
@@ -424,9 +404,11 @@ def weighted_pearson(weights: np.ndarray, x, y) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         total = weights.sum(axis=1)
         mean_x, mean_y = weights @ x / total, weights @ y / total
-        var_x, var_y = weights @ (x * x) / total - mean_x ** 2, weights @ (y * y) / total - mean_y ** 2
+        mean_square_x, mean_square_y = weights @ (x * x) / total, weights @ (y * y) / total
+        var_x, var_y = mean_square_x - mean_x ** 2, mean_square_y - mean_y ** 2
         r = (weights @ (x * y) / total - mean_x * mean_y) / np.sqrt(var_x * var_y)
-    defined = ((weights > 0).sum(axis=1) >= 3) & (var_x > 0) & (var_y > 0)
+    # no spread: a variance at the rounding level of the moments it is computed from
+    defined = (((weights > 0).sum(axis=1) >= 3) & (var_x > 1e-12 * mean_square_x) & (var_y > 1e-12 * mean_square_y))
     return np.where(defined, np.clip(r, -1.0, 1.0), np.nan)
 
 
