@@ -285,10 +285,9 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
         sites_r = _pearson(plan_predicted, plan_true)
         summary["plan_predicted_vs_true_r_these_sites"] = sites_r
         basis = sites_r if np.isfinite(sites_r) else float(planned_r)
-        # a resample whose split-half r is <= 0 estimates no reliability: it expects r = 0
-        # (a resample without a split-half r is left out)
-        resampled_ceilings = np.where(split_half_r_resampled > 0, spearman_brown(np.clip(split_half_r_resampled, 0, 1)),
-                                      np.where(np.isfinite(split_half_r_resampled), 0.0, np.nan))
+        # a resample whose split-half r is <= 0 estimates no reliability: it expects r = 0 (one without a
+        # split-half r stays NaN and is left out)
+        resampled_ceilings = np.where(split_half_r_resampled <= 0, 0.0, spearman_brown(split_half_r_resampled))
         discrepancy = resampled_discrepancy(weights, sites[predicted], sites["delta_auc"], resampled_ceilings,
                                             predicted_vs_true_r=basis,
                                             true=plan_true if np.isfinite(sites_r) else None)
