@@ -16,7 +16,7 @@ from stimsim.cortex.sheet import CorticalSheet
 from stimsim.engine import simulation as engine
 from stimsim.engine.activation_cache import SAMPLED_ROWS
 from stimsim.engine.bench import run_benchmark
-from stimsim.engine.devices import resolve_device
+from stimsim.engine.devices import full_float32_on_cuda, resolve_device
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
@@ -468,6 +468,17 @@ def test_devices_resolve_and_results_agree_across_devices(model, images, decoder
     finally:
         model.to("cpu")
     np.testing.assert_allclose(elsewhere.values, on_cpu.values, rtol=0, atol=1e-4)
+
+
+def test_cuda_computes_in_full_float32():
+    """TensorFloat-32 (PyTorch's default for cuDNN convolutions) is off once stimsim resolves a CUDA device; the
+    switch itself is checked on any machine."""
+    full_float32_on_cuda()
+    conv, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    if hasattr(getattr(conv, "conv", None), "fp32_precision"):
+        assert (conv.conv.fp32_precision, matmul.fp32_precision) == ("ieee", "ieee")
+    else:
+        assert not conv.allow_tf32 and not matmul.allow_tf32
 
 
 def test_benchmark_quick_mode(model):
