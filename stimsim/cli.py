@@ -131,6 +131,21 @@ def _cmd_models_check(args) -> int:
     return 0
 
 
+def _cmd_models_resting(args) -> int:
+    from stimsim.models.registry import SHIPPED_DIR
+    from stimsim.models.resting import write_resting_activity
+
+    directory = Path(args.directory)
+    if not (directory / "model.json").is_file():
+        raise ConfigError(f"{directory} is not a model directory (no model.json); give the folder of a model")
+    if directory.resolve().is_relative_to(SHIPPED_DIR.resolve()):
+        raise ConfigError(f"{directory} is a shipped model, whose files the package's manifest verifies; copy its "
+                          "folder and give the copy")
+    path = write_resting_activity(directory, args.layer)
+    print(f"wrote {path} and listed it in {directory / 'model.json'}")
+    return 0
+
+
 def _cmd_models_score(args) -> int:
     from stimsim.paradigms.scoring import PRINTED_COLUMNS, benchmark_experiments, score_model, score_table
 
@@ -396,6 +411,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(check)
     add_device_argument(check)
     check.set_defaults(handler=_cmd_models_check)
+
+    resting = model_commands.add_parser("resting", help="measure each unit's resting activity of a layer (its mean "
+                                                        "response to the reference set of fLoc images) and add it to "
+                                                        "a model directory, for resting_fraction")
+    resting.add_argument("directory", help="model directory (holding model.json); not a shipped model")
+    resting.add_argument("--layer", default="IT", help="topographic layer (default IT)")
+    _add_mirror(resting)
+    _add_threads(resting)
+    resting.set_defaults(handler=_cmd_models_resting)
 
     score = model_commands.add_parser("score", help="score a model on the published experiments: each one's "
                                                     "metric beside its ceiling and chance (scores.json, scores.csv)")

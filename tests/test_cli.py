@@ -11,7 +11,8 @@ from stimsim import __version__
 from stimsim.cli import build_parser, main
 
 SUBCOMMANDS = [["train"], ["data"], ["data", "list"], ["data", "fetch"], ["data", "verify"], ["models"],
-               ["models", "list"], ["models", "check"], ["models", "score"], ["run"], ["plan"], ["bench"], ["subject"], ["subject", "make"],
+               ["models", "list"], ["models", "check"], ["models", "resting"], ["models", "score"], ["run"], ["plan"],
+               ["bench"], ["subject"], ["subject", "make"],
                ["subject", "session"], ["analyze"], ["power"]]
 
 

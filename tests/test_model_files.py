@@ -249,3 +249,56 @@ def test_models_check_refuses_too_few_images_and_bad_options_in_one_line(saved, 
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
         assert re.search(f"^stimsim: error: .*{message}", err), err
+
+
+def test_resting_activity_is_saved_verified_and_carried_into_cortex_mm(tmp_path):
+    """A layer's resting activity (stimsim.models.resting) is a file of the model: saved, listed with its sha256,
+    read back onto the sheet (float32), kept by the sheet in cortex mm; damaged or of the wrong size, refused."""
+    import dataclasses
+
+    model = tiny_model()
+    resting = np.linspace(0.0, 2.0, 64)
+    model.sheets["it"] = dataclasses.replace(model.sheets["it"], resting_activity=resting, resting_reference="planted")
+    model.metadata["cortex_scale"] = SCALE
+    directory = model.save(tmp_path / "model")
+    spec = json.loads((directory / "model.json").read_text())
+    assert spec["layers"]["it"]["resting_activity_file"] == "resting/it.npz" and "resting/it.npz" in spec["files_sha256"]
+    loaded, _ = TopographicModel.load(directory).in_cortex_mm("IT")
+    sheet = loaded.sheet("IT")
+    assert sheet.cortex_mm_per_model_mm == 2.0 and sheet.resting_reference == "planted"
+    np.testing.assert_allclose(sheet.resting_activity, resting, rtol=1e-7)
+    short = CorticalSheet("it", (10, 1, 1), np.zeros((10, 2)), resting_activity=resting[:10])
+    short.save_resting(directory / "resting" / "it.npz")
+    with pytest.raises(DataError, match="checksum mismatch for resting/it.npz"):
+        TopographicModel.load(directory)
+    _edit_spec(directory, lambda spec: spec["files_sha256"].update(
+        {"resting/it.npz": sha256_of(directory / "resting" / "it.npz")}))
+    with pytest.raises(FileFormatError, match="'activity' must hold 64 finite values"):
+        TopographicModel.load(directory)
+    _edit_spec(directory, lambda spec: spec["files_sha256"].pop("resting/it.npz"))
+    with pytest.raises(FileFormatError, match=r"does not cover \['resting/it.npz'\]"):
+        TopographicModel.load(directory)
+
+
+def test_resting_activity_is_measured_on_the_reference_set_and_listed_in_model_json(tmp_path, shared_data, capsys):
+    """``stimsim models resting DIR`` adds the file to a saved model and leaves its other files as they were; each unit's
+    value is its mean response over the 160 reference images, here computed one image at a time."""
+    from stimsim.cli import main
+    from stimsim.models.registry import SHIPPED_DIR
+    from stimsim.models.resting import reference_images
+
+    shared_data("natural/floc")
+    directory = tiny_model().save(tmp_path / "model")
+    before = {name: sha256_of(directory / name) for name in ("weights.pt", "positions/it.npz")}
+    assert main(["models", "resting", str(directory), "--layer", "IT"]) == 0
+    assert f"wrote {directory / 'resting' / 'it.npz'}" in capsys.readouterr().out
+    loaded = TopographicModel.load(directory)
+    assert {name: sha256_of(directory / name) for name in before} == before
+    images, reference = reference_images()
+    assert len(images) == 160 and "fLoc" in reference
+    assert loaded.sheet("IT").resting_reference == reference
+    one_by_one = np.mean([loaded.activations([image], "it")[0].double().numpy() for image in images], axis=0)
+    np.testing.assert_allclose(loaded.sheet("IT").resting_activity, one_by_one, rtol=1e-5, atol=1e-7)
+    shipped = str(SHIPPED_DIR / "stimsim-mnv2-s0")  # the package's files stay as its manifest lists them
+    assert main(["models", "resting", shipped]) == 2 and "is a shipped model" in capsys.readouterr().err
+    assert main(["models", "resting", str(tmp_path)]) == 2 and "not a model directory" in capsys.readouterr().err

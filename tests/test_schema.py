@@ -12,7 +12,8 @@ from stimsim.utilities.config import load_toml
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 #: The shipped files of each kind.
 SHIPPED = {
-    "experiment": ("afraz2006", "moeller2017", "muscimol_categorization", "sequence2afc"),
+    "experiment": ("afraz2006", "variants/afraz2006_resting", "moeller2017", "variants/moeller2017_resting",
+                   "muscimol_categorization", "sequence2afc"),
     "plan": ("plan_default", "plan_face", "plan_face_imagenet", "plan_face_imagenet_additive", "plan_imagenet",
              "plan_same_family"),
     "subject": ("subject_default", "subject_effl0", "subject_mnv2_s1"),
@@ -35,7 +36,7 @@ def test_shipped_schema_is_generated_from_the_file_models(kind):
 
 def test_every_shipped_file_has_a_kind():
     named = {f"{name}.toml" for names in SHIPPED.values() for name in names}
-    assert named == {path.name for path in EXPERIMENTS.glob("*.toml")}
+    assert named == {path.relative_to(EXPERIMENTS).as_posix() for path in EXPERIMENTS.rglob("*.toml")}
 
 
 @pytest.mark.parametrize("kind", sorted(SHIPPED))

@@ -86,6 +86,33 @@ def test_shipped_files_stay_small():
         assert size <= (40e6 if name in DEFAULTS else 25e6), f"{name}: {size / 1e6:.1f} MB"
 
 
+@pytest.mark.parametrize("name", DEFAULTS)
+def test_the_defaults_record_their_it_units_resting_activity(name):
+    """Each default's IT sheet carries one resting activity per unit (its rectified units' mean response to the
+    reference set, so ≥ 0, and not all 0) with the reference named; the 32-px family records none."""
+    from stimsim.models.resting import REFERENCE_PER_CATEGORY
+
+    sheet = load_model(name).sheet("IT")
+    assert sheet.resting_activity.shape == (sheet.n_units,) and sheet.resting_activity.min() >= 0
+    assert (sheet.resting_activity > 0).mean() > 0.5
+    assert f"first {REFERENCE_PER_CATEGORY} images" in sheet.resting_reference
+    assert load_model(SMALL_MODEL).sheet("IT").resting_activity is None
+
+
+@pytest.mark.slow
+def test_the_shipped_resting_activity_is_what_the_reference_set_gives(shared_data):
+    """Measured again on the reference set (stimsim.models.resting), stimsim-mnv2-s0's IT units give the shipped
+    values, to float32."""
+    from stimsim.models.resting import reference_images
+
+    shared_data("natural/floc")
+    model = load_model(DEFAULT_MODEL)
+    images, reference = reference_images()
+    measured = model.activations(images, "IT").double().mean(dim=0).numpy()
+    assert model.sheet("IT").resting_reference == reference
+    np.testing.assert_allclose(model.sheet("IT").resting_activity, measured, rtol=1e-5, atol=1e-6)
+
+
 def test_corrupted_shipped_model_is_refused(tmp_path):
     import shutil
 

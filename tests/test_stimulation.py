@@ -540,3 +540,34 @@ def test_the_docs_quote_the_kumaravelu_spread_lengths():
     experiments = " ".join((REPO / "docs" / "experiments.md").read_text(encoding="utf-8").split())
     at_1000 = float(re.search(r"at 1000 µA, whose spread length is ([\d.]+) mm", experiments).group(1))
     assert round(kumaravelu_length_mm(1000)) == at_1000
+
+
+def test_resting_fraction_lets_the_gain_act_on_each_units_resting_activity():
+    """a → g·a + (g − 1)·K·s, K = resting_fraction, s = each unit's resting activity; worked by hand for one unit
+    on the electrode (g = 1 + 200/30) and one at λ(50 µA) (g = 1 + (200/30)/e)."""
+    import dataclasses
+
+    lam = kumaravelu_length_mm(50)
+    sheet = point_sheet([[0.0, 0.0], [lam, 0.0]])
+    sheet = dataclasses.replace(sheet, resting_activity=np.array([0.3, 1.2, 0.0, 0.0]))
+    stim = ElectricalStimulation(((0.0, 0.0),), frequency_Hz=200, resting_fraction=0.5)
+    effect = stim.effect(sheet)
+    gain = np.array([1 + 200 / 30, 1 + 200 / 30 / math.e])
+    np.testing.assert_allclose(effect.multiplier[:2], gain, rtol=1e-12)
+    np.testing.assert_allclose(effect.additive[:2], (gain - 1) * 0.5 * np.array([0.3, 1.2]), rtol=1e-12)
+    plain = ElectricalStimulation(((0.0, 0.0),), frequency_Hz=200).effect(sheet)  # K = 0: the plain gain
+    assert np.array_equal(plain.multiplier, effect.multiplier) and not plain.additive.any()
+    assert ElectricalStimulation(((0.0, 0.0),), frequency_Hz=0, resting_fraction=0.5).effect(sheet).is_identity
+    assert stim.describe()["resting_fraction"] == 0.5
+    # beside an additive condition in one batch, each row keeps its own form
+    additive = ElectricalStimulation(((0.0, 0.0),), form="additive", activation_per_Hz=0.01)
+    multiplier, shift = ElectricalStimulation.batch_effect([stim, additive], sheet)
+    np.testing.assert_allclose(shift[0, :2].numpy(), effect.additive[:2], rtol=1e-12)
+    np.testing.assert_allclose(shift[1].numpy(), additive.effect(sheet).additive, rtol=1e-12)
+    assert torch.all(multiplier[1] == 1.0)
+    with pytest.raises(ConfigError, match="resting_fraction must be in"):
+        ElectricalStimulation(((0.0, 0.0),), resting_fraction=1.5)
+    with pytest.raises(ConfigError, match="form='multiplicative' only"):
+        ElectricalStimulation(((0.0, 0.0),), resting_fraction=0.5, form="additive", activation_per_Hz=1.0)
+    with pytest.raises(ConfigError, match="records none for layer 'it'"):
+        stim.effect(point_sheet([[0.0, 0.0]]))

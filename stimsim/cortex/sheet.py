@@ -7,6 +7,7 @@ Neuron): ``.npz`` archives and the ``.pkl`` files that pickle ``spacetorch``'s `
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 from dataclasses import dataclass, field
@@ -76,6 +77,10 @@ class CorticalSheet:
     cortex_mm_per_model_mm : the frame of the coordinates: how many of their mm one mm of the model's own sheet
         is (1: the model's own frame; a sheet in cortex mm, made by :meth:`scaled`, records its factor and
         converts back with :meth:`to_model_mm`).
+    resting_activity : (N,) each unit's resting activity in the layer's activation units, or None (the model
+        records none; :mod:`stimsim.models.resting`). The multiplicative form of electrical stimulation can act
+        on it (``resting_fraction``).
+    resting_reference : how ``resting_activity`` was measured (the reference images), "" without one.
     """
 
     name: str
@@ -84,6 +89,8 @@ class CorticalSheet:
     neighborhood_indices: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
     neighborhood_width_mm: float = float("nan")
     cortex_mm_per_model_mm: float = 1.0
+    resting_activity: np.ndarray | None = None
+    resting_reference: str = ""
 
     def __post_init__(self):
         dims = tuple(int(d) for d in np.atleast_1d(self.dims))
@@ -109,6 +116,12 @@ class CorticalSheet:
         object.__setattr__(self, "coordinates_mm", coords)
         object.__setattr__(self, "neighborhood_indices", nbh.reshape((0, 0)) if nbh.size == 0 else nbh)
         object.__setattr__(self, "neighborhood_width_mm", float(self.neighborhood_width_mm))
+        if self.resting_activity is not None:
+            resting = np.asarray(self.resting_activity, dtype=np.float64)
+            if resting.shape != (n_units,) or not np.all(np.isfinite(resting)):
+                raise ValueError(f"sheet {self.name!r}: resting_activity must be {n_units} finite values, one per "
+                                 f"unit, got shape {resting.shape}")
+            object.__setattr__(self, "resting_activity", resting)
 
     # --- geometry -------------------------------------------------------------------------
     @property
@@ -171,21 +184,43 @@ class CorticalSheet:
                 f"sheet {self.name!r}: neighbourhoods {width_mm} mm wide hold fewer than 2 units; use a wider one"
             )
         rows = np.stack([np.sort(rng.choice(m, size=q, replace=False)) for m in members])
-        return CorticalSheet(self.name, self.dims, self.coordinates_mm, rows, width_mm)
+        return dataclasses.replace(self, neighborhood_indices=rows, neighborhood_width_mm=width_mm)
 
     def scaled(self, factor: float) -> "CorticalSheet":
         """A copy with every position and the neighbourhood width multiplied by ``factor`` (e.g. to
         express a model sheet in millimetres of cortex); the copy records the factor in its frame."""
         if not factor > 0:
             raise ValueError(f"scale factor must be > 0, got {factor}")
-        return CorticalSheet(self.name, self.dims, self.coordinates_mm * factor, self.neighborhood_indices,
-                             self.neighborhood_width_mm * factor, self.cortex_mm_per_model_mm * factor)
+        return dataclasses.replace(self, coordinates_mm=self.coordinates_mm * factor,
+                                   neighborhood_width_mm=self.neighborhood_width_mm * factor,
+                                   cortex_mm_per_model_mm=self.cortex_mm_per_model_mm * factor)
 
     def to_model_mm(self, points_mm) -> np.ndarray:
         """Points (…, 2) given in this sheet's frame, in mm of the model's own sheet."""
         return np.asarray(points_mm, dtype=np.float64) / self.cortex_mm_per_model_mm
 
     # --- files ----------------------------------------------------------------------------
+    def save_resting(self, path) -> Path:
+        """Write the resting-activity file (atomically): ``activity`` float32 per unit, ``reference`` as text."""
+        if self.resting_activity is None:
+            raise ValueError(f"sheet {self.name!r} holds no resting activity")
+        buffer = io.BytesIO()
+        np.savez(buffer, activity=self.resting_activity.astype(np.float32), reference=np.array(self.resting_reference))
+        return atomic_write_bytes(Path(path), buffer.getvalue())
+
+    def with_resting_file(self, path) -> "CorticalSheet":
+        """A copy holding the resting activity of the file at ``path`` (written by :meth:`save_resting`)."""
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                activity, reference = archive["activity"], str(archive["reference"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise FileFormatError(path, f"not a resting-activity file with 'activity' and 'reference' ({exc})") from None
+        if activity.shape != (self.n_units,) or not np.all(np.isfinite(activity)):
+            raise FileFormatError(path, f"'activity' must hold {self.n_units} finite values, one per unit of the "
+                                        f"layer; got shape {activity.shape}")
+        return dataclasses.replace(self, resting_activity=activity, resting_reference=reference)
+
     def save(self, path) -> Path:
         """Write a TDANN-format ``.npz`` positions file (atomically)."""
         path = Path(path)

@@ -10,9 +10,10 @@ A model directory holds everything needed to rebuild a model exactly::
                         training config, provenance, sha256 of every other file
     weights.pt          the network's state dict (loaded with ``weights_only=True``)
     positions/<layer>.npz   TDANN-format positions of each topographic layer
+    resting/<layer>.npz     optional: each unit's resting activity (:mod:`stimsim.models.resting`)
 
 Loading verifies the directory whole: ``files_sha256`` must cover ``weights.pt`` and every positions
-file, name only files inside the directory, and match them; the weights must fit the architecture
+(and resting-activity) file, name only files inside the directory, and match them; the weights must fit the architecture
 and be finite. Saving the same model twice gives the same bytes.
 """
 from __future__ import annotations
@@ -49,10 +50,12 @@ _SHA256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
 class LayerEntry(FileModel):
-    """A topographic layer of ``model.json``: its positions file and cortical area label."""
+    """A topographic layer of ``model.json``: its positions file, cortical area label and, optionally, the file of
+    its units' resting activity (:mod:`stimsim.models.resting`)."""
 
     positions_file: Text
     area: Text | None = None
+    resting_activity_file: Text | None = None
 
 
 class ArchitectureEntry(FileModel):
@@ -355,6 +358,12 @@ class TopographicModel:
             sheet.save(directory / rel)
             files[rel] = sha256_of(directory / rel)
             layers[layer] = {"positions_file": rel, "area": self.areas.get(layer)}
+            if sheet.resting_activity is not None:
+                rel = f"resting/{layer}.npz"
+                (directory / "resting").mkdir(exist_ok=True)
+                sheet.save_resting(directory / rel)
+                files[rel] = sha256_of(directory / rel)
+                layers[layer]["resting_activity_file"] = rel
         atomic_write_json(directory / "model.json", {
             "format": MODEL_FORMAT,
             "name": self.name,
@@ -386,7 +395,8 @@ class TopographicModel:
             raise FileFormatError(spec_path, f"not valid JSON ({exc})") from None
         raw_metadata = spec.get("metadata", {}) if isinstance(spec, dict) else {}
         spec = validate_file(ModelFile, spec, spec_path)
-        needed = ["weights.pt"] + [info.positions_file for info in spec.layers.values()]
+        needed = ["weights.pt"] + [rel for info in spec.layers.values()
+                                   for rel in (info.positions_file, info.resting_activity_file) if rel]
         uncovered = [rel for rel in needed if rel not in spec.files_sha256]
         if uncovered:
             raise FileFormatError(spec_path, f"files_sha256 does not cover {uncovered}; every file the model "
@@ -413,7 +423,7 @@ class TopographicModel:
         state = read_checkpoint_file(weights_path)
         load_weights(network, state, source=weights_path)
         _refuse_non_finite(network.state_dict(), str(weights_path))
-        sheets = {layer: CorticalSheet.load(directory / info.positions_file) for layer, info in spec.layers.items()}
+        sheets = {layer: _sheet_with_resting(directory, info) for layer, info in spec.layers.items()}
         areas = {layer: info.area for layer, info in spec.layers.items() if info.area}
         scale = spec.metadata.cortex_scale
         if scale is not None and scale.layer not in spec.layers:
@@ -426,6 +436,12 @@ class TopographicModel:
         except ConfigError as exc:  # the layers, their sheets, areas and readout layer do not fit the network
             raise FileFormatError(spec_path, str(exc)) from None
         return model.to(device)
+
+
+def _sheet_with_resting(directory: Path, info: LayerEntry) -> CorticalSheet:
+    """The sheet of one ``model.json`` layer, with its units' resting activity when the layer lists a file."""
+    sheet = CorticalSheet.load(directory / info.positions_file)
+    return sheet if info.resting_activity_file is None else sheet.with_resting_file(directory / info.resting_activity_file)
 
 
 def _inside(directory: Path, rel, spec_path: Path) -> Path:

@@ -66,7 +66,9 @@ class ElectricalStimulation(Perturbation):
 
     ``form="multiplicative"`` (the lab's public code): ``gain = 1 + (f / baseline_frequency_Hz)·w``,
     activity × gain; with ``gain_cap`` set, gain = min(gain, gain_cap) (an older variant used a cap of
-    2). f = 0 Hz gives exactly the identity. Units with zero activity stay at zero.
+    2). f = 0 Hz gives exactly the identity. Units with zero activity stay at zero, unless
+    ``resting_fraction`` K > 0: then activity a becomes ``gain·a + (gain − 1)·K·s``, with s each unit's
+    resting activity recorded with the model (:mod:`stimsim.models.resting`; a model without it is refused).
 
     ``form="additive"`` (Mehrer et al. 2025): a rate increment
     ``Δr = min(rate_base_Hz + rate_gain_Hz_per_Hz·f, rate_max_Hz)·w`` in Hz, added to activity as
@@ -102,6 +104,8 @@ class ElectricalStimulation(Perturbation):
     form: str = parameter("multiplicative", unit="how stimulation changes activity", choices=STIMULATION_FORMS)
     baseline_frequency_Hz: float = parameter(30.0, unit="Hz", low=0.0, high=1000.0, low_open=True)
     gain_cap: float | None = parameter(None, unit="(gain, dimensionless)", low=1.0)
+    resting_fraction: float = parameter(0.0, unit="(of each unit's resting activity, dimensionless)", low=0.0,
+                                        high=1.0)
     rate_base_Hz: float = parameter(30.0, unit="Hz (at most rate_max_Hz)", low=0.0)
     rate_max_Hz: float = parameter(200.0, unit="Hz", low=0.0, high=1000.0, low_open=True)
     rate_gain_Hz_per_Hz: float = parameter(1.0, unit="Hz per Hz", low=0.0)
@@ -138,6 +142,8 @@ class ElectricalStimulation(Perturbation):
                                       0.0, self.rate_max_Hz))
         if self.gain_cap is not None and self.form != "multiplicative":
             raise ConfigError("gain_cap applies to form='multiplicative' only; leave it unset for 'additive'")
+        if self.resting_fraction > 0 and self.form != "multiplicative":
+            raise ConfigError("resting_fraction applies to form='multiplicative' only; leave it at 0 for 'additive'")
         if self.activation_per_Hz is not None and self.form != "additive":
             raise ConfigError("activation_per_Hz applies to form='additive' only; leave it unset for 'multiplicative'")
         if self.activation_per_Hz is None and self.form == "additive":
@@ -191,6 +197,9 @@ class ElectricalStimulation(Perturbation):
             multiplicative = column([p.form == "multiplicative" for p in perturbations]) > 0
             multiplier = torch.where(multiplicative, multiplier, 1.0)
             additive = torch.where(multiplicative, 0.0, additive)
+        fraction = [p.resting_fraction for p in perturbations]  # 0 on rows of the additive form
+        if any(fraction):  # the gain acting on each unit's resting activity: (gain − 1)·K·s
+            additive = additive + (multiplier - 1.0) * column(fraction) * _resting(sheet, multiplier)
         return multiplier, additive
 
     def describe(self) -> dict:
@@ -207,8 +216,18 @@ class ElectricalStimulation(Perturbation):
         if self.form == "multiplicative":
             record["baseline_frequency_Hz"] = self.baseline_frequency_Hz
             record["gain_cap"] = "none" if self.gain_cap is None else self.gain_cap
+            record["resting_fraction"] = self.resting_fraction
         else:
             record.update(rate_base_Hz=self.rate_base_Hz, rate_max_Hz=self.rate_max_Hz,
                           rate_gain_Hz_per_Hz=self.rate_gain_Hz_per_Hz, rate_increment_Hz=self.rate_increment_Hz,
                           activation_per_Hz=self.activation_per_Hz)
         return record
+
+
+def _resting(sheet: CorticalSheet, like: torch.Tensor) -> torch.Tensor:
+    """The sheet's resting activity per unit (1, N), as ``like``; ConfigError when the model records none."""
+    if sheet.resting_activity is None:
+        raise ConfigError(f"resting_fraction > 0 acts on each unit's resting activity, and the model records none "
+                          f"for layer {sheet.name!r}; use a model with a resting-activity file "
+                          "(stimsim.models.resting) or resting_fraction = 0")
+    return torch.as_tensor(sheet.resting_activity, dtype=like.dtype, device=like.device)[None, :]

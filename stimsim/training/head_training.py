@@ -31,10 +31,13 @@ names a ``base_network``. The recipe:
 5. **Storage**: weights rounded to float16 (``storage = "float16"``) before anything is measured, so the
    model that is evaluated is the model that is saved; IT's weights per unit, or as the trained grid's,
    which the network interpolates as it runs (``it_weights = "trained_grid"``).
+6. **Resting activity**: each IT unit's mean response to the reference set of :mod:`stimsim.models.resting`,
+   stored with the model, for the multiplicative stimulation's ``resting_fraction``.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -49,6 +52,7 @@ from tqdm.auto import tqdm
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.models.base_networks import base_network_spec, base_weights_path, load_base_network
 from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.resting import reference_images, resting_activity
 from stimsim.models.topo_head import FAMILY, TopoHeadNet, densify, grid_positions_mm
 from stimsim.models.topographic import TopographicModel
 from stimsim.training.ridge_readout import ridge_readouts
@@ -470,6 +474,9 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
     model.metadata["cortex_scale"] = {"layer": "it", "cortex_mm_per_model_mm": float(scale),
                                       "sheet_size_cortex_mm": float(scale * config.model.sheet_size_mm),
                                       "rule": rule.rule}
+    images, reference = reference_images()
+    model.sheets["it"] = dataclasses.replace(sheet, resting_activity=resting_activity(model, "it", images),
+                                             resting_reference=reference)
     _write_history(out_dir / "loss_history.csv", history)
     model.save(out_dir / "model")
     return out_dir / "model"
