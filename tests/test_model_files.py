@@ -262,7 +262,8 @@ def test_resting_activity_is_saved_verified_and_carried_into_cortex_mm(tmp_path)
     model.metadata["cortex_scale"] = SCALE
     directory = model.save(tmp_path / "model")
     spec = json.loads((directory / "model.json").read_text())
-    assert spec["layers"]["it"]["resting_activity_file"] == "resting/it.npz" and "resting/it.npz" in spec["files_sha256"]
+    assert spec["layers"]["it"]["resting_activity_file"] == "resting/it.npz"
+    assert "resting/it.npz" in spec["files_sha256"]
     loaded, _ = TopographicModel.load(directory).in_cortex_mm("IT")
     sheet = loaded.sheet("IT")
     assert sheet.cortex_mm_per_model_mm == 2.0 and sheet.resting_reference == "planted"
@@ -281,8 +282,8 @@ def test_resting_activity_is_saved_verified_and_carried_into_cortex_mm(tmp_path)
 
 
 def test_resting_activity_is_measured_on_the_reference_set_and_listed_in_model_json(tmp_path, shared_data, capsys):
-    """``stimsim models resting DIR`` adds the file to a saved model and leaves its other files as they were; each unit's
-    value is its mean response over the 160 reference images, here computed one image at a time."""
+    """``stimsim models resting DIR`` adds the file to a saved model and leaves its other files as they were; each
+    unit's value is its mean response over the 160 reference images, here computed one image at a time."""
     from stimsim.cli import main
     from stimsim.models.registry import SHIPPED_DIR
     from stimsim.models.resting import reference_images

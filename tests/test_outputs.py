@@ -92,6 +92,18 @@ def test_relative_paths_resolve_against_the_experiment_file(experiment_dir, else
     assert config["experiment"]["stimuli"]["sets"][0]["path"] == str(experiment_dir / "images" / "table.csv")
 
 
+def test_stimulation_the_model_cannot_take_is_refused_before_any_work(experiment_dir, elsewhere):
+    """resting_fraction needs each unit's resting activity, which this model does not record: one error naming the
+    file's table, before the images are run, and no output folder."""
+    config = experiment_dir / "resting.toml"
+    config.write_text(EXPERIMENT.format(seed=0).replace("frequency_Hz = 200\n",
+                                                        "frequency_Hz = 200\nresting_fraction = 0.5\n"))
+    with pytest.raises(ConfigError, match=r"resting.toml \[stimulation\]: resting_fraction > 0 acts on each unit's "
+                                          r"resting activity, and the model records none for layer 'it'"):
+        run_experiment(config, "out", progress=False, figures=False)
+    assert not (elsewhere / "out").exists()
+
+
 def test_a_run_killed_between_its_files_leaves_no_loadable_mix(experiment_dir, elsewhere, monkeypatch):
     out = elsewhere / "out"
     first = run_experiment(experiment_dir / "seed0.toml", out, progress=False, figures=False)

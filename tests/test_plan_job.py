@@ -459,6 +459,18 @@ def test_unsafe_protocol_stops_the_plan_naming_the_limit(tmp_path, capsys):
     assert "max_shannon_k = 1.85" in error and not (tmp_path / "out").exists()
 
 
+def test_stimulation_a_model_cannot_take_stops_the_plan_before_any_work(tmp_path):
+    """resting_fraction acts on each unit's resting activity, which the 32-px models do not record: refused with the
+    model named, before the mapping, and nothing is left behind."""
+    config = _write_plan(tmp_path / "config")
+    config.write_text(config.read_text().replace("[stimulation]\ncurrent_uA = 50\n",
+                                                 "[stimulation]\ncurrent_uA = 50\nresting_fraction = 0.5\n"))
+    with pytest.raises(ConfigError, match=r"plan.toml \[stimulation\] in stimsim-topo-s0: resting_fraction > 0 acts "
+                                          r"on each unit's resting activity, and the model records none"):
+        run_plan(config, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_current_outside_the_spread_law_names_the_file_and_table(tmp_path):
     config = _write_plan(tmp_path / "config", current=0)
     with pytest.raises(ConfigError, match=r"plan.toml \[stimulation\]: current_uA must be in \(5.26"):

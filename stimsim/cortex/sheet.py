@@ -135,6 +135,12 @@ class CorticalSheet:
         return float(x0), float(x1), float(y0), float(y1)
 
     @property
+    def centre_mm(self) -> tuple[float, float]:
+        """(x, y) of the middle of the units' extent, mm."""
+        x0, x1, y0, y1 = self.extent_mm
+        return (x0 + x1) / 2, (y0 + y1) / 2
+
+    @property
     def size_mm(self) -> float:
         """Side of the smallest square (aligned with the axes) that holds every unit, mm."""
         x0, x1, y0, y1 = self.extent_mm
@@ -215,7 +221,8 @@ class CorticalSheet:
             with np.load(path, allow_pickle=False) as archive:
                 activity, reference = archive["activity"], str(archive["reference"])
         except (OSError, ValueError, KeyError) as exc:
-            raise FileFormatError(path, f"not a resting-activity file with 'activity' and 'reference' ({exc})") from None
+            raise FileFormatError(path, f"not a resting-activity file with 'activity' and 'reference' "
+                                        f"({exc})") from None
         if activity.shape != (self.n_units,) or not np.all(np.isfinite(activity)):
             raise FileFormatError(path, f"'activity' must hold {self.n_units} finite values, one per unit of the "
                                         f"layer; got shape {activity.shape}")

@@ -13,8 +13,8 @@ A model directory holds everything needed to rebuild a model exactly::
     resting/<layer>.npz     optional: each unit's resting activity (:mod:`stimsim.models.resting`)
 
 Loading verifies the directory whole: ``files_sha256`` must cover ``weights.pt`` and every positions
-(and resting-activity) file, name only files inside the directory, and match them; the weights must fit the architecture
-and be finite. Saving the same model twice gives the same bytes.
+(and resting-activity) file, name only files inside the directory, and match them; the weights must fit the
+architecture and be finite. Saving the same model twice gives the same bytes.
 """
 from __future__ import annotations
 
@@ -441,7 +441,9 @@ class TopographicModel:
 def _sheet_with_resting(directory: Path, info: LayerEntry) -> CorticalSheet:
     """The sheet of one ``model.json`` layer, with its units' resting activity when the layer lists a file."""
     sheet = CorticalSheet.load(directory / info.positions_file)
-    return sheet if info.resting_activity_file is None else sheet.with_resting_file(directory / info.resting_activity_file)
+    if info.resting_activity_file is None:
+        return sheet
+    return sheet.with_resting_file(directory / info.resting_activity_file)
 
 
 def _inside(directory: Path, rel, spec_path: Path) -> Path:

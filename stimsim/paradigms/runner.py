@@ -125,6 +125,10 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
         notes.append(f"the experiment file sets cortex_mm_per_model_mm = {scale:g}, overriding the model's own "
                      f"{model_scale['cortex_mm_per_model_mm']:g} ({model_scale['rule']})")
     sheet = topo.sheet(layer)
+    try:
+        spec.perturbation_at(sheet.centre_mm).effect(sheet)  # what it needs of the model (e.g. resting activity)
+    except ConfigError as exc:
+        raise ConfigError(f"{spec.source} [stimulation]: {exc}") from None
     localizer = spec.sites.localizer
     paradigm = get_paradigm(spec.paradigm)
     labels = paradigm.labels(spec.settings()) | ({localizer.label} if localizer.sets is None else set())

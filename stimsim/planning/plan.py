@@ -262,6 +262,8 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
         plan_task = config.plan_task
         prepared = plan_task.prepare(config.task_options, inputs.images, config.seed, str(config.path))
         models, scales = load_candidates(config.candidates, device=compute["device"])
+        _check_stimulation_fits(config, {**models, **({SUBJECT: inputs.load_subject().model} if inputs.subject_dir
+                                                      else {})})
         cache.timings["inputs"] = {"seconds": round(time.perf_counter() - started, 3),
                                    "cached": not inputs.made_subject, "compute_seconds": None}
         remove_temporaries(out_dir, Path(out_dir) / "truth")
@@ -423,6 +425,17 @@ def _additive_scales(config, inputs, models: dict) -> dict:
         except ConfigError as exc:
             raise ConfigError(f"{config.path} [stimulation] in {name}: {exc}") from None
     return scales
+
+
+def _check_stimulation_fits(config, models: dict) -> None:
+    """ConfigError naming the model when the stimulation needs what a model lacks (e.g. resting activity for
+    ``resting_fraction``), before any of the plan's work."""
+    for name, model in models.items():
+        try:
+            sheet = model.sheet("IT")
+            stimulation_at(sheet.centre_mm, config.stimulation).effect(sheet)
+        except ConfigError as exc:
+            raise ConfigError(f"{config.path} [stimulation] in {name}: {exc}") from None
 
 
 def _stimulation_in(config, additive: dict, name: str) -> dict:

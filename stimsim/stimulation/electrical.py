@@ -228,6 +228,6 @@ def _resting(sheet: CorticalSheet, like: torch.Tensor) -> torch.Tensor:
     """The sheet's resting activity per unit (1, N), as ``like``; ConfigError when the model records none."""
     if sheet.resting_activity is None:
         raise ConfigError(f"resting_fraction > 0 acts on each unit's resting activity, and the model records none "
-                          f"for layer {sheet.name!r}; use a model with a resting-activity file "
-                          "(stimsim.models.resting) or resting_fraction = 0")
+                          f"for layer {sheet.name!r}; add it with `stimsim models resting MODEL_DIR` or set "
+                          "resting_fraction = 0")
     return torch.as_tensor(sheet.resting_activity, dtype=like.dtype, device=like.device)[None, :]
