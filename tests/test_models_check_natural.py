@@ -154,13 +154,14 @@ def test_models_list_json_describes_every_shipped_model(capsys):
         assert model["base_weights_sha256"] is None and model["it_units"] == 4096
         # 4,096 units on a 20 cortex mm sheet: 10.2 per mm², about 1.6 within 0.226 mm
         assert 1.2 < model["units_within_lambda50"] < 2.0 and model["cortex_mm_per_model_mm"] == 2.0
+        assert model["it_resting_activity"] is False
     bases = {"stimsim-mnv2-s0": "mobilenet_v2", "stimsim-mnv2-s1": "mobilenet_v2",
              "stimsim-effl0-s0": "efficientnet_lite0"}
     for name, base in bases.items():
         model = models[name]
         assert model["family"] == "topo_head" and model["base_network"] == base
         assert len(model["base_weights_sha256"]) == 64 and model["it_units"] == 224 * 224
-        assert model["files_bytes"] <= 40e6
+        assert model["files_bytes"] <= 40e6 and model["it_resting_activity"] is True
         # 50,176 units on a sheet of side S cortex mm: π·0.226²·50,176 / S² units within λ(50 µA), less the edges
         expected = math.pi * 0.226 ** 2 * 224 ** 2 / model["sheet_size_cortex_mm"] ** 2
         assert model["units_within_lambda50"] == pytest.approx(expected, rel=0.05)

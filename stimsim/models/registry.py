@@ -74,7 +74,8 @@ def describe_model(name_or_path) -> dict:
     (the network is not built): ``name``, ``path``, ``family``, ``layers`` (layer → area),
     ``base_network`` and ``base_weights_sha256`` (None for a model not built on an ImageNet network),
     ``it_layer`` (the layer labelled IT, else the readout layer), its ``it_units``,
-    ``cortex_mm_per_model_mm`` and ``sheet_size_cortex_mm``, ``files_bytes`` (every file of the model)
+    ``cortex_mm_per_model_mm`` and ``sheet_size_cortex_mm``, ``files_bytes`` (every file of the model),
+    ``it_resting_activity`` (whether IT records its units' resting activity, which ``resting_fraction`` needs)
     and ``units_within_lambda50``: the mean number of IT units within λ(50 µA) cortex mm of a site, over
     sites on a square grid of step λ spanning the IT sheet in cortex mm."""
     import json
@@ -105,6 +106,8 @@ def describe_model(name_or_path) -> dict:
                    "it_units": None, "cortex_mm_per_model_mm": factor, "sheet_size_cortex_mm": None,
                    "files_bytes": spec_path.stat().st_size + sum((path / rel).stat().st_size
                                                                   for rel in spec.files_sha256 if (path / rel).is_file()),
+                   "it_resting_activity": it_layer in spec.layers
+                                          and spec.layers[it_layer].resting_activity_file is not None,
                    "units_within_lambda50": None}
     if it_layer in spec.layers:
         sheet = CorticalSheet.load(path / spec.layers[it_layer].positions_file).scaled(factor)
