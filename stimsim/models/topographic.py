@@ -360,8 +360,7 @@ class TopographicModel:
             layers[layer] = {"positions_file": rel, "area": self.areas.get(layer)}
             if sheet.resting_activity is not None:
                 rel = f"resting/{layer}.npz"
-                (directory / "resting").mkdir(exist_ok=True)
-                sheet.save_resting(directory / rel)
+                sheet.save_resting(directory / rel)  # makes resting/ as it writes
                 files[rel] = sha256_of(directory / rel)
                 layers[layer]["resting_activity_file"] = rel
         atomic_write_json(directory / "model.json", {
