@@ -255,3 +255,12 @@ def test_afraz_selectivity_predicts_psychometric_shift():
     selective = data["face_selectivity"] > 1
     shift_selective, low, high = bootstrap_ci(np.mean, data["psychometric_shift"][selective], n_boot=1000)
     assert low > 0  # face-selective sites shift choices towards "face"
+
+
+def test_finite_pearson_uses_the_finite_pairs_and_is_undefined_without_spread():
+    from stimsim.behavior.metrics import finite_pearson
+
+    # by hand on (1, 2, 3) and (2, 4, 7): Σdx·dy = 5, Σdx² = 2, Σdy² = 38/3, r = 5 / √(76/3)
+    assert finite_pearson([1, 2, 3, np.nan], [2, 4, 7, 1]) == pytest.approx(5 / np.sqrt(76 / 3), rel=1e-12)
+    assert np.isnan(finite_pearson([1, 2, np.nan], [1, 2, 3]))  # two finite pairs
+    assert np.isnan(finite_pearson([1, 2, 3], [5, 5, 5]))  # a constant side

@@ -19,6 +19,7 @@ from stimsim.analysis.effects import (CONDITIONS, SiteCounts, across_sites, coun
                                       expected_fdr_discoveries_under_null, fdr_adjusted, site_effects,
                                       site_resampling_weights, spearman_brown, resampled_split_half_r,
                                       split_half_reliability)
+from stimsim.behavior.metrics import finite_pearson
 from stimsim.lab.sessions import SHAM, check_against_plan
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.jsonable import json_ready
@@ -282,7 +283,7 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
         # The plan's r is over every site it rehearsed; the sites of a session (e.g. the top-ranked ones) can
         # correlate less (a narrower range of predictions). With the plan's per-site truth, use these sites.
         plan_predicted, plan_true = _plan_truth_on_sites(plan_summary, effect, sites["electrode"])
-        sites_r = _pearson(plan_predicted, plan_true)
+        sites_r = finite_pearson(plan_predicted, plan_true)
         summary["plan_predicted_vs_true_r_these_sites"] = sites_r
         basis = sites_r if np.isfinite(sites_r) else float(planned_r)
         # a resample whose split-half r is <= 0 estimates no reliability: it expects r = 0 (one without a
@@ -311,14 +312,6 @@ def _plan_truth_on_sites(plan_summary: dict, effect: str, electrodes) -> tuple[n
         return np.full(len(electrodes), np.nan), np.full(len(electrodes), np.nan)
     return (np.array([predicted.get(str(e), np.nan) for e in electrodes], dtype=float),
             np.array([true.get(str(e), np.nan) for e in electrodes], dtype=float))
-
-
-def _pearson(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson r over the sites where both are finite; NaN with fewer than 3 of them or no spread."""
-    both = np.isfinite(x) & np.isfinite(y)
-    if both.sum() < 3 or np.ptp(x[both]) == 0 or np.ptp(y[both]) == 0:
-        return float("nan")
-    return float(stats.pearsonr(x[both], y[both]).statistic)
 
 
 def _nanmean(values) -> float:

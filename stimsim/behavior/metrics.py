@@ -299,6 +299,16 @@ def bootstrap_ci(statistic_fn: Callable, *arrays, n_boot: int = 1000, ci: float 
     return estimate, low, high
 
 
+def finite_pearson(x, y) -> float:
+    """Pearson r of the pairs where both values are finite; NaN with fewer than 3 such pairs or where either
+    side does not vary (the correlation is then undefined)."""
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    both = np.isfinite(a) & np.isfinite(b)
+    if both.sum() < 3 or np.ptp(a[both]) == 0 or np.ptp(b[both]) == 0:
+        return float("nan")
+    return float(np.corrcoef(a[both], b[both])[0, 1])
+
+
 class PearsonResult(NamedTuple):
     """Pearson correlation with its parametric (t-test, two-sided) and permutation p-values."""
 

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from stimsim.behavior.metrics import finite_pearson
 from stimsim.planning.cache import PhaseCache, directory_files_sha256, remove_temporaries
 from stimsim.planning.config import PlanConfig
 from stimsim.planning.detectability import INTERVAL_SPANS, coverage, subject_error_sd, with_subject_error
@@ -576,7 +577,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
         r = float(np.corrcoef(plan["predicted"][alive], true[alive])[0, 1]) if alive.sum() > 2 else float("nan")
         summary.update({"subject_dir": str(inputs.subject_dir), "truth_file": truth_file, "predicted_vs_true_r": r,
                         "predicted_vs_true_r_per_model": {
-                            name: _pearson(plan["per_model"][m, alive, 0], true[alive])
+                            name: finite_pearson(plan["per_model"][m, alive, 0], true[alive])
                             for m, name in enumerate(rehearsals)},
                         f"true_{effect}_median": float(np.median(true[alive])),
                         "true_effect_sd": _sd(true[alive]),
@@ -623,7 +624,7 @@ def _random_pose_null(rehearsals, true, alive) -> dict:
         return {}
     random = np.stack([r["random_effect"].mean(-1) for r in rehearsals.values()])  # (models, sites, n_random)
     predicted = np.nanmean(random, axis=0)
-    values = [_pearson(predicted[alive, k], true[alive]) for k in range(predicted.shape[1])]
+    values = [finite_pearson(predicted[alive, k], true[alive]) for k in range(predicted.shape[1])]
     return {"random_pose_r": values, "random_pose_r_p95": float(np.nanpercentile(values, 95)),
             "random_pose_r_median": float(np.nanmedian(values)), "n_random_poses": len(values)}
 
@@ -633,12 +634,6 @@ def _sd(values) -> float | None:
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
     return float(np.std(values, ddof=1)) if values.size > 1 else None
-
-
-def _pearson(a, b) -> float:
-    """Pearson r over the pairs where both are finite (NaN with fewer than 3)."""
-    keep = np.isfinite(a) & np.isfinite(b)
-    return float(np.corrcoef(a[keep], b[keep])[0, 1]) if keep.sum() > 2 else float("nan")
 
 
 def _plan_dataset(config, working, trials, rehearsals, plan, factor: float) -> xr.Dataset:
