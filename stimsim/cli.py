@@ -30,7 +30,8 @@ from stimsim.utilities.progress import report_phase, write_line
 
 
 def _cmd_train(args) -> int:
-    from stimsim.training.head_training import build_topo_head_model, is_head_config, load_head_config
+    from stimsim.training.head_config import is_head_config, load_head_config
+    from stimsim.training.head_training import build_topo_head_model
     from stimsim.training.loop import CHECKPOINT_NAME, load_training_config, train
     from stimsim.utilities.config import load_toml
 

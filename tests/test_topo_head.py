@@ -12,7 +12,8 @@ from stimsim.cortex.sheet import CorticalSheet
 from stimsim.cortex.topography import selective_clusters_mm
 from stimsim.models.topo_head import TopoHeadNet
 from stimsim.models.topographic import TopographicModel
-from stimsim.training.head_training import build_topo_head_model, load_head_config
+from stimsim.training.head_config import load_head_config
+from stimsim.training.head_training import build_topo_head_model
 
 
 def test_network_shapes_and_non_negative_it():
@@ -81,7 +82,8 @@ def _write_images(root, n_per_class=6):
             Image.fromarray((image * 255).astype(np.uint8)).save(root / category / f"{category}-{i}.png")
 
 
-def _config(tmp_path, steps=6, storage="float16", extra_model="", extra_training="", readout="readout_steps = 3"):
+def _config(tmp_path, steps=6, storage="float16", extra_model="", extra_training="", readout="readout_steps = 3",
+            extra_tables=""):
     _write_images(tmp_path / "images")
     path = tmp_path / "build.toml"
     path.write_text(f"""
@@ -116,6 +118,7 @@ checkpoint_every_steps = 2
 [cortex_scale]
 rule = "a fixed scale, for the test"
 cortex_mm_per_model_mm = 2.5
+{extra_tables}
 """)
     return path
 
@@ -410,3 +413,83 @@ def test_models_on_the_same_trunk_share_its_output_and_get_exactly_their_own(one
     passes.clear()
     second.activations(images, "IT")
     assert passes == [second]
+
+
+_TUNING = """
+[trunk_tuning]
+first_module = "14"
+epochs = 4
+views = 3
+batch_size = 6
+learning_rate = 1e-3
+"""
+
+
+def test_splitting_a_trunk_keeps_its_modules_and_their_order():
+    from torch import nn
+
+    from stimsim.training.trunk_tuning import split_trunk
+    from stimsim.utilities.errors import ConfigError
+
+    torch.manual_seed(0)
+    trunk = TopoHeadNet(it_units=16, it_rank=4, head_rank=4).trunk.eval()
+    frozen, tuned = split_trunk(trunk, "14")
+    assert len(frozen) == 14 and len(tuned) == 5 and tuned[0] is trunk[14]
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(tuned(frozen(x)), trunk(x))
+    # a dotted path goes into nested containers (as EfficientNet's block stages are)
+    nested = nn.Sequential(nn.Identity(), nn.Sequential(nn.ReLU(), nn.Tanh(), nn.Sigmoid()), nn.ELU())
+    frozen, tuned = split_trunk(nested, "1.1")
+    assert [type(m).__name__ for m in frozen.modules()][1:] == ["Identity", "Sequential", "ReLU"]
+    assert [type(m).__name__ for m in tuned.modules()][1:] == ["Sequential", "Tanh", "Sigmoid", "ELU"]
+    with pytest.raises(ConfigError, match="'19' is not a module.*0, 1, 2"):
+        split_trunk(trunk, "19")
+
+
+def test_trunk_tuning_pulls_noisy_features_to_the_clean_ones_and_only_tunes_its_modules(tmp_path):
+    from stimsim.models.base_networks import load_base_network
+
+    torch.set_num_threads(1)
+    built = build_topo_head_model(_config(tmp_path, extra_tables=_TUNING), tmp_path / "out", progress=False)
+    model = TopographicModel.load(built)
+    losses = model.metadata["trunk_tuning"]["loss_by_epoch"]
+    assert model.metadata["trunk_tuning"]["first_module"] == "14" and len(losses) == 4
+    assert losses[-1] < 0.8 * losses[0]
+    torch.manual_seed(0)  # the build's random base network comes from its training seed
+    base = load_base_network("mobilenet_v2", pretrained=False).features
+    stored = torch.load(built / "weights.pt", weights_only=True)
+    # the modules before features.14 keep their weights, the later ones are tuned; BatchNorm keeps its statistics
+    for name, value in base.named_parameters():
+        same = torch.equal(stored[f"trunk.{name}"].float(), value.detach().half().float())
+        assert same == (int(name.split(".")[0]) < 14), name
+    for name, value in base.named_buffers():
+        assert torch.equal(stored[f"trunk.{name}"].float(), value.half().float()), name
+
+
+def test_trunk_tuning_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path):
+    import copy
+
+    from stimsim.data.stimuli import from_folder
+    from stimsim.models.base_networks import base_network_spec
+    from stimsim.models.preprocessing import Preprocessing
+    from stimsim.training.trunk_tuning import TrunkTuningTable, tune_trunk
+
+    torch.set_num_threads(1)
+    _write_images(tmp_path / "images")
+    stimuli = from_folder(tmp_path / "images")
+    tuning = TrunkTuningTable(first_module="16", epochs=3, views=2, batch_size=4)
+    preprocessing = Preprocessing.from_dict({**base_network_spec("mobilenet_v2").preprocessing.to_dict(), "size_px": 32})
+    torch.manual_seed(0)
+    base = TopoHeadNet(it_units=16, it_rank=4, head_rank=4).trunk.eval()
+    runs = {}
+    for name, stops in (("whole", [None]), ("resumed", [1, None])):
+        trunk = copy.deepcopy(base)
+        (tmp_path / name).mkdir()
+        for stop in stops:
+            history = tune_trunk(tuning, 0, (0.6, 1.0), stimuli, trunk, base, preprocessing, tmp_path / name,
+                                 progress=False, stop_after_epoch=stop)
+        runs[name] = (trunk.state_dict(), history)
+    assert runs["whole"][1] == runs["resumed"][1] and len(runs["whole"][1]) == 3
+    for key, value in runs["whole"][0].items():
+        assert torch.equal(value, runs["resumed"][0][key]), key

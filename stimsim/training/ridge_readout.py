@@ -117,7 +117,7 @@ RIDGE_VALIDATION_FRACTION = 0.2
 
 def ridge_readouts(config, network, cached: dict, domains: np.ndarray, sampler, progress: bool = True) -> dict:
     """Fit the readouts of a densified :class:`~stimsim.models.topo_head.TopoHeadNet` in closed form (IT fixed)
-    for the build ``config`` (a :class:`~stimsim.training.head_training.HeadConfig`), from its cached trunk
+    for the build ``config`` (a :class:`~stimsim.training.head_config.HeadConfig`), from its cached trunk
     features and their Gaussian ``sampler`` (:class:`~stimsim.training.trunk_features.FeatureSampler`).
 
     The ImageNet head is the rank-``head_rank`` ridge regression of the base network's logits on IT activity

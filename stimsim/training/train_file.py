@@ -1,7 +1,7 @@
 """Training files (TOML) of the small topographic networks trained from scratch
 (``experiments/train_stimsim_topo_seed0.toml``): the network and its sheets, the images, the optimisation and
 the spatial loss. Declared by :class:`TrainFile`; a ``topo_head`` build file is declared by
-:class:`stimsim.training.head_training.HeadConfig`. The JSON Schema of both kinds ships as ``train.schema.json``
+:class:`stimsim.training.head_config.HeadConfig`. The JSON Schema of both kinds ships as ``train.schema.json``
 beside this module; every length in mm."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from stimsim.training.head_training import HeadConfig
+from stimsim.training.head_config import HeadConfig
 from stimsim.utilities.filemodels import FileModel, Text
 
 #: Where the JSON Schema of training files ships.

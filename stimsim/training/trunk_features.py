@@ -15,17 +15,18 @@ from tqdm.auto import tqdm
 from stimsim.models.base_networks import base_network_spec
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.utilities.errors import ConfigError
-from stimsim.utilities.hashing import json_sha256
+from stimsim.utilities.hashing import json_sha256, state_sha256
 from stimsim.utilities.io import atomic_save
 
 FEATURES_SUBDIR = "trunk_features"
 
 
-def _augmented(image: np.ndarray, rng: np.random.Generator, data) -> np.ndarray:
-    """One random version of an image at the network's geometry (H, W, 3) in [0, 1]: crop, flip, contrast,
-    pixel noise, as the build's ``[data]`` table ``data`` says."""
+def augmented_view(image: np.ndarray, rng: np.random.Generator, crop_scale, min_signal_percent: float) -> np.ndarray:
+    """One random version of an image at the network's geometry (H, W, 3) in [0, 1]: a crop of a share of its area
+    drawn in ``crop_scale`` (two numbers in (0, 1]), a flip, a contrast, and pixel noise at a visual signal drawn in
+    [``min_signal_percent``, 100] %."""
     height, width = image.shape[:2]
-    scale = rng.uniform(*data.crop_scale)
+    scale = rng.uniform(*crop_scale)
     side_h, side_w = max(8, int(round(height * math.sqrt(scale)))), max(8, int(round(width * math.sqrt(scale))))
     top, left = rng.integers(0, height - side_h + 1), rng.integers(0, width - side_w + 1)
     crop = torch.from_numpy(np.ascontiguousarray(image[top:top + side_h, left:left + side_w])).permute(2, 0, 1)
@@ -35,20 +36,28 @@ def _augmented(image: np.ndarray, rng: np.random.Generator, data) -> np.ndarray:
         out = out[:, ::-1]
     mean = out.mean()
     out = np.clip(mean + rng.uniform(0.6, 1.4) * (out - mean), 0.0, 1.0)
-    signal = rng.uniform(data.min_signal_percent, 100.0) / 100.0
+    signal = rng.uniform(min_signal_percent, 100.0) / 100.0
     replaced = rng.random((height, width)) >= signal
     out = out.copy()
     out[replaced] = rng.random((int(replaced.sum()), out.shape[2]))
     return out.astype(np.float32)
 
 
+def normalised_batch(images: list, preprocessing: Preprocessing) -> torch.Tensor:
+    """(N, 3, H, W) network input of images already at the network's geometry ((H, W, 3) in [0, 1])."""
+    mean = torch.tensor(preprocessing.mean).view(1, 3, 1, 1)
+    std = torch.tensor(preprocessing.std).view(1, 3, 1, 1)
+    return (torch.stack([torch.from_numpy(np.ascontiguousarray(i)).permute(2, 0, 1) for i in images]) - mean) / std
+
+
 def trunk_features(config, stimuli, trunk, classifier, preprocessing: Preprocessing,
-                   base_sha256: str | None, progress: bool = True) -> dict:
+                   base_sha256: str | None, progress: bool = True, teacher_trunk=None) -> dict:
     """Pooled trunk features of every view of every training image of the build ``config`` (a
-    :class:`~stimsim.training.head_training.HeadConfig`), and the teacher logits; cached in
+    :class:`~stimsim.training.head_config.HeadConfig`), and the teacher logits (``classifier`` on
+    ``teacher_trunk``'s pooled features of view 0; ``trunk``'s where None); cached in
     ``<stimsim cache>/trunk_features/<digest>.npz`` under the digest of everything they depend on (the data
-    table, the images' ids and pixels, the base network and its weights, the preprocessing), so builds that
-    differ only in their training share them."""
+    table, the images' ids and pixels, the base network and its weights, a tuned trunk's weights, the
+    preprocessing), so builds that differ only in their training share them."""
     from stimsim.data.manifest import cache_dir
 
     pixels = hashlib.sha256()
@@ -57,7 +66,8 @@ def trunk_features(config, stimuli, trunk, classifier, preprocessing: Preprocess
     digest = json_sha256({"data": config.data.model_dump(exclude={"domains", "positive_domain"}),
                           "base": config.model.base_network, "base_weights": config.model.base_weights,
                           "base_sha256": base_sha256, "ids": [str(s) for s in stimuli.stimulus_id],
-                          "pixels": pixels.hexdigest(), "preprocessing": preprocessing.to_dict()})
+                          "pixels": pixels.hexdigest(), "preprocessing": preprocessing.to_dict(),
+                          **({} if teacher_trunk is None else {"tuned_trunk_sha256": state_sha256(trunk.state_dict())})})
     # a random trunk is worth no cache entry
     path = None if config.model.base_weights == "random" else cache_dir() / FEATURES_SUBDIR / f"{digest}.npz"
     if path is not None and path.is_file():
@@ -74,8 +84,7 @@ def trunk_features(config, stimuli, trunk, classifier, preprocessing: Preprocess
                       "computing the features again", stacklevel=2)
     views = config.data.views
     geometry = preprocessing.geometry(stimuli.images)
-    mean = torch.tensor(preprocessing.mean).view(1, 3, 1, 1)
-    std = torch.tensor(preprocessing.std).view(1, 3, 1, 1)
+    teacher_trunk = trunk if teacher_trunk is None else teacher_trunk
     features = np.zeros((views, len(geometry), base_network_spec(config.model.base_network).feature_channels), np.float32)
     teacher = np.zeros((len(geometry), 1000), np.float32)
     batch = 32
@@ -87,15 +96,16 @@ def trunk_features(config, stimuli, trunk, classifier, preprocessing: Preprocess
                 for i in range(start, min(start + batch, len(geometry))):
                     image = geometry[i] if geometry[i].ndim == 3 else np.repeat(geometry[i][..., None], 3, -1)
                     if view > 0:
-                        image = _augmented(image, np.random.default_rng(
+                        image = augmented_view(image, np.random.default_rng(
                             [config.data.seed, view, zlib.crc32(str(stimuli.stimulus_id[i]).encode("utf-8"))]),
-                            config.data)
-                    chunk.append(torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1))
-                x = (torch.stack(chunk) - mean) / std
+                            config.data.crop_scale, config.data.min_signal_percent)
+                    chunk.append(image)
+                x = normalised_batch(chunk, preprocessing)
                 pooled = torch.flatten(F.adaptive_avg_pool2d(trunk(x), 1), 1)
                 features[view, start:start + len(chunk)] = pooled.numpy()
                 if view == 0:
-                    teacher[start:start + len(chunk)] = classifier(pooled).numpy()
+                    clean = pooled if teacher_trunk is trunk else torch.flatten(F.adaptive_avg_pool2d(teacher_trunk(x), 1), 1)
+                    teacher[start:start + len(chunk)] = classifier(clean).numpy()
                 bar.update(len(chunk))
     bar.close()
     if path is not None:
