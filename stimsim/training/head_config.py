@@ -84,8 +84,9 @@ class HeadTrainingTable(FileModel):
     from a Gaussian fitted to the cached trunk features, added to every step's batch for the distillation
     loss only (see :class:`FeatureSampler`). The readouts of the densified IT are fitted again either by
     ``readout_steps`` steps of distillation (``readout_fit = "distill"``) or in closed form
-    (``"ridge"``: :func:`ridge_readouts`, on every view of every training image and ``readout_samples``
-    sampled feature vectors)."""
+    (``"ridge"``: :func:`ridge_readouts`, on ``readout_views`` of every training image — every view, or the
+    clean image alone — and ``readout_samples`` feature vectors drawn from the Gaussian of those views'
+    features)."""
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
     steps: Annotated[int, Field(ge=1, le=1_000_000)] = 1500
     batch_size: Annotated[int, Field(ge=2, le=4096)] = 256
@@ -102,15 +103,17 @@ class HeadTrainingTable(FileModel):
     feature_samples_per_step: Annotated[int, Field(ge=0, le=65536)] = 0
     readout_fit: Literal["distill", "ridge"] = "distill"
     readout_samples: Annotated[int, Field(ge=0, le=65536)] = 8000
+    readout_views: Literal["all", "clean"] = "all"
 
     @model_validator(mode="after")
     def _readout_options(self):
         if self.readout_fit == "ridge" and "readout_steps" in self.model_fields_set:
             raise ValueError("'readout_steps' belongs to readout_fit = \"distill\"; a ridge readout takes no steps "
                              "(remove it, or set readout_fit = \"distill\")")
-        if self.readout_fit == "distill" and "readout_samples" in self.model_fields_set:
-            raise ValueError("'readout_samples' belongs to readout_fit = \"ridge\" (remove it, or set "
-                             "readout_fit = \"ridge\")")
+        for key in ("readout_samples", "readout_views"):
+            if self.readout_fit == "distill" and key in self.model_fields_set:
+                raise ValueError(f"'{key}' belongs to readout_fit = \"ridge\" (remove it, or set "
+                                 "readout_fit = \"ridge\")")
         return self
 
 

@@ -26,7 +26,9 @@ names a ``base_network``. The recipe:
    ends with the weights of an uninterrupted run (CPU). IT's first product is trained, or fixed to the
    features' principal components (``it_projection``). Once IT is densified its readouts are fitted again,
    by ``readout_steps`` distillation steps or in closed form (``readout_fit = "ridge"``,
-   :mod:`stimsim.training.ridge_readout`).
+   :mod:`stimsim.training.ridge_readout`), on every view or on the clean images alone (``readout_views``:
+   a tuned trunk pulls noisy views only part of the way to the clean image's features, and a readout that
+   must also map them to the clean image's output loses ImageNet top-1 on clean images).
 4. **The physical scale**, fixed by the rule in ``[cortex_scale]`` before any stimulation experiment:
    with ``face_cluster_cortex_mm`` the largest face cluster of IT on the localizer images (faces against
    the other domains, smoothed d′ > 1, :func:`stimsim.cortex.topography.selective_clusters_mm`) is set to that
@@ -322,7 +324,10 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
     else:
         scale, clusters = rule.cortex_mm_per_model_mm, None
     if config.training.readout_fit == "ridge":
-        readouts = {"readout_fit": "ridge", **ridge_readouts(config, network, cached, domains, sampler, progress)}
+        if config.training.readout_views == "clean":
+            sampler = FeatureSampler(cached["features"][:1], classifier.eval())
+        readouts = {"readout_fit": "ridge", "readout_views": config.training.readout_views,
+                    **ridge_readouts(config, network, cached, domains, sampler, progress)}
     else:
         history += tune_readouts(config, network, cached, domains, progress, sampler)
         readouts = {"readout_fit": "distill"}

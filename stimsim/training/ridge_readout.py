@@ -121,12 +121,15 @@ def ridge_readouts(config, network, cached: dict, domains: np.ndarray, sampler, 
     features and their Gaussian ``sampler`` (:class:`~stimsim.training.trunk_features.FeatureSampler`).
 
     The ImageNet head is the rank-``head_rank`` ridge regression of the base network's logits on IT activity
-    over every view of every training image and ``readout_samples`` features drawn from ``sampler``; the
-    domain head that of the localizer images' one-hot domains. Each penalty is chosen by fits that leave out
-    every view of a seeded 20 % of the training images, scored on those images as they are (view 0). Returns
-    what was chosen, for the metadata."""
+    over the ``readout_views`` of every training image (every view, or the clean image alone: view 0) and
+    ``readout_samples`` features drawn from ``sampler`` (which the caller fits to those views); the domain
+    head that of the localizer images' one-hot domains. Each penalty is chosen by fits that leave out every
+    view of a seeded 20 % of the training images, scored on those images as they are (view 0). Returns what
+    was chosen, for the metadata."""
     training = config.training
     features = torch.from_numpy(cached["features"])
+    if training.readout_views == "clean":
+        features = features[:1]
     n_views, n_images = features.shape[:2]
     rng = np.random.default_rng([training.seed, training.steps, 1])
     held_back = np.zeros(n_images, bool)

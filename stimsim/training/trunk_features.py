@@ -43,6 +43,12 @@ def augmented_view(image: np.ndarray, rng: np.random.Generator, crop_scale, min_
     return out.astype(np.float32)
 
 
+def rgb_geometry(images, preprocessing: Preprocessing) -> list[np.ndarray]:
+    """Each image at the network's geometry (``preprocessing.geometry``) as (H, W, 3) in [0, 1]: a gray one (a
+    build whose preprocessing keeps one channel) repeated on the base network's three channels."""
+    return [g if g.ndim == 3 else np.repeat(g[..., None], 3, -1) for g in preprocessing.geometry(images)]
+
+
 def normalised_batch(images: list, preprocessing: Preprocessing) -> torch.Tensor:
     """(N, 3, H, W) network input of images already at the network's geometry ((H, W, 3) in [0, 1])."""
     mean = torch.tensor(preprocessing.mean).view(1, 3, 1, 1)
@@ -83,7 +89,7 @@ def trunk_features(config, stimuli, trunk, classifier, preprocessing: Preprocess
         warnings.warn(f"trunk feature cache {path} {stored.get('problem', 'was made from other inputs')}; "
                       "computing the features again", stacklevel=2)
     views = config.data.views
-    geometry = preprocessing.geometry(stimuli.images)
+    geometry = rgb_geometry(stimuli.images, preprocessing)
     teacher_trunk = trunk if teacher_trunk is None else teacher_trunk
     features = np.zeros((views, len(geometry), base_network_spec(config.model.base_network).feature_channels), np.float32)
     teacher = np.zeros((len(geometry), 1000), np.float32)
@@ -94,7 +100,7 @@ def trunk_features(config, stimuli, trunk, classifier, preprocessing: Preprocess
             for start in range(0, len(geometry), batch):
                 chunk = []
                 for i in range(start, min(start + batch, len(geometry))):
-                    image = geometry[i] if geometry[i].ndim == 3 else np.repeat(geometry[i][..., None], 3, -1)
+                    image = geometry[i]
                     if view > 0:
                         image = augmented_view(image, np.random.default_rng(
                             [config.data.seed, view, zlib.crc32(str(stimuli.stimulus_id[i]).encode("utf-8"))]),

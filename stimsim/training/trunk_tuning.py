@@ -28,7 +28,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from stimsim.models.preprocessing import Preprocessing
-from stimsim.training.trunk_features import augmented_view, normalised_batch
+from stimsim.training.trunk_features import augmented_view, normalised_batch, rgb_geometry
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.filemodels import FileModel, Text
 from stimsim.utilities.io import atomic_save
@@ -116,7 +116,7 @@ def tune_trunk(tuning: TrunkTuningTable, data_seed: int, crop_scale, stimuli, tr
     tuned.eval()  # BatchNorm keeps the base network's statistics
     for parameter in frozen.parameters():
         parameter.requires_grad_(False)
-    geometry = [g if g.ndim == 3 else np.repeat(g[..., None], 3, -1) for g in preprocessing.geometry(stimuli.images)]
+    geometry = rgb_geometry(stimuli.images, preprocessing)
     inputs, targets = _frozen_outputs(tuning, data_seed, crop_scale, geometry, stimuli.stimulus_id, frozen,
                                       base_trunk.eval(), preprocessing, progress)
     variance = float(targets.var(0).mean())
