@@ -11,7 +11,7 @@ from scipy import stats
 from stimsim.analysis.analyze import analyze
 from stimsim.analysis.effects import across_sites, count_trials, delta_auc_of_counts, \
     expected_fdr_discoveries_under_null, fdr_adjusted, fit_grouped_logistic, noise_ceiling_of, site_effects, \
-    spearman_brown, split_half_reliability
+    spearman_brown, split_half_deltas, split_half_reliability
 from stimsim.analysis.synthetic import planted_curves, planted_session
 
 
@@ -186,7 +186,7 @@ def test_split_halves_that_disagree_give_an_undefined_noise_ceiling():
     for electrode in ("1", "2", "3", "4", "5", "6"):
         rows += one_half_each(electrode, False, ["mixed"] * 7) + one_half_each(electrode, True, ["mixed"] * 7)
     counts = count_trials(pd.DataFrame(rows))
-    reliability = split_half_reliability(counts, n_splits=30, seed=0)
+    reliability = split_half_reliability(counts, split_half_deltas(counts, 30, 0))
     assert reliability["split_half_r"] == pytest.approx(-1.0)
     assert np.isnan(reliability["noise_ceiling"])
     assert "split-half r = -1 <= 0" in reliability["noise_ceiling_undefined_reason"]
@@ -200,7 +200,8 @@ def test_split_halves_that_agree_give_a_noise_ceiling_of_one():
     for electrode, kinds in (("1", ["low"] * 3 + ["high"] * 4), ("2", ["low"] * 4 + ["high"] * 3),
                              ("3", ["low"] * 2 + ["high"] * 5), ("4", ["low"] * 5 + ["high"] * 2)):
         rows += one_half_each(electrode, False, ["low"] * 4 + ["high"] * 3) + one_half_each(electrode, True, kinds)
-    reliability = split_half_reliability(count_trials(pd.DataFrame(rows)), n_splits=10, seed=0)
+    counts = count_trials(pd.DataFrame(rows))
+    reliability = split_half_reliability(counts, split_half_deltas(counts, 10, 0))
     assert reliability["split_half_r"] == pytest.approx(1.0)
     assert reliability["noise_ceiling"] == pytest.approx(1.0)
     assert reliability["noise_ceiling_undefined_reason"] is None
@@ -212,7 +213,8 @@ def test_too_few_sites_for_a_split_half_r_are_named_as_the_reason():
     for electrode in ("1", "2"):
         rows += (one_half_each(electrode, False, ["low"] * 4 + ["high"] * 3)
                  + one_half_each(electrode, True, ["high"] * 7))
-    reliability = split_half_reliability(count_trials(pd.DataFrame(rows)), n_splits=5, seed=0)
+    counts = count_trials(pd.DataFrame(rows))
+    reliability = split_half_reliability(counts, split_half_deltas(counts, 5, 0))
     assert np.isnan(reliability["split_half_r"]) and np.isnan(reliability["noise_ceiling"])
     assert reliability["noise_ceiling_undefined_reason"] == ("no split-half r: 2 site(s) have a ΔAUC, and a "
                                                              "correlation across sites needs 3 or more")
@@ -236,7 +238,7 @@ def test_noise_ceiling_matches_the_binomial_reliability(planted):
     """Reliability = var(true ΔAUC) / (var(true) + mean sampling variance of ΔAUC): the sampling
     variance of a trapezoid AUC is Σ w_j² p_j (1 − p_j) / n_j over steps and both conditions."""
     stim_logodds, _, counts, _ = planted
-    reliability = split_half_reliability(counts, n_splits=50, seed=2)
+    reliability = split_half_reliability(counts, split_half_deltas(counts, 50, 2))
     truth = true_delta_auc(stim_logodds)
     curves = planted_curves(stim_logodds, 8.0)
     weights = np.full(7, 1 / 6)

@@ -18,7 +18,7 @@ from stimsim.analysis.comparison import (compare_predictions, expected_correlati
 from stimsim.analysis.effects import (CONDITIONS, SiteCounts, across_sites, count_trials,
                                       expected_fdr_discoveries_under_null, fdr_adjusted, site_effects,
                                       site_resampling_weights, spearman_brown, resampled_split_half_r,
-                                      split_half_reliability)
+                                      split_half_deltas, split_half_reliability)
 from stimsim.behavior.metrics import finite_pearson
 from stimsim.lab.sessions import SHAM, check_against_plan
 from stimsim.utilities.errors import ConfigError
@@ -248,6 +248,7 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
     the group's own sites (Benjamini–Hochberg at q = SITE_ALPHA). The split-half r is resampled over the group's
     sites ``n_boot`` times: its interval, and the noise ceiling's uncertainty in the expected r."""
     significant = sites["permutation_p"] < SITE_ALPHA
+    halves = split_half_deltas(counts, n_splits, seed)
     n_tested = int(np.isfinite(sites["permutation_p"]).sum())
     summary = {"n_sites_recorded": int(len(sites)), **across_sites(sites["delta_auc"], n_perm=10 * n_perm, seed=seed),
                "mean_psychometric_shift_steps": _nanmean(sites["shift_steps"]),
@@ -257,9 +258,9 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
                "n_sites_significant_chance": round(SITE_ALPHA * n_tested, 12),
                "n_sites_significant_fdr": int((fdr_adjusted(sites["permutation_p"]) < SITE_ALPHA).sum()),
                "n_sites_significant_fdr_chance": expected_fdr_discoveries_under_null(n_tested, SITE_ALPHA),
-               **split_half_reliability(counts, n_splits=n_splits, seed=seed)}
+               **split_half_reliability(counts, halves)}
     weights = site_resampling_weights(len(sites), n_boot, seed)
-    split_half_r_resampled = resampled_split_half_r(counts, weights, n_splits=n_splits, seed=seed)
+    split_half_r_resampled = resampled_split_half_r(halves, weights)
     summary["split_half_r_95"] = (np.nanquantile(split_half_r_resampled, [0.025, 0.975]).tolist()
                                   if np.isfinite(split_half_r_resampled).any() else [float("nan")] * 2)
     if effect is None:

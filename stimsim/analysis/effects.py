@@ -343,7 +343,7 @@ def noise_ceiling_of(split_half_r: float) -> tuple[float, str | None]:
     return spearman_brown(split_half_r), None
 
 
-def _split_half_deltas(counts: SiteCounts, n_splits: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def split_half_deltas(counts: SiteCounts, n_splits: int = 100, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """ΔAUC of the two halves of ``n_splits`` random splits, (n_splits, n_sites) each: every (site, condition,
     step) cell's trials are split at random into two halves (the "high" count of a half is hypergeometric)."""
     if n_splits < 1:
@@ -356,14 +356,14 @@ def _split_half_deltas(counts: SiteCounts, n_splits: int, seed: int) -> tuple[np
             delta_auc_of_counts(counts.n_high - high_first, counts.n - n_first, counts.positions))
 
 
-def split_half_reliability(counts: SiteCounts, n_splits: int = 100, seed: int = 0) -> dict:
-    """Split-half reliability of the per-site ΔAUC: ΔAUC is computed on each half of every random split
-    (:func:`_split_half_deltas`), and the Pearson r across sites between the halves is averaged over ``n_splits``
-    splits (``split_half_r``; the result's ``n_splits`` counts the splits where at least 3 sites have a
-    ΔAUC in both halves, ``split_half_mean_sites`` of them on average); ``noise_ceiling`` is its Spearman–Brown
-    correction to the full number of trials, NaN with ``noise_ceiling_undefined_reason`` when the
-    split-half r is not positive (:func:`noise_ceiling_of`)."""
-    first, second = _split_half_deltas(counts, n_splits, seed)
+def split_half_reliability(counts: SiteCounts, halves: tuple[np.ndarray, np.ndarray]) -> dict:
+    """Split-half reliability of the per-site ΔAUC of ``counts``: the Pearson r across sites between the ΔAUC of
+    the two ``halves`` of every random split (:func:`split_half_deltas`), averaged over the splits
+    (``split_half_r``; the result's ``n_splits`` counts the splits where at least 3 sites have a ΔAUC in both
+    halves, ``split_half_mean_sites`` of them on average); ``noise_ceiling`` is its Spearman–Brown correction to
+    the full number of trials, NaN with ``noise_ceiling_undefined_reason`` when the split-half r is not positive
+    (:func:`noise_ceiling_of`)."""
+    first, second = halves
     correlations, n_sites = [], []
     for a, b in zip(first, second):
         usable = np.isfinite(a) & np.isfinite(b)
@@ -412,11 +412,11 @@ def weighted_pearson(weights: np.ndarray, x, y) -> np.ndarray:
     return np.where(defined, np.clip(r, -1.0, 1.0), np.nan)
 
 
-def resampled_split_half_r(counts: SiteCounts, weights: np.ndarray, n_splits: int = 100, seed: int = 0) -> np.ndarray:
-    """The split-half r of :func:`split_half_reliability` (same splits, same ``seed``) on resamples of the sites
-    (``weights`` of :func:`site_resampling_weights`): its sampling distribution over sites. NaN for a resample
-    where no split has a defined r."""
-    first, second = _split_half_deltas(counts, n_splits, seed)
+def resampled_split_half_r(halves: tuple[np.ndarray, np.ndarray], weights: np.ndarray) -> np.ndarray:
+    """The split-half r of :func:`split_half_reliability` on the same ``halves`` (:func:`split_half_deltas`), on
+    resamples of the sites (``weights`` of :func:`site_resampling_weights`): its sampling distribution over
+    sites. NaN for a resample where no split has a defined r."""
+    first, second = halves
     per_split = np.stack([weighted_pearson(weights, a, b) for a, b in zip(first, second)], axis=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a resample with no defined split is NaN
