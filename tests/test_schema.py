@@ -20,8 +20,7 @@ SHIPPED = {
     "train": ("train_stimsim_topo_seed0", "train_stimsim_topo_seed1", "train_stimsim_topo_seed2",
               "train_stimsim_topo_alpha0_control", "build_stimsim_mnv2_s0", "build_stimsim_mnv2_s1",
               "build_stimsim_effl0_s0", "build_mnv2_rank256_grid", "build_mnv2_rank256_pca",
-              "build_mnv2_pca256_trained256", "build_mnv2_noise_tuned_trunk",
-              "build_effl0_noise_tuned_trunk"),
+              "build_mnv2_pca256_trained256"),
     "visualize": ("visualize_default",),
 }
 

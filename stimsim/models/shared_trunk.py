@@ -1,6 +1,6 @@
-"""Trunk outputs shared by models built on the same frozen network.
+"""Trunk outputs shared by models built on the same trunk.
 
-Models of the ``topo_head`` family (stimsim-mnv2-s0, -s1, ...) run a frozen ImageNet trunk and pool its features
+Models of the ``topo_head`` family (stimsim-mnv2-s0, -s1, ...) run an ImageNet trunk (frozen or tuned once at build time) and pool its features
 before their own IT (:mod:`stimsim.models.topo_head`). A plan rehearses the same images in every candidate, so
 inside a :func:`shared_trunk_outputs` block the pooled trunk output of each input batch (1,280 numbers per image for
 MobileNetV2) is computed once and reused by every model whose trunk is the same: the key is the sha256 of the

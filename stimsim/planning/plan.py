@@ -241,7 +241,7 @@ def plan_once(config: PlanConfig, out_dir: Path, progress: bool = True, subject_
     registrations of the array on its sheet (rotation uniform, centre uniform where the array fits), the null
     of ``predicted_vs_true_r`` (``random_pose_r``, ``random_pose_r_p95`` in summary.json). ``created``: whether
     this run made ``out_dir`` (removed again when the inputs or mapping fail; default: whether it is missing now).
-    Candidates on the same frozen trunk (e.g. two MobileNetV2 instances) compute each image's trunk output once
+    Candidates on the same trunk (e.g. two MobileNetV2 instances) compute each image's trunk output once
     (:mod:`stimsim.models.shared_trunk`)."""
     from stimsim.models.shared_trunk import shared_trunk_outputs
 

@@ -1,4 +1,5 @@
-"""Build a ``topo_head`` model: a topographic IT trained on a frozen ImageNet trunk, from a TOML file.
+"""Build a ``topo_head`` model: a topographic IT trained on an ImageNet trunk (frozen, or its
+last modules first tuned to see through pixel noise), from a TOML file.
 
 ``stimsim train CONFIG.toml --out DIR`` runs :func:`build_topo_head_model` when the file's ``[model]``
 names a ``base_network``. The recipe:
