@@ -271,7 +271,6 @@ def test_a_readout_fitted_on_the_clean_views_reproduces_a_teacher_that_noise_vie
     nearly every image (a linear target of rank <= head_rank is fitted exactly but for the ridge penalty), fitted
     on every view it cannot (measured 0.99 and 0.74)."""
     from stimsim.training.ridge_readout import ridge_readouts
-    from stimsim.training.trunk_features import FeatureSampler
 
     torch.manual_seed(0)
     network = TopoHeadNet("mobilenet_v2", it_units=64, it_rank=8, head_rank=8, n_domains=2).eval()
@@ -283,12 +282,12 @@ def test_a_readout_fitted_on_the_clean_views_reproduces_a_teacher_that_noise_vie
     teacher = (clean_activity @ mapping).float().numpy()
     cached = {"features": features, "teacher": teacher}
     domains = np.arange(150) % 2
-    sampler = FeatureSampler(features[:1], torch.nn.Linear(1280, 1000))
+    classifier = torch.nn.Linear(1280, 1000)
     agreement = {}
     for views in ("clean", "all"):
         config, _, _ = load_head_config(_config(tmp_path / views, readout=f'readout_fit = "ridge"\nreadout_samples = 0\n'
                                                                             f'readout_views = "{views}"'))
-        ridge_readouts(config, network, cached, domains, sampler, progress=False)
+        ridge_readouts(config, network, cached, domains, classifier, progress=False)
         with torch.no_grad():
             predicted = network.head(network.it(torch.from_numpy(features[0])))
         agreement[views] = float((predicted.argmax(1) == torch.from_numpy(teacher).argmax(1)).double().mean())

@@ -292,8 +292,7 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
     trained_sheet = CorticalSheet("it", (side * side, 1, 1), grid_positions_mm(side, config.model.sheet_size_mm))
     trained_sheet = trained_sheet.with_neighborhoods(config.model.neighborhood_width_mm, config.model.n_neighborhoods,
                                                      config.model.max_neighborhood_units, seed=config.training.seed)
-    wants_samples = config.training.feature_samples_per_step or config.training.readout_fit == "ridge"
-    sampler = FeatureSampler(cached["features"], classifier.eval()) if wants_samples else None
+    sampler = FeatureSampler(cached["features"], classifier.eval()) if config.training.feature_samples_per_step else None
     history = train_head(config, network, trained_sheet, cached, domains, out_dir, progress, stop_after_step, sampler)
     if stop_after_step is not None and len(history) < config.training.steps:
         return out_dir
@@ -325,10 +324,8 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
     else:
         scale, clusters = rule.cortex_mm_per_model_mm, None
     if config.training.readout_fit == "ridge":
-        if config.training.readout_views == "clean":
-            sampler = FeatureSampler(cached["features"][:1], classifier.eval())
         readouts = {"readout_fit": "ridge", "readout_views": config.training.readout_views,
-                    **ridge_readouts(config, network, cached, domains, sampler, progress)}
+                    **ridge_readouts(config, network, cached, domains, classifier.eval(), progress)}
     else:
         history += tune_readouts(config, network, cached, domains, progress, sampler)
         readouts = {"readout_fit": "distill"}

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from stimsim.training.trunk_features import FeatureSampler
 from stimsim.utilities.errors import TrainingDiverged
 
 #: Penalties tried, × the mean squared norm of a centred row of IT activity.
@@ -115,21 +116,22 @@ def fit_ridge_readout(activity: torch.Tensor, targets: torch.Tensor, rank: int, 
 RIDGE_VALIDATION_FRACTION = 0.2
 
 
-def ridge_readouts(config, network, cached: dict, domains: np.ndarray, sampler, progress: bool = True) -> dict:
+def ridge_readouts(config, network, cached: dict, domains: np.ndarray, classifier, progress: bool = True) -> dict:
     """Fit the readouts of a densified :class:`~stimsim.models.topo_head.TopoHeadNet` in closed form (IT fixed)
     for the build ``config`` (a :class:`~stimsim.training.head_config.HeadConfig`), from its cached trunk
-    features and their Gaussian ``sampler`` (:class:`~stimsim.training.trunk_features.FeatureSampler`).
+    features and the base network's ``classifier`` (pooled features to its ImageNet logits).
 
     The ImageNet head is the rank-``head_rank`` ridge regression of the base network's logits on IT activity
     over the ``readout_views`` of every training image (every view, or the clean image alone: view 0) and
-    ``readout_samples`` features drawn from ``sampler`` (which the caller fits to those views); the domain
+    ``readout_samples`` features drawn from the Gaussian of those views' features
+    (:class:`~stimsim.training.trunk_features.FeatureSampler`, labelled by ``classifier``); the domain
     head that of the localizer images' one-hot domains. Each penalty is chosen by fits that leave out every
     view of a seeded 20 % of the training images, scored on those images as they are (view 0). Returns what
     was chosen, for the metadata."""
     training = config.training
-    features = torch.from_numpy(cached["features"])
-    if training.readout_views == "clean":
-        features = features[:1]
+    views = cached["features"][:1] if training.readout_views == "clean" else cached["features"]
+    sampler = FeatureSampler(views, classifier)
+    features = torch.from_numpy(views)
     n_views, n_images = features.shape[:2]
     rng = np.random.default_rng([training.seed, training.steps, 1])
     held_back = np.zeros(n_images, bool)
