@@ -23,6 +23,7 @@ from stimsim.utilities.errors import DataError
 default = Path(stimsim.__file__).resolve().parents[1] / "experiments" / "visualize_default.toml"
 small = default.read_text()
 small = small.replace('categories = ["car", "instrument"]', 'categories = ["car"]')
+small = small.replace("n_per_category = 3", "n_per_category = 1")
 small = small.replace('summary_groups = ["object", "place"]', 'summary_groups = ["object"]')
 small = small[:small.index('[[images]]\ngroup = "place"')] + small[small.index("[localizer]"):]
 work = Path(tempfile.mkdtemp())

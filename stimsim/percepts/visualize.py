@@ -432,9 +432,10 @@ def plot_percepts(dataset: xr.Dataset, path, title: str) -> None:
             ax.set_yticks([])
             ax.set_xlabel(f"P(face) {score[0]:.2f} / {score[1]:.2f}", fontsize=6)
             if row == 0:
-                heading = "original" if col == 0 else str(dataset["condition"].values[col - 1]).replace("_", " ")
+                label = str(dataset["condition"].values[col - 1]) if col else "original"
+                heading = label.replace("_", " ").replace("uA", " µA")
                 ax.set_title(heading, fontsize=7)
         axes[row, 0].set_ylabel(str(dataset["group"].values[row]), fontsize=7)
     fig.suptitle(f"{title}\nP(face): own decoder / independent judge", fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))  # the top 0.45 inch for the title
     save_figure(fig, path)
