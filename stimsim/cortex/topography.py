@@ -82,27 +82,30 @@ def clustering_test(values, coordinates_mm, radius_mm: float = 1.0, n_shuffles: 
     return ClusteringTest(observed, float(null.mean()), float(null.std()), float(p_value), n_shuffles, radius_mm)
 
 
-#: Unit indices held at once by :func:`smoothed_values_at` (about 8 bytes each, several times over as lists).
+#: Unit–point pairs held at once by :func:`smoothed_values_at` (three 8-byte numbers each, a few times over).
 SMOOTHING_NEIGHBOURS_PER_CHUNK = 2_000_000
 
 
 def smoothed_values_at(values, sheet: CorticalSheet, points_mm, sigma_mm: float = 0.5) -> np.ndarray:
     """Gaussian-weighted mean (σ = ``sigma_mm``) of a per-unit value around each point (M, 2) in mm;
     NaN where no unit lies within 3σ. Points are taken in chunks, so memory stays bounded on dense sheets
-    (:data:`SMOOTHING_NEIGHBOURS_PER_CHUNK` neighbours at a time)."""
+    (about :data:`SMOOTHING_NEIGHBOURS_PER_CHUNK` unit–point pairs at a time)."""
     values = np.asarray(values, float)
     points = np.asarray(points_mm, float).reshape(-1, 2)
-    result = np.full(len(points), np.nan)
-    tree = cKDTree(sheet.coordinates_mm)
+    numerator, denominator = np.zeros(len(points)), np.zeros(len(points))
+    units = cKDTree(sheet.coordinates_mm)
     per_point = sheet.density_per_mm2 * math.pi * (3 * sigma_mm) ** 2
     chunk = max(1, int(SMOOTHING_NEIGHBOURS_PER_CHUNK // max(per_point, 1.0)))
     for start in range(0, len(points), chunk):
-        block = points[start:start + chunk]
-        for i, neighbours in enumerate(tree.query_ball_point(block, 3 * sigma_mm), start=start):
-            if neighbours:
-                d2 = np.sum((sheet.coordinates_mm[neighbours] - points[i]) ** 2, axis=1)
-                weights = np.exp(-d2 / (2 * sigma_mm ** 2))
-                result[i] = np.dot(weights, values[neighbours]) / weights.sum()
+        block = slice(start, start + chunk)
+        pairs = cKDTree(points[block]).sparse_distance_matrix(units, 3 * sigma_mm, output_type="ndarray")
+        weights = np.exp(-pairs["v"] ** 2 / (2 * sigma_mm ** 2))
+        size = len(points[block])
+        numerator[block] = np.bincount(pairs["i"], weights * values[pairs["j"]], minlength=size)
+        denominator[block] = np.bincount(pairs["i"], weights, minlength=size)
+    result = np.full(len(points), np.nan)
+    reached = denominator > 0
+    result[reached] = numerator[reached] / denominator[reached]
     return result
 
 

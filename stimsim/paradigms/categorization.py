@@ -42,6 +42,7 @@ from stimsim.behavior import (LogisticDecoder, bootstrap_ci, fit_psychometric, p
                               stratified_fit_mask)
 from stimsim.behavior.metrics import delta_accuracy, shift_summary, site_correlation, stratum_mean
 from stimsim.data.stimuli import StimulusSet, pixel_noise
+from stimsim.engine.activation_cache import cached_activations
 from stimsim.paradigms.base import Paradigm, register_paradigm
 from stimsim.paradigms.schema import DecoderFile, LocalizerFile, StimuliFile
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
@@ -202,7 +203,7 @@ def categorization_trials(options: CategorizationOptions, decoder: DecoderFile, 
     """The fitting and test images of :func:`shown_images`, and the frozen decoder fitted on the fitting images."""
     fit, test, noise_input = shown_images(options, decoder, model, stimuli, seed, where, count_key)
     layer = model.resolve_layer(decoder.layer)
-    features = model.activations(fit.images, layer).numpy()
+    features = cached_activations(model, fit.images, layer).numpy()
     fitted = LogisticDecoder.fit(features, fit.labels["true_choice"], layer=layer, C=decoder.C, seed=seed,
                                  max_iter=decoder.max_iter)
     psychometric = options.positive is not None and options.signal_percent is not None

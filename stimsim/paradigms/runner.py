@@ -53,6 +53,7 @@ import xarray as xr
 
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.datasets import DATASETS
+from stimsim.engine.activation_cache import cached_activations
 from stimsim.models.registry import load_model, model_path
 from stimsim.models.topographic import TopographicModel
 from stimsim.paradigms.base import get_paradigm
@@ -140,7 +141,7 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
         raise ConfigError(f"{spec.source} [sites.localizer]: no localizer image has {localizer.label} = "
                           f"{localizer.positive!r}; values: {sorted(set(localizer_values.tolist()))}")
     report_phase(f"localizer: responses of {layer} to {len(localizer_images)} images", progress)
-    responses = topo.activations(localizer_images.images, layer).numpy()
+    responses = cached_activations(topo, localizer_images.images, layer).numpy()
     try:
         selection = select_sites(spec.sites, sheet, responses, localizer_values == localizer.positive, spec.seed)
     except ConfigError as exc:

@@ -36,6 +36,7 @@ from pydantic import Field
 from stimsim.behavior import (SAME_DIFFERENT_CHOICES, BoundSameDifferentDecoder, SameDifferentDecoder, bootstrap_ci,
                               stratified_fit_mask)
 from stimsim.data.stimuli import StimulusSet
+from stimsim.engine.activation_cache import cached_activations
 from stimsim.paradigms.base import Paradigm, register_paradigm
 from stimsim.paradigms.sites import CONTROL_LABEL, SiteSelection
 from stimsim.paradigms.spec import TaskSettings
@@ -179,7 +180,7 @@ def prepare(task: TaskSettings, model, stimuli: StimulusSet) -> PairTrials:
     is_fit = stratified_fit_mask(strata, task.decoder.fit_fraction, np.random.default_rng([task.seed, 13]),
                                  task.source, "pairs")
     layer = model.resolve_layer(task.decoder.layer)
-    features = model.activations(stimuli.images, layer).numpy()
+    features = cached_activations(model, stimuli.images, layer).numpy()
     pair_decoder = SameDifferentDecoder.fit(features[first[is_fit]], features[second[is_fit]], same[is_fit],
                                             layer=layer, C=task.decoder.C, seed=task.seed,
                                             max_iter=task.decoder.max_iter)
