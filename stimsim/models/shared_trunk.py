@@ -1,11 +1,12 @@
 """Trunk outputs shared by models built on the same trunk.
 
-Models of the ``topo_head`` family (stimsim-mnv2-s0, -s1, ...) run an ImageNet trunk (frozen or tuned once at build time) and pool its features
-before their own IT (:mod:`stimsim.models.topo_head`). A plan rehearses the same images in every candidate, so
-inside a :func:`shared_trunk_outputs` block the pooled trunk output of each input batch (1,280 numbers per image for
-MobileNetV2) is computed once and reused by every model whose trunk is the same: the key is the sha256 of the
-trunk's stages (their modules and weights) and of the input batch (shape, dtype and bytes), so a model with other
-trunk weights, or another input, never receives it, and what a model gets is exactly what it computes on its own.
+Models of the ``topo_head`` family (stimsim-mnv2-s0, -s1, ...) run an ImageNet trunk (frozen or tuned once at build
+time) and pool its features before their own IT (:mod:`stimsim.models.topo_head`). A plan rehearses the same images
+in every candidate, so inside a :func:`shared_trunk_outputs` block the pooled trunk output of each input batch
+(1,280 numbers per image for MobileNetV2) is computed once and reused by every model whose trunk is the same: the
+key is the sha256 of the trunk's stages (their modules and weights) and of the input batch (shape, dtype and bytes),
+so a model with other trunk weights, or another input, never receives it, and what a model gets is exactly what it
+computes on its own.
 Outside such a block nothing is kept.
 """
 from __future__ import annotations
