@@ -325,7 +325,8 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
         scale, clusters = rule.cortex_mm_per_model_mm, None
     if config.training.readout_fit == "ridge":
         readouts = {"readout_fit": "ridge", "readout_views": config.training.readout_views,
-                    **ridge_readouts(config, network, cached, domains, classifier.eval(), progress)}
+                    **ridge_readouts(config, network, cached, domains, classifier.eval(), progress,
+                                     sampler if config.training.readout_views == "all" else None)}
     else:
         history += tune_readouts(config, network, cached, domains, progress, sampler)
         readouts = {"readout_fit": "distill"}

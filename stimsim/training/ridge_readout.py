@@ -116,7 +116,8 @@ def fit_ridge_readout(activity: torch.Tensor, targets: torch.Tensor, rank: int, 
 RIDGE_VALIDATION_FRACTION = 0.2
 
 
-def ridge_readouts(config, network, cached: dict, domains: np.ndarray, classifier, progress: bool = True) -> dict:
+def ridge_readouts(config, network, cached: dict, domains: np.ndarray, classifier, progress: bool = True,
+                   sampler: FeatureSampler | None = None) -> dict:
     """Fit the readouts of a densified :class:`~stimsim.models.topo_head.TopoHeadNet` in closed form (IT fixed)
     for the build ``config`` (a :class:`~stimsim.training.head_config.HeadConfig`), from its cached trunk
     features and the base network's ``classifier`` (pooled features to its ImageNet logits).
@@ -126,11 +127,12 @@ def ridge_readouts(config, network, cached: dict, domains: np.ndarray, classifie
     ``readout_samples`` features drawn from the Gaussian of those views' features
     (:class:`~stimsim.training.trunk_features.FeatureSampler`, labelled by ``classifier``); the domain
     head that of the localizer images' one-hot domains. Each penalty is chosen by fits that leave out every
-    view of a seeded 20 % of the training images, scored on those images as they are (view 0). Returns what
+    view of a seeded 20 % of the training images, scored on those images as they are (view 0). ``sampler``: the
+    build's sampler when it was fitted to these views' features already (else it is fitted here). Returns what
     was chosen, for the metadata."""
     training = config.training
     views = cached["features"][:1] if training.readout_views == "clean" else cached["features"]
-    sampler = FeatureSampler(views, classifier)
+    sampler = sampler if sampler is not None else FeatureSampler(views, classifier)
     features = torch.from_numpy(views)
     n_views, n_images = features.shape[:2]
     rng = np.random.default_rng([training.seed, training.steps, 1])
