@@ -1,7 +1,8 @@
 """The face-task plans on the ImageNet-based models (experiments/plan_face_imagenet.toml and its additive twin) on
 the hidden pose of subject seed 2, and the README's tour (session, analysis, power) on the additive one: the figures
-of docs/planning.md's tables. About 10 minutes a plan on one core, so only with ``pytest -m every_model``; the tour
-runs on the additive plan's directory in the same test."""
+of docs/planning.md's tables, and the additive plan validated on five further poses. About 10 minutes a plan on one
+core (the validation an hour), so only with ``pytest -m every_model``; the tour runs on the additive plan's
+directory in the same test."""
 import json
 
 import pytest
@@ -77,3 +78,34 @@ def _the_tour_gives_the_figures_of_the_docs(out, tmp_path):
     assert float(curve[1600]["wilcoxon_power"]) == pytest.approx(0.70, abs=5e-3)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trials_per_site_needed"]["across_sites"] == 800
+
+
+@pytest.mark.timeout(5400)
+def test_the_additive_face_plan_validated_on_five_poses_gives_the_figures_of_the_docs(tmp_path, shared_data):
+    """``stimsim plan experiments/plan_face_imagenet_additive.toml --validate 5`` (about an hour on one core):
+    the per-pose, median and pooled figures of docs/planning.md's validation table."""
+    shared_data("natural/floc")
+    shared_data("natural/imagenet_samples")
+    out = tmp_path / "plan"
+    assert main(["plan", str(REPO / "experiments" / "plan_face_imagenet_additive.toml"), "--out", str(out),
+                 "--validate", "5", "--no-progress"]) == 0
+    validation = json.loads((out / "validation.json").read_text())
+
+    def cell(row):
+        return table_cell(PLANNING_PAGE, row, "figure")
+
+    per_pose = validation["predicted_vs_true_r_per_pose"]
+    assert [pose["subject_seed"] for pose in validation["poses"]] == [103, 204, 305, 406, 507]
+    assert cell("predicted vs true ΔP(face) r per pose (subject seeds 103, 204, 305, 406, 507)") == pytest.approx(
+        per_pose, abs=5e-3)
+    assert cell("random-pose null, 95th percentile, per pose") == pytest.approx(validation["random_pose_r_p95"],
+                                                                               abs=5e-3)
+    assert cell("median r / poses above their null") == pytest.approx(
+        [validation["predicted_vs_true_r"], validation["poses_above_random_p95"]], abs=5e-3)
+    assert validation["pooled_n_electrodes"] == 455
+    assert cell("pooled r over the five poses' 455 electrodes (permutation p, shuffled within each pose)") == (
+        pytest.approx([validation["pooled_r"], validation["pooled_permutation_p"]], abs=5e-3))
+    true_sd = [json.loads((out / "validation" / f"pose_{k}" / "summary.json").read_text())["true_effect_sd"]
+               for k in range(5)]
+    assert cell("true ΔP(face) SD across the working electrodes, per pose") == pytest.approx(true_sd, abs=5e-4)
+    assert validation["targets_met"] is False
