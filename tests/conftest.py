@@ -9,6 +9,27 @@ import torch
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``-n 2``) the workers are already one per core, so each computes on one thread (torch
+    and the BLAS under numpy, and the processes it starts): two workers of two threads each on two cores ran
+    experiments about 1.5 times slower."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        from threadpoolctl import threadpool_limits
+
+        from stimsim.cli import THREAD_VARIABLES
+
+        torch.set_num_threads(1)
+        threadpool_limits(1)
+        os.environ.update({variable: "1" for variable in THREAD_VARIABLES})
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files that hold end-to-end runs (marked ``slow``) first, each file's tests in their written order: under
+    ``-n 2 --dist loadfile`` the long files start early and the short ones fill in, so both workers end together."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_data_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("STIMSIM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "stimsim-cache"))
