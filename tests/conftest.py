@@ -25,7 +25,8 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """The files that hold end-to-end runs (marked ``slow``) first, each file's tests in their written order: under
-    ``-n 2 --dist loadfile`` the long files start early and the short ones fill in, so both workers end together."""
+    ``-n 2 --dist loadfile --no-loadscope-reorder`` (as .ci/run runs them; without it the files are reordered by
+    their number of tests) the long files start early and the short ones fill in, so both workers end together."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
 
