@@ -16,6 +16,7 @@ from stimsim.cortex.positions import retinotopic_positions
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.data import manifest
 from stimsim.data.stimuli import StimulusSet
+from stimsim.engine.activation_cache import SAMPLED_ROWS
 from stimsim.datasets import afraz2006, moeller2017
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
@@ -361,6 +362,23 @@ def test_categorization_run_writes_results_that_reload(tiny_run):
     assert config["safety"]["passed"] is True
     assert "torch" in config["software"] and config["notes"] == []
     assert json.loads(dataset.attrs["experiment_json"])["stimulation"]["current_uA"] == 100
+
+
+def test_a_rerun_takes_localizer_responses_and_decoder_features_from_the_activation_cache(
+        tiny_model, tiny_toml, tmp_path, monkeypatch):
+    monkeypatch.setenv(manifest.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    calls = []
+    activations = tiny_model.activations
+    monkeypatch.setattr(tiny_model, "activations", lambda images, *a, **k: calls.append(len(images))
+                        or activations(images, *a, **k))
+    first = run_experiment(tiny_toml, tmp_path / "first", model=tiny_model, progress=False, figures=False)
+    # the localizer's 60 images (30 held-out faces, 30 non-faces), then the decoder's 30 fit images, once each
+    assert calls == [60, 30]
+    second = run_experiment(tiny_toml, tmp_path / "second", model=tiny_model, progress=False, figures=False)
+    # the re-run computes only the rows the cache checks on reuse: the first, the last and SAMPLED_ROWS others
+    assert calls == [60, 30, 2 + SAMPLED_ROWS, 2 + SAMPLED_ROWS]
+    assert second == first
+    xr.testing.assert_equal(load_results(tmp_path / "first")[0], load_results(tmp_path / "second")[0])
 
 
 def test_cli_run_with_a_model_directory_reproduces_the_run(tiny_run, tiny_model, tiny_toml, tmp_path, capsys):
