@@ -8,7 +8,7 @@ patch lies farther from it. Every shipped model records one scale, set by an ana
 stimulation experiment was run on it (``stimsim models list``); an experiment file may override it
 (``cortex_mm_per_model_mm``, recorded as an override in the results). Here ``experiments/moeller2017.toml`` runs
 as it ships on the small 32-px model ``stimsim-topo-s0`` at its own scale and overridden to half and one and a
-half times it, whenever this documentation is built (about 2 minutes on one core), so the numbers below are
+half times it, whenever this documentation is built (about half a minute on one core), so the numbers below are
 computed, not copied. In Moeller et al. 2017's monkeys, 300 µA inside a face patch turned "same" face pairs into
 "different", outside it barely did. The images and counts come from the published data mirror
 (``STIMSIM_MIRROR_DIR``).

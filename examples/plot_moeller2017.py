@@ -3,7 +3,7 @@ Moeller et al. 2017 on the default model
 ========================================
 
 ``experiments/moeller2017.toml`` as it ships, run on the default model ``stimsim-mnv2-s0`` whenever this
-documentation is built (about 2 minutes on one core), so the figures below are computed, not copied:
+documentation is built (about a minute on one core), so the figures below are computed, not copied:
 same/different identity judgements on the authors' 191 faces and 84 object views, a frozen same/different
 decoder on IT, and 300 µA, 150 Hz during the second image at the centre of the model's face patch and at the
 least face-selective point at least 3 mm away. In the monkeys, stimulating inside a face patch turned "same"

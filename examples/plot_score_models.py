@@ -8,7 +8,7 @@ published dataset turns the result into a score with its ceiling (what the anima
 chance level. ``stimsim models score stimsim-mnv2-s0 --out DIR`` from the repository's root scores every
 published experiment; here the default model is scored on Afraz et al. 2006 alone (``stimsim models score
 stimsim-mnv2-s0 experiments/afraz2006.toml``), with the shipped file as it is, so the numbers below are
-computed when this page is built (about 2 minutes on one core): this is Afraz et al. 2006 on the default model,
+computed when this page is built (under 2 minutes on one core): this is Afraz et al. 2006 on the default model,
 and the example "Moeller et al. 2017 on the default model" runs the other published experiment. The images
 come from the published data mirror (``STIMSIM_MIRROR_DIR``).
 """
