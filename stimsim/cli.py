@@ -488,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", help="small model measured besides the ResNet-18 (default: stimsim-topo-s0, the small shipped model)")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
     bench.add_argument("--sections", help="comma-separated sections to run (default: all but jobs): bound, plain, "
-                                          "dask, load, plan, analysis, jobs (the README's jobs as a user runs them: "
+                                          "dask, load, plan, maps, cache, analysis, jobs (the README's jobs as a user runs them: "
                                           "wall time, CPU time and peak memory of each; by far the longest section)")
     bench.add_argument("--jobs", help="comma-separated jobs of the jobs section (default: all): "
                                       + ", ".join(job_names()))

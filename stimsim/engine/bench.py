@@ -38,6 +38,15 @@ and the minimum of ``repeats`` ≥ 3 is kept):
     machine does not change; the wall-time ratio reaches it only when each worker has a free core.
 ``max_abs_diff_*``
     largest difference of choice probabilities between the engine and the approach compared.
+``smoothing_vs_loop`` (section ``maps``)
+    a Gaussian-smoothed selectivity map (:func:`~stimsim.cortex.topography.smoothed_values_at`, σ 0.5 mm, on
+    the 0.1 mm grid of a face-patch search) on the 62,720-unit IT sheet of stimsim-mnv2-s0: points per second
+    against the simplest exact alternative, a loop over the points that weights the units within 3σ of each
+    (:func:`looped_smoothing`, timed on the first ``maps_loop_points`` points; its cost is linear in points).
+``cache_reuse_vs_forward`` / ``cache_store_over_forward`` (section ``cache``)
+    IT activity of stimsim-mnv2-s0 for 100 images at 224 px: the forward pass (``model.activations``) ÷ reading
+    it back from the activation cache (checksum and the recomputed sample rows included), and the first,
+    storing call ÷ the forward pass alone (what keeping an entry costs a run).
 ``plan_phases`` (section ``plan``)
     the 2AFC plan's work per working electrode on an ImageNet-based model at 224 px (stimsim-mnv2-s0, at
     the settings of ``experiments/plan_imagenet.toml``): seconds per site of the sequence design (gradient
@@ -67,6 +76,7 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -79,6 +89,7 @@ import torch
 from stimsim.behavior import LogisticDecoder
 from stimsim.cortex.positions import retinotopic_positions
 from stimsim.cortex.sheet import CorticalSheet
+from stimsim.cortex.topography import smoothed_values_at
 from stimsim.engine import DEFAULT_MAX_CHUNK_BYTES, chunk_count, serial_work, simulate, simulate_plain
 from stimsim.engine.devices import resolve_device
 from stimsim.engine.jobs_bench import check_jobs, checkout_commit, max_rss_MB
@@ -90,11 +101,18 @@ from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.io import software_versions
 from stimsim.utilities.progress import report_phase
 
+#: Smoothing of the ``maps`` section: the defaults of :func:`~stimsim.cortex.topography.smoothed_map`, with which a
+#: face-patch search finds its peak: σ and grid step, mm.
+MAPS_SIGMA_MM = 0.5
+MAPS_GRID_STEP_MM = 0.1
+
 #: Workload sizes: image size of the ResNet-18 (px), (sites, images) per workload, plain sites, timing repeats.
 FULL_SIZES = {"size_px": 224, "it": (256, 200), "pre_it": (64, 100), "n_plain_sites": 4, "small": (1024, 800),
-              "small_baseline_sites": 128, "dask": (512, 100), "repeats": 3, "plan_sites": 4, "plan_iterations": 20}
+              "small_baseline_sites": 128, "dask": (512, 100), "repeats": 3, "plan_sites": 4, "plan_iterations": 20,
+              "maps_loop_points": 2000, "cache_images": 100}
 QUICK_SIZES = {"size_px": 32, "it": (4, 4), "pre_it": (3, 4), "n_plain_sites": 2, "small": (8, 8),
-               "small_baseline_sites": 4, "dask": None, "repeats": 1, "plan_sites": 1, "plan_iterations": 1}
+               "small_baseline_sites": 4, "dask": None, "repeats": 1, "plan_sites": 1, "plan_iterations": 1,
+               "maps_loop_points": 50, "cache_images": 8}
 
 #: The ImageNet-based model of the ``plan`` section, and the working electrodes of the default ImageNet plan
 #: (75 of its virtual subject's 100: 5 dead, the others below the split-half reliability limit).
@@ -145,6 +163,7 @@ class BenchContext:
     jobs_out: str | None = None
     on_job: Callable[[dict], None] | None = None
     _resnet: TopographicModel | None = None
+    _imagenet_model: TopographicModel | None = None
 
     @property
     def resnet(self) -> TopographicModel:
@@ -152,6 +171,16 @@ class BenchContext:
         if self._resnet is None:
             self._resnet = _resnet_model(self.sizes["size_px"], self.seed).to(self.device)
         return self._resnet
+
+    @property
+    def imagenet_model(self) -> TopographicModel:
+        """:data:`PLAN_MODEL` with its IT sheet in cortex mm, of the ``plan``, ``maps`` and ``cache`` sections
+        (loaded once)."""
+        if self._imagenet_model is None:
+            from stimsim.models.registry import load_model
+
+            self._imagenet_model, _ = load_model(PLAN_MODEL, device=self.device).in_cortex_mm("IT")
+        return self._imagenet_model
 
 
 #: The benchmark's sections, run in this order: (name, function of the context → report entries).
@@ -331,13 +360,12 @@ def load_section(context: BenchContext) -> dict:
 @register_section("plan")
 def plan_section(context: BenchContext) -> dict:
     """Seconds per working electrode of the 2AFC plan's phases on an ImageNet-based model (module docstring)."""
-    from stimsim.models.registry import load_model
     from stimsim.paradigms.sequence_2afc import TaskSpec, fit_readouts
     from stimsim.planning.tasks.sequence_2afc import rehearse
     from stimsim.sequences import SequenceSpec, build_sequences
 
     sizes = context.sizes
-    model, _ = load_model(PLAN_MODEL, device=context.device).in_cortex_mm("IT")
+    model = context.imagenet_model
     sheet = model.sheet("IT")
     n_sites = sizes["plan_sites"]
     rng = np.random.default_rng(context.seed)
@@ -374,6 +402,62 @@ def plan_section(context: BenchContext) -> dict:
                             "models_rehearsed": models_rehearsed, "plan_default_design_and_rehearsal_s": total}}
 
 
+@register_section("maps")
+def maps_section(context: BenchContext) -> dict:
+    """Smoothed selectivity map against a loop over its points (``smoothing_vs_loop``); on the quick sizes, on
+    the small default model's IT sheet."""
+    quick = context.sizes is QUICK_SIZES
+    if quick and context.default_model is None:
+        return {}
+    model = context.default_model if quick else context.imagenet_model
+    sheet = model.sheet(_it_layers(model)[0] if quick else "IT")
+    values = np.random.default_rng(context.seed).standard_normal(sheet.n_units)  # timing does not depend on them
+    x0, x1, y0, y1 = sheet.extent_mm
+    grid = np.stack(np.meshgrid(np.arange(x0, x1 + MAPS_GRID_STEP_MM / 2, MAPS_GRID_STEP_MM),
+                                np.arange(y0, y1 + MAPS_GRID_STEP_MM / 2, MAPS_GRID_STEP_MM)), -1).reshape(-1, 2)
+    n_loop = min(context.sizes["maps_loop_points"], len(grid))
+    report_phase(f"bench: smoothed map of {sheet.n_units} units on {len(grid)} points (loop on {n_loop})",
+                 context.progress)
+    timings = _interleaved_minimum({
+        "vectorised": lambda: smoothed_values_at(values, sheet, grid, MAPS_SIGMA_MM),
+        "loop": lambda: looped_smoothing(values, sheet, grid[:n_loop], MAPS_SIGMA_MM),
+    }, context.sizes["repeats"], torch.device("cpu"))
+    (vectorised_s, vectorised), (loop_s, loop) = timings["vectorised"], timings["loop"]
+    return {"maps": {"model": model.name, "units": sheet.n_units, "points": len(grid), "loop_points": n_loop,
+                     "sigma_mm": MAPS_SIGMA_MM, "grid_step_mm": MAPS_GRID_STEP_MM, "vectorised_s": vectorised_s,
+                     "loop_s": loop_s, "max_abs_diff": float(np.nanmax(np.abs(vectorised[:n_loop] - loop)))},
+            "smoothing_vs_loop": (loop_s / n_loop) / (vectorised_s / len(grid))}
+
+
+@register_section("cache")
+def cache_section(context: BenchContext) -> dict:
+    """Reading IT activity back from the activation cache against computing it (``cache_reuse_vs_forward``,
+    ``cache_store_over_forward``); on the quick sizes, on the small default model."""
+    from stimsim.engine.activation_cache import cached_activations
+
+    quick = context.sizes is QUICK_SIZES
+    if quick and context.default_model is None:
+        return {}
+    model = context.default_model if quick else context.imagenet_model
+    layer = _it_layers(model)[0] if quick else "IT"
+    images, _ = _face_images(context.sizes["cache_images"])
+    report_phase(f"bench: activation cache of {model.name}'s {layer}, {len(images)} images", context.progress)
+    model.activations(images[:2], layer)  # first calls pay one-off allocations; keep them out of timing
+    with tempfile.TemporaryDirectory() as directory:
+        rounds = iter(range(1_000_000))
+        timings = _interleaved_minimum({
+            "forward": lambda: model.activations(images, layer),
+            "store": lambda: cached_activations(model, images, layer, Path(directory) / str(next(rounds))),
+            "reuse": lambda: cached_activations(model, images, layer, Path(directory) / "0"),
+        }, context.sizes["repeats"], context.device)
+        entry_MB = sum(path.stat().st_size for path in (Path(directory) / "0").iterdir()) / 1e6
+    (forward_s, forward), (store_s, _), (reuse_s, reused) = timings["forward"], timings["store"], timings["reuse"]
+    return {"cache": {"model": model.name, "layer": layer, "images": len(images), "forward_s": forward_s,
+                      "store_s": store_s, "reuse_s": reuse_s, "entry_MB": entry_MB,
+                      "max_abs_diff": float((forward - reused.cpu()).abs().max())},
+            "cache_reuse_vs_forward": forward_s / reuse_s, "cache_store_over_forward": store_s / forward_s}
+
+
 @register_section("analysis")
 def analysis_section(context: BenchContext) -> dict:
     """Time of ``stimsim analyze`` on a planted session (:func:`time_analysis`)."""
@@ -408,6 +492,20 @@ def cached_baseline(model, images, conditions, decoder, layer: str, chunk_bytes:
         with torch.no_grad():
             out.append(decoder.probabilities(perturbed).cpu())
     return torch.cat(out).double().numpy()
+
+
+def looped_smoothing(values, sheet: CorticalSheet, points_mm, sigma_mm: float) -> np.ndarray:
+    """The Gaussian-weighted mean of ``values`` around each point written as a loop over the points: the units
+    within 3σ from one k-d tree query, then their weights (what :func:`smoothed_values_at` computes)."""
+    from scipy.spatial import cKDTree
+
+    result = np.full(len(points_mm), np.nan)
+    for i, neighbours in enumerate(cKDTree(sheet.coordinates_mm).query_ball_point(points_mm, 3 * sigma_mm)):
+        if neighbours:
+            squared_mm2 = np.sum((sheet.coordinates_mm[neighbours] - points_mm[i]) ** 2, axis=1)
+            weights = np.exp(-squared_mm2 / (2 * sigma_mm ** 2))
+            result[i] = np.dot(weights, values[neighbours]) / weights.sum()
+    return result
 
 
 def lower_bound(model, images, layer: str, weighted: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
