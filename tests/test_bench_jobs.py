@@ -93,13 +93,15 @@ def test_the_documented_reports_cover_every_job_and_render_every_figure():
     assert not jobs["quick"] and "+modified" not in jobs["jobs_commit"]
     table = bench_tables.jobs_table_lines(jobs)
     assert len([line for line in table if line.startswith("| ")]) == 1 + len(JOBS)
-    engine = json.loads((REPOSITORY / "docs" / "bench" / "engine.json").read_text())
-    assert not engine["quick"] and "+modified" not in engine["commit"]
     page = (REPOSITORY / "docs" / "engine.md").read_text(encoding="utf-8")
-    block = re.search(r"```\{bench-values\} bench/engine.json\n:header: (.*?)\n(.*?)```", page, re.S)
-    rows = [row for row in block.group(2).splitlines() if row.strip()]
-    lines = bench_tables.values_table_lines(engine, block.group(1), rows)  # every entry the page names exists
-    assert len([line for line in lines if line.startswith("| ")]) == 1 + len(rows)
+    blocks = re.findall(r"```\{bench-values\} bench/(.*?)\n:header: (.*?)\n(.*?)```", page, re.S)
+    assert [name for name, _, _ in blocks] == ["engine.json", "maps_cache.json"]
+    for name, header, body in blocks:
+        report = json.loads((REPOSITORY / "docs" / "bench" / name).read_text())
+        assert not report["quick"] and "+modified" not in report["commit"]
+        rows = [row for row in body.splitlines() if row.strip()]
+        lines = bench_tables.values_table_lines(report, header, rows)  # every entry the page names exists
+        assert len([line for line in lines if line.startswith("| ")]) == 1 + len(rows)
 
 
 def test_no_page_types_in_a_duration():

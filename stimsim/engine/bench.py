@@ -40,7 +40,7 @@ and the minimum of ``repeats`` ≥ 3 is kept):
     largest difference of choice probabilities between the engine and the approach compared.
 ``smoothing_vs_loop`` (section ``maps``)
     a Gaussian-smoothed selectivity map (:func:`~stimsim.cortex.topography.smoothed_values_at`, σ 0.5 mm, on
-    the 0.1 mm grid of a face-patch search) on the 62,720-unit IT sheet of stimsim-mnv2-s0: points per second
+    the 0.1 mm grid of a face-patch search) on the IT sheet of stimsim-mnv2-s0 (50,176 units): points per second
     against the simplest exact alternative, a loop over the points that weights the units within 3σ of each
     (:func:`looped_smoothing`, timed on the first ``maps_loop_points`` points; its cost is linear in points).
 ``cache_reuse_vs_forward`` / ``cache_store_over_forward`` (section ``cache``)
