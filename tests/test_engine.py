@@ -500,6 +500,12 @@ def test_benchmark_quick_mode(model):
         assert math.isfinite(report["default_model"][key]), key
     assert report["max_abs_diff_it"] < 1e-5 and report["max_abs_diff_pre_it"] < 1e-5
     assert report["default_model"]["it_layer"] == "it" and report["default_model"]["pre_it_layer"] == "v4"
+    # the smoothed map and the loop over its points give the same values; the activation cache gives back the
+    # forward pass's numbers exactly (the same batches on the CPU)
+    assert report["maps"]["units"] == model.sheet("it").n_units and report["maps"]["max_abs_diff"] < 1e-12
+    assert report["cache"]["max_abs_diff"] == 0 and report["cache"]["entry_MB"] > 0
+    for key in ("smoothing_vs_loop", "cache_reuse_vs_forward", "cache_store_over_forward"):
+        assert math.isfinite(report[key]) and report[key] > 0, key
     plan = report["plan_phases"]  # the ImageNet plan's phases per site, and the default plan they add up to
     per_site = plan["seconds_per_site"]
     assert set(per_site) == {"sequences", "decoders", "rehearsal"} and all(v > 0 for v in per_site.values())
