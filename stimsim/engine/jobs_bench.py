@@ -5,13 +5,15 @@ Each job is a command line of the README or the documentation (``stimsim run exp
 experiment files of the checkout. Every job gets an activation cache of its own, empty at its start, beside the
 data and weight files the manifests list (fetched once, before any job, into the user's cache, and shared), so
 that a figure is what a lab's first run of that job costs once its data are on disk. Jobs that need the files
-of an earlier job (the session, analysis and power of a plan) run after it, in the same output folder.
+of an earlier job (the plan run again, the session, analysis and power of a plan) run after it, in the same
+output folder.
 
 Per job: ``wall_s``, ``cpu_s`` (user + system of the child and everything it started), ``peak_rss_MB`` (the
 largest resident memory of the child or of any process it waited for, from ``wait4``), the machine's
 1-minute load average before and after, and the targets that apply (an experiment within ``TARGET_PEAK_GB``,
-Afraz 2006 within ``TARGET_AFRAZ_WALL_S`` on 2 cores). A job that fails is recorded with its exit status and
-the end of its error output, and the others still run.
+Afraz 2006 within ``TARGET_AFRAZ_WALL_S`` on 2 cores, the default plan run again within
+``TARGET_PLAN_RERUN_WALL_S``). A job that fails is recorded with its exit status and the end of its error output,
+and the others still run.
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ from stimsim.utilities.progress import report_phase
 TARGET_PEAK_GB = 8.0
 #: Wall time of ``stimsim run experiments/afraz2006.toml`` on 2 CPU cores, s.
 TARGET_AFRAZ_WALL_S = 300.0
+#: Wall time of the default plan run again into its own folder, every phase read from its cache, on 2 CPU cores, s.
+TARGET_PLAN_RERUN_WALL_S = 60.0
 #: Characters of a failed job's error output kept in the report.
 ERROR_TAIL_CHARS = 2000
 
@@ -70,6 +74,9 @@ JOBS: tuple[Job, ...] = (
         ("floc", "imagenet_samples") + _IMAGENET_WEIGHTS),
     Job("plan_default", ("plan", "experiments/plan_default.toml", "--out", "{out}/plan"),
         "the README's main job: the default plan (32-px models)", _EXPERIMENT),
+    Job("plan_default_again", ("plan", "experiments/plan_default.toml", "--out", "{out}/plan"),
+        "the default plan run again into its folder: every phase read from the plan's cache",
+        {"wall_s_on_2_cores": TARGET_PLAN_RERUN_WALL_S}),
     Job("subject_session", ("subject", "session", "{out}/plan", "--trials-per-site", "400",
                             "--out", "{out}/session.nwb"),
         "400 trials per site of the default plan on its virtual subject"),
