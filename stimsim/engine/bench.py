@@ -73,6 +73,7 @@ in one file, so that one run's ratios come from one place.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import resource
@@ -406,11 +407,10 @@ def plan_section(context: BenchContext) -> dict:
 def maps_section(context: BenchContext) -> dict:
     """Smoothed selectivity map against a loop over its points (``smoothing_vs_loop``); on the quick sizes, on
     the small default model's IT sheet."""
-    quick = context.sizes is QUICK_SIZES
-    if quick and context.default_model is None:
+    if (chosen := _model_and_it_layer(context)) is None:
         return {}
-    model = context.default_model if quick else context.imagenet_model
-    sheet = model.sheet(_it_layers(model)[0] if quick else "IT")
+    model, layer = chosen
+    sheet = model.sheet(layer)
     values = np.random.default_rng(context.seed).standard_normal(sheet.n_units)  # timing does not depend on them
     x0, x1, y0, y1 = sheet.extent_mm
     grid = np.stack(np.meshgrid(np.arange(x0, x1 + MAPS_GRID_STEP_MM / 2, MAPS_GRID_STEP_MM),
@@ -435,16 +435,14 @@ def cache_section(context: BenchContext) -> dict:
     ``cache_store_over_forward``); on the quick sizes, on the small default model."""
     from stimsim.engine.activation_cache import cached_activations
 
-    quick = context.sizes is QUICK_SIZES
-    if quick and context.default_model is None:
+    if (chosen := _model_and_it_layer(context)) is None:
         return {}
-    model = context.default_model if quick else context.imagenet_model
-    layer = _it_layers(model)[0] if quick else "IT"
+    model, layer = chosen
     images, _ = _face_images(context.sizes["cache_images"])
     report_phase(f"bench: activation cache of {model.name}'s {layer}, {len(images)} images", context.progress)
     model.activations(images[:2], layer)  # first calls pay one-off allocations; keep them out of timing
     with tempfile.TemporaryDirectory() as directory:
-        rounds = iter(range(1_000_000))
+        rounds = itertools.count()  # every storing call gets a new, empty folder
         timings = _interleaved_minimum({
             "forward": lambda: model.activations(images, layer),
             "store": lambda: cached_activations(model, images, layer, Path(directory) / str(next(rounds))),
@@ -456,6 +454,16 @@ def cache_section(context: BenchContext) -> dict:
                       "store_s": store_s, "reuse_s": reuse_s, "entry_MB": entry_MB,
                       "max_abs_diff": float((forward - reused.cpu()).abs().max())},
             "cache_reuse_vs_forward": forward_s / reuse_s, "cache_store_over_forward": store_s / forward_s}
+
+
+def _model_and_it_layer(context: BenchContext) -> tuple[TopographicModel, str] | None:
+    """The model of the ``maps`` and ``cache`` sections and its IT layer: :data:`PLAN_MODEL`, or on the quick sizes
+    the small default model (None without one)."""
+    if context.sizes is not QUICK_SIZES:
+        return context.imagenet_model, "IT"
+    if context.default_model is None:
+        return None
+    return context.default_model, _it_layers(context.default_model)[0]
 
 
 @register_section("analysis")
