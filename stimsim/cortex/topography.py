@@ -109,12 +109,17 @@ def smoothed_values_at(values, sheet: CorticalSheet, points_mm, sigma_mm: float 
     return result
 
 
-def smoothed_map(values, sheet: CorticalSheet, sigma_mm: float = 0.5, grid_step_mm: float = 0.1):
-    """Gaussian-smoothed map of a per-unit value on a regular grid: (x_mm, y_mm, map[y, x])."""
+def sheet_grid(sheet: CorticalSheet, grid_step_mm: float = 0.1):
+    """A regular grid over the sheet's extent: (x_mm, y_mm, points (len(y_mm) · len(x_mm), 2) in mm, rows by y)."""
     x0, x1, y0, y1 = sheet.extent_mm
     xs = np.arange(x0, x1 + grid_step_mm / 2, grid_step_mm)
     ys = np.arange(y0, y1 + grid_step_mm / 2, grid_step_mm)
-    grid = np.stack(np.meshgrid(xs, ys), -1).reshape(-1, 2)
+    return xs, ys, np.stack(np.meshgrid(xs, ys), -1).reshape(-1, 2)
+
+
+def smoothed_map(values, sheet: CorticalSheet, sigma_mm: float = 0.5, grid_step_mm: float = 0.1):
+    """Gaussian-smoothed map of a per-unit value on a regular grid: (x_mm, y_mm, map[y, x])."""
+    xs, ys, grid = sheet_grid(sheet, grid_step_mm)
     return xs, ys, smoothed_values_at(values, sheet, grid, sigma_mm).reshape(len(ys), len(xs))
 
 

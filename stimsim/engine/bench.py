@@ -90,7 +90,7 @@ import torch
 from stimsim.behavior import LogisticDecoder
 from stimsim.cortex.positions import retinotopic_positions
 from stimsim.cortex.sheet import CorticalSheet
-from stimsim.cortex.topography import smoothed_values_at
+from stimsim.cortex.topography import sheet_grid, smoothed_values_at
 from stimsim.engine import DEFAULT_MAX_CHUNK_BYTES, chunk_count, serial_work, simulate, simulate_plain
 from stimsim.engine.devices import resolve_device
 from stimsim.engine.jobs_bench import check_jobs, checkout_commit, max_rss_MB
@@ -412,9 +412,7 @@ def maps_section(context: BenchContext) -> dict:
     model, layer = chosen
     sheet = model.sheet(layer)
     values = np.random.default_rng(context.seed).standard_normal(sheet.n_units)  # timing does not depend on them
-    x0, x1, y0, y1 = sheet.extent_mm
-    grid = np.stack(np.meshgrid(np.arange(x0, x1 + MAPS_GRID_STEP_MM / 2, MAPS_GRID_STEP_MM),
-                                np.arange(y0, y1 + MAPS_GRID_STEP_MM / 2, MAPS_GRID_STEP_MM)), -1).reshape(-1, 2)
+    grid = sheet_grid(sheet, MAPS_GRID_STEP_MM)[2]
     n_loop = min(context.sizes["maps_loop_points"], len(grid))
     report_phase(f"bench: smoothed map of {sheet.n_units} units on {len(grid)} points (loop on {n_loop})",
                  context.progress)

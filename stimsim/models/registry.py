@@ -84,6 +84,7 @@ def describe_model(name_or_path) -> dict:
     from scipy.spatial import cKDTree
 
     from stimsim.cortex.sheet import CorticalSheet
+    from stimsim.cortex.topography import sheet_grid
     from stimsim.models.base_networks import BASE_NETWORKS
     from stimsim.models.topographic import ModelFile, declared_base_network
     from stimsim.stimulation.spread import kumaravelu_length_mm
@@ -112,9 +113,8 @@ def describe_model(name_or_path) -> dict:
     if it_layer in spec.layers:
         sheet = CorticalSheet.load(path / spec.layers[it_layer].positions_file).scaled(factor)
         lam = kumaravelu_length_mm(DENSITY_CURRENT_UA)
-        x0, x1, y0, y1 = sheet.extent_mm
-        sites = np.stack(np.meshgrid(np.arange(x0, x1 + lam / 2, lam), np.arange(y0, y1 + lam / 2, lam)), -1)
-        counts = cKDTree(sheet.coordinates_mm).query_ball_point(sites.reshape(-1, 2), lam, return_length=True)
+        sites = sheet_grid(sheet, lam)[2]
+        counts = cKDTree(sheet.coordinates_mm).query_ball_point(sites, lam, return_length=True)
         description.update(it_units=sheet.n_units, sheet_size_cortex_mm=round(sheet.size_mm, 3),
                            units_within_lambda50=round(float(np.mean(counts)), 2))
     return description
