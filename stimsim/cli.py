@@ -177,6 +177,7 @@ def _cmd_run(args) -> int:
     summary = run_experiment(args.experiment, args.out, model=args.model, progress=not args.no_progress,
                              force=args.force, device=args.device, scheduler=args.scheduler)
     print(json.dumps(summary, indent=2))
+    report_phase(f"results written to {args.out}: results.nc, summary.json, config.json and the figures")
     return 0
 
 
@@ -521,6 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     session.add_argument("--csv", help="also (or only) write the trials as a CSV table")
     session.add_argument("--seed", type=int, default=0, help="seed of the trial order and the sampled choices (default 0)")
     session.add_argument("--session-id", help="session id (default session-seedN)")
+    session.add_argument("--force", action="store_true", help="replace --out or --csv even if the file there is not "
+                                                              "a session stimsim wrote")
     session.add_argument("--sites", choices=("chosen", "all"),
                          help="the plan's chosen sites (default) or every rehearsed working electrode")
     session.set_defaults(handler=_cmd_subject_session)
@@ -595,12 +598,19 @@ def _apply_common_options(args) -> None:
         if out and Path(out).suffix.lower() != ".nwb":
             raise ConfigError(f"--out {out}: the session is written as NWB; give a file name ending in .nwb "
                               "(--csv writes the CSV table)")
+        if out and args.csv and Path(out).resolve() == Path(args.csv).resolve():
+            raise ConfigError(f"--out and --csv name the same file ({out}); give two files")
+        from stimsim.planning.session import is_virtual_session_file
+
         for option, path in (("--out", out), ("--csv", args.csv)):
             if path is not None:
                 try:
                     check_output_file(path)
                 except ConfigError as exc:
                     raise ConfigError(f"{option}: {exc}") from None
+                if Path(path).is_file() and not args.force and not is_virtual_session_file(path):
+                    raise ConfigError(f"{option} {path}: the file exists and is not a session stimsim wrote; give "
+                                      "--force to replace it")
     elif out is not None:
         if not out.strip():
             raise ConfigError("--out is empty; give a directory path")

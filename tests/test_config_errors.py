@@ -30,6 +30,31 @@ def test_a_seed_outside_what_the_random_generators_take_is_refused(seed):
         parse_experiment(raw, where="x.toml")
 
 
+@pytest.mark.parametrize("file, replace, message", [
+    ("afraz2006.toml", {"frequency_Hz": 0}, r"frequency_Hz must be > 0 Hz: electrical stimulation at 0 delivers"),
+    ("muscimol_categorization.toml", {"volume_uL": 0}, r"volume_uL must be > 0 µL: muscimol stimulation at 0"),
+    ("muscimol_categorization.toml", {"kind": "optogenetic", "volume_uL": None, "power_mW": 0},
+     r"power_mW must be > 0 mW: optogenetic stimulation at 0"),
+])
+def test_stimulation_that_delivers_nothing_is_refused(file, replace, message):
+    raw = load_toml(EXPERIMENTS / file)
+    for key, value in replace.items():
+        if value is None:
+            del raw["stimulation"][key]
+        else:
+            raw["stimulation"][key] = value
+    with pytest.raises(ConfigError, match=r"x.toml \[stimulation\]: " + message):
+        parse_experiment(raw, where="x.toml")
+
+
+def test_a_current_given_as_text_is_refused_with_its_unit_once():
+    raw = _afraz()
+    raw["stimulation"]["current_uA"] = "fifty"
+    with pytest.raises(ConfigError, match=r"current_uA must be a number in µA \(the Kumaravelu[^()]*\(I\)[^()]*\), "
+                                          r"got 'fifty'$"):
+        parse_experiment(raw, where="x.toml")
+
+
 def test_training_seed_is_bounded_too():
     raw = load_toml(EXPERIMENTS / "train_stimsim_topo_seed0.toml")
     raw["training"]["seed"] = 2**70

@@ -209,4 +209,6 @@ def test_a_scheduler_address_that_accepts_but_never_answers_is_refused_within_th
                                           r"handshake within 2 s"):
         dask_pool.ChunkPool(address)
     assert time.monotonic() - start < 10 and accepted
+    with pytest.raises(ConfigError, match=rf"cannot reach the Dask scheduler at '{address}'"):
+        dask_pool.check_scheduler(address)  # what `run` and `plan` call before any work
     silent.close()

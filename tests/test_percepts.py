@@ -231,6 +231,8 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
     ({"steps = 100": "stepz = 100"}, "unknown key 'stepz'"),
     ({"currents_uA = [100, 300, 1000]": "currents_uA = [300, 100]"}, "at least two rising currents"),
     ({'method = "selectivity"': 'method = "random"'}, "'method' must be one of"),
+    ({"currents_uA = [100, 300, 1000]": "currents_uA = [1, 100]"}, "'currents_uA' holds 1.0: current_uA must be"),
+    ({"frequency_Hz = 200": "frequency_Hz = 0"}, "frequency_Hz must be > 0 Hz"),
 ])
 def test_visualize_refuses_a_bad_file_in_one_line_and_leaves_no_output(tmp_path, capsys, change, message):
     text = (REPO / "experiments" / "visualize_default.toml").read_text()

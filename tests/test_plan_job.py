@@ -600,6 +600,10 @@ def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_di
                           (["--trials-per-site", "1000000000", "--csv", str(csv)],
                            "a session of 1000000000 trials per site × "),
                           (["--session-id", "", "--csv", str(csv)], "--session-id is empty"),
+                          (["--trials-per-site", "13", "--csv", str(csv)],
+                           "must be >= 14 (a ΔAUC needs a trial at each of the 7 steps in both conditions), got 13"),
+                          (["--out", str(tmp_path / "s.nwb"), "--csv", str(tmp_path / "s.nwb")],
+                           "--out and --csv name the same file"),
                           ([], "give --out FILE.nwb and/or --csv FILE.csv")):
         (tmp_path / "f").write_text("x")  # a file where a folder would have to be
         assert main(["subject", "session", str(out), *argv]) == 2
@@ -608,6 +612,17 @@ def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_di
         assert main(["subject", "session", str(out), "--trials-per-site", "14", "--csv", str(csv),
                      "--seed", seed]) == 0
         assert pd.read_csv(csv)["session_id"].iloc[0] == f"session-seed{seed}"
+    nwb = tmp_path / "session.nwb"
+    for _ in range(2):
+        assert main(["subject", "session", str(out), "--trials-per-site", "14", "--out", str(nwb)]) == 0
+    for foreign in (tmp_path / "recorded.nwb", tmp_path / "lab.csv"):  # a file that is not a session stimsim wrote
+        foreign.write_text("a lab's own data\n")
+        option = "--out" if foreign.suffix == ".nwb" else "--csv"
+        assert main(["subject", "session", str(out), "--trials-per-site", "14", option, str(foreign)]) == 2
+        assert "is not a session stimsim wrote; give --force" in capsys.readouterr().err
+        assert foreign.read_text() == "a lab's own data\n"
+        assert main(["subject", "session", str(out), "--trials-per-site", "14", option, str(foreign), "--force"]) == 0
+        assert foreign.read_bytes() != b"a lab's own data\n"
 
 
 def test_subject_session_from_the_plan(plan_dir, tmp_path, capsys):

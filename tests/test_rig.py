@@ -174,6 +174,18 @@ def test_a_session_run_from_the_trial_list_is_analysed_with_no_mapping(rig_plan,
     assert np.abs(errors["rig"]).mean() < 2 * np.abs(errors["plain"]).mean() + se.mean()
 
 
+def test_a_trial_list_cut_off_mid_row_is_refused_before_any_session_is_written(rig_plan, tmp_path, capsys):
+    text = (rig_plan / "rig" / "trials.csv").read_text()
+    lines = text.splitlines()
+    cut = tmp_path / "trials.csv"
+    cut.write_text("\n".join(lines[:5]) + "\n" + lines[5][: lines[5].index(",", lines[5].index(",") + 1)] + "\n")
+    session = tmp_path / "session.nwb"
+    assert main(["subject", "session", str(rig_plan), "--trials", str(cut), "--out", str(session)]) == 2
+    error = capsys.readouterr().err
+    assert f"{cut}: refused (nothing loaded): " in error and "row(s) 5" in error, error
+    assert not session.exists()
+
+
 def test_a_trial_list_session_takes_no_trial_count_or_site_choice(tmp_path, capsys):
     for extra in (["--trials-per-site", "40"], ["--sites", "all"]):
         assert main(["subject", "session", str(tmp_path), "--trials", str(tmp_path / "trials.csv"),

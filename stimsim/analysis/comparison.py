@@ -39,6 +39,8 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
     and ``summary.json`` of a plan."""
     plan_dir = Path(plan_dir)
     sites_path, summary_path = plan_dir / "sites.csv", plan_dir / "summary.json"
+    if not plan_dir.is_dir():
+        raise FileNotFoundError(f"plan directory not found: {plan_dir} (a directory made by `stimsim plan`)")
     for path in (sites_path, summary_path):
         if not path.is_file():
             raise FileNotFoundError(f"plan directory {plan_dir} has no {path.name} (made by `stimsim plan`)")

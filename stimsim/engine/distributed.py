@@ -65,13 +65,24 @@ def parse_scheduler(text: str) -> tuple[str, object]:
 
 
 def check_scheduler(scheduler) -> None:
-    """Raise ConfigError now, before any work, when ``scheduler`` is not a valid ``scheduler=`` value."""
+    """Raise ConfigError now, before any work, when ``scheduler`` is not a valid ``scheduler=`` value or names a
+    scheduler address that does not answer (within :data:`CONNECT_TIMEOUT_S`)."""
     if scheduler is None:
         return
     from distributed import Client
 
     if not isinstance(scheduler, Client):
-        parse_scheduler(scheduler)
+        kind, value = parse_scheduler(scheduler)
+        if kind == "address":
+            _reach(value)
+
+
+def _reach(address: str) -> None:
+    """ConfigError unless the scheduler at ``address`` answers its handshake within :data:`CONNECT_TIMEOUT_S`."""
+    try:
+        _check_answers(address, CONNECT_TIMEOUT_S)
+    except OSError as exc:
+        raise ConfigError(f"cannot reach the Dask scheduler at {address!r}: {exc}") from None
 
 
 def add_compute_arguments(parser: argparse.ArgumentParser) -> None:
@@ -211,8 +222,8 @@ class ChunkPool:
         else:
             kind, value = parse_scheduler(scheduler)
             if kind == "address":
+                _reach(value)
                 try:
-                    _check_answers(value, CONNECT_TIMEOUT_S)
                     self.client = Client(value, timeout=f"{CONNECT_TIMEOUT_S}s")
                 except OSError as exc:
                     raise ConfigError(f"cannot reach the Dask scheduler at {value!r}: {exc}") from None

@@ -187,7 +187,7 @@ def clean_images(options: CategorizationOptions, stimuli: StimulusSet, seed: int
         for value in np.unique(choice):
             members = np.flatnonzero(choice == value)
             if len(members) < options.n_per_choice:
-                raise ConfigError(f"{where}: {count_key} = {options.n_per_choice} but choice {value!r} has only "
+                raise ConfigError(f"{where}: {count_key} = {options.n_per_choice} but choice {str(value)!r} has only "
                                   f"{len(members)} images")
             picks.append(rng.choice(members, size=options.n_per_choice, replace=False))
         selected = np.sort(np.concatenate(picks))

@@ -73,7 +73,8 @@ key, e.g. Fashion-MNIST's draw, is that set's).
     ``"muscimol"``, ``"ablation"``) and that perturbation's parameters with units (see
     :mod:`stimsim.stimulation`; e.g. ``current_uA``, ``frequency_Hz``,
     ``pulse_width_ms``, ``train_ms`` / ``power_mW`` / ``volume_uL`` / ``radius_mm``). ``sites_mm``
-    and ``layer`` come from ``[sites]`` and the top-level ``layer``.
+    and ``layer`` come from ``[sites]`` and the top-level ``layer``. A dose of 0 (the kind's
+    :attr:`~stimsim.stimulation.Perturbation.doses`), which delivers nothing, is refused.
 
 ``[safety]`` (electrical stimulation only)
     ``max_shannon_k`` (default 1.85), ``electrode_area_um2`` (default: a Utah-array tip),
@@ -205,6 +206,7 @@ def _stimulation_template(checked, where: str):
             raise ConfigError(f"{where} [stimulation]: {key!r} is not set here; it comes from {origin}")
     try:
         perturbation = perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer})
+        perturbation.check_delivers()
         check_additive_scale(checked.stimulation.additive_scale, getattr(perturbation, "form", None))
     except ConfigError as exc:
         raise ConfigError(f"{where} [stimulation]: {exc}") from None

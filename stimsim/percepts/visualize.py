@@ -117,11 +117,16 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
                           f"{list(currents)}")
     try:
         check_additive_scale(stimulation.additive_scale, template.get("form"))
-        for current in currents:
-            perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer,
-                                    "current_uA": current})
+        perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer,
+                                "current_uA": currents[-1]}).check_delivers()
     except ConfigError as exc:
         raise ConfigError(f"{where} [stimulation]: {exc}") from None
+    for current in currents:
+        try:
+            perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer,
+                                    "current_uA": current})
+        except ConfigError as exc:
+            raise ConfigError(f"{where} [stimulation]: 'currents_uA' holds {current!r}: {exc}") from None
     sites = checked.sites.to_dict()
     for key in ("face_site_mm", "control_site_mm"):
         if key in sites:

@@ -6,7 +6,7 @@ for the face task one "sequence" per site, whose steps are the signed visual-sig
 a trial showing a test image of that level drawn at random — as a mixture, the subject's P(face) at a step is the
 mean over its images, which is what the plan stores.
 
-Every site gets ``trials_per_site`` trials: its sequences × steps, stimulated and sham interleaved 50/50
+Every site gets ``trials_per_site`` trials (at least 2 × its steps): its sequences × steps, stimulated and sham interleaved 50/50
 (balanced: the conditions are repeated to fill the trials and shuffled; with an odd count the last trial
 is drawn at random). All sites' trials are interleaved in one shuffled session. On a trial the subject
 chooses "high" with probability ``lapse_rate / 2 + (1 − lapse_rate) · P(high)``, where P(high) is its
@@ -61,6 +61,9 @@ def simulate_trials(p_high: xr.DataArray, trials_per_site: int, lapse_rate: floa
         raise ConfigError("p_high needs stimulated = [False, True]")
     electrodes = [str(e) for e in p["electrode"].values]
     n_seq, n_steps = p.sizes["sequence"], p.sizes["step"]
+    if trials_per_site < 2 * n_steps:
+        raise ConfigError(f"trials_per_site (--trials-per-site) must be >= {2 * n_steps} (a ΔAUC needs a trial at each "
+                          f"of the {n_steps} steps in both conditions), got {trials_per_site}")
     middle = n_steps // 2
     rng = np.random.default_rng([seed, 0x5E55])
     conditions = np.array([(s, j, k) for s in (0, 1) for j in range(n_seq) for k in range(n_steps)])
@@ -106,12 +109,42 @@ def write_session_csv(trials: pd.DataFrame, path) -> Path:
     return atomic_write_text(path, trials.to_csv(index=False))
 
 
+#: The columns by which a CSV file is recognised as a session this module wrote.
+_SESSION_CSV_MARKERS = {"start_time", "stop_time", "electrode", "stimulated_electrode", "choice", "correct",
+                        "subject_id", "session_id"}
+
+
+def is_virtual_session_file(path) -> bool:
+    """Whether the file ``path`` is a session that :func:`write_session_nwb`, :func:`write_session_csv` or a
+    trial list's run wrote (an NWB file whose session description names a virtual subject, a CSV table with the
+    session's columns), so that a new session may replace it without ``--force``."""
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            signature = handle.read(8)
+        if signature == b"\x89HDF\r\n\x1a\n":
+            import h5py
+
+            with h5py.File(path, "r") as handle:
+                description = handle["session_description"][()] if "session_description" in handle else b""
+            return (description.decode() if isinstance(description, bytes) else str(description)).startswith(
+                "virtual subject")
+        with path.open(encoding="utf-8") as handle:
+            header = handle.readline().strip().split(",")
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return _SESSION_CSV_MARKERS <= set(header)
+
+
 def session_from_trial_list(plan_dir, trial_list, seed: int = 0, session_id: str | None = None) -> pd.DataFrame:
     """The virtual subject of a plan directory running the plan's own trial list (``rig/trials.csv``, or another
     list with its columns), in its order: every column of the list kept, with start_time, stop_time, choice
     (as in :func:`simulate_trials`), correct, subject_id and session_id added."""
+    from stimsim.lab.sessions import check_trial_list
+
     summary_path, summary, p_high = _plan_truth(plan_dir, chosen_only=False)
     trials = read_trial_list(trial_list)
+    check_trial_list(trials, trial_list)
     p = p_high.transpose("electrode", "stimulated", "sequence", "step")
     unknown = sorted(set(trials["electrode"]) - {str(e) for e in p["electrode"].values})
     if unknown:

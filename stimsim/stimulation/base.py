@@ -173,11 +173,12 @@ def _allowed(choices) -> tuple[str, ...]:
 
 
 def _number(name: str, value, unit: str) -> float:
+    in_unit = unit if unit.startswith("(") else f"in {unit}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigError(f"{name} must be a number ({unit}), got {value!r}")
+        raise ConfigError(f"{name} must be a number {in_unit}, got {value!r}")
     value = float(value)
     if not math.isfinite(value):
-        raise ConfigError(f"{name} must be finite ({unit}), got {value}")
+        raise ConfigError(f"{name} must be finite {in_unit}, got {value}")
     return value
 
 
@@ -297,6 +298,19 @@ class Perturbation(abc.ABC):
     #: Whether the kind passes charge through an electrode (it then has ``current_uA``, ``pulse_width_ms`` and
     #: ``waveform``): every such perturbation goes through the safety gate (:func:`stimsim.stimulation.enforce`).
     carries_charge: ClassVar[bool] = False
+
+    #: The parameters at which 0 delivers nothing (a train of 0 Hz, 0 mW of light, 0 µL of muscimol): allowed in
+    #: code, where a null perturbation is a useful control, refused in a file by :meth:`check_delivers`.
+    doses: ClassVar[tuple[str, ...]] = ()
+
+    def check_delivers(self) -> None:
+        """Refuse (``ConfigError``) a perturbation that delivers nothing because one of its :attr:`doses` is 0:
+        in an experiment file that is a mistake (the unperturbed condition is the control already)."""
+        for name in self.doses:
+            if getattr(self, name) == 0:
+                unit = next(f.metadata["unit"] for f in dataclasses.fields(self) if f.name == name)
+                raise ConfigError(f"{name} must be > 0 {unit}: {self.kind} stimulation at 0 delivers nothing, and the "
+                                  "unstimulated condition is the control already")
 
     @classmethod
     @abc.abstractmethod

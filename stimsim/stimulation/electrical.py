@@ -88,6 +88,7 @@ class ElectricalStimulation(Perturbation):
 
     kind: ClassVar[str] = "electrical"
     carries_charge: ClassVar[bool] = True
+    doses: ClassVar[tuple[str, ...]] = ("frequency_Hz",)
 
     sites_mm: tuple[tuple[float, float], ...]
     current_uA: float = parameter(50.0, unit="µA", low=0.0, high=MAX_CURRENT_UA, low_open=True)

@@ -66,6 +66,7 @@ class OptogeneticSuppression(GaussianSuppression):
 
     kind: ClassVar[str] = "optogenetic"
     dose: ClassVar[str] = "power_mW"
+    doses: ClassVar[tuple[str, ...]] = ("power_mW",)
 
     sites_mm: tuple[tuple[float, float], ...]
     power_mW: float = parameter(unit="mW", low=0.0, high=100.0)
@@ -87,6 +88,7 @@ class MuscimolInactivation(GaussianSuppression):
 
     kind: ClassVar[str] = "muscimol"
     dose: ClassVar[str] = "volume_uL"
+    doses: ClassVar[tuple[str, ...]] = ("volume_uL",)
 
     sites_mm: tuple[tuple[float, float], ...]
     volume_uL: float = parameter(unit="µL", low=0.0, high=10.0)

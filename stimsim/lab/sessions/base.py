@@ -270,6 +270,12 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
     return sessions
 
 
+def check_trial_list(table: pd.DataFrame, path) -> None:
+    """Check a trial list (a session's columns before any choice is made, e.g. a plan's ``rig/trials.csv``) by
+    the rules a session file is checked by: one FileFormatError naming ``path``, the columns and the rows."""
+    _validated(table.assign(choice=CHOICES[0]), Path(path), known=None)
+
+
 def _check_correct(sessions: pd.DataFrame, last_step: int) -> None:
     """Where a file gives ``correct``, it must agree with the choice: below the sequence's centre
     (step < last/2) "low" is correct, above it (step > (last + 1)/2) "high"; the centre step(s) are not
