@@ -38,5 +38,13 @@ def write_schemas() -> list[Path]:
 
 
 if __name__ == "__main__":
-    for written in write_schemas():
+    import sys
+
+    from stimsim.utilities.errors import ConfigError
+
+    try:
+        written_paths = write_schemas()
+    except ConfigError as exc:  # e.g. an installed plug-in that cannot be imported
+        sys.exit(f"stimsim.schemas: error: {exc}")
+    for written in written_paths:
         print(written)

@@ -94,6 +94,27 @@ def test_a_cmp_layout_gives_the_subject_its_labels_and_spacing(model, tmp_path):
         VirtualSubject.create(_config(pitch_mm=0.25), model=model)
 
 
+def test_a_layout_file_beside_the_config_is_copied_into_the_subject_from_any_working_folder(model, tmp_path,
+                                                                                           monkeypatch):
+    """`stimsim subject make subject.toml` run in the config's own folder: the saved subject holds a copy of the
+    layout file its subject.toml names, so that it loads from anywhere."""
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "my_array.csv").write_text("electrode_id,x_mm,y_mm\n"
+                                         + "".join(f"e{k},{0.4 * (k % 2)},{0.4 * (k // 2)}\n" for k in range(4)))
+    (folder / "subject.toml").write_text('[subject]\nmodel = "stimsim-topo-s2"\nseed = 3\n'
+                                         '[array]\nlayout = "my_array.csv"\n'
+                                         '[recording]\nradius_mm = 0.3\nrepeats = 2\nnoise = "none"\n'
+                                         '[[stimuli]]\nsource = "lfw_subset"\n')
+    monkeypatch.chdir(folder)
+    subject = VirtualSubject.from_file("subject.toml", model=model)
+    subject.save(tmp_path / "subject")
+    monkeypatch.chdir(tmp_path)
+    assert (tmp_path / "subject" / "my_array.csv").read_text() == (folder / "my_array.csv").read_text()
+    loaded = VirtualSubject.load(tmp_path / "subject", model=model)
+    assert loaded.layout.electrode_ids == ("e0", "e1", "e2", "e3") == subject.layout.electrode_ids
+
+
 def test_random_pose_is_seeded_and_keeps_the_array_on_the_sheet(model):
     x0, x1, y0, y1 = 2.0 * np.array(model.sheet("IT").extent_mm)  # cortex mm
     poses = []

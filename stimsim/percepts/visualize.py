@@ -61,6 +61,7 @@ from stimsim.utilities.errors import ConfigError, SafetyError
 from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.utilities.filemodels import validate
 from stimsim.utilities.io import ResultSet, provenance
+from stimsim.utilities.locking import DirectoryLock
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.progress import report_phase
 
@@ -152,7 +153,7 @@ def run_visualize(config_path, out_dir, model: str | None = None, judge: str | N
 def run_config(config: VisualizeConfig, out_dir, progress: bool = True, force: bool = False, device="cpu") -> dict:
     """:func:`run_visualize` on a checked configuration (e.g. one whose sites a plan chose)."""
     device = resolve_device(device)
-    with ResultSet(out_dir, "percepts", force=force) as results:
+    with DirectoryLock(out_dir, "visualize"), ResultSet(out_dir, "percepts", force=force) as results:
         return _run_into(results, config, progress, device)
 
 

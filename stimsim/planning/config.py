@@ -158,13 +158,11 @@ class StimulationTable(FileModel):
 
 def _electrical_parameters(schema: dict) -> None:
     """The JSON Schema of a plan's ``[stimulation]``: the electrical kind's parameters as it declares them
-    (:meth:`stimsim.stimulation.base.Perturbation.parameters_schema`), but for the keys a plan sets elsewhere, and
-    a train of more than 0 Hz."""
+    (:meth:`stimsim.stimulation.base.Perturbation.parameters_schema`: a train of more than 0 Hz), but for the keys
+    a plan sets elsewhere."""
     declared = ElectricalStimulation.parameters_schema()
     properties = {key: value for key, value in declared["properties"].items() if key not in _NOT_IN_STIMULATION}
-    properties["frequency_Hz"] = {**properties["frequency_Hz"], "exclusiveMinimum": 0.0}
     properties["additive_scale"] = schema["properties"]["additive_scale"]
-    properties["frequency_Hz"].pop("minimum", None)
     schema.update(properties=properties, additionalProperties=False)
     schema.pop("required", None)
 

@@ -357,7 +357,9 @@ class Perturbation(abc.ABC):
                 for bound, closed, opened in (("low", "minimum", "exclusiveMinimum"),
                                               ("high", "maximum", "exclusiveMaximum")):
                     if rule[bound] is not None:
-                        entry[opened if rule[f"{bound}_open"] else closed] = rule[bound]
+                        # a file refuses a dose of 0 (check_delivers)
+                        is_open = rule[f"{bound}_open"] or (bound == "low" and declared.name in cls.doses)
+                        entry[opened if is_open else closed] = rule[bound]
             if declared.default is dataclasses.MISSING:
                 required.append(declared.name)
             elif declared.default is None:

@@ -264,7 +264,7 @@ class VirtualSubject:
             if self.config_dir is not None:
                 layout_spec = config.get("array", {}).get("layout", "10x10")
                 resolved = _resolve(layout_spec, self.config_dir)
-                if str(resolved) != str(layout_spec):
+                if _is_layout_file(layout_spec) and Path(resolved).is_file():
                     shutil.copyfile(resolved, staging / Path(resolved).name)
                     config = {**config, "array": {**config["array"], "layout": Path(resolved).name}}
                     text = None
@@ -338,9 +338,14 @@ def _dead_electrodes(layout, dead_list, dead_fraction, rng, source) -> set:
     return set(rng.choice(np.asarray(layout.electrode_ids), size=n_dead, replace=False).tolist())
 
 
+def _is_layout_file(spec) -> bool:
+    """Whether an ``[array] layout`` names a layout file (.csv, .cmp) rather than a Utah kind."""
+    return str(spec).lower().endswith((".csv", ".cmp"))
+
+
 def _resolve(spec: str, base) -> str:
     """A layout file named relative to the configuration file's folder, or a Utah kind as given."""
-    if str(spec).lower().endswith((".csv", ".cmp")):
+    if _is_layout_file(spec):
         base_dir = Path(base) if Path(base).is_dir() else Path(str(base)).parent
         candidate = Path(spec)
         if not candidate.is_absolute() and (base_dir / candidate).is_file():
