@@ -14,6 +14,7 @@ import xarray as xr
 
 from stimsim.analysis import analyze, load_sessions
 from stimsim.analysis.power import power_analysis
+from stimsim.analysis.plan_readback import PLAN_FILES, write_plan_files
 from stimsim.cli import main
 from stimsim.planning.session import session_from_plan, write_session_nwb
 from test_plan_job import _write_plan
@@ -59,6 +60,7 @@ def _plan_that_predicts_the_truth(plan, directory):
     sites["predicted_delta_auc"] = sites["electrode_id"].map(summary["true_delta_auc"])
     sites.drop(columns=[c for c in sites if c.startswith("predicted_delta_auc_")]).to_csv(directory / "sites.csv",
                                                                                          index=False)
+    write_plan_files(directory, json.loads((directory / PLAN_FILES).read_text())["files"])  # the files as edited
     return directory
 
 

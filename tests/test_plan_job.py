@@ -527,10 +527,12 @@ def test_plan_and_subject_refuse_a_folder_of_other_files_unless_forced(tmp_path,
 
 def test_sessions_and_power_name_a_damaged_or_inconsistent_plan_file(plan_dir, tmp_path, capsys):
     """A summary naming an electrode the truth lacks, a summary or truth file that is not what the plan wrote:
-    `subject session` and `power` end with an error naming the file (and field), never a traceback."""
+    `subject session` and `power` end with an error naming the file (and field), never a traceback — their own
+    checks, as on a plan made before plan_files.json (which would name any change first: the test below)."""
     _, reference = plan_dir
     out = tmp_path / "plan"
     shutil.copytree(reference, out)
+    (out / "plan_files.json").unlink()
     summary = json.loads((out / "summary.json").read_text())
     truth = out / "truth" / "subject_p_high.nc"
     cases = [
@@ -623,6 +625,31 @@ def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_di
         assert foreign.read_text() == "a lab's own data\n"
         assert main(["subject", "session", str(out), "--trials-per-site", "14", option, str(foreign), "--force"]) == 0
         assert foreign.read_bytes() != b"a lab's own data\n"
+
+
+def test_a_damaged_plan_directory_is_refused_by_the_commands_that_read_it(plan_dir, tmp_path, capsys):
+    """plan_files.json holds the sha256 of the plan's data files; `power`, `subject session` and `analyze --plan`
+    name a file that changed (here cut in half) instead of reading it."""
+    _, out = plan_dir
+    listed = json.loads((out / "plan_files.json").read_text())["files"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(listed) == {"summary.json", "sites.csv", "plan.nc", "config.json", summary["truth_file"],
+                           "rig/trials.csv"}
+    session = tmp_path / "session.csv"
+    assert main(["subject", "session", str(out), "--trials-per-site", "14", "--csv", str(session)]) == 0
+    for name in ("plan.nc", "sites.csv", summary["truth_file"]):
+        damaged = tmp_path / f"damaged_{Path(name).name}"
+        shutil.copytree(out, damaged, ignore=shutil.ignore_patterns("cache", "images"))
+        data = (damaged / name).read_bytes()
+        (damaged / name).write_bytes(data[: len(data) // 2])
+        for argv in (["power", str(damaged), "--sessions", "10", "--trials-per-site", "14", "--out",
+                      str(tmp_path / "power")],
+                     ["subject", "session", str(damaged), "--trials-per-site", "14", "--csv", str(tmp_path / "s.csv")],
+                     ["analyze", str(session), "--plan", str(damaged), "--out", str(tmp_path / "analysis")]):
+            assert main(argv) == 2
+            error = capsys.readouterr().err
+            assert f"{damaged / name}: changed since `stimsim plan` wrote it" in error, (argv, error)
+        assert not (tmp_path / "power").exists() and not (tmp_path / "s.csv").exists()
 
 
 def test_subject_session_from_the_plan(plan_dir, tmp_path, capsys):

@@ -16,6 +16,7 @@ import pandas as pd
 from scipy import stats
 
 from stimsim.analysis.effects import weighted_pearson
+from stimsim.analysis.plan_readback import check_plan_files
 from stimsim.utilities.errors import FileFormatError
 
 #: The per-site effect of a plan whose summary names none (plans made before ``effect`` was recorded).
@@ -44,6 +45,7 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
     for path in (sites_path, summary_path):
         if not path.is_file():
             raise FileNotFoundError(f"plan directory {plan_dir} has no {path.name} (made by `stimsim plan`)")
+    check_plan_files(plan_dir)
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

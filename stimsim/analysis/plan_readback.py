@@ -10,17 +10,57 @@ import numpy as np
 import xarray as xr
 
 from stimsim.utilities.errors import FileFormatError
+from stimsim.utilities.hashing import sha256_of
+from stimsim.utilities.io import atomic_write_json
 
 #: The virtual subject's results when the summary names none (plans made before ``truth_file`` was recorded).
 TRUTH_FILE = "truth/subject_p_high.nc"
 TRUTH_DIMS = ("electrode", "stimulated", "sequence", "step")
 
+#: The sha256 of a finished plan's data files (paths relative to the plan directory), written last by
+#: ``stimsim plan``; its format name.
+PLAN_FILES = "plan_files.json"
+PLAN_FILES_FORMAT = "stimsim-plan-files-1"
+
+
+def write_plan_files(plan_dir, names) -> Path:
+    """Record the sha256 of the files ``names`` (relative to ``plan_dir``) in ``plan_dir/plan_files.json``."""
+    plan_dir = Path(plan_dir)
+    return atomic_write_json(plan_dir / PLAN_FILES, {"format": PLAN_FILES_FORMAT, "files": {
+        name: sha256_of(plan_dir / name) for name in sorted(names)}})
+
+
+def check_plan_files(plan_dir) -> None:
+    """FileFormatError naming the first file of ``plan_dir/plan_files.json`` that is missing or changed since
+    ``stimsim plan`` wrote it (a plan made before the file existed is not checked)."""
+    plan_dir = Path(plan_dir)
+    manifest_path = plan_dir / PLAN_FILES
+    if not manifest_path.is_file():
+        return
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FileFormatError(manifest_path, f"invalid JSON ({exc}); run the plan again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != PLAN_FILES_FORMAT or not isinstance(
+            manifest.get("files"), dict):
+        raise FileFormatError(manifest_path, f"not a plan's file list (format should be {PLAN_FILES_FORMAT!r})")
+    for name, expected in manifest["files"].items():
+        path = plan_dir / name
+        if not path.is_file():
+            raise FileFormatError(path, "missing: the plan directory is incomplete; run the plan again")
+        if sha256_of(path) != expected:
+            raise FileFormatError(path, f"changed since `stimsim plan` wrote it (its sha256 differs from the one in "
+                                        f"{PLAN_FILES}): the plan directory is damaged or holds another plan's "
+                                        "file; run the plan again")
+
 
 def read_summary(plan_dir) -> tuple[Path, dict]:
-    """The path and content of ``plan_dir/summary.json`` (a JSON object)."""
+    """The path and content of ``plan_dir/summary.json`` (a JSON object), every file of the plan checked first
+    (:func:`check_plan_files`)."""
     path = Path(plan_dir) / "summary.json"
     if not path.is_file():
         raise FileFormatError(path, "not found; is this a directory written by `stimsim plan`?")
+    check_plan_files(plan_dir)
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

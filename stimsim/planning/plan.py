@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from stimsim.analysis.plan_readback import PLAN_FILES, write_plan_files
 from stimsim.behavior.metrics import finite_pearson
 from stimsim.planning.cache import PhaseCache, directory_files_sha256, remove_temporaries
 from stimsim.planning.config import PlanConfig
@@ -327,6 +328,7 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
         rehearsed = tuple(f"rehearsal_{_cache_key(list(models), name)}.npz" for name in models)
         percepts = _percepts_phase(config, out_dir, cache, chosen_model, plan, working, progress, phases + rehearsed,
                                    compute["device"])
+    (Path(out_dir) / PLAN_FILES).unlink(missing_ok=True)  # until every output below is written again
     truth = truth_file = None
     if inputs.subject_dir is not None:
         truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, task,
@@ -615,6 +617,9 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     atomic_write_json(out_dir / "summary.json", summary)
     build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, sites, summary, truth,
                  models, record, out_dir).write(out_dir)
+    data_files = ["summary.json", "sites.csv", "plan.nc", "config.json", *([truth_file] if truth_file else []),
+                  *(["rig/trials.csv"] if (out_dir / "rig" / "trials.csv").is_file() else [])]
+    write_plan_files(out_dir, data_files)
     return summary
 
 
