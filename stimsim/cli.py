@@ -212,7 +212,6 @@ def _cmd_plan(args) -> int:
 
 
 def _cmd_subject_session(args) -> int:
-    from stimsim.planning.rig import write_trials_nwb
     from stimsim.planning.session import (session_from_plan, session_from_trial_list, write_session_csv,
                                           write_session_nwb)
 
@@ -229,11 +228,8 @@ def _cmd_subject_session(args) -> int:
         trials = session_from_plan(args.plan_dir, args.trials_per_site or 400, seed=args.seed,
                                    session_id=args.session_id, sites=args.sites or "chosen")
     subject_id, session_id = trials["subject_id"].iloc[0], trials["session_id"].iloc[0]
-    if args.out and args.trials is not None:
-        write_trials_nwb(trials, args.out, subject_id=subject_id, session_id=session_id,
-                         description=f"virtual subject running the trial list {args.trials}")
-    elif args.out:
-        write_session_nwb(trials, args.out, subject_id=subject_id, session_id=session_id)
+    if args.out:
+        write_session_nwb(trials, args.out, subject_id=subject_id, session_id=session_id, trial_list=args.trials)
     if args.csv:
         write_session_csv(trials, args.csv)
     files = [str(p) for p in (args.out, args.csv) if p]

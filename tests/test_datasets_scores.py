@@ -218,6 +218,8 @@ def test_models_score_refuses_bad_input_and_leaves_no_directory(tmp_path, capsys
     assert main(["models", "score", "no-such-model", str(EXPERIMENTS / "afraz2006.toml"), "--out", str(out)]) == 2
     error = capsys.readouterr().err
     assert "unknown model 'no-such-model'" in error and error.count("\n") == 1
+    assert main(["models", "score", "no-such-model", "--out", str(out)]) == 2  # no experiments here either
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err
     twin = tmp_path / "other" / "afraz2006.toml"
     twin.parent.mkdir()
     twin.write_text((EXPERIMENTS / "afraz2006.toml").read_text())

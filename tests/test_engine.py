@@ -13,6 +13,7 @@ import xarray as xr
 from stimsim.behavior import LogisticDecoder
 from stimsim.cortex.positions import retinotopic_positions
 from stimsim.cortex.sheet import CorticalSheet
+from stimsim.data.stimuli import StimulusSet
 from stimsim.engine import simulation as engine
 from stimsim.engine.activation_cache import SAMPLED_ROWS
 from stimsim.engine.bench import run_benchmark
@@ -343,6 +344,10 @@ def test_invalid_inputs_are_refused(model, images, labels, decoder):
         simulate(model, images, it_sites(1), decoder, batch_size=0, progress=False)
     with pytest.raises(ConfigError, match="no conditions"):
         simulate(model, images, [], decoder, progress=False)
+    with pytest.raises(ConfigError, match="conditions is one Condition; give a list"):
+        simulate(model, images, Condition("control"), decoder, progress=False)
+    with pytest.raises(ConfigError, match=r"model is a name or path \('stimsim-topo-s0'\); load it first"):
+        simulate("stimsim-topo-s0", images, it_sites(1), decoder, progress=False)
 
 
 class OpaqueDecoder:
@@ -511,3 +516,13 @@ def test_benchmark_quick_mode(model):
     assert set(per_site) == {"sequences", "decoders", "rehearsal"} and all(v > 0 for v in per_site.values())
     assert plan["plan_default_design_and_rehearsal_s"] == pytest.approx(
         75 * (per_site["sequences"] + 3 * (per_site["decoders"] + per_site["rehearsal"])))
+
+
+def test_a_stimulus_set_is_simulated_under_its_own_ids(model, images, decoder):
+    """Images given as a StimulusSet give the same probabilities as the bare arrays, labelled by the set's ids."""
+    ids = np.array([f"img{i:02d}" for i in range(N_IMAGES)])
+    stimuli = StimulusSet("brightness", list(images), ids)
+    from_set = simulate(model, stimuli, it_sites(2), decoder, progress=False)
+    from_arrays = simulate(model, images, it_sites(2), decoder, progress=False)
+    assert list(from_set["stimulus_id"].values) == list(ids)
+    np.testing.assert_array_equal(from_set.values, from_arrays.values)

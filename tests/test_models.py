@@ -14,6 +14,7 @@ from PIL import Image
 
 from stimsim.cortex.positions import build_sheet, retinotopic_positions
 from stimsim.cortex.sheet import CorticalSheet
+from stimsim.data.stimuli import StimulusSet
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.swap import swap_optimize
 from stimsim.models.tdann import TDANN_AREAS, load_tdann, read_vissl_trunk
@@ -278,6 +279,9 @@ def test_preprocessing_accepts_every_image_kind(tmp_path):
         "arrays": [gray, red],
         "float arrays": [gray / 255.0, red / 255.0],
         "tensor": torch.stack([torch.full((3, 20, 20), 128 / 255), torch.from_numpy(red / 255.0).permute(2, 0, 1)]),
+        "uint8 tensor": torch.from_numpy(np.stack([np.repeat(gray[..., None], 3, -1), red])).permute(0, 3, 1, 2),
+        "uint16 arrays": [gray.astype(np.uint16) * 257, red.astype(np.uint16) * 257],  # 65535 / 255 = 257
+        "stimulus set": StimulusSet("two", [gray / 255.0, red / 255.0], np.array(["gray", "red"])),
     }
     for kind, images in inputs.items():
         out = to_gray(images)
@@ -306,6 +310,16 @@ def test_preprocessing_resizes_mixed_sizes_and_rejects_bad_input(tmp_path):
         Preprocessing(channels=1)
     with pytest.raises(ConfigError, match="unknown preprocessing"):
         Preprocessing.from_dict({"size": 32})
+    # values the network would read on another scale than [0, 1] are refused, not clamped or passed on
+    eight_bit = np.full((2, 20, 20), 200.0, np.float32)
+    for images, message in ((eight_bit, r"values in \[0, 1\], got values from 200 to 200 \(8-bit values as floats"),
+                            (torch.from_numpy(eight_bit[:, None]), "values in \\[0, 1\\]"),
+                            ([np.full((20, 20), np.nan, np.float32)], "NaN or infinite"),
+                            (np.ones((2, 20, 20), np.int64), "images of type int64"),
+                            (torch.zeros(2, 2, 20, 20), r"C = 1, 3 or 4 \(channels first\), got shape \(2, 2, 20"),
+                            (torch.zeros(0, 3, 20, 20), "no images given"), ([], "no images given")):
+        with pytest.raises(ValueError, match=message):
+            Preprocessing(size_px=16)(images)
 
 
 def test_preprocessing_keeps_the_aspect_and_cuts_out_the_centre():

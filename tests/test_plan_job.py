@@ -557,7 +557,7 @@ def test_sessions_and_power_name_a_damaged_or_inconsistent_plan_file(plan_dir, t
 
 @pytest.mark.parametrize("table, replace, message", [
     ("plan", ("[stimulation]\n", "[stimulation]\nfrequency_Hz = 0\n"),
-     r"plan.toml \[stimulation\]: 'frequency_Hz' must be > 0 \(a train at 0 Hz delivers no pulse\), got 0"),
+     r"plan.toml \[stimulation\]: frequency_Hz must be > 0 Hz: electrical stimulation at 0 delivers nothing"),
     ("plan", ("[selection]\n", "[safety]\noverride = \"  \"\n[selection]\n"),
      r"plan.toml \[safety\]: 'override' must be the reason the limits are overridden \(non-empty text\)"),
     ("subject", ("radius_mm = 0.25", "radius_mm = 1e6"),
@@ -816,7 +816,7 @@ n_sites = 6
 """
 
 
-def test_face_task_ranks_sites_in_the_models_face_patch(tmp_path, one_torch_thread):
+def test_face_task_ranks_sites_in_the_models_face_patch(tmp_path, one_torch_thread, capsys):
     """With the face task (Afraz et al. 2006) the top-ranked sites lie where the model's IT is face-selective:
     the face d′ of the top sites' mapped points (pooled units within 0.5 cortex mm, computed here from the
     model's activations) exceeds the median d′ over the rehearsed sites far more often than chance (one half)."""
@@ -857,10 +857,10 @@ def test_face_task_ranks_sites_in_the_models_face_patch(tmp_path, one_torch_thre
           f"median {np.median(site_dprime):.2f}")
     assert above >= 5  # chance: P(>= 5 of 6) = 7/64
     assert np.median(top) > np.percentile(site_dprime, 75)
-    _face_plan_closes_the_loop(out, summary, sites, tmp_path)
+    _face_plan_closes_the_loop(out, summary, sites, tmp_path, capsys)
 
 
-def _face_plan_closes_the_loop(out, summary, sites, tmp_path):
+def _face_plan_closes_the_loop(out, summary, sites, tmp_path, capsys):
     """A face plan's virtual subject runs a session, which `analyze --plan` and `power` take as a sequence plan's:
     P(face) on the signed visual-signal axis of Afraz et al. 2006 (non-face images at −s %, faces at +s %)."""
     truth_path = out / summary["truth_file"]
@@ -919,6 +919,16 @@ def _face_plan_closes_the_loop(out, summary, sites, tmp_path):
     assert main(["subject", "session", str(out), "--trials", str(out / "rig" / "trials.csv"), "--csv",
                  str(tmp_path / "rig_session.csv")]) == 0
     assert len(pd.read_csv(tmp_path / "rig_session.csv")) == len(rig)
+    # a trial list edited by hand is checked by a session's rules, its messages naming no lab-code options
+    edited = rig.copy()
+    edited.loc[edited["stimulated_electrode"] != "sham", "stimulated_electrode"] = "not-an-electrode"
+    edited.to_csv(tmp_path / "edited.csv", index=False)
+    capsys.readouterr()
+    assert main(["subject", "session", str(out), "--trials", str(tmp_path / "edited.csv"), "--csv",
+                 str(tmp_path / "edited_session.csv")]) == 2
+    refused = capsys.readouterr().err
+    assert re.search(r"'stimulated_electrode', row\(s\) .*: .*'sham' or the electrode's own id\)", refused)
+    assert "--values" not in refused and not (tmp_path / "edited_session.csv").exists()
 
 
 #: A plan task from outside stimsim, in one module: P(non-face) on the face task's trials.

@@ -62,7 +62,7 @@ def test_override_of_a_passing_protocol_overrides_nothing():
 
 @pytest.mark.parametrize("override", ["", "   ", True, 1])
 def test_override_must_be_a_reason(override):
-    with pytest.raises(ConfigError, match="override must be None or a non-empty reason"):
+    with pytest.raises(ConfigError, match="the safety override must be None or a non-empty reason"):
         enforce(protocol(300.0), override=override)
 
 

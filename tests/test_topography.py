@@ -90,3 +90,28 @@ def test_smoothed_values_in_chunks_equal_the_gaussian_mean_of_all_units_within_3
     inside = weights.sum(1) > 0
     assert np.allclose(got[inside], (weights @ values)[inside] / weights.sum(1)[inside])
     assert np.isnan(got[~inside]).all() and (~inside).sum() == 1
+
+
+def test_smoothed_values_leave_nan_units_out_and_refuse_values_of_another_sheet():
+    """A unit whose value is NaN (e.g. not measured) is left out of the Gaussian mean, as if it were absent from
+    the sheet; a value array of another length or shape is refused before any work."""
+    from stimsim.cortex import topography
+    from stimsim.cortex.sheet import CorticalSheet
+
+    rng = np.random.default_rng(1)
+    coordinates = rng.uniform(0, 4, size=(200, 2))
+    values = rng.normal(size=200)
+    values[::2] = np.nan
+    points = rng.uniform(0, 4, size=(20, 2))
+    got = topography.smoothed_values_at(values, CorticalSheet("it", (200, 1, 1), coordinates), points, 0.5)
+    without = topography.smoothed_values_at(values[1::2], CorticalSheet("it", (100, 1, 1), coordinates[1::2]),
+                                            points, 0.5)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(without))
+    np.testing.assert_allclose(got[~np.isnan(got)], without[~np.isnan(without)], rtol=1e-12)
+    sheet = CorticalSheet("it", (200, 1, 1), coordinates)
+    with pytest.raises(ValueError, match=r"one number per unit of the sheet, shape \(200,\), got shape \(100,\)"):
+        topography.peak_location_mm(values[:100], sheet)
+    with pytest.raises(ValueError, match=r"shape \(200,\), got shape \(1, 200\)"):
+        topography.peak_location_mm(values[None], sheet)
+    with pytest.raises(ValueError, match="every value is NaN"):
+        topography.peak_location_mm(np.full(200, np.nan), sheet)

@@ -87,10 +87,18 @@ SMOOTHING_NEIGHBOURS_PER_CHUNK = 2_000_000
 
 
 def smoothed_values_at(values, sheet: CorticalSheet, points_mm, sigma_mm: float = 0.5) -> np.ndarray:
-    """Gaussian-weighted mean (σ = ``sigma_mm``) of a per-unit value around each point (M, 2) in mm;
-    NaN where no unit lies within 3σ. Points are taken in chunks, so memory stays bounded on dense sheets
-    (about :data:`SMOOTHING_NEIGHBOURS_PER_CHUNK` unit–point pairs at a time)."""
+    """Gaussian-weighted mean (σ = ``sigma_mm``) of a per-unit value around each point (M, 2) in mm, units whose
+    value is NaN left out; NaN where no other unit lies within 3σ. Points are taken in chunks, so memory stays
+    bounded on dense sheets (about :data:`SMOOTHING_NEIGHBOURS_PER_CHUNK` unit–point pairs at a time)."""
     values = np.asarray(values, float)
+    n_units = len(sheet.coordinates_mm)
+    if values.shape != (n_units,):
+        raise ValueError(f"values must hold one number per unit of the sheet, shape ({n_units},), got shape "
+                         f"{values.shape}")
+    if np.isnan(values).all():
+        raise ValueError("every value is NaN: there is nothing to map")
+    counted = ~np.isnan(values)
+    values = np.where(counted, values, 0.0)
     points = np.asarray(points_mm, float).reshape(-1, 2)
     numerator, denominator = np.zeros(len(points)), np.zeros(len(points))
     units = cKDTree(sheet.coordinates_mm)
@@ -99,7 +107,7 @@ def smoothed_values_at(values, sheet: CorticalSheet, points_mm, sigma_mm: float 
     for start in range(0, len(points), chunk):
         block = slice(start, start + chunk)
         pairs = cKDTree(points[block]).sparse_distance_matrix(units, 3 * sigma_mm, output_type="ndarray")
-        weights = np.exp(-pairs["v"] ** 2 / (2 * sigma_mm ** 2))
+        weights = np.exp(-pairs["v"] ** 2 / (2 * sigma_mm ** 2)) * counted[pairs["j"]]
         size = len(points[block])
         numerator[block] = np.bincount(pairs["i"], weights * values[pairs["j"]], minlength=size)
         denominator[block] = np.bincount(pairs["i"], weights, minlength=size)

@@ -541,7 +541,8 @@ def _resolve_file(entry: ManifestEntry, spec: ManifestFile, mirror, timeout_s: f
             return _install(cached, spec, entry, str(mirrored), lambda: open(mirrored, "rb"))
         looked.append(f"mirror {mirrored} (absent)")
     else:
-        looked.append(f"no mirror directory (pass mirror= or set {MIRROR_DIR_ENV})")
+        looked.append(f"no mirror directory (--mirror DIR on the command line, mirror= in Python, or set "
+                      f"{MIRROR_DIR_ENV})")
     for source in entry.sources:
         if source.kind in ("url", "pypi_wheel"):
             try:
@@ -553,7 +554,8 @@ def _resolve_file(entry: ManifestEntry, spec: ManifestFile, mirror, timeout_s: f
         advice = instructions[0]
     else:
         advice = (f"A copy placed at <mirror>/{entry.mirror_subdir or entry.name}/{spec.path}, with the mirror "
-                  f"passed as mirror= or set in {MIRROR_DIR_ENV}, is used and cached.")
+                  f"given (--mirror DIR on the command line, mirror= in Python) or set in {MIRROR_DIR_ENV}, is "
+                  "used and cached.")
         hints = [source.install_hint for source in entry.sources if source.install_hint]
         if hints:
             advice += f" To install the source: {hints[0]}"

@@ -43,6 +43,7 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
+from stimsim.data.stimuli import StimulusSet
 from stimsim.engine.devices import resolve_device
 from stimsim.engine.store import open_store, write_chunk
 from stimsim.stimulation.base import apply_effect
@@ -72,7 +73,8 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
     ----------
     model : a ``TopographicModel``; it is moved to ``device`` when one is given (in place, as
         ``torch.nn.Module.to`` does).
-    images : anything ``model.preprocess`` accepts (files, arrays in [0, 1], tensors).
+    images : anything ``model.preprocess`` accepts (files, arrays in [0, 1] or uint8, tensors, a
+        :class:`~stimsim.data.stimuli.StimulusSet`, whose ids label the images unless ``stimulus_ids`` is given).
     conditions : sequence of conditions with unique labels; a condition perturbs one layer that has a
         cortical sheet and does not come after the decoder's layer, or none (control).
     decoder : frozen decoder (``layer``, ``choices``, ``probabilities``). A decoder with
@@ -215,6 +217,12 @@ class _Setup:
 
     def __init__(self, model, images, conditions, decoder, stimulus_ids, stimulus_coords, batch_size,
                  safety_limits=None, safety_override=None):
+        if isinstance(model, (str, Path)):
+            raise ConfigError(f"model is a name or path ({str(model)!r}); load it first: "
+                              "stimsim.models.registry.load_model(name_or_path)")
+        if isinstance(conditions, Condition):
+            raise ConfigError("conditions is one Condition; give a list of them, e.g. [Condition(\"control\"), "
+                              "condition]")
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer (images per pass), got {batch_size!r}")
         for attribute in ("layer", "choices", "probabilities"):
@@ -244,6 +252,8 @@ class _Setup:
         self.layers = [self._condition_layer(c) for c in self.conditions]
         self.inputs = model.preprocess(images)
         self.n_images = len(self.inputs)
+        if stimulus_ids is None and isinstance(images, StimulusSet):
+            stimulus_ids = images.stimulus_id
         if stimulus_ids is None:
             stimulus_ids = [f"image_{i:05d}" for i in range(self.n_images)]
         self.stimulus_ids = [str(s) for s in stimulus_ids]

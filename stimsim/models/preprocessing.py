@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from stimsim.data.images import load_image
+from stimsim.data.stimuli import StimulusSet
 from stimsim.utilities.errors import ConfigError
 
 #: ITU-R BT.601 luma weights for RGB → grayscale.
@@ -79,9 +80,9 @@ class Preprocessing:
         ITU-R BT.601 luma (0.299 R + 0.587 G + 0.114 B) for a grayscale model, a gray image is
         repeated on the three channels of an RGB model, an alpha channel is dropped. ``images``: a
         sequence of anything the model takes (paths, PIL images, arrays, (C, H, W) tensors), a stacked
-        array (N, H, W[, C]) or a tensor (N, C, H, W). Images already at this geometry pass through the
-        model's preprocessing unchanged but for the normalisation, so a change made to them — pixel
-        noise above all — reaches the network pixel for pixel.
+        array (N, H, W[, C]), a tensor (N, C, H, W) or a :class:`~stimsim.data.stimuli.StimulusSet`. Images
+        already at this geometry pass through the model's preprocessing unchanged but for the normalisation, so
+        a change made to them — pixel noise above all — reaches the network pixel for pixel.
 
         >>> gray_model = Preprocessing(size_px=8, channels=1, mean=(0.5,), std=(0.5,))
         >>> wide = np.zeros((16, 32, 3), np.float32)
@@ -145,29 +146,58 @@ def resize_centre_crop(batch: torch.Tensor, size_px: int) -> torch.Tensor:
     return batch[..., top:top + size_px, left:left + size_px]
 
 
+#: Integer image types and their full intensity, as image files are read (:func:`stimsim.data.images.load_image`).
+_FULL_SCALE = {"uint8": 255.0, "uint16": 65535.0}
+
+
+def _unit_values(tensor: torch.Tensor) -> torch.Tensor:
+    """Image values as float32 in [0, 1]: uint8 divided by 255, uint16 by 65535, floating point as given; other
+    types, and floating-point values that are not finite or lie outside [0, 1], refused (ValueError)."""
+    kind = str(tensor.dtype).removeprefix("torch.")
+    if kind in _FULL_SCALE:
+        return tensor.to(torch.float32) / _FULL_SCALE[kind]
+    if not tensor.is_floating_point():
+        raise ValueError(f"images of type {kind}: give floating-point values in [0, 1], or uint8 (0-255) or uint16 "
+                         "(0-65535) values")
+    tensor = tensor.to(torch.float32)
+    if tensor.numel() and not bool(torch.isfinite(tensor).all()):
+        raise ValueError("images hold NaN or infinite values; give finite values in [0, 1]")
+    if tensor.numel() and (float(tensor.min()) < 0.0 or float(tensor.max()) > 1.0):
+        raise ValueError(f"floating-point images must hold values in [0, 1], got values from {float(tensor.min()):g} "
+                         f"to {float(tensor.max()):g} (8-bit values as floats: divide them by 255, or give uint8)")
+    return tensor
+
+
 def _tensor_to_unit(images: torch.Tensor, device=None) -> torch.Tensor:
-    """A (C, H, W) or (N, C, H, W) tensor, float 0–1 → float32 (N, C, H, W) on ``device``."""
-    tensor = images.detach().to(torch.float32)
+    """A (C, H, W) or (N, C, H, W) tensor (see :func:`_unit_values`) → float32 (N, C, H, W) on ``device``."""
+    tensor = images.detach()
     if tensor.dim() == 3:
         tensor = tensor.unsqueeze(0)
-    if tensor.dim() != 4:
-        raise ValueError(f"image tensors must be (C, H, W) or (N, C, H, W), got shape {tuple(tensor.shape)}")
-    return tensor if device is None else tensor.to(device)
+    if tensor.dim() != 4 or tensor.shape[1] not in (1, 3, 4):
+        raise ValueError(f"image tensors must be (C, H, W) or (N, C, H, W) with C = 1, 3 or 4 (channels first), got "
+                         f"shape {tuple(images.shape)}")
+    if tensor.shape[0] == 0:
+        raise ValueError("no images given (a tensor of 0 images)")
+    tensor = _unit_values(tensor if device is None else tensor.to(device))
+    return tensor[:, :3]
 
 
 def _array_to_unit(arr: np.ndarray, device=None, *, stacked: bool) -> torch.Tensor:
-    """One image array ((H, W) or (H, W, 1|3|4)) or a stack of them (N, H, W[, C]); uint8 0–255 or
-    float 0–1 → float32 (N, C, H, W) in [0, 1] on ``device``, alpha dropped."""
+    """One image array ((H, W) or (H, W, 1|3|4)) or a stack of them (N, H, W[, C]) (see :func:`_unit_values`) →
+    float32 (N, C, H, W) in [0, 1] on ``device``, alpha dropped."""
     arr = np.asarray(arr)
-    arr = arr.astype(np.float32) / 255.0 if arr.dtype == np.uint8 else arr.astype(np.float32, copy=False)
     if not stacked:
         arr = arr[None]
     if arr.ndim == 3:
         arr = arr[..., None]
     if arr.ndim != 4 or arr.shape[-1] not in (1, 3, 4):
         raise ValueError(f"an image array must be (H, W) or (H, W, 1|3|4), got shape {arr.shape[1:]}")
+    if arr.shape[0] == 0:
+        raise ValueError("no images given (an array of 0 images)")
+    if arr.dtype.byteorder not in ("=", "|"):
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     tensor = torch.from_numpy(np.ascontiguousarray(arr[..., :3])).permute(0, 3, 1, 2).contiguous()
-    return tensor if device is None else tensor.to(device)
+    return _unit_values(tensor if device is None else tensor.to(device))
 
 
 def _is_stacked(arr: np.ndarray) -> bool:
@@ -184,6 +214,8 @@ def _single_images(images) -> list:
         return list(images) if _is_stacked(images) else [images]
     if isinstance(images, (str, Path)) or _is_pil(images):
         return [images]
+    if isinstance(images, StimulusSet):
+        return list(images.images)
     return list(images)
 
 

@@ -32,6 +32,7 @@ from pydantic import ConfigDict, Field
 from torch import nn
 
 from stimsim.cortex.sheet import CorticalSheet
+from stimsim.data.stimuli import StimulusSet
 from stimsim.models.architectures import StimsimTopoNet, build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.shared_trunk import SHARED_TRUNK_STAGES, trunk_digest, trunk_output
@@ -308,12 +309,16 @@ class TopographicModel:
         return self._trunk_sha256
 
     def activations(self, images, layer: str, batch_size: int = 64) -> torch.Tensor:
-        """Activations of ``layer`` for ``images`` (a sequence or a stacked array/tensor), flattened to
-        (N_images, N_units) in C-major order; computed on the model's device batch by batch (only one batch
-        of preprocessed images is held at a time; at most :data:`MAX_BATCH_PIXELS` input pixels, whatever
-        ``batch_size`` asks), returned on the CPU."""
+        """Activations of ``layer`` for ``images`` (a sequence, a stacked array/tensor or a
+        :class:`~stimsim.data.stimuli.StimulusSet`), flattened to (N_images, N_units) in C-major order; computed on
+        the model's device batch by batch (only one batch of preprocessed images is held at a time; at most
+        :data:`MAX_BATCH_PIXELS` input pixels, whatever ``batch_size`` asks), returned on the CPU."""
         layer = self.resolve_layer(layer)
         batch_size = self.batch_limit(batch_size)
+        if isinstance(images, StimulusSet):
+            images = images.images
+        if len(images) == 0:
+            raise ValueError("no images given")
         outputs = [self.run_stages(self.preprocess(images[i:i + batch_size]), stop=layer).flatten(1).cpu()
                    for i in range(0, len(images), batch_size)]
         return torch.cat(outputs)
@@ -323,9 +328,12 @@ class TopographicModel:
         return max(1, min(int(batch_size), MAX_BATCH_PIXELS // self.preprocessing.size_px ** 2))
 
     def activations_xarray(self, images, layer: str, stimulus_ids=None, batch_size: int = 64) -> xr.DataArray:
-        """Activations as a labelled array (stimulus_id × unit) with unit coords x_mm, y_mm, channel."""
+        """Activations as a labelled array (stimulus_id × unit) with unit coords x_mm, y_mm, channel; the
+        stimulus ids those of a :class:`~stimsim.data.stimuli.StimulusSet` given as ``images`` unless given."""
         layer = self.resolve_layer(layer)
         values = self.activations(images, layer, batch_size).numpy()
+        if stimulus_ids is None and isinstance(images, StimulusSet):
+            stimulus_ids = images.stimulus_id
         if stimulus_ids is None:
             stimulus_ids = [f"image_{i:05d}" for i in range(len(values))]
         if len(stimulus_ids) != len(values):

@@ -80,8 +80,8 @@ def score_model(model, experiments, out_dir, progress: bool = True, force: bool 
     ``out_dir/<file stem>/`` and write the table of their scores into ``out_dir`` (see the module docstring);
     returns what ``scores.json`` holds. Inputs are checked before anything is written; a run that fails leaves
     the runs finished before it (a run into the same ``out_dir`` again resumes them)."""
+    model_path(model)  # an unknown model is refused first, before any directory is made
     specs = check_benchmarks(experiments)
-    model_path(model)  # an unknown model is refused before any directory is made
     stems = [path.stem for path, _ in specs]
     with DirectoryLock(out_dir, "models score"), \
             ResultSet(out_dir, "model scores", keep=tuple(_kept_runs(Path(out_dir), stems)), force=force) as results:

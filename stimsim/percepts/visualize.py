@@ -116,18 +116,17 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
     if list(currents) != sorted(set(currents)):
         raise ConfigError(f"{where} [stimulation]: 'currents_uA' must list at least two rising currents (µA), got "
                           f"{list(currents)}")
-    try:
-        check_additive_scale(stimulation.additive_scale, template.get("form"))
-        perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer,
-                                "current_uA": currents[-1]}).check_delivers()
-    except ConfigError as exc:
-        raise ConfigError(f"{where} [stimulation]: {exc}") from None
     for current in currents:
         try:
-            perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer,
-                                    "current_uA": current})
+            perturbation = perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer,
+                                                   "current_uA": current})
         except ConfigError as exc:
             raise ConfigError(f"{where} [stimulation]: 'currents_uA' holds {current!r}: {exc}") from None
+    try:
+        check_additive_scale(stimulation.additive_scale, template.get("form"))
+        perturbation.check_delivers()
+    except ConfigError as exc:
+        raise ConfigError(f"{where} [stimulation]: {exc}") from None
     sites = checked.sites.to_dict()
     for key in ("face_site_mm", "control_site_mm"):
         if key in sites:

@@ -148,13 +148,6 @@ class StimulationTable(FileModel):
                 raise ValueError(f"{key!r} {why}")
         return data
 
-    @field_validator("frequency_Hz")
-    @classmethod
-    def _pulses(cls, frequency_Hz: float) -> float:
-        if frequency_Hz <= 0:
-            raise ValueError(f"'frequency_Hz' must be > 0 (a train at 0 Hz delivers no pulse), got {frequency_Hz:g}")
-        return frequency_Hz
-
 
 def _electrical_parameters(schema: dict) -> None:
     """The JSON Schema of a plan's ``[stimulation]``: the electrical kind's parameters as it declares them
@@ -384,7 +377,7 @@ def load_plan_config(path) -> PlanConfig:
     additive_scale = stimulation.pop("additive_scale")
     try:
         check_additive_scale(additive_scale, stimulation.get("form"))
-        stimulation_at((0.0, 0.0), stimulation)
+        stimulation_at((0.0, 0.0), stimulation).check_delivers()
     except ConfigError as exc:
         raise ConfigError(f"{where} [stimulation]: {exc}") from None
     safety = checked.safety

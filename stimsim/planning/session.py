@@ -98,11 +98,22 @@ def simulate_trials(p_high: xr.DataArray, trials_per_site: int, lapse_rate: floa
     return pd.DataFrame(table)
 
 
-def write_session_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: str,
-                      description: str = "virtual subject: a plan's stimuli with interleaved microstimulation") -> Path:
-    """Write ``trials`` as the NWB trials table (pynwb), atomically; subject and session ids at file level."""
-    return write_trials_nwb(trials[["start_time", "stop_time", *SESSION_COLUMNS]], path, subject_id, session_id,
-                            description, species="virtual (stimsim model)", subject_description="stimsim virtual subject")
+#: How a session this module wrote describes itself in its NWB file (the start of its session description).
+VIRTUAL_SESSION_DESCRIPTION = "virtual subject"
+
+
+def write_session_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: str, trial_list=None) -> Path:
+    """Write ``trials`` as the NWB trials table (pynwb), atomically; subject and session ids at file level.
+
+    ``trial_list``: the trial list the session ran (:func:`session_from_trial_list`), whose every column is kept;
+    without it the session's own columns are written."""
+    if trial_list is None:
+        trials = trials[["start_time", "stop_time", *SESSION_COLUMNS]]
+        description = f"{VIRTUAL_SESSION_DESCRIPTION}: a plan's stimuli with interleaved microstimulation"
+    else:
+        description = f"{VIRTUAL_SESSION_DESCRIPTION} running the trial list {trial_list}"
+    return write_trials_nwb(trials, path, subject_id, session_id, description, species="virtual (stimsim model)",
+                            subject_description="stimsim virtual subject")
 
 
 def write_session_csv(trials: pd.DataFrame, path) -> Path:
@@ -115,20 +126,18 @@ _SESSION_CSV_MARKERS = {"start_time", "stop_time", "electrode", "stimulated_elec
 
 
 def is_virtual_session_file(path) -> bool:
-    """Whether the file ``path`` is a session that :func:`write_session_nwb`, :func:`write_session_csv` or a
-    trial list's run wrote (an NWB file whose session description names a virtual subject, a CSV table with the
-    session's columns), so that a new session may replace it without ``--force``."""
+    """Whether the file ``path`` is a session that :func:`write_session_nwb` or :func:`write_session_csv` wrote
+    (an NWB file whose session description names a virtual subject, a CSV table with the session's columns), so
+    that a new session may replace it without ``--force``."""
+    import h5py
+
     path = Path(path)
     try:
-        with path.open("rb") as handle:
-            signature = handle.read(8)
-        if signature == b"\x89HDF\r\n\x1a\n":
-            import h5py
-
+        if h5py.is_hdf5(path):
             with h5py.File(path, "r") as handle:
                 description = handle["session_description"][()] if "session_description" in handle else b""
             return (description.decode() if isinstance(description, bytes) else str(description)).startswith(
-                "virtual subject")
+                VIRTUAL_SESSION_DESCRIPTION)
         with path.open(encoding="utf-8") as handle:
             header = handle.readline().strip().split(",")
     except (OSError, UnicodeDecodeError, ValueError):

@@ -193,14 +193,15 @@ def enforce(stim: Perturbation, limits: SafetyLimits | None = None,
     and keeps the reason; a protocol within the limits passes and has nothing overridden.
     """
     if override is not None and (not isinstance(override, str) or not override.strip()):
-        raise ConfigError(f"override must be None or a non-empty reason (text), got {override!r}")
+        raise ConfigError(f"the safety override must be None or a non-empty reason (text), got {override!r}")
     report = check_protocol(stim, limits)
     if report.passed:
         return report
     if override is None:
         raise SafetyError(
             "stimulation protocol refused: " + "; ".join(report.violations)
-            + ". To run it anyway, give an override reason (override='<reason>' in Python, `override = \"...\"`"
-            " in the [safety] table of an experiment or plan file); the reason is recorded with the results."
+            + ". To run it anyway, give an override reason (in Python safety_override='<reason>' to simulate(), "
+            "override='<reason>' to enforce(); `override = \"...\"` in the [safety] table of an experiment or plan "
+            "file); the reason is recorded with the results."
         )
     return dataclasses.replace(report, overridden=True, override_reason=override.strip())

@@ -79,7 +79,7 @@ class TrainingTable(FileModel):
 
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
     steps: Annotated[int, Field(ge=1)]
-    batch_size: Annotated[int, Field(ge=2)] = 128
+    batch_size: Annotated[int, Field(ge=2, le=4096)] = 128
     learning_rate: _NonNegative = 0.05
     momentum: Annotated[float, Field(ge=0, le=1)] = 0.9
     weight_decay: _NonNegative = 5e-4

@@ -273,7 +273,7 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
 def check_trial_list(table: pd.DataFrame, path) -> None:
     """Check a trial list (a session's columns before any choice is made, e.g. a plan's ``rig/trials.csv``) by
     the rules a session file is checked by: one FileFormatError naming ``path``, the columns and the rows."""
-    _validated(table.assign(choice=CHOICES[0]), Path(path), known=None)
+    _validated(table.assign(choice=CHOICES[0]), Path(path), known=None, lab_codes=False)
 
 
 def _check_correct(sessions: pd.DataFrame, last_step: int) -> None:
@@ -415,10 +415,12 @@ def _read_raw(path: Path) -> tuple[pd.DataFrame, dict]:
 
 
 def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
-               values: dict[str, dict[str, str]] | None = None, lab_names: dict | None = None) -> pd.DataFrame:
+               values: dict[str, dict[str, str]] | None = None, lab_names: dict | None = None,
+               lab_codes: bool = True) -> pd.DataFrame:
     """Check every rule on the whole file (after translating the lab's value codes, ``values``); raise
     one error listing its problems, each column named as stimsim and, where it was mapped, as the file names it
-    (``lab_names``: stimsim name → the file's), or return the table."""
+    (``lab_names``: stimsim name → the file's), or return the table. ``lab_codes``: whether the file may hold a
+    lab's own codes (a session file, not a trial list stimsim wrote), which the messages then say how to map."""
     lab_names = lab_names or {}
     present = set(raw.columns)
     unitless = [name for name in raw.columns if name in _UNITLESS_CURRENT]
@@ -466,8 +468,9 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     stimulated = table["stimulated_electrode"].to_numpy() != SHAM
     report(stimulated & (table["stimulated_electrode"] != table["electrode"]).to_numpy(), "stimulated_electrode",
            "stimulated electrode differs from the electrode whose sequence is shown (per-site analysis "
-           "pairs a site's sequence with its own stimulation or sham; a lab's code for sham trials maps with "
-           "--values stimulated_electrode:CODE=sham)", table["stimulated_electrode"].to_numpy())
+           "pairs a site's sequence with its own stimulation or sham" + (
+               "; a lab's code for sham trials maps with --values stimulated_electrode:CODE=sham)" if lab_codes else
+               ": 'sham' or the electrode's own id)"), table["stimulated_electrode"].to_numpy())
     if known is not None:
         examples = ", ".join(map(repr, sorted(known, key=natural_key)[:5]))
         report(~table["electrode"].isin(known) & (table["electrode"] != ""), "electrode",
