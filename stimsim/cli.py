@@ -612,7 +612,7 @@ def _apply_common_options(args) -> None:
             raise ConfigError("--out is empty; give a directory path")
         check_output_dir(out)
     mirror = getattr(args, "mirror", None)
-    if mirror is not None and getattr(args, "handler", None) is not _cmd_data_fetch:
+    if mirror is not None:
         if not Path(mirror).is_dir():
             raise ConfigError(f"--mirror {mirror}: not a directory")
         os.environ[MIRROR_DIR_ENV] = str(Path(mirror).absolute())

@@ -320,6 +320,10 @@ def test_session_whose_halves_disagree_reports_the_noise_ceiling_as_undefined(tm
         assert json.loads(data.attrs["summary_json"])["noise_ceiling"] is None
     html = (out / "report.html").read_text()
     assert "undefined (see the notes)" in html and "not reliable at this trial count" in html
+    # the warning stated once, in a warning box; the scores it leaves undefined named together, without JSON keys
+    assert html.count("not reliable at this trial count") == 1 and '<p class="warning">Warning: noise ceiling' in html
+    assert "noise_ceiled_r and expected_predicted_vs_observed_r are undefined" in html
+    assert "see noise_ceiling_undefined_reason" not in html
 
 
 def test_sites_without_a_delta_auc_are_named_and_ids_listed_in_natural_order(tmp_path):

@@ -31,6 +31,10 @@ def test_site_power_matches_normal_theory_and_null_rate():
     # no planned effect: nothing to detect in the planned direction (sign 0)
     assert sites["power_800"].iloc[3] == 0.0 and sites["trials_needed"].iloc[3] is None
     assert summary["site_power_chance"] == 0.025
+    # each site's effect as simulated: the trapezoid ΔAUC of its curves (the weights above)
+    weights = np.full(7, 1 / 6)
+    weights[[0, -1]] = 1 / 12
+    np.testing.assert_allclose(sites["simulated_delta_auc"], (curves @ weights) @ np.array([-1.0, 1.0]), atol=1e-12)
 
 
 def test_null_sites_are_detected_at_alpha_over_two_against_a_planned_direction():

@@ -50,6 +50,8 @@ def test_data_fetch_and_verify(capsys):
 def test_data_fetch_of_unknown_entry_is_a_clear_error(capsys):
     assert main(["data", "fetch", "no_such_dataset"]) == 2
     assert "no_such_dataset" in capsys.readouterr().err
+    assert main(["data", "fetch", "afraz2006", "--mirror", "no/such/dir"]) == 2  # even where the file is cached
+    assert "--mirror no/such/dir: not a directory" in capsys.readouterr().err
 
 
 def test_models_list(capsys):

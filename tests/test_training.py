@@ -72,7 +72,8 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, tiny_data):
 def test_checkpoint_of_another_config_is_refused(tmp_path, tiny_data):
     train(load_training_config(small_config(steps=20)), tmp_path, progress=False, data=tiny_data, stop_after_step=20)
     other = load_training_config(small_config(steps=20, learning_rate=0.01))
-    with pytest.raises(ConfigError, match="different configuration"):
+    with pytest.raises(ConfigError, match=r"different configuration \(changed: training.learning_rate \(0.05 → "
+                                          r"0.01\)\); a run resumes only with the configuration it started with"):
         train(other, tmp_path, progress=False, data=tiny_data)
 
 
@@ -80,6 +81,7 @@ def test_checkpoint_of_another_config_is_refused(tmp_path, tiny_data):
     (lambda c: c["training"].update(stepz=3), "unknown key"),
     (lambda c: c["model"]["layers"]["it"].pop("sheet_size_mm"), "sheet_size_mm"),
     (lambda c: c["training"].update(batch_size=1), "batch_size"),
+    (lambda c: c["training"].update(batch_size=100_000), "batch_size"),
     (lambda c: c["spatial_loss"].update(layers=["v9"]), "v9"),
     (lambda c: c["training"].update(task="dreaming"), "task"),
     (lambda c: c.update(activity_penalty={"l1": -1.0, "layers": ["it"]}), "l1"),
@@ -93,6 +95,14 @@ def test_bad_configs_are_refused(mutate, message):
     mutate(config)
     with pytest.raises(ConfigError, match=message):
         load_training_config(config)
+
+
+def test_a_readout_layer_the_network_lacks_is_refused_naming_the_file_key(tmp_path, tiny_data):
+    config = small_config()
+    config["model"]["readout_layer"] = "mt"
+    with pytest.raises(ConfigError, match=r"training config \[model\] readout_layer 'mt' is neither a stage of "
+                                          r"stimsim_topo nor an area of \[model.layers\]; stages: \["):
+        train(load_training_config(config), tmp_path, progress=False, data=tiny_data)
 
 
 def test_train_command_reports_bad_toml(tmp_path, capsys):

@@ -23,6 +23,8 @@ def plot_overview(analysis):
     left.bar(index, counts.n[:, 1].sum(axis=1), bottom=counts.n[:, 0].sum(axis=1), color="C3", label="stimulated")
     left.set_xlabel("site (ordered by subject, electrode)")
     left.set_ylabel("trials")
+    if len(index) <= 40:
+        left.set_xticks(index, _site_labels(analysis.sites), rotation=90, fontsize=6)
     left.legend(frameon=False, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
     pooled = counts.n_high.sum(axis=0) / np.maximum(counts.n.sum(axis=0), 1)
     right.plot(counts.steps, pooled[0], "o-", color="0.4", label="sham")
@@ -51,7 +53,7 @@ def plot_site_effects(analysis):
     ax.set_ylabel("ΔAUC (stimulated − sham)")
     if len(sites) <= 40:
         ax.set_xticks(index, _site_labels(sites), rotation=90, fontsize=6)
-    ax.legend(frameon=False)
+    ax.legend(frameon=False, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
     fig.tight_layout()
     return fig
 
@@ -69,17 +71,21 @@ def top_sites(analysis, n_top: int = 6) -> tuple[np.ndarray, str]:
 
 
 def plot_top_sites(analysis, n_top: int = 6):
-    """P(high) per step, stimulated vs sham, for the top sites (:func:`top_sites`)."""
+    """P(high) per step, stimulated vs sham, for the top sites (:func:`top_sites`), each point with its binomial
+    standard error sqrt(p (1 − p) / n)."""
     plt = pyplot()
     order, _ = top_sites(analysis, n_top)
     columns = min(3, len(order))
     rows = int(np.ceil(len(order) / columns))
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows), squeeze=False)
     labels = _site_labels(analysis.sites)
-    p_high = analysis.counts.p_high
+    p_high, n = analysis.counts.p_high, analysis.counts.n
+    with np.errstate(invalid="ignore", divide="ignore"):
+        standard_error = np.sqrt(p_high * (1 - p_high) / n)
     for ax, i in zip(axes.ravel(), order):
-        ax.plot(analysis.counts.steps, p_high[i, 0], "o-", color="0.4", label="sham")
-        ax.plot(analysis.counts.steps, p_high[i, 1], "o-", color="C3", label="stimulated")
+        for condition, colour, label in ((0, "0.4", "sham"), (1, "C3", "stimulated")):
+            ax.errorbar(analysis.counts.steps, p_high[i, condition], yerr=np.nan_to_num(standard_error[i, condition]),
+                        fmt="o-", ms=4, capsize=2, color=colour, label=label)
         title = f"site {labels[i]}: ΔAUC {analysis.sites['delta_auc'].iloc[i]:+.3f}"
         if analysis.predicted_column is not None:
             title += f" (plan {analysis.predicted_label} {analysis.sites[analysis.predicted_column].iloc[i]:+.3f})"
@@ -98,6 +104,8 @@ def plot_predicted_vs_observed(analysis):
     """Observed ΔAUC against the plan's predicted effect per site (vertical bars: the observed bootstrap interval;
     horizontal bars: the plan's prediction interval where the plan gives one), with the identity line and
     the fitted slope. Each axis spans its own data, so a narrow range of predictions stays readable."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = pyplot()
     sites = analysis.sites
     fig, ax = plt.subplots(figsize=(5.0, 4.4))
@@ -123,6 +131,7 @@ def plot_predicted_vs_observed(analysis):
                 label=f"fit: slope {summary['slope']:.2f}")
     ax.set_xlim(x_low, x_high)
     ax.set_ylim(y_low, y_high)
+    ax.xaxis.set_major_locator(MaxNLocator(5))  # the predictions' narrow range has long tick labels
     ax.set_xlabel(f"predicted {analysis.predicted_label} (plan)")
     ax.set_ylabel("observed ΔAUC")
     ax.set_title(f"r = {summary.get('predicted_vs_observed_r', float('nan')):.2f}, "

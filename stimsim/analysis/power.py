@@ -78,7 +78,8 @@ def power_analysis(p_high, electrodes=None, planned_effect=None, trial_counts=DE
 
     Returns ``curve`` (one row per trial count: ``wilcoxon_power``, ``mean_site_power``, mean
     ``observed_vs_true_r`` and ``observed_vs_planned_r`` across sites),
-    ``sites`` (one row per site: ``planned_<effect>``, power at every count, ``trials_needed``) and a
+    ``sites`` (one row per site: ``planned_<effect>``, ``simulated_delta_auc`` — the ΔAUC of ``p_high`` itself, the
+    effect the sessions are drawn from —, power at every count, ``trials_needed``) and a
     summary (``wilcoxon_trials_needed``, ``median_site_trials_needed``,
     ``observed_vs_true_r_trials_needed`` for a mean r of :data:`TARGET_OBSERVED_VS_TRUE_R`, parameters).
     ``median_site_trials_needed`` is the lower median of the ``trials_needed`` of the sites that reach the
@@ -134,7 +135,7 @@ def power_analysis(p_high, electrodes=None, planned_effect=None, trial_counts=DE
                           "mean_site_power": site_power.mean(axis=1), "observed_vs_true_r": versus_true,
                           "observed_vs_planned_r": versus_planned,
                           "stim_logodds_observed_vs_true_r": logodds_versus_true})
-    sites = pd.DataFrame({"electrode": electrodes, f"planned_{effect}": planned})
+    sites = pd.DataFrame({"electrode": electrodes, f"planned_{effect}": planned, "simulated_delta_auc": true_delta})
     for i, count in enumerate(counts):
         sites[f"power_{count}"] = site_power[i]
     sites["trials_needed"] = pd.Series([needed(site_power[:, j]) for j in range(n_sites)], dtype=object)
@@ -271,8 +272,9 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
             Section("Trials per site needed", [
                 Paragraph(f"Sessions simulated from the {planned['source']}: stimulation and sham 50/50, "
                           f"{n_sessions} sessions per trial count. Across sites: Wilcoxon signed-rank test of ΔAUC "
-                          f"in the planned direction (one-sided, α = {alpha:g}); per site: z test of ΔAUC "
-                          f"(two-sided, α = {alpha:g}, planned sign). Chance per site: {alpha / 2:g}."),
+                          f"in the planned direction (one-sided, α = {alpha:g}: chance {alpha:g}); per site: z test "
+                          f"of ΔAUC, two-sided at α = {alpha:g}, a detection counted only in the planned direction "
+                          f"(chance per site {alpha / 2:g})."),
                 Table((("statistic", "trials per site")), (
                     ("across sites (Wilcoxon)", summary["wilcoxon_trials_needed"] or beyond),
                     ("per site, lower median over the sites reaching the target",
@@ -288,7 +290,8 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
                       caption=f"Power against trials per site; target {target_power:g}.")]),
             Section("Power curve", [Table.from_dataframe(curve)]),
             Section("Per site", [Table.from_dataframe(sites, caption=f"the plan's predicted effect "
-                                                                      f"({planned['effect']}), power at every trial "
+                                                                      f"({planned['effect']}), the ΔAUC the sessions "
+                                                                      "are simulated from, power at every trial "
                                                                       "count, trials needed (– : not within the "
                                                                       "counts)")])])
         results.claim("report.html")

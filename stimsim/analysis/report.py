@@ -43,23 +43,35 @@ def _score_table(summary: dict) -> Table:
         if key not in summary:
             continue
         reference = summary.get(baseline) if isinstance(baseline, str) else baseline
+        if isinstance(reference, (list, tuple)) and all(value is None for value in reference):
+            reference = None  # an interval left undefined with its score
         value = "undefined (see the notes)" if summary.get(f"{key}_undefined_reason") else summary[key]
         rows.append((key, meaning, value, reference))
     return Table(("statistic", "meaning", "value", "chance / baseline"), tuple(rows), digits=3)
 
 
-def _warnings(summary: dict) -> list[Paragraph]:
-    """The analysis's warnings, one paragraph each."""
-    return [Paragraph(f"Warning: {message}") for message in summary.get("warnings", ())]
-
-
 def _notes(summary: dict) -> list[Paragraph]:
-    """The analysis's warnings, and why each undefined score is undefined."""
-    notes = _warnings(summary)
-    notes += [Paragraph(f"{key[:-len('_undefined_reason')]} undefined: {reason}.")
-              for key, reason in summary.items() if key.endswith("_undefined_reason") and reason
-              and key != "noise_ceiling_undefined_reason"]
+    """The analysis's warnings, each in a warning box, and why each undefined score is undefined (scores undefined
+    for one reason named together; the noise ceiling's reason is its warning's)."""
+    notes = [Paragraph(f"Warning: {message}", css_class="warning") for message in summary.get("warnings", ())]
+    by_reason: dict[str, list[str]] = {}
+    for key, reason in summary.items():
+        if key.endswith("_undefined_reason") and reason and key != "noise_ceiling_undefined_reason":
+            by_reason.setdefault(reason.replace("(see noise_ceiling_undefined_reason)", "(see the warning above)"),
+                                 []).append(key.removesuffix("_undefined_reason"))
+    notes += [Paragraph(f"{' and '.join(keys)} {'is' if len(keys) == 1 else 'are'} undefined: {reason}.")
+              for reason, keys in by_reason.items()]
     return notes
+
+
+def _currents(sessions: pd.DataFrame) -> str:
+    """The currents of the stimulated trials, in words (µA)."""
+    stimulated = sessions.loc[sessions["stimulated_electrode"] != "sham", "current_uA"] if "current_uA" in sessions \
+        else pd.Series(dtype=float)
+    currents = sorted(set(pd.to_numeric(stimulated, errors="coerce").dropna().astype(float)))
+    if not currents:
+        return "(the sessions give no current)"
+    return f"at {', '.join(f'{c:g}' for c in currents)} µA"
 
 
 def build_report(analysis, sources=()) -> Report:
@@ -75,14 +87,13 @@ def build_report(analysis, sources=()) -> Report:
                           f"{summary['n_subjects']} subject(s), {summary['n_sites_recorded']} sites recorded, "
                           f"{summary['n_sites']} with a ΔAUC"
                           + (f" ({without} without: a step with no trial in a condition; see below)" if without else "")
-                          + f", {summary['n_steps']} steps per sequence."),
-                *_warnings(summary),
+                          + f", {summary['n_steps']} steps per sequence; stimulation {_currents(analysis.sessions)}."),
                 Table.from_dataframe(sessions, caption="Sessions"),
                 Image(figure_png(figures.plot_overview(analysis)),
                       caption="Trials per site and condition; P('high') per step, all sites pooled.")]
     site_columns = (["subject_id"] if summary["n_subjects"] > 1 else []) + [
         "electrode", "n_stimulated", "n_sham", "delta_auc", "delta_auc_low", "delta_auc_high", "shift_steps",
-        "stim_logodds", "stim_logodds_se", "permutation_p", "p_fdr"]
+        "stim_logodds", "stim_logodds_se", "stim_p", "permutation_p", "p_fdr"]
     predicted = analysis.predicted_column
     if predicted is not None:
         site_columns.append(predicted)
@@ -95,7 +106,8 @@ def build_report(analysis, sources=()) -> Report:
                                     f"condition and step)" + ("; × the plan's prediction." if predicted else "."))
     effects = [Table.from_dataframe(by_effect,
                                     caption="Per-site effects (sorted by |ΔAUC|); stim_logodds: stimulation term of "
-                                            "the per-site logistic regression with its standard error and Wald p; "
+                                            "the per-site logistic regression with its standard error and Wald p "
+                                            "(stim_p); "
                                             "p_fdr: the permutation p adjusted for the number of sites "
                                             "(Benjamini–Hochberg).")]
     sections = [Section("Summary", [Paragraph("Per-site stimulation effects, stimulated against interleaved sham "
@@ -106,18 +118,19 @@ def build_report(analysis, sources=()) -> Report:
                 Section("Per-site effects", effects),
                 Section("Psychometric curves of the top sites",
                         [Image(figure_png(figures.plot_top_sites(analysis)),
-                               caption=f"P('high') per step, stimulated vs sham, for "
-                                       f"{figures.top_sites(analysis)[1]}.")])]
+                               caption="P('high') per step, stimulated vs sham (bars: binomial standard errors), "
+                                       f"for {figures.top_sites(analysis)[1]}.")])]
     if predicted is not None:
         sections.append(Section("Predictions against outcomes", [
             Image(figure_png(figures.plot_predicted_vs_observed(analysis)),
                   caption=f"Observed ΔAUC against the plan's predicted {analysis.predicted_label} per site (vertical "
-                          f"bars: {ci} % bootstrap intervals of the observed ΔAUC; horizontal bars: the plan's "
-                          "prediction intervals), identity line dashed."),
-            Paragraph("The slope of observed on predicted measures magnitude: below 1 the plan over-estimates "
-                      "the effects. Observed effects of reliability ρ (the noise ceiling) correlate with any "
-                      "prediction at most sqrt(ρ) times as well as the true effects do, so a plan that "
-                      "correlates with the true effects at r should reach about r·sqrt(ρ) here.")]))
+                          f"bars: {ci} % bootstrap intervals of the observed ΔAUC; horizontal bars: the plan's 95 % "
+                          "intervals over candidate models × registration poses, without the model-to-subject error), "
+                          "identity line dashed."),
+            Paragraph("Where r is clearly above 0, the slope of observed on predicted measures magnitude: below 1 "
+                      "the plan over-estimates the effects. Observed effects of reliability ρ (the noise ceiling) "
+                      "correlate with any prediction at most sqrt(ρ) times as well as the true effects do, so a plan "
+                      "that correlates with the true effects at r should reach about r·sqrt(ρ) here.")]))
     if "per_subject" in summary:
         per_subject = pd.DataFrame([{"subject_id": subject, **{key: values.get(key) for key in (
             "n_sites_recorded", "n_sites", "mean_shift", "wilcoxon_p", "cohens_d", "n_sites_significant",

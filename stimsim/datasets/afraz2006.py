@@ -99,10 +99,11 @@ def score(summary: dict) -> dict:
 
 
 def plot(model_dprime, model_shift, data: xr.Dataset, summary: dict, path, model_threshold: float) -> None:
-    """Psychometric shift against site d′, model beside monkeys, with the same axis labels; dashed
-    lines mark each side's selectivity threshold. PNG at ``path``."""
+    """Psychometric shift against site d′, model beside monkeys, with the same axis labels and one shift axis (so
+    the sizes of the shifts compare at a glance); dashed lines mark each side's selectivity threshold. PNG at
+    ``path``."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(9.0, 4.0))
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 4.0), sharey=True)
     panels = (("model", "model", np.asarray(model_dprime), np.asarray(model_shift), model_threshold, "tab:blue"),
               ("data", "monkeys (Afraz et al. 2006)", data["data_face_selectivity"].values,
                data["data_psychometric_shift_percent"].values, SELECTIVE_DPRIME, "tab:red"))

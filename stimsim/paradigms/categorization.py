@@ -374,9 +374,20 @@ def plot_site_effects(dataset: xr.Dataset, path, title: str) -> None:
     save_figure(fig, path)
 
 
-def plot_psychometric(dataset: xr.Dataset, path, title: str) -> None:
-    """Mean P(positive) per signed signal level for the control and for the sites with the largest
-    and the smallest shift; PNG at ``path``."""
+def _site_description(dataset: xr.Dataset, index: int) -> str:
+    """A site's id, with its d′ and position (mm) where the results hold them."""
+    coords = dataset["site"][index].coords
+    text = str(dataset["site"].values[index])
+    if "site_dprime" in coords:
+        text += f": d′ {float(coords['site_dprime']):.1f}"
+    if "site_x_mm" in coords and "site_y_mm" in coords:
+        text += f" at ({float(coords['site_x_mm']):.1f}, {float(coords['site_y_mm']):.1f}) mm"
+    return text
+
+
+def plot_psychometric(dataset: xr.Dataset, path, title: str, positive: str | None = None) -> None:
+    """Mean P(positive) per signed signal level (``positive``: the positive class's name) for the control and for
+    the sites with the largest and the smallest shift, each named with its d′ and position; PNG at ``path``."""
     plt = pyplot()
     levels = dataset["signal_level_percent"].values
     curves = dataset["p_positive_curve"]
@@ -387,9 +398,10 @@ def plot_psychometric(dataset: xr.Dataset, path, title: str) -> None:
     if np.isfinite(shifts).any():
         for index, colour in ((int(np.nanargmax(shifts)), "tab:red"), (int(np.nanargmin(shifts)), "tab:blue")):
             ax.plot(levels, curves.sel(condition=sites[index]).values, "o--", color=colour,
-                    label=f"{sites[index]} (shift {shifts[index]:+.1f} %)")
+                    label=f"{_site_description(dataset, index)}, shift {shifts[index]:+.1f} %")
     ax.axhline(0.5, color="grey", lw=0.6, ls=":")
-    ax.set(xlabel="signed signal level (%; positive class > 0)", ylabel="P(positive choice)", title=title,
+    name = "the positive class" if positive is None else repr(positive)
+    ax.set(xlabel=f"signed signal level (%; {name} > 0)", ylabel=f"P(choose {name})", title=title,
            ylim=(-0.02, 1.02))
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -422,4 +434,4 @@ class Categorization(Paradigm):
     def figures(self, task, results, out_dir) -> None:
         plot_site_effects(results, out_dir / "site_effects.png", f"{task.name}: effect per site")
         if "psychometric_shift_percent" in results:
-            plot_psychometric(results, out_dir / "psychometric.png", task.name)
+            plot_psychometric(results, out_dir / "psychometric.png", task.name, task.options.positive)

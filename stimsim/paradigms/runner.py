@@ -220,7 +220,8 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
     results.write(RESULTS_FILE, lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
     results.write_json(DECODER_FILE, trials.frozen_decoder.to_dict())
     if figures:
-        plot_sites(selection, sheet, results / "sites.png", f"{spec.name}: {selection.method} sites on {sheet.name}")
+        plot_sites(selection, sheet, results / "sites.png",
+                   f"{spec.name}: sites by {selection.method}\nlayer {sheet.name}, {scale:.3g} cortex mm per model mm")
         paradigm.figures(task, dataset, results)
         if data is not None:
             comparison.figure(task, dataset, data, summary, results)

@@ -259,7 +259,8 @@ def _finite_for_map(values: np.ndarray) -> np.ndarray:
 
 
 def plot_sites(selection: SiteSelection, sheet: CorticalSheet, path, title: str) -> None:
-    """Units coloured by d′, sites marked by group, the smoothed-map peak as a star; PNG at ``path``."""
+    """Units coloured by d′, sites marked by group, the smoothed-map peak as a star, on ``sheet`` in cortex mm
+    (:meth:`~stimsim.models.topographic.TopographicModel.in_cortex_mm`); PNG at ``path``."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 4.4))
     values = selection.unit_dprime
@@ -277,6 +278,6 @@ def plot_sites(selection: SiteSelection, sheet: CorticalSheet, path, title: str)
     ax.scatter([selection.peak_mm[0]], [selection.peak_mm[1]], marker="*", color="gold", edgecolors="k", s=160,
                label="d′ peak", zorder=5)
     ax.legend(fontsize=7, loc="upper right", framealpha=0.8)
-    ax.set(xlabel="x (mm)", ylabel="y (mm)", title=title, aspect="equal")
+    ax.set(xlabel="x (cortex mm)", ylabel="y (cortex mm)", title=title, aspect="equal")
     fig.tight_layout()
     save_figure(fig, path)

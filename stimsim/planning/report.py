@@ -282,9 +282,9 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
               caption=sheet_caption(inputs.images, config.min_reliability, bool(inputs.array_layout.cerebus)),
               css_class="first-page")]
     if summary["left_out_warning"]:
-        overview.append(Paragraph(f"Warning: {summary['left_out_warning']}."))
+        overview.append(Paragraph(f"Warning: {summary['left_out_warning']}.", css_class="warning"))
     if summary.get("sequence_warning"):
-        overview.append(Paragraph(f"Warning: {summary['sequence_warning']}."))
+        overview.append(Paragraph(f"Warning: {summary['sequence_warning']}.", css_class="warning"))
     overview += plan_task.overview_blocks(rehearsals, plan, working, chosen_model)
     sections = [Section("Plan", overview), Section("Ranked sites", [table])]
     sections.append(Section("Model selection and registration", [
@@ -293,7 +293,12 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                       "electrodes (chance: features shuffled across images)"),
         Table(("model", "x (cortex mm)", "y (cortex mm)", "rotation (°)", "mean electrode r", "chance r (95th pct)",
                "bootstrap SD x (mm)", "SD y (mm)", "SD rotation (°)", "electrode consistency"), registration_rows,
-              caption="Registration quality and stability (bootstrap over images). Sheet lengths are cortex mm: "
+              caption="Registration quality and stability (bootstrap over images). Mean electrode r: the Pearson r "
+                      "across images of each electrode's recorded responses with the model's at its mapped point, "
+                      "averaged over electrodes (chance: its 95th percentile over the poses of the coarse search); "
+                      "electrode consistency: the mean fraction of bootstrap refits that map an electrode within "
+                      + " / ".join(f"{mapping['bootstraps'][name]['consistency_radius_mm']:g}" for name in names)
+                      + " mm of its fitted point. Sheet lengths are cortex mm: "
                       + "; ".join(f"{name} {scale['cortex_mm_per_model_mm']:g} cortex mm per model mm"
                                   + (" (overridden)" if scale["scale_overridden"] else "")
                                   for name, scale in summary["cortex_scale"].items()))]))
@@ -306,6 +311,7 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                       f"electrode's true position on its sheet. Pearson r across working electrodes = "
                       f"{summary['predicted_vs_true_r']:.3f} (chance 0); per candidate model: "
                       + ", ".join(f"{k} {v:.3f}" for k, v in summary["predicted_vs_true_r_per_model"].items()) + ". "
+                      + _coverage_text(summary, label) +
                       "The model was chosen by cross-validated predictivity of the recordings only (ridge R², as in "
                       "Mehrer et al. 2025), never by the truth: these validation numbers are a check, available only "
                       "on a virtual subject."),
@@ -345,6 +351,18 @@ def percept_blocks(percepts: dict, out_dir: Path) -> list:
                                                  f"at rising currents, the control site, scrambled).")]
 
 
+def _coverage_text(summary: dict, label: str) -> str:
+    """How often the plan's two intervals held the subject's true effect, and the spread of both effects."""
+    share = {name: "–" if value is None else f"{value:.0%}"
+             for name, value in summary["interval_coverage_of_true"].items()}
+    sd = {name: "–" if summary.get(name) is None else f"{summary[name]:.2g}"
+          for name in ("predicted_effect_sd", "true_effect_sd")}
+    return (f"The 95 % interval over candidates × poses held the true {label} at {share['interval']} of the "
+            f"working electrodes, the interval with model-to-subject error at {share['interval_with_subject']} "
+            f"(nominal 95 %); SD of the effects across them: predicted {sd['predicted_effect_sd']}, true "
+            f"{sd['true_effect_sd']}. ")
+
+
 def _interval(row: dict, name: str) -> str | None:
     """"[low, high]" of ``name``_low / ``name``_high in a sites.csv row; None (shown "–") where it is undefined."""
     low, high = row[f"{name}_low"], row[f"{name}_high"]
@@ -366,8 +384,9 @@ def detectability_blocks(summary: dict) -> list:
     reached = sum(value is not None for value in needed["per_site"].values())
     text = (f"Power at the planned {power['trials_per_site']:,} trials per site ([session] trials_per_site, half "
             f"sham): {power['across_sites']:.0%} across sites (one-sided Wilcoxon signed-rank of ΔAUC in the "
-            f"planned direction), {power['per_site_mean']:.0%} per site (mean; two-sided z test; α = "
-            f"{forecast['alpha']:g}). Trials per site for {forecast['target_power']:.0%} power: "
+            f"planned direction; chance {forecast['alpha']:g}), {power['per_site_mean']:.0%} per site (mean; two-sided "
+            f"z test at α = {forecast['alpha']:g}, counted in the planned direction only: chance "
+            f"{forecast['alpha'] / 2:g}). Trials per site for {forecast['target_power']:.0%} power: "
             f"{trials(needed['across_sites'])} across sites, {trials(needed['per_site_median'])} per site (median; "
             f"{reached} of {len(needed['per_site'])} sites reach it by {largest:,}). Forecast from {forecast['source']} "
             f"(an animal that lapses needs more), {forecast['n_sessions']} simulated sessions per trial count.")

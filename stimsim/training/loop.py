@@ -9,6 +9,7 @@ naming the step); the last good checkpoint stays as it was.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, FileFormatError, TrainingDiverged
 from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.utilities.filemodels import validate
-from stimsim.utilities.hashing import json_sha256
+from stimsim.utilities.hashing import canonical_json, json_sha256
 from stimsim.utilities.io import atomic_save, atomic_write_json, atomic_write_text, provenance
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -138,8 +139,13 @@ def build_untrained_model(config: TrainingConfig) -> TopographicModel:
             raise ConfigError(f"{config.source} [spatial_loss]: 'neighborhoods_per_step' must be <= {available}, the number "
                               f"of neighbourhoods on the sheet of layer {layer!r}, got {config.neighborhoods_per_step}")
     areas = {layer: spec.area for layer, spec in config.layers.items() if spec.area}
+    readout = config.readout_layer
+    if readout and readout not in dims and readout not in dict(network.named_modules()) and \
+            readout not in areas.values():
+        raise ConfigError(f"{config.source} [model] readout_layer {readout!r} is neither a stage of {config.family} "
+                          f"nor an area of [model.layers]; stages: {list(dims)}, areas: {sorted(areas.values())}")
     return TopographicModel(network, sheets, config.preprocessing, {"family": config.family, "kwargs": config.model_kwargs},
-                            readout_layer=config.readout_layer, areas=areas, name=config.name)
+                            readout_layer=readout, areas=areas, name=config.name)
 
 
 def augment_batch(batch: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -315,7 +321,8 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
         if done % config.checkpoint_every_steps == 0 or done == config.steps or done == stop_after_step:
             cpu_total = cpu_seconds + time.process_time() - clock
             atomic_save(checkpoint_path, lambda tmp: torch.save(_to_cpu({
-                "fingerprint": config.fingerprint(), "step": done, "network": network.state_dict(),
+                "fingerprint": config.fingerprint(), "config_json": canonical_json(config.raw), "step": done,
+                "network": network.state_dict(),
                 "optimizer": optimizer.state_dict(), "history": history, "cpu_seconds": cpu_total}), tmp))
         if done == stop_after_step:
             break
@@ -346,13 +353,31 @@ def _resume(checkpoint_path: Path, config: TrainingConfig, network, optimizer) -
         raise FileFormatError(checkpoint_path, f"not a stimsim training checkpoint (needs {list(keys)}); remove it "
                                                "to start again or use another --out directory")
     if state["fingerprint"] != config.fingerprint():
-        raise ConfigError(f"{checkpoint_path} belongs to a different configuration; use another --out directory")
+        changed = ""
+        if isinstance(state.get("config_json"), str):  # checkpoints written before it was stored name no key
+            keys = _changed_keys(json.loads(state["config_json"]), json.loads(canonical_json(config.raw)))
+            changed = f" (changed: {', '.join(keys[:5])}{f' and {len(keys) - 5} more' if len(keys) > 5 else ''})"
+        raise ConfigError(f"{checkpoint_path} belongs to a different configuration{changed}; a run resumes only "
+                          "with the configuration it started with: use another --out directory")
     load_weights(network, state["network"], source=checkpoint_path)
     try:
         optimizer.load_state_dict(state["optimizer"])
     except (ValueError, KeyError, TypeError) as exc:
         raise FileFormatError(checkpoint_path, f"optimizer state does not fit this configuration ({exc})") from None
     return state["step"], state["history"], state["cpu_seconds"]
+
+
+def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two nested dicts, as ``key (old → new)``."""
+    changed = []
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key), new.get(key)
+        if isinstance(before, dict) and isinstance(after, dict):
+            changed += _changed_keys(before, after, f"{prefix}{key}.")
+        elif key not in old or key not in new or before != after:
+            shown = [repr(side[key]) if key in side else "absent" for side in (old, new)]
+            changed.append(f"{prefix}{key} ({shown[0]} → {shown[1]})")
+    return changed
 
 
 def _diverged(problem: str, step: int, config: TrainingConfig, history: list, out_dir: Path, bar) -> None:
