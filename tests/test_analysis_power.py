@@ -83,6 +83,8 @@ def test_power_curve_without_any_r_is_drawn_without_warnings():
     assert axes.get_ylim() == pytest.approx((-0.02, 1.02))
     table["observed_vs_true_r"] = [-0.3, 0.1]
     assert plot_power_curve(table, 0.8).axes[0].get_ylim() == pytest.approx((-0.32, 1.02))
+    levels = {line.get_label(): line.get_ydata()[0] for line in plot_power_curve(table, 0.8, alpha=0.05).axes[0].lines}
+    assert levels["chance across sites (0.05)"] == 0.05 and levels["chance per site (0.025); r: 0"] == 0.025
 
 
 def test_trials_needed_grow_as_effects_shrink_and_wilcoxon_power_rises():

@@ -150,9 +150,10 @@ def _padded_range(values, fraction: float = 0.08) -> tuple[float, float]:
     return low - pad, high + pad
 
 
-def plot_power_curve(table, target_power: float):
+def plot_power_curve(table, target_power: float, alpha: float | None = None):
     """Power against trials per site: the across-site Wilcoxon test and the mean per-site power; with
-    the mean observed-vs-true ΔAUC r across sites when the table has it."""
+    the mean observed-vs-true ΔAUC r across sites when the table has it; given ``alpha``, the chance levels of
+    the two tests (α across sites, one-sided; α/2 per site, counted in the planned direction)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
     ax.plot(table["trials_per_site"], table["wilcoxon_power"], "o-", label="power across sites (Wilcoxon)")
@@ -161,6 +162,9 @@ def plot_power_curve(table, target_power: float):
         ax.plot(table["trials_per_site"], table["observed_vs_true_r"], "^:", color="C2",
                 label="observed vs true ΔAUC r (mean)")
     ax.axhline(target_power, color="k", ls="--", lw=1, label=f"target power {target_power:g}")
+    if alpha is not None:
+        ax.axhline(alpha, color="C0", ls=":", lw=1, label=f"chance across sites ({alpha:g})")
+        ax.axhline(alpha / 2, color="C1", ls=":", lw=1, label=f"chance per site ({alpha / 2:g}); r: 0")
     ax.set_xscale("log", base=2)
     ax.set_xticks(table["trials_per_site"], [str(v) for v in table["trials_per_site"]])
     ax.minorticks_off()

@@ -286,7 +286,7 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
                           "also gives, per trial count, the mean r across sites of the observed ΔAUC with the true "
                           "ΔAUC (chance 0; its square is the reliability of the per-site effects) and with the "
                           "plan's predicted ΔAUC."),
-                Image(figure_png(plot_power_curve(curve, target_power)),
+                Image(figure_png(plot_power_curve(curve, target_power, alpha)),
                       caption=f"Power against trials per site; target {target_power:g}.")]),
             Section("Power curve", [Table.from_dataframe(curve)]),
             Section("Per site", [Table.from_dataframe(sites, caption=f"the plan's predicted effect "

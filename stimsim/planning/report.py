@@ -203,18 +203,28 @@ def sheet_caption(images, min_reliability: float, banks: bool) -> str:
             "same ids" + (", cells coloured by Cerebus bank" if banks else "") + ".")
 
 
-def truth_figure(plan, truth, summary, effect: str, label: str) -> bytes:
-    """Planned against true ``effect`` (written ``label``) per working electrode (PNG)."""
+def truth_figure(plan, truth, summary, effect: str, label: str, working) -> bytes:
+    """Planned against true ``effect`` (written ``label``) per working electrode (``working``: their ids, in the
+    plan's order), the chosen sites marked, with the identity line (PNG)."""
     from matplotlib.ticker import MaxNLocator
 
     plt = pyplot()
     alive = ~truth["dead"]
     true = truth[effect].reshape(len(alive), -1).mean(-1)
+    chosen = np.isin([str(e) for e in working], [str(e) for e in summary["chosen_electrodes"]])
     fig, ax = plt.subplots(figsize=(4.2, 4.0))
-    ax.errorbar(plan["predicted"][alive], true[alive],
-                xerr=np.clip([plan["predicted"][alive] - plan["low"][alive], plan["high"][alive] - plan["predicted"][alive]],
-                             0, None),  # few candidates × poses: the pooled mean can lie outside the percentiles
-                fmt="o", ms=3, alpha=0.7, elinewidth=0.5)
+    for shown, style in ((alive & ~chosen, {"color": "C0", "label": "other working electrodes"}),
+                         (alive & chosen, {"color": "C3", "label": "chosen sites"})):
+        ax.errorbar(plan["predicted"][shown], true[shown],
+                    xerr=np.clip([plan["predicted"][shown] - plan["low"][shown],
+                                  plan["high"][shown] - plan["predicted"][shown]],
+                                 0, None),  # few candidates × poses: the pooled mean can lie outside the percentiles
+                    fmt="o", ms=3, alpha=0.7, elinewidth=0.5, **style)
+    x_limits, y_limits = ax.get_xlim(), ax.get_ylim()
+    span = [max(x_limits[0], y_limits[0]), min(x_limits[1], y_limits[1])]
+    ax.plot(span, span, "k--", lw=0.8, label="identity")
+    ax.set(xlim=x_limits, ylim=y_limits)
+    ax.legend(frameon=False, fontsize=7)
     ax.xaxis.set_major_locator(MaxNLocator(nbins=4))  # small effects have long tick labels: few keep them apart
     ax.set_xlabel(f"planned {label}")
     ax.set_ylabel(f"virtual subject's true {label}")
@@ -315,8 +325,9 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                       "The model was chosen by cross-validated predictivity of the recordings only (ridge R², as in "
                       "Mehrer et al. 2025), never by the truth: these validation numbers are a check, available only "
                       "on a virtual subject."),
-            Image(truth_figure(plan, truth, summary, effect, label),
-                  caption=f"Planned against true {label} per working electrode.")]))
+            Image(truth_figure(plan, truth, summary, effect, label, working),
+                  caption=f"Planned against true {label} per working electrode (horizontal bars: the 95 % interval "
+                          "over candidates × poses).")]))
     if "percepts" in summary:
         sections.append(Section("Predicted percepts", percept_blocks(summary["percepts"], Path(out_dir))))
     sections.append(Section("Model checksums", [Listing(record["model_checksums"])]))
