@@ -395,9 +395,8 @@ def detectability_blocks(summary: dict) -> list:
     reached = sum(value is not None for value in needed["per_site"].values())
     text = (f"Power at the planned {power['trials_per_site']:,} trials per site ([session] trials_per_site, half "
             f"sham): {power['across_sites']:.0%} across sites (one-sided Wilcoxon signed-rank of ΔAUC in the "
-            f"planned direction; chance {forecast['alpha']:g}), {power['per_site_mean']:.0%} per site (mean; two-sided "
-            f"z test at α = {forecast['alpha']:g}, counted in the planned direction only: chance "
-            f"{forecast['alpha'] / 2:g}). Trials per site for {forecast['target_power']:.0%} power: "
+            f"planned direction; chance {forecast['alpha']:g}), {power['per_site_mean']:.0%} per site (mean; z test; "
+            f"chance {forecast['alpha'] / 2:g}). Trials per site for {forecast['target_power']:.0%} power: "
             f"{trials(needed['across_sites'])} across sites, {trials(needed['per_site_median'])} per site (median; "
             f"{reached} of {len(needed['per_site'])} sites reach it by {largest:,}). Forecast from {forecast['source']} "
             f"(an animal that lapses needs more), {forecast['n_sessions']} simulated sessions per trial count.")
