@@ -1,5 +1,6 @@
 """Predictions against outcomes, and the whole analysis of planted sessions saved as a result set."""
 import json
+import re
 import warnings
 
 import numpy as np
@@ -323,7 +324,9 @@ def test_session_whose_halves_disagree_reports_the_noise_ceiling_as_undefined(tm
     # the warning stated once, in a warning box; the scores it leaves undefined named together, without JSON keys
     assert html.count("not reliable at this trial count") == 1 and '<p class="warning">Warning: noise ceiling' in html
     assert "noise_ceiled_r and expected_predicted_vs_observed_r are undefined" in html
-    assert "see noise_ceiling_undefined_reason" not in html
+    assert "see noise_ceiling_undefined_reason" not in html and "–, –" not in html  # no interval of undefined ends
+    assert re.search(r"In short: \d+ of 8 sites differ from sham \(per-site permutation p &lt; 0.05; 0.4 expected by "
+                     r"chance\)", html)
 
 
 def test_sites_without_a_delta_auc_are_named_and_ids_listed_in_natural_order(tmp_path):

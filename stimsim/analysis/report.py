@@ -43,7 +43,7 @@ def _score_table(summary: dict) -> Table:
         if key not in summary:
             continue
         reference = summary.get(baseline) if isinstance(baseline, str) else baseline
-        if isinstance(reference, (list, tuple)) and all(value is None for value in reference):
+        if isinstance(reference, (list, tuple)) and all(value is None or value != value for value in reference):
             reference = None  # an interval left undefined with its score
         value = "undefined (see the notes)" if summary.get(f"{key}_undefined_reason") else summary[key]
         rows.append((key, meaning, value, reference))
@@ -62,6 +62,26 @@ def _notes(summary: dict) -> list[Paragraph]:
     notes += [Paragraph(f"{' and '.join(keys)} {'is' if len(keys) == 1 else 'are'} undefined: {reason}.")
               for reason, keys in by_reason.items()]
     return notes
+
+
+def _finite(summary: dict, key: str) -> bool:
+    value = summary.get(key)
+    return isinstance(value, (int, float)) and value == value and abs(value) != float("inf")
+
+
+def _conclusion(summary: dict) -> Paragraph:
+    """The result in words: sites that differ from sham against chance, the effect across sites, and how well the
+    plan's predictions did (where a plan was given)."""
+    text = (f"In short: {summary['n_sites_significant']} of {summary['n_sites']} sites differ from sham (per-site "
+            f"permutation p < 0.05; {summary['n_sites_significant_chance']:.1f} expected by chance), "
+            f"{summary['n_sites_significant_fdr']} after the false-discovery correction.")
+    if _finite(summary, "mean_shift") and _finite(summary, "wilcoxon_p"):
+        text += (f" Across sites the mean ΔAUC is {summary['mean_shift']:+.3f} (Wilcoxon p = "
+                 f"{summary['wilcoxon_p']:.2g}).")
+    if _finite(summary, "predicted_vs_observed_r") and _finite(summary, "permutation_p"):
+        text += (f" The plan's predictions correlate with the observed effects at r = "
+                 f"{summary['predicted_vs_observed_r']:.2f} (permutation p = {summary['permutation_p']:.2g}).")
+    return Paragraph(text)
 
 
 def _currents(sessions: pd.DataFrame) -> str:
@@ -112,7 +132,7 @@ def build_report(analysis, sources=()) -> Report:
                                             "(Benjamini–Hochberg).")]
     sections = [Section("Summary", [Paragraph("Per-site stimulation effects, stimulated against interleaved sham "
                                               "trials; statistics across sites; every score beside its chance "
-                                              "level or baseline."), per_site_figure,
+                                              "level or baseline."), per_site_figure, _conclusion(summary),
                                    _score_table(summary), *_notes(summary)]),
                 Section("Session overview", overview),
                 Section("Per-site effects", effects),
