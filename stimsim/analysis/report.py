@@ -2,9 +2,12 @@
 sites, predictions against outcomes, every score beside its chance level or baseline."""
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from stimsim.analysis import figures
+from stimsim.lab.sessions import SHAM
 from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
 from stimsim.utilities.ordering import natural_key
 
@@ -66,7 +69,7 @@ def _notes(summary: dict) -> list[Paragraph]:
 
 def _finite(summary: dict, key: str) -> bool:
     value = summary.get(key)
-    return isinstance(value, (int, float)) and value == value and abs(value) != float("inf")
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _conclusion(summary: dict) -> Paragraph:
@@ -86,7 +89,7 @@ def _conclusion(summary: dict) -> Paragraph:
 
 def _currents(sessions: pd.DataFrame) -> str:
     """The currents of the stimulated trials, in words (µA)."""
-    stimulated = sessions.loc[sessions["stimulated_electrode"] != "sham", "current_uA"] if "current_uA" in sessions \
+    stimulated = sessions.loc[sessions["stimulated_electrode"] != SHAM, "current_uA"] if "current_uA" in sessions \
         else pd.Series(dtype=float)
     currents = sorted(set(pd.to_numeric(stimulated, errors="coerce").dropna().astype(float)))
     if not currents:

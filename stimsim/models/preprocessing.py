@@ -160,9 +160,9 @@ def _unit_values(tensor: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"images of type {kind}: give floating-point values in [0, 1], or uint8 (0-255) or uint16 "
                          "(0-65535) values")
     tensor = tensor.to(torch.float32)
-    if tensor.numel() and not bool(torch.isfinite(tensor).all()):
+    if not bool(torch.isfinite(tensor).all()):
         raise ValueError("images hold NaN or infinite values; give finite values in [0, 1]")
-    if tensor.numel() and (float(tensor.min()) < 0.0 or float(tensor.max()) > 1.0):
+    if float(tensor.min()) < 0.0 or float(tensor.max()) > 1.0:
         raise ValueError(f"floating-point images must hold values in [0, 1], got values from {float(tensor.min()):g} "
                          f"to {float(tensor.max()):g} (8-bit values as floats: divide them by 255, or give uint8)")
     return tensor
