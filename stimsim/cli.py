@@ -368,26 +368,26 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_threads(train)
     add_device_argument(train)
-    train.set_defaults(handler=_cmd_train)
+    train.set_defaults(handler=_cmd_train, command_parser=train)
 
     data = commands.add_parser("data", help="datasets and checkpoints listed in data_manifests/")
     data_commands = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     listing = data_commands.add_parser("list", help="list every manifest entry")
-    listing.set_defaults(handler=_cmd_data_list)
+    listing.set_defaults(handler=_cmd_data_list, command_parser=listing)
     fetch = data_commands.add_parser("fetch", help="fetch an entry into the cache and verify its checksums")
     fetch.add_argument("name", help="manifest entry, as `stimsim data list` names it")
     _add_mirror(fetch)
-    fetch.set_defaults(handler=_cmd_data_fetch)
+    fetch.set_defaults(handler=_cmd_data_fetch, command_parser=fetch)
     verify = data_commands.add_parser("verify", help="check the sha256 of every file present (cache or in place); "
                                                      "exit 0 only if all present files verify")
-    verify.set_defaults(handler=_cmd_data_verify)
+    verify.set_defaults(handler=_cmd_data_verify, command_parser=verify)
 
     models = commands.add_parser("models", help="shipped topographic models")
     model_commands = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     model_list = model_commands.add_parser("list", help="list available models")
     model_list.add_argument("--json", action="store_true", help="print one JSON object: every model's family, base "
                                                                 "network, scale, file size and IT density")
-    model_list.set_defaults(handler=_cmd_models_list)
+    model_list.set_defaults(handler=_cmd_models_list, command_parser=model_list)
     check = model_commands.add_parser("check", help="evaluate a model: accuracy, face selectivity, clustering on IT")
     check.add_argument("name", help="shipped model name or model directory")
     check.add_argument("--json", action="store_true", help="print one JSON object")
@@ -408,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mirror(check)
     _add_threads(check)
     add_device_argument(check)
-    check.set_defaults(handler=_cmd_models_check)
+    check.set_defaults(handler=_cmd_models_check, command_parser=check)
 
     resting = model_commands.add_parser("resting", help="measure each unit's resting activity of a layer (its mean "
                                                         "response to the reference set of fLoc images) and add it to "
@@ -417,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     resting.add_argument("--layer", default="IT", help="topographic layer (default IT)")
     _add_mirror(resting)
     _add_threads(resting)
-    resting.set_defaults(handler=_cmd_models_resting)
+    resting.set_defaults(handler=_cmd_models_resting, command_parser=resting)
 
     score = model_commands.add_parser("score", help="score a model on the published experiments: each one's "
                                                     "metric beside its ceiling and chance (scores.json, scores.csv)")
@@ -435,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mirror(score)
     _add_threads(score)
     add_compute_arguments(score)
-    score.set_defaults(handler=_cmd_models_score)
+    score.set_defaults(handler=_cmd_models_score, command_parser=score)
 
     run = commands.add_parser("run", help="run an experiment definition (TOML) and write results to --out")
     run.add_argument("experiment", help="experiment file, e.g. experiments/afraz2006.toml")
@@ -447,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mirror(run)
     _add_threads(run)
     add_compute_arguments(run)
-    run.set_defaults(handler=_cmd_run)
+    run.set_defaults(handler=_cmd_run, command_parser=run)
 
     visualize = commands.add_parser("visualize", help="predicted percepts of stimulation: images synthesised to "
                                                       "match the stimulated IT (percepts.png, percepts.nc, summary.json)")
@@ -461,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mirror(visualize)
     _add_threads(visualize)
     add_device_argument(visualize)
-    visualize.set_defaults(handler=_cmd_visualize)
+    visualize.set_defaults(handler=_cmd_visualize, command_parser=visualize)
 
     plan = commands.add_parser("plan", help="plan stimulation sites for a lab session (report.html/pdf, sites.csv, "
                                             "plan.nc, summary.json); re-run the same command to resume")
@@ -475,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mirror(plan)
     _add_threads(plan)
     add_compute_arguments(plan)
-    plan.set_defaults(handler=_cmd_plan)
+    plan.set_defaults(handler=_cmd_plan, command_parser=plan)
 
     bench = commands.add_parser("bench", help="benchmark the simulation engine: exact lower bound, cached baseline, "
                                               "plain approach, Dask workers")
@@ -496,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "what it measured)")
     _add_threads(bench)
     add_device_argument(bench)
-    bench.set_defaults(handler=_cmd_bench)
+    bench.set_defaults(handler=_cmd_bench, command_parser=bench)
     subject = commands.add_parser("subject", help="virtual subjects: a model with an implanted array")
     subject_commands = subject.add_subparsers(dest="subject_command", metavar="ACTION", required=True)
     subject_make = subject_commands.add_parser("make", help="implant an array at a hidden pose and record passive "
@@ -507,7 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     subject_make.add_argument("--force", action="store_true", help="write into --out even if it holds files that "
                                                                    "are not a subject (same names are overwritten)")
     add_device_argument(subject_make)
-    subject_make.set_defaults(handler=_cmd_subject_make)
+    subject_make.set_defaults(handler=_cmd_subject_make, command_parser=subject_make)
     session = subject_commands.add_parser("session", help="run a plan's sites and sequences on its virtual subject "
                                                           "(stimulation and sham interleaved 50/50) → NWB trials")
     session.add_argument("plan_dir", help="directory written by `stimsim plan` on a virtual subject")
@@ -522,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "a session stimsim wrote")
     session.add_argument("--sites", choices=("chosen", "all"),
                          help="the plan's chosen sites (default) or every rehearsed working electrode")
-    session.set_defaults(handler=_cmd_subject_session)
+    session.set_defaults(handler=_cmd_subject_session, command_parser=session)
 
     analyze = commands.add_parser("analyze", help="analyse recorded sessions: per-site effects, statistics, "
                                                   "comparison with a plan's predictions")
@@ -547,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     analyze.add_argument("--force", action="store_true",
                        help="write into the output directory even if it holds files stimsim did not write")
-    analyze.set_defaults(handler=_cmd_analyze)
+    analyze.set_defaults(handler=_cmd_analyze, command_parser=analyze)
 
     power = commands.add_parser("power", help="trials per site needed to detect a plan's effects (simulated sessions)")
     power.add_argument("plan", help="plan directory made by `stimsim plan`")
@@ -563,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     power.add_argument("--out", help="output directory (default PLAN_DIR/power)")
     power.add_argument("--force", action="store_true",
                        help="write into the output directory even if it holds files stimsim did not write")
-    power.set_defaults(handler=_cmd_power)
+    power.set_defaults(handler=_cmd_power, command_parser=power)
     return parser
 
 
@@ -680,7 +680,9 @@ def _end_on_closed_pipe() -> bool:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # named by the command's own parser, with its usage, not the top level's
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     previous = warnings.showwarning
     warnings.showwarning = _show_warning
     handlers = _handle_termination()

@@ -1,4 +1,5 @@
 """Power of planned sessions against the normal-theory power of the per-site test, and null rates."""
+import html as html_module
 import json
 
 import numpy as np
@@ -183,6 +184,21 @@ def test_power_report_says_when_no_trial_count_reaches_the_target(tmp_path):
     for label in ("across sites (Wilcoxon)", "per site, lower median", "across sites (mean)"):
         row = html[html.index(label):]
         assert row[:row.index("</tr>")].count("more than 100") == 1, label
+
+
+def test_power_report_sets_its_answer_beside_the_plans_own_forecast(tmp_path):
+    plan = write_virtual_plan(tmp_path / "plan", np.array([1.0, -0.8, 0.9]))
+    assert main(["power", str(plan), "--trials", "50", "--sessions", "10", "--out", str(tmp_path / "bare")]) == 0
+    assert "plan's own forecast" not in (tmp_path / "bare" / "report.html").read_text()  # a plan without one
+    summary = json.loads((plan / "summary.json").read_text())
+    for needed, stated in ((800, "800 trials per site"), (None, "more than 6,400 trials per site")):
+        forecast = {"across_sites": needed, "per_site_median": None, "per_site": {}, "largest_simulated": 6400}
+        (plan / "summary.json").write_text(json.dumps({**summary, "trials_per_site_needed": forecast}))
+        out = tmp_path / f"with_{needed}"
+        assert main(["power", str(plan), "--trials", "50", "--sessions", "10", "--out", str(out)]) == 0
+        html = html_module.unescape((out / "report.html").read_text())
+        assert f"The plan's own forecast (its report's first page: {stated} across sites)" in html
+        assert "this one simulates the virtual subject (lapse rate" in html
 
 
 def test_without_a_virtual_subject_the_plan_predictions_are_simulated(tmp_path):

@@ -31,6 +31,18 @@ def test_every_subcommand_has_help(words, capsys):
     assert "usage: stimsim" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("words, required", [(["data", "verify"], []), (["models", "list"], []),
+                                             (["run"], ["e.toml", "--out", "out"]), (["plan"], ["p.toml", "--out", "o"])],
+                         ids=lambda value: " ".join(value))
+def test_an_unknown_argument_is_named_with_its_commands_usage(words, required, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*words, *required, "--no-such-option"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: stimsim {' '.join(words)} ")
+    assert f"stimsim {' '.join(words)}: error: " in err and "--no-such-option" in err
+
+
 def test_data_list_names_every_entry(capsys):
     assert main(["data", "list"]) == 0
     out = capsys.readouterr().out

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from stimsim.lab.arrays import AnatomicalPose, ArrayPose, pose_error, utah_array
-from stimsim.mapping import RegistrationProblem, bootstrap_registration, cross_validated_r2, register, select_model
+from stimsim.mapping import (RegistrationProblem, bootstrap_registration, cross_validated_r2, register, select_model,
+                             selection_bootstrap)
 from stimsim.models.registry import load_model
 from stimsim.subject import VirtualSubject
 from stimsim.utilities.errors import ConfigError, DataError
@@ -87,6 +88,25 @@ def test_model_selection_ranks_the_subjects_own_instance_first(model, one_torch_
     assert list(table["rank"]) == [1, 2]
     assert np.all(table["median_r2"] > table["chance_median_r2"])
     assert scores["stimsim-topo-s2"].sizes["electrode"] == 64
+    first = selection_bootstrap({name: r2.values for name, r2 in scores.items()}, seed=1)
+    assert first["stimsim-topo-s2"] >= 0.95 and sum(first.values()) == pytest.approx(1.0)
+
+
+def test_selection_bootstrap_matches_the_resampling_probability_of_a_median():
+    """Three electrodes, R² (1, 0, 0) for A and (0, 1, 1) for B: A's resampled median is 1, and B's then 0, exactly
+    when at least two of the three draws are electrode 0 — probability 3·(1/3)²·(2/3) + (1/3)³ = 7/27. A
+    candidate better at every electrode is always first; equal candidates tie to the one listed first; NaN
+    electrodes are left out of the median."""
+    first = selection_bootstrap({"A": [1.0, 0.0, 0.0], "B": [0.0, 1.0, 1.0]}, n_boot=20_000, seed=3)
+    assert first["A"] == pytest.approx(7 / 27, abs=0.01) and first["A"] + first["B"] == pytest.approx(1.0)
+    assert selection_bootstrap({"A": [0.5, 0.6, 0.7], "B": [0.4, 0.5, 0.6]}, n_boot=200) == {"A": 1.0, "B": 0.0}
+    assert selection_bootstrap({"A": [0.5, 0.6], "B": [0.5, 0.6]}, n_boot=200) == {"A": 1.0, "B": 0.0}
+    # A's median is 0.5 whatever is drawn (NaN left out; all NaN ranks it last), B's 0.4 when two or more draws
+    # are electrodes 0 or 2: 3·(2/3)²·(1/3) + (2/3)³ = 20/27
+    first = selection_bootstrap({"A": [0.5, np.nan, 0.5], "B": [0.4, 0.9, 0.4]}, n_boot=20_000)
+    assert first["A"] == pytest.approx(20 / 27, abs=0.01)
+    with pytest.raises(ConfigError, match="n_boot must be >= 1"):
+        selection_bootstrap({"A": [0.5]}, n_boot=0)
 
 
 def test_back_mapping_to_electrodes_array_mm_and_anatomy(recorded, model):

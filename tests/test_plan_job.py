@@ -761,8 +761,17 @@ def test_candidates_in_directories_of_the_same_name_are_rehearsed_each_on_its_ow
     with xr.open_dataset(out / "plan.nc", engine="h5netcdf") as plan:
         first, second = (plan["p_high"].sel(model=name, pose="fitted").values for name in candidates)
     assert first.shape == second.shape and not np.allclose(first, second)
-    per_model = json.loads((out / "summary.json").read_text())["predicted_vs_true_r_per_model"]
+    summary = json.loads((out / "summary.json").read_text())
+    per_model = summary["predicted_vs_true_r_per_model"]
     assert per_model[candidates[0]] != per_model[candidates[1]]
+    # how firmly the recordings chose: each candidate's share of the electrode resamples, stated in the report
+    selection = summary["model_selection"]
+    first = selection["p_ranked_first"]
+    assert set(first) == set(candidates) and sum(first.values()) == pytest.approx(1.0)
+    assert max(selection["median_r2"], key=selection["median_r2"].get) == summary["chosen_model"]
+    html = (out / "report.html").read_text()
+    assert "ranked first (% of resamples)" in html and "chance 50 %" in html
+    assert ("do not settle the choice of model" in html) == (first[summary["chosen_model"]] < 0.95)
 
 
 @pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")  # the subject's dead electrodes

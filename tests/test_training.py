@@ -261,3 +261,17 @@ def test_a_relative_image_folder_is_read_from_the_training_files_own_folder(tmp_
     data = load_training_data(config)
     assert data.classes == ["bright", "dark"] and len(data.images) == 6 and len(data.holdout_ids) == 2
     assert config.raw["data"]["sets"][0]["path"] == "images"  # recorded as written
+
+
+def test_the_learning_rate_warms_up_linearly_then_follows_a_half_cosine_to_zero():
+    """0.1 over 10 warm-up steps then 100 of cosine decay: step 0 → 0.1/10, step 9 → 0.1, step 10 (progress 0)
+    → 0.1, step 60 (progress ½: ½(1 + cos π/2)) → 0.05, step 110 (progress 1) → 0."""
+    from types import SimpleNamespace
+
+    from stimsim.training.schedule import warmup_cosine_rate
+
+    training = SimpleNamespace(learning_rate=0.1, warmup_steps=10, steps=110)
+    expected = {0: 0.01, 9: 0.1, 10: 0.1, 60: 0.05, 110: 0.0}
+    assert {step: warmup_cosine_rate(training, step) for step in expected} == pytest.approx(expected, abs=1e-15)
+    no_warmup = SimpleNamespace(learning_rate=0.1, warmup_steps=0, steps=4)  # ½(1 + cos(π/4)) at step 1
+    assert warmup_cosine_rate(no_warmup, 1) == pytest.approx(0.05 * (1 + 2 ** -0.5))

@@ -240,7 +240,20 @@ def curves_from_plan(plan_dir) -> dict:
     curves = lapse / 2 + (1 - lapse) * p_high.values.mean(axis=2)
     effect = plan_effect(summary, summary_path)
     return {"p_high": curves, "electrodes": chosen, "source": source, "effect": effect,
-            "planned_effect": sites.loc[chosen, f"predicted_{effect}"].to_numpy(dtype=float)}
+            "planned_effect": sites.loc[chosen, f"predicted_{effect}"].to_numpy(dtype=float),
+            "plan_forecast": summary.get("trials_per_site_needed")}
+
+
+def _forecast_note(forecast: dict | None, source: str) -> str:
+    """How the plan's own power forecast differs from this one ('' for a plan without one)."""
+    if not isinstance(forecast, dict) or "across_sites" not in forecast:
+        return ""
+    needed, largest = forecast["across_sites"], forecast.get("largest_simulated")
+    stated = (f"{needed:,}" if isinstance(needed, int) else
+              f"more than {largest:,}" if isinstance(largest, int) else "more than it simulated")
+    return (f" The plan's own forecast (its report's first page: {stated} trials per site across sites) simulates the "
+            "mean of the candidate models' predicted curves without lapses, an upper bound made before any "
+            f"session; this one simulates the {source}, so the two numbers answer different questions.")
 
 
 def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
@@ -274,7 +287,8 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
                           f"{n_sessions} sessions per trial count. Across sites: Wilcoxon signed-rank test of ΔAUC "
                           f"in the planned direction (one-sided, α = {alpha:g}: chance {alpha:g}); per site: z test "
                           f"of ΔAUC, two-sided at α = {alpha:g}, a detection counted only in the planned direction "
-                          f"(chance per site {alpha / 2:g})."),
+                          f"(chance per site {alpha / 2:g})."
+                          + _forecast_note(planned["plan_forecast"], planned["source"])),
                 Table((("statistic", "trials per site")), (
                     ("across sites (Wilcoxon)", summary["wilcoxon_trials_needed"] or beyond),
                     ("per site, lower median over the sites reaching the target",

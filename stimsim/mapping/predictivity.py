@@ -10,6 +10,8 @@ responses (R² ≤ 0 expected).
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import xarray as xr
@@ -113,3 +115,22 @@ def select_model(per_image_responses: xr.DataArray, candidates, images: Stimulus
     table = pd.DataFrame(rows).sort_values("median_r2", ascending=False, kind="stable").reset_index(drop=True)
     table.insert(0, "rank", np.arange(1, len(table) + 1))
     return table, scores
+
+
+def selection_bootstrap(scores: dict, n_boot: int = 1000, seed: int = 0) -> dict:
+    """How often each candidate would rank first on other electrodes like these: the fraction of ``n_boot``
+    resamples of the electrodes (with replacement, the same draw for every candidate, so the comparison is paired)
+    in which its median R² is the highest (NaN electrodes left out, as in :func:`select_model`; ties go to the
+    candidate listed first). ``scores``: model name → per-electrode R² (as :func:`select_model` returns).
+    One candidate: 1.0. Chance, for M candidates no better than each other: about 1/M each."""
+    if n_boot < 1:
+        raise ConfigError(f"n_boot must be >= 1, got {n_boot}")
+    names = list(scores)
+    r2 = np.stack([np.asarray(scores[name], dtype=np.float64) for name in names])  # models × electrodes
+    draws = np.random.default_rng([seed, 0x5E1]).integers(0, r2.shape[1], size=(n_boot, r2.shape[1]))
+    with warnings.catch_warnings():  # a resample of only NaN electrodes ranks that candidate last, silently
+        warnings.simplefilter("ignore", RuntimeWarning)
+        medians = np.stack([np.nanmedian(r2[:, row], axis=1) for row in draws])  # resamples × models
+    medians = np.where(np.isnan(medians), -np.inf, medians)
+    first = np.bincount(np.argmax(medians, axis=1), minlength=len(names))
+    return {name: float(count / n_boot) for name, count in zip(names, first)}

@@ -503,6 +503,23 @@ def _write_truth(config, out_dir: Path, truth: dict, working, trials) -> str:
     return f"truth/{name}"
 
 
+#: Electrode resamples behind ``model_selection.p_ranked_first`` in summary.json.
+SELECTION_BOOTSTRAP_RESAMPLES = 1000
+
+
+def _selection_summary(mapping: dict, seed: int) -> dict:
+    """summary.json's ``model_selection``: every candidate's median R² and how often it ranks first when the
+    working electrodes are resampled (:func:`stimsim.mapping.selection_bootstrap`)."""
+    from stimsim.mapping import selection_bootstrap
+
+    table = mapping["selection"]
+    scores = {name: list(values.values()) for name, values in mapping["predictivity"].items()}
+    return {"median_r2": dict(zip(table["model"], table["median_r2"])),
+            "p_ranked_first": selection_bootstrap(scores, SELECTION_BOOTSTRAP_RESAMPLES, seed),
+            "n_boot": SELECTION_BOOTSTRAP_RESAMPLES,
+            "method": "paired bootstrap over the working electrodes; chance 1/number of candidates"}
+
+
 def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehearsals, plan, truth, truth_file, safety,
                    models, scales, write_report: bool, compute: dict, timings: dict, percepts: dict | None,
                    additive: dict) -> dict:
@@ -560,6 +577,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                f"predicted_{effect}_median": float(np.nanmedian(plan["predicted"])),
                "interval_spans": INTERVAL_SPANS, "model_to_subject_sd": subject_sd,
                "layout_description": inputs.array_layout.description or None,
+               "model_selection": _selection_summary(mapping, config.seed),
                "candidate_base_networks": [models[name].base_network for name in models],
                "subject_base_network": None if inputs.subject_dir is None else inputs.load_subject().model.base_network,
                "phases": timings, "phases_seconds_total": round(sum(t["seconds"] for t in timings.values()), 3)}

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import time
 from pathlib import Path
 
@@ -59,8 +58,9 @@ from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.resting import reference_images, resting_activity
 from stimsim.models.topo_head import FAMILY, TopoHeadNet, densify, grid_positions_mm
 from stimsim.models.topographic import TopographicModel
-from stimsim.training.head_config import HeadConfig, HeadTrainingTable, load_head_config
+from stimsim.training.head_config import HeadConfig, load_head_config
 from stimsim.training.ridge_readout import ridge_readouts
+from stimsim.training.schedule import warmup_cosine_rate
 from stimsim.training.spatial_loss import layer_spatial_loss
 from stimsim.training.trunk_features import FeatureSampler, principal_projection, trunk_features
 from stimsim.training.trunk_tuning import tune_trunk
@@ -103,13 +103,6 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
 
 
 # --- training -------------------------------------------------------------------------------------
-def _learning_rate(training: HeadTrainingTable, step: int) -> float:
-    if step < training.warmup_steps:
-        return training.learning_rate * (step + 1) / training.warmup_steps
-    progress = (step - training.warmup_steps) / max(training.steps - training.warmup_steps, 1)
-    return training.learning_rate * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 def _distillation_loss(logits, teacher_logits, temperature: float):
     """KL divergence of the student's softened outputs from the teacher's, × T² (Hinton et al. 2015)."""
     return F.kl_div(F.log_softmax(logits / temperature, 1), F.log_softmax(teacher_logits / temperature, 1),
@@ -178,7 +171,7 @@ def train_head(config: HeadConfig, network: TopoHeadNet, sheet, cached: dict, do
         picked = torch.from_numpy(rng.choice(len(all_neighborhoods), size=training.neighborhoods_per_step,
                                              replace=False))
         for group in optimiser.param_groups:
-            group["lr"] = _learning_rate(training, step)
+            group["lr"] = warmup_cosine_rate(training, step)
         x, targets, labels = _batch(config, sampler, rng, features[view, index], teacher[index], domain_ids[index])
         losses = _losses(network, config, x, targets, labels, coords, all_neighborhoods[picked], len(index))
         if not torch.isfinite(losses["total"]):

@@ -24,6 +24,7 @@ from stimsim.cortex.positions import build_sheet
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
+from stimsim.training.schedule import warmup_cosine_rate
 from stimsim.training.spatial_loss import layer_spatial_loss
 from stimsim.training.train_file import TrainFile
 from stimsim.utilities.config import load_toml
@@ -228,13 +229,6 @@ def load_training_data(config: TrainingConfig) -> TrainingData:
     return TrainingData(torch.cat(images), np.array([index[c] for c in labels]), classes, holdout)
 
 
-def _learning_rate(config: TrainingConfig, step: int) -> float:
-    if step < config.warmup_steps:
-        return config.learning_rate * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(config.steps - config.warmup_steps, 1)
-    return config.learning_rate * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 def _forward_with_layers(model: TopographicModel, x: torch.Tensor, keep: set[str]):
     outputs = {}
     for name, module in model.stages:
@@ -283,7 +277,7 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
         rng = np.random.default_rng([config.seed, step])
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
         for group in optimizer.param_groups:
-            group["lr"] = _learning_rate(config, step)
+            group["lr"] = warmup_cosine_rate(config, step)
         images, targets = data.sample(rng, config.batch_size)
         view = augment_batch(images, generator) if config.augment else images
         logits, layer_out = _forward_with_layers(model, view.to(device), set(config.spatial_layers) | set(config.activity_layers))

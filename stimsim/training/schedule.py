@@ -1,0 +1,15 @@
+"""The learning-rate schedule of every training run: linear warm-up, then cosine decay to zero
+(Loshchilov & Hutter 2017, SGDR, without restarts)."""
+from __future__ import annotations
+
+import math
+
+
+def warmup_cosine_rate(training, step: int) -> float:
+    """Learning rate at ``step`` (0-based) for ``training`` (anything with ``learning_rate``, ``warmup_steps`` and
+    ``steps``): rising linearly to ``learning_rate`` over the first ``warmup_steps`` steps, then
+    ``learning_rate`` · ½(1 + cos(π · progress)), progress running from 0 after the warm-up to 1 at ``steps``."""
+    if step < training.warmup_steps:
+        return training.learning_rate * (step + 1) / training.warmup_steps
+    progress = (step - training.warmup_steps) / max(training.steps - training.warmup_steps, 1)
+    return training.learning_rate * 0.5 * (1 + math.cos(math.pi * progress))
