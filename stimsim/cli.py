@@ -142,7 +142,7 @@ def _cmd_models_resting(args) -> int:
     if directory.resolve().is_relative_to(SHIPPED_DIR.resolve()):
         raise ConfigError(f"{directory} is a shipped model, whose files the package's manifest verifies; copy its "
                           "folder and give the copy")
-    path = write_resting_activity(directory, args.layer)
+    path = write_resting_activity(directory, args.layer, device=args.device)
     print(f"wrote {path} and listed it in {directory / 'model.json'}")
     return 0
 
@@ -417,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     resting.add_argument("--layer", default="IT", help="topographic layer (default IT)")
     _add_mirror(resting)
     _add_threads(resting)
+    add_device_argument(resting)
     resting.set_defaults(handler=_cmd_models_resting, command_parser=resting)
 
     score = model_commands.add_parser("score", help="score a model on the published experiments: each one's "

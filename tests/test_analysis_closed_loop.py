@@ -19,8 +19,8 @@ from stimsim.cli import main
 from stimsim.planning.session import session_from_plan, write_session_nwb
 from test_plan_job import _write_plan
 
-#: Current of the small plan: the largest the safety gate passes at 0.2 ms per phase (Shannon k ≤ 1.85),
-#: so that the virtual subject's effects stand out of the binomial noise.
+#: Current of the small plan: high, within the safety gate (Shannon k ≤ 1.85 allows up to 188 µA at 0.2 ms
+#: per phase), so that the virtual subject's effects stand out of the binomial noise.
 CURRENT_UA = 150
 #: Trials per site: with lengths in cortex mm few units lie within reach of each electrode and the subject's
 #: effects are small; at 400 trials the binomial noise hid their spread (noise ceiling about 0). With sequences

@@ -76,7 +76,8 @@ def test_run_reports_a_missing_experiment_file(tmp_path, capsys):
     assert "missing.toml" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("words", [["run"], ["plan"], ["train"], ["models", "check"], ["models", "score"], ["bench"]],
+@pytest.mark.parametrize("words", [["run"], ["plan"], ["train"], ["models", "check"], ["models", "score"],
+                                   ["models", "resting"], ["visualize"], ["subject", "make"], ["bench"]],
                          ids=" ".join)
 def test_compute_commands_take_a_device(words, capsys):
     with pytest.raises(SystemExit):

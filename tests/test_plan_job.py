@@ -494,10 +494,17 @@ def test_the_plan_takes_the_electrical_kinds_own_keys_as_an_experiment_does(tmp_
         load_plan_config(config)
 
 
-def test_unknown_broken_electrode_names_the_file(tmp_path):
+@pytest.mark.parametrize("out_exists", [False, True])
+def test_unknown_broken_electrode_names_the_file_and_leaves_nothing(tmp_path, out_exists):
+    """The ids are checked against the virtual subject's layout, so the subject is made first; the error removes it
+    again: --out is left absent, or empty when the lab made it beforehand."""
     config = _write_plan(tmp_path / "config", broken='["e1", "e99"]')
+    out = tmp_path / "out"
+    if out_exists:
+        out.mkdir()
     with pytest.raises(ConfigError, match=r"plan.toml \[array\] broken_electrodes: unknown electrode id\(s\) \['e99'\]"):
-        run_plan(config, tmp_path / "out", progress=False)
+        run_plan(config, out, progress=False)
+    assert (list(out.iterdir()) == []) if out_exists else not out.exists()
 
 
 def test_an_unknown_candidate_model_names_the_file_and_field(tmp_path):

@@ -44,12 +44,12 @@ def resting_activity(model, layer: str, images) -> np.ndarray:
     return model.activations(images, layer).double().mean(dim=0).numpy()
 
 
-def write_resting_activity(directory, layer: str = "IT", mirror=None) -> Path:
+def write_resting_activity(directory, layer: str = "IT", mirror=None, device="cpu") -> Path:
     """Measure the resting activity of ``layer`` of the model in ``directory`` on the reference set
-    (:func:`reference_images`), write ``resting/<layer>.npz`` and list it in ``model.json`` with its sha256.
-    The model's other files are left as they are. Returns the file written."""
+    (:func:`reference_images`), computed on ``device``, write ``resting/<layer>.npz`` and list it in ``model.json``
+    with its sha256. The model's other files are left as they are. Returns the file written."""
     directory = Path(directory)
-    model = TopographicModel.load(directory)
+    model = TopographicModel.load(directory, device=device)
     layer = model.resolve_layer(layer)
     images, reference = reference_images(mirror)
     rel = f"resting/{layer}.npz"

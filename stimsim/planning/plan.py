@@ -256,6 +256,7 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
     compute = {"device": "cpu", "scheduler": None, "scheduler_description": None, **(compute or {})}
     created = not Path(out_dir).exists() if created is None else created
     cache_created = not (Path(out_dir) / "cache").exists()
+    subject_created = not (Path(out_dir) / "subject").exists()
     try:  # bad input found while reading the inputs or mapping leaves nothing behind
         cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
                            + (f"-random{n_random_poses}" if n_random_poses else ""), progress=progress)
@@ -275,8 +276,10 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
     except (StimsimError, FileNotFoundError):
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)
-        elif cache_created:
-            shutil.rmtree(Path(out_dir) / "cache", ignore_errors=True)
+        else:  # an --out made beforehand keeps only what it held
+            for part, made in (("cache", cache_created), ("subject", subject_created)):
+                if made:
+                    shutil.rmtree(Path(out_dir) / part, ignore_errors=True)
         raise
     chosen_model = mapping["selection"]["model"][0]
     working = mapping["working"]
