@@ -244,6 +244,9 @@ def _cmd_bench(args) -> int:
     from stimsim.models.registry import SMALL_MODEL, available_models, load_model
 
     name = args.model or (SMALL_MODEL if SMALL_MODEL in available_models() else None)
+    if args.sections is not None and not args.sections.strip():
+        raise ConfigError("--sections is empty; name the sections to run (e.g. --sections bound,plain) or leave the "
+                          "option out for all but jobs")
     sections = args.sections.split(",") if args.sections else None
     jobs = None if args.jobs is None else [job.strip() for job in args.jobs.split(",")]
     if jobs is not None and not all(jobs):

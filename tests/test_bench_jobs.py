@@ -138,6 +138,8 @@ def test_job_options_are_checked_before_any_section_runs(tmp_path, capsys):
         run_benchmark(quick=True, sections=["jobs"], jobs_out=a_file)
     assert main(["bench", "--quick", "--sections", "jobs", "--jobs", "models_list,"]) == 2
     assert "has an empty name" in capsys.readouterr().err
+    assert main(["bench", "--quick", "--sections", " "]) == 2  # not "every section", which takes hours
+    assert "--sections is empty" in capsys.readouterr().err
 
 
 def test_a_failed_job_renders_without_figures_and_a_quick_report_says_so():

@@ -233,12 +233,21 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
     ({'method = "selectivity"': 'method = "random"'}, "'method' must be one of"),
     ({"currents_uA = [100, 300, 1000]": "currents_uA = [1, 100]"}, "'currents_uA' holds 1.0: current_uA must be"),
     ({"frequency_Hz = 200": "frequency_Hz = 0"}, "frequency_Hz must be > 0 Hz"),
+    ({"frequency_Hz = 200": "frequency_Hz = 2000"}, "[stimulation]: frequency_Hz must be in"),  # not a current's fault
+    ({"seed = 0": "seed = 18446744073709551615"}, "'seed' must be <= 4294967295"),
+    ({'method = "selectivity"': 'method = "explicit"\nface_site_mm = [5, 5]\ncontrol_site_mm = [5.2, 5]',
+      "smoothing_sigma_mm = 1.0\n": "", "outside_min_distance_mm = 10.0\n": "", "candidate_step_mm = 0.5\n": "",
+      "margin_mm = 1.0\n": ""},
+     "the control site [5.2, 5.0] lies within recording_radius_mm = 0.5 of the face site [5.0, 5.0]"),
+    ({"override = ": "# override = "}, "[safety] at 1000 µA: "),  # refused before any model is loaded
 ])
 def test_visualize_refuses_a_bad_file_in_one_line_and_leaves_no_output(tmp_path, capsys, change, message):
     text = (REPO / "experiments" / "visualize_default.toml").read_text()
-    (old, new), = change.items()
+    for old, new in change.items():
+        assert old in text
+        text = text.replace(old, new)
     path = tmp_path / "bad.toml"
-    path.write_text(text.replace(old, new))
+    path.write_text(text)
     out = tmp_path / "out"
     assert main(["visualize", str(path), "--out", str(out), "--no-progress"]) == 2
     error = capsys.readouterr().err.strip()

@@ -634,6 +634,40 @@ def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_di
         assert foreign.read_bytes() != b"a lab's own data\n"
 
 
+def test_visualize_at_a_plans_electrodes_runs_on_its_chosen_model_and_checks_its_files(plan_dir, tmp_path, capsys):
+    """[sites] method = "plan": the electrodes' cortex points of sites.csv, registered on the plan's chosen model;
+    another model, a changed sites.csv or an electrode the plan left out is refused with the reason."""
+    _, out = plan_dir
+    sites = pd.read_csv(out / "sites.csv", dtype={"electrode_id": str})
+    face, control = sites["electrode_id"].iloc[0], sites["electrode_id"].iloc[-1]
+    view = PERCEPTS.replace('model = "stimsim-topo-s2"', 'model = "stimsim-topo-s0"').replace(
+        'method = "explicit"', f'method = "plan"\nplan = "{out}"\nface_electrode = "{face}"\n'
+                               f'control_electrode = "{control}"').replace(
+        "face_site_mm = [0.0, 0.0]\ncontrol_site_mm = [0.0, 0.0]\n", "")
+    path = tmp_path / "view.toml"
+    path.write_text(view)
+    assert main(["visualize", str(path), "--out", str(tmp_path / "ok"), "--no-progress"]) == 0
+    written = json.loads((tmp_path / "ok" / "summary.json").read_text())["sites"]
+    best = sites.set_index("electrode_id").loc[face]
+    assert (written["face"]["x_mm"], written["face"]["y_mm"]) == pytest.approx((best["cortex_x_mm"], best["cortex_y_mm"]))
+    capsys.readouterr()
+    assert main(["visualize", str(path), "--model", "stimsim-topo-s2", "--out", str(tmp_path / "other"),
+                 "--no-progress"]) == 2
+    assert "the plan's sites were registered on its chosen model 'stimsim-topo-s0', not on 'stimsim-topo-s2'" in \
+        capsys.readouterr().err
+    path.write_text(view.replace(f'face_electrode = "{face}"', 'face_electrode = "e1"'))  # broken in the plan
+    assert main(["visualize", str(path), "--out", str(tmp_path / "broken"), "--no-progress"]) == 2
+    assert "face_electrode 'e1' is not a working electrode of" in capsys.readouterr().err
+    moved = tmp_path / "moved_plan"
+    shutil.copytree(out, moved, ignore=shutil.ignore_patterns("cache", "percepts", "images"))
+    table = (moved / "sites.csv").read_text()
+    (moved / "sites.csv").write_text(table.replace(f"\n1,{face},", f"\n1,{face},9"))  # a hand-edited position
+    path.write_text(view.replace(str(out), str(moved)))
+    assert main(["visualize", str(path), "--out", str(tmp_path / "edited"), "--no-progress"]) == 2
+    assert f"{moved / 'sites.csv'}: changed since `stimsim plan` wrote it" in capsys.readouterr().err
+    assert not any((tmp_path / name).exists() for name in ("other", "broken", "edited"))
+
+
 def test_a_damaged_plan_directory_is_refused_by_the_commands_that_read_it(plan_dir, tmp_path, capsys):
     """plan_files.json holds the sha256 of the plan's data files; `power`, `subject session` and `analyze --plan`
     name a file that changed (here cut in half) instead of reading it."""
@@ -657,6 +691,33 @@ def test_a_damaged_plan_directory_is_refused_by_the_commands_that_read_it(plan_d
             error = capsys.readouterr().err
             assert f"{damaged / name}: changed since `stimsim plan` wrote it" in error, (argv, error)
         assert not (tmp_path / "power").exists() and not (tmp_path / "s.csv").exists()
+
+
+def test_a_plan_stopped_while_rewriting_its_outputs_is_refused_until_run_again(plan_dir, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """A re-run stopped after some outputs were written again (here while building the report) leaves old and new
+    files side by side; the commands that read the plan refuse it until the same plan command finishes."""
+    import stimsim.planning.report
+
+    config, reference = plan_dir
+    out = tmp_path / "plan"
+    shutil.copytree(reference, out)
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stimsim.planning.report, "build_report", stopped)
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 130
+    capsys.readouterr()
+    readers = (["power", str(out), "--sessions", "10", "--trials-per-site", "14", "--out", str(tmp_path / "power")],
+               ["subject", "session", str(out), "--trials-per-site", "14", "--csv", str(tmp_path / "s.csv")])
+    for argv in readers:
+        assert main(argv) == 2
+        assert "plan_files.json: the plan did not finish writing its outputs" in capsys.readouterr().err, argv
+    monkeypatch.undo()
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
+    for argv in readers:
+        assert main(argv) == 0, argv
 
 
 def test_subject_session_from_the_plan(plan_dir, tmp_path, capsys):

@@ -121,6 +121,10 @@ def test_rig_package_holds_every_image_and_the_interleaved_trial_list(rig_plan):
     for row in trials.drop_duplicates("electrode").itertuples():
         k = int(row.electrode.removeprefix("elec")) - 1
         assert (row.bank, row.elec, row.channel) == ("AB"[k // 8], k % 8 + 1, 32 * (k // 8) + k % 8 + 1)
+    protocol = json.loads((rig_plan / "rig" / "stimulation.json").read_text())  # what the stimulator is set to
+    assert protocol == {"current_uA": 150, "frequency_Hz": 200, "pulse_width_ms": 0.2, "interphase_ms": 0.1,
+                        "waveform": "biphasic_cathodic_first", "train_ms": 50, "train_onset_ms": -20,
+                        "charge_per_phase_nC": pytest.approx(150 * 0.2)}  # µA × ms = nC
     display = json.loads((rig_plan / "rig" / "display.json").read_text())
     assert display["image_size_cm"] == pytest.approx(2 * 50 * math.tan(math.radians(3)))
     assert display["pixels_per_deg"] == pytest.approx(images.shape[-1] / 6)
@@ -186,6 +190,42 @@ def test_a_trial_list_cut_off_mid_row_is_refused_before_any_session_is_written(r
     assert not session.exists()
 
 
+def test_a_trial_list_for_another_protocol_or_not_a_csv_is_refused(rig_plan, tmp_path, capsys):
+    """The subject's responses were computed at the plan's protocol (150 µA, 200 Hz, 0.2 ms): a list whose
+    stimulation trials say otherwise, or whose condition disagrees with the stimulated electrode, would put a
+    protocol into the session that the choices never saw."""
+    trials = pd.read_csv(rig_plan / "rig" / "trials.csv", dtype={"electrode": str, "stimulated_electrode": str})
+    stimulated = trials.index[trials["condition"] == "stimulation"]
+    sham = trials.index[trials["condition"] == "sham"]
+    first = trials.loc[stimulated[0], "trial"]
+    edits = [("current_uA", stimulated, 300.0, "column 'current_uA', trial(s)", "the plan stimulates at 150 µA"),
+             ("frequency_Hz", stimulated[:2], 2000.0, "column 'frequency_Hz', trial(s)", "at 200 Hz"),
+             ("pulse_width_ms", stimulated[:1], 0.4, f"column 'pulse_width_ms', trial(s) {first} (e.g. 0.4)",
+              "at 0.2 ms"),
+             ("condition", stimulated[:1], "Stim", f"column 'condition', trial(s) {first} (e.g. 'Stim')",
+              "must be 'stimulation' where"),
+             ("condition", sham[:1], "stimulation",
+              f"column 'condition', trial(s) {trials.loc[sham[0], 'trial']} (e.g. 'stimulation')",
+              "'sham' where it is 'sham'")]
+    session = tmp_path / "session.csv"
+    for column, rows, value, where, what in edits:
+        edited = trials.copy()
+        edited[column] = edited[column].astype(object)
+        edited.loc[rows, column] = value
+        path = tmp_path / f"edited_{column}.csv"
+        edited.to_csv(path, index=False)
+        assert main(["subject", "session", str(rig_plan), "--trials", str(path), "--csv", str(session)]) == 2
+        error = capsys.readouterr().err
+        assert f"{path}: {where}" in error and what in error, error
+    (tmp_path / "empty.csv").write_bytes(b"")
+    (tmp_path / "binary.csv").write_bytes(b"\xff\xfe,trial\n")
+    for name, message in (("empty.csv", "empty: a trial list has a header line"),
+                          ("binary.csv", "not a CSV trial list (UnicodeDecodeError")):
+        assert main(["subject", "session", str(rig_plan), "--trials", str(tmp_path / name), "--csv", str(session)]) == 2
+        assert f"{tmp_path / name}: {message}" in capsys.readouterr().err
+    assert not session.exists()
+
+
 def test_a_trial_list_session_takes_no_trial_count_or_site_choice(tmp_path, capsys):
     for extra in (["--trials-per-site", "40"], ["--sites", "all"]):
         assert main(["subject", "session", str(tmp_path), "--trials", str(tmp_path / "trials.csv"),
@@ -209,7 +249,10 @@ def test_trial_list_is_seeded_and_session_table_settings_are_checked(tmp_path):
     path.write_text(path.read_text().replace("trials_per_site = 401", "trials_per_site = 10"))
     with pytest.raises(ConfigError, match=r"plan.toml \[session\]: 'trials_per_site' must be >= 14"):
         load_plan_config(path)
-    path.write_text(path.read_text().replace("trials_per_site = 10", "trials_per_site = 400")
+    path.write_text(path.read_text().replace("trials_per_site = 10", "trials_per_site = 100000000"))
+    with pytest.raises(ConfigError, match=r"plan.toml \[session\]: 'trials_per_site' must be <= 20000"):
+        load_plan_config(path)
+    path.write_text(path.read_text().replace("trials_per_site = 100000000", "trials_per_site = 400")
                     .replace("size_deg = 6", "size_deg = 0"))
     with pytest.raises(ConfigError, match=r"plan.toml \[display\]: 'size_deg' must be > 0.0, got 0"):
         load_plan_config(path)

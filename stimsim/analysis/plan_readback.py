@@ -24,15 +24,23 @@ PLAN_FILES_FORMAT = "stimsim-plan-files-1"
 
 
 def write_plan_files(plan_dir, names) -> Path:
-    """Record the sha256 of the files ``names`` (relative to ``plan_dir``) in ``plan_dir/plan_files.json``."""
+    """Record the sha256 of the files ``names`` (relative to ``plan_dir``) in ``plan_dir/plan_files.json``: the
+    plan is finished."""
     plan_dir = Path(plan_dir)
-    return atomic_write_json(plan_dir / PLAN_FILES, {"format": PLAN_FILES_FORMAT, "files": {
+    return atomic_write_json(plan_dir / PLAN_FILES, {"format": PLAN_FILES_FORMAT, "finished": True, "files": {
         name: sha256_of(plan_dir / name) for name in sorted(names)}})
+
+
+def mark_plan_unfinished(plan_dir) -> Path:
+    """Mark ``plan_dir`` as being written (``"finished": false`` in plan_files.json) until :func:`write_plan_files`
+    lists its files again: a plan stopped while rewriting its outputs is refused, not read half old, half new."""
+    return atomic_write_json(Path(plan_dir) / PLAN_FILES, {"format": PLAN_FILES_FORMAT, "finished": False})
 
 
 def check_plan_files(plan_dir) -> None:
     """FileFormatError naming the first file of ``plan_dir/plan_files.json`` that is missing or changed since
-    ``stimsim plan`` wrote it (a plan made before the file existed is not checked)."""
+    ``stimsim plan`` wrote it, or the list itself when the plan did not finish writing its outputs (a plan made
+    before the file existed is not checked)."""
     plan_dir = Path(plan_dir)
     manifest_path = plan_dir / PLAN_FILES
     if not manifest_path.is_file():
@@ -41,6 +49,9 @@ def check_plan_files(plan_dir) -> None:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FileFormatError(manifest_path, f"invalid JSON ({exc}); run the plan again") from None
+    if isinstance(manifest, dict) and manifest.get("format") == PLAN_FILES_FORMAT and manifest.get("finished") is False:
+        raise FileFormatError(manifest_path, "the plan did not finish writing its outputs (it was stopped or failed "
+                                             "while writing them); run the same `stimsim plan` command again")
     if not isinstance(manifest, dict) or manifest.get("format") != PLAN_FILES_FORMAT or not isinstance(
             manifest.get("files"), dict):
         raise FileFormatError(manifest_path, f"not a plan's file list (format should be {PLAN_FILES_FORMAT!r})")
@@ -52,6 +63,21 @@ def check_plan_files(plan_dir) -> None:
             raise FileFormatError(path, f"changed since `stimsim plan` wrote it (its sha256 differs from the one in "
                                         f"{PLAN_FILES}): the plan directory is damaged or holds another plan's "
                                         "file; run the plan again")
+
+
+def read_plan_stimulation(plan_dir) -> dict:
+    """The plan's resolved ``[stimulation]`` (current_uA, frequency_Hz, pulse_width_ms, train_ms, ...) from its
+    ``config.json``."""
+    path = Path(plan_dir) / "config.json"
+    if not path.is_file():
+        raise FileFormatError(path, "not found; is this a directory written by `stimsim plan`?")
+    try:
+        stimulation = json.loads(path.read_text(encoding="utf-8"))["config"]["stimulation"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise FileFormatError(path, f"holds no plan configuration with a [stimulation] table ({exc!r})") from None
+    if not isinstance(stimulation, dict):
+        raise FileFormatError(path, "field 'config.stimulation' must be a table")
+    return stimulation
 
 
 def read_summary(plan_dir) -> tuple[Path, dict]:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 import warnings
 from pathlib import Path
@@ -120,13 +121,19 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
         try:
             perturbation = perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer,
                                                    "current_uA": current})
-        except ConfigError as exc:
-            raise ConfigError(f"{where} [stimulation]: 'currents_uA' holds {current!r}: {exc}") from None
+        except ConfigError as exc:  # a current out of range, or a key of the template wrong at any current
+            about = f"'currents_uA' holds {current!r}: " if "current" in str(exc) else ""
+            raise ConfigError(f"{where} [stimulation]: {about}{exc}") from None
     try:
         check_additive_scale(stimulation.additive_scale, template.get("form"))
         perturbation.check_delivers()
     except ConfigError as exc:
         raise ConfigError(f"{where} [stimulation]: {exc}") from None
+    safety = checked.safety.to_dict()
+    try:  # before any model is loaded: the protocol alone decides
+        enforce(perturbation, _limits(safety), override=safety["override"])
+    except SafetyError as exc:
+        raise SafetyError(f"{where} [safety] at {currents[-1]:g} µA: {exc}") from None
     sites = checked.sites.to_dict()
     for key in ("face_site_mm", "control_site_mm"):
         if key in sites:
@@ -151,6 +158,13 @@ def run_visualize(config_path, out_dir, model: str | None = None, judge: str | N
 
 def run_config(config: VisualizeConfig, out_dir, progress: bool = True, force: bool = False, device="cpu") -> dict:
     """:func:`run_visualize` on a checked configuration (e.g. one whose sites a plan chose)."""
+    sites = config.sites
+    if sites["method"] == "explicit" and math.dist(sites["face_site_mm"], sites["control_site_mm"]) \
+            <= sites["recording_radius_mm"]:
+        raise ConfigError(f"{config.source} [sites]: the control site {list(sites['control_site_mm'])} lies within "
+                          f"recording_radius_mm = {sites['recording_radius_mm']:g} of the face site "
+                          f"{list(sites['face_site_mm'])}, so both would record the same units; give a control "
+                          "site farther away")
     device = resolve_device(device)
     with DirectoryLock(out_dir, "visualize"), ResultSet(out_dir, "percepts", force=force) as results:
         return _run_into(results, config, progress, device)
@@ -331,8 +345,8 @@ def _choose_sites(config: VisualizeConfig, sheet, responses, is_face) -> dict:
     elif spec["method"] == "explicit":
         points = np.array([spec["face_site_mm"], spec["control_site_mm"]])
     else:
-        points = _plan_sites(spec, where)
-    off = [tuple(np.round(p, 3)) for p in points if not sheet.contains(tuple(p))]
+        points = _plan_sites(spec, where, config.model)
+    off = [tuple(round(float(v), 3) for v in p) for p in points if not sheet.contains(tuple(p))]
     if off:
         x0, x1, y0, y1 = sheet.extent_mm
         raise ConfigError(f"{where}: site(s) {off} lie off the sheet (x in [{x0:g}, {x1:g}], y in [{y0:g}, {y1:g}] "
@@ -342,21 +356,38 @@ def _choose_sites(config: VisualizeConfig, sheet, responses, is_face) -> dict:
             for name, p, v, n in zip(("face", "control"), points, values, counts)}
 
 
-def _plan_sites(spec: dict, where: str) -> np.ndarray:
+def _plan_sites(spec: dict, where: str, model: str) -> np.ndarray:
+    """The cortex points of the plan's two electrodes, registered on its chosen model (which must be ``model``)."""
     import pandas as pd
+
+    from stimsim.analysis.plan_readback import read_summary
+    from stimsim.models.registry import model_path
 
     path = Path(spec["plan"]) / "sites.csv"
     if not path.is_file():
         raise ConfigError(f"{where}: plan {spec['plan']} has no sites.csv; give a directory written by `stimsim plan`")
+    _, summary = read_summary(spec["plan"])  # every file of the plan checked
+    chosen = str(summary.get("chosen_model"))
+    if model != chosen and model_path(model).resolve() != model_path(chosen).resolve():
+        raise ConfigError(f"{where}: the plan's sites were registered on its chosen model {chosen!r}, not on "
+                          f"{model!r}; run on model = {chosen!r} (or --model {chosen})")
     table = pd.read_csv(path)
     points = []
     for key in ("face_electrode", "control_electrode"):
         match = table[table["electrode_id"].astype(str) == str(spec[key])]
         if match.empty:
-            raise ConfigError(f"{where}: {key} {spec[key]!r} is not an electrode of {path}; electrodes: "
+            raise ConfigError(f"{where}: {key} {spec[key]!r} is not a working electrode of {path} (it lists the "
+                              f"plan's working electrodes; broken and unreliable ones are left out): "
                               f"{', '.join(map(str, table['electrode_id'][:10]))}, ...")
         points.append([float(match["cortex_x_mm"].iloc[0]), float(match["cortex_y_mm"].iloc[0])])
     return np.array(points)
+
+
+def _limits(safety: dict) -> SafetyLimits:
+    """The safety limits of a file's ``[safety]`` table."""
+    return SafetyLimits(max_shannon_k=safety["max_shannon_k"],
+                        **({} if safety["electrode_area_um2"] is None else
+                           {"electrode_area_um2": safety["electrode_area_um2"]}))
 
 
 def _conditions(config: VisualizeConfig, layer: str, sites: dict, responses: np.ndarray):
@@ -373,11 +404,8 @@ def _conditions(config: VisualizeConfig, layer: str, sites: dict, responses: np.
     stim = lambda site, current: perturbation_from_dict({  # noqa: E731
         **template, "layer": layer, "current_uA": current,
         "sites_mm": [[sites[site]["x_mm"], sites[site]["y_mm"]]]})
-    limits = SafetyLimits(max_shannon_k=config.safety["max_shannon_k"],
-                          **({} if config.safety["electrode_area_um2"] is None
-                             else {"electrode_area_um2": config.safety["electrode_area_um2"]}))
     try:
-        safety = enforce(stim("face", top), limits, override=config.safety["override"]).to_dict()
+        safety = enforce(stim("face", top), _limits(config.safety), override=config.safety["override"]).to_dict()
     except SafetyError as exc:
         raise SafetyError(f"{config.source} [safety] at {top:g} µA: {exc}") from None
     face = lambda current: (f"face_site_{_current_label(current)}", "face_site", current,  # noqa: E731

@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field
 from stimsim.percepts import InversionSettings
 from stimsim.stimulation import ADDITIVE_SCALES
 from stimsim.utilities.filemodels import FileModel, Text
+from stimsim.utilities.limits import MAX_SEED
 
 #: Where the JSON Schema of visualisation files ships.
 SCHEMA_PATH = Path(__file__).with_name("visualize.schema.json")
@@ -102,7 +103,7 @@ class VisualizeFile(FileModel):
     model: Text
     layer: Text = "IT"
     match_layer: Text | None = None
-    seed: Annotated[int, Field(ge=0)] = 0
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
     summary_groups: Annotated[list[Text], Field(min_length=1)] = ["object", "place"]
     images: Annotated[list[ImageRows], Field(min_length=1)]
     localizer: LocalizerTable

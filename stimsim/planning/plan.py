@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from stimsim.analysis.plan_readback import PLAN_FILES, write_plan_files
+from stimsim.analysis.plan_readback import mark_plan_unfinished, write_plan_files
 from stimsim.behavior.metrics import finite_pearson
 from stimsim.planning.cache import PhaseCache, directory_files_sha256, remove_temporaries
 from stimsim.planning.config import PlanConfig
@@ -331,7 +331,7 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
         rehearsed = tuple(f"rehearsal_{_cache_key(list(models), name)}.npz" for name in models)
         percepts = _percepts_phase(config, out_dir, cache, chosen_model, plan, working, progress, phases + rehearsed,
                                    compute["device"])
-    (Path(out_dir) / PLAN_FILES).unlink(missing_ok=True)  # until every output below is written again
+    mark_plan_unfinished(out_dir)  # until every output below is written again
     truth = truth_file = None
     if inputs.subject_dir is not None:
         truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, task,

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
 
+from stimsim.stimulation.safety import charge_per_phase_nC
 from stimsim.utilities.filemodels import FileModel
 from stimsim.utilities.io import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, csv_text
 
@@ -68,13 +69,18 @@ SESSION_COLUMNS = {
 }
 
 
+#: The most trials per site a plan's ``[session]`` may ask for: several days of a lab's sessions pooled (the power
+#: forecast simulates each count 100 times, and the rig's trial list holds every trial).
+MAX_TRIALS_PER_SITE = 20_000
+
+
 class SessionTable(FileModel):
-    """A plan's ``[session]``: ``trials_per_site`` (even: half sham, half stimulated) and the train onset relative to
-    image onset, ms (negative: before)."""
+    """A plan's ``[session]``: ``trials_per_site`` (even: half sham, half stimulated; at most
+    :data:`MAX_TRIALS_PER_SITE`) and the train onset relative to image onset, ms (negative: before)."""
 
     table: ClassVar[str] = "session"
 
-    trials_per_site: Annotated[int, Field(ge=2)] = 400
+    trials_per_site: Annotated[int, Field(ge=2, le=MAX_TRIALS_PER_SITE)] = 400
     train_onset_ms: Annotated[float, Field(ge=-10_000, le=10_000)] = 0.0
 
     @field_validator("trials_per_site")
@@ -195,9 +201,11 @@ def trial_list(electrodes, images: dict[str, list[dict]], spec: RigSpec, stimula
 
 
 def write_rig(out_dir: Path, images: dict[str, np.ndarray], spec: RigSpec, trials: pd.DataFrame,
-              description: str) -> Path:
+              description: str, stimulation: dict) -> Path:
     """Write ``DIR/rig``: ``images`` (file relative to the rig folder → (H, W) grayscale or (H, W, 3) RGB in [0, 1],
-    all of one size) as PNGs, the trial list as CSV and NWB template, and display.json. Returns the folder."""
+    all of one size) as PNGs, the trial list as CSV and NWB template, display.json, and stimulation.json (the
+    plan's whole protocol, ``stimulation`` with the train onset: what the stimulator is programmed with). Returns
+    the folder."""
     from stimsim.report.figures import image_png
 
     rig = Path(out_dir) / "rig"
@@ -210,6 +218,9 @@ def write_rig(out_dir: Path, images: dict[str, np.ndarray], spec: RigSpec, trial
     write_trials_nwb(template, rig / "trials.nwb", subject_id="subject", session_id="planned",
                      description=f"stimsim plan {description}: trial list to run (planned times; choices to fill in)")
     atomic_write_json(rig / "display.json", spec.display(next(iter(images.values())).shape[1]))
+    atomic_write_json(rig / "stimulation.json", {**stimulation, "train_onset_ms": spec.train_onset_ms,
+                                                 "charge_per_phase_nC": charge_per_phase_nC(
+                                                     stimulation["current_uA"], stimulation["pulse_width_ms"])})
     return rig
 
 
@@ -245,10 +256,54 @@ def read_trial_list(path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"trial list not found: {path} (a plan writes it as rig/trials.csv)")
-    table = pd.read_csv(path, dtype={"electrode": str, "stimulated_electrode": str, "bank": str})
+    try:
+        table = pd.read_csv(path, dtype={"electrode": str, "stimulated_electrode": str, "bank": str})
+    except pd.errors.EmptyDataError:
+        raise FileFormatError(path, "empty: a trial list has a header line and one row per trial") from None
+    except (UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise FileFormatError(path, f"not a CSV trial list ({type(exc).__name__}: {exc})") from None
     missing = [name for name in ("trial", "electrode", "stimulated_electrode", "sequence", "step", "current_uA")
                if name not in table]
     if missing:
         raise FileFormatError(path, f"missing column(s) {missing}; a trial list as `stimsim plan` writes it in "
                                     "rig/trials.csv has them")
     return table
+
+
+#: Trial-list columns that must carry the plan's own protocol on every stimulation trial, and their units.
+PROTOCOL_COLUMNS = {"current_uA": "µA", "frequency_Hz": "Hz", "pulse_width_ms": "ms", "train_ms": "ms"}
+
+
+def check_protocol(trials: pd.DataFrame, path, stimulation: dict) -> None:
+    """Refuse a trial list (read by :func:`read_trial_list`) that another protocol than the plan's would run: a
+    ``condition`` that disagrees with ``stimulated_electrode``, or a stimulation trial whose current, frequency,
+    pulse width or train (the columns present of :data:`PROTOCOL_COLUMNS`) differs from ``stimulation`` (the
+    plan's ``[stimulation]``). One FileFormatError naming ``path``, the columns and the trials."""
+    from stimsim.utilities.errors import FileFormatError
+
+    stimulated = (trials["stimulated_electrode"].astype(str) != SHAM).to_numpy()
+    numbers = trials["trial"].astype(str).to_numpy() if "trial" in trials else np.arange(1, len(trials) + 1).astype(str)
+
+    def listed(mask, values) -> str:
+        shown = ", ".join(numbers[mask][:5]) + (" …" if mask.sum() > 5 else "")
+        example = values[mask][0]
+        return f"trial(s) {shown} (e.g. {example.item() if isinstance(example, np.generic) else example!r})"
+
+    problems = []
+    if "condition" in trials:
+        given = trials["condition"].astype(str).to_numpy()
+        wrong = given != np.where(stimulated, "stimulation", SHAM)
+        if wrong.any():
+            problems.append(f"column 'condition', {listed(wrong, given)}: must be 'stimulation' where "
+                            "stimulated_electrode names an electrode and 'sham' where it is 'sham'")
+    for column, unit in PROTOCOL_COLUMNS.items():
+        if column not in trials:
+            continue
+        given = pd.to_numeric(trials[column], errors="coerce").to_numpy(dtype=float)
+        wrong = stimulated & ~np.isclose(given, float(stimulation[column]), rtol=1e-9, atol=0.0)
+        if wrong.any():
+            problems.append(f"column '{column}', {listed(wrong, trials[column].to_numpy())}: the plan stimulates "
+                            f"at {float(stimulation[column]):g} {unit}")
+    if problems:
+        raise FileFormatError(path, "; ".join(problems) + ". The virtual subject's responses were computed for the "
+                                  "plan's protocol; a list for another protocol needs a plan made with it")

@@ -204,7 +204,7 @@ class FaceCategorizationTask(PlanTask):
         trial_table = trial_list(sites_chosen, {electrode: shown for electrode in sites_chosen}, rig, stimulation,
                                  seed, layout)
         write_rig(out_dir, {entry["image_file"]: image for entry, image in zip(shown, test.images)}, rig,
-                  trial_table, name)
+                  trial_table, name, stimulation)
         return {"folder": "rig", "n_trials": int(len(trial_table)), "n_images": len(shown),
                 "images_at_input_px": int(model.preprocessing.size_px)}
 

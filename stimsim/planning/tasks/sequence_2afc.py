@@ -216,7 +216,7 @@ class SequenceTask(PlanTask):
         trial_table = trial_list(sites_chosen, images, rig, stimulation, seed, layout)
         files = {entry["image_file"]: trials["images"][site, entry["sequence"], entry["step"]]
                  for site, electrode in zip(chosen, sites_chosen) for entry in images[electrode]}
-        write_rig(out_dir, files, rig, trial_table, name)
+        write_rig(out_dir, files, rig, trial_table, name, stimulation)
         return {"folder": "rig", "n_trials": int(len(trial_table)), "n_images": len(files)}
 
     def describe(self, options, summary) -> str:
