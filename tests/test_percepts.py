@@ -221,6 +221,10 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
     np.testing.assert_allclose(scored.mean("stimulus_id").values[1:4], summary["judges"]["own"]["pface_face_site"])
     data.close()
     assert (out / "percepts.png").stat().st_size > 10_000
+    # the summary alone says how the images were made: the protocol as written, the seed, the unit of lengths
+    assert summary["stimulation"]["frequency_Hz"] == 200 and summary["stimulation"]["additive_scale"] == "sd"
+    assert summary["stimulation"]["activation_per_Hz"] == 0.1 and summary["seed"] == 0
+    assert summary["lengths"] == "cortex mm unless named model mm"
     config = json.loads((out / "config.json").read_text())
     assert config["software"]["stimsim"] and config["config"]["name"] == "visualize_default"
     assert set(json.loads((out / "result_set.json").read_text())["files"]) == {

@@ -32,7 +32,8 @@ under each), ``percepts.nc`` (``percept`` image × condition × y × x × channe
 ``p_face`` judge × image × condition, ``p_face_original``, ``match_loss``; condition coords ``kind``,
 ``current_uA``, ``site_x_mm``, ``site_y_mm``), ``summary.json`` (``judges`` → ``own`` / ``independent`` →
 ``pface_face_site`` by rising current, ``pface_control_site``, ``pface_scrambled``,
-``pface_unstimulated``, ``pface_original``: means over the images of ``summary_groups``) and
+``pface_unstimulated``, ``pface_original``: means over the images of ``summary_groups``; the ``stimulation`` as
+written, ``seed``, ``sites`` in cortex mm) and
 ``config.json`` (the file as run, sites, safety, decoders' fit, versions).
 """
 from __future__ import annotations
@@ -245,6 +246,8 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
     summary = json_ready({
         "name": config.name, "model": config.model, "judge_model": config.judge, "layer": layer,
         "match_layer": match_layer or layer, "currents_uA": list(config.currents_uA),
+        "stimulation": {**config.stimulation, "additive_scale": config.additive_scale}, "seed": config.seed,
+        "lengths": "cortex mm unless named model mm",
         "summary_groups": list(config.summary_groups), "n_images_scored": int(scored.sum()),
         "cortex_mm_per_model_mm": scale["cortex_mm_per_model_mm"], "sites": sites, "judges": judges,
         "seconds_per_image": float(np.mean(seconds)), "n_conditions": len(labels),
@@ -453,7 +456,8 @@ def plot_percepts(dataset: xr.Dataset, path, title: str) -> None:
     """The grid: one row per image, columns original then every condition, P(face) (own / independent) below."""
     plt = pyplot()
     n_rows, n_cols = dataset.sizes["stimulus_id"], dataset.sizes["condition"] + 1
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 1.75 * n_rows + 0.6), squeeze=False)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 1.75 * n_rows + 0.6), squeeze=False,
+                             layout="constrained")  # room for every label whatever the number of rows
     gray = dataset.sizes["channel"] == 1
     for row in range(n_rows):
         pictures = [dataset["original"].values[row]] + list(dataset["percept"].values[row])
@@ -468,7 +472,6 @@ def plot_percepts(dataset: xr.Dataset, path, title: str) -> None:
                 label = str(dataset["condition"].values[col - 1]) if col else "original"
                 heading = label.replace("_", " ").replace("uA", " µA")
                 ax.set_title(heading, fontsize=7)
-        axes[row, 0].set_ylabel(str(dataset["group"].values[row]), fontsize=7)
+        axes[row, 0].set_ylabel(f"{dataset['group'].values[row]}\n{dataset['stimulus_id'].values[row]}", fontsize=7)
     fig.suptitle(f"{title}\nP(face): own decoder / independent judge", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))  # the top 0.45 inch for the title
     save_figure(fig, path)
