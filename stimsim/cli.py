@@ -57,9 +57,12 @@ def _cmd_train(args) -> int:
 def _cmd_data_list(args) -> int:
     from stimsim.data.manifest import load_manifests
 
-    for name, entry in sorted(load_manifests().items()):
+    entries = sorted(load_manifests().items())
+    width = max(len(name) for name, _ in entries)  # columns line up whatever the longest name
+    for name, entry in entries:
         size_mb = sum(f.size_bytes or 0 for f in entry.files) / 1e6
-        print(f"{name:<24} {entry.kind:<10} {len(entry.files):>4} file(s) {size_mb:9.2f} MB  {entry.describe_sources()}")
+        print(f"{name:<{width}}  {entry.kind:<10} {len(entry.files):>4} file(s) {size_mb:9.2f} MB  "
+              f"{entry.describe_sources()}")
     return 0
 
 

@@ -48,6 +48,8 @@ def test_data_list_names_every_entry(capsys):
     out = capsys.readouterr().out
     for name in ("afraz2006", "moeller2017", "lfw_subset", "fashion_mnist", "tdann", "stimsim_default_models"):
         assert name in out
+    lines = out.splitlines()  # the kind column starts at one place on every line, after the longest name
+    assert len({len(line) - len(line.split(maxsplit=1)[1]) for line in lines}) == 1
 
 
 @pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "data").is_dir(),

@@ -244,6 +244,8 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
       "margin_mm = 1.0\n": ""},
      "the control site [5.2, 5.0] lies within recording_radius_mm = 0.5 of the face site [5.0, 5.0]"),
     ({"override = ": "# override = "}, "[safety] at 1000 µA: "),  # refused before any model is loaded
+    ({'positive = "face"': 'positive = "faces"'},
+     "[localizer]: label 'domain' = 'faces' marks 0 of the"),
 ])
 def test_visualize_refuses_a_bad_file_in_one_line_and_leaves_no_output(tmp_path, capsys, change, message):
     text = (REPO / "experiments" / "visualize_default.toml").read_text()

@@ -194,7 +194,13 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
     match_layer = None if config.match_layer is None else topo.resolve_layer(config.match_layer)
     rows = _load_rows(config)
     localizer = _load_localizer(config, set(rows.stimulus_id.tolist()))
-    is_face = np.asarray(localizer.labels[config.localizer["label"]]).astype(str) == config.localizer["positive"]
+    values = np.asarray(localizer.labels[config.localizer["label"]]).astype(str)
+    is_face = values == config.localizer["positive"]
+    if min(is_face.sum(), (~is_face).sum()) < 2:
+        raise ConfigError(f"{config.source} [localizer]: label {config.localizer['label']!r} = "
+                          f"{config.localizer['positive']!r} marks {int(is_face.sum())} of the {len(values)} localizer "
+                          f"images as faces; both decoders need at least 2 faces and 2 others (its values: "
+                          f"{', '.join(sorted(set(values.tolist()))[:10])})")
     report_phase(f"localizer: {layer} responses to {len(localizer)} images ({int(is_face.sum())} "
                  f"{config.localizer['positive']}); face decoders of both models", progress)
     responses = topo.activations(localizer.images, layer).numpy()
