@@ -58,7 +58,7 @@ def _cmd_data_list(args) -> int:
     from stimsim.data.manifest import load_manifests
 
     entries = sorted(load_manifests().items())
-    width = max(len(name) for name, _ in entries)  # columns line up whatever the longest name
+    width = max((len(name) for name, _ in entries), default=0)  # columns line up whatever the longest name
     for name, entry in entries:
         size_mb = sum(f.size_bytes or 0 for f in entry.files) / 1e6
         print(f"{name:<{width}}  {entry.kind:<10} {len(entry.files):>4} file(s) {size_mb:9.2f} MB  "

@@ -107,6 +107,9 @@ def test_selection_bootstrap_matches_the_resampling_probability_of_a_median():
     assert first["A"] == pytest.approx(20 / 27, abs=0.01)
     with pytest.raises(ConfigError, match="n_boot must be >= 1"):
         selection_bootstrap({"A": [0.5]}, n_boot=0)
+    for unusable in ({"A": [0.5, 0.6], "B": [0.5]}, {"A": []}, {}):
+        with pytest.raises(ConfigError, match="the R² of the same electrodes"):
+            selection_bootstrap(unusable)
 
 
 def test_back_mapping_to_electrodes_array_mm_and_anatomy(recorded, model):

@@ -15,7 +15,7 @@ from stimsim.cli import main
 from stimsim.planning.config import load_plan_config
 from stimsim.planning.detectability import forecast, subject_error_sd, with_subject_error
 from stimsim.planning.rig import RigSpec, SessionTable, sequence_images, trial_list
-from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.errors import ConfigError, FileFormatError
 
 #: A 4 × 4 map written by hand: comments, then electrode lines (no description line); banks A and B, labels.
 CMP = "// 4x4 test map, no description line\n// col row bank elec label\n" + "".join(
@@ -224,6 +224,18 @@ def test_a_trial_list_for_another_protocol_or_not_a_csv_is_refused(rig_plan, tmp
         assert main(["subject", "session", str(rig_plan), "--trials", str(tmp_path / name), "--csv", str(session)]) == 2
         assert f"{tmp_path / name}: {message}" in capsys.readouterr().err
     assert not session.exists()
+
+
+def test_the_protocol_check_reads_sham_as_the_session_files_do():
+    from stimsim.planning.rig import check_trial_protocol
+
+    plan = {"current_uA": 50.0, "frequency_Hz": 200.0, "pulse_width_ms": 0.2, "train_ms": 50.0}
+    trials = pd.DataFrame({"trial": [1, 2], "stimulated_electrode": [" Sham", "e3"], "condition": ["SHAM", "stimulation"],
+                           "current_uA": [0.0, 50.0], "frequency_Hz": [np.nan, 200.0]})
+    check_trial_protocol(trials, "trials.csv", plan)  # a sham row in other case is no stimulation trial
+    with pytest.raises(FileFormatError, match=r"trials.csv: column 'current_uA', trial\(s\) 2 \(e.g. 5.0\): the plan "
+                                              r"stimulates at 50 µA"):
+        check_trial_protocol(trials.assign(current_uA=[0.0, 5.0]), "trials.csv", plan)
 
 
 def test_a_trial_list_session_takes_no_trial_count_or_site_choice(tmp_path, capsys):

@@ -244,16 +244,21 @@ def curves_from_plan(plan_dir) -> dict:
             "plan_forecast": summary.get("trials_per_site_needed")}
 
 
+def trials_text(count, largest: int) -> str:
+    """A trial count in words: "1,600", or "more than 6,400" when ``count`` is None (not reached up to ``largest``)."""
+    return f"more than {largest:,}" if count is None else f"{int(count):,}"
+
+
 def _forecast_note(forecast: dict | None, source: str) -> str:
     """How the plan's own power forecast differs from this one ('' for a plan without one)."""
-    if not isinstance(forecast, dict) or "across_sites" not in forecast:
+    if not isinstance(forecast, dict) or not isinstance(forecast.get("largest_simulated"), int):
         return ""
-    needed, largest = forecast["across_sites"], forecast.get("largest_simulated")
-    stated = (f"{needed:,}" if isinstance(needed, int) else
-              f"more than {largest:,}" if isinstance(largest, int) else "more than it simulated")
+    stated = trials_text(forecast.get("across_sites"), forecast["largest_simulated"])
+    this = (f"this one simulates the {source}, so the two numbers answer different questions"
+            if source.startswith("virtual subject") else
+            f"this one simulates the {source} alone, so the two agree when the plan had one candidate")
     return (f" The plan's own forecast (its report's first page: {stated} trials per site across sites) simulates the "
-            "mean of the candidate models' predicted curves without lapses, an upper bound made before any "
-            f"session; this one simulates the {source}, so the two numbers answer different questions.")
+            f"mean of the candidate models' predicted curves without lapses, made before any session; {this}.")
 
 
 def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,

@@ -120,12 +120,17 @@ def select_model(per_image_responses: xr.DataArray, candidates, images: Stimulus
 def selection_bootstrap(scores: dict, n_boot: int = 1000, seed: int = 0) -> dict:
     """How often each candidate would rank first on other electrodes like these: the fraction of ``n_boot``
     resamples of the electrodes (with replacement, the same draw for every candidate, so the comparison is paired)
-    in which its median R² is the highest (NaN electrodes left out, as in :func:`select_model`; ties go to the
-    candidate listed first). ``scores``: model name → per-electrode R² (as :func:`select_model` returns).
-    One candidate: 1.0. Chance, for M candidates no better than each other: about 1/M each."""
+    in which its median R² is the highest (NaN electrodes left out, as in :func:`select_model`; ties, and resamples
+    without a finite R² in any candidate, go to the candidate listed first). ``scores``: model name → per-electrode
+    R² of the same electrodes (as :func:`select_model` returns). One candidate: 1.0. Chance, for M candidates no
+    better than each other: about 1/M each."""
     if n_boot < 1:
         raise ConfigError(f"n_boot must be >= 1, got {n_boot}")
     names = list(scores)
+    lengths = {name: len(np.atleast_1d(scores[name])) for name in names}
+    if not names or len(set(lengths.values())) != 1 or 0 in lengths.values():
+        raise ConfigError(f"selection_bootstrap needs the R² of the same electrodes (at least one) for every "
+                          f"candidate, got {lengths}")
     r2 = np.stack([np.asarray(scores[name], dtype=np.float64) for name in names])  # models × electrodes
     draws = np.random.default_rng([seed, 0x5E1]).integers(0, r2.shape[1], size=(n_boot, r2.shape[1]))
     with warnings.catch_warnings():  # a resample of only NaN electrodes ranks that candidate last, silently

@@ -59,7 +59,7 @@ from stimsim.percepts.visualize_file import VisualizeFile
 from stimsim.stimulation import (Condition, SafetyLimits, additive_scale_record, check_additive_scale, enforce,
                                  perturbation_from_dict)
 from stimsim.utilities.config import load_toml
-from stimsim.utilities.errors import ConfigError, SafetyError
+from stimsim.utilities.errors import ConfigError, FileFormatError, SafetyError
 from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.utilities.filemodels import validate
 from stimsim.utilities.io import ResultSet, provenance
@@ -118,13 +118,18 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
     if list(currents) != sorted(set(currents)):
         raise ConfigError(f"{where} [stimulation]: 'currents_uA' must list at least two rising currents (µA), got "
                           f"{list(currents)}")
+    problems = {}
     for current in currents:
         try:
             perturbation = perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer,
                                                    "current_uA": current})
-        except ConfigError as exc:  # a current out of range, or a key of the template wrong at any current
-            about = f"'currents_uA' holds {current!r}: " if "current" in str(exc) else ""
-            raise ConfigError(f"{where} [stimulation]: {about}{exc}") from None
+        except ConfigError as exc:
+            problems[current] = str(exc)
+    if problems:  # the same problem at every current is the template's; else the currents named are out of range
+        current, problem = next(iter(problems.items()))
+        about = "" if len(problems) == len(currents) and len(set(problems.values())) == 1 else \
+            f"'currents_uA' holds {current!r}: "
+        raise ConfigError(f"{where} [stimulation]: {about}{problem}")
     try:
         check_additive_scale(stimulation.additive_scale, template.get("form"))
         perturbation.check_delivers()
@@ -160,15 +165,22 @@ def run_visualize(config_path, out_dir, model: str | None = None, judge: str | N
 def run_config(config: VisualizeConfig, out_dir, progress: bool = True, force: bool = False, device="cpu") -> dict:
     """:func:`run_visualize` on a checked configuration (e.g. one whose sites a plan chose)."""
     sites = config.sites
-    if sites["method"] == "explicit" and math.dist(sites["face_site_mm"], sites["control_site_mm"]) \
-            <= sites["recording_radius_mm"]:
-        raise ConfigError(f"{config.source} [sites]: the control site {list(sites['control_site_mm'])} lies within "
-                          f"recording_radius_mm = {sites['recording_radius_mm']:g} of the face site "
-                          f"{list(sites['face_site_mm'])}, so both would record the same units; give a control "
-                          "site farther away")
+    if sites["method"] == "explicit":  # known before any model is loaded
+        check_site_separation(sites["face_site_mm"], sites["control_site_mm"], sites["recording_radius_mm"],
+                              f"{config.source} [sites]")
     device = resolve_device(device)
     with DirectoryLock(out_dir, "visualize"), ResultSet(out_dir, "percepts", force=force) as results:
         return _run_into(results, config, progress, device)
+
+
+def check_site_separation(face_mm, control_mm, recording_radius_mm: float, where: str) -> None:
+    """The control site must lie farther than ``recording_radius_mm`` from the face site (cortex mm), or both would
+    record the same units."""
+    face, control = [round(float(v), 3) for v in face_mm], [round(float(v), 3) for v in control_mm]
+    if math.dist(face, control) <= recording_radius_mm:
+        raise ConfigError(f"{where}: the control site {control} lies within recording_radius_mm = "
+                          f"{recording_radius_mm:g} of the face site {face}, so both would record the same units; "
+                          "give a control site farther away")
 
 
 def _scaled_model(name: str, layer: str, what: str, device):
@@ -200,7 +212,7 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
         raise ConfigError(f"{config.source} [localizer]: label {config.localizer['label']!r} = "
                           f"{config.localizer['positive']!r} marks {int(is_face.sum())} of the {len(values)} localizer "
                           f"images as faces; both decoders need at least 2 faces and 2 others (its values: "
-                          f"{', '.join(sorted(set(values.tolist()))[:10])})")
+                          f"{', '.join(sorted(set(values.tolist()))[:10])}{' …' if len(set(values.tolist())) > 10 else ''})")
     report_phase(f"localizer: {layer} responses to {len(localizer)} images ({int(is_face.sum())} "
                  f"{config.localizer['positive']}); face decoders of both models", progress)
     responses = topo.activations(localizer.images, layer).numpy()
@@ -355,6 +367,7 @@ def _choose_sites(config: VisualizeConfig, sheet, responses, is_face) -> dict:
         points = np.array([spec["face_site_mm"], spec["control_site_mm"]])
     else:
         points = _plan_sites(spec, where, config.model)
+    check_site_separation(points[0], points[1], spec["recording_radius_mm"], where)
     off = [tuple(round(float(v), 3) for v in p) for p in points if not sheet.contains(tuple(p))]
     if off:
         x0, x1, y0, y1 = sheet.extent_mm
@@ -375,8 +388,10 @@ def _plan_sites(spec: dict, where: str, model: str) -> np.ndarray:
     path = Path(spec["plan"]) / "sites.csv"
     if not path.is_file():
         raise ConfigError(f"{where}: plan {spec['plan']} has no sites.csv; give a directory written by `stimsim plan`")
-    _, summary = read_summary(spec["plan"])  # every file of the plan checked
-    chosen = str(summary.get("chosen_model"))
+    summary_path, summary = read_summary(spec["plan"])  # every file of the plan checked
+    chosen = summary.get("chosen_model")
+    if not isinstance(chosen, str):
+        raise FileFormatError(summary_path, "field 'chosen_model' must name the plan's chosen model")
     if model != chosen and model_path(model).resolve() != model_path(chosen).resolve():
         raise ConfigError(f"{where}: the plan's sites were registered on its chosen model {chosen!r}, not on "
                           f"{model!r}; run on model = {chosen!r} (or --model {chosen})")

@@ -318,8 +318,9 @@ class PlanConfig:
         """sha256 of the resolved parameters and of the input files: a cache of another configuration, or of files
         that have changed since, is never reused."""
         record = self.to_dict()
-        # the session and display change no computed phase, nor does the plan file's own name or folder
-        for key in ("description", "file", *RigSpec().to_dict()):
+        # the session and display change no computed phase, nor do the plan's name (by default its file's name) and
+        # its file's own path
+        for key in ("name", "description", "file", *RigSpec().to_dict()):
             record.pop(key)
         record["input_sha256"] = self.input_files()
         return json_sha256(record)

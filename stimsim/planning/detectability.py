@@ -17,7 +17,7 @@ import warnings
 
 import numpy as np
 
-from stimsim.analysis.power import power_analysis
+from stimsim.analysis.power import power_analysis, trials_text
 
 #: Trials per site the plan's forecast simulates (with the planned count added).
 FORECAST_TRIAL_COUNTS = (50, 100, 200, 400, 800, 1600, 3200, 6400)
@@ -78,10 +78,6 @@ def power_forecast(rehearsals: dict, plan: dict, working: list, trials_per_site:
     return result
 
 
-def _trials_text(count, largest: int) -> str:
-    return f"more than {largest:,}" if count is None else f"{count:,}"
-
-
 def min_sites_across(alpha: float = ALPHA) -> int:
     """Fewest sites with which the one-sided exact Wilcoxon signed-rank test can reach p < ``alpha``: its smallest p
     is 1 / 2^n (every site in the planned direction)."""
@@ -97,8 +93,8 @@ def power_warning(power: dict, needed: dict) -> str | None:
     few = len(power["per_site"]) < min_sites_across()
     return (f"at the planned {power['trials_per_site']:,} trials per site the chosen sites' predicted effects are "
             f"detected with {power['across_sites']:.0%} power across sites and {power['per_site_mean']:.0%} per site "
-            f"(mean); {TARGET_POWER:.0%} power needs {_trials_text(needed['across_sites'], largest)} trials per site "
-            f"across sites and {_trials_text(needed['per_site_median'], largest)} per site (median)"
+            f"(mean); {TARGET_POWER:.0%} power needs {trials_text(needed['across_sites'], largest)} trials per site "
+            f"across sites and {trials_text(needed['per_site_median'], largest)} per site (median)"
             + (f"; with {len(power['per_site'])} site(s) the test across sites can never reach p < {ALPHA:g} (it "
                f"needs at least {min_sites_across()}: its smallest p is 1/2^n)" if few else ""))
 

@@ -23,6 +23,7 @@ Over 500 lines: the plan's phases in the order they run, sharing its inputs and 
 """
 from __future__ import annotations
 
+import math
 import shutil
 import time
 import warnings
@@ -331,7 +332,8 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
         rehearsed = tuple(f"rehearsal_{_cache_key(list(models), name)}.npz" for name in models)
         percepts = _percepts_phase(config, out_dir, cache, chosen_model, plan, working, progress, phases + rehearsed,
                                    compute["device"])
-    mark_plan_unfinished(out_dir)  # until every output below is written again
+    if write_report:  # until every output below is written again (a validation pose writes no file list)
+        mark_plan_unfinished(out_dir)
     truth = truth_file = None
     if inputs.subject_dir is not None:
         truth = cache.arrays("truth", lambda: _truth_phase(config, inputs.load_subject(), working, task,
@@ -346,7 +348,8 @@ def _percepts_phase(config, out_dir: Path, cache: PhaseCache, chosen_model: str,
                     after: tuple, device) -> dict:
     """The report's view of predicted percepts (plan table ``[percepts]``, :mod:`stimsim.percepts`): the visualisation
     file run on the chosen model, its stimulated site the best-ranked chosen site (the best-ranked site when none is
-    chosen), its control site the lowest-ranked working electrode with a prediction; the result set is
+    chosen), its control site the lowest-ranked working electrode with a prediction farther than the view's
+    ``recording_radius_mm``; the result set is
     ``DIR/percepts/`` (as ``stimsim visualize`` writes it), and what the report needs is cached."""
     import dataclasses
 
@@ -356,13 +359,17 @@ def _percepts_phase(config, out_dir: Path, cache: PhaseCache, chosen_model: str,
     order, chosen = list(plan["choice"]["order"]), list(plan["choice"]["chosen"])
     predicted = [int(i) for i in order if np.isfinite(plan["predicted"][i])]
     site = int(chosen[0]) if chosen else (predicted[0] if predicted else None)
-    if site is None or len(predicted) < 2 or predicted[-1] == site:
+    visualize = load_config(config.percepts, model=chosen_model)
+    radius = visualize.sites["recording_radius_mm"]
+    far = [] if site is None else [i for i in predicted if math.dist(plan["cortex_xy"][i], plan["cortex_xy"][site])
+                                   > radius]
+    if not far:
         raise ConfigError(f"{config.path} [percepts]: the percept view needs two working electrodes with a prediction "
-                          f"(a stimulated and a control site), the plan has {len(predicted)}")
-    control = predicted[-1]
+                          f"more than recording_radius_mm = {radius:g} apart (a stimulated and a control site); the "
+                          f"plan has {len(predicted)} with a prediction")
+    control = far[-1]
 
     def compute():
-        visualize = load_config(config.percepts, model=chosen_model)
         sites = {"method": "explicit", "recording_radius_mm": visualize.sites["recording_radius_mm"],
                  "face_site_mm": tuple(map(float, plan["cortex_xy"][site])),
                  "control_site_mm": tuple(map(float, plan["cortex_xy"][control]))}

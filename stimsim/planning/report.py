@@ -2,11 +2,13 @@
 and stability, every parameter, model checksums and software versions."""
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 import numpy as np
 
+from stimsim.analysis.power import trials_text
 from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png, format_value
 from stimsim.utilities.figures import pyplot
 
@@ -238,7 +240,7 @@ def _selection_note(chosen_model: str, p_ranked_first: dict) -> list:
         return []
     return [Paragraph(
         f"The recordings do not settle the choice of model: {chosen_model} ranks first in "
-        f"{100 * p_ranked_first[chosen_model]:.0f} % of the electrode resamples. The predicted effects and their "
+        f"{math.floor(1000 * p_ranked_first[chosen_model]) / 10:g} % of the electrode resamples. The predicted effects and their "
         f"intervals average every candidate; what one model draws (the sheet map, designed stimuli) is "
         f"{chosen_model}'s.")]
 
@@ -405,15 +407,13 @@ def detectability_blocks(summary: dict) -> list:
         return []
     forecast, largest = summary["power_forecast"], needed["largest_simulated"]
 
-    def trials(count):
-        return f"more than {largest:,}" if count is None else f"{count:,}"
-
     reached = sum(value is not None for value in needed["per_site"].values())
     text = (f"Power at the planned {power['trials_per_site']:,} trials per site ([session] trials_per_site, half "
             f"sham): {power['across_sites']:.0%} across sites (one-sided Wilcoxon signed-rank of ΔAUC in the "
             f"planned direction; chance {forecast['alpha']:g}), {power['per_site_mean']:.0%} per site (mean; z test; "
             f"chance {forecast['alpha'] / 2:g}). Trials per site for {forecast['target_power']:.0%} power: "
-            f"{trials(needed['across_sites'])} across sites, {trials(needed['per_site_median'])} per site (median; "
+            f"{trials_text(needed['across_sites'], largest)} across sites, "
+            f"{trials_text(needed['per_site_median'], largest)} per site (median; "
             f"{reached} of {len(needed['per_site'])} sites reach it by {largest:,}). Forecast from {forecast['source']} "
             f"(an animal that lapses needs more), {forecast['n_sessions']} simulated sessions per trial count.")
     if summary.get("power_warning"):

@@ -75,8 +75,8 @@ MAX_TRIALS_PER_SITE = 20_000
 
 
 class SessionTable(FileModel):
-    """A plan's ``[session]``: ``trials_per_site`` (even: half sham, half stimulated; at most
-    :data:`MAX_TRIALS_PER_SITE`) and the train onset relative to image onset, ms (negative: before)."""
+    """A plan's ``[session]``: ``trials_per_site`` (even: half sham, half stimulated; at most 20,000) and the train
+    onset relative to image onset, ms (negative: before)."""
 
     table: ClassVar[str] = "session"
 
@@ -218,9 +218,10 @@ def write_rig(out_dir: Path, images: dict[str, np.ndarray], spec: RigSpec, trial
     write_trials_nwb(template, rig / "trials.nwb", subject_id="subject", session_id="planned",
                      description=f"stimsim plan {description}: trial list to run (planned times; choices to fill in)")
     atomic_write_json(rig / "display.json", spec.display(next(iter(images.values())).shape[1]))
-    atomic_write_json(rig / "stimulation.json", {**stimulation, "train_onset_ms": spec.train_onset_ms,
+    protocol = {key: stimulation[key] for key in STIMULATOR_KEYS}
+    atomic_write_json(rig / "stimulation.json", {**protocol, "train_onset_ms": spec.train_onset_ms,
                                                  "charge_per_phase_nC": charge_per_phase_nC(
-                                                     stimulation["current_uA"], stimulation["pulse_width_ms"])})
+                                                     protocol["current_uA"], protocol["pulse_width_ms"])})
     return rig
 
 
@@ -270,19 +271,21 @@ def read_trial_list(path) -> pd.DataFrame:
     return table
 
 
+#: What the stimulator is set to, of a plan's ``[stimulation]`` (its other keys describe the model's response).
+STIMULATOR_KEYS = ("current_uA", "frequency_Hz", "pulse_width_ms", "interphase_ms", "waveform", "train_ms")
 #: Trial-list columns that must carry the plan's own protocol on every stimulation trial, and their units.
 PROTOCOL_COLUMNS = {"current_uA": "µA", "frequency_Hz": "Hz", "pulse_width_ms": "ms", "train_ms": "ms"}
 
 
-def check_protocol(trials: pd.DataFrame, path, stimulation: dict) -> None:
+def check_trial_protocol(trials: pd.DataFrame, path, stimulation: dict) -> None:
     """Refuse a trial list (read by :func:`read_trial_list`) that another protocol than the plan's would run: a
     ``condition`` that disagrees with ``stimulated_electrode``, or a stimulation trial whose current, frequency,
     pulse width or train (the columns present of :data:`PROTOCOL_COLUMNS`) differs from ``stimulation`` (the
     plan's ``[stimulation]``). One FileFormatError naming ``path``, the columns and the trials."""
     from stimsim.utilities.errors import FileFormatError
 
-    stimulated = (trials["stimulated_electrode"].astype(str) != SHAM).to_numpy()
-    numbers = trials["trial"].astype(str).to_numpy() if "trial" in trials else np.arange(1, len(trials) + 1).astype(str)
+    stimulated = (trials["stimulated_electrode"].astype(str).str.strip().str.lower() != SHAM).to_numpy()
+    numbers = trials["trial"].astype(str).to_numpy()  # read_trial_list requires the column
 
     def listed(mask, values) -> str:
         shown = ", ".join(numbers[mask][:5]) + (" …" if mask.sum() > 5 else "")
@@ -292,7 +295,7 @@ def check_protocol(trials: pd.DataFrame, path, stimulation: dict) -> None:
     problems = []
     if "condition" in trials:
         given = trials["condition"].astype(str).to_numpy()
-        wrong = given != np.where(stimulated, "stimulation", SHAM)
+        wrong = np.char.lower(np.char.strip(given.astype(str))) != np.where(stimulated, "stimulation", SHAM)
         if wrong.any():
             problems.append(f"column 'condition', {listed(wrong, given)}: must be 'stimulation' where "
                             "stimulated_electrode names an electrode and 'sham' where it is 'sham'")

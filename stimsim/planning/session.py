@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from stimsim.planning.rig import (SESSION_COLUMNS, SHAM, TRIAL_DURATION_S, TRIAL_PERIOD_S, check_protocol,
-                                  read_trial_list, write_trials_nwb)
+from stimsim.planning.rig import (SESSION_COLUMNS, SHAM, TRIAL_DURATION_S, TRIAL_PERIOD_S,
+                                  check_trial_protocol, read_trial_list, write_trials_nwb)
 from stimsim.utilities.errors import ConfigError, FileFormatError
 from stimsim.utilities.io import atomic_write_text
 from stimsim.utilities.limits import check_memory
@@ -155,7 +155,7 @@ def session_from_trial_list(plan_dir, trial_list, seed: int = 0, session_id: str
     summary_path, summary, p_high = _plan_truth(plan_dir, chosen_only=False)
     trials = read_trial_list(trial_list)
     check_trial_list(trials, trial_list)
-    check_protocol(trials, trial_list, read_plan_stimulation(plan_dir))
+    check_trial_protocol(trials, trial_list, read_plan_stimulation(plan_dir))
     p = p_high.transpose("electrode", "stimulated", "sequence", "step")
     unknown = sorted(set(trials["electrode"]) - {str(e) for e in p["electrode"].values})
     if unknown:
