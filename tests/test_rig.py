@@ -276,9 +276,12 @@ def test_trial_list_is_seeded_and_session_table_settings_are_checked(tmp_path):
     config = load_plan_config(path)
     path.write_text(path.read_text().replace("size_deg = 6", "size_deg = 10"))
     assert load_plan_config(path).digest() == config.digest() and load_plan_config(path).rig.size_deg == 10
-    renamed = path.with_name("plan_for_tuesday.toml")  # the same plan under another name keeps its cache
-    renamed.write_text(path.read_text())
-    assert load_plan_config(renamed).digest() == config.digest()
+    unnamed = path.read_text().replace('name = "rig"\n', "")  # its name is then the file's
+    path.write_text(unnamed)
+    renamed = path.with_name("plan_for_tuesday.toml")  # the same plan under another file name keeps its cache
+    renamed.write_text(unnamed)
+    assert load_plan_config(renamed).name == "plan_for_tuesday"
+    assert load_plan_config(renamed).digest() == load_plan_config(path).digest() == config.digest()
 
 
 def test_power_forecast_warns_only_when_the_effects_are_too_small():
