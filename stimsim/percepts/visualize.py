@@ -209,10 +209,11 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
     values = np.asarray(localizer.labels[config.localizer["label"]]).astype(str)
     is_face = values == config.localizer["positive"]
     if min(is_face.sum(), (~is_face).sum()) < 2:
+        kinds = sorted(set(values.tolist()))
         raise ConfigError(f"{config.source} [localizer]: label {config.localizer['label']!r} = "
                           f"{config.localizer['positive']!r} marks {int(is_face.sum())} of the {len(values)} localizer "
                           f"images as faces; both decoders need at least 2 faces and 2 others (its values: "
-                          f"{', '.join(sorted(set(values.tolist()))[:10])}{' …' if len(set(values.tolist())) > 10 else ''})")
+                          f"{', '.join(kinds[:10])}{' …' if len(kinds) > 10 else ''})")
     report_phase(f"localizer: {layer} responses to {len(localizer)} images ({int(is_face.sum())} "
                  f"{config.localizer['positive']}); face decoders of both models", progress)
     responses = topo.activations(localizer.images, layer).numpy()
