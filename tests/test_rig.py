@@ -226,6 +226,20 @@ def test_a_trial_list_for_another_protocol_or_not_a_csv_is_refused(rig_plan, tmp
     assert not session.exists()
 
 
+def test_sham_rows_written_in_another_case_are_simulated_as_sham(rig_plan, tmp_path):
+    """The session reader accepts 'Sham' for 'sham'; the subject must then run those trials without stimulation:
+    the same seeded choices as the list as written by the plan."""
+    trials = pd.read_csv(rig_plan / "rig" / "trials.csv", dtype={"electrode": str, "stimulated_electrode": str})
+    edited = tmp_path / "trials_Sham.csv"
+    trials.assign(stimulated_electrode=trials["stimulated_electrode"].replace("sham", "Sham")).to_csv(edited, index=False)
+    choices = []
+    for trial_list in (rig_plan / "rig" / "trials.csv", edited):
+        out = tmp_path / f"{trial_list.stem}_session.csv"
+        assert main(["subject", "session", str(rig_plan), "--trials", str(trial_list), "--csv", str(out)]) == 0
+        choices.append(pd.read_csv(out)["choice"].tolist())
+    assert choices[0] == choices[1]
+
+
 def test_the_protocol_check_reads_sham_as_the_session_files_do():
     from stimsim.planning.rig import check_trial_protocol
 

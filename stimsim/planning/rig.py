@@ -277,6 +277,12 @@ STIMULATOR_KEYS = ("current_uA", "frequency_Hz", "pulse_width_ms", "interphase_m
 PROTOCOL_COLUMNS = {"current_uA": "µA", "frequency_Hz": "Hz", "pulse_width_ms": "ms", "train_ms": "ms"}
 
 
+def stimulation_trials(trials: pd.DataFrame) -> np.ndarray:
+    """Which rows of a trial list stimulate: ``stimulated_electrode`` is not 'sham' (in any case, spaces around it
+    ignored, as session files are read)."""
+    return (trials["stimulated_electrode"].astype(str).str.strip().str.lower() != SHAM).to_numpy()
+
+
 def check_trial_protocol(trials: pd.DataFrame, path, stimulation: dict) -> None:
     """Refuse a trial list (read by :func:`read_trial_list`) that another protocol than the plan's would run: a
     ``condition`` that disagrees with ``stimulated_electrode``, or a stimulation trial whose current, frequency,
@@ -284,7 +290,7 @@ def check_trial_protocol(trials: pd.DataFrame, path, stimulation: dict) -> None:
     plan's ``[stimulation]``). One FileFormatError naming ``path``, the columns and the trials."""
     from stimsim.utilities.errors import FileFormatError
 
-    stimulated = (trials["stimulated_electrode"].astype(str).str.strip().str.lower() != SHAM).to_numpy()
+    stimulated = stimulation_trials(trials)
     numbers = trials["trial"].astype(str).to_numpy()  # read_trial_list requires the column
 
     def listed(mask, values) -> str:
@@ -294,8 +300,9 @@ def check_trial_protocol(trials: pd.DataFrame, path, stimulation: dict) -> None:
 
     problems = []
     if "condition" in trials:
-        given = trials["condition"].astype(str).to_numpy()
-        wrong = np.char.lower(np.char.strip(given.astype(str))) != np.where(stimulated, "stimulation", SHAM)
+        given = trials["condition"].astype(str)
+        wrong = given.str.strip().str.lower().to_numpy() != np.where(stimulated, "stimulation", SHAM)
+        given = given.to_numpy()
         if wrong.any():
             problems.append(f"column 'condition', {listed(wrong, given)}: must be 'stimulation' where "
                             "stimulated_electrode names an electrode and 'sham' where it is 'sham'")

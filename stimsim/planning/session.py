@@ -28,7 +28,8 @@ import pandas as pd
 import xarray as xr
 
 from stimsim.planning.rig import (SESSION_COLUMNS, SHAM, TRIAL_DURATION_S, TRIAL_PERIOD_S,
-                                  check_trial_protocol, read_trial_list, write_trials_nwb)
+                                  check_trial_protocol, read_trial_list, stimulation_trials,
+                                  write_trials_nwb)
 from stimsim.utilities.errors import ConfigError, FileFormatError
 from stimsim.utilities.io import atomic_write_text
 from stimsim.utilities.limits import check_memory
@@ -160,7 +161,7 @@ def session_from_trial_list(plan_dir, trial_list, seed: int = 0, session_id: str
     unknown = sorted(set(trials["electrode"]) - {str(e) for e in p["electrode"].values})
     if unknown:
         raise FileFormatError(trial_list, f"electrode(s) {unknown[:5]} are not sites of the plan {plan_dir}")
-    stimulated = (trials["stimulated_electrode"] != SHAM).to_numpy()
+    stimulated = stimulation_trials(trials)
     try:
         probability = np.array([float(p.sel(electrode=e, stimulated=bool(s), sequence=j, step=k))
                                 for e, s, j, k in zip(trials["electrode"], stimulated, trials["sequence"],
