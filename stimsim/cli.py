@@ -25,32 +25,34 @@ from stimsim.utilities.errors import ConfigError, StimsimError, TrainingDiverged
 from stimsim.utilities.io import atomic_write_json, check_output_dir, check_output_file
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.limits import check_seed
-from stimsim.utilities.locking import LOCK_FILE, DirectoryLock
+from stimsim.utilities.locking import LOCK_FILE, DirectoryLock, missing_directories
 from stimsim.utilities.progress import report_phase, write_line
 
 
 def _cmd_train(args) -> int:
     from stimsim.training.head_config import is_head_config, load_head_config
     from stimsim.training.head_training import build_topo_head_model
-    from stimsim.training.loop import CHECKPOINT_NAME, load_training_config, train
+    from stimsim.training.loop import load_training_config, train
+    from stimsim.training.run_directory import check_run_directory, has_checkpoint
     from stimsim.utilities.config import load_toml
 
-    if is_head_config(load_toml(args.config)):
-        config = load_head_config(args.config)[0]
-        out = Path(args.out) if args.out is not None else Path("runs") / config.name
-        model_dir = build_topo_head_model(args.config, out, progress=not args.no_progress)
-        print(f"model saved to {model_dir}; losses per step in {out / 'loss_history.csv'}")
-        return 0
-    config = load_training_config(args.config)
-    out = Path(args.out) if args.out is not None else Path("runs") / config.name
-    created = not out.exists()
+    head = is_head_config(load_toml(args.config))
+    config = load_head_config(args.config)[0] if head else load_training_config(args.config)
+    out = check_run_directory(Path(args.out) if args.out is not None else Path("runs") / config.name, args.force)
+    created = missing_directories(out)
     try:
-        model_dir = train(config, out, progress=not args.no_progress, device=args.device)
-    except TrainingDiverged as exc:  # a run with no checkpoint to resume from leaves nothing behind
-        if created and not (out / CHECKPOINT_NAME).exists():
-            shutil.rmtree(out, ignore_errors=True)
-        raise TrainingDiverged(f"{args.config}: {exc}") from None
-    print(f"model saved to {model_dir}; loss curves in {out / 'loss_curves.png'}")
+        if head:
+            model_dir = build_topo_head_model(args.config, out, progress=not args.no_progress)
+        else:
+            model_dir = train(config, out, progress=not args.no_progress, device=args.device)
+    except StimsimError as exc:  # a run stopped before its first checkpoint leaves no directory it made behind
+        if created and not has_checkpoint(out):
+            shutil.rmtree(created[-1], ignore_errors=True)
+        if isinstance(exc, TrainingDiverged):
+            raise TrainingDiverged(f"{args.config}: {exc}") from None
+        raise
+    shown = "losses per step in " + str(out / "loss_history.csv") if head else f"loss curves in {out / 'loss_curves.png'}"
+    print(f"model saved to {model_dir}; {shown}")
     return 0
 
 
@@ -94,7 +96,7 @@ def _cmd_models_list(args) -> int:
 
     models = [describe_model(name) for name in available_models()]
     if args.json:
-        print(json.dumps({"models": models}, indent=2))
+        print(json.dumps(json_ready({"models": models}), indent=2))
         return 0
     for model in models:
         layers = ", ".join(f"{layer} ({area or '-'})" for layer, area in model["layers"].items())
@@ -157,7 +159,7 @@ def _cmd_models_score(args) -> int:
     scores = score_model(args.name, experiments, args.out, progress=not args.no_progress, force=args.force,
                          device=args.device, scheduler=args.scheduler)
     if args.json:
-        print(json.dumps(scores, indent=2))
+        print(json.dumps(json_ready(scores), indent=2))
         return 0
     print(score_table(scores).loc[:, list(PRINTED_COLUMNS)].to_string(index=False, na_rep="-",
                                                                       float_format=lambda value: f"{value:.3f}"))
@@ -168,7 +170,7 @@ def _cmd_models_score(args) -> int:
 def _print_report(report: dict, as_json: bool, width: int) -> None:
     """A report as JSON, or one ``key value`` line per entry with keys padded to ``width``."""
     if as_json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(json_ready(report), indent=2))
         return
     for key, value in report.items():
         print(f"{key:<{width}} {value}")
@@ -371,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("config", help="training configuration (TOML), e.g. experiments/train_stimsim_topo_seed0.toml")
     train.add_argument("--out", help="run directory (checkpoints, loss curves, model/; default runs/NAME); "
                                      "re-run the same command to resume")
+    train.add_argument("--force", action="store_true",
+                       help="write into --out even if it holds files no training run of stimsim wrote")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_threads(train)
     add_device_argument(train)

@@ -114,6 +114,12 @@ def test_batched_logistic_fit_equals_statsmodels():
         assert ours[i] == pytest.approx(reference, abs=1e-6)
     separated = fit_grouped_logistic(np.array([[0, 0, 0, 5, 5, 5, 5], [0, 0, 0, 5, 5, 5, 5]]), 5, x)
     assert np.isnan(separated).all()  # step-like choices: no maximum-likelihood fit
+    # no sham trials: the intercept and the stimulation term cannot be told apart, so there is no fit at all
+    # (a nearly singular Newton step had "converged" to one of the infinitely many equal fits)
+    no_sham = n.copy()
+    no_sham[:, 0] = 0
+    assert np.isnan(fit_grouped_logistic(np.where(no_sham > 0, n_high, 0), no_sham, x)).all()
+    assert np.isnan(fit_grouped_logistic(np.where(no_sham > 0, n_high, 0)[None].repeat(3, 0), no_sham, x)).all()
 
 
 def test_wilcoxon_and_cohens_d_against_direct_formulas():

@@ -44,6 +44,14 @@ def test_null_sites_are_detected_at_alpha_over_two_against_a_planned_direction()
     assert sites["power_400"].mean() == pytest.approx(0.025, abs=0.01)
 
 
+def test_the_site_test_keeps_its_error_rate_with_few_trials_per_cell():
+    # 50 trials per site: 3 to 4 per cell, where a cell's own P(high) is often 0 or 1 (no variance); the z test's
+    # variance comes from both conditions pooled, so a site without effect is detected at about alpha / 2
+    curves = planted_curves(np.zeros(20), slope_logodds=8.0)
+    _, sites, _ = power_analysis(curves, planned_effect=np.ones(20), trial_counts=(50,), n_sessions=1000, seed=3)
+    assert sites["power_50"].mean() == pytest.approx(0.025, abs=0.015)
+
+
 def test_trial_counts_below_one_trial_per_step_and_condition_are_refused():
     from stimsim.utilities.errors import ConfigError
 

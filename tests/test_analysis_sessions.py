@@ -137,9 +137,10 @@ def test_mapping_onto_a_column_the_file_already_has_is_refused(tmp_path, table):
 
 def test_files_from_two_rigs_name_one_column_differently(tmp_path, table):
     rig_a = write_csv(table.rename(columns={"electrode": "site"}), tmp_path / "a.csv")
-    rig_b = write_csv(table.rename(columns={"electrode": "channel"}).assign(session_id="day2"), tmp_path / "b.csv")
+    day2 = table.iloc[::-1]  # another session: the same trials in another order
+    rig_b = write_csv(day2.rename(columns={"electrode": "channel"}).assign(session_id="day2"), tmp_path / "b.csv")
     loaded = load_sessions([rig_a, rig_b], columns={"site": "electrode", "channel": "electrode"})
-    assert loaded["electrode"].tolist() == table["electrode"].tolist() * 2
+    assert loaded["electrode"].tolist() == table["electrode"].tolist() + day2["electrode"].tolist()
 
 
 def test_missing_columns_named(tmp_path, table):
@@ -278,6 +279,42 @@ def test_several_subjects_and_sessions(tmp_path):
         load_sessions([tmp_path / "a.csv", write_csv(a, tmp_path / "a_copy.csv")])
 
 
+def test_the_same_trials_in_two_files_are_refused(tmp_path, table):
+    table = table.drop(columns=["session_id", "correct"])  # each file's session is then named by its file
+    path = write_csv(table, tmp_path / "day1.csv")
+    copy = write_csv(table, tmp_path / "day1_backup.csv")  # another file name, so another default session id
+    with pytest.raises(FileFormatError, match=r"day1_backup\.csv: holds the same 120 trials, in the same order, as "
+                                              r".*day1\.csv .*counted twice"):
+        load_sessions([path, copy])
+    one_choice_changed = table.assign(choice=table["choice"].where(table.index != 7, "low" if table["choice"][7] == "high"
+                                                                   else "high"))
+    assert len(load_sessions([path, write_csv(one_choice_changed, tmp_path / "day2.csv")])) == 2 * len(table)
+
+
+def test_a_rig_condition_column_must_agree_with_the_stimulated_electrode(tmp_path, table):
+    condition = np.where(table["stimulated_electrode"] == "sham", "sham", "stimulation")
+    assert len(load_sessions(write_csv(table.assign(condition=condition), tmp_path / "rig.csv"))) == len(table)
+    swapped = condition.copy()
+    swapped[[2, 3]] = np.where(condition[[2, 3]] == "sham", "stimulation", "sham")
+    with pytest.raises(FileFormatError, match=r"column 'condition', row\(s\) 3, 4: condition disagrees with "
+                                              r"stimulated_electrode"):
+        load_sessions(write_csv(table.assign(condition=swapped), tmp_path / "swapped.csv"))
+    # a lab's own 'condition' column (here: the task's) says something else and is left alone
+    assert len(load_sessions(write_csv(table.assign(condition="faces"), tmp_path / "task.csv"))) == len(table)
+
+
+def test_a_csv_cut_off_while_written_is_refused(tmp_path, table):
+    text = write_csv(table, tmp_path / "whole.csv").read_text()
+    cut = tmp_path / "cut.csv"
+    cut.write_text(text[:text.rstrip("\n").rfind(",")])  # the last line loses its last value and its line end
+    with pytest.raises(FileFormatError, match=rf"the last line \(row {len(table)}\) holds {table.shape[1] - 1} of the "
+                                              rf"header's {table.shape[1]} values and no line end"):
+        load_sessions(cut)
+    no_line_end = tmp_path / "no_line_end.csv"
+    no_line_end.write_text(text.rstrip("\n"))  # complete, only without the last line end
+    assert len(load_sessions(no_line_end)) == len(table)
+
+
 def test_a_file_given_twice_is_refused(tmp_path, table):
     path = write_csv(table, tmp_path / "s.csv")
     with pytest.raises(ConfigError, match="given twice"):
@@ -406,15 +443,17 @@ def test_unknown_value_codes_are_named_with_file_column_rows_and_the_codes_allow
 
 def test_a_value_code_no_file_holds_is_refused(tmp_path, table):
     coded = table.assign(choice=np.where(table["choice"] == "low", "0", "1"))
-    paths = [write_csv(coded, tmp_path / "a.csv"), write_csv(coded.assign(session_id="b"), tmp_path / "b.csv")]
+    reordered = coded.iloc[::-1]  # each further session: the same trials in another order
+    paths = [write_csv(coded, tmp_path / "a.csv"), write_csv(reordered.assign(session_id="b"), tmp_path / "b.csv")]
     with pytest.raises(FileFormatError, match=r"the value mapping of column 'choice' names code\(s\) \['-1'\] that no "
                                               r"file given holds in that column \(its values: '0', '1'\)"):
         load_sessions(paths, values=parse_value_mapping("choice:0=low,1=high,-1=low"))
     # a code held by one of the files read together is fine (two rigs, one mapping)
-    rig_b = coded.assign(session_id="c", choice=coded["choice"].replace({"0": "L", "1": "H"}))
-    paths.append(write_csv(rig_b, tmp_path / "c.csv"))
+    rig_b = coded.iloc[np.r_[1:len(coded), 0]].assign(session_id="c")
+    paths.append(write_csv(rig_b.assign(choice=rig_b["choice"].replace({"0": "L", "1": "H"})), tmp_path / "c.csv"))
     loaded = load_sessions(paths, values=parse_value_mapping("choice:0=low,1=high,l=low,h=high"))
-    assert loaded["choice"].tolist() == table["choice"].tolist() * 3
+    choices = table["choice"].tolist()
+    assert loaded["choice"].tolist() == choices + choices[::-1] + choices[1:] + choices[:1]
 
 
 def test_value_mappings_are_checked_before_any_file_is_read():

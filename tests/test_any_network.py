@@ -183,3 +183,23 @@ def test_own_family_registered_by_entry_point_loads_in_another_process(tmp_path)
     result = json.loads(done.stdout)
     assert result["name"] == "lab" and result["stages"] == ["stem.0", "stem.1", "it", "head"]
     np.testing.assert_array_equal(np.array(result["activity"], dtype=np.float32), expected)
+
+
+class _TwoOutputs(nn.Module):
+    def __init__(self, fill=None):
+        super().__init__()
+        self.it = nn.Linear(4, 3)
+        self.fill = fill
+
+    def forward(self, x):
+        out = self.it(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 2), 1))
+        return (out, out) if self.fill is None else out * self.fill
+
+
+@pytest.mark.parametrize("fill, message", [
+    (None, r"_TwoOutputs: its forward pass returns tuple; stimsim needs one tensor"),
+    (float("nan"), r"_TwoOutputs: its forward pass gives values that are not finite"),
+])
+def test_a_network_whose_output_is_not_one_finite_tensor_is_named(fill, message):
+    with pytest.raises(ConfigError, match=message):
+        split_network(_TwoOutputs(fill).eval(), torch.zeros(2, 1, 8, 8), layers=["it"])

@@ -96,3 +96,35 @@ def test_a_layer_or_model_the_run_cannot_use_names_the_file_and_key(tmp_path, ca
     err = capsys.readouterr().err
     assert err.startswith(f"stimsim: error: {path}: {message}") and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_site_given_twice_and_list_lengths_are_refused_in_plain_words():
+    raw = load_toml(EXPERIMENTS / "muscimol_categorization.toml")
+    raw["sites"] = {"method": "explicit", "sites_mm": [[2.0, 2.0], [4.0, 1.0], [2.0, 2.0]]}
+    with pytest.raises(ConfigError, match=r"x\.toml \[sites\]: 'sites_mm' gives the site \[2\.0, 2\.0\] more than once"):
+        parse_experiment(raw, where="x.toml")
+    raw["sites"]["sites_mm"] = [[2.0, 2.0, 1.0]]
+    with pytest.raises(ConfigError, match=r"x\.toml \[sites\]: 'sites_mm' must hold at most 2 item\(s\), got \[2\.0, 2\.0, 1\.0\]"):
+        parse_experiment(raw, where="x.toml")
+    raw["sites"]["sites_mm"] = []
+    with pytest.raises(ConfigError, match=r"'sites_mm' must hold at least 1 item\(s\), got \[\]"):
+        parse_experiment(raw, where="x.toml")
+
+
+def test_a_file_saved_with_a_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + (EXPERIMENTS / "afraz2006.toml").read_bytes())
+    assert load_toml(path) == load_toml(EXPERIMENTS / "afraz2006.toml")
+
+
+def test_a_decoder_layer_the_model_lacks_names_the_file(tmp_path, capsys):
+    from stimsim.cli import main
+
+    path = tmp_path / "x.toml"
+    path.write_text('name = "x"\nparadigm = "categorization"\nmodel = "stimsim-topo-s0"\n'
+                    '[stimuli]\nsets = [{ source = "lfw_subset" }]\nlabel = "category"\npositive = "face"\n'
+                    'n_per_choice = 10\n[stimuli.noise]\nsignal_percent = [0, 100]\n'
+                    '[decoder]\nlayer = "V9"\n[sites]\nmethod = "explicit"\nsites_mm = [[2.0, 2.0]]\n'
+                    '[stimulation]\nkind = "electrical"\ncurrent_uA = 50\n')
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith(f"stimsim: error: {path}: unknown layer 'V9'; stages: ")

@@ -326,7 +326,7 @@ def test_bad_timeout_is_refused(env):
     ({"files": [{"path": "a.txt", "size_bytes": 1, "sha256": "ABC"}]}, "64 lower-case hex"),
     ({"files": [{"path": "a.txt", "size_bytes": None, "sha256": "0" * 64}]}, "no size_bytes"),
     ({"files": [{"path": "a.txt", "size_bytes": 1, "sha256": None}] * 2}, "listed twice"),
-    ({"files": []}, "'files' list should have at least 1 item"),
+    ({"files": []}, "'files' must hold at least 1 item"),
     ({"files": [{"path": "a.txt", "size_bytes": "1", "sha256": None}]}, r"\[files\[0\]\]: 'size_bytes' must be an integer, got '1'"),
     ({"source": {"kind": "manual", "instructions": 7}}, r"\[source\]: 'instructions' must be text, got 7"),
     ({"source": {"kind": "ftp", "url": "ftp://x"}}, "source kind 'ftp'"),

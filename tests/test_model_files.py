@@ -119,6 +119,8 @@ class _Payload:
 
 @pytest.mark.parametrize("make, error, message", [
     (lambda good: good[: len(good) // 3], FileFormatError, "weights.pt: not a readable torch checkpoint"),
+    (lambda good: np.random.default_rng(0).bytes(4096), FileFormatError,
+     r"weights.pt: not a readable torch checkpoint \(damaged, or not written by torch.save\)$"),
     (lambda good: pickle.dumps({"conv": _Payload()}, protocol=2), FileFormatError, "never unpickles"),
     (lambda good: _saved({"conv.weight": torch.zeros(3)}), FileFormatError, "weights.pt: does not match"),
     (lambda good: _saved(tiny_model(it_units=32).network.state_dict()), FileFormatError, "wrong shape"),

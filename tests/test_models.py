@@ -475,3 +475,46 @@ def test_torchvision_builder_errors(tmp_path):
         build_torchvision_model("resnet1000", None, layer, SMALL)
     with pytest.raises(ConfigError, match="channels must be 3"):
         build_torchvision_model("resnet18", None, layer, Preprocessing(size_px=64, channels=1, mean=(0.5,), std=(0.5,)))
+
+
+class _PooledIT(torch.nn.Module):
+    """A small network whose IT reads pooled convolutional features (units 0.. of a Linear + ReLU)."""
+
+    def __init__(self, units: int = 16):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(1, 4, 3)
+        self.it = torch.nn.Linear(4, units)
+        self.relu = torch.nn.ReLU()
+
+    def forward(self, x):
+        return self.relu(self.it(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(self.stem(x), 1), 1)))
+
+
+def _pooled_it_model(spacing_mm: float, area: str = "IT") -> TopographicModel:
+    torch.manual_seed(0)
+    side = 4
+    grid = np.stack(np.meshgrid(np.arange(side), np.arange(side)), -1).reshape(-1, 2) * spacing_mm
+    sheet = CorticalSheet("it", (side * side, 1, 1), grid.astype(float))
+    return TopographicModel(_PooledIT(side * side), {"it": sheet}, Preprocessing(size_px=16, channels=1, mean=(0.5,),
+                                                                                 std=(0.5,)),
+                            {"family": "test_pooled_it", "kwargs": {}}, areas={"it": area}, name="pooled-it")
+
+
+def test_models_check_explains_a_sheet_too_sparse_or_images_too_alike_for_its_maps():
+    from stimsim.training.evaluation import check_model
+
+    with pytest.raises(ConfigError, match=r"pooled-it: models check measures the layer labelled as area 'IT', and none "
+                                          r"of this model's layers is \(areas: \{'it': 'V4'\}\)"):
+        check_model(_pooled_it_model(0.5, area="V4"), n_shuffles=10, imagenet=False)
+    # units 1.5 mm apart: Moran's I among units within 1 mm has no pair to compare
+    with pytest.raises(ConfigError, match=r"pooled-it: models check measures clustering among units within 1 model mm "
+                                          r"of each other, and no two units of its it sheet are that close \(the nearest "
+                                          r"pair is 1.5 mm apart\)"):
+        check_model(_pooled_it_model(1.5), n_shuffles=10, imagenet=False)
+    # every 'face' image the same blank field, every other image the same bright one: a unit's d' is ±inf
+    images = [np.full((16, 16), 0.2, np.float32)] * 5 + [np.full((16, 16), 0.9, np.float32)] * 5
+    same = StimulusSet("same-images", images, np.array([f"s{i}" for i in range(10)]),
+                       {"category": np.array(["face"] * 5 + ["house"] * 5)})
+    with pytest.raises(ConfigError, match=r"stimulus set 'same-images': \d+ units of it respond the same to every image "
+                                          r"with category = 'face' and the same to every other image"):
+        check_model(_pooled_it_model(0.5), n_shuffles=10, imagenet=False, stimuli=same)

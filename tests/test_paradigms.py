@@ -738,3 +738,25 @@ def test_additive_scale_in_sd_of_the_layer_response(tiny_model, tmp_path):
     del raw["stimulation"]["activation_per_Hz"]
     with pytest.raises(ConfigError, match="additive_scale"):
         parse_experiment(raw, where="tiny_additive.toml")
+
+
+def test_a_run_warns_about_sites_that_reach_no_unit_and_curves_it_cannot_fit(tmp_path, capsys):
+    # Tehovnik's law at 1 µA activates a disc 0.03 mm across, which holds no unit of a 32-px model's IT at these
+    # points, and 8 images leave the decoder at chance, so no psychometric curve can be fitted
+    path = tmp_path / "x.toml"
+    path.write_text('name = "x"\nparadigm = "categorization"\nmodel = "stimsim-topo-s0"\nseed = 0\n'
+                    '[stimuli]\nsets = [{ source = "lfw_subset" }]\nlabel = "category"\npositive = "face"\n'
+                    'n_per_choice = 2\n[stimuli.noise]\nsignal_percent = [0, 25, 50, 100]\n'
+                    '[sites]\nmethod = "explicit"\nsites_mm = [[2.0, 2.0], [5.0, 5.0], [8.0, 3.0]]\n'
+                    '[stimulation]\nkind = "electrical"\ncurrent_uA = 1\nspread = "tehovnik"\n'
+                    '[analysis]\nn_boot = 20\nn_perm = 20\n')
+    assert cli_main(["run", str(path), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: 2 of 3 sites reach no unit of the sheet (site_000, site_001): their perturbation changes " \
+           "nothing" in err
+    assert "warning: the control's psychometric curve could not be fitted (slope about zero" in err
+    results = xr.open_dataset(tmp_path / "out" / "results.nc")
+    unreached = results["p_positive_curve"].sel(condition=["site_000", "site_001"]).values
+    np.testing.assert_array_equal(unreached, np.broadcast_to(results["p_positive_curve"].sel(condition="control").values,
+                                                             unreached.shape))
+    results.close()

@@ -84,6 +84,24 @@ def test_entry_points_register_third_party_plug_ins(monkeypatch):
         registry.register("not_a_task", object)
 
 
+def test_a_plug_in_module_that_registers_what_its_entry_point_declares_loads(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    registry = plugins.Registry("architecture family", entry_point_group="stimsim.test_self_registering")
+    holder = types.ModuleType("selfreg_registry_holder")
+    holder.REGISTRY = registry
+    monkeypatch.setitem(sys.modules, "selfreg_registry_holder", holder)
+    (tmp_path / "selfreg_nets.py").write_text(
+        "from selfreg_registry_holder import REGISTRY\n\n\n@REGISTRY.register('lab_self')\ndef build():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    point = EntryPoint(name="lab_self", value="selfreg_nets:build", group="stimsim.test_self_registering")
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [point] if group == point.group else [])
+    assert registry.get("lab_self")() == 1  # the decorator and the entry point name one object
+    with pytest.raises(ConfigError, match="registered already"):
+        registry.register("lab_self", lambda: 2)
+
+
 def test_a_new_paradigm_is_one_class(tmp_path):
     """A task whose truth is the opposite label (a toy): options, labels, preparation and analysis come
     from the categorisation module, the runner needs no change."""

@@ -46,6 +46,8 @@ def _run(experiment, model, out_dir, capsys):
     # every experiment runs at the model's own cortex scale
     assert summary["scale_overridden"] is False
     assert summary["cortex_mm_per_model_mm"] == summary["model_cortex_mm_per_model_mm"]
+    # Moeller's 300 µA runs outside a Utah tip's limits, under its file's override; Afraz's 50 µA within them
+    assert summary["safety_overridden"] is ("moeller2017" in experiment)
     return summary
 
 

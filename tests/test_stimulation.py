@@ -246,7 +246,11 @@ def test_ablation_zeroes_units_within_radius():
     ({"pulse_width_ms": 0}, r"pulse_width_ms must be in \(0, 2\] ms"),
     ({"pulse_width_ms": 2.5}, r"pulse_width_ms must be in \(0, 2\] ms"),
     ({"interphase_ms": -0.1}, r"interphase_ms must be in \[0, 1\] ms"),
-    ({"train_ms": 0}, r"train_ms must be in \(0, inf\) ms"),
+    ({"train_ms": 0}, r"train_ms must be in \(0, 10000\] ms"),
+    ({"train_ms": 10_001}, r"train_ms must be in \(0, 10000\] ms"),
+    ({"train_ms": 0.49}, r"train_ms = 0.49 ms is shorter than one biphasic pulse \(2 × pulse_width_ms \+ interphase_ms = "
+                         r"0.5 ms\)"),
+    ({"gain_cap": 1.0}, r"gain_cap must be in \(1, inf\)"),
     ({"onset_ms": -5}, r"onset_ms must be in \[0, inf\) ms"),
     ({"current_uA": True}, "current_uA must be a number"),
     ({"current_uA": float("nan")}, "current_uA must be finite"),

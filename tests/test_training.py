@@ -105,6 +105,76 @@ def test_a_readout_layer_the_network_lacks_is_refused_naming_the_file_key(tmp_pa
         train(load_training_config(config), tmp_path, progress=False, data=tiny_data)
 
 
+class _ContainerIT(torch.nn.Module):
+    """A lab's network whose IT is a container module (Linear + ReLU), as ``print(model)`` shows it: ``it``."""
+
+    def __init__(self, outputs: int = 2, fail: bool = False):
+        super().__init__()
+        if fail:
+            raise ValueError("outputs must be a power of two")
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, stride=2), torch.nn.ReLU())
+        self.it = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU())
+        self.head = torch.nn.Linear(64, outputs)
+
+    def forward(self, x):
+        return self.head(self.it(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(self.stem(x), 1), 1)))
+
+
+@pytest.fixture
+def container_family():
+    from stimsim.models.architectures import MODEL_FAMILIES, register_family
+
+    register_family("test_container_it", _ContainerIT)
+    yield "test_container_it"
+    MODEL_FAMILIES.unregister("test_container_it")
+
+
+def _container_config(**kwargs):
+    config = small_config(steps=1, checkpoint_every_steps=1)
+    config["model"].update(family="test_container_it", kwargs=kwargs,
+                           layers={"it": {"sheet_size_mm": 4.0, "neighborhood_width_mm": 1.5, "area": "IT"}})
+    config["spatial_loss"]["layers"] = ["it"]
+    return config
+
+
+def test_a_lab_network_trains_with_a_container_module_as_its_layer(tmp_path, tiny_data, container_family):
+    # the layer name a model file accepts ('it', a Sequential) is a stage of the training run as well
+    model = TopographicModel.load(train(load_training_config(_container_config()), tmp_path, progress=False,
+                                        data=tiny_data))
+    assert model.layers == ["it"] and model.sheet("IT").n_units == 64
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"outputs": 3}, r"family 'test_container_it' outputs 3 scores per image .* but the data have 2 classes"),
+    ({"fail": True}, r"\[model\]: architecture family 'test_container_it' failed to build with kwargs \{'fail': True\} "
+                     r"\(ValueError: outputs must be a power of two\)"),
+])
+def test_a_lab_network_that_cannot_train_on_the_data_is_refused_naming_the_file(tmp_path, tiny_data, container_family,
+                                                                               kwargs, message):
+    with pytest.raises(ConfigError, match=r"training config \[model\]: " + message.removeprefix(r"\[model\]: ")):
+        train(load_training_config(_container_config(**kwargs)), tmp_path, progress=False, data=tiny_data)
+    assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_train_refuses_an_out_directory_that_holds_other_files(tmp_path, capsys):
+    from stimsim.training.run_directory import check_run_directory
+
+    ours = tmp_path / "notes.txt"
+    ours.write_text("a colleague's notes")
+    assert main(["train", str(SHIPPED_CONFIG), "--out", str(tmp_path), "--no-progress"]) == 2
+    assert "holds files no training run of stimsim wrote (notes.txt)" in capsys.readouterr().err
+    assert ours.read_text() == "a colleague's notes"
+    # names a run writes, but no checkpoint and no record of a run: a model folder copied there, not a run
+    copied = tmp_path / "copied"
+    (copied / "model").mkdir(parents=True)
+    (copied / "loss_history.csv").write_text("step\n")
+    with pytest.raises(ConfigError, match=r"holds files no training run of stimsim wrote \(loss_history.csv, model\)"):
+        check_run_directory(copied)
+    (copied / "checkpoint.pt").write_bytes(b"")  # a run's own directory, to resume
+    assert check_run_directory(copied) == copied
+    assert check_run_directory(tmp_path, force=True) == tmp_path
+
+
 def test_train_command_reports_bad_toml(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text("name = 'x'\n[training\n")

@@ -183,9 +183,13 @@ def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
         several = sites["subject_id"].nunique() > 1
         listed = "; ".join(f"{_site_label(s, e, several)} ({reason})" for s, e, reason in
                            zip(missing["subject_id"], missing["electrode"], missing["delta_auc_missing_reason"]))
+        whole = missing["delta_auc_missing_reason"].str.contains("no sham trials|no stimulated trials")
+        advice = (" A condition with no trial at all at a site is not a matter of too few trials: check that the rig "
+                  "ran it there." if whole.any() else "")
+        advice += " More trials per site fill the steps without a trial." if (~whole).any() else ""
         messages.append(f"{len(missing)} of {len(sites)} sites have no ΔAUC (a psychometric curve needs a trial at "
                         f"every step in both conditions) and are left out of the statistics across sites: "
-                        f"{listed}. More trials per site fill these steps.")
+                        f"{listed}.{advice}")
     if summary["wilcoxon_p_undefined_reason"] is not None:
         messages.append(f"Wilcoxon p and Cohen's d undefined: {summary['wilcoxon_p_undefined_reason']}.")
     if summary["noise_ceiling_undefined_reason"] is not None:

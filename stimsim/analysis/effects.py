@@ -201,11 +201,16 @@ def fit_grouped_logistic(n_high, n, x) -> np.ndarray:
     """Maximum-likelihood (a, b, c) of logit P(high) = a + b·x + c·stimulated for many count tables
     at once: ``n_high`` (..., 2, n_steps), ``n`` broadcastable to it; returns (..., 3). Newton's
     method, batched (the bootstrap needs thousands of fits); NaN where it did not converge
-    (separated choices). The same model as the statsmodels GLM of :func:`site_effects`."""
+    (separated choices) or where the cells with trials cannot tell a, b and c apart (e.g. no sham trials). The
+    same model as the statsmodels GLM of :func:`site_effects`."""
     n_high = np.asarray(n_high, dtype=float)
-    n = np.broadcast_to(np.asarray(n, dtype=float), n_high.shape)
     n_steps = n_high.shape[-1]
     design = np.column_stack([np.ones(2 * n_steps), np.tile(x, 2), np.repeat([0.0, 1.0], n_steps)])
+    # a table whose filled cells cannot separate a, b and c (e.g. no sham trials) has no fit, whatever Newton gives
+    tables = np.broadcast_to(np.asarray(n), np.broadcast_shapes(np.shape(n), n_high.shape[-2:]))
+    filled = tables.reshape(tables.shape[:-2] + (2 * n_steps,)) > 0
+    identifiable = np.broadcast_to(np.linalg.matrix_rank(design * filled[..., None]) == 3, n_high.shape[:-2])
+    n = np.broadcast_to(np.asarray(n, dtype=float), n_high.shape)
     k = n_high.reshape(n_high.shape[:-2] + (2 * n_steps,))
     m = n.reshape(k.shape)
     theta = np.zeros(k.shape[:-1] + (3,))
@@ -222,7 +227,7 @@ def fit_grouped_logistic(n_high, n, x) -> np.ndarray:
         converged = np.max(np.abs(step), axis=-1) < _NEWTON_TOLERANCE
         if converged.all():
             break
-    theta[~converged] = np.nan
+    theta[~(converged & identifiable)] = np.nan
     return theta
 
 

@@ -26,9 +26,13 @@ def plot_overview(analysis):
     if len(index) <= 40:
         left.set_xticks(index, _site_labels(analysis.sites), rotation=90, fontsize=6)
     left.legend(frameon=False, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
-    pooled = counts.n_high.sum(axis=0) / np.maximum(counts.n.sum(axis=0), 1)
+    # sites with trials in both conditions only, so that the two curves pool the same sites
+    both = (counts.n[:, 0].sum(axis=1) > 0) & (counts.n[:, 1].sum(axis=1) > 0)
+    pooled = counts.n_high[both].sum(axis=0) / np.maximum(counts.n[both].sum(axis=0), 1)
     right.plot(counts.steps, pooled[0], "o-", color="0.4", label="sham")
     right.plot(counts.steps, pooled[1], "o-", color="C3", label="stimulated")
+    right.set_title(f"pooled over the {int(both.sum())} sites with both conditions" if not both.all()
+                    else "pooled over all sites", fontsize=8)
     right.set_xlabel("step (0 = 'low' end)")
     right.set_ylabel("P(choose 'high')")
     right.set_ylim(0, 1)

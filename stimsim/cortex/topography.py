@@ -41,6 +41,14 @@ def _neighbour_pairs(coordinates_mm: np.ndarray, radius_mm: float) -> np.ndarray
     return pairs
 
 
+def nearest_pair_mm(coordinates_mm: np.ndarray) -> float:
+    """The distance (mm) between the two closest of ``coordinates_mm`` (N ≥ 2, 2); inf for fewer than two."""
+    coordinates_mm = np.asarray(coordinates_mm, float)
+    if len(coordinates_mm) < 2:
+        return math.inf
+    return float(cKDTree(coordinates_mm).query(coordinates_mm, k=2)[0][:, 1].min())
+
+
 def morans_i(values: np.ndarray, coordinates_mm: np.ndarray, radius_mm: float = 1.0) -> float:
     """Moran's I of ``values`` (N,) at ``coordinates_mm`` (N, 2): > 0 when nearby units are alike."""
     return _morans_i_from_pairs(np.asarray(values, float), _neighbour_pairs(coordinates_mm, radius_mm))

@@ -47,7 +47,8 @@ def open_store(directory: Path, fingerprint: dict, shape: dict, probabilities: n
     differing = sorted(key for key in set(stored) | set(fingerprint) if stored.get(key) != fingerprint.get(key))
     if differing:
         raise ConfigError(f"store {directory} was written for different inputs (they differ in: "
-                          f"{', '.join(differing)}); resume only with the same call, or give a new directory")
+                          f"{', '.join(differing)}); resume only with the same call, give a new directory, or delete "
+                          f"{directory} to run these inputs there from the start")
     for path in sorted(directory.glob("chunk_*.nc")):
         try:
             indices, values = read_chunk(path, probabilities.shape, store_id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.errors import ConfigError, StimsimError
 from stimsim.utilities.plugins import Registry
 
 
@@ -69,7 +69,14 @@ class StimsimTopoNet(nn.Sequential):
 
 def build_network(family: str, **kwargs) -> nn.Module:
     """Build an (untrained) network of the registered ``family`` with keyword arguments ``kwargs``."""
-    network = MODEL_FAMILIES.get(family)(**kwargs)
+    builder = MODEL_FAMILIES.get(family)
+    try:
+        network = builder(**kwargs)
+    except (TypeError, StimsimError):  # TypeError: kwargs that do not fit (the caller names the file)
+        raise
+    except Exception as exc:  # a plug-in family's builder may raise anything
+        raise ConfigError(f"architecture family {family!r} failed to build with kwargs {kwargs} "
+                          f"({type(exc).__name__}: {exc})") from None
     if not isinstance(network, nn.Module):
         raise ConfigError(f"architecture family {family!r} built {type(network).__name__}, not a torch nn.Module")
     return network

@@ -16,6 +16,10 @@ from stimsim.utilities.errors import ConfigError
 _LUMA_RGB = (0.299, 0.587, 0.114)
 
 
+#: The sides (px) a model's input may have: a few pixels up to well above any vision network's (224 for ImageNet).
+MIN_SIZE_PX, MAX_SIZE_PX = 8, 2048
+
+
 @dataclass(frozen=True)
 class Preprocessing:
     """How a model wants its images.
@@ -40,8 +44,8 @@ class Preprocessing:
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
 
     def __post_init__(self):
-        if self.size_px < 8:
-            raise ConfigError(f"preprocessing.size_px must be >= 8, got {self.size_px}")
+        if not MIN_SIZE_PX <= self.size_px <= MAX_SIZE_PX:
+            raise ConfigError(f"preprocessing.size_px must be in [{MIN_SIZE_PX}, {MAX_SIZE_PX}], got {self.size_px}")
         if self.channels not in (1, 3):
             raise ConfigError(f"preprocessing.channels must be 1 or 3, got {self.channels}")
         object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))

@@ -65,6 +65,11 @@ def split_network(network: nn.Module, example_input: torch.Tensor, layers=(),
     if unknown:
         raise ConfigError(f"{unknown} are not modules of {type(network).__name__}; layer names are module names "
                           f"as print(model) shows them, e.g. {default_layers(network, open_sequentials)[:6]}")
+    nested = [(outer, inner) for outer in wanted for inner in wanted if inner.startswith(outer + ".")]
+    if nested:
+        outer, inner = nested[0]
+        raise ConfigError(f"layers {outer!r} and {inner!r} of {type(network).__name__} cannot both be stages: "
+                          f"{inner!r} is inside {outer!r}; give one of them")
     leaves = set(default_layers(network, open_sequentials))
     for layer in wanted:  # a wanted layer inside a default stage: trace through its ancestors instead
         leaves = {leaf for leaf in leaves if not layer.startswith(leaf + ".")} | {layer}
@@ -157,7 +162,14 @@ def _check(network: nn.Module, stages, example_input: torch.Tensor) -> None:
                 x = stage(x)
     finally:
         network.train(was_training)
+    name = type(network).__name__
+    if not isinstance(expected, torch.Tensor):
+        raise ConfigError(f"{name}: its forward pass returns {type(expected).__name__}; stimsim needs one tensor "
+                          "(the network's output, e.g. its class scores)")
+    if not torch.isfinite(expected).all():
+        raise ConfigError(f"{name}: its forward pass gives values that are not finite (NaN or infinity) on an "
+                          "all-zero input; check its weights")
     if not isinstance(x, torch.Tensor) or x.shape != expected.shape or not torch.allclose(
             x, expected, atol=1e-5, rtol=1e-4):
-        raise ConfigError(f"{type(network).__name__}: running its stages in order does not reproduce its forward "
+        raise ConfigError(f"{name}: running its stages in order does not reproduce its forward "
                           f"pass; stages: {[name for name, _ in stages]}")

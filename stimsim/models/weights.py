@@ -29,10 +29,13 @@ def read_checkpoint_file(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        detail = f"it references {found.group(1)}" if found else "torch.load(weights_only=True) refused it"
+        if not found:  # not an object the unpickler declined: bytes it cannot read
+            raise FileFormatError(path, "not a readable torch checkpoint (damaged, or not written by torch.save)") \
+                from None
         raise FileFormatError(
             path,
-            f"holds Python objects other than tensors and plain containers ({detail}), and stimsim never unpickles "
+            f"holds Python objects other than tensors and plain containers (it references {found.group(1)}), and "
+            "stimsim never unpickles "
             "arbitrary objects from a file since that can run code; in an environment you trust, load it and "
             "torch.save only the nested dicts of tensors you need",
         ) from None

@@ -219,7 +219,7 @@ def shown_images(options: CategorizationOptions, decoder: DecoderFile, model, st
     (None without visual-signal levels). ``where`` names the file for errors."""
     clean = clean_images(options, stimuli, seed, where, count_key)
     classes = clean.labels["true_choice"]
-    is_fit_clean = stratified_fit_mask({f"class {value!r}": np.flatnonzero(classes == value)
+    is_fit_clean = stratified_fit_mask({f"class '{value}'": np.flatnonzero(classes == value)
                                         for value in np.unique(classes)},
                                        decoder.fit_fraction, np.random.default_rng([seed, 5]), where, "images")
     noise_input = None
@@ -294,6 +294,14 @@ def analyse(task: TaskSettings, trials: CategorizationTrials, probabilities: xr.
         summary.update(psychometric_summary)
     dataset = xr.Dataset(variables, coords=coords)
     dataset["delta_accuracy"].attrs.update(units="fraction correct", description="stimulated − control")
+    for name, units in (("accuracy", "fraction correct"), ("control_accuracy", "fraction correct"),
+                        ("delta_accuracy_ci_low", "fraction correct"), ("delta_accuracy_ci_high", "fraction correct"),
+                        ("delta_p_positive", "probability"), ("p_positive_curve", "probability"),
+                        ("psychometric_shift_percent", "% signal"), ("psychometric_shift_logodds", "log-odds"),
+                        ("midpoint_percent", "% signal"), ("control_midpoint_percent", "% signal"),
+                        ("slope_per_percent", "log-odds per % signal"), ("signal_level_percent", "% signal")):
+        if name in dataset:
+            dataset[name].attrs.setdefault("units", units)
     return dataset, summary
 
 

@@ -125,6 +125,12 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
     if scale_overridden:
         notes.append(f"the experiment file sets cortex_mm_per_model_mm = {scale:g}, overriding the model's own "
                      f"{model_scale['cortex_mm_per_model_mm']:g} ({model_scale['rule']})")
+    safety_overridden = bool(spec.safety and spec.safety.get("overridden"))
+    if safety_overridden:
+        message = (f"the protocol is outside the safety limits, run under the file's override "
+                   f"({spec.safety['override_reason']}): {'; '.join(spec.safety['violations'])}")
+        notes.append(message)
+        warnings.warn(message, stacklevel=2)
     sheet = topo.sheet(layer)
     try:
         spec.perturbation_at(sheet.centre_mm).effect(sheet)  # what it needs of the model (e.g. resting activity)
@@ -155,13 +161,24 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
     conditions = [Condition(CONTROL_LABEL)] + [
         Condition(site.label, (spec.perturbation_at(site.position_mm),)) for site in selection.sites]
     _warn_signed_gain(conditions, sheet, responses, notes)
+    _warn_untouched_sites(conditions, sheet, notes)
     report_phase(f"trials: preparing the {spec.paradigm} trials and fitting their readout without stimulation", progress)
     task = spec.settings()
-    trials = paradigm.prepare(task, topo, stimuli, selection, progress=progress)
+    try:
+        trials = paradigm.prepare(task, topo, stimuli, selection, progress=progress)
+    except ConfigError as exc:  # a task setting that does not fit the model or the images: name the file
+        raise exc if str(exc).startswith(str(spec.source)) else ConfigError(f"{spec.source}: {exc}") from None
     probabilities = paradigm.simulate(task, topo, trials, conditions, out_dir / STORE_DIRNAME, progress,
                                       device=device, activation_cache=True, scheduler=scheduler,
                                       **_safety_arguments(spec))
     metrics, summary = paradigm.analyse(task, trials, probabilities, selection)
+    if summary.get("n_failed_fits") and summary.get("control_midpoint_percent") is None:
+        message = (f"the control's psychometric curve could not be fitted ({summary['control_fit_message']}), so no "
+                   f"site has a shift ({summary['n_failed_fits']} of {len(conditions)} curves failed); with control "
+                   f"accuracy {summary['control_accuracy']:.3f} (chance {1 / len(summary['choices']):.3f}) and "
+                   f"{summary['n_fit_images']} images to fit the decoder, more images may give a curve to fit")
+        notes.append(message)
+        warnings.warn(message, stacklevel=2)
 
     data, data_summary = None, {}
     comparison = None if spec.comparison is None else DATASETS.get(spec.comparison)
@@ -179,7 +196,7 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
 
     summary = json_ready({
         "experiment": spec.name, "paradigm": spec.paradigm, "model": model_record["name"], "layer": layer,
-        "cortex_mm_per_model_mm": scale, "scale_overridden": scale_overridden,
+        "cortex_mm_per_model_mm": scale, "scale_overridden": scale_overridden, "safety_overridden": safety_overridden,
         "model_cortex_mm_per_model_mm": model_scale["cortex_mm_per_model_mm"], "scale_rule": model_scale["rule"],
         "sheet_size_mm": sheet.size_mm,
         "site_method": spec.sites.method, **summary, **data_summary, **score,
@@ -242,6 +259,21 @@ def _resolve_additive_scale(spec: ExperimentSpec, responses: np.ndarray, layer: 
                  f"{layer!r} per Hz × SD {record['layer_sd']:.6g} (its response to {len(responses)} localizer images) = "
                  f"{record['activation_per_Hz']:.6g} activation units per Hz")
     return record
+
+
+def _warn_untouched_sites(conditions: list, sheet, notes: list) -> None:
+    """Warn (and record it) when a condition's perturbation changes no unit of the sheet (e.g. a Tehovnik disc so
+    small that it holds no unit): that site's result is the control's by construction."""
+    untouched = [condition.label for condition in conditions if condition.perturbations and all(
+        np.all(effect.multiplier == 1) and np.all(effect.additive == 0)
+        for effect in (perturbation.effect(sheet) for perturbation in condition.perturbations))]
+    if untouched:
+        shown = ", ".join(untouched[:5]) + (f" and {len(untouched) - 5} more" if len(untouched) > 5 else "")
+        message = (f"{len(untouched)} of {len(conditions) - 1} sites reach no unit of the sheet ({shown}): their "
+                   "perturbation changes nothing, so their results equal the control's (a larger current or radius "
+                   "reaches units)")
+        notes.append(message)
+        warnings.warn(message, stacklevel=3)
 
 
 def _warn_signed_gain(conditions: list, sheet, responses: np.ndarray, notes: list) -> None:

@@ -285,10 +285,10 @@ def plot_hit_rates(dataset: xr.Dataset, path, title: str, data: xr.Dataset | Non
                     ax.text(x[i], 0.05, "no data", ha="center", rotation=90, fontsize=7)
             ax.set_xticks(x, [f"{kind}\n{location}" for kind, location in cells], fontsize=8)
             ax.set(ylim=(0, 1), ylabel="hit rate", title=f"{who}: {name}")
-            if r == 0 and c == 0:
-                ax.legend(fontsize=7, loc="lower left")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    # one legend above the panels, where it covers no bar
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="upper right", ncol=2, fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=10, x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     save_figure(fig, path)
 
 

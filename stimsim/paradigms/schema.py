@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from stimsim.models.registry import DEFAULT_MODEL
 from stimsim.stimulation import ADDITIVE_SCALES, PERTURBATION_KINDS
@@ -72,6 +72,15 @@ class ExplicitSites(_SitesCommon):
     method: Literal["explicit"]
     sites_mm: Annotated[list[Annotated[list[float], Field(min_length=2, max_length=2)]], Field(min_length=1)]
     groups: list[Text] | None = None
+
+    @field_validator("sites_mm")
+    @classmethod
+    def _distinct(cls, sites: list) -> list:
+        again = [site for i, site in enumerate(sites) if site in sites[:i]]
+        if again:
+            raise ValueError(f"'sites_mm' gives the site {again[0]} more than once; each site once (a site given twice "
+                             "would count twice in the statistics across sites)")
+        return sites
 
 
 class _SitesOnGrid(_SitesCommon):

@@ -153,10 +153,11 @@ def select_sites(spec: SitesFile, sheet: CorticalSheet, responses, is_positive, 
     else:
         raise ConfigError(f"unknown site method {spec.method!r}")
     values, counts = multi_unit_dprime(responses, is_positive, sheet, points, radius)
-    empty = [tuple(np.round(p, 3)) for p, n in zip(points, counts) if n == 0]
+    empty = [f"({p[0]:.3f}, {p[1]:.3f})" for p, n in zip(points, counts) if n == 0]
     if empty:
+        more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
         raise ConfigError(f"[sites] no unit of sheet {sheet.name!r} lies within recording_radius_mm = {radius} mm "
-                          f"of site(s) {empty[:5]}; move them or widen the radius")
+                          f"of site(s) {', '.join(empty[:5])}{more} (mm); move them or widen the radius")
     sites = tuple(Site(label=f"site_{i:03d}", x_mm=float(p[0]), y_mm=float(p[1]), group=str(g),
                        dprime=float(v), n_units=int(n))
                   for i, (p, g, v, n) in enumerate(zip(points, groups, values, counts)))

@@ -403,7 +403,7 @@ class Perturbation(abc.ABC):
         unknown = sorted(set(params) - set(allowed))
         if unknown:
             raise ConfigError(
-                f"unknown key(s) {unknown} for a {cls.kind} perturbation; allowed keys: kind, {', '.join(allowed)}"
+                f"unknown key(s) {unknown} for a perturbation of kind {cls.kind!r}; allowed keys: kind, {', '.join(allowed)}"
             )
         missing = [f.name for f in spec_fields if f.name not in params
                    and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]

@@ -25,6 +25,8 @@ ELECTRODE_COMBINATIONS = ("sum", "max")
 STIMULATION_FORMS = ("multiplicative", "additive")
 #: Highest current accepted, µA (well above the 300 µA of Moeller et al. 2017).
 MAX_CURRENT_UA = 5000.0
+#: Longest train accepted, ms (10 s; published IT microstimulation trains last 50-500 ms).
+MAX_TRAIN_MS = 10_000.0
 #: How a file states the additive form's ``activation_per_Hz``: in the stimulated layer's activation units, or in
 #: standard deviations of its response (so that one value means the same strength in models of any scale).
 ADDITIVE_SCALES = ("activation", "sd")
@@ -95,7 +97,7 @@ class ElectricalStimulation(Perturbation):
     frequency_Hz: float = parameter(200.0, unit="Hz", low=0.0, high=1000.0)
     pulse_width_ms: float = parameter(0.2, unit="ms", low=0.0, high=2.0, low_open=True)
     interphase_ms: float = parameter(0.1, unit="ms", low=0.0, high=1.0)
-    train_ms: float = parameter(50.0, unit="ms", low=0.0, low_open=True)
+    train_ms: float = parameter(50.0, unit="ms", low=0.0, high=MAX_TRAIN_MS, low_open=True)
     onset_ms: float = parameter(0.0, unit="ms", low=0.0)
     waveform: str = parameter("biphasic_cathodic_first", unit="pulse shape", choices=CHARGE_BALANCED_WAVEFORMS)
     spread: str = parameter("kumaravelu", unit="spread law", choices=lambda: SPREAD_LAWS.names())
@@ -104,7 +106,8 @@ class ElectricalStimulation(Perturbation):
                                              low=TEHOVNIK_K_RANGE_UA_PER_MM2[0], high=TEHOVNIK_K_RANGE_UA_PER_MM2[1])
     form: str = parameter("multiplicative", unit="how stimulation changes activity", choices=STIMULATION_FORMS)
     baseline_frequency_Hz: float = parameter(30.0, unit="Hz", low=0.0, high=1000.0, low_open=True)
-    gain_cap: float | None = parameter(None, unit="(gain, dimensionless)", low=1.0)
+    gain_cap: float | None = parameter(None, unit="(gain, dimensionless; a cap of 1 would allow no gain)", low=1.0,
+                                       low_open=True)
     resting_fraction: float = parameter(0.0, unit="(of each unit's resting activity, dimensionless)", low=0.0,
                                         high=1.0)
     rate_base_Hz: float = parameter(30.0, unit="Hz (at most rate_max_Hz)", low=0.0)
@@ -131,8 +134,11 @@ class ElectricalStimulation(Perturbation):
         put("current_uA", _in_range("current_uA", self.current_uA, unit, law.lowest_current_uA(), MAX_CURRENT_UA,
                                     low_open=True))
         self.check_parameters()
+        pulse_ms = 2 * self.pulse_width_ms + self.interphase_ms
+        if self.train_ms < pulse_ms:
+            raise ConfigError(f"train_ms = {self.train_ms:g} ms is shorter than one biphasic pulse (2 × pulse_width_ms + "
+                              f"interphase_ms = {pulse_ms:g} ms); a train holds at least one whole pulse")
         if self.frequency_Hz > 0:
-            pulse_ms = 2 * self.pulse_width_ms + self.interphase_ms
             period_ms = 1000.0 / self.frequency_Hz
             if pulse_ms > period_ms:
                 raise ConfigError(

@@ -26,6 +26,7 @@ cross-validated with stratified folds. Every score is reported beside its chance
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from stimsim.cortex.topography import clustering_test, plot_sheet_map, selective_clusters_mm
+from stimsim.cortex.topography import clustering_test, nearest_pair_mm, plot_sheet_map, selective_clusters_mm
 from stimsim.models.topographic import TopographicModel
 from stimsim.utilities.errors import ConfigError, DataError
 from stimsim.utilities.progress import report_phase
@@ -167,6 +168,12 @@ def balanced_face_indices(is_face: np.ndarray, seed: int = 0) -> np.ndarray:
     return np.sort(np.concatenate([rng.choice(faces, size=len(others), replace=False), others]))
 
 
+def _file_part(text: str) -> str:
+    """``text`` as part of a file name: every run of characters other than letters, digits, '.', '+' and '-'
+    becomes '_' (a model named 'TDANN simclr_swap/…' or '../x' writes inside the folder it was given)."""
+    return re.sub(r"[^\w.+-]+", "_", str(text)).strip("._") or "_"
+
+
 def face_dprime(responses: np.ndarray, is_face: np.ndarray) -> np.ndarray:
     """Per-unit face selectivity d′ = (μ_face − μ_other)/sqrt((σ²_face + σ²_other)/2); 0 for silent units."""
     from stimsim.behavior.metrics import dprime
@@ -214,8 +221,17 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
     ``positive`` (default ``face``). ``figure_path``: PNG of the ``positive`` class's map; ``figure_dir``: a
     PNG of every class's map (``<model>_<class>_dprime.png``). ``imagenet``: add :func:`imagenet_scores`.
     """
+    if "IT" not in model.areas.values() and "IT" not in model.sheets:
+        raise ConfigError(f"{model.name}: models check measures the layer labelled as area 'IT', and none of this "
+                          f"model's layers is (areas: {model.areas or 'none'}); give its IT layer `\"area\": \"IT\"` in "
+                          "model.json (or `area = \"IT\"` in its training file)")
     layer = model.resolve_layer("IT")
     sheet = model.sheet(layer)
+    nearest_mm = nearest_pair_mm(sheet.coordinates_mm)
+    if not nearest_mm < CLUSTER_RADIUS_MM:
+        raise ConfigError(f"{model.name}: models check measures clustering among units within {CLUSTER_RADIUS_MM:g} "
+                          f"model mm of each other, and no two units of its {layer} sheet are that close (the nearest "
+                          f"pair is {nearest_mm:.3g} mm apart); a sheet this sparse has no clustering to measure")
     note = None
     if stimuli is None:
         report_phase("models check: loading the images", progress)
@@ -252,6 +268,11 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
     maps, dprimes = {}, {}
     for index, category in enumerate(sorted(set(categories))):
         dprime = dprimes[category] = face_dprime(responses, categories == category)
+        infinite = int(np.sum(~np.isfinite(dprime)))
+        if infinite:
+            raise ConfigError(f"stimulus set {stimuli.name!r}: {infinite} units of {layer} respond the same to every "
+                              f"image with {label} = '{category}' and the same to every other image, with another "
+                              "value, so their d′ is infinite; the images of a class must differ (identical images?)")
         test = clustering_test(dprime, sheet.coordinates_mm, CLUSTER_RADIUS_MM, n_shuffles, seed + index)
         clusters = selective_clusters_mm(dprime, cortex_sheet, CLUSTER_DPRIME, CLUSTER_SIGMA_CORTEX_MM,
                                          CLUSTER_GRID_CORTEX_MM)
@@ -297,7 +318,8 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
         report.update(imagenet_scores(model, progress, limit=imagenet_limit))
     targets = [(positive, Path(figure_path))] if figure_path is not None else []
     if figure_dir is not None:
-        targets += [(category, Path(figure_dir) / f"{model.name}_{category}_dprime.png") for category in maps]
+        targets += [(category, Path(figure_dir) / f"{_file_part(model.name)}_{_file_part(category)}_dprime.png")
+                    for category in maps]
     for category, path in targets:
         plot_sheet_map(dprimes[category], sheet, path,
                        f"{model.name}: {category} d′ on {layer}\nMoran's I {maps[category]['morans_i']:.2f}, "

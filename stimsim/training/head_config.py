@@ -15,7 +15,7 @@ from stimsim.models.preprocessing import Preprocessing
 from stimsim.training.trunk_tuning import TrunkTuningTable
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError
-from stimsim.utilities.filemodels import FileModel, Text, validate
+from stimsim.utilities.filemodels import FileModel, PlainName, Text, validate
 
 _Positive = Annotated[float, Field(gt=0)]
 _Count = Annotated[int, Field(ge=1)]
@@ -134,7 +134,7 @@ class CortexScaleTable(FileModel):
 class HeadConfig(FileModel):
     """A ``topo_head`` build file: the ImageNet-trained base network, the IT grid and its sheet, the images and
     their domains, the training and the anatomical scale rule."""
-    name: Text
+    name: PlainName
     description: Text | None = None
     model: HeadModelTable
     data: HeadDataTable

@@ -125,7 +125,15 @@ def build_untrained_model(config: TrainingConfig) -> TopographicModel:
         network = build_network(config.family, **config.model_kwargs)
     except TypeError as exc:  # an unknown or wrongly typed builder argument
         raise ConfigError(f"{config.source} [model]: kwargs do not fit family {config.family!r} ({exc})") from None
-    probe = TopographicModel(network, {}, config.preprocessing, {"family": config.family, "kwargs": config.model_kwargs})
+    except ConfigError as exc:
+        raise ConfigError(f"{config.source} [model]: {exc}") from None
+    modules = dict(network.named_modules())
+    wanted_stages = [layer for layer in [*config.layers, config.readout_layer] if layer and layer in modules]
+    try:
+        probe = TopographicModel(network, {}, config.preprocessing, {"family": config.family, "kwargs": config.model_kwargs},
+                                 stage_layers=wanted_stages)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.source} [model.layers]: {exc}") from None
     size = config.preprocessing.size_px
     dims = probe.stage_output_dims(torch.zeros(2, config.preprocessing.channels, size, size))
     sheets = {}
@@ -133,20 +141,39 @@ def build_untrained_model(config: TrainingConfig) -> TopographicModel:
         if layer not in dims:
             raise ConfigError(f"{config.source} [model.layers] {layer!r} is not a stage of {config.family}; "
                               f"stages: {list(dims)}")
-        sheets[layer] = build_sheet(layer, dims[layer], spec.sheet_size_mm, spec.neighborhood_width_mm,
-                                    seed=config.seed * 100 + i)
+        try:
+            sheets[layer] = build_sheet(layer, dims[layer], spec.sheet_size_mm, spec.neighborhood_width_mm,
+                                        seed=config.seed * 100 + i)
+        except (ValueError, ConfigError) as exc:
+            raise ConfigError(f"{config.source} [model.layers.{layer}]: {exc}") from None
         available = len(sheets[layer].neighborhood_indices)
         if layer in config.spatial_layers and config.neighborhoods_per_step > available:
             raise ConfigError(f"{config.source} [spatial_loss]: 'neighborhoods_per_step' must be <= {available}, the number "
                               f"of neighbourhoods on the sheet of layer {layer!r}, got {config.neighborhoods_per_step}")
     areas = {layer: spec.area for layer, spec in config.layers.items() if spec.area}
     readout = config.readout_layer
-    if readout and readout not in dims and readout not in dict(network.named_modules()) and \
+    if readout and readout not in dims and readout not in modules and \
             readout not in areas.values():
         raise ConfigError(f"{config.source} [model] readout_layer {readout!r} is neither a stage of {config.family} "
                           f"nor an area of [model.layers]; stages: {list(dims)}, areas: {sorted(areas.values())}")
     return TopographicModel(network, sheets, config.preprocessing, {"family": config.family, "kwargs": config.model_kwargs},
                             readout_layer=readout, areas=areas, name=config.name)
+
+
+def _check_output_width(model: TopographicModel, config: TrainingConfig, n_classes: int) -> None:
+    """The network's output is one row of scores per image: as many as the data's classes for the supervised
+    task (an embedding of any width for SimCLR)."""
+    size = config.preprocessing.size_px
+    device = next(model.network.parameters(), torch.zeros(())).device
+    with torch.no_grad():
+        shape = tuple(model.network(torch.zeros(2, config.preprocessing.channels, size, size, device=device)).shape)
+    if len(shape) != 2:
+        raise ConfigError(f"{config.source} [model]: family {config.family!r} outputs a tensor of shape {shape} for 2 "
+                          "images; training needs one row of scores per image, (images, outputs)")
+    if config.task == "supervised" and shape[1] != n_classes:
+        raise ConfigError(f"{config.source} [model]: family {config.family!r} outputs {shape[1]} scores per image "
+                          f"(kwargs {config.model_kwargs}) but the data have {n_classes} classes; the supervised task "
+                          "needs one score per class")
 
 
 def augment_batch(batch: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -253,10 +280,7 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
     out_dir.mkdir(parents=True, exist_ok=True)
     model = build_untrained_model(config).to(device)  # before the data: a misfit architecture fails at once
     data = data or load_training_data(config)
-    n_classes = config.model_kwargs.get("n_classes")
-    if config.task == "supervised" and n_classes is not None and n_classes != len(data.classes):
-        raise ConfigError(f"{config.source} [model] kwargs: n_classes = {n_classes} but the data have "
-                          f"{len(data.classes)} classes: {[str(c) for c in data.classes]}")
+    _check_output_width(model, config, len(data.classes))
     network = model.network
     optimizer = torch.optim.SGD(network.parameters(), lr=config.learning_rate, momentum=config.momentum,
                                 weight_decay=config.weight_decay, nesterov=config.momentum > 0)

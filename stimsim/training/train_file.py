@@ -8,10 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import ConfigDict, Field, TypeAdapter, model_validator
 
+from stimsim.models.preprocessing import MAX_SIZE_PX, MIN_SIZE_PX
 from stimsim.training.head_config import HeadConfig
-from stimsim.utilities.filemodels import FileModel, Text
+from stimsim.utilities.filemodels import FileModel, PlainName, Text
 
 #: Where the JSON Schema of training files ships.
 SCHEMA_PATH = Path(__file__).with_name("train.schema.json")
@@ -23,7 +24,7 @@ _NonNegative = Annotated[float, Field(ge=0)]
 class PreprocessingTable(FileModel):
     """``[model.preprocessing]``: input side (px), channels, per-channel mean and SD."""
 
-    size_px: Annotated[int, Field(ge=8)]
+    size_px: Annotated[int, Field(ge=MIN_SIZE_PX, le=MAX_SIZE_PX)]
     channels: Literal[1, 3]
     mean: Annotated[list[float], Field(min_length=1)]
     std: Annotated[list[float], Field(min_length=1)]
@@ -109,21 +110,13 @@ class TrainFile(FileModel):
     """A training file of a network trained from scratch: the network and its sheets, the images, the optimisation,
     the spatial loss and the activity penalty."""
 
-    name: Text
+    name: PlainName
     model: ModelTable
     data: DataTable
     cortex_scale: LayerScaleTable | None = None
     training: TrainingTable
     spatial_loss: SpatialLossTable = SpatialLossTable()
     activity_penalty: ActivityPenaltyTable = ActivityPenaltyTable()
-
-    @field_validator("name")
-    @classmethod
-    def _plain(cls, name: str) -> str:
-        if any(character in name for character in "/\\") or name in (".", ".."):
-            raise ValueError(f"'name' must be a plain name without '/' or '\\' (it names the default run directory "
-                             f"runs/NAME), got {name!r}")
-        return name
 
     @model_validator(mode="after")
     def _layers_have_sheets(self):

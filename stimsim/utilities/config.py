@@ -17,7 +17,7 @@ def load_toml(path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"configuration file not found: {path}")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark (some Windows editors) is dropped
     except UnicodeDecodeError as exc:
         raise FileFormatError(path, f"not UTF-8 text (byte {exc.start}: {exc.reason}); save the file as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:

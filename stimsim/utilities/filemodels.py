@@ -24,13 +24,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from stimsim.utilities.errors import ConfigError, FileFormatError
 
 #: Non-empty, printable text (no control characters such as NUL or newline).
 TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*[^\x00-\x20\x7f][^\x00-\x1f\x7f]*$"
 Text = Annotated[str, Field(min_length=1, pattern=TEXT_PATTERN)]
+
+
+def _plain_name(name: str) -> str:
+    if any(character in name for character in "/\\") or name in (".", ".."):
+        raise ValueError(f"'name' must be a plain name without '/' or '\\' (it names files and folders), got {name!r}")
+    return name
+
+
+#: The ``name`` of a model, a training run or a build: text that can name a file or folder (no path).
+PlainName = Annotated[Text, AfterValidator(_plain_name)]
 
 
 class FileModel(BaseModel):
@@ -124,8 +134,10 @@ def _problem(error: dict, model: type[BaseModel], raw_loc: list, key) -> str:
                f"got {given!r}"
     if kind == "string_too_short":
         return f"{key!r} must not be empty, got {given!r}"
-    if kind in ("too_short", "too_long"):
-        return f"{key!r} {error['msg'].lower()}, got {given!r}"
+    if kind == "too_short":
+        return f"{key!r} must hold at least {ctx.get('min_length')} item(s), got {given!r}"
+    if kind == "too_long":
+        return f"{key!r} must hold at most {ctx.get('max_length')} item(s), got {given!r}"
     expected = {"float_type": "a number", "int_type": "an integer", "string_type": "text",
                 "bool_type": "true or false", "list_type": "a list", "model_type": "a table",
                 "dict_type": "a table", "finite_number": "a finite number"}.get(kind)

@@ -83,13 +83,15 @@ class Registry:
         """Register ``item`` under ``name``; without ``item``, a class decorator that registers the
         class. A name can be registered once (a second, different item is refused)."""
         if not isinstance(name, str) or not name.strip():
-            raise ConfigError(f"a {self.kind} name must be non-empty text, got {name!r}")
+            raise ConfigError(f"{self.kind} names must be non-empty text, got {name!r}")
 
         def add(obj):
             known = self._items.get(name)
             if name in self._entry_points:
-                raise ConfigError(f"{self.kind} {name!r} is registered already "
-                                  f"({_entry_point_text(self._entry_points[name])})")
+                if not _declares(self._entry_points[name], obj):
+                    raise ConfigError(f"{self.kind} {name!r} is registered already "
+                                      f"({_entry_point_text(self._entry_points[name])})")
+                del self._entry_points[name]  # the entry point's own module registering what it declares
             if known is None:
                 if self.check is not None:
                     self.check(name, obj)
@@ -171,7 +173,7 @@ class Registry:
                 self._clashes[name].append(_entry_point_text(entry_point))
             elif name in self._items:
                 known = self._target(self._items[name])
-                if entry_point.value.replace(" ", "") != f"{known.__module__}:{known.__qualname__}":
+                if not _declares(entry_point, known):
                     self._clashes[name] = [f"{known.__module__}:{known.__qualname__}", _entry_point_text(entry_point)]
                     del self._items[name]
             elif name in self._entry_points:
@@ -194,7 +196,7 @@ class Registry:
             at = f" (raised at {frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
             raise ConfigError(f"{self.kind} {name!r}: {where} cannot be imported: "
                               f"{type(exc).__name__}: {exc}{at}") from exc
-        del self._entry_points[name]
+        self._entry_points.pop(name, None)  # gone already if the module registered the item itself
         try:
             self.register(name, item)
         except (TypeError, ConfigError) as exc:
@@ -215,6 +217,11 @@ def plugin_for_suffix(registry: Registry, path):
             return plugin
     listed = "; ".join(f"{name} ({', '.join(plugin.suffixes)})" for name, plugin in known)
     raise FileFormatError(path, f"unknown {registry.kind} {suffix!r}; known: {listed}")
+
+
+def _declares(entry_point: EntryPoint, obj) -> bool:
+    """Whether ``entry_point`` (``module:attr``) names ``obj``."""
+    return entry_point.value.replace(" ", "") == f"{getattr(obj, '__module__', '')}:{getattr(obj, '__qualname__', '')}"
 
 
 def _entry_point_text(entry_point: EntryPoint) -> str:

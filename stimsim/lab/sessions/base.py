@@ -267,6 +267,7 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
         again = per_file[duplicated].iloc[0]
         raise FileFormatError(again["file"], f"session {again['session_id']!r} of subject "
                               f"{again['subject_id']!r} is also in another file given")
+    _refuse_copies(sessions)
     return sessions
 
 
@@ -414,6 +415,24 @@ def _read_raw(path: Path) -> tuple[pd.DataFrame, dict]:
     return table, {"subject_id": subject_id, "session_id": session_id}
 
 
+#: The columns whose values, trial by trial, tell one file's trials from another's.
+_TRIAL_CONTENT = ("electrode", "step", "stimulated_electrode", "current_uA", "choice", "start_time", "stimulus_id")
+
+
+def _refuse_copies(sessions: pd.DataFrame) -> None:
+    """Refuse two files that hold the same trials (a copy, or a session exported to two formats): their trials
+    would be counted twice."""
+    seen = {}
+    for file, trials in sessions.groupby("file", sort=False):
+        key = (len(trials), int(pd.util.hash_pandas_object(trials[list(_TRIAL_CONTENT)], index=False)
+                                .to_numpy().dot(np.arange(1, len(trials) + 1, dtype=np.uint64))))
+        if key in seen:
+            raise FileFormatError(file, f"holds the same {len(trials)} trials, in the same order, as {seen[key]} (a copy, "
+                                        "or the same session in another format?); give each session once, or its "
+                                        "trials would be counted twice")
+        seen[key] = file
+
+
 def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
                values: dict[str, dict[str, str]] | None = None, lab_names: dict | None = None,
                lab_codes: bool = True) -> pd.DataFrame:
@@ -440,7 +459,7 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     problems: list[str] = []
     rows = np.arange(1, len(raw) + 1)
 
-    def report(mask, column: str, what: str, values=None):
+    def report(mask, column: str, what: str, values=None, plain: bool = False):
         mask = np.asarray(mask, dtype=bool)
         if mask.any():
             bad = rows[mask]
@@ -448,7 +467,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
             example = ""
             if values is not None:
                 value = values[mask][0]
-                example = f"; e.g. {value.item() if isinstance(value, np.generic) else value!r}"
+                value = value.item() if isinstance(value, np.generic) else value
+                example = f"; e.g. {value if plain else repr(value)}"
             mapped = f" (the file's column {lab_names[column]!r})" if column in lab_names else ""
             problems.append(f"column {column!r}, row(s) {shown}: {what}{example}{mapped}")
 
@@ -456,7 +476,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     table = pd.DataFrame({"file": str(path), "row": rows})
     for name in ("electrode", "stimulated_electrode", "choice"):
         text = raw[name].map(_as_text).to_numpy(dtype=object)
-        report(text == "", name, "empty value")
+        report(text == "", name, "empty value" + (" (an aborted trial has no choice: remove aborted trials from the "
+                                                  "table first)" if name == "choice" else ""))
         table[name] = text
     as_written = table["choice"].to_numpy()
     table["choice"] = table["choice"].str.lower()
@@ -470,7 +491,17 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
            "stimulated electrode differs from the electrode whose sequence is shown (per-site analysis "
            "pairs a site's sequence with its own stimulation or sham" + (
                "; a lab's code for sham trials maps with --values stimulated_electrode:CODE=sham)" if lab_codes else
-               ": 'sham' or the electrode's own id)"), table["stimulated_electrode"].to_numpy())
+               ": 'sham' or the electrode's own id)"),
+           np.array([f"stimulated_electrode {s!r}, electrode {e!r}" for s, e in
+                     zip(table["stimulated_electrode"], table["electrode"])], dtype=object), plain=True)
+    condition = raw["condition"].map(_as_text).str.lower() if "condition" in raw else None
+    if lab_codes and condition is not None and condition.isin([SHAM, "stimulation"]).all():
+        # the rig package's column (a lab's own 'condition' may mean something else): it must agree
+        says_sham = condition.to_numpy() == SHAM
+        report(says_sham == stimulated, "condition", "condition disagrees with stimulated_electrode (sham trials "
+               "have condition 'sham', the others another condition)",
+               np.array([f"condition {c!r}, stimulated_electrode {s!r}" for c, s in
+                         zip(raw["condition"].map(_as_text), table["stimulated_electrode"])], dtype=object), plain=True)
     if known is not None:
         examples = ", ".join(map(repr, sorted(known, key=natural_key)[:5]))
         report(~table["electrode"].isin(known) & (table["electrode"] != ""), "electrode",

@@ -27,4 +27,22 @@ class CSVSessions(SessionFormat):
         twice = sorted({name for name in header if header.count(name) > 1})
         if twice:
             raise FileFormatError(path, f"the header names column(s) {twice} more than once; give each column once")
+        fields = _unfinished_last_line(path)
+        if len(table) and fields is not None and fields < len(header):
+            raise FileFormatError(path, f"the last line (row {len(table)}) holds {fields} of the header's {len(header)} "
+                                        "values and no line end: the file looks cut off while it was written; "
+                                        "copy it again from the rig, or remove the incomplete trial")
         return table, None, None
+
+
+def _unfinished_last_line(path) -> int | None:
+    """The number of values on the file's last line when the file does not end with a line end, else None."""
+    with open(path, "rb") as handle:
+        handle.seek(0, 2)
+        size = handle.tell()
+        handle.seek(max(0, size - 65536))
+        tail = handle.read()
+    if not tail or tail.endswith((b"\n", b"\r")):
+        return None
+    last = tail.splitlines()[-1].decode("utf-8", errors="replace")
+    return len(next(csv.reader([last]), []))
