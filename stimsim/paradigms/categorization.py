@@ -409,8 +409,11 @@ def plot_psychometric(dataset: xr.Dataset, path, title: str, positive: str | Non
                     label=f"{_site_description(dataset, index)}, shift {shifts[index]:+.1f} %")
     ax.axhline(0.5, color="grey", lw=0.6, ls=":")
     name = "the positive class" if positive is None else repr(positive)
-    ax.set(xlabel=f"signed signal level (%; {name} > 0)", ylabel=f"P(choose {name})", title=title,
-           ylim=(-0.02, 1.02))
+    unfitted = int((~np.isfinite(shifts)).sum())
+    if unfitted:  # their curves could not be fitted, so they have no shift to rank (fit_message says why)
+        title = f"{title}\n{unfitted} of {len(shifts)} sites without a fitted curve are not shown"
+    ax.set(xlabel=f"signed signal level (%; {name} > 0)", ylabel=f"P(choose {name})", ylim=(-0.02, 1.02))
+    ax.set_title(title, fontsize=10 if unfitted else None)
     ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path)
