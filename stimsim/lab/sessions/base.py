@@ -459,7 +459,9 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     problems: list[str] = []
     rows = np.arange(1, len(raw) + 1)
 
-    def report(mask, column: str, what: str, values=None, plain: bool = False):
+    def report(mask, column: str, what: str, values=None, columns: dict | None = None):
+        """``values``: the example of the first bad row; ``columns`` (name → values): the first bad row's value of
+        each, named (e.g. two columns that disagree)."""
         mask = np.asarray(mask, dtype=bool)
         if mask.any():
             bad = rows[mask]
@@ -467,8 +469,11 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
             example = ""
             if values is not None:
                 value = values[mask][0]
-                value = value.item() if isinstance(value, np.generic) else value
-                example = f"; e.g. {value if plain else repr(value)}"
+                example = f"; e.g. {value.item() if isinstance(value, np.generic) else value!r}"
+            if columns is not None:
+                first = int(np.flatnonzero(mask)[0])
+                example = "; e.g. " + ", ".join(f"{name} {np.asarray(column_values)[first]!r}"
+                                                for name, column_values in columns.items())
             mapped = f" (the file's column {lab_names[column]!r})" if column in lab_names else ""
             problems.append(f"column {column!r}, row(s) {shown}: {what}{example}{mapped}")
 
@@ -492,16 +497,14 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
            "pairs a site's sequence with its own stimulation or sham" + (
                "; a lab's code for sham trials maps with --values stimulated_electrode:CODE=sham)" if lab_codes else
                ": 'sham' or the electrode's own id)"),
-           np.array([f"stimulated_electrode {s!r}, electrode {e!r}" for s, e in
-                     zip(table["stimulated_electrode"], table["electrode"])], dtype=object), plain=True)
+           columns={"stimulated_electrode": table["stimulated_electrode"], "electrode": table["electrode"]})
     condition = raw["condition"].map(_as_text).str.lower() if "condition" in raw else None
     if lab_codes and condition is not None and condition.isin([SHAM, "stimulation"]).all():
         # the rig package's column (a lab's own 'condition' may mean something else): it must agree
         says_sham = condition.to_numpy() == SHAM
         report(says_sham == stimulated, "condition", "condition disagrees with stimulated_electrode (sham trials "
                "have condition 'sham', the others another condition)",
-               np.array([f"condition {c!r}, stimulated_electrode {s!r}" for c, s in
-                         zip(raw["condition"].map(_as_text), table["stimulated_electrode"])], dtype=object), plain=True)
+               columns={"condition": raw["condition"].map(_as_text), "stimulated_electrode": table["stimulated_electrode"]})
     if known is not None:
         examples = ", ".join(map(repr, sorted(known, key=natural_key)[:5]))
         report(~table["electrode"].isin(known) & (table["electrode"] != ""), "electrode",
