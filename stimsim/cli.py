@@ -441,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "resume")
     score.add_argument("--json", action="store_true", help="print scores.json instead of the table")
     score.add_argument("--force", action="store_true",
-                       help="write into --out even if it holds files stimsim did not write")
+                       help="write into --out even if it holds files stimsim did not write or another command's "
+                            "results")
     score.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
     _add_mirror(score)
     _add_threads(score)
@@ -453,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, help="output directory (results.nc, summary.json, figures)")
     run.add_argument("--model", help="model name or directory (overrides the experiment file)")
     run.add_argument("--force", action="store_true",
-                     help="write into --out even if it holds files stimsim did not write (same names are overwritten)")
+                     help="write into --out even if it holds files stimsim did not write or another command's "
+                          "results (same names are overwritten), or an unfinished run's store for other inputs")
     run.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
     _add_mirror(run)
     _add_threads(run)
@@ -467,7 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
     visualize.add_argument("--model", help="model name or directory (overrides the file)")
     visualize.add_argument("--judge", help="independent judge model, name or directory (overrides the file)")
     visualize.add_argument("--force", action="store_true",
-                           help="write into --out even if it holds files stimsim did not write")
+                           help="write into --out even if it holds files stimsim did not write or another command's "
+                                "results")
     visualize.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     _add_mirror(visualize)
     _add_threads(visualize)
@@ -557,7 +560,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--seed", type=int, default=0, help="seed of every resampling (default 0)")
     analyze.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     analyze.add_argument("--force", action="store_true",
-                       help="write into the output directory even if it holds files stimsim did not write")
+                       help="write into the output directory even if it holds files stimsim did not write or "
+                            "another command's results")
     analyze.set_defaults(handler=_cmd_analyze, command_parser=analyze)
 
     power = commands.add_parser("power", help="trials per site needed to detect a plan's effects (simulated sessions)")
@@ -573,7 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
     power.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     power.add_argument("--out", help="output directory (default PLAN_DIR/power)")
     power.add_argument("--force", action="store_true",
-                       help="write into the output directory even if it holds files stimsim did not write")
+                       help="write into the output directory even if it holds files stimsim did not write or "
+                            "another command's results")
     power.set_defaults(handler=_cmd_power, command_parser=power)
     return parser
 

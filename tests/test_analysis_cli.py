@@ -215,8 +215,9 @@ def test_analyze_reads_lab_value_codes_given_on_the_command_line(tmp_path, capsy
     assert error.startswith("stimsim: error: --values choice: code '2' maps onto 'right'; allowed values: low, high")
 
 
-def test_analyze_warns_when_the_currents_look_like_mA(tmp_path, capsys):
-    """A lab column in mA mapped onto current_uA (0.05 for 50 µA) is read, but the analysis warns."""
+def test_analyze_warns_when_the_currents_look_like_mA_or_nA(tmp_path, capsys):
+    """A lab column in mA mapped onto current_uA (0.05 for 50 µA), or in nA (50,000), is read, but the analysis
+    warns."""
     table = planted_session([1.0, -1.0], trials_per_site=140, seed=2)
     table.assign(current_uA=table["current_uA"] / 1000).rename(columns={"current_uA": "amp_mA"}).to_csv(
         tmp_path / "mA.csv", index=False)
@@ -225,7 +226,15 @@ def test_analyze_warns_when_the_currents_look_like_mA(tmp_path, capsys):
     expected = "every stimulated trial's current_uA is below 1 µA (the largest: 0.05)"
     assert f"stimsim: warning: {expected}" in capsys.readouterr().err
     assert any(expected in message for message in json.loads((tmp_path / "a" / "summary.json").read_text())["warnings"])
+    table.assign(current_uA=table["current_uA"] * 1000).to_csv(tmp_path / "nA.csv", index=False)
+    assert main(["analyze", str(tmp_path / "nA.csv"), "--out", str(tmp_path / "n"), "--boot", "10", "--perm", "10",
+                 "--splits", "5", "--no-progress"]) == 0
+    stimulated = int((table["stimulated_electrode"] != "sham").sum())
+    expected = (f"current_uA above 5000 µA on {stimulated} stimulated trial(s) (50000 µA): far beyond "
+                f"microstimulation's 5–200 µA")
+    assert f"stimsim: warning: {expected}" in capsys.readouterr().err
     table.to_csv(tmp_path / "uA.csv", index=False)
     assert main(["analyze", str(tmp_path / "uA.csv"), "--out", str(tmp_path / "b"), "--boot", "10", "--perm", "10",
                  "--splits", "5", "--no-progress"]) == 0
-    assert "below 1 µA" not in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "below 1 µA" not in error and "above 5000 µA" not in error

@@ -351,9 +351,14 @@ def test_steps_counted_from_1_are_refused(tmp_path, table):
 
 def test_unreadable_csv_is_one_line(tmp_path):
     (tmp_path / "s.csv").write_text("electrode,step\n1,0\n1,2,3\n")
-    with pytest.raises(FileFormatError, match="not a readable CSV table") as error:
+    with pytest.raises(FileFormatError, match="not a readable CSV table .*; stimsim reads values separated by "
+                                              "commas, with '.' as the decimal mark") as error:
         load_sessions(tmp_path / "s.csv")
     assert "\n" not in str(error.value)
+    (tmp_path / "semicolons.csv").write_text("electrode;step;stimulated_electrode;current_uA;choice\n1;0;sham;0;low\n")
+    with pytest.raises(FileFormatError, match="the header holds ';' or tabs: a CSV table's values are separated by "
+                                              "commas"):
+        load_sessions(tmp_path / "semicolons.csv")
 
 
 def test_csv_without_header_is_an_empty_session(tmp_path):

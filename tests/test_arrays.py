@@ -28,6 +28,16 @@ def test_utah_grids_have_their_ids_pitch_and_extent(kind, n, side):
     np.testing.assert_allclose(layout.positions_mm.max(0), [half, half])
 
 
+@pytest.mark.parametrize("pitch_mm", [400, 0.0, -0.4, float("nan"), "0.4"])
+def test_a_pitch_that_cannot_be_mm_is_refused_in_code_as_in_files(pitch_mm):
+    """400 (µm given as mm) would make a Utah array 3.6 m across."""
+    for make in (lambda: utah_array("10x10", pitch_mm=pitch_mm),
+                 lambda: ArrayLayout.from_cmp(CMP_FIXTURE, pitch_mm=pitch_mm)):
+        with pytest.raises(ConfigError, match=r"pitch_mm: the electrode spacing in mm, from 0.005 to 5 \(a Utah "
+                                              r"array's is 0.4; µm given as mm are 1000 times too many\); got"):
+            make()
+
+
 def test_utah_10x10_leaves_the_four_corners_unconnected():
     positions = utah_array("10x10").positions_mm
     for corner in [(-1.8, -1.8), (1.8, -1.8), (-1.8, 1.8), (1.8, 1.8)]:
@@ -123,6 +133,25 @@ def test_cmp_errors_name_the_line(tmp_path):
     bad.write_text("// only comments\nCerebus mapping for array 0\n")
     with pytest.raises(FileFormatError, match="bad.cmp: no electrode lines"):
         ArrayLayout.from_cmp(bad)
+    # one channel or one label on two electrodes: a stimulator would drive one of them for both sites
+    bad.write_text("Cerebus mapping\n0\t0\tA\t1\telec1\n1\t0\tA\t1\telec2\n")
+    with pytest.raises(FileFormatError, match="line 3: bank A, elec 1 repeats line 2"):
+        ArrayLayout.from_cmp(bad, electrode_id="label")
+    bad.write_text("Cerebus mapping\n0\t0\tA\t1\telec1\n1\t0\tA\t2\telec1\n")
+    with pytest.raises(FileFormatError, match="line 3: label 'elec1' repeats line 2"):
+        ArrayLayout.from_cmp(bad)
+
+
+@pytest.mark.parametrize("description", ["Cerebus mapping for array 2x1\n", ""])
+def test_a_cmp_saved_with_a_byte_order_mark_keeps_every_electrode(tmp_path, description):
+    """Windows tools write a byte-order mark: it is no part of the first line (which had read as a description,
+    losing the first electrode, or had turned a comment into one)."""
+    text = "// exported map\n" * bool(description) + description + "0\t0\tA\t1\telec1\n1\t0\tA\t2\telec2\n"
+    marked = tmp_path / "marked.cmp"
+    marked.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    layout = ArrayLayout.from_cmp(marked, electrode_id="label")
+    assert layout.electrode_ids == ("elec1", "elec2")
+    assert layout.description == (description.strip() or NO_CMP_DESCRIPTION)
 
 
 def test_cmp_with_or_without_a_description_line(tmp_path):

@@ -35,6 +35,11 @@ def test_a_seed_outside_what_the_random_generators_take_is_refused(seed):
     ("muscimol_categorization.toml", {"volume_uL": 0}, r"volume_uL must be > 0 µL: muscimol stimulation at 0"),
     ("muscimol_categorization.toml", {"kind": "optogenetic", "volume_uL": None, "power_mW": 0},
      r"power_mW must be > 0 mW: optogenetic stimulation at 0"),
+    ("afraz2006.toml", {"frequency_Hz": -5},
+     r"frequency_Hz must be in \[0, 1000\] Hz, got -5 \(0 delivers nothing: a null control in code, refused in a "
+     r"file\)"),
+    ("muscimol_categorization.toml", {"additive_scale": "activation"},
+     r"additive_scale sets the scale of electrical stimulation's additive form; kind 'muscimol' has no such form"),
 ])
 def test_stimulation_that_delivers_nothing_is_refused(file, replace, message):
     raw = load_toml(EXPERIMENTS / file)
@@ -128,3 +133,16 @@ def test_a_decoder_layer_the_model_lacks_names_the_file(tmp_path, capsys):
                     '[stimulation]\nkind = "electrical"\ncurrent_uA = 50\n')
     assert main(["run", str(path), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     assert capsys.readouterr().err.startswith(f"stimsim: error: {path}: unknown layer 'V9'; stages: ")
+
+
+def test_an_unknown_stimulation_key_lists_the_keys_the_file_may_give():
+    """sites_mm and layer come from [sites] and 'layer' (the file refuses them in [stimulation]); additive_scale
+    belongs to the table."""
+    raw = _afraz()
+    raw["stimulation"]["curent_uA"] = 50.0
+    with pytest.raises(ConfigError) as caught:
+        parse_experiment(raw, where="x.toml")
+    allowed = str(caught.value).split("allowed keys: ")[1].split(", ")
+    assert str(caught.value).startswith("x.toml [stimulation]: unknown key(s) ['curent_uA']")
+    assert {"kind", "current_uA", "frequency_Hz", "additive_scale"} <= set(allowed)
+    assert not {"sites_mm", "layer"} & set(allowed)

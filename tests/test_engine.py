@@ -198,12 +198,29 @@ def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder,
     assert computed == []
 
 
-def test_store_refuses_other_inputs(model, images, labels, decoder, tmp_path):
+def _unfinished(store):
+    """The store as a run killed before its last chunk leaves it: ``store.json`` without ``finished``."""
+    spec = json.loads((store / "store.json").read_text())
+    spec.pop("finished")
+    (store / "store.json").write_text(json.dumps(spec))
+
+
+def test_store_refuses_other_inputs_while_its_own_sweep_is_unfinished(model, images, labels, decoder, tmp_path):
     conditions = [Condition("control"), *it_sites(2)]
     store = tmp_path / "store"
     simulate(model, images, conditions, decoder, store=store, progress=False)
     changed = [Condition("control"), it_site("it_0", 1.0, 5.0, current_uA=100.0), it_sites(2)[1]]
-    with pytest.raises(ConfigError, match="conditions"):
+    # a finished sweep's store holds no work to resume: other inputs replace it
+    xr.testing.assert_identical(simulate(model, images, changed, decoder, store=store, progress=False),
+                                simulate(model, images, changed, decoder, progress=False))
+    assert json.loads((store / "store.json").read_text())["finished"] is True  # now the store of `changed`
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every chunk verifies as this sweep's
+        xr.testing.assert_identical(simulate(model, images, changed, decoder, store=store, progress=False),
+                                    simulate(model, images, changed, decoder, progress=False))
+    simulate(model, images, conditions, decoder, store=store, progress=False)
+    _unfinished(store)
+    with pytest.raises(ConfigError, match="holds the unfinished work of a run with different inputs.*conditions"):
         simulate(model, images, changed, decoder, store=store, progress=False)
     with pytest.raises(ConfigError, match="images"):
         simulate(model, images[::-1].copy(), conditions, decoder, store=store, progress=False)
@@ -218,6 +235,8 @@ def test_store_refuses_other_inputs(model, images, labels, decoder, tmp_path):
     (unrelated / "notes.txt").write_text("field notes")
     with pytest.raises(ConfigError, match="store.json"):
         simulate(model, images, conditions, decoder, store=unrelated, progress=False)
+    replaced = simulate(model, images, changed, decoder, store=store, progress=False, replace_stale_store=True)
+    xr.testing.assert_identical(replaced, simulate(model, images, changed, decoder, progress=False))
 
 
 def _alter_chunk(path, change):

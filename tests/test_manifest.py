@@ -85,6 +85,18 @@ def test_corrupted_cache_file_raises_checksum_mismatch(env, corruption):
     assert not manifest.verification_passed(manifest.verify_all())
 
 
+def test_fetch_sets_a_damaged_cached_copy_aside_and_fetches_it_again(env):
+    path = manifest.entry_path("tiny", "a.txt", mirror=env["mirror"])
+    path.write_bytes(b"damaged")
+    with pytest.raises(DataError, match=r"`stimsim data fetch tiny` sets the damaged copy aside"):
+        manifest.entry_path("tiny", "a.txt", mirror=env["mirror"])
+    with pytest.warns(UserWarning, match=r"checksum mismatch for 'a.txt' .* set aside as .*a.txt.damaged, fetching"):
+        paths = manifest.fetch("tiny", mirror=env["mirror"])
+    assert paths[0].read_bytes() == FILES["a.txt"]
+    assert path.with_name("a.txt.damaged").read_bytes() == b"damaged"  # kept, not deleted
+    assert manifest.verify("tiny") == [("a.txt", "ok"), ("sub/b.bin", "ok")]
+
+
 def test_damaged_mirror_copy_is_not_cached(env):
     (env["mirror"] / "tiny" / "a.txt").write_bytes(b"alpha valueZ\n")
     with pytest.raises(DataError, match="checksum mismatch"):

@@ -189,6 +189,29 @@ def test_result_set_replaces_an_older_set_whole(tmp_path):
         second.claim("../escape.json")
 
 
+def test_another_commands_results_are_neither_replaced_nor_removed(tmp_path):
+    """A finished set of one command (an analysis of a recorded session, say) in the --out of another is refused
+    naming what it holds; forced, the new set writes beside it and removes none of its files."""
+    analysis = ResultSet(tmp_path, "analysis")
+    analysis.write_json("summary.json", {"analysis": 1})
+    analysis.write_json("sites.json", {"analysis": 1})
+    analysis.finish()
+    with pytest.raises(ConfigError, match=r"holds the results of another command \(analysis\); give a new or empty "
+                                          r"directory, or force writing into it \(--force"):
+        ResultSet(tmp_path, "percepts")
+    percepts = ResultSet(tmp_path, "percepts", force=True)
+    percepts.write_json("percepts.json", {"percepts": 1})
+    percepts.finish()
+    assert json.loads((tmp_path / "sites.json").read_text()) == {"analysis": 1}  # kept, not removed as an older set
+    for mark, owner in (("truth.json", r"a virtual subject \(`stimsim subject make`\)"),
+                        ("training_run.json", r"a training run \(`stimsim train`\)")):
+        other = tmp_path / mark.split(".")[0]
+        other.mkdir()
+        (other / mark).write_text("{}")
+        with pytest.raises(ConfigError, match=rf"holds {owner}; give a new"):
+            ResultSet(other, "analysis")
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda root: "", "empty text"),
     (lambda root: (root / "file.txt").write_text("x") and root / "file.txt", "is a file"),
@@ -300,7 +323,8 @@ def test_a_failed_rerun_keeps_the_finished_set(experiment_dir, elsewhere, capsys
     assert (elsewhere / "out" / "simulation_store").is_dir()  # the store to resume from is kept
 
 
-def test_a_run_interrupted_during_its_simulation_keeps_its_store(experiment_dir, elsewhere, monkeypatch):
+def _interrupted_after_a_chunk(monkeypatch, experiment, out) -> None:
+    """Run ``experiment`` into ``out`` and stop it (Ctrl-C) once the engine wrote its first chunk."""
     from stimsim.engine import simulation as engine
 
     real = engine.write_chunk
@@ -309,11 +333,38 @@ def test_a_run_interrupted_during_its_simulation_keeps_its_store(experiment_dir,
         real(*args)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(engine, "write_chunk", interrupt_after_a_chunk)
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(experiment_dir / "seed0.toml", "fresh", progress=False, figures=False)
+    with monkeypatch.context() as patched:
+        patched.setattr(engine, "write_chunk", interrupt_after_a_chunk)
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(experiment, out, progress=False, figures=False)
+
+
+def test_a_run_interrupted_during_its_simulation_keeps_its_store(experiment_dir, elsewhere, monkeypatch):
+    _interrupted_after_a_chunk(monkeypatch, experiment_dir / "seed0.toml", "fresh")
     store = elsewhere / "fresh" / "simulation_store"
     assert (store / "store.json").is_file() and len(list(store.glob("chunk*"))) == 1
+
+
+def test_an_edited_experiment_runs_again_into_its_finished_directory(experiment_dir, elsewhere, monkeypatch):
+    """A finished run's store only speeds up the same run again: a file edited since (another current) runs into
+    the same --out. A killed run's store is work to resume: other inputs are refused there unless forced."""
+    def edited(current_uA: int) -> Path:
+        path = experiment_dir / f"current_{current_uA}.toml"
+        path.write_text((experiment_dir / "seed0.toml").read_text().replace("current_uA = 50",
+                                                                            f"current_uA = {current_uA}"))
+        return path
+
+    run_experiment(experiment_dir / "seed0.toml", "out", progress=False, figures=False)
+    run_experiment(edited(80), "out", progress=False, figures=False)
+    results = load_results(elsewhere / "out")[0]
+    assert set(results["current_uA"].values[np.isfinite(results["current_uA"].values)]) == {80}
+    _interrupted_after_a_chunk(monkeypatch, edited(90), "out")
+    with pytest.raises(ConfigError, match=r"out/simulation_store holds the unfinished work of a run with different "
+                                          r"inputs"):
+        run_experiment(edited(100), "out", progress=False, figures=False)
+    run_experiment(edited(100), "out", progress=False, figures=False, force=True)
+    results = load_results(elsewhere / "out")[0]
+    assert set(results["current_uA"].values[np.isfinite(results["current_uA"].values)]) == {100}
 
 
 def test_cli_warnings_are_one_line_and_phases_are_reported(experiment_dir, elsewhere, capsys):

@@ -196,6 +196,9 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
     assert main(["visualize", str(_small_config(tmp_path)), "--out", str(out), "--no-progress",
                  "--threads", "1"]) == 0
     summary = json.loads((out / "summary.json").read_text())
+    # the file's 1000 µA runs under its safety override: said on the terminal and in the summary, as `run` does
+    assert "stimsim: warning: the protocol is outside the safety limits at 1000 µA" in capsys.readouterr().err
+    assert summary["safety_overridden"] is True
     own = summary["judges"]["own"]
     face = own["pface_face_site"]
     assert face[0] < min(face[1:]), own  # rises from the lowest current (and saturates near 1)
@@ -216,6 +219,7 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
     percepts = data["percept"].values
     assert np.abs(percepts[..., 0] - percepts[..., 1]).max() < 1e-6
     assert list(data["group"].values) == ["object"]
+    assert data["current_uA"].attrs["units"] == "µA" and data["site_x_mm"].attrs["units"] == "mm (cortex)"
     # the summary's numbers are the means of the stored scores over the object and place rows (here one)
     scored = data["p_face"].sel(judge="own")
     np.testing.assert_allclose(scored.mean("stimulus_id").values[1:4], summary["judges"]["own"]["pface_face_site"])
@@ -227,6 +231,7 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
     assert summary["lengths"] == "cortex mm unless named model mm"
     config = json.loads((out / "config.json").read_text())
     assert config["software"]["stimsim"] and config["config"]["name"] == "visualize_default"
+    assert len(config["model_state_sha256"]) == len(config["judge_state_sha256"]) == 64
     assert set(json.loads((out / "result_set.json").read_text())["files"]) == {
         "percepts.png", "percepts.nc", "summary.json", "config.json"}
 
@@ -236,6 +241,8 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
     ({"currents_uA = [100, 300, 1000]": "currents_uA = [300, 100]"}, "at least two rising currents"),
     ({'method = "selectivity"': 'method = "random"'}, "'method' must be one of"),
     ({"currents_uA = [100, 300, 1000]": "currents_uA = [1, 100]"}, "'currents_uA' holds 1.0: current_uA must be"),
+    ({"currents_uA = [100, 300, 1000]": "currents_uA = [100, 100.0001]"},
+     "'currents_uA' holds 100.0 and 100.0001, which read alike to 6 significant digits (100uA)"),
     ({"frequency_Hz = 200": "frequency_Hz = 0"}, "frequency_Hz must be > 0 Hz"),
     ({"frequency_Hz = 200": "frequency_Hz = 2000"}, "[stimulation]: frequency_Hz must be in"),  # not a current's fault
     ({"seed = 0": "seed = 18446744073709551615"}, "'seed' must be <= 4294967295"),

@@ -276,6 +276,13 @@ def test_session_trials_follow_the_planted_probabilities():
     assert np.all(np.diff(trials["start_time"]) > 0)
 
 
+def test_an_odd_trial_count_stimulates_half_of_the_trials_give_or_take_the_last():
+    for seed in range(10):
+        trials = simulate_trials(_planted_p_high(), trials_per_site=29, lapse_rate=0.0, current_uA=50.0, seed=seed)
+        stimulated = (trials["stimulated_electrode"] != "sham").groupby(trials["electrode"]).sum()
+        assert set(stimulated) <= {14, 15}, (seed, stimulated.to_dict())
+
+
 def test_session_nwb_round_trip_with_plain_pynwb(tmp_path):
     from pynwb import NWBHDF5IO
 
@@ -300,6 +307,16 @@ def test_session_validation():
         simulate_trials(_planted_p_high(), trials_per_site=1, lapse_rate=0.0, current_uA=50.0)
     with pytest.raises(ConfigError, match="lapse_rate"):
         simulate_trials(_planted_p_high(), trials_per_site=10, lapse_rate=1.5, current_uA=50.0)
+    for seed in (-1, 2**40):
+        with pytest.raises(ConfigError, match=r"seed must be an integer from 0 to 4294967295"):
+            simulate_trials(_planted_p_high(), trials_per_site=14, lapse_rate=0.0, current_uA=50.0, seed=seed)
+    for current_uA in (-50.0, 0.0):
+        with pytest.raises(ConfigError, match=r"current_uA must be the stimulation's current, a number > 0 µA"):
+            simulate_trials(_planted_p_high(), trials_per_site=14, lapse_rate=0.0, current_uA=current_uA)
+    with pytest.raises(ConfigError, match=r"p_high must be a DataArray with the dimensions \('electrode', "
+                                          r"'stimulated', 'sequence', 'step'\) .*got \('electrode', 'stimulated', "
+                                          r"'step'\)"):
+        simulate_trials(_planted_p_high().isel(sequence=0), trials_per_site=14, lapse_rate=0.0, current_uA=50.0)
 
 
 def test_bootstrap_pose_off_the_sheet_has_no_prediction(model, small_sequences):

@@ -251,13 +251,13 @@ def test_names_of_fields_missing_from_the_file_are_errors(tmp_path):
         load_recordings(tmp_path / "lab.nc", names={**nc_names, "y_mm": "py"}, layout=utah_array("8x8"))
     shown = recordings.response.stimulus_id.values
     first_row = int(np.flatnonzero(shown == "img003")[0])
-    with pytest.raises(DataError, match=rf"lab.nc: coordinate 'image', row {first_row}: 'img003' is not in lab.csv; "
+    with pytest.raises(DataError, match=rf"lab.nc: coordinate 'image', row {first_row} \(0-based\): 'img003' is not in lab.csv; "
                                         r"1 unknown stimulus id\(s\): img003; the images' ids are e.g. img000, img001, "
                                         r"img002, … \(39 in all\)"):
         load_recordings(tmp_path / "lab.nc", names=nc_names, layout=utah_array("8x8"),
                         stimulus_ids=sorted(set(shown) - {"img003"}), images_source="lab.csv")
     first_row = int(np.flatnonzero(shown == "img004")[0])
-    with pytest.raises(DataError, match=rf"lab.nwb: table 'image_presentations', column 'image_name', row {first_row}: "):
+    with pytest.raises(DataError, match=rf"lab.nwb: table 'image_presentations', column 'image_name', row {first_row} \(0-based\): "):
         load_recordings(path, names=names, layout=utah_array("8x8"), stimulus_ids=sorted(set(shown) - {"img004"}))
 
 
@@ -295,7 +295,7 @@ def test_validation_names_file_field_and_row(tmp_path):
     shown = recordings.response.stimulus_id.values
     known = sorted(set(shown) - {"img017"})
     first_row = int(np.flatnonzero(shown == "img017")[0])
-    with pytest.raises(DataError, match=rf"rec.nc: coordinate 'stimulus_id', row {first_row}: 'img017' is not in images.h5"):
+    with pytest.raises(DataError, match=rf"rec.nc: coordinate 'stimulus_id', row {first_row} \(0-based\): 'img017' is not in images.h5"):
         load_recordings(path, stimulus_ids=known, images_source="images.h5")
     with pytest.raises(ConfigError, match="unknown field"):
         load_recordings(path, names={"resp": "x"})

@@ -178,6 +178,53 @@ def test_a_session_run_from_the_trial_list_is_analysed_with_no_mapping(rig_plan,
     assert np.abs(errors["rig"]).mean() < 2 * np.abs(errors["plain"]).mean() + se.mean()
 
 
+def test_a_trial_list_beyond_the_plans_steps_names_the_row_and_the_range(rig_plan, tmp_path, capsys):
+    trials = pd.read_csv(rig_plan / "rig" / "trials.csv", dtype={"electrode": str, "stimulated_electrode": str})
+    last_step = int(trials["step"].max())
+    beyond = tmp_path / "beyond.csv"
+    edited = trials.assign(step=np.where(trials.index == 7, last_step + 2, trials["step"]))
+    edited.drop(columns=["stimulus_id"]).to_csv(beyond, index=False)  # an id naming the step is checked before
+    assert main(["subject", "session", str(rig_plan), "--trials", str(beyond), "--out", str(tmp_path / "s.nwb")]) == 2
+    assert (f"{beyond}: column 'step', data row(s) 8: step {last_step + 2} is beyond the plan's (allowed steps "
+            f"0..{last_step})") in capsys.readouterr().err
+
+
+def test_analyze_warns_when_the_session_ran_another_protocol_than_the_plans(rig_plan, tmp_path, capsys):
+    """A session whose stimulation trials ran at 50 Hz and 1 ms phases (five times the plan's charge per phase) is
+    analysed against the plan's 200 Hz, 0.2 ms predictions only with a warning naming both settings."""
+    session = tmp_path / "session.csv"
+    assert main(["subject", "session", str(rig_plan), "--trials", str(rig_plan / "rig" / "trials.csv"),
+                 "--csv", str(session), "--out", str(tmp_path / "session.nwb")]) == 0
+    table = pd.read_csv(session, dtype={"electrode": str, "stimulated_electrode": str})
+    stimulated = table["stimulated_electrode"] != "sham"
+    assert main(["analyze", str(session), "--plan", str(rig_plan), "--out", str(tmp_path / "as_planned"),
+                 "--boot", "10", "--perm", "10", "--splits", "5", "--no-progress"]) == 0
+    assert "stimulation trials give" not in capsys.readouterr().err
+    table.loc[stimulated, "frequency_Hz"] = 50.0
+    table.loc[stimulated, "pulse_width_ms"] = 1.0
+    table.to_csv(session, index=False)
+    assert main(["analyze", str(session), "--plan", str(rig_plan), "--out", str(tmp_path / "other"),
+                 "--boot", "10", "--perm", "10", "--splits", "5", "--no-progress"]) == 0
+    error = capsys.readouterr().err
+    n = int(stimulated.sum())
+    for expected in (f"frequency_Hz: {n} of {n} stimulation trials give 50 Hz (no value: nan), where the plan "
+                     f"stimulates at 200 Hz", f"pulse_width_ms: {n} of {n} stimulation trials give 1 ms"):
+        assert f"stimsim: warning: {expected}" in error, error
+    warned = json.loads((tmp_path / "other" / "summary.json").read_text())["warnings"]
+    assert sum("where the plan stimulates at" in message for message in warned) == 2
+
+
+def test_the_nwb_template_is_of_the_plans_subject(rig_plan):
+    """The session a lab fills in from rig/trials.nwb reads against its own plan: the file names the plan's subject
+    (it had named 'subject', which `analyze --plan` refuses for a plan of another subject)."""
+    from pynwb import NWBHDF5IO
+
+    with NWBHDF5IO(str(rig_plan / "rig" / "trials.nwb"), "r") as io:
+        template = io.read()
+        assert template.subject.subject_id == json.loads((rig_plan / "summary.json").read_text())["subject_id"]
+        assert len(template.trials) == len(pd.read_csv(rig_plan / "rig" / "trials.csv"))
+
+
 def test_a_trial_list_cut_off_mid_row_is_refused_before_any_session_is_written(rig_plan, tmp_path, capsys):
     text = (rig_plan / "rig" / "trials.csv").read_text()
     lines = text.splitlines()
@@ -188,6 +235,21 @@ def test_a_trial_list_cut_off_mid_row_is_refused_before_any_session_is_written(r
     error = capsys.readouterr().err
     assert f"{cut}: refused (nothing loaded): " in error and "row(s) 5" in error, error
     assert not session.exists()
+
+
+def test_a_trial_list_with_rows_given_twice_or_unnumbered_trials_is_refused(rig_plan, tmp_path, capsys):
+    """Rows pasted twice would run (and count) their trials twice; a trial list numbers each trial once, from 1."""
+    lines = (rig_plan / "rig" / "trials.csv").read_text().splitlines()
+    twice = tmp_path / "twice.csv"
+    twice.write_text("\n".join(lines[:4] + lines[2:4] + lines[4:]) + "\n")
+    unnumbered = tmp_path / "unnumbered.csv"
+    unnumbered.write_text("\n".join(lines[:1] + ["0" + lines[1][lines[1].index(","):]] + lines[2:]) + "\n")
+    session = tmp_path / "session.nwb"
+    for trial_list, expected in ((twice, "column 'trial': trial 2 is listed twice (data rows 2 and 4)"),
+                                 (unnumbered, "column 'trial': trial numbers are integers from 1; data row 1 has '0'")):
+        assert main(["subject", "session", str(rig_plan), "--trials", str(trial_list), "--out", str(session)]) == 2
+        assert f"{trial_list}: {expected}" in capsys.readouterr().err
+        assert not session.exists()
 
 
 def test_a_trial_list_for_another_protocol_or_not_a_csv_is_refused(rig_plan, tmp_path, capsys):

@@ -264,7 +264,8 @@ def test_a_scaled_sheet_knows_its_frame_and_converts_back():
 
 def test_the_model_makes_its_cortex_frame_once():
     """``in_cortex_mm`` converts by the model's own scale; a converted view converts no further; an override is
-    recorded as one, and the model's own scale beside it."""
+    recorded as one, and the model's own scale beside it; both are per mm of the model's own sheet, also when
+    asked of a converted view (an override there replaces the conversion rather than stacking on it)."""
     from stimsim.models.registry import load_model
 
     model = load_model("stimsim-topo-s0")
@@ -273,8 +274,12 @@ def test_the_model_makes_its_cortex_frame_once():
     assert record == {"cortex_mm_per_model_mm": own, "model_cortex_mm_per_model_mm": own, "scale_overridden": False}
     np.testing.assert_allclose(view.sheet("IT").coordinates_mm, own * model.sheet("IT").coordinates_mm)
     again, second = view.in_cortex_mm("IT")
-    assert again is view and second["cortex_mm_per_model_mm"] == 1.0
+    assert again is view and second == record
     assert view.cortex_scale("IT")["sheet_size_cortex_mm"] == model.cortex_scale("IT")["sheet_size_cortex_mm"]
     overridden, third = model.in_cortex_mm("IT", 3.0)
     assert third == {"cortex_mm_per_model_mm": 3.0, "model_cortex_mm_per_model_mm": own, "scale_overridden": True}
     assert overridden.sheet("IT").to_model_mm([[3.0, 6.0]]).tolist() == [[1.0, 2.0]]
+    from_view, fourth = view.in_cortex_mm("IT", 3.0)
+    assert fourth == third
+    np.testing.assert_allclose(from_view.sheet("IT").coordinates_mm, overridden.sheet("IT").coordinates_mm)
+    assert from_view.sheet("IT").to_model_mm([[3.0, 6.0]]).tolist() == [[1.0, 2.0]]

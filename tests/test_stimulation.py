@@ -46,12 +46,13 @@ def test_kumaravelu_spread_length_known_values(current_uA, expected_mm):
 def test_kumaravelu_law_refuses_currents_at_or_below_its_bound(current_uA):
     with pytest.raises(ConfigError, match="5.26062"):
         kumaravelu_length_mm(current_uA)
-    with pytest.raises(ConfigError, match=r"current_uA must be in \(5.26062, 5000\]"):
+    with pytest.raises(ConfigError, match=r"current_uA must be in \(5.26062, 5000\] µA \(the Kumaravelu et al. 2022 "
+                                          r"spread length λ\(I\) is <= 0 at or below 5.26062 µA\)"):
         ElectricalStimulation(((0.0, 0.0),), current_uA=current_uA)
 
 
 def test_current_above_5000_uA_refused_and_tehovnik_accepts_small_currents():
-    with pytest.raises(ConfigError, match="5000"):
+    with pytest.raises(ConfigError, match=r"current_uA must be in \(5.26062, 5000\] µA, got 5001$"):  # no word on λ
         ElectricalStimulation(((0.0, 0.0),), current_uA=5001)
     stim = ElectricalStimulation(((0.0, 0.0),), current_uA=5.0, spread="tehovnik")
     assert stim.spread_extent_mm == pytest.approx(math.sqrt(5.0 / 1292.0))

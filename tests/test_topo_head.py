@@ -314,6 +314,9 @@ def test_bad_build_file_names_the_key(tmp_path):
     too_many = 'it_projection = "principal_components"\nit_principal_rank = 9'
     with pytest.raises(ConfigError, match=r"it_principal_rank must be at most it_rank \(8\), got 9"):
         load_head_config(_config(tmp_path / "q", extra_model=too_many))
+    with pytest.raises(ConfigError, match=r"warmup_steps \(7\) must be at most steps \(6\)"):
+        load_head_config(_config(tmp_path / "w", extra_training="warmup_steps = 7"))
+    load_head_config(_config(tmp_path / "d"))  # the default warm-up (50 steps) is left to short trial runs
 
 
 def test_densify_keeps_a_uniform_map_exactly():

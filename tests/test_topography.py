@@ -70,6 +70,11 @@ def test_clustering_test_refuses_bad_input():
         clustering_test([1, np.nan, 1, 0], LINE_MM, 1.5)
     with pytest.raises(ValueError, match="radius"):
         morans_i([1, 0, 1, 0], LINE_MM, radius_mm=0.5)
+    with pytest.raises(ValueError, match=r"radius_mm must be a finite number of mm > 0, got -1"):
+        morans_i([1, 0, 1, 0], LINE_MM, radius_mm=-1)
+    for function in (morans_i, clustering_test):  # 4 values at 3 positions (a coordinate table of another sheet)
+        with pytest.raises(ValueError, match=r"shapes \(N,\) and \(N, 2\), got \(4,\) and \(3, 2\)"):
+            function([1, 0, 1, 0], LINE_MM[:3], 1.5)
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 10_000_000])
@@ -115,3 +120,8 @@ def test_smoothed_values_leave_nan_units_out_and_refuse_values_of_another_sheet(
         topography.peak_location_mm(values[None], sheet)
     with pytest.raises(ValueError, match="every value is NaN"):
         topography.peak_location_mm(np.full(200, np.nan), sheet)
+    for sigma_mm in (-1.0, 0.0, np.nan):
+        with pytest.raises(ValueError, match=r"sigma_mm must be a finite number of mm > 0"):
+            topography.peak_location_mm(values, sheet, sigma_mm=sigma_mm)
+    with pytest.raises(TypeError, match=r"sheet must be a CorticalSheet \(e.g. model.sheet\('IT'\)\), got str"):
+        topography.peak_location_mm(values, "IT")

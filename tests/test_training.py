@@ -89,6 +89,7 @@ def test_checkpoint_of_another_config_is_refused(tmp_path, tiny_data):
     (lambda c: c.update(cortex_scale={"layer": "it", "cortex_mm_per_model_mm": 2.0}), "rule"),
     (lambda c: c.update(cortex_scale={"layer": "v9", "cortex_mm_per_model_mm": 2.0, "rule": "r"}), "v9"),
     (lambda c: c.update(cortex_scale={"layer": "it", "cortex_mm_per_model_mm": 0.0, "rule": "r"}), "cortex_mm"),
+    (lambda c: c["training"].update(warmup_steps=61), r"warmup_steps \(61\) must be at most steps \(60\)"),
 ])
 def test_bad_configs_are_refused(mutate, message):
     config = small_config()
@@ -130,7 +131,7 @@ def container_family():
 
 
 def _container_config(**kwargs):
-    config = small_config(steps=1, checkpoint_every_steps=1)
+    config = small_config(steps=1, warmup_steps=0, checkpoint_every_steps=1)
     config["model"].update(family="test_container_it", kwargs=kwargs,
                            layers={"it": {"sheet_size_mm": 4.0, "neighborhood_width_mm": 1.5, "area": "IT"}})
     config["spatial_loss"]["layers"] = ["it"]

@@ -19,8 +19,11 @@ from stimsim.analysis.effects import (CONDITIONS, SiteCounts, across_sites, coun
                                       expected_fdr_discoveries_under_null, fdr_adjusted, site_effects,
                                       site_resampling_weights, spearman_brown, resampled_split_half_r,
                                       split_half_deltas, split_half_reliability)
+from stimsim.analysis.plan_readback import read_plan_stimulation
 from stimsim.behavior.metrics import finite_pearson
 from stimsim.lab.sessions import SHAM, check_against_plan
+from stimsim.lab.sessions.base import PROTOCOL_COLUMNS
+from stimsim.stimulation.electrical import MAX_CURRENT_UA
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.limits import check_memory, check_seed
@@ -142,7 +145,9 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
                "n_steps": int(counts.steps.size),
                "ci": ci, **planned,
                **_group_summary(sites, counts, plan_summary, n_boot, n_perm, n_splits, seed, effect)}
-    summary["warnings"] = _warnings(sites, summary) + _current_warnings(sessions, sites, plan_sites)
+    given = [column for column in PROTOCOL_COLUMNS if column in sessions]  # the rig's columns, when a session has them
+    protocol = [] if plan_dir is None or not given else _protocol_warnings(sessions, read_plan_stimulation(plan_dir))
+    summary["warnings"] = _warnings(sites, summary) + _current_warnings(sessions, sites, plan_sites) + protocol
     for message in summary["warnings"]:
         warnings.warn(message, stacklevel=2)
     subjects = sorted(sites["subject_id"].unique(), key=natural_key)
@@ -201,12 +206,14 @@ def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
 
 #: Below this largest stimulated current (µA) the currents are almost surely in mA: microstimulation uses 5–200 µA.
 MIN_PLAUSIBLE_CURRENT_UA = 1.0
+#: Above this current (µA; the highest stimsim's electrical stimulation accepts) a current is almost surely in nA.
+MAX_PLAUSIBLE_CURRENT_UA = MAX_CURRENT_UA
 
 
 def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: pd.DataFrame | None) -> list[str]:
-    """Currents too small to be µA (mA mapped onto current_uA), sites stimulated at several currents (one ΔAUC
-    pools them), or at another current than the one the plan predicted their effect for (sites in natural order,
-    as in ``sites``)."""
+    """Currents too small or too large to be µA (mA or nA mapped onto current_uA), sites stimulated at several
+    currents (one ΔAUC pools them), or at another current than the one the plan predicted their effect for (sites
+    in natural order, as in ``sites``)."""
     stimulated = sessions[sessions["stimulated_electrode"] != SHAM]
     used = {site: np.unique(currents) for site, currents in
             stimulated.groupby(["subject_id", "electrode"])["current_uA"]}
@@ -229,6 +236,12 @@ def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: p
         messages.append(f"every stimulated trial's current_uA is below {MIN_PLAUSIBLE_CURRENT_UA:g} µA (the largest: "
                         f"{largest:g}); microstimulation currents are microamperes, typically 5–200 µA — currents "
                         f"in mA must be converted to µA (× 1000) before the analysis")
+    above = (stimulated["current_uA"] > MAX_PLAUSIBLE_CURRENT_UA).to_numpy()
+    if above.any():
+        listed = ", ".join(f"{current:g}" for current in np.unique(stimulated["current_uA"][above])[:5])
+        messages.append(f"current_uA above {MAX_PLAUSIBLE_CURRENT_UA:g} µA on {int(above.sum())} stimulated trial(s) "
+                        f"({listed} µA): far beyond microstimulation's 5–200 µA (Moeller et al. 2017 used 300 µA) "
+                        f"— currents in nA must be converted to µA (÷ 1000) before the analysis")
     if pooled:
         messages.append(f"{len(pooled)} of {len(sites)} sites were stimulated at several currents, and each one's "
                         f"ΔAUC pools them (current_uA: their mean over the stimulated trials): {'; '.join(pooled)}. "
@@ -237,6 +250,25 @@ def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: p
         messages.append(f"{len(other)} of {len(sites)} sites were stimulated at another current than the one the plan "
                         f"predicted their effect for: {'; '.join(other)}. The predicted effect and the slope refer "
                         f"to the plan's current.")
+    return messages
+
+
+def _protocol_warnings(sessions: pd.DataFrame, stimulation: dict) -> list[str]:
+    """Stimulation trials whose frequency, pulse width or train (the session columns of
+    :data:`~stimsim.lab.sessions.base.PROTOCOL_COLUMNS` given) differ from the plan's ``[stimulation]``."""
+    stimulated = (sessions["stimulated_electrode"] != SHAM).to_numpy()
+    messages = []
+    for column, unit in PROTOCOL_COLUMNS.items():
+        if column not in sessions or column not in stimulation:
+            continue
+        planned = float(stimulation[column])
+        given = sessions[column].to_numpy(dtype=float)
+        other = stimulated & ~np.isclose(given, planned, rtol=1e-9, atol=0.0)
+        if other.any():
+            values = ", ".join(f"{value:g}" for value in np.unique(given[other])[:5])
+            messages.append(f"{column}: {int(other.sum())} of {int(stimulated.sum())} stimulation trials give "
+                            f"{values} {unit} (no value: nan), where the plan stimulates at {planned:g} {unit}; "
+                            f"its predicted effects are for its own protocol")
     return messages
 
 

@@ -34,7 +34,30 @@ class ClusteringTest:
         return asdict(self)
 
 
+def _positive_mm(name: str, value) -> float:
+    """``value`` as a float, or ValueError: a length in mm must be a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number of mm > 0, got {value!r}")
+    return float(value)
+
+
+def _check_sheet(sheet) -> None:
+    if not isinstance(sheet, CorticalSheet):
+        raise TypeError(f"sheet must be a CorticalSheet (e.g. model.sheet('IT')), got {type(sheet).__name__}")
+
+
+def _values_at_units(values, coordinates_mm) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` (N,) and ``coordinates_mm`` (N, 2) as float arrays, or ValueError naming the shapes."""
+    values, coordinates_mm = np.asarray(values, float), np.asarray(coordinates_mm, float)
+    if coordinates_mm.ndim != 2 or coordinates_mm.shape[1] != 2 or values.shape != (len(coordinates_mm),):
+        raise ValueError(f"values must hold one number per unit and coordinates_mm one (x, y) per unit: shapes (N,) "
+                         f"and (N, 2), got {values.shape} and {coordinates_mm.shape}")
+    return values, coordinates_mm
+
+
 def _neighbour_pairs(coordinates_mm: np.ndarray, radius_mm: float) -> np.ndarray:
+    radius_mm = _positive_mm("radius_mm", radius_mm)
     pairs = cKDTree(coordinates_mm).query_pairs(radius_mm, output_type="ndarray")
     if len(pairs) == 0:
         raise ValueError(f"no two units lie within radius_mm = {radius_mm}; use a larger radius")
@@ -51,7 +74,8 @@ def nearest_pair_mm(coordinates_mm: np.ndarray) -> float:
 
 def morans_i(values: np.ndarray, coordinates_mm: np.ndarray, radius_mm: float = 1.0) -> float:
     """Moran's I of ``values`` (N,) at ``coordinates_mm`` (N, 2): > 0 when nearby units are alike."""
-    return _morans_i_from_pairs(np.asarray(values, float), _neighbour_pairs(coordinates_mm, radius_mm))
+    values, coordinates_mm = _values_at_units(values, coordinates_mm)
+    return _morans_i_from_pairs(values, _neighbour_pairs(coordinates_mm, radius_mm))
 
 
 def _morans_i_from_pairs(values: np.ndarray, pairs: np.ndarray) -> float:
@@ -71,10 +95,10 @@ def clustering_test(values, coordinates_mm, radius_mm: float = 1.0, n_shuffles: 
     """
     if n_shuffles < 1:
         raise ValueError(f"n_shuffles must be >= 1, got {n_shuffles}")
-    values = np.asarray(values, float)
+    values, coordinates_mm = _values_at_units(values, coordinates_mm)
     if not np.all(np.isfinite(values)):
         raise ValueError("clustering_test needs finite values for every unit")
-    pairs = _neighbour_pairs(np.asarray(coordinates_mm, float), radius_mm)
+    pairs = _neighbour_pairs(coordinates_mm, radius_mm)
     observed = _morans_i_from_pairs(values, pairs)
     rng = np.random.default_rng(seed)
     n = len(values)
@@ -98,6 +122,8 @@ def smoothed_values_at(values, sheet: CorticalSheet, points_mm, sigma_mm: float 
     """Gaussian-weighted mean (σ = ``sigma_mm``) of a per-unit value around each point (M, 2) in mm, units whose
     value is NaN left out; NaN where no other unit lies within 3σ. Points are taken in chunks, so memory stays
     bounded on dense sheets (about :data:`SMOOTHING_NEIGHBOURS_PER_CHUNK` unit–point pairs at a time)."""
+    _check_sheet(sheet)
+    sigma_mm = _positive_mm("sigma_mm", sigma_mm)
     values = np.asarray(values, float)
     n_units = len(sheet.coordinates_mm)
     if values.shape != (n_units,):
@@ -127,6 +153,8 @@ def smoothed_values_at(values, sheet: CorticalSheet, points_mm, sigma_mm: float 
 
 def sheet_grid(sheet: CorticalSheet, grid_step_mm: float = 0.1):
     """A regular grid over the sheet's extent: (x_mm, y_mm, points (len(y_mm) · len(x_mm), 2) in mm, rows by y)."""
+    _check_sheet(sheet)
+    grid_step_mm = _positive_mm("grid_step_mm", grid_step_mm)
     x0, x1, y0, y1 = sheet.extent_mm
     xs = np.arange(x0, x1 + grid_step_mm / 2, grid_step_mm)
     ys = np.arange(y0, y1 + grid_step_mm / 2, grid_step_mm)

@@ -69,6 +69,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
 import zipfile
 from collections import Counter
 from pathlib import Path, PurePosixPath
@@ -515,11 +516,21 @@ def _fetch_remote(entry: ManifestEntry, source: ManifestSource, spec: ManifestFi
         raise _Unavailable(f"download {url} failed ({reason}): the server is unreachable from this machine") from None
 
 
-def _resolve_file(entry: ManifestEntry, spec: ManifestFile, mirror, timeout_s: float) -> Path:
-    """A verified local path of one file, fetching it into the cache when needed."""
+def _resolve_file(entry: ManifestEntry, spec: ManifestFile, mirror, timeout_s: float,
+                  replace_damaged: bool = False) -> Path:
+    """A verified local path of one file, fetching it into the cache when needed; with ``replace_damaged``, a
+    cached copy that fails its checksum is set aside (``<file>.damaged``, with a warning) and fetched again."""
     cached = entry.cache_path(spec.path)
     if cached.is_file():
-        return _checked(cached, spec, entry, advice=f"delete {cached} and fetch '{entry.name}' again")
+        try:
+            return _checked(cached, spec, entry, advice=f"`stimsim data fetch {entry.name}` sets the damaged copy "
+                                                        "aside and fetches the file again")
+        except DataError as exc:
+            if not replace_damaged:
+                raise
+            aside = cached.with_name(cached.name + ".damaged")
+            os.replace(cached, aside)
+            warnings.warn(f"{str(exc).split('; ')[0]}; set aside as {aside}, fetching it again", stacklevel=3)
     looked = [f"cache {cached} (absent)"]
     in_place = entry.in_place_path(spec.path)
     if in_place is not None:
@@ -573,10 +584,11 @@ def _check_timeout(timeout_s: float) -> float:
 
 def fetch(name: str, mirror=None, timeout_s: float = DOWNLOAD_TIMEOUT_S) -> list[Path]:
     """Make every file of entry ``name`` available locally; returns their verified paths, in
-    manifest order (cache paths, or in-place paths for ``python_package``/``system`` sources)."""
+    manifest order (cache paths, or in-place paths for ``python_package``/``system`` sources). A cached copy that
+    fails its checksum is set aside as ``<file>.damaged`` (with a warning) and fetched again."""
     timeout_s = _check_timeout(timeout_s)
     entry = get_entry(name)
-    return [_resolve_file(entry, spec, mirror, timeout_s) for spec in entry.files]
+    return [_resolve_file(entry, spec, mirror, timeout_s, replace_damaged=True) for spec in entry.files]
 
 
 def entry_paths(name: str, rels, mirror=None, timeout_s: float = DOWNLOAD_TIMEOUT_S) -> list[Path]:

@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 from stimsim.data.stimuli import StimulusSet
 from stimsim.engine.devices import resolve_device
-from stimsim.engine.store import open_store, write_chunk
+from stimsim.engine.store import mark_finished, open_store, write_chunk
 from stimsim.stimulation.base import apply_effect
 from stimsim.stimulation.conditions import Condition
 from stimsim.utilities.errors import ConfigError, SafetyError
@@ -66,7 +66,7 @@ _LIVE_TENSORS_PER_STAGE = 4
 def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coords=None, batch_size: int = 64,
              store=None, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, progress: bool = True,
              safety_limits=None, safety_override: str | None = None, device=None, activation_cache=None,
-             scheduler=None) -> xr.DataArray:
+             scheduler=None, replace_stale_store: bool = False) -> xr.DataArray:
     """Choice probabilities for every (condition, image) pair, computed in batches.
 
     Parameters
@@ -103,6 +103,8 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
     scheduler : None (this process), or a Dask scheduler — ``"local"``, ``"processes=N"``, a scheduler
         address or a ``distributed.Client``: chunks become Dask tasks (:mod:`stimsim.engine.distributed`); the result
         is the same.
+    replace_stale_store : a ``store`` holding the unfinished sweep of other inputs is emptied and begun again;
+        otherwise it is a ConfigError (a finished sweep's store is replaced by other inputs in any case).
 
     Returns
     -------
@@ -133,7 +135,7 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
             store_id = open_store(store_dir, _fingerprint(setup), {"n_conditions": len(setup.conditions),
                                                                     "n_images": setup.n_images,
                                                                     "choices": [str(c) for c in setup.choices]},
-                                  probabilities, done)
+                                  probabilities, done, replace_stale=replace_stale_store)
         runner = _Runner(setup, _cache_directory(activation_cache))
         todo = [(layer, indices[~done[indices]], images_per_pass) for layer, indices, images_per_pass in chunks
                 if not done[indices].all()]
@@ -146,6 +148,8 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
                 write_chunk(store_dir, indices, values, store_id)
             bar.update()
         bar.close()
+        if store_dir is not None:
+            mark_finished(store_dir)
     finally:
         if pool is not None:
             pool.close()

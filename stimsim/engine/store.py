@@ -20,11 +20,13 @@ from stimsim.utilities.io import atomic_save, atomic_write_json, is_temporary_fi
 STORE_FORMAT = "stimsim-simulation-store/1"
 
 
-def open_store(directory: Path, fingerprint: dict, shape: dict, probabilities: np.ndarray, done: np.ndarray) -> str:
+def open_store(directory: Path, fingerprint: dict, shape: dict, probabilities: np.ndarray, done: np.ndarray,
+               replace_stale: bool = False) -> str:
     """Create the store (``store.json``: its format, ``fingerprint`` — digests of everything the result depends on
     — and ``shape``: n_conditions, n_images, choices), or check its fingerprint and load its verified chunks into
     ``probabilities`` (marking them in ``done``); returns the store's id (the digest of its fingerprint) that binds
-    every chunk to it."""
+    every chunk to it. A store written for other inputs is emptied and begun again when its own sweep finished
+    (:func:`mark_finished`: nothing in it is work to resume) or with ``replace_stale``; otherwise a ConfigError."""
     store_id = json_sha256(fingerprint)
     spec_path = directory / "store.json"
     if not spec_path.is_file():
@@ -45,10 +47,16 @@ def open_store(directory: Path, fingerprint: dict, shape: dict, probabilities: n
     stored = spec.get("fingerprint", {})
     stored = stored if isinstance(stored, dict) else {}
     differing = sorted(key for key in set(stored) | set(fingerprint) if stored.get(key) != fingerprint.get(key))
+    if differing and (replace_stale or spec.get("finished") is True):
+        for path in directory.glob("chunk_*.nc"):
+            path.unlink()
+        spec_path.unlink()
+        return open_store(directory, fingerprint, shape, probabilities, done)
     if differing:
-        raise ConfigError(f"store {directory} was written for different inputs (they differ in: "
-                          f"{', '.join(differing)}); resume only with the same call, give a new directory, or delete "
-                          f"{directory} to run these inputs there from the start")
+        raise ConfigError(f"store {directory} holds the unfinished work of a run with different inputs (they "
+                          f"differ in: {', '.join(differing)}); resume it with the same call, give a new directory, "
+                          f"or replace it to run these inputs there from the start (replace_stale_store=True; "
+                          f"--force on the command line)")
     for path in sorted(directory.glob("chunk_*.nc")):
         try:
             indices, values = read_chunk(path, probabilities.shape, store_id)
@@ -59,6 +67,14 @@ def open_store(directory: Path, fingerprint: dict, shape: dict, probabilities: n
         probabilities[indices] = values
         done[indices] = True
     return store_id
+
+
+def mark_finished(directory: Path) -> None:
+    """Record in ``store.json`` that every chunk of the store's sweep is written: another sweep may replace it."""
+    spec_path = directory / "store.json"
+    spec = json.loads(spec_path.read_text())
+    if spec.get("finished") is not True:  # a store read back whole stays as it is
+        atomic_write_json(spec_path, {**spec, "finished": True})
 
 
 def write_chunk(directory: Path, indices: np.ndarray, values: np.ndarray, store_id: str) -> None:

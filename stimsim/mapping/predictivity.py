@@ -26,6 +26,31 @@ IT_AREA = "IT"
 DEFAULT_ALPHAS = tuple(np.logspace(-1, 6, 15))
 
 
+def checked_responses(per_image_responses, source: str = "recordings", electrodes=None) -> xr.DataArray:
+    """``per_image_responses`` as (stimulus_id × electrode), after checking that it is a DataArray with those two
+    dimensions and their coordinates, and that the responses of ``electrodes`` (all if None, none if empty) are
+    finite: a NaN or an infinite response is a DataError naming the electrode and the image."""
+    if not isinstance(per_image_responses, xr.DataArray):
+        raise ConfigError(f"{source}: per-image responses must be an xarray DataArray (stimulus_id × electrode, as "
+                          f"Recording.per_image() gives), got {type(per_image_responses).__name__}")
+    if set(per_image_responses.dims) != {"stimulus_id", "electrode"}:
+        raise ConfigError(f"{source}: per-image responses must have the dimensions stimulus_id and electrode, got "
+                          f"{tuple(per_image_responses.dims)}")
+    for name, meaning in (("stimulus_id", "the image ids"), ("electrode", "the electrode ids")):
+        if name not in per_image_responses.coords:
+            raise ConfigError(f"{source}: per-image responses need a {name!r} coordinate ({meaning})")
+    per_image = per_image_responses.transpose("stimulus_id", "electrode")
+    checked = per_image if electrodes is None else per_image.sel(electrode=list(electrodes))
+    bad = ~np.isfinite(checked.values.astype(np.float64))
+    if bad.any():
+        image, electrode = (int(i[0]) for i in np.nonzero(bad))
+        raise DataError(f"{source}: {int(bad.sum())} response(s) are NaN or infinite, e.g. electrode "
+                        f"{checked['electrode'].values[electrode]} on image {checked['stimulus_id'].values[image]} "
+                        f"({checked.values[image, electrode]}); leave such electrodes out (electrodes=...) or drop "
+                        f"those images")
+    return per_image
+
+
 def aligned_features(per_image: xr.DataArray, model, images: StimulusSet, source: str = "recordings") -> np.ndarray:
     """IT activations (N_images × N_units, float64) of ``images`` in the order of ``per_image``'s
     stimulus ids; every recorded stimulus id must be in ``images``. Kept in the activation cache
@@ -74,8 +99,9 @@ def model_predictivity(per_image_responses: xr.DataArray, model, images: Stimulu
     """Per-electrode cross-validated ridge R² of ``per_image_responses`` (stimulus_id × electrode)
     from ``model``'s IT features; attrs ``chance_median_r2`` from features shuffled across images
     (NaN when ``chance`` is False, which halves the time)."""
+    per_image_responses = checked_responses(per_image_responses, source)
     features = aligned_features(per_image_responses, model, images, source)
-    responses = per_image_responses.transpose("stimulus_id", "electrode").values.astype(np.float64)
+    responses = per_image_responses.values.astype(np.float64)
     r2 = cross_validated_r2(features, responses, n_folds, seed, alphas)
     chance_r2 = np.nan
     if chance:

@@ -28,7 +28,7 @@ from stimsim.data.stimuli import StimulusSet
 from stimsim.lab.arrays.anatomy import AnatomicalPose
 from stimsim.lab.arrays.layout import ArrayLayout
 from stimsim.lab.arrays.pose import ArrayPose, angle_difference_deg
-from stimsim.mapping.predictivity import IT_AREA, aligned_features
+from stimsim.mapping.predictivity import IT_AREA, aligned_features, checked_responses
 from stimsim.utilities.errors import ConfigError, DataError
 
 #: Fewest images whose responses a registration is fitted to.
@@ -133,17 +133,19 @@ class Registration:
     extra: dict = field(default_factory=dict)
 
     def electrode_sites_mm(self) -> dict:
-        """Electrode id → mapped point on the model's IT sheet (mm)."""
+        """Electrode id → mapped point on the model's IT sheet, in the sheet's frame (cortex mm for a model in cortex
+        mm, :meth:`~stimsim.models.topographic.TopographicModel.in_cortex_mm`)."""
         sites = self.layout.on_sheet(self.pose)
         return {i: (float(x), float(y)) for i, (x, y) in zip(self.layout.electrode_ids, sites)}
 
     def site_table(self, anatomical: AnatomicalPose | None = None) -> pd.DataFrame:
-        """Back-mapping, one row per electrode: electrode_id, array_x_mm, array_y_mm, model_x_mm,
-        model_y_mm, r, (noise_ceiled_r), and ap_mm, ml_mm when the implant's anatomical pose is given."""
+        """Back-mapping, one row per electrode: electrode_id, array_x_mm, array_y_mm, sheet_x_mm, sheet_y_mm (the
+        mapped point in the registered sheet's frame, as :meth:`electrode_sites_mm`), r, (noise_ceiled_r), and ap_mm,
+        ml_mm when the implant's anatomical pose is given."""
         sites = self.layout.on_sheet(self.pose)
         table = pd.DataFrame({"electrode_id": list(self.layout.electrode_ids),
                               "array_x_mm": self.layout.positions_mm[:, 0], "array_y_mm": self.layout.positions_mm[:, 1],
-                              "model_x_mm": sites[:, 0], "model_y_mm": sites[:, 1],
+                              "sheet_x_mm": sites[:, 0], "sheet_y_mm": sites[:, 1],
                               "r": self.electrode_correlation.sel(electrode=list(self.layout.electrode_ids)).values})
         if self.noise_ceiled_correlation is not None:
             table["noise_ceiled_r"] = self.noise_ceiled_correlation.sel(
@@ -153,13 +155,18 @@ class Registration:
             table["ap_mm"], table["ml_mm"] = coords[:, 0], coords[:, 1]
         return table
 
-    def back_map(self, model_points_mm, anatomical: AnatomicalPose | None = None) -> pd.DataFrame:
-        """Model sheet points → the nearest mapped electrode: electrode_id, distance_mm (from the point
-        to that electrode's mapped point), array_x_mm, array_y_mm (and ap_mm, ml_mm)."""
-        points = np.asarray(model_points_mm, dtype=np.float64).reshape(-1, 2)
+    def back_map(self, sheet_points_mm, anatomical: AnatomicalPose | None = None) -> pd.DataFrame:
+        """Points on the registered sheet (its frame, as :meth:`electrode_sites_mm`) → the nearest mapped electrode:
+        sheet_x_mm, sheet_y_mm, electrode_id, distance_mm (from the point to that electrode's mapped point),
+        array_x_mm, array_y_mm (and ap_mm, ml_mm)."""
+        points = np.asarray(sheet_points_mm, dtype=np.float64)
+        if points.ndim == 0 or points.shape[-1] != 2 or not np.all(np.isfinite(points)):
+            raise ConfigError(f"back_map takes finite (x, y) points in mm, shape (2,) or (n, 2); got shape "
+                              f"{points.shape}" + ("" if np.all(np.isfinite(points)) else " with NaN or infinity"))
+        points = points.reshape(-1, 2)
         sites = self.layout.on_sheet(self.pose)
         distance, nearest = cKDTree(sites).query(points)
-        table = pd.DataFrame({"model_x_mm": points[:, 0], "model_y_mm": points[:, 1],
+        table = pd.DataFrame({"sheet_x_mm": points[:, 0], "sheet_y_mm": points[:, 1],
                               "electrode_id": [self.layout.electrode_ids[i] for i in nearest],
                               "distance_mm": distance,
                               "array_x_mm": self.layout.positions_mm[nearest, 0],
@@ -195,7 +202,7 @@ class RegistrationProblem:
                  settings: RegistrationSettings | None = None, electrodes=None, source: str = "recordings"):
         self.settings = settings or RegistrationSettings()
         self.model = model
-        per_image = per_image_responses.transpose("stimulus_id", "electrode")
+        per_image = checked_responses(per_image_responses, source, electrodes=())  # values: those fitted, below
         recorded_ids = [str(e) for e in per_image["electrode"].values]
         unknown = [e for e in recorded_ids if e not in layout.electrode_ids]
         if unknown:
@@ -215,6 +222,7 @@ class RegistrationProblem:
             raise DataError(f"{source}: registration needs responses to at least {MIN_REGISTRATION_IMAGES} images, got "
                             f"{per_image.sizes['stimulus_id']}")
         self.layout = layout.subset(electrodes)
+        checked_responses(per_image, source, electrodes)
         self.responses = per_image.sel(electrode=list(electrodes)).values.astype(np.float64)
         flat = np.flatnonzero(self.responses.std(0) == 0)
         if len(flat):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import math
 from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -218,12 +219,14 @@ class TopographicModel:
         ``cortex_mm_per_model_mm`` overrides it; the view's sheet converts back with
         :meth:`~stimsim.cortex.sheet.CorticalSheet.to_model_mm`. Returns ``(view, record)``, the record with
         ``cortex_mm_per_model_mm`` (used), ``model_cortex_mm_per_model_mm`` (the model's own) and
-        ``scale_overridden``."""
-        own = self.cortex_scale(layer)
-        factor = own["cortex_mm_per_model_mm"] if cortex_mm_per_model_mm is None else float(cortex_mm_per_model_mm)
-        view = self.with_sheet_scale(layer, factor) if factor != 1.0 else self
-        return view, {"cortex_mm_per_model_mm": factor, "model_cortex_mm_per_model_mm": own["cortex_mm_per_model_mm"],
-                      "scale_overridden": factor != own["cortex_mm_per_model_mm"]}
+        ``scale_overridden``. On a view already converted, both scales are still per mm of the model's own sheet:
+        the view is converted to the scale asked for, not by it once more."""
+        converted = self.sheet(self.resolve_layer(layer)).cortex_mm_per_model_mm
+        own = self.cortex_scale(layer)["cortex_mm_per_model_mm"] * converted
+        scale = own if cortex_mm_per_model_mm is None else float(cortex_mm_per_model_mm)
+        view = self.with_sheet_scale(layer, scale / converted) if not math.isclose(scale, converted) else self
+        return view, {"cortex_mm_per_model_mm": scale, "model_cortex_mm_per_model_mm": own,
+                      "scale_overridden": not math.isclose(scale, own)}
 
     def with_sheet_scale(self, layer: str, cortex_mm_per_model_mm: float) -> "TopographicModel":
         """A view of this model (same network) whose ``layer`` sheet is scaled by ``cortex_mm_per_model_mm``

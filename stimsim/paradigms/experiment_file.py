@@ -205,8 +205,12 @@ def _stimulation_template(checked, where: str):
         if key in template:
             raise ConfigError(f"{where} [stimulation]: {key!r} is not set here; it comes from {origin}")
     try:
-        perturbation = perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer})
+        perturbation = perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer},
+                                              supplied=("sites_mm", "layer"), file_keys=("additive_scale",))
         perturbation.check_delivers()
+        if "additive_scale" in checked.stimulation.model_fields_set and not hasattr(perturbation, "form"):
+            raise ConfigError(f"additive_scale sets the scale of electrical stimulation's additive form; kind "
+                              f"{perturbation.kind!r} has no such form: remove additive_scale")
         check_additive_scale(checked.stimulation.additive_scale, getattr(perturbation, "form", None))
     except ConfigError as exc:
         raise ConfigError(f"{where} [stimulation]: {exc}") from None

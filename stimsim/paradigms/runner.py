@@ -90,7 +90,8 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
         file), or a loaded ``TopographicModel``.
     progress : show progress bars.
     figures : write the PNG figures (the data files are always written).
-    force : write into ``out_dir`` even if it holds files stimsim did not write.
+    force : write into ``out_dir`` even if it holds files stimsim did not write, or the simulation store of an
+        unfinished run with other inputs (which is then replaced).
     device : where the model, effects and decoder compute (cpu, cuda, cuda:N, mps, auto).
     scheduler : None (this process) or a Dask scheduler for the sweep (see :mod:`stimsim.engine.distributed`).
     """
@@ -104,11 +105,11 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
         spec = spec.with_model(str(model))
     with DirectoryLock(out_dir, "run"), \
             ResultSet(out_dir, "experiment run", keep=(STORE_DIRNAME,), force=force) as results:
-        return _run_into(results, spec, model, progress, figures, device, scheduler)
+        return _run_into(results, spec, model, progress, figures, device, scheduler, replace_stale_store=force)
 
 
 def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, figures: bool, device,
-              scheduler) -> dict:
+              scheduler, replace_stale_store: bool) -> dict:
     """The body of :func:`run_experiment` once its result set is open: inputs, simulation, outputs."""
     out_dir = results.directory
     topo, model_record = _load_model(spec, model)
@@ -124,7 +125,7 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
     scale, scale_overridden = scale_record["cortex_mm_per_model_mm"], scale_record["scale_overridden"]
     if scale_overridden:
         notes.append(f"the experiment file sets cortex_mm_per_model_mm = {scale:g}, overriding the model's own "
-                     f"{model_scale['cortex_mm_per_model_mm']:g} ({model_scale['rule']})")
+                     f"{scale_record['model_cortex_mm_per_model_mm']:g} ({model_scale['rule']})")
     safety_overridden = bool(spec.safety and spec.safety.get("overridden"))
     if safety_overridden:
         message = (f"the protocol is outside the safety limits, run under the file's override "
@@ -170,6 +171,7 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
         raise exc if str(exc).startswith(str(spec.source)) else ConfigError(f"{spec.source}: {exc}") from None
     probabilities = paradigm.simulate(task, topo, trials, conditions, out_dir / STORE_DIRNAME, progress,
                                       device=device, activation_cache=True, scheduler=scheduler,
+                                      replace_stale_store=replace_stale_store,
                                       **_safety_arguments(spec))
     metrics, summary = paradigm.analyse(task, trials, probabilities, selection)
     if summary.get("n_failed_fits") and summary.get("control_midpoint_percent") is None:
@@ -197,7 +199,7 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
     summary = json_ready({
         "experiment": spec.name, "paradigm": spec.paradigm, "model": model_record["name"], "layer": layer,
         "cortex_mm_per_model_mm": scale, "scale_overridden": scale_overridden, "safety_overridden": safety_overridden,
-        "model_cortex_mm_per_model_mm": model_scale["cortex_mm_per_model_mm"], "scale_rule": model_scale["rule"],
+        "model_cortex_mm_per_model_mm": scale_record["model_cortex_mm_per_model_mm"], "scale_rule": model_scale["rule"],
         "sheet_size_mm": sheet.size_mm,
         "site_method": spec.sites.method, **summary, **data_summary, **score,
     })

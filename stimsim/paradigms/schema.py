@@ -130,7 +130,8 @@ def _one_alternative_per_kind(schema: dict) -> None:
     alternatives = []
     for _, kind in PERTURBATION_KINDS.items():
         alternative = kind.parameters_schema()
-        alternative["properties"]["additive_scale"] = schema["properties"]["additive_scale"]
+        if "additive" in alternative["properties"].get("form", {}).get("enum", ()):
+            alternative["properties"]["additive_scale"] = schema["properties"]["additive_scale"]
         alternative["additionalProperties"] = False
         alternatives.append(alternative)
     for key in ("properties", "required", "additionalProperties", "type"):

@@ -55,13 +55,14 @@ from stimsim.engine.devices import resolve_device
 from stimsim.models.registry import load_model
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
 from stimsim.percepts import FaceJudge, InversionSettings, pixel_images, scrambled_effects, synthesize
+from stimsim.percepts.figure import plot_percepts
 from stimsim.percepts.visualize_file import VisualizeFile
 from stimsim.stimulation import (Condition, SafetyLimits, additive_scale_record, check_additive_scale, enforce,
                                  perturbation_from_dict)
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, FileFormatError, SafetyError
-from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.utilities.filemodels import validate
+from stimsim.utilities.hashing import state_sha256
 from stimsim.utilities.io import ResultSet, provenance
 from stimsim.utilities.locking import DirectoryLock
 from stimsim.utilities.jsonable import json_ready
@@ -118,11 +119,18 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
     if list(currents) != sorted(set(currents)):
         raise ConfigError(f"{where} [stimulation]: 'currents_uA' must list at least two rising currents (µA), got "
                           f"{list(currents)}")
+    labels = [_current_label(current) for current in currents]
+    alike = next((i for i in range(1, len(labels)) if labels[i] == labels[i - 1]), None)
+    if alike is not None:
+        raise ConfigError(f"{where} [stimulation]: 'currents_uA' holds {currents[alike - 1]!r} and "
+                          f"{currents[alike]!r}, which read alike to 6 significant digits ({labels[alike]}) and would "
+                          "label one condition; give currents that differ within those digits")
     problems = {}
     for current in currents:
         try:
             perturbation = perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer,
-                                                   "current_uA": current})
+                                                   "current_uA": current}, supplied=("sites_mm", "layer", "current_uA"),
+                                                  file_keys=("currents_uA", "additive_scale"))
         except ConfigError as exc:
             problems[current] = str(exc)
     if problems:  # the same problem at every current is the template's; else the currents named are out of range
@@ -203,7 +211,10 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
     if judge_model.name == topo.name:
         warnings.warn(f"the independent judge {config.judge!r} is the model itself ({topo.name!r}); its P(face) is not "
                       "independent of the inversion — give another model ([judge] model or --judge)", stacklevel=2)
-    match_layer = None if config.match_layer is None else topo.resolve_layer(config.match_layer)
+    try:
+        match_layer = None if config.match_layer is None else topo.resolve_layer(config.match_layer)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.source}: 'match_layer': {exc}") from None
     rows = _load_rows(config)
     localizer = _load_localizer(config, set(rows.stimulus_id.tolist()))
     values = np.asarray(localizer.labels[config.localizer["label"]]).astype(str)
@@ -222,7 +233,15 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
                                 seed=config.seed)
     sheet = topo.sheet(layer)
     sites = _choose_sites(config, sheet, responses, is_face)
+    if not sites["face"]["dprime"] >= 1:
+        warnings.warn(f"the face site's face d′ is {sites['face']['dprime']:.2f} (multi-unit, within "
+                      f"{config.sites['recording_radius_mm']:g} mm), below 1: its percepts show stimulation of a site "
+                      "that is hardly face-selective", stacklevel=2)
     conditions, labels, kinds, currents, positions, template, safety = _conditions(config, layer, sites, responses)
+    if safety["overridden"]:
+        warnings.warn(f"the protocol is outside the safety limits at {config.currents_uA[-1]:g} µA, run under the "
+                      f"file's override ({safety['override_reason']}): {'; '.join(safety['violations'])}",
+                      stacklevel=2)
     multiplier, additive = Condition.batch_effects([c for c in conditions if c is not None], sheet)
     multiplier, additive = multiplier.to(torch.float32), additive.to(torch.float32)
     scrambled = kinds.index("scrambled")
@@ -269,12 +288,15 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
         "lengths": "cortex mm unless named model mm",
         "summary_groups": list(config.summary_groups), "n_images_scored": int(scored.sum()),
         "cortex_mm_per_model_mm": scale["cortex_mm_per_model_mm"], "sites": sites, "judges": judges,
+        "safety_overridden": bool(safety["overridden"]),
         "seconds_per_image": float(np.mean(seconds)), "n_conditions": len(labels),
         "seconds_total": time.perf_counter() - started,
     })
     created = provenance()
     record = json_ready({
         "config": config.raw, "config_file": config.source, "model": config.model, "judge_model": config.judge,
+        "model_state_sha256": state_sha256(topo.network.state_dict()),
+        "judge_state_sha256": state_sha256(judge_model.network.state_dict()),
         "layer": layer, "cortex_scale": scale, "sites": sites, "stimulation": template, "safety": safety,
         "conditions": [{"label": label, "kind": kind, "current_uA": current, "site_mm": position,
                         "condition": None if condition is None else condition.to_dict()}
@@ -466,34 +488,10 @@ def _dataset(rows, groups, originals, percepts, losses, p_face, p_original, labe
                         {"units": "mean squared error / mean square of the unperturbed activity"})},
         coords={"stimulus_id": np.asarray(rows.stimulus_id, dtype=object), "group": ("stimulus_id", groups.astype(object)),
                 "condition": np.asarray(labels, dtype=object), "kind": ("condition", np.asarray(kinds, dtype=object)),
-                "current_uA": ("condition", np.asarray(currents, dtype=np.float64)),
-                "site_x_mm": ("condition", positions[:, 0]), "site_y_mm": ("condition", positions[:, 1]),
+                "current_uA": ("condition", np.asarray(currents, dtype=np.float64), {"units": "µA"}),
+                "site_x_mm": ("condition", positions[:, 0], {"units": "mm (cortex)"}),
+                "site_y_mm": ("condition", positions[:, 1], {"units": "mm (cortex)"}),
                 "judge": np.asarray(["own", "independent"], dtype=object), "channel": channels},
         attrs={"model": record["model"], "judge_model": record["judge_model"], "layer": record["layer"],
                "config_json": json.dumps(record["config"], sort_keys=True),
                "software_json": json.dumps(record["software"], sort_keys=True), "created_utc": record["created_utc"]})
-
-
-def plot_percepts(dataset: xr.Dataset, path, title: str) -> None:
-    """The grid: one row per image, columns original then every condition, P(face) (own / independent) below."""
-    plt = pyplot()
-    n_rows, n_cols = dataset.sizes["stimulus_id"], dataset.sizes["condition"] + 1
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 1.75 * n_rows + 0.6), squeeze=False,
-                             layout="constrained")  # room for every label whatever the number of rows
-    gray = dataset.sizes["channel"] == 1
-    for row in range(n_rows):
-        pictures = [dataset["original"].values[row]] + list(dataset["percept"].values[row])
-        scores = [dataset["p_face_original"].values[:, row]] + list(dataset["p_face"].values[:, row].T)
-        for col, (picture, score) in enumerate(zip(pictures, scores)):
-            ax = axes[row, col]
-            ax.imshow(picture[..., 0] if gray else picture, cmap="gray" if gray else None, vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.set_xlabel(f"P(face) {score[0]:.2f} / {score[1]:.2f}", fontsize=6)
-            if row == 0:
-                label = str(dataset["condition"].values[col - 1]) if col else "original"
-                heading = label.replace("_", " ").replace("uA", " µA")
-                ax.set_title(heading, fontsize=7)
-        axes[row, 0].set_ylabel(f"{dataset['group'].values[row]}\n{dataset['stimulus_id'].values[row]}", fontsize=7)
-    fig.suptitle(f"{title}\nP(face): own decoder / independent judge", fontsize=8)
-    save_figure(fig, path)

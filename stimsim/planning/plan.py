@@ -637,7 +637,8 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
     record["input_sha256"] = config.input_files()
     atomic_write_json(out_dir / "config.json", record)
     rig = plan_task.write_rig(out_dir, config.task_options, task, chosen, working, config.rig, config.stimulation,
-                              config.seed, inputs.array_layout, config.name, models[chosen_model])
+                              config.seed, inputs.array_layout, config.name, models[chosen_model],
+                              str(summary.get("subject_id", "subject")))
     if rig is not None:
         summary["rig"] = rig
     if percepts is not None:

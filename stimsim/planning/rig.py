@@ -201,11 +201,12 @@ def trial_list(electrodes, images: dict[str, list[dict]], spec: RigSpec, stimula
 
 
 def write_rig(out_dir: Path, images: dict[str, np.ndarray], spec: RigSpec, trials: pd.DataFrame,
-              description: str, stimulation: dict) -> Path:
+              description: str, stimulation: dict, subject_id: str = "subject") -> Path:
     """Write ``DIR/rig``: ``images`` (file relative to the rig folder → (H, W) grayscale or (H, W, 3) RGB in [0, 1],
     all of one size) as PNGs, the trial list as CSV and NWB template, display.json, and stimulation.json (the
-    plan's whole protocol, ``stimulation`` with the train onset: what the stimulator is programmed with). Returns
-    the folder."""
+    plan's whole protocol, ``stimulation`` with the train onset: what the stimulator is programmed with). The NWB
+    template is of ``subject_id`` (the plan's subject), so that the session filled in from it reads against its
+    plan. Returns the folder."""
     from stimsim.report.figures import image_png
 
     rig = Path(out_dir) / "rig"
@@ -215,7 +216,7 @@ def write_rig(out_dir: Path, images: dict[str, np.ndarray], spec: RigSpec, trial
     atomic_write_text(rig / "trials.csv", csv_text(trials, significant_digits=10))
     template = trials.assign(start_time=(trials["trial"] - 1) * TRIAL_PERIOD_S,
                              stop_time=(trials["trial"] - 1) * TRIAL_PERIOD_S + TRIAL_DURATION_S, choice="")
-    write_trials_nwb(template, rig / "trials.nwb", subject_id="subject", session_id="planned",
+    write_trials_nwb(template, rig / "trials.nwb", subject_id=subject_id, session_id="planned",
                      description=f"stimsim plan {description}: trial list to run (planned times; choices to fill in)")
     atomic_write_json(rig / "display.json", spec.display(next(iter(images.values())).shape[1]))
     protocol = {key: stimulation[key] for key in STIMULATOR_KEYS}
@@ -268,6 +269,18 @@ def read_trial_list(path) -> pd.DataFrame:
     if missing:
         raise FileFormatError(path, f"missing column(s) {missing}; a trial list as `stimsim plan` writes it in "
                                     "rig/trials.csv has them")
+    number = pd.to_numeric(table["trial"], errors="coerce")
+    bad = ~np.isfinite(number) | (number != np.round(number)) | (number < 1)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise FileFormatError(path, f"column 'trial': trial numbers are integers from 1; data row {first + 1} has "
+                                    f"{str(table['trial'].iloc[first])!r}")
+    again = number.duplicated(keep=False).to_numpy()
+    if again.any():
+        first, second = np.flatnonzero(number.to_numpy() == number[again].iloc[0])[:2] + 1
+        raise FileFormatError(path, f"column 'trial': trial {int(number[again].iloc[0])} is listed twice (data rows "
+                                    f"{first} and {second}); each trial of a list runs once, so a repeated number "
+                                    "means rows given twice")
     return table
 
 

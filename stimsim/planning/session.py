@@ -32,7 +32,7 @@ from stimsim.planning.rig import (SESSION_COLUMNS, SHAM, TRIAL_DURATION_S, TRIAL
                                   write_trials_nwb)
 from stimsim.utilities.errors import ConfigError, FileFormatError
 from stimsim.utilities.io import atomic_write_text
-from stimsim.utilities.limits import check_memory
+from stimsim.utilities.limits import check_memory, check_seed
 
 #: Peak memory per trial, bytes: its row as simulated and as written into the NWB trials table (measured
 #: about 850 + 1150 with tracemalloc).
@@ -53,7 +53,14 @@ def simulate_trials(p_high: xr.DataArray, trials_per_site: int, lapse_rate: floa
                  SESSION_BYTES_PER_TRIAL * trials_per_site * n_sites, "--trials-per-site")
     if not (isinstance(lapse_rate, (int, float)) and 0.0 <= lapse_rate <= 1.0):
         raise ConfigError(f"lapse_rate must be in [0, 1], got {lapse_rate!r}")
-    p = p_high.transpose("electrode", "stimulated", "sequence", "step")
+    check_seed("seed", seed)
+    if not (isinstance(current_uA, (int, float)) and not isinstance(current_uA, bool) and current_uA > 0):
+        raise ConfigError(f"current_uA must be the stimulation's current, a number > 0 µA, got {current_uA!r}")
+    dims = ("electrode", "stimulated", "sequence", "step")
+    if not isinstance(p_high, xr.DataArray) or set(p_high.dims) != set(dims):
+        raise ConfigError(f"p_high must be a DataArray with the dimensions {dims} (a plan's P(high)), got "
+                          f"{tuple(p_high.dims) if isinstance(p_high, xr.DataArray) else type(p_high).__name__}")
+    p = p_high.transpose(*dims)
     values = p.values
     if not np.all((values >= 0) & (values <= 1)):
         raise ConfigError("p_high must hold probabilities in [0, 1]")
@@ -72,9 +79,11 @@ def simulate_trials(p_high: xr.DataArray, trials_per_site: int, lapse_rate: floa
     for site, electrode in enumerate(electrodes):
         repeats = -(-trials_per_site // len(conditions))
         pool = np.concatenate([rng.permutation(len(conditions)) for _ in range(repeats)])[:trials_per_site]
-        # Exactly half stimulated: rebalance the stim flag over the drawn (sequence, step) pairs.
+        # Exactly half stimulated: rebalance the stim flag over the drawn (sequence, step) pairs (an odd count:
+        # half of all but the last trial, the last one at random).
+        paired = trials_per_site - trials_per_site % 2
         flags = np.zeros(trials_per_site, dtype=bool)
-        flags[rng.permutation(trials_per_site)[:trials_per_site // 2]] = True
+        flags[rng.permutation(paired)[:paired // 2]] = True
         if trials_per_site % 2:
             flags[-1] = rng.random() < 0.5
         for condition, stim in zip(conditions[pool], flags):
@@ -153,6 +162,7 @@ def session_from_trial_list(plan_dir, trial_list, seed: int = 0, session_id: str
     from stimsim.analysis.plan_readback import read_plan_stimulation
     from stimsim.lab.sessions import check_trial_list
 
+    check_seed("seed", seed)
     summary_path, summary, p_high = _plan_truth(plan_dir, chosen_only=False)
     trials = read_trial_list(trial_list)
     check_trial_list(trials, trial_list)
@@ -161,13 +171,17 @@ def session_from_trial_list(plan_dir, trial_list, seed: int = 0, session_id: str
     unknown = sorted(set(trials["electrode"]) - {str(e) for e in p["electrode"].values})
     if unknown:
         raise FileFormatError(trial_list, f"electrode(s) {unknown[:5]} are not sites of the plan {plan_dir}")
+    for column in ("sequence", "step"):
+        beyond = np.flatnonzero(trials[column].to_numpy() >= p.sizes[column])
+        if beyond.size:
+            raise FileFormatError(trial_list, f"column {column!r}, data row(s) {', '.join(map(str, beyond[:5] + 1))}"
+                                              f"{' …' if beyond.size > 5 else ''}: {column} "
+                                              f"{trials[column].iloc[beyond[0]]} is beyond the plan's (allowed "
+                                              f"{column}s 0..{p.sizes[column] - 1})")
     stimulated = stimulation_trials(trials)
-    try:
-        probability = np.array([float(p.sel(electrode=e, stimulated=bool(s), sequence=j, step=k))
-                                for e, s, j, k in zip(trials["electrode"], stimulated, trials["sequence"],
-                                                      trials["step"])])
-    except KeyError as exc:
-        raise FileFormatError(trial_list, f"a sequence or step beyond the plan's ({exc})") from None
+    probability = np.array([float(p.sel(electrode=e, stimulated=bool(s), sequence=j, step=k))
+                            for e, s, j, k in zip(trials["electrode"], stimulated, trials["sequence"],
+                                                  trials["step"])])
     lapse = _lapse_rate(summary_path, summary)
     rng = np.random.default_rng([seed, 0x5E55])
     choice = np.where(rng.random(len(trials)) < lapse / 2 + (1 - lapse) * probability, "high", "low")

@@ -335,8 +335,15 @@ class Perturbation(abc.ABC):
             if rule["choices"] is not None:
                 value = _choice(declared.name, value, _allowed(rule["choices"]))
             else:
-                value = _in_range(declared.name, value, rule["unit"], rule["low"], rule["high"], rule["low_open"],
-                                  rule["high_open"])
+                try:
+                    value = _in_range(declared.name, value, rule["unit"], rule["low"], rule["high"],
+                                      rule["low_open"], rule["high_open"])
+                except ConfigError as exc:
+                    below = isinstance(value, numbers.Real) and not isinstance(value, bool) and value < 0
+                    if below and declared.name in self.doses and rule["low"] == 0:
+                        raise ConfigError(f"{exc} (0 delivers nothing: a null control in code, refused in a "
+                                          "file)") from None
+                    raise
             object.__setattr__(self, declared.name, value)
 
     @classmethod
@@ -388,10 +395,13 @@ class Perturbation(abc.ABC):
         return record
 
     @classmethod
-    def from_dict(cls, record: Mapping) -> "Perturbation":
-        """Rebuild a spec from ``to_dict`` output; unknown or missing keys raise ConfigError."""
+    def from_dict(cls, record: Mapping, supplied: tuple[str, ...] = (),
+                  file_keys: tuple[str, ...] = ()) -> "Perturbation":
+        """Rebuild a spec from ``to_dict`` output; unknown or missing keys raise ConfigError. For a file's table:
+        ``supplied``, keys the caller fills in itself (the file's sites and layer), left out of the allowed keys an
+        error names; ``file_keys``, the table's own keys besides the kind's, named among them."""
         if cls is Perturbation:
-            return perturbation_from_dict(record)
+            return perturbation_from_dict(record, supplied, file_keys)
         if not isinstance(record, Mapping):
             raise ConfigError(f"a {cls.kind} perturbation must be a table/dict, got {type(record).__name__}")
         params = dict(record)
@@ -402,9 +412,9 @@ class Perturbation(abc.ABC):
         allowed = [f.name for f in spec_fields]
         unknown = sorted(set(params) - set(allowed))
         if unknown:
-            raise ConfigError(
-                f"unknown key(s) {unknown} for a perturbation of kind {cls.kind!r}; allowed keys: kind, {', '.join(allowed)}"
-            )
+            named = ", ".join([name for name in allowed if name not in supplied] + list(file_keys))
+            raise ConfigError(f"unknown key(s) {unknown} for a perturbation of kind {cls.kind!r}; allowed keys: kind, "
+                              f"{named}")
         missing = [f.name for f in spec_fields if f.name not in params
                    and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         if missing:
@@ -431,11 +441,13 @@ class Perturbation(abc.ABC):
         }
 
 
-def perturbation_from_dict(record: Mapping) -> Perturbation:
-    """Build a perturbation from a dict whose ``kind`` is one of :data:`PERTURBATION_KINDS`."""
+def perturbation_from_dict(record: Mapping, supplied: tuple[str, ...] = (),
+                           file_keys: tuple[str, ...] = ()) -> Perturbation:
+    """Build a perturbation from a dict whose ``kind`` is one of :data:`PERTURBATION_KINDS` (``supplied``,
+    ``file_keys``: as in :meth:`Perturbation.from_dict`)."""
     if not isinstance(record, Mapping):
         raise ConfigError(f"a perturbation must be a table/dict, got {type(record).__name__}")
     kind = record.get("kind")
     if kind not in PERTURBATION_KINDS:
         raise ConfigError(f"perturbation kind must be one of {', '.join(PERTURBATION_KINDS)}; got {kind!r}")
-    return PERTURBATION_KINDS[kind].from_dict(record)
+    return PERTURBATION_KINDS[kind].from_dict(record, supplied, file_keys)

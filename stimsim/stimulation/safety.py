@@ -201,7 +201,7 @@ def enforce(stim: Perturbation, limits: SafetyLimits | None = None,
         raise SafetyError(
             "stimulation protocol refused: " + "; ".join(report.violations)
             + ". To run it anyway, give an override reason (in Python safety_override='<reason>' to simulate(), "
-            "override='<reason>' to enforce(); `override = \"...\"` in the [safety] table of an experiment or plan "
-            "file); the reason is recorded with the results."
+            "override='<reason>' to enforce(); `override = \"...\"` in the [safety] table of an experiment, plan or "
+            "visualisation file); the reason is recorded with the results."
         )
     return dataclasses.replace(report, overridden=True, override_reason=override.strip())

@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from stimsim.models.base_networks import base_network_spec
 from stimsim.models.preprocessing import Preprocessing
+from stimsim.training.schedule import check_warmup
 from stimsim.training.trunk_tuning import TrunkTuningTable
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError
@@ -106,7 +107,8 @@ class HeadTrainingTable(FileModel):
     readout_views: Literal["all", "clean"] = "all"
 
     @model_validator(mode="after")
-    def _readout_options(self):
+    def _options_agree(self):
+        check_warmup(self)
         if self.readout_fit == "ridge" and "readout_steps" in self.model_fields_set:
             raise ValueError("'readout_steps' belongs to readout_fit = \"distill\"; a ridge readout takes no steps "
                              "(remove it, or set readout_fit = \"distill\")")

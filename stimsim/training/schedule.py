@@ -13,3 +13,11 @@ def warmup_cosine_rate(training, step: int) -> float:
         return training.learning_rate * (step + 1) / training.warmup_steps
     progress = (step - training.warmup_steps) / max(training.steps - training.warmup_steps, 1)
     return training.learning_rate * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def check_warmup(training) -> None:
+    """A ``[training]`` table whose file sets ``warmup_steps`` above ``steps`` (ValueError): its learning rate would
+    never reach ``learning_rate``. The default warm-up is left to short trial runs."""
+    if "warmup_steps" in training.model_fields_set and training.warmup_steps > training.steps:
+        raise ValueError(f"warmup_steps ({training.warmup_steps}) must be at most steps ({training.steps}): the "
+                         f"learning rate rises to learning_rate over the warm-up, which would not end")

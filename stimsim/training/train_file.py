@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, model_validator
 
 from stimsim.models.preprocessing import MAX_SIZE_PX, MIN_SIZE_PX
 from stimsim.training.head_config import HeadConfig
+from stimsim.training.schedule import check_warmup
 from stimsim.utilities.filemodels import FileModel, PlainName, Text
 
 #: Where the JSON Schema of training files ships.
@@ -89,6 +90,11 @@ class TrainingTable(FileModel):
     simclr_temperature: Annotated[float, Field(ge=1e-4)] = 0.1
     augment: bool = True
     checkpoint_every_steps: Annotated[int, Field(ge=1)] = 100
+
+    @model_validator(mode="after")
+    def _warmup_ends(self):
+        check_warmup(self)
+        return self
 
 
 class SpatialLossTable(FileModel):

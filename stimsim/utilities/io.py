@@ -159,6 +159,12 @@ class ResultSet:
         self.directory, self.kind, self.keep = directory, kind, tuple(keep)
         manifest = directory / RESULT_SET_FILE
         previous = _read_manifest(directory) if manifest.is_file() else None
+        owner = _other_owner(directory, kind, previous)
+        if owner is not None and not force:
+            raise ConfigError(f"output directory {directory} holds {owner}; give a new or empty directory, or force "
+                              "writing into it (--force: files of the same name are overwritten, the others kept)")
+        if previous is not None and previous.get("kind") != kind:
+            previous = None  # forced: another command's files are kept as they are, never removed as older ones
         self._previous = set(previous["files"]) if previous else set()
         self._previous_manifest = manifest.read_bytes() if previous else None
         self._created = missing_directories(directory)
@@ -307,6 +313,20 @@ def read_result_set(directory, required: tuple[str, ...] = ()) -> dict[str, Path
                             f"the one in {RESULT_SET_FILE}: it was changed or written by another run)")
         paths[name] = path
     return paths
+
+
+#: Files that mark a directory as written by a stimsim command that keeps no result set, and what it holds.
+_OWNER_MARKS = ((Path("cache") / "config_digest.txt", "a plan (`stimsim plan`)"),
+                (Path("truth.json"), "a virtual subject (`stimsim subject make`)"),
+                (Path("training_run.json"), "a training run (`stimsim train`)"))
+
+
+def _other_owner(directory: Path, kind: str, previous: dict | None) -> str | None:
+    """What another stimsim command keeps in ``directory`` (a result set of another kind, a plan, a virtual subject,
+    a training run), in words, or None."""
+    if previous is not None:
+        return None if previous.get("kind") == kind else f"the results of another command ({previous.get('kind')})"
+    return next((owner for mark, owner in _OWNER_MARKS if (directory / mark).is_file()), None)
 
 
 def _read_manifest(directory: Path) -> dict:

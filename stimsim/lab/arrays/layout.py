@@ -231,13 +231,14 @@ class ArrayLayout:
         path = Path(path)
         if electrode_id not in ("channel", "label"):
             raise ConfigError(f"electrode_id must be 'channel' or 'label', got {electrode_id!r}")
-        if not pitch_mm > 0:
-            raise ConfigError(f"pitch_mm must be > 0, got {pitch_mm}")
+        check_pitch_mm(pitch_mm)
         if not path.is_file():
             raise FileNotFoundError(f"array map file not found: {path}")
         ids, positions, labels, banks, cells = [], [], [], [], {}
         description = None
-        for line_number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        channels, given_labels = {}, {}
+        # utf-8-sig: a byte-order mark (as Windows tools write one) is no part of the first line
+        for line_number, line in enumerate(path.read_text(encoding="utf-8-sig", errors="replace").splitlines(), 1):
             text = line.strip()
             if not text or text.startswith("//"):
                 continue
@@ -279,6 +280,13 @@ class ArrayLayout:
                                             f"line {cells[(col, row)]}")
             if this_id in ids:
                 raise FileFormatError(path, f"line {line_number}: electrode {this_id!r} appears twice")
+            # one channel is one electrode: two lines on one bank and elec would send two sites' stimulation to one
+            for seen, key, what in ((channels, (bank, elec), f"bank {bank}, elec {elec}"),
+                                    (given_labels, label, f"label {label!r}")):
+                if key and key in seen:
+                    raise FileFormatError(path, f"line {line_number}: {what} repeats line {seen[key]}; each "
+                                                "electrode of a map has its own channel and label")
+                seen[key] = line_number
             cells[(col, row)] = line_number
             ids.append(this_id)
             positions.append((col * pitch_mm, row * pitch_mm))
@@ -329,6 +337,18 @@ def _reads_as_electrode_line(text: str) -> bool:
             and fields[2].upper() in CMP_BANKS and fields[3].isdigit())
 
 
+def check_pitch_mm(pitch_mm, name: str = "pitch_mm", what: str = "the electrode spacing") -> float:
+    """A grid's electrode spacing as a float, or ConfigError naming ``name`` (the option as the user writes it) and
+    ``what`` it is: a number of mm within :data:`PLAUSIBLE_SPACING_MM`."""
+    low, high = PLAUSIBLE_SPACING_MM
+    is_number = isinstance(pitch_mm, (int, float, np.integer, np.floating)) and not isinstance(pitch_mm, bool)
+    if not (is_number and low <= pitch_mm <= high):
+        shown = f"{pitch_mm:g}" if is_number else repr(pitch_mm)
+        raise ConfigError(f"{name}: {what} in mm, from {low:g} to {high:g} (a Utah array's is {UTAH_PITCH_MM:g}; "
+                          f"µm given as mm are 1000 times too many); got {shown}")
+    return float(pitch_mm)
+
+
 def utah_array(kind: str = "10x10", pitch_mm: float = UTAH_PITCH_MM) -> ArrayLayout:
     """A Utah array grid: ``"10x10"`` (96 electrodes, the four corners unconnected) or ``"8x8"`` (64).
 
@@ -337,8 +357,7 @@ def utah_array(kind: str = "10x10", pitch_mm: float = UTAH_PITCH_MM) -> ArrayLay
     """
     if kind not in UTAH_GRIDS:
         raise ConfigError(f"unknown Utah array {kind!r}; choose one of {sorted(UTAH_GRIDS)}")
-    if not pitch_mm > 0:
-        raise ConfigError(f"pitch_mm must be > 0, got {pitch_mm}")
+    check_pitch_mm(pitch_mm)
     side, corners_unconnected = UTAH_GRIDS[kind]
     corners = {(0, 0), (0, side - 1), (side - 1, 0), (side - 1, side - 1)} if corners_unconnected else set()
     cells = [(col, row) for row in range(side) for col in range(side) if (col, row) not in corners]
@@ -367,14 +386,9 @@ def cmp_options(layout: str, layout_ids: str = "channel", pitch_mm: float | None
             raise ConfigError(f"{prefix}{pitch_name}: spaces the grid of a .cmp map; the layout is {str(layout)!r}, "
                               "whose positions are its own")
         return {}
-    if pitch_mm is None:
-        pitch_mm = UTAH_PITCH_MM
-    low, high = PLAUSIBLE_SPACING_MM
-    is_number = isinstance(pitch_mm, (int, float)) and not isinstance(pitch_mm, bool)
-    if not (is_number and low <= pitch_mm <= high):
-        raise ConfigError(f"{prefix}{pitch_name}: the .cmp map's electrode spacing in mm, from {low:g} to {high:g} "
-                          f"(a Utah array's is {UTAH_PITCH_MM:g}); got {f'{pitch_mm:g}' if is_number else repr(pitch_mm)}")
-    return {"cmp_ids": layout_ids, "cmp_pitch_mm": float(pitch_mm)}
+    pitch_mm = check_pitch_mm(UTAH_PITCH_MM if pitch_mm is None else pitch_mm, f"{prefix}{pitch_name}",
+                              "the .cmp map's electrode spacing")
+    return {"cmp_ids": layout_ids, "cmp_pitch_mm": pitch_mm}
 
 
 def load_layout(spec, cmp_ids: str = "channel", cmp_pitch_mm: float = UTAH_PITCH_MM) -> ArrayLayout:

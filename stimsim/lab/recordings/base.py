@@ -179,7 +179,7 @@ class Recordings:
         bad = np.argwhere(~np.isfinite(values))
         if len(bad):
             row, col = bad[0]
-            raise DataError(f"{self.source}: {where}, row {row} (stimulus_id "
+            raise DataError(f"{self.source}: {where}, row {row} (0-based; stimulus_id "
                             f"'{self.response['stimulus_id'].values[row]}'), electrode {self.electrode_ids[col]!r}: "
                             f"response is {values[row, col]} ({len(bad)} non-finite value(s) in all)")
 
@@ -192,7 +192,7 @@ class Recordings:
         if unknown_rows:
             first = unknown_rows[0]
             names = sorted({presented[i] for i in unknown_rows})
-            raise DataError(f"{self.source}: {where}, row {first}: '{presented[first]}' is not in "
+            raise DataError(f"{self.source}: {where}, row {first} (0-based): '{presented[first]}' is not in "
                             f"{images_source}; {len(names)} unknown stimulus id(s): {_preview(names)}; the images' ids "
                             f"are e.g. {_preview(sorted(known), 3)}")
 

@@ -81,7 +81,7 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset(), electrode_group: str 
             rows = [np.asarray(column[i], dtype=float) for i in range(len(table))]
             for i, row in enumerate(rows):
                 if row.shape != (n_electrodes,):
-                    raise FileFormatError(path, f"{where_table}, column {names['response']!r}, row {i}: "
+                    raise FileFormatError(path, f"{where_table}, column {names['response']!r}, row {i} (0-based): "
                                                 f"{row.size} values for {n_electrodes} electrodes")
             values = np.stack(rows) if rows else np.zeros((0, n_electrodes))
         else:

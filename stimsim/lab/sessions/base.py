@@ -51,6 +51,11 @@ COLUMNS = {
 }
 REQUIRED = tuple(name for name, (required, _) in COLUMNS.items() if required)
 
+#: The stimulator's settings a rig's trial list gives beside the current (``stimsim plan``'s rig/trials.csv): kept
+#: as numbers (NaN where a row gives none, as sham rows do) when a file has them, so that the analysis can check
+#: the protocol the trials ran against a plan's.
+PROTOCOL_COLUMNS = {"frequency_Hz": "Hz", "pulse_width_ms": "ms", "train_ms": "ms"}
+
 #: Column names that hold a current without µA in the name: refused with an explanation.
 _UNITLESS_CURRENT = ("current", "current_mA", "current_ma", "amplitude", "current_A", "current_nA")
 
@@ -224,7 +229,8 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
     pandas.DataFrame
         The columns of :data:`COLUMNS` (optional ones filled: ``subject_id`` 'subject', ``session_id``
         the file stem, times/sequence/stimulus_id NaN or empty where absent), plus ``file`` and ``row``
-        (1-based data row in its file). Any problem raises FileFormatError.
+        (1-based data row in its file), and those of :data:`PROTOCOL_COLUMNS` a file gives (NaN in the other files'
+        rows). Any problem raises FileFormatError.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -450,9 +456,12 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
                                     f"convert them to µA (× 1000) first")
     missing = [name for name in REQUIRED if name not in present]
     if missing:
+        separated = any(mark in str(name) for name in raw.columns for mark in (";", "\t"))
         raise FileFormatError(path, f"missing column(s) {missing}; a session table needs {list(REQUIRED)} "
                                     f"(its columns: {', '.join(map(str, raw.columns))}; map lab names with "
-                                    f"--columns lab_name=stimsim_name)")
+                                    f"--columns lab_name=stimsim_name)" + (
+                                        "; the header holds ';' or tabs: a CSV table's values are separated by "
+                                        "commas, with '.' as the decimal mark" if separated else ""))
     if len(raw) == 0:
         raise FileFormatError(path, "empty session: the trials table has no rows")
 
@@ -522,6 +531,9 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     report(~stimulated & (current > 0), "current_uA", "sham trial with a current > 0 µA", current)
     report(stimulated & (current == 0), "current_uA", "stimulated trial with a current of 0 µA", current)
     table["current_uA"] = current
+    for name in PROTOCOL_COLUMNS:
+        if name in raw:
+            table[name] = pd.to_numeric(raw[name], errors="coerce").to_numpy(dtype=float)
 
     for name in ("start_time", "stop_time"):
         values = pd.to_numeric(raw[name], errors="coerce").to_numpy(dtype=float) if name in raw else \

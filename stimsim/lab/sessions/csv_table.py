@@ -21,7 +21,8 @@ class CSVSessions(SessionFormat):
         except pd.errors.EmptyDataError:
             raise FileFormatError(path, "empty session: the file holds no table (no header, no rows)") from None
         except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-            raise FileFormatError(path, f"not a readable CSV table ({str(exc).strip()})") from None
+            raise FileFormatError(path, f"not a readable CSV table ({str(exc).strip()}); stimsim reads values separated "
+                                        f"by commas, with '.' as the decimal mark") from None
         with open(path, newline="", encoding="utf-8") as handle:  # pandas renames a repeated column (x, x.1)
             header = next(csv.reader(handle), [])
         twice = sorted({name for name in header if header.count(name) > 1})

@@ -130,9 +130,9 @@ class PlanTask(ABC):
         return {}
 
     def write_rig(self, out_dir: Path, options, trials, chosen: np.ndarray, working: list, rig, stimulation: dict,
-                  seed: int, layout, name: str, model) -> dict | None:
-        """Write the rig package for the chosen sites (:mod:`stimsim.planning.rig`; ``model``: the chosen candidate);
-        its summary entry, or None for a task without one."""
+                  seed: int, layout, name: str, model, subject_id: str) -> dict | None:
+        """Write the rig package for the chosen sites (:mod:`stimsim.planning.rig`; ``model``: the chosen candidate;
+        ``subject_id``: the subject the plan is for); its summary entry, or None for a task without one."""
         return None
 
     @abstractmethod

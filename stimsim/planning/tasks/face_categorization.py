@@ -190,7 +190,7 @@ class FaceCategorizationTask(PlanTask):
                 **power_forecast(rehearsals, plan, working, rig.trials_per_site, seed)}
 
     def write_rig(self, out_dir, options, trials, chosen, working, rig, stimulation, seed, layout, name,
-                  model) -> dict:
+                  model, subject_id) -> dict:
         """Every site's trials run through the test images as the chosen candidate saw them (noise added at its
         input size), step = the image's signed signal level; the images are shared by the sites."""
         choices, decoder = options.face_task.categorization()
@@ -204,7 +204,7 @@ class FaceCategorizationTask(PlanTask):
         trial_table = trial_list(sites_chosen, {electrode: shown for electrode in sites_chosen}, rig, stimulation,
                                  seed, layout)
         write_rig(out_dir, {entry["image_file"]: image for entry, image in zip(shown, test.images)}, rig,
-                  trial_table, name, stimulation)
+                  trial_table, name, stimulation, subject_id)
         return {"folder": "rig", "n_trials": int(len(trial_table)), "n_images": len(shown),
                 "images_at_input_px": int(model.preprocessing.size_px)}
 

@@ -209,14 +209,14 @@ class SequenceTask(PlanTask):
         return summary
 
     def write_rig(self, out_dir, options, trials, chosen, working, rig, stimulation, seed, layout, name,
-                  model) -> dict:
+                  model, subject_id) -> dict:
         sites_chosen = [working[i] for i in chosen]
         n_sequences, n_steps = trials["images"].shape[1:3]
         images = sequence_images(sites_chosen, n_sequences, n_steps)
         trial_table = trial_list(sites_chosen, images, rig, stimulation, seed, layout)
         files = {entry["image_file"]: trials["images"][site, entry["sequence"], entry["step"]]
                  for site, electrode in zip(chosen, sites_chosen) for entry in images[electrode]}
-        write_rig(out_dir, files, rig, trial_table, name, stimulation)
+        write_rig(out_dir, files, rig, trial_table, name, stimulation, subject_id)
         return {"folder": "rig", "n_trials": int(len(trial_table)), "n_images": len(files)}
 
     def describe(self, options, summary) -> str:

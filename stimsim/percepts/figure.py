@@ -1,0 +1,42 @@
+"""The figure of predicted percepts (``percepts.png``): one row per image, the original and its percept under every
+condition, each with P(face) under the model's own face decoder and under the independent judge."""
+from __future__ import annotations
+
+import xarray as xr
+
+from stimsim.utilities.figures import pyplot, save_figure
+
+
+def plot_percepts(dataset: xr.Dataset, path, title: str) -> None:
+    """The grid: one row per image, columns original then every condition, P(face) (own / independent) below."""
+    plt = pyplot()
+    n_rows, n_cols = dataset.sizes["stimulus_id"], dataset.sizes["condition"] + 1
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 1.75 * n_rows + 0.6), squeeze=False,
+                             layout="constrained")  # room for every label whatever the number of rows
+    gray = dataset.sizes["channel"] == 1
+    for row in range(n_rows):
+        pictures = [dataset["original"].values[row]] + list(dataset["percept"].values[row])
+        scores = [dataset["p_face_original"].values[:, row]] + list(dataset["p_face"].values[:, row].T)
+        for col, (picture, score) in enumerate(zip(pictures, scores)):
+            ax = axes[row, col]
+            ax.imshow(picture[..., 0] if gray else picture, cmap="gray" if gray else None, vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_xlabel(f"P(face) {score[0]:.2f} / {score[1]:.2f}", fontsize=6)
+            if row == 0:
+                label = str(dataset["condition"].values[col - 1]) if col else "original"
+                heading = label.replace("_", " ").replace("uA", " µA")
+                ax.set_title(heading, fontsize=7)
+        axes[row, 0].set_ylabel(f"{dataset['group'].values[row]}\n{short_image_id(dataset['stimulus_id'].values[row])}",
+                                fontsize=7)
+    fig.suptitle(f"{title}\nP(face): own decoder / independent judge", fontsize=8)
+    save_figure(fig, path)
+
+
+def short_image_id(stimulus_id: str, line: int = 18) -> str:
+    """An image id short enough to label a row of thumbnails: its last path part, at most two lines of ``line``
+    characters, the middle left out (…) when longer; the full ids are in ``percepts.nc``."""
+    name = str(stimulus_id).rsplit("/", 1)[-1]
+    if len(name) > 2 * line:
+        name = name[:line] + "…" + name[-(line - 1):]
+    return name if len(name) <= line else f"{name[:line]}\n{name[line:]}"
