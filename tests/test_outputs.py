@@ -199,6 +199,9 @@ def test_another_commands_results_are_neither_replaced_nor_removed(tmp_path):
     with pytest.raises(ConfigError, match=r"holds the results of another command \(analysis\); give a new or empty "
                                           r"directory, or force writing into it \(--force"):
         ResultSet(tmp_path, "percepts")
+    manifest = (tmp_path / RESULT_SET_FILE).read_bytes()
+    ResultSet(tmp_path, "percepts", force=True).abandon()  # a forced run that fails early changes nothing
+    assert (tmp_path / RESULT_SET_FILE).read_bytes() == manifest
     percepts = ResultSet(tmp_path, "percepts", force=True)
     percepts.write_json("percepts.json", {"percepts": 1})
     percepts.finish()

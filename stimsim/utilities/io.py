@@ -163,10 +163,10 @@ class ResultSet:
         if owner is not None and not force:
             raise ConfigError(f"output directory {directory} holds {owner}; give a new or empty directory, or force "
                               "writing into it (--force: files of the same name are overwritten, the others kept)")
+        self._previous_manifest = manifest.read_bytes() if previous else None  # put back if the run fails early
         if previous is not None and previous.get("kind") != kind:
             previous = None  # forced: another command's files are kept as they are, never removed as older ones
         self._previous = set(previous["files"]) if previous else set()
-        self._previous_manifest = manifest.read_bytes() if previous else None
         self._created = missing_directories(directory)
         if directory.is_dir():
             foreign = sorted(entry.name for entry in directory.iterdir()
