@@ -22,7 +22,7 @@ from stimsim.analysis.effects import (CONDITIONS, SiteCounts, across_sites, coun
 from stimsim.analysis.plan_readback import read_plan_stimulation
 from stimsim.behavior.metrics import finite_pearson
 from stimsim.lab.sessions import SHAM, check_against_plan
-from stimsim.lab.sessions.base import PROTOCOL_COLUMNS
+from stimsim.lab.sessions.base import PROTOCOL_COLUMNS, off_protocol
 from stimsim.stimulation.electrical import MAX_CURRENT_UA
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.jsonable import json_ready
@@ -263,7 +263,7 @@ def _protocol_warnings(sessions: pd.DataFrame, stimulation: dict) -> list[str]:
             continue
         planned = float(stimulation[column])
         given = sessions[column].to_numpy(dtype=float)
-        other = stimulated & ~np.isclose(given, planned, rtol=1e-9, atol=0.0)
+        other = off_protocol(given, stimulated, planned)
         if other.any():
             values = ", ".join(f"{value:g}" for value in np.unique(given[other])[:5])
             messages.append(f"{column}: {int(other.sum())} of {int(stimulated.sum())} stimulation trials give "

@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
 
+from stimsim.lab.sessions.base import PROTOCOL_COLUMNS as SESSION_PROTOCOL_COLUMNS
+from stimsim.lab.sessions.base import off_protocol
 from stimsim.stimulation.safety import charge_per_phase_nC
 from stimsim.utilities.filemodels import FileModel
 from stimsim.utilities.io import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, csv_text
@@ -287,7 +289,7 @@ def read_trial_list(path) -> pd.DataFrame:
 #: What the stimulator is set to, of a plan's ``[stimulation]`` (its other keys describe the model's response).
 STIMULATOR_KEYS = ("current_uA", "frequency_Hz", "pulse_width_ms", "interphase_ms", "waveform", "train_ms")
 #: Trial-list columns that must carry the plan's own protocol on every stimulation trial, and their units.
-PROTOCOL_COLUMNS = {"current_uA": "µA", "frequency_Hz": "Hz", "pulse_width_ms": "ms", "train_ms": "ms"}
+PROTOCOL_COLUMNS = {"current_uA": "µA", **SESSION_PROTOCOL_COLUMNS}
 
 
 def stimulation_trials(trials: pd.DataFrame) -> np.ndarray:
@@ -322,8 +324,7 @@ def check_trial_protocol(trials: pd.DataFrame, path, stimulation: dict) -> None:
     for column, unit in PROTOCOL_COLUMNS.items():
         if column not in trials:
             continue
-        given = pd.to_numeric(trials[column], errors="coerce").to_numpy(dtype=float)
-        wrong = stimulated & ~np.isclose(given, float(stimulation[column]), rtol=1e-9, atol=0.0)
+        wrong = off_protocol(pd.to_numeric(trials[column], errors="coerce"), stimulated, stimulation[column])
         if wrong.any():
             problems.append(f"column '{column}', {listed(wrong, trials[column].to_numpy())}: the plan stimulates "
                             f"at {float(stimulation[column]):g} {unit}")

@@ -56,6 +56,12 @@ REQUIRED = tuple(name for name, (required, _) in COLUMNS.items() if required)
 #: the protocol the trials ran against a plan's.
 PROTOCOL_COLUMNS = {"frequency_Hz": "Hz", "pulse_width_ms": "ms", "train_ms": "ms"}
 
+
+def off_protocol(values, stimulated, planned: float) -> np.ndarray:
+    """Which trials are stimulation trials (``stimulated``) whose ``values`` differ from the protocol's ``planned``
+    value (a missing value, NaN, differs too)."""
+    return np.asarray(stimulated) & ~np.isclose(np.asarray(values, dtype=float), float(planned), rtol=1e-9, atol=0.0)
+
 #: Column names that hold a current without µA in the name: refused with an explanation.
 _UNITLESS_CURRENT = ("current", "current_mA", "current_ma", "amplitude", "current_A", "current_nA")
 
