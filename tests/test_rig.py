@@ -202,13 +202,16 @@ def test_analyze_warns_when_the_session_ran_another_protocol_than_the_plans(rig_
     assert "stimulation trials give" not in capsys.readouterr().err
     table.loc[stimulated, "frequency_Hz"] = 50.0
     table.loc[stimulated, "pulse_width_ms"] = 1.0
+    table.loc[stimulated, "train_onset_ms"] = 0.0  # the plan's trains start 20 ms before the image
     table.to_csv(session, index=False)
     assert main(["analyze", str(session), "--plan", str(rig_plan), "--out", str(tmp_path / "other"),
                  "--boot", "10", "--perm", "10", "--splits", "5", "--no-progress"]) == 0
     error = capsys.readouterr().err
     n = int(stimulated.sum())
     for expected in (f"frequency_Hz: {n} of {n} stimulation trials give 50 Hz (no value: nan), where the plan "
-                     f"stimulates at 200 Hz", f"pulse_width_ms: {n} of {n} stimulation trials give 1 ms"):
+                     f"stimulates at 200 Hz", f"pulse_width_ms: {n} of {n} stimulation trials give 1 ms",
+                     f"train_onset_ms: {n} of {n} stimulation trials give 0 ms (no value: nan), where the plan's "
+                     "trains start at -20 ms from image onset"):
         assert f"stimsim: warning: {expected}" in error, error
     warned = json.loads((tmp_path / "other" / "summary.json").read_text())["warnings"]
     assert sum("where the plan stimulates at" in message for message in warned) == 2
@@ -264,6 +267,8 @@ def test_a_trial_list_for_another_protocol_or_not_a_csv_is_refused(rig_plan, tmp
              ("frequency_Hz", stimulated[:2], 2000.0, "column 'frequency_Hz', trial(s)", "at 200 Hz"),
              ("pulse_width_ms", stimulated[:1], 0.4, f"column 'pulse_width_ms', trial(s) {first} (e.g. 0.4)",
               "at 0.2 ms"),
+             ("train_onset_ms", stimulated[:1], 0.0, f"column 'train_onset_ms', trial(s) {first} (e.g. 0.0)",
+              "the plan's trains start at -20 ms from image onset"),
              ("condition", stimulated[:1], "Stim", f"column 'condition', trial(s) {first} (e.g. 'Stim')",
               "must be 'stimulation' where"),
              ("condition", sham[:1], "stimulation",
@@ -286,6 +291,49 @@ def test_a_trial_list_for_another_protocol_or_not_a_csv_is_refused(rig_plan, tmp
         assert main(["subject", "session", str(rig_plan), "--trials", str(tmp_path / name), "--csv", str(session)]) == 2
         assert f"{tmp_path / name}: {message}" in capsys.readouterr().err
     assert not session.exists()
+
+
+def test_a_trial_list_showing_other_images_than_the_plans_is_refused(rig_plan, tmp_path, capsys):
+    """The subject answers by site, sequence and step; the rig shows the image file: a list whose stimulus is
+    given another file or step than the plan gives it, or that names an image the plan never made, would show the
+    animal one image and analyse it as another."""
+    trials = pd.read_csv(rig_plan / "rig" / "trials.csv", dtype={"electrode": str, "stimulated_electrode": str})
+    other = trials.index[(trials["stimulus_id"] != trials.loc[0, "stimulus_id"])][0]
+    last_step = int(trials["step"].max())
+    edits = [("image_file", trials.loc[other, "image_file"], f"column 'image_file', trial(s) 1 (e.g. "
+              f"'{trials.loc[other, 'image_file']}'): the plan's trial list gives stimulus "
+              f"'{trials.loc[0, 'stimulus_id']}' image_file '{trials.loc[0, 'image_file']}'. A trial must show the "
+              "image whose responses the plan computed"),
+             ("step", (trials.loc[0, "step"] + 1) % (last_step + 1),  # caught by the session rules already
+              "column 'stimulus_id', row(s) 1: the image id names another step than column 'step'"),
+             ("stimulus_id", "not_a_plan_image", "column 'stimulus_id', trial(s) 1 (e.g. 'not_a_plan_image'): not "
+              f"an image of the plan's trial list {rig_plan / 'rig' / 'trials.csv'}")]
+    session = tmp_path / "session.csv"
+    for column, value, expected in edits:
+        edited = trials.copy()
+        edited[column] = edited[column].astype(object)
+        edited.loc[0, column] = value
+        path = tmp_path / f"edited_{column}.csv"
+        edited.to_csv(path, index=False)
+        assert main(["subject", "session", str(rig_plan), "--trials", str(path), "--csv", str(session)]) == 2
+        error = capsys.readouterr().err
+        assert f"{path}: " in error and expected in error, error
+    assert not session.exists()
+
+
+def test_sham_and_stimulation_show_each_image_equally_often_at_any_trial_count():
+    """15 and 20 blocks over a site's 14 images: one full pass and 1 or 6 images more, the same ones in both
+    conditions, so that every image is shown as often with stimulation as without."""
+    stimulation = {"current_uA": 50, "frequency_Hz": 200, "pulse_width_ms": 0.2, "train_ms": 50}
+    images = sequence_images(["a", "b"], 2, 7)
+    for trials_per_site, extra in ((30, 1), (40, 6)):
+        trials = trial_list(["a", "b"], images, RigSpec(session=SessionTable(trials_per_site=trials_per_site)),
+                            stimulation, seed=5)
+        counts = trials.groupby(["electrode", "stimulus_id", "condition"]).size().unstack("condition")
+        assert len(counts) == 2 * 14 and (counts["sham"] == counts["stimulation"]).all()
+        assert sorted(counts["sham"].groupby("electrode").apply(lambda c: int((c == 2).sum()))) == [extra, extra]
+        for _, shown in trials.groupby(["electrode", "condition"]):  # every image once before any repeats
+            assert shown["stimulus_id"].iloc[:14].nunique() == 14
 
 
 def test_sham_rows_written_in_another_case_are_simulated_as_sham(rig_plan, tmp_path):

@@ -19,10 +19,10 @@ from stimsim.analysis.effects import (CONDITIONS, SiteCounts, across_sites, coun
                                       expected_fdr_discoveries_under_null, fdr_adjusted, site_effects,
                                       site_resampling_weights, spearman_brown, resampled_split_half_r,
                                       split_half_deltas, split_half_reliability)
-from stimsim.analysis.plan_readback import read_plan_stimulation
+from stimsim.analysis.plan_readback import read_plan_protocol
 from stimsim.behavior.metrics import finite_pearson
 from stimsim.lab.sessions import SHAM, check_against_plan
-from stimsim.lab.sessions.base import PROTOCOL_COLUMNS, off_protocol
+from stimsim.lab.sessions.base import PROTOCOL_COLUMNS, off_protocol, planned_setting
 from stimsim.stimulation.electrical import MAX_CURRENT_UA
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.jsonable import json_ready
@@ -146,7 +146,7 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
                "ci": ci, **planned,
                **_group_summary(sites, counts, plan_summary, n_boot, n_perm, n_splits, seed, effect)}
     given = [column for column in PROTOCOL_COLUMNS if column in sessions]  # the rig's columns, when a session has them
-    protocol = [] if plan_dir is None or not given else _protocol_warnings(sessions, read_plan_stimulation(plan_dir))
+    protocol = [] if plan_dir is None or not given else _protocol_warnings(sessions, read_plan_protocol(plan_dir))
     summary["warnings"] = _warnings(sites, summary) + _current_warnings(sessions, sites, plan_sites) + protocol
     for message in summary["warnings"]:
         warnings.warn(message, stacklevel=2)
@@ -254,8 +254,9 @@ def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: p
 
 
 def _protocol_warnings(sessions: pd.DataFrame, stimulation: dict) -> list[str]:
-    """Stimulation trials whose frequency, pulse width or train (the session columns of
-    :data:`~stimsim.lab.sessions.base.PROTOCOL_COLUMNS` given) differ from the plan's ``[stimulation]``."""
+    """Stimulation trials whose frequency, pulse width, train or train onset (the session columns of
+    :data:`~stimsim.lab.sessions.base.PROTOCOL_COLUMNS` given) differ from the plan's protocol (``stimulation``, as
+    :func:`~stimsim.analysis.plan_readback.read_plan_protocol` reads it)."""
     stimulated = (sessions["stimulated_electrode"] != SHAM).to_numpy()
     messages = []
     for column, unit in PROTOCOL_COLUMNS.items():
@@ -267,7 +268,7 @@ def _protocol_warnings(sessions: pd.DataFrame, stimulation: dict) -> list[str]:
         if other.any():
             values = ", ".join(f"{value:g}" for value in np.unique(given[other])[:5])
             messages.append(f"{column}: {int(other.sum())} of {int(stimulated.sum())} stimulation trials give "
-                            f"{values} {unit} (no value: nan), where the plan stimulates at {planned:g} {unit}; "
+                            f"{values} {unit} (no value: nan), where {planned_setting(column, planned, unit)}; "
                             f"its predicted effects are for its own protocol")
     return messages
 

@@ -65,19 +65,24 @@ def check_plan_files(plan_dir) -> None:
                                         "file; run the plan again")
 
 
-def read_plan_stimulation(plan_dir) -> dict:
-    """The plan's resolved ``[stimulation]`` (current_uA, frequency_Hz, pulse_width_ms, train_ms, ...) from its
-    ``config.json``."""
+def read_plan_protocol(plan_dir) -> dict:
+    """The protocol the plan's trials run, from its ``config.json``: its resolved ``[stimulation]`` (current_uA,
+    frequency_Hz, pulse_width_ms, train_ms, ...) with its ``[session]`` train_onset_ms (ms from image onset)."""
     path = Path(plan_dir) / "config.json"
     if not path.is_file():
         raise FileFormatError(path, "not found; is this a directory written by `stimsim plan`?")
     try:
-        stimulation = json.loads(path.read_text(encoding="utf-8"))["config"]["stimulation"]
+        config = json.loads(path.read_text(encoding="utf-8"))["config"]
+        stimulation, session = config["stimulation"], config["session"]
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise FileFormatError(path, f"holds no plan configuration with a [stimulation] table ({exc!r})") from None
-    if not isinstance(stimulation, dict):
-        raise FileFormatError(path, "field 'config.stimulation' must be a table")
-    return stimulation
+        raise FileFormatError(path, "holds no plan configuration with [stimulation] and [session] tables "
+                                    f"({exc!r})") from None
+    for key, table in (("stimulation", stimulation), ("session", session)):
+        if not isinstance(table, dict):
+            raise FileFormatError(path, f"field 'config.{key}' must be a table")
+    if "train_onset_ms" not in session:
+        raise FileFormatError(path, "field 'config.session.train_onset_ms' is missing")
+    return {**stimulation, "train_onset_ms": session["train_onset_ms"]}
 
 
 def read_summary(plan_dir) -> tuple[Path, dict]:

@@ -6,7 +6,8 @@
 * ``trials.csv`` — the trial list (:data:`TRIAL_COLUMNS`): ``[session] trials_per_site`` trials per chosen site,
   in randomised interleaved blocks drawn from the plan's seed — each block holds every site once sham and once
   stimulated, in random order; a site's sham and stimulated trials each run through its images in a random
-  order before any image repeats;
+  order before any image repeats, and both show each of its images equally often (sham and stimulation are
+  compared on the same images);
 * ``trials.nwb`` — the same list as an NWB ``trials`` table, with an empty ``choice`` column for the animal's
   choices ("low" / "high"): a session written with these columns is read by ``stimsim analyze`` as it is;
 * ``display.json`` — the display geometry the plan assumed.
@@ -25,7 +26,7 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from stimsim.lab.sessions.base import PROTOCOL_COLUMNS as SESSION_PROTOCOL_COLUMNS
-from stimsim.lab.sessions.base import off_protocol
+from stimsim.lab.sessions.base import off_protocol, planned_setting
 from stimsim.stimulation.safety import charge_per_phase_nC
 from stimsim.utilities.filemodels import FileModel
 from stimsim.utilities.io import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, csv_text
@@ -171,13 +172,19 @@ def trial_list(electrodes, images: dict[str, list[dict]], spec: RigSpec, stimula
     n_images = len(images[electrodes[0]]) if electrodes else 0
     if any(len(images[electrode]) != n_images for electrode in electrodes):
         raise ValueError("every site's trials must run through as many images")
+    if electrodes and not n_images:
+        raise ValueError("every site's trials must run through at least one image")
     n_blocks = spec.trials_per_site // 2
+    full_passes, left_over = divmod(n_blocks, n_images) if n_images else (0, 0)
 
-    def schedule():  # one site's images for one condition: every image once before any repeats
-        repeats = -(-n_blocks // n_images)
-        return np.concatenate([rng.permutation(n_images) for _ in range(repeats)])[:n_blocks]
+    def schedules():  # one site's images for sham and for stimulation: each every image once before any repeats
+        last_pass = rng.choice(n_images, size=left_over, replace=False)  # shown once more in both conditions
+        return [np.concatenate([*(rng.permutation(n_images) for _ in range(full_passes)), rng.permutation(last_pass)])
+                for _ in range(2)]
 
-    order = {(site, stim): schedule() for site in range(len(electrodes)) for stim in (False, True)}
+    order = {}
+    for site in range(len(electrodes)):
+        order[(site, False)], order[(site, True)] = schedules()
     rows = []
     for block in range(n_blocks):
         entries = [(site, stim) for site in range(len(electrodes)) for stim in (False, True)]
@@ -298,36 +305,73 @@ def stimulation_trials(trials: pd.DataFrame) -> np.ndarray:
     return (trials["stimulated_electrode"].astype(str).str.strip().str.lower() != SHAM).to_numpy()
 
 
+def _listed(trials: pd.DataFrame, mask, values) -> str:
+    """"trial(s) 3, 8, … (e.g. value)": the trial numbers of the rows in ``mask`` and the first row's value."""
+    numbers = trials["trial"].astype(str).to_numpy()  # read_trial_list requires the column
+    shown = ", ".join(numbers[mask][:5]) + (" …" if mask.sum() > 5 else "")
+    example = np.asarray(values)[mask][0]
+    return f"trial(s) {shown} (e.g. {example.item() if isinstance(example, np.generic) else example!r})"
+
+
 def check_trial_protocol(trials: pd.DataFrame, path, stimulation: dict) -> None:
     """Refuse a trial list (read by :func:`read_trial_list`) that another protocol than the plan's would run: a
     ``condition`` that disagrees with ``stimulated_electrode``, or a stimulation trial whose current, frequency,
-    pulse width or train (the columns present of :data:`PROTOCOL_COLUMNS`) differs from ``stimulation`` (the
-    plan's ``[stimulation]``). One FileFormatError naming ``path``, the columns and the trials."""
+    pulse width, train or train onset (the columns present of :data:`PROTOCOL_COLUMNS`) differs from
+    ``stimulation`` (the plan's protocol, as :func:`~stimsim.analysis.plan_readback.read_plan_protocol` reads it).
+    One FileFormatError naming ``path``, the columns and the trials."""
     from stimsim.utilities.errors import FileFormatError
 
     stimulated = stimulation_trials(trials)
-    numbers = trials["trial"].astype(str).to_numpy()  # read_trial_list requires the column
-
-    def listed(mask, values) -> str:
-        shown = ", ".join(numbers[mask][:5]) + (" …" if mask.sum() > 5 else "")
-        example = values[mask][0]
-        return f"trial(s) {shown} (e.g. {example.item() if isinstance(example, np.generic) else example!r})"
-
     problems = []
     if "condition" in trials:
         given = trials["condition"].astype(str)
         wrong = given.str.strip().str.lower().to_numpy() != np.where(stimulated, "stimulation", SHAM)
-        given = given.to_numpy()
         if wrong.any():
-            problems.append(f"column 'condition', {listed(wrong, given)}: must be 'stimulation' where "
+            problems.append(f"column 'condition', {_listed(trials, wrong, given)}: must be 'stimulation' where "
                             "stimulated_electrode names an electrode and 'sham' where it is 'sham'")
     for column, unit in PROTOCOL_COLUMNS.items():
         if column not in trials:
             continue
         wrong = off_protocol(pd.to_numeric(trials[column], errors="coerce"), stimulated, stimulation[column])
         if wrong.any():
-            problems.append(f"column '{column}', {listed(wrong, trials[column].to_numpy())}: the plan stimulates "
-                            f"at {float(stimulation[column]):g} {unit}")
+            problems.append(f"column '{column}', {_listed(trials, wrong, trials[column])}: "
+                            f"{planned_setting(column, stimulation[column], unit)}")
     if problems:
         raise FileFormatError(path, "; ".join(problems) + ". The virtual subject's responses were computed for the "
                                   "plan's protocol; a list for another protocol needs a plan made with it")
+
+
+def check_trial_images(trials: pd.DataFrame, path, planned: pd.DataFrame, planned_path) -> None:
+    """Refuse a trial list (read by :func:`read_trial_list`) that shows other images than the plan's own list
+    (``planned``, read from ``planned_path``, its rig/trials.csv) gives its stimuli: a ``stimulus_id`` that list never
+    shows, or one given with another sequence, step or image file. The virtual subject answers by site, sequence
+    and step, and the rig shows the image file, so the three must name one image. Lists without ``stimulus_id``
+    are not checked. One FileFormatError naming ``path``, the columns and the trials."""
+    from stimsim.utilities.errors import FileFormatError
+
+    if "stimulus_id" not in trials or "stimulus_id" not in planned:
+        return
+    known = planned.assign(stimulus_id=planned["stimulus_id"].astype(str)).drop_duplicates("stimulus_id")
+    known = known.set_index("stimulus_id")
+    ids = trials["stimulus_id"].astype(str)
+    unknown = (~ids.isin(known.index)).to_numpy()
+    problems = []
+    if unknown.any():
+        problems.append(f"column 'stimulus_id', {_listed(trials, unknown, ids)}: not an image of the plan's trial "
+                        f"list {planned_path}")
+    for column in ("sequence", "step", "image_file"):
+        if column not in trials or column not in known:
+            continue
+        expected = ids.map(known[column])
+        if column == "image_file":
+            wrong = trials[column].astype(str).str.strip() != expected.astype(str)
+        else:
+            wrong = pd.to_numeric(trials[column], errors="coerce") != pd.to_numeric(expected)
+        wrong = wrong.to_numpy() & ~unknown
+        if wrong.any():
+            first = ids.to_numpy()[wrong][0]
+            problems.append(f"column '{column}', {_listed(trials, wrong, trials[column])}: the plan's trial list "
+                            f"gives stimulus {first!r} {column} {known.at[first, column]!r}")
+    if problems:
+        raise FileFormatError(path, "; ".join(problems) + ". A trial must show the image whose responses the plan "
+                                  "computed: take stimulus_id, sequence, step and image_file from the plan's rig/trials.csv")

@@ -28,7 +28,7 @@ import pandas as pd
 import xarray as xr
 
 from stimsim.planning.rig import (SESSION_COLUMNS, SHAM, TRIAL_DURATION_S, TRIAL_PERIOD_S,
-                                  check_trial_protocol, read_trial_list, stimulation_trials,
+                                  check_trial_images, check_trial_protocol, read_trial_list, stimulation_trials,
                                   write_trials_nwb)
 from stimsim.utilities.errors import ConfigError, FileFormatError
 from stimsim.utilities.io import atomic_write_text
@@ -159,14 +159,17 @@ def session_from_trial_list(plan_dir, trial_list, seed: int = 0, session_id: str
     """The virtual subject of a plan directory running the plan's own trial list (``rig/trials.csv``, or another
     list with its columns), in its order: every column of the list kept, with start_time, stop_time, choice
     (as in :func:`simulate_trials`), correct, subject_id and session_id added."""
-    from stimsim.analysis.plan_readback import read_plan_stimulation
+    from stimsim.analysis.plan_readback import read_plan_protocol
     from stimsim.lab.sessions import check_trial_list
 
     check_seed("seed", seed)
     summary_path, summary, p_high = _plan_truth(plan_dir, chosen_only=False)
     trials = read_trial_list(trial_list)
     check_trial_list(trials, trial_list)
-    check_trial_protocol(trials, trial_list, read_plan_stimulation(plan_dir))
+    check_trial_protocol(trials, trial_list, read_plan_protocol(plan_dir))
+    planned_path = Path(plan_dir) / "rig" / "trials.csv"
+    if planned_path.is_file():
+        check_trial_images(trials, trial_list, read_trial_list(planned_path), planned_path)
     p = p_high.transpose("electrode", "stimulated", "sequence", "step")
     unknown = sorted(set(trials["electrode"]) - {str(e) for e in p["electrode"].values})
     if unknown:

@@ -51,10 +51,18 @@ COLUMNS = {
 }
 REQUIRED = tuple(name for name, (required, _) in COLUMNS.items() if required)
 
-#: The stimulator's settings a rig's trial list gives beside the current (``stimsim plan``'s rig/trials.csv): kept
-#: as numbers (NaN where a row gives none, as sham rows do) when a file has them, so that the analysis can check
-#: the protocol the trials ran against a plan's.
-PROTOCOL_COLUMNS = {"frequency_Hz": "Hz", "pulse_width_ms": "ms", "train_ms": "ms"}
+#: The stimulator's settings a rig's trial list gives beside the current (``stimsim plan``'s rig/trials.csv), and
+#: their units: kept as numbers (NaN where a row gives none, as sham rows do) when a file has them, so that the
+#: analysis can check the protocol the trials ran against a plan's.
+PROTOCOL_COLUMNS = {"frequency_Hz": "Hz", "pulse_width_ms": "ms", "train_ms": "ms", "train_onset_ms": "ms"}
+
+
+def planned_setting(column: str, planned: float, unit: str) -> str:
+    """How a message states the plan's value of a protocol column (in ``unit``): "the plan stimulates at 200 Hz",
+    or for the train's onset "the plan's trains start at -20 ms from image onset"."""
+    if column == "train_onset_ms":
+        return f"the plan's trains start at {float(planned):g} {unit} from image onset"
+    return f"the plan stimulates at {float(planned):g} {unit}"
 
 
 def off_protocol(values, stimulated, planned: float) -> np.ndarray:
