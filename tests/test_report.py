@@ -17,8 +17,8 @@ def _example_report():
     ax.plot([0, 1], [0, 1])
     rng = np.random.default_rng(0)
     thumbs = tuple(Image(image_png(rng.random((8, 8)), scale=3), alt=f"step {k}") for k in range(3))
-    table = Table(("rank", "electrode id", "ΔAUC", "images"),
-                  [(1, "12", 0.01234, thumbs), (2, "40", float("nan"), thumbs)], caption="Ranked sites")
+    table = Table(("rank", "electrode id", "ΔAUC", "images", "delta_auc <low>"),  # a narrow page wraps after "_"
+                  [(1, "12", 0.01234, thumbs, 0.0), (2, "40", float("nan"), thumbs, 0.0)], caption="Ranked sites")
     section = Section("Sites", [Paragraph("Tags <b>stay</b> text & are escaped."),
                                 Image(figure_png(fig), caption="identity line"), table,
                                 Listing({"pose": {"x_mm": 1.5, "rotation_deg": -20.0}}, caption="pose")])
@@ -61,7 +61,7 @@ def test_html_is_self_contained_and_escaped():
         assert base64.b64decode(source.split(",", 1)[1]).startswith(b"\x89PNG")
     assert not re.search(r'(src|href)="(?!data:)', html)  # nothing fetched from elsewhere
     assert "Tags &lt;b&gt;stay&lt;/b&gt; text &amp; are escaped." in html
-    for text in ("<th>electrode id</th>", "<td>0.0123</td>", "<td>–</td>", "pose.rotation_deg", "−20.00",
+    for text in ("<th>electrode id</th>", "<th>delta_<wbr>auc &lt;low&gt;</th>", "<td>0.0123</td>", "<td>–</td>", "pose.rotation_deg", "−20.00",
                  "current_uA", "task.name", "sequence_2afc", "Software"):
         assert text in html
 

@@ -217,6 +217,13 @@ def _is_image_group(value) -> bool:
 _ENVIRONMENT = None
 
 
+def _breakable(name) -> "Markup":
+    """A column name, escaped, that a narrow page may wrap after each underscore (``delta_auc_low``)."""
+    from markupsafe import Markup, escape
+
+    return Markup(str(escape(str(name))).replace("_", "_<wbr>"))
+
+
 def _environment():
     global _ENVIRONMENT
     if _ENVIRONMENT is None:
@@ -225,6 +232,7 @@ def _environment():
         env = Environment(loader=PackageLoader("stimsim.report", "templates"), autoescape=True,
                           undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
         env.filters["fmt"] = format_value
+        env.filters["breakable"] = _breakable
         env.filters["kind"] = _kind
         env.tests["image"] = _is_image
         env.tests["image_group"] = _is_image_group
