@@ -3,6 +3,7 @@ the categorisation and same/different paradigms, comparisons with published data
 import json
 import os
 import types
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -760,3 +761,26 @@ def test_a_run_warns_about_sites_that_reach_no_unit_and_curves_it_cannot_fit(tmp
     np.testing.assert_array_equal(unreached, np.broadcast_to(results["p_positive_curve"].sel(condition="control").values,
                                                              unreached.shape))
     results.close()
+
+
+def test_heldout_only_keeps_every_image_of_a_source_the_model_never_trained_on():
+    """A model trained on Fashion-MNIST alone never saw an LFW image: all of them are held out for it (and said
+    so); a model trained on LFW keeps only the LFW images its training held out."""
+    from types import SimpleNamespace
+
+    from stimsim.data.stimuli import lfw_subset
+    from stimsim.paradigms.runner import load_stimuli
+
+    lfw = lfw_subset()
+    sets = [{"source": "lfw_subset", "heldout_only": True}]
+    for trained_on, held, expected in ((["fashion_mnist"], ["none-of-these"], len(lfw)),
+                                       (["lfw_subset", "fashion_mnist"], list(lfw.stimulus_id[:7]), 7)):
+        model = SimpleNamespace(name="m", metadata={"holdout_stimulus_ids": held, "training": {
+            "data": {"sets": [{"source": source} for source in trained_on]}}})
+        notes = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            stimuli = load_stimuli(sets, ["category"], model, notes, "exp.toml [stimuli]")
+        assert len(stimuli) == expected
+        assert (len(notes) == 1 and "model 'm' was trained on none of source 'lfw_subset'" in notes[0]) == \
+            (expected == len(lfw))

@@ -841,6 +841,24 @@ def test_candidates_in_directories_of_the_same_name_are_rehearsed_each_on_its_ow
     assert "ranked first (% of resamples)" in html and "chance 50 %" in html
 
 
+def test_model_selection_resamples_the_working_electrodes_in_their_order_after_a_resume():
+    """A cached mapping.json keeps its electrode keys in text order ("1", "10", "2"); a resumed plan must resample
+    the same electrodes as the run that computed it, so that p_ranked_first does not change with a resume."""
+    from stimsim.mapping import selection_bootstrap
+    from stimsim.planning.plan import SELECTION_BOOTSTRAP_RESAMPLES, _selection_summary
+
+    working = [str(e) for e in range(1, 13)]
+    rng = np.random.default_rng(0)
+    r2 = {name: dict(zip(working, rng.normal(0.3, 0.1, len(working)).tolist())) for name in ("a", "b")}
+    mapping = {"working": working, "selection": {"model": ["a", "b"], "median_r2": [0.3, 0.3]}, "predictivity": r2}
+    resumed = json.loads(json.dumps(mapping, sort_keys=True))  # as the cache reads it back
+    assert list(resumed["predictivity"]["a"]) != working
+    expected = selection_bootstrap({name: list(values.values()) for name, values in r2.items()},
+                                   SELECTION_BOOTSTRAP_RESAMPLES, 4)
+    assert _selection_summary(resumed, 4)["p_ranked_first"] == _selection_summary(mapping, 4)["p_ranked_first"] \
+        == expected
+
+
 def test_the_report_says_when_the_recordings_do_not_settle_the_model():
     from stimsim.planning.report import _selection_note
 

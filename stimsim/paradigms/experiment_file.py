@@ -31,7 +31,8 @@ key, e.g. Fashion-MNIST's draw, is that set's).
     ``sets`` (required): a list of tables, each handed to ``stimsim.data.stimuli.load_stimulus_source``
     (``source`` plus that source's own keys, e.g. ``{ source = "fashion_mnist", split = "test",
     n_per_class = 3 }``), plus the optional keys ``heldout_only = true``: keep only the images the
-    model's training run held out (the model's ``metadata["holdout_stimulus_ids"]``), and ``labels``: text
+    model's training run held out (the model's ``metadata["holdout_stimulus_ids"]``; every image of a source
+    its training took no image from), and ``labels``: text
     labels given to every image of the set (``labels = { domain = "imagenet" }``), so that a label of another
     set in the list (fLoc's ``domain``) is kept when the sets are combined.
     The paradigm's own keys (e.g. categorisation's ``label``, ``positive`` and ``[stimuli.noise]``) are

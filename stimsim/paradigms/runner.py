@@ -293,16 +293,24 @@ def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
     """The images of ``sets`` (tables for ``load_stimulus_source``, optionally ``heldout_only``) in
     one set that keeps the ``labels`` named, as text, plus ``source_set`` (the set's name).
 
-    ``heldout_only`` keeps the images listed in the model's ``metadata["holdout_stimulus_ids"]``; a
-    model that lists none keeps all images, which is written to ``notes`` and warned about."""
+    ``heldout_only`` keeps the images listed in the model's ``metadata["holdout_stimulus_ids"]``, and every image
+    of a source its training took no image from (written to ``notes``); a model that lists no held-out images
+    keeps all images, which is written to ``notes`` and warned about."""
+    from stimsim.training.evaluation import training_sources
+
     held = set(model.metadata.get("holdout_stimulus_ids", []))
+    trained_on = training_sources(model)
     parts = []
     for index, entry in enumerate(sets):
         params = dict(entry)
         heldout_only = params.pop("heldout_only", False)
         loaded = load_stimulus_source(params, f"{where} sets[{index}]")
         if heldout_only:
-            if not held:
+            if trained_on is not None and str(params.get("source")) not in trained_on:
+                notes.append(f"{where} sets[{index}] ({loaded.name}): heldout_only keeps all {len(loaded)} images: "
+                             f"model {model.name!r} was trained on none of source {params.get('source')!r} (its "
+                             f"training took images from {sorted(trained_on)})")
+            elif not held:
                 message = (f"{where} sets[{index}] ({loaded.name}): heldout_only requested but model "
                            f"{model.name!r} lists no held-out stimuli; all {len(loaded)} images are used")
                 notes.append(message)

@@ -519,11 +519,13 @@ SELECTION_BOOTSTRAP_RESAMPLES = 1000
 
 def _selection_summary(mapping: dict, seed: int) -> dict:
     """summary.json's ``model_selection``: every candidate's median R² and how often it ranks first when the
-    working electrodes are resampled (:func:`stimsim.mapping.selection_bootstrap`)."""
+    working electrodes are resampled (:func:`stimsim.mapping.selection_bootstrap`), in the working electrodes'
+    order (a cached mapping.json keeps its keys in text order)."""
     from stimsim.mapping import selection_bootstrap
 
     table = mapping["selection"]
-    scores = {name: list(values.values()) for name, values in mapping["predictivity"].items()}
+    scores = {name: [values[str(electrode)] for electrode in mapping["working"]]
+              for name, values in mapping["predictivity"].items()}
     return {"median_r2": dict(zip(table["model"], table["median_r2"])),
             "p_ranked_first": selection_bootstrap(scores, SELECTION_BOOTSTRAP_RESAMPLES, seed),
             "n_boot": SELECTION_BOOTSTRAP_RESAMPLES,

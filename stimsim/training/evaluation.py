@@ -97,12 +97,21 @@ def base_network_of(model: TopographicModel) -> str | None:
     return name if name in BASE_NETWORKS else None
 
 
+def training_sources(model: TopographicModel) -> set[str] | None:
+    """The image sources (``imagenet_samples``, ``floc``, ``folder``, ...) a model's training or build took images
+    from, as its ``metadata.training`` names them; None for a model that records no training."""
+    training = model.metadata.get("training")
+    if not isinstance(training, dict):
+        return None
+    data = training.get("data")
+    sets = data.get("sets", []) if isinstance(data, dict) else []
+    return {str(entry["source"]) for entry in sets if isinstance(entry, dict) and "source" in entry}
+
+
 def _imagenet_training_split(model: TopographicModel) -> set[str] | None:
     """File names of the ``imagenet_samples`` images a model's build held out, or None when its build did not
     train on them (``metadata.training`` names its image sets)."""
-    training = model.metadata.get("training")
-    sets = training.get("data", {}).get("sets", []) if isinstance(training, dict) else []
-    if not any(isinstance(entry, dict) and entry.get("source") == "imagenet_samples" for entry in sets):
+    if "imagenet_samples" not in (training_sources(model) or set()):
         return None
     return {Path(str(stimulus_id)).name for stimulus_id in model.metadata.get("holdout_stimulus_ids", [])}
 
