@@ -33,18 +33,30 @@ def _cmd_train(args) -> int:
     from stimsim.training.head_config import is_head_config, load_head_config
     from stimsim.training.head_training import build_topo_head_model
     from stimsim.training.loop import load_training_config, train
-    from stimsim.training.run_directory import check_run_directory, has_checkpoint
+    from stimsim.training.run_directory import (CONFIG_RECORD, check_run_configuration, check_run_directory,
+                                                has_checkpoint)
     from stimsim.utilities.config import load_toml
 
     head = is_head_config(load_toml(args.config))
-    config = load_head_config(args.config)[0] if head else load_training_config(args.config)
+    if head:
+        config, raw, _ = load_head_config(args.config)
+    else:
+        config = load_training_config(args.config)
+        raw = config.raw
     out = check_run_directory(Path(args.out) if args.out is not None else Path("runs") / config.name, args.force)
     created = missing_directories(out)
     try:
-        if head:
-            model_dir = build_topo_head_model(args.config, out, progress=not args.no_progress)
-        else:
-            model_dir = train(config, out, progress=not args.no_progress, device=args.device)
+        with DirectoryLock(out, "train"):
+            check_run_configuration(out, raw, args.force)
+            try:
+                if head:
+                    model_dir = build_topo_head_model(args.config, out, progress=not args.no_progress)
+                else:
+                    model_dir = train(config, out, progress=not args.no_progress, device=args.device)
+            except StimsimError:  # nothing trained: the configuration may change before the next try
+                if not has_checkpoint(out) and not (out / "training_run.json").exists():
+                    (out / CONFIG_RECORD).unlink(missing_ok=True)
+                raise
     except StimsimError as exc:  # a run stopped before its first checkpoint leaves no directory it made behind
         if created and not has_checkpoint(out):
             shutil.rmtree(created[-1], ignore_errors=True)

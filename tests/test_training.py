@@ -346,3 +346,44 @@ def test_the_learning_rate_warms_up_linearly_then_follows_a_half_cosine_to_zero(
     assert {step: warmup_cosine_rate(training, step) for step in expected} == pytest.approx(expected, abs=1e-15)
     no_warmup = SimpleNamespace(learning_rate=0.1, warmup_steps=0, steps=4)  # ½(1 + cos(π/4)) at step 1
     assert warmup_cosine_rate(no_warmup, 1) == pytest.approx(0.05 * (1 + 2 ** -0.5))
+
+
+def test_a_run_directory_keeps_the_configuration_its_run_started_with(tmp_path):
+    """A checkpoint of one configuration is never resumed, nor a finished model replaced, by a run of another one
+    (a finished run whose checkpoint was deleted included); --force starts again, without the old checkpoints."""
+    import json
+
+    from stimsim.training.run_directory import CONFIG_RECORD, check_run_configuration
+
+    raw = {"name": "run", "training": {"learning_rate": 0.05, "steps": 10}}
+    changed = {"name": "run", "training": {"learning_rate": 0.01, "steps": 10}}
+    check_run_configuration(tmp_path, raw)
+    assert json.loads((tmp_path / CONFIG_RECORD).read_text()) == raw
+    check_run_configuration(tmp_path, json.loads(json.dumps(raw)))  # the same configuration resumes
+    (tmp_path / "checkpoint.pt").write_bytes(b"a checkpoint")
+    with pytest.raises(ConfigError, match=r"holds a training run of another configuration \(changed: "
+                                          r"training.learning_rate \(0.05 → 0.01\)\)"):
+        check_run_configuration(tmp_path, changed)
+    assert (tmp_path / "checkpoint.pt").exists()
+    check_run_configuration(tmp_path, changed, force=True)
+    assert not (tmp_path / "checkpoint.pt").exists() and json.loads((tmp_path / CONFIG_RECORD).read_text()) == changed
+    finished = tmp_path / "finished"  # recorded before the record existed: only training_run.json, no checkpoint
+    finished.mkdir()
+    (finished / "training_run.json").write_text(json.dumps({"config": raw, "steps": 10}))
+    with pytest.raises(ConfigError, match="another configuration"):
+        check_run_configuration(finished, changed)
+
+
+def test_a_second_training_run_into_a_directory_in_use_is_refused(tmp_path, capsys):
+    import json
+    import os
+    import socket
+
+    held = tmp_path / "run"
+    held.mkdir()
+    (held / ".stimsim.lock").write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname(),
+                                                    "command": "train", "started_utc": "2026-12-06T04:00:00+00:00"}))
+    (held / "training_config.json").write_text("{}")  # the running run's record stays as it is
+    assert main(["train", str(SHIPPED_CONFIG), "--out", str(held), "--no-progress"]) == 2
+    assert f"output directory {held} is in use by another run: stimsim train" in capsys.readouterr().err
+    assert (held / "training_config.json").read_text() == "{}"

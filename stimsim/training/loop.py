@@ -373,7 +373,7 @@ def _resume(checkpoint_path: Path, config: TrainingConfig, network, optimizer) -
     if state["fingerprint"] != config.fingerprint():
         changed = ""
         if isinstance(state.get("config_json"), str):  # checkpoints written before it was stored name no key
-            keys = _changed_keys(json.loads(state["config_json"]), json.loads(canonical_json(config.raw)))
+            keys = changed_keys(json.loads(state["config_json"]), json.loads(canonical_json(config.raw)))
             changed = f" (changed: {', '.join(keys[:5])}{f' and {len(keys) - 5} more' if len(keys) > 5 else ''})"
         raise ConfigError(f"{checkpoint_path} belongs to a different configuration{changed}; a run resumes only "
                           "with the configuration it started with: use another --out directory")
@@ -385,13 +385,13 @@ def _resume(checkpoint_path: Path, config: TrainingConfig, network, optimizer) -
     return state["step"], state["history"], state["cpu_seconds"]
 
 
-def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
     """The dotted keys whose values differ between two nested dicts, as ``key (old → new)``."""
     changed = []
     for key in sorted(set(old) | set(new)):
         before, after = old.get(key), new.get(key)
         if isinstance(before, dict) and isinstance(after, dict):
-            changed += _changed_keys(before, after, f"{prefix}{key}.")
+            changed += changed_keys(before, after, f"{prefix}{key}.")
         elif key not in old or key not in new or before != after:
             shown = [repr(side[key]) if key in side else "absent" for side in (old, new)]
             changed.append(f"{prefix}{key} ({shown[0]} → {shown[1]})")
