@@ -129,6 +129,8 @@ def _cmd_models_check(args) -> int:
     if args.stimuli is None and (args.label is not None or args.positive is not None):
         raise ConfigError("--label and --positive apply to --stimuli; the default images (fLoc by domain, positive "
                           "'faces') and --heldout (LFW + Fashion-MNIST by category, positive 'face') set their own")
+    if args.figure is not None:
+        _check_png_path("--figure", args.figure)
     report_phase(f"models check: loading {args.name}", progress)
     model = load_model(args.name, device=args.device)
     stimuli = None
@@ -147,6 +149,17 @@ def _cmd_models_check(args) -> int:
         warnings.warn(report["images_note"])
     _print_report(report, args.json, width=26)
     return 0
+
+
+def _check_png_path(option: str, path) -> None:
+    """A PNG file the command may write: named .png, and new or a PNG image already (never another file)."""
+    path = check_output_file(path)
+    if path.suffix.lower() != ".png":
+        raise ConfigError(f"{option} {path}: the figure is a PNG image; give a file name ending in .png")
+    if path.exists():
+        with path.open("rb") as handle:
+            if handle.read(8) != b"\x89PNG\r\n\x1a\n":
+                raise ConfigError(f"{option} {path}: that file exists and is not a PNG image; give another file name")
 
 
 def _cmd_models_resting(args) -> int:

@@ -33,6 +33,17 @@ def test_csv_round_trip_keeps_every_trial(tmp_path, table):
     assert set(loaded["session_id"]) == {"planted"}
 
 
+def test_one_session_in_two_files_is_refused_saying_why(tmp_path, table):
+    """Its trials would count twice; two days filled in from a plan's NWB template share its session id 'planned'."""
+    for session_id, why in (("day1", "the same session given twice would count its trials twice"),
+                            ("planned", "a session filled in from a plan's rig/trials.nwb keeps its session_id "
+                                        "'planned': give each day's file its own session_id")):
+        files = [write_csv(table.assign(session_id=session_id), tmp_path / f"{name}.csv") for name in ("a", "b")]
+        with pytest.raises(FileFormatError, match=f"b.csv: session '{session_id}' of subject 'subject' is also in "
+                                                  f"another file given; {why}"):
+            load_sessions(files)
+
+
 def test_hdf5_group_of_columns_and_compound_dataset(tmp_path, table):
     grouped = write_hdf5(table, tmp_path / "grouped.h5")
     compound = tmp_path / "compound.hdf5"

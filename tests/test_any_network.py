@@ -203,3 +203,13 @@ class _TwoOutputs(nn.Module):
 def test_a_network_whose_output_is_not_one_finite_tensor_is_named(fill, message):
     with pytest.raises(ConfigError, match=message):
         split_network(_TwoOutputs(fill).eval(), torch.zeros(2, 1, 8, 8), layers=["it"])
+
+
+def test_a_network_that_refuses_the_preprocessings_images_is_named_with_the_input_shape():
+    """A one-channel network given three-channel images (a preprocessing with channels = 3) fails in its first
+    layer: one error naming the network, the images' shape and torch's own reason, no traceback."""
+    network = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(2)).eval()
+    network(torch.zeros(1, 1, 8, 8))  # sizes the lazy layer
+    with pytest.raises(ConfigError, match=r"Sequential: its forward pass fails on images of 3 × 8 × 8 \(channels × "
+                                          r"height × width.*RuntimeError: .*expected input.* to have 1 channels"):
+        split_network(network, torch.zeros(2, 3, 8, 8), layers=["1"])

@@ -326,3 +326,18 @@ def test_a_diverged_training_names_its_file_and_leaves_no_run_directory_without_
     error = capsys.readouterr().err
     assert error.startswith(f"stimsim: error: {config}: training 'tiny' diverged at step ") and "Traceback" not in error
     assert not out.exists()
+
+
+def test_models_check_writes_its_figure_only_over_a_png(tmp_path, capsys):
+    """--figure names a PNG: a file of another kind (a mistyped path onto a lab's config) is never overwritten."""
+    from stimsim.cli import main
+
+    config = tmp_path / "subject.toml"
+    config.write_text("[subject]\n")
+    disguised = tmp_path / "old.png"
+    disguised.write_text("not an image")
+    for figure, message in ((config, "the figure is a PNG image; give a file name ending in .png"),
+                            (disguised, "that file exists and is not a PNG image; give another file name")):
+        assert main(["models", "check", "stimsim-topo-s0", "--figure", str(figure), "--no-progress"]) == 2
+        assert f"--figure {figure}: {message}" in capsys.readouterr().err
+    assert config.read_text() == "[subject]\n" and disguised.read_text() == "not an image"

@@ -97,6 +97,28 @@ def test_fetch_sets_a_damaged_cached_copy_aside_and_fetches_it_again(env):
     assert manifest.verify("tiny") == [("a.txt", "ok"), ("sub/b.bin", "ok")]
 
 
+def test_a_cache_that_cannot_be_written_is_a_clear_error(env, monkeypatch):
+    """A cache under a file (no folder can be made there), and a damaged copy that cannot be set aside: one error
+    naming the cache and the way out, no traceback; the damaged copy stays where it was."""
+    blocker = env["tmp"] / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(manifest.CACHE_DIR_ENV, str(blocker / "cache"))
+    with pytest.raises(DataError, match=rf"the data cache is not writable: .*a_file.*; make .*a_file/cache writable, "
+                                        rf"or set {manifest.CACHE_DIR_ENV} to a writable directory"):
+        manifest.fetch("tiny", mirror=env["mirror"])
+    monkeypatch.setenv(manifest.CACHE_DIR_ENV, str(env["cache"]))
+    path = manifest.entry_path("tiny", "a.txt", mirror=env["mirror"])
+    path.write_bytes(b"damaged")
+
+    def read_only(source, target):
+        raise PermissionError(1, "Operation not permitted", str(source), None, str(target))
+
+    monkeypatch.setattr(manifest.os, "replace", read_only)
+    with pytest.raises(DataError, match=r"the data cache is not writable: .*a.txt \(Operation not permitted\)"):
+        manifest.fetch("tiny", mirror=env["mirror"])
+    assert path.read_bytes() == b"damaged"
+
+
 def test_damaged_mirror_copy_is_not_cached(env):
     (env["mirror"] / "tiny" / "a.txt").write_bytes(b"alpha valueZ\n")
     with pytest.raises(DataError, match="checksum mismatch"):

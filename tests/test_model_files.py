@@ -38,6 +38,23 @@ def test_a_recorded_cortex_scale_is_read_back(tmp_path):
     assert loaded.metadata == {"cortex_scale": SCALE}
 
 
+def test_a_cortex_scale_given_by_area_label_is_used_and_saved_under_its_layer(tmp_path):
+    """The area label ("IT", as experiment files name layers) means the layer "it": in memory and in the file a later
+    load reads. A record naming no layer of the model, or a scale that is not positive, is refused before any file
+    is written."""
+    model = tiny_model()
+    model.metadata["cortex_scale"] = {**SCALE, "layer": "IT"}
+    assert model.cortex_scale("it")["cortex_mm_per_model_mm"] == 2.0
+    loaded = TopographicModel.load(model.save(tmp_path / "model"))
+    assert loaded.metadata["cortex_scale"] == SCALE and loaded.cortex_scale("IT")["cortex_mm_per_model_mm"] == 2.0
+    for record, message in (({**SCALE, "layer": "V4"}, r"'layer': unknown layer 'V4'"),
+                            ({**SCALE, "cortex_mm_per_model_mm": -1.0}, r"cortex_mm_per_model_mm")):
+        model.metadata["cortex_scale"] = record
+        with pytest.raises(FileFormatError, match=rf"bad/model.json: \[metadata.cortex_scale\].*{message}"):
+            model.save(tmp_path / "bad")
+        assert not (tmp_path / "bad").exists()
+
+
 @pytest.fixture
 def saved(tmp_path):
     return tiny_model().save(tmp_path / "model")

@@ -203,6 +203,10 @@ def test_subject_make_writes_both_formats_and_the_truth(tmp_path, one_torch_thre
     np.testing.assert_allclose(from_nc.response.values, from_nwb.response.values)
     assert from_nc.response.sizes == {"presentation": 400, "electrode": 64}
     loaded = VirtualSubject.load(out)
+    from pynwb import NWBHDF5IO
+
+    with NWBHDF5IO(str(out / "recordings.nwb"), "r") as io:  # the animal: its model and seed
+        assert io.read().subject.subject_id == loaded.subject_id == "virtual-stimsim-topo-s2-seed4"
     assert loaded.pose == ArrayPose.from_dict(truth["pose"])
     assert loaded.dead_electrodes == tuple(truth["dead_electrodes"])
     assert list(loaded.stimuli().stimulus_id) == list(lfw_subset().stimulus_id)

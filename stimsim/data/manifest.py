@@ -451,7 +451,18 @@ def _install(dest: Path, spec: ManifestFile, entry: ManifestEntry, origin: str, 
             raise _mismatch_error(entry, spec, origin, size, actual,
                                   advice="the source copy is damaged or a different version; nothing was cached")
 
-    return atomic_save(dest, save)
+    try:
+        return atomic_save(dest, save)
+    except OSError as error:
+        failed = None if error.filename is None else Path(error.filename)
+        if failed is None or not (failed.is_relative_to(dest.parent) or dest.parent.is_relative_to(failed)):
+            raise  # reading the source failed: the callers say which source
+        raise _cache_not_writable(dest, error) from None
+
+
+def _cache_not_writable(path: Path, error: OSError) -> DataError:
+    return DataError(f"the data cache is not writable: {error.filename or path} ({error.strerror or error}); make "
+                     f"{cache_dir()} writable, or set {CACHE_DIR_ENV} to a writable directory")
 
 
 def _download(url: str, timeout_s: float):
@@ -529,7 +540,10 @@ def _resolve_file(entry: ManifestEntry, spec: ManifestFile, mirror, timeout_s: f
             if not replace_damaged:
                 raise
             aside = cached.with_name(cached.name + ".damaged")
-            os.replace(cached, aside)
+            try:
+                os.replace(cached, aside)
+            except OSError as error:
+                raise _cache_not_writable(cached, error) from None
             warnings.warn(f"{str(exc).split('; ')[0]}; set aside as {aside}, fetching it again", stacklevel=3)
     looked = [f"cache {cached} (absent)"]
     in_place = entry.in_place_path(spec.path)

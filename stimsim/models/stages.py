@@ -154,15 +154,21 @@ def _segment(module: fx.GraphModule, nodes: list[fx.Node], start: fx.Node | None
 def _check(network: nn.Module, stages, example_input: torch.Tensor) -> None:
     was_training = network.training
     network.eval()
+    name = type(network).__name__
     try:
         with torch.no_grad():
             expected = network(example_input)
             x = example_input
             for _, stage in stages:
                 x = stage(x)
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # the network's own code refused the input
+        shape = " × ".join(map(str, example_input.shape[1:]))
+        raise ConfigError(f"{name}: its forward pass fails on images of {shape} (channels × height × width, as the "
+                          f"model's preprocessing gives them: channels and size_px) with {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}; give the preprocessing the input the "
+                          "network takes") from None
     finally:
         network.train(was_training)
-    name = type(network).__name__
     if not isinstance(expected, torch.Tensor):
         raise ConfigError(f"{name}: its forward pass returns {type(expected).__name__}; stimsim needs one tensor "
                           "(the network's output, e.g. its class scores)")

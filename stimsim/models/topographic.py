@@ -42,6 +42,7 @@ from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
 from stimsim.utilities.filemodels import FileModel, Text, validate_file
 from stimsim.utilities.hashing import sha256_of
 from stimsim.utilities.io import atomic_write_bytes, atomic_write_json
+from stimsim.utilities.jsonable import json_value
 
 MODEL_FORMAT = "stimsim-model/1"
 #: Most input pixels (per channel) one batch of :meth:`TopographicModel.activations` runs at a time: 64 images of
@@ -202,7 +203,7 @@ class TopographicModel:
         factor is what remains: 1, unless the conversion overrode the model's own scale."""
         layer = self.resolve_layer(layer)
         record = self.metadata.get("cortex_scale") or {}
-        if record.get("layer") == layer:
+        if record and self.resolve_layer(str(record.get("layer"))) == layer:  # a layer or its area label
             factor, rule = float(record["cortex_mm_per_model_mm"]), str(record["rule"])
         else:
             factor, rule = 1.0, "none recorded: 1 cortex mm per model mm"
@@ -351,8 +352,10 @@ class TopographicModel:
 
     # --- files ----------------------------------------------------------------------------
     def save(self, directory) -> Path:
-        """Write the model directory (weights, positions, model.json with checksums)."""
+        """Write the model directory (weights, positions, model.json with checksums); its metadata is checked first as
+        :meth:`load` checks it, a ``cortex_scale`` given by area label stored under its layer's name."""
         directory = Path(directory)
+        metadata = self._metadata_to_save(directory / "model.json")
         (directory / "positions").mkdir(parents=True, exist_ok=True)
         files = {}
         state = self.network.state_dict()
@@ -381,10 +384,29 @@ class TopographicModel:
             "layers": layers,
             "readout_layer": self.readout_layer,
             "preprocessing": self.preprocessing.to_dict(),
-            "metadata": self.metadata,
+            "metadata": metadata,
             "files_sha256": files,
         })
         return directory
+
+    def _metadata_to_save(self, spec_path: Path) -> dict:
+        metadata = dict(self.metadata)
+        scale = metadata.get("cortex_scale")
+        if isinstance(scale, dict) and "layer" in scale:
+            try:
+                metadata["cortex_scale"] = {**scale, "layer": self.resolve_layer(str(scale["layer"]))}
+            except ConfigError as exc:
+                raise FileFormatError(spec_path, f"[metadata.cortex_scale]: 'layer': {exc}") from None
+            if metadata["cortex_scale"]["layer"] not in self.sheets:
+                raise FileFormatError(spec_path, f"[metadata.cortex_scale]: 'layer' must be one of the model's layers "
+                                                 f"{sorted(self.sheets)}, got {scale['layer']!r}")
+        as_written = json.loads(json.dumps({  # as model.json will hold it: lists for tuples
+            "format": MODEL_FORMAT, "name": self.name, "architecture": self.architecture,
+            "layers": {layer: {"positions_file": f"positions/{layer}.npz"} for layer in self.sheets},
+            "readout_layer": self.readout_layer, "preprocessing": self.preprocessing.to_dict(), "metadata": metadata,
+            "files_sha256": {}}, default=json_value))
+        validate_file(ModelFile, as_written, spec_path)
+        return metadata
 
     @classmethod
     def load(cls, directory, device="cpu") -> "TopographicModel":

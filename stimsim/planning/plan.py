@@ -617,7 +617,7 @@ def _write_outputs(config, out_dir, inputs, mapping, chosen_model, task, rehears
                             "interval": coverage(true[alive], plan["low"][alive], plan["high"][alive]),
                             "interval_with_subject": coverage(true[alive], subject_low[alive], subject_high[alive])},
                         **_random_pose_null(rehearsals, true, alive),
-                        "subject_lapse_rate": subject.lapse_rate, "subject_id": f"virtual-{subject.seed}"})
+                        "subject_lapse_rate": subject.lapse_rate, "subject_id": subject.subject_id})
     # on a virtual subject, over the electrodes alive in it, as the true effects' SD
     summary["predicted_effect_sd"] = _sd(plan["predicted"] if truth is None else plan["predicted"][alive])
     summary[f"predicted_{effect}"] = {e: float(v) for e, v in zip(working, plan["predicted"])}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -61,7 +62,7 @@ NWB_COLUMNS = {"choice": "the animal's choice, 'low' or 'high' (empty in the tem
 #: Columns of a behavioural session beyond start_time and stop_time (s), as the virtual subject writes them and
 #: :mod:`stimsim.lab.sessions` reads them.
 SESSION_COLUMNS = {
-    "stimulus_id": "image shown: '{electrode}_seq{sequence}_step{step}'",
+    "stimulus_id": "image shown: '{electrode}_seq{sequence}_step{step}' (face task: the noisy image's id)",
     "electrode": "site whose image sequence is shown (electrode id)",
     "sequence": "index of the site's sequence",
     "step": "position along the sequence (0 = 'low' end, last = 'high' end)",
@@ -225,8 +226,9 @@ def write_rig(out_dir: Path, images: dict[str, np.ndarray], spec: RigSpec, trial
     atomic_write_text(rig / "trials.csv", csv_text(trials, significant_digits=10))
     template = trials.assign(start_time=(trials["trial"] - 1) * TRIAL_PERIOD_S,
                              stop_time=(trials["trial"] - 1) * TRIAL_PERIOD_S + TRIAL_DURATION_S, choice="")
-    write_trials_nwb(template, rig / "trials.nwb", subject_id=subject_id, session_id="planned",
-                     description=f"stimsim plan {description}: trial list to run (planned times; choices to fill in)")
+    write_trials_nwb(template, rig / "trials.nwb", subject_id=subject_id, session_id="planned", template=True,
+                     description=f"stimsim plan {description}: trial list to run (planned times; choices to fill "
+                                 "in; give each day's session its own session_id and start time)")
     atomic_write_json(rig / "display.json", spec.display(next(iter(images.values())).shape[1]))
     protocol = {key: stimulation[key] for key in STIMULATOR_KEYS}
     atomic_write_json(rig / "stimulation.json", {**protocol, "train_onset_ms": spec.train_onset_ms,
@@ -236,14 +238,16 @@ def write_rig(out_dir: Path, images: dict[str, np.ndarray], spec: RigSpec, trial
 
 
 def write_trials_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: str, description: str,
-                     species: str | None = None, subject_description: str | None = None) -> Path:
-    """``trials`` (start_time, stop_time and columns of :data:`TRIAL_COLUMNS` / :data:`NWB_COLUMNS` or
-    :data:`SESSION_COLUMNS`) as the NWB trials table, written atomically; empty numbers (sham trials' train) as NaN."""
+                     species: str | None = None, subject_description: str | None = None,
+                     template: bool = False) -> Path:
+    """``trials`` (start_time, stop_time and columns of :data:`TRIAL_COLUMNS`, :data:`SESSION_COLUMNS` and, in the
+    rig's ``template`` to fill in, :data:`NWB_COLUMNS`) as the NWB trials table, written atomically; empty numbers
+    (sham trials' train) as NaN."""
     from pynwb import NWBHDF5IO, NWBFile
     from pynwb.file import Subject
 
-    described = {**SESSION_COLUMNS, **TRIAL_COLUMNS, **NWB_COLUMNS}
-    nwbfile = NWBFile(session_description=description, identifier=f"{subject_id}-{session_id}",
+    described = {**TRIAL_COLUMNS, **(NWB_COLUMNS if template else SESSION_COLUMNS)}
+    nwbfile = NWBFile(session_description=description, identifier=str(uuid.uuid4()),
                       session_start_time=datetime.now(timezone.utc), session_id=session_id,
                       subject=Subject(subject_id=subject_id, species=species, description=subject_description))
     columns = [name for name in trials.columns if name not in ("start_time", "stop_time")]

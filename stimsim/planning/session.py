@@ -30,6 +30,7 @@ import xarray as xr
 from stimsim.planning.rig import (SESSION_COLUMNS, SHAM, TRIAL_DURATION_S, TRIAL_PERIOD_S,
                                   check_trial_images, check_trial_protocol, read_trial_list, stimulation_trials,
                                   write_trials_nwb)
+from stimsim.subject.virtual import VIRTUAL_SPECIES
 from stimsim.utilities.errors import ConfigError, FileFormatError
 from stimsim.utilities.io import atomic_write_text
 from stimsim.utilities.limits import check_memory, check_seed
@@ -122,7 +123,7 @@ def write_session_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: s
         description = f"{VIRTUAL_SESSION_DESCRIPTION}: a plan's stimuli with interleaved microstimulation"
     else:
         description = f"{VIRTUAL_SESSION_DESCRIPTION} running the trial list {trial_list}"
-    return write_trials_nwb(trials, path, subject_id, session_id, description, species="virtual (stimsim model)",
+    return write_trials_nwb(trials, path, subject_id, session_id, description, species=VIRTUAL_SPECIES,
                             subject_description="stimsim virtual subject")
 
 

@@ -47,6 +47,8 @@ from stimsim.utilities.io import atomic_write_bytes, atomic_write_json, atomic_w
 #: IT area label of the models a subject is built from.
 IT_AREA = "IT"
 SUBJECT_FILES = ("subject.toml", "recordings.nc", "recordings.nwb", "stimuli.npz", "truth.json")
+#: The species NWB files give for a virtual subject.
+VIRTUAL_SPECIES = "virtual (stimsim model)"
 
 
 class VirtualSubject:
@@ -239,6 +241,12 @@ class VirtualSubject:
                  "subject": "virtual"}
         return Recordings.from_arrays(responses, stimuli.stimulus_id[order], self.layout, attrs)
 
+    @property
+    def subject_id(self) -> str:
+        """The animal's id in sessions and NWB files, from its model and seed: two virtual subjects made from other
+        models or seeds have other ids, so that a session of one is not analysed against a plan for the other."""
+        return f"virtual-{self.model.name}-seed{self.seed}"
+
     # --- files ----------------------------------------------------------------------------
     def truth(self) -> dict:
         """What only validation may read: model, pose, dead electrodes, gains, seed."""
@@ -271,7 +279,7 @@ class VirtualSubject:
             atomic_write_text(staging / "subject.toml", text if text is not None else to_toml(config))
             write_stimuli_npz(staging / "stimuli.npz", stimuli)
             recordings.save_netcdf(staging / "recordings.nc")
-            recordings.save_nwb(staging / "recordings.nwb", subject_id=f"virtual-{self.seed}")
+            recordings.save_nwb(staging / "recordings.nwb", subject_id=self.subject_id, species=VIRTUAL_SPECIES)
             atomic_write_json(staging / "truth.json", self.truth())
             directory.mkdir(exist_ok=True)
             for path in sorted(staging.iterdir()):

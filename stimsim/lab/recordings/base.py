@@ -36,6 +36,7 @@ behind a registry (:mod:`~stimsim.lab.recordings.formats`); the checks of electr
 """
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -207,9 +208,10 @@ class Recordings:
         return atomic_save(path, lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
 
     def save_nwb(self, path, subject_id: str = "subject", session_id: str = "passive_viewing",
-                 presentation_s: float = 0.1, interval_s: float = 0.2) -> Path:
-        """Write the NWB layout with pynwb: electrodes table + a ``presentations`` TimeIntervals table.
-        Presentation i runs from i·``interval_s`` for ``presentation_s`` seconds."""
+                 presentation_s: float = 0.1, interval_s: float = 0.2, species: str | None = None) -> Path:
+        """Write the NWB layout with pynwb: electrodes table + a ``presentations`` TimeIntervals table, of
+        ``subject_id`` (of ``species``, when given). Presentation i runs from i·``interval_s`` for ``presentation_s``
+        seconds; the session starts when the file is written."""
         from hdmf.common import VectorData
         from pynwb import NWBHDF5IO, NWBFile
         from pynwb.epoch import TimeIntervals
@@ -218,9 +220,9 @@ class Recordings:
         units = self.response.attrs.get("units", "a.u.")
         window = self.response.attrs.get("window_ms", "")
         nwbfile = NWBFile(session_description="passive viewing: one response per image presentation and electrode",
-                          identifier=f"{subject_id}-{session_id}", session_id=session_id,
-                          session_start_time=datetime(2000, 1, 1, tzinfo=timezone.utc),
-                          subject=Subject(subject_id=subject_id, species="Macaca mulatta"))
+                          identifier=str(uuid.uuid4()), session_id=session_id,
+                          session_start_time=datetime.now(timezone.utc),
+                          subject=Subject(subject_id=subject_id, species=species))
         device = nwbfile.create_device(name="array", description=f"multi-electrode array {self.layout.name}")
         group = nwbfile.create_electrode_group(name=self.layout.name, description="one array",
                                                location="IT", device=device)

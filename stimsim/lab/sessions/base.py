@@ -285,8 +285,11 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
     duplicated = per_file.duplicated(["subject_id", "session_id"])
     if duplicated.any():
         again = per_file[duplicated].iloc[0]
+        hint = ("; a session filled in from a plan's rig/trials.nwb keeps its session_id 'planned': give each day's "
+                "file its own session_id (and start time) when writing it" if again["session_id"] == "planned" else
+                "; the same session given twice would count its trials twice")
         raise FileFormatError(again["file"], f"session {again['session_id']!r} of subject "
-                              f"{again['subject_id']!r} is also in another file given")
+                              f"{again['subject_id']!r} is also in another file given{hint}")
     _refuse_copies(sessions)
     return sessions
 
