@@ -110,6 +110,8 @@ def test_without_floc_the_check_says_so_and_uses_the_heldout_images(tmp_path, mo
     report = json.loads(captured.out)
     assert report["stimuli"] == "lfw_subset+fashion_mnist_test" and "class_maps" in report
     assert report["images_note"].startswith("the fLoc images are not available")
+    assert report["images_note"].endswith("model 'tiny' lists no held-out images: all 200 LFW images are used, and its "
+                                          "training may have seen some of them")
     assert captured.err.strip() == f"stimsim: warning: {report['images_note']}"
     assert report["imagenet_top1"] is None and report["imagenet_top1_base"] is None
     assert main(["models", "check", str(saved), "--heldout", "--positive", "face"]) == 2
@@ -211,3 +213,25 @@ def test_the_default_models_check_gives_the_figures_of_the_docs(name, shared_dat
     assert report["imagenet_top1_trained_images"] == pytest.approx(trained_on, abs=5e-4)
     base = table_cell(MODELS_PAGE, top1_rows, "monkeys / base network")[BASE_TOP1_COLUMN[report["base_network"]]]
     assert report["imagenet_top1_base"] == pytest.approx(base, abs=5e-4)
+
+
+def test_the_heldout_images_are_those_the_training_did_not_use():
+    """A model trained on LFW keeps the LFW faces it held out; one trained on other images keeps every LFW face,
+    without a note; one that records nothing keeps them all with a note saying its training may have seen them."""
+    from types import SimpleNamespace
+
+    from stimsim.data.stimuli import lfw_subset
+
+    lfw = lfw_subset()
+    faces_of = {}
+    for name, metadata in (("lfw", {"holdout_stimulus_ids": list(lfw.stimulus_id[:3]),
+                                    "training": {"data": {"sets": [{"source": "lfw_subset"}]}}}),
+                           ("folder", {"holdout_stimulus_ids": ["faces/001.png"],
+                                       "training": {"data": {"sets": [{"source": "folder", "path": "images"}]}}}),
+                           ("unrecorded", {})):
+        stimuli, note = evaluation.heldout_images(SimpleNamespace(name=name, metadata=metadata), objects_per_class=2)
+        faces_of[name] = int((np.asarray(stimuli.labels["category"]) == "face").sum())
+        assert (note is not None) == (name == "unrecorded")
+    assert faces_of == {"lfw": int((np.asarray(lfw.labels["category"][:3]) == "face").sum()),
+                        "folder": int((np.asarray(lfw.labels["category"]) == "face").sum()),
+                        "unrecorded": int((np.asarray(lfw.labels["category"]) == "face").sum())}

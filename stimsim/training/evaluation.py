@@ -59,18 +59,24 @@ FLOC_IMAGES_PER_CATEGORY = None
 
 
 def heldout_images(model: TopographicModel, objects_per_class: int = 50, seed: int = 0):
-    """Held-out evaluation images: (StimulusSet, face mask, class labels)."""
+    """Held-out evaluation images: (StimulusSet, note): the LFW faces the model's training held out (all of them
+    when it trained on none, or when it lists no held-out images: then the note says so) and Fashion-MNIST's test
+    images."""
     from stimsim.data.stimuli import StimulusSet, fashion_mnist, lfw_subset
 
     lfw = lfw_subset()
     held = set(model.metadata.get("holdout_stimulus_ids", []))
-    if held:
-        lfw = lfw.subset(np.array([sid in held for sid in lfw.stimulus_id]))
+    note = None
+    if "lfw_subset" in (training_sources(model) or {"lfw_subset"}):
+        if held:
+            lfw = lfw.subset(np.array([sid in held for sid in lfw.stimulus_id]))
+        else:
+            note = (f"model {model.name!r} lists no held-out images: all {len(lfw)} LFW images are used, and its "
+                    "training may have seen some of them")
     objects = fashion_mnist(split="test", n_per_class=objects_per_class, seed=seed)
     stimuli = StimulusSet.concat(*(StimulusSet(s.name, s.images, s.stimulus_id, {"category": s.labels["category"]})
                                    for s in (lfw, objects)))
-    categories = np.asarray(stimuli.labels["category"])
-    return stimuli, categories == "face", categories
+    return stimuli, note
 
 
 def default_images(model: TopographicModel, seed: int = 0):
@@ -82,9 +88,10 @@ def default_images(model: TopographicModel, seed: int = 0):
         stimuli = floc([c for c, domain in FLOC_DOMAINS.items() if domain in FLOC_CHECK_DOMAINS],
                        n_per_category=FLOC_IMAGES_PER_CATEGORY)
     except DataError:
-        stimuli, _, _ = heldout_images(model, seed=seed)
-        return stimuli, "category", "face", ("the fLoc images are not available (no mirror or cached copy of data "
-                                             "entry 'floc'); evaluated on the held-out LFW and Fashion-MNIST images")
+        stimuli, note = heldout_images(model, seed=seed)
+        return stimuli, "category", "face", "; ".join(
+            ["the fLoc images are not available (no mirror or cached copy of data entry 'floc'); evaluated on the "
+             "held-out LFW and Fashion-MNIST images", *([note] if note else [])])
     return stimuli, "domain", FLOC_POSITIVE, None
 
 
@@ -245,7 +252,7 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
     if stimuli is None:
         report_phase("models check: loading the images", progress)
         if heldout:
-            stimuli, label, positive = heldout_images(model, seed=seed)[0], "category", "face"
+            (stimuli, note), label, positive = heldout_images(model, seed=seed), "category", "face"
         else:
             stimuli, label, positive, note = default_images(model, seed=seed)
     else:
