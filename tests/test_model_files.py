@@ -2,6 +2,7 @@
 import json
 import pickle
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -135,9 +136,13 @@ class _Payload:
 
 
 @pytest.mark.parametrize("make, error, message", [
-    (lambda good: good[: len(good) // 3], FileFormatError, "weights.pt: not a readable torch checkpoint"),
+    (lambda good: good[: len(good) // 3], FileFormatError,
+     r"weights.pt: not a readable torch checkpoint: damaged, cut short or not written by torch.save \(\d+ bytes; "),
     (lambda good: np.random.default_rng(0).bytes(4096), FileFormatError,
-     r"weights.pt: not a readable torch checkpoint \(damaged, or not written by torch.save\)$"),
+     r"weights.pt: not a readable torch checkpoint: damaged, cut short or not written by torch.save \(4096 bytes\)$"),
+    (lambda good: b"", FileFormatError, r"weights.pt: not a readable torch checkpoint: the file is empty \(0 bytes\)$"),
+    (lambda good: pickle.dumps({"conv.weight": 1}, protocol=4), FileFormatError,  # a pickle, not torch.save's
+     r"weights.pt: not a readable torch checkpoint: damaged, cut short or not written by torch.save \(\d+ bytes\)$"),
     (lambda good: pickle.dumps({"conv": _Payload()}, protocol=2), FileFormatError, "never unpickles"),
     (lambda good: _saved({"conv.weight": torch.zeros(3)}), FileFormatError, "weights.pt: does not match"),
     (lambda good: _saved(tiny_model(it_units=32).network.state_dict()), FileFormatError, "wrong shape"),
@@ -146,9 +151,20 @@ class _Payload:
 ])
 def test_damaged_or_foreign_weights_are_stimsim_errors(saved, make, error, message):
     _replace_weights(saved, make((saved / "weights.pt").read_bytes()))
-    with pytest.raises(error, match=message) as info:
+    with pytest.raises(error, match=message) as info, warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's own advice on a file that is no checkpoint is not passed on
         TopographicModel.load(saved)
     assert "weights_only=False" not in str(info.value)
+
+
+def test_a_positions_file_holding_python_objects_is_named_without_numpys_advice(saved):
+    np.save(saved / "positions" / "it.npz", np.array([{"not": "positions"}], dtype=object), allow_pickle=True)
+    (saved / "positions" / "it.npz.npy").rename(saved / "positions" / "it.npz")
+    _edit_spec(saved, lambda spec: spec["files_sha256"].update(
+        {"positions/it.npz": sha256_of(saved / "positions" / "it.npz")}))
+    with pytest.raises(FileFormatError, match=r"it.npz: not a readable .npz archive \(it holds Python objects "
+                                              r"\(pickled data\), which stimsim never loads from a file\)$"):
+        TopographicModel.load(saved)
 
 
 def _saved(state) -> bytes:

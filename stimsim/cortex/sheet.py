@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stimsim.utilities.errors import FileFormatError
+from stimsim.utilities.errors import FileFormatError, unreadable_reason
 from stimsim.utilities.io import atomic_write_bytes
 
 #: The one class a TDANN ``.pkl`` positions file may hold, besides numpy arrays.
@@ -222,7 +222,7 @@ class CorticalSheet:
                 activity, reference = archive["activity"], str(archive["reference"])
         except (OSError, ValueError, KeyError) as exc:
             raise FileFormatError(path, f"not a resting-activity file with 'activity' and 'reference' "
-                                        f"({exc})") from None
+                                        f"({unreadable_reason(exc)})") from None
         if activity.shape != (self.n_units,) or not np.all(np.isfinite(activity)):
             raise FileFormatError(path, f"'activity' must hold {self.n_units} finite values, one per unit of the "
                                         f"layer; got shape {activity.shape}")
@@ -280,7 +280,7 @@ def _read_npz_fields(path: Path) -> dict:
         with np.load(path, allow_pickle=False) as archive:
             fields = {key: archive[key] for key in archive.files}
     except Exception as exc:  # numpy raises many types for a damaged archive
-        raise FileFormatError(path, f"not a readable .npz archive ({exc})") from None
+        raise FileFormatError(path, f"not a readable .npz archive ({unreadable_reason(exc)})") from None
     missing = [key for key in _REQUIRED_FIELDS if key not in fields]
     if missing:
         raise FileFormatError(path, f"missing field(s) {missing}; a positions file needs {list(_REQUIRED_FIELDS)}")

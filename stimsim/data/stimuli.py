@@ -26,7 +26,7 @@ import numpy as np
 
 from stimsim.data.images import load_image
 from stimsim.data.manifest import entry_path, entry_paths, get_entry
-from stimsim.utilities.errors import ConfigError, FileFormatError
+from stimsim.utilities.errors import ConfigError, FileFormatError, unreadable_reason
 from stimsim.utilities.io import atomic_save
 
 #: File name endings read as images (case-insensitive).
@@ -380,7 +380,7 @@ def lfw_subset(mirror=None) -> StimulusSet:
     try:
         array = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise FileFormatError(path, f"cannot read as a numpy array ({exc})") from None
+        raise FileFormatError(path, f"cannot read as a numpy array ({unreadable_reason(exc)})") from None
     if array.shape != _LFW_SUBSET_SHAPE or not np.issubdtype(array.dtype, np.floating):
         raise FileFormatError(path, f"expected a float array of shape {_LFW_SUBSET_SHAPE}, "
                                     f"got {array.dtype} {array.shape}")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pickle
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from stimsim.utilities.errors import ConfigError, FileFormatError
+from stimsim.utilities.errors import ConfigError, FileFormatError, unreadable_reason
 
 #: How many offending keys an error message lists.
 _KEYS_SHOWN = 5
@@ -25,13 +26,18 @@ def read_checkpoint_file(path):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint file not found: {path}")
+    size = path.stat().st_size
+    if size == 0:
+        raise FileFormatError(path, "not a readable torch checkpoint: the file is empty (0 bytes)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's advice about pickle protocols of a file that is no checkpoint
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
         if not found:  # not an object the unpickler declined: bytes it cannot read
-            raise FileFormatError(path, "not a readable torch checkpoint (damaged, or not written by torch.save)") \
-                from None
+            raise FileFormatError(path, f"not a readable torch checkpoint: damaged, cut short or not written by "
+                                        f"torch.save ({size} bytes)") from None
         raise FileFormatError(
             path,
             f"holds Python objects other than tensors and plain containers (it references {found.group(1)}), and "
@@ -40,7 +46,8 @@ def read_checkpoint_file(path):
             "torch.save only the nested dicts of tensors you need",
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise FileFormatError(path, f"not a readable torch checkpoint ({exc})") from None
+        raise FileFormatError(path, f"not a readable torch checkpoint: damaged, cut short or not written by torch.save "
+                                    f"({size} bytes; {unreadable_reason(exc)})") from None
 
 
 def load_weights(network: nn.Module, state_dict, source=None) -> None:

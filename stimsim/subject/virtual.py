@@ -40,7 +40,7 @@ from stimsim.lab.arrays.pose import ArrayPose
 from stimsim.lab.recordings import Recordings
 from stimsim.subject.subject_file import SubjectFile
 from stimsim.utilities.config import load_toml
-from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError, unreadable_reason
 from stimsim.utilities.filemodels import validate
 from stimsim.utilities.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance
 
@@ -383,7 +383,7 @@ def read_stimuli_npz(path) -> StimulusSet:
             labels = {key[len("label_"):]: archive[key] for key in archive.files if key.startswith("label_")}
             name = str(archive["name"][()])
     except (OSError, KeyError, ValueError) as exc:
-        raise FileFormatError(path, f"not a stimsim stimuli archive ({exc})") from None
+        raise FileFormatError(path, f"not a stimsim stimuli archive ({unreadable_reason(exc)})") from None
     return StimulusSet(name=name, images=images, stimulus_id=ids, labels=labels)
 
 

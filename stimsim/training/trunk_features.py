@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from stimsim.models.base_networks import base_network_spec
 from stimsim.models.preprocessing import Preprocessing
-from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.errors import ConfigError, unreadable_reason
 from stimsim.utilities.hashing import json_sha256, state_sha256
 from stimsim.utilities.io import atomic_save
 
@@ -81,7 +81,7 @@ def trunk_features(config, stimuli, trunk, classifier, preprocessing: Preprocess
             with np.load(path, allow_pickle=False) as cached:
                 stored = {key: cached[key] for key in ("features", "teacher", "digest", "content_sha256")}
         except (OSError, ValueError, KeyError) as exc:
-            stored = {"problem": f"unreadable ({exc})"}
+            stored = {"problem": f"unreadable ({unreadable_reason(exc)})"}
         if "problem" not in stored and str(stored["content_sha256"]) != _content_sha256(stored):
             stored["problem"] = "its numbers do not match their sha256"
         if "problem" not in stored and str(stored["digest"]) == digest:

@@ -31,3 +31,12 @@ class SafetyError(StimsimError, ValueError):
 
 class TrainingDiverged(StimsimError):
     """Training produced a non-finite loss or weight; the last good checkpoint is kept."""
+
+
+def unreadable_reason(exc: BaseException) -> str:
+    """Why a reader refused a file, for a message: the exception's kind and first line, and for numpy's advice to
+    load pickled data unsafely what it means (the file holds Python objects, which stimsim never loads)."""
+    if "allow_pickle" in str(exc):
+        return "it holds Python objects (pickled data), which stimsim never loads from a file"
+    first = str(exc).splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
