@@ -1,4 +1,5 @@
 """`stimsim analyze` on a lab's own NWB file (plain pynwb, own column names) with a plan directory."""
+import hashlib
 import json
 import re
 
@@ -131,7 +132,11 @@ def test_analyze_reads_a_lab_file_through_a_toml_column_mapping(tmp_path, capsys
     assert "analyze:" not in capsys.readouterr().err
     assert summary["n_sites_significant_chance"] == 0.15  # 3 sites × α 0.05, as written (no binary tail)
     assert "0.15000000000000002" not in (out / "summary.json").read_text()
-    assert json.loads((out / "summary.json").read_text())["provenance"]["config"]["columns"] == LAB_MAPPING
+    recorded = json.loads((out / "summary.json").read_text())["provenance"]
+    assert recorded["config"]["columns"] == LAB_MAPPING
+    # the session file's checksum beside its path: a file rewritten later no longer matches the analysis
+    assert recorded["config"]["sessions_sha256"] == [hashlib.sha256(session.read_bytes()).hexdigest()]
+    assert {"pandas", "statsmodels", "pynwb"} <= set(recorded["software"])
     assert "n_sites_significant_fdr" in summary and "p_fdr" in pd.read_csv(out / "sites.csv")
     with xr.open_dataset(out / "results.nc", engine="h5netcdf") as data:
         assert np.all(data["p_fdr"].values >= data["permutation_p"].values)

@@ -1,4 +1,5 @@
 """Power of planned sessions against the normal-theory power of the per-site test, and null rates."""
+import hashlib
 import html as html_module
 import json
 
@@ -172,6 +173,8 @@ def test_power_command_on_a_virtual_subject_plan(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["simulated_from"].startswith("virtual subject")
     assert summary["wilcoxon_trials_needed"] in (50, 200, 800)
+    assert summary["provenance"]["config"]["plan_summary_sha256"] == hashlib.sha256(
+        (plan / "summary.json").read_bytes()).hexdigest()  # the plan it was simulated from
     for name in ("report.html", "report.pdf", "power_curve.csv", "power_sites.csv"):
         assert (out / name).stat().st_size > 0
     captured = capsys.readouterr()

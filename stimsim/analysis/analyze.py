@@ -370,9 +370,13 @@ def save_analysis(analysis: Analysis, out_dir, sources=(), report: bool = True, 
 
 
 def _write_analysis(analysis: Analysis, results, sources, report: bool) -> Path:
+    from stimsim.analysis.plan_readback import plan_checksum
+    from stimsim.utilities.hashing import sha256_of
     from stimsim.utilities.io import provenance
 
-    record = provenance({**analysis.parameters, "sessions": [str(path) for path in sources]})
+    record = provenance({**analysis.parameters, "sessions": [str(path) for path in sources],
+                         "sessions_sha256": [sha256_of(path) for path in sources],
+                         **plan_checksum(analysis.parameters["plan_dir"])})
     dataset = analysis.to_dataset()
     dataset.attrs["provenance_json"] = json.dumps(record, default=str)
     results.write("results.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))

@@ -65,6 +65,14 @@ def check_plan_files(plan_dir) -> None:
                                         "file; run the plan again")
 
 
+def plan_checksum(plan_dir) -> dict:
+    """What a result made from a plan records of it: ``plan_summary_sha256`` (its summary.json, whose checksums cover
+    the plan's other files), or nothing without a plan."""
+    if plan_dir is None:
+        return {}
+    return {"plan_summary_sha256": sha256_of(Path(plan_dir) / "summary.json")}
+
+
 def read_plan_protocol(plan_dir) -> dict:
     """The protocol the plan's trials run, from its ``config.json``: its resolved ``[stimulation]`` (current_uA,
     frequency_Hz, pulse_width_ms, train_ms, ...) with its ``[session]`` train_onset_ms (ms from image onset)."""

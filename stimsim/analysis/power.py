@@ -273,6 +273,7 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     ``summary.json`` and ``report.html`` / ``report.pdf`` (table and curve) into ``out_dir`` as one
     result set."""
     from stimsim.analysis.figures import plot_power_curve
+    from stimsim.analysis.plan_readback import plan_checksum
     from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
     from stimsim.utilities.io import ResultSet, provenance
     from stimsim.utilities.jsonable import json_ready
@@ -288,8 +289,9 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
                                                effect=planned["effect"])
         summary = {**summary, "simulated_from": planned["source"], "plan_dir": str(plan_dir),
                    "planned_effect": planned["effect"]}
-        parameters = {"plan_dir": str(plan_dir), "target_power": target_power, "alpha": alpha,
-                      "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions, "seed": seed}
+        parameters = {"plan_dir": str(plan_dir), **plan_checksum(plan_dir), "target_power": target_power,
+                      "alpha": alpha, "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions,
+                      "seed": seed}
         beyond = f"more than {max(summary['trial_counts'])}"
         report = Report("Power of the planned session", subtitle=str(plan_dir), parameters=parameters, sections=[
             Section("Trials per site needed", [

@@ -14,6 +14,7 @@ import platform
 import sys
 import tempfile
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 
 from stimsim.utilities.errors import ConfigError, DataError
@@ -119,6 +120,8 @@ def software_versions() -> dict:
         "scikit-learn": sklearn.__version__,
         "xarray": xarray.__version__,
         "h5py": h5py.__version__,
+        # read from their installed metadata, without importing them: the tables, statistics and NWB files
+        **{name: metadata.version(name) for name in ("pandas", "statsmodels", "pynwb", "hdmf", "h5netcdf")},
     }
     plugins = plugin_packages()
     return {**versions, "plugins": plugins} if plugins else versions
