@@ -60,6 +60,37 @@ def test_hdf5_group_of_columns_and_compound_dataset(tmp_path, table):
         assert loaded["step"].tolist() == table["step"].tolist()
 
 
+def test_an_nwb_electrode_column_referencing_the_electrodes_table_reads_as_electrode_ids(tmp_path, table):
+    """The NWB idiom for "which electrode": a DynamicTableRegion into the electrodes table; its rows read as the ids
+    recordings read there (the table's label), not as nested tables."""
+    from pynwb import NWBHDF5IO, NWBFile
+
+    nwbfile = NWBFile(session_description="2AFC", identifier="region", session_id="region",
+                      session_start_time=datetime(2026, 11, 30, tzinfo=timezone.utc))
+    group = nwbfile.create_electrode_group("utah", description="10x10", location="IT",
+                                           device=nwbfile.create_device("array"))
+    labels = sorted(set(table["electrode"]), key=int)
+    nwbfile.add_electrode_column("label", "electrode id")
+    for label in reversed(labels):  # rows in another order than the ids
+        nwbfile.add_electrode(group=group, location="IT", label=f"e{label}")
+    region = {label: len(labels) - 1 - i for i, label in enumerate(labels)}
+    nwbfile.add_trial_column("electrode", "site shown", table=nwbfile.electrodes)
+    for name in ("stimulated_electrode", "choice"):
+        nwbfile.add_trial_column(name, name)
+    nwbfile.add_trial_column("step", "step")
+    nwbfile.add_trial_column("current_uA", "µA")
+    for row in table.itertuples():
+        nwbfile.add_trial(start_time=row.start_time, stop_time=row.stop_time, electrode=region[row.electrode],
+                          stimulated_electrode="sham" if row.stimulated_electrode == "sham" else f"e{row.electrode}",
+                          choice=row.choice, step=int(row.step), current_uA=float(row.current_uA))
+    path = tmp_path / "region.nwb"
+    with NWBHDF5IO(str(path), "w") as io:
+        io.write(nwbfile)
+    loaded = load_sessions(path)
+    assert loaded["electrode"].tolist() == [f"e{electrode}" for electrode in table["electrode"]]
+    assert loaded["choice"].tolist() == table["choice"].tolist()
+
+
 def write_lab_nwb(path, table, subject_id="monkey_b", session_id="2026-11-30"):
     """An NWB file written with plain pynwb and a lab's own trial column names."""
     from pynwb import NWBHDF5IO, NWBFile
