@@ -77,6 +77,20 @@ def test_checkpoint_of_another_config_is_refused(tmp_path, tiny_data):
         train(other, tmp_path, progress=False, data=tiny_data)
 
 
+def test_a_checkpoint_of_other_training_images_is_refused(tmp_path, tiny_data):
+    """An image added to a training folder after a checkpoint moves the held-out split: the run must not resume
+    on images it partly held out before."""
+    from dataclasses import replace
+
+    config = load_training_config(small_config(steps=20))
+    train(config, tmp_path, progress=False, data=tiny_data, stop_after_step=10)
+    moved = replace(tiny_data, holdout_ids=tiny_data.holdout_ids[1:] + ["an_image_trained_on_before"])
+    with pytest.raises(ConfigError, match=r"checkpoint.pt was trained on other images than the configuration's "
+                                          r"sources give now"):
+        train(config, tmp_path, progress=False, data=moved)
+    train(config, tmp_path, progress=False, data=tiny_data)  # the same images resume
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda c: c["training"].update(stepz=3), "unknown key"),
     (lambda c: c["model"]["layers"]["it"].pop("sheet_size_mm"), "sheet_size_mm"),

@@ -9,6 +9,7 @@ naming the step); the last good checkpoint stays as it was.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import time
@@ -221,6 +222,14 @@ class TrainingData:
         index = np.array([rng.choice(self._members[c]) for c in classes])
         return self.images[index], torch.as_tensor(classes)
 
+    def sha256(self) -> str:
+        """Checksum of the images, their classes and the held-out ids: a run resumes only on the data it started
+        with (an image added to a folder moves the split)."""
+        digest = hashlib.sha256(np.ascontiguousarray(self.images.numpy()).tobytes())
+        digest.update(np.ascontiguousarray(self.labels).tobytes())
+        digest.update(json.dumps([self.classes, sorted(self.holdout_ids)]).encode("utf-8"))
+        return digest.hexdigest()
+
     def __post_init__(self):
         self._members = [np.flatnonzero(self.labels == i) for i in range(len(self.classes))]
         empty = [self.classes[i] for i, m in enumerate(self._members) if len(m) == 0]
@@ -290,8 +299,9 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
                      for layer in config.spatial_layers}
     start, history, cpu_seconds = 0, [], 0.0
     checkpoint_path = out_dir / CHECKPOINT_NAME
+    data_sha256 = data.sha256()
     if checkpoint_path.exists():
-        start, history, cpu_seconds = _resume(checkpoint_path, config, network, optimizer)
+        start, history, cpu_seconds = _resume(checkpoint_path, config, network, optimizer, data_sha256)
 
     network.train()
     clock = time.process_time()
@@ -339,7 +349,8 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
         if done % config.checkpoint_every_steps == 0 or done == config.steps or done == stop_after_step:
             cpu_total = cpu_seconds + time.process_time() - clock
             atomic_save(checkpoint_path, lambda tmp: torch.save(_to_cpu({
-                "fingerprint": config.fingerprint(), "config_json": canonical_json(config.raw), "step": done,
+                "fingerprint": config.fingerprint(), "config_json": canonical_json(config.raw),
+                "data_sha256": data_sha256, "step": done,
                 "network": network.state_dict(),
                 "optimizer": optimizer.state_dict(), "history": history, "cpu_seconds": cpu_total}), tmp))
         if done == stop_after_step:
@@ -361,8 +372,10 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
     return out_dir / "model"
 
 
-def _resume(checkpoint_path: Path, config: TrainingConfig, network, optimizer) -> tuple[int, list, float]:
-    """Load a checkpoint into ``network`` and ``optimizer``; returns (step, history, CPU seconds)."""
+def _resume(checkpoint_path: Path, config: TrainingConfig, network, optimizer,
+            data_sha256: str) -> tuple[int, list, float]:
+    """Load a checkpoint of this configuration and training data (``data_sha256``: :meth:`TrainingData.sha256`)
+    into ``network`` and ``optimizer``; returns (step, history, CPU seconds)."""
     from stimsim.models.weights import load_weights, read_checkpoint_file
 
     state = read_checkpoint_file(checkpoint_path)
@@ -377,6 +390,10 @@ def _resume(checkpoint_path: Path, config: TrainingConfig, network, optimizer) -
             changed = f" (changed: {', '.join(keys[:5])}{f' and {len(keys) - 5} more' if len(keys) > 5 else ''})"
         raise ConfigError(f"{checkpoint_path} belongs to a different configuration{changed}; a run resumes only "
                           "with the configuration it started with: use another --out directory")
+    if state.get("data_sha256", data_sha256) != data_sha256:  # checkpoints written before it was stored: not checked
+        raise ConfigError(f"{checkpoint_path} was trained on other images than the configuration's sources give now "
+                          "(an image added, removed or changed since: the held-out split would move); a run resumes "
+                          "only on the data it started with: restore the images or use another --out directory")
     load_weights(network, state["network"], source=checkpoint_path)
     try:
         optimizer.load_state_dict(state["optimizer"])
