@@ -106,7 +106,7 @@ def _cmd_data_verify(args) -> int:
 def _cmd_models_list(args) -> int:
     from stimsim.models.registry import available_models, describe_model
 
-    models = [describe_model(name) for name in available_models()]
+    models = [describe_model(name) for name in (args.models or available_models())]
     if args.json:
         print(json.dumps(json_ready({"models": models}), indent=2))
         return 0
@@ -420,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="shipped topographic models")
     model_commands = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     model_list = model_commands.add_parser("list", help="list available models")
+    model_list.add_argument("models", nargs="*", metavar="MODEL",
+                            help="shipped model names or model directories to describe (default: every shipped model)")
     model_list.add_argument("--json", action="store_true", help="print one JSON object: every model's family, base "
                                                                 "network, scale, file size and IT density")
     model_list.set_defaults(handler=_cmd_models_list, command_parser=model_list)

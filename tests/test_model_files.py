@@ -191,6 +191,32 @@ def test_a_layer_that_a_skip_connection_passes_around_is_a_config_error():
                                 Preprocessing(size_px=64))
 
 
+def test_a_torchvision_model_records_the_scale_given_at_build_time(tmp_path, capsys):
+    """The scale is fixed when the model is built (here by area label) and travels with its files: in memory, after
+    a save and load, and in `models list`'s description. A scale without a rule, or of a layer the model lacks,
+    is refused."""
+    from stimsim.models.registry import describe_model
+
+    layers = {"layer4.1": {"sheet_size_mm": 4.0, "neighborhood_width_mm": 1.0, "area": "IT"}}
+    scale = {"layer": "IT", "cortex_mm_per_model_mm": 2.5, "rule": "IT's extent: 10 mm of cortex"}
+    model = build_torchvision_model("resnet18", None, layers, Preprocessing(size_px=32), cortex_scale=scale)
+    assert model.cortex_scale("IT")["cortex_mm_per_model_mm"] == 2.5 and model.cortex_scale("IT")["rule"] == scale["rule"]
+    saved = model.save(tmp_path / "rn18")
+    assert TopographicModel.load(saved).metadata["cortex_scale"] == {
+        "layer": "layer4.1", "cortex_mm_per_model_mm": 2.5, "sheet_size_cortex_mm": 10.0, "rule": scale["rule"]}
+    assert describe_model(saved)["cortex_mm_per_model_mm"] == 2.5
+    from stimsim.cli import main
+
+    assert main(["models", "list", str(saved), "--json"]) == 0  # a lab's own model, described as the shipped ones
+    listed, = json.loads(capsys.readouterr().out)["models"]
+    assert (listed["name"], listed["family"], listed["cortex_mm_per_model_mm"]) == ("resnet18", "torchvision", 2.5)
+    for bad, message in (({**scale, "layer": "V4"}, "layer must be one of the topographic layers"),
+                         ({**scale, "cortex_mm_per_model_mm": 0}, "cortex_mm_per_model_mm must be a number > 0"),
+                         ({"layer": "IT", "cortex_mm_per_model_mm": 2.5}, "exactly the keys")):
+        with pytest.raises(ConfigError, match=message):
+            build_torchvision_model("resnet18", None, layers, Preprocessing(size_px=32), cortex_scale=bad)
+
+
 def test_data_manifests_are_package_data():
     """A wheel carries the manifests inside the package (the repository keeps them at the top level)."""
     from importlib.resources import files

@@ -174,9 +174,10 @@ class TopographicModel:
 
     @property
     def base_network(self) -> str:
-        """The ImageNet-trained network this model is built on (e.g. ``"mobilenet_v2"``); for a model trained from
-        scratch, its architecture family (e.g. ``"stimsim_topo"``)."""
-        return declared_base_network(self.metadata, self.architecture.get("kwargs", {})) or self.architecture["family"]
+        """The ImageNet-trained network this model is built on (e.g. ``"mobilenet_v2"``); for another model, its
+        architecture: a torchvision network's name (e.g. ``"resnet18"``), else its family (e.g. ``"stimsim_topo"``)."""
+        kwargs = self.architecture.get("kwargs", {})
+        return declared_base_network(self.metadata, kwargs) or kwargs.get("arch") or self.architecture["family"]
 
     def resolve_layer(self, layer: str) -> str:
         """A stage name, given a stage name or an area label such as ``"IT"``."""

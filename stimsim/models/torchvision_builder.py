@@ -7,6 +7,7 @@ dict file read with ``torch.load(weights_only=True)`` (no arbitrary unpickling) 
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -28,7 +29,8 @@ SHEET_SPEC_OPTIONAL = ("area", "n_neighborhoods")
 
 def build_torchvision_model(arch: str, state_dict, layers: dict, preprocessing: Preprocessing = Preprocessing(),
                             seed: int = 0, swap_images=None, swap_steps: int = 0, network_kwargs: dict | None = None,
-                            readout_layer: str | None = None, name: str | None = None) -> TopographicModel:
+                            readout_layer: str | None = None, name: str | None = None,
+                            cortex_scale: dict | None = None) -> TopographicModel:
     """A torchvision network whose ``layers`` get positions on cortical sheets.
 
     Parameters
@@ -47,6 +49,10 @@ def build_torchvision_model(arch: str, state_dict, layers: dict, preprocessing: 
     network_kwargs : extra keyword arguments of the torchvision constructor (e.g. ``num_classes``).
     readout_layer : layer a decoder reads (default: the last topographic layer).
     name : model name (default: ``arch``).
+    cortex_scale : the model's physical scale, fixed by an anatomical rule before any experiment runs on it:
+        ``layer`` (one of ``layers``, or its area label), ``cortex_mm_per_model_mm`` (> 0) and ``rule`` (the rule
+        in words); recorded in ``metadata["cortex_scale"]`` with the sheet's size in cortex mm. Without it, one
+        cortex mm per model mm ("none recorded").
 
     Example
     -------
@@ -116,8 +122,29 @@ def build_torchvision_model(arch: str, state_dict, layers: dict, preprocessing: 
     if swap_losses:
         metadata["swap_spatial_loss"] = swap_losses
     areas = {layer: spec["area"] for layer, spec in specs.items() if spec.get("area")}
+    if cortex_scale is not None:
+        metadata["cortex_scale"] = _checked_scale(cortex_scale, specs, areas)
     return TopographicModel(network, sheets, preprocessing, architecture, readout_layer=readout_layer, areas=areas,
                             name=name or arch, metadata=metadata)
+
+
+def _checked_scale(scale, specs: dict, areas: dict) -> dict:
+    """``cortex_scale`` as model.json records it, its layer by name and its sheet's size in cortex mm."""
+    if not isinstance(scale, Mapping) or set(scale) != {"layer", "cortex_mm_per_model_mm", "rule"}:
+        raise ConfigError(f"cortex_scale must be a dict with exactly the keys layer, cortex_mm_per_model_mm and rule, "
+                          f"got {scale!r}")
+    by_area = {area: layer for layer, area in areas.items()}
+    layer = by_area.get(scale["layer"], scale["layer"])
+    if layer not in specs:
+        raise ConfigError(f"cortex_scale: layer must be one of the topographic layers {sorted(specs)} or their area "
+                          f"labels {sorted(by_area)}, got {scale['layer']!r}")
+    factor = scale["cortex_mm_per_model_mm"]
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
+        raise ConfigError(f"cortex_scale: cortex_mm_per_model_mm must be a number > 0, got {factor!r}")
+    if not isinstance(scale["rule"], str) or not scale["rule"].strip():
+        raise ConfigError("cortex_scale: rule must say in words which anatomical rule set the scale")
+    return {"layer": layer, "cortex_mm_per_model_mm": float(factor),
+            "sheet_size_cortex_mm": float(factor) * specs[layer]["sheet_size_mm"], "rule": scale["rule"]}
 
 
 def _check_sheet_spec(layer: str, spec) -> dict:
