@@ -140,6 +140,8 @@ def test_analyze_reads_a_lab_file_through_a_toml_column_mapping(tmp_path, capsys
     assert "n_sites_significant_fdr" in summary and "p_fdr" in pd.read_csv(out / "sites.csv")
     with xr.open_dataset(out / "results.nc", engine="h5netcdf") as data:
         assert np.all(data["p_fdr"].values >= data["permutation_p"].values)
+        assert [name for name in data.data_vars if "description" not in data[name].attrs] == []  # each says what it is
+        assert (data["shift_steps_low"].attrs["units"], data["current_uA"].attrs["units"]) == ("steps", "uA")
 
 
 def test_analyze_checks_electrodes_against_an_array_layout(tmp_path, capsys):

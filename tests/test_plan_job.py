@@ -174,6 +174,8 @@ def test_plan_writes_every_output(plan_dir):
         assert plan["sequence_image"].dims == ("electrode", "sequence", "step", "y", "x")
         assert plan["p_high"].sizes["stimulated"] == 2 and plan["p_high"].sizes["step"] == 7
         assert plan.sizes["pose"] == 3  # fitted + 2 bootstrap poses
+        assert [name for name in plan.data_vars if "description" not in plan[name].attrs] == []  # each says what it is
+        assert plan["cortex_x_mm"].attrs["description"].endswith("in cortex mm (the model's recorded scale)")
         # the ranking's reproducibility over sequences, from one-way ANOVA sums of squares of the pooled effects
         pooled = plan["delta_auc"].sel(pose="fitted").mean("model").to_pandas().dropna()
         k = pooled.shape[1]

@@ -81,12 +81,45 @@ class Analysis:
         if self.summary["noise_ceiling_undefined_reason"] is not None:
             data["noise_ceiling"].attrs["undefined_reason"] = self.summary["noise_ceiling_undefined_reason"]
         data["noise_ceiling"].attrs["description"] = "Spearman-Brown corrected split-half r of per-site delta_auc"
-        data["current_uA"].attrs["units"] = "uA"
-        data["shift_steps"].attrs["description"] = "x50(sham) - x50(stimulated), steps; > 0: towards 'high'"
-        data["delta_auc"].attrs["description"] = "AUC of P(high) over steps scaled to [0, 1], stimulated - sham"
+        data["split_half_r"].attrs["description"] = "split-half r of per-site delta_auc (trials split at random)"
+        ci = f"{round(100 * self.parameters['ci'])} %"
+        for name, (units, description) in {**VARIABLE_DESCRIPTIONS, **_interval_descriptions(ci)}.items():
+            if name in data:
+                data[name].attrs.update({"description": description, **({"units": units} if units else {})})
         data.attrs["summary_json"] = json.dumps(json_ready(naturally_ordered(self.summary)))
         data.attrs["parameters_json"] = json.dumps(self.parameters, default=str)
         return data
+
+
+#: Units (None: a count, probability or score without one) and meaning of the variables of results.nc (the
+#: per-site ones are also the columns of sites.csv).
+VARIABLE_DESCRIPTIONS = {
+    "n_trials": (None, "trials per site, condition and step"),
+    "n_high": (None, "'high' choices per site, condition and step"),
+    "p_high": (None, "P('high') per site, condition and step"),
+    "n_sham": (None, "sham trials of the site"),
+    "n_stimulated": (None, "stimulation trials of the site"),
+    "n_empty_cells": (None, "(condition, step) cells of the site without a trial"),
+    "current_uA": ("uA", "stimulation current of the site's stimulation trials"),
+    "delta_auc": (None, "AUC of P(high) over steps scaled to [0, 1], stimulated - sham"),
+    "delta_auc_missing_reason": (None, "why delta_auc is missing (empty where it is computed)"),
+    "stim_logodds": ("log-odds", "stimulation term of the site's logistic regression of the choice on step and "
+                                 "condition"),
+    "stim_logodds_se": ("log-odds", "standard error of stim_logodds"),
+    "stim_p": (None, "Wald p of stim_logodds (two-sided)"),
+    "slope_logodds_per_step": ("log-odds per step", "step term of the site's logistic regression"),
+    "shift_steps": ("steps", "x50(sham) - x50(stimulated); > 0: towards 'high'"),
+    "shift_steps_se": ("steps", "standard error of shift_steps (delta method)"),
+    "shift_boot_failed_fraction": (None, "share of bootstrap resamples without a shift (no rising curve)"),
+    "permutation_p": (None, "two-sided permutation p of delta_auc (stimulated / sham labels shuffled within "
+                            "the site)"),
+    "p_fdr": (None, "permutation_p adjusted for the number of sites (Benjamini-Hochberg)"),
+}
+
+
+def _interval_descriptions(ci: str) -> dict:
+    return {f"{name}_{end}": (units, f"{ci} bootstrap interval of {name}, {end} end")
+            for name, units in (("delta_auc", None), ("shift_steps", "steps")) for end in ("low", "high")}
 
 
 #: Peak memory of the resampling, bytes: per bootstrap resample or split half and (site, condition, step) cell,

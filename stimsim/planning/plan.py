@@ -678,8 +678,11 @@ def _plan_dataset(config, working, trials, rehearsals, plan, factor: float) -> x
     effect = plan_task.effect
     variables, coords = plan_task.dataset_variables(working, trials, rehearsals)
     return xr.Dataset(
-        {**variables, f"predicted_{effect}": ("electrode", plan["predicted"]),
-         f"predicted_{effect}_low": ("electrode", plan["low"]), f"predicted_{effect}_high": ("electrode", plan["high"]),
+        {**variables, f"predicted_{effect}": ("electrode", plan["predicted"],
+                                              {"description": "the prediction pooled over candidates and poses"}),
+         **{f"predicted_{effect}_{end}": ("electrode", plan[end], {"description": f"{end} end of its 95 % interval over "
+                                                                                  "candidates and poses"})
+            for end in ("low", "high")},
          **_site_coordinates(plan)},
         coords={"electrode": list(working), "model": list(rehearsals), "stimulated": [False, True], **coords},
         attrs={"task": config.task, "current_uA": config.stimulation["current_uA"], "cortex_mm_per_model_mm": factor,
@@ -687,7 +690,13 @@ def _plan_dataset(config, working, trials, rehearsals, plan, factor: float) -> x
                               f"{plan_task.effect_label}"})
 
 
+#: The frames of plan.nc's site coordinates.
+_SITE_FRAMES = {"model": "on the chosen model's IT sheet, in the model's own mm",
+                "cortex": "on the chosen model's IT sheet, in cortex mm (the model's recorded scale)",
+                "array": "in the array's own frame (its layout's positions)"}
+
+
 def _site_coordinates(plan) -> dict:
-    return {"model_x_mm": ("electrode", plan["model_xy"][:, 0]), "model_y_mm": ("electrode", plan["model_xy"][:, 1]),
-            "cortex_x_mm": ("electrode", plan["cortex_xy"][:, 0]), "cortex_y_mm": ("electrode", plan["cortex_xy"][:, 1]),
-            "array_x_mm": ("electrode", plan["array_xy"][:, 0]), "array_y_mm": ("electrode", plan["array_xy"][:, 1])}
+    return {f"{frame}_{axis}_mm": ("electrode", plan[f"{frame}_xy"][:, column],
+                                   {"units": "mm", "description": f"site {axis} {where}"})
+            for frame, where in _SITE_FRAMES.items() for column, axis in enumerate("xy")}

@@ -162,11 +162,16 @@ class FaceCategorizationTask(PlanTask):
         p_face = np.stack([rehearsals[n]["p_face"] for n in names])  # (model, electrode, 1 + poses)
         control = np.broadcast_to(p_face[:, :, :1], p_face[:, :, 1:].shape)
         variables = {
-            "p_face": (("model", "electrode", "pose", "stimulated"), np.stack([control, p_face[:, :, 1:]], axis=-1)),
+            "p_face": (("model", "electrode", "pose", "stimulated"), np.stack([control, p_face[:, :, 1:]], axis=-1),
+                       {"description": "each candidate's P(face) over the test images, without and with "
+                                       "stimulation"}),
             "delta_p_face": (("model", "electrode", "pose"),
-                             np.stack([rehearsals[n]["delta_p_face"][..., 0] for n in names])),
+                             np.stack([rehearsals[n]["delta_p_face"][..., 0] for n in names]),
+                             {"description": "P(face) stimulated - without stimulation"}),
             "p_high": (("model", "electrode", "pose", "stimulated", "sequence", "step"),
-                       np.stack([control_and_stimulated(rehearsals[n]["p_high"]) for n in names]))}
+                       np.stack([control_and_stimulated(rehearsals[n]["p_high"]) for n in names]),
+                       {"description": "P(face) at every signed visual-signal level (step), without and with "
+                                       "stimulation"})}
         return variables, {"pose": ["fitted"] + [f"bootstrap_{k}" for k in range(p_face.shape[2] - 2)],
                            **_step_coords(trials.levels)}
 

@@ -170,14 +170,23 @@ class SequenceTask(PlanTask):
         n_seq, n_steps = trials["images"].shape[1:3]
         first = rehearsals[names[0]]
         variables = {
-            "sequence_image": (("electrode", "sequence", "step", "y", "x"), trials["images"]),
+            "sequence_image": (("electrode", "sequence", "step", "y", "x"), trials["images"],
+                               {"description": "the sequences' images, grey levels in [0, 1]"}),
             "p_high": (("model", "electrode", "pose", "stimulated", "sequence", "step"),
-                       np.stack([control_and_stimulated(rehearsals[n]["p_high"]) for n in names])),
-            "delta_auc": (("model", "electrode", "pose", "sequence"), np.stack([rehearsals[n]["delta_auc"] for n in names])),
+                       np.stack([control_and_stimulated(rehearsals[n]["p_high"]) for n in names]),
+                       {"description": "each candidate's P('high') at every step, without and with stimulation"}),
+            "delta_auc": (("model", "electrode", "pose", "sequence"), np.stack([rehearsals[n]["delta_auc"] for n in names]),
+                          {"description": "AUC of P(high) over steps scaled to [0, 1], stimulated - sham"}),
             "slope_to_noise": (("model", "electrode", "sequence"),
-                               np.stack([rehearsals[n]["slope_to_noise"] for n in names])),
-            "site_response": (("electrode", "sequence", "step"), trials["site_response"]),
-            "others_change_sd": (("electrode", "sequence", "step"), trials["others_change_sd"])}
+                               np.stack([rehearsals[n]["slope_to_noise"] for n in names]),
+                               {"description": "least-squares slope of the site's response per step over its noise "
+                                               "SD"}),
+            "site_response": (("electrode", "sequence", "step"), trials["site_response"],
+                              {"units": "model activation", "description": "the site's pooled response at every "
+                                                                           "step (the chosen candidate's units)"}),
+            "others_change_sd": (("electrode", "sequence", "step"), trials["others_change_sd"],
+                                 {"units": "natural SDs", "description": "RMS change of the other sites' responses "
+                                                                         "from the start image"})}
         coords = {"sequence": np.arange(n_seq), "step": np.arange(n_steps),
                   "pose": ["fitted"] + [f"bootstrap_{k}" for k in range(first["delta_auc"].shape[1] - 1)]}
         return variables, coords
