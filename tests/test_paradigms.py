@@ -346,6 +346,8 @@ def test_categorization_run_writes_results_that_reload(tiny_run):
         assert key in summary
     probabilities = dataset["choice_probability"]
     assert probabilities.dims == ("condition", "stimulus_id", "choice")
+    for name in ("site_x_mm", "unit_y_mm", "distance_to_peak_mm"):  # lengths say which millimetres they are
+        assert dataset[name].attrs["units"] == "mm" and dataset[name].attrs["frame"].startswith("cortex mm")
     assert probabilities.sizes == {"condition": 4, "stimulus_id": 30, "choice": 2}
     assert np.allclose(probabilities.sum("choice"), 1.0)
     assert probabilities["current_uA"].values[1:].tolist() == [100.0] * 3

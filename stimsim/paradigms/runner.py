@@ -380,6 +380,11 @@ def _results_dataset(probabilities: xr.DataArray, metrics: xr.Dataset, selection
         attrs={"layer": layer, "description": "d′ of each unit, localizer preferred class vs the rest"})
     if data is not None:
         dataset = dataset.merge(data)
+    for name in ("site_x_mm", "site_y_mm", "condition_site_x_mm", "condition_site_y_mm", "unit_x_mm", "unit_y_mm",
+                 "distance_to_peak_mm"):
+        if name in dataset.coords:
+            dataset[name].attrs.update(units="mm", frame="cortex mm on the IT sheet, at the run's scale "
+                                                         "(config.json: the model's recorded scale unless overridden)")
     return dataset
 
 

@@ -488,9 +488,19 @@ def analyse(task, trials: SequenceTrials, probabilities: xr.DataArray,
     }
     dataset = xr.Dataset(variables, coords={"condition": conditions, "site": labels, "sequence_site": labels,
                                             "sequence": np.arange(n_seq), "step": np.arange(n_steps)})
-    for name in ("delta_auc", "delta_auc_matrix", "own_delta_auc", "cross_delta_auc"):
+    for name in ("delta_auc", "delta_auc_matrix", "own_delta_auc", "own_delta_auc_per_sequence", "cross_delta_auc"):
         dataset[name].attrs.update(units="AUC (steps scaled to [0, 1])",
                                    description="stimulated − control; 0 without effect")
+    for name in ("own_abs_delta_auc", "cross_abs_delta_auc"):
+        dataset[name].attrs.update(units="AUC (steps scaled to [0, 1])",
+                                   description="|stimulated − control| averaged over sequences; 0 without effect")
+    for name, description in (("sequence_response", "the sequence site's pooled response at every step"),
+                              ("response_noise_sd", "SD of the sequence site's response over repeated noisy "
+                                                    "presentations")):
+        dataset[name].attrs.update(units="model activation", description=description)
+    for name in ("sequence_response_change_sd", "sequence_others_change_sd"):
+        dataset[name].attrs.update(units="natural SDs", description="change of the site's (others': RMS) response "
+                                                                    "from the start image")
     dataset["control_step_auc"].attrs.update(description="P(high) orders the high half of the steps above the low "
                                                           "half, without stimulation; chance 0.5")
     analysis = task.analysis
