@@ -363,10 +363,9 @@ def test_a_changed_or_damaged_cache_file_is_computed_again_with_a_warning(plan_d
     assert "computed from other inputs" in warned[1] and "no readable record" in warned[0]
 
 
-@pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")
-def test_a_plan_whose_subject_files_changed_is_computed_again(plan_dir, tmp_path, capsys):
-    """The phases depend on the plan's own virtual subject: the responses of DIR/subject/recordings.nc given to
-    the electrodes in reverse order are new inputs, so every phase is computed again (with a warning), not taken from the cache."""
+def test_a_plan_whose_subject_files_changed_is_refused(plan_dir, tmp_path, capsys):
+    """The plan's virtual subject is one whole: recordings changed after it was made (here each electrode given
+    another's responses) no longer belong to its truth, so the plan stops naming the file, and changes nothing."""
     from stimsim.lab.recordings import load_recordings
 
     config, reference = plan_dir
@@ -375,12 +374,12 @@ def test_a_plan_whose_subject_files_changed_is_computed_again(plan_dir, tmp_path
     recordings = load_recordings(out / "subject" / "recordings.nc")
     recordings.response.values[:] = recordings.response.values[:, ::-1].copy()  # each electrode gets another's
     recordings.save_netcdf(out / "subject" / "recordings.nc")
+    before = (out / "summary.json").read_text()
     capsys.readouterr()
-    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
-    warned = _warnings(capsys.readouterr().err)
-    assert any("mapping.json was computed from other inputs" in line for line in warned)
-    before = json.loads((reference / "summary.json").read_text())["predicted_delta_auc"]
-    assert json.loads((out / "summary.json").read_text())["predicted_delta_auc"] != before
+    assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 2
+    assert (f"{out / 'subject'}: recordings.nc changed since the virtual subject was made"
+            in capsys.readouterr().err)
+    assert (out / "summary.json").read_text() == before
 
 
 def test_a_killed_plan_resumes_from_its_finished_phases(plan_dir, tmp_path):

@@ -10,7 +10,7 @@ from stimsim.lab.arrays import ArrayPose, utah_array
 from stimsim.lab.recordings import load_recordings
 from stimsim.models.registry import load_model
 from stimsim.subject import VirtualSubject
-from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +211,11 @@ def test_subject_make_writes_both_formats_and_the_truth(tmp_path, one_torch_thre
     assert loaded.dead_electrodes == tuple(truth["dead_electrodes"])
     assert list(loaded.stimuli().stimulus_id) == list(lfw_subset().stimulus_id)
     from_nc.check_stimuli(loaded.stimuli().stimulus_id)
+    data = bytearray((out / "recordings.nc").read_bytes())  # one byte of the recordings changed afterwards
+    data[len(data) // 2] ^= 0xFF
+    (out / "recordings.nc").write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"recordings.nc changed since the virtual subject was made"):
+        VirtualSubject.load(out)
     bad = tmp_path / "bad.toml"
     bad.write_text(config.read_text().replace('dead_fraction = 0.1', 'dead_electrodes = ["0"]'))
     assert main(["subject", "make", str(bad), "--out", str(tmp_path / "bad")]) == 2

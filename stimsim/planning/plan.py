@@ -88,7 +88,7 @@ class PlanInputs:
         self.made_subject = False
         if config.recordings is None:
             from stimsim.subject import VirtualSubject
-            from stimsim.subject.virtual import read_stimuli_npz
+            from stimsim.subject.virtual import check_subject_files, read_stimuli_npz
 
             if config.subject_dir is not None:
                 self.subject_dir = config.subject_dir
@@ -110,6 +110,7 @@ class PlanInputs:
                     self.made_subject = True
                 else:
                     report_phase(f"plan: reusing the virtual subject in {self.subject_dir}", progress)
+            check_subject_files(self.subject_dir)
             recordings = load_recordings(self.subject_dir / "recordings.nc")
             self.images = read_stimuli_npz(self.subject_dir / "stimuli.npz")
             cmp_map = _subject_map(self.subject_dir)

@@ -42,11 +42,13 @@ from stimsim.subject.subject_file import SubjectFile
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, DataError, FileFormatError, unreadable_reason
 from stimsim.utilities.filemodels import validate
+from stimsim.utilities.hashing import sha256_of
 from stimsim.utilities.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance
 
 #: IT area label of the models a subject is built from.
 IT_AREA = "IT"
-SUBJECT_FILES = ("subject.toml", "recordings.nc", "recordings.nwb", "stimuli.npz", "truth.json")
+#: The record of a subject directory's files and their sha256, written with them.
+SUBJECT_CHECKSUMS = "subject_files.json"
 #: The species NWB files give for a virtual subject.
 VIRTUAL_SPECIES = "virtual (stimsim model)"
 
@@ -158,6 +160,7 @@ class VirtualSubject:
         missing = [name for name in ("subject.toml", "truth.json") if not (directory / name).is_file()]
         if missing:
             raise FileNotFoundError(f"{directory} is not a subject directory: missing {missing}")
+        check_subject_files(directory)
         config = load_toml(directory / "subject.toml")
         try:
             truth = json.loads((directory / "truth.json").read_text())
@@ -281,6 +284,8 @@ class VirtualSubject:
             recordings.save_netcdf(staging / "recordings.nc")
             recordings.save_nwb(staging / "recordings.nwb", subject_id=self.subject_id, species=VIRTUAL_SPECIES)
             atomic_write_json(staging / "truth.json", self.truth())
+            atomic_write_json(staging / SUBJECT_CHECKSUMS, {"files_sha256": {
+                path.name: sha256_of(path) for path in sorted(staging.iterdir())}})
             directory.mkdir(exist_ok=True)
             for path in sorted(staging.iterdir()):
                 os.replace(path, directory / path.name)
@@ -288,6 +293,28 @@ class VirtualSubject:
             shutil.rmtree(staging, ignore_errors=True)
         self.directory = directory
         return directory
+
+
+def check_subject_files(directory) -> None:
+    """Refuse a subject directory whose files changed since it was made (checked against its
+    :data:`SUBJECT_CHECKSUMS`; a directory written before that record existed is not checked)."""
+    directory = Path(directory)
+    path = directory / SUBJECT_CHECKSUMS
+    if not path.is_file():
+        return
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))["files_sha256"]
+        recorded = {str(name): str(sha) for name, sha in recorded.items()}
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise FileFormatError(path, f"not a subject's record of its files ({exc!r})") from None
+    remake = "make the subject again (`stimsim subject make`; a plan makes its own again when its subject/ is deleted)"
+    for name, expected in recorded.items():
+        file = directory / name
+        if not file.is_file():
+            raise DataError(f"{directory}: {name} of the virtual subject is missing; {remake}")
+        if sha256_of(file) != expected:
+            raise DataError(f"{directory}: {name} changed since the virtual subject was made (its sha256 is not the "
+                            f"one {SUBJECT_CHECKSUMS} records); {remake}")
 
 
 # --------------------------------------------------------------------------- helpers
