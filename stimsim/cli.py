@@ -48,6 +48,10 @@ def _cmd_train(args) -> int:
     try:
         with DirectoryLock(out, "train"):
             check_run_configuration(out, raw, args.force)
+            if (out / "model" / "model.json").is_file() and not args.force:
+                print(f"{out} holds the finished run of this configuration; its model {out / 'model'} is kept as it "
+                      "is (--force trains it again)")
+                return 0
             try:
                 if head:
                     model_dir = build_topo_head_model(args.config, out, progress=not args.no_progress)
@@ -84,7 +88,8 @@ def _cmd_data_fetch(args) -> int:
     from stimsim.data.manifest import fetch
 
     paths = fetch(args.name, mirror=args.mirror)
-    print(f"{args.name}: {len(paths)} file(s) verified in {paths[0].parent if paths else '-'}")
+    where = Path(os.path.commonpath(paths)) if len(paths) > 1 else (paths[0].parent if paths else "-")
+    print(f"{args.name}: {len(paths)} file(s) verified in {where}")
     return 0
 
 

@@ -137,6 +137,12 @@ def test_missing_file_without_mirror_names_entry_file_and_places(env):
     assert "ask the lab for a copy" in message
 
 
+def test_a_mirror_that_is_not_a_directory_is_named_so(env, monkeypatch):
+    monkeypatch.setenv(manifest.MIRROR_DIR_ENV, str(env["tmp"] / "no-such-mirror"))
+    with pytest.raises(DataError, match=rf"mirror .*no-such-mirror \({manifest.MIRROR_DIR_ENV}: not a directory\)"):
+        manifest.entry_path("tiny", "a.txt")
+
+
 def test_unreachable_url_raises_clear_error(env):
     _write_manifest(env["manifests"], "remote", {"kind": "url", "url": "http://127.0.0.1:9/data"},
                     [_spec("a.txt", FILES["a.txt"])])

@@ -401,3 +401,18 @@ def test_a_second_training_run_into_a_directory_in_use_is_refused(tmp_path, caps
     assert main(["train", str(SHIPPED_CONFIG), "--out", str(held), "--no-progress"]) == 2
     assert f"output directory {held} is in use by another run: stimsim train" in capsys.readouterr().err
     assert (held / "training_config.json").read_text() == "{}"
+
+
+def test_running_a_finished_training_again_keeps_its_model(tmp_path, capsys):
+    """A finished run's model is what plans and runs recorded by checksum: the same command again leaves it as it
+    is, and says so."""
+    config = tmp_path / "short.toml"
+    text = SHIPPED_CONFIG.read_text().replace("n_per_class = 600", "n_per_class = 10")
+    config.write_text(re.sub(r"\nsteps = \d+", "\nsteps = 4", re.sub(r"warmup_steps = \d+", "warmup_steps = 1", text)))
+    out = tmp_path / "run"
+    assert main(["train", str(config), "--out", str(out), "--no-progress"]) == 0
+    saved = (out / "model" / "model.json").read_bytes()
+    capsys.readouterr()
+    assert main(["train", str(config), "--out", str(out), "--no-progress"]) == 0
+    assert f"{out} holds the finished run of this configuration" in capsys.readouterr().out
+    assert (out / "model" / "model.json").read_bytes() == saved

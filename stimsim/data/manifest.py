@@ -560,7 +560,10 @@ def _resolve_file(entry: ManifestEntry, spec: ManifestFile, mirror, timeout_s: f
         elif source.kind == "system":
             looked.append(f"{source.describe()} (absent)")
     mirror_root = mirror_dir(mirror)
-    if mirror_root is not None:
+    if mirror_root is not None and not mirror_root.is_dir():
+        given = "the mirror given" if mirror is not None else MIRROR_DIR_ENV
+        looked.append(f"mirror {mirror_root} ({given}: not a directory)")
+    elif mirror_root is not None:
         mirrored = entry.mirror_path(spec.path, mirror_root)
         if mirrored.is_file():
             return _install(cached, spec, entry, str(mirrored), lambda: open(mirrored, "rb"))
