@@ -578,7 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
                                            "(and [values.COLUMN] tables of lab codes)")
     analyze.add_argument("--values", action="append", metavar="COLUMN:CODE=VALUE,...",
                          help="lab value codes of one column (repeatable): choice:0=low,1=high; "
-                              "stimulated_electrode:-1=sham; current_uA:-1=sham")
+                              "stimulated_electrode:-1=sham; current_uA:-1=sham (current_uA:nan=sham: empty cells)")
     analyze.add_argument("--same-subject", action="store_true",
                          help="with --plan: the sessions are of the animal the plan was made for, whatever their "
                               "subject id")

@@ -469,6 +469,10 @@ def test_sham_marked_by_a_current_code_becomes_a_sham_trial_at_zero_current(tmp_
     loaded = load_sessions(path, values=parse_value_mapping("current_uA:-1=sham"))
     assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist()
     assert np.array_equal(loaded["current_uA"].to_numpy(), table["current_uA"].to_numpy())
+    blank = coded.assign(current_uA=coded["current_uA"].where(coded["current_uA"] >= 0))  # sham rows left empty
+    loaded = load_sessions(write_csv(blank, tmp_path / "blank.csv"), values=parse_value_mapping("current_uA:nan=sham"))
+    assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist()
+    assert np.array_equal(loaded["current_uA"].to_numpy(), table["current_uA"].to_numpy())
     # "none" in the electrode column, any case, is the other usual sham marker
     named = table.assign(stimulated_electrode=table["stimulated_electrode"].replace("sham", "None"))
     loaded = load_sessions(write_csv(named, tmp_path / "n.csv"), values={"stimulated_electrode": {"none": "sham"}})

@@ -81,6 +81,8 @@ _MAX_PROBLEMS_LISTED = 10
 #: sham trial (other values stay electrode ids). ``current_uA``: currents (numbers) that mark a sham
 #: trial; such a row becomes a sham trial at 0 µA.
 VALUE_TARGETS = {"choice": CHOICES, "stimulated_electrode": (SHAM,), "current_uA": (SHAM,)}
+#: The ``current_uA`` code of an empty or NaN cell (a rig that leaves a sham trial's current blank).
+EMPTY_CURRENT = "nan"
 
 
 def parse_column_mapping(text: str) -> dict[str, str]:
@@ -180,9 +182,10 @@ def _checked_values(values: dict, where: str) -> dict[str, dict[str, str]]:
             key = str(code).strip().casefold()
             if key in folded:
                 raise ConfigError(f"{where} {column}: code {code!r} is given twice (case is ignored)")
-            if column == "current_uA" and not np.isfinite(pd.to_numeric(key, errors="coerce")):
+            if column == "current_uA" and key != EMPTY_CURRENT and not np.isfinite(pd.to_numeric(key, errors="coerce")):
                 raise ConfigError(f"{where} current_uA: code {code!r} is not a number; a current code is the "
-                                  f"number the lab writes for a sham trial, e.g. -1")
+                                  f"number the lab writes for a sham trial, e.g. -1, or {EMPTY_CURRENT} for an "
+                                  "empty or NaN cell")
             if column != "current_uA" and key in allowed and key != value.lower():
                 raise ConfigError(f"{where} {column}: code {code!r} is itself a stimsim value; mapping it onto "
                                   f"{value!r} would swap meanings")
@@ -387,6 +390,8 @@ def _folded(column: pd.Series) -> pd.Series:
 
 def _holds_code(column: pd.Series, name: str, code: str) -> np.ndarray:
     """Rows of a column holding a value code: currents compare as numbers (-1 = -1.0), others as text."""
+    if name == "current_uA" and code == EMPTY_CURRENT:
+        return _folded(column).isin(["", EMPTY_CURRENT]).to_numpy()
     if name == "current_uA":
         return (pd.to_numeric(column, errors="coerce") == float(code)).to_numpy()
     return (_folded(column) == code).to_numpy()
