@@ -43,12 +43,23 @@ class TrunkTuningTable(FileModel):
     dotted path in the trunk: ``"14"`` is MobileNetV2's ``features.14``, ``"2.5"`` EfficientNet-Lite0's sixth block
     stage), the versions of each image and the optimisation."""
     first_module: Text
+    """First trunk module tuned, by its dotted path in the trunk (e.g. ``"14"``); it and every later module are
+    tuned, the earlier ones stay as they are."""
     epochs: Annotated[int, Field(ge=1, le=1000)] = 6
+    """Passes over every version of every training image."""
     views: Annotated[int, Field(ge=2, le=64)] = 6
+    """Versions of each training image: view 0 as the network receives it, the others cropped
+    (``[data] crop_scale``), flipped, contrast-jittered and with pixel noise."""
     min_signal_percent: Annotated[float, Field(ge=0, le=100)] = 0.0
+    """Lowest visual signal of the noisy versions, in %: each keeps a share of its pixels drawn in
+    [``min_signal_percent``, 100] % (default 0: up to every pixel replaced by noise)."""
     learning_rate: Annotated[float, Field(gt=0)] = 1e-4
+    """Peak learning rate of Adam, decayed to 0 on a cosine over all epochs (no warm-up)."""
     batch_size: Annotated[int, Field(ge=2, le=4096)] = 64
+    """Image versions per step; at most the number of versions (images × ``views``)."""
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
+    """Seed of each epoch's order and, with ``[data] seed``, of the versions; independent of ``[training] seed``, so
+    builds that differ only in that seed share one tuned trunk."""
 
 
 def split_trunk(trunk: nn.Sequential, first_module: str) -> tuple[nn.Sequential, nn.Sequential]:

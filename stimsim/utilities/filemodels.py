@@ -48,7 +48,8 @@ class FileModel(BaseModel):
     infinity refused. Built in code (``Model(key=value)``), a bad value is a ``ConfigError`` naming
     :attr:`table` and the key, as it would be in a file."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True,
+                              use_attribute_docstrings=True)
     #: The table's name in files, for messages about a model built in code (e.g. ``"sequences"``).
     table: ClassVar[str] = ""
 
