@@ -341,3 +341,12 @@ def test_models_check_writes_its_figure_only_over_a_png(tmp_path, capsys):
         assert main(["models", "check", "stimsim-topo-s0", "--figure", str(figure), "--no-progress"]) == 2
         assert f"--figure {figure}: {message}" in capsys.readouterr().err
     assert config.read_text() == "[subject]\n" and disguised.read_text() == "not an image"
+
+
+def test_a_training_runs_folder_given_as_a_model_points_to_its_model(tmp_path, capsys):
+    from stimsim.cli import main
+
+    (tmp_path / "run" / "model").mkdir(parents=True)
+    (tmp_path / "run" / "model" / "model.json").write_text("{}")
+    assert main(["models", "check", str(tmp_path / "run"), "--no-progress"]) == 2
+    assert f"no model.json there (not a model directory); {tmp_path / 'run' / 'model'} is one" in capsys.readouterr().err
