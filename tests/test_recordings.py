@@ -281,6 +281,37 @@ def test_stimsim_nwb_round_trip(tmp_path):
     np.testing.assert_allclose(back.layout.positions_mm, recordings.layout.positions_mm)
 
 
+def test_presentations_written_twice_are_refused(tmp_path):
+    """An export concatenated with itself repeats every onset: its rows would pass as repeats and make every
+    electrode, dead ones included, look reliable."""
+    from hdmf.common import VectorData
+    from pynwb import NWBHDF5IO, NWBFile
+    from pynwb.epoch import TimeIntervals
+
+    recordings, *_ = _planted()
+    with NWBHDF5IO(str(recordings.save_nwb(tmp_path / "rec.nwb")), "r") as io:
+        original = io.read()
+        table = original.intervals["presentations"]
+        n = len(table)
+        copy = NWBFile(session_description="exported twice", identifier="twice",
+                       session_start_time=original.session_start_time)
+        group = copy.create_electrode_group(name=recordings.layout.name, description="one array", location="IT",
+                                            device=copy.create_device(name="array"))
+        for column in ("electrode_id", "x_mm", "y_mm"):
+            copy.add_electrode_column(name=column, description=column)
+        for row in original.electrodes.to_dataframe().itertuples():
+            copy.add_electrode(group=group, location="IT", electrode_id=row.electrode_id, x_mm=row.x_mm, y_mm=row.y_mm)
+        copy.add_time_intervals(TimeIntervals(name="presentations", description="exported twice", columns=[
+            VectorData(name=name, description=table[name].description,
+                       data=np.concatenate([np.asarray(table[name].data[:])] * 2))
+            for name in ("start_time", "stop_time", "stimulus_id", "response")]))
+    with NWBHDF5IO(str(tmp_path / "twice.nwb"), "w") as io:
+        io.write(copy)
+    with pytest.raises(FileFormatError, match=rf"twice.nwb: table 'presentations': {n} presentation\(s\) start at "
+                                              rf"the time of another \(e.g. 0 s, rows 0, {n} 0-based\)"):
+        load_recordings(tmp_path / "twice.nwb")
+
+
 def test_validation_names_file_field_and_row(tmp_path):
     recordings, *_ = _planted()
     values = recordings.response.values.copy()

@@ -92,6 +92,8 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset(), electrode_group: str 
                 raise FileFormatError(path, f"{where_table}, column {names['response']!r}: shape {values.shape}; "
                                             f"expected (presentations, {n_electrodes} electrodes of the "
                                             "electrodes table)")
+        if "start_time" in table.colnames:
+            _refuse_repeated_onsets(path, where_table, np.asarray(table["start_time"].data[:], dtype=float))
         attrs = {"units_description": column.description}
         group_names = [str(group.name) for group in electrodes["group"].data[:]]
         counts = {name: group_names.count(name) for name in dict.fromkeys(group_names)}
@@ -112,3 +114,16 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset(), electrode_group: str 
              "stimulus_id": f"{where_table}, column {names['stimulus_id']!r}",
              "positions": positions_where("electrodes table columns", names, position_names)}
     return values, stimulus_id, electrode_ids, positions, attrs, where
+
+
+def _refuse_repeated_onsets(path: Path, where_table: str, starts: np.ndarray) -> None:
+    """Two presentations of one array cannot start at the same time: rows with a repeated ``start_time`` are rows
+    written twice (an export concatenated with itself), which would make every electrode look reliable."""
+    _, first, counts = np.unique(starts, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        again = int(np.sum(counts[counts > 1] - 1))
+        example = float(starts[first[np.argmax(counts > 1)]])
+        raise FileFormatError(path, f"{where_table}: {again} presentation(s) start at the time of another (e.g. "
+                                    f"{example:g} s, rows {', '.join(map(str, np.flatnonzero(starts == example)[:3]))} "
+                                    "0-based); rows written twice would count as repeats and make every electrode "
+                                    "look reliable")
