@@ -237,13 +237,21 @@ def test_csv_layout_in_micrometres_and_positions_implausible_for_mm(tmp_path):
 
 def test_anatomical_frame_from_electrode_one():
     layout = utah_array("10x10")
-    anatomy = AnatomicalPose(ap_mm=10.0, ml_mm=20.0, rotation_deg=90.0, hemisphere="left", reference="1")
+    anatomy = AnatomicalPose(ap_mm=10.0, ml_mm=-20.0, rotation_deg=90.0, hemisphere="left", reference="1")
     coords = anatomy.electrode_coordinates(layout)
-    assert coords["1"] == pytest.approx((10.0, 20.0))
+    assert coords["1"] == pytest.approx((10.0, -20.0))
     # electrode 2 is 0.4 mm along +x; rotated 90° that is lateral; left hemisphere → ML decreases
-    assert coords["2"] == pytest.approx((10.0, 19.6))
+    assert coords["2"] == pytest.approx((10.0, -20.4))
     # electrode 9 sits at (dx, dy) = (-0.4, +0.4) from electrode 1; rotated by 90°:
-    # anterior = dx·cos − dy·sin = -0.4, lateral = dx·sin + dy·cos = -0.4 → ML = 20 − (−0.4) in the left hemisphere
-    assert coords["9"] == pytest.approx((9.6, 20.4))
+    # anterior = dx·cos − dy·sin = -0.4, lateral = dx·sin + dy·cos = -0.4 → ML = −20 − (−0.4) in the left hemisphere
+    assert coords["9"] == pytest.approx((9.6, -19.6))
     with pytest.raises(ConfigError, match="hemisphere"):
         AnatomicalPose(0, 0, hemisphere="top")
+    # ML is signed (right positive): an unsigned ML in the left hemisphere would mirror every site across the midline
+    with pytest.raises(ConfigError, match=r"ml_mm = 20 lies in the other hemisphere than 'left'.*give ml_mm = -20"):
+        AnatomicalPose(ap_mm=10.0, ml_mm=20.0, hemisphere="left")
+    with pytest.raises(ConfigError, match=r"ap_mm = 12500 mm lies outside a macaque brain \(\|ap_mm\| <= 60 mm\); is "
+                                          r"it in µm\?"):
+        AnatomicalPose(ap_mm=12500.0, ml_mm=18.0)
+    with pytest.raises(ConfigError, match=r"rotation_deg must lie in \[-360, 360\], got 1e\+308"):
+        AnatomicalPose(ap_mm=12.0, ml_mm=18.0, rotation_deg=1e308)

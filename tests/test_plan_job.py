@@ -1321,8 +1321,10 @@ def _face_lab_plan(directory, labels: dict):
 @pytest.mark.parametrize("anatomical, pattern", [
     ('{ ap_mm = 12.5, ml_mm = -18.0, hemisphere = "L" }',
      r"plan.toml \[array\] anatomical: hemisphere must be one of \['left', 'right'\], got 'L'"),
-    ('{ ap_mm = 12.5, ml_mm = -18.0, reference = "elec1" }',
+    ('{ ap_mm = 12.5, ml_mm = -18.0, hemisphere = "left", reference = "elec1" }',
      r"plan.toml \[array\] anatomical: reference 'elec1' is not an electrode of the array 'layout'"),
+    ('{ ap_mm = 12.5, ml_mm = 18.0, hemisphere = "left" }',
+     r"plan.toml \[array\] anatomical: .*ml_mm = 18 lies in the other hemisphere than 'left'"),
 ])
 def test_bad_anatomical_pose_stops_the_plan_before_any_work(tmp_path, capsys, anatomical, pattern):
     """A wrong implant pose is found with the inputs, not when the outputs are written after the whole plan."""

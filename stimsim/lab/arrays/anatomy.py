@@ -3,8 +3,9 @@
 Convention: at ``rotation_deg`` = 0 the array's +x axis (columns, left → right on the map) points
 anterior (+AP) and its +y axis (rows, bottom → top) points lateral; a positive rotation turns the
 array counter-clockwise from anterior towards lateral. ML is signed with right = positive, so in
-the left hemisphere lateral means negative ML. The reference point is one electrode (e.g. electrode
-1, as surgeons note it) or the array centre.
+the left hemisphere lateral means negative ML (an ML of the other sign than the hemisphere's is refused, as are
+positions outside a macaque brain). The reference point is one electrode (e.g. electrode 1, as surgeons note it)
+or the array centre.
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from stimsim.lab.arrays.layout import ArrayLayout
 from stimsim.utilities.errors import ConfigError
 
 HEMISPHERES = ("left", "right")
+#: Largest |AP| and |ML| of a point of macaque cortex from ear-bar zero, mm (the brain is about 60 mm long and
+#: 50 mm wide): a larger value is a unit mistake (µm typed as mm).
+MAX_AP_MM, MAX_ML_MM = 60.0, 40.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,16 @@ class AnatomicalPose:
             object.__setattr__(self, key, float(value))
         if self.hemisphere not in HEMISPHERES:
             raise ConfigError(f"anatomical pose: hemisphere must be one of {list(HEMISPHERES)}, got {self.hemisphere!r}")
+        for key, largest in (("ap_mm", MAX_AP_MM), ("ml_mm", MAX_ML_MM)):
+            if abs(getattr(self, key)) > largest:
+                raise ConfigError(f"anatomical pose: {key} = {getattr(self, key):g} mm lies outside a macaque brain "
+                                  f"(|{key}| <= {largest:g} mm); is it in µm?")
+        if not -360 <= self.rotation_deg <= 360:
+            raise ConfigError(f"anatomical pose: rotation_deg must lie in [-360, 360], got {self.rotation_deg:g}")
+        if self.ml_mm != 0 and (self.ml_mm < 0) != (self.hemisphere == "left"):
+            raise ConfigError(f"anatomical pose: ml_mm = {self.ml_mm:g} lies in the other hemisphere than "
+                              f"{self.hemisphere!r}: ML is signed, right of the midline positive, left negative "
+                              f"(give ml_mm = {-self.ml_mm:g} for {abs(self.ml_mm):g} mm {self.hemisphere} of it)")
         object.__setattr__(self, "reference", str(self.reference))
 
     def to_anatomical(self, layout: ArrayLayout, points_mm) -> np.ndarray:
