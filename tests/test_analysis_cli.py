@@ -222,6 +222,23 @@ def test_analyze_reads_lab_value_codes_given_on_the_command_line(tmp_path, capsy
     assert error.startswith("stimsim: error: --values choice: code '2' maps onto 'right'; allowed values: low, high")
 
 
+def test_analyze_warns_when_the_choice_codes_look_reversed(tmp_path, capsys):
+    """Planted curves rise 8 log-odds along the sequence (P('high') about 0.02 at step 0, 0.98 at the last step):
+    read with 0/1 mapped the wrong way round, the sham trials' P('high') falls, and the analysis says so; read the
+    right way round, it does not."""
+    table = planted_session([0.5, -0.5, 0.2], trials_per_site=140, seed=4)
+    coded = table.assign(choice=(table["choice"] == "high").astype(int)).drop(columns=["correct"], errors="ignore")
+    coded.to_csv(tmp_path / "coded.csv", index=False)  # no 'correct' column, whose check would catch it first
+    outputs = {}
+    for name, codes in (("reversed", "choice:1=low,0=high"), ("right", "choice:0=low,1=high")):
+        assert main(["analyze", str(tmp_path / "coded.csv"), "--values", codes, "--out", str(tmp_path / name),
+                     "--boot", "10", "--perm", "10", "--splits", "5", "--no-progress"]) == 0
+        outputs[name] = capsys.readouterr().err
+    assert "stimsim: warning: without stimulation P('high') falls along the steps" in outputs["reversed"]
+    assert "the choice codes are most likely the other way round" in outputs["reversed"]
+    assert "falls along the steps" not in outputs["right"]
+
+
 def test_analyze_warns_when_the_currents_look_like_mA_or_nA(tmp_path, capsys):
     """A lab column in mA mapped onto current_uA (0.05 for 50 µA), or in nA (50,000), is read, but the analysis
     warns."""

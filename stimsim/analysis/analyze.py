@@ -180,7 +180,8 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
                **_group_summary(sites, counts, plan_summary, n_boot, n_perm, n_splits, seed, effect)}
     given = [column for column in PROTOCOL_COLUMNS if column in sessions]  # the rig's columns, when a session has them
     protocol = [] if plan_dir is None or not given else _protocol_warnings(sessions, read_plan_protocol(plan_dir))
-    summary["warnings"] = _warnings(sites, summary) + _current_warnings(sessions, sites, plan_sites) + protocol
+    summary["warnings"] = (_warnings(sites, summary) + _current_warnings(sessions, sites, plan_sites) + protocol
+                           + _falling_curve_warning(counts))
     for message in summary["warnings"]:
         warnings.warn(message, stacklevel=2)
     subjects = sorted(sites["subject_id"].unique(), key=natural_key)
@@ -284,6 +285,30 @@ def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: p
                         f"predicted their effect for: {'; '.join(other)}. The predicted effect and the slope refer "
                         f"to the plan's current.")
     return messages
+
+
+#: The p below which sham trials choosing 'high' less often at the 'high' end than at the 'low' end are taken as
+#: choice codes the wrong way round (one-sided Fisher exact test, all sites pooled).
+REVERSED_CODES_P = 0.01
+
+
+def _falling_curve_warning(counts) -> list[str]:
+    """Sham trials pooled over the sites: P('high') at the last step clearly below P('high') at step 0 means the
+    choices are coded the other way round (step 0 is the 'low' end of every sequence; the signed signal level of the
+    face task rises with the face signal), which flips every effect's sign."""
+    from scipy.stats import fisher_exact
+
+    n, high = counts.n[:, 0].sum(axis=0), counts.n_high[:, 0].sum(axis=0)  # sham, per step
+    if n.size < 2 or n[0] == 0 or n[-1] == 0:
+        return []
+    table = [[high[-1], n[-1] - high[-1]], [high[0], n[0] - high[0]]]
+    p = fisher_exact(table, alternative="less").pvalue
+    if p >= REVERSED_CODES_P:
+        return []
+    return [f"without stimulation P('high') falls along the steps ({high[0] / n[0]:.2f} at step 0, "
+            f"{high[-1] / n[-1]:.2f} at the last step; one-sided Fisher p = {p:.2g}): step 0 is the 'low' end, so the "
+            "choice codes are most likely the other way round (map them with --values choice:CODE=low,CODE=high); "
+            "every effect's sign is flipped"]
 
 
 def _protocol_warnings(sessions: pd.DataFrame, stimulation: dict) -> list[str]:
