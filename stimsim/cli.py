@@ -19,7 +19,7 @@ from pathlib import Path
 import stimsim
 from stimsim.data.manifest import MIRROR_DIR_ENV
 from stimsim.engine.devices import add_device_argument, resolve_device
-from stimsim.engine.distributed import add_compute_arguments
+from stimsim.engine.distributed import MAX_PER_CPU, add_compute_arguments
 from stimsim.engine.jobs_bench import job_names
 from stimsim.utilities.errors import ConfigError, StimsimError, TrainingDiverged
 from stimsim.utilities.io import atomic_write_json, check_output_dir, check_output_file
@@ -167,6 +167,20 @@ def _check_png_path(option: str, path) -> None:
                 raise ConfigError(f"{option} {path}: that file exists and is not a PNG image; give another file name")
 
 
+def _check_report_path(path) -> None:
+    """The benchmark's JSON report: a .json file, new or an earlier benchmark report (never another file)."""
+    path = check_output_file(path)
+    if path.suffix.lower() != ".json":
+        raise ConfigError(f"--out {path}: the report is JSON; give a file name ending in .json")
+    if path.exists():
+        try:
+            earlier = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            earlier = None
+        if not (isinstance(earlier, dict) and {"started_utc", "quick", "torch_threads"} <= set(earlier)):
+            raise ConfigError(f"--out {path}: that file exists and is not a benchmark report; give another file name")
+
+
 def _cmd_models_resting(args) -> int:
     from stimsim.models.registry import SHIPPED_DIR
     from stimsim.models.resting import write_resting_activity
@@ -289,6 +303,8 @@ def _cmd_bench(args) -> int:
                           + ", ".join(job_names()))
     if (jobs is not None or args.jobs_out) and "jobs" not in (sections or ()):
         raise ConfigError("--jobs and --jobs-out are options of the jobs section; add --sections jobs")
+    if args.out:
+        _check_report_path(args.out)
     save = (lambda report: atomic_write_json(args.out, report, sort_keys=False)) if args.out else None
     report = run_benchmark(quick=args.quick, default_model=load_model(name, device=args.device) if name else None,
                            progress=not args.no_progress, device=args.device, sections=sections,
@@ -668,6 +684,9 @@ def _apply_common_options(args) -> None:
     if threads is not None:
         if threads < 1:
             raise ConfigError(f"--threads must be at least 1, got {threads}")
+        most = MAX_PER_CPU * (os.cpu_count() or 1)
+        if threads > most:
+            raise ConfigError(f"--threads must be at most {most} ({MAX_PER_CPU} per CPU of this machine), got {threads}")
         import torch
         from threadpoolctl import threadpool_limits
 

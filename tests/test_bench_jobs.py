@@ -140,6 +140,14 @@ def test_job_options_are_checked_before_any_section_runs(tmp_path, capsys):
     assert "has an empty name" in capsys.readouterr().err
     assert main(["bench", "--quick", "--sections", " "]) == 2  # not "every section", which takes hours
     assert "--sections is empty" in capsys.readouterr().err
+    notes, other_json = tmp_path / "notes.txt", tmp_path / "mine.json"  # never overwritten by a report
+    notes.write_text("hello")
+    other_json.write_text('{"mine": 1}')
+    for path, message in ((notes, "the report is JSON; give a file name ending in .json"),
+                          (other_json, "that file exists and is not a benchmark report")):
+        assert main(["bench", "--quick", "--sections", "load", "--out", str(path)]) == 2
+        assert f"--out {path}: {message}" in capsys.readouterr().err
+    assert notes.read_text() == "hello" and other_json.read_text() == '{"mine": 1}'
 
 
 def test_a_failed_job_renders_without_figures_and_a_quick_report_says_so():

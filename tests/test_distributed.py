@@ -65,6 +65,11 @@ def test_scheduler_values_are_checked():
     for bad in ("processes=0", "processes=two", "nowhere", ""):
         with pytest.raises(ConfigError, match="scheduler"):
             parse_scheduler(bad)
+    most = 4 * os.cpu_count()  # each worker holds the model: far more than the CPUs only exhausts the memory
+    assert parse_scheduler(f"processes={most}") == ("processes", most)
+    with pytest.raises(ConfigError, match=rf"processes={most + 1}'?: the number of worker processes must lie in "
+                                          rf"1..{most} \(4 per CPU of this machine"):
+        parse_scheduler(f"processes={most + 1}")
 
 
 def test_killed_worker_is_replaced_and_the_result_equals_one_process(sweep, client, tmp_path, monkeypatch):

@@ -396,6 +396,7 @@ def test_cli_lets_a_bug_show_as_a_traceback(experiment_dir, elsewhere, capsys, m
 
 @pytest.mark.parametrize("argv, message", [
     (["--threads", "0"], "--threads must be at least 1"),
+    (["--threads", "99999999999"], f"--threads must be at most {4 * os.cpu_count()} (4 per CPU of this machine)"),
     (["--mirror", "no/such/dir"], "--mirror no/such/dir: not a directory"),
 ])
 def test_cli_common_options_are_checked(experiment_dir, elsewhere, capsys, argv, message):

@@ -346,6 +346,7 @@ def test_categorization_run_writes_results_that_reload(tiny_run):
         assert key in summary
     probabilities = dataset["choice_probability"]
     assert probabilities.dims == ("condition", "stimulus_id", "choice")
+    assert (config["device"], config["scheduler"]) == ("cpu", None) and config["torch_threads"] >= 1
     for name in ("site_x_mm", "unit_y_mm", "distance_to_peak_mm"):  # lengths say which millimetres they are
         assert dataset[name].attrs["units"] == "mm" and dataset[name].attrs["frame"].startswith("cortex mm")
     assert probabilities.sizes == {"condition": 4, "stimulus_id": 30, "choice": 2}

@@ -313,7 +313,7 @@ def dask_section(context: BenchContext) -> dict:
     report_phase(f"bench: Dask sweep of {n_sites} sites × {n_images} images at {layer} on 1 and 2 workers",
                  context.progress)
     clusters = {n: LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                dashboard_address=None) for n in (1, 2)}
+                                dashboard_address=":0") for n in (1, 2)}  # any free port: 8787 may be taken
     clients = {n: Client(cluster) for n, cluster in clusters.items()}
     worker_cpu_s = {1: [], 2: []}  # per timed sweep: CPU seconds (user + system) of each worker process
     try:

@@ -40,6 +40,10 @@ from stimsim.utilities.errors import ConfigError
 #: Chunks submitted per worker thread, so that a slow or lost worker delays little of the sweep.
 CHUNKS_PER_THREAD = 4
 
+#: The most worker processes (``--scheduler processes=N``) or torch threads (``--threads``) per CPU of the machine:
+#: each worker holds a copy of the model, so many more only exhaust the memory.
+MAX_PER_CPU = 4
+
 _PROCESSES = re.compile(r"processes=(\d+)")
 
 
@@ -53,8 +57,10 @@ def parse_scheduler(text: str) -> tuple[str, object]:
     match = _PROCESSES.fullmatch(text)
     if match:
         n = int(match.group(1))
-        if n < 1:
-            raise ConfigError(f"scheduler {text!r}: the number of worker processes must be >= 1")
+        most = MAX_PER_CPU * (os.cpu_count() or 1)
+        if not 1 <= n <= most:
+            raise ConfigError(f"scheduler {text!r}: the number of worker processes must lie in 1..{most} "
+                              f"({MAX_PER_CPU} per CPU of this machine; each holds a copy of the model)")
         return "processes", n
     if text.startswith("processes"):
         raise ConfigError(f"scheduler {text!r}: write processes=N with N a positive integer, e.g. processes=4")

@@ -222,6 +222,9 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
         "trials": trials.record(),
         "comparison": None if data is None else dict(data.attrs),
         "notes": notes,
+        "device": str(device),
+        "scheduler": scheduler if scheduler is None or isinstance(scheduler, str) else type(scheduler).__name__,
+        "torch_threads": created["torch_threads"],  # float32 sums round in another order with another count
         "created_utc": created["created_utc"],
         "software": created["software"],
     })
