@@ -686,7 +686,8 @@ def _apply_common_options(args) -> None:
             raise ConfigError(f"--threads must be at least 1, got {threads}")
         most = MAX_PER_CPU * (os.cpu_count() or 1)
         if threads > most:
-            raise ConfigError(f"--threads must be at most {most} ({MAX_PER_CPU} per CPU of this machine), got {threads}")
+            raise ConfigError(f"--threads must be at most {most} ({MAX_PER_CPU} per CPU of this machine), "
+                              f"got {threads}")
         import torch
         from threadpoolctl import threadpool_limits
 

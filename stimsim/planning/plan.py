@@ -681,8 +681,8 @@ def _plan_dataset(config, working, trials, rehearsals, plan, factor: float) -> x
     return xr.Dataset(
         {**variables, f"predicted_{effect}": ("electrode", plan["predicted"],
                                               {"description": "the prediction pooled over candidates and poses"}),
-         **{f"predicted_{effect}_{end}": ("electrode", plan[end], {"description": f"{end} end of its 95 % interval over "
-                                                                                  "candidates and poses"})
+         **{f"predicted_{effect}_{end}": ("electrode", plan[end],
+                                          {"description": f"{end} end of its 95 % interval over candidates and poses"})
             for end in ("low", "high")},
          **_site_coordinates(plan)},
         coords={"electrode": list(working), "model": list(rehearsals), "stimulated": [False, True], **coords},

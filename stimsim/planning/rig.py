@@ -378,4 +378,5 @@ def check_trial_images(trials: pd.DataFrame, path, planned: pd.DataFrame, planne
                             f"gives stimulus {first!r} {column} {known.at[first, column]!r}")
     if problems:
         raise FileFormatError(path, "; ".join(problems) + ". A trial must show the image whose responses the plan "
-                                  "computed: take stimulus_id, sequence, step and image_file from the plan's rig/trials.csv")
+                                  "computed: take stimulus_id, sequence, step and image_file from the plan's "
+                                  "rig/trials.csv")
