@@ -18,8 +18,8 @@ from stimsim.lab.arrays.layout import ArrayLayout
 from stimsim.utilities.errors import ConfigError
 
 HEMISPHERES = ("left", "right")
-#: Largest |AP| and |ML| of a point of macaque cortex from ear-bar zero, mm (the brain is about 60 mm long and
-#: 50 mm wide): a larger value is a unit mistake (µm typed as mm).
+#: Largest absolute AP and ML of a point of macaque cortex from ear-bar zero, mm (the brain is about 60 mm long
+#: and 50 mm wide): a larger value is a unit mistake (µm typed as mm).
 MAX_AP_MM, MAX_ML_MM = 60.0, 40.0
 
 
