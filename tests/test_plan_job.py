@@ -1337,6 +1337,68 @@ def test_bad_anatomical_pose_stops_the_plan_before_any_work(tmp_path, capsys, an
     assert not out.exists()
 
 
+def test_a_labs_plan_does_not_depend_on_the_order_of_its_files_rows(tmp_path, one_torch_thread):
+    """The same recordings and images with the presentations, the electrodes and the image table's rows in another
+    order give the same plan: the folds, split halves and resamples follow the stimulus ids, not the file's rows."""
+    import h5py
+
+    from stimsim.lab.recordings import Recordings, load_recordings
+
+    plans = {}
+    for name in ("as_recorded", "shuffled"):
+        config = _face_lab_plan(tmp_path / name, {"kind": np.array(["face", "object"] * 100)})
+        config.write_text(config.read_text().replace('task = "face_categorization"\n', ""))
+        if name == "shuffled":
+            rng = np.random.default_rng(5)
+            recordings = load_recordings(config.parent / "recordings.nc")
+            response = recordings.response.isel(presentation=rng.permutation(recordings.response.sizes["presentation"]))
+            electrodes = list(rng.permutation(recordings.electrode_ids))
+            Recordings(response.sel(electrode=electrodes), recordings.layout.subset(electrodes)).save_netcdf(
+                config.parent / "recordings.nc")
+            with h5py.File(config.parent / "images.h5", "r+") as handle:
+                rows = rng.permutation(len(handle["stimulus_id"]))
+                for field in list(handle):
+                    values = handle[field][...][rows]
+                    del handle[field]
+                    handle[field] = values
+        assert main(["plan", str(config), "--out", str(tmp_path / f"{name}_out"), "--no-progress"]) == 0
+        plans[name] = (pd.read_csv(tmp_path / f"{name}_out" / "sites.csv", dtype={"electrode_id": str}),
+                       json.loads((tmp_path / f"{name}_out" / "summary.json").read_text()))
+    (sites, summary), (shuffled_sites, shuffled_summary) = plans["as_recorded"], plans["shuffled"]
+    pd.testing.assert_frame_equal(shuffled_sites, sites)
+    assert shuffled_summary["model_selection"] == summary["model_selection"]
+    assert shuffled_summary["chosen_electrodes"] == summary["chosen_electrodes"]
+
+
+def test_a_broken_electrode_recorded_as_nan_is_left_out_when_listed_as_broken(tmp_path):
+    """A channel the lab knows is dead, exported as NaN throughout, does not block the plan once [array]
+    broken_electrodes names it; unlisted, the refusal names it and says how to list it."""
+    from stimsim.lab.recordings import Recordings, load_recordings
+    from stimsim.planning.plan import PlanInputs, _screen
+
+    config_path = _lab_plan(tmp_path / "config")
+    recordings = load_recordings(tmp_path / "config" / "recordings.nc")
+    response = recordings.response.copy()
+    response.loc[{"electrode": "e3"}] = np.nan
+    Recordings(response, recordings.layout).save_netcdf(tmp_path / "config" / "recordings.nc")
+    with pytest.raises(DataError, match=r"electrode 'e3': response is nan \(400 non-finite value\(s\) in all\); the "
+                                        r"electrode has no finite response at all: a plan leaves it out when its "
+                                        r"\[array\] broken_electrodes lists it"):
+        PlanInputs(load_plan_config(config_path), tmp_path / "out", progress=False)
+    config_path.write_text(config_path.read_text().replace("[array]\n", '[array]\nbroken_electrodes = ["e3"]\n'))
+    config = load_plan_config(config_path)
+    inputs = PlanInputs(config, tmp_path / "out", progress=False)
+    assert "e3" not in inputs.recordings.electrode_ids and len(inputs.recordings.electrode_ids) == 15
+    assert "e3" in inputs.array_layout.electrode_ids  # still on the array, for the pose and the report
+    working, _ = _screen(config, inputs, None)
+    assert len(working) == 15 and "e3" not in working
+    # a NaN on an electrode that is not listed is still refused
+    response.loc[{"electrode": "e5"}] = response.sel(electrode="e5").where(response["presentation"] != 7)
+    Recordings(response, recordings.layout).save_netcdf(tmp_path / "config" / "recordings.nc")
+    with pytest.raises(DataError, match=r"row 7 .*electrode 'e5': response is nan \(1 non-finite value\(s\) in all\)$"):
+        PlanInputs(load_plan_config(config_path), tmp_path / "out", progress=False)
+
+
 def test_anatomical_reference_may_be_an_electrode_the_recordings_leave_out(tmp_path):
     """The implant's reference (e.g. electrode 1) keeps its place on the array when the lab's recordings omit it (and
     it may be listed as broken): e2, 0.4 mm right of e1 on the 4×4 layout, lies 0.4 mm anterior of e1's AP at
@@ -1400,7 +1462,9 @@ def test_a_cmp_layout_takes_its_pitch_from_the_plan(tmp_path):
     data.assign_coords(electrode=[str(k + 1) for k in range(16)]).to_netcdf(recordings, engine="h5netcdf")
     text = config_path.read_text().replace('layout = "layout.csv"', 'layout = "array.cmp"')
     config_path.write_text(text)
-    with pytest.raises(DataError, match=r"electrodes '1' and '16' are 1.061 mm apart in the file, 1.697 mm on the layout"):
+    with pytest.raises(DataError, match=r"electrodes '1' and '16' are 1.061 mm apart in the file, 1.697 mm on the "
+                                        r"layout; .*; the .cmp map is read at a pitch of 0.4 mm: its pitch_mm "
+                                        r"\(a plan's \[recordings\] pitch_mm\) sets the array's spacing"):
         PlanInputs(load_plan_config(config_path), tmp_path / "out", progress=False)
     config_path.write_text(text.replace('layout = "array.cmp"', 'layout = "array.cmp"\npitch_mm = 0.25'))
     config = load_plan_config(config_path)
@@ -1481,14 +1545,21 @@ def test_a_plan_cache_of_recordings_that_changed_since_is_refused(tmp_path):
     config_path = _lab_plan(tmp_path / "config")
     before = load_plan_config(config_path).digest()
     assert load_plan_config(config_path).digest() == before  # same files, same digest
+    record = load_plan_config(config_path).digest_record()
     recordings_path = tmp_path / "config" / "recordings.nc"
     recordings = load_recordings(recordings_path)
     recordings.select_electrodes(recordings.electrode_ids[:15]).save_netcdf(recordings_path)
     after = load_plan_config(config_path).digest()
     assert after != before
-    PhaseCache(tmp_path / "out", before)
-    with pytest.raises(ConfigError, match="holds a plan made with other parameters or input files"):
-        PhaseCache(tmp_path / "out", after)
+    PhaseCache(tmp_path / "out", before, record=record)
+    with pytest.raises(ConfigError, match=r"holds a plan made with other parameters or input files \(cache/"
+                                          r"config_digest.txt\): changed since: input_sha256\.\S*recordings.nc "
+                                          r"\('[0-9a-f]{64}' → '[0-9a-f]{64}'\); use a new --out directory"):
+        PhaseCache(tmp_path / "out", after, record=load_plan_config(config_path).digest_record())
+    with pytest.raises(ConfigError, match=r"holds a plan made with other parameters or input files \(cache/"
+                                          r"config_digest.txt\): changed since: registration.n_boot \(10 → 7\); use"):
+        PhaseCache(tmp_path / "out", before + "x",
+                   record={**record, "registration": {**record["registration"], "n_boot": 7}})
     (tmp_path / "out" / "cache" / "config_digest.txt").write_bytes(b"\xff\xfe not a digest")  # damaged: refused too
     with pytest.raises(ConfigError, match="holds a plan made with other parameters or input files"):
         PhaseCache(tmp_path / "out", before)

@@ -21,14 +21,18 @@ from pathlib import Path
 import numpy as np
 
 from stimsim.utilities.errors import ConfigError
-from stimsim.utilities.hashing import json_sha256, sha256_of
-from stimsim.utilities.io import atomic_save, is_temporary_file
+from stimsim.utilities.hashing import changed_keys, json_sha256, sha256_of
+from stimsim.utilities.io import atomic_save, atomic_write_json, is_temporary_file
 from stimsim.utilities.jsonable import json_value
 from stimsim.utilities.progress import report_phase
 
 #: Format tag of a cached file's record.
 RECORD_FORMAT = "stimsim-plan-cache/1"
 STAMP = "config_digest.txt"
+#: What the stamp's digest was computed from, to name what changed when a re-run is refused.
+STAMP_RECORD = "config_record.json"
+#: Changes a refusal names at most.
+SHOWN_CHANGES = 5
 
 
 class PhaseCache:
@@ -36,7 +40,8 @@ class PhaseCache:
     :meth:`bind` gives the digest of the inputs beyond the configuration (subject files, model weights) before
     any phase is read. A phase taken from the cache is reported on stderr when ``progress`` is true."""
 
-    def __init__(self, out_dir: Path, digest: str, progress: bool = False):
+    def __init__(self, out_dir: Path, digest: str, progress: bool = False, record: dict | None = None):
+        """``record``: what ``digest`` was computed from (JSON), kept beside it so that a refusal names what changed."""
         self.dir = Path(out_dir) / "cache"
         self.progress = progress
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -48,9 +53,12 @@ class PhaseCache:
                 held = None
             if held != digest:
                 raise ConfigError(f"{out_dir} holds a plan made with other parameters or input files "
-                                  f"(cache/{STAMP}); use a new --out directory or delete that one")
+                                  f"(cache/{STAMP}){_what_changed(self.dir / STAMP_RECORD, record)}; use a new --out "
+                                  "directory or delete that one")
         remove_temporaries(self.dir)
         atomic_save(stamp, lambda tmp: Path(tmp).write_text(digest + "\n", encoding="utf-8"))
+        if record is not None:
+            atomic_write_json(self.dir / STAMP_RECORD, record)
         self.digest = digest
         self.inputs = digest
         self.sha256: dict[str, str] = {}  # cached file → its sha256, for the phases after it
@@ -182,3 +190,20 @@ def remove_temporaries(*directories) -> None:
         for entry in directory.iterdir():
             if is_temporary_file(entry.name) and (entry.is_file() or entry.is_symlink()):
                 entry.unlink(missing_ok=True)
+
+
+def _what_changed(held_record: Path, record: dict | None) -> str:
+    """``": changed: KEY (OLD → NEW), ..."`` between the record kept in the cache and ``record``, or "" when either is
+    missing or unreadable, or when they do not differ (the digest covers more, e.g. another virtual subject's seed)."""
+    if record is None:
+        return ""
+    try:
+        held = json.loads(held_record.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return ""
+    changes = changed_keys(held, json.loads(json.dumps(record, default=json_value))) if isinstance(held, dict) else []
+    if not changes:
+        return ""
+    more = f" and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
+    return ": changed since: " + "; ".join(changes[:SHOWN_CHANGES]) + more
+

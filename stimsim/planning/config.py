@@ -314,16 +314,20 @@ class PlanConfig:
             paths.append(self.percepts)
         return {str(p): sha256_of(p) for p in paths}
 
-    def digest(self) -> str:
-        """sha256 of the resolved parameters and of the input files: a cache of another configuration, or of files
-        that have changed since, is never reused."""
+    def digest_record(self) -> dict:
+        """What the plan's phases are computed from: the resolved parameters and the sha256 of every input file. The
+        session and display change no computed phase, nor do the plan's name (by default its file's name) and its
+        file's own path."""
         record = self.to_dict()
-        # the session and display change no computed phase, nor do the plan's name (by default its file's name) and
-        # its file's own path
         for key in ("name", "description", "file", *RigSpec().to_dict()):
             record.pop(key)
         record["input_sha256"] = self.input_files()
-        return json_sha256(record)
+        return record
+
+    def digest(self) -> str:
+        """sha256 of :meth:`digest_record`: a cache of another configuration, or of files that have changed since, is
+        never reused."""
+        return json_sha256(self.digest_record())
 
 
 def _check_model(name: str, where: str) -> None:

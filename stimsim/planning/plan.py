@@ -121,11 +121,14 @@ class PlanInputs:
 
             layout = load_layout(config.recordings["layout"], **cmp_options(
                 config.recordings["layout"], config.recordings["layout_ids"], config.recordings["pitch_mm"]))
-            self.images = build_stimuli(config.recordings["images"], str(config.path), "[recordings] images")
+            # a lab's files in any row order give the same plan: images by id, presentations by image
+            images = build_stimuli(config.recordings["images"], str(config.path), "[recordings] images")
+            self.images = images.subset(np.argsort(images.stimulus_id, kind="stable"))
             recordings = load_recordings(config.recordings["path"], names=config.recordings["names"] or None,
                                          layout=layout, stimulus_ids=self.images.stimulus_id,
                                          images_source=f"the images of {config.path} [recordings] images",
-                                         electrode_group=config.recordings["electrode_group"])
+                                         electrode_group=config.recordings["electrode_group"],
+                                         broken_electrodes=config.selection.broken_electrodes).in_canonical_order()
         self.recordings = recordings
         self.layout = recordings.layout
         self.array_layout = layout  # every electrode of the array, recorded or not (the anatomical reference)
@@ -261,7 +264,9 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
     subject_created = not (Path(out_dir) / "subject").exists()
     try:  # bad input found while reading the inputs or mapping leaves nothing behind
         cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
-                           + (f"-random{n_random_poses}" if n_random_poses else ""), progress=progress)
+                           + (f"-random{n_random_poses}" if n_random_poses else ""), progress=progress,
+                           record={**config.digest_record(), "subject_seed": subject_seed,
+                                   "random_poses": n_random_poses})
         started = time.perf_counter()
         inputs = PlanInputs(config, out_dir, progress, subject_seed, device=compute["device"])
         plan_task = config.plan_task

@@ -32,7 +32,7 @@ from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, FileFormatError, TrainingDiverged
 from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.utilities.filemodels import validate
-from stimsim.utilities.hashing import canonical_json, json_sha256
+from stimsim.utilities.hashing import canonical_json, changed_keys, json_sha256
 from stimsim.utilities.io import atomic_save, atomic_write_json, atomic_write_text, provenance
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -400,19 +400,6 @@ def _resume(checkpoint_path: Path, config: TrainingConfig, network, optimizer,
     except (ValueError, KeyError, TypeError) as exc:
         raise FileFormatError(checkpoint_path, f"optimizer state does not fit this configuration ({exc})") from None
     return state["step"], state["history"], state["cpu_seconds"]
-
-
-def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """The dotted keys whose values differ between two nested dicts, as ``key (old → new)``."""
-    changed = []
-    for key in sorted(set(old) | set(new)):
-        before, after = old.get(key), new.get(key)
-        if isinstance(before, dict) and isinstance(after, dict):
-            changed += changed_keys(before, after, f"{prefix}{key}.")
-        elif key not in old or key not in new or before != after:
-            shown = [repr(side[key]) if key in side else "absent" for side in (old, new)]
-            changed.append(f"{prefix}{key} ({shown[0]} → {shown[1]})")
-    return changed
 
 
 def _diverged(problem: str, step: int, config: TrainingConfig, history: list, out_dir: Path, bar) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from stimsim.training import head_training, loop, trunk_tuning
 from stimsim.utilities.errors import ConfigError, FileFormatError
-from stimsim.utilities.hashing import canonical_json
+from stimsim.utilities.hashing import canonical_json, changed_keys
 from stimsim.utilities.io import atomic_write_json, check_output_dir, is_temporary_file
 from stimsim.utilities.locking import LOCK_FILE
 
@@ -58,7 +58,7 @@ def check_run_configuration(directory: Path, raw: dict, force: bool = False) -> 
     recorded = _recorded_configuration(directory)
     if recorded is not None and canonical_json(recorded) != canonical_json(raw):
         if not force:
-            changed = loop.changed_keys(recorded, json.loads(canonical_json(raw)))
+            changed = changed_keys(recorded, json.loads(canonical_json(raw)))
             shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
             raise ConfigError(f"{directory} holds a training run of another configuration (changed: {shown}); a run "
                               "resumes only with the configuration it started with: use another --out directory, or "

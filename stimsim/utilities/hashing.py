@@ -1,4 +1,4 @@
-"""sha256 digests of what results depend on: files, text, JSON records and tensors.
+"""sha256 digests of what results depend on: files, text, JSON records and tensors; what differs between two records.
 
 Records are hashed as canonical JSON (keys sorted; numpy numbers and arrays as JSON values, any other
 object by its ``repr``), so equal records give equal digests in every process. Tensors are hashed by
@@ -42,6 +42,23 @@ def canonical_json(obj) -> str:
 def json_sha256(obj) -> str:
     """sha256 (hex) of :func:`canonical_json` of ``obj``."""
     return sha256_text(canonical_json(obj))
+
+
+def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two nested dicts, as ``key (old → new)``.
+
+    >>> changed_keys({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3}, "d": 4})
+    ['b.c (2 → 3)', 'd (absent → 4)']
+    """
+    changed = []
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key), new.get(key)
+        if isinstance(before, dict) and isinstance(after, dict):
+            changed += changed_keys(before, after, f"{prefix}{key}.")
+        elif key not in old or key not in new or before != after:
+            shown = [repr(side[key]) if key in side else "absent" for side in (old, new)]
+            changed.append(f"{prefix}{key} ({shown[0]} → {shown[1]})")
+    return changed
 
 
 def update_with_tensors(digest, tensors: dict) -> None:

@@ -138,6 +138,18 @@ class Recordings:
         keep = np.isin(self.response["stimulus_id"].values, np.asarray(stimulus_ids).astype(str))
         return Recordings(self.response.isel(presentation=np.flatnonzero(keep)), self.layout, self.source)
 
+    def in_canonical_order(self) -> "Recordings":
+        """The same recordings with the electrodes in array order and the presentations sorted by stimulus id (the
+        repeats of an image by their responses), so that what is computed from them (cross-validation folds, split
+        halves, resamples of images) does not depend on the order a file lists its rows and columns in. The
+        ``presentation`` coordinate keeps each presentation's row in the file."""
+        electrodes = self.layout.in_array_order(self.electrode_ids)
+        response = self.response.sel(electrode=electrodes)
+        values = response.values
+        by_response = [values[:, column] for column in reversed(range(values.shape[1]))]
+        order = np.lexsort(by_response + [response["stimulus_id"].values])  # the last key sorts first
+        return Recordings(response.isel(presentation=order), self.layout.subset(electrodes), self.source)
+
     def split_half_reliability(self, seed: int = 0, n_splits: int = 20) -> xr.DataArray:
         """Per-electrode split-half reliability, Spearman–Brown corrected (Spearman 1910, Brown 1910).
 
@@ -182,7 +194,9 @@ class Recordings:
             row, col = bad[0]
             raise DataError(f"{self.source}: {where}, row {row} (0-based; stimulus_id "
                             f"'{self.response['stimulus_id'].values[row]}'), electrode {self.electrode_ids[col]!r}: "
-                            f"response is {values[row, col]} ({len(bad)} non-finite value(s) in all)")
+                            f"response is {values[row, col]} ({len(bad)} non-finite value(s) in all)"
+                            + ("; the electrode has no finite response at all: a plan leaves it out when its "
+                               "[array] broken_electrodes lists it" if not np.isfinite(values[:, col]).any() else ""))
 
     def check_stimuli(self, stimulus_ids, images_source: str = "the image set", where: str = "stimulus_id"):
         """Raise a DataError if a presented stimulus_id is not among ``stimulus_ids`` (the images); ``where`` names
@@ -257,7 +271,7 @@ class Recordings:
 
 def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None = None,
                     stimulus_ids=None, images_source: str = "the image set",
-                    electrode_group: str | None = None) -> Recordings:
+                    electrode_group: str | None = None, broken_electrodes=()) -> Recordings:
     """Read recordings from ``.nc`` or ``.nwb``, or any registered recording format (by the file's suffix; see
     the module docstring for the built-in layouts).
 
@@ -272,6 +286,9 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
         stimulus_id must be among them.
     electrode_group : NWB only: the ``ElectrodeGroup`` (array) whose electrodes to read, needed when the file's
         electrodes belong to more than one (each array is registered on its own).
+    broken_electrodes : ids of electrodes the lab knows are broken: one whose responses are not all finite (e.g. NaN
+        throughout) is left out, as if the file did not hold it; on any other electrode a non-finite response is an
+        error.
     """
     path = Path(path)
     if not path.is_file():
@@ -319,6 +336,11 @@ def load_recordings(path, names: dict | None = None, layout: ArrayLayout | None 
                                 "stimulus_id": ("presentation", np.asarray(stimulus_id).astype(str)),
                                 "electrode": np.asarray(layout.electrode_ids)}, attrs=attrs)
     result = Recordings(data, layout, str(path))
+    broken = {str(e) for e in broken_electrodes}
+    finite = np.isfinite(data.values).all(axis=0)
+    unread = {e for e, ok in zip(layout.electrode_ids, finite) if e in broken and not ok}
+    if unread:
+        result = result.select_electrodes([e for e in layout.electrode_ids if e not in unread])
     result.validate(where["response"])
     if stimulus_ids is not None:
         result.check_stimuli(stimulus_ids, images_source, where["stimulus_id"])
@@ -339,7 +361,10 @@ def _check_positions_match(path: Path, where: str, positions_mm: np.ndarray, lay
         raise DataError(f"{path}: {where}: the electrode positions in the file disagree with the array layout "
                         f"{layout.name!r}: electrodes {ids[a]!r} and {ids[b]!r} are {in_file[a, b]:.4g} mm apart in "
                         f"the file, {on_layout[a, b]:.4g} mm on the layout; give the layout the recordings were made "
-                        "with, or check the positions' unit (x_um, y_um for micrometres)")
+                        "with, or check the positions' unit (x_um, y_um for micrometres)"
+                        + (f"; the .cmp map is read at a pitch of {on_layout[on_layout > 0].min():.4g} mm: its "
+                           "pitch_mm (a plan's [recordings] pitch_mm) sets the array's spacing"
+                           if layout.cerebus else ""))
     # equal distances leave a rotation or a mirror image (Kabsch: the best proper rotation must match too)
     a, b = positions_mm - positions_mm.mean(0), layout.positions_mm - layout.positions_mm.mean(0)
     u, _, vt = np.linalg.svd(a.T @ b)
