@@ -569,6 +569,18 @@ def test_image_ids_that_disagree_with_electrode_step_or_sequence_are_refused(tmp
     assert "column 'stimulus_id', row(s) 8: the image id names another electrode than column 'electrode'; " \
            f"e.g. '99_seq0_step{mixed.loc[7, 'step']}'" in str(refused.value)
     assert "row(s) 9: the image id names another sequence" in str(refused.value)
+    # a rig that logs the image file's name: an id like "elec 7" is written "elec_7" there (and "site2_elec_7" where
+    # two ids share that stem); another electrode's file is still refused
+    spaced = table.assign(electrode="elec " + table["electrode"].astype(str),
+                          stimulated_electrode=np.where(table["stimulated_electrode"] == "sham", "sham",
+                                                        "elec " + table["stimulated_electrode"].astype(str)))
+    logged = spaced.assign(stimulus_id="elec_" + table["stimulus_id"])
+    logged.loc[3, "stimulus_id"] = "site2_" + logged.loc[3, "stimulus_id"]
+    assert len(load_sessions(write_csv(logged, tmp_path / "logged.csv"))) == len(table)
+    logged.loc[5, "stimulus_id"] = "elec_99_seq0_step" + str(logged.loc[5, "step"])
+    with pytest.raises(FileFormatError, match=r"column 'stimulus_id', row\(s\) 6: the image id names another "
+                                              r"electrode than column 'electrode'"):
+        load_sessions(write_csv(logged, tmp_path / "logged_wrong.csv"))
     # a lab's own image ids are not read
     own = table.assign(stimulus_id=[f"morph_{i}.png" for i in range(len(table))])
     assert len(load_sessions(write_csv(own, tmp_path / "own.csv"))) == len(table)

@@ -192,8 +192,9 @@ class StimulusSet:
 
 
 def _duplicates(ids) -> list[str]:
+    """The first 5 ids given more than once, as text."""
     seen, repeated = set(), []
-    for i in ids:
+    for i in map(str, ids):
         if i in seen and i not in repeated:
             repeated.append(i)
         seen.add(i)

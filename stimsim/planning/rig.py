@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import math
-import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -27,7 +26,7 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from stimsim.lab.sessions.base import PROTOCOL_COLUMNS as SESSION_PROTOCOL_COLUMNS
-from stimsim.lab.sessions.base import off_protocol, planned_setting
+from stimsim.lab.sessions.base import file_stem, off_protocol, planned_setting
 from stimsim.stimulation.safety import charge_per_phase_nC
 from stimsim.utilities.filemodels import FileModel
 from stimsim.utilities.io import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, csv_text
@@ -145,9 +144,9 @@ class RigSpec:
 
 
 def image_names(electrodes) -> dict:
-    """Electrode id → the stem of its images' file names: the id with every character other than letters, digits,
-    ``.``, ``-`` and ``_`` as ``_``; prefixed by the site's number where two ids would share a stem."""
-    stems = [re.sub(r"[^A-Za-z0-9._-]", "_", str(e)) for e in electrodes]
+    """Electrode id → the stem of its images' file names (:func:`~stimsim.lab.sessions.base.file_stem`), prefixed by
+    the site's number where two ids would share a stem."""
+    stems = [file_stem(e) for e in electrodes]
     if len(set(stems)) < len(stems):
         stems = [f"site{i + 1}_{stem}" for i, stem in enumerate(stems)]
     return dict(zip(map(str, electrodes), stems))

@@ -19,6 +19,7 @@ share one way of reporting every bad row, so they stay together.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -600,13 +601,23 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
 _STIMULUS_ID = r"^(?P<electrode>.+)_seq(?P<sequence>\d+)_step(?P<step>\d+)$"
 
 
+def file_stem(electrode_id) -> str:
+    """An electrode id as the rig's image files name it (``<stem>_seq<j>_step<k>.png``): every character other than
+    letters, digits, ``.``, ``-`` and ``_`` as ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", str(electrode_id))
+
+
 def _check_stimulus_ids(table: pd.DataFrame, has_sequence: bool, report) -> None:
-    """Image ids of stimsim's form ``{electrode}_seq{j}_step{k}`` must name the row's own electrode, step
+    """Image ids of stimsim's form ``{electrode}_seq{j}_step{k}`` must name the row's own electrode (its id, or the
+    stem of its image files, with or without the rig's ``site<n>_`` prefix: a rig may log the file's name), step
     and (when given) sequence: a disagreement means columns mapped onto the wrong names or steps counted
     another way. Ids of other forms (a lab's own) are not read."""
     named = table["stimulus_id"].str.extract(_STIMULUS_ID)
     ours = named["step"].notna().to_numpy()
-    report(ours & (named["electrode"] != table["electrode"]).to_numpy(), "stimulus_id",
+    stems = table["electrode"].map(file_stem)
+    own_electrode = ((named["electrode"] == table["electrode"]) | (named["electrode"] == stems)
+                     | (named["electrode"].str.replace(r"^site\d+_", "", regex=True) == stems))
+    report(ours & ~own_electrode.to_numpy(), "stimulus_id",
            "the image id names another electrode than column 'electrode'", table["stimulus_id"].to_numpy())
     report(ours & (pd.to_numeric(named["step"]) != table["step"]).to_numpy(), "stimulus_id",
            "the image id names another step than column 'step' (steps counted another way?)",
