@@ -135,7 +135,7 @@ def _cmd_models_check(args) -> int:
         raise ConfigError("--label and --positive apply to --stimuli; the default images (fLoc by domain, positive "
                           "'faces') and --heldout (LFW + Fashion-MNIST by category, positive 'face') set their own")
     if args.figure is not None:
-        _check_png_path("--figure", args.figure)
+        _check_output_path("--figure", args.figure, "png")
     report_phase(f"models check: loading {args.name}", progress)
     model = load_model(args.name, device=args.device)
     stimuli = None
@@ -156,29 +156,34 @@ def _cmd_models_check(args) -> int:
     return 0
 
 
-def _check_png_path(option: str, path) -> None:
-    """A PNG file the command may write: named .png, and new or a PNG image already (never another file)."""
-    path = check_output_file(path)
-    if path.suffix.lower() != ".png":
-        raise ConfigError(f"{option} {path}: the figure is a PNG image; give a file name ending in .png")
-    if path.exists():
-        with path.open("rb") as handle:
-            if handle.read(8) != b"\x89PNG\r\n\x1a\n":
-                raise ConfigError(f"{option} {path}: that file exists and is not a PNG image; give another file name")
+def _is_png(path: Path) -> bool:
+    with path.open("rb") as handle:
+        return handle.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def _check_report_path(path) -> None:
-    """The benchmark's JSON report: a .json file, new or an earlier benchmark report (never another file)."""
+def _is_benchmark_report(path: Path) -> bool:
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(earlier, dict) and {"started_utc", "quick", "torch_threads"} <= set(earlier)
+
+
+#: Files a command writes at a path the user names: kind → (suffix, what the file is, test that a file there is one
+#: of that kind). Such a file is written only new or over one of its kind, never over another file.
+OUTPUT_FILES = {"png": (".png", "a PNG image", _is_png),
+                "benchmark_report": (".json", "a benchmark report (JSON)", _is_benchmark_report)}
+
+
+def _check_output_path(option: str, path, kind: str) -> None:
+    """Refuse ``path`` (given with ``option``) unless it has the suffix of files of ``kind`` (a key of
+    :data:`OUTPUT_FILES`) and is new or such a file already."""
+    suffix, description, is_kind = OUTPUT_FILES[kind]
     path = check_output_file(path)
-    if path.suffix.lower() != ".json":
-        raise ConfigError(f"--out {path}: the report is JSON; give a file name ending in .json")
-    if path.exists():
-        try:
-            earlier = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            earlier = None
-        if not (isinstance(earlier, dict) and {"started_utc", "quick", "torch_threads"} <= set(earlier)):
-            raise ConfigError(f"--out {path}: that file exists and is not a benchmark report; give another file name")
+    if path.suffix.lower() != suffix:
+        raise ConfigError(f"{option} {path}: {option} writes {description}; give a file name ending in {suffix}")
+    if path.exists() and not is_kind(path):
+        raise ConfigError(f"{option} {path}: that file exists and is not {description}; give another file name")
 
 
 def _cmd_models_resting(args) -> int:
@@ -304,7 +309,7 @@ def _cmd_bench(args) -> int:
     if (jobs is not None or args.jobs_out) and "jobs" not in (sections or ()):
         raise ConfigError("--jobs and --jobs-out are options of the jobs section; add --sections jobs")
     if args.out:
-        _check_report_path(args.out)
+        _check_output_path("--out", args.out, "benchmark_report")
     save = (lambda report: atomic_write_json(args.out, report, sort_keys=False)) if args.out else None
     report = run_benchmark(quick=args.quick, default_model=load_model(name, device=args.device) if name else None,
                            progress=not args.no_progress, device=args.device, sections=sections,
@@ -312,6 +317,8 @@ def _cmd_bench(args) -> int:
     if save is not None:
         save(report)
     _print_report(report, args.json, width=28)
+    for entry, missed in report["targets_missed"].items():
+        warnings.warn(f"{entry} = {missed['value']:.3g} misses its target ({missed['target']})")
     failed = sorted(job for job, figures in report.get("jobs", {}).items() if figures["exit_status"] != 0)
     if failed:
         print(f"stimsim: error: job(s) {failed} failed; their exit status and error output are in the report",

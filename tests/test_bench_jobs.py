@@ -143,7 +143,7 @@ def test_job_options_are_checked_before_any_section_runs(tmp_path, capsys):
     notes, other_json = tmp_path / "notes.txt", tmp_path / "mine.json"  # never overwritten by a report
     notes.write_text("hello")
     other_json.write_text('{"mine": 1}')
-    for path, message in ((notes, "the report is JSON; give a file name ending in .json"),
+    for path, message in ((notes, "--out writes a benchmark report (JSON); give a file name ending in .json"),
                           (other_json, "that file exists and is not a benchmark report")):
         assert main(["bench", "--quick", "--sections", "load", "--out", str(path)]) == 2
         assert f"--out {path}: {message}" in capsys.readouterr().err

@@ -336,7 +336,7 @@ def test_models_check_writes_its_figure_only_over_a_png(tmp_path, capsys):
     config.write_text("[subject]\n")
     disguised = tmp_path / "old.png"
     disguised.write_text("not an image")
-    for figure, message in ((config, "the figure is a PNG image; give a file name ending in .png"),
+    for figure, message in ((config, "--figure writes a PNG image; give a file name ending in .png"),
                             (disguised, "that file exists and is not a PNG image; give another file name")):
         assert main(["models", "check", "stimsim-topo-s0", "--figure", str(figure), "--no-progress"]) == 2
         assert f"--figure {figure}: {message}" in capsys.readouterr().err

@@ -190,6 +190,42 @@ except KeyboardInterrupt:
     assert done.returncode == 0
 
 
+def test_ctrl_c_at_the_terminal_stops_the_command_without_the_workers_tracebacks():
+    """A Ctrl-C at the terminal reaches every process of the command's group, the workers of its local cluster
+    too; they ignore it (each used to print a traceback, 60 lines and more in all), and the command stops and closes
+    them."""
+    import subprocess
+    import sys
+    import time
+
+    script = """
+import signal, time
+from stimsim.engine.distributed import ChunkPool
+
+pool = ChunkPool("processes=2")
+print(sorted(map(str, pool.client.run(lambda: signal.getsignal(signal.SIGINT)).values())), flush=True)
+try:
+    while True:
+        time.sleep(0.1)
+except KeyboardInterrupt:
+    pool.close()
+    print("closed", flush=True)
+"""
+    command = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        ready = command.stdout.readline()
+        assert ready == f"{[str(signal.SIG_IGN)] * 2}\n", command.stderr.read()
+        time.sleep(0.5)
+        os.killpg(command.pid, signal.SIGINT)  # as the terminal sends it: to the whole process group
+        out, err = command.communicate(timeout=60)
+    finally:
+        command.kill()
+    assert out == "closed\n" and command.returncode == 0
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
 def test_a_scheduler_address_that_accepts_but_never_answers_is_refused_within_the_timeout(client, monkeypatch):
     """A server that accepts the connection and stays silent used to hold `run` forever (only the connect had a
     timeout); the handshake is bounded too. A real scheduler's address still connects."""
@@ -217,3 +253,9 @@ def test_a_scheduler_address_that_accepts_but_never_answers_is_refused_within_th
     with pytest.raises(ConfigError, match=rf"cannot reach the Dask scheduler at '{address}'"):
         dask_pool.check_scheduler(address)  # what `run` and `plan` call before any work
     silent.close()
+    # nothing listens there now: refused at once, not after the timeout (Dask's own connect retries it)
+    monkeypatch.setattr(dask_pool, "CONNECT_TIMEOUT_S", 30)
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"cannot reach the Dask scheduler at '{address}': .*[Cc]onnection refused"):
+        dask_pool.check_scheduler(address)
+    assert time.monotonic() - start < 5

@@ -505,6 +505,24 @@ def test_cuda_computes_in_full_float32():
         assert not conv.allow_tf32 and not matmul.allow_tf32
 
 
+def test_every_target_of_the_benchmark_is_judged():
+    """A missed target of any section is named with its value (not only the plain section's speedups); on quick
+    sizes nothing is judged."""
+    from stimsim.engine.bench import judge_targets
+
+    full = {"quick": False, "speedup_it": 240.0, "speedup_pre_it": 10.8, "engine_over_bound_it": 1.06,
+            "engine_vs_cached_baseline": 2.25, "dask_2workers_vs_1": 1.01, "dask_max_abs_diff": 6e-9,
+            "analysis": {"total_s": 31.0}, "dask_note": "text is not judged", "default_model": {"speedup_it": 1.0}}
+    judged = judge_targets(full)
+    assert judged["meets_targets"] is False
+    assert judged["targets_missed"] == {"dask_2workers_vs_1": {"value": 1.01, "target": ">= 1.6"},
+                                        "analysis.total_s": {"value": 31.0, "target": "<= 30"}}
+    met = judge_targets({**full, "dask_2workers_vs_1": 1.6, "analysis": {"total_s": 30.0}})
+    assert met == {"targets_missed": {}, "meets_targets": True}  # a target reached exactly is met
+    assert judge_targets({**full, "quick": True})["meets_targets"] is None
+    assert judge_targets({"quick": False, "dask_2workers_vs_1": None}) == {"targets_missed": {}, "meets_targets": None}
+
+
 def test_benchmark_quick_mode(model):
     report = run_benchmark(quick=True, default_model=model)
     for key in ("engine_over_bound_it", "engine_vs_cached_baseline", "engine_over_bound_small",

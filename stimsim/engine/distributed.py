@@ -185,18 +185,32 @@ def _signals_held_back():
             signal.raise_signal(received[0])
 
 
+def dask_setup(worker) -> None:
+    """Run by Dask in each worker process of a local cluster as it starts (the cluster's ``preload``): the worker
+    ignores Ctrl-C. A Ctrl-C at the terminal reaches every process of the command; the command stops and closes its
+    workers, which would otherwise each print a traceback first."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 #: Seconds to connect to a scheduler address and to get its answer to the handshake.
 CONNECT_TIMEOUT_S = 30
 
 
 def _check_answers(address: str, timeout_s: float) -> None:
     """Connect to the scheduler at ``address`` and ask its identity; OSError (TimeoutError) when it is not
-    reached, or does not answer, within ``timeout_s`` (a server that accepts the connection but never answers
-    would otherwise hold the client's handshake forever). Runs in its own thread and event loop."""
+    reached (at once when the connection is refused), or does not answer, within ``timeout_s`` (a server that
+    accepts the connection but never answers would otherwise hold the client's handshake forever). Runs in its own
+    thread and event loop."""
     import asyncio
+    import socket
     from concurrent.futures import ThreadPoolExecutor
 
     from distributed.comm import connect
+    from distributed.comm.addressing import get_address_host_port, parse_address
+
+    if parse_address(address)[0] in ("tcp", "tls"):  # a refused connection is said at once (Dask retries it)
+        socket.create_connection(get_address_host_port(address), timeout=timeout_s).close()
 
     async def identity():
         comm = await connect(address, timeout=timeout_s)
@@ -238,7 +252,7 @@ class ChunkPool:
                     with _signals_held_back():
                         # the status page on a free port: two sweeps at once would otherwise both ask for 8787
                         self._cluster = LocalCluster(n_workers=int(value), threads_per_worker=1, processes=True,
-                                                     host="127.0.0.1", dashboard_address=":0")
+                                                     host="127.0.0.1", dashboard_address=":0", preload=[__name__])
                         self.client = Client(self._cluster)
                 except BaseException:  # interrupted: the cluster (complete now) is closed before stopping
                     if getattr(self, "client", None) is not None:
