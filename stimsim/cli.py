@@ -196,7 +196,7 @@ def _cmd_models_resting(args) -> int:
     if directory.resolve().is_relative_to(SHIPPED_DIR.resolve()):
         raise ConfigError(f"{directory} is a shipped model, whose files the package's manifest verifies; copy its "
                           "folder and give the copy")
-    path = write_resting_activity(directory, args.layer, device=args.device)
+    path = write_resting_activity(directory, args.layer, device=args.device, progress=not args.no_progress)
     print(f"wrote {path} and listed it in {directory / 'model.json'}")
     return 0
 
@@ -480,6 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "a model directory, for resting_fraction")
     resting.add_argument("directory", help="model directory (holding model.json); not a shipped model")
     resting.add_argument("--layer", default="IT", help="topographic layer (default IT)")
+    resting.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     _add_mirror(resting)
     _add_threads(resting)
     add_device_argument(resting)

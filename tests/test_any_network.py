@@ -17,6 +17,7 @@ from stimsim.cortex.positions import retinotopic_positions
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.data.stimuli import lfw_subset
 from stimsim.engine import simulate, simulate_plain
+from stimsim.models.architectures import MODEL_FAMILIES, register_family
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.stages import split_network
 from stimsim.models.topographic import TopographicModel
@@ -166,7 +167,15 @@ def test_own_family_registered_by_entry_point_loads_in_another_process(tmp_path)
         sheet = CorticalSheet("it", (16, 1, 1), retinotopic_positions((16, 1, 1), 4.0, seed=0))
         model = TopographicModel(net, {"it": sheet}, Preprocessing(size_px=16, channels=1, mean=(0.5,), std=(0.5,)),
                                  {"family": "lab_net", "kwargs": {"width": 6}}, areas={"it": "IT"}, name="lab")
-        model.save(tmp_path / "model")
+        # saving rebuilds the network from its family, which this process found no entry point for (its packages
+        # were read before the site existed): the lab registers it here; the fresh process below only imports stimsim
+        with pytest.raises(ConfigError, match=r"model.json \[architecture\]: unknown architecture family 'lab_net'"):
+            model.save(tmp_path / "model")
+        register_family("lab_net", lab_nets.LabNet)
+        try:
+            model.save(tmp_path / "model")
+        finally:
+            MODEL_FAMILIES.unregister("lab_net")
         images = np.random.default_rng(2).uniform(0, 1, (3, 16, 16))
         np.save(tmp_path / "images.npy", images)
         expected = model.activations(images, "IT").numpy()

@@ -183,6 +183,26 @@ def test_non_finite_weights_are_not_saved(tmp_path):
         model.save(tmp_path / "model")
 
 
+@pytest.mark.parametrize("architecture, message", [
+    ({"family": "stimsim_tpoo", "kwargs": {"n_classes": 2, "it_units": 64}},
+     r"\[architecture\]: unknown architecture family 'stimsim_tpoo'; registered: \["),
+    ({"family": "stimsim_topo", "kwargs": {"n_classes": 2, "it_units": 64, "width": 3}},
+     r"\[architecture\]: kwargs do not fit family 'stimsim_topo' \(.*'width'"),
+    ({"family": "stimsim_topo", "kwargs": {"n_classes": 2, "it_units": 32}},
+     r"\[architecture\]: family 'stimsim_topo' with kwargs \{'n_classes': 2, 'it_units': 32\} builds another network "
+     r"than this model's \(.*key\(s\) with the wrong shape: .*\); give the family and kwargs it was built with"),
+])
+def test_an_architecture_that_does_not_rebuild_the_network_is_not_saved(tmp_path, architecture, message):
+    """model.json's family and kwargs are what loading rebuilds the network from: a mistyped family, kwargs the
+    builder does not take, or ones that build other shapes are refused when saving, before any file is written (they
+    used to be saved and fail only when loaded)."""
+    model = tiny_model()
+    model.architecture = architecture
+    with pytest.raises((ConfigError, FileFormatError), match=message):
+        model.save(tmp_path / "model")
+    assert not (tmp_path / "model").exists()
+
+
 def test_a_layer_that_a_skip_connection_passes_around_is_a_config_error():
     # MobileNetV2's block features.3 returns x + conv(x): the output of conv.0 is not all that later layers need
     with pytest.raises(ConfigError, match="skip connection"):
@@ -353,7 +373,9 @@ def test_resting_activity_is_measured_on_the_reference_set_and_listed_in_model_j
     directory = tiny_model().save(tmp_path / "model")
     before = {name: sha256_of(directory / name) for name in ("weights.pt", "positions/it.npz")}
     assert main(["models", "resting", str(directory), "--layer", "IT"]) == 0
-    assert f"wrote {directory / 'resting' / 'it.npz'}" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert f"wrote {directory / 'resting' / 'it.npz'}" in out
+    assert "stimsim: models resting: the response of it's 64 units to 160 images on cpu" in err  # what takes time
     loaded = TopographicModel.load(directory)
     assert {name: sha256_of(directory / name) for name in before} == before
     images, reference = reference_images()

@@ -22,6 +22,7 @@ import numpy as np
 from stimsim.models.topographic import TopographicModel
 from stimsim.utilities.hashing import sha256_of
 from stimsim.utilities.io import atomic_write_json
+from stimsim.utilities.progress import report_phase
 
 #: fLoc's object categories (all but ``scrambled``) and how many of each, in path order, make the reference set.
 REFERENCE_CATEGORIES = ("adult", "child", "body", "limb", "house", "corridor", "word", "number", "car", "instrument")
@@ -44,14 +45,19 @@ def resting_activity(model, layer: str, images) -> np.ndarray:
     return model.activations(images, layer).double().mean(dim=0).numpy()
 
 
-def write_resting_activity(directory, layer: str = "IT", mirror=None, device="cpu") -> Path:
+def write_resting_activity(directory, layer: str = "IT", mirror=None, device="cpu", progress: bool = False) -> Path:
     """Measure the resting activity of ``layer`` of the model in ``directory`` on the reference set
     (:func:`reference_images`), computed on ``device``, write ``resting/<layer>.npz`` and list it in ``model.json``
-    with its sha256. The model's other files are left as they are. Returns the file written."""
+    with its sha256. The model's other files are left as they are. Returns the file written. ``progress``: the
+    phases on stderr."""
     directory = Path(directory)
+    report_phase(f"models resting: loading the model in {directory} (checksums included)", progress)
     model = TopographicModel.load(directory, device=device)
     layer = model.resolve_layer(layer)
+    report_phase("models resting: reading the reference images (fLoc)", progress)
     images, reference = reference_images(mirror)
+    report_phase(f"models resting: the response of {layer}'s {model.sheet(layer).n_units:,} units to "
+                 f"{len(images)} images on {device}", progress)
     rel = f"resting/{layer}.npz"
     sheet = dataclasses.replace(model.sheet(layer), resting_activity=resting_activity(model, layer, images),
                                 resting_reference=reference)

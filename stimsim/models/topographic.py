@@ -357,6 +357,7 @@ class TopographicModel:
         :meth:`load` checks it, a ``cortex_scale`` given by area label stored under its layer's name."""
         directory = Path(directory)
         metadata = self._metadata_to_save(directory / "model.json")
+        self._check_rebuilds(directory / "model.json")
         (directory / "positions").mkdir(parents=True, exist_ok=True)
         files = {}
         state = self.network.state_dict()
@@ -389,6 +390,20 @@ class TopographicModel:
             "files_sha256": files,
         })
         return directory
+
+    def _check_rebuilds(self, spec_path: Path) -> None:
+        """Refuse a model whose ``architecture`` does not rebuild its network as :meth:`load` rebuilds it (a mistyped
+        family, kwargs that do not fit, a network of other layers or shapes): it would be saved and fail only when
+        loaded."""
+        from stimsim.models.weights import load_weights
+
+        family, kwargs = self.architecture.get("family"), self.architecture.get("kwargs", {})
+        network = _built_network(family, kwargs, spec_path)
+        try:
+            load_weights(network, self.network.state_dict())
+        except ConfigError as exc:
+            raise ConfigError(f"{spec_path} [architecture]: family {family!r} with kwargs {kwargs} builds another "
+                              f"network than this model's ({exc}); give the family and kwargs it was built with") from None
 
     def _metadata_to_save(self, spec_path: Path) -> dict:
         metadata = dict(self.metadata)
@@ -445,13 +460,7 @@ class TopographicModel:
             preprocessing = Preprocessing(**spec.preprocessing.model_dump())
         except ConfigError as exc:
             raise FileFormatError(spec_path, f"[preprocessing]: {exc}") from None
-        try:
-            network = build_network(spec.architecture.family, **spec.architecture.kwargs)
-        except TypeError as exc:
-            raise FileFormatError(spec_path, f"[architecture]: kwargs do not fit family "
-                                             f"{spec.architecture.family!r} ({exc})") from None
-        except ConfigError as exc:
-            raise ConfigError(f"{spec_path} [architecture]: {exc}") from None
+        network = _built_network(spec.architecture.family, spec.architecture.kwargs, spec_path)
         weights_path = directory / "weights.pt"
         state = read_checkpoint_file(weights_path)
         load_weights(network, state, source=weights_path)
@@ -469,6 +478,16 @@ class TopographicModel:
         except ConfigError as exc:  # the layers, their sheets, areas and readout layer do not fit the network
             raise FileFormatError(spec_path, str(exc)) from None
         return model.to(device)
+
+
+def _built_network(family: str, kwargs: dict, spec_path: Path) -> nn.Module:
+    """The untrained network of ``model.json``'s architecture (``spec_path`` is named in the error when it fails)."""
+    try:
+        return build_network(family, **kwargs)
+    except TypeError as exc:
+        raise FileFormatError(spec_path, f"[architecture]: kwargs do not fit family {family!r} ({exc})") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{spec_path} [architecture]: {exc}") from None
 
 
 def _sheet_with_resting(directory: Path, info: LayerEntry) -> CorticalSheet:
