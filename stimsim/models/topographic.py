@@ -403,7 +403,8 @@ class TopographicModel:
             load_weights(network, self.network.state_dict())
         except ConfigError as exc:
             raise ConfigError(f"{spec_path} [architecture]: family {family!r} with kwargs {kwargs} builds another "
-                              f"network than this model's ({exc}); give the family and kwargs it was built with") from None
+                              f"network than this model's ({exc}); give the family and kwargs it was built "
+                              "with") from None
 
     def _metadata_to_save(self, spec_path: Path) -> dict:
         metadata = dict(self.metadata)
