@@ -148,7 +148,8 @@ def test_analyze_checks_electrodes_against_an_array_layout(tmp_path, capsys):
     planted_session([0.5, 0.5], trials_per_site=20, electrodes=["7", "97"]).to_csv(tmp_path / "s.csv", index=False)
     assert main(["analyze", str(tmp_path / "s.csv"), "--layout", "10x10", "--out", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
-    assert "column 'electrode'" in error and "not in the plan/layout" in error and "'97'" in error
+    assert "column 'electrode'" in error and "electrode not in the array --layout 10x10 (96 known ids" in error
+    assert "'97'" in error and "--layout-ids" not in error  # a Utah layout has no labels to name electrodes by
 
 
 def test_analyze_reads_a_cmp_layouts_labels_with_layout_ids(tmp_path, capsys):
@@ -160,7 +161,8 @@ def test_analyze_reads_a_cmp_layouts_labels_with_layout_ids(tmp_path, capsys):
     layout = ["--layout", str(tmp_path / "array.cmp")]
     quick = ["--boot", "5", "--perm", "5", "--splits", "2", "--no-progress"]
     assert main(["analyze", str(tmp_path / "s.csv"), *layout, "--out", str(tmp_path / "by_channel"), *quick]) == 2
-    assert "not in the plan/layout" in capsys.readouterr().err
+    assert (f"electrode not in the array --layout {tmp_path / 'array.cmp'} (ids: its channel numbers; its labels need "
+            "--layout-ids label) (2 known ids, e.g. '1', '2')") in capsys.readouterr().err
     assert main(["analyze", str(tmp_path / "s.csv"), *layout, "--layout-ids", "label", "--out",
                  str(tmp_path / "by_label"), *quick]) == 0
     summary = json.loads((tmp_path / "by_label" / "summary.json").read_text())
@@ -172,6 +174,32 @@ def test_analyze_reads_a_cmp_layouts_labels_with_layout_ids(tmp_path, capsys):
     assert main(["analyze", str(tmp_path / "s.csv"), "--layout-ids", "label", "--out", str(tmp_path / "none"),
                  *quick]) == 2
     assert "no --layout is given" in capsys.readouterr().err and not (tmp_path / "none").exists()
+
+
+def test_a_layout_that_does_not_hold_the_plans_sites_is_refused(tmp_path, capsys):
+    """A plan that names its sites by a .cmp map's labels, given with the map read by its channel numbers, used to
+    report every electrode as unknown ("0 known ids"): the refusal now names the plan's sites and, where they are
+    the map's labels, --layout-ids label; another array's layout is named as such."""
+    (tmp_path / "array.cmp").write_text("Cerebus mapping\n0 0 A 1 elec1\n1 0 A 2 elec2\n")
+    planted_session([0.5, 0.5], trials_per_site=20, electrodes=["elec1", "elec2"]).to_csv(tmp_path / "s.csv",
+                                                                                         index=False)
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    pd.DataFrame({"rank": [1, 2], "electrode_id": ["elec1", "elec2"], "predicted_delta_auc": [0.05, 0.02]}).to_csv(
+        plan / "sites.csv", index=False)
+    (plan / "summary.json").write_text(json.dumps({"task": "sequence_2afc"}))
+    xr.Dataset(coords={"sequence": [0], "step": np.arange(7)}).to_netcdf(plan / "plan.nc", engine="h5netcdf")
+    common = [str(tmp_path / "s.csv"), "--plan", str(plan), "--boot", "5", "--perm", "5", "--splits", "2",
+              "--no-progress"]
+    cmp = str(tmp_path / "array.cmp")
+    assert main(["analyze", *common, "--layout", cmp, "--out", str(tmp_path / "by_channel")]) == 2
+    assert (f"--layout {cmp}: 2 of the plan's 2 sites are not its electrodes: 'elec1', 'elec2' (its ids e.g. '1', "
+            "'2'); the plan names them by the map's labels: add --layout-ids label") in capsys.readouterr().err
+    assert main(["analyze", *common, "--layout", "10x10", "--out", str(tmp_path / "utah")]) == 2
+    assert ("--layout 10x10: 2 of the plan's 2 sites are not its electrodes: 'elec1', 'elec2' (its ids e.g. '1', "
+            "'2', '3', '4', '5'); give the layout the plan was made with") in capsys.readouterr().err
+    assert not (tmp_path / "by_channel").exists() and not (tmp_path / "utah").exists()
+    assert main(["analyze", *common, "--layout", cmp, "--layout-ids", "label", "--out", str(tmp_path / "ok")]) == 0
 
 
 def test_analysis_benchmark_entry_runs_on_quick_sizes():

@@ -605,9 +605,8 @@ def test_errors_hint_at_what_was_meant(tmp_path, table):
     assert "column 'choice', row(s) 4: choice outside the task's options" in message
     assert "e.g. 'Left' (the file's column 'response')" in message  # the value as the file writes it
     assert message.count("row(s) 6") == 1  # an empty choice is one problem, not two
-    with pytest.raises(FileFormatError, match=r"electrode not in the plan/layout \(2 known ids, e.g. '1', '2'; ids "
-                                              r"that are a .cmp map's labels need --layout-ids label\)"):
-        load_sessions(write_csv(table, tmp_path / "s.csv"), electrodes=["2", "1"])
+    with pytest.raises(FileFormatError, match=r"electrode not in the plan's sites \(2 known ids, e.g. '1', '2'\)"):
+        load_sessions(write_csv(table, tmp_path / "s.csv"), electrodes=["2", "1"], electrodes_source="the plan's sites")
     coded = table.assign(stimulated_electrode=np.where(table["stimulated_electrode"] == "sham", "-1",
                                                        table["stimulated_electrode"]))
     with pytest.raises(FileFormatError, match=r"--values stimulated_electrode:CODE=sham"):

@@ -451,6 +451,19 @@ def _write_analysis(analysis: Analysis, results, sources, report: bool) -> Path:
     return results.directory
 
 
+def _check_plan_on_layout(sites: set, array, layout, by_label: bool) -> None:
+    """Refuse a ``--layout`` that does not hold the plan's sites (another array, or a .cmp map read by channel for
+    a plan that names its electrodes by the map's labels)."""
+    missing = sorted(sites - set(array.electrode_ids), key=natural_key)
+    if not missing:
+        return
+    hint = ("; the plan names them by the map's labels: add --layout-ids label" if by_label
+            and set(missing) <= set(array.labels) else "; give the layout the plan was made with")
+    raise ConfigError(f"--layout {layout}: {len(missing)} of the plan's {len(sites)} sites are not its electrodes: "
+                      f"{', '.join(map(repr, missing[:5]))}{' …' if len(missing) > 5 else ''} (its ids e.g. "
+                      f"{', '.join(map(repr, array.electrode_ids[:5]))}){hint}")
+
+
 def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = None, layout=None,
                  n_boot: int = 1000, n_perm: int = 1000, n_splits: int = 100, seed: int = 0,
                  force: bool = False, values: dict | None = None, progress: bool = False,
@@ -474,16 +487,23 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
     # before writing leaves it as it was.
     with DirectoryLock(out_dir, "analyze"), ResultSet(out_dir, "analysis", force=force) as results:
         electrodes = plan_sequences = None
+        source = "the plan's sites"
         if plan_dir is not None:
-            electrodes = set(load_plan_predictions(plan_dir)[0]["electrode_id"])
+            electrodes = set(map(str, load_plan_predictions(plan_dir)[0]["electrode_id"]))
             plan_sequences = load_plan_sequences(plan_dir)
         if layout is not None:
-            array_ids = set(load_layout(layout, **cmp).electrode_ids)
-            electrodes = array_ids if electrodes is None else electrodes & array_ids
+            array = load_layout(layout, **cmp)
+            by_label = bool(array.labels) and layout_ids == "channel"  # a .cmp map read by its channel numbers
+            if electrodes is not None:
+                _check_plan_on_layout(electrodes, array, layout, by_label)
+            electrodes = set(array.electrode_ids) if electrodes is None else electrodes
+            source = f"the array --layout {layout}" if plan_dir is None else f"the plan's sites (on --layout {layout})"
+            if by_label:
+                source += " (ids: its channel numbers; its labels need --layout-ids label)"
         paths = [session_paths] if isinstance(session_paths, (str, Path)) else list(session_paths)
         report_phase(f"analyze: reading {len(paths)} session file(s)", progress)
         sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes, values=values,
-                                 plan_sequences=plan_sequences)
+                                 plan_sequences=plan_sequences, electrodes_source=source)
         n_sites = len(sessions[["subject_id", "electrode"]].drop_duplicates())
         report_phase(f"analyze: statistics of {n_sites} site(s), {len(sessions)} trials ({n_boot} bootstrap "
                      f"resamples, {n_perm} permutations per site, {n_splits} split halves)", progress)

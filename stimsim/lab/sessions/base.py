@@ -223,7 +223,8 @@ def _checked_mapping(mapping: dict[str, str], where: str) -> dict[str, str]:
 
 
 def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
-                  values: dict[str, dict[str, str]] | None = None, plan_sequences=None) -> pd.DataFrame:
+                  values: dict[str, dict[str, str]] | None = None, plan_sequences=None,
+                  electrodes_source: str = "the plan/layout") -> pd.DataFrame:
     """Read and validate session files (``.nwb``, ``.csv``, ``.h5``/``.hdf5``) into one table.
 
     Parameters
@@ -241,6 +242,8 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
         beyond the plan's are refused, and the centre of the sequences is the plan's.
     electrodes
         Ids the sessions may name (from a plan or an array layout); None: any.
+    electrodes_source
+        Where ``electrodes`` come from, as a refusal of another id names it (e.g. "the plan's sites").
 
     Returns
     -------
@@ -265,7 +268,8 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
     renamed = [_renamed(raw, mapping, ids, path) for raw, ids, path in zip(raws, file_ids, paths)]
     values = _checked_values(values, "value mapping") if values else {}
     _codes_in_files(values, renamed, paths)
-    tables = [_validated(table, path, known, values, {ours: lab for lab, ours in mapping.items() if lab in raw.columns})
+    tables = [_validated(table, path, known, values, {ours: lab for lab, ours in mapping.items() if lab in raw.columns},
+                         electrodes_source=electrodes_source)
               for table, raw, path in zip(renamed, raws, paths)]
     sessions = pd.concat(tables, ignore_index=True)
     if plan_sequences is not None:
@@ -464,7 +468,7 @@ def _refuse_copies(sessions: pd.DataFrame) -> None:
 
 def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
                values: dict[str, dict[str, str]] | None = None, lab_names: dict | None = None,
-               lab_codes: bool = True) -> pd.DataFrame:
+               lab_codes: bool = True, electrodes_source: str = "the plan/layout") -> pd.DataFrame:
     """Check every rule on the whole file (after translating the lab's value codes, ``values``); raise
     one error listing its problems, each column named as stimsim and, where it was mapped, as the file names it
     (``lab_names``: stimsim name → the file's), or return the table. ``lab_codes``: whether the file may hold a
@@ -540,8 +544,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     if known is not None:
         examples = ", ".join(map(repr, sorted(known, key=natural_key)[:5]))
         report(~table["electrode"].isin(known) & (table["electrode"] != ""), "electrode",
-               f"electrode not in the plan/layout ({len(known)} known ids, e.g. {examples}; ids that are a .cmp "
-               f"map's labels need --layout-ids label)", table["electrode"].to_numpy())
+               f"electrode not in {electrodes_source} ({len(known)} known ids, e.g. {examples})",
+               table["electrode"].to_numpy())
 
     step = pd.to_numeric(raw["step"], errors="coerce").to_numpy(dtype=float)
     report(~np.isfinite(step) | (step != np.round(step)) | (step < 0), "step",
