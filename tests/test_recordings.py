@@ -189,9 +189,9 @@ def test_positions_that_mirror_the_layout_are_refused_and_rotated_ones_accepted(
         load_recordings(tmp_path / "mirror.nc", layout=layout)
 
 
-def test_an_nwb_file_of_two_arrays_is_read_one_array_at_a_time(tmp_path):
-    """Two ElectrodeGroups (arrays), each with positions in its own frame: merged they would be registered as one
-    rigid array, so the file is refused unless electrode_group names one; columns of the response follow the rows."""
+def _two_array_nwb(path, values):
+    """An NWB file of two arrays (pIT: p1, p2; aIT: a1, a2, a3; rows interleaved) and a presentations table of 4
+    presentations whose response is ``values``."""
     from pynwb import NWBHDF5IO, NWBFile
     from pynwb.epoch import TimeIntervals
 
@@ -209,13 +209,19 @@ def test_an_nwb_file_of_two_arrays_is_read_one_array_at_a_time(tmp_path):
     table = TimeIntervals(name="presentations", description="RSVP")
     table.add_column(name="stimulus_id", description="image")
     table.add_column(name="response", description="MUA")
-    values = np.arange(4 * 5, dtype=float).reshape(4, 5)  # column j = row j of the electrodes table
     for i, (image, row) in enumerate(zip(["a", "b", "a", "b"], values)):
         table.add_row(start_time=float(i), stop_time=i + 0.5, stimulus_id=image, response=row)
     nwbfile.add_time_intervals(table)
-    path = tmp_path / "two.nwb"
     with NWBHDF5IO(str(path), "w") as io:
         io.write(nwbfile)
+    return path
+
+
+def test_an_nwb_file_of_two_arrays_is_read_one_array_at_a_time(tmp_path):
+    """Two ElectrodeGroups (arrays), each with positions in its own frame: merged they would be registered as one
+    rigid array, so the file is refused unless electrode_group names one; columns of the response follow the rows."""
+    values = np.arange(4 * 5, dtype=float).reshape(4, 5)  # column j = row j of the electrodes table
+    path = _two_array_nwb(tmp_path / "two.nwb", values)
     with pytest.raises(FileFormatError, match=r"two.nwb: electrodes table: electrodes of 2 arrays \(ElectrodeGroups "
                                               r"'pIT' \(2 electrodes\), 'aIT' \(3 electrodes\)\); .* electrode_group"):
         load_recordings(path)
@@ -226,6 +232,18 @@ def test_an_nwb_file_of_two_arrays_is_read_one_array_at_a_time(tmp_path):
     assert load_recordings(path, electrode_group="pIT").electrode_ids == ("p1", "p2")
     with pytest.raises(FileFormatError, match=r"no ElectrodeGroup 'cIT'; groups: 'pIT' \(2 electrodes\)"):
         load_recordings(path, electrode_group="cIT")
+
+
+def test_a_response_of_one_array_in_a_file_of_two_says_how_such_a_file_is_read(tmp_path):
+    """A lab's file with one presentations table per array (here aIT's 3 columns only): the refusal says that the
+    response needs a column for every row of the electrodes table, with electrode_group choosing the array."""
+    path = _two_array_nwb(tmp_path / "per_array.nwb", np.ones((4, 3)))
+    with pytest.raises(FileFormatError, match=r"column 'response': shape \(4, 3\); expected \(presentations, 5 "
+                                              r"electrodes of the electrodes table\); the electrodes table holds 2 "
+                                              r"arrays \(ElectrodeGroups 'pIT' \(2 electrodes\), 'aIT' \(3 "
+                                              r"electrodes\)\): the response needs a column for each of its rows, and electrode_group "
+                                              r"chooses the array \(a table per array is not read\)$"):
+        load_recordings(path, electrode_group="aIT")
 
 
 def test_names_of_fields_missing_from_the_file_are_errors(tmp_path):

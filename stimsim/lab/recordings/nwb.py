@@ -77,12 +77,22 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset(), electrode_group: str 
         stimulus_id = [id_text(v) for v in table[names["stimulus_id"]].data[:]]
         column = table[names["response"]]
         n_electrodes = len(electrode_ids)
+        group_names = [str(group.name) for group in electrodes["group"].data[:]]
+        counts = {name: group_names.count(name) for name in dict.fromkeys(group_names)}
+        listed = ", ".join(f"{name!r} ({n} electrodes)" for name, n in counts.items())
+        arrays = ""  # said when the response does not fit: a file of several arrays is read one way only
+        if len(counts) > 1:
+            arrays = (f"; the electrodes table holds {len(counts)} arrays (ElectrodeGroups {listed}): the response "
+                      "needs a column for each of its rows, and electrode_group chooses the array (a table per array "
+                      "is not read)")
+            if len(candidates) > 1:
+                arrays += f"; the file holds {len(candidates)} tables named {table_name!r}, and the first was read"
         if hasattr(column, "target"):  # a ragged column: VectorIndex over VectorData
             rows = [np.asarray(column[i], dtype=float) for i in range(len(table))]
             for i, row in enumerate(rows):
                 if row.shape != (n_electrodes,):
                     raise FileFormatError(path, f"{where_table}, column {names['response']!r}, row {i} (0-based): "
-                                                f"{row.size} values for {n_electrodes} electrodes")
+                                                f"{row.size} values for {n_electrodes} electrodes{arrays}")
             values = np.stack(rows) if rows else np.zeros((0, n_electrodes))
         else:
             values = np.asarray(column.data[:], dtype=float)
@@ -91,14 +101,11 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset(), electrode_group: str 
             if values.ndim != 2 or values.shape[1] != n_electrodes:
                 raise FileFormatError(path, f"{where_table}, column {names['response']!r}: shape {values.shape}; "
                                             f"expected (presentations, {n_electrodes} electrodes of the "
-                                            "electrodes table)")
+                                            f"electrodes table){arrays}")
         if "start_time" in table.colnames:
             _refuse_repeated_onsets(path, where_table, np.asarray(table["start_time"].data[:], dtype=float))
         attrs = {"units_description": column.description}
-        group_names = [str(group.name) for group in electrodes["group"].data[:]]
-        counts = {name: group_names.count(name) for name in dict.fromkeys(group_names)}
         if electrode_group is not None or len(counts) > 1:
-            listed = ", ".join(f"{name!r} ({n} electrodes)" for name, n in counts.items())
             if electrode_group is None:
                 raise FileFormatError(path, f"electrodes table: electrodes of {len(counts)} arrays (ElectrodeGroups "
                                             f"{listed}); a plan registers one array: choose it with electrode_group "
