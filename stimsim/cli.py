@@ -266,8 +266,8 @@ def _cmd_plan(args) -> int:
 
 
 def _cmd_subject_session(args) -> int:
-    from stimsim.planning.session import (session_from_plan, session_from_trial_list, write_session_csv,
-                                          write_session_nwb)
+    from stimsim.planning.session import (session_from_plan, session_from_trial_list, session_notes,
+                                          write_session_csv, write_session_nwb)
 
     if args.trials is not None and (args.trials_per_site is not None or args.sites is not None):
         raise ConfigError("--trials runs that trial list as it is; --trials-per-site and --sites apply without it")
@@ -283,7 +283,10 @@ def _cmd_subject_session(args) -> int:
                                    session_id=args.session_id, sites=args.sites or "chosen")
     subject_id, session_id = trials["subject_id"].iloc[0], trials["session_id"].iloc[0]
     if args.out:
-        write_session_nwb(trials, args.out, subject_id=subject_id, session_id=session_id, trial_list=args.trials)
+        notes = session_notes(args.plan_dir, args.seed, args.trials_per_site or 400, args.sites or "chosen",
+                              args.trials)
+        write_session_nwb(trials, args.out, subject_id=subject_id, session_id=session_id, trial_list=args.trials,
+                          notes=notes)
     if args.csv:
         write_session_csv(trials, args.csv)
     files = [str(p) for p in (args.out, args.csv) if p]

@@ -625,6 +625,15 @@ def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_di
     nwb = tmp_path / "session.nwb"
     for _ in range(2):
         assert main(["subject", "session", str(out), "--trials-per-site", "14", "--out", str(nwb)]) == 0
+    from pynwb import NWBHDF5IO
+
+    with NWBHDF5IO(str(nwb), "r") as io:  # how the session was made, in the file itself
+        notes = io.read().notes
+    lapse_rate = json.loads((out / "summary.json").read_text())["subject_lapse_rate"]
+    digest = __import__("hashlib").sha256((out / "summary.json").read_bytes()).hexdigest()
+    assert notes == (f"simulated by stimsim {__import__('stimsim').__version__} from the plan {out.resolve()} "
+                     f"(summary.json sha256 {digest}): lapse rate {lapse_rate:g}, seed 0, 14 trials per site at the "
+                     "chosen sites")
     for foreign in (tmp_path / "recorded.nwb", tmp_path / "lab.csv"):  # a file that is not a session stimsim wrote
         foreign.write_text("a lab's own data\n")
         option = "--out" if foreign.suffix == ".nwb" else "--csv"

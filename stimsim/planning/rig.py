@@ -238,16 +238,16 @@ def write_rig(out_dir: Path, images: dict[str, np.ndarray], spec: RigSpec, trial
 
 def write_trials_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: str, description: str,
                      species: str | None = None, subject_description: str | None = None,
-                     template: bool = False) -> Path:
+                     template: bool = False, notes: str | None = None) -> Path:
     """``trials`` (start_time, stop_time and columns of :data:`TRIAL_COLUMNS`, :data:`SESSION_COLUMNS` and, in the
     rig's ``template`` to fill in, :data:`NWB_COLUMNS`) as the NWB trials table, written atomically; empty numbers
-    (sham trials' train) as NaN."""
+    (sham trials' train) as NaN; ``notes``: the file's notes."""
     from pynwb import NWBHDF5IO, NWBFile
     from pynwb.file import Subject
 
     described = {**TRIAL_COLUMNS, **(NWB_COLUMNS if template else SESSION_COLUMNS)}
     nwbfile = NWBFile(session_description=description, identifier=str(uuid.uuid4()),
-                      session_start_time=datetime.now(timezone.utc), session_id=session_id,
+                      session_start_time=datetime.now(timezone.utc), session_id=session_id, notes=notes,
                       subject=Subject(subject_id=subject_id, species=species, description=subject_description))
     columns = [name for name in trials.columns if name not in ("start_time", "stop_time")]
     for name in columns:

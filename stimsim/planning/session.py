@@ -113,18 +113,36 @@ def simulate_trials(p_high: xr.DataArray, trials_per_site: int, lapse_rate: floa
 VIRTUAL_SESSION_DESCRIPTION = "virtual subject"
 
 
-def write_session_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: str, trial_list=None) -> Path:
+def write_session_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: str, trial_list=None,
+                      notes: str | None = None) -> Path:
     """Write ``trials`` as the NWB trials table (pynwb), atomically; subject and session ids at file level.
 
     ``trial_list``: the trial list the session ran (:func:`session_from_trial_list`), whose every column is kept;
-    without it the session's own columns are written."""
+    without it the session's own columns are written. ``notes``: how the session was made (:func:`session_notes`),
+    the file's ``notes``."""
     if trial_list is None:
         trials = trials[["start_time", "stop_time", *SESSION_COLUMNS]]
         description = f"{VIRTUAL_SESSION_DESCRIPTION}: a plan's stimuli with interleaved microstimulation"
     else:
         description = f"{VIRTUAL_SESSION_DESCRIPTION} running the trial list {trial_list}"
     return write_trials_nwb(trials, path, subject_id, session_id, description, species=VIRTUAL_SPECIES,
-                            subject_description="stimsim virtual subject")
+                            subject_description="stimsim virtual subject", notes=notes)
+
+
+def session_notes(plan_dir, seed: int, trials_per_site: int | None = None, sites: str | None = None,
+                  trial_list=None) -> str:
+    """How a virtual session was made, as one line for its NWB file: stimsim's version, the plan directory and the
+    sha256 of its summary.json, the subject's lapse rate, the seed, and the trials per site and sites or the trial
+    list (with its sha256)."""
+    from stimsim import __version__
+    from stimsim.analysis.plan_readback import read_summary
+    from stimsim.utilities.hashing import sha256_of
+
+    summary_path, summary = read_summary(plan_dir)
+    ran = (f"trial list {trial_list} (sha256 {sha256_of(trial_list)})" if trial_list is not None
+           else f"{trials_per_site} trials per site at the {sites} sites")
+    return (f"simulated by stimsim {__version__} from the plan {Path(plan_dir).resolve()} (summary.json sha256 "
+            f"{sha256_of(summary_path)}): lapse rate {_lapse_rate(summary_path, summary):g}, seed {seed}, {ran}")
 
 
 def write_session_csv(trials: pd.DataFrame, path) -> Path:
