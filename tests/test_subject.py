@@ -1,5 +1,7 @@
 """Virtual subject: hidden pose, pooled recordings with gains and noise, dead electrodes, files."""
+import hashlib
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -196,7 +198,8 @@ def test_subject_make_writes_both_formats_and_the_truth(tmp_path, one_torch_thre
     assert shown["n_electrodes"] == 64 and shown["n_dead_electrodes"] == 6
     assert {"recordings.nc", "recordings.nwb", "truth.json"} <= set(shown["files"])
     truth = json.loads((out / "truth.json").read_text())
-    assert set(truth) >= {"model", "pose", "dead_electrodes", "array", "recording_radius_mm", "gains", "seed"}
+    assert set(truth) >= {"model", "pose", "dead_electrodes", "array", "recording_radius_mm", "gains_Hz_per_sd",
+                          "seed"}
     assert len(truth["dead_electrodes"]) == 6
     from_nc = load_recordings(out / "recordings.nc")
     from_nwb = load_recordings(out / "recordings.nwb")
@@ -209,6 +212,15 @@ def test_subject_make_writes_both_formats_and_the_truth(tmp_path, one_torch_thre
         assert io.read().subject.subject_id == loaded.subject_id == "virtual-stimsim-topo-s2-seed4"
     assert loaded.pose == ArrayPose.from_dict(truth["pose"])
     assert loaded.dead_electrodes == tuple(truth["dead_electrodes"])
+    assert loaded.gains_Hz_per_sd == truth["gains_Hz_per_sd"]
+    earlier = tmp_path / "earlier"  # a subject made before the gains' unit was in the name
+    shutil.copytree(out, earlier)
+    truth["gains"] = truth.pop("gains_Hz_per_sd")
+    (earlier / "truth.json").write_text(json.dumps(truth))
+    checksums = json.loads((earlier / "subject_files.json").read_text())  # as that version recorded it
+    checksums["files_sha256"]["truth.json"] = hashlib.sha256((earlier / "truth.json").read_bytes()).hexdigest()
+    (earlier / "subject_files.json").write_text(json.dumps(checksums))
+    assert VirtualSubject.load(earlier).gains_Hz_per_sd == loaded.gains_Hz_per_sd
     assert list(loaded.stimuli().stimulus_id) == list(lfw_subset().stimulus_id)
     from_nc.check_stimuli(loaded.stimuli().stimulus_id)
     data = bytearray((out / "recordings.nc").read_bytes())  # one byte of the recordings changed afterwards

@@ -171,7 +171,8 @@ class VirtualSubject:
         subject.layout = layout
         subject.pose = ArrayPose.from_dict(truth["pose"])
         subject.dead_electrodes = tuple(truth["dead_electrodes"])
-        subject.gains_Hz_per_sd = {str(k): float(v) for k, v in truth["gains"].items()}
+        gains = truth["gains_Hz_per_sd"] if "gains_Hz_per_sd" in truth else truth["gains"]  # "gains" in subjects made by earlier versions
+        subject.gains_Hz_per_sd = {str(k): float(v) for k, v in gains.items()}
         subject.directory = directory
         return subject
 
@@ -256,7 +257,7 @@ class VirtualSubject:
         return {"model": self.config["subject"]["model"], "pose": self.pose.to_dict(),
                 "dead_electrodes": list(self.dead_electrodes), "array": self.layout.name,
                 "layout": self.layout.to_dict(), "recording_radius_mm": self.recording_radius_mm,
-                "gains": self.gains_Hz_per_sd, "seed": self.seed, "lapse_rate": self.lapse_rate,
+                "gains_Hz_per_sd": self.gains_Hz_per_sd, "seed": self.seed, "lapse_rate": self.lapse_rate,
                 "electrode_sites_mm": self.electrode_sites_mm(),
                 "electrode_sites_model_mm": self.electrode_sites_model_mm(), **self.scale,
                 "provenance": provenance()}
