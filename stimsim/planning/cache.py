@@ -193,8 +193,8 @@ def remove_temporaries(*directories) -> None:
 
 
 def _what_changed(held_record: Path, record: dict | None) -> str:
-    """``": changed: KEY (OLD → NEW), ..."`` between the record kept in the cache and ``record``, or "" when either is
-    missing or unreadable, or when they do not differ (the digest covers more, e.g. another virtual subject's seed)."""
+    """``": changed since: KEY (OLD → NEW); ..."`` between the record kept in the cache and ``record``, or "" when
+    either is missing or unreadable, or when they do not differ (the digest covers more)."""
     if record is None:
         return ""
     try:
@@ -206,4 +206,3 @@ def _what_changed(held_record: Path, record: dict | None) -> str:
         return ""
     more = f" and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
     return ": changed since: " + "; ".join(changes[:SHOWN_CHANGES]) + more
-

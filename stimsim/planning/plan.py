@@ -45,7 +45,7 @@ from stimsim.planning.tasks import stimulation_at
 from stimsim.stimulation import additive_scale_record, enforce
 from stimsim.stimulation.safety import charge_per_phase_nC
 from stimsim.utilities.errors import ConfigError, DataError, SafetyError, StimsimError
-from stimsim.utilities.hashing import sha256_of
+from stimsim.utilities.hashing import json_sha256, sha256_of
 from stimsim.utilities.io import atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance
 from stimsim.utilities.progress import report_phase
 
@@ -263,10 +263,11 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
     cache_created = not (Path(out_dir) / "cache").exists()
     subject_created = not (Path(out_dir) / "subject").exists()
     try:  # bad input found while reading the inputs or mapping leaves nothing behind
-        cache = PhaseCache(out_dir, config.digest() + (f"-subject{subject_seed}" if subject_seed is not None else "")
-                           + (f"-random{n_random_poses}" if n_random_poses else ""), progress=progress,
-                           record={**config.digest_record(), "subject_seed": subject_seed,
-                                   "random_poses": n_random_poses})
+        record = config.digest_record()  # the input files hashed once
+        suffix = (f"-subject{subject_seed}" if subject_seed is not None else "") + (
+            f"-random{n_random_poses}" if n_random_poses else "")
+        cache = PhaseCache(out_dir, json_sha256(record) + suffix, progress=progress,
+                           record={**record, "subject_seed": subject_seed, "random_poses": n_random_poses})
         started = time.perf_counter()
         inputs = PlanInputs(config, out_dir, progress, subject_seed, device=compute["device"])
         plan_task = config.plan_task
