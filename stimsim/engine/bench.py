@@ -332,7 +332,7 @@ def dask_section(context: BenchContext) -> dict:
         return {"dask_2workers_vs_1": None, "dask_note": "not measured (quick mode or no default model)"}
     from distributed import Client, LocalCluster
 
-    from stimsim.engine.distributed import CHUNKS_PER_THREAD
+    from stimsim.engine.distributed import CHUNKS_PER_THREAD, WORKER_PRELOAD
 
     model = context.default_model
     n_sites, n_images = context.sizes["dask"]
@@ -349,7 +349,8 @@ def dask_section(context: BenchContext) -> dict:
     report_phase(f"bench: Dask sweep of {n_sites} sites × {n_images} images at {layer} on 1 and 2 workers",
                  context.progress)
     clusters = {n: LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                dashboard_address=":0") for n in (1, 2)}  # any free port: 8787 may be taken
+                                dashboard_address=":0", preload=list(WORKER_PRELOAD))  # any free port: 8787
+                for n in (1, 2)}  # may be taken; the workers ignore Ctrl-C, as run's do
     clients = {n: Client(cluster) for n, cluster in clusters.items()}
     worker_cpu_s = {1: [], 2: []}  # per timed sweep: CPU seconds (user + system) of each worker process
     try:

@@ -193,6 +193,9 @@ def dask_setup(worker) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+#: The module whose :func:`dask_setup` each worker of a local cluster runs as it starts (the cluster's ``preload``).
+WORKER_PRELOAD = (__name__,)
+
 #: Seconds to connect to a scheduler address and to get its answer to the handshake.
 CONNECT_TIMEOUT_S = 30
 
@@ -252,7 +255,8 @@ class ChunkPool:
                     with _signals_held_back():
                         # the status page on a free port: two sweeps at once would otherwise both ask for 8787
                         self._cluster = LocalCluster(n_workers=int(value), threads_per_worker=1, processes=True,
-                                                     host="127.0.0.1", dashboard_address=":0", preload=[__name__])
+                                                     host="127.0.0.1", dashboard_address=":0",
+                                                     preload=list(WORKER_PRELOAD))
                         self.client = Client(self._cluster)
                 except BaseException:  # interrupted: the cluster (complete now) is closed before stopping
                     if getattr(self, "client", None) is not None:
