@@ -12,6 +12,7 @@ from scipy import stats
 from stimsim.analysis.power import curves_from_plan, lower_median, power_analysis
 from stimsim.analysis.synthetic import planted_curves
 from stimsim.cli import main
+from stimsim.utilities.errors import ConfigError
 
 
 def analytic_site_power(curves, trials_per_site, alpha=0.05):
@@ -108,6 +109,15 @@ def test_trials_needed_grow_as_effects_shrink_and_wilcoxon_power_rises():
     assert strong_summary["wilcoxon_trials_needed"] <= weak_summary["wilcoxon_trials_needed"]
     with pytest.raises(ValueError, match="p_high must be"):
         power_analysis(strong[:, 0])
+    # each power is a proportion of the 200 simulated sessions; its 95 % Wilson interval, written out here
+    z, n, p = 1.959964, 200, curve["wilcoxon_power"].to_numpy()
+    centre, half = (p + z ** 2 / (2 * n)) / (1 + z ** 2 / n), z / (1 + z ** 2 / n) * np.sqrt(p * (1 - p) / n
+                                                                                          + z ** 2 / (4 * n ** 2))
+    np.testing.assert_allclose(curve["wilcoxon_power_ci95_low"], centre - half, atol=1e-6)
+    np.testing.assert_allclose(curve["wilcoxon_power_ci95_high"], centre + half, atol=1e-6)
+    with pytest.raises(ConfigError, match=r"--trials-per-site: 10000000000000000000000 trials per site is beyond any "
+                                          r"session; give at most 1,000,000"):
+        power_analysis(strong, trial_counts=(50, 10 ** 22))
 
 
 def test_median_site_trials_needed_is_a_simulated_count():
@@ -186,6 +196,11 @@ def test_power_command_on_a_virtual_subject_plan(tmp_path, capsys):
     assert main(["power", str(plan), "--trials", "50", "--sessions", "10", "--out", str(tmp_path / "quiet"),
                  "--no-progress"]) == 0
     assert "power: trial counts" not in capsys.readouterr().err
+    before = (plan / "summary.json").read_bytes()  # the plan's own folder is never the output, --force or not
+    for command in (["power", str(plan)], ["analyze", str(tmp_path / "s.csv"), "--plan", str(plan)]):
+        assert main([*command, "--out", str(plan), "--force", "--no-progress"]) == 2
+        assert f"--out {plan} is the plan directory the command reads" in capsys.readouterr().err
+    assert (plan / "summary.json").read_bytes() == before
 
 
 def test_power_report_says_when_no_trial_count_reaches_the_target(tmp_path):

@@ -155,12 +155,19 @@ def _padded_range(values, fraction: float = 0.08) -> tuple[float, float]:
 
 
 def plot_power_curve(table, target_power: float, alpha: float | None = None):
-    """Power against trials per site: the across-site Wilcoxon test and the mean per-site power; with
+    """Power against trials per site: the across-site Wilcoxon test (with its interval when the table has it) and the
+    mean per-site power; with
     the mean observed-vs-true ΔAUC r across sites when the table has it; given ``alpha``, the chance levels of
     the two tests (α across sites, one-sided; α/2 per site, counted in the planned direction)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
-    ax.plot(table["trials_per_site"], table["wilcoxon_power"], "o-", label="power across sites (Wilcoxon)")
+    if "wilcoxon_power_ci95_low" in table:  # a simulated proportion of sessions: its 95 % interval
+        ax.errorbar(table["trials_per_site"], table["wilcoxon_power"], fmt="o-", capsize=2,
+                    yerr=[table["wilcoxon_power"] - table["wilcoxon_power_ci95_low"],
+                          table["wilcoxon_power_ci95_high"] - table["wilcoxon_power"]],
+                    label="power across sites (Wilcoxon; 95 % interval of the simulated sessions)")
+    else:
+        ax.plot(table["trials_per_site"], table["wilcoxon_power"], "o-", label="power across sites (Wilcoxon)")
     ax.plot(table["trials_per_site"], table["mean_site_power"], "s-", label="power per site (mean over sites)")
     if "observed_vs_true_r" in table:
         ax.plot(table["trials_per_site"], table["observed_vs_true_r"], "^:", color="C2",

@@ -25,6 +25,7 @@ import statistics
 import numpy as np
 import pandas as pd
 from scipy import stats
+from statsmodels.stats.proportion import proportion_confint
 from tqdm.auto import tqdm
 
 from stimsim.analysis.effects import delta_auc_of_counts, fit_grouped_logistic
@@ -37,6 +38,9 @@ DEFAULT_TRIAL_COUNTS = (50, 100, 200, 400, 800, 1600)
 #: Peak memory of one trial count per (session, site, condition, step) cell, bytes: the simulated counts and
 #: the z-tests' and logistic fits' temporaries (measured: 10.5–11 with tracemalloc).
 POWER_BYTES_PER_CELL = 12 * 8
+
+#: The most trials per site a power curve simulates (far beyond any session).
+MAX_TRIALS_PER_SITE = 1_000_000
 
 #: Observed-vs-true r across sites that a session should reach (the closed-loop target).
 TARGET_OBSERVED_VS_TRUE_R = 0.8
@@ -81,7 +85,8 @@ def power_analysis(p_high, electrodes=None, planned_effect=None, trial_counts=DE
     ``p_high``; the planned direction of every site is the sign of ``planned_effect``, the plan's predicted
     ``effect`` (default: the ΔAUC of ``p_high`` itself).
 
-    Returns ``curve`` (one row per trial count: ``wilcoxon_power``, ``mean_site_power``, mean
+    Returns ``curve`` (one row per trial count: ``wilcoxon_power`` with the 95 % Wilson interval of a proportion of
+    ``n_sessions`` sessions, ``wilcoxon_power_ci95_low`` and ``_high``, ``mean_site_power``, mean
     ``observed_vs_true_r`` and ``observed_vs_planned_r`` across sites),
     ``sites`` (one row per site: ``planned_<effect>``, ``simulated_delta_auc`` — the ΔAUC of ``p_high`` itself, the
     effect the sessions are drawn from —, power at every count, ``trials_needed``) and a
@@ -103,6 +108,9 @@ def power_analysis(p_high, electrodes=None, planned_effect=None, trial_counts=DE
     if not counts or counts[0] < 2 * n_steps:
         raise ConfigError(f"--trials-per-site: trial counts must be integers >= {2 * n_steps} (a ΔAUC needs a trial at each of "
                           f"the {n_steps} steps in both conditions), got {list(trial_counts)}")
+    if counts[-1] > MAX_TRIALS_PER_SITE:
+        raise ConfigError(f"--trials-per-site: {counts[-1]} trials per site is beyond any session; give at most "
+                          f"{MAX_TRIALS_PER_SITE:,}")
     if n_sessions < 10:
         raise ConfigError(f"n_sessions must be >= 10 for a power estimate, got {n_sessions}")
     check_seed("seed", seed)
@@ -136,7 +144,10 @@ def power_analysis(p_high, electrodes=None, planned_effect=None, trial_counts=DE
         reached = np.flatnonzero(np.asarray(power_by_count) >= target_power)
         return int(counts[reached[0]]) if reached.size else None
 
+    low, high = proportion_confint(np.round(np.array(wilcoxon_power) * n_sessions), n_sessions, alpha=0.05,
+                                   method="wilson")
     curve = pd.DataFrame({"trials_per_site": counts, "wilcoxon_power": wilcoxon_power,
+                          "wilcoxon_power_ci95_low": low, "wilcoxon_power_ci95_high": high,
                           "mean_site_power": site_power.mean(axis=1), "observed_vs_true_r": versus_true,
                           "observed_vs_planned_r": versus_planned,
                           "stim_logodds_observed_vs_true_r": logodds_versus_true})
