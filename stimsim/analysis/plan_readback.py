@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -39,11 +40,15 @@ def mark_plan_unfinished(plan_dir) -> Path:
 
 def check_plan_files(plan_dir) -> None:
     """FileFormatError naming the first file of ``plan_dir/plan_files.json`` that is missing or changed since
-    ``stimsim plan`` wrote it, or the list itself when the plan did not finish writing its outputs (a plan made
-    before the file existed is not checked)."""
+    ``stimsim plan`` wrote it, or the list itself when the plan did not finish writing its outputs. A plan
+    directory without the list is not checked: one that ``stimsim plan`` wrote (it has a config.json) is read with
+    a warning that says so (the list was deleted, or the plan made before the list existed)."""
     plan_dir = Path(plan_dir)
     manifest_path = plan_dir / PLAN_FILES
     if not manifest_path.is_file():
+        if (plan_dir / "config.json").is_file():
+            warnings.warn(f"{plan_dir} has no {PLAN_FILES}, the checksums of its files: they are read unchecked "
+                          "(run the plan again to have them checked)", stacklevel=2)
         return
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
