@@ -196,6 +196,9 @@ def test_power_command_on_a_virtual_subject_plan(tmp_path, capsys):
     assert main(["power", str(plan), "--trials", "50", "--sessions", "10", "--out", str(tmp_path / "quiet"),
                  "--no-progress"]) == 0
     assert "power: trial counts" not in capsys.readouterr().err
+    assert main(["power", str(tmp_path / "typo")]) == 2  # named as missing, and no folder made for it
+    assert f"plan directory not found: {tmp_path / 'typo'}" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists()
     before = (plan / "summary.json").read_bytes()  # the plan's own folder is never the output, --force or not
     for command in (["power", str(plan)], ["analyze", str(tmp_path / "s.csv"), "--plan", str(plan)]):
         assert main([*command, "--out", str(plan), "--force", "--no-progress"]) == 2

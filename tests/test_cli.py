@@ -301,8 +301,11 @@ def test_a_model_name_is_the_shipped_model_even_beside_a_folder_of_that_name(tmp
     with pytest.raises(DataError, match=r"unknown model 'mine': not one of the shipped models .*the folder ./mine "
                                         r"is a model directory: give it as a path"):
         model_path("mine")
-    with pytest.raises(DataError, match=r"model directory ./absent: no model.json there"):
+    with pytest.raises(DataError, match=r"^model directory ./absent: not found$"):
         model_path("./absent")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"model directory ./empty: no model.json there \(not a model directory\)"):
+        model_path("./empty")
     experiment = tmp_path / "afraz.toml"
     text = (REPO / "experiments" / "afraz2006.toml").read_text()
     experiment.write_text(text)

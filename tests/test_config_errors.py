@@ -135,6 +135,24 @@ def test_a_decoder_layer_the_model_lacks_names_the_file(tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"stimsim: error: {path}: unknown layer 'V9'; stages: ")
 
 
+def test_a_preferred_class_no_image_has_names_the_table_it_came_from(tmp_path, capsys):
+    """Without [sites.localizer] the localizer is the experiment's own images and [stimuli] 'positive': a class that
+    no image has is named there, not in a table the file does not have."""
+    from stimsim.cli import main
+
+    path = tmp_path / "x.toml"
+    path.write_text('name = "x"\nparadigm = "categorization"\nmodel = "stimsim-topo-s0"\n'
+                    '[stimuli]\nsets = [{ source = "lfw_subset" }]\nlabel = "category"\npositive = "faces"\n'
+                    'n_per_choice = 10\n[stimuli.noise]\nsignal_percent = [0, 100]\n'
+                    '[sites]\nmethod = "explicit"\nsites_mm = [[2.0, 2.0]]\n'
+                    '[stimulation]\nkind = "electrical"\ncurrent_uA = 50\n')
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"stimsim: error: {path} [stimuli] (its images are the localizer's: [sites.localizer] 'positive', or the "
+        "paradigm's preferred class, e.g. [stimuli] 'positive', when the file has no [sites.localizer]): no localizer "
+        "image has category = 'faces'; values: ['face', 'nonface']")
+
+
 def test_an_unknown_stimulation_key_lists_the_keys_the_file_may_give():
     """sites_mm and layer come from [sites] and 'layer' (the file refuses them in [stimulation]); additive_scale
     belongs to the table."""

@@ -199,6 +199,10 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
     # the file's 1000 µA runs under its safety override: said on the terminal and in the summary, as `run` does
     assert "stimsim: warning: the protocol is outside the safety limits at 1000 µA" in capsys.readouterr().err
     assert summary["safety_overridden"] is True
+    # what limits the results is kept with them (summary, config, percepts.nc; the figure shows it under the grid)
+    notes = summary["notes"]
+    assert len(notes) == 1 and notes[0].startswith("the protocol is outside the safety limits at 1000 µA")
+    assert json.loads((out / "config.json").read_text())["notes"] == notes
     own = summary["judges"]["own"]
     face = own["pface_face_site"]
     assert face[0] < min(face[1:]), own  # rises from the lowest current (and saturates near 1)
@@ -212,6 +216,7 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
     assert summary["judges"]["independent"]["model"] == "stimsim-effl0-s0"
     assert summary["sites"]["face"]["dprime"] > summary["sites"]["control"]["dprime"]
     data = xr.open_dataset(out / "percepts.nc", engine="h5netcdf")
+    assert json.loads(data.attrs["notes_json"]) == notes
     assert list(data["kind"].values) == ["unstimulated", "face_site", "face_site", "face_site", "control_site",
                                          "scrambled"]
     # colour images of 224 px whose change is one luminance change: gray images stay gray

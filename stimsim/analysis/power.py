@@ -21,6 +21,7 @@ to the exact choice probabilities, every cell weighted equally), which uses ever
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -215,8 +216,6 @@ def curves_from_plan(plan_dir) -> dict:
     sequences: the virtual subject's own curves with its lapses (``subject_p_high`` of the summary's
     ``truth_file``) when the plan was made on a virtual subject, else the plan's predictions (``plan.nc``, chosen
     model, fitted pose). Also the plan's predicted effect of those sites (their planned direction) and its name."""
-    from pathlib import Path
-
     import xarray as xr
 
     from stimsim.analysis.comparison import load_plan_predictions, plan_effect
@@ -290,6 +289,8 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     from stimsim.utilities.jsonable import json_ready
     from stimsim.utilities.locking import DirectoryLock
 
+    if not Path(plan_dir).is_dir():  # before the default output folder inside it is made
+        raise FileNotFoundError(f"plan directory not found: {plan_dir} (a directory made by `stimsim plan`)")
     # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
     # before writing leaves it as it was.
     with DirectoryLock(out_dir, "power"), ResultSet(out_dir, "power", force=force) as results:

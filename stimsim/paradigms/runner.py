@@ -145,7 +145,10 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
         localizer.sets, [localizer.label], topo, notes, f"{spec.source} [sites.localizer]")
     localizer_values = np.asarray(localizer_images.labels[localizer.label]).astype(str)
     if not np.any(localizer_values == localizer.positive):
-        raise ConfigError(f"{spec.source} [sites.localizer]: no localizer image has {localizer.label} = "
+        where = ("[sites.localizer]" if localizer.sets is not None else
+                 "[stimuli] (its images are the localizer's: [sites.localizer] 'positive', or the paradigm's preferred "
+                 "class, e.g. [stimuli] 'positive', when the file has no [sites.localizer])")
+        raise ConfigError(f"{spec.source} {where}: no localizer image has {localizer.label} = "
                           f"{localizer.positive!r}; values: {sorted(set(localizer_values.tolist()))}")
     report_phase(f"localizer: responses of {layer} to {len(localizer_images)} images", progress)
     responses = cached_activations(topo, localizer_images.images, layer).numpy()

@@ -2,13 +2,16 @@
 condition, each with P(face) under the model's own face decoder and under the independent judge."""
 from __future__ import annotations
 
+import textwrap
+
 import xarray as xr
 
 from stimsim.utilities.figures import pyplot, save_figure
 
 
-def plot_percepts(dataset: xr.Dataset, path, title: str) -> None:
-    """The grid: one row per image, columns original then every condition, P(face) (own / independent) below."""
+def plot_percepts(dataset: xr.Dataset, path, title: str, notes=()) -> None:
+    """The grid: one row per image, columns original then every condition, P(face) (own / independent) below;
+    ``notes`` (what limits the results) under it."""
     plt = pyplot()
     n_rows, n_cols = dataset.sizes["stimulus_id"], dataset.sizes["condition"] + 1
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 1.75 * n_rows + 0.6), squeeze=False,
@@ -30,6 +33,9 @@ def plot_percepts(dataset: xr.Dataset, path, title: str) -> None:
         axes[row, 0].set_ylabel(f"{dataset['group'].values[row]}\n{short_image_id(dataset['stimulus_id'].values[row])}",
                                 fontsize=7)
     fig.suptitle(f"{title}\nP(face): own decoder / independent judge", fontsize=8)
+    if notes:
+        fig.supxlabel("\n".join(textwrap.wrap("Note: " + " Note: ".join(notes), width=int(18 * n_cols))),
+                      fontsize=7, color="C3")
     save_figure(fig, path)
 
 

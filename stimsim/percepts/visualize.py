@@ -208,9 +208,15 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
     report_phase(f"visualize: loading model {config.model} and judge {config.judge}", progress)
     topo, layer, scale = _scaled_model(config.model, config.layer, "model", device)
     judge_model, judge_layer, _ = _scaled_model(config.judge, config.layer, "judge", device)
+    notes = []  # what limits the results, said on stderr and kept in summary.json, config.json and the figure
+
+    def note(message: str) -> None:
+        notes.append(message)
+        warnings.warn(message, stacklevel=3)
+
     if judge_model.name == topo.name:
-        warnings.warn(f"the independent judge {config.judge!r} is the model itself ({topo.name!r}); its P(face) is not "
-                      "independent of the inversion — give another model ([judge] model or --judge)", stacklevel=2)
+        note(f"the independent judge {config.judge!r} is the model itself ({topo.name!r}); its P(face) is not "
+             "independent of the inversion — give another model ([judge] model or --judge)")
     try:
         match_layer = None if config.match_layer is None else topo.resolve_layer(config.match_layer)
     except ConfigError as exc:
@@ -234,14 +240,13 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
     sheet = topo.sheet(layer)
     sites = _choose_sites(config, sheet, responses, is_face)
     if not sites["face"]["dprime"] >= 1:
-        warnings.warn(f"the face site's face d′ is {sites['face']['dprime']:.2f} (multi-unit, within "
-                      f"{config.sites['recording_radius_mm']:g} mm), below 1: its percepts show stimulation of a site "
-                      "that is hardly face-selective", stacklevel=2)
+        note(f"the face site's face d′ is {sites['face']['dprime']:.2f} (multi-unit, within "
+             f"{config.sites['recording_radius_mm']:g} mm), below 1: its percepts show stimulation of a site that is "
+             "hardly face-selective")
     conditions, labels, kinds, currents, positions, template, safety = _conditions(config, layer, sites, responses)
     if safety["overridden"]:
-        warnings.warn(f"the protocol is outside the safety limits at {config.currents_uA[-1]:g} µA, run under the "
-                      f"file's override ({safety['override_reason']}): {'; '.join(safety['violations'])}",
-                      stacklevel=2)
+        note(f"the protocol is outside the safety limits at {config.currents_uA[-1]:g} µA, run under the file's "
+             f"override ({safety['override_reason']}): {'; '.join(safety['violations'])}")
     multiplier, additive = Condition.batch_effects([c for c in conditions if c is not None], sheet)
     multiplier, additive = multiplier.to(torch.float32), additive.to(torch.float32)
     scrambled = kinds.index("scrambled")
@@ -290,7 +295,7 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
         "cortex_mm_per_model_mm": scale["cortex_mm_per_model_mm"], "sites": sites, "judges": judges,
         "safety_overridden": bool(safety["overridden"]),
         "seconds_per_image": float(np.mean(seconds)), "n_conditions": len(labels),
-        "seconds_total": time.perf_counter() - started,
+        "seconds_total": time.perf_counter() - started, "notes": notes,
     })
     created = provenance()
     record = json_ready({
@@ -305,11 +310,12 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
         "scrambled_from": labels[source], "inversion": config.inversion.to_dict(), "seed": config.seed,
         "decoders": {"own": own.decoder.readout.fit_params, "independent": independent.decoder.readout.fit_params},
         "created_utc": created["created_utc"], "software": created["software"], "device": str(device),
+        "notes": notes,
     })
     dataset = _dataset(rows, groups, originals, percepts, np.asarray(losses), p_face, p_original, labels, kinds,
                        currents, positions, record)
     results.write(DATA_FILE, lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
-    plot_percepts(dataset, results / PNG_FILE, f"{config.name}: {config.model} (judge {config.judge})")
+    plot_percepts(dataset, results / PNG_FILE, f"{config.name}: {config.model} (judge {config.judge})", notes)
     results.write_json(CONFIG_FILE, record)
     results.write_json(SUMMARY_FILE, summary)
     results.finish()
@@ -494,4 +500,5 @@ def _dataset(rows, groups, originals, percepts, losses, p_face, p_original, labe
                 "judge": np.asarray(["own", "independent"], dtype=object), "channel": channels},
         attrs={"model": record["model"], "judge_model": record["judge_model"], "layer": record["layer"],
                "config_json": json.dumps(record["config"], sort_keys=True),
-               "software_json": json.dumps(record["software"], sort_keys=True), "created_utc": record["created_utc"]})
+               "software_json": json.dumps(record["software"], sort_keys=True), "created_utc": record["created_utc"],
+               "notes_json": json.dumps(record["notes"])})
