@@ -243,7 +243,10 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
 
 @pytest.mark.parametrize("change, message", [
     ({"steps = 100": "stepz = 100"}, "unknown key 'stepz'"),
-    ({"currents_uA = [100, 300, 1000]": "currents_uA = [300, 100]"}, "at least two rising currents"),
+    ({"currents_uA = [100, 300, 1000]": "currents_uA = [300, 100]"},
+     "in rising order, each once, got [300.0, 100.0] (e.g. [100.0, 300.0])"),
+    ({'model = "stimsim-effl0-s0"': 'model = "stimsim-efl0-s0"'},
+     "the judge ([judge] model or --judge): unknown model 'stimsim-efl0-s0': not one of the shipped models"),
     ({'method = "selectivity"': 'method = "random"'}, "'method' must be one of"),
     ({"currents_uA = [100, 300, 1000]": "currents_uA = [1, 100]"}, "'currents_uA' holds 1.0: current_uA must be"),
     ({"currents_uA = [100, 300, 1000]": "currents_uA = [100, 100.0001]"},

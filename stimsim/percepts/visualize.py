@@ -60,7 +60,7 @@ from stimsim.percepts.visualize_file import VisualizeFile
 from stimsim.stimulation import (Condition, SafetyLimits, additive_scale_record, check_additive_scale, enforce,
                                  perturbation_from_dict)
 from stimsim.utilities.config import load_toml
-from stimsim.utilities.errors import ConfigError, FileFormatError, SafetyError
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError, SafetyError
 from stimsim.utilities.filemodels import validate
 from stimsim.utilities.hashing import state_sha256
 from stimsim.utilities.io import ResultSet, provenance
@@ -117,8 +117,8 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
         raise ConfigError(f"{where} [stimulation]: 'kind' must be \"electrical\", got {template.get('kind')!r}")
     template["kind"] = "electrical"
     if list(currents) != sorted(set(currents)):
-        raise ConfigError(f"{where} [stimulation]: 'currents_uA' must list at least two rising currents (µA), got "
-                          f"{list(currents)}")
+        raise ConfigError(f"{where} [stimulation]: 'currents_uA' must list its currents (µA) in rising order, each "
+                          f"once, got {list(currents)} (e.g. {sorted(set(currents))})")
     labels = [_current_label(current) for current in currents]
     alike = next((i for i in range(1, len(labels)) if labels[i] == labels[i - 1]), None)
     if alike is not None:
@@ -192,8 +192,13 @@ def check_site_separation(face_mm, control_mm, recording_radius_mm: float, where
 
 
 def _scaled_model(name: str, layer: str, what: str, device):
-    """The model ``name`` on ``device`` with its ``layer`` sheet in cortex mm (its own recorded scale)."""
-    topo = load_model(name, device=device)
+    """The model ``name`` on ``device`` with its ``layer`` sheet in cortex mm (its own recorded scale); ``what`` (the
+    model or the judge) is named when it cannot be loaded."""
+    try:
+        topo = load_model(name, device=device)
+    except DataError as exc:
+        raise DataError(f"the {what} ({'[judge] model or --judge' if what == 'judge' else 'model or --model'}): "
+                        f"{exc}") from None
     try:
         layer = topo.resolve_layer(layer)
     except ConfigError as exc:
