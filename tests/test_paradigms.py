@@ -281,6 +281,12 @@ def test_grid_and_explicit_sites():
                          sites_mm=[[11.0, 2.0]], groups=["x"])
     with pytest.raises(ConfigError, match=r"^\[sites\] 'sites_mm': \(11, 2\) mm lies off sheet .*, which spans x in \["):
         select_sites(spec, sheet, responses, is_face)
+    x0, x1, y0, y1 = sheet.extent_mm  # a radius beyond the sheet would give every site the same d′
+    wide = ExplicitSites(method="explicit", localizer=LocalizerFile(label="category", positive="face"),
+                         sites_mm=[[2.0, 2.0], [8.0, 8.0]], recording_radius_mm=1.01 * max(x1 - x0, y1 - y0))
+    with pytest.raises(ConfigError, match=r"^\[sites\] 'recording_radius_mm' = \S+ is larger than sheet .*: every "
+                                          r"site would record the whole sheet; give at most"):
+        select_sites(wide, sheet, responses, is_face)
 
 
 # --- pairs --------------------------------------------------------------------------------------

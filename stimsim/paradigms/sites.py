@@ -135,11 +135,15 @@ def select_sites(spec: SitesFile, sheet: CorticalSheet, responses, is_positive, 
     unit_values = unit_dprime(responses, is_positive)
     peak = _peak_on_sheet(unit_values, sheet, spec.smoothing_sigma_mm)
     radius = spec.recording_radius_mm
+    x0, x1, y0, y1 = sheet.extent_mm
+    if radius > max(x1 - x0, y1 - y0):
+        raise ConfigError(f"[sites] 'recording_radius_mm' = {radius:g} is larger than sheet {sheet.name!r} (x in "
+                          f"[{x0:g}, {x1:g}] mm, y in [{y0:g}, {y1:g}] mm): every site would record the whole sheet; "
+                          f"give at most {max(x1 - x0, y1 - y0):.3g} mm")
     if spec.method == "explicit":
         points = np.asarray(spec.sites_mm, dtype=np.float64)
         off = [f"({x:g}, {y:g})" for x, y in points if not sheet.contains((x, y))]
         if off:
-            x0, x1, y0, y1 = sheet.extent_mm
             raise ConfigError(f"[sites] 'sites_mm': {', '.join(off)} mm lie{'s' if len(off) == 1 else ''} off sheet "
                               f"{sheet.name!r}, which spans x in [{x0:g}, {x1:g}] mm and y in [{y0:g}, {y1:g}] mm")
         groups = list(spec.groups)
