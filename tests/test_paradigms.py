@@ -793,3 +793,19 @@ def test_heldout_only_keeps_every_image_of_a_source_the_model_never_trained_on()
         assert len(stimuli) == expected
         assert (len(notes) == 1 and "model 'm' was trained on none of source 'lfw_subset'" in notes[0]) == \
             (expected == len(lfw))
+
+
+def test_timing_a_static_model_does_not_respond_to_is_noted():
+    """A file that sets the train's timing gets a note in config.json that the results do not depend on it (a sweep
+    of onset_ms gives the same numbers); a file that leaves it to the defaults gets none."""
+    from stimsim.paradigms.runner import _note_timing_without_effect
+
+    notes = []
+    _note_timing_without_effect({"kind": "electrical", "current_uA": 50, "train_ms": 100, "onset_ms": 5}, notes)
+    assert notes == ["[stimulation] train_ms, onset_ms: a static feed-forward model's responses do not depend on them "
+                     "(recorded; the pulse width enters the safety gate's charge per phase); runs that differ only "
+                     "there give the same results"]
+    quiet = []
+    _note_timing_without_effect({"kind": "electrical", "current_uA": 50}, quiet)
+    _note_timing_without_effect({"kind": "optogenetic", "onset_ms": 5}, quiet)
+    assert quiet == []

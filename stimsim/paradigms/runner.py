@@ -166,6 +166,7 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
         Condition(site.label, (spec.perturbation_at(site.position_mm),)) for site in selection.sites]
     _warn_signed_gain(conditions, sheet, responses, notes)
     _warn_untouched_sites(conditions, sheet, notes)
+    _note_timing_without_effect(spec.raw.get("stimulation", {}), notes)
     report_phase(f"trials: preparing the {spec.paradigm} trials and fitting their readout without stimulation", progress)
     task = spec.settings()
     try:
@@ -282,6 +283,21 @@ def _warn_untouched_sites(conditions: list, sheet, notes: list) -> None:
                    "reaches units)")
         notes.append(message)
         warnings.warn(message, stacklevel=3)
+
+
+#: Keys of an electrical [stimulation] table that a static feed-forward model does not respond to (recorded; the
+#: pulse width also enters the safety gate's charge per phase).
+TIMING_KEYS = ("pulse_width_ms", "interphase_ms", "train_ms", "onset_ms", "waveform")
+
+
+def _note_timing_without_effect(stimulation: dict, notes: list) -> None:
+    """Note (in config.json) the timing keys the file sets that the model's responses do not depend on, so that a
+    sweep of them is not read as a null result of the brain."""
+    given = [key for key in TIMING_KEYS if key in stimulation]
+    if given and stimulation.get("kind", "electrical") == "electrical":
+        notes.append(f"[stimulation] {', '.join(given)}: a static feed-forward model's responses do not depend on "
+                     "them (recorded; the pulse width enters the safety gate's charge per phase); runs that differ "
+                     "only there give the same results")
 
 
 def _warn_signed_gain(conditions: list, sheet, responses: np.ndarray, notes: list) -> None:
