@@ -94,7 +94,9 @@ def power_warning(power: dict, needed: dict) -> str | None:
     return (f"at the planned {power['trials_per_site']:,} trials per site the chosen sites' predicted effects are "
             f"detected with {power['across_sites']:.0%} power across sites and {power['per_site_mean']:.0%} per site "
             f"(mean); {TARGET_POWER:.0%} power needs {trials_text(needed['across_sites'], largest)} trials per site "
-            f"across sites and {trials_text(needed['per_site_median'], largest)} per site (median)"
+            f"across sites and {trials_text(needed['per_site_median'], largest)} per site (median), forecast from the "
+            "predicted effects (on a virtual subject `stimsim power` simulates its true ones, which may need another "
+            "count)"
             + (f"; with {len(power['per_site'])} site(s) the test across sites can never reach p < {ALPHA:g} (it "
                f"needs at least {min_sites_across()}: its smallest p is 1/2^n)" if few else ""))
 
