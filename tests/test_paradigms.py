@@ -370,7 +370,10 @@ def test_categorization_run_writes_results_that_reload(tiny_run):
     assert config["model"]["source"] == "in-memory model" and len(config["model"]["state_sha256"]) == 64
     assert config["experiment"]["name"] == "tiny_faces" and config["experiment"]["seed"] == 3
     assert config["safety"]["passed"] is True
-    assert "torch" in config["software"] and config["notes"] == []
+    assert "torch" in config["software"] and config["notes"] == [  # the file gives the train's timing
+        "[stimulation] pulse_width_ms, train_ms: a static feed-forward model's responses do not depend on them "
+        "(recorded; the pulse width enters the safety gate's charge per phase); runs that differ only there give "
+        "the same results"]
     assert json.loads(dataset.attrs["experiment_json"])["stimulation"]["current_uA"] == 100
 
 

@@ -1,5 +1,9 @@
 """The whole analysis of recorded sessions: per-site effects, statistics across sites (pooled and per
-subject), reliability, and the comparison with a plan's predictions; saved as one result set."""
+subject), reliability, and the comparison with a plan's predictions; saved as one result set.
+
+Over 500 lines: the analysis, and the checks of its inputs against one another (sessions, plan, layout) that it makes
+before any statistic, stay beside the one entry point that runs them.
+"""
 from __future__ import annotations
 
 import json

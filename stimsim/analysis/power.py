@@ -289,11 +289,12 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     from stimsim.utilities.jsonable import json_ready
     from stimsim.utilities.locking import DirectoryLock
 
-    if not Path(plan_dir).is_dir():  # before the default output folder inside it is made
-        raise FileNotFoundError(f"plan directory not found: {plan_dir} (a directory made by `stimsim plan`)")
+    plan_found = Path(plan_dir).is_dir()  # seen before the default output folder inside it is made
     # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
     # before writing leaves it as it was.
     with DirectoryLock(out_dir, "power"), ResultSet(out_dir, "power", force=force) as results:
+        if not plan_found:
+            raise FileNotFoundError(f"plan directory not found: {plan_dir} (a directory made by `stimsim plan`)")
         planned = curves_from_plan(plan_dir)
         curve, sites, summary = power_analysis(planned["p_high"], planned["electrodes"], planned["planned_effect"],
                                                trial_counts=trial_counts, n_sessions=n_sessions, alpha=alpha,

@@ -15,6 +15,9 @@ A model directory holds everything needed to rebuild a model exactly::
 Loading verifies the directory whole: ``files_sha256`` must cover ``weights.pt`` and every positions
 (and resting-activity) file, name only files inside the directory, and match them; the weights must fit the
 architecture and be finite. Saving the same model twice gives the same bytes.
+
+Over 500 lines: the model and its directory are one concept: saving, loading, and the checks that a saved model
+rebuilds exactly.
 """
 from __future__ import annotations
 

@@ -34,7 +34,11 @@ under each), ``percepts.nc`` (``percept`` image × condition × y × x × channe
 ``pface_face_site`` by rising current, ``pface_control_site``, ``pface_scrambled``,
 ``pface_unstimulated``, ``pface_original``: means over the images of ``summary_groups``; the ``stimulation`` as
 written, ``seed``, ``sites`` in cortex mm) and
-``config.json`` (the file as run, sites, safety, decoders' fit, versions).
+``config.json`` (the file as run, sites, safety, decoders' fit, versions); what limits the results (``notes``) is in
+both, in ``percepts.nc`` and under the figure.
+
+Over 500 lines: the file, its sites, its conditions and its result files are read and written in one place, beside the
+one run that uses them.
 """
 from __future__ import annotations
 
