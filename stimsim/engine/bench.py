@@ -348,9 +348,9 @@ def dask_section(context: BenchContext) -> dict:
     serial_s = time.perf_counter() - start
     report_phase(f"bench: Dask sweep of {n_sites} sites × {n_images} images at {layer} on 1 and 2 workers",
                  context.progress)
+    # the status page on any free port (8787 may be taken); the workers ignore Ctrl-C, as those of `run` do
     clusters = {n: LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                dashboard_address=":0", preload=list(WORKER_PRELOAD))  # any free port: 8787
-                for n in (1, 2)}  # may be taken; the workers ignore Ctrl-C, as run's do
+                                dashboard_address=":0", preload=list(WORKER_PRELOAD)) for n in (1, 2)}
     clients = {n: Client(cluster) for n, cluster in clusters.items()}
     worker_cpu_s = {1: [], 2: []}  # per timed sweep: CPU seconds (user + system) of each worker process
     try:

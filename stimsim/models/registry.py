@@ -47,11 +47,11 @@ def model_path(name_or_path) -> Path:
         path = Path(name_or_path).expanduser()
         if (path / "model.json").is_file():
             return path.absolute()
+        if not path.exists():
+            raise DataError(f"model directory {name_or_path}: not found")
         inner = path / "model"
         hint = (f"; {inner} is one: a training run's folder holds its model in model/"
                 if (inner / "model.json").is_file() else "")
-        if not path.exists():
-            raise DataError(f"model directory {name_or_path}: not found")
         raise DataError(f"model directory {name_or_path}: no model.json there (not a model directory){hint}")
     if (SHIPPED_DIR / str(name_or_path) / "model.json").is_file():
         return SHIPPED_DIR / str(name_or_path)
