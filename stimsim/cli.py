@@ -356,8 +356,6 @@ def _cmd_analyze(args) -> int:
     _check_at_least("--perm", args.perm, 1)
     _check_at_least("--splits", args.splits, 1)
     check_seed("--seed", args.seed)
-    if args.plan is not None:
-        _refuse_output_into_plan(args.out, args.plan)
     analysis = run_analysis(args.sessions, args.out, plan_dir=args.plan, columns=column_mapping(args.columns),
                             values=value_mapping(args.values, args.columns), layout=args.layout, layout_ids=args.layout_ids,
                             n_boot=args.boot,
@@ -375,14 +373,6 @@ def _cmd_analyze(args) -> int:
     return 0
 
 
-def _refuse_output_into_plan(out, plan) -> None:
-    """The results of a command that reads a plan go beside it or into a folder inside it, never into the plan's own
-    folder, whose summary.json and report they would replace."""
-    if Path(out).resolve() == Path(plan).resolve():
-        raise ConfigError(f"--out {out} is the plan directory the command reads; its summary.json and report would "
-                          "be replaced: give another folder (e.g. one inside the plan's)")
-
-
 def _cmd_power(args) -> int:
     from stimsim.analysis.power import run_power
 
@@ -395,7 +385,6 @@ def _cmd_power(args) -> int:
     if repeated:
         raise ConfigError(f"--trials-per-site lists {', '.join(map(str, repeated))} more than once; give each trial count once")
     out = args.out or str(Path(args.plan) / "power")
-    _refuse_output_into_plan(out, args.plan)
     summary = run_power(args.plan, out, target_power=args.power, alpha=args.alpha, trial_counts=args.trials,
                         n_sessions=args.sessions, seed=args.seed, force=args.force, progress=not args.no_progress)
     shown = ("simulated_from", "target_power", "alpha", "n_sites", "wilcoxon_trials_needed",

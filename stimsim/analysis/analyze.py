@@ -23,7 +23,7 @@ from stimsim.analysis.effects import (CONDITIONS, SiteCounts, across_sites, coun
                                       expected_fdr_discoveries_under_null, fdr_adjusted, site_effects,
                                       site_resampling_weights, spearman_brown, resampled_split_half_r,
                                       split_half_deltas, split_half_reliability)
-from stimsim.analysis.plan_readback import read_plan_protocol
+from stimsim.analysis.plan_readback import read_plan_protocol, refuse_output_into_plan
 from stimsim.behavior.metrics import finite_pearson
 from stimsim.lab.sessions import SHAM, check_against_plan
 from stimsim.lab.sessions.base import PROTOCOL_COLUMNS, off_protocol, planned_setting
@@ -484,6 +484,8 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
     from stimsim.utilities.locking import DirectoryLock
 
     cmp = cmp_options(str(layout), layout_ids, names=("--layout-ids", "pitch_mm")) if layout is not None else {}
+    if plan_dir is not None:
+        refuse_output_into_plan(out_dir, plan_dir)
     if layout is None and layout_ids != "channel":
         raise ConfigError(f"--layout-ids {layout_ids}: names the ids of a .cmp --layout; no --layout is given")
 

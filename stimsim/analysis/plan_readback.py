@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from stimsim.utilities.errors import FileFormatError
+from stimsim.utilities.errors import ConfigError, FileFormatError
 from stimsim.utilities.hashing import sha256_of
 from stimsim.utilities.io import atomic_write_json
 
@@ -68,6 +68,14 @@ def check_plan_files(plan_dir) -> None:
             raise FileFormatError(path, f"changed since `stimsim plan` wrote it (its sha256 differs from the one in "
                                         f"{PLAN_FILES}): the plan directory is damaged or holds another plan's "
                                         "file; run the plan again")
+
+
+def refuse_output_into_plan(out_dir, plan_dir) -> None:
+    """The results of a command that reads a plan go beside it or into a folder inside it, never into the plan's own
+    folder, whose summary.json and report they would replace (``--force`` or not)."""
+    if Path(out_dir).resolve() == Path(plan_dir).resolve():
+        raise ConfigError(f"--out {out_dir} is the plan directory the command reads; its summary.json and report "
+                          "would be replaced: give another folder (e.g. one inside the plan's)")
 
 
 def plan_checksum(plan_dir) -> dict:

@@ -283,12 +283,13 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
     ``summary.json`` and ``report.html`` / ``report.pdf`` (table and curve) into ``out_dir`` as one
     result set."""
     from stimsim.analysis.figures import plot_power_curve
-    from stimsim.analysis.plan_readback import plan_checksum
+    from stimsim.analysis.plan_readback import plan_checksum, refuse_output_into_plan
     from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
     from stimsim.utilities.io import ResultSet, provenance
     from stimsim.utilities.jsonable import json_ready
     from stimsim.utilities.locking import DirectoryLock
 
+    refuse_output_into_plan(out_dir, plan_dir)
     plan_found = Path(plan_dir).is_dir()  # seen before the default output folder inside it is made
     # The output directory is checked (and claimed) before the work; a run that fails or is interrupted
     # before writing leaves it as it was.
