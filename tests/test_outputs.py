@@ -4,6 +4,7 @@ import os
 import re
 import shutil
 import stat
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +190,21 @@ def test_result_set_replaces_an_older_set_whole(tmp_path):
         second.claim("../escape.json")
 
 
+def test_a_set_of_other_inputs_is_replaced_with_a_warning_and_the_same_inputs_without(tmp_path, recwarn):
+    first = ResultSet(tmp_path, "test", inputs={"file": {"current_uA": 50}, "model": "a"})
+    first.write_json("summary.json", {"run": 1})
+    first.finish()
+    ResultSet(tmp_path, "test", inputs={"file": {"current_uA": 50}, "model": "a"}).abandon()
+    assert not recwarn.list
+    with pytest.warns(UserWarning, match=r"made from other inputs \(file.current_uA \(50 → 80\); model \('a' → "
+                                         r"'b'\)\)") as caught:
+        later = ResultSet(tmp_path, "test", inputs={"file": {"current_uA": 80}, "model": "b"})
+    assert len(caught) == 1
+    later.abandon()  # stopped before writing: the older set and its inputs are kept
+    assert json.loads((tmp_path / RESULT_SET_FILE).read_text())["inputs"]["model"] == "a"
+    assert read_result_set(tmp_path, required=("summary.json",))
+
+
 def test_another_commands_results_are_neither_replaced_nor_removed(tmp_path):
     """A finished set of one command (an analysis of a recorded session, say) in the --out of another is refused
     naming what it holds; forced, the new set writes beside it and removes none of its files."""
@@ -350,7 +366,8 @@ def test_a_run_interrupted_during_its_simulation_keeps_its_store(experiment_dir,
 
 def test_an_edited_experiment_runs_again_into_its_finished_directory(experiment_dir, elsewhere, monkeypatch):
     """A finished run's store only speeds up the same run again: a file edited since (another current) runs into
-    the same --out. A killed run's store is work to resume: other inputs are refused there unless forced."""
+    the same --out, with a warning naming what changed, given before the run. A killed run's store is work to
+    resume: other inputs are refused there unless forced."""
     def edited(current_uA: int) -> Path:
         path = experiment_dir / f"current_{current_uA}.toml"
         path.write_text((experiment_dir / "seed0.toml").read_text().replace("current_uA = 50",
@@ -358,14 +375,21 @@ def test_an_edited_experiment_runs_again_into_its_finished_directory(experiment_
         return path
 
     run_experiment(experiment_dir / "seed0.toml", "out", progress=False, figures=False)
-    run_experiment(edited(80), "out", progress=False, figures=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same file again: nothing to say
+        run_experiment(experiment_dir / "seed0.toml", "out", progress=False, figures=False)
+    with pytest.warns(UserWarning, match=r"holds results \(experiment run\) made from other inputs "
+                                         r"\(experiment.stimulation.current_uA \(50 → 80\)\); this run replaces them"):
+        run_experiment(edited(80), "out", progress=False, figures=False)
     results = load_results(elsewhere / "out")[0]
     assert set(results["current_uA"].values[np.isfinite(results["current_uA"].values)]) == {80}
-    _interrupted_after_a_chunk(monkeypatch, edited(90), "out")
+    with pytest.warns(UserWarning, match=r"current_uA \(80 → 90\)"):
+        _interrupted_after_a_chunk(monkeypatch, edited(90), "out")
     with pytest.raises(ConfigError, match=r"out/simulation_store holds the unfinished work of a run with different "
-                                          r"inputs"):
+                                          r"inputs"), pytest.warns(UserWarning, match=r"current_uA \(80 → 100\)"):
         run_experiment(edited(100), "out", progress=False, figures=False)
-    run_experiment(edited(100), "out", progress=False, figures=False, force=True)
+    with pytest.warns(UserWarning, match=r"current_uA \(80 → 100\)"):
+        run_experiment(edited(100), "out", progress=False, figures=False, force=True)
     results = load_results(elsewhere / "out")[0]
     assert set(results["current_uA"].values[np.isfinite(results["current_uA"].values)]) == {100}
 

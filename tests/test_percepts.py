@@ -10,6 +10,7 @@ import xarray as xr
 from stimsim.cli import main
 from stimsim.models.registry import load_model
 from stimsim.percepts import InversionSettings, pixel_images, scrambled_effects, synthesize
+from stimsim.percepts.visualize import run_visualize
 from stimsim.stimulation import Condition, ElectricalStimulation
 from stimsim.utilities.errors import ConfigError
 
@@ -187,8 +188,8 @@ def _small_config(tmp_path: Path) -> Path:
     return path
 
 
-def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared_data, capsys,
-                                                                               base_network, one_torch_thread):
+def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared_data, capsys, monkeypatch,
+                                                               base_network, one_torch_thread):
     shared_data("natural/floc")
     for name in ("mobilenet_v2", "efficientnet_lite0"):
         base_network(name)
@@ -239,6 +240,16 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
     assert len(config["model_state_sha256"]) == len(config["judge_state_sha256"]) == 64
     assert set(json.loads((out / "result_set.json").read_text())["files"]) == {
         "percepts.png", "percepts.nc", "summary.json", "config.json"}
+    # a run with another judge into the same --out says, before any work, what it replaces; stopped, it keeps them
+    monkeypatch.setattr("stimsim.percepts.visualize._run_into", _stopped)
+    with pytest.warns(UserWarning, match=r"made from other inputs \(judge_model \('stimsim-effl0-s0' → "
+                                         r"'stimsim-mnv2-s1'\)\); this run replaces them"), pytest.raises(KeyboardInterrupt):
+        run_visualize(_small_config(tmp_path), out, judge="stimsim-mnv2-s1", progress=False)
+    assert json.loads((out / "summary.json").read_text()) == summary
+
+
+def _stopped(*args, **kwargs):
+    raise KeyboardInterrupt
 
 
 @pytest.mark.parametrize("change, message", [

@@ -104,7 +104,8 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     if isinstance(model, (str, Path)):
         spec = spec.with_model(str(model))
     with DirectoryLock(out_dir, "run"), \
-            ResultSet(out_dir, "experiment run", keep=(STORE_DIRNAME,), force=force) as results:
+            ResultSet(out_dir, "experiment run", keep=(STORE_DIRNAME,), force=force,
+                      inputs={"experiment": spec.to_dict()}) as results:
         return _run_into(results, spec, model, progress, figures, device, scheduler, replace_stale_store=force)
 
 

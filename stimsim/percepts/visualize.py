@@ -181,7 +181,8 @@ def run_config(config: VisualizeConfig, out_dir, progress: bool = True, force: b
         check_site_separation(sites["face_site_mm"], sites["control_site_mm"], sites["recording_radius_mm"],
                               f"{config.source} [sites]")
     device = resolve_device(device)
-    with DirectoryLock(out_dir, "visualize"), ResultSet(out_dir, "percepts", force=force) as results:
+    inputs = {"config": config.raw, "model": config.model, "judge_model": config.judge, "sites": sites}
+    with DirectoryLock(out_dir, "visualize"), ResultSet(out_dir, "percepts", force=force, inputs=inputs) as results:
         return _run_into(results, config, progress, device)
 
 

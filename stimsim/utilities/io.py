@@ -13,12 +13,13 @@ import os
 import platform
 import sys
 import tempfile
+import warnings
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
 from stimsim.utilities.errors import ConfigError, DataError
-from stimsim.utilities.hashing import sha256_of
+from stimsim.utilities.hashing import changed_keys, sha256_of
 from stimsim.utilities.jsonable import json_value
 from stimsim.utilities.locking import LOCK_FILE, checked_output_path, missing_directories
 
@@ -155,17 +156,25 @@ class ResultSet:
     manifest with the sha256 of every file last. Until then the directory holds no complete set.
     Used as a context manager (``with ResultSet(...) as results:``), a run that fails before it wrote
     any file of the set leaves the directory as it found it (:meth:`abandon`).
+
+    ``inputs`` (a JSON-able dict: the configuration as run) is kept in the manifest; a finished set of the same
+    kind made from other inputs is replaced with a warning that names what changed, given before any work, so that
+    the older set can still be kept by stopping the run.
     """
 
-    def __init__(self, directory, kind: str, keep: tuple[str, ...] = (), force: bool = False):
+    def __init__(self, directory, kind: str, keep: tuple[str, ...] = (), force: bool = False,
+                 inputs: dict | None = None):
         directory = checked_output_path(directory)
         self.directory, self.kind, self.keep = directory, kind, tuple(keep)
+        self.inputs = None if inputs is None else json.loads(json.dumps(inputs, default=json_value))
         manifest = directory / RESULT_SET_FILE
         previous = _read_manifest(directory) if manifest.is_file() else None
         owner = _other_owner(directory, kind, previous)
         if owner is not None and not force:
             raise ConfigError(f"output directory {directory} holds {owner}; give a new or empty directory, or force "
                               "writing into it (--force: files of the same name are overwritten, the others kept)")
+        if owner is None and previous is not None:
+            self._warn_replaced_inputs(previous)
         self._previous_manifest = manifest.read_bytes() if previous else None  # put back if the run fails early
         if previous is not None and previous.get("kind") != kind:
             previous = None  # forced: another command's files are kept as they are, never removed as older ones
@@ -243,13 +252,26 @@ class ResultSet:
             self.abandon()
         return False
 
+    def _warn_replaced_inputs(self, previous: dict) -> None:
+        """Warn when the finished set ``previous`` (its manifest) was made from other inputs than this one's."""
+        held = previous.get("inputs")
+        if not previous.get("complete") or not isinstance(held, dict) or self.inputs is None or held == self.inputs:
+            return
+        changes = changed_keys(held, self.inputs)
+        shown = "; ".join(changes[:4]) + (f" and {len(changes) - 4} more" if len(changes) > 4 else "")
+        warnings.warn(f"output directory {self.directory} holds results ({self.kind}) made from other inputs "
+                      f"({shown}); this run replaces them (stop it now and give another directory to keep them)",
+                      stacklevel=3)
+
     def _write_manifest(self, complete: bool) -> None:
         if complete:
             files = {name: sha256_of(self.directory / name) for name in sorted(self._claimed)}
         else:
             files = {name: None for name in sorted(self._previous | set(self._claimed))}
-        atomic_write_json(self.directory / RESULT_SET_FILE, {
-            "format": RESULT_SET_FORMAT, "kind": self.kind, "complete": complete, "files": files})
+        manifest = {"format": RESULT_SET_FORMAT, "kind": self.kind, "complete": complete, "files": files}
+        if self.inputs is not None:
+            manifest["inputs"] = self.inputs
+        atomic_write_json(self.directory / RESULT_SET_FILE, manifest)
 
 
 def check_output_dir(directory) -> Path:
