@@ -1,6 +1,7 @@
 """Stimulus sets: construction, validation, file round trips, the named sets and pixel noise."""
 import csv
 import re
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import xarray as xr
 from PIL import Image
 
 from stimsim.data import manifest
-from stimsim.data.images import load_image
+from stimsim.data.images import TransparentImageWarning, load_image
 from stimsim.data.stimuli import (FASHION_MNIST_CLASSES, StimulusSet, fashion_mnist, from_folder, from_table,
                                   lfw_subset, moeller2017, pixel_noise)
 from stimsim.utilities.errors import ConfigError, FileFormatError
@@ -133,6 +134,40 @@ def test_images_keep_their_contrast_at_every_bit_depth_and_mode(tmp_path):
         image = load_image(tmp_path / name)
         assert image.shape == (6, 8, 3)
         np.testing.assert_allclose(image, np.repeat(eight[..., None] / 255.0, 3, axis=2), atol=1.5 / 255)
+
+
+def test_transparent_pixels_are_said_once_per_set_and_opaque_alpha_is_silent(tmp_path):
+    """Alpha is dropped when an image is read, so transparent pixels show the colour stored under them (here black,
+    where the monkey may have seen gray): an RGBA or palette image with a transparent pixel is named, one warning per
+    folder or table; an RGBA image whose pixels are all at least half opaque is read without a word."""
+    rgba = np.zeros((6, 8, 4), np.uint8)
+    rgba[1:5, 2:6] = (180, 180, 180, 255)  # a gray square on a transparent black ground
+    (tmp_path / "set" / "face").mkdir(parents=True)
+    (tmp_path / "set" / "object").mkdir()
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "set" / "face" / "cutout.png")
+    palette = Image.fromarray(rgba[..., :3]).convert("P")
+    palette.info["transparency"] = palette.getpixel((0, 0))
+    palette.save(tmp_path / "set" / "face" / "palette.png", transparency=palette.getpixel((0, 0)))
+    opaque = rgba.copy()
+    opaque[..., 3] = 255
+    opaque[0, :, 3] = 220  # slightly translucent edge pixels, as anti-aliasing leaves them
+    Image.fromarray(opaque, "RGBA").save(tmp_path / "set" / "object" / "opaque.png")
+    with pytest.warns(TransparentImageWarning, match=r"cutout.png: the image has transparent pixels"):
+        image = load_image(tmp_path / "set" / "face" / "cutout.png")
+    assert image[0, 0].tolist() == [0.0, 0.0, 0.0]  # the colour stored under the transparent pixel
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_image(tmp_path / "set" / "object" / "opaque.png")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from_folder(tmp_path / "set")
+    assert [str(w.message) for w in caught] == [
+        f"{tmp_path / 'set'}: 2 of 3 images have transparent pixels (the first: {tmp_path / 'set' / 'face' / 'cutout.png'}"
+        "); their alpha is dropped, so those pixels show the colour stored under them (flatten the images onto the "
+        "background the monkey saw)"]
+    (tmp_path / "set" / "table.csv").write_text("stimulus_id,path\na,object/opaque.png\nb,face/palette.png\n")
+    with pytest.warns(UserWarning, match=r"table.csv: 1 of 2 images have transparent pixels \(the first: .*palette"):
+        from_table(tmp_path / "set" / "table.csv")
 
 
 def test_images_outside_their_range_and_damaged_files_are_refused(tmp_path):

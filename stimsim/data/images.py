@@ -1,11 +1,21 @@
 """Reading image files: one decoder for every stimulus set and model input."""
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from stimsim.utilities.errors import FileFormatError
+
+
+class TransparentImageWarning(UserWarning):
+    """An image file (``path``) with transparent pixels: its alpha is dropped when it is read."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        super().__init__(f"{path}: the image has transparent pixels; its alpha is dropped, so they show the colour "
+                         "stored under them (flatten it onto the background the monkey saw)")
 
 
 def load_image(path) -> np.ndarray:
@@ -14,7 +24,9 @@ def load_image(path) -> np.ndarray:
     8-bit images are divided by 255 and 16-bit ones (``I;16`` PNG and TIFF, or integer images within
     0–65535) by 65535, so an image keeps its contrast whatever its bit depth; floating-point images
     (``F``) are taken as they are and must lie in [0, 1]. Colour modes (palette, CMYK, RGBA, ...) become
-    RGB, alpha dropped; gray modes stay gray.
+    RGB, alpha dropped; gray modes stay gray. An image with transparent pixels (less than half opaque) gives a
+    :class:`TransparentImageWarning`: those pixels show the colour stored under them, not the background a
+    monkey saw them on.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -26,6 +38,8 @@ def load_image(path) -> np.ndarray:
                 return np.asarray(img, dtype=np.float32) / MAX_16_BIT
             if img.mode in ("I", "F"):
                 return _wide_gray(np.asarray(img, dtype=np.float64), img.mode, path)
+            if _is_transparent(img):
+                warnings.warn(TransparentImageWarning(path), stacklevel=2)
             img = img.convert("L") if img.mode in ("L", "1", "LA") else img.convert("RGB")
             arr = np.asarray(img, dtype=np.float32) / 255.0
     except FileNotFoundError:
@@ -33,6 +47,14 @@ def load_image(path) -> np.ndarray:
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise FileFormatError(path, f"cannot decode image ({exc})") from None
     return arr
+
+
+def _is_transparent(img) -> bool:
+    """Whether a PIL image (with an alpha channel or a transparent palette colour) has a pixel less than half opaque;
+    slight translucency, as anti-aliased edges have, leaves the image as it looked."""
+    if img.mode not in ("RGBA", "LA", "PA", "RGBa", "La") and "transparency" not in img.info:
+        return False
+    return img.convert("RGBA").getchannel("A").getextrema()[0] < 128
 
 
 #: Largest value of a 16-bit image: its white.

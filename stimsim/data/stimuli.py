@@ -18,13 +18,14 @@ import csv
 import gzip
 import inspect
 import re
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from stimsim.data.images import load_image
+from stimsim.data.images import TransparentImageWarning, load_image
 from stimsim.data.manifest import entry_path, entry_paths, get_entry
 from stimsim.utilities.errors import ConfigError, FileFormatError, unreadable_reason
 from stimsim.utilities.io import atomic_save
@@ -246,7 +247,7 @@ def from_folder(path, label_from: str | None = "subfolder", name: str | None = N
             raise FileFormatError(root, f"label_from='subfolder' needs every image inside a subfolder; "
                                         f"found {len(loose)} at the top level, e.g. {loose[0]}")
         labels["category"] = np.asarray([i.split("/", 1)[0] for i in ids])
-    return StimulusSet(name=name or root.name, images=[load_image(p) for p in files],
+    return StimulusSet(name=name or root.name, images=_load_images(files, root),
                        stimulus_id=np.asarray(ids), labels=labels)
 
 
@@ -293,16 +294,33 @@ def _from_csv(path: Path, name: str | None) -> StimulusSet:
     duplicates = _duplicates(ids)
     if duplicates:
         raise FileFormatError(path, f"stimulus ids must be unique; repeated: {duplicates}")
-    images = []
+    image_paths = []
     for row_number, row in enumerate(rows, start=2):
         image_path = Path(row["path"].strip())
         image_path = image_path if image_path.is_absolute() else path.parent / image_path
         if not image_path.is_file():
             raise FileFormatError(path, f"line {row_number}: image file {image_path} not found")
-        images.append(load_image(image_path))
+        image_paths.append(image_path)
+    images = _load_images(image_paths, path)
     labels = {column: _parse_column([row[column] for row in rows])
               for column in columns if column not in ("stimulus_id", "path")}
     return StimulusSet(name=name or path.stem, images=images, stimulus_id=np.asarray(ids), labels=labels)
+
+
+def _load_images(paths: list[Path], source: Path) -> list[np.ndarray]:
+    """The image files of one folder or table, with one warning for all those with transparent pixels."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TransparentImageWarning)
+        images = [load_image(image_path) for image_path in paths]
+    transparent = [w for w in caught if issubclass(w.category, TransparentImageWarning)]
+    for other in caught:
+        if not issubclass(other.category, TransparentImageWarning):
+            warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
+    if transparent:
+        warnings.warn(f"{source}: {len(transparent)} of {len(paths)} images have transparent pixels (the first: "
+                      f"{transparent[0].message.path}); their alpha is dropped, so those pixels show the colour "
+                      "stored under them (flatten the images onto the background the monkey saw)", stacklevel=3)
+    return images
 
 
 def _parse_column(values: list[str]) -> np.ndarray:
