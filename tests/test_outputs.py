@@ -16,8 +16,9 @@ from stimsim.cortex.positions import retinotopic_positions
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.registry import load_model
 from stimsim.models.topographic import TopographicModel
-from stimsim.paradigms.runner import load_results, run_experiment
+from stimsim.paradigms.runner import load_results, load_stimuli, run_experiment
 from stimsim.utilities.errors import ConfigError, DataError
 from stimsim.utilities.io import (RESULT_SET_FILE, ResultSet, atomic_write_json, check_output_dir, check_output_file,
                                   read_result_set)
@@ -91,6 +92,25 @@ def test_relative_paths_resolve_against_the_experiment_file(experiment_dir, else
     _, _, config = load_results(elsewhere / "out")
     assert config["model"]["source"] == str(experiment_dir / "model")
     assert config["experiment"]["stimuli"]["sets"][0]["path"] == str(experiment_dir / "images" / "table.csv")
+
+
+def test_images_the_input_geometry_changes_much_are_noted(experiment_dir, tmp_path):
+    """The tiny model's input is 16 px: a 10 × 40 image loses 30 of its 40 px to the centre crop and a 3 × 3 one is
+    enlarged 5.3 times; both are said once, with their counts, in the run's notes and as warnings."""
+    rows = ["stimulus_id,path,category"]
+    for name, (height, width) in {"square": (16, 16), "long": (10, 40), "tiny": (3, 3), "wide": (20, 30)}.items():
+        Image.fromarray(np.full((height, width), 128, np.uint8)).save(tmp_path / f"{name}.png")
+        rows.append(f"{name},{name}.png,dark")
+    (tmp_path / "table.csv").write_text("\n".join(rows) + "\n")
+    notes = []
+    with pytest.warns(UserWarning) as caught:
+        load_stimuli([{"source": "table", "path": str(tmp_path / "table.csv")}], ["category"],
+                     load_model(experiment_dir / "model"), notes, "x.toml [stimuli]")
+    assert notes == [str(w.message) for w in caught] == [
+        "x.toml [stimuli] sets[0] (table): 1 of 4 images are over twice as long as wide, and the model sees only their "
+        "centre square (e.g. long, 40 × 10 px)",
+        "x.toml [stimuli] sets[0] (table): 1 of 4 images are enlarged over 4 times to the model's 16-px input (e.g. "
+        "tiny, 3 × 3 px)"]
 
 
 def test_stimulation_the_model_cannot_take_is_refused_before_any_work(experiment_dir, elsewhere):
