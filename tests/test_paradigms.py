@@ -787,8 +787,9 @@ def test_heldout_only_keeps_every_image_of_a_source_the_model_never_trained_on()
     sets = [{"source": "lfw_subset", "heldout_only": True}]
     for trained_on, held, expected in ((["fashion_mnist"], ["none-of-these"], len(lfw)),
                                        (["lfw_subset", "fashion_mnist"], list(lfw.stimulus_id[:7]), 7)):
-        model = SimpleNamespace(name="m", metadata={"holdout_stimulus_ids": held, "training": {
-            "data": {"sets": [{"source": source} for source in trained_on]}}})
+        training = {"data": {"sets": [{"source": source} for source in trained_on]}}
+        model = SimpleNamespace(name="m", preprocessing=SimpleNamespace(size_px=32),
+                                metadata={"holdout_stimulus_ids": held, "training": training})
         notes = []
         with warnings.catch_warnings():
             warnings.simplefilter("error")
