@@ -100,6 +100,26 @@ def test_a_model_trained_on_the_imagenet_samples_is_scored_on_those_it_held_out(
     assert none_left["imagenet_top1"] is None and "no top-1 on unseen images" in none_left["imagenet_note"]
 
 
+def test_a_damaged_floc_copy_is_an_error_not_a_reason_to_check_on_other_images(tmp_path, monkeypatch, capsys,
+                                                                               shared_data):
+    """Only fLoc that is nowhere to be found sends the check to the held-out LFW images: a cached copy that fails its
+    checksum stops it, naming the file and the command that mends it."""
+    from test_model_files import tiny_model
+
+    shared_data("natural/floc")
+    monkeypatch.setenv("STIMSIM_CACHE_DIR", str(tmp_path / "cache"))
+    first = next(spec.path for spec in manifest.get_entry("floc").files if spec.path.startswith("adult/"))
+    damaged = tmp_path / "cache" / "floc" / first
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(b"not the photograph")
+    saved = tiny_model().save(tmp_path / "model")
+    assert main(["models", "check", str(saved), "--shuffles", "5", "--json", "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"stimsim: error: checksum mismatch for '{first}' of data entry 'floc' at {damaged}")
+    assert "`stimsim data fetch floc` sets the damaged copy aside" in error
+    assert "not available" not in error
+
+
 def test_without_floc_the_check_says_so_and_uses_the_heldout_images(tmp_path, monkeypatch, capsys):
     from test_model_files import tiny_model
 

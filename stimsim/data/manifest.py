@@ -77,7 +77,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
+from stimsim.utilities.errors import ConfigError, DataError, DataUnavailable, FileFormatError
 from stimsim.utilities.filemodels import FileModel, Text, validate_file
 from stimsim.utilities.hashing import sha256_of
 from stimsim.utilities.io import atomic_save
@@ -587,7 +587,7 @@ def _resolve_file(entry: ManifestEntry, spec: ManifestFile, mirror, timeout_s: f
         hints = [source.install_hint for source in entry.sources if source.install_hint]
         if hints:
             advice += f" To install the source: {hints[0]}"
-    raise DataError(
+    raise DataUnavailable(
         f"file '{spec.path}' of data entry '{entry.name}' is not available. Looked in: "
         + "; ".join(looked) + ". " + advice
     )

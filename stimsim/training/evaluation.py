@@ -38,7 +38,7 @@ from sklearn.preprocessing import StandardScaler
 
 from stimsim.cortex.topography import clustering_test, nearest_pair_mm, plot_sheet_map, selective_clusters_mm
 from stimsim.models.topographic import TopographicModel
-from stimsim.utilities.errors import ConfigError, DataError
+from stimsim.utilities.errors import ConfigError, DataUnavailable
 from stimsim.utilities.progress import report_phase
 
 #: Moran's I neighbourhood radius (mm of the model's sheet) for the selectivity-map clustering statistic.
@@ -87,7 +87,7 @@ def default_images(model: TopographicModel, seed: int = 0):
     try:
         stimuli = floc([c for c, domain in FLOC_DOMAINS.items() if domain in FLOC_CHECK_DOMAINS],
                        n_per_category=FLOC_IMAGES_PER_CATEGORY)
-    except DataError:
+    except DataUnavailable:  # a damaged copy is an error naming it, not a reason to evaluate on other images
         stimuli, note = heldout_images(model, seed=seed)
         return stimuli, "category", "face", "; ".join(
             ["the fLoc images are not available (no mirror or cached copy of data entry 'floc'); evaluated on the "
@@ -140,7 +140,7 @@ def imagenet_scores(model: TopographicModel, progress: bool = False, limit: int 
         return {**result, "imagenet_note": "the model has no ImageNet output and records no base network"}
     try:
         folder = entry_path("imagenet_samples")
-    except DataError:
+    except DataUnavailable:
         return {**result, "imagenet_note": "the ImageNet samples are not available (no mirror or cached copy of "
                                            "data entry 'imagenet_samples')"}
     held_out = _imagenet_training_split(model)

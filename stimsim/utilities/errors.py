@@ -25,6 +25,11 @@ class DataError(StimsimError):
     """A dataset or checkpoint is missing, unreachable or fails its checksum."""
 
 
+class DataUnavailable(DataError):
+    """A data file is in none of the places stimsim looks (cache, installed package, mirror, download): unlike a copy
+    that fails its checksum, a reason to fall back on other data where a command offers it."""
+
+
 class SafetyError(StimsimError, ValueError):
     """A stimulation protocol exceeds a safety limit and no override was given."""
 
