@@ -237,6 +237,21 @@ def test_a_torchvision_model_records_the_scale_given_at_build_time(tmp_path, cap
             build_torchvision_model("resnet18", None, layers, Preprocessing(size_px=32), cortex_scale=bad)
 
 
+def test_models_list_names_a_model_folder_it_cannot_describe(tmp_path, capsys):
+    """A lab's model folder whose model.json is not JSON, or that lacks a file model.json lists: one error line naming
+    it, not a traceback or a description with the file's bytes left out."""
+    from stimsim.cli import main
+
+    saved = tiny_model().save(tmp_path / "model")
+    (saved / "weights.pt").unlink()
+    assert main(["models", "list", str(saved), "--json"]) == 2
+    assert f"stimsim: error: model {saved}: file(s) ['weights.pt'] listed in model.json are missing" in \
+        capsys.readouterr().err
+    (saved / "model.json").write_text("{not json")
+    assert main(["models", "list", str(saved)]) == 2
+    assert capsys.readouterr().err.startswith(f"stimsim: error: {saved / 'model.json'}: not valid JSON")
+
+
 def test_data_manifests_are_package_data():
     """A wheel carries the manifests inside the package (the repository keeps them at the top level)."""
     from importlib.resources import files

@@ -59,7 +59,6 @@ from __future__ import annotations
 import hashlib
 import http.client
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -80,7 +79,7 @@ from pydantic import Field, PrivateAttr, model_validator
 from stimsim.utilities.errors import ConfigError, DataError, DataUnavailable, FileFormatError
 from stimsim.utilities.filemodels import FileModel, Text, validate_file
 from stimsim.utilities.hashing import sha256_of
-from stimsim.utilities.io import atomic_save
+from stimsim.utilities.io import atomic_save, read_json
 
 MANIFEST_DIR_ENV = "STIMSIM_MANIFEST_DIR"
 MIRROR_DIR_ENV = "STIMSIM_MIRROR_DIR"
@@ -345,10 +344,7 @@ def load_manifests(directory=None) -> dict[str, ManifestEntry]:
                         f"to a directory of <name>.json manifests)")
     entries = {}
     for path in sorted(directory.glob("*.json")):
-        try:
-            values = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FileFormatError(path, f"not valid JSON ({exc})") from None
+        values = read_json(path)
         entry = ManifestEntry.from_dict(values, manifest_path=path)
         if entry.name != path.stem:
             raise FileFormatError(path, f"entry name '{entry.name}' must match the file name '{path.stem}'")

@@ -5,7 +5,6 @@ and computed again."""
 from __future__ import annotations
 
 import hashlib
-import json
 import warnings
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import xarray as xr
 
 from stimsim.utilities.errors import ConfigError, FileFormatError
 from stimsim.utilities.hashing import json_sha256
-from stimsim.utilities.io import atomic_save, atomic_write_json, is_temporary_file
+from stimsim.utilities.io import atomic_save, atomic_write_json, is_temporary_file, read_json
 
 #: Format tag of ``store.json``.
 STORE_FORMAT = "stimsim-simulation-store/1"
@@ -38,10 +37,7 @@ def open_store(directory: Path, fingerprint: dict, shape: dict, probabilities: n
                               "give an empty or new directory")
         atomic_write_json(spec_path, {"format": STORE_FORMAT, "fingerprint": fingerprint, **shape})
         return store_id
-    try:
-        spec = json.loads(spec_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FileFormatError(spec_path, f"not valid JSON ({exc})") from None
+    spec = read_json(spec_path)
     if not isinstance(spec, dict) or spec.get("format") != STORE_FORMAT:
         raise FileFormatError(spec_path, f"not a simulation store (format should be {STORE_FORMAT!r})")
     stored = spec.get("fingerprint", {})
@@ -72,7 +68,7 @@ def open_store(directory: Path, fingerprint: dict, shape: dict, probabilities: n
 def mark_finished(directory: Path) -> None:
     """Record in ``store.json`` that every chunk of the store's sweep is written: another sweep may replace it."""
     spec_path = directory / "store.json"
-    spec = json.loads(spec_path.read_text())
+    spec = read_json(spec_path)
     if spec.get("finished") is not True:  # a store read back whole stays as it is
         atomic_write_json(spec_path, {**spec, "finished": True})
 

@@ -83,8 +83,6 @@ def describe_model(name_or_path) -> dict:
     ``it_resting_activity`` (whether IT records its units' resting activity, which ``resting_fraction`` needs)
     and ``units_within_lambda50``: the mean number of IT units within λ(50 µA) cortex mm of a site, over
     sites on a square grid of step λ spanning the IT sheet in cortex mm."""
-    import json
-
     import numpy as np
     from scipy.spatial import cKDTree
 
@@ -94,11 +92,15 @@ def describe_model(name_or_path) -> dict:
     from stimsim.models.topographic import ModelFile, declared_base_network
     from stimsim.stimulation.spread import kumaravelu_length_mm
     from stimsim.utilities.filemodels import validate_file
+    from stimsim.utilities.io import read_json
 
     path = model_path(name_or_path)
     spec_path = path / "model.json"
-    raw = json.loads(spec_path.read_text(encoding="utf-8"))
+    raw = read_json(spec_path)
     spec = validate_file(ModelFile, raw, spec_path)
+    missing = [rel for rel in spec.files_sha256 if not (path / rel).is_file()]
+    if missing:  # their checksums are checked when the model is loaded; a missing file is said here already
+        raise DataError(f"model {path}: file(s) {missing} listed in model.json are missing")
     areas = {layer: info.area for layer, info in spec.layers.items()}
     it_layer = next((layer for layer, area in areas.items() if area == "IT"), spec.readout_layer)
     metadata = raw.get("metadata", {})
@@ -110,8 +112,7 @@ def describe_model(name_or_path) -> dict:
     description = {"name": spec.name or path.name, "path": str(path), "family": spec.architecture.family,
                    "layers": areas, "base_network": base, "base_weights_sha256": base_sha256, "it_layer": it_layer,
                    "it_units": None, "cortex_mm_per_model_mm": factor, "sheet_size_cortex_mm": None,
-                   "files_bytes": spec_path.stat().st_size + sum((path / rel).stat().st_size
-                                                                  for rel in spec.files_sha256 if (path / rel).is_file()),
+                   "files_bytes": spec_path.stat().st_size + sum((path / rel).stat().st_size for rel in spec.files_sha256),
                    "it_resting_activity": it_layer in spec.layers
                                           and spec.layers[it_layer].resting_activity_file is not None,
                    "units_within_lambda50": None}

@@ -44,7 +44,7 @@ from stimsim.models.stages import split_network
 from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
 from stimsim.utilities.filemodels import FileModel, Text, validate_file
 from stimsim.utilities.hashing import sha256_of
-from stimsim.utilities.io import atomic_write_bytes, atomic_write_json
+from stimsim.utilities.io import atomic_write_bytes, atomic_write_json, read_json
 from stimsim.utilities.jsonable import json_value
 
 MODEL_FORMAT = "stimsim-model/1"
@@ -441,10 +441,7 @@ class TopographicModel:
         spec_path = directory / "model.json"
         if not spec_path.is_file():
             raise DataError(f"{directory} is not a stimsim model directory (no model.json)")
-        try:
-            spec = json.loads(spec_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise FileFormatError(spec_path, f"not valid JSON ({exc})") from None
+        spec = read_json(spec_path)
         raw_metadata = spec.get("metadata", {}) if isinstance(spec, dict) else {}
         spec = validate_file(ModelFile, spec, spec_path)
         needed = ["weights.pt"] + [rel for info in spec.layers.values()

@@ -43,7 +43,7 @@ from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, DataError, FileFormatError, unreadable_reason
 from stimsim.utilities.filemodels import validate
 from stimsim.utilities.hashing import sha256_of
-from stimsim.utilities.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance
+from stimsim.utilities.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance, read_json
 
 #: IT area label of the models a subject is built from.
 IT_AREA = "IT"
@@ -162,10 +162,7 @@ class VirtualSubject:
             raise FileNotFoundError(f"{directory} is not a subject directory: missing {missing}")
         check_subject_files(directory)
         config = load_toml(directory / "subject.toml")
-        try:
-            truth = json.loads((directory / "truth.json").read_text())
-        except json.JSONDecodeError as exc:
-            raise FileFormatError(directory / "truth.json", f"not valid JSON ({exc})") from None
+        truth = read_json(directory / "truth.json")
         subject = cls.create(config, source=str(directory / "subject.toml"), model=model)
         layout = ArrayLayout.from_dict(truth["layout"])
         subject.layout = layout

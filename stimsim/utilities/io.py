@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from stimsim.utilities.errors import ConfigError, DataError
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
 from stimsim.utilities.hashing import changed_keys, sha256_of
 from stimsim.utilities.jsonable import json_value
 from stimsim.utilities.locking import LOCK_FILE, checked_output_path, missing_directories
@@ -272,6 +272,15 @@ class ResultSet:
         if self.inputs is not None:
             manifest["inputs"] = self.inputs
         atomic_write_json(self.directory / RESULT_SET_FILE, manifest)
+
+
+def read_json(path):
+    """The content of the JSON file ``path``; a file that is not UTF-8 JSON raises FileFormatError naming it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FileFormatError(path, f"not valid JSON ({exc})") from None
 
 
 def check_output_dir(directory) -> Path:

@@ -203,7 +203,6 @@ class SequenceTask(PlanTask):
             attrs={"description": "the virtual subject's own P(high) for the plan's sequences (validation only)"})
 
     def summary(self, options, trials, rehearsals, plan, working, models, rig, seed) -> dict:
-        chosen = plan["choice"]["chosen"]
         summary = {
             "sequence_response_change_sd": float(np.median(
                 (trials["site_response"][:, :, -1] - trials["site_response"][:, :, 0]) / trials["natural_sd"][:, None])),
