@@ -21,7 +21,7 @@ from stimsim.data.manifest import MIRROR_DIR_ENV
 from stimsim.engine.devices import add_device_argument, resolve_device
 from stimsim.engine.distributed import MAX_PER_CPU, add_compute_arguments
 from stimsim.engine.jobs_bench import job_names
-from stimsim.utilities.errors import ConfigError, StimsimError, TrainingDiverged
+from stimsim.utilities.errors import ConfigError, DataError, StimsimError, TrainingDiverged
 from stimsim.utilities.io import atomic_write_json, check_output_dir, check_output_file
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.limits import check_seed
@@ -49,6 +49,7 @@ def _cmd_train(args) -> int:
         with DirectoryLock(out, "train"):
             check_run_configuration(out, raw, args.force)
             if (out / "model" / "model.json").is_file() and not args.force:
+                _check_finished_model(out / "model")
                 print(f"{out} holds the finished run of this configuration; its model {out / 'model'} is kept as it "
                       "is (--force trains it again)")
                 return 0
@@ -70,6 +71,20 @@ def _cmd_train(args) -> int:
     shown = "losses per step in " + str(out / "loss_history.csv") if head else f"loss curves in {out / 'loss_curves.png'}"
     print(f"model saved to {model_dir}; {shown}")
     return 0
+
+
+def _check_finished_model(model_dir: Path) -> None:
+    """A finished training run's model, checked before it is said to be kept: a damaged one is an error that says
+    how to export it again from the run's checkpoint."""
+    from stimsim.models.topographic import verified_model_files
+    from stimsim.training.run_directory import has_checkpoint
+
+    try:
+        verified_model_files(model_dir)
+    except StimsimError as exc:
+        again = ("delete it and run the same command again to export it again from the run's checkpoint"
+                 if has_checkpoint(model_dir.parent) else "--force trains it again")
+        raise DataError(f"the finished run's model is damaged ({exc}); {again}") from None
 
 
 def _cmd_data_list(args) -> int:
@@ -123,10 +138,10 @@ def _cmd_models_list(args) -> int:
 
 def _cmd_models_check(args) -> int:
     from stimsim.models.registry import load_model
-    from stimsim.training.evaluation import check_model
+    from stimsim.training.evaluation import check_model, check_shuffles
 
     progress = not args.no_progress
-    _check_at_least("--shuffles", args.shuffles, 1)
+    check_shuffles(args.shuffles, "--shuffles")
     if args.stimuli is not None and not Path(args.stimuli).exists():
         raise ConfigError(f"--stimuli {args.stimuli}: no such folder or table file")
     if args.stimuli is not None and args.heldout:
@@ -430,7 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="run directory (checkpoints, loss curves, model/; default runs/NAME); "
                                      "re-run the same command to resume")
     train.add_argument("--force", action="store_true",
-                       help="write into --out even if it holds files no training run of stimsim wrote")
+                       help="write into --out even if it holds files no training run of stimsim wrote, or a run "
+                            "of another configuration (its checkpoints, model/ and records are removed)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_threads(train)
     add_device_argument(train)
@@ -462,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--out", help="directory for the IT d′ map of every class (NAME_CLASS_dprime.png); "
                                      "without --out or --figure no figure is written")
     check.add_argument("--figure", help="PNG path of the positive class's d′ map")
-    check.add_argument("--shuffles", type=int, default=1000, help="position shuffles for cluster_p (default 1000)")
+    check.add_argument("--shuffles", type=int, default=1000, help="position shuffles for cluster_p (default 1000, at most 100,000)")
     check.add_argument("--stimuli", help="images to evaluate on instead of the fLoc localizer: a folder (class = "
                                          "subfolder, label 'category') or a CSV/HDF5 table")
     check.add_argument("--heldout", action="store_true", help="evaluate on the LFW + Fashion-MNIST images the "

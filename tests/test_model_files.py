@@ -340,7 +340,9 @@ def test_models_check_refuses_too_few_images_and_bad_options_in_one_line(saved, 
     base = ["models", "check", str(saved), "--positive", "a", "--no-progress"]
     for extra, message in ((["--stimuli", str(tmp_path / "images")], "needs >= 5 images .* too few in {'c': 3}"),
                            (["--stimuli", str(tmp_path / "nowhere")], "--stimuli .*nowhere: no such folder or table"),
-                           (["--shuffles", "0"], "--shuffles must be at least 1, got 0")):
+                           (["--shuffles", "0"], r"--shuffles must be an integer from 1 to 100,000 \(p resolves to "
+                                                 r"1 / \(1 \+ shuffles\)\), got 0"),
+                           (["--shuffles", "99999999999"], "--shuffles must be an integer from 1 to 100,000")):
         assert main(base + extra) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -1,5 +1,6 @@
 """Training: the task and spatial losses fall, runs resume exactly, configs are strict."""
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -364,7 +365,8 @@ def test_the_learning_rate_warms_up_linearly_then_follows_a_half_cosine_to_zero(
 
 def test_a_run_directory_keeps_the_configuration_its_run_started_with(tmp_path):
     """A checkpoint of one configuration is never resumed, nor a finished model replaced, by a run of another one
-    (a finished run whose checkpoint was deleted included); --force starts again, without the old checkpoints."""
+    (a finished run whose checkpoint was deleted included); --force starts again, without the old checkpoints, model
+    and records."""
     import json
 
     from stimsim.training.run_directory import CONFIG_RECORD, check_run_configuration
@@ -384,8 +386,13 @@ def test_a_run_directory_keeps_the_configuration_its_run_started_with(tmp_path):
     finished = tmp_path / "finished"  # recorded before the record existed: only training_run.json, no checkpoint
     finished.mkdir()
     (finished / "training_run.json").write_text(json.dumps({"config": raw, "steps": 10}))
+    (finished / "loss_history.csv").write_text("step,loss\n")
+    (finished / "model").mkdir()
+    (finished / "model" / "model.json").write_text("{}")
     with pytest.raises(ConfigError, match="another configuration"):
         check_run_configuration(finished, changed)
+    check_run_configuration(finished, changed, force=True)  # no model of the other configuration stays beside it
+    assert sorted(entry.name for entry in finished.iterdir()) == [CONFIG_RECORD]
 
 
 def test_a_second_training_run_into_a_directory_in_use_is_refused(tmp_path, capsys):
@@ -405,7 +412,7 @@ def test_a_second_training_run_into_a_directory_in_use_is_refused(tmp_path, caps
 
 def test_running_a_finished_training_again_keeps_its_model(tmp_path, capsys):
     """A finished run's model is what plans and runs recorded by checksum: the same command again leaves it as it
-    is, and says so."""
+    is, and says so, once its files match their checksums."""
     config = tmp_path / "short.toml"
     text = SHIPPED_CONFIG.read_text().replace("n_per_class = 600", "n_per_class = 10")
     config.write_text(re.sub(r"\nsteps = \d+", "\nsteps = 4", re.sub(r"warmup_steps = \d+", "warmup_steps = 1", text)))
@@ -416,3 +423,14 @@ def test_running_a_finished_training_again_keeps_its_model(tmp_path, capsys):
     assert main(["train", str(config), "--out", str(out), "--no-progress"]) == 0
     assert f"{out} holds the finished run of this configuration" in capsys.readouterr().out
     assert (out / "model" / "model.json").read_bytes() == saved
+    # a damaged model is not said to be kept: the error says how to export it again, and doing so gives it back
+    weights = (out / "model" / "weights.pt").read_bytes()
+    (out / "model" / "weights.pt").write_bytes(weights[:100])
+    assert main(["train", str(config), "--out", str(out), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert f"stimsim: error: the finished run's model is damaged (model {out / 'model'}: checksum mismatch for " \
+           f"weights.pt" in error and "delete it and run the same command again to export it again from the run's " \
+           "checkpoint" in error
+    shutil.rmtree(out / "model")
+    assert main(["train", str(config), "--out", str(out), "--no-progress"]) == 0
+    assert (out / "model" / "weights.pt").read_bytes() == weights

@@ -439,24 +439,7 @@ class TopographicModel:
         device = resolve_device(device)
         directory = Path(directory)
         spec_path = directory / "model.json"
-        if not spec_path.is_file():
-            raise DataError(f"{directory} is not a stimsim model directory (no model.json)")
-        spec = read_json(spec_path)
-        raw_metadata = spec.get("metadata", {}) if isinstance(spec, dict) else {}
-        spec = validate_file(ModelFile, spec, spec_path)
-        needed = ["weights.pt"] + [rel for info in spec.layers.values()
-                                   for rel in (info.positions_file, info.resting_activity_file) if rel]
-        uncovered = [rel for rel in needed if rel not in spec.files_sha256]
-        if uncovered:
-            raise FileFormatError(spec_path, f"files_sha256 does not cover {uncovered}; every file the model "
-                                             f"needs must be listed with its sha256")
-        for rel, expected in spec.files_sha256.items():
-            path = _inside(directory, rel, spec_path)
-            if not path.is_file():
-                raise DataError(f"model {directory}: file {rel} is missing")
-            actual = sha256_of(path)
-            if actual != expected:
-                raise DataError(f"model {directory}: checksum mismatch for {rel} (sha256 {actual}, expected {expected})")
+        spec, raw_metadata = verified_model_files(directory)
         try:
             preprocessing = Preprocessing(**spec.preprocessing.model_dump())
         except ConfigError as exc:
@@ -497,6 +480,31 @@ def _sheet_with_resting(directory: Path, info: LayerEntry) -> CorticalSheet:
     if info.resting_activity_file is None:
         return sheet
     return sheet.with_resting_file(directory / info.resting_activity_file)
+
+
+def verified_model_files(directory: Path) -> tuple["ModelFile", dict]:
+    """The checked ``model.json`` of the model directory ``directory`` (and its raw ``metadata``) once every file it
+    lists is there with its sha256; a missing, damaged or uncovered file raises DataError or FileFormatError."""
+    spec_path = directory / "model.json"
+    if not spec_path.is_file():
+        raise DataError(f"{directory} is not a stimsim model directory (no model.json)")
+    raw = read_json(spec_path)
+    raw_metadata = raw.get("metadata", {}) if isinstance(raw, dict) else {}
+    spec = validate_file(ModelFile, raw, spec_path)
+    needed = ["weights.pt"] + [rel for info in spec.layers.values()
+                               for rel in (info.positions_file, info.resting_activity_file) if rel]
+    uncovered = [rel for rel in needed if rel not in spec.files_sha256]
+    if uncovered:
+        raise FileFormatError(spec_path, f"files_sha256 does not cover {uncovered}; every file the model "
+                                         f"needs must be listed with its sha256")
+    for rel, expected in spec.files_sha256.items():
+        path = _inside(directory, rel, spec_path)
+        if not path.is_file():
+            raise DataError(f"model {directory}: file {rel} is missing")
+        actual = sha256_of(path)
+        if actual != expected:
+            raise DataError(f"model {directory}: checksum mismatch for {rel} (sha256 {actual}, expected {expected})")
+    return spec, raw_metadata
 
 
 def _inside(directory: Path, rel, spec_path: Path) -> Path:

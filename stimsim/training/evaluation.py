@@ -221,6 +221,19 @@ def cv_scores(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> dict:
     return result
 
 
+#: Most position shuffles a check takes: its p resolves to 1 / (1 + shuffles), 1e-5 here, and each shuffle of a
+#: 50,000-unit sheet costs milliseconds per map.
+MAX_SHUFFLES = 100_000
+
+
+def check_shuffles(n_shuffles: int, name: str = "n_shuffles") -> int:
+    """``n_shuffles`` if it is an integer from 1 to :data:`MAX_SHUFFLES`; otherwise ConfigError naming ``name``."""
+    if isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int) or not 1 <= n_shuffles <= MAX_SHUFFLES:
+        raise ConfigError(f"{name} must be an integer from 1 to {MAX_SHUFFLES:,} (p resolves to 1 / (1 + shuffles)), "
+                          f"got {n_shuffles!r}")
+    return n_shuffles
+
+
 def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=None, seed: int = 0,
                 progress: bool = False, stimuli=None, label: str | None = None, positive: str | None = None,
                 figure_dir=None, heldout: bool = False, imagenet: bool = True,
@@ -237,6 +250,7 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
     ``positive`` (default ``face``). ``figure_path``: PNG of the ``positive`` class's map; ``figure_dir``: a
     PNG of every class's map (``<model>_<class>_dprime.png``). ``imagenet``: add :func:`imagenet_scores`.
     """
+    check_shuffles(n_shuffles)
     if "IT" not in model.areas.values() and "IT" not in model.sheets:
         raise ConfigError(f"{model.name}: models check measures the layer labelled as area 'IT', and none of this "
                           f"model's layers is (areas: {model.areas or 'none'}); give its IT layer `\"area\": \"IT\"` in "

@@ -10,6 +10,7 @@ that no checkpoint of one configuration is resumed, and no finished model replac
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from stimsim.training import head_training, loop, trunk_tuning
@@ -25,8 +26,10 @@ CONFIG_RECORD = "training_config.json"
 #: Files that show a training run has worked in the directory: its checkpoints, its configuration and the finished
 #: run's record.
 RUN_MARKERS = CHECKPOINTS | {CONFIG_RECORD, "training_run.json"}
+#: The files a finished run writes beside its ``model`` folder.
+FINISHED_RUN_FILES = frozenset({"training_run.json", "loss_history.csv", "loss_curves.png"})
 #: Every name a training run writes into its directory.
-TRAINING_RUN_FILES = RUN_MARKERS | {"loss_history.csv", "loss_curves.png", "model", LOCK_FILE}
+TRAINING_RUN_FILES = RUN_MARKERS | FINISHED_RUN_FILES | {"model", LOCK_FILE}
 
 
 def check_run_directory(directory, force: bool = False) -> Path:
@@ -54,7 +57,9 @@ def has_checkpoint(directory: Path) -> bool:
 def check_run_configuration(directory: Path, raw: dict, force: bool = False) -> None:
     """Refuse to train the configuration ``raw`` (as its file gave it) into ``directory`` when the run there started
     with another one (its :data:`CONFIG_RECORD`, or a finished run's training_run.json), naming what changed;
-    ``force`` starts again there instead, removing the other run's checkpoints. Then record ``raw``."""
+    ``force`` starts again there instead, removing the other run's checkpoints and what it finished (its model,
+    record and loss history), so that no model of the other configuration stays beside this one. Then record
+    ``raw``."""
     recorded = _recorded_configuration(directory)
     if recorded is not None and canonical_json(recorded) != canonical_json(raw):
         if not force:
@@ -63,8 +68,10 @@ def check_run_configuration(directory: Path, raw: dict, force: bool = False) -> 
             raise ConfigError(f"{directory} holds a training run of another configuration (changed: {shown}); a run "
                               "resumes only with the configuration it started with: use another --out directory, or "
                               "--force to start this configuration again there")
-        for name in CHECKPOINTS:
+        for name in CHECKPOINTS | FINISHED_RUN_FILES:
             (directory / name).unlink(missing_ok=True)
+        if (directory / "model").is_dir():
+            shutil.rmtree(directory / "model")
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write_json(directory / CONFIG_RECORD, raw)
 
