@@ -478,7 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--out", help="directory for the IT d′ map of every class (NAME_CLASS_dprime.png); "
                                      "without --out or --figure no figure is written")
     check.add_argument("--figure", help="PNG path of the positive class's d′ map")
-    check.add_argument("--shuffles", type=int, default=1000, help="position shuffles for cluster_p (default 1000, at most 100,000)")
+    check.add_argument("--shuffles", type=int, default=1000,
+                       help="position shuffles for cluster_p (default 1000, at most 100,000)")
     check.add_argument("--stimuli", help="images to evaluate on instead of the fLoc localizer: a folder (class = "
                                          "subfolder, label 'category') or a CSV/HDF5 table")
     check.add_argument("--heldout", action="store_true", help="evaluate on the LFW + Fashion-MNIST images the "
