@@ -161,10 +161,10 @@ def test_transparent_pixels_are_said_once_per_set_and_opaque_alpha_is_silent(tmp
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         from_folder(tmp_path / "set")
+    first = tmp_path / "set" / "face" / "cutout.png"
     assert [str(w.message) for w in caught] == [
-        f"{tmp_path / 'set'}: 2 of 3 images have transparent pixels (the first: {tmp_path / 'set' / 'face' / 'cutout.png'}"
-        "); their alpha is dropped, so those pixels show the colour stored under them (flatten the images onto the "
-        "background the monkey saw)"]
+        f"{tmp_path / 'set'}: 2 of 3 images have transparent pixels (the first: {first}); their alpha is dropped, so "
+        "those pixels show the colour stored under them (flatten the images onto the background the monkey saw)"]
     (tmp_path / "set" / "table.csv").write_text("stimulus_id,path\na,object/opaque.png\nb,face/palette.png\n")
     with pytest.warns(UserWarning, match=r"table.csv: 1 of 2 images have transparent pixels \(the first: .*palette"):
         from_table(tmp_path / "set" / "table.csv")

@@ -112,7 +112,8 @@ def describe_model(name_or_path) -> dict:
     description = {"name": spec.name or path.name, "path": str(path), "family": spec.architecture.family,
                    "layers": areas, "base_network": base, "base_weights_sha256": base_sha256, "it_layer": it_layer,
                    "it_units": None, "cortex_mm_per_model_mm": factor, "sheet_size_cortex_mm": None,
-                   "files_bytes": spec_path.stat().st_size + sum((path / rel).stat().st_size for rel in spec.files_sha256),
+                   "files_bytes": spec_path.stat().st_size + sum((path / rel).stat().st_size
+                                                                  for rel in spec.files_sha256),
                    "it_resting_activity": it_layer in spec.layers
                                           and spec.layers[it_layer].resting_activity_file is not None,
                    "units_within_lambda50": None}
