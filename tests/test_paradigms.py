@@ -257,6 +257,12 @@ def test_selectivity_strata_have_requested_sizes_and_d_prime_order():
     too_many = spec.model_copy(update={"n_selective": 500})
     with pytest.raises(ConfigError, match="lower n_selective"):
         select_sites(too_many, sheet, responses, is_face, seed=1)
+    # a model with no selective patch at all (every unit prefers the other images): said so, with its largest d′
+    unselective = np.where(is_face[:, None], 0.0, 1.0) + np.random.default_rng(0).normal(0, 0.3, responses.shape)
+    with pytest.raises(ConfigError, match=r"no point of sheet .* has a multi-unit d′ > 1 for the localizer's preferred "
+                                          r"class \(the largest is -\d+\.\d\d, on a 0.5 mm grid\): the model has no "
+                                          r"patch"):
+        select_sites(spec, sheet, unselective, is_face, seed=1)
 
 
 def test_face_patch_inside_at_peak_and_outside_far_and_unselective():

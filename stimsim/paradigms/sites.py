@@ -186,6 +186,13 @@ def _selectivity_strata(spec: SitesFile, sheet, responses, is_positive, seed):
         picked = _draw_separated(candidates, indices, wanted, spec.min_separation_mm, chosen_points, rng)
         if len(picked) < wanted:
             relation = ">" if group == "selective" else "<="
+            if group == "selective" and len(indices) == 0:
+                largest = np.max(values[recorded]) if recorded.any() else float("nan")
+                raise ConfigError(
+                    f"[sites] no point of sheet {sheet.name!r} has a multi-unit d′ > {spec.dprime_threshold:g} for the "
+                    f"localizer's preferred class (the largest is {largest:.2f}, on a {spec.candidate_step_mm:g} mm "
+                    "grid): the model has no patch selective for it, so its 'selective' sites cannot be placed (a "
+                    "model trained on other images than the localizer's may have none)")
             raise ConfigError(
                 f"[sites] only {len(picked)} candidate points (of {len(indices)} with multi-unit d′ {relation} "
                 f"{spec.dprime_threshold:g}, {spec.candidate_step_mm:g} mm grid, at least "
