@@ -148,7 +148,7 @@ def _cmd_models_check(args) -> int:
         raise ConfigError("--stimuli and --heldout choose the images both; give one of them")
     if args.stimuli is None and (args.label is not None or args.positive is not None):
         raise ConfigError("--label and --positive apply to --stimuli; the default images (fLoc by domain, positive "
-                          "'faces') and --heldout (LFW + Fashion-MNIST by category, positive 'face') set their own")
+                          "'face') and --heldout (LFW + Fashion-MNIST by category, positive 'face') set their own")
     if args.figure is not None:
         _check_output_path("--figure", args.figure, "png")
     report_phase(f"models check: loading {args.name}", progress)

@@ -105,6 +105,8 @@ def test_a_checkpoint_of_other_training_images_is_refused(tmp_path, tiny_data):
     (lambda c: c.update(cortex_scale={"layer": "v9", "cortex_mm_per_model_mm": 2.0, "rule": "r"}), "v9"),
     (lambda c: c.update(cortex_scale={"layer": "it", "cortex_mm_per_model_mm": 0.0, "rule": "r"}), "cortex_mm"),
     (lambda c: c["training"].update(warmup_steps=61), r"warmup_steps \(61\) must be at most steps \(60\)"),
+    (lambda c: c["training"].update(learning_rate=0.0), r"'learning_rate' must be > 0"),  # it would train nothing
+    (lambda c: c["training"].update(steps=10**20), r"'steps' must be <= 1000000"),
 ])
 def test_bad_configs_are_refused(mutate, message):
     config = small_config()

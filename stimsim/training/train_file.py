@@ -114,11 +114,11 @@ class TrainingTable(FileModel):
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
     """Seed of the initial weights, the sheets' positions, the held-out split and every step's draws (batch,
     augmentation, neighbourhoods)."""
-    steps: Annotated[int, Field(ge=1)]
+    steps: Annotated[int, Field(ge=1, le=1_000_000)]
     """Number of optimisation steps (batches)."""
     batch_size: Annotated[int, Field(ge=2, le=4096)] = 128
     """Images per step, drawn class-balanced (a class drawn uniformly, then an image of that class)."""
-    learning_rate: _NonNegative = 0.05
+    learning_rate: Annotated[float, Field(gt=0)] = 0.05
     """Peak learning rate of SGD: reached at the end of the warm-up, then decayed to 0 at ``steps`` on a cosine."""
     momentum: Annotated[float, Field(ge=0, le=1)] = 0.9
     """Momentum of SGD (Nesterov momentum when above 0)."""

@@ -12,8 +12,8 @@ def load_toml(path) -> dict:
     """Parse a TOML file; a syntax error names the file and the problem."""
     path = Path(path)
     if path.is_dir():
-        raise FileNotFoundError(f"{path} is a directory; give a configuration file (TOML), e.g. "
-                                "experiments/afraz2006.toml")
+        raise FileNotFoundError(f"{path} is a directory; give a configuration file (TOML), e.g. one of those in "
+                                "experiments/")
     if not path.is_file():
         raise FileNotFoundError(f"configuration file not found: {path}")
     try:
