@@ -48,10 +48,18 @@ def model_path(name_or_path) -> Path:
         if (path / "model.json").is_file():
             return path.absolute()
         if not path.exists():
-            raise DataError(f"model directory {name_or_path}: not found")
+            shipped = str(name_or_path).rstrip("/")
+            hint = (f"; {shipped} (without '/') is a shipped model"
+                    if shipped != str(name_or_path) and (SHIPPED_DIR / shipped / "model.json").is_file() else "")
+            raise DataError(f"model directory {name_or_path}: not found{hint}")
         inner = path / "model"
-        hint = (f"; {inner} is one: a training run's folder holds its model in model/"
-                if (inner / "model.json").is_file() else "")
+        if (inner / "model.json").is_file():
+            hint = f"; {inner} is one: a training run's folder holds its model in model/"
+        elif (path / "training_config.json").is_file():  # written by `stimsim train` before its first step
+            hint = ("; it is the folder of a training run that has not finished (its model is written to model/ when "
+                    "it does: run the same `stimsim train` command again to resume it)")
+        else:
+            hint = ""
         raise DataError(f"model directory {name_or_path}: no model.json there (not a model directory){hint}")
     if (SHIPPED_DIR / str(name_or_path) / "model.json").is_file():
         return SHIPPED_DIR / str(name_or_path)
