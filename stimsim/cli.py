@@ -22,7 +22,7 @@ from stimsim.engine.devices import add_device_argument, resolve_device
 from stimsim.engine.distributed import MAX_PER_CPU, add_compute_arguments
 from stimsim.engine.jobs_bench import job_names
 from stimsim.utilities.errors import ConfigError, DataError, StimsimError, TrainingDiverged
-from stimsim.utilities.io import atomic_write_json, check_output_dir, check_output_file
+from stimsim.utilities.io import atomic_write_json, check_output_dir, check_output_file, output_owner
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.limits import check_seed
 from stimsim.utilities.locking import LOCK_FILE, DirectoryLock, missing_directories
@@ -151,6 +151,9 @@ def _cmd_models_check(args) -> int:
                           "'face') and --heldout (LFW + Fashion-MNIST by category, positive 'face') set their own")
     if args.figure is not None:
         _check_output_path("--figure", args.figure, "png")
+    owner = None if args.out is None or not Path(args.out).is_dir() else output_owner(args.out)
+    if owner is not None:
+        raise ConfigError(f"--out {args.out} holds {owner}; give the figures a folder of their own")
     report_phase(f"models check: loading {args.name}", progress)
     model = load_model(args.name, device=args.device)
     stimuli = None

@@ -338,11 +338,16 @@ def test_models_check_refuses_too_few_images_and_bad_options_in_one_line(saved, 
         for i in range(count):
             Image.fromarray(np.full((20, 20), 40 * i, np.uint8)).save(tmp_path / "images" / label / f"{i}.png")
     base = ["models", "check", str(saved), "--positive", "a", "--no-progress"]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "training_run.json").write_text("{}")  # a finished training run's folder
     for extra, message in ((["--stimuli", str(tmp_path / "images")], "needs >= 5 images .* too few in {'c': 3}"),
                            (["--stimuli", str(tmp_path / "nowhere")], "--stimuli .*nowhere: no such folder or table"),
                            (["--shuffles", "0"], r"--shuffles must be an integer from 1 to 100,000 \(p resolves to "
                                                  r"1 / \(1 \+ shuffles\)\), got 0"),
-                           (["--shuffles", "99999999999"], "--shuffles must be an integer from 1 to 100,000")):
+                           (["--shuffles", "99999999999"], "--shuffles must be an integer from 1 to 100,000"),
+                           (["--stimuli", str(tmp_path / "images"), "--out", str(tmp_path / "run")],
+                            r"--out .*run holds a training run \(`stimsim train`\); give the figures a folder of their "
+                            "own")):
         assert main(base + extra) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

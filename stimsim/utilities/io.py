@@ -355,6 +355,15 @@ _OWNER_MARKS = ((Path("cache") / "config_digest.txt", "a plan (`stimsim plan`)")
                 (Path("training_run.json"), "a training run (`stimsim train`)"))
 
 
+def output_owner(directory) -> str | None:
+    """What a stimsim command keeps in ``directory`` (a result set, a plan, a virtual subject, a finished training
+    run), in words, or None: a folder another command writes loose files into refuses it."""
+    directory = Path(directory)
+    if (directory / RESULT_SET_FILE).is_file():
+        return f"the results of another command ({_read_manifest(directory).get('kind')})"
+    return _other_owner(directory, "", None)
+
+
 def _other_owner(directory: Path, kind: str, previous: dict | None) -> str | None:
     """What another stimsim command keeps in ``directory`` (a result set of another kind, a plan, a virtual subject,
     a training run), in words, or None."""
