@@ -248,7 +248,11 @@ def test_a_damaged_checkpoint_is_a_clear_error(tmp_path, tiny_data):
     train(config, tmp_path, progress=False, data=tiny_data, stop_after_step=5)
     checkpoint = tmp_path / "checkpoint.pt"
     checkpoint.write_bytes(checkpoint.read_bytes()[:3000])
-    with pytest.raises(FileFormatError, match="checkpoint.pt: not a readable torch checkpoint"):
+    with pytest.raises(FileFormatError, match=r"checkpoint.pt: not a readable torch checkpoint: .*; delete it to train "
+                                              r"this stage again from its start, or give another --out directory$"):
+        train(config, tmp_path, progress=False, data=tiny_data)
+    torch.save({"step": 5}, checkpoint)
+    with pytest.raises(FileFormatError, match=r"not a stimsim training checkpoint \(needs \['fingerprint', "):
         train(config, tmp_path, progress=False, data=tiny_data)
 
 

@@ -50,6 +50,19 @@ def read_checkpoint_file(path):
                                     f"({size} bytes; {unreadable_reason(exc)})") from None
 
 
+def read_run_checkpoint(path, keys: tuple[str, ...]) -> dict:
+    """A training run's checkpoint ``path`` (read as :func:`read_checkpoint_file` does) holding ``keys``; a damaged
+    or foreign file is a FileFormatError that says how the run can go on."""
+    go_on = "delete it to train this stage again from its start, or give another --out directory"
+    try:
+        state = read_checkpoint_file(path)
+    except FileFormatError as exc:
+        raise FileFormatError(path, f"{exc.problem}; {go_on}") from None
+    if not isinstance(state, dict) or any(key not in state for key in keys):
+        raise FileFormatError(path, f"not a stimsim training checkpoint (needs {list(keys)}); {go_on}")
+    return state
+
+
 def load_weights(network: nn.Module, state_dict, source=None) -> None:
     """Load ``state_dict`` (parameter name → tensor) into ``network``, all keys and shapes checked.
 

@@ -58,6 +58,7 @@ from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.resting import reference_images, resting_activity
 from stimsim.models.topo_head import FAMILY, TopoHeadNet, densify, grid_positions_mm
 from stimsim.models.topographic import TopographicModel
+from stimsim.models.weights import read_run_checkpoint
 from stimsim.training.head_config import HeadConfig, load_head_config
 from stimsim.training.ridge_readout import ridge_readouts
 from stimsim.training.schedule import warmup_cosine_rate
@@ -151,7 +152,7 @@ def train_head(config: HeadConfig, network: TopoHeadNet, sheet, cached: dict, do
     checkpoint = out_dir / CHECKPOINT_NAME
     history, start = [], 0
     if checkpoint.is_file():
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        state = read_run_checkpoint(checkpoint, ("network", "optimiser", "history", "step"))
         network.load_state_dict(state["network"])
         optimiser.load_state_dict(state["optimiser"])
         history, start = list(state["history"]), int(state["step"])

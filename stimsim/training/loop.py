@@ -376,13 +376,10 @@ def _resume(checkpoint_path: Path, config: TrainingConfig, network, optimizer,
             data_sha256: str) -> tuple[int, list, float]:
     """Load a checkpoint of this configuration and training data (``data_sha256``: :meth:`TrainingData.sha256`)
     into ``network`` and ``optimizer``; returns (step, history, CPU seconds)."""
-    from stimsim.models.weights import load_weights, read_checkpoint_file
+    from stimsim.models.weights import load_weights, read_run_checkpoint
 
-    state = read_checkpoint_file(checkpoint_path)
-    keys = ("fingerprint", "step", "network", "optimizer", "history", "cpu_seconds")
-    if not isinstance(state, dict) or any(key not in state for key in keys):
-        raise FileFormatError(checkpoint_path, f"not a stimsim training checkpoint (needs {list(keys)}); remove it "
-                                               "to start again or use another --out directory")
+    state = read_run_checkpoint(checkpoint_path, ("fingerprint", "step", "network", "optimizer", "history",
+                                                  "cpu_seconds"))
     if state["fingerprint"] != config.fingerprint():
         changed = ""
         if isinstance(state.get("config_json"), str):  # checkpoints written before it was stored name no key

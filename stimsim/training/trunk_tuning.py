@@ -28,6 +28,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.weights import read_run_checkpoint
 from stimsim.training.trunk_features import augmented_view, normalised_batch, rgb_geometry
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.filemodels import FileModel, Text
@@ -118,7 +119,7 @@ def tune_trunk(tuning: TrunkTuningTable, data_seed: int, crop_scale, stimuli, tr
     checkpoint = out_dir / CHECKPOINT_NAME
     history, start, state = [], 0, None
     if checkpoint.is_file():
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        state = read_run_checkpoint(checkpoint, ("tuned", "history", "epoch"))
         tuned.load_state_dict(state["tuned"])
         history, start = list(state["history"]), int(state["epoch"])
         if start >= tuning.epochs:
