@@ -244,6 +244,26 @@ def test_activations_xarray_coords(tdann_model):
         tdann_model.activations_xarray(images, "V4", stimulus_ids=["a"])
 
 
+def test_a_single_image_is_one_image_in_every_form(tdann_model, tmp_path):
+    """One image given alone (an (H, W, 3) array, a (3, H, W) tensor, a file, a PIL image) has the activity it has in
+    a list of one: it is one row, however small the batch (sliced as an array, its pixel rows would be images)."""
+    from PIL import Image
+
+    image = rgb_images(n=1, seed=6)[0]  # (64, 64, 3) uint8
+    in_a_list = tdann_model.activations([image], "V4")
+    Image.fromarray(image).save(tmp_path / "image.png")  # uint8, as the file holds it
+    from_file = tdann_model.activations([tmp_path / "image.png"], "V4")
+    for alone in (image, torch.from_numpy(image).permute(2, 0, 1)):
+        np.testing.assert_allclose(tdann_model.activations(alone, "V4", batch_size=8), in_a_list, rtol=1e-5, atol=1e-6)
+    for alone in (tmp_path / "image.png", Image.open(tmp_path / "image.png")):
+        np.testing.assert_allclose(tdann_model.activations(alone, "V4"), from_file, rtol=1e-5, atol=1e-6)
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match=f"batch_size must be an integer >= 1, got {bad!r}"):
+            tdann_model.activations(image, "V4", batch_size=bad)
+    with pytest.raises(ValueError, match=r"no images given \(None\)"):
+        tdann_model.activations(None, "V4")
+
+
 def test_activations_split_a_large_batch_of_large_images(tdann_model, monkeypatch):
     """``activations`` runs at most MAX_BATCH_PIXELS input pixels at a time whatever batch is asked for (at 224 px
     a batch of 512 peaked at 5 GB): with room for 3 images of the model's input size, 7 images asked in one batch

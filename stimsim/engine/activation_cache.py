@@ -82,6 +82,7 @@ def cached_activations(model, images, layer: str, directory=None, batch_size: in
     (``directory``, default :func:`default_directory`) and reused while the model, the layer, the
     preprocessing and the images are the same."""
     layer = model.resolve_layer(layer)
+    images = model.image_sequence(images)
     key = entry_key(model_sha256(model), layer, model.preprocessing.to_dict(), images_sha256(images))
     return cached_activity(directory if directory is not None else default_directory(), key,
                            lambda: model.activations(images, layer, batch_size),

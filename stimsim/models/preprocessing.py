@@ -209,6 +209,23 @@ def _is_stacked(arr: np.ndarray) -> bool:
     return not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[-1] in (3, 4)))
 
 
+def image_sequence(images):
+    """``images`` as a sequence with one entry per image, to count and slice by image: a single image (a file path,
+    a PIL image, an (H, W[, C]) array, a (C, H, W) tensor) becomes a sequence of one; a stacked array or tensor, a
+    list and a :class:`~stimsim.data.stimuli.StimulusSet`'s images are taken as they are."""
+    if images is None:
+        raise ValueError("no images given (None)")
+    if isinstance(images, StimulusSet):
+        return images.images
+    if isinstance(images, torch.Tensor):
+        return images.unsqueeze(0) if images.dim() == 3 else images
+    if isinstance(images, np.ndarray):
+        return images if _is_stacked(images) else images[None]
+    if isinstance(images, (str, Path)) or _is_pil(images):
+        return [images]
+    return images
+
+
 def _single_images(images) -> list:
     """``images`` (one image or a sequence of them: file paths, PIL images, arrays, tensors) split into
     single images."""

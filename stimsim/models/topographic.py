@@ -38,7 +38,7 @@ from torch import nn
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.data.stimuli import StimulusSet
 from stimsim.models.architectures import StimsimTopoNet, build_network
-from stimsim.models.preprocessing import Preprocessing
+from stimsim.models.preprocessing import Preprocessing, image_sequence
 from stimsim.models.shared_trunk import SHARED_TRUNK_STAGES, trunk_digest, trunk_output
 from stimsim.models.stages import split_network
 from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
@@ -316,15 +316,17 @@ class TopographicModel:
             self._trunk_sha256 = trunk_digest(self.stages[:self._shared_trunk_end() + 1])
         return self._trunk_sha256
 
+    #: ``images`` as a sequence with one entry per image (:func:`stimsim.models.preprocessing.image_sequence`).
+    image_sequence = staticmethod(image_sequence)
+
     def activations(self, images, layer: str, batch_size: int = 64) -> torch.Tensor:
-        """Activations of ``layer`` for ``images`` (a sequence, a stacked array/tensor or a
-        :class:`~stimsim.data.stimuli.StimulusSet`), flattened to (N_images, N_units) in C-major order; computed on
+        """Activations of ``layer`` for ``images`` (one image, a sequence, a stacked array/tensor or a
+        :class:`~stimsim.data.stimuli.StimulusSet`: :func:`~stimsim.models.preprocessing.image_sequence`), flattened to (N_images, N_units) in C-major order; computed on
         the model's device batch by batch (only one batch of preprocessed images is held at a time; at most
         :data:`MAX_BATCH_PIXELS` input pixels, whatever ``batch_size`` asks), returned on the CPU."""
         layer = self.resolve_layer(layer)
         batch_size = self.batch_limit(batch_size)
-        if isinstance(images, StimulusSet):
-            images = images.images
+        images = self.image_sequence(images)
         if len(images) == 0:
             raise ValueError("no images given")
         outputs = [self.run_stages(self.preprocess(images[i:i + batch_size]), stop=layer).flatten(1).cpu()
@@ -332,7 +334,10 @@ class TopographicModel:
         return torch.cat(outputs)
 
     def batch_limit(self, batch_size: int) -> int:
-        """``batch_size``, or fewer images where that many of this model's input size exceed :data:`MAX_BATCH_PIXELS`."""
+        """``batch_size`` (an integer >= 1), or fewer images where that many of this model's input size exceed
+        :data:`MAX_BATCH_PIXELS`."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         return max(1, min(int(batch_size), MAX_BATCH_PIXELS // self.preprocessing.size_px ** 2))
 
     def activations_xarray(self, images, layer: str, stimulus_ids=None, batch_size: int = 64) -> xr.DataArray:
