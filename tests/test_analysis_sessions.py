@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stimsim.analysis.synthetic import planted_session
+from stimsim.analysis.synthetic import planted_curves, planted_session
 from stimsim.lab.sessions import (column_mapping, load_column_mapping, load_sessions, load_value_mapping,
                                   parse_column_mapping, parse_value_mapping, value_mapping)
 from stimsim.utilities.errors import ConfigError, FileFormatError
@@ -20,6 +20,24 @@ def table():
 def write_csv(frame, path):
     frame.to_csv(path, index=False)
     return path
+
+
+def test_planted_truth_takes_only_possible_values():
+    """The planted curves are probabilities: a lapse rate outside [0, 1) would flip or overshoot them, a NaN shift
+    would make every trial "low"; a planted session's stimulated trials have a current."""
+    curves = planted_curves([0.0], lapse_rate=0.2)
+    assert curves.min() > 0.1 and curves.max() < 0.9 and np.all(np.diff(curves, axis=-1) > 0)
+    for kwargs, message in (({"lapse_rate": 2.0}, r"lapse_rate must lie in \[0, 1\)"),
+                            ({"lapse_rate": -1.0}, "lapse_rate must lie"),
+                            ({"n_steps": 1}, "n_steps must be an integer >= 2")):
+        with pytest.raises(ValueError, match=message):
+            planted_curves([0.0], **kwargs)
+    with pytest.raises(ValueError, match="stim_logodds must be finite numbers, one per site"):
+        planted_curves([float("nan")])
+    with pytest.raises(ValueError, match=r"current_uA must be a number > 0 µA"):
+        planted_session([0.5], 20, current_uA=-50)
+    with pytest.raises(ValueError, match="trials_per_site must be an integer >= 2"):
+        planted_session([0.5], 0)
 
 
 def test_csv_round_trip_keeps_every_trial(tmp_path, table):

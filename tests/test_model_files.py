@@ -237,6 +237,17 @@ def test_a_torchvision_model_records_the_scale_given_at_build_time(tmp_path, cap
             build_torchvision_model("resnet18", None, layers, Preprocessing(size_px=32), cortex_scale=bad)
 
 
+def test_saving_and_loading_a_model_leave_torchs_random_state_alone(tmp_path):
+    """A user's own seeded draws after loading (or saving) a model are those they would be without it: the network
+    built to receive the weights draws its initial values on a forked random state."""
+    model = tiny_model()
+    torch.manual_seed(7)
+    expected = torch.randn(5)
+    torch.manual_seed(7)
+    TopographicModel.load(model.save(tmp_path / "model"))
+    assert torch.equal(torch.randn(5), expected)
+
+
 def test_models_list_names_a_model_folder_it_cannot_describe(tmp_path, capsys):
     """A lab's model folder whose model.json is not JSON, or that lacks a file model.json lists: one error line naming
     it, not a traceback or a description with the file's bytes left out."""

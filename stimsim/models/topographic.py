@@ -470,9 +470,11 @@ class TopographicModel:
 
 
 def _built_network(family: str, kwargs: dict, spec_path: Path) -> nn.Module:
-    """The untrained network of ``model.json``'s architecture (``spec_path`` is named in the error when it fails)."""
+    """The untrained network of ``model.json``'s architecture (``spec_path`` is named in the error when it fails),
+    built without drawing on torch's global random state (its random initial weights are overwritten)."""
     try:
-        return build_network(family, **kwargs)
+        with torch.random.fork_rng(devices=[]):
+            return build_network(family, **kwargs)
     except TypeError as exc:
         raise FileFormatError(spec_path, f"[architecture]: kwargs do not fit family {family!r} ({exc})") from None
     except ConfigError as exc:
