@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from stimsim.cortex.sheet import CorticalSheet
-from stimsim.utilities.errors import FileFormatError
+from stimsim.utilities.errors import ConfigError, FileFormatError
 
 
 def grid_sheet(name="grid") -> CorticalSheet:
@@ -34,8 +34,9 @@ def test_units_within_is_inclusive_and_sorted():
     np.testing.assert_array_equal(sheet.units_within((1.0, 1.0), np.sqrt(2)), np.arange(9))
     np.testing.assert_array_equal(sheet.units_within((1.0, 1.0), 0.0), [4])
     np.testing.assert_array_equal(sheet.units_within((5.0, 5.0), 1.0), [])
-    with pytest.raises(ValueError, match="radius_mm"):
-        sheet.units_within((0, 0), -0.1)
+    for bad in (-0.1, float("nan")):  # a NaN radius would find no unit
+        with pytest.raises(ValueError, match="radius_mm must be a number >= 0"):
+            sheet.units_within((0, 0), bad)
 
 
 def test_extent_density_contains_and_channels():
@@ -283,3 +284,7 @@ def test_the_model_makes_its_cortex_frame_once():
     assert fourth == third
     np.testing.assert_allclose(from_view.sheet("IT").coordinates_mm, overridden.sheet("IT").coordinates_mm)
     assert from_view.sheet("IT").to_model_mm([[3.0, 6.0]]).tolist() == [[1.0, 2.0]]
+    assert model.in_cortex_mm("IT", np.float32(3.0))[1] == third
+    for bad in ("3", True, 0.0, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match=r"cortex_mm_per_model_mm must be a finite number > 0"):
+            model.in_cortex_mm("IT", bad)

@@ -164,8 +164,8 @@ class CorticalSheet:
 
     def units_within(self, point_mm, radius_mm: float) -> np.ndarray:
         """Indices of the units within ``radius_mm`` of ``point_mm`` (inclusive), ascending."""
-        if radius_mm < 0:
-            raise ValueError(f"radius_mm must be >= 0, got {radius_mm}")
+        if not radius_mm >= 0:  # NaN included
+            raise ValueError(f"radius_mm must be a number >= 0, got {radius_mm}")
         return np.flatnonzero(self.distances_mm(point_mm) <= radius_mm)
 
     def contains(self, point_mm, margin_mm: float = 0.0) -> bool:

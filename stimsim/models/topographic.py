@@ -25,6 +25,7 @@ import copy
 import io
 import json
 import math
+import numbers
 from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -226,6 +227,11 @@ class TopographicModel:
         ``cortex_mm_per_model_mm`` (used), ``model_cortex_mm_per_model_mm`` (the model's own) and
         ``scale_overridden``. On a view already converted, both scales are still per mm of the model's own sheet:
         the view is converted to the scale asked for, not by it once more."""
+        if cortex_mm_per_model_mm is not None and (
+                isinstance(cortex_mm_per_model_mm, bool) or not isinstance(cortex_mm_per_model_mm, numbers.Real)
+                or not (math.isfinite(cortex_mm_per_model_mm) and cortex_mm_per_model_mm > 0)):
+            raise ConfigError(f"cortex_mm_per_model_mm must be a finite number > 0 (cortex mm per model mm) or None "
+                              f"(the model's own scale), got {cortex_mm_per_model_mm!r}")
         converted = self.sheet(self.resolve_layer(layer)).cortex_mm_per_model_mm
         own = self.cortex_scale(layer)["cortex_mm_per_model_mm"] * converted
         scale = own if cortex_mm_per_model_mm is None else float(cortex_mm_per_model_mm)
