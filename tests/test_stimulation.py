@@ -54,6 +54,10 @@ def test_kumaravelu_law_refuses_currents_at_or_below_its_bound(current_uA):
 def test_current_above_5000_uA_refused_and_tehovnik_accepts_small_currents():
     with pytest.raises(ConfigError, match=r"current_uA must be in \(5.26062, 5000\] µA, got 5001$"):  # no word on λ
         ElectricalStimulation(((0.0, 0.0),), current_uA=5001)
+    for bad, message in ((float("nan"), r"current_uA must be finite in µA, got nan$"),
+                         ("50", r"current_uA must be a number in µA, got '50'$")):  # nor here
+        with pytest.raises(ConfigError, match=message):
+            ElectricalStimulation(((0.0, 0.0),), current_uA=bad)
     stim = ElectricalStimulation(((0.0, 0.0),), current_uA=5.0, spread="tehovnik")
     assert stim.spread_extent_mm == pytest.approx(math.sqrt(5.0 / 1292.0))
 

@@ -129,9 +129,9 @@ class ElectricalStimulation(Perturbation):
                 f"allowed: {', '.join(CHARGE_BALANCED_WAVEFORMS)}"
             )
         law = SPREAD_LAWS.get(self.spread)
-        above_law = (isinstance(self.current_uA, (int, float)) and not isinstance(self.current_uA, bool)
-                     and self.current_uA > law.lowest_current_uA())  # the law's note only where it may apply
-        unit = f"µA ({law.lowest_current_note})" if law.lowest_current_note and not above_law else "µA"
+        below_law = (isinstance(self.current_uA, (int, float)) and not isinstance(self.current_uA, bool)
+                     and self.current_uA <= law.lowest_current_uA())  # the law's note only where it applies
+        unit = f"µA ({law.lowest_current_note})" if law.lowest_current_note and below_law else "µA"
         # the spread law sets the lowest current: checked before the declared bounds, with the law's reason
         put("current_uA", _in_range("current_uA", self.current_uA, unit, law.lowest_current_uA(), MAX_CURRENT_UA,
                                     low_open=True))
