@@ -86,6 +86,13 @@ def elsewhere(tmp_path, monkeypatch):
     return tmp_path
 
 
+def test_an_experiment_given_as_a_dict_is_pointed_to_parse_experiment(elsewhere):
+    with pytest.raises(ConfigError, match=r"make one from a dict of the file's tables with "
+                                          r"stimsim.paradigms.parse_experiment\(dict\)"):
+        run_experiment({"name": "x", "paradigm": "categorization"}, "out", progress=False)
+    assert not (elsewhere / "out").exists()
+
+
 def test_relative_paths_resolve_against_the_experiment_file(experiment_dir, elsewhere):
     summary = run_experiment(experiment_dir / "seed0.toml", "out", progress=False, figures=False)
     assert summary["model"] == "tiny" and summary["n_sites"] == 2
