@@ -95,6 +95,11 @@ def test_fetch_sets_a_damaged_cached_copy_aside_and_fetches_it_again(env):
     assert paths[0].read_bytes() == FILES["a.txt"]
     assert path.with_name("a.txt.damaged").read_bytes() == b"damaged"  # kept, not deleted
     assert manifest.verify("tiny") == [("a.txt", "ok"), ("sub/b.bin", "ok")]
+    path.write_bytes(b"damaged again")  # a second damaged copy is set aside beside the first
+    with pytest.warns(UserWarning, match=r"set aside as .*a.txt.damaged.2, fetching"):
+        manifest.fetch("tiny", mirror=env["mirror"])
+    assert path.with_name("a.txt.damaged").read_bytes() == b"damaged"
+    assert path.with_name("a.txt.damaged.2").read_bytes() == b"damaged again"
 
 
 def test_a_cache_that_cannot_be_written_is_a_clear_error(env, monkeypatch):

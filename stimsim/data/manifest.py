@@ -536,6 +536,10 @@ def _resolve_file(entry: ManifestEntry, spec: ManifestFile, mirror, timeout_s: f
             if not replace_damaged:
                 raise
             aside = cached.with_name(cached.name + ".damaged")
+            number = 1
+            while aside.exists():  # an earlier damaged copy is kept too
+                number += 1
+                aside = cached.with_name(f"{cached.name}.damaged.{number}")
             try:
                 os.replace(cached, aside)
             except OSError as error:
