@@ -515,8 +515,10 @@ def test_colour_non_square_stimulus_tables_as_images_and_localizer(tiny_model, t
     raw["sites"]["localizer"] = {"label": "category", "positive": "face",
                                  "sets": [{"source": "table", "path": str(tmp_path / "localizer.h5")}]}
     spec = parse_experiment(raw, where="tiny_tables.toml")
-    summary = run_experiment(spec, tmp_path / "out", model=tiny_model, progress=False, figures=False)
+    with pytest.warns(UserWarning, match=r"1 of 12 images are over twice as long as wide.*image11, 16 × 40 px"):
+        summary = run_experiment(spec, tmp_path / "out", model=tiny_model, progress=False, figures=False)
     dataset, _, config = load_results(tmp_path / "out")
+    assert any("over twice as long as wide" in note for note in config["notes"])
     assert config["site_selection"]["n_localizer_images"] == 16
     assert np.all(np.isfinite(dataset["site_dprime"].values)) and summary["n_sites"] == 3
     # 6 faces + 6 non-faces, half for fitting, 3 signal levels; noise added at the model's 32 px
