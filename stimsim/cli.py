@@ -387,7 +387,7 @@ def _cmd_analyze(args) -> int:
             "predicted_vs_observed_r_chance", "predicted_vs_observed_r_null_95", "permutation_p", "slope",
             "slope_ideal")
     print(json.dumps(json_ready({key: analysis.summary[key] for key in keys if key in analysis.summary}), indent=2))
-    report_phase(f"report, results.nc and summary.json in {args.out}")
+    report_phase(f"report, results.nc, sites.csv and summary.json in {args.out}")
     return 0
 
 
@@ -473,7 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     model_list.add_argument("models", nargs="*", metavar="MODEL",
                             help="shipped model names or model directories to describe (default: every shipped model)")
     model_list.add_argument("--json", action="store_true", help="print one JSON object: every model's family, base "
-                                                                "network, scale, file size and IT density")
+                                                                "network, scale, file size and IT density "
+                                                                "(units_within_lambda50)")
     model_list.set_defaults(handler=_cmd_models_list, command_parser=model_list)
     check = model_commands.add_parser("check", help="evaluate a model: accuracy, face selectivity, clustering on IT")
     check.add_argument("name", help="shipped model name or model directory")
@@ -632,7 +633,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--layout", help="array layout to check electrode ids against: 10x10, 8x8 or a .csv/.cmp file")
     analyze.add_argument("--layout-ids", choices=("channel", "label"), default="channel",
                          help="a .cmp layout's ids: its channel numbers (default) or its label column")
-    analyze.add_argument("--out", required=True, help="output directory (report.html/.pdf, results.nc, summary.json)")
+    analyze.add_argument("--out", required=True,
+                         help="output directory (report.html/.pdf, results.nc, sites.csv, summary.json)")
     analyze.add_argument("--boot", type=int, default=1000, help="bootstrap resamples per site (default 1000)")
     analyze.add_argument("--perm", type=int, default=1000, help="label permutations per site (default 1000)")
     analyze.add_argument("--splits", type=int, default=100, help="random split halves for the noise ceiling (default 100)")
@@ -795,7 +797,8 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt as exc:
         stopped = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        resume = "; run the same command again to resume" if args.handler in RESUMABLE else ""
+        kept = getattr(args, "out", None) is None or Path(args.out).exists()  # an --out removed holds nothing to resume
+        resume = "; run the same command again to resume" if args.handler in RESUMABLE and kept else ""
         print(f"stimsim: {stopped}{resume}", file=sys.stderr)
         return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
     except BrokenPipeError:

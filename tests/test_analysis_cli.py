@@ -120,7 +120,7 @@ def test_analyze_reads_a_lab_file_through_a_toml_column_mapping(tmp_path, capsys
     assert printed["n_trials"] == 420
     assert printed["n_sites_significant_fdr"] <= printed["n_sites_significant"]
     assert printed["n_sites_significant_fdr_chance"] == pytest.approx(expected_fdr_discoveries_under_null(3, 0.05))
-    assert f"stimsim: report, results.nc and summary.json in {out}" in captured.err
+    assert f"stimsim: report, results.nc, sites.csv and summary.json in {out}" in captured.err
     # each phase is named on stderr: 3 sites × 140 trials, with the resampling asked for
     assert "stimsim: analyze: reading 1 session file(s)" in captured.err
     assert "statistics of 3 site(s), 420 trials (20 bootstrap resamples, 20 permutations per site, 5 split halves)" \
