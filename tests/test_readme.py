@@ -265,3 +265,24 @@ def test_the_default_plan_on_the_subjects_own_model_gives_the_figures_of_the_doc
     registration_r, r = (float(x) for x in quoted.groups())
     assert summary["registration"]["stimsim-topo-s2"]["mean_correlation"] == pytest.approx(registration_r, abs=5e-3)
     assert summary["predicted_vs_true_r"] == pytest.approx(r, abs=5e-3)
+
+
+def test_every_link_between_pages_reaches_a_file_and_heading():
+    """Each ``[text](page.md#anchor)`` of the README and the documentation names a page that exists and a heading on
+    it (levels 1-3, slugged as the docs build slugs them: ``myst_heading_anchors = 3``); a renamed heading or page
+    would otherwise leave a link that goes nowhere."""
+    from mdit_py_plugins.anchors.index import slugify
+
+    def anchors(page: Path) -> set:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        return {slugify(title) for title in re.findall(r"^#{1,3} (.+?)\s*$", text, flags=re.M)}
+
+    pages = [README, *sorted((REPO / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for target, anchor in re.findall(r"\]\(([^)\s#]*\.md)?#([^)\s]+)\)", text):
+            linked = page if not target else (page.parent / target).resolve()
+            if not linked.is_file() or anchor not in anchors(linked):
+                broken.append(f"{page.relative_to(REPO)}: {target}#{anchor}")
+    assert not broken, broken
