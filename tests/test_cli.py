@@ -314,12 +314,12 @@ def test_a_model_name_is_the_shipped_model_even_beside_a_folder_of_that_name(tmp
     with pytest.raises(DataError, match=r"model directory ./empty: no model.json there \(not a model directory\)$"):
         model_path("./empty")
     (tmp_path / "empty" / "training_config.json").write_text("{}")
-    with pytest.raises(DataError, match=r"no model.json there \(not a model directory\); it is the folder of a training "
-                                        r"run that has not finished"):
+    with pytest.raises(DataError, match=r"no model.json there \(not a model directory\); it is the folder of a "
+                                        r"training run that has not finished"):
         model_path("./empty")
     monkeypatch.chdir(tmp_path / "empty")
-    with pytest.raises(DataError, match=r"^model directory stimsim-topo-s1/: not found; stimsim-topo-s1 \(without '/'\) "
-                                        r"is a shipped model$"):
+    with pytest.raises(DataError, match=r"^model directory stimsim-topo-s1/: not found; stimsim-topo-s1 "
+                                        r"\(without '/'\) is a shipped model$"):
         model_path("stimsim-topo-s1/")
     monkeypatch.chdir(tmp_path)
     experiment = tmp_path / "afraz.toml"

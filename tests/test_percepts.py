@@ -242,7 +242,8 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
         "percepts.png", "percepts.nc", "summary.json", "config.json"}
     # a run with another judge into the same --out says, before any work, what it replaces; stopped, it keeps them
     monkeypatch.setattr("stimsim.percepts.visualize._run_into", _stopped)
-    replaced = r"made from other inputs \(judge_model \('stimsim-effl0-s0' → 'stimsim-mnv2-s1'\)\); this run replaces them"
+    replaced = (r"made from other inputs \(judge_model \('stimsim-effl0-s0' → 'stimsim-mnv2-s1'\)\); this run "
+                r"replaces them")
     with pytest.warns(UserWarning, match=replaced), pytest.raises(KeyboardInterrupt):
         run_visualize(_small_config(tmp_path), out, judge="stimsim-mnv2-s1", progress=False)
     assert json.loads((out / "summary.json").read_text()) == summary

@@ -327,9 +327,10 @@ class TopographicModel:
 
     def activations(self, images, layer: str, batch_size: int = 64) -> torch.Tensor:
         """Activations of ``layer`` for ``images`` (one image, a sequence, a stacked array/tensor or a
-        :class:`~stimsim.data.stimuli.StimulusSet`: :func:`~stimsim.models.preprocessing.image_sequence`), flattened to (N_images, N_units) in C-major order; computed on
-        the model's device batch by batch (only one batch of preprocessed images is held at a time; at most
-        :data:`MAX_BATCH_PIXELS` input pixels, whatever ``batch_size`` asks), returned on the CPU."""
+        :class:`~stimsim.data.stimuli.StimulusSet`: :func:`~stimsim.models.preprocessing.image_sequence`),
+        flattened to (N_images, N_units) in C-major order; computed on the model's device batch by batch (only one
+        batch of preprocessed images is held at a time; at most :data:`MAX_BATCH_PIXELS` input pixels, whatever
+        ``batch_size`` asks), returned on the CPU."""
         layer = self.resolve_layer(layer)
         batch_size = self.batch_limit(batch_size)
         images = self.image_sequence(images)

@@ -101,8 +101,8 @@ def run_experiment(experiment, out_dir, model=None, progress: bool = True, figur
     device = resolve_device(device)
     check_scheduler(scheduler)
     if isinstance(experiment, dict):
-        raise ConfigError("run_experiment takes an experiment file's path or an ExperimentSpec; make one from a dict of "
-                          "the file's tables with stimsim.paradigms.parse_experiment(dict)")
+        raise ConfigError("run_experiment takes an experiment file's path or an ExperimentSpec; make one from a dict "
+                          "of the file's tables with stimsim.paradigms.parse_experiment(dict)")
     spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
     if isinstance(model, (str, Path)):
         spec = spec.with_model(str(model))
