@@ -108,7 +108,7 @@ class Preprocessing:
             return self._to_input_geometry(_tensor_to_unit(images, device))
         if isinstance(images, np.ndarray) and _is_stacked(images):
             return self._to_input_geometry(_array_to_unit(images, device, stacked=True))
-        singles = [_array_to_unit(_single_to_array(item), device, stacked=False) for item in _single_images(images)]
+        singles = [_array_to_unit(_single_to_array(item), device, stacked=False) for item in image_sequence(images)]
         if not singles:
             raise ValueError("no images given")
         positions_by_shape: dict[tuple[int, ...], list[int]] = {}
@@ -224,20 +224,6 @@ def image_sequence(images):
     if isinstance(images, (str, Path)) or _is_pil(images):
         return [images]
     return images
-
-
-def _single_images(images) -> list:
-    """``images`` (one image or a sequence of them: file paths, PIL images, arrays, tensors) split into
-    single images."""
-    if isinstance(images, torch.Tensor):
-        return [images] if images.dim() == 3 else list(images)
-    if isinstance(images, np.ndarray):
-        return list(images) if _is_stacked(images) else [images]
-    if isinstance(images, (str, Path)) or _is_pil(images):
-        return [images]
-    if isinstance(images, StimulusSet):
-        return list(images.images)
-    return list(images)
 
 
 def _is_pil(obj) -> bool:

@@ -360,15 +360,24 @@ def output_owner(directory) -> str | None:
     run), in words, or None: a folder another command writes loose files into refuses it."""
     directory = Path(directory)
     if (directory / RESULT_SET_FILE).is_file():
-        return f"the results of another command ({_read_manifest(directory).get('kind')})"
-    return _other_owner(directory, "", None)
+        return _results_of(_read_manifest(directory))
+    return _marked_owner(directory)
 
 
 def _other_owner(directory: Path, kind: str, previous: dict | None) -> str | None:
     """What another stimsim command keeps in ``directory`` (a result set of another kind, a plan, a virtual subject,
     a training run), in words, or None."""
     if previous is not None:
-        return None if previous.get("kind") == kind else f"the results of another command ({previous.get('kind')})"
+        return None if previous.get("kind") == kind else _results_of(previous)
+    return _marked_owner(directory)
+
+
+def _results_of(manifest: dict) -> str:
+    return f"the results of another command ({manifest.get('kind')})"
+
+
+def _marked_owner(directory: Path) -> str | None:
+    """The command whose mark file (:data:`_OWNER_MARKS`) ``directory`` holds, in words, or None."""
     return next((owner for mark, owner in _OWNER_MARKS if (directory / mark).is_file()), None)
 
 
