@@ -276,6 +276,11 @@ def test_face_patch_inside_at_peak_and_outside_far_and_unselective():
     assert np.hypot(inside.x_mm - 3.0, inside.y_mm - 6.0) < 0.5
     assert selection.distance_to_peak_mm()[1] >= 4.0
     assert inside.dprime > 2.0 and outside.dprime < 0.0
+    # every unit responding alike gives one d′ everywhere: a flat map has no patch centre (not a corner of the sheet)
+    alike = np.outer(is_face + np.random.default_rng(1).normal(0.0, 0.5, len(is_face)), np.ones(sheet.n_units))
+    with pytest.raises(ConfigError, match=r"d′ map of sheet .* has no peak to place sites by \(every unit has the "
+                                          r"value \S+: the map is flat"):
+        select_sites(spec, sheet, alike, is_face)
 
 
 def test_grid_and_explicit_sites():

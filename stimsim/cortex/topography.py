@@ -168,7 +168,11 @@ def smoothed_map(values, sheet: CorticalSheet, sigma_mm: float = 0.5, grid_step_
 
 
 def peak_location_mm(values, sheet: CorticalSheet, sigma_mm: float = 0.5) -> tuple[float, float]:
-    """Position (mm) of the maximum of the smoothed map: e.g. the centre of the face patch."""
+    """Position (mm) of the maximum of the smoothed map: e.g. the centre of the face patch. A map whose units all
+    have the same value has no maximum: ValueError."""
+    counted = np.asarray(values, float)[~np.isnan(np.asarray(values, float))]
+    if counted.size and np.all(counted == counted[0]):
+        raise ValueError(f"every unit has the value {counted[0]:g}: the map is flat and has no peak")
     xs, ys, smooth = smoothed_map(values, sheet, sigma_mm)
     iy, ix = np.unravel_index(np.nanargmax(smooth), smooth.shape)
     return float(xs[ix]), float(ys[iy])

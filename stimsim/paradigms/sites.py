@@ -241,7 +241,11 @@ def _face_patch(spec: SitesFile, sheet, responses, is_positive, peak):
 def _peak_on_sheet(values: np.ndarray, sheet: CorticalSheet, sigma_mm: float) -> tuple[float, float]:
     """Peak of the smoothed d′ map. The map's grid may run up to half a grid step (0.05 mm) past the
     outermost units; a peak there is moved onto the sheet's bounding box so that it can be stimulated."""
-    x, y = peak_location_mm(_finite_for_map(values), sheet, sigma_mm)
+    try:
+        x, y = peak_location_mm(_finite_for_map(values), sheet, sigma_mm)
+    except ValueError as error:
+        raise ConfigError(f"the localizer's d′ map of sheet {sheet.name!r} has no peak to place sites by ({error}); "
+                          "the localizer images must differ in how the units respond to them") from error
     x0, x1, y0, y1 = sheet.extent_mm
     return float(np.clip(x, x0, x1)), float(np.clip(y, y0, y1))
 
