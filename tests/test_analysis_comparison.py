@@ -329,6 +329,20 @@ def test_session_whose_halves_disagree_reports_the_noise_ceiling_as_undefined(tm
                      r"chance\)", html)
 
 
+def test_the_reports_conclusion_says_no_correlation_when_the_permutation_p_is_large():
+    from stimsim.analysis.report import _conclusion
+
+    base = {"n_sites_significant": 1, "n_sites": 20, "n_sites_significant_chance": 1.0, "n_sites_significant_fdr": 0}
+    unrelated = _conclusion({**base, "predicted_vs_observed_r": -0.024, "permutation_p": 0.91}).text
+    assert "predictions do not detectably correlate with the observed effects (r = -0.02, permutation p = 0.91)" \
+        in unrelated
+    related = _conclusion({**base, "predicted_vs_observed_r": 0.61, "permutation_p": 0.003,
+                           "shift_in_predicted_direction": 0.012, "shift_in_predicted_direction_wilcoxon_p": 0.004})
+    assert "predictions correlate with the observed effects (r = 0.61, permutation p = 0.003)" in related.text
+    assert "In the direction the plan predicted, ΔAUC is +0.012 on average (one-sided Wilcoxon p = 0.004" \
+        in related.text
+
+
 def test_sites_without_a_delta_auc_are_named_and_ids_listed_in_natural_order(tmp_path):
     electrodes = ["10", "3", "21", "2", "1", "30"]
     tables = []

@@ -37,6 +37,7 @@ def test_format_value_by_hand():
     assert format_value(True) == "yes"
     assert format_value(2.5e-6) == "2.50e−06"
     assert format_value((1.0, 2.0)) == "1.00, 2.00"
+    assert format_value([]) == format_value({}) == "none"
 
 
 def test_image_png_round_trip_and_validation():
@@ -109,3 +110,33 @@ def test_a_warning_paragraph_is_boxed_and_a_first_page_figure_prints_smaller(tmp
     _, pdf = report.write(tmp_path / "out")
     texts, _ = pdf_pages(pdf)
     assert "the wide figure" in texts[0]
+
+
+def test_a_table_caption_is_never_left_alone_at_the_foot_of_a_pdf_page(tmp_path):
+    """Text before a table grows line by line, moving the table across a page break: at every position its caption
+    prints on the page of its first row."""
+    import shutil
+    import subprocess
+
+    if shutil.which("pdftotext") is None:
+        pytest.skip("pdftotext is not installed (Debian package 'poppler-utils'; .ci/install installs it)")
+    table = Table(("site", "n", "ΔAUC"), tuple((f"row{i}", i, i / 100) for i in range(30)), caption="Sessions")
+    pages_of_table = set()
+    for n_lines in range(14, 30):
+        text = [Paragraph("word " * 120)] * (n_lines // 3) + [Paragraph("line")] * (n_lines % 3)
+        (tmp_path / "report.pdf").write_bytes(Report("Breaks", [Section("Before", [*text, table])]).to_pdf())
+        pages = subprocess.run(["pdftotext", "-layout", str(tmp_path / "report.pdf"), "-"], check=True,
+                               capture_output=True, text=True, timeout=120).stdout.split("\f")
+        caption_page = next(i for i, page in enumerate(pages) if "Sessions" in page)
+        first_row_page = next(i for i, page in enumerate(pages) if re.search(r"\brow0\b", page))
+        assert caption_page == first_row_page, n_lines
+        pages_of_table.add(first_row_page)
+    assert pages_of_table == {0, 1}  # the table started on page 1 at some positions and on page 2 at others
+
+
+def test_a_sentence_in_a_table_cell_reads_from_the_left_and_numbers_from_the_right():
+    table = Table(("statistic", "meaning", "value"), [("wilcoxon_p", "Wilcoxon signed-rank p across sites", 0.42)])
+    html = Report("Scores", [Section("Scores", [table])]).to_html()
+    assert '<td class="text">Wilcoxon signed-rank p across sites</td>' in html
+    assert "<td>wilcoxon_p</td>" in html and "<td>0.420</td>" in html
+    assert re.search(r"table\.data td\.text \{ text-align: left; \}", html)

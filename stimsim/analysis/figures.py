@@ -35,7 +35,7 @@ def plot_overview(analysis):
                     else "pooled over all sites", fontsize=8)
     right.set_xlabel("step (0 = 'low' end)")
     right.set_ylabel("P(choose 'high')")
-    right.set_ylim(0, 1)
+    right.set_ylim(-0.02, 1.02)
     right.legend(frameon=False)
     fig.tight_layout()
     return fig
@@ -94,7 +94,7 @@ def plot_top_sites(analysis, n_top: int = 6):
         if analysis.predicted_column is not None:
             title += f" (plan {analysis.predicted_label} {analysis.sites[analysis.predicted_column].iloc[i]:+.3f})"
         ax.set_title(title, fontsize=8)
-        ax.set_ylim(0, 1)
+        ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("step")
         ax.set_ylabel("P('high')")
     for ax in axes.ravel()[len(order):]:

@@ -11,6 +11,9 @@ from stimsim.lab.sessions import SHAM
 from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
 from stimsim.utilities.ordering import natural_key
 
+#: p below which the report says that the plan's predictions correlate with the observed effects.
+SIGNIFICANCE = 0.05
+
 #: Scores of the summary table: (key, meaning, chance level or baseline key / value).
 _SCORES = (
     ("n_sites_recorded", "sites recorded (subject × electrode)", None),
@@ -29,12 +32,17 @@ _SCORES = (
     ("split_half_r_95", "its 95 % interval over sites resampled with replacement", None),
     ("split_half_mean_sites", "sites with a ΔAUC in both halves (mean over splits)", None),
     ("noise_ceiling", "noise ceiling (Spearman–Brown corrected split-half r; undefined when that r ≤ 0)", None),
+    ("shift_in_predicted_direction", "mean ΔAUC in the direction the plan predicted (sign of its prediction × "
+     "ΔAUC)", "shift_in_predicted_direction_chance"),
+    ("shift_in_predicted_direction_wilcoxon_p", "Wilcoxon signed-rank p of that shift (one-sided, > 0: the test the "
+     "plan's power forecast is for)", None),
     ("predicted_vs_observed_r", "Pearson r, predicted vs observed ΔAUC", "predicted_vs_observed_r_null_95"),
     ("permutation_p", "permutation p of that r (two-sided)", None),
     ("noise_ceiled_r", "r / sqrt(noise ceiling)", None),
     ("slope", "slope of observed on predicted (< 1: the plan over-estimates)", "slope_ideal"),
-    ("plan_predicted_vs_true_r", "the plan's predicted vs true r (virtual subject; all rehearsed sites)", None),
-    ("plan_predicted_vs_true_r_these_sites", "the same over the analysed sites", None),
+    ("plan_predicted_vs_true_r", "the plan's predicted vs true r (virtual subject; all rehearsed sites)",
+     "plan_predicted_vs_true_r_chance"),
+    ("plan_predicted_vs_true_r_these_sites", "the same over the analysed sites", "plan_predicted_vs_true_r_chance"),
     ("expected_predicted_vs_observed_r", "expected r: plan r on these sites × sqrt(noise ceiling)",
      "expected_predicted_vs_observed_r_95"),
 )
@@ -82,8 +90,13 @@ def _conclusion(summary: dict) -> Paragraph:
         text += (f" Across sites the mean ΔAUC is {summary['mean_shift']:+.3f} (Wilcoxon p = "
                  f"{summary['wilcoxon_p']:.2g}).")
     if _finite(summary, "predicted_vs_observed_r") and _finite(summary, "permutation_p"):
-        text += (f" The plan's predictions correlate with the observed effects at r = "
-                 f"{summary['predicted_vs_observed_r']:.2f} (permutation p = {summary['permutation_p']:.2g}).")
+        r, p = summary["predicted_vs_observed_r"], summary["permutation_p"]
+        how = "correlate with" if p < SIGNIFICANCE else "do not detectably correlate with"
+        text += f" The plan's predictions {how} the observed effects (r = {r:.2f}, permutation p = {p:.2g})."
+    if _finite(summary, "shift_in_predicted_direction") and _finite(summary, "shift_in_predicted_direction_wilcoxon_p"):
+        text += (f" In the direction the plan predicted, ΔAUC is {summary['shift_in_predicted_direction']:+.3f} on "
+                 f"average (one-sided Wilcoxon p = {summary['shift_in_predicted_direction_wilcoxon_p']:.2g}, the "
+                 "test of the plan's power forecast).")
     return Paragraph(text)
 
 

@@ -369,7 +369,7 @@ def plot_site_effects(dataset: xr.Dataset, path, title: str) -> None:
     groups = dataset["site_group"].values.astype(str)
     fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6))
     for ax, (coord, xlabel) in zip(axes, (("site_dprime", "site d′ (multi-unit)"),
-                                          ("distance_to_peak_mm", "distance from d′ peak (mm)"))):
+                                          ("distance_to_peak_mm", "distance from d′ peak (cortex mm)"))):
         x = dataset[coord].values
         for group in dict.fromkeys(groups):
             mask = groups == group

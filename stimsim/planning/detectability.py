@@ -130,7 +130,8 @@ def with_subject_error(predicted, low, high, sd: float | None) -> tuple[np.ndarr
 
 #: What the two intervals of the plan span (summary.json ``interval_spans``, the report).
 INTERVAL_SPANS = {
-    "interval": "2.5–97.5 percentiles over candidate models × registration bootstrap poses: the uncertainty of the "
+    "interval": "2.5–97.5 percentiles over candidate models × registration poses (the fitted pose and every "
+                "bootstrap pose): the uncertainty of the "
                 "models and of the array's registration, not how far the animal's effect lies from the models'",
     "interval_with_subject": "the interval widened by the model-to-subject error (normal, 95 %): its SD estimated "
                              "from how far the candidate instances' effects lie from each other "

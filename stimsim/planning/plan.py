@@ -14,8 +14,8 @@ computed again: :mod:`stimsim.planning.cache`):
 4. rehearsal — the plan's task (:mod:`stimsim.planning.tasks`) in every candidate at its own mapped sites,
    without and with stimulation at the fitted pose and at every bootstrap pose;
 5. ranking and constraints — the predicted effect per electrode (ΔAUC for the 2AFC) = mean over candidates
-   (fitted pose), its interval = 2.5–97.5 percentiles over candidates × bootstrap poses; greedy choice under
-   the lab's constraints;
+   (fitted pose), its interval = 2.5–97.5 percentiles over candidates × poses (fitted and bootstrap); greedy
+   choice under the lab's constraints;
 6. truth (virtual subject only, never used by the phases above) — the subject's own decoders and its
    true electrode positions give the true effect of the same stimuli; ``predicted_vs_true_r``.
 

@@ -184,7 +184,7 @@ def sheet_figure(model, images, mapping, chosen_model, plan, working, array_layo
     zoom.set_title(f"dashed box enlarged: all {len(ids)} electrodes, {len(recorded)} recorded"
                    + (f"\nids without their prefix '{prefix}'" if prefix else ""), fontsize=9)
     if values is not None:
-        fig.colorbar(colours, ax=[whole, zoom], shrink=0.8, label="face d′ (unit)")
+        fig.colorbar(colours, ax=[whole, zoom], shrink=0.8, extend="both", label="face d′ of each IT unit")
     return figure_png(fig)
 
 
@@ -256,7 +256,7 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
     if "ap_mm" in sites:
         columns += ["AP, ML (mm)"]
     columns += ["model x, y (model mm)", "sheet x, y (cortex mm)", f"predicted {label}",
-                "95% interval: candidates × poses", "with model-to-subject error"]
+                "95% interval: candidates × poses", "95% interval with model-to-subject error"]
     columns += [*plan_task.site_columns(), "status"]
     rows = []
     for record_row in sites.to_dict(orient="records"):
@@ -274,7 +274,8 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                   caption=f"Ranked sites (all working electrodes; 'chosen' = the plan's sites). Every site: "
                           f"{protocol['current_uA']:g} µA, {protocol['frequency_Hz']:g} Hz, "
                           f"{protocol['pulse_width_ms']:g} ms per phase, {protocol['charge_per_phase_nC']:g} nC per "
-                          f"phase; safety {protocol['safety_verdict']}")
+                          f"phase; safety {protocol['safety_verdict']}"
+                          + (f". {plan_task.site_columns_note()}" if plan_task.site_columns_note() else ""))
     first = summary["model_selection"]["p_ranked_first"]
     selection_rows = [(*values, 100 * first[values[1]]) for values in
                       zip(*[mapping["selection"][k] for k in ("rank", "model", "median_r2", "chance_median_r2")])]
@@ -294,7 +295,8 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
         f"{'passed' if summary['safety']['passed'] else 'OVERRIDDEN — ' + str(summary['safety']['override_reason'])} "
         f"(Shannon k = {summary['safety']['shannon_k']:.2f}, limit {config.safety.max_shannon_k:g}). "
         f"Predicted {label}: mean over {len(names)} candidate model(s) at their fitted registration; the interval "
-        f"spans 2.5–97.5 % over candidates × {config.n_boot} registration bootstrap poses (the models' and the "
+        f"spans 2.5–97.5 % over candidates × {config.n_boot + 1} registration poses (the fitted pose and "
+        f"{config.n_boot} bootstrap poses; the models' and the "
         f"registration's uncertainty only); the second interval adds the model-to-subject error, "
         + (f"SD {summary['model_to_subject_sd']:.2g}, estimated from how far the candidates' effects lie from each "
            "other. " if summary["model_to_subject_sd"] is not None else
@@ -395,7 +397,7 @@ def _coverage_text(summary: dict, label: str) -> str:
 def _interval(row: dict, name: str) -> str | None:
     """"[low, high]" of ``name``_low / ``name``_high in a sites.csv row; None (shown "–") where it is undefined."""
     low, high = row[f"{name}_low"], row[f"{name}_high"]
-    return None if not (np.isfinite(low) and np.isfinite(high)) else f"[{low:.4f}, {high:.4f}]"
+    return None if not (np.isfinite(low) and np.isfinite(high)) else f"[{low:.4f}, {high:.4f}]".replace("-", "−")
 
 
 def detectability_blocks(summary: dict) -> list:
@@ -408,14 +410,18 @@ def detectability_blocks(summary: dict) -> list:
     forecast, largest = summary["power_forecast"], needed["largest_simulated"]
 
     reached = sum(value is not None for value in needed["per_site"].values())
+    target = forecast["target_power"]
+    half_width = 1.96 * np.sqrt(target * (1 - target) / forecast["n_sessions"])
+    edge = " (the largest count simulated)" if needed["across_sites"] == largest else ""
     text = (f"Power at the planned {power['trials_per_site']:,} trials per site ([session] trials_per_site, half "
             f"sham): {power['across_sites']:.0%} across sites (one-sided Wilcoxon signed-rank of ΔAUC in the "
             f"planned direction; chance {forecast['alpha']:g}), {power['per_site_mean']:.0%} per site (mean; z test; "
             f"chance {forecast['alpha'] / 2:g}). Trials per site for {forecast['target_power']:.0%} power: "
-            f"{trials_text(needed['across_sites'], largest)} across sites, "
+            f"{trials_text(needed['across_sites'], largest)}{edge} across sites, "
             f"{trials_text(needed['per_site_median'], largest)} per site (median; "
             f"{reached} of {len(needed['per_site'])} sites reach it by {largest:,}). Forecast from {forecast['source']} "
-            f"(an animal that lapses needs more), {forecast['n_sessions']} simulated sessions per trial count.")
+            f"(an animal that lapses needs more), {forecast['n_sessions']} simulated sessions per trial count "
+            f"(power ±{half_width:.0%} near {target:.0%}).")
     if summary.get("power_warning"):
         return [Paragraph(f"Warning: these sites cannot reach {forecast['target_power']:.0%} power at the planned "
                           f"trial count. {text}", css_class="warning")]

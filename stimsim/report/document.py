@@ -163,10 +163,12 @@ class Report:
 # --- rendering helpers ------------------------------------------------------------------------------
 def format_value(value, digits: int = 3) -> str:
     """Text of a cell: floats to ``digits`` significant digits (no exponent for ordinary magnitudes),
-    NaN and None as "–", booleans as yes/no."""
+    NaN and None as "–", booleans as yes/no, an empty list or mapping as "none"."""
     value = _plain(value)
     if value is None:
         return "–"
+    if isinstance(value, (list, tuple, dict)) and not value:
+        return "none"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int):

@@ -143,6 +143,10 @@ class PlanTask(ABC):
         """Extra columns of the report's ranked-site table."""
         return ()
 
+    def site_columns_note(self) -> str:
+        """What :meth:`site_columns` mean, for the table's caption ("" when there are none)."""
+        return ""
+
     def site_cells(self, trials, rehearsal: dict, site: int) -> list:
         """This site's cells of :meth:`site_columns` (``rehearsal``: the chosen model's)."""
         return []

@@ -235,6 +235,10 @@ class SequenceTask(PlanTask):
     def site_columns(self) -> tuple[str, ...]:
         return ("best sequence (low → high)", "slope/noise")
 
+    def site_columns_note(self) -> str:
+        return ("slope/noise: the least-squares slope per step of the site's response (in the chosen model) along a "
+                "sequence, divided by the response's noise SD; best sequence: the site's sequence where it is largest")
+
     def site_cells(self, trials, rehearsal, site) -> list:
         stn = rehearsal["slope_to_noise"][site]
         best = int(np.nanargmax(stn)) if np.any(np.isfinite(stn)) else 0
@@ -278,7 +282,9 @@ def curves_figure(rehearsals, plan, working, chosen_model: str, n_top: int = N_C
         steps = np.arange(p.shape[-1])
         ax.plot(steps, p[0].mean(0), "k-o", ms=3, label="no stimulation")
         ax.plot(steps, p[1].mean(0), "r-o", ms=3, label="stimulated")
-        ax.set_title(f"electrode {working[site]}  predicted ΔAUC {plan['predicted'][site]:.3f}", fontsize=8)
+        drawn = np.nanmean(rehearsals[chosen_model]["delta_auc"][site, 0])
+        ax.set_title(f"electrode {working[site]}: these curves' ΔAUC {drawn:.3f}\n(plan's prediction, mean over "
+                     f"candidates: {plan['predicted'][site]:.3f})", fontsize=8)
         ax.set_xlabel("step")
         ax.set_ylim(-0.02, 1.02)
     axes[0][0].set_ylabel(f"P(high), {chosen_model}")
