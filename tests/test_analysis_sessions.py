@@ -432,6 +432,21 @@ def test_hdf5_file_that_is_not_nwb_is_refused(tmp_path, table):
         load_sessions(write_hdf5(table, tmp_path / "s.nwb"))
 
 
+def test_an_nwb_trials_table_whose_columns_differ_in_length_is_refused(tmp_path, table):
+    import h5py
+
+    path = write_lab_nwb(tmp_path / "short.nwb", table)
+    with h5py.File(path, "r+") as handle:
+        ids, attributes = handle["intervals/trials/id"][:-10], dict(handle["intervals/trials/id"].attrs)
+        del handle["intervals/trials/id"]
+        handle["intervals/trials/id"] = ids
+        handle["intervals/trials/id"].attrs.update(attributes)
+    with pytest.raises(FileFormatError, match=r"short\.nwb: not a readable NWB file \(ConstructError: Could not "
+                                              r"construct TimeIntervals object due to: Must provide same number of ids "
+                                              r"as length of columns\)$"):
+        load_sessions(path)
+
+
 def test_unknown_format_and_missing_file(tmp_path):
     (tmp_path / "s.xlsx").write_text("x")
     with pytest.raises(FileFormatError, match="unknown session format"):

@@ -1579,6 +1579,51 @@ def test_a_plan_cache_of_recordings_that_changed_since_is_refused(tmp_path):
         PhaseCache(tmp_path / "out", before)
 
 
+def test_images_the_recordings_never_presented_are_named_and_left_out(tmp_path):
+    """A lab's image table may list a whole stimulus library: the plan works from the recorded images only."""
+    from stimsim.data.stimuli import lfw_subset
+    from stimsim.planning.config import load_plan_config
+    from stimsim.planning.plan import PlanInputs
+
+    config = load_plan_config(_lab_plan(tmp_path / "config", n_images=150))  # LFW's first 150 of its 200 images
+    with pytest.warns(UserWarning, match=r"plan.toml \[recordings\] images: 50 of 200 images were not presented in "
+                                         r"the recordings \(\S+, \S+, \S+ and 47 more\); the plan uses the 150 recorded"):
+        inputs = PlanInputs(config, tmp_path / "out", False, None)
+    assert sorted(inputs.images.stimulus_id) == sorted(lfw_subset().stimulus_id[:150])
+    assert set(inputs.per_image["stimulus_id"].values) == set(inputs.images.stimulus_id)
+
+
+@pytest.mark.parametrize("source", ["table", "folder"])
+def test_a_plan_cache_of_images_whose_pixels_changed_since_is_refused(tmp_path, source):
+    """An image file changed under the same name (a lab fixing one stimulus) changes the plan's inputs: its cache
+    is not reused, and the refusal names the image file."""
+    from PIL import Image as PILImage
+
+    from stimsim.planning.config import load_plan_config
+    from stimsim.planning.plan import PhaseCache
+    from stimsim.utilities.hashing import json_sha256
+
+    config_path = _lab_plan(tmp_path / "config")
+    folder = tmp_path / "config" / "images" / "faces"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        PILImage.fromarray(np.full((8, 8), 40 * i, dtype=np.uint8)).save(folder / f"im{i}.png")
+    (tmp_path / "config" / "images.csv").write_text("stimulus_id,path\n" + "".join(
+        f"im{i},images/faces/im{i}.png\n" for i in range(3)))
+    entry = ('{ source = "table", path = "images.csv" }' if source == "table" else
+             '{ source = "folder", path = "images" }')
+    config_path.write_text(config_path.read_text().replace('{ source = "lfw_subset" }', entry))
+    before = load_plan_config(config_path).digest_record()
+    assert load_plan_config(config_path).digest_record() == before  # same files, same digest
+    assert sum(name.endswith(".png") for name in before["input_sha256"]) == 3
+    PILImage.fromarray(np.full((8, 8), 255, dtype=np.uint8)).save(folder / "im1.png")
+    after = load_plan_config(config_path).digest_record()
+    PhaseCache(tmp_path / "out", json_sha256(before), record=before)
+    with pytest.raises(ConfigError, match=r"changed since: input_sha256\.\S*im1\.png \('[0-9a-f]{64}' → '[0-9a-f]{64}'\); "
+                                          r"use a new --out directory"):
+        PhaseCache(tmp_path / "out", json_sha256(after), record=after)
+
+
 def test_shipped_plan_files_parse_and_tasks_keep_their_own_tables(tmp_path):
     from stimsim.planning.config import load_plan_config
 

@@ -236,7 +236,7 @@ def from_folder(path, label_from: str | None = "subfolder", name: str | None = N
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"stimulus folder not found: {root}")
-    files = sorted((p for p in root.rglob("*") if _is_image_file(p)), key=lambda p: p.relative_to(root).as_posix())
+    files = _folder_image_files(root)
     if not files:
         raise FileFormatError(root, f"no image files ({', '.join(IMAGE_SUFFIXES)}) in this folder")
     ids = [p.relative_to(root).as_posix() for p in files]
@@ -249,6 +249,35 @@ def from_folder(path, label_from: str | None = "subfolder", name: str | None = N
         labels["category"] = np.asarray([i.split("/", 1)[0] for i in ids])
     return StimulusSet(name=name or root.name, images=_load_images(files, root),
                        stimulus_id=np.asarray(ids), labels=labels)
+
+
+def _folder_image_files(root: Path) -> list[Path]:
+    """The image files of :func:`from_folder`, in its order."""
+    return sorted((p for p in root.rglob("*") if _is_image_file(p)), key=lambda p: p.relative_to(root).as_posix())
+
+
+def _table_image_path(table: Path, value: str) -> Path:
+    """An image file named in a CSV table's ``path`` column: absolute, or relative to the table's folder."""
+    image_path = Path(value.strip())
+    return image_path if image_path.is_absolute() else table.parent / image_path
+
+
+def source_files(entry: dict) -> list[Path]:
+    """The files of a lab's own stimulus source (``[[stimuli]]``-style entry) that its images are read from: a
+    table and the image files a CSV table names, or every image file of a folder; none for the named data sets
+    (their files are verified by the manifests' checksums) or for paths that do not exist (loading says so)."""
+    path = Path(entry["path"]) if isinstance(entry.get("path"), (str, Path)) else None
+    if path is None:
+        return []
+    if entry.get("source") == "folder" and path.is_dir():
+        return _folder_image_files(path)
+    if entry.get("source") != "table" or not path.is_file():
+        return []
+    if path.suffix.lower() not in TABLE_SUFFIXES_CSV:
+        return [path]
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        named = [_table_image_path(path, row.get("path") or "") for row in csv.DictReader(handle)]
+    return [path, *(image for image in named if image.is_file())]
 
 
 def from_table(path, name: str | None = None) -> StimulusSet:
@@ -296,8 +325,7 @@ def _from_csv(path: Path, name: str | None) -> StimulusSet:
         raise FileFormatError(path, f"stimulus ids must be unique; repeated: {duplicates}")
     image_paths = []
     for row_number, row in enumerate(rows, start=2):
-        image_path = Path(row["path"].strip())
-        image_path = image_path if image_path.is_absolute() else path.parent / image_path
+        image_path = _table_image_path(path, row["path"])
         if not image_path.is_file():
             raise FileFormatError(path, f"line {row_number}: image file {image_path} not found")
         image_paths.append(image_path)

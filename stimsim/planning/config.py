@@ -42,6 +42,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
+from stimsim.data.stimuli import source_files
 from stimsim.lab.arrays.anatomy import AnatomicalPose
 from stimsim.lab.arrays.layout import cmp_options
 from stimsim.lab.recordings import FIELD_NAMES
@@ -299,15 +300,14 @@ class PlanConfig:
         }
 
     def input_files(self) -> dict:
-        """sha256 of every file the plan reads its inputs from: the recordings, a layout file and image tables, or the
-        virtual subject's file (the images of a folder source are not included)."""
+        """sha256 of every file the plan reads its inputs from: the recordings, a layout file, the image tables and
+        the image files they name or a folder holds, or the virtual subject's file."""
         paths = []
         if self.recordings is not None:
             paths.append(self.recordings["path"])
             if self.recordings["layout"] not in ("10x10", "8x8"):
                 paths.append(self.recordings["layout"])
-            paths += [entry["path"] for entry in self.recordings["images"]
-                      if "path" in entry and Path(entry["path"]).is_file()]
+            paths += [file for entry in self.recordings["images"] for file in source_files(entry)]
         if self.subject_config is not None:
             paths.append(self.subject_config)
         if self.percepts is not None:

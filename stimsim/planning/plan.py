@@ -129,6 +129,7 @@ class PlanInputs:
                                          images_source=f"the images of {config.path} [recordings] images",
                                          electrode_group=config.recordings["electrode_group"],
                                          broken_electrodes=config.selection.broken_electrodes).in_canonical_order()
+            self.images = _recorded_images_only(self.images, recordings, f"{config.path} [recordings] images")
         self.recordings = recordings
         self.layout = recordings.layout
         self.array_layout = layout  # every electrode of the array, recorded or not (the anatomical reference)
@@ -481,6 +482,20 @@ def _rehearsal_phase(config, model, trials, points, stimulation: dict, progress,
     result[plan_task.probability][:, 1:][outside] = np.nan
     result[plan_task.effect][outside] = np.nan
     return result
+
+
+def _recorded_images_only(images, recordings, where: str):
+    """The images the recordings presented (a lab's table may list more, e.g. every image of a stimulus library);
+    those left out are named in a warning."""
+    presented = np.isin(images.stimulus_id, np.unique(recordings.response["stimulus_id"].values.astype(str)))
+    if presented.all():
+        return images
+    unused = images.stimulus_id[~presented]
+    more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
+    warnings.warn(f"{where}: {len(unused)} of {len(images)} images were not presented in the recordings "
+                  f"({', '.join(unused[:3])}{more}); the plan uses the {int(presented.sum())} recorded images",
+                  stacklevel=3)
+    return images.subset(presented)
 
 
 def _truth_phase(config, subject, working, trials, stimulation: dict, progress, engine: dict) -> dict:

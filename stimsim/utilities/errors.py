@@ -39,9 +39,11 @@ class TrainingDiverged(StimsimError):
 
 
 def unreadable_reason(exc: BaseException) -> str:
-    """Why a reader refused a file, for a message: the exception's kind and first line, and for numpy's advice to
+    """Why a reader refused a file, for a message: the exception's kind and first line (of its last argument where
+    it has several, as hdmf's errors put a dump of the object first and the reason last), and for numpy's advice to
     load pickled data unsafely what it means (the file holds Python objects, which stimsim never loads)."""
     if "allow_pickle" in str(exc):
         return "it holds Python objects (pickled data), which stimsim never loads from a file"
-    first = str(exc).splitlines()[0] if str(exc).strip() else ""
+    text = exc.args[-1] if len(exc.args) > 1 and isinstance(exc.args[-1], str) else str(exc)
+    first = text.splitlines()[0] if text.strip() else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

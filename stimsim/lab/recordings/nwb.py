@@ -9,7 +9,7 @@ import numpy as np
 
 from stimsim.lab.recordings.formats import (RecordingFormat, RecordingTable, id_text, position_fields, positions_where,
                                             register_recording_format)
-from stimsim.utilities.errors import FileFormatError
+from stimsim.utilities.errors import FileFormatError, unreadable_reason
 
 
 @register_recording_format("NWB")
@@ -35,7 +35,7 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset(), electrode_group: str 
         io = NWBHDF5IO(str(path), "r")
         nwbfile = io.read()
     except Exception as exc:  # pynwb/h5py raise many types for a damaged or foreign file
-        raise FileFormatError(path, f"not a readable NWB file ({exc})") from None
+        raise FileFormatError(path, f"not a readable NWB file ({unreadable_reason(exc)})") from None
     with io:
         if nwbfile.electrodes is None or len(nwbfile.electrodes) == 0:
             raise FileFormatError(path, "the NWB file has no electrodes table")

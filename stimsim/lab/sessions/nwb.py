@@ -7,7 +7,7 @@ import numpy as np
 
 from stimsim.lab.recordings.formats import id_text
 from stimsim.lab.sessions.formats import SessionFormat, register_session_format
-from stimsim.utilities.errors import FileFormatError
+from stimsim.utilities.errors import FileFormatError, unreadable_reason
 
 
 @register_session_format("NWB")
@@ -28,8 +28,9 @@ def _read_nwb(path: Path):
         with NWBHDF5IO(str(path), "r") as io:
             try:
                 nwbfile = io.read()
-            except TypeError as exc:  # pynwb's answer to an HDF5 file without the NWB version
-                raise FileFormatError(path, f"not a readable NWB file ({exc})") from None
+            except Exception as exc:  # pynwb/hdmf raise many types for a damaged or foreign file (TypeError without
+                # the NWB version, ConstructError for a table whose columns differ in length, ...)
+                raise FileFormatError(path, f"not a readable NWB file ({unreadable_reason(exc)})") from None
             if nwbfile.trials is None:
                 raise FileFormatError(path, "the NWB file has no trials table")
             table = nwbfile.trials.to_dataframe(index=True).reset_index(drop=True)
@@ -41,7 +42,7 @@ def _read_nwb(path: Path):
     except FileFormatError:
         raise
     except (OSError, KeyError, ValueError) as exc:
-        raise FileFormatError(path, f"not a readable NWB file ({exc})") from None
+        raise FileFormatError(path, f"not a readable NWB file ({unreadable_reason(exc)})") from None
 
 
 def _referenced_ids(column, path: Path) -> list[str]:
