@@ -729,6 +729,10 @@ def test_a_plan_stopped_while_rewriting_its_outputs_is_refused_until_run_again(p
     for argv in readers:
         assert main(argv) == 2
         assert "plan_files.json: the plan did not finish writing its outputs" in capsys.readouterr().err, argv
+    (out / "summary.json").unlink()  # stopped before its summary.json was written again: said the same way
+    for argv in readers:
+        assert main(argv) == 2
+        assert "plan_files.json: the plan did not finish writing its outputs" in capsys.readouterr().err, argv
     monkeypatch.undo()
     assert main(["plan", str(config), "--out", str(out), "--no-progress"]) == 0
     for argv in readers:
@@ -1587,7 +1591,8 @@ def test_images_the_recordings_never_presented_are_named_and_left_out(tmp_path):
 
     config = load_plan_config(_lab_plan(tmp_path / "config", n_images=150))  # LFW's first 150 of its 200 images
     with pytest.warns(UserWarning, match=r"plan.toml \[recordings\] images: 50 of 200 images were not presented in "
-                                         r"the recordings \(\S+, \S+, \S+ and 47 more\); the plan uses the 150 recorded"):
+                                         r"the recordings \(\S+, \S+, \S+ and 47 more\); the plan uses the 150 "
+                                         r"recorded"):
         inputs = PlanInputs(config, tmp_path / "out", False, None)
     assert sorted(inputs.images.stimulus_id) == sorted(lfw_subset().stimulus_id[:150])
     assert set(inputs.per_image["stimulus_id"].values) == set(inputs.images.stimulus_id)
@@ -1619,8 +1624,8 @@ def test_a_plan_cache_of_images_whose_pixels_changed_since_is_refused(tmp_path, 
     PILImage.fromarray(np.full((8, 8), 255, dtype=np.uint8)).save(folder / "im1.png")
     after = load_plan_config(config_path).digest_record()
     PhaseCache(tmp_path / "out", json_sha256(before), record=before)
-    with pytest.raises(ConfigError, match=r"changed since: input_sha256\.\S*im1\.png \('[0-9a-f]{64}' → '[0-9a-f]{64}'\); "
-                                          r"use a new --out directory"):
+    with pytest.raises(ConfigError, match=r"changed since: input_sha256\.\S*im1\.png \('[0-9a-f]{64}' → "
+                                          r"'[0-9a-f]{64}'\); use a new --out directory"):
         PhaseCache(tmp_path / "out", json_sha256(after), record=after)
 
 

@@ -14,7 +14,7 @@ from PIL import Image
 from stimsim.data import manifest
 from stimsim.data.images import TransparentImageWarning, load_image
 from stimsim.data.stimuli import (FASHION_MNIST_CLASSES, StimulusSet, fashion_mnist, from_folder, from_table,
-                                  lfw_subset, moeller2017, pixel_noise)
+                                  lfw_subset, load_stimulus_source, moeller2017, pixel_noise)
 from stimsim.utilities.errors import ConfigError, FileFormatError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -116,6 +116,14 @@ def test_from_folder_labels_ids_and_pixels(image_folder):
         np.testing.assert_allclose(image, written[stimulus_id] / 255.0, atol=1e-6)
     assert stimuli.images[2].shape == (4, 4, 3)
     assert from_folder(root, label_from=None).labels == {}
+    # a folder of loose images (none in a class subfolder): refused with the way to read them, which TOML can write
+    loose = root.parent / "loose"
+    loose.mkdir()
+    Image.fromarray(np.zeros((4, 4), dtype=np.uint8)).save(loose / "a.png")
+    with pytest.raises(FileFormatError, match=r"found 1 at the top level, e.g. a.png \(label_from = \"none\" reads"):
+        load_stimulus_source({"source": "folder", "path": str(loose)})
+    assert list(load_stimulus_source({"source": "folder", "path": str(loose), "label_from": "none"}).stimulus_id) \
+        == ["a.png"]
 
 
 def test_images_keep_their_contrast_at_every_bit_depth_and_mode(tmp_path):

@@ -146,7 +146,8 @@ def test_poisson_noise_gives_the_expected_reliability_ordering(model, one_torch_
 def test_bad_subject_configurations_name_file_and_field(model, tmp_path):
     with pytest.raises(ConfigError, match=r"<config> \[array\] dead_electrodes: unknown electrode id\(s\) \['99'\]"):
         VirtualSubject.create(_config(dead_electrodes=["3", "99"]), model=model)
-    with pytest.raises(ConfigError, match=r"\[array\] pose: electrode\(s\) .* fall off the IT sheet"):
+    with pytest.raises(ConfigError, match=r"\[array\] pose: \d+ of 64 electrodes \(\d+(, \d+)*( and \d+ more)?\) "
+                                          r"fall off the IT sheet"):
         VirtualSubject.create(_config(pose={"x_mm": 0.5, "y_mm": 5.0}), model=model)
     big = tmp_path / "big.csv"
     # 16 electrodes 2 mm apart in a line, 30 cortex mm: longer than the 19.7 mm sheet's diagonal (27.9 mm)
@@ -171,6 +172,21 @@ def test_bad_subject_configurations_name_file_and_field(model, tmp_path):
     config["recording"]["repeats"] = 10**9  # would need 10^9 × 200 images × 64 electrodes of memory
     with pytest.raises(ConfigError, match=r"\[recording\]: 'repeats' must be <= 1000, got 1000000000"):
         VirtualSubject.create(config, model=model)
+    config = _config()
+    config["subject"]["cortex_mm_per_model_mm"] = 1e-6  # a sheet of 10 µm: the error names the scale that made it
+    with pytest.raises(ConfigError, match=r"'radius_mm' = 0.3 is larger than the model's IT sheet .*; the sheet is "
+                                          r"this small at \[subject\] cortex_mm_per_model_mm = 1e-06, the model's own "
+                                          r"scale is \d"):
+        VirtualSubject.create(config, model=model)
+    # numbers in other units or beyond any multi-unit site: refused before any spike count is drawn
+    for key, value, message in (("window_ms", [0.07, 0.17], r"'window_ms' = \[0.07, 0.17\] is a window of 0.1 ms; "
+                                                             r"give its start and stop in ms"),
+                                ("baseline_rate_Hz", 1e12, r"'baseline_rate_Hz' must be <= 1000"),
+                                ("gain_log_sd", 20, r"'gain_log_sd' must be <= 3")):
+        config = _config()
+        config["recording"][key] = value
+        with pytest.raises(ConfigError, match=r"\[recording\]: " + message):
+            VirtualSubject.create(config, model=model)
 
 
 def test_an_unknown_subject_model_names_the_file_and_field(tmp_path, capsys):

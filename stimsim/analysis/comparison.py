@@ -42,10 +42,10 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
     sites_path, summary_path = plan_dir / "sites.csv", plan_dir / "summary.json"
     if not plan_dir.is_dir():
         raise FileNotFoundError(f"plan directory not found: {plan_dir} (a directory made by `stimsim plan`)")
+    check_plan_files(plan_dir)  # first: a plan stopped while writing its outputs is said to be one
     for path in (sites_path, summary_path):
         if not path.is_file():
             raise FileNotFoundError(f"plan directory {plan_dir} has no {path.name} (made by `stimsim plan`)")
-    check_plan_files(plan_dir)
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -110,9 +110,9 @@ def read_summary(plan_dir) -> tuple[Path, dict]:
     """The path and content of ``plan_dir/summary.json`` (a JSON object), every file of the plan checked first
     (:func:`check_plan_files`)."""
     path = Path(plan_dir) / "summary.json"
+    check_plan_files(plan_dir)  # first: a plan stopped while writing its outputs is said to be one
     if not path.is_file():
         raise FileFormatError(path, "not found; is this a directory written by `stimsim plan`?")
-    check_plan_files(plan_dir)
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

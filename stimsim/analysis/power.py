@@ -322,10 +322,11 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
                     ("sites reaching the target power", f"{summary['n_sites_detectable']} of {summary['n_sites']}"),
                     (f"observed vs true ΔAUC r ≥ {TARGET_OBSERVED_VS_TRUE_R:g} across sites (mean)",
                      summary["observed_vs_true_r_trials_needed"] or beyond))),
-                Paragraph(f"True ΔAUC across the sites: SD {summary['true_delta_auc_sd']:.4f}. The power curve table "
-                          "also gives, per trial count, the mean r across sites of the observed ΔAUC with the true "
-                          "ΔAUC (chance 0; its square is the reliability of the per-site effects) and with the "
-                          "plan's predicted ΔAUC."),
+                Paragraph(f"\"True\" ΔAUC here is the ΔAUC of the curves the sessions are simulated from (the "
+                          f"{planned['source']}): SD {summary['true_delta_auc_sd']:.4f} across the sites. The power "
+                          "curve table also gives, per trial count, the mean r across sites of the observed ΔAUC with "
+                          "that true ΔAUC (chance 0; its square is the reliability of the per-site effects) and with "
+                          "the plan's predicted ΔAUC."),
                 Image(figure_png(plot_power_curve(curve, target_power, alpha)),
                       caption=f"Power against trials per site; target {target_power:g}.")]),
             Section("Power curve", [Table.from_dataframe(curve)]),

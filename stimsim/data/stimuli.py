@@ -228,11 +228,12 @@ def from_folder(path, label_from: str | None = "subfolder", name: str | None = N
     Parameters
     ----------
     label_from : ``"subfolder"`` — label ``category`` = the first-level subfolder an image sits in
-        (every image must sit in one); ``None`` — no labels.
+        (every image must sit in one); ``"none"`` (or None) — no labels.
     name : set name; default the folder's name.
     """
-    if label_from not in ("subfolder", None):
-        raise ValueError(f"label_from must be 'subfolder' or None, got {label_from!r}")
+    if label_from not in ("subfolder", "none", None):
+        raise ValueError(f"label_from must be \"subfolder\" (label 'category' from each image's first-level "
+                         f"subfolder) or \"none\" (no labels), got {label_from!r}")
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"stimulus folder not found: {root}")
@@ -244,8 +245,9 @@ def from_folder(path, label_from: str | None = "subfolder", name: str | None = N
     if label_from == "subfolder":
         loose = [i for i in ids if "/" not in i]
         if loose:
-            raise FileFormatError(root, f"label_from='subfolder' needs every image inside a subfolder; "
-                                        f"found {len(loose)} at the top level, e.g. {loose[0]}")
+            raise FileFormatError(root, f"label_from = \"subfolder\" (the default) needs every image inside a "
+                                        f"subfolder, its class; found {len(loose)} at the top level, e.g. {loose[0]} "
+                                        "(label_from = \"none\" reads the images without labels)")
         labels["category"] = np.asarray([i.split("/", 1)[0] for i in ids])
     return StimulusSet(name=name or root.name, images=_load_images(files, root),
                        stimulus_id=np.asarray(ids), labels=labels)

@@ -58,6 +58,13 @@ class ArrayTable(FileModel):
         return self
 
 
+#: Bounds of a virtual recording's numbers, far beyond any multi-unit site's (spikes/s; the gains' log-normal SD;
+#: the response window's length in ms), so that a value in other units is refused rather than simulated.
+MAX_RATE_HZ = 1000.0
+MAX_GAIN_LOG_SD = 3.0
+WINDOW_LENGTH_MS = (5.0, 10_000.0)
+
+
 class RecordingTable(FileModel):
     """``[recording]``: units within ``radius_mm`` of an electrode are pooled; ``repeats`` presentations of every
     image, counted over ``window_ms`` after onset; rates in spikes/s."""
@@ -65,9 +72,9 @@ class RecordingTable(FileModel):
     radius_mm: Annotated[float, Field(ge=1e-6)] = 0.25
     repeats: Annotated[int, Field(ge=1, le=MAX_REPEATS)] = 4
     window_ms: Annotated[list[Annotated[float, Field(ge=0)]], Field(min_length=2, max_length=2)] = [70.0, 170.0]
-    baseline_rate_Hz: Annotated[float, Field(ge=0)] = 20.0
-    gain_Hz_per_sd: Annotated[float, Field(ge=0)] = 60.0
-    gain_log_sd: Annotated[float, Field(ge=0)] = 0.3
+    baseline_rate_Hz: Annotated[float, Field(ge=0, le=MAX_RATE_HZ)] = 20.0
+    gain_Hz_per_sd: Annotated[float, Field(ge=0, le=MAX_RATE_HZ)] = 60.0
+    gain_log_sd: Annotated[float, Field(ge=0, le=MAX_GAIN_LOG_SD)] = 0.3
     noise: Literal["poisson", "none"] = "poisson"
 
     @field_validator("window_ms")
@@ -75,6 +82,11 @@ class RecordingTable(FileModel):
     def _ordered(cls, window: list) -> list:
         if not window[0] < window[1]:
             raise ValueError(f"'window_ms' must be [start, stop] with 0 <= start < stop, got {window!r}")
+        shortest, longest = WINDOW_LENGTH_MS
+        if not shortest <= window[1] - window[0] <= longest:
+            raise ValueError(f"'window_ms' = {window!r} is a window of {window[1] - window[0]:g} ms; give its start "
+                             f"and stop in ms after image onset, {shortest:g} to {longest:g} ms apart (e.g. "
+                             "[70, 170]; seconds would be 1000 times too short)")
         return window
 
 

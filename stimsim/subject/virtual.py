@@ -111,9 +111,13 @@ class VirtualSubject:
         x0, x1, y0, y1 = sheet.extent_mm
         span_mm = max(x1 - x0, y1 - y0)
         if recording["radius_mm"] > span_mm:
+            scale = scale_record["cortex_mm_per_model_mm"]
+            override = (f"; the sheet is this small at [subject] cortex_mm_per_model_mm = {scale:g}, the model's own "
+                        f"scale is {scale_record['model_cortex_mm_per_model_mm']:g}"
+                        if scale_record["scale_overridden"] else "")
             raise ConfigError(f"{source} [recording]: 'radius_mm' = {recording['radius_mm']:g} is larger than the "
                               f"model's IT sheet (extent {_extent_text(sheet)} mm): every electrode would record the "
-                              f"whole sheet; give at most {span_mm:.3g} mm")
+                              f"whole sheet; give at most {span_mm:.3g} mm{override}")
         stimuli_spec = [dict(entry) for entry in checked.stimuli]
 
         rng = np.random.default_rng([seed, 0x5B])
@@ -126,8 +130,9 @@ class VirtualSubject:
                 raise ConfigError(f"{source} [array] pose: {exc}") from None
             off = _electrodes_off_sheet(layout, pose, sheet, 0.0)
             if off:
-                raise ConfigError(f"{source} [array] pose: electrode(s) {off[:8]} fall off the IT sheet "
-                                  f"(extent {_extent_text(sheet)} mm) at this pose")
+                more = f" and {len(off) - 8} more" if len(off) > 8 else ""
+                raise ConfigError(f"{source} [array] pose: {len(off)} of {len(layout)} electrodes ({', '.join(off[:8])}"
+                                  f"{more}) fall off the IT sheet (extent {_extent_text(sheet)} mm) at this pose")
         dead = _dead_electrodes(layout, dead_list, dead_fraction, rng, source)
         gains = np.exp(rng.normal(math.log(max(recording["gain_Hz_per_sd"], 1e-12)), recording["gain_log_sd"],
                                   len(layout))) if recording["gain_Hz_per_sd"] > 0 else np.zeros(len(layout))
