@@ -704,6 +704,8 @@ def _apply_common_options(args) -> None:
                 if Path(path).is_file() and not args.force and not is_virtual_session_file(path):
                     raise ConfigError(f"{option} {path}: the file exists and is not a session stimsim wrote; give "
                                       "--force to replace it")
+                if Path(path).is_file():
+                    warnings.warn(f"{option} {path}: replacing the session written there before", stacklevel=2)
     elif out is not None:
         if not out.strip():
             raise ConfigError("--out is empty; give a directory path")

@@ -143,6 +143,48 @@ def test_poisson_noise_gives_the_expected_reliability_ordering(model, one_torch_
     assert np.median(reliability.drop_sel(electrode=["1", "2"]).values) > 0.5
 
 
+def test_images_the_models_input_changes_much_are_noted_when_a_subject_is_made(model, tmp_path):
+    from PIL import Image
+
+    folder = tmp_path / "images" / "objects"
+    folder.mkdir(parents=True)
+    Image.fromarray(np.full((10, 1000), 128, dtype=np.uint8)).save(folder / "strip.png")  # 100:1
+    Image.fromarray(np.full((1, 1), 128, dtype=np.uint8)).save(folder / "dot.png")  # enlarged 32 × to 32 px
+    Image.fromarray(np.full((40, 40), 128, dtype=np.uint8)).save(folder / "square.png")
+    config = _config()
+    config["stimuli"] = [{"source": "folder", "path": str(tmp_path / "images")}]
+    with pytest.warns(UserWarning) as caught:
+        VirtualSubject.create(config, model=model).stimuli()
+    messages = [str(w.message) for w in caught]
+    assert ("<config> [[stimuli]]: 1 of 3 images are over twice as long as wide, and the model sees only their centre "
+            "square (e.g. objects/strip.png, 1000 × 10 px)") in messages
+    assert ("<config> [[stimuli]]: 1 of 3 images are enlarged over 4 times to the model's 32-px input (e.g. "
+            "objects/dot.png, 1 × 1 px)") in messages
+
+
+def test_a_subject_files_image_folder_is_read_relative_to_the_file_and_saved_so_that_it_runs_again(tmp_path,
+                                                                                                    monkeypatch):
+    from PIL import Image
+
+    from stimsim.subject.virtual import to_toml
+    from stimsim.utilities.config import load_toml
+
+    folder = tmp_path / "lab" / "images" / "objects"
+    folder.mkdir(parents=True)
+    for i in range(12):
+        Image.fromarray(np.full((32, 32), 20 * i, dtype=np.uint8)).save(folder / f"im{i}.png")
+    config = _config()
+    config["stimuli"] = [{"source": "folder", "path": "images"}]  # beside the subject file, not the working directory
+    (tmp_path / "lab" / "subject.toml").write_text(to_toml(config))
+    monkeypatch.chdir(tmp_path)
+    subject = VirtualSubject.from_file("lab/subject.toml")
+    assert len(subject.stimuli()) == 12
+    saved = subject.save(tmp_path / "made")
+    assert load_toml(saved / "subject.toml")["stimuli"][0]["path"] == str((tmp_path / "lab" / "images").resolve())
+    monkeypatch.chdir(tmp_path / "made")
+    assert len(VirtualSubject.from_file("subject.toml").stimuli()) == 12  # the saved file runs again from anywhere
+
+
 def test_bad_subject_configurations_name_file_and_field(model, tmp_path):
     with pytest.raises(ConfigError, match=r"<config> \[array\] dead_electrodes: unknown electrode id\(s\) \['99'\]"):
         VirtualSubject.create(_config(dead_electrodes=["3", "99"]), model=model)

@@ -209,6 +209,25 @@ def _is_stacked(arr: np.ndarray) -> bool:
     return not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[-1] in (3, 4)))
 
 
+def input_geometry_notes(images: StimulusSet, size_px: int, where: str) -> list[str]:
+    """Sentences on how many images a model's input geometry changes much: their shorter side resized to ``size_px``
+    and the centre square cut out, so an image over twice as long as wide loses over half of its length, and one
+    under a quarter of ``size_px`` is enlarged over 4 times (empty when none is)."""
+    shapes = [image.shape[:2] for image in images.images]
+    checks = (
+        (lambda h, w: max(h, w) > 2 * min(h, w),
+         "are over twice as long as wide, and the model sees only their centre square"),
+        (lambda h, w: 4 * min(h, w) < size_px, f"are enlarged over 4 times to the model's {size_px}-px input"))
+    notes = []
+    for changed, what in checks:
+        hits = [i for i, (h, w) in enumerate(shapes) if changed(h, w)]
+        if hits:
+            h, w = shapes[hits[0]]
+            notes.append(f"{where}: {len(hits)} of {len(shapes)} images {what} (e.g. {images.stimulus_id[hits[0]]}, "
+                         f"{w} × {h} px)")
+    return notes
+
+
 def image_sequence(images):
     """``images`` as a sequence with one entry per image, to count and slice by image: a single image (a file path,
     a PIL image, an (H, W[, C]) array, a (C, H, W) tensor) becomes a sequence of one; a stacked array or tensor, a

@@ -54,6 +54,7 @@ import xarray as xr
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.datasets import DATASETS
 from stimsim.engine.activation_cache import cached_activations
+from stimsim.models.preprocessing import input_geometry_notes
 from stimsim.models.registry import load_model, model_path
 from stimsim.models.topographic import TopographicModel
 from stimsim.paradigms.base import get_paradigm
@@ -351,7 +352,10 @@ def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
         if missing:
             raise ConfigError(f"{where} sets[{index}] ({loaded.name}): no label(s) {missing}; it has "
                               f"{sorted(loaded.labels)}")
-        _note_image_geometry(loaded, model.preprocessing.size_px, notes, f"{where} sets[{index}] ({loaded.name})")
+        for message in input_geometry_notes(loaded, model.preprocessing.size_px, f"{where} sets[{index}] "
+                                                                                  f"({loaded.name})"):
+            notes.append(message)
+            warnings.warn(message, stacklevel=2)
         kept = {label: np.asarray(loaded.labels[label]).astype(str) for label in labels}
         kept["source_set"] = np.full(len(loaded), loaded.name)
         parts.append(StimulusSet(name=loaded.name, images=loaded.images, stimulus_id=loaded.stimulus_id,
@@ -360,25 +364,6 @@ def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
         return StimulusSet.concat(*parts)
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-
-
-def _note_image_geometry(images: StimulusSet, size_px: int, notes: list, where: str) -> None:
-    """Say (in ``notes`` and as a warning) how many images the model's input geometry changes much: its shorter side
-    resized to ``size_px`` and the centre square cut out, so an image over twice as long as wide loses over half of
-    its length, and one under a quarter of ``size_px`` is enlarged over 4 times."""
-    shapes = [image.shape[:2] for image in images.images]
-    checks = (
-        (lambda h, w: max(h, w) > 2 * min(h, w),
-         "are over twice as long as wide, and the model sees only their centre square"),
-        (lambda h, w: 4 * min(h, w) < size_px, f"are enlarged over 4 times to the model's {size_px}-px input"))
-    for changed, what in checks:
-        hits = [i for i, (h, w) in enumerate(shapes) if changed(h, w)]
-        if hits:
-            h, w = shapes[hits[0]]
-            message = (f"{where}: {len(hits)} of {len(shapes)} images {what} (e.g. {images.stimulus_id[hits[0]]}, "
-                       f"{w} × {h} px)")
-            notes.append(message)
-            warnings.warn(message, stacklevel=3)
 
 
 def _load_model(spec: ExperimentSpec, model):

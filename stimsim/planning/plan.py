@@ -36,6 +36,7 @@ import xarray as xr
 
 from stimsim.analysis.plan_readback import mark_plan_unfinished, write_plan_files
 from stimsim.behavior.metrics import finite_pearson
+from stimsim.models.preprocessing import input_geometry_notes
 from stimsim.planning.cache import PhaseCache, directory_files_sha256, remove_temporaries
 from stimsim.planning.config import PlanConfig
 from stimsim.planning.detectability import INTERVAL_SPANS, coverage, subject_error_sd, with_subject_error
@@ -274,6 +275,10 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
         plan_task = config.plan_task
         prepared = plan_task.prepare(config.task_options, inputs.images, config.seed, str(config.path))
         models, scales = load_candidates(config.candidates, device=compute["device"])
+        if inputs.subject_dir is None:  # a subject's images were noted when it was made
+            for size_px in sorted({model.preprocessing.size_px for model in models.values()}):
+                for message in input_geometry_notes(inputs.images, size_px, f"{config.path} [recordings] images"):
+                    warnings.warn(message, stacklevel=2)
         _check_stimulation_fits(config, {**models, **({SUBJECT: inputs.load_subject().model} if inputs.subject_dir
                                                       else {})})
         cache.timings["inputs"] = {"seconds": round(time.perf_counter() - started, 3),

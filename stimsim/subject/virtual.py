@@ -150,11 +150,16 @@ class VirtualSubject:
     def from_file(cls, path, model=None) -> "VirtualSubject":
         """Build a subject from a configuration file (TOML)."""
         path = Path(path)
-        subject = cls.create(load_toml(path), source=str(path), model=model)
+        config = load_toml(path)
+        relative = [entry for entry in config.get("stimuli", ()) if isinstance(entry, dict)
+                    and isinstance(entry.get("path"), str) and not Path(entry["path"]).is_absolute()]
+        for entry in relative:  # a folder or table of the lab's images, named relative to this file's folder
+            entry["path"] = str((path.parent / entry["path"]).resolve())
+        subject = cls.create(config, source=str(path), model=model)
         if subject.recording["repeats"] < 2:
             warnings.warn(f"{path} [recording]: repeats = 1: a plan on this subject needs [array] min_reliability "
                           "= -1 (split-half reliability needs 2 or more presentations of every image)", stacklevel=2)
-        subject.config_text = path.read_text()
+        subject.config_text = None if relative else path.read_text()  # saved with the paths resolved
         subject.config_dir = path.parent
         return subject
 
@@ -209,7 +214,12 @@ class VirtualSubject:
             if self.directory is not None and (self.directory / "stimuli.npz").is_file():
                 self._stimuli = read_stimuli_npz(self.directory / "stimuli.npz")
             else:
+                from stimsim.models.preprocessing import input_geometry_notes
+
                 self._stimuli = build_stimuli(self.stimuli_spec, self.source)
+                for message in input_geometry_notes(self._stimuli, self.model.preprocessing.size_px,
+                                                    f"{self.source} [[stimuli]]"):
+                    warnings.warn(message, stacklevel=2)
         return self._stimuli
 
     # --- recording ------------------------------------------------------------------------
