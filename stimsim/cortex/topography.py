@@ -170,7 +170,8 @@ def smoothed_map(values, sheet: CorticalSheet, sigma_mm: float = 0.5, grid_step_
 def peak_location_mm(values, sheet: CorticalSheet, sigma_mm: float = 0.5) -> tuple[float, float]:
     """Position (mm) of the maximum of the smoothed map: e.g. the centre of the face patch. A map whose units all
     have the same value has no maximum: ValueError."""
-    counted = np.asarray(values, float)[~np.isnan(np.asarray(values, float))]
+    counted = np.asarray(values, float)
+    counted = counted[~np.isnan(counted)]
     if counted.size and np.all(counted == counted[0]):
         raise ValueError(f"every unit has the value {counted[0]:g}: the map is flat and has no peak")
     xs, ys, smooth = smoothed_map(values, sheet, sigma_mm)

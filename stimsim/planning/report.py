@@ -270,12 +270,13 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
         row += [*plan_task.site_cells(task, rehearsals[chosen_model], i), record_row["status"]]
         rows.append(tuple(row))
     protocol = sites.iloc[0]  # one stimulation protocol and one safety verdict for the whole plan
+    columns_note = plan_task.site_columns_note()
     table = Table(tuple(columns), rows, digits=3, css_class="sites",
                   caption=f"Ranked sites (all working electrodes; 'chosen' = the plan's sites). Every site: "
                           f"{protocol['current_uA']:g} µA, {protocol['frequency_Hz']:g} Hz, "
                           f"{protocol['pulse_width_ms']:g} ms per phase, {protocol['charge_per_phase_nC']:g} nC per "
                           f"phase; safety {protocol['safety_verdict']}"
-                          + (f". {plan_task.site_columns_note()}" if plan_task.site_columns_note() else ""))
+                          + (f". {columns_note}" if columns_note else ""))
     first = summary["model_selection"]["p_ranked_first"]
     selection_rows = [(*values, 100 * first[values[1]]) for values in
                       zip(*[mapping["selection"][k] for k in ("rank", "model", "median_r2", "chance_median_r2")])]
