@@ -289,20 +289,18 @@ def _cmd_subject_session(args) -> int:
 
     if args.trials is not None and (args.trials_per_site is not None or args.sites is not None):
         raise ConfigError("--trials runs that trial list as it is; --trials-per-site and --sites apply without it")
-    if args.trials_per_site is not None:
-        _check_at_least("--trials-per-site", args.trials_per_site, 2)
     check_seed("--seed", args.seed)
     if args.session_id is not None and not args.session_id.strip():
         raise ConfigError("--session-id is empty; give an id, or leave the option out for session-seedN")
+    trials_per_site = 400 if args.trials_per_site is None else args.trials_per_site
     if args.trials is not None:
         trials = session_from_trial_list(args.plan_dir, args.trials, seed=args.seed, session_id=args.session_id)
     else:
-        trials = session_from_plan(args.plan_dir, args.trials_per_site or 400, seed=args.seed,
+        trials = session_from_plan(args.plan_dir, trials_per_site, seed=args.seed,
                                    session_id=args.session_id, sites=args.sites or "chosen")
     subject_id, session_id = trials["subject_id"].iloc[0], trials["session_id"].iloc[0]
     if args.out:
-        notes = session_notes(args.plan_dir, args.seed, args.trials_per_site or 400, args.sites or "chosen",
-                              args.trials)
+        notes = session_notes(args.plan_dir, args.seed, trials_per_site, args.sites or "chosen", args.trials)
         write_session_nwb(trials, args.out, subject_id=subject_id, session_id=session_id, trial_list=args.trials,
                           notes=notes)
     if args.csv:

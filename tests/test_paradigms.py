@@ -24,7 +24,7 @@ from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
 from stimsim.paradigms import categorization, load_experiment, parse_experiment, same_different
 from stimsim.paradigms.runner import load_results, run_experiment
-from stimsim.paradigms.schema import ExplicitSites, FacePatchSites, LocalizerFile, SelectivitySites
+from stimsim.paradigms.schema import ExplicitSites, FacePatchSites, GridSites, LocalizerFile, SelectivitySites
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, select_sites
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, DataError, SafetyError
@@ -283,7 +283,7 @@ def test_face_patch_inside_at_peak_and_outside_far_and_unselective():
         select_sites(spec, sheet, alike, is_face)
 
 
-def test_grid_and_explicit_sites():
+def test_grid_and_explicit_sites(monkeypatch):
     sheet = _grid_sheet()
     points = candidate_points_mm(sheet, step_mm=2.0, margin_mm=1.0)
     assert len(points) == 25 and points.min() == pytest.approx(1.0) and points.max() == pytest.approx(9.0)
@@ -298,6 +298,27 @@ def test_grid_and_explicit_sites():
     with pytest.raises(ConfigError, match=r"^\[sites\] 'recording_radius_mm' = \S+ is larger than sheet .*: every "
                                           r"site would record the whole sheet; give at most"):
         select_sites(wide, sheet, responses, is_face)
+    # a grid as wide as the sheet would be one site at the centre; one of millions of sites is refused before any
+    # array is laid out, with the memory it would need (the sheet is 10 mm: 10 mm / 1e-5 mm = 1e6 points a side)
+    one = GridSites(method="grid", localizer=LocalizerFile(label="category", positive="face"), grid_step_mm=50.0,
+                    margin_mm=1.0)
+    with pytest.raises(ConfigError, match=r"^\[sites\] 'grid_step_mm' = 50 mm is wider than sheet .* inside its "
+                                          r"margin_mm = 1 mm .*: the grid would be one site at the centre; give a step "
+                                          r"of at most 8 mm"):
+        select_sites(one, sheet, responses, is_face)
+    monkeypatch.setattr("stimsim.utilities.limits.available_memory_bytes", lambda: 2**29)
+    with pytest.raises(ConfigError, match=r"^a grid of 640,001,600,001 sites 1e-05 mm apart on sheet .* needs about "
+                                          rf"{640_001_600_001 * 64 / 2**40:.1f} TiB of memory, more than the 512.0 MiB "
+                                          r"this machine has available; "
+                                          r"lower the number of sites: widen the grid's step"):
+        candidate_points_mm(sheet, step_mm=1e-5, margin_mm=1.0)  # 64 bytes a point
+    dense = candidate_points_mm(sheet, step_mm=0.01, margin_mm=1.0)  # 801² points: 41 MB, but each would then
+    units = sheet.density_per_mm2 * np.pi  # gather the units within 1 mm and hold its response to every image
+    needed = len(dense) * (units * 64 + 16 * len(is_face))
+    assert needed > 2**29
+    with pytest.raises(ConfigError, match=rf"^the multi-unit responses of 641,601 sites \(about {units:.0f} units "
+                                          rf"each\) to {len(is_face)} images needs about {needed / 2**20:.1f} MiB"):
+        multi_unit_dprime(responses, is_face, sheet, dense, 1.0)
 
 
 # --- pairs --------------------------------------------------------------------------------------
@@ -810,6 +831,21 @@ def test_heldout_only_keeps_every_image_of_a_source_the_model_never_trained_on()
         assert len(stimuli) == expected
         assert (len(notes) == 1 and "model 'm' was trained on none of source 'lfw_subset'" in notes[0]) == \
             (expected == len(lfw))
+    # a split the training took none from is held out whole; the split it took from keeps only what it held out
+    fashion = {"data": {"sets": [{"source": "fashion_mnist", "split": "train", "n_per_class": 600}]}}
+    model = SimpleNamespace(name="m", preprocessing=SimpleNamespace(size_px=32),
+                            metadata={"holdout_stimulus_ids": ["fashion_mnist_train_00000"], "training": fashion})
+    for split, expected in (("test", 20), ("train", None)):
+        notes = []
+        sets = [{"source": "fashion_mnist", "split": split, "n_per_class": 2, "heldout_only": True}]
+        if expected is None:
+            with pytest.raises(ConfigError, match=r"none of its images is among the 1 the model's training held out"):
+                load_stimuli(sets, ["category"], model, notes, "exp.toml [stimuli]")
+            continue
+        assert len(load_stimuli(sets, ["category"], model, notes, "exp.toml [stimuli]")) == expected
+        assert notes == ["exp.toml [stimuli] sets[0] (fashion_mnist_test): heldout_only keeps all 20 images: model 'm' "
+                         "was trained on none of source 'fashion_mnist' split 'test' (its training took images from "
+                         "['fashion_mnist']; of 'fashion_mnist', from another split)"]
 
 
 def test_timing_a_static_model_does_not_respond_to_is_noted():
@@ -826,3 +862,21 @@ def test_timing_a_static_model_does_not_respond_to_is_noted():
     _note_timing_without_effect({"kind": "electrical", "current_uA": 50}, quiet)
     _note_timing_without_effect({"kind": "optogenetic", "onset_ms": 5}, quiet)
     assert quiet == []
+
+
+def test_the_site_effects_figure_says_which_sites_it_cannot_show(monkeypatch):
+    """Sites whose psychometric curve could not be fitted have no shift: the figure counts them in its title, and
+    when no site has one its panels say so instead of standing empty."""
+    shown = {}
+    monkeypatch.setattr(categorization, "save_figure", lambda fig, path: shown.update(figure=fig))
+    for shifts, title in (([np.nan, 1.5, np.nan], "2 of 3"), ([np.nan] * 3, "3 of 3")):
+        title = f"{title} sites without a fitted curve are not shown"
+        dataset = xr.Dataset({"psychometric_shift_percent": ("site", np.array(shifts))},
+                             coords={"site": ["a", "b", "c"], "site_group": ("site", ["grid"] * 3),
+                                     "site_dprime": ("site", [0.5, 1.5, 2.0]),
+                                     "distance_to_peak_mm": ("site", [1.0, 0.5, 0.0])})
+        categorization.plot_site_effects(dataset, "unused.png", "effect per site")
+        figure = shown.pop("figure")
+        assert figure._suptitle.get_text() == f"effect per site\n{title}"
+        notes = [text.get_text() for ax in figure.axes for text in ax.texts]
+        assert notes == (["no site's curve could be fitted"] * 2 if title.startswith("3") else [])

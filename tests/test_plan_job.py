@@ -316,6 +316,22 @@ def test_plan_prints_only_its_json_on_stdout_and_says_what_it_reuses(plan_dir, c
     assert phases["sequences"]["compute_seconds"] == pytest.approx(record["compute_seconds"], abs=1e-3)
 
 
+def test_a_project_folder_moved_whole_resumes_its_plan(plan_dir, tmp_path, capsys):
+    """Paths under the plan file's folder enter the cache's digest relative to it: a lab that copies its project
+    (plan file, subject file, plan directory) to another machine or folder reuses every phase."""
+    config, out = plan_dir
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(config.parent.parent, moved)
+    capsys.readouterr()
+    assert main(["plan", str(moved / "config" / "plan.toml"), "--out", str(moved / "out")]) == 0
+    phases = json.loads((moved / "out" / "summary.json").read_text())["phases"]
+    assert phases and all(t["cached"] for t in phases.values()), phases
+    assert "stimsim: plan: reusing cached mapping" in capsys.readouterr().err
+    (moved / "config" / "subject.toml").write_text((config.parent / "subject.toml").read_text() + "\n# edited\n")
+    assert main(["plan", str(moved / "config" / "plan.toml"), "--out", str(moved / "out")]) == 2
+    assert "changed since: input_sha256.subject.toml (" in capsys.readouterr().err
+
+
 def _warnings(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("stimsim: warning: plan cache file")]
 
@@ -609,7 +625,9 @@ def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_di
     (tmp_path / "folder.nwb").mkdir()
     for argv, message in ((["--out", str(tmp_path / "folder.nwb")], "--out: output file"),
                           (["--csv", str(tmp_path / "f" / "s.csv")], "--csv: output directory"),
-                          (["--trials-per-site", "1", "--csv", str(csv)], "--trials-per-site must be at least 2"),
+                          (["--trials-per-site", "0", "--csv", str(csv)],
+                           "(--trials-per-site) must be >= 14 (a ΔAUC needs a trial at each of the 7 steps in both "
+                           "conditions), got 0"),
                           (["--out", str(tmp_path / "session.csv")], "give a file name ending in .nwb"),
                           (["--seed", "-1", "--csv", str(csv)], "--seed must be an integer from 0 to 4294967295"),
                           (["--trials-per-site", "1000000000", "--csv", str(csv)],

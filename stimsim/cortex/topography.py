@@ -198,14 +198,15 @@ def selective_clusters_mm(values, sheet: CorticalSheet, threshold: float = 1.0, 
 
 
 def plot_sheet_map(values, sheet: CorticalSheet, path, title: str, label: str = "face d′",
-                   vmin: float = -2.0, vmax: float = 2.0):
-    """Scatter the units on the sheet coloured by ``values``; saved as PNG at ``path``."""
+                   vmin: float = -2.0, vmax: float = 2.0, frame: str = "model"):
+    """Scatter the units on the sheet coloured by ``values``; saved as PNG at ``path``. ``frame`` names the sheet's
+    lengths on the axes: "model" mm, or "cortex" mm for a sheet at its model's cortex scale."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.6, 4))
     order = np.argsort(values)
     points = ax.scatter(sheet.coordinates_mm[order, 0], sheet.coordinates_mm[order, 1], c=np.asarray(values)[order],
                         s=max(2.0, 6000 / sheet.n_units), cmap="RdBu_r", vmin=vmin, vmax=vmax, linewidths=0)
     fig.colorbar(points, ax=ax, label=label)
-    ax.set(xlabel="x (mm)", ylabel="y (mm)", title=title, aspect="equal")
+    ax.set(xlabel=f"x ({frame} mm)", ylabel=f"y ({frame} mm)", title=title, aspect="equal")
     fig.tight_layout()
     save_figure(fig, path)

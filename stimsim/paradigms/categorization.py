@@ -377,6 +377,13 @@ def plot_site_effects(dataset: xr.Dataset, path, title: str) -> None:
         ax.axhline(0, color="grey", lw=0.6, ls=":")
         ax.set(xlabel=xlabel, ylabel=label)
     axes[0].legend(fontsize=7)
+    unfitted = int(np.sum(~np.isfinite(effect)))
+    if unfitted:
+        title = f"{title}\n{unfitted} of {len(effect)} sites without a fitted curve are not shown"
+        if unfitted == len(effect):
+            for ax in axes:
+                ax.text(0.5, 0.5, "no site's curve could be fitted", transform=ax.transAxes, ha="center",
+                        va="center", color="grey")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)

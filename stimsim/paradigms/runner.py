@@ -323,7 +323,7 @@ def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
     ``heldout_only`` keeps the images listed in the model's ``metadata["holdout_stimulus_ids"]``, and every image
     of a source its training took no image from (written to ``notes``); a model that lists no held-out images
     keeps all images, which is written to ``notes`` and warned about."""
-    from stimsim.training.evaluation import training_sources
+    from stimsim.training.evaluation import training_sources, training_took_from
 
     held = set(model.metadata.get("holdout_stimulus_ids", []))
     trained_on = training_sources(model)
@@ -333,10 +333,13 @@ def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
         heldout_only = params.pop("heldout_only", False)
         loaded = load_stimulus_source(params, f"{where} sets[{index}]")
         if heldout_only:
-            if trained_on is not None and str(params.get("source")) not in trained_on:
+            if training_took_from(model, params) is False:
+                source = repr(params.get("source")) + (f" split {params['split']!r}" if "split" in params else "")
+                other_split = f"; of {params.get('source')!r}, from another split" if params.get("source") in \
+                    trained_on else ""
                 notes.append(f"{where} sets[{index}] ({loaded.name}): heldout_only keeps all {len(loaded)} images: "
-                             f"model {model.name!r} was trained on none of source {params.get('source')!r} (its "
-                             f"training took images from {sorted(trained_on)})")
+                             f"model {model.name!r} was trained on none of source {source} (its training took "
+                             f"images from {sorted(trained_on)}{other_split})")
             elif not held:
                 message = (f"{where} sets[{index}] ({loaded.name}): heldout_only requested but model "
                            f"{model.name!r} lists no held-out stimuli; all {len(loaded)} images are used")

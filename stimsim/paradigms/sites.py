@@ -25,9 +25,15 @@ from stimsim.cortex.topography import peak_location_mm, smoothed_values_at
 from stimsim.paradigms.schema import SitesFile
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.figures import pyplot, save_figure
+from stimsim.utilities.limits import check_memory
 
 #: Label of the unperturbed condition of an experiment; site i is condition ``site_<iii>``.
 CONTROL_LABEL = "control"
+#: Bytes a grid point takes while the grid is laid out (its coordinates and their copies).
+GRID_BYTES_PER_SITE = 64
+#: Bytes each unit within a site's radius takes while the sites' multi-unit responses are formed (its index, as
+#: the neighbour query returns it, and its entry in the averaging matrix).
+NEIGHBOUR_BYTES = 64
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,11 @@ def multi_unit_dprime(responses, is_positive, sheet: CorticalSheet, points_mm,
     if not radius_mm > 0:
         raise ConfigError(f"recording_radius_mm must be > 0 mm, got {radius_mm}")
     points = np.asarray(points_mm, dtype=np.float64).reshape(-1, 2)
+    units_per_site = sheet.density_per_mm2 * np.pi * radius_mm ** 2
+    check_memory(f"the multi-unit responses of {len(points):,} sites (about {units_per_site:,.0f} units each) to "
+                 f"{responses.shape[0]:,} images", len(points) * (units_per_site * NEIGHBOUR_BYTES
+                                                                 + 2 * 8 * responses.shape[0]),
+                 "the number of sites (a grid's step) or recording_radius_mm")
     neighbours = cKDTree(sheet.coordinates_mm).query_ball_point(points, radius_mm)
     counts = np.array([len(n) for n in neighbours], dtype=np.int64)
     rows = np.concatenate([np.asarray(n, dtype=np.int64) for n in neighbours]) if counts.sum() else np.zeros(0, int)
@@ -116,14 +127,14 @@ def candidate_points_mm(sheet: CorticalSheet, step_mm: float, margin_mm: float) 
     if margin_mm < 0:
         raise ConfigError(f"margin_mm must be >= 0 mm, got {margin_mm}")
     x0, x1, y0, y1 = sheet.extent_mm
-    axes = []
-    for low, high in ((x0 + margin_mm, x1 - margin_mm), (y0 + margin_mm, y1 - margin_mm)):
-        if high < low:
-            raise ConfigError(f"margin_mm = {margin_mm} mm leaves no room on sheet {sheet.name!r} "
-                              f"(extent x [{x0:g}, {x1:g}], y [{y0:g}, {y1:g}] mm)")
-        n = int(np.floor((high - low) / step_mm + 1e-9)) + 1
-        start = (low + high) / 2 - (n - 1) * step_mm / 2
-        axes.append(start + step_mm * np.arange(n))
+    bounds = ((x0 + margin_mm, x1 - margin_mm), (y0 + margin_mm, y1 - margin_mm))
+    if any(high < low for low, high in bounds):
+        raise ConfigError(f"margin_mm = {margin_mm} mm leaves no room on sheet {sheet.name!r} "
+                          f"(extent x [{x0:g}, {x1:g}], y [{y0:g}, {y1:g}] mm)")
+    counts = [int(np.floor((high - low) / step_mm + 1e-9)) + 1 for low, high in bounds]
+    check_memory(f"a grid of {counts[0] * counts[1]:,} sites {step_mm:g} mm apart on sheet {sheet.name!r}",
+                 counts[0] * counts[1] * GRID_BYTES_PER_SITE, "the number of sites: widen the grid's step")
+    axes = [(low + high) / 2 - (n - 1) * step_mm / 2 + step_mm * np.arange(n) for (low, high), n in zip(bounds, counts)]
     xs, ys = np.meshgrid(axes[0], axes[1])
     return np.stack([xs.ravel(), ys.ravel()], axis=1)
 
@@ -153,6 +164,12 @@ def select_sites(spec: SitesFile, sheet: CorticalSheet, responses, is_positive, 
         points, groups = _face_patch(spec, sheet, responses, is_positive, peak)
     elif spec.method == "grid":
         points = candidate_points_mm(sheet, spec.grid_step_mm, spec.margin_mm)
+        if len(points) == 1:
+            room = max(x1 - x0, y1 - y0) - 2 * spec.margin_mm
+            raise ConfigError(f"[sites] 'grid_step_mm' = {spec.grid_step_mm:g} mm is wider than sheet {sheet.name!r} "
+                              f"inside its margin_mm = {spec.margin_mm:g} mm (x in [{x0:g}, {x1:g}] mm, y in "
+                              f"[{y0:g}, {y1:g}] mm): the grid would be one site at the centre; give a step of at "
+                              f"most {room:.3g} mm, or method = \"explicit\" for sites of your own")
         groups = ["grid"] * len(points)
     else:
         raise ConfigError(f"unknown site method {spec.method!r}")

@@ -317,17 +317,33 @@ class PlanConfig:
     def digest_record(self) -> dict:
         """What the plan's phases are computed from: the resolved parameters and the sha256 of every input file. The
         session and display change no computed phase, nor do the plan's name (by default its file's name) and its
-        file's own path."""
+        file's own path. Paths under the plan file's folder are given relative to it, so that a project folder
+        moved or copied whole (to the rig's machine, say) resumes its plans."""
         record = self.to_dict()
         for key in ("name", "description", "file", *RigSpec().to_dict()):
             record.pop(key)
         record["input_sha256"] = self.input_files()
-        return record
+        return self.portable(record)
+
+    def portable(self, record):
+        """``record`` (JSON) with every absolute path under the plan file's folder, as a value or a key, made
+        relative to that folder."""
+        return _paths_relative_to(record, self.path.resolve().parent)
 
     def digest(self) -> str:
         """sha256 of :meth:`digest_record`: a cache of another configuration, or of files that have changed since, is
         never reused."""
         return json_sha256(self.digest_record())
+
+
+def _paths_relative_to(value, folder: Path):
+    if isinstance(value, dict):
+        return {_paths_relative_to(key, folder): _paths_relative_to(item, folder) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_paths_relative_to(item, folder) for item in value]
+    if isinstance(value, str) and Path(value).is_absolute() and Path(value).is_relative_to(folder):
+        return Path(value).relative_to(folder).as_posix()
+    return value
 
 
 def _check_model(name: str, where: str) -> None:

@@ -284,8 +284,9 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
         cache.timings["inputs"] = {"seconds": round(time.perf_counter() - started, 3),
                                    "cached": not inputs.made_subject, "compute_seconds": None}
         remove_temporaries(out_dir, Path(out_dir) / "truth")
-        cache.bind({"subject_files": directory_files_sha256(inputs.subject_dir) if inputs.subject_dir else {},
-                    "models": {name: model_checksums(name) for name in models}})
+        cache.bind(config.portable({
+            "subject_files": directory_files_sha256(inputs.subject_dir) if inputs.subject_dir else {},
+            "models": {name: model_checksums(name) for name in models}}))
         mapping = cache.json("mapping", lambda: _mapping_phase(config, inputs, models, progress))
     except (StimsimError, FileNotFoundError):
         if created:

@@ -115,6 +115,21 @@ def training_sources(model: TopographicModel) -> set[str] | None:
     return {str(entry["source"]) for entry in sets if isinstance(entry, dict) and "source" in entry}
 
 
+def training_took_from(model: TopographicModel, source: dict) -> bool | None:
+    """Whether a model's training or build took images from the image set ``source`` (a stimulus-set table:
+    ``source`` and, for sources with splits, ``split``): a set of the same source counts unless both name their
+    split and the splits differ (Fashion-MNIST's test split for a model trained on its train split). None for a
+    model that records no training."""
+    training = model.metadata.get("training")
+    if not isinstance(training, dict):
+        return None
+    data = training.get("data")
+    sets = data.get("sets", []) if isinstance(data, dict) else []
+    return any(isinstance(entry, dict) and str(entry.get("source")) == str(source.get("source"))
+               and not ("split" in entry and "split" in source and str(entry["split"]) != str(source["split"]))
+               for entry in sets)
+
+
 def _imagenet_training_split(model: TopographicModel) -> set[str] | None:
     """File names of the ``imagenet_samples`` images a model's build held out, or None when its build did not
     train on them (``metadata.training`` names its image sets)."""
@@ -351,9 +366,9 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
         targets += [(category, Path(figure_dir) / f"{_file_part(model.name)}_{_file_part(category)}_dprime.png")
                     for category in maps]
     for category, path in targets:
-        plot_sheet_map(dprimes[category], sheet, path,
+        plot_sheet_map(dprimes[category], cortex_sheet, path,
                        f"{model.name}: {category} d′ on {layer}\nMoran's I {maps[category]['morans_i']:.2f}, "
-                       f"p = {maps[category]['p']:.3g}", label=f"{category} d′")
+                       f"p = {maps[category]['p']:.3g}", label=f"{category} d′", frame="cortex")
     if figure_dir is not None:
         report["figures"] = {category: str(path) for category, path in targets[len(targets) - len(maps):]}
     if figure_path is not None or figure_dir is not None:
