@@ -459,6 +459,7 @@ def test_muscimol_example_runs_at_tiny_size(tiny_model, tmp_path):
     assert summary["n_sites"] == 9 and summary["site_method"] == "grid"
     assert dataset["kind"].values.tolist() == ["control"] + ["muscimol"] * 9
     assert dataset["volume_uL"].values[1:].tolist() == [1.0] * 9
+    assert dataset["volume_uL"].attrs["units"] == "µL"  # a quantity's unit, from its name, in the file too
     assert config["safety"].startswith("not applicable")
     # silencing only removes activity: with 1 µL the site's own units are fully silenced
     assert np.all(np.isfinite(dataset["delta_accuracy"].values))

@@ -72,6 +72,9 @@ from stimsim.utilities.progress import report_phase
 #: Name of the engine's resumable store inside the output directory.
 STORE_DIRNAME = "simulation_store"
 RESULTS_FILE, SUMMARY_FILE, CONFIG_FILE, DECODER_FILE = "results.nc", "summary.json", "config.json", "decoder.json"
+#: The units a results variable's name ends with, written as its ``units`` attribute where it has none.
+UNIT_SUFFIXES = {"_uA": "µA", "_Hz": "Hz", "_mm": "mm", "_ms": "ms", "_uL": "µL", "_mW": "mW", "_nC": "nC",
+                 "_percent": "%", "_deg": "degrees"}
 
 
 def run_experiment(experiment, out_dir, model=None, progress: bool = True, figures: bool = True,
@@ -419,6 +422,10 @@ def _results_dataset(probabilities: xr.DataArray, metrics: xr.Dataset, selection
         if name in dataset.coords:
             dataset[name].attrs.update(units="mm", frame="cortex mm on the IT sheet, at the run's scale "
                                                          "(config.json: the model's recorded scale unless overridden)")
+    for name in [*dataset.data_vars, *dataset.coords]:  # every other quantity whose name ends in its unit
+        unit = next((unit for suffix, unit in UNIT_SUFFIXES.items() if str(name).endswith(suffix)), None)
+        if unit is not None:
+            dataset[name].attrs.setdefault("units", unit)
     return dataset
 
 
