@@ -337,6 +337,7 @@ class PlanConfig:
 
 
 def _paths_relative_to(value, folder: Path):
+    """``value`` (JSON) with every absolute path under ``folder``, as a value or a key, relative to it."""
     if isinstance(value, dict):
         return {_paths_relative_to(key, folder): _paths_relative_to(item, folder) for key, item in value.items()}
     if isinstance(value, list):

@@ -107,12 +107,8 @@ def base_network_of(model: TopographicModel) -> str | None:
 def training_sources(model: TopographicModel) -> set[str] | None:
     """The image sources (``imagenet_samples``, ``floc``, ``folder``, ...) a model's training or build took images
     from, as its ``metadata.training`` names them; None for a model that records no training."""
-    training = model.metadata.get("training")
-    if not isinstance(training, dict):
-        return None
-    data = training.get("data")
-    sets = data.get("sets", []) if isinstance(data, dict) else []
-    return {str(entry["source"]) for entry in sets if isinstance(entry, dict) and "source" in entry}
+    sets = _training_sets(model)
+    return None if sets is None else {str(entry["source"]) for entry in sets if "source" in entry}
 
 
 def training_took_from(model: TopographicModel, source: dict) -> bool | None:
@@ -120,14 +116,22 @@ def training_took_from(model: TopographicModel, source: dict) -> bool | None:
     ``source`` and, for sources with splits, ``split``): a set of the same source counts unless both name their
     split and the splits differ (Fashion-MNIST's test split for a model trained on its train split). None for a
     model that records no training."""
+    sets = _training_sets(model)
+    return None if sets is None else any(
+        str(entry.get("source")) == str(source.get("source"))
+        and not ("split" in entry and "split" in source and str(entry["split"]) != str(source["split"]))
+        for entry in sets)
+
+
+def _training_sets(model: TopographicModel) -> list[dict] | None:
+    """The image-set tables of a model's ``metadata.training`` (``data.sets``); None for a model that records no
+    training."""
     training = model.metadata.get("training")
     if not isinstance(training, dict):
         return None
     data = training.get("data")
     sets = data.get("sets", []) if isinstance(data, dict) else []
-    return any(isinstance(entry, dict) and str(entry.get("source")) == str(source.get("source"))
-               and not ("split" in entry and "split" in source and str(entry["split"]) != str(source["split"]))
-               for entry in sets)
+    return [entry for entry in sets if isinstance(entry, dict)]
 
 
 def _imagenet_training_split(model: TopographicModel) -> set[str] | None:
