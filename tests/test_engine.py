@@ -299,8 +299,8 @@ def test_the_engine_enforces_the_safety_limits(model, images, decoder):
     with pytest.raises(SafetyError, match="max_shannon_k = 1000 is above the default limit 1.85"):
         engine.simulate(model, images, strong, decoder, safety_limits=SafetyLimits(max_shannon_k=1000),
                         progress=False)
-    with pytest.raises(SafetyError, match="electrode_area_um2 = 1e\\+15"):
-        engine.simulate(model, images, strong, decoder, safety_limits=SafetyLimits(electrode_area_um2=1e15),
+    with pytest.raises(SafetyError, match="electrode_area_um2 = 1e\\+08"):
+        engine.simulate(model, images, strong, decoder, safety_limits=SafetyLimits(electrode_area_um2=1e8),
                         progress=False)
     overridden = engine.simulate(model, images, strong, decoder, safety_override=" approved protocol 7 ",
                                  progress=False)

@@ -1,5 +1,6 @@
 """Predicted percepts: feature inversion under stimulation, its controls, and ``stimsim visualize``."""
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -198,11 +199,12 @@ def test_visualize_face_site_stimulation_makes_images_face_like(tmp_path, shared
                  "--threads", "1"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     # the file's 1000 µA runs under its safety override: said on the terminal and in the summary, as `run` does
-    assert "stimsim: warning: the protocol is outside the safety limits at 1000 µA" in capsys.readouterr().err
+    assert "stimsim: warning: the protocol is outside the safety limits at 300 and 1000 µA" in capsys.readouterr().err
     assert summary["safety_overridden"] is True
     # what limits the results is kept with them (summary, config, percepts.nc; the figure shows it under the grid)
     notes = summary["notes"]
-    assert len(notes) == 1 and notes[0].startswith("the protocol is outside the safety limits at 1000 µA")
+    assert len(notes) == 2 and notes[0].startswith("1 image(s) shown in the rows are also in [localizer] sets")
+    assert notes[1].startswith("the protocol is outside the safety limits at 300 and 1000 µA")
     assert json.loads((out / "config.json").read_text())["notes"] == notes
     own = summary["judges"]["own"]
     face = own["pface_face_site"]
@@ -270,7 +272,7 @@ def _stopped(*args, **kwargs):
       "smoothing_sigma_mm = 1.0\n": "", "outside_min_distance_mm = 10.0\n": "", "candidate_step_mm = 0.5\n": "",
       "margin_mm = 1.0\n": ""},
      "the control site [5.2, 5.0] lies within recording_radius_mm = 0.5 of the face site [5.0, 5.0]"),
-    ({"override = ": "# override = "}, "[safety] at 1000 µA: "),  # refused before any model is loaded
+    ({"override = ": "# override = "}, "[safety] at 300 and 1000 µA: stimulation protocol refused"),  # before a model
     ({'positive = "face"': 'positive = "faces"'},
      "[localizer]: label 'domain' = 'faces' marks 0 of the"),
 ])
@@ -283,9 +285,88 @@ def test_visualize_refuses_a_bad_file_in_one_line_and_leaves_no_output(tmp_path,
     path.write_text(text)
     out = tmp_path / "out"
     assert main(["visualize", str(path), "--out", str(out), "--no-progress"]) == 2
-    error = capsys.readouterr().err.strip()
-    assert error.startswith("stimsim: error: ") and "\n" not in error and message in error, error
+    err = capsys.readouterr().err.strip()  # warnings (e.g. row images left out of the localizer) may come first
+    error = err.splitlines()[-1]
+    assert error.startswith("stimsim: error: ") and message in error and "Traceback" not in err, err
+    assert all(line.startswith("stimsim: warning: ") for line in err.splitlines()[:-1]), err
     assert not out.exists()
+
+
+def _with(tmp_path: Path, change: dict) -> Path:
+    """experiments/visualize_default.toml with ``change`` (old text → new) made, written under ``tmp_path``."""
+    text = (REPO / "experiments" / "visualize_default.toml").read_text()
+    for old, new in change.items():
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "visualize.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("currents, outside, at", [
+    ("[100, 300, 1000]", [300.0, 1000.0], "at 300 and 1000 µA, run under"),
+    ("[100, 300]", [300.0], "at 300 µA, run under"),
+])
+def test_the_safety_record_names_every_current_outside_the_limits(tmp_path, currents, outside, at):
+    """Shannon's k = 2 log10(Q / µC) − log10(A / cm²) at 0.2 ms per phase on the file's 2000 µm² (2e-5 cm²): 1.30
+    at 100 µA (20 nC), 2.26 at 300 µA, 3.30 at 1000 µA, against the limit 1.85."""
+    import math
+
+    from stimsim.percepts.visualize import _conditions, _override_note, load_config
+
+    config = load_config(_with(tmp_path, {"currents_uA = [100, 300, 1000]": f"currents_uA = {currents}"}))
+    k = {c: 2 * math.log10(c * 0.2e-3) - math.log10(2e-5) for c in config.currents_uA}
+    assert [c for c in config.currents_uA if k[c] > 1.85] == outside
+    sites = {"face": {"x_mm": 1.0, "y_mm": 1.0}, "control": {"x_mm": 9.0, "y_mm": 9.0}}
+    responses = np.random.default_rng(0).normal(size=(8, 16))
+    safety = _conditions(config, "IT", sites, responses)[-1]
+    assert safety["currents_outside_limits_uA"] == outside and safety["overridden"]
+    assert safety["current_uA"] == config.currents_uA[-1]
+    note = _override_note(safety)
+    assert note.startswith(f"the protocol is outside the safety limits {at} the file's override (In-silico"), note
+    assert f"Shannon's k = {k[outside[-1]]:.3f} exceeds the limit max_shannon_k = 1.85" in note
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"n_per_category = 3": "n_per_category = 100000"},
+     "[[images]] #1: n_per_category = 100000 asks for more images of category 'car' than the 144 it has; give at most "
+     "144"),
+    ({"n = 2": "n = 500"}, "[[images]] #3: 'n' = 500 asks for more images than the 12 there are; give at most 12"),
+])
+def test_rows_asking_for_more_images_than_there_are_are_refused(tmp_path, shared_data, change, message):
+    """fLoc has 144 images per category; Moeller et al.'s Eliciting_Face_Response folder 12 objects (3
+    each of alarm clocks, apples, citrus and teapots) beside 3 faces."""
+    from stimsim.percepts.visualize import _load_rows, load_config
+
+    shared_data("natural/floc")
+    shared_data("moeller2017")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _load_rows(load_config(_with(tmp_path, change)))
+
+
+def test_row_images_left_out_of_the_localizer_are_named(tmp_path, shared_data):
+    from stimsim.percepts.visualize import _load_localizer, _load_rows, load_config
+
+    shared_data("natural/floc")
+    shared_data("moeller2017")
+    path = _with(tmp_path, {'categories = ["car", "instrument"]\nn_per_category = 3':
+                            'categories = ["car"]\nn_per_category = 2', 'n = 2': 'n = 1',
+                            '"car", "instrument", "house", "corridor", "word", "number"], n_per_category = 16':
+                            '"car", "house"], n_per_category = 3'})
+    config = load_config(path)
+    rows = _load_rows(config)
+    localizer, left_out = _load_localizer(config, set(rows.stimulus_id.tolist()))
+    # rows: the first 2 cars, 3 houses, 3 corridors, an alarm clock; the localizer: the first 3 of adult, child, body,
+    # limb, car, house, so the 2 cars and 3 houses of the rows are left out of its 18
+    expected = [i for i in rows.stimulus_id.tolist() if i.split("/")[0] in ("car", "house")]
+    assert len(expected) == 5 and sorted(left_out) == sorted(expected)
+    assert len(localizer) == 18 - 5 and not set(left_out) & set(localizer.stimulus_id.tolist())
+
+
+def test_three_currents_are_named_in_a_list():
+    from stimsim.percepts.visualize import _currents_text
+
+    assert _currents_text([100.0, 300.0, 1000.0]) == "100, 300 and 1000 µA"
 
 
 def test_visualize_has_help_with_model_and_judge_overrides(capsys):

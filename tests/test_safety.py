@@ -82,13 +82,53 @@ def test_limits_depend_on_electrode_area_and_can_be_stricter():
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"electrode_area_um2": 0}, "electrode_area_um2 must be > 0"),
+    ({"electrode_area_um2": 0}, r"electrode_area_um2 must be in \[1, 1e\+08\] µm²"),
     ({"max_shannon_k": float("nan")}, "max_shannon_k must be a finite number"),
     ({"max_charge_per_phase_nC": -1}, "max_charge_per_phase_nC must be None or a finite number > 0"),
+    ({"max_shannon_k": -5}, r"max_shannon_k must be a finite number > 0, got -5"),
+    ({"max_shannon_k": 0}, r"max_shannon_k must be a finite number > 0, got 0"),
+    ({"electrode_area_um2": 1e-300}, r"electrode_area_um2 must be in \[1, 1e\+08\] µm² .*, got 1e-300"),
+    ({"electrode_area_um2": 0.5}, r"electrode_area_um2 must be in \[1, 1e\+08\] µm²"),
+    ({"electrode_area_um2": 2e8}, r"electrode_area_um2 must be in \[1, 1e\+08\] µm²"),
 ])
 def test_bad_limits_are_refused(params, message):
     with pytest.raises(ConfigError, match=message):
         SafetyLimits(**params)
+
+
+@pytest.mark.parametrize("file", ["afraz2006.toml", "plan_default.toml", "visualize_default.toml"])
+@pytest.mark.parametrize("old, new, message", [
+    ("max_shannon_k = 1.85", "max_shannon_k = -5", "'max_shannon_k' must be > 0.0, got -5"),
+    ("max_shannon_k = 1.85", "max_shannon_k = 0", "'max_shannon_k' must be > 0.0, got 0"),
+    ("electrode_area_um2 = 2000", "electrode_area_um2 = 1e-300", "'electrode_area_um2' must be >= 1.0, got 1e-300"),
+    ("electrode_area_um2 = 2000", "electrode_area_um2 = 1e9", "'electrode_area_um2' must be <= 100000000.0"),
+])
+def test_experiment_plan_and_visualisation_files_refuse_the_same_bad_limits(tmp_path, capsys, file, old, new, message):
+    """Every file with a [safety] table ends in one error line naming the key and its range, never a traceback."""
+    from docs_figures import REPO
+    from stimsim.cli import main
+
+    text = (REPO / "experiments" / file).read_text()
+    assert old in text
+    path = tmp_path / file
+    path.write_text(text.replace(old, new))
+    command = {"afraz2006.toml": "run", "plan_default.toml": "plan", "visualize_default.toml": "visualize"}[file]
+    out = tmp_path / "out"
+    assert main([command, str(path), "--out", str(out), "--no-progress"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"stimsim: error: {path} [safety]: {message}"), error
+    assert not out.exists()
+
+
+def test_the_largest_safe_current_is_0_where_a_tenth_of_a_microampere_is_already_outside():
+    """k = 2 log10(Q / µC) − log10(A / cm²): at k = 0.01 on 1 µm² (1e-8 cm²) Q = 10^((0.01 − 8) / 2) µC = 0.101 nC,
+    0.05 µA at 2 ms per phase; a charge limit of 1e-6 nC allows 5e-7 µA. Both round down to 0, without an error."""
+    from stimsim.stimulation.safety import largest_safe_current_uA
+
+    assert largest_safe_current_uA(2.0, SafetyLimits(max_shannon_k=0.01, electrode_area_um2=1.0)) == 0.0
+    assert largest_safe_current_uA(0.2, SafetyLimits(max_charge_per_phase_nC=1e-6)) == 0.0
+    report = check_protocol(protocol(50.0), SafetyLimits(max_charge_per_phase_nC=1e-6))
+    assert report.violations[-1].endswith("the largest current within the limits at 0.2 ms per phase is 0 µA")
 
 
 def test_charge_imbalance_is_a_violation_even_if_the_spec_was_tampered_with():
@@ -107,7 +147,7 @@ def test_only_perturbations_that_carry_charge_are_checked():
 
 @pytest.mark.parametrize("limits, named", [
     (SafetyLimits(max_shannon_k=1000), "max_shannon_k = 1000 is above the default limit 1.85"),
-    (SafetyLimits(electrode_area_um2=1e15), "electrode_area_um2 = 1e+15 µm² is larger than the default"),
+    (SafetyLimits(electrode_area_um2=1e8), "electrode_area_um2 = 1e+08 µm² is larger than the default"),
     (SafetyLimits(electrode_area_um2=20000), "electrode_area_um2 = 20000 µm² is larger than the default"),
 ])
 def test_limits_looser_than_the_defaults_need_an_override(limits, named):

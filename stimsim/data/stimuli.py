@@ -577,7 +577,8 @@ def floc(categories=FLOC_CATEGORIES, n_per_category: int | None = None, mirror=N
     category) from the verified ``floc`` data entry.
 
     categories : any of :data:`FLOC_CATEGORIES` (default all eleven; a single name is accepted too).
-    n_per_category : the first this many images of each category in path order, or None for all.
+    n_per_category : the first this many images of each category in path order (at most the category's count), or
+        None for all.
     Ids: the path in the entry, e.g. ``adult/adult-1.jpg``. Labels: ``category`` (the fLoc folder) and
     ``domain`` (:data:`FLOC_DOMAINS`: face, body, place, character, object, scrambled).
     """
@@ -587,8 +588,13 @@ def floc(categories=FLOC_CATEGORIES, n_per_category: int | None = None, mirror=N
         raise ValueError(f"categories must be distinct names from {list(FLOC_CATEGORIES)}, got {list(categories)}")
     _count_or_none(n_per_category, "n_per_category")
     all_rels = [spec.path for spec in get_entry("floc").files]
-    rels = [rel for category in categories
-            for rel in [r for r in all_rels if r.split("/", 1)[0] == category][:n_per_category]]
+    rels = []
+    for category in categories:
+        held = [r for r in all_rels if r.split("/", 1)[0] == category]
+        if n_per_category is not None and n_per_category > len(held):
+            raise ValueError(f"n_per_category = {n_per_category} asks for more images of category {category!r} than "
+                             f"the {len(held)} it has; give at most {len(held)}, or leave n_per_category out for all")
+        rels += held[:n_per_category]
     paths = entry_paths("floc", rels, mirror=mirror)
     folder = [rel.split("/", 1)[0] for rel in rels]
     return StimulusSet(name="floc", images=[load_image(p) for p in paths], stimulus_id=np.asarray(rels),

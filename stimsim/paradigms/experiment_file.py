@@ -78,8 +78,8 @@ key, e.g. Fashion-MNIST's draw, is that set's).
     :attr:`~stimsim.stimulation.Perturbation.doses`), which delivers nothing, is refused.
 
 ``[safety]`` (electrical stimulation only)
-    ``max_shannon_k`` (default 1.85), ``electrode_area_um2`` (default: a Utah-array tip),
-    ``max_charge_per_phase_nC`` (optional), ``override`` (optional reason to run a protocol that
+    ``max_shannon_k`` (> 0, default 1.85), ``electrode_area_um2`` (1 to 1e8 µm², default: a Utah-array
+    tip), ``max_charge_per_phase_nC`` (optional, > 0 nC), ``override`` (optional reason to run a protocol that
     violates a limit; it is recorded with the results). A violation without an override refuses
     the file.
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from stimsim.models.registry import DEFAULT_MODEL
 from stimsim.stimulation import ADDITIVE_SCALES, PERTURBATION_KINDS
+from stimsim.stimulation.safety import FileChargeLimit, FileElectrodeArea, FileShannonK
 from stimsim.utilities.filemodels import FileModel, Text, validate
 
 #: The JSON Schema of experiment files shipped with the package.
@@ -142,9 +143,9 @@ def _one_alternative_per_kind(schema: dict) -> None:
 class SafetyFile(FileModel):
     """``[safety]``: limits of electrical stimulation, and an explicit override reason."""
 
-    max_shannon_k: float = 1.85
-    electrode_area_um2: Annotated[float, Field(gt=0)] = 2000.0
-    max_charge_per_phase_nC: Annotated[float, Field(gt=0)] | None = None
+    max_shannon_k: FileShannonK = 1.85
+    electrode_area_um2: FileElectrodeArea = 2000.0
+    max_charge_per_phase_nC: FileChargeLimit | None = None
     override: Text | None = None
 
 

@@ -5,9 +5,9 @@ The file (example: ``experiments/visualize_default.toml``) names
 * top level: ``name``, ``description``, ``model`` (shipped name or model directory; ``--model``
   overrides it), ``layer`` (default ``"IT"``), ``match_layer`` (default: ``layer``), ``seed`` (default 0);
 * ``[[images]]``: the rows, each a table for ``stimsim.data.stimuli.load_stimulus_source`` plus ``group``
-  (row label, e.g. ``"object"``), optional ``n`` (the first n images) and ``only`` (a table
-  label → value the images must have);
-* ``[localizer]``: ``sets`` (as ``[[images]]``, images shown in rows are left out), ``label``,
+  (row label, e.g. ``"object"``), optional ``n`` (the first n images, at most as many as there are) and ``only``
+  (a table label → value the images must have);
+* ``[localizer]``: ``sets`` (as ``[[images]]``; images shown in rows are left out, which a run notes), ``label``,
   ``positive`` (the face class), ``C`` of the face decoders (default 1e-3);
 * ``[sites]``: ``method = "selectivity"`` (face site: the candidate point, ``candidate_step_mm`` grid
   ``margin_mm`` from the edge, where the unit face-d′ map smoothed with ``smoothing_sigma_mm`` is highest;
@@ -34,8 +34,9 @@ under each), ``percepts.nc`` (``percept`` image × condition × y × x × channe
 ``pface_face_site`` by rising current, ``pface_control_site``, ``pface_scrambled``,
 ``pface_unstimulated``, ``pface_original``: means over the images of ``summary_groups``; the ``stimulation`` as
 written, ``seed``, ``sites`` in cortex mm) and
-``config.json`` (the file as run, sites, safety, decoders' fit, versions); what limits the results (``notes``) is in
-both, in ``percepts.nc`` and under the figure.
+``config.json`` (the file as run, sites, safety: the report at the top current and
+``currents_outside_limits_uA``, decoders' fit, versions); what limits the results (``notes``) is in
+both, in ``percepts.nc`` (attribute ``notes_json``) and under the figure.
 
 Over 500 lines: the file, its sites, its conditions and its result files are read and written in one place, beside the
 one run that uses them.
@@ -61,8 +62,8 @@ from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit
 from stimsim.percepts import FaceJudge, InversionSettings, pixel_images, scrambled_effects, synthesize
 from stimsim.percepts.figure import plot_percepts
 from stimsim.percepts.visualize_file import VisualizeFile
-from stimsim.stimulation import (Condition, SafetyLimits, additive_scale_record, check_additive_scale, enforce,
-                                 perturbation_from_dict)
+from stimsim.stimulation import (Condition, SafetyLimits, additive_scale_record, check_additive_scale, check_protocol,
+                                 enforce, perturbation_from_dict)
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, DataError, FileFormatError, SafetyError
 from stimsim.utilities.filemodels import validate
@@ -129,12 +130,12 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
         raise ConfigError(f"{where} [stimulation]: 'currents_uA' holds {currents[alike - 1]!r} and "
                           f"{currents[alike]!r}, which read alike to 6 significant digits ({labels[alike]}) and would "
                           "label one condition; give currents that differ within those digits")
-    problems = {}
+    problems, perturbations = {}, {}
     for current in currents:
         try:
-            perturbation = perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer,
-                                                   "current_uA": current}, supplied=("sites_mm", "layer", "current_uA"),
-                                                  file_keys=("currents_uA", "additive_scale"))
+            perturbations[current] = perturbation = perturbation_from_dict(
+                {**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer, "current_uA": current},
+                supplied=("sites_mm", "layer", "current_uA"), file_keys=("currents_uA", "additive_scale"))
         except ConfigError as exc:
             problems[current] = str(exc)
     if problems:  # the same problem at every current is the template's; else the currents named are out of range
@@ -148,10 +149,8 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
     except ConfigError as exc:
         raise ConfigError(f"{where} [stimulation]: {exc}") from None
     safety = checked.safety.to_dict()
-    try:  # before any model is loaded: the protocol alone decides
-        enforce(perturbation, _limits(safety), override=safety["override"])
-    except SafetyError as exc:
-        raise SafetyError(f"{where} [safety] at {currents[-1]:g} µA: {exc}") from None
+    # before any model is loaded: the protocol alone decides
+    _enforce(perturbations, _limits(safety), safety["override"], f"{where} [safety]")
     sites = checked.sites.to_dict()
     for key in ("face_site_mm", "control_site_mm"):
         if key in sites:
@@ -232,7 +231,11 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
     except ConfigError as exc:
         raise ConfigError(f"{config.source}: 'match_layer': {exc}") from None
     rows = _load_rows(config)
-    localizer = _load_localizer(config, set(rows.stimulus_id.tolist()))
+    localizer, left_out = _load_localizer(config, set(rows.stimulus_id.tolist()))
+    if left_out:
+        note(f"{len(left_out)} image(s) shown in the rows are also in [localizer] sets and were left out of the "
+             f"localizer, which fits the face decoders and the face-d′ map on the other {len(localizer)}: "
+             f"{', '.join(left_out[:5])}{' …' if len(left_out) > 5 else ''}")
     values = np.asarray(localizer.labels[config.localizer["label"]]).astype(str)
     is_face = values == config.localizer["positive"]
     if min(is_face.sum(), (~is_face).sum()) < 2:
@@ -255,8 +258,7 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
              "hardly face-selective")
     conditions, labels, kinds, currents, positions, template, safety = _conditions(config, layer, sites, responses)
     if safety["overridden"]:
-        note(f"the protocol is outside the safety limits at {config.currents_uA[-1]:g} µA, run under the file's "
-             f"override ({safety['override_reason']}): {'; '.join(safety['violations'])}")
+        note(_override_note(safety))
     multiplier, additive = Condition.batch_effects([c for c in conditions if c is not None], sheet)
     multiplier, additive = multiplier.to(torch.float32), additive.to(torch.float32)
     scrambled = kinds.index("scrambled")
@@ -357,6 +359,9 @@ def _load_rows(config: VisualizeConfig) -> StimulusSet:
         if count is not None:
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise ConfigError(f"{where}: 'n' must be a positive integer, got {count!r}")
+            if count > len(chosen):
+                raise ConfigError(f"{where}: 'n' = {count} asks for more images than the {len(chosen)} there are; "
+                                  f"give at most {len(chosen)}, or leave 'n' out for all")
             chosen = chosen[:count]
         if len(chosen) == 0:
             raise ConfigError(f"{where}: no image is left (check 'only' and the source's keys)")
@@ -368,10 +373,10 @@ def _load_rows(config: VisualizeConfig) -> StimulusSet:
     return StimulusSet(name="rows", images=images, stimulus_id=np.asarray(ids), labels={"group": np.asarray(groups)})
 
 
-def _load_localizer(config: VisualizeConfig, shown: set) -> StimulusSet:
-    """The localizer images, without those shown in the rows."""
+def _load_localizer(config: VisualizeConfig, shown: set) -> tuple[StimulusSet, list[str]]:
+    """The localizer images without those shown in the rows, and the ids of those left out."""
     label = config.localizer["label"]
-    images, ids, values = [], [], []
+    images, ids, values, left_out = [], [], [], []
     for index, entry in enumerate(config.localizer["sets"]):
         where = f"{config.source} [localizer] sets[{index}]"
         if not isinstance(entry, dict):
@@ -380,11 +385,15 @@ def _load_localizer(config: VisualizeConfig, shown: set) -> StimulusSet:
         if label not in stimuli.labels:
             raise ConfigError(f"{where}: the images have no label {label!r}; labels: {sorted(stimuli.labels)}")
         for image, stimulus_id, value in zip(stimuli.images, stimuli.stimulus_id, stimuli.labels[label]):
-            if str(stimulus_id) not in shown:
+            if str(stimulus_id) in shown:
+                left_out.append(str(stimulus_id))
+            else:
                 images.append(image)
                 ids.append(str(stimulus_id))
                 values.append(str(value))
-    return StimulusSet(name="localizer", images=images, stimulus_id=np.asarray(ids), labels={label: np.asarray(values)})
+    stimuli = StimulusSet(name="localizer", images=images, stimulus_id=np.asarray(ids),
+                          labels={label: np.asarray(values)})
+    return stimuli, left_out
 
 
 def _choose_sites(config: VisualizeConfig, sheet, responses, is_face) -> dict:
@@ -453,6 +462,30 @@ def _limits(safety: dict) -> SafetyLimits:
                            {"electrode_area_um2": safety["electrode_area_um2"]}))
 
 
+def _enforce(protocols: dict, limits: SafetyLimits, override: str | None, where: str) -> dict:
+    """The safety record of the protocols (current µA → stimulation, rising): the top current's report (refused
+    without an override if it violates a limit) with ``currents_outside_limits_uA``, every current that does."""
+    outside = [current for current, stim in protocols.items() if not check_protocol(stim, limits).passed]
+    top = max(protocols)
+    try:
+        report = enforce(protocols[top], limits, override=override)
+    except SafetyError as exc:
+        raise SafetyError(f"{where} at {_currents_text(outside)}: {exc}") from None
+    return {**report.to_dict(), "currents_outside_limits_uA": outside}
+
+
+def _currents_text(currents_uA) -> str:
+    """``[300, 1000]`` → ``"300 and 1000 µA"``."""
+    names = [f"{current:g}" for current in currents_uA]
+    return (", ".join(names[:-1]) + " and " if len(names) > 1 else "") + f"{names[-1]} µA"
+
+
+def _override_note(safety: dict) -> str:
+    """The note of a run outside the safety limits under an override, naming every current outside them."""
+    return (f"the protocol is outside the safety limits at {_currents_text(safety['currents_outside_limits_uA'])}, run "
+            f"under the file's override ({safety['override_reason']}): {'; '.join(safety['violations'])}")
+
+
 def _conditions(config: VisualizeConfig, layer: str, sites: dict, responses: np.ndarray):
     """Conditions in column order: unstimulated, the face site at each current, the control site and the
     scrambled one at the top current (None: made from the face site's effect by permuting units)."""
@@ -467,10 +500,8 @@ def _conditions(config: VisualizeConfig, layer: str, sites: dict, responses: np.
     stim = lambda site, current: perturbation_from_dict({  # noqa: E731
         **template, "layer": layer, "current_uA": current,
         "sites_mm": [[sites[site]["x_mm"], sites[site]["y_mm"]]]})
-    try:
-        safety = enforce(stim("face", top), _limits(config.safety), override=config.safety["override"]).to_dict()
-    except SafetyError as exc:
-        raise SafetyError(f"{config.source} [safety] at {top:g} µA: {exc}") from None
+    safety = _enforce({current: stim("face", current) for current in config.currents_uA}, _limits(config.safety),
+                      config.safety["override"], f"{config.source} [safety]")
     face = lambda current: (f"face_site_{_current_label(current)}", "face_site", current,  # noqa: E731
                             (sites["face"]["x_mm"], sites["face"]["y_mm"]))
     rows = [("unstimulated", "unstimulated", 0.0, (np.nan, np.nan))] + [face(c) for c in config.currents_uA] + [

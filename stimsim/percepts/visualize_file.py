@@ -9,7 +9,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import ConfigDict, Field
 
 from stimsim.percepts import InversionSettings
-from stimsim.stimulation import ADDITIVE_SCALES
+from stimsim.stimulation import ADDITIVE_SCALES, MAX_CURRENT_UA
+from stimsim.stimulation.safety import FileElectrodeArea, FileShannonK
 from stimsim.utilities.filemodels import FileModel, Text
 from stimsim.utilities.limits import MAX_SEED
 
@@ -76,15 +77,15 @@ class StimulationTable(FileModel):
 
     model_config = ConfigDict(extra="allow")
     __pydantic_extra__: dict[str, Any] = Field(init=False)  # the electrical template's keys
-    currents_uA: Annotated[list[Annotated[float, Field(ge=0)]], Field(min_length=2)]
+    currents_uA: Annotated[list[Annotated[float, Field(gt=0, le=MAX_CURRENT_UA)]], Field(min_length=2)]
     additive_scale: Literal[ADDITIVE_SCALES] = "activation"
 
 
 class SafetyTable(FileModel):
     """``[safety]``: as in experiment files."""
 
-    max_shannon_k: float = 1.85
-    electrode_area_um2: Annotated[float, Field(gt=0)] | None = None
+    max_shannon_k: FileShannonK = 1.85
+    electrode_area_um2: FileElectrodeArea | None = None
     override: Text | None = None
 
 

@@ -50,6 +50,7 @@ from stimsim.planning.rig import DisplayTable, RigSpec, SessionTable
 from stimsim.planning.selection import SelectionSpec
 from stimsim.planning.tasks import PLAN_TASKS, PlanTask, get_plan_task, stimulation_at
 from stimsim.stimulation import ADDITIVE_SCALES, ElectricalStimulation, SafetyLimits, check_additive_scale
+from stimsim.stimulation.safety import FileChargeLimit, FileElectrodeArea, FileShannonK
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.filemodels import FileModel, Text, validate
@@ -164,9 +165,9 @@ def _electrical_parameters(schema: dict) -> None:
 class SafetyTable(FileModel):
     """``[safety]``: the limits every site's train must respect, and an override with its reason."""
 
-    max_shannon_k: float = 1.85
-    electrode_area_um2: float = 2000.0
-    max_charge_per_phase_nC: float | None = None
+    max_shannon_k: FileShannonK = 1.85
+    electrode_area_um2: FileElectrodeArea = 2000.0
+    max_charge_per_phase_nC: FileChargeLimit | None = None
     override: str | None = None
 
     @field_validator("override")

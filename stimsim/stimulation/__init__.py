@@ -21,6 +21,7 @@ from stimsim.stimulation.electrical import (
     check_additive_scale,
 )
 from stimsim.stimulation.safety import (
+    ELECTRODE_AREA_RANGE_UM2,
     SHANNON_K_LIMIT,
     UTAH_TIP_AREA_UM2,
     SafetyLimits,
@@ -57,8 +58,8 @@ __all__ = [
     "MAX_CURRENT_UA", "PERTURBATION_KINDS", "STIMULATION_FORMS", "Ablation", "Condition", "ElectricalStimulation",
     "GaussianSuppression", "MuscimolInactivation", "OptogeneticSuppression", "Perturbation", "UnitEffect", "apply_effect",
     "perturbation_from_dict", "register_perturbation", "signed_gain_warning",
-    "SHANNON_K_LIMIT", "UTAH_TIP_AREA_UM2", "SafetyLimits", "SafetyReport", "charge_density_uC_per_cm2",
-    "charge_per_phase_nC", "check_protocol", "enforce", "shannon_k",
+    "ELECTRODE_AREA_RANGE_UM2", "SHANNON_K_LIMIT", "UTAH_TIP_AREA_UM2", "SafetyLimits", "SafetyReport",
+    "charge_density_uC_per_cm2", "charge_per_phase_nC", "check_protocol", "enforce", "shannon_k",
     "KUMARAVELU_SLOPE_MM_PER_UA", "KUMARAVELU_THRESHOLD_UA", "SPREAD_LAWS", "TEHOVNIK_K_DEFAULT_UA_PER_MM2",
     "SpreadLaw", "electrical_profile", "gaussian_profile", "kumaravelu_length_mm", "register_spread_law",
     "spread_extent_mm", "tehovnik_radius_mm",

@@ -20,6 +20,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 from stimsim.stimulation.base import Perturbation
 from stimsim.stimulation.electrical import CHARGE_BALANCED_WAVEFORMS
@@ -31,6 +34,13 @@ from stimsim.utilities.errors import ConfigError, SafetyError
 UTAH_TIP_AREA_UM2 = 2000.0
 #: The usual limit on Shannon's k (Shannon 1992).
 SHANNON_K_LIMIT = 1.85
+#: Electrode areas accepted, µm²: from the tip of a fine microwire (1 µm²) to a 1 cm² surface electrode.
+ELECTRODE_AREA_RANGE_UM2 = (1.0, 1e8)
+
+#: The ``[safety]`` keys of experiment, plan and visualisation files, with the ranges :class:`SafetyLimits` takes.
+FileShannonK = Annotated[float, Field(gt=0)]
+FileElectrodeArea = Annotated[float, Field(ge=ELECTRODE_AREA_RANGE_UM2[0], le=ELECTRODE_AREA_RANGE_UM2[1])]
+FileChargeLimit = Annotated[float, Field(gt=0)]
 
 _UM2_PER_CM2 = 1e8
 _NC_PER_UC = 1e3
@@ -42,8 +52,9 @@ class SafetyLimits:
 
     Attributes
     ----------
-    max_shannon_k : highest allowed Shannon k (dimensionless); 1.85 by default.
-    electrode_area_um2 : geometric area of the stimulating electrode, µm² (Utah tip by default).
+    max_shannon_k : highest allowed Shannon k (dimensionless, > 0); 1.85 by default.
+    electrode_area_um2 : geometric area of the stimulating electrode, µm² (Utah tip by default), within
+        :data:`ELECTRODE_AREA_RANGE_UM2`.
     max_charge_per_phase_nC : optional highest charge per phase, nC (None = no such limit).
     """
 
@@ -55,8 +66,12 @@ class SafetyLimits:
         for name, value in (("max_shannon_k", self.max_shannon_k), ("electrode_area_um2", self.electrode_area_um2)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}")
-        if self.electrode_area_um2 <= 0:
-            raise ConfigError(f"electrode_area_um2 must be > 0 µm², got {self.electrode_area_um2}")
+        if self.max_shannon_k <= 0:
+            raise ConfigError(f"max_shannon_k must be a finite number > 0, got {self.max_shannon_k!r}")
+        low, high = ELECTRODE_AREA_RANGE_UM2
+        if not low <= self.electrode_area_um2 <= high:
+            raise ConfigError(f"electrode_area_um2 must be in [{low:g}, {high:g}] µm² (a fine microwire's tip to a "
+                              f"1 cm² surface electrode), got {self.electrode_area_um2!r}")
         limit_nC = self.max_charge_per_phase_nC
         if limit_nC is not None and (isinstance(limit_nC, bool) or not isinstance(limit_nC, (int, float))
                                      or not math.isfinite(limit_nC) or limit_nC <= 0):
@@ -129,8 +144,8 @@ def shannon_k(charge_per_phase_nC: float, electrode_area_um2: float) -> float:
 
 
 def largest_safe_current_uA(pulse_width_ms: float, limits: SafetyLimits | None = None) -> float:
-    """The largest current (µA, rounded down to 0.1 µA) within ``limits`` at ``pulse_width_ms`` per phase: Shannon's
-    k = 2 log10(Q / µC) − log10(A / cm²) ≤ max_shannon_k gives Q ≤ 10^((k_max + log10(A / cm²)) / 2) µC, and
+    """The largest current (µA, rounded down to 0.1 µA; 0 where 0.1 µA is already outside) within ``limits`` at
+    ``pulse_width_ms`` per phase: Shannon's k = 2 log10(Q / µC) − log10(A / cm²) ≤ max_shannon_k gives Q ≤ 10^((k_max + log10(A / cm²)) / 2) µC, and
     Q ≤ max_charge_per_phase_nC where that is set; I = Q / PW."""
     limits = SafetyLimits() if limits is None else limits
     charge_nC = _NC_PER_UC * 10 ** ((limits.max_shannon_k + math.log10(limits.electrode_area_um2 / _UM2_PER_CM2)) / 2)
@@ -140,7 +155,7 @@ def largest_safe_current_uA(pulse_width_ms: float, limits: SafetyLimits | None =
 
     def within(value):
         charge = charge_per_phase_nC(value, pulse_width_ms)
-        return shannon_k(charge, limits.electrode_area_um2) <= limits.max_shannon_k and (
+        return charge <= 0 or shannon_k(charge, limits.electrode_area_um2) <= limits.max_shannon_k and (
             limits.max_charge_per_phase_nC is None or charge <= limits.max_charge_per_phase_nC)
 
     return current if within(current) else round(current - 0.1, 1)  # a bound met only to rounding
