@@ -466,14 +466,28 @@ MIRROR = Path(os.environ.get("STIMSIM_MIRROR_DIR") or SHARED_DATA)
 def test_models_check_writes_its_figure_where_told_and_takes_a_mirror(elsewhere, capsys, monkeypatch):
     mirror = str(MIRROR)
     monkeypatch.delenv("STIMSIM_MIRROR_DIR", raising=False)
-    code, out, err = _cli(capsys, "models", "check", "stimsim-topo-s0", "--heldout", "--shuffles", "10", "--json",
+    code, out, err = _cli(capsys, "models", "check", "stimsim-topo-s0", "--heldout", "--shuffles", "100", "--json",
                           "--out", "checks", "--mirror", mirror, "--threads", "1")
     monkeypatch.delenv("STIMSIM_MIRROR_DIR", raising=False)
     assert code == 0, err
     assert json.loads(out)["figure"] == str(Path("checks") / "stimsim-topo-s0_face_dprime.png")
     assert sorted(p.name for p in elsewhere.iterdir()) == ["checks"]
     assert (elsewhere / "checks" / "stimsim-topo-s0_face_dprime.png").stat().st_size > 1000
-    assert "stimsim: models check: clustering of every class's d′ map against 10 position shuffles" in err
+    assert "stimsim: models check: clustering of every class's d′ map against 100 position shuffles" in err
+
+
+def test_provenance_records_the_commit_stimsim_runs_from(tmp_path):
+    """The software record saved with every result (``config.json`` of ``run`` and ``models score``) holds the
+    commit the benchmark reports: the checkout's, ``+modified`` where its tracked files differ; null outside one."""
+    import stimsim
+    from stimsim.utilities.io import checkout_commit, provenance
+
+    checkout = Path(stimsim.__file__).resolve().parents[1]
+    commit = provenance()["software"]["commit"]
+    assert commit == checkout_commit(checkout)
+    if (checkout / ".git").exists():
+        assert re.fullmatch(r"[0-9a-f]{40}(\+modified)?", commit), commit
+    assert checkout_commit(tmp_path) is None
 
 
 def test_provenance_records_the_thread_count_a_result_was_computed_with():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -96,9 +97,9 @@ def atomic_save(path, save_fn) -> Path:
 
 
 def software_versions() -> dict:
-    """Versions of Python, stimsim and the libraries results depend on, and ``plugins``: the packages whose
-    plug-ins (paradigms, perturbation kinds, model families, ...) this process loaded, name → version (only
-    when it loaded some)."""
+    """Versions of Python, stimsim and the libraries results depend on, stimsim's ``commit`` (:func:`checkout_commit`
+    of the checkout it runs from; None when installed), and ``plugins``: the packages whose plug-ins (paradigms,
+    perturbation kinds, model families, ...) this process loaded, name → version (only when it loaded some)."""
     import h5py
     import numpy
     import scipy
@@ -114,6 +115,7 @@ def software_versions() -> dict:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "stimsim": stimsim.__version__,
+        "commit": checkout_commit(Path(stimsim.__file__).resolve().parents[1]),
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,
         "numpy": numpy.__version__,
@@ -126,6 +128,21 @@ def software_versions() -> dict:
     }
     plugins = plugin_packages()
     return {**versions, "plugins": plugins} if plugins else versions
+
+
+def checkout_commit(repository: Path) -> str | None:
+    """The checkout's commit, ``+modified`` where its tracked files differ from it; None where ``repository`` is
+    not the top of a git checkout (an installed package inside some other repository's folder)."""
+    if not (repository / ".git").exists():
+        return None
+    def git(*arguments):
+        return subprocess.run(["git", *arguments], cwd=repository, capture_output=True, text=True, check=True).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        return commit + ("+modified" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def provenance(config: dict | None = None) -> dict:
