@@ -153,7 +153,7 @@ def test_chunks_stay_within_the_memory_budget(model, images, decoder, monkeypatc
         simulate(model, images, conditions, decoder, max_chunk_bytes=1000, progress=False)
 
 
-def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder, tmp_path, monkeypatch):
+def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder, tmp_path, monkeypatch, capsys):
     conditions = [Condition("control"), *it_sites(5)]
     # two IT conditions per chunk on the fast path: (choices − 1)·N float32 weights, ~6·N float64 effect numbers and
     # 24 bytes per choice and image, for N = 64 IT units
@@ -186,9 +186,12 @@ def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder,
         return real_effects(conditions, sheet, device)
 
     monkeypatch.setattr(Condition, "batch_effects", staticmethod(recording_effects))
+    capsys.readouterr()
     resumed = simulate(model, images, conditions, decoder, store=store, max_chunk_bytes=budget_bytes,
-                       progress=False)
+                       progress=True)
     xr.testing.assert_identical(resumed, uninterrupted)
+    # one line says what is reused, before the bar counts the chunks left
+    assert "stimsim: simulate: resuming: 2 of 4 chunks already stored\n" in capsys.readouterr().err
     assert set(computed) == {c.label for c in conditions} - finished
     assert len(list(store.glob("chunk_*.nc"))) == 4
 

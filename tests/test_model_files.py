@@ -411,7 +411,7 @@ def test_resting_activity_is_measured_on_the_reference_set_and_listed_in_model_j
     assert main(["models", "resting", str(directory), "--layer", "IT"]) == 0
     out, err = capsys.readouterr()
     assert f"wrote {directory / 'resting' / 'it.npz'}" in out
-    assert "stimsim: models resting: the response of it's 64 units to 160 images on cpu" in err  # what takes time
+    assert "stimsim: models resting: the response of the 64 units of it to 160 images on cpu" in err  # what takes time
     loaded = TopographicModel.load(directory)
     assert {name: sha256_of(directory / name) for name in before} == before
     images, reference = reference_images()

@@ -177,9 +177,27 @@ def test_foreign_files_in_out_are_not_overwritten(experiment_dir, elsewhere):
     assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
     run_experiment(experiment_dir / "seed0.toml", out, progress=False, figures=False, force=True)
     load_results(out)
-    # stimsim's own set, and a killed write's temporary file, are rewritten without --force
+    # stimsim's own set, and a killed write's temporary files, are rewritten without --force; the temporary
+    # files (of a run killed by SIGKILL, which removes nothing) are gone after the new run
     (out / ".results.nc.abc123.tmp.nc").write_bytes(b"partial")
+    (out / ".result_set.json.w1p2_h2h.tmp.json").write_bytes(b"{")
     run_experiment(experiment_dir / "seed0.toml", out, progress=False, figures=False)
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".") and ".tmp" in p.name]
+
+
+def test_a_result_set_removes_temporary_files_only_where_the_directory_is_its_own(tmp_path):
+    """A killed write's temporary files in a directory holding only stimsim's set are removed when a new set starts
+    there; in a directory written into with force beside someone else's files, nothing of theirs is touched."""
+    own, forced = tmp_path / "own", tmp_path / "forced"
+    for directory in (own, forced):
+        directory.mkdir()
+        (directory / ".result_set.json.w1p2_h2h.tmp.json").write_text("{")
+    (forced / "notes.txt").write_text("mine")
+    ResultSet(own, "test")
+    ResultSet(forced, "test", force=True)
+    assert sorted(p.name for p in own.iterdir()) == [RESULT_SET_FILE]
+    assert sorted(p.name for p in forced.iterdir()) == [".result_set.json.w1p2_h2h.tmp.json", "notes.txt",
+                                                        RESULT_SET_FILE]
 
 
 def test_files_follow_the_umask(tmp_path):

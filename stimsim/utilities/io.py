@@ -48,6 +48,18 @@ def is_temporary_file(name: str) -> bool:
     return name.startswith(".") and ".tmp" in name
 
 
+def remove_temporaries(*directories) -> None:
+    """Remove the temporary files a killed write left directly in ``directories`` (only while this run holds
+    the output directory, so no other run is writing them)."""
+    for directory in directories:
+        directory = Path(directory)
+        if not directory.is_dir():
+            continue
+        for entry in directory.iterdir():
+            if is_temporary_file(entry.name) and (entry.is_file() or entry.is_symlink()):
+                entry.unlink(missing_ok=True)
+
+
 def atomic_write_bytes(path, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file and a rename, so a killed process
     leaves either the old file or the new one, never half of one."""
@@ -165,8 +177,9 @@ class ResultSet:
 
     ``ResultSet(directory, kind, keep=("simulation_store",), force=False)`` checks the directory: it
     may be new or empty, or hold a set stimsim wrote before (the files its manifest names, the
-    entries in ``keep`` and temporary files of a killed write); anything else is refused with
-    :class:`~stimsim.utilities.errors.ConfigError` unless ``force`` is true. :meth:`claim` (or ``result_set / name``)
+    entries in ``keep`` and temporary files of a killed write, which are removed); anything else is refused with
+    :class:`~stimsim.utilities.errors.ConfigError` unless ``force`` is true. The caller holds the directory's
+    :class:`~stimsim.utilities.locking.DirectoryLock`. :meth:`claim` (or ``result_set / name``)
     records a file's name before the caller writes it atomically, so a killed run's files stay
     recognisable as stimsim's; :meth:`write` and :meth:`write_json` claim and write in one call;
     :meth:`finish` removes the files of an older set that this one did not write, and writes the
@@ -205,6 +218,8 @@ class ResultSet:
                 shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
                 raise ConfigError(f"output directory {directory} holds files stimsim did not write ({shown}); "
                                   "give a new or empty directory, or force overwriting (--force)")
+            if not foreign and owner is None:  # only stimsim's set is there: the temporary files are its own
+                remove_temporaries(directory)
         ensure_output_dir(directory)
         self._claimed: list[str] = []
         self._write_manifest(complete=False)
