@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 import stimsim
-from stimsim.data.manifest import MIRROR_DIR_ENV
+from stimsim.data.manifest import MIRROR_DIR_ENV, env_mirror_dir
 from stimsim.engine.devices import add_device_argument, resolve_device
 from stimsim.engine.distributed import MAX_PER_CPU, add_compute_arguments
 from stimsim.engine.jobs_bench import job_names
@@ -336,7 +336,7 @@ def _cmd_bench(args) -> int:
     if save is not None:
         save(report)
     _print_report(report, args.json, width=28)
-    for entry, missed in report["targets_missed"].items():
+    for entry, missed in (report["targets_missed"] or {}).items():
         warnings.warn(f"{entry} = {missed['value']:.3g} misses its target ({missed['target']})")
     failed = sorted(job for job, figures in report.get("jobs", {}).items() if figures["exit_status"] != 0)
     if failed:
@@ -481,7 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "without --out or --figure no figure is written")
     check.add_argument("--figure", help="PNG path of the positive class's d′ map")
     check.add_argument("--shuffles", type=int, default=1000,
-                       help="position shuffles for cluster_p (default 1000, at most 100,000)")
+                       help="position shuffles for cluster_p (default 1000; 100 to 100,000: p resolves to "
+                            "1 / (1 + shuffles), and maps count as clustered at p < 0.01)")
     check.add_argument("--stimuli", help="images to evaluate on instead of the fLoc localizer: a folder (class = "
                                          "subfolder, label 'category') or a CSV/HDF5 table")
     check.add_argument("--heldout", action="store_true", help="evaluate on the LFW + Fashion-MNIST images the "
@@ -713,6 +714,8 @@ def _apply_common_options(args) -> None:
         if not Path(mirror).is_dir():
             raise ConfigError(f"--mirror {mirror}: not a directory")
         os.environ[MIRROR_DIR_ENV] = str(Path(mirror).absolute())
+    elif hasattr(args, "mirror"):  # a command that reads data: $STIMSIM_MIRROR_DIR checked as --mirror is
+        env_mirror_dir()
     threads = getattr(args, "threads", None)
     if threads is not None:
         if threads < 1:

@@ -150,6 +150,19 @@ def test_job_options_are_checked_before_any_section_runs(tmp_path, capsys):
     assert notes.read_text() == "hello" and other_json.read_text() == '{"mine": 1}'
 
 
+def test_a_quick_bench_judges_no_target_and_names_a_section_it_did_not_measure(capsys):
+    """``--quick`` sizes have no targets: no warning of a missed one and ``targets_missed`` null, however slow the
+    run; a named section the quick sizes leave out (the Dask sweep) is named in a warning."""
+    assert main(["bench", "--quick", "--json", "--no-progress", "--sections", "dask,analysis"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["analysis"]["total_s"] > 0
+    assert report["targets_missed"] is None and report["meets_targets"] is None
+    assert report["commit"] == report["software"]["commit"]
+    assert captured.err.splitlines() == ["stimsim: warning: bench: section 'dask' was not measured: the quick sizes "
+                                         "have no Dask sweep (run without --quick)"]
+
+
 def test_a_failed_job_renders_without_figures_and_a_quick_report_says_so():
     bench_tables = _bench_tables()
     report = json.loads((REPOSITORY / "docs" / "bench" / "jobs.json").read_text())

@@ -85,6 +85,17 @@ def test_error_locations_name_the_file_then_the_table():
         parse_experiment(raw, where="x.toml")
 
 
+def test_a_confidence_level_given_as_a_percentage_is_refused_as_a_fraction():
+    raw = _afraz()
+    raw["analysis"]["ci"] = 95
+    with pytest.raises(ConfigError, match=r"^x\.toml \[analysis\]: 'ci' must be < 1(\.0)?, got 95; it is a fraction: "
+                                          r"0\.95 for 95 %$"):
+        parse_experiment(raw, where="x.toml")
+    raw["analysis"]["ci"] = 150  # not a percentage either: the bound alone
+    with pytest.raises(ConfigError, match=r"'ci' must be < 1(\.0)?, got 150$"):
+        parse_experiment(raw, where="x.toml")
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("layer", "trunk.18", "'layer': layer 'trunk.18' has no cortical sheet; topographic layers: "),
     ("layer", "V9", "'layer': unknown layer 'V9'; stages: "),

@@ -226,6 +226,33 @@ except KeyboardInterrupt:
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
 
 
+def test_dask_log_lines_stay_off_stderr_while_a_local_cluster_runs():
+    """Dask's own log lines below ERROR (``distributed.scheduler - INFO - Remove client``, a worker's warnings, the
+    nanny's on closing) are held back in the command and in its workers while a local cluster runs; the command's
+    logging is as before once the cluster is closed."""
+    import subprocess
+    import sys
+
+    script = """
+import logging
+import distributed
+from stimsim.engine.distributed import ChunkPool
+
+scheduler_log = logging.getLogger("distributed.scheduler")
+before = scheduler_log.getEffectiveLevel()
+pool = ChunkPool("processes=2")
+levels = pool.client.run(lambda: logging.getLogger("distributed.worker.state_machine").getEffectiveLevel())
+pool.client.run(lambda: logging.getLogger("distributed.worker.state_machine").warning("from a worker"))
+scheduler_log.warning("from the command")
+pool.close()
+print(sorted(levels.values()), before == scheduler_log.getEffectiveLevel() < logging.ERROR, flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.stdout == "[40, 40] True\n", done.stderr
+    assert "distributed." not in done.stderr, done.stderr
+
+
 def test_a_scheduler_address_that_accepts_but_never_answers_is_refused_within_the_timeout(client, monkeypatch):
     """A server that accepts the connection and stays silent used to hold `run` forever (only the connect had a
     timeout); the handshake is bounded too. A real scheduler's address still connects."""

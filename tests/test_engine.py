@@ -153,7 +153,7 @@ def test_chunks_stay_within_the_memory_budget(model, images, decoder, monkeypatc
         simulate(model, images, conditions, decoder, max_chunk_bytes=1000, progress=False)
 
 
-def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder, tmp_path, monkeypatch):
+def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder, tmp_path, monkeypatch, capsys):
     conditions = [Condition("control"), *it_sites(5)]
     # two IT conditions per chunk on the fast path: (choices − 1)·N float32 weights, ~6·N float64 effect numbers and
     # 24 bytes per choice and image, for N = 64 IT units
@@ -186,9 +186,12 @@ def test_resume_after_a_killed_run_skips_finished_chunks(model, images, decoder,
         return real_effects(conditions, sheet, device)
 
     monkeypatch.setattr(Condition, "batch_effects", staticmethod(recording_effects))
+    capsys.readouterr()
     resumed = simulate(model, images, conditions, decoder, store=store, max_chunk_bytes=budget_bytes,
-                       progress=False)
+                       progress=True)
     xr.testing.assert_identical(resumed, uninterrupted)
+    # one line says what is reused, before the bar counts the chunks left
+    assert "stimsim: simulate: resuming: 2 of 4 chunks already stored\n" in capsys.readouterr().err
     assert set(computed) == {c.label for c in conditions} - finished
     assert len(list(store.glob("chunk_*.nc"))) == 4
 
@@ -519,7 +522,7 @@ def test_every_target_of_the_benchmark_is_judged():
                                         "analysis.total_s": {"value": 31.0, "target": "<= 30"}}
     met = judge_targets({**full, "dask_2workers_vs_1": 1.6, "analysis": {"total_s": 30.0}})
     assert met == {"targets_missed": {}, "meets_targets": True}  # a target reached exactly is met
-    assert judge_targets({**full, "quick": True})["meets_targets"] is None
+    assert judge_targets({**full, "quick": True}) == {"targets_missed": None, "meets_targets": None}
     assert judge_targets({"quick": False, "dask_2workers_vs_1": None}) == {"targets_missed": {}, "meets_targets": None}
 
 
@@ -532,7 +535,7 @@ def test_benchmark_quick_mode(model):
     assert report["max_abs_diff_engine_vs_baseline_it"] < 1e-6
     assert report["max_abs_diff_engine_vs_baseline_small"] < 1e-6
     assert report["dask_2workers_vs_1"] is None  # not measured in quick mode
-    assert report["meets_targets"] is None  # the targets apply to the full sizes only
+    assert report["meets_targets"] is None and report["targets_missed"] is None  # targets are for the full sizes
     assert "jobs" not in report  # the jobs section runs only when named
     keys = ("speedup_it", "speedup_pre_it", "max_abs_diff_it", "max_abs_diff_pre_it", "engine_pairs_per_s_it",
             "plain_pairs_per_s_it", "engine_pairs_per_s_pre_it", "plain_pairs_per_s_pre_it")
@@ -553,6 +556,37 @@ def test_benchmark_quick_mode(model):
     assert set(per_site) == {"sequences", "decoders", "rehearsal"} and all(v > 0 for v in per_site.values())
     assert plan["plan_default_design_and_rehearsal_s"] == pytest.approx(
         75 * (per_site["sequences"] + 3 * (per_site["decoders"] + per_site["rehearsal"])))
+
+
+def test_a_quick_benchmark_says_why_a_named_section_measured_nothing(model):
+    """On quick sizes the Dask sweep is not run: a section named in ``sections`` says so in a warning, one that
+    runs by default does not."""
+    with pytest.warns(UserWarning, match="bench: section 'dask' was not measured: the quick sizes have no Dask "
+                                         r"sweep \(run without --quick\)"):
+        report = run_benchmark(quick=True, default_model=model, sections=["dask"])
+    assert report["dask_2workers_vs_1"] is None and report["dask_note"].startswith("not measured: the quick sizes")
+    with pytest.warns(UserWarning, match="section 'load' was not measured: there is no default model"):
+        run_benchmark(quick=True, sections=["load"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_benchmark(quick=True, default_model=model, sections=["analysis"])
+
+
+def test_only_the_plain_section_needs_a_topographic_layer_before_it(model, monkeypatch):
+    """A model whose only sheet is IT's is timed in the sections that need no pre-IT layer (``load``, ``bound``);
+    the ``plain`` section, whose pre-IT workload stimulates that layer, refuses it and says so."""
+    import stimsim.models.registry as registry
+
+    it_only = TopographicModel(model.network, {"it": model.sheet("it")}, model.preprocessing, model.architecture,
+                               areas={"it": "IT"}, name="it_only")
+    monkeypatch.setattr(registry, "load_model", lambda name, device="cpu": it_only)
+    report = run_benchmark(quick=True, default_model=it_only, sections=["load", "bound"],
+                           default_model_source="it_only")
+    assert report["default_model_load_and_activations"]["model"] == "it_only"
+    assert report["max_abs_diff_engine_vs_baseline_small"] < 1e-6
+    with pytest.raises(ConfigError, match="model 'it_only' has no topographic layer before its IT layer 'it'; the "
+                                          "pre-IT workload of the plain section needs one"):
+        run_benchmark(quick=True, default_model=it_only, sections=["plain"])
 
 
 def test_a_stimulus_set_is_simulated_under_its_own_ids(model, images, decoder):

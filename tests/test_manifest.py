@@ -3,6 +3,7 @@ import functools
 import hashlib
 import http.server
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -142,10 +143,24 @@ def test_missing_file_without_mirror_names_entry_file_and_places(env):
     assert "ask the lab for a copy" in message
 
 
-def test_a_mirror_that_is_not_a_directory_is_named_so(env, monkeypatch):
-    monkeypatch.setenv(manifest.MIRROR_DIR_ENV, str(env["tmp"] / "no-such-mirror"))
-    with pytest.raises(DataError, match=rf"mirror .*no-such-mirror \({manifest.MIRROR_DIR_ENV}: not a directory\)"):
-        manifest.entry_path("tiny", "a.txt")
+def test_a_mirror_that_is_not_a_directory_is_named_so(env, monkeypatch, capsys):
+    """STIMSIM_MIRROR_DIR naming no folder (nothing there, or a file) is refused when data is looked up and, before
+    anything runs, by a command that reads data, as ``--mirror`` is; ``mirror=`` given in Python is named among
+    the places looked in."""
+    from stimsim.cli import main
+
+    with pytest.raises(DataError, match=r"mirror .*no-such-mirror \(the mirror given: not a directory\)"):
+        manifest.entry_path("tiny", "a.txt", mirror=env["tmp"] / "no-such-mirror")
+    a_file = env["tmp"] / "a-file"
+    a_file.write_text("")
+    for value in (env["tmp"] / "no-such-mirror", a_file):
+        monkeypatch.setenv(manifest.MIRROR_DIR_ENV, str(value))
+        with pytest.raises(ConfigError, match=rf"^{manifest.MIRROR_DIR_ENV}={re.escape(str(value))}: not a "
+                                              "directory; set it to the folder of the data mirror, or unset it$"):
+            manifest.entry_path("tiny", "a.txt")
+        assert main(["data", "fetch", "tiny"]) == 2
+        assert capsys.readouterr().err == (f"stimsim: error: {manifest.MIRROR_DIR_ENV}={value}: not a directory; set "
+                                           "it to the folder of the data mirror, or unset it\n")
 
 
 def test_unreachable_url_raises_clear_error(env):

@@ -323,7 +323,7 @@ def test_models_check_takes_any_labelled_stimulus_set(saved, tmp_path, capsys):
             (tmp_path / "images" / label).mkdir(parents=True, exist_ok=True)
             Image.fromarray((pixels * 255).astype(np.uint8)).save(tmp_path / "images" / label / f"{i}.png")
     (tmp_path / "images" / "dark" / "extra.png").write_bytes((tmp_path / "images" / "dark" / "0.png").read_bytes())
-    args = ["models", "check", str(saved), "--stimuli", str(tmp_path / "images"), "--shuffles", "20", "--json"]
+    args = ["models", "check", str(saved), "--stimuli", str(tmp_path / "images"), "--shuffles", "100", "--json"]
     assert main(args + ["--positive", "bright", "--out", str(tmp_path / "out")]) == 0
     report = json_module.loads(capsys.readouterr().out)
     assert report["positive_class"] == "bright" and report["n_classes"] == 2
@@ -353,9 +353,12 @@ def test_models_check_refuses_too_few_images_and_bad_options_in_one_line(saved, 
     (tmp_path / "run" / "training_run.json").write_text("{}")  # a finished training run's folder
     for extra, message in ((["--stimuli", str(tmp_path / "images")], "needs >= 5 images .* too few in {'c': 3}"),
                            (["--stimuli", str(tmp_path / "nowhere")], "--stimuli .*nowhere: no such folder or table"),
-                           (["--shuffles", "0"], r"--shuffles must be an integer from 1 to 100,000 \(p resolves to "
-                                                 r"1 / \(1 \+ shuffles\)\), got 0"),
-                           (["--shuffles", "99999999999"], "--shuffles must be an integer from 1 to 100,000"),
+                           (["--shuffles", "0"], "--shuffles must be an integer from 100 to 100,000, got 0"),
+                           # the smallest p, 1 / (1 + shuffles), would not be below the 0.01 of a clustered map
+                           (["--shuffles", "99"], r"--shuffles must be an integer from 100 to 100,000, got 99: p "
+                                                  r"resolves to 1 / \(1 \+ shuffles\), and a map counts as clustered "
+                                                  "at p < 0.01, which fewer than 100 shuffles cannot reach"),
+                           (["--shuffles", "99999999999"], "--shuffles must be an integer from 100 to 100,000"),
                            (["--stimuli", str(tmp_path / "images"), "--out", str(tmp_path / "run")],
                             r"--out .*run holds a training run \(`stimsim train`\); give the figures a folder of their "
                             "own")):
@@ -408,7 +411,7 @@ def test_resting_activity_is_measured_on_the_reference_set_and_listed_in_model_j
     assert main(["models", "resting", str(directory), "--layer", "IT"]) == 0
     out, err = capsys.readouterr()
     assert f"wrote {directory / 'resting' / 'it.npz'}" in out
-    assert "stimsim: models resting: the response of it's 64 units to 160 images on cpu" in err  # what takes time
+    assert "stimsim: models resting: the response of the 64 units of it to 160 images on cpu" in err  # what takes time
     loaded = TopographicModel.load(directory)
     assert {name: sha256_of(directory / name) for name in before} == before
     images, reference = reference_images()

@@ -525,16 +525,16 @@ def test_models_check_explains_a_sheet_too_sparse_or_images_too_alike_for_its_ma
 
     with pytest.raises(ConfigError, match=r"pooled-it: models check measures the layer labelled as area 'IT', and none "
                                           r"of this model's layers is \(areas: \{'it': 'V4'\}\)"):
-        check_model(_pooled_it_model(0.5, area="V4"), n_shuffles=10, imagenet=False)
+        check_model(_pooled_it_model(0.5, area="V4"), n_shuffles=100, imagenet=False)
     # units 1.5 mm apart: Moran's I among units within 1 mm has no pair to compare
     with pytest.raises(ConfigError, match=r"pooled-it: models check measures clustering among units within 1 model mm "
                                           r"of each other, and no two units of its it sheet are that close \(the nearest "
                                           r"pair is 1.5 mm apart\)"):
-        check_model(_pooled_it_model(1.5), n_shuffles=10, imagenet=False)
+        check_model(_pooled_it_model(1.5), n_shuffles=100, imagenet=False)
     # every 'face' image the same blank field, every other image the same bright one: a unit's d' is ±inf
     images = [np.full((16, 16), 0.2, np.float32)] * 5 + [np.full((16, 16), 0.9, np.float32)] * 5
     same = StimulusSet("same-images", images, np.array([f"s{i}" for i in range(10)]),
                        {"category": np.array(["face"] * 5 + ["house"] * 5)})
     with pytest.raises(ConfigError, match=r"stimulus set 'same-images': \d+ units of it respond the same to every image "
                                           r"with category = 'face' and the same to every other image"):
-        check_model(_pooled_it_model(0.5), n_shuffles=10, imagenet=False, stimuli=same)
+        check_model(_pooled_it_model(0.5), n_shuffles=100, imagenet=False, stimuli=same)

@@ -45,7 +45,7 @@ def test_the_default_images_are_floc_by_domain_with_maps_clusters_figures_and_im
     activations = small_mobilenet.activations
     monkeypatch.setattr(small_mobilenet, "activations", lambda images, *a, **k: calls.append(len(images))
                         or activations(images, *a, **k))
-    report = evaluation.check_model(small_mobilenet, n_shuffles=20, figure_dir=tmp_path / "maps", imagenet_limit=20)
+    report = evaluation.check_model(small_mobilenet, n_shuffles=100, figure_dir=tmp_path / "maps", imagenet_limit=20)
     assert report["stimuli"] == "floc" and report["label"] == "domain" and report["positive_class"] == "face"
     assert "images_note" not in report
     # two fLoc categories of six images per domain; the scrambled images are left out
@@ -67,7 +67,7 @@ def test_the_default_images_are_floc_by_domain_with_maps_clusters_figures_and_im
     assert 0 <= report["imagenet_top1"] <= 1 and report["imagenet_top1_base"] >= 0.7
     assert report["imagenet_images"] == "all" and "imagenet_top1_trained_images" not in report
     assert calls == [60]
-    again = evaluation.check_model(small_mobilenet, n_shuffles=20, imagenet=False)
+    again = evaluation.check_model(small_mobilenet, n_shuffles=100, imagenet=False)
     # the responses come from the activation cache: only its first, last and SAMPLED_ROWS random rows are
     # computed again
     assert calls == [60, 2 + SAMPLED_ROWS] and again["domain_maps"] == maps and "imagenet_top1" not in again
@@ -113,7 +113,7 @@ def test_a_damaged_floc_copy_is_an_error_not_a_reason_to_check_on_other_images(t
     damaged.parent.mkdir(parents=True)
     damaged.write_bytes(b"not the photograph")
     saved = tiny_model().save(tmp_path / "model")
-    assert main(["models", "check", str(saved), "--shuffles", "5", "--json", "--no-progress"]) == 2
+    assert main(["models", "check", str(saved), "--shuffles", "100", "--json", "--no-progress"]) == 2
     error = capsys.readouterr().err
     assert error.startswith(f"stimsim: error: checksum mismatch for '{first}' of data entry 'floc' at {damaged}")
     assert "`stimsim data fetch floc` sets the damaged copy aside" in error
@@ -123,9 +123,10 @@ def test_a_damaged_floc_copy_is_an_error_not_a_reason_to_check_on_other_images(t
 def test_without_floc_the_check_says_so_and_uses_the_heldout_images(tmp_path, monkeypatch, capsys):
     from test_model_files import tiny_model
 
+    (tmp_path / "empty-mirror").mkdir()
     monkeypatch.setenv(manifest.MIRROR_DIR_ENV, str(tmp_path / "empty-mirror"))
     saved = tiny_model().save(tmp_path / "model")
-    assert main(["models", "check", str(saved), "--shuffles", "5", "--json", "--no-progress"]) == 0
+    assert main(["models", "check", str(saved), "--shuffles", "100", "--json", "--no-progress"]) == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert report["stimuli"] == "lfw_subset+fashion_mnist_test" and "class_maps" in report

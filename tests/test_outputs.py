@@ -177,9 +177,27 @@ def test_foreign_files_in_out_are_not_overwritten(experiment_dir, elsewhere):
     assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
     run_experiment(experiment_dir / "seed0.toml", out, progress=False, figures=False, force=True)
     load_results(out)
-    # stimsim's own set, and a killed write's temporary file, are rewritten without --force
+    # stimsim's own set, and a killed write's temporary files, are rewritten without --force; the temporary
+    # files (of a run killed by SIGKILL, which removes nothing) are gone after the new run
     (out / ".results.nc.abc123.tmp.nc").write_bytes(b"partial")
+    (out / ".result_set.json.w1p2_h2h.tmp.json").write_bytes(b"{")
     run_experiment(experiment_dir / "seed0.toml", out, progress=False, figures=False)
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".") and ".tmp" in p.name]
+
+
+def test_a_result_set_removes_temporary_files_only_where_the_directory_is_its_own(tmp_path):
+    """A killed write's temporary files in a directory holding only stimsim's set are removed when a new set starts
+    there; in a directory written into with force beside someone else's files, nothing of theirs is touched."""
+    own, forced = tmp_path / "own", tmp_path / "forced"
+    for directory in (own, forced):
+        directory.mkdir()
+        (directory / ".result_set.json.w1p2_h2h.tmp.json").write_text("{")
+    (forced / "notes.txt").write_text("mine")
+    ResultSet(own, "test")
+    ResultSet(forced, "test", force=True)
+    assert sorted(p.name for p in own.iterdir()) == [RESULT_SET_FILE]
+    assert sorted(p.name for p in forced.iterdir()) == [".result_set.json.w1p2_h2h.tmp.json", "notes.txt",
+                                                        RESULT_SET_FILE]
 
 
 def test_files_follow_the_umask(tmp_path):
@@ -466,14 +484,28 @@ MIRROR = Path(os.environ.get("STIMSIM_MIRROR_DIR") or SHARED_DATA)
 def test_models_check_writes_its_figure_where_told_and_takes_a_mirror(elsewhere, capsys, monkeypatch):
     mirror = str(MIRROR)
     monkeypatch.delenv("STIMSIM_MIRROR_DIR", raising=False)
-    code, out, err = _cli(capsys, "models", "check", "stimsim-topo-s0", "--heldout", "--shuffles", "10", "--json",
+    code, out, err = _cli(capsys, "models", "check", "stimsim-topo-s0", "--heldout", "--shuffles", "100", "--json",
                           "--out", "checks", "--mirror", mirror, "--threads", "1")
     monkeypatch.delenv("STIMSIM_MIRROR_DIR", raising=False)
     assert code == 0, err
     assert json.loads(out)["figure"] == str(Path("checks") / "stimsim-topo-s0_face_dprime.png")
     assert sorted(p.name for p in elsewhere.iterdir()) == ["checks"]
     assert (elsewhere / "checks" / "stimsim-topo-s0_face_dprime.png").stat().st_size > 1000
-    assert "stimsim: models check: clustering of every class's d′ map against 10 position shuffles" in err
+    assert "stimsim: models check: clustering of every class's d′ map against 100 position shuffles" in err
+
+
+def test_provenance_records_the_commit_stimsim_runs_from(tmp_path):
+    """The software record saved with every result (``config.json`` of ``run`` and ``models score``) holds the
+    commit the benchmark reports: the checkout's, ``+modified`` where its tracked files differ; null outside one."""
+    import stimsim
+    from stimsim.utilities.io import checkout_commit, provenance
+
+    checkout = Path(stimsim.__file__).resolve().parents[1]
+    commit = provenance()["software"]["commit"]
+    assert commit == checkout_commit(checkout)
+    if (checkout / ".git").exists():
+        assert re.fullmatch(r"[0-9a-f]{40}(\+modified)?", commit), commit
+    assert checkout_commit(tmp_path) is None
 
 
 def test_provenance_records_the_thread_count_a_result_was_computed_with():

@@ -324,10 +324,21 @@ def cache_dir() -> Path:
 
 
 def mirror_dir(mirror=None) -> Path | None:
-    """The mirror directory: ``mirror`` when given, else ``STIMSIM_MIRROR_DIR``, else ``None``."""
+    """The mirror directory: ``mirror`` when given, else ``STIMSIM_MIRROR_DIR`` (:func:`env_mirror_dir`), else
+    ``None``."""
     if mirror is not None:
         return Path(mirror).expanduser()
-    return _env_path(MIRROR_DIR_ENV)
+    return env_mirror_dir()
+
+
+def env_mirror_dir() -> Path | None:
+    """``STIMSIM_MIRROR_DIR`` as a path, None when it is unset; ConfigError when it names no directory (as
+    ``--mirror`` is refused)."""
+    path = _env_path(MIRROR_DIR_ENV)
+    if path is not None and not path.is_dir():
+        raise ConfigError(f"{MIRROR_DIR_ENV}={os.environ[MIRROR_DIR_ENV].strip()}: not a directory; set it to the "
+                          "folder of the data mirror, or unset it")
+    return path
 
 
 # --------------------------------------------------------------------------- manifests
@@ -560,9 +571,8 @@ def _resolve_file(entry: ManifestEntry, spec: ManifestFile, mirror, timeout_s: f
         elif source.kind == "system":
             looked.append(f"{source.describe()} (absent)")
     mirror_root = mirror_dir(mirror)
-    if mirror_root is not None and not mirror_root.is_dir():
-        given = "the mirror given" if mirror is not None else MIRROR_DIR_ENV
-        looked.append(f"mirror {mirror_root} ({given}: not a directory)")
+    if mirror_root is not None and not mirror_root.is_dir():  # given as mirror=: the environment's is checked
+        looked.append(f"mirror {mirror_root} (the mirror given: not a directory)")
     elif mirror_root is not None:
         mirrored = entry.mirror_path(spec.path, mirror_root)
         if mirrored.is_file():

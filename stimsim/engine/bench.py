@@ -74,11 +74,13 @@ in one file, so that one run's ratios come from one place.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import platform
 import resource
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -93,7 +95,7 @@ from stimsim.cortex.sheet import CorticalSheet
 from stimsim.cortex.topography import sheet_grid, smoothed_values_at
 from stimsim.engine import DEFAULT_MAX_CHUNK_BYTES, chunk_count, serial_work, simulate, simulate_plain
 from stimsim.engine.devices import resolve_device
-from stimsim.engine.jobs_bench import check_jobs, checkout_commit, max_rss_MB
+from stimsim.engine.jobs_bench import check_jobs, max_rss_MB
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
@@ -170,6 +172,8 @@ class BenchContext:
     job_names: list[str] | None = None
     jobs_out: str | None = None
     on_job: Callable[[dict], None] | None = None
+    #: The sections named in the call (a named section that cannot measure says why).
+    named: tuple[str, ...] = ()
     _resnet: TopographicModel | None = None
     _imagenet_model: TopographicModel | None = None
 
@@ -232,17 +236,18 @@ def run_benchmark(quick: bool = False, default_model: TopographicModel | None = 
         raise ConfigError(f"unknown benchmark section(s) {unknown}; sections: {names}")
     if "jobs" in (sections or ()):
         check_jobs(job_names, quick, work_dir=jobs_out)  # before the other sections: a typo shows at once
+    software = software_versions()
     report = {"started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "quick": bool(quick),
               "device": str(device), "max_chunk_bytes": int(max_chunk_bytes),
               "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
-              "load_average_1min_at_start": round(os.getloadavg()[0], 2), "software": software_versions(),
-              "commit": checkout_commit(Path(__file__).resolve().parents[2]),
+              "load_average_1min_at_start": round(os.getloadavg()[0], 2), "software": software,
+              "commit": software["commit"],
               "repeats": (QUICK_SIZES if quick else FULL_SIZES)["repeats"],
               "stim_current_uA": STIM_CURRENT_UA, "stim_frequency_Hz": STIM_FREQUENCY_HZ}
     save = on_partial or (lambda partial: None)
     context = BenchContext(QUICK_SIZES if quick else FULL_SIZES, device, seed, int(max_chunk_bytes), progress,
                            None if default_model is None else default_model.to(device), default_model_source,
-                           job_names, jobs_out, lambda partial: save({**report, **partial}))
+                           job_names, jobs_out, lambda partial: save({**report, **partial}), tuple(sections or ()))
     for name, section in SECTIONS:
         if name in sections if sections is not None else name not in ON_REQUEST_SECTIONS:
             values = section(context)
@@ -272,8 +277,10 @@ TARGETS = {"engine_over_bound_it": ("<=", TARGET_ENGINE_OVER_BOUND_IT),
 
 def judge_targets(report: dict) -> dict:
     """``targets_missed``: ``{entry: {"value", "target"}}`` for every entry of :data:`TARGETS` the report holds and
-    misses (the target as ``"<= 1.2"``); ``meets_targets``: whether it misses none, or None on quick sizes (the
-    targets are set for the full ones) or when the report holds none of them."""
+    misses (the target as ``"<= 1.2"``); ``meets_targets``: whether it misses none, or None when the report holds
+    none of them. On quick sizes nothing is judged (the targets are set for the full ones): both are None."""
+    if report["quick"]:
+        return {"targets_missed": None, "meets_targets": None}
     measured = {}
     for entry in TARGETS:
         value = report
@@ -284,7 +291,7 @@ def judge_targets(report: dict) -> dict:
     missed = {entry: {"value": value, "target": f"{TARGETS[entry][0]} {TARGETS[entry][1]:g}"}
               for entry, value in measured.items()
               if not (value <= TARGETS[entry][1] if TARGETS[entry][0] == "<=" else value >= TARGETS[entry][1])}
-    return {"targets_missed": missed, "meets_targets": None if report["quick"] or not measured else not missed}
+    return {"targets_missed": missed, "meets_targets": not missed if measured else None}
 
 
 @register_section("bound")
@@ -301,7 +308,7 @@ def bound_section(context: BenchContext) -> dict:
     if context.default_model is not None:
         n_sites, n_images = context.sizes["small"]
         images, labels = _mirrored_face_images(n_images)
-        it_layer, _ = _it_layers(context.default_model)
+        it_layer = _it_layer(context.default_model)
         report.update({f"{k}_small": v for k, v in _against_bound(context, context.default_model, it_layer, images,
                                                                   labels, n_sites,
                                                                   context.sizes["small_baseline_sites"]).items()})
@@ -314,8 +321,9 @@ def plain_section(context: BenchContext) -> dict:
     report = {"target_speedup_it": TARGET_SPEEDUP_IT, "target_speedup_pre_it": TARGET_SPEEDUP_PRE_IT}
     report.update(_benchmark_model(context.resnet, "layer4.1", "layer4.0", context))
     if context.default_model is not None:
-        it_layer, pre_it_layer = _it_layers(context.default_model)
-        report["default_model"] = _benchmark_model(context.default_model, it_layer, pre_it_layer, context)
+        it_layer = _it_layer(context.default_model)
+        report["default_model"] = _benchmark_model(context.default_model, it_layer,
+                                                   _pre_it_layer(context.default_model, it_layer), context)
     return report
 
 
@@ -329,15 +337,17 @@ def dask_section(context: BenchContext) -> dict:
     that activity to every worker, collecting the results (about 0.5 CPU-seconds in all) — is a few percent
     of the work (about 12 CPU-seconds on one core), so the ratio is near 2 on 2 idle cores."""
     if context.sizes["dask"] is None or context.default_model is None:
-        return {"dask_2workers_vs_1": None, "dask_note": "not measured (quick mode or no default model)"}
+        reason = ("the quick sizes have no Dask sweep (run without --quick)" if context.sizes["dask"] is None
+                  else NO_DEFAULT_MODEL)
+        return {"dask_2workers_vs_1": None, "dask_note": _not_measured(context, "dask", reason)}
     from distributed import Client, LocalCluster
 
-    from stimsim.engine.distributed import CHUNKS_PER_THREAD, WORKER_PRELOAD
+    from stimsim.engine.distributed import CHUNKS_PER_THREAD, WORKER_PRELOAD, quiet_dask_logs
 
     model = context.default_model
     n_sites, n_images = context.sizes["dask"]
     images, labels = _mirrored_face_images(n_images)
-    it_layer, _ = _it_layers(model)
+    it_layer = _it_layer(model)
     layer = model.stage_names[model.stage_names.index(it_layer) - 2]  # two stages before IT: each pair runs them
     decoder = LogisticDecoder.fit(model.activations(images, it_layer), labels, layer=it_layer, C=DECODER_C)
     conditions = _site_conditions(model.sheet(layer), layer, n_sites, context.seed)
@@ -348,32 +358,34 @@ def dask_section(context: BenchContext) -> dict:
     serial_s = time.perf_counter() - start
     report_phase(f"bench: Dask sweep of {n_sites} sites × {n_images} images at {layer} on 1 and 2 workers",
                  context.progress)
-    # the status page on any free port (8787 may be taken); the workers ignore Ctrl-C, as those of `run` do
-    clusters = {n: LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                dashboard_address=":0", preload=list(WORKER_PRELOAD)) for n in (1, 2)}
-    clients = {n: Client(cluster) for n, cluster in clusters.items()}
-    worker_cpu_s = {1: [], 2: []}  # per timed sweep: CPU seconds (user + system) of each worker process
-    try:
-        def sweep(n):
-            def run():
-                before = clients[n].run(_process_cpu_s)
-                values = simulate(model, images, conditions, decoder, progress=False, scheduler=clients[n],
-                                  max_chunk_bytes=context.max_chunk_bytes, device=context.device,
-                                  safety_override=SAFETY_OVERRIDE).values
-                after = clients[n].run(_process_cpu_s)
-                worker_cpu_s[n].append([after[w] - before[w] for w in after])
-                return values
+    with quiet_dask_logs():  # Dask's own log lines (a client removed, ...) kept off stderr
+        # the status page on any free port (8787 may be taken); the workers ignore Ctrl-C, as those of `run` do
+        clusters = {n: LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                    dashboard_address=":0", preload=list(WORKER_PRELOAD), silence_logs=logging.ERROR)
+                    for n in (1, 2)}
+        clients = {n: Client(cluster) for n, cluster in clusters.items()}
+        worker_cpu_s = {1: [], 2: []}  # per timed sweep: CPU seconds (user + system) of each worker process
+        try:
+            def sweep(n):
+                def run():
+                    before = clients[n].run(_process_cpu_s)
+                    values = simulate(model, images, conditions, decoder, progress=False, scheduler=clients[n],
+                                      max_chunk_bytes=context.max_chunk_bytes, device=context.device,
+                                      safety_override=SAFETY_OVERRIDE).values
+                    after = clients[n].run(_process_cpu_s)
+                    worker_cpu_s[n].append([after[w] - before[w] for w in after])
+                    return values
 
-            return run
+                return run
 
-        for n in clients:  # workers import torch and stimsim on their first task; keep that out of the timing
-            simulate(model, images[:2], conditions[:2], decoder, progress=False, scheduler=clients[n],
-                     safety_override=SAFETY_OVERRIDE)
-        timings = _interleaved_minimum({n: sweep(n) for n in clients}, context.sizes["repeats"], context.device)
-    finally:
-        for n in clients:
-            clients[n].close()
-            clusters[n].close()
+            for n in clients:  # workers import torch and stimsim on their first task; keep that out of the timing
+                simulate(model, images[:2], conditions[:2], decoder, progress=False, scheduler=clients[n],
+                         safety_override=SAFETY_OVERRIDE)
+            timings = _interleaved_minimum({n: sweep(n) for n in clients}, context.sizes["repeats"], context.device)
+        finally:
+            for n in clients:
+                clients[n].close()
+                clusters[n].close()
     (one_s, one), (two_s, two) = timings[1], timings[2]
     one_cpu_s = min(sum(run) for run in worker_cpu_s[1])
     busier_cpu_s = min(max(run) for run in worker_cpu_s[2])
@@ -390,6 +402,7 @@ def dask_section(context: BenchContext) -> dict:
 def load_section(context: BenchContext) -> dict:
     """Loading the default model and computing its IT activations (target: :data:`TARGET_LOAD_AND_ACTIVATIONS_S`)."""
     if context.default_model_source is None:
+        _not_measured(context, "load", NO_DEFAULT_MODEL)
         return {}
     return {"default_model_load_and_activations": time_load_and_activations(context.default_model_source,
                                                                             device=context.device)}
@@ -445,6 +458,7 @@ def maps_section(context: BenchContext) -> dict:
     """Smoothed selectivity map against a loop over its points (``smoothing_vs_loop``); on the quick sizes, on
     the small default model's IT sheet."""
     if (chosen := _model_and_it_layer(context)) is None:
+        _not_measured(context, "maps", NO_DEFAULT_MODEL)
         return {}
     model, layer = chosen
     sheet = model.sheet(layer)
@@ -471,6 +485,7 @@ def cache_section(context: BenchContext) -> dict:
     from stimsim.engine.activation_cache import cached_activations
 
     if (chosen := _model_and_it_layer(context)) is None:
+        _not_measured(context, "cache", NO_DEFAULT_MODEL)
         return {}
     model, layer = chosen
     images, _ = _face_images(context.sizes["cache_images"])
@@ -491,6 +506,17 @@ def cache_section(context: BenchContext) -> dict:
             "cache_reuse_vs_forward": forward_s / reuse_s, "cache_store_over_forward": store_s / forward_s}
 
 
+#: Why a section of the small default model measures nothing without one.
+NO_DEFAULT_MODEL = "there is no default model (give --model NAME)"
+
+
+def _not_measured(context: BenchContext, section: str, reason: str) -> str:
+    """Warn, when ``section`` was named, that it measured nothing and why; returns the report's note."""
+    if section in context.named:
+        warnings.warn(f"bench: section {section!r} was not measured: {reason}", stacklevel=2)
+    return f"not measured: {reason}"
+
+
 def _model_and_it_layer(context: BenchContext) -> tuple[TopographicModel, str] | None:
     """The model of the ``maps`` and ``cache`` sections and its IT layer: :data:`PLAN_MODEL`, or on the quick sizes
     the small default model (None without one)."""
@@ -498,7 +524,7 @@ def _model_and_it_layer(context: BenchContext) -> tuple[TopographicModel, str] |
         return context.imagenet_model, "IT"
     if context.default_model is None:
         return None
-    return context.default_model, _it_layers(context.default_model)[0]
+    return context.default_model, _it_layer(context.default_model)
 
 
 @register_section("analysis")
@@ -570,7 +596,7 @@ def time_load_and_activations(model_name: str, n_images: int = 100, device="cpu"
     start = time.perf_counter()
     model = load_model(model_name, device=device)
     loaded = time.perf_counter()
-    it_layer, _ = _it_layers(model)
+    it_layer = _it_layer(model)
     model.activations(images, it_layer)
     done = time.perf_counter()
     return {"model": model_name, "n_images": n_images, "load_s": loaded - start, "activations_s": done - loaded,
@@ -705,18 +731,23 @@ def _resnet_model(size_px: int, seed: int) -> TopographicModel:
                             areas={"layer4.1": "IT"}, name="tdann_resnet18 (random weights)")
 
 
-def _it_layers(model: TopographicModel) -> tuple[str, str]:
-    """(IT layer, the topographic layer before it): IT is the layer labelled "IT", else the readout layer."""
+def _it_layer(model: TopographicModel) -> str:
+    """The IT layer: the layer labelled "IT", else the readout layer (it must have a cortical sheet)."""
     try:
         it_layer = model.resolve_layer("IT")
     except ConfigError:
         it_layer = model.readout_layer
     model.sheet(it_layer)
+    return it_layer
+
+
+def _pre_it_layer(model: TopographicModel, it_layer: str) -> str:
+    """The topographic layer before ``it_layer``, which the pre-IT workload stimulates."""
     earlier = [layer for layer in model.layers if model.stage_names.index(layer) < model.stage_names.index(it_layer)]
     if not earlier:
         raise ConfigError(f"model {model.name!r} has no topographic layer before its IT layer {it_layer!r}; "
-                          f"the pre-IT workload needs one (topographic layers: {model.layers})")
-    return it_layer, earlier[-1]
+                          f"the pre-IT workload of the plain section needs one (topographic layers: {model.layers})")
+    return earlier[-1]
 
 
 def _face_images(n_images: int) -> tuple[np.ndarray, np.ndarray]:

@@ -29,11 +29,12 @@ every worker once per phase.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import signal
 import threading
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 from stimsim.utilities.errors import ConfigError
 
@@ -187,10 +188,32 @@ def _signals_held_back():
 
 def dask_setup(worker) -> None:
     """Run by Dask in each worker process of a local cluster as it starts (the cluster's ``preload``): the worker
-    ignores Ctrl-C. A Ctrl-C at the terminal reaches every process of the command; the command stops and closes its
-    workers, which would otherwise each print a traceback first."""
+    ignores Ctrl-C and keeps Dask's log lines below ERROR to itself. A Ctrl-C at the terminal reaches every process
+    of the command; the command stops and closes its workers, which would otherwise each print a traceback first."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for logger in _dask_loggers():
+        logger.setLevel(logging.ERROR)
+
+
+def _dask_loggers() -> list:
+    """The ``distributed`` logger and those of its descendants created so far (later ones inherit its level)."""
+    names = [name for name in list(logging.root.manager.loggerDict) if name.startswith("distributed.")]
+    return [logging.getLogger(name) for name in ("distributed", *names)]
+
+
+@contextmanager
+def quiet_dask_logs():
+    """Dask's log lines below ERROR (a client removed, a worker killed on closing) kept off stderr in this process
+    while a local cluster of stimsim's runs; its workers do the same (:func:`dask_setup`)."""
+    previous = [(logger, logger.level) for logger in _dask_loggers()]
+    for logger, _ in previous:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in previous:
+            logger.setLevel(level)
 
 
 #: The module whose :func:`dask_setup` each worker of a local cluster runs as it starts (the cluster's ``preload``).
@@ -240,6 +263,7 @@ class ChunkPool:
         from distributed import Client, LocalCluster
 
         self._cluster = None
+        self._quiet = ExitStack()  # Dask's log lines held back while a local cluster of this pool's runs
         if isinstance(scheduler, Client):
             self.client, self._own_client = scheduler, False
         else:
@@ -251,18 +275,20 @@ class ChunkPool:
                 except OSError as exc:
                     raise ConfigError(f"cannot reach the Dask scheduler at {value!r}: {exc}") from None
             else:
+                self._quiet.enter_context(quiet_dask_logs())
                 try:
                     with _signals_held_back():
                         # the status page on a free port: two sweeps at once would otherwise both ask for 8787
                         self._cluster = LocalCluster(n_workers=int(value), threads_per_worker=1, processes=True,
                                                      host="127.0.0.1", dashboard_address=":0",
-                                                     preload=list(WORKER_PRELOAD))
+                                                     preload=list(WORKER_PRELOAD), silence_logs=logging.ERROR)
                         self.client = Client(self._cluster)
                 except BaseException:  # interrupted: the cluster (complete now) is closed before stopping
                     if getattr(self, "client", None) is not None:
                         self.client.close()
                     if self._cluster is not None:
                         self._cluster.close()
+                    self._quiet.close()
                     raise
             self._own_client = True
         self.threads = sum(self.client.nthreads().values()) or 1
@@ -291,6 +317,7 @@ class ChunkPool:
             self.client.close()
         if self._cluster is not None:
             self._cluster.close()
+        self._quiet.close()
 
 
 def _run_chunk(runner, chunk):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from stimsim.data.manifest import CACHE_DIR_ENV, cache_dir, fetch, load_manifests
 from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.io import checkout_commit
 from stimsim.utilities.progress import report_phase
 
 #: Peak resident memory every experiment and plan must stay within on the ImageNet-based models, GB (10⁹ bytes).
@@ -203,21 +204,6 @@ def _met(target: str, limit: float, figures: dict) -> bool | None:
     if target == "wall_s_on_2_cores":
         return figures["wall_s"] <= limit if os.cpu_count() == 2 else None
     raise ValueError(f"unknown target {target!r}")
-
-
-def checkout_commit(repository: Path) -> str | None:
-    """The checkout's commit, ``+modified`` where its tracked files differ from it; None where ``repository`` is
-    not the top of a git checkout (an installed package inside some other repository's folder)."""
-    if not (repository / ".git").exists():
-        return None
-    def git(*arguments):
-        return subprocess.run(["git", *arguments], cwd=repository, capture_output=True, text=True, check=True).stdout
-
-    try:
-        commit = git("rev-parse", "HEAD").strip()
-        return commit + ("+modified" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def _fresh_cache(path: Path, fetched: list[Path]) -> Path:

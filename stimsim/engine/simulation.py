@@ -50,6 +50,7 @@ from stimsim.stimulation.base import apply_effect
 from stimsim.stimulation.conditions import Condition
 from stimsim.utilities.errors import ConfigError, SafetyError
 from stimsim.utilities.hashing import canonical_json, json_sha256, tensor_sha256, update_with_tensors
+from stimsim.utilities.progress import report_phase
 
 #: Default memory budget for the perturbed activity of one pass (bytes).
 DEFAULT_MAX_CHUNK_BYTES = 1 << 30
@@ -139,6 +140,9 @@ def simulate(model, images, conditions, decoder, stimulus_ids=None, stimulus_coo
         runner = _Runner(setup, _cache_directory(activation_cache))
         todo = [(layer, indices[~done[indices]], images_per_pass) for layer, indices, images_per_pass in chunks
                 if not done[indices].all()]
+        if len(todo) < len(chunks):  # a killed run's chunks, read back from the store
+            report_phase(f"simulate: resuming: {len(chunks) - len(todo)} of {len(chunks)} chunks already stored",
+                         progress)
         bar = tqdm(total=len(todo), desc="simulate", unit="chunk", disable=not progress)
         results = runner.run_all(todo) if pool is None else pool.run(runner, todo)
         for indices, values in results:  # written here only, once per chunk, in the order chunks finish

@@ -56,7 +56,7 @@ def write_resting_activity(directory, layer: str = "IT", mirror=None, device="cp
     layer = model.resolve_layer(layer)
     report_phase("models resting: reading the reference images (fLoc)", progress)
     images, reference = reference_images(mirror)
-    report_phase(f"models resting: the response of {layer}'s {model.sheet(layer).n_units:,} units to "
+    report_phase(f"models resting: the response of the {model.sheet(layer).n_units:,} units of {layer} to "
                  f"{len(images)} images on {device}", progress)
     rel = f"resting/{layer}.npz"
     sheet = dataclasses.replace(model.sheet(layer), resting_activity=resting_activity(model, layer, images),

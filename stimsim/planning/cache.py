@@ -22,7 +22,7 @@ import numpy as np
 
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.hashing import changed_keys, json_sha256, sha256_of
-from stimsim.utilities.io import atomic_save, atomic_write_json, is_temporary_file
+from stimsim.utilities.io import atomic_save, atomic_write_json, is_temporary_file, remove_temporaries
 from stimsim.utilities.jsonable import json_value
 from stimsim.utilities.progress import report_phase
 
@@ -178,18 +178,6 @@ def directory_files_sha256(directory) -> dict:
     directory = Path(directory)
     return {entry.name: sha256_of(entry) for entry in sorted(directory.iterdir())
             if entry.is_file() and not is_temporary_file(entry.name)}
-
-
-def remove_temporaries(*directories) -> None:
-    """Remove the temporary files a killed write left directly in ``directories`` (only while this run holds
-    the output directory, so no other run is writing them)."""
-    for directory in directories:
-        directory = Path(directory)
-        if not directory.is_dir():
-            continue
-        for entry in directory.iterdir():
-            if is_temporary_file(entry.name) and (entry.is_file() or entry.is_symlink()):
-                entry.unlink(missing_ok=True)
 
 
 def _what_changed(held_record: Path, record: dict | None) -> str:

@@ -37,7 +37,7 @@ import xarray as xr
 from stimsim.analysis.plan_readback import mark_plan_unfinished, write_plan_files
 from stimsim.behavior.metrics import finite_pearson
 from stimsim.models.preprocessing import input_geometry_notes
-from stimsim.planning.cache import PhaseCache, directory_files_sha256, remove_temporaries
+from stimsim.planning.cache import PhaseCache, directory_files_sha256
 from stimsim.planning.config import PlanConfig
 from stimsim.planning.detectability import INTERVAL_SPANS, coverage, subject_error_sd, with_subject_error
 from stimsim.planning.selection import (check_broken, choose_sites, left_out_message, screen_electrodes,
@@ -47,7 +47,8 @@ from stimsim.stimulation import additive_scale_record, enforce
 from stimsim.stimulation.safety import charge_per_phase_nC
 from stimsim.utilities.errors import ConfigError, DataError, SafetyError, StimsimError
 from stimsim.utilities.hashing import json_sha256, sha256_of
-from stimsim.utilities.io import atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance
+from stimsim.utilities.io import (atomic_save, atomic_write_json, atomic_write_text, csv_text, provenance,
+                                  remove_temporaries)
 from stimsim.utilities.progress import report_phase
 
 IT = "IT"

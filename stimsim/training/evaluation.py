@@ -243,13 +243,19 @@ def cv_scores(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> dict:
 #: Most position shuffles a check takes: its p resolves to 1 / (1 + shuffles), 1e-5 here, and each shuffle of a
 #: 50,000-unit sheet costs milliseconds per map.
 MAX_SHUFFLES = 100_000
+#: Fewest position shuffles a check takes: the fewest with which the smallest p, 1 / (1 + shuffles), is below
+#: :data:`CLUSTER_ALPHA` (with fewer, no map could count as clustered).
+MIN_SHUFFLES = int(1 / CLUSTER_ALPHA - 1) + 1
 
 
 def check_shuffles(n_shuffles: int, name: str = "n_shuffles") -> int:
-    """``n_shuffles`` if it is an integer from 1 to :data:`MAX_SHUFFLES`; otherwise ConfigError naming ``name``."""
-    if isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int) or not 1 <= n_shuffles <= MAX_SHUFFLES:
-        raise ConfigError(f"{name} must be an integer from 1 to {MAX_SHUFFLES:,} (p resolves to 1 / (1 + shuffles)), "
-                          f"got {n_shuffles!r}")
+    """``n_shuffles`` if it is an integer from :data:`MIN_SHUFFLES` to :data:`MAX_SHUFFLES`; otherwise ConfigError
+    naming ``name``."""
+    if (isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int)
+            or not MIN_SHUFFLES <= n_shuffles <= MAX_SHUFFLES):
+        raise ConfigError(f"{name} must be an integer from {MIN_SHUFFLES} to {MAX_SHUFFLES:,}, got {n_shuffles!r}: "
+                          f"p resolves to 1 / (1 + shuffles), and a map counts as clustered at p < {CLUSTER_ALPHA:g}, "
+                          f"which fewer than {MIN_SHUFFLES} shuffles cannot reach")
     return n_shuffles
 
 

@@ -125,7 +125,11 @@ def _problem(error: dict, model: type[BaseModel], raw_loc: list, key) -> str:
     bounds = {"greater_than": "> {gt}", "greater_than_equal": ">= {ge}", "less_than": "< {lt}",
               "less_than_equal": "<= {le}"}
     if kind in bounds:
-        return f"{key!r} must be {bounds[kind].format(**ctx)}, got {given!r}"
+        problem = f"{key!r} must be {bounds[kind].format(**ctx)}, got {given!r}"
+        fraction = kind in ("less_than", "less_than_equal") and ctx.get("lt", ctx.get("le")) == 1
+        if fraction and isinstance(given, (int, float)) and not isinstance(given, bool) and 1 < given <= 100:
+            problem += f"; it is a fraction: {given / 100:g} for {given:g} %"  # a percentage given
+        return problem
     if kind == "literal_error":
         return f"{key!r} must be one of {ctx.get('expected')}, got {given!r}"
     if kind == "string_pattern_mismatch" and ctx.get("pattern") != TEXT_PATTERN:

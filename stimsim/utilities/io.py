@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -45,6 +46,18 @@ def _temp_file(path: Path) -> str:
 def is_temporary_file(name: str) -> bool:
     """Whether ``name`` is a temporary file of an atomic write (left behind only by a killed process)."""
     return name.startswith(".") and ".tmp" in name
+
+
+def remove_temporaries(*directories) -> None:
+    """Remove the temporary files a killed write left directly in ``directories`` (only while this run holds
+    the output directory, so no other run is writing them)."""
+    for directory in directories:
+        directory = Path(directory)
+        if not directory.is_dir():
+            continue
+        for entry in directory.iterdir():
+            if is_temporary_file(entry.name) and (entry.is_file() or entry.is_symlink()):
+                entry.unlink(missing_ok=True)
 
 
 def atomic_write_bytes(path, data: bytes) -> Path:
@@ -96,9 +109,9 @@ def atomic_save(path, save_fn) -> Path:
 
 
 def software_versions() -> dict:
-    """Versions of Python, stimsim and the libraries results depend on, and ``plugins``: the packages whose
-    plug-ins (paradigms, perturbation kinds, model families, ...) this process loaded, name → version (only
-    when it loaded some)."""
+    """Versions of Python, stimsim and the libraries results depend on, stimsim's ``commit`` (:func:`checkout_commit`
+    of the checkout it runs from; None when installed), and ``plugins``: the packages whose plug-ins (paradigms,
+    perturbation kinds, model families, ...) this process loaded, name → version (only when it loaded some)."""
     import h5py
     import numpy
     import scipy
@@ -114,6 +127,7 @@ def software_versions() -> dict:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "stimsim": stimsim.__version__,
+        "commit": checkout_commit(Path(stimsim.__file__).resolve().parents[1]),
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,
         "numpy": numpy.__version__,
@@ -126,6 +140,21 @@ def software_versions() -> dict:
     }
     plugins = plugin_packages()
     return {**versions, "plugins": plugins} if plugins else versions
+
+
+def checkout_commit(repository: Path) -> str | None:
+    """The checkout's commit, ``+modified`` where its tracked files differ from it; None where ``repository`` is
+    not the top of a git checkout (an installed package inside some other repository's folder)."""
+    if not (repository / ".git").exists():
+        return None
+    def git(*arguments):
+        return subprocess.run(["git", *arguments], cwd=repository, capture_output=True, text=True, check=True).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        return commit + ("+modified" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def provenance(config: dict | None = None) -> dict:
@@ -148,8 +177,9 @@ class ResultSet:
 
     ``ResultSet(directory, kind, keep=("simulation_store",), force=False)`` checks the directory: it
     may be new or empty, or hold a set stimsim wrote before (the files its manifest names, the
-    entries in ``keep`` and temporary files of a killed write); anything else is refused with
-    :class:`~stimsim.utilities.errors.ConfigError` unless ``force`` is true. :meth:`claim` (or ``result_set / name``)
+    entries in ``keep`` and temporary files of a killed write, which are removed); anything else is refused with
+    :class:`~stimsim.utilities.errors.ConfigError` unless ``force`` is true. The caller holds the directory's
+    :class:`~stimsim.utilities.locking.DirectoryLock`. :meth:`claim` (or ``result_set / name``)
     records a file's name before the caller writes it atomically, so a killed run's files stay
     recognisable as stimsim's; :meth:`write` and :meth:`write_json` claim and write in one call;
     :meth:`finish` removes the files of an older set that this one did not write, and writes the
@@ -188,6 +218,8 @@ class ResultSet:
                 shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
                 raise ConfigError(f"output directory {directory} holds files stimsim did not write ({shown}); "
                                   "give a new or empty directory, or force overwriting (--force)")
+            if not foreign and owner is None:  # only stimsim's set is there: the temporary files are its own
+                remove_temporaries(directory)
         ensure_output_dir(directory)
         self._claimed: list[str] = []
         self._write_manifest(complete=False)
