@@ -363,6 +363,24 @@ def test_row_images_left_out_of_the_localizer_are_named(tmp_path, shared_data):
     assert len(localizer) == 18 - 5 and not set(left_out) & set(localizer.stimulus_id.tolist())
 
 
+def test_image_folders_and_tables_are_read_from_the_files_own_folder(tmp_path, monkeypatch):
+    """A row's or the localizer's relative ``path`` is taken from the visualisation file's folder, as in experiment
+    files, whatever folder the command runs from."""
+    from stimsim.percepts.visualize import load_config
+
+    project = tmp_path / "project"
+    project.mkdir()
+    path = _with(project, {'source = "floc"\ncategories = ["car", "instrument"]\nn_per_category = 3':
+                           'source = "folder"\npath = "rows"',
+                           'sets = [{ source = "floc"': 'sets = [{ source = "table", path = "tables/localizer.csv" }, '
+                                                       '{ source = "floc"'})
+    monkeypatch.chdir(tmp_path)  # another folder than the file's
+    config = load_config(path.relative_to(tmp_path))
+    assert config.images[0]["path"] == str(project / "rows")
+    assert config.localizer["sets"][0]["path"] == str(project / "tables" / "localizer.csv")
+    assert config.localizer["sets"][1]["source"] == "floc" and "path" not in config.localizer["sets"][1]
+
+
 def test_three_currents_are_named_in_a_list():
     from stimsim.percepts.visualize import _currents_text
 

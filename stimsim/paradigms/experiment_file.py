@@ -120,6 +120,15 @@ def load_experiment(path) -> ExperimentSpec:
     return parse_experiment(_resolve_paths(load_toml(path), path.parent), where=str(path))
 
 
+def resolve_set_paths(sets, base: Path) -> None:
+    """Make the relative ``path`` of every path-based stimulus set in ``sets`` (a list of set tables, changed in
+    place) absolute against ``base``, the folder of the file that gives them."""
+    for entry in sets if isinstance(sets, list) else ():
+        if (isinstance(entry, dict) and entry.get("source") in _PATH_SOURCES and isinstance(entry.get("path"), str)
+                and entry["path"] and not Path(entry["path"]).is_absolute()):
+            entry["path"] = str((base / entry["path"]).absolute())
+
+
 def _resolve_paths(raw: dict, base: Path) -> dict:
     """``raw`` with the relative ``path`` of path-based stimulus sets and a relative model directory
     made absolute against ``base`` (a model that names a shipped model stays a name, even beside a folder of
@@ -127,17 +136,10 @@ def _resolve_paths(raw: dict, base: Path) -> dict:
     from stimsim.models.registry import available_models, looks_like_path
 
     raw = json.loads(json.dumps(raw, default=str))
-
-    def resolve(sets):
-        for entry in sets if isinstance(sets, list) else ():
-            if (isinstance(entry, dict) and entry.get("source") in _PATH_SOURCES and isinstance(entry.get("path"), str)
-                    and entry["path"] and not Path(entry["path"]).is_absolute()):
-                entry["path"] = str((base / entry["path"]).absolute())
-
     for table in (raw.get("stimuli"), (raw.get("sites") or {}).get("localizer") if isinstance(raw.get("sites"), dict)
                   else None):
         if isinstance(table, dict):
-            resolve(table.get("sets"))
+            resolve_set_paths(table.get("sets"), base)
     model = raw.get("model")
     if (isinstance(model, str) and model.strip() and not Path(model).is_absolute() and (base / model).is_dir()
             and (looks_like_path(model) or model not in available_models())):

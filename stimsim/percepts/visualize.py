@@ -4,9 +4,10 @@ The file (example: ``experiments/visualize_default.toml``) names
 
 * top level: ``name``, ``description``, ``model`` (shipped name or model directory; ``--model``
   overrides it), ``layer`` (default ``"IT"``), ``match_layer`` (default: ``layer``), ``seed`` (default 0);
-* ``[[images]]``: the rows, each a table for ``stimsim.data.stimuli.load_stimulus_source`` plus ``group``
-  (row label, e.g. ``"object"``), optional ``n`` (the first n images, at most as many as there are) and ``only``
-  (a table label → value the images must have);
+* ``[[images]]``: the rows, each a table for ``stimsim.data.stimuli.load_stimulus_source`` (a folder's or
+  table's relative ``path`` read from this file's folder) plus ``group`` (row label, e.g. ``"object"``),
+  optional ``n`` (the first n images, at most as many as there are) and ``only`` (a table label → value the
+  images must have);
 * ``[localizer]``: ``sets`` (as ``[[images]]``; images shown in rows are left out, which a run notes), ``label``,
   ``positive`` (the face class), ``C`` of the face decoders (default 1e-3);
 * ``[sites]``: ``method = "selectivity"`` (face site: the candidate point, ``candidate_step_mm`` grid
@@ -58,6 +59,7 @@ from stimsim.cortex.topography import smoothed_values_at
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.engine.devices import resolve_device
 from stimsim.models.registry import load_model
+from stimsim.paradigms.experiment_file import resolve_set_paths
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
 from stimsim.percepts import FaceJudge, InversionSettings, pixel_images, scrambled_effects, synthesize
 from stimsim.percepts.figure import plot_percepts
@@ -104,6 +106,9 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
     path = Path(path)
     raw = load_toml(path)
     where = str(path)
+    for sets in (raw.get("images"), (raw.get("localizer") or {}).get("sets") if isinstance(raw.get("localizer"), dict)
+                 else None):  # image folders and tables are read from the file's own folder
+        resolve_set_paths(sets, path.parent)
     checked = validate(VisualizeFile, raw, where)
     images = [entry.model_dump() for entry in checked.images]
     groups = {entry["group"] for entry in images}
