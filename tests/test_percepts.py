@@ -277,12 +277,7 @@ def _stopped(*args, **kwargs):
      "[localizer]: label 'domain' = 'faces' marks 0 of the"),
 ])
 def test_visualize_refuses_a_bad_file_in_one_line_and_leaves_no_output(tmp_path, capsys, change, message):
-    text = (REPO / "experiments" / "visualize_default.toml").read_text()
-    for old, new in change.items():
-        assert old in text
-        text = text.replace(old, new)
-    path = tmp_path / "bad.toml"
-    path.write_text(text)
+    path = _with(tmp_path, change)
     out = tmp_path / "out"
     assert main(["visualize", str(path), "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()  # warnings (e.g. row images left out of the localizer) may come first
