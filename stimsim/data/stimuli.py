@@ -577,8 +577,7 @@ def floc(categories=FLOC_CATEGORIES, n_per_category: int | None = None, mirror=N
     category) from the verified ``floc`` data entry.
 
     categories : any of :data:`FLOC_CATEGORIES` (default all eleven; a single name is accepted too).
-    n_per_category : the first this many images of each category in path order (at most the category's count), or
-        None for all.
+    n_per_category : the first this many images of each category in path order (at most its count), or None for all.
     Ids: the path in the entry, e.g. ``adult/adult-1.jpg``. Labels: ``category`` (the fLoc folder) and
     ``domain`` (:data:`FLOC_DOMAINS`: face, body, place, character, object, scrambled).
     """
