@@ -1,6 +1,7 @@
 """Test-wide settings: a private cache directory, and the published data mirror: STIMSIM_MIRROR_DIR
 when it is set, else the repository's sibling shared/data."""
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,19 @@ def _absent(message: str):
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{message} (CI=true: required)")
     pytest.skip(message)
+
+
+@pytest.fixture
+def default_ctrl_c():
+    """A ``preexec_fn`` for a command a test stops with a signal: Ctrl-C (SIGINT) at its default action, and SIGINT,
+    SIGTERM and SIGHUP unblocked, as a terminal starts a command, whatever the test runner was started with (one in
+    the background ignores SIGINT; one under a supervisor may block signals, and a blocked signal stays pending across
+    exec)."""
+    def restore():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+
+    return restore
 
 
 @pytest.fixture

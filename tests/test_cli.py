@@ -173,13 +173,14 @@ sys.exit(cli.main(["data", "list"]))
 
 @pytest.mark.parametrize("signum, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated"),
                                                 (signal.SIGHUP, 129, "terminated")], ids=lambda v: getattr(v, "name", None))
-def test_a_signal_ends_a_command_with_one_line_its_exit_code_and_no_half_written_file(signum, code, word, tmp_path):
+def test_a_signal_ends_a_command_with_one_line_its_exit_code_and_no_half_written_file(signum, code, word, tmp_path,
+                                                                                      default_ctrl_c):
     """Ctrl-C, `kill` (SIGTERM) and a closed terminal (SIGHUP) in the middle of writing a result: one line on
     stderr, exit code 128 + the signal's number, and the temporary file removed (SIGTERM used to end Python at
     once: no message, exit code -15, the temporary file left in --out)."""
     process = subprocess.Popen([sys.executable, "-c", _WRITING, str(tmp_path)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                               preexec_fn=default_ctrl_c)
     try:
         assert process.stdout.readline() == "writing\n"
         assert len(list(tmp_path.iterdir())) == 1  # the temporary file

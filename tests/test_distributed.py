@@ -158,7 +158,7 @@ def test_two_local_clusters_at_once_start_without_a_port_warning():
             first.close()
 
 
-def test_an_interrupt_while_a_local_cluster_starts_stops_without_a_traceback():
+def test_an_interrupt_while_a_local_cluster_starts_stops_without_a_traceback(default_ctrl_c):
     """Ctrl-C while the workers of a local cluster start: it takes effect once the cluster is up, which is then
     closed; Dask's exit handler used to fail on the half-started cluster with a traceback ('Exception ignored in
     atexit callback ... AssertionError: Status.init')."""
@@ -184,13 +184,13 @@ except KeyboardInterrupt:
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                          preexec_fn=default_ctrl_c)
     assert done.stdout == "interrupted\n"
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
     assert done.returncode == 0
 
 
-def test_ctrl_c_at_the_terminal_stops_the_command_without_the_workers_tracebacks():
+def test_ctrl_c_at_the_terminal_stops_the_command_without_the_workers_tracebacks(default_ctrl_c):
     """A Ctrl-C at the terminal reaches every process of the command's group, the workers of its local cluster
     too; they ignore it (each used to print a traceback, 60 lines and more in all), and the command stops and closes
     them."""
@@ -213,7 +213,7 @@ except KeyboardInterrupt:
 """
     command = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                               preexec_fn=default_ctrl_c)
     try:
         ready = command.stdout.readline()
         assert ready == f"{[str(signal.SIG_IGN)] * 2}\n", command.stderr.read()
