@@ -74,7 +74,6 @@ in one file, so that one run's ratios come from one place.
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import platform
 import resource
@@ -340,9 +339,9 @@ def dask_section(context: BenchContext) -> dict:
         reason = ("the quick sizes have no Dask sweep (run without --quick)" if context.sizes["dask"] is None
                   else NO_DEFAULT_MODEL)
         return {"dask_2workers_vs_1": None, "dask_note": _not_measured(context, "dask", reason)}
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    from stimsim.engine.distributed import CHUNKS_PER_THREAD, WORKER_PRELOAD, quiet_dask_logs
+    from stimsim.engine.distributed import CHUNKS_PER_THREAD, local_cluster, quiet_dask_logs
 
     model = context.default_model
     n_sites, n_images = context.sizes["dask"]
@@ -359,10 +358,7 @@ def dask_section(context: BenchContext) -> dict:
     report_phase(f"bench: Dask sweep of {n_sites} sites × {n_images} images at {layer} on 1 and 2 workers",
                  context.progress)
     with quiet_dask_logs():  # Dask's own log lines (a client removed, ...) kept off stderr
-        # the status page on any free port (8787 may be taken); the workers ignore Ctrl-C, as those of `run` do
-        clusters = {n: LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                    dashboard_address=":0", preload=list(WORKER_PRELOAD), silence_logs=logging.ERROR)
-                    for n in (1, 2)}
+        clusters = {n: local_cluster(n) for n in (1, 2)}
         clients = {n: Client(cluster) for n, cluster in clusters.items()}
         worker_cpu_s = {1: [], 2: []}  # per timed sweep: CPU seconds (user + system) of each worker process
         try:

@@ -256,11 +256,21 @@ def _check_answers(address: str, timeout_s: float) -> None:
         pool.submit(asyncio.run, bounded()).result()
 
 
+def local_cluster(n_workers: int):
+    """A Dask cluster of ``n_workers`` single-threaded worker processes on this machine, as every stimsim command
+    starts one: on the loopback address, its status page on a free port (two sweeps at once would otherwise both ask
+    for 8787), each worker ignoring Ctrl-C and keeping Dask's log lines below ERROR to itself (:func:`dask_setup`)."""
+    from distributed import LocalCluster
+
+    return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                        dashboard_address=":0", preload=list(WORKER_PRELOAD), silence_logs=logging.ERROR)
+
+
 class ChunkPool:
     """A Dask client (and the local cluster it started, if any) that runs the engine's chunks."""
 
     def __init__(self, scheduler):
-        from distributed import Client, LocalCluster
+        from distributed import Client
 
         self._cluster = None
         self._quiet = ExitStack()  # Dask's log lines held back while a local cluster of this pool's runs
@@ -278,10 +288,7 @@ class ChunkPool:
                 self._quiet.enter_context(quiet_dask_logs())
                 try:
                     with _signals_held_back():
-                        # the status page on a free port: two sweeps at once would otherwise both ask for 8787
-                        self._cluster = LocalCluster(n_workers=int(value), threads_per_worker=1, processes=True,
-                                                     host="127.0.0.1", dashboard_address=":0",
-                                                     preload=list(WORKER_PRELOAD), silence_logs=logging.ERROR)
+                        self._cluster = local_cluster(int(value))
                         self.client = Client(self._cluster)
                 except BaseException:  # interrupted: the cluster (complete now) is closed before stopping
                     if getattr(self, "client", None) is not None:
