@@ -126,14 +126,21 @@ def _cmd_data_verify(args) -> int:
 def _cmd_models_list(args) -> int:
     from stimsim.models.registry import available_models, describe_model
 
-    models = [describe_model(name) for name in (args.models or available_models())]
+    models, damaged = [], []
+    for name in args.models or available_models():
+        try:
+            models.append(describe_model(name))
+        except StimsimError as exc:  # a damaged folder is named after the others are listed
+            damaged.append(exc)
     if args.json:
         print(json.dumps(json_ready({"models": models}), indent=2))
-        return 0
-    for model in models:
-        layers = ", ".join(f"{layer} ({area or '-'})" for layer, area in model["layers"].items())
-        print(f"{model['name']:<20} {model['family']:<14} layers: {layers}")
-    return 0
+    else:
+        for model in models:
+            layers = ", ".join(f"{layer} ({area or '-'})" for layer, area in model["layers"].items())
+            print(f"{model['name']:<20} {model['family']:<14} layers: {layers}")
+    for exc in damaged:
+        print(f"stimsim: error: {exc}", file=sys.stderr)
+    return 2 if damaged else 0
 
 
 def _cmd_models_check(args) -> int:

@@ -263,6 +263,31 @@ def test_models_list_names_a_model_folder_it_cannot_describe(tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"stimsim: error: {saved / 'model.json'}: not valid JSON")
 
 
+def test_models_list_lists_the_healthy_models_beside_the_damaged_folders(tmp_path, capsys, monkeypatch):
+    """Damaged model folders, among the shipped ones or named, do not hide the others: every model that can be
+    described is listed, each damaged folder gets one error line saying what is wrong, and the command exits 2."""
+    from stimsim.cli import main
+    from stimsim.models import registry
+
+    shipped = tmp_path / "shipped"
+    good = tiny_model().save(shipped / "good")
+    no_weights = tiny_model().save(shipped / "no_weights")
+    (no_weights / "weights.pt").unlink()
+    bad_json = tiny_model().save(shipped / "bad_json")
+    (bad_json / "model.json").write_text("{not json")
+    monkeypatch.setattr(registry, "SHIPPED_DIR", shipped)
+    assert main(["models", "list"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.startswith("tiny ") and len(captured.out.splitlines()) == 1
+    first, second = captured.err.splitlines()
+    assert first.startswith(f"stimsim: error: {bad_json / 'model.json'}: not valid JSON")
+    assert second == f"stimsim: error: model {no_weights}: file(s) ['weights.pt'] listed in model.json are missing"
+    assert main(["models", "list", str(no_weights), str(good), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert [model["path"] for model in json.loads(captured.out)["models"]] == [str(good)]
+    assert captured.err.count("stimsim: error: ") == 1 and str(no_weights) in captured.err
+
+
 def test_data_manifests_are_package_data():
     """A wheel carries the manifests inside the package (the repository keeps them at the top level)."""
     from importlib.resources import files
