@@ -145,7 +145,7 @@ def _cmd_models_list(args) -> int:
 
 def _cmd_models_check(args) -> int:
     from stimsim.models.registry import load_model
-    from stimsim.training.evaluation import check_model, check_shuffles
+    from stimsim.training.evaluation import check_model, check_shuffles, report_lines
 
     progress = not args.no_progress
     check_shuffles(args.shuffles, "--shuffles")
@@ -177,7 +177,7 @@ def _cmd_models_check(args) -> int:
                          imagenet=not args.no_imagenet)
     if "images_note" in report:
         warnings.warn(report["images_note"])
-    _print_report(report, args.json, width=26)
+    print(json.dumps(json_ready(report), indent=2) if args.json else "\n".join(report_lines(report, width=26)))
     return 0
 
 
