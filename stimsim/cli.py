@@ -126,19 +126,26 @@ def _cmd_data_verify(args) -> int:
 def _cmd_models_list(args) -> int:
     from stimsim.models.registry import available_models, describe_model
 
-    models = [describe_model(name) for name in (args.models or available_models())]
+    models, damaged = [], []
+    for name in args.models or available_models():
+        try:
+            models.append(describe_model(name))
+        except StimsimError as exc:  # a damaged folder is named after the others are listed
+            damaged.append(exc)
     if args.json:
         print(json.dumps(json_ready({"models": models}), indent=2))
-        return 0
-    for model in models:
-        layers = ", ".join(f"{layer} ({area or '-'})" for layer, area in model["layers"].items())
-        print(f"{model['name']:<20} {model['family']:<14} layers: {layers}")
-    return 0
+    else:
+        for model in models:
+            layers = ", ".join(f"{layer} ({area or '-'})" for layer, area in model["layers"].items())
+            print(f"{model['name']:<20} {model['family']:<14} layers: {layers}")
+    for exc in damaged:
+        print(f"stimsim: error: {exc}", file=sys.stderr)
+    return 2 if damaged else 0
 
 
 def _cmd_models_check(args) -> int:
     from stimsim.models.registry import load_model
-    from stimsim.training.evaluation import check_model, check_shuffles
+    from stimsim.training.evaluation import check_model, check_shuffles, report_lines
 
     progress = not args.no_progress
     check_shuffles(args.shuffles, "--shuffles")
@@ -170,7 +177,7 @@ def _cmd_models_check(args) -> int:
                          imagenet=not args.no_imagenet)
     if "images_note" in report:
         warnings.warn(report["images_note"])
-    _print_report(report, args.json, width=26)
+    print(json.dumps(json_ready(report), indent=2) if args.json else "\n".join(report_lines(report, width=26)))
     return 0
 
 

@@ -263,6 +263,31 @@ def test_models_list_names_a_model_folder_it_cannot_describe(tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"stimsim: error: {saved / 'model.json'}: not valid JSON")
 
 
+def test_models_list_lists_the_healthy_models_beside_the_damaged_folders(tmp_path, capsys, monkeypatch):
+    """Damaged model folders, among the shipped ones or named, do not hide the others: every model that can be
+    described is listed, each damaged folder gets one error line saying what is wrong, and the command exits 2."""
+    from stimsim.cli import main
+    from stimsim.models import registry
+
+    shipped = tmp_path / "shipped"
+    good = tiny_model().save(shipped / "good")
+    no_weights = tiny_model().save(shipped / "no_weights")
+    (no_weights / "weights.pt").unlink()
+    bad_json = tiny_model().save(shipped / "bad_json")
+    (bad_json / "model.json").write_text("{not json")
+    monkeypatch.setattr(registry, "SHIPPED_DIR", shipped)
+    assert main(["models", "list"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.startswith("tiny ") and len(captured.out.splitlines()) == 1
+    first, second = captured.err.splitlines()
+    assert first.startswith(f"stimsim: error: {bad_json / 'model.json'}: not valid JSON")
+    assert second == f"stimsim: error: model {no_weights}: file(s) ['weights.pt'] listed in model.json are missing"
+    assert main(["models", "list", str(no_weights), str(good), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert [model["path"] for model in json.loads(captured.out)["models"]] == [str(good)]
+    assert captured.err.count("stimsim: error: ") == 1 and str(no_weights) in captured.err
+
+
 def test_data_manifests_are_package_data():
     """A wheel carries the manifests inside the package (the repository keeps them at the top level)."""
     from importlib.resources import files
@@ -306,23 +331,28 @@ def test_every_data_file_is_package_data_of_a_declared_package():
         assert set(identifier_folders) <= packages, f"{path}: folders {identifier_folders} are not all packages"
 
 
-def test_models_check_takes_any_labelled_stimulus_set(saved, tmp_path, capsys):
-    """Bright and dark images of several sizes, gray and colour, in class subfolders: the untrained
-    network separates brightness, so the balanced decoding of "bright" beats its chance of 0.5."""
-    import json as json_module
-
+def _bright_and_dark_images(folder):
+    """8 bright and 9 dark images of several sizes, gray and colour, in class subfolders of ``folder``."""
     from PIL import Image
-
-    from stimsim.cli import main
 
     rng = np.random.default_rng(0)
     for i in range(8):
         for label, level in (("bright", 0.8), ("dark", 0.2)):
             size = (24 + 4 * (i % 3), 16 + 8 * (i % 2))
             pixels = np.clip(level + rng.normal(0, 0.05, size + ((3,) if i % 2 else ())), 0, 1)
-            (tmp_path / "images" / label).mkdir(parents=True, exist_ok=True)
-            Image.fromarray((pixels * 255).astype(np.uint8)).save(tmp_path / "images" / label / f"{i}.png")
-    (tmp_path / "images" / "dark" / "extra.png").write_bytes((tmp_path / "images" / "dark" / "0.png").read_bytes())
+            (folder / label).mkdir(parents=True, exist_ok=True)
+            Image.fromarray((pixels * 255).astype(np.uint8)).save(folder / label / f"{i}.png")
+    (folder / "dark" / "extra.png").write_bytes((folder / "dark" / "0.png").read_bytes())
+
+
+def test_models_check_takes_any_labelled_stimulus_set(saved, tmp_path, capsys):
+    """Bright and dark images of several sizes, gray and colour, in class subfolders: the untrained
+    network separates brightness, so the balanced decoding of "bright" beats its chance of 0.5."""
+    import json as json_module
+
+    from stimsim.cli import main
+
+    _bright_and_dark_images(tmp_path / "images")
     args = ["models", "check", str(saved), "--stimuli", str(tmp_path / "images"), "--shuffles", "100", "--json"]
     assert main(args + ["--positive", "bright", "--out", str(tmp_path / "out")]) == 0
     report = json_module.loads(capsys.readouterr().out)
@@ -337,6 +367,28 @@ def test_models_check_takes_any_labelled_stimulus_set(saved, tmp_path, capsys):
     report = json_module.loads(capsys.readouterr().out)
     assert report["n_images"] == {"face": 9, "other": 8, "face_balanced_set": {"face": 8, "other": 8}}
     assert report["face_balanced_accuracy"] > 0.75
+
+
+def test_models_check_prints_readable_lines_with_units(saved, tmp_path, capsys):
+    """Without --json the report is one line per entry, numbers with their units, and each class's map and figure
+    on a line of its own: no Python dict or list shown as it is."""
+    from stimsim.cli import main
+
+    _bright_and_dark_images(tmp_path / "images")
+    assert main(["models", "check", str(saved), "--stimuli", str(tmp_path / "images"), "--shuffles", "100",
+                 "--positive", "bright", "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert not any(mark in line for line in lines for mark in "{}[]")
+    shown = dict(line.split(maxsplit=1) for line in lines if not line.startswith(" ") and " " in line)
+    assert re.fullmatch(r"[\d.]+ model mm", shown["sheet_model_mm"])
+    assert re.fullmatch(r"1 cortex mm per model mm on it \(sheet [\d.]+ cortex mm\); rule: none recorded: .*",
+                        shown["cortex_scale"])
+    assert shown["n_images"] == "8 bright, 9 other; balanced set 8 bright, 8 other"
+    classes = lines[lines.index("class_maps") + 1:lines.index("class_maps") + 3]
+    assert [line.split()[0] for line in classes] == ["bright", "dark"]
+    assert all(re.search(r"Moran's I \S+ \(null mean \S+\), p \S+, \S+ of the units with d′ > 1, "
+                         r"(no cluster|\d+ cluster\(s\) of [\d., ]+ cortex mm)$", line) for line in classes)
+    assert lines[lines.index("figures") + 1].split() == ["bright", str(tmp_path / "out" / "tiny_bright_dprime.png")]
 
 
 def test_models_check_refuses_too_few_images_and_bad_options_in_one_line(saved, tmp_path, capsys):

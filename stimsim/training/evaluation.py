@@ -384,3 +384,47 @@ def check_model(model: TopographicModel, n_shuffles: int = 1000, figure_path=Non
     if figure_path is not None or figure_dir is not None:
         report["figure"] = str(figure_path) if figure_path is not None else report["figures"][positive]
     return report
+
+
+#: Units of the check report's numbers, as :func:`report_lines` prints them after the number.
+REPORT_UNITS = {"n_units": "units", "sheet_model_mm": "model mm", "units_per_model_mm2": "units per model mm²",
+                "face_selective_fraction": "of the units (d′ > 1)", "imagenet_n": "images",
+                "imagenet_n_trained_images": "images"}
+
+
+def _number(value) -> str:
+    """A report's value as text: a float to 4 significant digits, None as '-'."""
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _map_text(record: dict) -> str:
+    """One class's map of the report (``domain_maps`` or ``class_maps``) as text, cluster diameters in cortex mm."""
+    clusters = ", ".join(_number(size) for size in record["clusters_mm"])
+    return (f"Moran's I {_number(record['morans_i'])} (null mean {_number(record['morans_i_null_mean'])}), "
+            f"p {_number(record['p'])}, {_number(record['selective_fraction'])} of the units with d′ > 1, "
+            + (f"{record['n_clusters']} cluster(s) of {clusters} cortex mm" if clusters else "no cluster"))
+
+
+def report_lines(report: dict, width: int = 26) -> list[str]:
+    """:func:`check_model`'s report as text (``models check`` without ``--json``): one ``key value`` line per entry,
+    keys padded to ``width``, numbers with their units; the cortex scale and the image counts on one line each, and
+    each class's map and figure on a line of its own under its key."""
+    positive, lines = report["positive_class"], []
+    for key, value in report.items():
+        if key in ("domain_maps", "class_maps", "figures"):
+            lines.append(key)
+            lines += [f"  {name:<{width - 2}} {_map_text(item) if key != 'figures' else item}"
+                      for name, item in value.items()]
+            continue
+        if key == "cortex_scale":
+            text = (f"{_number(value['cortex_mm_per_model_mm'])} cortex mm per model mm on {value['layer']} (sheet "
+                    f"{_number(value['sheet_size_cortex_mm'])} cortex mm); rule: {value['rule']}")
+        elif key == "n_images":
+            balanced = value["face_balanced_set"]
+            text = (f"{value['face']} {positive}, {value['other']} other; balanced set {balanced['face']} {positive}, "
+                    f"{balanced['other']} other")
+        else:
+            text = " ".join(filter(None, (_number(value), REPORT_UNITS.get(key) if value is not None else None)))
+        lines.append(f"{key:<{width}} {text}")
+    return lines
+
