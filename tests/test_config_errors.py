@@ -145,6 +145,22 @@ def test_a_decoder_layer_the_model_lacks_names_the_file(tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"stimsim: error: {path}: unknown layer 'V9'; stages: ")
 
 
+def test_a_margin_wider_than_the_sheet_names_the_file_the_table_and_the_margins_allowed(tmp_path, capsys):
+    from stimsim.cli import main
+
+    path = tmp_path / "x.toml"
+    path.write_text('name = "x"\nparadigm = "categorization"\nmodel = "stimsim-topo-s0"\n'
+                    '[stimuli]\nsets = [{ source = "lfw_subset" }]\nlabel = "category"\npositive = "face"\n'
+                    'n_per_choice = 10\n[stimuli.noise]\nsignal_percent = [0, 100]\n'
+                    '[sites]\nmethod = "grid"\ngrid_step_mm = 1.0\nmargin_mm = 500.0\n'
+                    '[stimulation]\nkind = "electrical"\ncurrent_uA = 50\n')
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"stimsim: error: {path}: [sites] 'margin_mm' = 500 mm leaves no room on sheet 'it' "
+                            "(extent x ["), error
+    assert error.rstrip().endswith("mm); give 0 to 9.857 mm"), error
+
+
 def test_a_preferred_class_no_image_has_names_the_table_it_came_from(tmp_path, capsys):
     """Without [sites.localizer] the localizer is the experiment's own images and [stimuli] 'positive': a class that
     no image has is named there, not in a table the file does not have."""

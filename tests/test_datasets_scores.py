@@ -145,6 +145,23 @@ def test_a_ceiling_equal_to_chance_leaves_normalized_undefined():
 
 
 # --- stimsim models score -------------------------------------------------------------------------
+def test_the_scores_table_holds_the_score_and_ceiling_intervals_of_scores_json():
+    """scores.csv gives each interval of scores.json's ``score`` as two columns (the metrics have no unit); a score
+    without an interval (Moeller's) has NaN there."""
+    from stimsim.paradigms.scoring import PRINTED_COLUMNS, TABLE_COLUMNS, score_table
+
+    afraz = get_dataset("afraz2006").score(None, None, {"model_r": 0.31, "model_r_ci": [0.05, 0.52], "data_r": 0.43,
+                                                        "data_r_ci": [0.25, 0.58]}, None)
+    moeller = get_dataset("moeller2017").score_record(0.9, 0.97, 0.81, ceiling_ci=[0.93, 0.99])
+    table = score_table({"experiments": [{"experiment": name, "dataset": name, "score": record, "run_dir": name}
+                                         for name, record in (("afraz2006", afraz), ("moeller2017", moeller))]})
+    assert list(table.columns) == list(TABLE_COLUMNS) and PRINTED_COLUMNS == TABLE_COLUMNS[:7]
+    assert table.loc[0, ["score_ci_low", "score_ci_high", "ceiling_ci_low", "ceiling_ci_high"]].tolist() == [
+        0.05, 0.52, 0.25, 0.58]
+    assert table.loc[1, ["score_ci_low", "score_ci_high"]].isna().all()
+    assert table.loc[1, ["ceiling_ci_low", "ceiling_ci_high"]].tolist() == [0.93, 0.99]
+
+
 def _small_afraz(path: Path) -> Path:
     """experiments/afraz2006.toml on the images the 32-px models hold out (LFW faces against LFW backgrounds and
     Fashion-MNIST), with 4 + 4 sites, 10 images per choice and 20 resamples."""
@@ -186,6 +203,8 @@ def test_models_score_on_the_small_model_writes_the_table_and_resumes(tmp_path, 
     table = pd.read_csv(out / "scores.csv")
     assert table.loc[0, "metric"] == "shift-selectivity correlation"
     assert table.loc[0, "normalized"] == pytest.approx(entry["score"]["normalized"], rel=1e-5)
+    for key in ("score_ci", "ceiling_ci"):
+        assert table.loc[0, [f"{key}_low", f"{key}_high"]].tolist() == pytest.approx(entry["score"][key], rel=1e-5)
     assert re.search(rf"afraz2006\s+afraz2006\s+shift-selectivity correlation\s+{summary['model_r']:.3f}\s+"
                      rf"{summary['data_r']:.3f}\s+0\.000\s+{entry['score']['normalized']:.3f}", printed)
     config = json.loads((out / "config.json").read_text())

@@ -287,6 +287,12 @@ def test_grid_and_explicit_sites(monkeypatch):
     sheet = _grid_sheet()
     points = candidate_points_mm(sheet, step_mm=2.0, margin_mm=1.0)
     assert len(points) == 25 and points.min() == pytest.approx(1.0) and points.max() == pytest.approx(9.0)
+    # a margin is named by its key in the files, with the values the sheet allows (its shorter side is 10 mm)
+    with pytest.raises(ConfigError, match=r"^\[sites\] 'margin_mm' = 5.2 mm leaves no room on sheet 'synthetic' "
+                                          r"\(extent x \[0, 10\], y \[0, 10\] mm\); give 0 to 5 mm$"):
+        candidate_points_mm(sheet, step_mm=2.0, margin_mm=5.2)
+    with pytest.raises(ConfigError, match=r"^\[sites\] 'margin_mm' must be >= 0 mm .*, got -1; give 0 to 5 mm"):
+        candidate_points_mm(sheet, step_mm=2.0, margin_mm=-1.0)
     responses, is_face = _synthetic_face_patch(sheet)
     spec = ExplicitSites(method="explicit", localizer=LocalizerFile(label="category", positive="face"),
                          sites_mm=[[11.0, 2.0]], groups=["x"])

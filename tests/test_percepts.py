@@ -272,6 +272,8 @@ def _stopped(*args, **kwargs):
       "smoothing_sigma_mm = 1.0\n": "", "outside_min_distance_mm = 10.0\n": "", "candidate_step_mm = 0.5\n": "",
       "margin_mm = 1.0\n": ""},
      "the control site [5.2, 5.0] lies within recording_radius_mm = 0.5 of the face site [5.0, 5.0]"),
+    ({"margin_mm = 1.0\n": "margin_mm = 500.0\n"},
+     "visualize.toml: [sites] 'margin_mm' = 500 mm leaves no room on sheet 'it' (extent x ["),
     ({"override = ": "# override = "}, "[safety] at 300 and 1000 µA: stimulation protocol refused"),  # before a model
     ({'positive = "face"': 'positive = "faces"'},
      "[localizer]: label 'domain' = 'faces' marks 0 of the"),

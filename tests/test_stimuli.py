@@ -372,6 +372,20 @@ def test_imagenet_samples_in_class_order(shared_data, monkeypatch):
     assert first.images[0].ndim == 3 and min(first.images[0].shape[:2]) == 256
 
 
+def test_imagenet_samples_refuse_a_limit_over_the_classes_they_have(shared_data, monkeypatch):
+    """A ``limit`` above the 1,000 classes is an error naming both numbers, as fLoc's ``n_per_category`` over a
+    category's count is, rather than a set of fewer images than asked for."""
+    from stimsim.data.stimuli import imagenet_samples, load_stimulus_source
+
+    monkeypatch.setenv(manifest.MIRROR_DIR_ENV, str(shared_data("natural/imagenet_samples").parents[1]))
+    with pytest.raises(ValueError, match=r"limit = 1001 asks for more ImageNet classes than the 1000 the samples "
+                                         r"have; give at most 1000"):
+        imagenet_samples(limit=1001)
+    with pytest.raises(ConfigError, match=r"x.toml \[stimuli\]: limit = 5000 asks for more ImageNet classes than "
+                                          r"the 1000"):
+        load_stimulus_source({"source": "imagenet_samples", "limit": 5000}, where="x.toml [stimuli]")
+
+
 def test_a_set_given_constant_labels_keeps_them_when_combined(shared_data, monkeypatch):
     """``labels`` in a source table gives every image of that set a text label, so that a list of sets keeps a
     label only one of them has (fLoc's ``domain`` beside ImageNet samples): the combined set marks exactly the 4

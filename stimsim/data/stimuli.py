@@ -603,12 +603,16 @@ def floc(categories=FLOC_CATEGORIES, n_per_category: int | None = None, mirror=N
 def imagenet_samples(limit: int | None = None, mirror=None) -> StimulusSet:
     """One photograph per ImageNet-1k class (the verified ``imagenet_samples`` data entry), in class order.
 
-    limit : the first this many classes, or None for all 1,000. Ids: the file name, e.g.
+    limit : the first this many classes (at most 1,000), or None for all 1,000. Ids: the file name, e.g.
     ``n01440764_tench.jpg``. Labels: ``wnid``, ``class_index`` (position of the wnid in sorted order, the
     order of an ImageNet classifier's outputs) and ``category`` (the class name of the file name).
     """
     _count_or_none(limit, "limit")
-    rels = sorted(spec.path for spec in get_entry("imagenet_samples").files)[:limit]
+    every = sorted(spec.path for spec in get_entry("imagenet_samples").files)
+    if limit is not None and limit > len(every):
+        raise ValueError(f"limit = {limit} asks for more ImageNet classes than the {len(every)} the samples have; "
+                         f"give at most {len(every)}, or leave limit out for all")
+    rels = every[:limit]
     wnids = [rel.split("_", 1)[0] for rel in rels]
     order = {wnid: i for i, wnid in enumerate(sorted(spec.path.split("_", 1)[0]
                                                      for spec in get_entry("imagenet_samples").files))}

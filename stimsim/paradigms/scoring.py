@@ -11,8 +11,9 @@ ceiling, chance, normalized) is tabulated. ``DIR`` then holds one result set (:c
     ``run_dir`` (relative to ``DIR``) and ``effects``, the dataset's headline raw effect sizes of the model and
     of the animals (:attr:`~stimsim.datasets.base.PublishedDataset.headline_keys`).
 ``scores.csv``
-    one row per experiment: experiment, dataset, metric, score, ceiling, chance, normalized, the ceiling's
-    interval, why a value is undefined, the run directory.
+    one row per experiment: experiment, dataset, metric, score, ceiling, chance, normalized, the score's and the
+    ceiling's intervals (``score_ci``, ``ceiling_ci``; the metrics have no unit), why a value is undefined, the run
+    directory.
 ``config.json``
     the model record (name, directory, checksums), each experiment file with its sha256, time and software
     versions (:func:`stimsim.utilities.io.provenance`).
@@ -38,8 +39,8 @@ from stimsim.utilities.progress import report_phase
 
 SCORES_JSON, SCORES_CSV = "scores.json", "scores.csv"
 #: Columns of the table printed and written as ``scores.csv`` (the first seven are printed).
-TABLE_COLUMNS = ("experiment", "dataset", "metric", "score", "ceiling", "chance", "normalized", "ceiling_ci_low",
-                 "ceiling_ci_high", "undefined_reason", "run_dir")
+TABLE_COLUMNS = ("experiment", "dataset", "metric", "score", "ceiling", "chance", "normalized", "score_ci_low",
+                 "score_ci_high", "ceiling_ci_low", "ceiling_ci_high", "undefined_reason", "run_dir")
 PRINTED_COLUMNS = TABLE_COLUMNS[:7]
 
 
@@ -111,18 +112,19 @@ def score_model(model, experiments, out_dir, progress: bool = True, force: bool 
 
 def score_table(scores: dict):
     """``scores.json``'s content as a pandas DataFrame, one row per experiment, :data:`TABLE_COLUMNS` (an undefined
-    number is NaN)."""
+    number, or an interval a score has none of, is NaN)."""
     import pandas as pd
 
     rows = []
     for entry in scores["experiments"]:
         score = entry["score"]
-        interval = score["ceiling_ci"] or [None, None]
+        intervals = {f"{key}_{end}": value for key in ("score_ci", "ceiling_ci")
+                     for end, value in zip(("low", "high"), score[key] or [None, None])}
         rows.append({"experiment": entry["experiment"], "dataset": entry["dataset"], "metric": score["metric"],
-                     **{key: score[key] for key in ("score", "ceiling", "chance", "normalized")},
-                     "ceiling_ci_low": interval[0], "ceiling_ci_high": interval[1],
+                     **{key: score[key] for key in ("score", "ceiling", "chance", "normalized")}, **intervals,
                      "undefined_reason": score["undefined_reason"], "run_dir": entry["run_dir"]})
-    numbers = ("score", "ceiling", "chance", "normalized", "ceiling_ci_low", "ceiling_ci_high")
+    numbers = ("score", "ceiling", "chance", "normalized", "score_ci_low", "score_ci_high", "ceiling_ci_low",
+               "ceiling_ci_high")
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS)).astype({column: float for column in numbers})
 
 

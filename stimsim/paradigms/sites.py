@@ -121,16 +121,19 @@ def multi_unit_dprime(responses, is_positive, sheet: CorticalSheet, points_mm,
 
 def candidate_points_mm(sheet: CorticalSheet, step_mm: float, margin_mm: float) -> np.ndarray:
     """Points of a square grid ``step_mm`` apart, centred on the sheet's bounding box and at least
-    ``margin_mm`` inside it; (P, 2) mm, row-major from the lowest y."""
+    ``margin_mm`` inside it (0 to half the box's shorter side); (P, 2) mm, row-major from the lowest y.
+    A bad margin is named as ``[sites] 'margin_mm'``, the key of the experiment and visualisation files."""
     if not step_mm > 0:
         raise ConfigError(f"grid step must be > 0 mm, got {step_mm}")
-    if margin_mm < 0:
-        raise ConfigError(f"margin_mm must be >= 0 mm, got {margin_mm}")
     x0, x1, y0, y1 = sheet.extent_mm
+    widest = np.floor(min(x1 - x0, y1 - y0) / 2 * 1000) / 1000  # rounded down, so that the value given is allowed
+    if margin_mm < 0:
+        raise ConfigError(f"[sites] 'margin_mm' must be >= 0 mm (the distance kept from the sheet's edge), got "
+                          f"{margin_mm:g}; give 0 to {widest:g} mm on sheet {sheet.name!r}")
     bounds = ((x0 + margin_mm, x1 - margin_mm), (y0 + margin_mm, y1 - margin_mm))
     if any(high < low for low, high in bounds):
-        raise ConfigError(f"margin_mm = {margin_mm} mm leaves no room on sheet {sheet.name!r} "
-                          f"(extent x [{x0:g}, {x1:g}], y [{y0:g}, {y1:g}] mm)")
+        raise ConfigError(f"[sites] 'margin_mm' = {margin_mm:g} mm leaves no room on sheet {sheet.name!r} "
+                          f"(extent x [{x0:g}, {x1:g}], y [{y0:g}, {y1:g}] mm); give 0 to {widest:g} mm")
     counts = [int(np.floor((high - low) / step_mm + 1e-9)) + 1 for low, high in bounds]
     check_memory(f"a grid of {counts[0] * counts[1]:,} sites {step_mm:g} mm apart on sheet {sheet.name!r}",
                  counts[0] * counts[1] * GRID_BYTES_PER_SITE, "the number of sites: widen the grid's step")

@@ -406,7 +406,10 @@ def _choose_sites(config: VisualizeConfig, sheet, responses, is_face) -> dict:
     spec = config.sites
     where = f"{config.source} [sites]"
     if spec["method"] == "selectivity":
-        candidates = candidate_points_mm(sheet, spec["candidate_step_mm"], spec["margin_mm"])
+        try:
+            candidates = candidate_points_mm(sheet, spec["candidate_step_mm"], spec["margin_mm"])
+        except ConfigError as exc:
+            raise ConfigError(f"{config.source}: {exc}") from None
         smoothed = smoothed_values_at(unit_dprime(responses, is_face), sheet, candidates, spec["smoothing_sigma_mm"])
         face = int(np.nanargmax(smoothed))
         far = (np.linalg.norm(candidates - candidates[face], axis=1) >= spec["outside_min_distance_mm"]) \
