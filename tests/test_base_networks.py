@@ -61,6 +61,10 @@ def test_imagenet_class_order_and_top1_of_a_constant_guess(shared_data):
     assert split["held_out"] == {"top1": 0.5, "n": 2} and split["trained_on"] == {"top1": 0.0, "n": 18}
     with pytest.raises(DataError, match="no ImageNet images"):
         imagenet_top1(lambda images: None, folder.parent / "floc")
+    for limit in (1001, 0, 2.5, True):  # more than the samples hold was scored on the 1,000 without a word
+        with pytest.raises(ValueError, match=rf"limit = {limit!r}: the number of ImageNet images to score must be an "
+                                             r"integer from 1 to the 1000 in .*, or None for all"):
+            imagenet_top1(lambda images: None, folder, limit=limit)
 
 
 def _base_network_top1(name, base_network, folder, limit):

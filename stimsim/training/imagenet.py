@@ -64,6 +64,9 @@ def imagenet_top1(predict_logits: Callable, images_dir, limit: int | None = None
 
     files, classes = imagenet_files(images_dir)
     if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 1 <= limit <= len(files):
+            raise ValueError(f"limit = {limit!r}: the number of ImageNet images to score must be an integer from 1 to "
+                             f"the {len(files)} in {images_dir}, or None for all")
         files, classes = files[:limit], classes[:limit]
 
     def predict(paths):
