@@ -173,13 +173,14 @@ def test_one_mapping_reads_files_of_different_formats(tmp_path, table):
                                      "stimulated_electrode": "stim_channel", "current_uA": "amplitude_uA",
                                      "start_time": "t0", "subject_id": "animal"})
     exported["animal"] = "monkey_c"
+    exported["t0"] += 3600.0  # another session: the same trial list an hour later (the same times would be a copy)
     csv = write_csv(exported.drop(columns=["stop_time"]), tmp_path / "day2.csv")
     mapping = {**LAB_MAPPING, "t0": "start_time", "animal": "subject_id"}
     loaded = load_sessions([nwb, csv], columns=mapping)
     assert loaded.groupby("subject_id").size().to_dict() == {"monkey_b": len(table), "monkey_c": len(table)}
-    for subject in ("monkey_b", "monkey_c"):
+    for subject, later in (("monkey_b", 0.0), ("monkey_c", 3600.0)):
         mine = loaded[loaded["subject_id"] == subject]
-        assert np.array_equal(mine["start_time"].to_numpy(), table["start_time"].to_numpy())
+        assert np.array_equal(mine["start_time"].to_numpy(), table["start_time"].to_numpy() + later)
         assert mine["choice"].tolist() == table["choice"].tolist()
     with pytest.raises(FileFormatError, match=r"mapping names column\(s\) \['t1'\] that no file given has"):
         load_sessions([nwb, csv], columns={**mapping, "t1": "stop_time"})
@@ -349,6 +350,19 @@ def test_the_same_trials_in_two_files_are_refused(tmp_path, table):
     one_choice_changed = table.assign(choice=table["choice"].where(table.index != 7, "low" if table["choice"][7] == "high"
                                                                    else "high"))
     assert len(load_sessions([path, write_csv(one_choice_changed, tmp_path / "day2.csv")])) == 2 * len(table)
+
+
+def test_one_session_exported_with_fewer_columns_is_refused_as_a_copy(tmp_path, table):
+    """An NWB export without the CSV's image ids (or start times) still holds the same trials."""
+    path = write_csv(table.drop(columns=["session_id"]), tmp_path / "day1.csv")
+    nwb = write_lab_nwb(tmp_path / "day1.nwb", table)  # the lab's own columns, no stimulus_id
+    with pytest.raises(FileFormatError, match=r"day1\.nwb: holds the same 120 trials, in the same order, as "
+                                              r".*day1\.csv .*counted twice"):
+        load_sessions([path, nwb], columns=LAB_MAPPING)
+    later = table.drop(columns=["session_id", "stimulus_id"]).assign(start_time=table["start_time"] + 3600,
+                                                                     stop_time=table["stop_time"] + 3600)
+    later = write_csv(later, tmp_path / "day2.csv")  # the same trials and choices at other times: another session
+    assert len(load_sessions([path, later])) == 2 * len(table)
 
 
 def test_a_rig_condition_column_must_agree_with_the_stimulated_electrode(tmp_path, table):

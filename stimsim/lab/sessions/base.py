@@ -448,22 +448,32 @@ def _read_raw(path: Path) -> tuple[pd.DataFrame, dict]:
     return table, {"subject_id": subject_id, "session_id": session_id}
 
 
-#: The columns whose values, trial by trial, tell one file's trials from another's.
-_TRIAL_CONTENT = ("electrode", "step", "stimulated_electrode", "current_uA", "choice", "start_time", "stimulus_id")
+#: The columns every session holds, whose values, trial by trial, tell one file's trials from another's.
+_TRIAL_CONTENT = ("electrode", "step", "stimulated_electrode", "current_uA", "choice")
+#: Optional columns that tell two files apart where both hold them (an export to another format may leave them out).
+_TRIAL_DETAIL = ("start_time", "stimulus_id")
 
 
 def _refuse_copies(sessions: pd.DataFrame) -> None:
-    """Refuse two files that hold the same trials (a copy, or a session exported to two formats): their trials
-    would be counted twice."""
+    """Refuse two files that hold the same trials (a copy, or a session exported to two formats, one of which may
+    lack the other's start times or image ids): their trials would be counted twice."""
     seen = {}
     for file, trials in sessions.groupby("file", sort=False):
         key = (len(trials), int(pd.util.hash_pandas_object(trials[list(_TRIAL_CONTENT)], index=False)
                                 .to_numpy().dot(np.arange(1, len(trials) + 1, dtype=np.uint64))))
-        if key in seen:
-            raise FileFormatError(file, f"holds the same {len(trials)} trials, in the same order, as {seen[key]} (a copy, "
-                                        "or the same session in another format?); give each session once, or its "
-                                        "trials would be counted twice")
-        seen[key] = file
+        for other, earlier in seen.get(key, []):
+            if all(_same_where_held(trials[name], earlier[name]) for name in _TRIAL_DETAIL):
+                raise FileFormatError(file, f"holds the same {len(trials)} trials, in the same order, as {other} (a "
+                                            "copy, or the same session in another format?); give each session once, "
+                                            "or its trials would be counted twice")
+        seen.setdefault(key, []).append((file, trials))
+
+
+def _same_where_held(column: pd.Series, other: pd.Series) -> bool:
+    """Whether two files' values of an optional column agree row by row, or one of the files does not hold it
+    (every value NaN or empty)."""
+    held = [not (values.isna() | (values.map(str) == "")).all() for values in (column, other)]
+    return not all(held) or column.to_numpy().tolist() == other.to_numpy().tolist()
 
 
 def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
