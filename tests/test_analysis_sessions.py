@@ -526,6 +526,17 @@ def test_sham_marked_by_a_current_code_becomes_a_sham_trial_at_zero_current(tmp_
     assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist()
 
 
+def test_sham_trials_with_an_empty_stimulated_channel_map_with_the_nan_code(tmp_path, table):
+    """A rig storing the stimulated channel as a number leaves it NaN on sham trials (NWB float column)."""
+    channel = pd.to_numeric(table["stimulated_electrode"], errors="coerce")  # sham: NaN
+    path = write_lab_nwb(tmp_path / "s.nwb", table.assign(stimulated_electrode=channel))
+    with pytest.raises(FileFormatError, match=r"column 'stimulated_electrode', row\(s\) [\d, ]+.*: empty value \(sham "
+                                              r"trials left empty map with --values stimulated_electrode:nan=sham\)"):
+        load_sessions(path, columns=LAB_MAPPING)
+    loaded = load_sessions(path, columns=LAB_MAPPING, values=parse_value_mapping("stimulated_electrode:nan=sham"))
+    assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist()
+
+
 def test_unknown_value_codes_are_named_with_file_column_rows_and_the_codes_allowed(tmp_path, table):
     coded = table.assign(choice=np.where(table["choice"] == "low", "0", "1"))
     coded.loc[[4, 9], "choice"] = "2"

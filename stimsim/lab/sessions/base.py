@@ -82,8 +82,9 @@ _MAX_PROBLEMS_LISTED = 10
 #: sham trial (other values stay electrode ids). ``current_uA``: currents (numbers) that mark a sham
 #: trial; such a row becomes a sham trial at 0 µA.
 VALUE_TARGETS = {"choice": CHOICES, "stimulated_electrode": (SHAM,), "current_uA": (SHAM,)}
-#: The ``current_uA`` code of an empty or NaN cell (a rig that leaves a sham trial's current blank).
-EMPTY_CURRENT = "nan"
+#: The ``current_uA`` or ``stimulated_electrode`` code of an empty or NaN cell (a rig that leaves a sham trial's
+#: current or stimulated channel blank).
+EMPTY_CELL = "nan"
 
 
 def parse_column_mapping(text: str) -> dict[str, str]:
@@ -183,9 +184,9 @@ def _checked_values(values: dict, where: str) -> dict[str, dict[str, str]]:
             key = str(code).strip().casefold()
             if key in folded:
                 raise ConfigError(f"{where} {column}: code {code!r} is given twice (case is ignored)")
-            if column == "current_uA" and key != EMPTY_CURRENT and not np.isfinite(pd.to_numeric(key, errors="coerce")):
+            if column == "current_uA" and key != EMPTY_CELL and not np.isfinite(pd.to_numeric(key, errors="coerce")):
                 raise ConfigError(f"{where} current_uA: code {code!r} is not a number; a current code is the "
-                                  f"number the lab writes for a sham trial, e.g. -1, or {EMPTY_CURRENT} for an "
+                                  f"number the lab writes for a sham trial, e.g. -1, or {EMPTY_CELL} for an "
                                   "empty or NaN cell")
             if column != "current_uA" and key in allowed and key != value.lower():
                 raise ConfigError(f"{where} {column}: code {code!r} is itself a stimsim value; mapping it onto "
@@ -394,9 +395,10 @@ def _folded(column: pd.Series) -> pd.Series:
 
 
 def _holds_code(column: pd.Series, name: str, code: str) -> np.ndarray:
-    """Rows of a column holding a value code: currents compare as numbers (-1 = -1.0), others as text."""
-    if name == "current_uA" and code == EMPTY_CURRENT:
-        return _folded(column).isin(["", EMPTY_CURRENT]).to_numpy()
+    """Rows of a column holding a value code: currents compare as numbers (-1 = -1.0), others as text; the code
+    ``nan`` of a sham column also holds the empty and NaN cells."""
+    if name in ("current_uA", "stimulated_electrode") and code == EMPTY_CELL:
+        return _folded(column).isin(["", EMPTY_CELL]).to_numpy()
     if name == "current_uA":
         return (pd.to_numeric(column, errors="coerce") == float(code)).to_numpy()
     return (_folded(column) == code).to_numpy()
@@ -527,8 +529,9 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     table = pd.DataFrame({"file": str(path), "row": rows})
     for name in ("electrode", "stimulated_electrode", "choice"):
         text = raw[name].map(_as_text).to_numpy(dtype=object)
-        report(text == "", name, "empty value" + (" (an aborted trial has no choice: remove aborted trials from the "
-                                                  "table first)" if name == "choice" else ""))
+        hint = {"choice": " (an aborted trial has no choice: remove aborted trials from the table first)",
+                "stimulated_electrode": " (sham trials left empty map with --values stimulated_electrode:nan=sham)"}
+        report(text == "", name, "empty value" + hint.get(name, ""))
         table[name] = text
     as_written = table["choice"].to_numpy()
     table["choice"] = table["choice"].str.lower()
