@@ -204,6 +204,11 @@ def test_files_from_two_rigs_name_one_column_differently(tmp_path, table):
     assert loaded["electrode"].tolist() == table["electrode"].tolist() + day2["electrode"].tolist()
 
 
+def test_a_folder_given_as_a_session_file_is_named_as_one(tmp_path):
+    with pytest.raises(ConfigError, match=rf"session file {tmp_path} is a folder; give the session files in it"):
+        load_sessions(tmp_path)
+
+
 def test_missing_columns_named(tmp_path, table):
     path = write_csv(table.drop(columns=["choice", "step"]), tmp_path / "s.csv")
     with pytest.raises(FileFormatError, match=r"s\.csv: missing column\(s\) \['step', 'choice'\]"):

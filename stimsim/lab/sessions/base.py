@@ -444,6 +444,8 @@ def _renamed(raw: pd.DataFrame, mapping: dict[str, str], file_ids: dict, path: P
 def _read_raw(path: Path) -> tuple[pd.DataFrame, dict]:
     """The file's trials as a DataFrame with its own column names, unvalidated, and the file-level
     ``subject_id`` and ``session_id`` (None where the format holds none), by the reader of its format."""
+    if path.is_dir():
+        raise ConfigError(f"session file {path} is a folder; give the session files in it (e.g. {path}/*.nwb)")
     if not path.is_file():
         raise FileNotFoundError(f"session file not found: {path}")
     table, subject_id, session_id = session_format_of(path).read(path)
