@@ -87,6 +87,30 @@ def test_analyze_refuses_a_broken_file_with_exit_code_2(tmp_path, capsys):
     assert not (tmp_path / "many").exists()
 
 
+def test_analyze_never_writes_over_a_session_file_it_reads(tmp_path, capsys):
+    session = tmp_path / "sites.csv"  # a lab's session export named like the analysis's per-site table
+    planted_session([0.5, 0.5], trials_per_site=20).to_csv(session, index=False)
+    recorded = session.read_bytes()
+    assert main(["analyze", str(session), "--out", str(tmp_path), "--force", "--boot", "10", "--no-progress"]) == 2
+    assert capsys.readouterr().err == (f"stimsim: error: --out {tmp_path}: the analysis writes its sites.csv there, "
+                                       f"which would replace the session file {session}; give another folder\n")
+    assert session.read_bytes() == recorded and sorted(tmp_path.iterdir()) == [session]
+
+
+def test_an_analysis_folder_given_as_the_plan_is_named_as_one(tmp_path, capsys):
+    session = tmp_path / "s.csv"
+    planted_session([0.5, 0.5], trials_per_site=20).to_csv(session, index=False)
+    quick = ["--boot", "10", "--perm", "10", "--splits", "2", "--no-progress"]
+    assert main(["analyze", str(session), "--out", str(tmp_path / "analysis"), *quick]) == 0
+    capsys.readouterr()
+    analysis = str(tmp_path / "analysis")
+    for command in (["analyze", str(session), "--plan", analysis, *quick], ["power", analysis]):
+        assert main([*command, "--out", str(tmp_path / "out")]) == 2
+        assert capsys.readouterr().err.endswith(f"'predicted_delta_auc']; {tmp_path / 'analysis'} holds the results "
+                                                "of a stimsim analysis, not a plan: give the directory `stimsim plan` "
+                                                "wrote\n")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["analyze", "s.csv", "--boot", "1"], "--boot must be at least 2, got 1"),
     (["analyze", "s.csv", "--perm", "0"], "--perm must be at least 1, got 0"),

@@ -206,6 +206,23 @@ def test_power_command_on_a_virtual_subject_plan(tmp_path, capsys):
     assert (plan / "summary.json").read_bytes() == before
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("subject_lapse_rate", 1.5, "field 'subject_lapse_rate' must lie in [0, 1], got 1.5"),
+    ("subject_lapse_rate", -0.2, "field 'subject_lapse_rate' must lie in [0, 1], got -0.2"),
+    ("chosen_electrodes", [], "field 'chosen_electrodes' lists no electrode: the plan chose no site to stimulate"),
+])
+def test_a_plan_summary_outside_its_range_is_refused_by_power_and_session(tmp_path, capsys, field, value, message):
+    plan = write_virtual_plan(tmp_path / "plan", np.array([1.0, -0.8]))
+    summary = json.loads((plan / "summary.json").read_text())
+    (plan / "summary.json").write_text(json.dumps({**summary, field: value}))
+    for command in (["power", str(plan), "--trials", "50", "--sessions", "10", "--out", str(tmp_path / "power"),
+                     "--no-progress"],
+                    ["subject", "session", str(plan), "--trials-per-site", "20", "--out", str(tmp_path / "s.nwb")]):
+        assert main(command) == 2
+        assert capsys.readouterr().err == f"stimsim: error: {plan / 'summary.json'}: {message}\n"
+    assert not (tmp_path / "power").exists() and not (tmp_path / "s.nwb").exists()
+
+
 def test_power_report_says_when_no_trial_count_reaches_the_target(tmp_path):
     plan = write_virtual_plan(tmp_path / "plan", np.zeros(4))  # no effect: nothing is ever detected
     assert main(["power", str(plan), "--trials", "50", "100", "--sessions", "20"]) == 0

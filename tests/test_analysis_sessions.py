@@ -173,13 +173,14 @@ def test_one_mapping_reads_files_of_different_formats(tmp_path, table):
                                      "stimulated_electrode": "stim_channel", "current_uA": "amplitude_uA",
                                      "start_time": "t0", "subject_id": "animal"})
     exported["animal"] = "monkey_c"
+    exported["t0"] += 3600.0  # another session: the same trial list an hour later (the same times would be a copy)
     csv = write_csv(exported.drop(columns=["stop_time"]), tmp_path / "day2.csv")
     mapping = {**LAB_MAPPING, "t0": "start_time", "animal": "subject_id"}
     loaded = load_sessions([nwb, csv], columns=mapping)
     assert loaded.groupby("subject_id").size().to_dict() == {"monkey_b": len(table), "monkey_c": len(table)}
-    for subject in ("monkey_b", "monkey_c"):
+    for subject, later in (("monkey_b", 0.0), ("monkey_c", 3600.0)):
         mine = loaded[loaded["subject_id"] == subject]
-        assert np.array_equal(mine["start_time"].to_numpy(), table["start_time"].to_numpy())
+        assert np.array_equal(mine["start_time"].to_numpy(), table["start_time"].to_numpy() + later)
         assert mine["choice"].tolist() == table["choice"].tolist()
     with pytest.raises(FileFormatError, match=r"mapping names column\(s\) \['t1'\] that no file given has"):
         load_sessions([nwb, csv], columns={**mapping, "t1": "stop_time"})
@@ -201,6 +202,11 @@ def test_files_from_two_rigs_name_one_column_differently(tmp_path, table):
     rig_b = write_csv(day2.rename(columns={"electrode": "channel"}).assign(session_id="day2"), tmp_path / "b.csv")
     loaded = load_sessions([rig_a, rig_b], columns={"site": "electrode", "channel": "electrode"})
     assert loaded["electrode"].tolist() == table["electrode"].tolist() + day2["electrode"].tolist()
+
+
+def test_a_folder_given_as_a_session_file_is_named_as_one(tmp_path):
+    with pytest.raises(ConfigError, match=rf"session file {tmp_path} is a folder; give the session files in it"):
+        load_sessions(tmp_path)
 
 
 def test_missing_columns_named(tmp_path, table):
@@ -349,6 +355,19 @@ def test_the_same_trials_in_two_files_are_refused(tmp_path, table):
     one_choice_changed = table.assign(choice=table["choice"].where(table.index != 7, "low" if table["choice"][7] == "high"
                                                                    else "high"))
     assert len(load_sessions([path, write_csv(one_choice_changed, tmp_path / "day2.csv")])) == 2 * len(table)
+
+
+def test_one_session_exported_with_fewer_columns_is_refused_as_a_copy(tmp_path, table):
+    """An NWB export without the CSV's image ids (or start times) still holds the same trials."""
+    path = write_csv(table.drop(columns=["session_id"]), tmp_path / "day1.csv")
+    nwb = write_lab_nwb(tmp_path / "day1.nwb", table)  # the lab's own columns, no stimulus_id
+    with pytest.raises(FileFormatError, match=r"day1\.nwb: holds the same 120 trials, in the same order, as "
+                                              r".*day1\.csv .*counted twice"):
+        load_sessions([path, nwb], columns=LAB_MAPPING)
+    later = table.drop(columns=["session_id", "stimulus_id"]).assign(start_time=table["start_time"] + 3600,
+                                                                     stop_time=table["stop_time"] + 3600)
+    later = write_csv(later, tmp_path / "day2.csv")  # the same trials and choices at other times: another session
+    assert len(load_sessions([path, later])) == 2 * len(table)
 
 
 def test_a_rig_condition_column_must_agree_with_the_stimulated_electrode(tmp_path, table):
@@ -509,6 +528,17 @@ def test_sham_marked_by_a_current_code_becomes_a_sham_trial_at_zero_current(tmp_
     # "none" in the electrode column, any case, is the other usual sham marker
     named = table.assign(stimulated_electrode=table["stimulated_electrode"].replace("sham", "None"))
     loaded = load_sessions(write_csv(named, tmp_path / "n.csv"), values={"stimulated_electrode": {"none": "sham"}})
+    assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist()
+
+
+def test_sham_trials_with_an_empty_stimulated_channel_map_with_the_nan_code(tmp_path, table):
+    """A rig storing the stimulated channel as a number leaves it NaN on sham trials (NWB float column)."""
+    channel = pd.to_numeric(table["stimulated_electrode"], errors="coerce")  # sham: NaN
+    path = write_lab_nwb(tmp_path / "s.nwb", table.assign(stimulated_electrode=channel))
+    with pytest.raises(FileFormatError, match=r"column 'stimulated_electrode', row\(s\) [\d, ]+.*: empty value \(sham "
+                                              r"trials left empty map with --values stimulated_electrode:nan=sham\)"):
+        load_sessions(path, columns=LAB_MAPPING)
+    loaded = load_sessions(path, columns=LAB_MAPPING, values=parse_value_mapping("stimulated_electrode:nan=sham"))
     assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist()
 
 

@@ -455,6 +455,20 @@ def _write_analysis(analysis: Analysis, results, sources, report: bool) -> Path:
     return results.directory
 
 
+#: The files :func:`run_analysis` writes into its output directory.
+ANALYSIS_FILES = ("report.html", "report.pdf", "results.nc", "sites.csv", "summary.json")
+
+
+def _refuse_output_over_sessions(out_dir, paths) -> None:
+    """Refuse an output directory where a file the analysis writes would replace a session file it reads
+    (``--force`` or not: the recording would be lost)."""
+    written = {(Path(out_dir) / name).resolve() for name in ANALYSIS_FILES}
+    replaced = [path for path in paths if Path(path).resolve() in written]
+    if replaced:
+        raise ConfigError(f"--out {out_dir}: the analysis writes its {Path(replaced[0]).name} there, which would "
+                          f"replace the session file {replaced[0]}; give another folder")
+
+
 def _check_plan_on_layout(sites: set, array, layout, by_label: bool) -> None:
     """Refuse a ``--layout`` that does not hold the plan's sites (another array, or a .cmp map read by channel for
     a plan that names its electrodes by the map's labels)."""
@@ -486,6 +500,8 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
     cmp = cmp_options(str(layout), layout_ids, names=("--layout-ids", "pitch_mm")) if layout is not None else {}
     if plan_dir is not None:
         refuse_output_into_plan(out_dir, plan_dir)
+    paths = [session_paths] if isinstance(session_paths, (str, Path)) else list(session_paths)
+    _refuse_output_over_sessions(out_dir, paths)
     if layout is None and layout_ids != "channel":
         raise ConfigError(f"--layout-ids {layout_ids}: names the ids of a .cmp --layout; no --layout is given")
 
@@ -506,7 +522,6 @@ def run_analysis(session_paths, out_dir, plan_dir=None, columns: dict | None = N
             source = f"the array --layout {layout}" if plan_dir is None else f"the plan's sites (on --layout {layout})"
             if by_label:
                 source += " (ids: its channel numbers; its labels need --layout-ids label)"
-        paths = [session_paths] if isinstance(session_paths, (str, Path)) else list(session_paths)
         report_phase(f"analyze: reading {len(paths)} session file(s)", progress)
         sessions = load_sessions(session_paths, columns=columns, electrodes=electrodes, values=values,
                                  plan_sequences=plan_sequences, electrodes_source=source)

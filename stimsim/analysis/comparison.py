@@ -35,6 +35,19 @@ def plan_effect(summary: dict, summary_path="summary.json") -> str:
     return effect
 
 
+def _not_a_plan(directory: Path) -> str:
+    """'; ... not a plan' when ``directory`` holds another command's result set (an analysis, a power
+    estimate), else ''."""
+    from stimsim.utilities.io import RESULT_SET_FILE
+
+    try:
+        kind = json.loads((directory / RESULT_SET_FILE).read_text(encoding="utf-8")).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return (f"; {directory} holds the results of a stimsim {kind}, not a plan: give the directory `stimsim plan` "
+            f"wrote" if isinstance(kind, str) else "")
+
+
 def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
     """``sites.csv`` (electrode_id as text, the predicted effect of :func:`plan_effect` with its interval, ...)
     and ``summary.json`` of a plan."""
@@ -55,7 +68,7 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
     sites = pd.read_csv(sites_path, dtype={"electrode_id": str})
     missing = [name for name in ("electrode_id", predicted) if name not in sites]
     if missing:
-        raise FileFormatError(sites_path, f"missing column(s) {missing}")
+        raise FileFormatError(sites_path, f"missing column(s) {missing}{_not_a_plan(plan_dir)}")
     if sites["electrode_id"].duplicated().any():
         raise FileFormatError(sites_path, "an electrode_id appears twice")
     problems = []

@@ -130,11 +130,22 @@ def summary_number(path: Path, summary: dict, key: str, default=None) -> float:
     return float(value)
 
 
+def summary_lapse_rate(path: Path, summary: dict, default=None) -> float:
+    """The virtual subject's lapse rate ``summary['subject_lapse_rate']``: the fraction of trials it chooses at
+    random, in [0, 1] (``default`` when absent and a default is given)."""
+    lapse_rate = summary_number(path, summary, "subject_lapse_rate", default)
+    if not 0 <= lapse_rate <= 1:
+        raise FileFormatError(path, f"field 'subject_lapse_rate' must lie in [0, 1], got {lapse_rate:g}")
+    return lapse_rate
+
+
 def summary_electrodes(path: Path, summary: dict, key: str = "chosen_electrodes") -> list[str]:
-    """The electrode ids listed at ``summary[key]`` (a list of text or numbers)."""
+    """The electrode ids listed at ``summary[key]`` (a non-empty list of text or numbers)."""
     value = summary.get(key)
     if not isinstance(value, list) or not all(isinstance(e, (str, int)) and not isinstance(e, bool) for e in value):
         raise FileFormatError(path, f"field {key!r} must be a list of electrode ids, got {value!r}")
+    if not value:
+        raise FileFormatError(path, f"field {key!r} lists no electrode: the plan chose no site to stimulate")
     return [str(e) for e in value]
 
 

@@ -219,7 +219,8 @@ def curves_from_plan(plan_dir) -> dict:
     import xarray as xr
 
     from stimsim.analysis.comparison import load_plan_predictions, plan_effect
-    from stimsim.analysis.plan_readback import read_subject_p_high, summary_electrodes, summary_number, truth_path
+    from stimsim.analysis.plan_readback import (read_subject_p_high, summary_electrodes, summary_lapse_rate,
+                                                 truth_path)
     from stimsim.utilities.errors import FileFormatError
 
     plan_dir = Path(plan_dir)
@@ -236,7 +237,7 @@ def curves_from_plan(plan_dir) -> dict:
     truth = truth_path(plan_dir, summary_path, summary)
     if truth is not None:
         p_high = read_subject_p_high(truth, chosen, summary_path)
-        lapse = summary_number(summary_path, summary, "subject_lapse_rate", 0.0)
+        lapse = summary_lapse_rate(summary_path, summary, 0.0)
         source = f"virtual subject (lapse rate {lapse:g})"
     else:
         plan_path = plan_dir / "plan.nc"

@@ -229,12 +229,9 @@ def _plan_truth(plan_dir, chosen_only: bool) -> tuple[Path, dict, xr.DataArray]:
 
 
 def _lapse_rate(summary_path, summary) -> float:
-    from stimsim.analysis.plan_readback import summary_number
+    from stimsim.analysis.plan_readback import summary_lapse_rate
 
-    lapse_rate = summary_number(summary_path, summary, "subject_lapse_rate")
-    if not 0 <= lapse_rate <= 1:
-        raise FileFormatError(summary_path, f"field 'subject_lapse_rate' must lie in [0, 1], got {lapse_rate:g}")
-    return lapse_rate
+    return summary_lapse_rate(summary_path, summary)
 
 
 def session_from_plan(plan_dir, trials_per_site: int, seed: int = 0, session_id: str | None = None,

@@ -82,8 +82,9 @@ _MAX_PROBLEMS_LISTED = 10
 #: sham trial (other values stay electrode ids). ``current_uA``: currents (numbers) that mark a sham
 #: trial; such a row becomes a sham trial at 0 µA.
 VALUE_TARGETS = {"choice": CHOICES, "stimulated_electrode": (SHAM,), "current_uA": (SHAM,)}
-#: The ``current_uA`` code of an empty or NaN cell (a rig that leaves a sham trial's current blank).
-EMPTY_CURRENT = "nan"
+#: The ``current_uA`` or ``stimulated_electrode`` code of an empty or NaN cell (a rig that leaves a sham trial's
+#: current or stimulated channel blank).
+EMPTY_CELL = "nan"
 
 
 def parse_column_mapping(text: str) -> dict[str, str]:
@@ -183,9 +184,9 @@ def _checked_values(values: dict, where: str) -> dict[str, dict[str, str]]:
             key = str(code).strip().casefold()
             if key in folded:
                 raise ConfigError(f"{where} {column}: code {code!r} is given twice (case is ignored)")
-            if column == "current_uA" and key != EMPTY_CURRENT and not np.isfinite(pd.to_numeric(key, errors="coerce")):
+            if column == "current_uA" and key != EMPTY_CELL and not np.isfinite(pd.to_numeric(key, errors="coerce")):
                 raise ConfigError(f"{where} current_uA: code {code!r} is not a number; a current code is the "
-                                  f"number the lab writes for a sham trial, e.g. -1, or {EMPTY_CURRENT} for an "
+                                  f"number the lab writes for a sham trial, e.g. -1, or {EMPTY_CELL} for an "
                                   "empty or NaN cell")
             if column != "current_uA" and key in allowed and key != value.lower():
                 raise ConfigError(f"{where} {column}: code {code!r} is itself a stimsim value; mapping it onto "
@@ -394,9 +395,10 @@ def _folded(column: pd.Series) -> pd.Series:
 
 
 def _holds_code(column: pd.Series, name: str, code: str) -> np.ndarray:
-    """Rows of a column holding a value code: currents compare as numbers (-1 = -1.0), others as text."""
-    if name == "current_uA" and code == EMPTY_CURRENT:
-        return _folded(column).isin(["", EMPTY_CURRENT]).to_numpy()
+    """Rows of a column holding a value code: currents compare as numbers (-1 = -1.0), others as text; the code
+    ``nan`` of a sham column also holds the empty and NaN cells."""
+    if name in ("current_uA", "stimulated_electrode") and code == EMPTY_CELL:
+        return _folded(column).isin(["", EMPTY_CELL]).to_numpy()
     if name == "current_uA":
         return (pd.to_numeric(column, errors="coerce") == float(code)).to_numpy()
     return (_folded(column) == code).to_numpy()
@@ -442,28 +444,40 @@ def _renamed(raw: pd.DataFrame, mapping: dict[str, str], file_ids: dict, path: P
 def _read_raw(path: Path) -> tuple[pd.DataFrame, dict]:
     """The file's trials as a DataFrame with its own column names, unvalidated, and the file-level
     ``subject_id`` and ``session_id`` (None where the format holds none), by the reader of its format."""
+    if path.is_dir():
+        raise ConfigError(f"session file {path} is a folder; give the session files in it (e.g. {path}/*.nwb)")
     if not path.is_file():
         raise FileNotFoundError(f"session file not found: {path}")
     table, subject_id, session_id = session_format_of(path).read(path)
     return table, {"subject_id": subject_id, "session_id": session_id}
 
 
-#: The columns whose values, trial by trial, tell one file's trials from another's.
-_TRIAL_CONTENT = ("electrode", "step", "stimulated_electrode", "current_uA", "choice", "start_time", "stimulus_id")
+#: The columns every session holds, whose values, trial by trial, tell one file's trials from another's.
+_TRIAL_CONTENT = ("electrode", "step", "stimulated_electrode", "current_uA", "choice")
+#: Optional columns that tell two files apart where both hold them (an export to another format may leave them out).
+_TRIAL_DETAIL = ("start_time", "stimulus_id")
 
 
 def _refuse_copies(sessions: pd.DataFrame) -> None:
-    """Refuse two files that hold the same trials (a copy, or a session exported to two formats): their trials
-    would be counted twice."""
+    """Refuse two files that hold the same trials (a copy, or a session exported to two formats, one of which may
+    lack the other's start times or image ids): their trials would be counted twice."""
     seen = {}
     for file, trials in sessions.groupby("file", sort=False):
         key = (len(trials), int(pd.util.hash_pandas_object(trials[list(_TRIAL_CONTENT)], index=False)
                                 .to_numpy().dot(np.arange(1, len(trials) + 1, dtype=np.uint64))))
-        if key in seen:
-            raise FileFormatError(file, f"holds the same {len(trials)} trials, in the same order, as {seen[key]} (a copy, "
-                                        "or the same session in another format?); give each session once, or its "
-                                        "trials would be counted twice")
-        seen[key] = file
+        for other, earlier in seen.get(key, []):
+            if all(_same_where_held(trials[name], earlier[name]) for name in _TRIAL_DETAIL):
+                raise FileFormatError(file, f"holds the same {len(trials)} trials, in the same order, as {other} (a "
+                                            "copy, or the same session in another format?); give each session once, "
+                                            "or its trials would be counted twice")
+        seen.setdefault(key, []).append((file, trials))
+
+
+def _same_where_held(column: pd.Series, other: pd.Series) -> bool:
+    """Whether two files' values of an optional column agree row by row, or one of the files does not hold it
+    (every value NaN or empty)."""
+    held = [not (values.isna() | (values.map(str) == "")).all() for values in (column, other)]
+    return not all(held) or column.to_numpy().tolist() == other.to_numpy().tolist()
 
 
 def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
@@ -517,8 +531,9 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     table = pd.DataFrame({"file": str(path), "row": rows})
     for name in ("electrode", "stimulated_electrode", "choice"):
         text = raw[name].map(_as_text).to_numpy(dtype=object)
-        report(text == "", name, "empty value" + (" (an aborted trial has no choice: remove aborted trials from the "
-                                                  "table first)" if name == "choice" else ""))
+        hint = {"choice": " (an aborted trial has no choice: remove aborted trials from the table first)",
+                "stimulated_electrode": " (sham trials left empty map with --values stimulated_electrode:nan=sham)"}
+        report(text == "", name, "empty value" + hint.get(name, ""))
         table[name] = text
     as_written = table["choice"].to_numpy()
     table["choice"] = table["choice"].str.lower()
