@@ -134,14 +134,14 @@ def session_notes(plan_dir, seed: int, trials_per_site: int | None = None, sites
     sha256 of its summary.json, the subject's lapse rate, the seed, and the trials per site and sites or the trial
     list (with its sha256)."""
     from stimsim import __version__
-    from stimsim.analysis.plan_readback import read_summary
+    from stimsim.analysis.plan_readback import read_summary, summary_lapse_rate
     from stimsim.utilities.hashing import sha256_of
 
     summary_path, summary = read_summary(plan_dir)
     ran = (f"trial list {trial_list} (sha256 {sha256_of(trial_list)})" if trial_list is not None
            else f"{trials_per_site} trials per site at the {sites} sites")
     return (f"simulated by stimsim {__version__} from the plan {Path(plan_dir).resolve()} (summary.json sha256 "
-            f"{sha256_of(summary_path)}): lapse rate {_lapse_rate(summary_path, summary):g}, seed {seed}, {ran}")
+            f"{sha256_of(summary_path)}): lapse rate {summary_lapse_rate(summary_path, summary):g}, seed {seed}, {ran}")
 
 
 def write_session_csv(trials: pd.DataFrame, path) -> Path:
@@ -177,7 +177,7 @@ def session_from_trial_list(plan_dir, trial_list, seed: int = 0, session_id: str
     """The virtual subject of a plan directory running the plan's own trial list (``rig/trials.csv``, or another
     list with its columns), in its order: every column of the list kept, with start_time, stop_time, choice
     (as in :func:`simulate_trials`), correct, subject_id and session_id added."""
-    from stimsim.analysis.plan_readback import read_plan_protocol
+    from stimsim.analysis.plan_readback import read_plan_protocol, summary_lapse_rate
     from stimsim.lab.sessions import check_trial_list
 
     check_seed("seed", seed)
@@ -203,7 +203,7 @@ def session_from_trial_list(plan_dir, trial_list, seed: int = 0, session_id: str
     probability = np.array([float(p.sel(electrode=e, stimulated=bool(s), sequence=j, step=k))
                             for e, s, j, k in zip(trials["electrode"], stimulated, trials["sequence"],
                                                   trials["step"])])
-    lapse = _lapse_rate(summary_path, summary)
+    lapse = summary_lapse_rate(summary_path, summary)
     rng = np.random.default_rng([seed, 0x5E55])
     choice = np.where(rng.random(len(trials)) < lapse / 2 + (1 - lapse) * probability, "high", "low")
     middle = p.sizes["step"] // 2
@@ -228,24 +228,18 @@ def _plan_truth(plan_dir, chosen_only: bool) -> tuple[Path, dict, xr.DataArray]:
     return summary_path, summary, read_subject_p_high(path, electrodes, summary_path)
 
 
-def _lapse_rate(summary_path, summary) -> float:
-    from stimsim.analysis.plan_readback import summary_lapse_rate
-
-    return summary_lapse_rate(summary_path, summary)
-
-
 def session_from_plan(plan_dir, trials_per_site: int, seed: int = 0, session_id: str | None = None,
                       sites: str = "chosen") -> pd.DataFrame:
     """Simulate a session of the virtual subject of a plan directory (see :func:`simulate_trials`).
 
     ``sites``: "chosen" (the plan's chosen sites, default) or "all" (every rehearsed working electrode).
     """
-    from stimsim.analysis.plan_readback import summary_number
+    from stimsim.analysis.plan_readback import summary_lapse_rate, summary_number
 
     if sites not in ("chosen", "all"):
         raise ConfigError(f"sites must be 'chosen' or 'all', got {sites!r}")
     summary_path, summary, p_high = _plan_truth(plan_dir, chosen_only=sites == "chosen")
-    lapse_rate = _lapse_rate(summary_path, summary)
+    lapse_rate = summary_lapse_rate(summary_path, summary)
     return simulate_trials(p_high, trials_per_site, lapse_rate,
                            summary_number(summary_path, summary, "current_uA"), seed=seed,
                            subject_id=str(summary.get("subject_id", "virtual")),
