@@ -72,31 +72,72 @@ def test_scheduler_values_are_checked():
         parse_scheduler(f"processes={most + 1}")
 
 
-def test_killed_worker_is_replaced_and_the_result_equals_one_process(sweep, client, tmp_path, monkeypatch):
+@pytest.mark.parametrize("victims", ["one", "every"])
+def test_killed_worker_is_replaced_and_the_result_equals_one_process(victims, sweep, client, tmp_path, monkeypatch):
+    """A worker killed in the middle of a sweep: its chunks are computed again elsewhere. Every worker killed at
+    once takes every copy of the model with it (as one worker does once Dask has kept a single copy, which it does
+    within seconds where no task waits on the other): the model is sent again, and the sweep still completes."""
+    import warnings
+
     model, images, decoder, conditions = sweep
     single = simulate(model, images, conditions, decoder, progress=False)
+    client.wait_for_workers(2, timeout=60)  # those an earlier test killed are back
     workers = client.run(os.getpid)
     assert len(workers) == 2 and all(address.startswith("tcp://127.0.0.1:") for address in workers)
-    victim = sorted(workers.values())[0]
+    killed = sorted(workers.values())[:1 if victims == "one" else None]
     written, at_kill = [], []
     real_write = engine.write_chunk
 
     def write_and_kill_once(directory, indices, *rest):
         written.append(indices.tolist())
         real_write(directory, indices, *rest)
-        if len(written) == 2:  # the control and one chunk are stored; kill a worker in the middle of the sweep
+        if len(written) == 2:  # the control and one chunk are stored; kill in the middle of the sweep
             at_kill.append(len(written))
-            os.kill(victim, signal.SIGKILL)
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
 
     monkeypatch.setattr(engine, "write_chunk", write_and_kill_once)
     store = tmp_path / "store"
-    result = simulate(model, images, conditions, decoder, progress=False, scheduler=client, store=store)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = simulate(model, images, conditions, decoder, progress=False, scheduler=client, store=store)
+    resent = [str(w.message) for w in caught if "lost every copy of the model" in str(w.message)]
+    if victims == "every":
+        assert resent == ["the Dask workers lost every copy of the model (a worker was lost); sending it again (1 of "
+                          "at most 3 times)"]
     n_chunks = len(written)
     assert at_kill == [2] and n_chunks > 4  # the kill came with most chunks still to compute
     xr.testing.assert_identical(result, single)
     every = sorted(i for chunk in written for i in chunk)
     assert every == list(range(len(conditions)))  # each condition written exactly once
     assert len(list(store.glob("chunk_*.nc"))) == n_chunks
+    client.wait_for_workers(2, timeout=60)  # the tests after this one find both workers
+
+
+def test_the_plan_s_tasks_complete_when_every_worker_is_lost(client):
+    """The plan's rehearsal tasks (run lazily, a few in flight): every worker killed after the first result takes
+    the model's copies with it; it is sent again once and every task's result is the one computed without a loss."""
+    import time
+    import warnings
+
+    from stimsim.engine.distributed import run_tasks
+
+    def offset(shared, job, settings):
+        time.sleep(settings["sleep_s"])
+        return shared + job
+
+    client.wait_for_workers(2, timeout=60)  # those an earlier test killed are back
+    results = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for key, value in run_tasks(client, offset, 100, ((f"site_{i}", i) for i in range(12)), {"sleep_s": 0.2}):
+            results[key] = value
+            if len(results) == 1:
+                for pid in client.run(os.getpid).values():
+                    os.kill(pid, signal.SIGKILL)
+    assert results == {f"site_{i}": 100 + i for i in range(12)}
+    assert sum("lost every copy of the model" in str(w.message) for w in caught) == 1
+    client.wait_for_workers(2, timeout=60)  # the tests after this one find both workers
 
 
 def test_interrupted_dask_run_resumes_without_writing_twice(sweep, client, tmp_path, monkeypatch):

@@ -16,7 +16,8 @@ This process computes the unperturbed activity of every perturbed layer once (or
 activation cache), sends it to the workers with the model, decoder and conditions (one copy per
 worker), and submits one task per chunk of conditions. Results come back here and are written to
 the simulation store as they arrive, by this process only: each chunk is written once, a chunk that
-a lost worker was computing is recomputed by Dask on another worker, and an interrupted run resumes
+a lost worker was computing is recomputed by Dask on another worker (the model sent again if the lost worker
+held its last copy: :func:`finished_tasks`), and an interrupted run resumes
 from the chunks already in the store. The result is the same dataset as a single-process run: bit for bit
 on the engine's general path; on its exact fast path (a linear readout of the perturbed layer) the float32
 product of a chunk depends on how many conditions the chunk holds, and this module cuts a sweep into
@@ -29,6 +30,7 @@ every worker once per phase.
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import re
@@ -36,7 +38,7 @@ import signal
 import threading
 from contextlib import ExitStack, contextmanager
 
-from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.errors import ConfigError, StimsimError
 
 #: Chunks submitted per worker thread, so that a slow or lost worker delays little of the sweep.
 CHUNKS_PER_THREAD = 4
@@ -126,35 +128,75 @@ def shared_scheduler(scheduler):
 def run_tasks(scheduler, function, shared, jobs, settings: dict):
     """``(key, function(shared, job, settings))`` for every ``(key, job)`` of ``jobs``, as the tasks finish, each
     computed by a worker of ``scheduler`` (as in :class:`ChunkPool`; a Client is left open). ``shared`` (e.g.
-    the model) is sent to every worker once; ``jobs`` is read lazily, keeping two tasks per worker thread in
-    flight, so the inputs of a long list never all sit in memory at once. A task a lost worker was running is
-    recomputed by Dask elsewhere."""
-    from distributed import as_completed
-
+    the model) is sent to every worker once (again if the workers lose it: :func:`finished_tasks`); ``jobs`` is
+    read lazily, keeping two tasks per worker thread in flight, so the inputs of a long list never all sit in memory
+    at once. A task a lost worker was running is recomputed by Dask elsewhere."""
     pool = ChunkPool(scheduler)
+
+    def submit(remote, keyed_job):
+        return pool.client.submit(_run_task, function, remote, keyed_job[1], settings, pure=False)
+
     try:
-        client = pool.client
-        in_flight = 2 * pool.threads
-        remote = client.scatter(shared, broadcast=True, hash=False)
-        jobs = iter(jobs)
-        keys, pending = {}, as_completed()
-
-        def submit_next() -> bool:
-            for key, job in jobs:
-                future = client.submit(_run_task, function, remote, job, settings, pure=False)
-                keys[future.key] = key
-                pending.add(future)
-                return True
-            return False
-
-        for _ in range(in_flight):
-            if not submit_next():
-                break
-        for future in pending:
-            yield keys.pop(future.key), future.result()
-            submit_next()
+        for (key, _), result in finished_tasks(pool.client, shared, submit, jobs, in_flight=2 * pool.threads):
+            yield key, result
     finally:
         pool.close()
+
+
+#: How many times :func:`finished_tasks` sends its shared value again after the workers lost every copy of it.
+MAX_RESENDS = 3
+
+
+def finished_tasks(client, shared, submit, items, in_flight: int | None = None):
+    """``(item, result)`` for every item of ``items`` as its task finishes, the task being ``submit(remote, item)``
+    (a future) with ``remote`` the copy of ``shared`` (e.g. the model) scattered to every worker. Dask keeps one
+    copy of scattered data where it sees no task waiting for more (its active memory manager), and a task whose
+    shared value lost every copy with its worker (killed, out of memory, pre-empted) is cancelled: ``shared`` is
+    then scattered again and the cancelled tasks submitted again, up to :data:`MAX_RESENDS` times. ``in_flight``:
+    at most this many tasks submitted at once (None: all at once); the tasks left are cancelled on leaving."""
+    import warnings
+    from concurrent.futures import CancelledError
+
+    from distributed import as_completed
+
+    remote = client.scatter(shared, broadcast=True, hash=False)
+    items, pending, submitted, resends = iter(items), as_completed(), {}, 0
+
+    def submit_next(item, with_remote) -> None:
+        future = submit(with_remote, item)
+        submitted[future.key] = (future, item, with_remote)
+        pending.add(future)
+
+    for item in itertools.islice(items, in_flight):
+        submit_next(item, remote)
+    try:
+        for future in pending:
+            _, item, used = submitted.pop(future.key)
+            try:
+                result = future.result()
+            except CancelledError:
+                if not _lost(client, used):  # cancelled for another reason than a lost shared value
+                    raise
+                if used is remote:
+                    resends += 1
+                    if resends > MAX_RESENDS:
+                        raise StimsimError(f"the Dask workers lost every copy of the model {resends} times (workers "
+                                           "killed or out of memory); check the workers' memory and logs") from None
+                    warnings.warn(f"the Dask workers lost every copy of the model (a worker was lost); sending it "
+                                  f"again ({resends} of at most {MAX_RESENDS} times)")
+                    remote = client.scatter(shared, broadcast=True, hash=False)
+                submit_next(item, remote)
+                continue
+            yield item, result
+            for item in itertools.islice(items, 1):  # one more in flight (none are left when all went at once)
+                submit_next(item, remote)
+    finally:
+        client.cancel([future for future, _, _ in submitted.values()])
+
+
+def _lost(client, future) -> bool:
+    """Whether the data of a scattered ``future`` is gone from every worker."""
+    return future.status != "finished" or not client.who_has(future).get(future.key)
 
 
 def _run_task(function, shared, job, settings):
@@ -303,21 +345,18 @@ class ChunkPool:
 
     def run(self, runner, chunks):
         """(condition indices, probabilities) of every chunk, in the order they finish."""
-        from distributed import as_completed
-
         local = [chunk for chunk in chunks if chunk[0] is None]  # the control needs no worker
         remote = [chunk for chunk in chunks if chunk[0] is not None]
         for chunk in local:
             yield runner.run(chunk)
         if not remote:
             return
-        shared = self.client.scatter(runner.portable(remote), broadcast=True, hash=False)
-        futures = [self.client.submit(_run_chunk, shared, chunk, pure=False) for chunk in remote]
-        try:
-            for future in as_completed(futures):
-                yield future.result()
-        finally:
-            self.client.cancel(futures)
+
+        def submit(shared, chunk):
+            return self.client.submit(_run_chunk, shared, chunk, pure=False)
+
+        for _, result in finished_tasks(self.client, runner.portable(remote), submit, remote):
+            yield result
 
     def close(self) -> None:
         if self._own_client:
