@@ -420,9 +420,9 @@ def _results_dataset(probabilities: xr.DataArray, metrics: xr.Dataset, selection
     for name in ("site_x_mm", "site_y_mm", "condition_site_x_mm", "condition_site_y_mm", "unit_x_mm", "unit_y_mm",
                  "distance_to_peak_mm"):
         if name in dataset.coords:
-            dataset[name].attrs.update(units="mm", frame="cortex mm on the IT sheet, at the run's scale "
-                                                         "(config.json: the model's recorded scale unless overridden)")
-    for name in [*dataset.data_vars, *dataset.coords]:  # every other quantity whose name ends in its unit
+            dataset[name].attrs["frame"] = ("cortex mm on the IT sheet, at the run's scale (config.json: the model's "
+                                            "recorded scale unless overridden)")
+    for name in [*dataset.data_vars, *dataset.coords]:  # every quantity whose name ends in its unit
         unit = next((unit for suffix, unit in UNIT_SUFFIXES.items() if str(name).endswith(suffix)), None)
         if unit is not None:
             dataset[name].attrs.setdefault("units", unit)
