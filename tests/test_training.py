@@ -440,3 +440,25 @@ def test_running_a_finished_training_again_keeps_its_model(tmp_path, capsys):
     shutil.rmtree(out / "model")
     assert main(["train", str(config), "--out", str(out), "--no-progress"]) == 0
     assert (out / "model" / "weights.pt").read_bytes() == weights
+
+
+def test_a_holdout_that_leaves_a_class_no_training_image_is_refused_naming_the_set():
+    config = small_config()
+    config["data"]["sets"][0]["holdout_fraction"] = 0.999  # rounds to every image of each class
+    with pytest.raises(ConfigError, match=r"training config \[data\] sets\[0\] \(lfw_subset\): holdout_fraction = "
+                                          r"0.999 holds out all 100 image\(s\) of class '\w+', leaving none to train "
+                                          r"on"):
+        load_training_data(load_training_config(config))
+
+
+
+def test_a_network_whose_training_needs_more_memory_than_available_is_refused_before_any_step(
+        tmp_path, monkeypatch, tiny_data):
+    import stimsim.utilities.limits
+
+    monkeypatch.setattr(stimsim.utilities.limits, "available_memory_bytes", lambda: 1000)
+    with pytest.raises(ConfigError, match=r"training config: training 'tiny' \([\d.]+ MiB of weights\) needs about "
+                                          r"[\d.]+ (KiB|MiB) of memory, more than the 1000 B this machine has "
+                                          r"available; lower the layer sizes in \[model\] kwargs \(e.g. it_units\)"):
+        train(load_training_config(small_config()), tmp_path, progress=False, data=tiny_data)
+    assert not (tmp_path / "checkpoint.pt").exists()

@@ -34,8 +34,12 @@ from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.utilities.filemodels import validate
 from stimsim.utilities.hashing import canonical_json, changed_keys, json_sha256
 from stimsim.utilities.io import atomic_save, atomic_write_json, atomic_write_text, provenance
+from stimsim.utilities.limits import check_memory, format_bytes
 
 CHECKPOINT_NAME = "checkpoint.pt"
+#: Copies of the network's weights that a training step holds beside them: the gradients, SGD's momentum and the two
+#: temporaries of its update (weight decay, Nesterov momentum).
+TRAINING_COPIES = 4
 
 
 @dataclass
@@ -255,6 +259,10 @@ def load_training_data(config: TrainingConfig) -> TrainingData:
         for value in np.unique(stimuli.labels[config.label]):
             members = np.flatnonzero(stimuli.labels[config.label] == value)
             held = rng.choice(members, size=int(round(fraction * len(members))), replace=False)
+            if len(held) == len(members):
+                raise ConfigError(f"{where} ({stimuli.name}): holdout_fraction = {fraction:g} holds out all "
+                                  f"{len(members)} image(s) of class {str(value)!r}, leaving none to train on; give a "
+                                  "fraction that keeps at least one image of every class")
             keep[held] = False
         holdout += [sid for sid, k in zip(stimuli.stimulus_id, keep) if not k]
         kept = stimuli.subset(np.flatnonzero(keep))
@@ -287,7 +295,10 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
     device = resolve_device(device)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = build_untrained_model(config).to(device)  # before the data: a misfit architecture fails at once
+    model = build_untrained_model(config)  # before the data: a misfit architecture fails at once
+    if device.type == "cpu":
+        _check_training_memory(model.network, config)
+    model = model.to(device)
     data = data or load_training_data(config)
     _check_output_width(model, config, len(data.classes))
     network = model.network
@@ -370,6 +381,14 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
     atomic_write_json(out_dir / "training_run.json", {**provenance(config.raw), "cpu_seconds": round(cpu_seconds, 1),
                                                       "steps": config.steps})
     return out_dir / "model"
+
+
+def _check_training_memory(network, config: TrainingConfig) -> None:
+    """Refuse, before any step, a network whose training on the CPU needs more memory than is available: beside the
+    weights, :data:`TRAINING_COPIES` copies of them (bytes)."""
+    weights = sum(parameter.numel() * parameter.element_size() for parameter in network.parameters())
+    check_memory(f"{config.source}: training {config.name!r} ({format_bytes(weights)} of weights)",
+                 TRAINING_COPIES * weights, "the layer sizes in [model] kwargs (e.g. it_units)")
 
 
 def _resume(checkpoint_path: Path, config: TrainingConfig, network, optimizer,
