@@ -58,11 +58,11 @@ def _cmd_train(args) -> int:
                     model_dir = build_topo_head_model(args.config, out, progress=not args.no_progress)
                 else:
                     model_dir = train(config, out, progress=not args.no_progress, device=args.device)
-            except StimsimError:  # nothing trained: the configuration may change before the next try
+            except BaseException:  # stopped before a checkpoint: the configuration may change before the next try
                 if not has_checkpoint(out) and not (out / "training_run.json").exists():
                     (out / CONFIG_RECORD).unlink(missing_ok=True)
                 raise
-    except StimsimError as exc:  # a run stopped before its first checkpoint leaves no directory it made behind
+    except BaseException as exc:  # a run stopped before its first checkpoint leaves no directory it made behind
         if created and not has_checkpoint(out):
             shutil.rmtree(created[-1], ignore_errors=True)
         if isinstance(exc, TrainingDiverged):

@@ -451,6 +451,40 @@ def test_a_holdout_that_leaves_a_class_no_training_image_is_refused_naming_the_s
         load_training_data(load_training_config(config))
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
+def test_a_run_stopped_before_its_first_checkpoint_leaves_nothing_that_refuses_another_configuration(
+        tmp_path, monkeypatch, capsys, stop):
+    """Ctrl-C, kill or a failure before the first checkpoint: nothing was trained, so the directory the command
+    made is removed, and a directory given keeps no record that would refuse an edited configuration."""
+    import stimsim.training.loop
+
+    def stopped(*args, **kwargs):
+        raise stop("stopped")
+
+    monkeypatch.setattr(stimsim.training.loop, "train", stopped)
+    made, given = tmp_path / "made", tmp_path / "given"
+    given.mkdir()
+    for out in (made, given):
+        if stop is KeyboardInterrupt:
+            assert main(["train", str(SHIPPED_CONFIG), "--out", str(out), "--no-progress"]) == 130
+        else:
+            with pytest.raises(RuntimeError, match="stopped"):
+                main(["train", str(SHIPPED_CONFIG), "--out", str(out), "--no-progress"])
+    assert not made.exists() and list(given.iterdir()) == []
+
+
+def test_a_run_killed_before_its_first_checkpoint_takes_an_edited_configuration(tmp_path):
+    """kill -9 (or the system out of memory) leaves the record of a run that trained nothing: another configuration
+    starts there, and is recorded, without --force."""
+    import json
+
+    from stimsim.training.run_directory import CONFIG_RECORD, check_run_configuration
+
+    check_run_configuration(tmp_path, {"name": "run", "model": {"kwargs": {"it_units": 10**7}}})
+    edited = {"name": "run", "model": {"kwargs": {"it_units": 4096}}}
+    check_run_configuration(tmp_path, edited)
+    assert json.loads((tmp_path / CONFIG_RECORD).read_text()) == edited
+
 
 def test_a_network_whose_training_needs_more_memory_than_available_is_refused_before_any_step(
         tmp_path, monkeypatch, tiny_data):

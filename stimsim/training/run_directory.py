@@ -56,12 +56,14 @@ def has_checkpoint(directory: Path) -> bool:
 
 def check_run_configuration(directory: Path, raw: dict, force: bool = False) -> None:
     """Refuse to train the configuration ``raw`` (as its file gave it) into ``directory`` when the run there started
-    with another one (its :data:`CONFIG_RECORD`, or a finished run's training_run.json), naming what changed;
+    with another one (its :data:`CONFIG_RECORD`, or a finished run's training_run.json) and left a checkpoint or a
+    model, naming what changed (a run stopped before its first checkpoint trained nothing: its record is replaced);
     ``force`` starts again there instead, removing the other run's checkpoints and what it finished (its model,
     record and loss history), so that no model of the other configuration stays beside this one. Then record
     ``raw``."""
     recorded = _recorded_configuration(directory)
-    if recorded is not None and canonical_json(recorded) != canonical_json(raw):
+    trained = has_checkpoint(directory) or (directory / "training_run.json").exists() or (directory / "model").exists()
+    if recorded is not None and trained and canonical_json(recorded) != canonical_json(raw):
         if not force:
             changed = changed_keys(recorded, json.loads(canonical_json(raw)))
             shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
