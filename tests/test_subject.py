@@ -196,7 +196,7 @@ def test_bad_subject_configurations_name_file_and_field(model, tmp_path):
     big.write_text("electrode_id,x_mm,y_mm\n" + "".join(f"e{i},{2 * i},0\n" for i in range(16)))
     config = _config()
     config["array"]["layout"] = str(big)
-    with pytest.raises(ConfigError, match="does not fit on the IT sheet"):
+    with pytest.raises(ConfigError, match=r"<config> \[array\]: array .* does not fit on the IT sheet"):
         VirtualSubject.create(config, model=model)
     config = _config()
     config["stimuli"] = [{"source": "lfw_subset"}, {"source": "lfw_subset"}]
@@ -290,3 +290,20 @@ def test_subject_make_writes_both_formats_and_the_truth(tmp_path, one_torch_thre
     bad.write_text(config.read_text().replace('dead_fraction = 0.1', 'dead_electrodes = ["0"]'))
     assert main(["subject", "make", str(bad), "--out", str(tmp_path / "bad")]) == 2
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_subject_with_no_working_electrode_or_an_implausible_scale_is_refused(model):
+    with pytest.raises(ConfigError, match=r"<config> \[array\] dead_fraction: 0.995 of the 64 electrodes of "
+                                          r"'utah_8x8' rounds to all of them, leaving no working electrode; give at "
+                                          r"most 0.9844"):
+        VirtualSubject.create(_config(dead_fraction=0.995), model=model)
+    with pytest.raises(ConfigError, match=r"<config> \[array\] dead_electrodes: lists every electrode of the layout "
+                                          r"'utah_8x8' \(64\), leaving no working electrode"):
+        VirtualSubject.create(_config(dead_electrodes=[str(i) for i in range(1, 65)]), model=model)
+    assert len(VirtualSubject.create(_config(dead_fraction=0.98), model=model).working_electrodes) == 1
+    with pytest.raises(ConfigError, match=r"<config> \[array\] layout: array '12x12': give a Utah kind"):
+        VirtualSubject.create(_config(layout="12x12"), model=model)
+    config = _config()
+    config["subject"]["cortex_mm_per_model_mm"] = 1e6  # not "use a larger radius": the scale is what is wrong
+    with pytest.raises(ConfigError, match=r"<config> \[subject\]: 'cortex_mm_per_model_mm' must be <= 100"):
+        VirtualSubject.create(config, model=model)

@@ -29,7 +29,7 @@ class SubjectTable(FileModel):
     model: Text
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)]
     lapse_rate: Annotated[float, Field(ge=0, le=1)] = 0.02
-    cortex_mm_per_model_mm: Annotated[float, Field(ge=1e-6)] | None = None
+    cortex_mm_per_model_mm: Annotated[float, Field(ge=1e-6, le=100)] | None = None
 
 
 class ArrayTable(FileModel):

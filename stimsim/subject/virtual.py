@@ -105,6 +105,10 @@ class VirtualSubject:
         except FileNotFoundError as exc:
             raise ConfigError(f"{source} [array] layout: {exc} (a layout file is read relative to the "
                               "configuration file's folder)") from None
+        except FileFormatError:  # names the layout file
+            raise
+        except ConfigError as exc:
+            raise ConfigError(f"{source} [array] layout: {exc}") from None
         pose_table, dead_fraction, dead_list = array.pose, array.dead_fraction, array.dead_electrodes
 
         recording = checked.recording.to_dict()
@@ -122,7 +126,10 @@ class VirtualSubject:
 
         rng = np.random.default_rng([seed, 0x5B])
         if pose_table is None:
-            pose = random_pose(layout, sheet, rng, margin_mm=recording["radius_mm"])
+            try:
+                pose = random_pose(layout, sheet, rng, margin_mm=recording["radius_mm"])
+            except ConfigError as exc:
+                raise ConfigError(f"{source} [array]: {exc}") from None
         else:
             try:
                 pose = ArrayPose.from_dict(pose_table)
@@ -381,8 +388,15 @@ def _dead_electrodes(layout, dead_list, dead_fraction, rng, source) -> set:
         if unknown:
             raise ConfigError(f"{source} [array] dead_electrodes: unknown electrode id(s) {unknown}; the layout "
                               f"{layout.name!r} has ids {layout.electrode_ids[0]}…{layout.electrode_ids[-1]}")
+        if set(ids) >= set(layout.electrode_ids):
+            raise ConfigError(f"{source} [array] dead_electrodes: lists every electrode of the layout "
+                              f"{layout.name!r} ({len(layout)}), leaving no working electrode; list fewer")
         return set(ids)
     n_dead = int(round(dead_fraction * len(layout)))
+    if n_dead == len(layout):
+        raise ConfigError(f"{source} [array] dead_fraction: {dead_fraction:g} of the {len(layout)} electrodes of "
+                          f"{layout.name!r} rounds to all of them, leaving no working electrode; give at most "
+                          f"{(len(layout) - 1) / len(layout):.4g}")
     return set(rng.choice(np.asarray(layout.electrode_ids), size=n_dead, replace=False).tolist())
 
 
