@@ -496,3 +496,13 @@ def test_a_network_whose_training_needs_more_memory_than_available_is_refused_be
                                           r"available; lower the layer sizes in \[model\] kwargs \(e.g. it_units\)"):
         train(load_training_config(small_config()), tmp_path, progress=False, data=tiny_data)
     assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_images_of_one_class_are_refused_for_the_supervised_task_naming_the_label(tmp_path, tiny_data):
+    from stimsim.training.loop import TrainingData
+
+    faces = tiny_data.labels == 0
+    one_class = TrainingData(tiny_data.images[faces], tiny_data.labels[faces] * 0, tiny_data.classes[:1], [])
+    with pytest.raises(ConfigError, match=r"training config \[data\]: every training image has the same 'category', "
+                                          r"'\w+'; the supervised task needs images of at least 2 classes"):
+        train(load_training_config(small_config()), tmp_path, progress=False, data=one_class)

@@ -300,6 +300,9 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
         _check_training_memory(model.network, config)
     model = model.to(device)
     data = data or load_training_data(config)
+    if config.task == "supervised" and len(data.classes) < 2:
+        raise ConfigError(f"{config.source} [data]: every training image has the same {config.label!r}, "
+                          f"{str(data.classes[0])!r}; the supervised task needs images of at least 2 classes")
     _check_output_width(model, config, len(data.classes))
     network = model.network
     optimizer = torch.optim.SGD(network.parameters(), lr=config.learning_rate, momentum=config.momentum,
