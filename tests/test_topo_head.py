@@ -527,3 +527,15 @@ def test_trunk_tuning_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path):
     assert runs["whole"][1] == runs["resumed"][1] and len(runs["whole"][1]) == 3
     for key, value in runs["whole"][0].items():
         assert torch.equal(value, runs["resumed"][0][key]), key
+
+
+def test_a_holdout_that_leaves_a_class_no_training_image_is_refused_naming_the_set(tmp_path):
+    from stimsim.training.head_training import load_sets
+    from stimsim.utilities.errors import ConfigError
+
+    path = _config(tmp_path)
+    path.write_text(path.read_text().replace("holdout_fraction = 0.25", "holdout_fraction = 0.95"))
+    config, _, folder = load_head_config(path)
+    with pytest.raises(ConfigError, match=r"build.toml \[data\] sets\[0\] \(\w+\): holdout_fraction = 0.95 holds out "
+                                          r"all 6 image\(s\) of class '(adult|car)', leaving none to train on"):
+        load_sets(config, folder, str(path))

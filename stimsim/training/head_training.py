@@ -94,7 +94,13 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
         rng = np.random.default_rng([config.data.seed, index])
         for value in np.unique(strata):
             members = np.flatnonzero(strata == value)
-            keep[rng.choice(members, size=int(round(fraction * len(members))), replace=False)] = False
+            held = rng.choice(members, size=int(round(fraction * len(members))), replace=False)
+            if len(held) == len(members):
+                of_class = f" of class {str(value)!r}" if value else ""
+                raise ConfigError(f"{where} [data] sets[{index}] ({stimuli.name}): holdout_fraction = {fraction:g} "
+                                  f"holds out all {len(members)} image(s){of_class}, leaving none to train on; give a "
+                                  "fraction that keeps at least one image of every class")
+            keep[held] = False
         holdout += [str(s) for s in stimuli.stimulus_id[~keep]]
         kept = stimuli.subset(np.flatnonzero(keep))
         of_category = {c: d for d, categories in config.data.domains.items() for c in categories}
