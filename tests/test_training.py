@@ -313,7 +313,7 @@ SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "train
     ("neighborhoods_per_step = 8", "neighborhoods_per_step = 100000",
      r"\[spatial_loss\]: 'neighborhoods_per_step' must be <= \d+, the number of neighbourhoods on the sheet of layer"),
     ("it_units = 4096,", "it_unitz = 4096,", r"\[model\]: kwargs do not fit family 'stimsim_topo' .*it_unitz"),
-    ("it_units = 4096,", "it_units = 4096.5,", r"\[model\]: kwargs do not fit family 'stimsim_topo'"),
+    ("it_units = 4096,", "it_units = 4096.5,", r"\[model\]: stimsim_topo needs integers .* it_units = 4096.5"),
     ("std = [0.25]", 'std = ["a"]', r"\[model.preprocessing\]: 'std' must be a number"),
     ("mean = [0.45]", "mean = [0.45, 0.2]", r"\[model.preprocessing\]: preprocessing.mean and .std need 1 value"),
     ("holdout_fraction = 0.3", "holdout_fraction = 1.0", r"\[data.sets\[0\]\]: 'holdout_fraction' must be < 1"),
@@ -506,3 +506,15 @@ def test_images_of_one_class_are_refused_for_the_supervised_task_naming_the_labe
     with pytest.raises(ConfigError, match=r"training config \[data\]: every training image has the same 'category', "
                                           r"'\w+'; the supervised task needs images of at least 2 classes"):
         train(load_training_config(small_config()), tmp_path, progress=False, data=one_class)
+
+
+@pytest.mark.parametrize("key, value", [("it_batchnorm", "false"), ("it_units", "big"), ("it_units", 2.5),
+                                        ("n_classes", True)])
+def test_network_kwargs_of_the_wrong_type_are_refused_not_taken_for_another_setting(tmp_path, tiny_data, key, value):
+    """A quoted "false" would otherwise turn IT's BatchNorm on (any text is true)."""
+    config = small_config()
+    config["model"]["kwargs"][key] = value
+    with pytest.raises(ConfigError, match=r"training config \[model\]: stimsim_topo needs integers n_classes >= 2, "
+                                          r"it_units >= 1 and in_channels 1 or 3, and it_batchnorm true or false; "
+                                          rf"got .*{key} = {re.escape(repr(value))}"):
+        train(load_training_config(config), tmp_path, progress=False, data=tiny_data)

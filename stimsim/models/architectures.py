@@ -44,8 +44,12 @@ class StimsimTopoNet(nn.Sequential):
     """
 
     def __init__(self, n_classes: int = 12, it_units: int = 4096, in_channels: int = 1, it_batchnorm: bool = True):
-        if n_classes < 2 or it_units < 1 or in_channels not in (1, 3):
-            raise ConfigError("stimsim_topo needs n_classes >= 2, it_units >= 1 and in_channels 1 or 3")
+        counts = (n_classes, it_units, in_channels)
+        if any(isinstance(count, bool) or not isinstance(count, int) for count in counts) or not isinstance(
+                it_batchnorm, bool) or n_classes < 2 or it_units < 1 or in_channels not in (1, 3):
+            raise ConfigError("stimsim_topo needs integers n_classes >= 2, it_units >= 1 and in_channels 1 or 3, and "
+                              f"it_batchnorm true or false; got n_classes = {n_classes!r}, it_units = {it_units!r}, "
+                              f"in_channels = {in_channels!r}, it_batchnorm = {it_batchnorm!r}")
 
         def conv_block(c_in, c_out):
             return nn.Sequential(
