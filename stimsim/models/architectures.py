@@ -11,6 +11,8 @@ any process; :func:`register_family` does the same from code. Networks are split
 """
 from __future__ import annotations
 
+from numbers import Integral
+
 from torch import nn
 
 from stimsim.utilities.errors import ConfigError, StimsimError
@@ -45,7 +47,7 @@ class StimsimTopoNet(nn.Sequential):
 
     def __init__(self, n_classes: int = 12, it_units: int = 4096, in_channels: int = 1, it_batchnorm: bool = True):
         counts = (n_classes, it_units, in_channels)
-        if any(isinstance(count, bool) or not isinstance(count, int) for count in counts) or not isinstance(
+        if any(isinstance(count, bool) or not isinstance(count, Integral) for count in counts) or not isinstance(
                 it_batchnorm, bool) or n_classes < 2 or it_units < 1 or in_channels not in (1, 3):
             raise ConfigError("stimsim_topo needs integers n_classes >= 2, it_units >= 1 and in_channels 1 or 3, and "
                               f"it_batchnorm true or false; got n_classes = {n_classes!r}, it_units = {it_units!r}, "
