@@ -614,8 +614,7 @@ def imagenet_samples(limit: int | None = None, mirror=None) -> StimulusSet:
                          f"give at most {len(every)}, or leave limit out for all")
     rels = every[:limit]
     wnids = [rel.split("_", 1)[0] for rel in rels]
-    order = {wnid: i for i, wnid in enumerate(sorted(spec.path.split("_", 1)[0]
-                                                     for spec in get_entry("imagenet_samples").files))}
+    order = {wnid: i for i, wnid in enumerate(sorted(rel.split("_", 1)[0] for rel in every))}
     paths = entry_paths("imagenet_samples", rels, mirror=mirror)
     return StimulusSet(name="imagenet_samples", images=[load_image(p) for p in paths], stimulus_id=np.asarray(rels),
                        labels={"wnid": np.asarray(wnids), "class_index": np.asarray([order[w] for w in wnids]),

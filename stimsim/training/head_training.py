@@ -60,6 +60,7 @@ from stimsim.models.topo_head import FAMILY, TopoHeadNet, densify, grid_position
 from stimsim.models.topographic import TopographicModel
 from stimsim.models.weights import read_run_checkpoint
 from stimsim.training.head_config import HeadConfig, load_head_config
+from stimsim.training.holdout import kept_after_holdout
 from stimsim.training.ridge_readout import ridge_readouts
 from stimsim.training.schedule import warmup_cosine_rate
 from stimsim.training.spatial_loss import layer_spatial_loss
@@ -90,17 +91,8 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
         stimuli = load_stimulus_source(entry, f"{where} [data] sets[{index}]")
         classes = np.asarray(stimuli.labels.get(config.data.label, np.full(len(stimuli), "")), str)
         strata = classes if stratified is True else np.full(len(stimuli), "")
-        keep = np.ones(len(stimuli), bool)
-        rng = np.random.default_rng([config.data.seed, index])
-        for value in np.unique(strata):
-            members = np.flatnonzero(strata == value)
-            held = rng.choice(members, size=int(round(fraction * len(members))), replace=False)
-            if len(held) == len(members):
-                of_class = f" of class {str(value)!r}" if value else ""
-                raise ConfigError(f"{where} [data] sets[{index}] ({stimuli.name}): holdout_fraction = {fraction:g} "
-                                  f"holds out all {len(members)} image(s){of_class}, leaving none to train on; give a "
-                                  "fraction that keeps at least one image of every class")
-            keep[held] = False
+        keep = kept_after_holdout(strata, fraction, np.random.default_rng([config.data.seed, index]),
+                                  f"{where} [data] sets[{index}] ({stimuli.name})")
         holdout += [str(s) for s in stimuli.stimulus_id[~keep]]
         kept = stimuli.subset(np.flatnonzero(keep))
         of_category = {c: d for d, categories in config.data.domains.items() for c in categories}

@@ -25,6 +25,7 @@ from stimsim.cortex.positions import build_sheet
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
+from stimsim.training.holdout import kept_after_holdout
 from stimsim.training.schedule import warmup_cosine_rate
 from stimsim.training.spatial_loss import layer_spatial_loss
 from stimsim.training.train_file import TrainFile
@@ -254,16 +255,8 @@ def load_training_data(config: TrainingConfig) -> TrainingData:
         stimuli = load_stimulus_source(entry, where)
         if config.label not in stimuli.labels:
             raise ConfigError(f"{where} ({stimuli.name}): no label {config.label!r}; labels: {list(stimuli.labels)}")
-        keep = np.ones(len(stimuli), bool)
-        rng = np.random.default_rng(config.seed)
-        for value in np.unique(stimuli.labels[config.label]):
-            members = np.flatnonzero(stimuli.labels[config.label] == value)
-            held = rng.choice(members, size=int(round(fraction * len(members))), replace=False)
-            if len(held) == len(members):
-                raise ConfigError(f"{where} ({stimuli.name}): holdout_fraction = {fraction:g} holds out all "
-                                  f"{len(members)} image(s) of class {str(value)!r}, leaving none to train on; give a "
-                                  "fraction that keeps at least one image of every class")
-            keep[held] = False
+        keep = kept_after_holdout(stimuli.labels[config.label], fraction, np.random.default_rng(config.seed),
+                                  f"{where} ({stimuli.name})")
         holdout += [sid for sid, k in zip(stimuli.stimulus_id, keep) if not k]
         kept = stimuli.subset(np.flatnonzero(keep))
         images.append(config.preprocessing(kept.images))
