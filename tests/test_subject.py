@@ -307,3 +307,14 @@ def test_a_subject_with_no_working_electrode_or_an_implausible_scale_is_refused(
     config["subject"]["cortex_mm_per_model_mm"] = 1e6  # not "use a larger radius": the scale is what is wrong
     with pytest.raises(ConfigError, match=r"<config> \[subject\]: 'cortex_mm_per_model_mm' must be <= 100"):
         VirtualSubject.create(config, model=model)
+
+
+def test_dead_electrodes_listed_twice_or_not_ids_are_refused_naming_them(model):
+    for listed, shown in ((["3", "5", "3"], "'3'"), ([7, "7", "9", 9], "'7', '9'")):  # 7 and "7" are one electrode
+        with pytest.raises(ConfigError, match=rf"<config> \[array\]: 'dead_electrodes' lists {shown} more than once; "
+                                              r"give each electrode once"):
+            VirtualSubject.create(_config(dead_electrodes=listed), model=model)
+    with pytest.raises(ConfigError, match=r"<config> \[array\]: 'dead_electrodes' lists 3.5; give electrode ids"):
+        VirtualSubject.create(_config(dead_electrodes=["2", 3.5]), model=model)
+    assert VirtualSubject.create(_config(dead_electrodes=[3, "5"]), model=model).dead_electrodes == ("3", "5")
+

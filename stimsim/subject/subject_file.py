@@ -43,6 +43,22 @@ class ArrayTable(FileModel):
     dead_fraction: Annotated[float, Field(ge=0, le=1)] = 0.0
     dead_electrodes: list[Annotated[int, Field(strict=True)] | Text] | None = None
 
+    @field_validator("dead_electrodes", mode="before")
+    @classmethod
+    def _ids_once(cls, ids):
+        if not isinstance(ids, list):
+            return ids  # the type check names it
+        odd = [i for i in ids if isinstance(i, bool) or not isinstance(i, (int, str))]
+        if odd:
+            raise ValueError(f"'dead_electrodes' lists {odd[0]!r}; give electrode ids as the layout names them, "
+                             'text or integers (e.g. ["3", "17"])')
+        names = [str(i) for i in ids]
+        twice = sorted({name for i, name in enumerate(names) if name in names[:i]}, key=names.index)
+        if twice:
+            raise ValueError(f"'dead_electrodes' lists {', '.join(map(repr, twice))} more than once; give each "
+                             "electrode once")
+        return ids
+
     @field_validator("dead_fraction")
     @classmethod
     def _some_working(cls, fraction: float) -> float:
