@@ -318,3 +318,18 @@ def test_dead_electrodes_listed_twice_or_not_ids_are_refused_naming_them(model):
         VirtualSubject.create(_config(dead_electrodes=["2", 3.5]), model=model)
     assert VirtualSubject.create(_config(dead_electrodes=[3, "5"]), model=model).dead_electrodes == ("3", "5")
 
+
+def test_a_given_pose_places_the_array_rigidly_and_refuses_a_scale(model):
+    # truth.json's pose (scale 1) can be given as it is. Electrodes 28 and 29 of an 8x8 array (0.4 mm pitch, ids row
+    # by row from the bottom left) sit in row 3, columns 3 and 4: 0.2 mm left and right of, and 0.2 mm below, its centre
+    pose = {"x_mm": 10.0, "y_mm": 9.0, "rotation_deg": 0.0, "scale": 1.0}
+    sites = VirtualSubject.create(_config(pose=pose), model=model).electrode_sites_mm()
+    assert sites["28"] == pytest.approx((9.8, 8.8)) and sites["29"] == pytest.approx((10.2, 8.8))
+    with pytest.raises(ConfigError, match=r"<config> \[array.pose\]: 'scale' = 2: an implanted array keeps its "
+                                          r"layout's spacing, so its pose's scale is 1"):
+        VirtualSubject.create(_config(pose={**pose, "scale": 2.0}), model=model)
+    with pytest.raises(ConfigError, match=r"<config> \[array.pose\]: unknown key 'rot'; allowed: \['rotation_deg', "
+                                          r"'scale', 'x_mm', 'y_mm'\]"):
+        VirtualSubject.create(_config(pose={"x_mm": 10.0, "y_mm": 9.0, "rot": 30.0}), model=model)
+    with pytest.raises(ConfigError, match=r"<config> \[array.pose\]: 'rotation_deg' must be <= 360"):
+        VirtualSubject.create(_config(pose={"x_mm": 10.0, "y_mm": 9.0, "rotation_deg": 1e300}), model=model)

@@ -32,6 +32,26 @@ class SubjectTable(FileModel):
     cortex_mm_per_model_mm: Annotated[float, Field(ge=1e-6, le=100)] | None = None
 
 
+class PoseTable(FileModel):
+    """``[array] pose``: where the array's centre sits on the IT sheet (cortex mm) and its rotation (deg,
+    counter-clockwise). An implanted array keeps its layout's spacing: ``scale``, when given (truth.json's pose has
+    it), is 1."""
+
+    x_mm: float
+    y_mm: float
+    rotation_deg: Annotated[float, Field(ge=-360, le=360)] = 0.0
+    scale: float = 1.0
+
+    @field_validator("scale")
+    @classmethod
+    def _rigid(cls, scale: float) -> float:
+        if scale != 1:
+            raise ValueError(f"'scale' = {scale:g}: an implanted array keeps its layout's spacing, so its pose's scale "
+                             "is 1; a .cmp map's spacing is [array] pitch_mm, the cortex's scale [subject] "
+                             "cortex_mm_per_model_mm")
+        return scale
+
+
 class ArrayTable(FileModel):
     """``[array]``: the layout ("10x10", "8x8", a .csv or .cmp file), a .cmp map's ids and spacing, the hidden
     pose (drawn from the seed when absent) and the dead electrodes (listed, or a fraction drawn)."""
@@ -39,7 +59,7 @@ class ArrayTable(FileModel):
     layout: Text = "10x10"
     layout_ids: Text = "channel"
     pitch_mm: float | None = None  # a .cmp map's spacing, checked against the plausible range
-    pose: dict[str, Any] | None = None
+    pose: PoseTable | None = None
     dead_fraction: Annotated[float, Field(ge=0, le=1)] = 0.0
     dead_electrodes: list[Annotated[int, Field(strict=True)] | Text] | None = None
 

@@ -131,10 +131,7 @@ class VirtualSubject:
             except ConfigError as exc:
                 raise ConfigError(f"{source} [array]: {exc}") from None
         else:
-            try:
-                pose = ArrayPose.from_dict(pose_table)
-            except ConfigError as exc:
-                raise ConfigError(f"{source} [array] pose: {exc}") from None
+            pose = ArrayPose(**pose_table.to_dict())
             off = _electrodes_off_sheet(layout, pose, sheet, 0.0)
             if off:
                 more = f" and {len(off) - 8} more" if len(off) > 8 else ""
