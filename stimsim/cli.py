@@ -355,11 +355,14 @@ def _cmd_bench(args) -> int:
 
 def _cmd_subject_make(args) -> int:
     from stimsim.subject import VirtualSubject
+    from stimsim.subject.virtual import check_same_subject
 
     device = resolve_device(args.device)  # a missing accelerator stops the command before anything is written
     _refuse_foreign_directory(args.out, ("truth.json", "subject.toml"), "a virtual subject", args.force)
     with DirectoryLock(args.out, "subject make"):
         subject = VirtualSubject.from_file(args.config)
+        if not args.force:
+            check_same_subject(args.out, subject)
         subject.model.to(device)
         out = subject.save(args.out)
     print(json.dumps({"subject_model": subject.config["subject"]["model"], "n_electrodes": len(subject.layout),
@@ -605,7 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
     subject_make.add_argument("--out", required=True, help="subject directory")
     subject_make.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     subject_make.add_argument("--force", action="store_true", help="write into --out even if it holds files that "
-                                                                   "are not a subject (same names are overwritten)")
+                                                                   "are not a subject, or a subject made from another "
+                                                                   "configuration (same names are overwritten)")
     add_device_argument(subject_make)
     subject_make.set_defaults(handler=_cmd_subject_make, command_parser=subject_make)
     session = subject_commands.add_parser("session", help="run a plan's sites and sequences on its virtual subject "

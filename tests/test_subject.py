@@ -333,3 +333,34 @@ def test_a_given_pose_places_the_array_rigidly_and_refuses_a_scale(model):
         VirtualSubject.create(_config(pose={"x_mm": 10.0, "y_mm": 9.0, "rot": 30.0}), model=model)
     with pytest.raises(ConfigError, match=r"<config> \[array.pose\]: 'rotation_deg' must be <= 360"):
         VirtualSubject.create(_config(pose={"x_mm": 10.0, "y_mm": 9.0, "rotation_deg": 1e300}), model=model)
+
+
+def test_subject_make_refuses_to_replace_a_subject_of_another_configuration_without_force(tmp_path, capsys):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    layout = folder / "my_array.csv"
+    layout.write_text("electrode_id,x_mm,y_mm\n"
+                      + "".join(f"e{k},{0.4 * (k % 2)},{0.4 * (k // 2)}\n" for k in range(4)))
+    config = folder / "subject.toml"
+    text = ('[subject]\nmodel = "stimsim-topo-s2"\nseed = 4\n[array]\nlayout = "my_array.csv"\n'
+            '[recording]\nrepeats = 2\n[[stimuli]]\nsource = "lfw_subset"\n')
+    config.write_text(text)
+    out = tmp_path / "subject"
+    assert main(["subject", "make", str(config), "--out", str(out), "--no-progress"]) == 0
+    config.write_text(text + "# the same subject, commented\n")  # the same configuration: made again
+    assert main(["subject", "make", str(config), "--out", str(out), "--no-progress"]) == 0
+    truth = (out / "truth.json").read_bytes()
+    capsys.readouterr()
+    config.write_text(text.replace("seed = 4", "seed = 5"))
+    assert main(["subject", "make", str(config), "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (f"stimsim: error: output directory {out} holds a virtual subject made from "
+                                       "another configuration (changed since: subject.seed (4 → 5)); give a new --out "
+                                       "directory, or --force to replace it (its truth.json and recordings are "
+                                       "overwritten)\n")
+    config.write_text(text)
+    layout.write_text(layout.read_text().replace("e3,0.4,0.4", "e3,0.8,0.4"))  # the map edited
+    assert main(["subject", "make", str(config), "--out", str(out), "--no-progress"]) == 2
+    assert "changed since: the layout file my_array.csv)" in capsys.readouterr().err
+    assert (out / "truth.json").read_bytes() == truth and not (out / ".stimsim.lock").exists()
+    assert main(["subject", "make", str(config), "--out", str(out), "--no-progress", "--force"]) == 0
+    assert json.loads((out / "truth.json").read_text())["layout"] != json.loads(truth)["layout"]

@@ -29,6 +29,7 @@ import math
 import os
 import shutil
 import tempfile
+import tomllib
 import warnings
 from pathlib import Path
 
@@ -42,13 +43,15 @@ from stimsim.subject.subject_file import SubjectFile
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, DataError, FileFormatError, unreadable_reason
 from stimsim.utilities.filemodels import validate
-from stimsim.utilities.hashing import sha256_of
+from stimsim.utilities.hashing import changed_keys, sha256_of
 from stimsim.utilities.io import atomic_write_bytes, atomic_write_json, atomic_write_text, provenance, read_json
 
 #: IT area label of the models a subject is built from.
 IT_AREA = "IT"
 #: The record of a subject directory's files and their sha256, written with them.
 SUBJECT_CHECKSUMS = "subject_files.json"
+#: Changes a refusal to replace a subject names at most.
+SHOWN_CHANGES = 5
 #: The species NWB files give for a virtual subject.
 VIRTUAL_SPECIES = "virtual (stimsim model)"
 
@@ -278,25 +281,32 @@ class VirtualSubject:
                 "electrode_sites_model_mm": self.electrode_sites_model_mm(), **self.scale,
                 "provenance": provenance()}
 
+    def saved_config(self) -> tuple[str, Path | None]:
+        """The text :meth:`save` writes as ``subject.toml``, and the layout file it copies beside it (None for a Utah
+        kind), which that text names by the copy's name."""
+        text, config, layout_file = self.config_text, self.config, None
+        if self.config_dir is not None:
+            layout_spec = config.get("array", {}).get("layout", "10x10")
+            resolved = _resolve(layout_spec, self.config_dir)
+            if _is_layout_file(layout_spec) and Path(resolved).is_file():
+                layout_file = Path(resolved)
+                config = {**config, "array": {**config["array"], "layout": layout_file.name}}
+                text = None
+        return (text if text is not None else to_toml(config)), layout_file
+
     def save(self, directory, recordings: Recordings | None = None) -> Path:
         """Write the subject directory (config, recordings in NetCDF and NWB, images, truth). Every file
         is written into a temporary folder first and moved in only when all of them are complete."""
         directory = Path(directory)
         stimuli = self.stimuli()
         recordings = recordings if recordings is not None else self.record(stimuli)
-        text = self.config_text
-        config = self.config
+        text, layout_file = self.saved_config()
         directory.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
         try:
-            if self.config_dir is not None:
-                layout_spec = config.get("array", {}).get("layout", "10x10")
-                resolved = _resolve(layout_spec, self.config_dir)
-                if _is_layout_file(layout_spec) and Path(resolved).is_file():
-                    shutil.copyfile(resolved, staging / Path(resolved).name)
-                    config = {**config, "array": {**config["array"], "layout": Path(resolved).name}}
-                    text = None
-            atomic_write_text(staging / "subject.toml", text if text is not None else to_toml(config))
+            if layout_file is not None:
+                shutil.copyfile(layout_file, staging / layout_file.name)
+            atomic_write_text(staging / "subject.toml", text)
             write_stimuli_npz(staging / "stimuli.npz", stimuli)
             recordings.save_netcdf(staging / "recordings.nc")
             recordings.save_nwb(staging / "recordings.nwb", subject_id=self.subject_id, species=VIRTUAL_SPECIES)
@@ -310,6 +320,27 @@ class VirtualSubject:
             shutil.rmtree(staging, ignore_errors=True)
         self.directory = directory
         return directory
+
+
+def check_same_subject(directory, subject: VirtualSubject) -> None:
+    """Refuse to replace the subject ``directory`` holds by ``subject`` when its configuration (``subject.toml``, read
+    as TOML: comments and formatting aside) or its copied layout file differ, naming what changed: its hidden truth,
+    which plans and sessions may rest on, is not replaced by mistake. A directory without ``subject.toml`` passes."""
+    directory = Path(directory)
+    held = directory / "subject.toml"
+    if not held.is_file():
+        return
+    text, layout_file = subject.saved_config()
+    changes = changed_keys(load_toml(held), tomllib.loads(text))
+    if layout_file is not None and (directory / layout_file.name).is_file() \
+            and sha256_of(directory / layout_file.name) != sha256_of(layout_file):
+        changes.append(f"the layout file {layout_file.name}")
+    if changes:
+        shown = "; ".join(changes[:SHOWN_CHANGES]) + (f" and {len(changes) - SHOWN_CHANGES} more"
+                                                      if len(changes) > SHOWN_CHANGES else "")
+        raise ConfigError(f"output directory {directory} holds a virtual subject made from another configuration "
+                          f"(changed since: {shown}); give a new --out directory, or --force to replace it (its "
+                          "truth.json and recordings are overwritten)")
 
 
 def check_subject_files(directory) -> None:
