@@ -40,7 +40,7 @@ from stimsim.lab.arrays.layout import ArrayLayout, cmp_options, load_layout
 from stimsim.lab.arrays.pose import ArrayPose
 from stimsim.lab.recordings import Recordings
 from stimsim.subject.subject_file import SubjectFile
-from stimsim.utilities.config import load_toml
+from stimsim.utilities.config import load_toml, to_toml
 from stimsim.utilities.errors import ConfigError, DataError, FileFormatError, unreadable_reason
 from stimsim.utilities.filemodels import validate
 from stimsim.utilities.hashing import changed_keys, sha256_of
@@ -467,33 +467,3 @@ def read_stimuli_npz(path) -> StimulusSet:
     except (OSError, KeyError, ValueError) as exc:
         raise FileFormatError(path, f"not a stimsim stimuli archive ({unreadable_reason(exc)})") from None
     return StimulusSet(name=name, images=images, stimulus_id=ids, labels=labels)
-
-
-def to_toml(config: dict) -> str:
-    """TOML text of a configuration made of tables of scalars/lists/inline tables and arrays of tables."""
-    lines = []
-    for table, values in config.items():
-        if isinstance(values, list):
-            for entry in values:
-                lines.append(f"[[{table}]]")
-                lines.extend(f"{key} = {_toml_value(value)}" for key, value in entry.items())
-                lines.append("")
-        else:
-            lines.append(f"[{table}]")
-            lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
-            lines.append("")
-    return "\n".join(lines)
-
-
-def _toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise ConfigError(f"cannot write {type(value).__name__} to TOML")

@@ -1,11 +1,13 @@
 """Reading TOML files: a syntax error or a file that is not UTF-8 names the file and the problem. What a file
-may hold is declared by its file model (:mod:`stimsim.utilities.filemodels`)."""
+may hold is declared by its file model (:mod:`stimsim.utilities.filemodels`). :func:`to_toml` writes a configuration
+back as TOML."""
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
-from stimsim.utilities.errors import FileFormatError
+from stimsim.utilities.errors import ConfigError, FileFormatError
 
 
 def load_toml(path) -> dict:
@@ -22,3 +24,33 @@ def load_toml(path) -> dict:
         raise FileFormatError(path, f"not UTF-8 text (byte {exc.start}: {exc.reason}); save the file as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise FileFormatError(path, f"invalid TOML ({exc})") from None
+
+
+def to_toml(config: dict) -> str:
+    """TOML text of a configuration made of tables of scalars/lists/inline tables and arrays of tables."""
+    lines = []
+    for table, values in config.items():
+        if isinstance(values, list):
+            for entry in values:
+                lines.append(f"[[{table}]]")
+                lines.extend(f"{key} = {_toml_value(value)}" for key, value in entry.items())
+                lines.append("")
+        else:
+            lines.append(f"[{table}]")
+            lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise ConfigError(f"cannot write {type(value).__name__} to TOML")
