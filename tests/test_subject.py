@@ -364,3 +364,15 @@ def test_subject_make_refuses_to_replace_a_subject_of_another_configuration_with
     assert (out / "truth.json").read_bytes() == truth and not (out / ".stimsim.lock").exists()
     assert main(["subject", "make", str(config), "--out", str(out), "--no-progress", "--force"]) == 0
     assert json.loads((out / "truth.json").read_text())["layout"] != json.loads(truth)["layout"]
+
+
+def test_saving_a_subject_removes_the_temporary_folder_a_killed_save_left(model, tmp_path):
+    left = tmp_path / ".subject.staging.tmpk1ll3d"  # a save killed (kill -9) while it wrote the subject's files
+    left.mkdir()
+    (left / "recordings.nc").write_bytes(b"\0" * 1000)
+    other = tmp_path / ".other.staging.tmpk1ll3d"  # another directory's save, still running
+    other.mkdir()
+    config = _config()
+    config["stimuli"] = [{"source": "fashion_mnist", "split": "test", "n_per_class": 1, "seed": 0}]
+    VirtualSubject.create(config, model=model).save(tmp_path / "subject")
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == [".other.staging.tmpk1ll3d", "subject"]

@@ -23,6 +23,7 @@ only; a planner never reads it) and, when the configuration's layout is a file, 
 """
 from __future__ import annotations
 
+import glob
 import io
 import json
 import math
@@ -296,13 +297,17 @@ class VirtualSubject:
 
     def save(self, directory, recordings: Recordings | None = None) -> Path:
         """Write the subject directory (config, recordings in NetCDF and NWB, images, truth). Every file
-        is written into a temporary folder first and moved in only when all of them are complete."""
+        is written into a temporary folder beside it first and moved in only when all of them are complete; the
+        temporary folders of a killed save of this directory are removed."""
         directory = Path(directory)
         stimuli = self.stimuli()
         recordings = recordings if recordings is not None else self.record(stimuli)
         text, layout_file = self.saved_config()
         directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        prefix = f".{directory.name}.staging.tmp"
+        for left in directory.parent.glob(f"{glob.escape(prefix)}*"):
+            shutil.rmtree(left, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=prefix, dir=directory.parent))
         try:
             if layout_file is not None:
                 shutil.copyfile(layout_file, staging / layout_file.name)
