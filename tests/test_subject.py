@@ -2,6 +2,7 @@
 import hashlib
 import json
 import shutil
+import tomllib
 
 import numpy as np
 import pytest
@@ -376,3 +377,19 @@ def test_saving_a_subject_removes_the_temporary_folder_a_killed_save_left(model,
     config["stimuli"] = [{"source": "fashion_mnist", "split": "test", "n_per_class": 1, "seed": 0}]
     VirtualSubject.create(config, model=model).save(tmp_path / "subject")
     assert sorted(entry.name for entry in tmp_path.iterdir()) == [".other.staging.tmpk1ll3d", "subject"]
+
+
+def test_a_model_directory_is_read_relative_to_the_subject_file_and_saved_in_full(tmp_path, monkeypatch):
+    from stimsim.models.registry import SHIPPED_DIR
+
+    shutil.copytree(SHIPPED_DIR / "stimsim-topo-s2", tmp_path / "models" / "mine")
+    config = tmp_path / "configs" / "subject.toml"
+    config.parent.mkdir()
+    config.write_text('[subject]\nmodel = "../models/mine"\nseed = 3\n[array]\nlayout = "8x8"\n'
+                      '[[stimuli]]\nsource = "lfw_subset"\n')
+    (tmp_path / "lab" / "elsewhere").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "lab" / "elsewhere")  # where ../models/mine does not exist
+    subject = VirtualSubject.from_file(config)
+    saved = tomllib.loads(subject.saved_config()[0])
+    assert saved["subject"]["model"] == str(tmp_path.resolve() / "models" / "mine")
+    assert saved["array"] == {"layout": "8x8"} and saved["stimuli"] == [{"source": "lfw_subset"}]

@@ -23,8 +23,8 @@ MAX_REPEATS = 1000
 
 
 class SubjectTable(FileModel):
-    """``[subject]``: the model (shipped name or model directory), the seed that draws the pose, dead
-    electrodes, gains and trial noise, the lapse rate of its choices, and optionally its cortex scale."""
+    """``[subject]``: the model (shipped name, or model directory relative to the file), the seed that draws the
+    pose, dead electrodes, gains and trial noise, the lapse rate of its choices, and optionally its cortex scale."""
 
     model: Text
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)]

@@ -156,18 +156,27 @@ class VirtualSubject:
 
     @classmethod
     def from_file(cls, path, model=None) -> "VirtualSubject":
-        """Build a subject from a configuration file (TOML)."""
+        """Build a subject from a configuration file (TOML); a model directory and image folders or tables named by
+        relative paths are read from the file's folder."""
+        from stimsim.models.registry import looks_like_path
+
         path = Path(path)
         config = load_toml(path)
         relative = [entry for entry in config.get("stimuli", ()) if isinstance(entry, dict)
                     and isinstance(entry.get("path"), str) and not Path(entry["path"]).is_absolute()]
         for entry in relative:  # a folder or table of the lab's images, named relative to this file's folder
             entry["path"] = str((path.parent / entry["path"]).resolve())
+        table = config.get("subject")
+        directory = table.get("model") if isinstance(table, dict) else None
+        model_dir = (isinstance(directory, str) and looks_like_path(directory)
+                     and not Path(directory).expanduser().is_absolute())
+        if model_dir:  # a model directory, named relative to this file's folder
+            table["model"] = str((path.parent / directory).resolve())
         subject = cls.create(config, source=str(path), model=model)
         if subject.recording["repeats"] < 2:
             warnings.warn(f"{path} [recording]: repeats = 1: a plan on this subject needs [array] min_reliability "
                           "= -1 (split-half reliability needs 2 or more presentations of every image)", stacklevel=2)
-        subject.config_text = None if relative else path.read_text()  # saved with the paths resolved
+        subject.config_text = None if relative or model_dir else path.read_text()  # saved with the paths resolved
         subject.config_dir = path.parent
         return subject
 
