@@ -358,7 +358,7 @@ def _cmd_subject_make(args) -> int:
     from stimsim.subject.virtual import check_same_subject
 
     device = resolve_device(args.device)  # a missing accelerator stops the command before anything is written
-    _refuse_foreign_directory(args.out, ("truth.json", "subject.toml"), "a virtual subject", args.force)
+    _refuse_foreign_directory(args.out, ("truth.json",), "a virtual subject", args.force)
     with DirectoryLock(args.out, "subject make"):
         subject = VirtualSubject.from_file(args.config)
         if not args.force:

@@ -1,6 +1,7 @@
 """Virtual subject: hidden pose, pooled recordings with gains and noise, dead electrodes, files."""
 import hashlib
 import json
+import os
 import shutil
 import tomllib
 
@@ -393,3 +394,40 @@ def test_a_model_directory_is_read_relative_to_the_subject_file_and_saved_in_ful
     saved = tomllib.loads(subject.saved_config()[0])
     assert saved["subject"]["model"] == str(tmp_path.resolve() / "models" / "mine")
     assert saved["array"] == {"layout": "8x8"} and saved["stimuli"] == [{"source": "lfw_subset"}]
+
+
+def test_subject_make_refuses_the_folder_of_its_own_configuration(tmp_path, capsys):
+    folder = tmp_path / "configs"  # a lab's folder: its subject file (named as a subject's is), notes
+    folder.mkdir()
+    text = '# our implant, as planned\n[subject]\nmodel = "stimsim-topo-s2"\nseed = 4\n[array]\nlayout = "8x8"\n'
+    (folder / "subject.toml").write_text(text)
+    (folder / "notes.txt").write_text("surgery notes")
+    assert main(["subject", "make", str(folder / "subject.toml"), "--out", str(folder), "--no-progress"]) == 2
+    assert (f"output directory {folder} holds files that are not a virtual subject (notes.txt, subject.toml)"
+            in capsys.readouterr().err)
+    assert sorted(entry.name for entry in folder.iterdir()) == ["notes.txt", "subject.toml"]
+    assert (folder / "subject.toml").read_text() == text
+
+
+
+def test_a_subject_save_killed_while_moving_its_files_in_is_made_again(model, tmp_path, monkeypatch):
+    import stimsim.subject.virtual as virtual
+
+    config = tmp_path / "subject.toml"
+    config.write_text('[subject]\nmodel = "stimsim-topo-s2"\nseed = 4\n[array]\nlayout = "8x8"\n[recording]\n'
+                      'repeats = 2\n[[stimuli]]\nsource = "lfw_subset"\n')
+    out = tmp_path / "subject"
+    replace = os.replace
+
+    def killed_after_the_first_file_in(source, target):
+        if os.path.dirname(target) == str(out) and any(out.iterdir()):
+            raise KeyboardInterrupt  # as a kill between two moves leaves it: no clean-up ran
+        replace(source, target)
+
+    monkeypatch.setattr(virtual.os, "replace", killed_after_the_first_file_in)
+    with pytest.raises(KeyboardInterrupt):
+        VirtualSubject.from_file(config, model=model).save(out)
+    monkeypatch.undo()
+    assert [entry.name for entry in out.iterdir()] == ["truth.json"]  # recognisable as a subject's directory
+    assert main(["subject", "make", str(config), "--out", str(out), "--no-progress"]) == 0
+    assert {"subject.toml", "recordings.nc", "subject_files.json"} <= {entry.name for entry in out.iterdir()}

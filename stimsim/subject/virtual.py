@@ -328,7 +328,8 @@ class VirtualSubject:
             atomic_write_json(staging / SUBJECT_CHECKSUMS, {"files_sha256": {
                 path.name: sha256_of(path) for path in sorted(staging.iterdir())}})
             directory.mkdir(exist_ok=True)
-            for path in sorted(staging.iterdir()):
+            # truth.json first: a move that was stopped halfway leaves a directory recognisable as a subject's
+            for path in sorted(staging.iterdir(), key=lambda path: (path.name != "truth.json", path.name)):
                 os.replace(path, directory / path.name)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
