@@ -299,6 +299,9 @@ def _cmd_subject_session(args) -> int:
     check_seed("--seed", args.seed)
     if args.session_id is not None and not args.session_id.strip():
         raise ConfigError("--session-id is empty; give an id, or leave the option out for session-seedN")
+    if args.session_id is not None and not args.session_id.isprintable():
+        raise ConfigError(f"--session-id {args.session_id!r} holds a control character (a newline, a tab, ...); give "
+                          "an id of printable text")
     trials_per_site = 400 if args.trials_per_site is None else args.trials_per_site
     if args.trials is not None:
         trials = session_from_trial_list(args.plan_dir, args.trials, seed=args.seed, session_id=args.session_id)

@@ -431,3 +431,12 @@ def test_a_subject_save_killed_while_moving_its_files_in_is_made_again(model, tm
     assert [entry.name for entry in out.iterdir()] == ["truth.json"]  # recognisable as a subject's directory
     assert main(["subject", "make", str(config), "--out", str(out), "--no-progress"]) == 0
     assert {"subject.toml", "recordings.nc", "subject_files.json"} <= {entry.name for entry in out.iterdir()}
+
+
+def test_subject_session_refuses_a_session_id_with_a_control_character(tmp_path, capsys):
+    csv = tmp_path / "session.csv"
+    for session_id in ("day1\nday2", "day\t1"):  # a CSV cell over two lines; an id no one can type back
+        assert main(["subject", "session", str(tmp_path / "plan"), "--session-id", session_id, "--csv", str(csv)]) == 2
+        assert capsys.readouterr().err == (f"stimsim: error: --session-id {session_id!r} holds a control character (a "
+                                           "newline, a tab, ...); give an id of printable text\n")
+    assert not csv.exists()
