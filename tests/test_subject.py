@@ -440,3 +440,16 @@ def test_subject_session_refuses_a_session_id_with_a_control_character(tmp_path,
         assert capsys.readouterr().err == (f"stimsim: error: --session-id {session_id!r} holds a control character (a "
                                            "newline, a tab, ...); give an id of printable text\n")
     assert not csv.exists()
+
+
+def test_subject_make_refuses_a_recording_beyond_the_memory_available_before_any_work(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "subject.toml"
+    config.write_text('[subject]\nmodel = "stimsim-topo-s2"\nseed = 4\n[array]\nlayout = "8x8"\n[recording]\n'
+                      'repeats = 1000\n[[stimuli]]\nsource = "lfw_subset"\n')
+    monkeypatch.setattr("stimsim.utilities.limits.available_memory_bytes", lambda: 2**30)
+    # 200 images × 1000 repeats × 64 electrodes = 12.8 million responses, over 1 GiB at 84 bytes each or more
+    monkeypatch.setattr(VirtualSubject, "expected_rates_Hz", lambda *args: pytest.fail("the model ran"))
+    assert main(["subject", "make", str(config), "--out", str(tmp_path / "subject"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"stimsim: error: {config} [recording]: recording 200 images × 1000 repeats × 64 electrodes needs about ")
+    assert not (tmp_path / "subject").exists()
