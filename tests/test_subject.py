@@ -453,3 +453,14 @@ def test_subject_make_refuses_a_recording_beyond_the_memory_available_before_any
     assert capsys.readouterr().err.startswith(
         f"stimsim: error: {config} [recording]: recording 200 images × 1000 repeats × 64 electrodes needs about ")
     assert not (tmp_path / "subject").exists()
+
+
+def test_a_saved_subject_file_quotes_keys_that_are_not_bare_so_that_it_reads_back(model, tmp_path):
+    (tmp_path / "my_array.csv").write_text("electrode_id,x_mm,y_mm\n"
+                                           + "".join(f"e{k},{0.4 * (k % 2)},{0.4 * (k // 2)}\n" for k in range(4)))
+    config = tmp_path / "subject.toml"  # a layout file: the saved subject.toml is written anew, naming its copy
+    config.write_text('[subject]\nmodel = "stimsim-topo-s2"\nseed = 3\n[array]\nlayout = "my_array.csv"\n'
+                      '[[stimuli]]\nsource = "lfw_subset"\nlabels = { "lab set" = "faces", "v1.2" = "x" }\n')
+    saved = tomllib.loads(VirtualSubject.from_file(config, model=model).saved_config()[0])
+    assert saved["stimuli"] == [{"source": "lfw_subset", "labels": {"lab set": "faces", "v1.2": "x"}}]
+    assert saved["array"] == {"layout": "my_array.csv"}

@@ -4,6 +4,7 @@ back as TOML."""
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 
@@ -32,14 +33,19 @@ def to_toml(config: dict) -> str:
     for table, values in config.items():
         if isinstance(values, list):
             for entry in values:
-                lines.append(f"[[{table}]]")
-                lines.extend(f"{key} = {_toml_value(value)}" for key, value in entry.items())
+                lines.append(f"[[{_toml_key(table)}]]")
+                lines.extend(f"{_toml_key(key)} = {_toml_value(value)}" for key, value in entry.items())
                 lines.append("")
         else:
-            lines.append(f"[{table}]")
-            lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
+            lines.append(f"[{_toml_key(table)}]")
+            lines.extend(f"{_toml_key(key)} = {_toml_value(value)}" for key, value in values.items())
             lines.append("")
     return "\n".join(lines)
+
+
+def _toml_key(key: str) -> str:
+    """A bare key as it is; any other (a space, a dot, ...) quoted."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
 
 
 def _toml_value(value) -> str:
@@ -52,5 +58,5 @@ def _toml_value(value) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
     raise ConfigError(f"cannot write {type(value).__name__} to TOML")
