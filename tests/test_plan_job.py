@@ -908,8 +908,14 @@ def test_the_report_says_when_the_recordings_do_not_settle_the_model():
 
 @pytest.mark.filterwarnings("ignore:.*left out of the plan as not working")  # the subject's dead electrodes
 @pytest.mark.filterwarnings("ignore:at the planned .* trials per site")  # the small plan's effects are tiny
-def test_validate_writes_per_pose_numbers_and_the_null(tmp_path, one_torch_thread):
+def test_validate_writes_per_pose_numbers_and_the_null(tmp_path, one_torch_thread, monkeypatch):
+    from stimsim.models.registry import model_path
+
     config = _write_plan(tmp_path / "config")
+    shutil.copytree(model_path("stimsim-topo-s2"), tmp_path / "config" / "models" / "s2")
+    subject_file = tmp_path / "config" / "subject.toml"  # a model directory relative to the subject file's folder,
+    subject_file.write_text(SUBJECT.replace('"stimsim-topo-s2"', '"models/s2"'))  # every pose's subject reads it so
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     summary = run_plan(config, out, progress=False, validate=1)
     validation = json.loads((out / "validation.json").read_text())

@@ -23,6 +23,7 @@ Over 500 lines: the plan's phases in the order they run, sharing its inputs and 
 """
 from __future__ import annotations
 
+import copy
 import math
 import shutil
 import time
@@ -99,10 +100,8 @@ class PlanInputs:
                 if not (self.subject_dir / "truth.json").is_file():
                     report_phase("plan: making the virtual subject and its recordings", progress)
                     subject = VirtualSubject.from_file(config.subject_config)
-                    if subject_seed is not None:
-                        from stimsim.utilities.config import load_toml
-
-                        raw = load_toml(config.subject_config)
+                    if subject_seed is not None:  # from the file as read: its relative paths resolved
+                        raw = copy.deepcopy(subject.config)
                         raw["subject"] = {**raw["subject"], "seed": int(subject_seed)}
                         raw["array"] = {key: value for key, value in raw.get("array", {}).items() if key != "pose"}
                         subject = VirtualSubject.create(raw, source=str(config.subject_config), model=subject.source_model)
