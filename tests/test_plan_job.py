@@ -608,6 +608,27 @@ def test_plan_and_subject_values_without_effect_or_meaning_are_refused_naming_th
         load_plan_config(config) if table == "plan" else VirtualSubject.from_file(path)
 
 
+@pytest.mark.parametrize("old, new, refusal", [
+    ('broken_electrodes = ["e1"]', 'broken_electrodes = ["e1", "e2", "e1"]',
+     r"plan.toml \[array\]: 'broken_electrodes' lists electrode\(s\) \['e1'\] more than once"),
+    ('broken_electrodes = ["e1"]', 'broken_electrodes = [3, "3"]',
+     r"plan.toml \[array\]: 'broken_electrodes' lists electrode\(s\) \['3'\] more than once"),
+    ('candidates = ["stimsim-topo-s0"]', 'candidates = ["stimsim-topo-s0", "stimsim-topo-s0"]',
+     r"plan.toml \[models\] candidates: 'stimsim-topo-s0' is the same model as 'stimsim-topo-s0'"),
+    ('candidates = ["stimsim-topo-s0"]', 'candidates = ["stimsim-topo-s0", "SHIPPED/stimsim-topo-s0"]',
+     r"plan.toml \[models\] candidates: '.*/stimsim-topo-s0' is the same model as 'stimsim-topo-s0'"),
+])
+def test_a_broken_electrode_or_candidate_listed_twice_is_refused(tmp_path, old, new, refusal):
+    """A list that names one electrode or one model twice would be read as fewer than it lists (one candidate
+    averaged as if two): refused, naming the key and the repeated entry."""
+    from stimsim.models.registry import SHIPPED_DIR
+
+    config = _write_plan(tmp_path / "config")
+    config.write_text(config.read_text().replace(old, new.replace("SHIPPED", str(SHIPPED_DIR))))
+    with pytest.raises(ConfigError, match=refusal):
+        load_plan_config(config)
+
+
 def test_a_subject_of_one_repeat_says_what_plans_on_it_need(tmp_path):
     from stimsim.subject import VirtualSubject
 

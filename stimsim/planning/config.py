@@ -56,6 +56,7 @@ from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.filemodels import FileModel, Text, validate
 from stimsim.utilities.hashing import json_sha256, sha256_of
 from stimsim.utilities.limits import MAX_SEED
+from stimsim.utilities.ordering import natural_key
 
 #: The plan task of a file that names none.
 DEFAULT_TASK = "sequence_2afc"
@@ -104,6 +105,16 @@ class ArrayTable(FileModel):
     broken_electrodes: list[Annotated[int, Field(strict=True)] | Text] = []
     min_reliability: Annotated[float, Field(ge=-1, le=1)] = 0.3
     anatomical: dict[str, Any] | None = None
+
+    @field_validator("broken_electrodes")
+    @classmethod
+    def _once_each(cls, ids):
+        texts = [str(e) for e in ids]
+        again = sorted({e for e in texts if texts.count(e) > 1}, key=natural_key)
+        if again:
+            raise ValueError(f"'broken_electrodes' lists electrode(s) {again} more than once (a number and its text "
+                             "name the same id); give each broken electrode once")
+        return ids
 
 
 class RegistrationTable(FileModel):
@@ -359,6 +370,20 @@ def _check_model(name: str, where: str) -> None:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+def _check_distinct_models(names: list, where: str) -> None:
+    """Two candidates that are one model (the same name, or a shipped name and its directory) are an error: the plan
+    would average over fewer candidates than the file lists."""
+    from stimsim.models.registry import model_path
+
+    seen = {}
+    for name in names:
+        directory = model_path(name).resolve()
+        if directory in seen:
+            raise ConfigError(f"{where}: {name!r} is the same model as {seen[directory]!r}; list each candidate "
+                              "once (the prediction is the mean over distinct candidates)")
+        seen[directory] = name
+
+
 def load_plan_config(path) -> PlanConfig:
     """Read and check a plan file: the tables of :class:`PlanFile`, then what depends on several of them and
     on the files they name; relative paths are taken from the file's folder."""
@@ -371,6 +396,7 @@ def load_plan_config(path) -> PlanConfig:
                   for c in checked.models.candidates]
     for candidate in candidates:
         _check_model(candidate, f"{where} [models] candidates")
+    _check_distinct_models(candidates, f"{where} [models] candidates")
 
     subject_config = subject_dir = recordings = None
     if checked.subject is not None and checked.recordings is not None:
