@@ -1244,11 +1244,15 @@ def test_bad_lab_input_is_named_and_leaves_nothing(tmp_path, capsys, case, patte
     ("names", r"plan.toml \[recordings\] names: maps stimsim's fields .*; got \{'spikes': 'mua'\}"),
     ("group", r"plan.toml \[recordings\] electrode_group: selects an ElectrodeGroup \(array\) of an NWB file; the "
               r"recordings are recordings.nc"),
+    ("no_images", r"plan.toml \[recordings\]: 'images' must hold at least 1 item\(s\), got \[\]"),
+    ("grid", r"plan.toml \[recordings\] layout: give \"10x10\" or \"8x8\" \(a Utah array\) or a layout file \(.csv "
+             r"or a Blackrock .cmp\), got '12x12'"),
 ])
 @pytest.mark.parametrize("out_exists", [False, True])
 def test_bad_lab_files_are_named_with_the_plan_and_leave_nothing(tmp_path, capsys, case, pattern, out_exists):
     """Missing or unreadable files a lab's plan names, a name mapping of unknown fields, an NWB electrode group for a
-    NetCDF file: one error naming the plan file and its field; --out is left as it was (absent, or empty when the lab
+    NetCDF file, no image set, a layout that is neither a Utah kind nor a layout file: one error naming the plan file
+    and its field; --out is left as it was (absent, or empty when the lab
     made it beforehand)."""
     config = _lab_plan(tmp_path / "config")
     text = config.read_text()
@@ -1262,6 +1266,10 @@ def test_bad_lab_files_are_named_with_the_plan_and_leave_nothing(tmp_path, capsy
         text = text.replace('images = [{ source = "lfw_subset" }]', 'images = [{ source = "table", path = "images.csv" }]')
     elif case == "group":
         text = text.replace('layout = "layout.csv"', 'layout = "layout.csv"\nelectrode_group = "aIT"')
+    elif case == "no_images":
+        text = text.replace('images = [{ source = "lfw_subset" }]', 'images = []')
+    elif case == "grid":
+        text = text.replace('layout = "layout.csv"', 'layout = "12x12"')
     else:
         text = text.replace('layout = "layout.csv"', 'layout = "layout.csv"\nnames = { spikes = "mua" }')
     config.write_text(text)

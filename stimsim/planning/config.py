@@ -90,7 +90,7 @@ class RecordingsTable(FileModel):
     """``[recordings]``: a lab's passive-viewing recordings, their images and the array's layout."""
 
     path: Text
-    images: list[dict[str, Any]]
+    images: Annotated[list[dict[str, Any]], Field(min_length=1)]
     layout: Text = "10x10"
     layout_ids: Text = "channel"
     pitch_mm: float | None = None  # a .cmp map's spacing, checked against the plausible range
@@ -489,6 +489,9 @@ def _recordings(table: RecordingsTable, folder: Path, where: str) -> dict:
     if not Path(recordings["path"]).is_file():
         raise ConfigError(f"{where} path: file {recordings['path']} not found")
     if table.layout not in ("10x10", "8x8"):
+        if Path(table.layout).suffix.lower() not in (".csv", ".cmp"):
+            raise ConfigError(f"{where} layout: give \"10x10\" or \"8x8\" (a Utah array) or a layout file (.csv or a "
+                              f"Blackrock .cmp), got {table.layout!r}")
         recordings["layout"] = str((folder / table.layout).resolve())
         if not Path(recordings["layout"]).is_file():
             raise ConfigError(f"{where} layout: file {recordings['layout']} not found")
