@@ -629,6 +629,25 @@ def test_a_broken_electrode_or_candidate_listed_twice_is_refused(tmp_path, old, 
         load_plan_config(config)
 
 
+def test_a_subject_dir_that_is_not_a_subject_directory_is_refused_naming_the_key(tmp_path):
+    """[subject] dir naming a missing folder, or a plan's folder instead of the subject/ folder in it: refused when
+    the plan file is read, naming the file, the key and what the folder lacks (no bare "file not found")."""
+    config = _write_plan(tmp_path / "config")
+    text = config.read_text().replace('config = "subject.toml"', 'dir = "{}"')
+    config.write_text(text.format("typo"))
+    with pytest.raises(ConfigError, match=r"plan.toml \[subject\] dir: \S*typo is not a directory"):
+        load_plan_config(config)
+    plan = tmp_path / "plan"
+    (plan / "subject").mkdir(parents=True)
+    for name in ("subject.toml", "truth.json", "recordings.nc", "stimuli.npz"):
+        (plan / "subject" / name).write_text("")
+    config.write_text(text.format(plan))
+    with pytest.raises(ConfigError, match=r"plan.toml \[subject\] dir: \S*plan is not a subject directory \(it "
+                                          r"lacks subject.toml, truth.json, recordings.nc, stimuli.npz; .*\); "
+                                          r"\S*plan/subject is one"):
+        load_plan_config(config)
+
+
 def test_a_subject_of_one_repeat_says_what_plans_on_it_need(tmp_path):
     from stimsim.subject import VirtualSubject
 

@@ -370,6 +370,24 @@ def _check_model(name: str, where: str) -> None:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+#: The files of a subject directory (``stimsim subject make``) that a plan reads.
+SUBJECT_DIR_FILES = ("subject.toml", "truth.json", "recordings.nc", "stimuli.npz")
+
+
+def _check_subject_dir(directory: Path, where: str) -> None:
+    """A ``[subject] dir`` that is not a subject directory is an error naming what it lacks (and, for a plan's
+    folder, where that plan keeps its subject)."""
+    if not directory.is_dir():
+        raise ConfigError(f"{where}: {directory} is not a directory; give the folder `stimsim subject make` wrote")
+    missing = [name for name in SUBJECT_DIR_FILES if not (directory / name).is_file()]
+    if missing:
+        inner = directory / "subject"
+        hint = (f"; {inner} is one (a plan keeps the subject it made in its subject/ folder)"
+                if all((inner / name).is_file() for name in SUBJECT_DIR_FILES) else "")
+        raise ConfigError(f"{where}: {directory} is not a subject directory (it lacks {', '.join(missing)}; "
+                          f"`stimsim subject make` writes them){hint}")
+
+
 def _check_distinct_models(names: list, where: str) -> None:
     """Two candidates that are one model (the same name, or a shipped name and its directory) are an error: the plan
     would average over fewer candidates than the file lists."""
@@ -408,6 +426,7 @@ def load_plan_config(path) -> PlanConfig:
                 raise ConfigError(f"{where} [subject]: config file {subject_config} not found")
         else:
             subject_dir = (path.parent / checked.subject.dir).resolve()
+            _check_subject_dir(subject_dir, f"{where} [subject] dir")
     elif checked.recordings is not None:
         recordings = _recordings(checked.recordings, path.parent, f"{where} [recordings]")
     else:
