@@ -343,6 +343,28 @@ def test_a_rig_package_written_again_holds_no_half_written_file_of_a_killed_writ
     assert not any(path.exists() for path in left)
 
 
+def test_a_trial_list_edited_inside_the_plan_says_to_edit_a_copy(tmp_path):
+    """A lab that removes a row of rig/trials.csv where the plan wrote it is told that the plan checks against that
+    file and to edit a copy outside the plan directory: not that the plan is damaged, with advice to run the plan
+    again, which would write the plan's list back over the lab's edit."""
+    from stimsim.analysis.plan_readback import check_plan_files, write_plan_files
+
+    (tmp_path / "rig").mkdir()
+    (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "rig" / "trials.csv").write_text("trial,electrode\n1,5\n2,6\n")
+    write_plan_files(tmp_path, ["summary.json", "rig/trials.csv"])
+    (tmp_path / "rig" / "trials.csv").write_text("trial,electrode\n1,5\n")
+    with pytest.raises(FileFormatError) as refused:
+        check_plan_files(tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path / 'rig' / 'trials.csv'}: changed since `stimsim plan` wrote it")
+    assert "edit a copy outside the plan directory" in message and "damaged" not in message
+    (tmp_path / "rig" / "trials.csv").write_text("trial,electrode\n1,5\n2,6\n")
+    (tmp_path / "summary.json").write_text('{"n_sites": 1}')
+    with pytest.raises(FileFormatError, match="the plan directory is damaged"):
+        check_plan_files(tmp_path)
+
+
 def test_sham_and_stimulation_show_each_image_equally_often_at_any_trial_count():
     """15 and 20 blocks over a site's 14 images: one full pass and 1 or 6 images more, the same ones in both
     conditions, so that every image is shown as often with stimulation as without."""
