@@ -281,8 +281,13 @@ def test_a_bad_percepts_file_stops_the_plan_before_any_work(tmp_path, capsys):
     config.write_text(config.read_text() + '\n[percepts]\nconfig = "view.toml"\n')
     assert main(["plan", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "view.toml" in err and "currents_uA" in err and not (tmp_path / "out").exists()
-    config.write_text(config.read_text().replace('config = "view.toml"', 'config = "missing.toml"'))
+    assert f"{config} [percepts] config (a `stimsim visualize` file): " in err and "view.toml" in err
+    assert "currents_uA" in err and not (tmp_path / "out").exists()
+    config.write_text(config.read_text().replace('config = "view.toml"', 'config = "plan.toml"'))  # the wrong file
+    assert main(["plan", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"stimsim: error: {config} [percepts] config (a `stimsim visualize` file): {config}: ")
+    config.write_text(config.read_text().replace('config = "plan.toml"', 'config = "missing.toml"'))
     assert main(["plan", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     assert "[percepts]: config file" in capsys.readouterr().err
 

@@ -52,7 +52,7 @@ from stimsim.planning.tasks import PLAN_TASKS, PlanTask, get_plan_task, stimulat
 from stimsim.stimulation import ADDITIVE_SCALES, ElectricalStimulation, SafetyLimits, check_additive_scale
 from stimsim.stimulation.safety import FileChargeLimit, FileElectrodeArea, FileShannonK
 from stimsim.utilities.config import load_toml
-from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.errors import ConfigError, StimsimError
 from stimsim.utilities.filemodels import FileModel, Text, validate
 from stimsim.utilities.hashing import json_sha256, sha256_of
 from stimsim.utilities.limits import MAX_SEED
@@ -465,7 +465,10 @@ def load_plan_config(path) -> PlanConfig:
         percepts = (path.parent / checked.percepts.config).resolve()
         if not percepts.is_file():
             raise ConfigError(f"{where} [percepts]: config file {percepts} not found")
-        load_config(percepts)
+        try:
+            load_config(percepts)
+        except StimsimError as exc:  # named as the plan's view, not as a file given on its own
+            raise ConfigError(f"{where} [percepts] config (a `stimsim visualize` file): {exc}") from None
     return PlanConfig(name=checked.name or path.stem, path=path.resolve(), raw=raw, task=checked.task,
                       task_options=task_options, seed=checked.seed, candidates=candidates, n_folds=checked.models.n_folds,
                       subject_config=subject_config, subject_dir=subject_dir, recordings=recordings,
