@@ -337,6 +337,33 @@ def test_a_project_folder_moved_whole_resumes_its_plan(plan_dir, tmp_path, capsy
     assert "changed since: input_sha256.subject.toml (" in capsys.readouterr().err
 
 
+def test_other_constraints_on_the_sites_reuse_every_phase(plan_dir, tmp_path, capsys):
+    """[selection] chooses among the ranked sites after every phase: a lab that asks for fewer sites or another
+    separation re-runs into the same --out without computing anything again, and the rig package then holds the
+    newly chosen sites only (no image of a site chosen before)."""
+    config, out = plan_dir
+    moved = tmp_path / "project"
+    shutil.copytree(config.parent.parent, moved)
+    before = json.loads((moved / "out" / "summary.json").read_text())["chosen_electrodes"]
+    assert len(before) > 2
+    plan = moved / "config" / "plan.toml"
+    plan.write_text(plan.read_text().replace("n_sites = 4", "n_sites = 2").replace("min_separation_mm = 0.8",
+                                                                                    "min_separation_mm = 1.2"))
+    capsys.readouterr()
+    assert main(["plan", str(plan), "--out", str(moved / "out"), "--no-progress"]) == 0
+    summary = json.loads((moved / "out" / "summary.json").read_text())
+    assert all(t["cached"] for t in summary["phases"].values()), summary["phases"]
+    chosen = summary["chosen_electrodes"]
+    assert len(chosen) == 2 and chosen[0] == before[0]  # the best-ranked site is chosen under any constraint
+    sites = pd.read_csv(moved / "out" / "sites.csv", dtype={"electrode_id": str}).set_index("electrode_id")
+    first, second = sites.loc[chosen[0]], sites.loc[chosen[1]]
+    assert abs(first.array_x_mm - second.array_x_mm) + abs(first.array_y_mm - second.array_y_mm) >= 1.2 - 1e-9
+    trials = pd.read_csv(moved / "out" / "rig" / "trials.csv", dtype={"electrode": str})
+    assert set(trials["electrode"]) == set(chosen)
+    images = {path.name for path in (moved / "out" / "rig" / "images").iterdir()}
+    assert images == {Path(name).name for name in trials["image_file"]}
+
+
 def _warnings(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("stimsim: warning: plan cache file")]
 

@@ -328,11 +328,12 @@ class PlanConfig:
 
     def digest_record(self) -> dict:
         """What the plan's phases are computed from: the resolved parameters and the sha256 of every input file. The
-        session and display change no computed phase, nor do the plan's name (by default its file's name) and its
-        file's own path. Paths under the plan file's folder are given relative to it, so that a project folder
+        session, the display and the selection (the constraints the ranked sites are chosen under, applied after
+        every phase) change no computed phase, nor do the plan's name (by default its file's name) and its file's own
+        path. Paths under the plan file's folder are given relative to it, so that a project folder
         moved or copied whole (to the rig's machine, say) resumes its plans."""
         record = self.to_dict()
-        for key in ("name", "description", "file", *RigSpec().to_dict()):
+        for key in ("name", "description", "file", "selection", *RigSpec().to_dict()):
             record.pop(key)
         record["input_sha256"] = self.input_files()
         return self.portable(record)
