@@ -281,8 +281,13 @@ def test_a_bad_percepts_file_stops_the_plan_before_any_work(tmp_path, capsys):
     config.write_text(config.read_text() + '\n[percepts]\nconfig = "view.toml"\n')
     assert main(["plan", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "view.toml" in err and "currents_uA" in err and not (tmp_path / "out").exists()
-    config.write_text(config.read_text().replace('config = "view.toml"', 'config = "missing.toml"'))
+    assert f"{config} [percepts] config (a `stimsim visualize` file): " in err and "view.toml" in err
+    assert "currents_uA" in err and not (tmp_path / "out").exists()
+    config.write_text(config.read_text().replace('config = "view.toml"', 'config = "plan.toml"'))  # the wrong file
+    assert main(["plan", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"stimsim: error: {config} [percepts] config (a `stimsim visualize` file): {config}: ")
+    config.write_text(config.read_text().replace('config = "plan.toml"', 'config = "missing.toml"'))
     assert main(["plan", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     assert "[percepts]: config file" in capsys.readouterr().err
 
@@ -330,6 +335,33 @@ def test_a_project_folder_moved_whole_resumes_its_plan(plan_dir, tmp_path, capsy
     (moved / "config" / "subject.toml").write_text((config.parent / "subject.toml").read_text() + "\n# edited\n")
     assert main(["plan", str(moved / "config" / "plan.toml"), "--out", str(moved / "out")]) == 2
     assert "changed since: input_sha256.subject.toml (" in capsys.readouterr().err
+
+
+def test_other_constraints_on_the_sites_reuse_every_phase(plan_dir, tmp_path, capsys):
+    """[selection] chooses among the ranked sites after every phase: a lab that asks for fewer sites or another
+    separation re-runs into the same --out without computing anything again, and the rig package then holds the
+    newly chosen sites only (no image of a site chosen before)."""
+    config, out = plan_dir
+    moved = tmp_path / "project"
+    shutil.copytree(config.parent.parent, moved)
+    before = json.loads((moved / "out" / "summary.json").read_text())["chosen_electrodes"]
+    assert len(before) > 2
+    plan = moved / "config" / "plan.toml"
+    plan.write_text(plan.read_text().replace("n_sites = 4", "n_sites = 2").replace("min_separation_mm = 0.8",
+                                                                                    "min_separation_mm = 1.2"))
+    capsys.readouterr()
+    assert main(["plan", str(plan), "--out", str(moved / "out"), "--no-progress"]) == 0
+    summary = json.loads((moved / "out" / "summary.json").read_text())
+    assert all(t["cached"] for t in summary["phases"].values()), summary["phases"]
+    chosen = summary["chosen_electrodes"]
+    assert len(chosen) == 2 and chosen[0] == before[0]  # the best-ranked site is chosen under any constraint
+    sites = pd.read_csv(moved / "out" / "sites.csv", dtype={"electrode_id": str}).set_index("electrode_id")
+    first, second = sites.loc[chosen[0]], sites.loc[chosen[1]]
+    assert abs(first.array_x_mm - second.array_x_mm) + abs(first.array_y_mm - second.array_y_mm) >= 1.2 - 1e-9
+    trials = pd.read_csv(moved / "out" / "rig" / "trials.csv", dtype={"electrode": str})
+    assert set(trials["electrode"]) == set(chosen)
+    images = {path.name for path in (moved / "out" / "rig" / "images").iterdir()}
+    assert images == {Path(name).name for name in trials["image_file"]}
 
 
 def _warnings(err: str) -> list[str]:
@@ -606,6 +638,46 @@ def test_plan_and_subject_values_without_effect_or_meaning_are_refused_naming_th
     path.write_text(path.read_text().replace(*replace, 1))
     with pytest.raises(ConfigError, match=message):
         load_plan_config(config) if table == "plan" else VirtualSubject.from_file(path)
+
+
+@pytest.mark.parametrize("old, new, refusal", [
+    ('broken_electrodes = ["e1"]', 'broken_electrodes = ["e1", "e2", "e1"]',
+     r"plan.toml \[array\]: 'broken_electrodes' lists electrode\(s\) \['e1'\] more than once"),
+    ('broken_electrodes = ["e1"]', 'broken_electrodes = [3, "3"]',
+     r"plan.toml \[array\]: 'broken_electrodes' lists electrode\(s\) \['3'\] more than once"),
+    ('candidates = ["stimsim-topo-s0"]', 'candidates = ["stimsim-topo-s0", "stimsim-topo-s0"]',
+     r"plan.toml \[models\] candidates: 'stimsim-topo-s0' is the same model as 'stimsim-topo-s0'"),
+    ('candidates = ["stimsim-topo-s0"]', 'candidates = ["stimsim-topo-s0", "SHIPPED/stimsim-topo-s0"]',
+     r"plan.toml \[models\] candidates: '.*/stimsim-topo-s0' is the same model as 'stimsim-topo-s0'"),
+])
+def test_a_broken_electrode_or_candidate_listed_twice_is_refused(tmp_path, old, new, refusal):
+    """A list that names one electrode or one model twice would be read as fewer than it lists (one candidate
+    averaged as if two): refused, naming the key and the repeated entry."""
+    from stimsim.models.registry import SHIPPED_DIR
+
+    config = _write_plan(tmp_path / "config")
+    config.write_text(config.read_text().replace(old, new.replace("SHIPPED", str(SHIPPED_DIR))))
+    with pytest.raises(ConfigError, match=refusal):
+        load_plan_config(config)
+
+
+def test_a_subject_dir_that_is_not_a_subject_directory_is_refused_naming_the_key(tmp_path):
+    """[subject] dir naming a missing folder, or a plan's folder instead of the subject/ folder in it: refused when
+    the plan file is read, naming the file, the key and what the folder lacks (no bare "file not found")."""
+    config = _write_plan(tmp_path / "config")
+    text = config.read_text().replace('config = "subject.toml"', 'dir = "{}"')
+    config.write_text(text.format("typo"))
+    with pytest.raises(ConfigError, match=r"plan.toml \[subject\] dir: \S*typo is not a directory"):
+        load_plan_config(config)
+    plan = tmp_path / "plan"
+    (plan / "subject").mkdir(parents=True)
+    for name in ("subject.toml", "truth.json", "recordings.nc", "stimuli.npz"):
+        (plan / "subject" / name).write_text("")
+    config.write_text(text.format(plan))
+    with pytest.raises(ConfigError, match=r"plan.toml \[subject\] dir: \S*plan is not a subject directory \(it "
+                                          r"lacks subject.toml, truth.json, recordings.nc, stimuli.npz; .*\); "
+                                          r"\S*plan/subject is one"):
+        load_plan_config(config)
 
 
 def test_a_subject_of_one_repeat_says_what_plans_on_it_need(tmp_path):
@@ -1229,11 +1301,15 @@ def test_bad_lab_input_is_named_and_leaves_nothing(tmp_path, capsys, case, patte
     ("names", r"plan.toml \[recordings\] names: maps stimsim's fields .*; got \{'spikes': 'mua'\}"),
     ("group", r"plan.toml \[recordings\] electrode_group: selects an ElectrodeGroup \(array\) of an NWB file; the "
               r"recordings are recordings.nc"),
+    ("no_images", r"plan.toml \[recordings\]: 'images' must hold at least 1 item\(s\), got \[\]"),
+    ("grid", r"plan.toml \[recordings\] layout: give \"10x10\" or \"8x8\" \(a Utah array\) or a layout file \(.csv "
+             r"or a Blackrock .cmp\), got '12x12'"),
 ])
 @pytest.mark.parametrize("out_exists", [False, True])
 def test_bad_lab_files_are_named_with_the_plan_and_leave_nothing(tmp_path, capsys, case, pattern, out_exists):
     """Missing or unreadable files a lab's plan names, a name mapping of unknown fields, an NWB electrode group for a
-    NetCDF file: one error naming the plan file and its field; --out is left as it was (absent, or empty when the lab
+    NetCDF file, no image set, a layout that is neither a Utah kind nor a layout file: one error naming the plan file
+    and its field; --out is left as it was (absent, or empty when the lab
     made it beforehand)."""
     config = _lab_plan(tmp_path / "config")
     text = config.read_text()
@@ -1247,6 +1323,10 @@ def test_bad_lab_files_are_named_with_the_plan_and_leave_nothing(tmp_path, capsy
         text = text.replace('images = [{ source = "lfw_subset" }]', 'images = [{ source = "table", path = "images.csv" }]')
     elif case == "group":
         text = text.replace('layout = "layout.csv"', 'layout = "layout.csv"\nelectrode_group = "aIT"')
+    elif case == "no_images":
+        text = text.replace('images = [{ source = "lfw_subset" }]', 'images = []')
+    elif case == "grid":
+        text = text.replace('layout = "layout.csv"', 'layout = "12x12"')
     else:
         text = text.replace('layout = "layout.csv"', 'layout = "layout.csv"\nnames = { spikes = "mua" }')
     config.write_text(text)

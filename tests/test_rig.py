@@ -14,7 +14,7 @@ from stimsim.analysis.effects import delta_auc_of_counts
 from stimsim.cli import main
 from stimsim.planning.config import load_plan_config
 from stimsim.planning.detectability import forecast, subject_error_sd, with_subject_error
-from stimsim.planning.rig import RigSpec, SessionTable, sequence_images, trial_list
+from stimsim.planning.rig import RigSpec, SessionTable, sequence_images, trial_list, write_rig
 from stimsim.utilities.errors import ConfigError, FileFormatError
 
 #: A 4 × 4 map written by hand: comments, then electrode lines (no description line); banks A and B, labels.
@@ -319,6 +319,50 @@ def test_a_trial_list_showing_other_images_than_the_plans_is_refused(rig_plan, t
         error = capsys.readouterr().err
         assert f"{path}: " in error and expected in error, error
     assert not session.exists()
+
+
+def test_a_rig_package_written_again_holds_no_half_written_file_of_a_killed_write(tmp_path):
+    """A plan killed (SIGKILL) while writing its rig package leaves the hidden temporary file of the image it was
+    writing in rig/images; the re-run that writes the package removes it, so that the folder the lab copies to the
+    rig (where stimulus software may load every *.png) holds the plan's images only."""
+    electrodes = ["a", "b"]
+    images = sequence_images(electrodes, 1, 3)
+    spec = RigSpec(session=SessionTable(trials_per_site=6))
+    stimulation = {"current_uA": 50.0, "frequency_Hz": 200.0, "pulse_width_ms": 0.2, "interphase_ms": 0.1,
+                   "waveform": "biphasic_cathodic_first", "train_ms": 50.0}
+    trials = trial_list(electrodes, images, spec, stimulation, seed=0)
+    pixels = {entry["image_file"]: np.full((8, 8), 0.5) for entries in images.values() for entry in entries}
+    rig = tmp_path / "rig"
+    (rig / "images").mkdir(parents=True)
+    left = [rig / "images" / ".a_seq0_step1.png.k3x9wq.tmp.png", rig / ".trials.csv.q2w8rt.tmp.csv"]
+    for path in left:
+        path.write_bytes(b"\x89PNG cut off")
+    write_rig(tmp_path, pixels, spec, trials, "test", stimulation)
+    assert sorted(path.name for path in (rig / "images").iterdir()) == [f"{e}_seq0_step{k}.png" for e in electrodes
+                                                                        for k in range(3)]
+    assert not any(path.exists() for path in left)
+
+
+def test_a_trial_list_edited_inside_the_plan_says_to_edit_a_copy(tmp_path):
+    """A lab that removes a row of rig/trials.csv where the plan wrote it is told that the plan checks against that
+    file and to edit a copy outside the plan directory: not that the plan is damaged, with advice to run the plan
+    again, which would write the plan's list back over the lab's edit."""
+    from stimsim.analysis.plan_readback import check_plan_files, write_plan_files
+
+    (tmp_path / "rig").mkdir()
+    (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "rig" / "trials.csv").write_text("trial,electrode\n1,5\n2,6\n")
+    write_plan_files(tmp_path, ["summary.json", "rig/trials.csv"])
+    (tmp_path / "rig" / "trials.csv").write_text("trial,electrode\n1,5\n")
+    with pytest.raises(FileFormatError) as refused:
+        check_plan_files(tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path / 'rig' / 'trials.csv'}: changed since `stimsim plan` wrote it")
+    assert "edit a copy outside the plan directory" in message and "damaged" not in message
+    (tmp_path / "rig" / "trials.csv").write_text("trial,electrode\n1,5\n2,6\n")
+    (tmp_path / "summary.json").write_text('{"n_sites": 1}')
+    with pytest.raises(FileFormatError, match="the plan directory is damaged"):
+        check_plan_files(tmp_path)
 
 
 def test_sham_and_stimulation_show_each_image_equally_often_at_any_trial_count():

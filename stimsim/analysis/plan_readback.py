@@ -65,9 +65,14 @@ def check_plan_files(plan_dir) -> None:
         if not path.is_file():
             raise FileFormatError(path, "missing: the plan directory is incomplete; run the plan again")
         if sha256_of(path) != expected:
-            raise FileFormatError(path, f"changed since `stimsim plan` wrote it (its sha256 differs from the one in "
-                                        f"{PLAN_FILES}): the plan directory is damaged or holds another plan's "
-                                        "file; run the plan again")
+            changed = f"changed since `stimsim plan` wrote it (its sha256 differs from the one in {PLAN_FILES})"
+            if Path(name).parts[0] == "rig":  # the lab's package: edited where it lies, not damaged
+                raise FileFormatError(path, f"{changed}: the plan's rig package is what its trial lists and sessions "
+                                            "are checked against; edit a copy outside the plan directory and run "
+                                            "that (`stimsim subject session --trials COPY`); running the same `stimsim "
+                                            "plan` command again writes the plan's own file back, replacing this one")
+            raise FileFormatError(path, f"{changed}: the plan directory is damaged or holds another plan's file; run "
+                                        "the plan again")
 
 
 def refuse_output_into_plan(out_dir, plan_dir) -> None:

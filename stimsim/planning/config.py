@@ -52,10 +52,11 @@ from stimsim.planning.tasks import PLAN_TASKS, PlanTask, get_plan_task, stimulat
 from stimsim.stimulation import ADDITIVE_SCALES, ElectricalStimulation, SafetyLimits, check_additive_scale
 from stimsim.stimulation.safety import FileChargeLimit, FileElectrodeArea, FileShannonK
 from stimsim.utilities.config import load_toml
-from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.errors import ConfigError, StimsimError
 from stimsim.utilities.filemodels import FileModel, Text, validate
 from stimsim.utilities.hashing import json_sha256, sha256_of
 from stimsim.utilities.limits import MAX_SEED
+from stimsim.utilities.ordering import natural_key
 
 #: The plan task of a file that names none.
 DEFAULT_TASK = "sequence_2afc"
@@ -89,7 +90,7 @@ class RecordingsTable(FileModel):
     """``[recordings]``: a lab's passive-viewing recordings, their images and the array's layout."""
 
     path: Text
-    images: list[dict[str, Any]]
+    images: Annotated[list[dict[str, Any]], Field(min_length=1)]
     layout: Text = "10x10"
     layout_ids: Text = "channel"
     pitch_mm: float | None = None  # a .cmp map's spacing, checked against the plausible range
@@ -104,6 +105,16 @@ class ArrayTable(FileModel):
     broken_electrodes: list[Annotated[int, Field(strict=True)] | Text] = []
     min_reliability: Annotated[float, Field(ge=-1, le=1)] = 0.3
     anatomical: dict[str, Any] | None = None
+
+    @field_validator("broken_electrodes")
+    @classmethod
+    def _once_each(cls, ids):
+        texts = [str(e) for e in ids]
+        again = sorted({e for e in texts if texts.count(e) > 1}, key=natural_key)
+        if again:
+            raise ValueError(f"'broken_electrodes' lists electrode(s) {again} more than once (a number and its text "
+                             "name the same id); give each broken electrode once")
+        return ids
 
 
 class RegistrationTable(FileModel):
@@ -317,11 +328,12 @@ class PlanConfig:
 
     def digest_record(self) -> dict:
         """What the plan's phases are computed from: the resolved parameters and the sha256 of every input file. The
-        session and display change no computed phase, nor do the plan's name (by default its file's name) and its
-        file's own path. Paths under the plan file's folder are given relative to it, so that a project folder
+        session, the display and the selection (the constraints the ranked sites are chosen under, applied after
+        every phase) change no computed phase, nor do the plan's name (by default its file's name) and its file's own
+        path. Paths under the plan file's folder are given relative to it, so that a project folder
         moved or copied whole (to the rig's machine, say) resumes its plans."""
         record = self.to_dict()
-        for key in ("name", "description", "file", *RigSpec().to_dict()):
+        for key in ("name", "description", "file", "selection", *RigSpec().to_dict()):
             record.pop(key)
         record["input_sha256"] = self.input_files()
         return self.portable(record)
@@ -359,6 +371,38 @@ def _check_model(name: str, where: str) -> None:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+#: The files of a subject directory (``stimsim subject make``) that a plan reads.
+SUBJECT_DIR_FILES = ("subject.toml", "truth.json", "recordings.nc", "stimuli.npz")
+
+
+def _check_subject_dir(directory: Path, where: str) -> None:
+    """A ``[subject] dir`` that is not a subject directory is an error naming what it lacks (and, for a plan's
+    folder, where that plan keeps its subject)."""
+    if not directory.is_dir():
+        raise ConfigError(f"{where}: {directory} is not a directory; give the folder `stimsim subject make` wrote")
+    missing = [name for name in SUBJECT_DIR_FILES if not (directory / name).is_file()]
+    if missing:
+        inner = directory / "subject"
+        hint = (f"; {inner} is one (a plan keeps the subject it made in its subject/ folder)"
+                if all((inner / name).is_file() for name in SUBJECT_DIR_FILES) else "")
+        raise ConfigError(f"{where}: {directory} is not a subject directory (it lacks {', '.join(missing)}; "
+                          f"`stimsim subject make` writes them){hint}")
+
+
+def _check_distinct_models(names: list, where: str) -> None:
+    """Two candidates that are one model (the same name, or a shipped name and its directory) are an error: the plan
+    would average over fewer candidates than the file lists."""
+    from stimsim.models.registry import model_path
+
+    seen = {}
+    for name in names:
+        directory = model_path(name).resolve()
+        if directory in seen:
+            raise ConfigError(f"{where}: {name!r} is the same model as {seen[directory]!r}; list each candidate "
+                              "once (the prediction is the mean over distinct candidates)")
+        seen[directory] = name
+
+
 def load_plan_config(path) -> PlanConfig:
     """Read and check a plan file: the tables of :class:`PlanFile`, then what depends on several of them and
     on the files they name; relative paths are taken from the file's folder."""
@@ -371,6 +415,7 @@ def load_plan_config(path) -> PlanConfig:
                   for c in checked.models.candidates]
     for candidate in candidates:
         _check_model(candidate, f"{where} [models] candidates")
+    _check_distinct_models(candidates, f"{where} [models] candidates")
 
     subject_config = subject_dir = recordings = None
     if checked.subject is not None and checked.recordings is not None:
@@ -382,6 +427,7 @@ def load_plan_config(path) -> PlanConfig:
                 raise ConfigError(f"{where} [subject]: config file {subject_config} not found")
         else:
             subject_dir = (path.parent / checked.subject.dir).resolve()
+            _check_subject_dir(subject_dir, f"{where} [subject] dir")
     elif checked.recordings is not None:
         recordings = _recordings(checked.recordings, path.parent, f"{where} [recordings]")
     else:
@@ -420,7 +466,10 @@ def load_plan_config(path) -> PlanConfig:
         percepts = (path.parent / checked.percepts.config).resolve()
         if not percepts.is_file():
             raise ConfigError(f"{where} [percepts]: config file {percepts} not found")
-        load_config(percepts)
+        try:
+            load_config(percepts)
+        except StimsimError as exc:  # named as the plan's view, not as a file given on its own
+            raise ConfigError(f"{where} [percepts] config (a `stimsim visualize` file): {exc}") from None
     return PlanConfig(name=checked.name or path.stem, path=path.resolve(), raw=raw, task=checked.task,
                       task_options=task_options, seed=checked.seed, candidates=candidates, n_folds=checked.models.n_folds,
                       subject_config=subject_config, subject_dir=subject_dir, recordings=recordings,
@@ -463,6 +512,9 @@ def _recordings(table: RecordingsTable, folder: Path, where: str) -> dict:
     if not Path(recordings["path"]).is_file():
         raise ConfigError(f"{where} path: file {recordings['path']} not found")
     if table.layout not in ("10x10", "8x8"):
+        if Path(table.layout).suffix.lower() not in (".csv", ".cmp"):
+            raise ConfigError(f"{where} layout: give \"10x10\" or \"8x8\" (a Utah array) or a layout file (.csv or a "
+                              f"Blackrock .cmp), got {table.layout!r}")
         recordings["layout"] = str((folder / table.layout).resolve())
         if not Path(recordings["layout"]).is_file():
             raise ConfigError(f"{where} layout: file {recordings['layout']} not found")

@@ -29,7 +29,8 @@ from stimsim.lab.sessions.base import PROTOCOL_COLUMNS as SESSION_PROTOCOL_COLUM
 from stimsim.lab.sessions.base import file_stem, off_protocol, planned_setting
 from stimsim.stimulation.safety import charge_per_phase_nC
 from stimsim.utilities.filemodels import FileModel
-from stimsim.utilities.io import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, csv_text
+from stimsim.utilities.io import (atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, csv_text,
+                                  remove_temporaries)
 
 #: Value of ``stimulated_electrode`` (and ``condition``) on sham trials, as the analysis reads it.
 SHAM = "sham"
@@ -215,11 +216,18 @@ def write_rig(out_dir: Path, images: dict[str, np.ndarray], spec: RigSpec, trial
     all of one size) as PNGs, the trial list as CSV and NWB template, display.json, and stimulation.json (the
     plan's whole protocol, ``stimulation`` with the train onset: what the stimulator is programmed with). The NWB
     template is of ``subject_id`` (the plan's subject), so that the session filled in from it reads against its
-    plan. Returns the folder."""
+    plan. The temporary files of a write that was killed, and the images of sites an earlier run of the plan chose
+    under other constraints, are removed first, so that the folder the lab copies to its rig holds the chosen sites'
+    images only. Returns the folder."""
     from stimsim.report.figures import image_png
 
     rig = Path(out_dir) / "rig"
     (rig / "images").mkdir(parents=True, exist_ok=True)
+    remove_temporaries(rig, rig / "images")
+    shown = {Path(name).name for name in images}
+    for stale in (rig / "images").glob("*.png"):
+        if stale.name not in shown:
+            stale.unlink()
     for name, image in images.items():
         atomic_write_bytes(rig / name, image_png(image))
     atomic_write_text(rig / "trials.csv", csv_text(trials, significant_digits=10))
