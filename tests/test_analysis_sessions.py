@@ -555,6 +555,42 @@ def test_unknown_value_codes_are_named_with_file_column_rows_and_the_codes_allow
     assert "outside the task's options" not in message  # one problem per row, not two
 
 
+def test_numeric_value_codes_compare_as_numbers_and_text_codes_as_text(tmp_path, table):
+    """A rig writing its codes as floats ("1.0", "-1.0") matches a mapping of integers (and the reverse); 'correct' of
+    1.0 / 0.0 is true / false; codes equal as numbers given twice are refused as ambiguous."""
+    is_high, is_sham = table["choice"] == "high", table["stimulated_electrode"] == "sham"
+    floats = table.assign(choice=np.where(is_high, "1.0", "0.0"), correct=table["correct"].map({True: "1.0",
+                                                                                                False: "0.0"}),
+                          stimulated_electrode=table["stimulated_electrode"].where(~is_sham, "-1.0"))
+    path = write_csv(floats, tmp_path / "floats.csv")
+    for spec in ("choice:0=low,1=high", "choice:0.0=low,1.00=high", "choice:00=low,1e0=high"):
+        loaded = load_sessions(path, values={**parse_value_mapping(spec),
+                                             **parse_value_mapping("stimulated_electrode:-1=sham")})
+        assert loaded["choice"].tolist() == table["choice"].tolist(), spec
+        assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist(), spec
+        assert loaded["correct"].tolist() == table["correct"].tolist(), spec
+    integers = table.assign(choice=np.where(is_high, "1", "0"))
+    loaded = load_sessions(write_csv(integers, tmp_path / "integers.csv"),
+                           values=parse_value_mapping("choice:0.0=low,1.0=high"))
+    assert loaded["choice"].tolist() == table["choice"].tolist()
+    lettered = table.assign(choice=np.where(is_high, "H", "L"))  # text compares as text, case ignored
+    loaded = load_sessions(write_csv(lettered, tmp_path / "letters.csv"),
+                           values=parse_value_mapping("choice:l=low,h=high"))
+    assert loaded["choice"].tolist() == table["choice"].tolist()
+    # compared exactly: a tiny or huge number is neither 0 nor an error
+    assert parse_value_mapping("choice:0=low,1e-9999999=high,1e9999999=high")["choice"] == {
+        "0": "low", "1e-9999999": "high", "1e9999999": "high"}
+    for spec in ("choice:1=low,1.0=high", "choice:1=high,01=high", "stimulated_electrode:-1=sham,-1.0=sham"):
+        with pytest.raises(ConfigError, match=r"is given twice \(as '.+'; case is ignored and numbers compare as "
+                                              r"numbers"):
+            parse_value_mapping(spec)
+    toml = tmp_path / "lab.toml"
+    toml.write_text('[values.choice]\n0.0 = "low"\n1.0 = "high"\n')  # TOML: tables 0 and 1, not codes
+    with pytest.raises(ConfigError, match=r"code '0' holds a table \{'0': 'low'\}, not a value; in a TOML file "
+                                          r"quote a code with a '.'"):
+        load_value_mapping(toml)
+
+
 def test_a_value_code_no_file_holds_is_refused(tmp_path, table):
     coded = table.assign(choice=np.where(table["choice"] == "low", "0", "1"))
     reordered = coded.iloc[::-1]  # each further session: the same trials in another order

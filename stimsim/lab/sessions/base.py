@@ -19,7 +19,9 @@ share one way of reporting every bad row, so they stay together.
 """
 from __future__ import annotations
 
+import functools
 import re
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import numpy as np
@@ -167,7 +169,7 @@ def value_mapping(specs=(), mapping_file: str | None = None) -> dict[str, dict[s
 
 def _checked_values(values: dict, where: str) -> dict[str, dict[str, str]]:
     """Every column one of :data:`VALUE_TARGETS`, every target allowed for it, codes distinct (case
-    ignored), current codes numbers. Codes are kept as text, case-folded."""
+    ignored, numbers compared as numbers: 1 = 1.0), current codes numbers. Codes are kept as text, case-folded."""
     checked = {}
     for column, codes in values.items():
         if column not in VALUE_TARGETS:
@@ -176,14 +178,20 @@ def _checked_values(values: dict, where: str) -> dict[str, dict[str, str]]:
         if not codes:
             raise ConfigError(f"{where} {column}: the value mapping lists no code")
         allowed = VALUE_TARGETS[column]
-        folded = {}
+        folded, compared = {}, {}  # compared: the code's key (:func:`_code_key`) -> the code as given
         for code, value in codes.items():
+            if isinstance(value, dict):  # TOML reads an unquoted 1.0 = "low" as a table 1 holding 0 = "low"
+                raise ConfigError(f"{where} {column}: code {code!r} holds a table {value!r}, not a value; in a TOML "
+                                  "file quote a code with a '.' (\"1.5\" = ...), or write 1.0 as 1: numeric codes "
+                                  "compare as numbers (1 = 1.0)")
             if not isinstance(value, str) or value.lower() not in allowed:
                 raise ConfigError(f"{where} {column}: code {code!r} maps onto {value!r}; allowed values: "
                                   f"{', '.join(allowed)}")
             key = str(code).strip().casefold()
-            if key in folded:
-                raise ConfigError(f"{where} {column}: code {code!r} is given twice (case is ignored)")
+            if _code_key(key) in compared:
+                raise ConfigError(f"{where} {column}: code {code!r} is given twice (as {compared[_code_key(key)]!r}; "
+                                  "case is ignored and numbers compare as numbers: 1 = 1.0)")
+            compared[_code_key(key)] = code
             if column == "current_uA" and key != EMPTY_CELL and not np.isfinite(pd.to_numeric(key, errors="coerce")):
                 raise ConfigError(f"{where} current_uA: code {code!r} is not a number; a current code is the "
                                   f"number the lab writes for a sham trial, e.g. -1, or {EMPTY_CELL} for an "
@@ -390,18 +398,47 @@ def _mapping_in_files(mapping: dict[str, str], raws, paths) -> dict[str, str]:
 
 
 def _folded(column: pd.Series) -> pd.Series:
-    """A column's values as case-folded text, the form value codes are compared in."""
+    """A column's values as case-folded text, as messages show them."""
     return column.map(_as_text).str.casefold()
 
 
+@functools.lru_cache(maxsize=4096)
+def _code_key(text: str) -> str:
+    """A value code or cell in the form codes are compared in: a finite number as its exact value ("1", "1.0" and "01"
+    alike: "1e0"), any other text case-folded."""
+    text = str(text).strip().casefold()
+    try:
+        number = Decimal(text) if "_" not in text else None  # Decimal reads "1_0" as 10
+    except InvalidOperation:
+        number = None
+    if number is None or not number.is_finite():
+        return text
+    sign, digits, exponent = number.as_tuple()  # exact, unlike normalize(), which rounds in the decimal context
+    digits = "".join(map(str, digits)).lstrip("0")
+    if not digits:
+        return "0"
+    exponent += len(digits) - len(digits.rstrip("0"))
+    return f"{'-' if sign else ''}{digits.rstrip('0')}e{exponent}"
+
+
+#: The values of a ``correct`` column, as :func:`_code_key` gives them ("1.0" = "1"), and what they mean.
+_TRUTH_VALUES = {_code_key(text): flag for text, flag in (("true", True), ("1", True), ("false", False), ("0", False))}
+
+
+def _code_keys(column: pd.Series) -> pd.Series:
+    """:func:`_code_key` of every cell of a column (each distinct value converted once)."""
+    text = column.map(_as_text)
+    return text.map({value: _code_key(value) for value in text.unique()})
+
+
 def _holds_code(column: pd.Series, name: str, code: str) -> np.ndarray:
-    """Rows of a column holding a value code: currents compare as numbers (-1 = -1.0), others as text; the code
-    ``nan`` of a sham column also holds the empty and NaN cells."""
+    """Rows of a column holding a value code: numbers compare as numbers (-1 = -1.0), other codes as text with
+    case ignored; the code ``nan`` of a sham column also holds the empty and NaN cells."""
     if name in ("current_uA", "stimulated_electrode") and code == EMPTY_CELL:
         return _folded(column).isin(["", EMPTY_CELL]).to_numpy()
     if name == "current_uA":
         return (pd.to_numeric(column, errors="coerce") == float(code)).to_numpy()
-    return (_folded(column) == code).to_numpy()
+    return (_code_keys(column) == _code_key(code)).to_numpy()
 
 
 def _codes_in_files(values: dict[str, dict[str, str]], tables, paths) -> None:
@@ -653,11 +690,11 @@ def _recoded(raw: pd.DataFrame, values: dict[str, dict[str, str]], report) -> tu
     unknown_choice = np.zeros(len(raw), dtype=bool)
     if "choice" in values:
         codes = values["choice"]
-        folded = _folded(raw["choice"])
-        unknown_choice = ~folded.isin(codes).to_numpy() & (folded != "").to_numpy()
+        keys, compared = _code_keys(raw["choice"]), {_code_key(code): value for code, value in codes.items()}
+        unknown_choice = ~keys.isin(compared).to_numpy() & (keys != "").to_numpy()
         report(unknown_choice, "choice", f"code not in the value mapping of 'choice' (allowed codes: "
                                          f"{', '.join(codes)})", raw["choice"].to_numpy())
-        raw["choice"] = folded.map(codes).where(~unknown_choice & (folded != "").to_numpy(), raw["choice"])
+        raw["choice"] = keys.map(compared).where(~unknown_choice & (keys != "").to_numpy(), raw["choice"])
     sham = np.zeros(len(raw), dtype=bool)
     for name in ("stimulated_electrode", "current_uA"):
         for code in values.get(name, ()):
@@ -682,5 +719,4 @@ def _as_text(value) -> str:
 def _as_bool(value):
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    text = _as_text(value).lower()
-    return {"true": True, "1": True, "false": False, "0": False}.get(text)
+    return _TRUTH_VALUES.get(_code_key(_as_text(value)))
