@@ -27,7 +27,6 @@ from stimsim.analysis.plan_readback import read_plan_protocol, refuse_output_int
 from stimsim.behavior.metrics import finite_pearson
 from stimsim.lab.sessions import SHAM, check_against_plan
 from stimsim.lab.sessions.base import PROTOCOL_COLUMNS, off_protocol, planned_setting
-from stimsim.stimulation.electrical import MAX_CURRENT_UA
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.limits import check_memory, check_seed
@@ -242,16 +241,9 @@ def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
     return messages
 
 
-#: Below this largest stimulated current (µA) the currents are almost surely in mA: microstimulation uses 5–200 µA.
-MIN_PLAUSIBLE_CURRENT_UA = 1.0
-#: Above this current (µA; the highest stimsim's electrical stimulation accepts) a current is almost surely in nA.
-MAX_PLAUSIBLE_CURRENT_UA = MAX_CURRENT_UA
-
-
 def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: pd.DataFrame | None) -> list[str]:
-    """Currents too small or too large to be µA (mA or nA mapped onto current_uA), sites stimulated at several
-    currents (one ΔAUC pools them), or at another current than the one the plan predicted their effect for (sites
-    in natural order, as in ``sites``)."""
+    """Sites stimulated at several currents (one ΔAUC pools them), or at another current than the one the plan
+    predicted their effect for (sites in natural order, as in ``sites``)."""
     stimulated = sessions[sessions["stimulated_electrode"] != SHAM]
     used = {site: np.unique(currents) for site, currents in
             stimulated.groupby(["subject_id", "electrode"])["current_uA"]}
@@ -269,17 +261,6 @@ def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: p
         if currents.size and np.isfinite(plan_current) and not np.allclose(currents, plan_current):
             other.append(f"{name} ({listed} µA; plan {plan_current:g} µA)")
     messages = []
-    largest = float(stimulated["current_uA"].max()) if len(stimulated) else np.nan
-    if largest < MIN_PLAUSIBLE_CURRENT_UA:
-        messages.append(f"every stimulated trial's current_uA is below {MIN_PLAUSIBLE_CURRENT_UA:g} µA (the largest: "
-                        f"{largest:g}); microstimulation currents are microamperes, typically 5–200 µA — currents "
-                        f"in mA must be converted to µA (× 1000) before the analysis")
-    above = (stimulated["current_uA"] > MAX_PLAUSIBLE_CURRENT_UA).to_numpy()
-    if above.any():
-        listed = ", ".join(f"{current:g}" for current in np.unique(stimulated["current_uA"][above])[:5])
-        messages.append(f"current_uA above {MAX_PLAUSIBLE_CURRENT_UA:g} µA on {int(above.sum())} stimulated trial(s) "
-                        f"({listed} µA): far beyond microstimulation's 5–200 µA (Moeller et al. 2017 used 300 µA) "
-                        f"— currents in nA must be converted to µA (÷ 1000) before the analysis")
     if pooled:
         messages.append(f"{len(pooled)} of {len(sites)} sites were stimulated at several currents, and each one's "
                         f"ΔAUC pools them (current_uA: their mean over the stimulated trials): {'; '.join(pooled)}. "

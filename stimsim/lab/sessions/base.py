@@ -73,6 +73,10 @@ def off_protocol(values, stimulated, planned: float) -> np.ndarray:
     value (a missing value, NaN, differs too)."""
     return np.asarray(stimulated) & ~np.isclose(np.asarray(values, dtype=float), float(planned), rtol=1e-9, atol=0.0)
 
+#: Below this current (µA) a stimulated trial's current is almost surely in mA (microstimulation uses 5–200 µA); above
+#: :data:`~stimsim.stimulation.electrical.MAX_CURRENT_UA` (the highest stimsim accepts), in nA. Both are refused.
+MIN_CURRENT_UA = 1.0
+
 #: Column names that hold a current without µA in the name: refused with an explanation.
 _UNITLESS_CURRENT = ("current", "current_mA", "current_ma", "amplitude", "current_A", "current_nA")
 
@@ -524,6 +528,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     one error listing its problems, each column named as stimsim and, where it was mapped, as the file names it
     (``lab_names``: stimsim name → the file's), or return the table. ``lab_codes``: whether the file may hold a
     lab's own codes (a session file, not a trial list stimsim wrote), which the messages then say how to map."""
+    from stimsim.stimulation.electrical import MAX_CURRENT_UA
+
     lab_names = lab_names or {}
     present = set(raw.columns)
     unitless = [name for name in raw.columns if name in _UNITLESS_CURRENT]
@@ -609,6 +615,14 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
            "marks sham trials maps with --values current_uA:CODE=sham)", raw["current_uA"].to_numpy())
     report(~stimulated & (current > 0), "current_uA", "sham trial with a current > 0 µA", current)
     report(stimulated & (current == 0), "current_uA", "stimulated trial with a current of 0 µA", current)
+    # currents that cannot be µA; a trial list stimsim wrote (not lab_codes) holds its plan's current, accepted there
+    report(lab_codes & stimulated & (current > 0) & (current < MIN_CURRENT_UA), "current_uA",
+           f"stimulated trial with a current below {MIN_CURRENT_UA:g} µA: microstimulation currents are typically "
+           "5–200 µA, so these are most likely mA; convert them to µA (× 1000) first", current)
+    report(lab_codes & stimulated & (current > MAX_CURRENT_UA), "current_uA",
+           f"stimulated trial with a current above {MAX_CURRENT_UA:g} µA, the highest stimsim accepts (microstimulation "
+           "uses 5–200 µA, Moeller et al. 2017 300 µA), so these are most likely nA; convert them to µA (÷ 1000) "
+           "first", current)
     table["current_uA"] = current
     for name in PROTOCOL_COLUMNS:
         if name in raw:
