@@ -27,7 +27,7 @@ from stimsim.analysis.plan_readback import read_plan_protocol, refuse_output_int
 from stimsim.behavior.metrics import finite_pearson
 from stimsim.lab.sessions import SHAM, check_against_plan
 from stimsim.lab.sessions.base import PROTOCOL_COLUMNS, off_protocol, planned_setting
-from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.errors import ConfigError, FileFormatError
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.limits import check_memory, check_seed
 from stimsim.utilities.ordering import natural_key, naturally_ordered
@@ -166,6 +166,8 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
         plan_file, n_sequences, n_steps = load_plan_sequences(plan_dir)
         check_against_plan(sessions, n_sequences, n_steps, plan_file)
         _check_plan_subject(plan_dir, plan_summary, sessions, same_subject)
+        _plan_truth_on_sites(plan_summary, effect, sorted(sessions["electrode"].unique(), key=natural_key),
+                             Path(plan_dir) / "summary.json")
     counts = count_trials(sessions, n_steps=n_steps)
     _check_memory(counts, sessions, n_boot, n_perm, n_splits)
     sites = site_effects(counts, n_boot=n_boot, n_perm=n_perm, ci=ci, seed=seed, sessions=sessions)
@@ -385,14 +387,34 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
     return summary
 
 
-def _plan_truth_on_sites(plan_summary: dict, effect: str, electrodes) -> tuple[np.ndarray, np.ndarray]:
-    """The plan's predicted and true ``effect`` at ``electrodes`` (virtual-subject plans list both per electrode);
-    NaN where the plan lacks them."""
-    predicted, true = plan_summary.get(f"predicted_{effect}"), plan_summary.get(f"true_{effect}")
-    if not isinstance(predicted, dict) or not isinstance(true, dict):
+def _plan_truth_on_sites(plan_summary: dict, effect: str, electrodes,
+                         summary_path="summary.json") -> tuple[np.ndarray, np.ndarray]:
+    """The plan's predicted and true ``effect`` at ``electrodes``: a plan made on a virtual subject lists both per
+    electrode it rehearsed (``predicted_<effect>``, ``true_<effect>``), each a finite number (dead electrodes too);
+    NaN throughout for a plan without them (made for a real subject). Lists that are not objects, or lack a finite
+    number for one of ``electrodes``, are refused (FileFormatError naming ``summary_path``, the field and the
+    electrodes) rather than left out of the r over these sites."""
+    names = (f"predicted_{effect}", f"true_{effect}")
+    if names[1] not in plan_summary:
         return np.full(len(electrodes), np.nan), np.full(len(electrodes), np.nan)
-    return (np.array([predicted.get(str(e), np.nan) for e in electrodes], dtype=float),
-            np.array([true.get(str(e), np.nan) for e in electrodes], dtype=float))
+    per_site = []
+    for name in names:
+        listed = plan_summary.get(name)
+        if not isinstance(listed, dict):
+            raise FileFormatError(summary_path, f"field {name!r} must map each electrode the plan rehearsed to a "
+                                                f"number, got {type(listed).__name__}; run the plan again")
+        values = [listed.get(str(electrode)) for electrode in electrodes]
+        bad = [(str(electrode), value) for electrode, value in zip(electrodes, values)
+               if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value)]
+        if bad:
+            shown = ", ".join(f"{electrode} ({repr(value) if electrode in listed else 'missing'})"
+                              for electrode, value in bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
+            raise FileFormatError(summary_path, f"field {name!r} has no finite number for {len(bad)} of the "
+                                                f"{len(values)} analysed sites: electrode {shown}; a plan on a virtual "
+                                                "subject lists one for every electrode it rehearsed (a dead one too), "
+                                                "so the file is damaged or of another plan: run the plan again")
+        per_site.append(np.array(values, dtype=float))
+    return per_site[0], per_site[1]
 
 
 def _nanmean(values) -> float:
