@@ -394,6 +394,22 @@ def test_a_csv_cut_off_while_written_is_refused(tmp_path, table):
     assert len(load_sessions(no_line_end)) == len(table)
 
 
+def test_an_empty_subject_or_session_cell_among_named_ones_is_refused(tmp_path, table):
+    """A blank cell would make its trial another subject's ('subject') or session's (the file name): a site of one
+    trial. A column blank throughout reads as the defaults."""
+    named = table.assign(subject_id="m1")
+    named.loc[3, "subject_id"] = ""
+    named.loc[[5, 8], "session_id"] = ""
+    with pytest.raises(FileFormatError) as refused:
+        load_sessions(write_csv(named, tmp_path / "s.csv"))
+    message = str(refused.value)
+    assert ("column 'subject_id', row(s) 4: empty value where the other rows name a subject (the trial would count "
+            "as another subject's, 'subject'") in message
+    assert "column 'session_id', row(s) 6, 9: empty value where the other rows name a session" in message
+    loaded = load_sessions(write_csv(table.assign(subject_id="", session_id=""), tmp_path / "day1.csv"))
+    assert set(loaded["subject_id"]) == {"subject"} and set(loaded["session_id"]) == {"day1"}
+
+
 def test_a_file_given_twice_is_refused(tmp_path, table):
     path = write_csv(table, tmp_path / "s.csv")
     with pytest.raises(ConfigError, match="given twice"):

@@ -653,7 +653,12 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     if "stimulus_id" in raw:
         _check_stimulus_ids(table, "sequence" in raw, report)
     for name, default in (("subject_id", "subject"), ("session_id", path.stem)):
-        table[name] = raw[name].map(_as_text).replace("", default).to_numpy(dtype=object) if name in raw else default
+        ids = raw[name].map(_as_text) if name in raw else pd.Series("", index=raw.index)
+        empty = (ids == "").to_numpy()
+        report(empty & ~empty.all(), name, f"empty value where the other rows name a {name.removesuffix('_id')} (the "
+               f"trial would count as another {name.removesuffix('_id')}'s, {default!r}: the default only of a table "
+               "that names none)")
+        table[name] = ids.replace("", default).to_numpy(dtype=object)
     if "start_time" in raw:
         report(table.duplicated(["subject_id", "session_id", "start_time"]).to_numpy()
                & np.isfinite(table["start_time"].to_numpy()), "start_time",
