@@ -410,6 +410,24 @@ def test_an_empty_subject_or_session_cell_among_named_ones_is_refused(tmp_path, 
     assert set(loaded["subject_id"]) == {"subject"} and set(loaded["session_id"]) == {"day1"}
 
 
+def test_protocol_columns_hold_numbers_or_nothing(tmp_path, table):
+    """A stimulator setting written with its unit or mistyped would read as missing (NaN); sham rows may leave it
+    empty or NaN."""
+    stimulated = table["stimulated_electrode"] != "sham"
+    given = table.assign(frequency_Hz=np.where(stimulated, "200", ""), train_ms=np.where(stimulated, "50", "NaN"))
+    loaded = load_sessions(write_csv(given, tmp_path / "s.csv"))
+    assert np.array_equal(loaded["frequency_Hz"].to_numpy(), np.where(stimulated, 200.0, np.nan), equal_nan=True)
+    assert np.array_equal(loaded["train_ms"].to_numpy(), np.where(stimulated, 50.0, np.nan), equal_nan=True)
+    rows = np.flatnonzero(stimulated) + 1
+    given.loc[rows[0] - 1, "frequency_Hz"] = "200 Hz"
+    given.loc[rows[1] - 1, "train_ms"] = "inf"
+    with pytest.raises(FileFormatError) as refused:
+        load_sessions(write_csv(given, tmp_path / "s.csv"))
+    assert (f"column 'frequency_Hz', row(s) {rows[0]}: must be a number (Hz), or empty where a trial gives none (sham "
+            "trials); e.g. '200 Hz'") in str(refused.value)
+    assert f"column 'train_ms', row(s) {rows[1]}: must be a number (ms)" in str(refused.value)
+
+
 def test_a_file_given_twice_is_refused(tmp_path, table):
     path = write_csv(table, tmp_path / "s.csv")
     with pytest.raises(ConfigError, match="given twice"):

@@ -620,13 +620,17 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
            f"stimulated trial with a current below {MIN_CURRENT_UA:g} µA: microstimulation currents are typically "
            "5–200 µA, so these are most likely mA; convert them to µA (× 1000) first", current)
     report(lab_codes & stimulated & (current > MAX_CURRENT_UA), "current_uA",
-           f"stimulated trial with a current above {MAX_CURRENT_UA:g} µA, the highest stimsim accepts (microstimulation "
-           "uses 5–200 µA, Moeller et al. 2017 300 µA), so these are most likely nA; convert them to µA (÷ 1000) "
-           "first", current)
+           f"stimulated trial with a current above {MAX_CURRENT_UA:g} µA, the highest stimsim accepts "
+           "(microstimulation uses 5–200 µA, Moeller et al. 2017 300 µA), so these are most likely nA; convert them to "
+           "µA (÷ 1000) first", current)
     table["current_uA"] = current
-    for name in PROTOCOL_COLUMNS:
+    for name, unit in PROTOCOL_COLUMNS.items():
         if name in raw:
             table[name] = pd.to_numeric(raw[name], errors="coerce").to_numpy(dtype=float)
+            written = raw[name].map(_as_text)
+            given = ~written.str.casefold().isin(["", EMPTY_CELL]).to_numpy()
+            report(given & ~np.isfinite(table[name].to_numpy()), name,
+                   f"must be a number ({unit}), or empty where a trial gives none (sham trials)", written.to_numpy())
 
     for name in ("start_time", "stop_time"):
         values = pd.to_numeric(raw[name], errors="coerce").to_numpy(dtype=float) if name in raw else \
