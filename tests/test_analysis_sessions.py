@@ -462,6 +462,26 @@ def test_steps_counted_from_1_are_refused(tmp_path, table):
         load_sessions(write_csv(table.assign(step=table["step"] + 1).drop(columns="stimulus_id"), tmp_path / "s.csv"))
 
 
+def test_steps_with_a_gap_no_trial_is_at_are_refused_without_a_plan(tmp_path, table):
+    """Without a plan the curves span 0 .. the last step: a mistyped 60 for 6 would empty steps 7..59 at every site (and
+    size the counts by it), a step no trial is at would leave every site without a ΔAUC."""
+    typo = table.drop(columns=["stimulus_id", "correct"])
+    row = int(np.flatnonzero(typo["step"] == 6)[0])
+    typo.loc[row, "step"] = 60
+    with pytest.raises(FileFormatError, match=rf"column 'step', row\(s\) {row + 1}: beyond steps 7..59, at which no "
+                                              r"trial of any site is: every site's curve would have an empty step"):
+        load_sessions(write_csv(typo, tmp_path / "typo.csv"))
+    unrun = table[table["step"] != 3]
+    rows = ", ".join(str(r) for r in (np.flatnonzero(unrun["step"] > 3) + 1)[:5])
+    with pytest.raises(FileFormatError, match=rf"row\(s\) {rows} \(\+\d+ more\): beyond step 3, at which no trial"):
+        load_sessions(write_csv(unrun, tmp_path / "unrun.csv"))
+    huge = table.astype({"step": object})
+    huge.loc[row, "step"] = "1e300"  # an integer-valued float beyond any exact integer
+    with pytest.raises(FileFormatError, match=rf"column 'step', row\(s\) {row + 1}: step must be an integer >= 0; "
+                                              r"e.g. '1e300'"):
+        load_sessions(write_csv(huge, tmp_path / "huge.csv"))
+
+
 def test_unreadable_csv_is_one_line(tmp_path):
     (tmp_path / "s.csv").write_text("electrode,step\n1,0\n1,2,3\n")
     with pytest.raises(FileFormatError, match="not a readable CSV table .*; stimsim reads values separated by "

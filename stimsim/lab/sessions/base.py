@@ -296,6 +296,8 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
                                      f"from 1")
     if steps.size < 2:
         raise FileFormatError(where, "every trial is at step 0; a psychometric curve needs trials at 2 steps or more")
+    if plan_sequences is None:
+        _check_step_gaps(sessions, steps)
     _check_correct(sessions, int(steps[-1]) if plan_sequences is None else plan_sequences[2] - 1)
     stimulated = sessions["stimulated_electrode"] != SHAM
     if stimulated.all() or not stimulated.any():
@@ -319,6 +321,20 @@ def check_trial_list(table: pd.DataFrame, path) -> None:
     """Check a trial list (a session's columns before any choice is made, e.g. a plan's ``rig/trials.csv``) by
     the rules a session file is checked by: one FileFormatError naming ``path``, the columns and the rows."""
     _validated(table.assign(choice=CHOICES[0]), Path(path), known=None, lab_codes=False)
+
+
+def _check_step_gaps(sessions: pd.DataFrame, steps: np.ndarray) -> None:
+    """Without a plan the curves span steps 0 .. the last step of the sessions: a step below it that no trial of any
+    site is at would leave every site without a ΔAUC (a mistyped step, e.g. 60 for 6, or one the rig never ran), and a
+    far one would size the counts by it. Refused naming the rows beyond the first gap."""
+    gaps = np.flatnonzero(np.diff(steps) > 1)
+    if not gaps.size:
+        return
+    low, high = int(steps[gaps[0]]) + 1, int(steps[gaps[0] + 1]) - 1
+    missing = f"step {low}" if low == high else f"steps {low}..{high}"
+    _refuse(sessions, _row_problems(sessions, sessions["step"] > high, "step",
+                                    f"beyond {missing}, at which no trial of any site is: every site's curve would "
+                                    f"have an empty step (a mistyped step, one the rig never ran, or too few trials?)"))
 
 
 def _check_correct(sessions: pd.DataFrame, last_step: int) -> None:
@@ -606,9 +622,9 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
                table["electrode"].to_numpy())
 
     step = pd.to_numeric(raw["step"], errors="coerce").to_numpy(dtype=float)
-    report(~np.isfinite(step) | (step != np.round(step)) | (step < 0), "step",
-           "step must be an integer >= 0", raw["step"].to_numpy())
-    table["step"] = np.where(np.isfinite(step), step, -1).astype(int)
+    report(~np.isfinite(step) | (step != np.round(step)) | (step < 0) | (step >= 2 ** 53), "step",
+           "step must be an integer >= 0", raw["step"].to_numpy())  # from 2**53 on a float holds no exact integer
+    table["step"] = np.where(np.isfinite(step) & (step < 2 ** 53), step, -1).astype(int)
 
     current = pd.to_numeric(raw["current_uA"], errors="coerce").to_numpy(dtype=float)
     report(~np.isfinite(current) | (current < 0), "current_uA", "current must be a number >= 0 µA (a current that "
