@@ -480,6 +480,10 @@ def test_steps_with_a_gap_no_trial_is_at_are_refused_without_a_plan(tmp_path, ta
     with pytest.raises(FileFormatError, match=rf"column 'step', row\(s\) {row + 1}: step must be an integer >= 0; "
                                               r"e.g. '1e300'"):
         load_sessions(write_csv(huge, tmp_path / "huge.csv"))
+    huge = table.drop(columns=["stimulus_id"]).astype({"sequence": object})
+    huge.loc[row, "sequence"] = "1e300"  # had wrapped round to a negative sequence, within a plan's range
+    with pytest.raises(FileFormatError, match=rf"column 'sequence', row\(s\) {row + 1}: sequence must be an integer "):
+        load_sessions(write_csv(huge, tmp_path / "huge.csv"), plan_sequences=("plan.nc", 1, 7))
 
 
 def test_unreadable_csv_is_one_line(tmp_path):

@@ -621,10 +621,7 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
                f"electrode not in {electrodes_source} ({len(known)} known ids, e.g. {examples})",
                table["electrode"].to_numpy())
 
-    step = pd.to_numeric(raw["step"], errors="coerce").to_numpy(dtype=float)
-    report(~np.isfinite(step) | (step != np.round(step)) | (step < 0) | (step >= 2 ** 53), "step",
-           "step must be an integer >= 0", raw["step"].to_numpy())  # from 2**53 on a float holds no exact integer
-    table["step"] = np.where(np.isfinite(step) & (step < 2 ** 53), step, -1).astype(int)
+    table["step"] = _counted(raw["step"], "step", report)
 
     current = pd.to_numeric(raw["current_uA"], errors="coerce").to_numpy(dtype=float)
     report(~np.isfinite(current) | (current < 0), "current_uA", "current must be a number >= 0 µA (a current that "
@@ -657,10 +654,7 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     if "start_time" in raw and "stop_time" in raw:
         report(table["stop_time"] < table["start_time"], "stop_time", "trial stops before it starts")
     if "sequence" in raw:
-        sequence = pd.to_numeric(raw["sequence"], errors="coerce").to_numpy(dtype=float)
-        report(~np.isfinite(sequence) | (sequence != np.round(sequence)) | (sequence < 0), "sequence",
-               "sequence must be an integer >= 0", raw["sequence"].to_numpy())
-        table["sequence"] = np.where(np.isfinite(sequence), sequence, -1).astype(int)
+        table["sequence"] = _counted(raw["sequence"], "sequence", report)
     else:
         table["sequence"] = 0
     if "correct" in raw:
@@ -690,6 +684,15 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
         more = f"; and {len(problems) - len(listed)} more problem(s)" if len(problems) > len(listed) else ""
         raise FileFormatError(path, "refused (nothing loaded): " + "; ".join(listed) + more)
     return table
+
+
+def _counted(column: pd.Series, name: str, report) -> np.ndarray:
+    """A column of integers >= 0 (steps, sequences) as integers; every other value reported, -1 in its place (from
+    2**53 on a float holds no exact integer, and a cast of a larger one would wrap round)."""
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(values) | (values != np.round(values)) | (values < 0) | (values >= 2 ** 53)
+    report(bad, name, f"{name} must be an integer >= 0", column.to_numpy())
+    return np.where(bad, -1, values).astype(int)
 
 
 #: stimsim's own image ids of the sequence task: "{electrode}_seq{j}_step{k}".
