@@ -649,6 +649,20 @@ def test_numeric_value_codes_compare_as_numbers_and_text_codes_as_text(tmp_path,
         load_value_mapping(toml)
 
 
+def test_electrode_ids_written_as_floats_read_as_in_an_nwb_file(tmp_path, table):
+    """A channel column with NaN on sham trials is a float column: its CSV export writes '12.0' where the electrode
+    column says '12'; the NWB file of the same table reads as id '12'."""
+    channel = pd.to_numeric(table["stimulated_electrode"], errors="coerce")  # sham: NaN
+    path = write_csv(table.assign(stimulated_electrode=channel, electrode=table["electrode"] + ".00"),
+                     tmp_path / "s.csv")
+    assert pd.read_csv(path, dtype=str)["stimulated_electrode"].dropna().str.endswith(".0").all()
+    for read in (path, write_lab_nwb(tmp_path / "s.nwb", table.assign(stimulated_electrode=channel))):
+        loaded = load_sessions(read, columns=LAB_MAPPING if read.suffix == ".nwb" else None,
+                               values=parse_value_mapping("stimulated_electrode:nan=sham"))
+        assert loaded["electrode"].tolist() == table["electrode"].tolist()
+        assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist()
+
+
 def test_a_value_code_no_file_holds_is_refused(tmp_path, table):
     coded = table.assign(choice=np.where(table["choice"] == "low", "0", "1"))
     reordered = coded.iloc[::-1]  # each further session: the same trials in another order

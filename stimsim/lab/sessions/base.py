@@ -589,7 +589,11 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     raw, unknown_choice = _recoded(raw, values or {}, report)
     table = pd.DataFrame({"file": str(path), "row": rows})
     for name in ("electrode", "stimulated_electrode", "choice"):
-        text = raw[name].map(_as_text).to_numpy(dtype=object)
+        text = raw[name].map(_as_text)
+        if name != "choice":  # an id written as a float ("42.0": a CSV export of a float column) reads as '42', as
+            ids = text.unique()  # the float 42.0 of an NWB column does
+            text = text.map(dict(zip(ids, (re.sub(_WHOLE_FLOAT, r"\1", id_text) for id_text in ids))))
+        text = text.to_numpy(dtype=object)
         hint = {"choice": " (an aborted trial has no choice: remove aborted trials from the table first)",
                 "stimulated_electrode": " (sham trials left empty map with --values stimulated_electrode:nan=sham)"}
         report(text == "", name, "empty value" + hint.get(name, ""))
@@ -694,6 +698,9 @@ def _counted(column: pd.Series, name: str, report) -> np.ndarray:
     report(bad, name, f"{name} must be an integer >= 0", column.to_numpy())
     return np.where(bad, -1, values).astype(int)
 
+
+#: A whole number written as a float ("42.0", "-1.00"): its integer part is group 1.
+_WHOLE_FLOAT = r"^(-?\d+)\.0+$"
 
 #: stimsim's own image ids of the sequence task: "{electrode}_seq{j}_step{k}".
 _STIMULUS_ID = r"^(?P<electrode>.+)_seq(?P<sequence>\d+)_step(?P<step>\d+)$"
