@@ -589,6 +589,16 @@ def test_sham_marked_by_a_current_code_becomes_a_sham_trial_at_zero_current(tmp_
     assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist()
 
 
+def test_a_sham_code_that_is_also_an_electrode_id_is_refused(tmp_path, table):
+    """Channels numbered from 1 and sham coded as 1 (or 1.0): electrode 1's stimulated trials would read as sham."""
+    coded = table.assign(stimulated_electrode=table["stimulated_electrode"].replace("sham", "1.0"))
+    rows = ", ".join(str(row) for row in (np.flatnonzero(table["electrode"] == "1") + 1)[:5])
+    with pytest.raises(FileFormatError, match=rf"column 'stimulated_electrode', row\(s\) {rows} \(\+\d+ more\): the "
+                                              r"sham code '1' is also the row's electrode id: a trial stimulating this "
+                                              r"electrode cannot be told from a sham trial"):
+        load_sessions(write_csv(coded, tmp_path / "s.csv"), values=parse_value_mapping("stimulated_electrode:1=sham"))
+
+
 def test_sham_trials_with_an_empty_stimulated_channel_map_with_the_nan_code(tmp_path, table):
     """A rig storing the stimulated channel as a number leaves it NaN on sham trials (NWB float column)."""
     channel = pd.to_numeric(table["stimulated_electrode"], errors="coerce")  # sham: NaN

@@ -748,6 +748,11 @@ def _recoded(raw: pd.DataFrame, values: dict[str, dict[str, str]], report) -> tu
     for name in ("stimulated_electrode", "current_uA"):
         for code in values.get(name, ()):
             sham |= _holds_code(raw[name], name, code)
+    electrodes = _code_keys(raw["electrode"]) if "stimulated_electrode" in values else None
+    for code in [code for code in values.get("stimulated_electrode", ()) if code != EMPTY_CELL]:
+        report((electrodes == _code_key(code)).to_numpy(), "stimulated_electrode",
+               f"the sham code {code!r} is also the row's electrode id: a trial stimulating this electrode cannot be "
+               "told from a sham trial (code sham trials with a value no electrode has)", raw["electrode"].to_numpy())
     if sham.any():
         raw["stimulated_electrode"] = raw["stimulated_electrode"].where(~sham, SHAM)
         if "current_uA" in values:  # a current that marks a sham trial is no current
