@@ -291,25 +291,28 @@ def test_analyze_warns_when_the_choice_codes_look_reversed(tmp_path, capsys):
     assert "falls along the steps" not in outputs["right"]
 
 
-def test_analyze_warns_when_the_currents_look_like_mA_or_nA(tmp_path, capsys):
-    """A lab column in mA mapped onto current_uA (0.05 for 50 µA), or in nA (50,000), is read, but the analysis
-    warns."""
+def test_analyze_refuses_currents_in_mA_or_nA_naming_file_rows_and_the_conversion(tmp_path, capsys):
+    """A lab column in mA mapped onto current_uA (0.05 for 50 µA), or in nA (50,000), would be written into the
+    results as µA: refused, also where one file of several is in mA (its 'several currents' would pool them)."""
     table = planted_session([1.0, -1.0], trials_per_site=140, seed=2)
+    first_stimulated = int(np.flatnonzero(table["stimulated_electrode"] != "sham")[0]) + 1
     table.assign(current_uA=table["current_uA"] / 1000).rename(columns={"current_uA": "amp_mA"}).to_csv(
         tmp_path / "mA.csv", index=False)
-    assert main(["analyze", str(tmp_path / "mA.csv"), "--columns", "amp_mA=current_uA", "--out", str(tmp_path / "a"),
-                 "--boot", "10", "--perm", "10", "--splits", "5", "--no-progress"]) == 0
-    expected = "every stimulated trial's current_uA is below 1 µA (the largest: 0.05)"
-    assert f"stimsim: warning: {expected}" in capsys.readouterr().err
-    assert any(expected in message for message in json.loads((tmp_path / "a" / "summary.json").read_text())["warnings"])
+    table.assign(session_id="day2").to_csv(tmp_path / "uA.csv", index=False)
+    assert main(["analyze", str(tmp_path / "uA.csv"), str(tmp_path / "mA.csv"), "--columns", "amp_mA=current_uA",
+                 "--out", str(tmp_path / "a"), "--boot", "10", "--perm", "10", "--splits", "5", "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"stimsim: error: {tmp_path / 'mA.csv'}: refused (nothing loaded): column 'current_uA', "
+                            f"row(s) {first_stimulated}, ") and error.count("\n") == 1
+    assert ("stimulated trial with a current below 1 µA: microstimulation currents are typically 5–200 µA, so these "
+            "are most likely mA; convert them to µA (× 1000) first; e.g. 0.05 (the file's column 'amp_mA')") in error
+    assert not (tmp_path / "a").exists()
     table.assign(current_uA=table["current_uA"] * 1000).to_csv(tmp_path / "nA.csv", index=False)
     assert main(["analyze", str(tmp_path / "nA.csv"), "--out", str(tmp_path / "n"), "--boot", "10", "--perm", "10",
-                 "--splits", "5", "--no-progress"]) == 0
-    stimulated = int((table["stimulated_electrode"] != "sham").sum())
-    expected = (f"current_uA above 5000 µA on {stimulated} stimulated trial(s) (50000 µA): far beyond "
-                f"microstimulation's 5–200 µA")
-    assert f"stimsim: warning: {expected}" in capsys.readouterr().err
-    table.to_csv(tmp_path / "uA.csv", index=False)
+                 "--splits", "5", "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert (f"row(s) {first_stimulated}, " in error and "stimulated trial with a current above 5000 µA, the highest "
+            "stimsim accepts" in error and "convert them to µA (÷ 1000) first; e.g. 50000.0" in error)
     assert main(["analyze", str(tmp_path / "uA.csv"), "--out", str(tmp_path / "b"), "--boot", "10", "--perm", "10",
                  "--splits", "5", "--no-progress"]) == 0
     error = capsys.readouterr().err

@@ -166,6 +166,38 @@ def test_expectation_uses_the_plans_truth_on_the_analysed_sites_only(tmp_path):
     assert result["expected_predicted_vs_observed_r"] == pytest.approx(on_top * np.sqrt(result["noise_ceiling"]))
 
 
+def test_a_plan_truth_without_a_number_at_an_analysed_site_is_refused_not_left_out(tmp_path):
+    """The plan lists a finite true and predicted ΔAUC for every electrode it rehearsed: a NaN, null, text or missing
+    one at a site of the sessions would silently shrink the r over these sites; at a site not analysed it is not
+    read."""
+    electrodes = [str(i + 1) for i in range(8)]
+    predicted = np.linspace(-0.05, 0.05, 8)
+    plan = write_plan(tmp_path / "plan", electrodes[:6], predicted[:6], predicted_vs_true_r=0.5)
+    sessions = planted_session(np.linspace(-1, 1, 6), trials_per_site=60, electrodes=electrodes[:6])
+    base = json.loads((plan / "summary.json").read_text())
+    base["predicted_delta_auc"] = dict(zip(electrodes, predicted.tolist()))
+    truth = dict(zip(electrodes, (predicted[::-1] + 0.01).tolist()))
+    for field, listed, shown in (("true_delta_auc", {**truth, "3": float("nan")}, "electrode 3 (nan)"),
+                                 ("true_delta_auc", {**truth, "2": None, "5": "0.1"}, "electrode 2 (None), 5 ('0.1')"),
+                                 ("true_delta_auc", {k: v for k, v in truth.items() if k != "4"},
+                                  "electrode 4 (missing)"),
+                                 ("predicted_delta_auc", {**base["predicted_delta_auc"], "6": float("inf")},
+                                  "electrode 6 (inf)")):
+        (plan / "summary.json").write_text(json.dumps({**base, "true_delta_auc": truth, field: listed}))
+        with pytest.raises(FileFormatError, match=rf"{re.escape(str(plan / 'summary.json'))}: field '{field}' has no "
+                                                  rf"finite number for \d of the 6 analysed sites: "
+                                                  rf"{re.escape(shown)}; a plan on a virtual subject lists one"):
+            analyze(sessions, plan_dir=plan, n_boot=20, n_perm=20, n_splits=5)
+    (plan / "summary.json").write_text(json.dumps({**base, "true_delta_auc": list(truth.values())}))
+    with pytest.raises(FileFormatError, match="field 'true_delta_auc' must map each electrode the plan rehearsed to a "
+                                              "number, got list"):
+        analyze(sessions, plan_dir=plan, n_boot=20, n_perm=20, n_splits=5)
+    (plan / "summary.json").write_text(json.dumps({**base, "true_delta_auc": {**truth, "8": float("nan")}}))
+    result = analyze(sessions, plan_dir=plan, n_boot=20, n_perm=20, n_splits=5).summary  # electrode 8: not analysed
+    assert result["plan_predicted_vs_true_r_these_sites"] == pytest.approx(
+        np.corrcoef(predicted[:6], predicted[::-1][:6])[0, 1])
+
+
 def test_pooled_and_per_subject_summary_and_saved_result_set(tmp_path):
     effects = np.array([1.2, 0.9, 1.5, 0.7, 1.1, 1.3])
     for subject, seed in (("m1", 1), ("m2", 2)):

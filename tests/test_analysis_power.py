@@ -12,7 +12,7 @@ from scipy import stats
 from stimsim.analysis.power import curves_from_plan, lower_median, power_analysis
 from stimsim.analysis.synthetic import planted_curves
 from stimsim.cli import main
-from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.errors import ConfigError, FileFormatError
 
 
 def analytic_site_power(curves, trials_per_site, alpha=0.05):
@@ -263,3 +263,13 @@ def test_without_a_virtual_subject_the_plan_predictions_are_simulated(tmp_path):
     from_plan = curves_from_plan(plan)
     assert from_plan["source"] == "plan predictions (m0)"
     assert from_plan["p_high"] == pytest.approx(predicted)
+    # the chosen model's fitted pose maps electrode 11 off its sheet (NaN; the plan's pooled prediction, of the
+    # other models, chose it): refused naming the file, the model and the electrode
+    per_pose[1, 0] = np.nan
+    xr.Dataset({"p_high": (("model", "electrode", "pose", "stimulated", "sequence", "step"), per_pose[None])},
+               coords={"model": ["m0"], "electrode": ["10", "11"], "pose": ["fitted", "bootstrap_0"],
+                       "stimulated": [False, True]}).to_netcdf(plan / "plan.nc", engine="h5netcdf")
+    with pytest.raises(FileFormatError, match=r"plan.nc: 'p_high' of the chosen model 'm0' at its fitted pose holds "
+                                              r"no probability in \[0, 1\] \(NaN: off its sheet\) at chosen "
+                                              r"electrode\(s\) \['11'\]"):
+        curves_from_plan(plan)

@@ -394,6 +394,40 @@ def test_a_csv_cut_off_while_written_is_refused(tmp_path, table):
     assert len(load_sessions(no_line_end)) == len(table)
 
 
+def test_an_empty_subject_or_session_cell_among_named_ones_is_refused(tmp_path, table):
+    """A blank cell would make its trial another subject's ('subject') or session's (the file name): a site of one
+    trial. A column blank throughout reads as the defaults."""
+    named = table.assign(subject_id="m1")
+    named.loc[3, "subject_id"] = ""
+    named.loc[[5, 8], "session_id"] = ""
+    with pytest.raises(FileFormatError) as refused:
+        load_sessions(write_csv(named, tmp_path / "s.csv"))
+    message = str(refused.value)
+    assert ("column 'subject_id', row(s) 4: empty value where the other rows name a subject (the trial would count "
+            "as another subject's, 'subject'") in message
+    assert "column 'session_id', row(s) 6, 9: empty value where the other rows name a session" in message
+    loaded = load_sessions(write_csv(table.assign(subject_id="", session_id=""), tmp_path / "day1.csv"))
+    assert set(loaded["subject_id"]) == {"subject"} and set(loaded["session_id"]) == {"day1"}
+
+
+def test_protocol_columns_hold_numbers_or_nothing(tmp_path, table):
+    """A stimulator setting written with its unit or mistyped would read as missing (NaN); sham rows may leave it
+    empty or NaN."""
+    stimulated = table["stimulated_electrode"] != "sham"
+    given = table.assign(frequency_Hz=np.where(stimulated, "200", ""), train_ms=np.where(stimulated, "50", "NaN"))
+    loaded = load_sessions(write_csv(given, tmp_path / "s.csv"))
+    assert np.array_equal(loaded["frequency_Hz"].to_numpy(), np.where(stimulated, 200.0, np.nan), equal_nan=True)
+    assert np.array_equal(loaded["train_ms"].to_numpy(), np.where(stimulated, 50.0, np.nan), equal_nan=True)
+    rows = np.flatnonzero(stimulated) + 1
+    given.loc[rows[0] - 1, "frequency_Hz"] = "200 Hz"
+    given.loc[rows[1] - 1, "train_ms"] = "inf"
+    with pytest.raises(FileFormatError) as refused:
+        load_sessions(write_csv(given, tmp_path / "s.csv"))
+    assert (f"column 'frequency_Hz', row(s) {rows[0]}: must be a number (Hz), or empty where a trial gives none (sham "
+            "trials); e.g. '200 Hz'") in str(refused.value)
+    assert f"column 'train_ms', row(s) {rows[1]}: must be a number (ms)" in str(refused.value)
+
+
 def test_a_file_given_twice_is_refused(tmp_path, table):
     path = write_csv(table, tmp_path / "s.csv")
     with pytest.raises(ConfigError, match="given twice"):
@@ -426,6 +460,30 @@ def test_sessions_without_sham_or_without_stimulation_are_refused(tmp_path, tabl
 def test_steps_counted_from_1_are_refused(tmp_path, table):
     with pytest.raises(FileFormatError, match=r"s\.csv: column 'step': no trial at step 0 \(steps found 1\.\.7\)"):
         load_sessions(write_csv(table.assign(step=table["step"] + 1).drop(columns="stimulus_id"), tmp_path / "s.csv"))
+
+
+def test_steps_with_a_gap_no_trial_is_at_are_refused_without_a_plan(tmp_path, table):
+    """Without a plan the curves span 0 .. the last step: a mistyped 60 for 6 would empty steps 7..59 at every site (and
+    size the counts by it), a step no trial is at would leave every site without a ΔAUC."""
+    typo = table.drop(columns=["stimulus_id", "correct"])
+    row = int(np.flatnonzero(typo["step"] == 6)[0])
+    typo.loc[row, "step"] = 60
+    with pytest.raises(FileFormatError, match=rf"column 'step', row\(s\) {row + 1}: beyond steps 7..59, at which no "
+                                              r"trial of any site is: every site's curve would have an empty step"):
+        load_sessions(write_csv(typo, tmp_path / "typo.csv"))
+    unrun = table[table["step"] != 3]
+    rows = ", ".join(str(r) for r in (np.flatnonzero(unrun["step"] > 3) + 1)[:5])
+    with pytest.raises(FileFormatError, match=rf"row\(s\) {rows} \(\+\d+ more\): beyond step 3, at which no trial"):
+        load_sessions(write_csv(unrun, tmp_path / "unrun.csv"))
+    huge = table.astype({"step": object})
+    huge.loc[row, "step"] = "1e300"  # an integer-valued float beyond any exact integer
+    with pytest.raises(FileFormatError, match=rf"column 'step', row\(s\) {row + 1}: step must be an integer >= 0; "
+                                              r"e.g. '1e300'"):
+        load_sessions(write_csv(huge, tmp_path / "huge.csv"))
+    huge = table.drop(columns=["stimulus_id"]).astype({"sequence": object})
+    huge.loc[row, "sequence"] = "1e300"  # had wrapped round to a negative sequence, within a plan's range
+    with pytest.raises(FileFormatError, match=rf"column 'sequence', row\(s\) {row + 1}: sequence must be an integer "):
+        load_sessions(write_csv(huge, tmp_path / "huge.csv"), plan_sequences=("plan.nc", 1, 7))
 
 
 def test_unreadable_csv_is_one_line(tmp_path):
@@ -531,6 +589,16 @@ def test_sham_marked_by_a_current_code_becomes_a_sham_trial_at_zero_current(tmp_
     assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist()
 
 
+def test_a_sham_code_that_is_also_an_electrode_id_is_refused(tmp_path, table):
+    """Channels numbered from 1 and sham coded as 1 (or 1.0): electrode 1's stimulated trials would read as sham."""
+    coded = table.assign(stimulated_electrode=table["stimulated_electrode"].replace("sham", "1.0"))
+    rows = ", ".join(str(row) for row in (np.flatnonzero(table["electrode"] == "1") + 1)[:5])
+    with pytest.raises(FileFormatError, match=rf"column 'stimulated_electrode', row\(s\) {rows} \(\+\d+ more\): the "
+                                              r"sham code '1' is also the row's electrode id: a trial stimulating this "
+                                              r"electrode cannot be told from a sham trial"):
+        load_sessions(write_csv(coded, tmp_path / "s.csv"), values=parse_value_mapping("stimulated_electrode:1=sham"))
+
+
 def test_sham_trials_with_an_empty_stimulated_channel_map_with_the_nan_code(tmp_path, table):
     """A rig storing the stimulated channel as a number leaves it NaN on sham trials (NWB float column)."""
     channel = pd.to_numeric(table["stimulated_electrode"], errors="coerce")  # sham: NaN
@@ -553,6 +621,56 @@ def test_unknown_value_codes_are_named_with_file_column_rows_and_the_codes_allow
     assert "column 'choice', row(s) 5, 10: code not in the value mapping of 'choice' (allowed codes: 0, 1); " \
            "e.g. '2'" in message
     assert "outside the task's options" not in message  # one problem per row, not two
+
+
+def test_numeric_value_codes_compare_as_numbers_and_text_codes_as_text(tmp_path, table):
+    """A rig writing its codes as floats ("1.0", "-1.0") matches a mapping of integers (and the reverse); 'correct' of
+    1.0 / 0.0 is true / false; codes equal as numbers given twice are refused as ambiguous."""
+    is_high, is_sham = table["choice"] == "high", table["stimulated_electrode"] == "sham"
+    floats = table.assign(choice=np.where(is_high, "1.0", "0.0"), correct=table["correct"].map({True: "1.0",
+                                                                                                False: "0.0"}),
+                          stimulated_electrode=table["stimulated_electrode"].where(~is_sham, "-1.0"))
+    path = write_csv(floats, tmp_path / "floats.csv")
+    for spec in ("choice:0=low,1=high", "choice:0.0=low,1.00=high", "choice:00=low,1e0=high"):
+        loaded = load_sessions(path, values={**parse_value_mapping(spec),
+                                             **parse_value_mapping("stimulated_electrode:-1=sham")})
+        assert loaded["choice"].tolist() == table["choice"].tolist(), spec
+        assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist(), spec
+        assert loaded["correct"].tolist() == table["correct"].tolist(), spec
+    integers = table.assign(choice=np.where(is_high, "1", "0"))
+    loaded = load_sessions(write_csv(integers, tmp_path / "integers.csv"),
+                           values=parse_value_mapping("choice:0.0=low,1.0=high"))
+    assert loaded["choice"].tolist() == table["choice"].tolist()
+    lettered = table.assign(choice=np.where(is_high, "H", "L"))  # text compares as text, case ignored
+    loaded = load_sessions(write_csv(lettered, tmp_path / "letters.csv"),
+                           values=parse_value_mapping("choice:l=low,h=high"))
+    assert loaded["choice"].tolist() == table["choice"].tolist()
+    # compared exactly: a tiny or huge number is neither 0 nor an error
+    assert parse_value_mapping("choice:0=low,1e-9999999=high,1e9999999=high")["choice"] == {
+        "0": "low", "1e-9999999": "high", "1e9999999": "high"}
+    for spec in ("choice:1=low,1.0=high", "choice:1=high,01=high", "stimulated_electrode:-1=sham,-1.0=sham"):
+        with pytest.raises(ConfigError, match=r"is given twice \(as '.+'; case is ignored and numbers compare as "
+                                              r"numbers"):
+            parse_value_mapping(spec)
+    toml = tmp_path / "lab.toml"
+    toml.write_text('[values.choice]\n0.0 = "low"\n1.0 = "high"\n')  # TOML: tables 0 and 1, not codes
+    with pytest.raises(ConfigError, match=r"code '0' holds a table \{'0': 'low'\}, not a value; in a TOML file "
+                                          r"quote a code with a '.'"):
+        load_value_mapping(toml)
+
+
+def test_electrode_ids_written_as_floats_read_as_in_an_nwb_file(tmp_path, table):
+    """A channel column with NaN on sham trials is a float column: its CSV export writes '12.0' where the electrode
+    column says '12'; the NWB file of the same table reads as id '12'."""
+    channel = pd.to_numeric(table["stimulated_electrode"], errors="coerce")  # sham: NaN
+    path = write_csv(table.assign(stimulated_electrode=channel, electrode=table["electrode"] + ".00"),
+                     tmp_path / "s.csv")
+    assert pd.read_csv(path, dtype=str)["stimulated_electrode"].dropna().str.endswith(".0").all()
+    for read in (path, write_lab_nwb(tmp_path / "s.nwb", table.assign(stimulated_electrode=channel))):
+        loaded = load_sessions(read, columns=LAB_MAPPING if read.suffix == ".nwb" else None,
+                               values=parse_value_mapping("stimulated_electrode:nan=sham"))
+        assert loaded["electrode"].tolist() == table["electrode"].tolist()
+        assert loaded["stimulated_electrode"].tolist() == table["stimulated_electrode"].tolist()
 
 
 def test_a_value_code_no_file_holds_is_refused(tmp_path, table):

@@ -27,8 +27,7 @@ from stimsim.analysis.plan_readback import read_plan_protocol, refuse_output_int
 from stimsim.behavior.metrics import finite_pearson
 from stimsim.lab.sessions import SHAM, check_against_plan
 from stimsim.lab.sessions.base import PROTOCOL_COLUMNS, off_protocol, planned_setting
-from stimsim.stimulation.electrical import MAX_CURRENT_UA
-from stimsim.utilities.errors import ConfigError
+from stimsim.utilities.errors import ConfigError, FileFormatError
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.limits import check_memory, check_seed
 from stimsim.utilities.ordering import natural_key, naturally_ordered
@@ -167,6 +166,8 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
         plan_file, n_sequences, n_steps = load_plan_sequences(plan_dir)
         check_against_plan(sessions, n_sequences, n_steps, plan_file)
         _check_plan_subject(plan_dir, plan_summary, sessions, same_subject)
+        _plan_truth_on_sites(plan_summary, effect, sorted(sessions["electrode"].unique(), key=natural_key),
+                             Path(plan_dir) / "summary.json")
     counts = count_trials(sessions, n_steps=n_steps)
     _check_memory(counts, sessions, n_boot, n_perm, n_splits)
     sites = site_effects(counts, n_boot=n_boot, n_perm=n_perm, ci=ci, seed=seed, sessions=sessions)
@@ -242,16 +243,9 @@ def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
     return messages
 
 
-#: Below this largest stimulated current (µA) the currents are almost surely in mA: microstimulation uses 5–200 µA.
-MIN_PLAUSIBLE_CURRENT_UA = 1.0
-#: Above this current (µA; the highest stimsim's electrical stimulation accepts) a current is almost surely in nA.
-MAX_PLAUSIBLE_CURRENT_UA = MAX_CURRENT_UA
-
-
 def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: pd.DataFrame | None) -> list[str]:
-    """Currents too small or too large to be µA (mA or nA mapped onto current_uA), sites stimulated at several
-    currents (one ΔAUC pools them), or at another current than the one the plan predicted their effect for (sites
-    in natural order, as in ``sites``)."""
+    """Sites stimulated at several currents (one ΔAUC pools them), or at another current than the one the plan
+    predicted their effect for (sites in natural order, as in ``sites``)."""
     stimulated = sessions[sessions["stimulated_electrode"] != SHAM]
     used = {site: np.unique(currents) for site, currents in
             stimulated.groupby(["subject_id", "electrode"])["current_uA"]}
@@ -269,17 +263,6 @@ def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: p
         if currents.size and np.isfinite(plan_current) and not np.allclose(currents, plan_current):
             other.append(f"{name} ({listed} µA; plan {plan_current:g} µA)")
     messages = []
-    largest = float(stimulated["current_uA"].max()) if len(stimulated) else np.nan
-    if largest < MIN_PLAUSIBLE_CURRENT_UA:
-        messages.append(f"every stimulated trial's current_uA is below {MIN_PLAUSIBLE_CURRENT_UA:g} µA (the largest: "
-                        f"{largest:g}); microstimulation currents are microamperes, typically 5–200 µA — currents "
-                        f"in mA must be converted to µA (× 1000) before the analysis")
-    above = (stimulated["current_uA"] > MAX_PLAUSIBLE_CURRENT_UA).to_numpy()
-    if above.any():
-        listed = ", ".join(f"{current:g}" for current in np.unique(stimulated["current_uA"][above])[:5])
-        messages.append(f"current_uA above {MAX_PLAUSIBLE_CURRENT_UA:g} µA on {int(above.sum())} stimulated trial(s) "
-                        f"({listed} µA): far beyond microstimulation's 5–200 µA (Moeller et al. 2017 used 300 µA) "
-                        f"— currents in nA must be converted to µA (÷ 1000) before the analysis")
     if pooled:
         messages.append(f"{len(pooled)} of {len(sites)} sites were stimulated at several currents, and each one's "
                         f"ΔAUC pools them (current_uA: their mean over the stimulated trials): {'; '.join(pooled)}. "
@@ -404,14 +387,34 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
     return summary
 
 
-def _plan_truth_on_sites(plan_summary: dict, effect: str, electrodes) -> tuple[np.ndarray, np.ndarray]:
-    """The plan's predicted and true ``effect`` at ``electrodes`` (virtual-subject plans list both per electrode);
-    NaN where the plan lacks them."""
-    predicted, true = plan_summary.get(f"predicted_{effect}"), plan_summary.get(f"true_{effect}")
-    if not isinstance(predicted, dict) or not isinstance(true, dict):
+def _plan_truth_on_sites(plan_summary: dict, effect: str, electrodes,
+                         summary_path="summary.json") -> tuple[np.ndarray, np.ndarray]:
+    """The plan's predicted and true ``effect`` at ``electrodes``: a plan made on a virtual subject lists both per
+    electrode it rehearsed (``predicted_<effect>``, ``true_<effect>``), each a finite number (dead electrodes too);
+    NaN throughout for a plan without them (made for a real subject). Lists that are not objects, or lack a finite
+    number for one of ``electrodes``, are refused (FileFormatError naming ``summary_path``, the field and the
+    electrodes) rather than left out of the r over these sites."""
+    names = (f"predicted_{effect}", f"true_{effect}")
+    if names[1] not in plan_summary:
         return np.full(len(electrodes), np.nan), np.full(len(electrodes), np.nan)
-    return (np.array([predicted.get(str(e), np.nan) for e in electrodes], dtype=float),
-            np.array([true.get(str(e), np.nan) for e in electrodes], dtype=float))
+    per_site = []
+    for name in names:
+        listed = plan_summary.get(name)
+        if not isinstance(listed, dict):
+            raise FileFormatError(summary_path, f"field {name!r} must map each electrode the plan rehearsed to a "
+                                                f"number, got {type(listed).__name__}; run the plan again")
+        values = [listed.get(str(electrode)) for electrode in electrodes]
+        bad = [(str(electrode), value) for electrode, value in zip(electrodes, values)
+               if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value)]
+        if bad:
+            shown = ", ".join(f"{electrode} ({repr(value) if electrode in listed else 'missing'})"
+                              for electrode, value in bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
+            raise FileFormatError(summary_path, f"field {name!r} has no finite number for {len(bad)} of the "
+                                                f"{len(values)} analysed sites: electrode {shown}; a plan on a virtual "
+                                                "subject lists one for every electrode it rehearsed (a dead one too), "
+                                                "so the file is damaged or of another plan: run the plan again")
+        per_site.append(np.array(values, dtype=float))
+    return per_site[0], per_site[1]
 
 
 def _nanmean(values) -> float:

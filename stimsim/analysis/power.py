@@ -251,6 +251,13 @@ def curves_from_plan(plan_dir) -> dict:
             raise FileFormatError(plan_path, f"holds no predicted P(high) of the chosen model "
                                              f"{summary.get('chosen_model')!r} and sites {chosen} "
                                              f"({type(exc).__name__}: {exc})") from None
+        values = p_high.values
+        unusable = ~np.all((values >= 0) & (values <= 1), axis=tuple(range(1, values.ndim)))  # NaN fails too
+        if unusable.any():
+            raise FileFormatError(plan_path, f"'p_high' of the chosen model {summary['chosen_model']!r} at its fitted "
+                                             f"pose holds no probability in [0, 1] (NaN: off its sheet) at chosen "
+                                             f"electrode(s) {[e for e, bad in zip(chosen, unusable) if bad]}; power "
+                                             "simulates sessions from these curves and cannot without them")
         lapse = 0.0
         source = f"plan predictions ({summary['chosen_model']})"
     curves = lapse / 2 + (1 - lapse) * p_high.values.mean(axis=2)

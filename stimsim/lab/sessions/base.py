@@ -19,7 +19,9 @@ share one way of reporting every bad row, so they stay together.
 """
 from __future__ import annotations
 
+import functools
 import re
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +72,10 @@ def off_protocol(values, stimulated, planned: float) -> np.ndarray:
     """Which trials are stimulation trials (``stimulated``) whose ``values`` differ from the protocol's ``planned``
     value (a missing value, NaN, differs too)."""
     return np.asarray(stimulated) & ~np.isclose(np.asarray(values, dtype=float), float(planned), rtol=1e-9, atol=0.0)
+
+#: Below this current (µA) a stimulated trial's current is almost surely in mA (microstimulation uses 5–200 µA); above
+#: :data:`~stimsim.stimulation.electrical.MAX_CURRENT_UA` (the highest stimsim accepts), in nA. Both are refused.
+MIN_CURRENT_UA = 1.0
 
 #: Column names that hold a current without µA in the name: refused with an explanation.
 _UNITLESS_CURRENT = ("current", "current_mA", "current_ma", "amplitude", "current_A", "current_nA")
@@ -167,7 +173,7 @@ def value_mapping(specs=(), mapping_file: str | None = None) -> dict[str, dict[s
 
 def _checked_values(values: dict, where: str) -> dict[str, dict[str, str]]:
     """Every column one of :data:`VALUE_TARGETS`, every target allowed for it, codes distinct (case
-    ignored), current codes numbers. Codes are kept as text, case-folded."""
+    ignored, numbers compared as numbers: 1 = 1.0), current codes numbers. Codes are kept as text, case-folded."""
     checked = {}
     for column, codes in values.items():
         if column not in VALUE_TARGETS:
@@ -176,14 +182,20 @@ def _checked_values(values: dict, where: str) -> dict[str, dict[str, str]]:
         if not codes:
             raise ConfigError(f"{where} {column}: the value mapping lists no code")
         allowed = VALUE_TARGETS[column]
-        folded = {}
+        folded, compared = {}, {}  # compared: the code's key (:func:`_code_key`) -> the code as given
         for code, value in codes.items():
+            if isinstance(value, dict):  # TOML reads an unquoted 1.0 = "low" as a table 1 holding 0 = "low"
+                raise ConfigError(f"{where} {column}: code {code!r} holds a table {value!r}, not a value; in a TOML "
+                                  "file quote a code with a '.' (\"1.5\" = ...), or write 1.0 as 1: numeric codes "
+                                  "compare as numbers (1 = 1.0)")
             if not isinstance(value, str) or value.lower() not in allowed:
                 raise ConfigError(f"{where} {column}: code {code!r} maps onto {value!r}; allowed values: "
                                   f"{', '.join(allowed)}")
             key = str(code).strip().casefold()
-            if key in folded:
-                raise ConfigError(f"{where} {column}: code {code!r} is given twice (case is ignored)")
+            if _code_key(key) in compared:
+                raise ConfigError(f"{where} {column}: code {code!r} is given twice (as {compared[_code_key(key)]!r}; "
+                                  "case is ignored and numbers compare as numbers: 1 = 1.0)")
+            compared[_code_key(key)] = code
             if column == "current_uA" and key != EMPTY_CELL and not np.isfinite(pd.to_numeric(key, errors="coerce")):
                 raise ConfigError(f"{where} current_uA: code {code!r} is not a number; a current code is the "
                                   f"number the lab writes for a sham trial, e.g. -1, or {EMPTY_CELL} for an "
@@ -284,6 +296,8 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
                                      f"from 1")
     if steps.size < 2:
         raise FileFormatError(where, "every trial is at step 0; a psychometric curve needs trials at 2 steps or more")
+    if plan_sequences is None:
+        _check_step_gaps(sessions, steps)
     _check_correct(sessions, int(steps[-1]) if plan_sequences is None else plan_sequences[2] - 1)
     stimulated = sessions["stimulated_electrode"] != SHAM
     if stimulated.all() or not stimulated.any():
@@ -307,6 +321,20 @@ def check_trial_list(table: pd.DataFrame, path) -> None:
     """Check a trial list (a session's columns before any choice is made, e.g. a plan's ``rig/trials.csv``) by
     the rules a session file is checked by: one FileFormatError naming ``path``, the columns and the rows."""
     _validated(table.assign(choice=CHOICES[0]), Path(path), known=None, lab_codes=False)
+
+
+def _check_step_gaps(sessions: pd.DataFrame, steps: np.ndarray) -> None:
+    """Without a plan the curves span steps 0 .. the last step of the sessions: a step below it that no trial of any
+    site is at would leave every site without a ΔAUC (a mistyped step, e.g. 60 for 6, or one the rig never ran), and a
+    far one would size the counts by it. Refused naming the rows beyond the first gap."""
+    gaps = np.flatnonzero(np.diff(steps) > 1)
+    if not gaps.size:
+        return
+    low, high = int(steps[gaps[0]]) + 1, int(steps[gaps[0] + 1]) - 1
+    missing = f"step {low}" if low == high else f"steps {low}..{high}"
+    _refuse(sessions, _row_problems(sessions, sessions["step"] > high, "step",
+                                    f"beyond {missing}, at which no trial of any site is: every site's curve would "
+                                    f"have an empty step (a mistyped step, one the rig never ran, or too few trials?)"))
 
 
 def _check_correct(sessions: pd.DataFrame, last_step: int) -> None:
@@ -390,18 +418,47 @@ def _mapping_in_files(mapping: dict[str, str], raws, paths) -> dict[str, str]:
 
 
 def _folded(column: pd.Series) -> pd.Series:
-    """A column's values as case-folded text, the form value codes are compared in."""
+    """A column's values as case-folded text, as messages show them."""
     return column.map(_as_text).str.casefold()
 
 
+@functools.lru_cache(maxsize=4096)
+def _code_key(text: str) -> str:
+    """A value code or cell in the form codes are compared in: a finite number as its exact value ("1", "1.0" and "01"
+    alike: "1e0"), any other text case-folded."""
+    text = str(text).strip().casefold()
+    try:
+        number = Decimal(text) if "_" not in text else None  # Decimal reads "1_0" as 10
+    except InvalidOperation:
+        number = None
+    if number is None or not number.is_finite():
+        return text
+    sign, digits, exponent = number.as_tuple()  # exact, unlike normalize(), which rounds in the decimal context
+    digits = "".join(map(str, digits)).lstrip("0")
+    if not digits:
+        return "0"
+    exponent += len(digits) - len(digits.rstrip("0"))
+    return f"{'-' if sign else ''}{digits.rstrip('0')}e{exponent}"
+
+
+#: The values of a ``correct`` column, as :func:`_code_key` gives them ("1.0" = "1"), and what they mean.
+_TRUTH_VALUES = {_code_key(text): flag for text, flag in (("true", True), ("1", True), ("false", False), ("0", False))}
+
+
+def _code_keys(column: pd.Series) -> pd.Series:
+    """:func:`_code_key` of every cell of a column (each distinct value converted once)."""
+    text = column.map(_as_text)
+    return text.map({value: _code_key(value) for value in text.unique()})
+
+
 def _holds_code(column: pd.Series, name: str, code: str) -> np.ndarray:
-    """Rows of a column holding a value code: currents compare as numbers (-1 = -1.0), others as text; the code
-    ``nan`` of a sham column also holds the empty and NaN cells."""
+    """Rows of a column holding a value code: numbers compare as numbers (-1 = -1.0), other codes as text with
+    case ignored; the code ``nan`` of a sham column also holds the empty and NaN cells."""
     if name in ("current_uA", "stimulated_electrode") and code == EMPTY_CELL:
         return _folded(column).isin(["", EMPTY_CELL]).to_numpy()
     if name == "current_uA":
         return (pd.to_numeric(column, errors="coerce") == float(code)).to_numpy()
-    return (_folded(column) == code).to_numpy()
+    return (_code_keys(column) == _code_key(code)).to_numpy()
 
 
 def _codes_in_files(values: dict[str, dict[str, str]], tables, paths) -> None:
@@ -487,6 +544,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     one error listing its problems, each column named as stimsim and, where it was mapped, as the file names it
     (``lab_names``: stimsim name → the file's), or return the table. ``lab_codes``: whether the file may hold a
     lab's own codes (a session file, not a trial list stimsim wrote), which the messages then say how to map."""
+    from stimsim.stimulation.electrical import MAX_CURRENT_UA
+
     lab_names = lab_names or {}
     present = set(raw.columns)
     unitless = [name for name in raw.columns if name in _UNITLESS_CURRENT]
@@ -530,7 +589,11 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     raw, unknown_choice = _recoded(raw, values or {}, report)
     table = pd.DataFrame({"file": str(path), "row": rows})
     for name in ("electrode", "stimulated_electrode", "choice"):
-        text = raw[name].map(_as_text).to_numpy(dtype=object)
+        text = raw[name].map(_as_text)
+        if name != "choice":  # an id written as a float ("42.0": a CSV export of a float column) reads as '42', as
+            ids = text.unique()  # the float 42.0 of an NWB column does
+            text = text.map(dict(zip(ids, (re.sub(_WHOLE_FLOAT, r"\1", id_text) for id_text in ids))))
+        text = text.to_numpy(dtype=object)
         hint = {"choice": " (an aborted trial has no choice: remove aborted trials from the table first)",
                 "stimulated_electrode": " (sham trials left empty map with --values stimulated_electrode:nan=sham)"}
         report(text == "", name, "empty value" + hint.get(name, ""))
@@ -562,20 +625,29 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
                f"electrode not in {electrodes_source} ({len(known)} known ids, e.g. {examples})",
                table["electrode"].to_numpy())
 
-    step = pd.to_numeric(raw["step"], errors="coerce").to_numpy(dtype=float)
-    report(~np.isfinite(step) | (step != np.round(step)) | (step < 0), "step",
-           "step must be an integer >= 0", raw["step"].to_numpy())
-    table["step"] = np.where(np.isfinite(step), step, -1).astype(int)
+    table["step"] = _counted(raw["step"], "step", report)
 
     current = pd.to_numeric(raw["current_uA"], errors="coerce").to_numpy(dtype=float)
     report(~np.isfinite(current) | (current < 0), "current_uA", "current must be a number >= 0 µA (a current that "
            "marks sham trials maps with --values current_uA:CODE=sham)", raw["current_uA"].to_numpy())
     report(~stimulated & (current > 0), "current_uA", "sham trial with a current > 0 µA", current)
     report(stimulated & (current == 0), "current_uA", "stimulated trial with a current of 0 µA", current)
+    # currents that cannot be µA; a trial list stimsim wrote (not lab_codes) holds its plan's current, accepted there
+    report(lab_codes & stimulated & (current > 0) & (current < MIN_CURRENT_UA), "current_uA",
+           f"stimulated trial with a current below {MIN_CURRENT_UA:g} µA: microstimulation currents are typically "
+           "5–200 µA, so these are most likely mA; convert them to µA (× 1000) first", current)
+    report(lab_codes & stimulated & (current > MAX_CURRENT_UA), "current_uA",
+           f"stimulated trial with a current above {MAX_CURRENT_UA:g} µA, the highest stimsim accepts "
+           "(microstimulation uses 5–200 µA, Moeller et al. 2017 300 µA), so these are most likely nA; convert them to "
+           "µA (÷ 1000) first", current)
     table["current_uA"] = current
-    for name in PROTOCOL_COLUMNS:
+    for name, unit in PROTOCOL_COLUMNS.items():
         if name in raw:
             table[name] = pd.to_numeric(raw[name], errors="coerce").to_numpy(dtype=float)
+            written = raw[name].map(_as_text)
+            given = ~written.str.casefold().isin(["", EMPTY_CELL]).to_numpy()
+            report(given & ~np.isfinite(table[name].to_numpy()), name,
+                   f"must be a number ({unit}), or empty where a trial gives none (sham trials)", written.to_numpy())
 
     for name in ("start_time", "stop_time"):
         values = pd.to_numeric(raw[name], errors="coerce").to_numpy(dtype=float) if name in raw else \
@@ -586,10 +658,7 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     if "start_time" in raw and "stop_time" in raw:
         report(table["stop_time"] < table["start_time"], "stop_time", "trial stops before it starts")
     if "sequence" in raw:
-        sequence = pd.to_numeric(raw["sequence"], errors="coerce").to_numpy(dtype=float)
-        report(~np.isfinite(sequence) | (sequence != np.round(sequence)) | (sequence < 0), "sequence",
-               "sequence must be an integer >= 0", raw["sequence"].to_numpy())
-        table["sequence"] = np.where(np.isfinite(sequence), sequence, -1).astype(int)
+        table["sequence"] = _counted(raw["sequence"], "sequence", report)
     else:
         table["sequence"] = 0
     if "correct" in raw:
@@ -602,7 +671,12 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     if "stimulus_id" in raw:
         _check_stimulus_ids(table, "sequence" in raw, report)
     for name, default in (("subject_id", "subject"), ("session_id", path.stem)):
-        table[name] = raw[name].map(_as_text).replace("", default).to_numpy(dtype=object) if name in raw else default
+        ids = raw[name].map(_as_text) if name in raw else pd.Series("", index=raw.index)
+        empty = (ids == "").to_numpy()
+        report(empty & ~empty.all(), name, f"empty value where the other rows name a {name.removesuffix('_id')} (the "
+               f"trial would count as another {name.removesuffix('_id')}'s, {default!r}: the default only of a table "
+               "that names none)")
+        table[name] = ids.replace("", default).to_numpy(dtype=object)
     if "start_time" in raw:
         report(table.duplicated(["subject_id", "session_id", "start_time"]).to_numpy()
                & np.isfinite(table["start_time"].to_numpy()), "start_time",
@@ -615,6 +689,18 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
         raise FileFormatError(path, "refused (nothing loaded): " + "; ".join(listed) + more)
     return table
 
+
+def _counted(column: pd.Series, name: str, report) -> np.ndarray:
+    """A column of integers >= 0 (steps, sequences) as integers; every other value reported, -1 in its place (from
+    2**53 on a float holds no exact integer, and a cast of a larger one would wrap round)."""
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(values) | (values != np.round(values)) | (values < 0) | (values >= 2 ** 53)
+    report(bad, name, f"{name} must be an integer >= 0", column.to_numpy())
+    return np.where(bad, -1, values).astype(int)
+
+
+#: A whole number written as a float ("42.0", "-1.00"): its integer part is group 1.
+_WHOLE_FLOAT = r"^(-?\d+)\.0+$"
 
 #: stimsim's own image ids of the sequence task: "{electrode}_seq{j}_step{k}".
 _STIMULUS_ID = r"^(?P<electrode>.+)_seq(?P<sequence>\d+)_step(?P<step>\d+)$"
@@ -653,15 +739,20 @@ def _recoded(raw: pd.DataFrame, values: dict[str, dict[str, str]], report) -> tu
     unknown_choice = np.zeros(len(raw), dtype=bool)
     if "choice" in values:
         codes = values["choice"]
-        folded = _folded(raw["choice"])
-        unknown_choice = ~folded.isin(codes).to_numpy() & (folded != "").to_numpy()
+        keys, compared = _code_keys(raw["choice"]), {_code_key(code): value for code, value in codes.items()}
+        unknown_choice = ~keys.isin(compared).to_numpy() & (keys != "").to_numpy()
         report(unknown_choice, "choice", f"code not in the value mapping of 'choice' (allowed codes: "
                                          f"{', '.join(codes)})", raw["choice"].to_numpy())
-        raw["choice"] = folded.map(codes).where(~unknown_choice & (folded != "").to_numpy(), raw["choice"])
+        raw["choice"] = keys.map(compared).where(~unknown_choice & (keys != "").to_numpy(), raw["choice"])
     sham = np.zeros(len(raw), dtype=bool)
     for name in ("stimulated_electrode", "current_uA"):
         for code in values.get(name, ()):
             sham |= _holds_code(raw[name], name, code)
+    electrodes = _code_keys(raw["electrode"]) if "stimulated_electrode" in values else None
+    for code in [code for code in values.get("stimulated_electrode", ()) if code != EMPTY_CELL]:
+        report((electrodes == _code_key(code)).to_numpy(), "stimulated_electrode",
+               f"the sham code {code!r} is also the row's electrode id: a trial stimulating this electrode cannot be "
+               "told from a sham trial (code sham trials with a value no electrode has)", raw["electrode"].to_numpy())
     if sham.any():
         raw["stimulated_electrode"] = raw["stimulated_electrode"].where(~sham, SHAM)
         if "current_uA" in values:  # a current that marks a sham trial is no current
@@ -682,5 +773,4 @@ def _as_text(value) -> str:
 def _as_bool(value):
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    text = _as_text(value).lower()
-    return {"true": True, "1": True, "false": False, "0": False}.get(text)
+    return _TRUTH_VALUES.get(_code_key(_as_text(value)))
