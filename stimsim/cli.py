@@ -124,10 +124,10 @@ def _cmd_data_verify(args) -> int:
 
 
 def _cmd_models_list(args) -> int:
-    from stimsim.models.registry import available_models, describe_model
+    from stimsim.models.registry import describe_model, shipped_folders
 
     models, damaged = [], []
-    for name in args.models or available_models():
+    for name in args.models or shipped_folders():
         try:
             models.append(describe_model(name))
         except StimsimError as exc:  # a damaged folder is named after the others are listed
