@@ -255,6 +255,99 @@ def _stopped(*args, **kwargs):
     raise KeyboardInterrupt
 
 
+SMALL_FILE = """name = "small"
+model = "stimsim-topo-s0"
+layer = "it"
+seed = SEED
+summary_groups = ["face"]
+
+[[images]]
+group = "face"
+source = "lfw_subset"
+n = 1
+
+[localizer]
+sets = [{ source = "lfw_subset" }]
+label = "category"
+positive = "face"
+
+[sites]
+method = "selectivity"
+outside_min_distance_mm = 5.0
+
+[stimulation]
+currents_uA = [50, 100]
+frequency_Hz = 200
+form = "additive"
+activation_per_Hz = 0.01
+
+[inversion]
+steps = 1
+
+[judge]
+model = "stimsim-topo-s1"
+"""
+
+
+def _small_models_file(tmp_path: Path, seed: int) -> Path:
+    """A visualisation on the 32-px models (no mirror needed): one LFW face, one inversion step."""
+    path = tmp_path / f"small_seed{seed}.toml"
+    path.write_text(SMALL_FILE.replace("SEED", str(seed)))
+    return path
+
+
+def test_a_visualization_stopped_while_writing_keeps_the_earlier_run_whole(tmp_path, capsys, monkeypatch,
+                                                                          one_torch_thread):
+    """Stopped (kill) while its files are made, a run replacing an earlier one leaves the earlier run's files as they
+    were, still a complete set, never new files beside old ones."""
+    from stimsim.cli import Terminated
+    from stimsim.utilities.io import read_result_set
+
+    out = tmp_path / "out"
+    assert main(["visualize", str(_small_models_file(tmp_path, 0)), "--out", str(out), "--no-progress"]) == 0
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert set(before) == {"percepts.png", "percepts.nc", "summary.json", "config.json", "result_set.json"}
+
+    def killed(*args, **kwargs):
+        raise Terminated(15)
+
+    monkeypatch.setattr("stimsim.percepts.visualize.plot_percepts", killed)  # after percepts.nc is made
+    capsys.readouterr()
+    assert main(["visualize", str(_small_models_file(tmp_path, 1)), "--out", str(out), "--no-progress"]) == 143
+    assert capsys.readouterr().err.splitlines()[-1] == "stimsim: terminated"
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    assert set(read_result_set(out)) == {"percepts.png", "percepts.nc", "summary.json", "config.json"}
+
+
+def test_a_visualization_stopped_with_its_result_set_unfinished_says_so(tmp_path, capsys, monkeypatch):
+    """Stopped in the moment its files are moved in, a run leaves a set its manifest marks incomplete: the
+    command's last line says so and what to do; stopped before, it leaves the finished set and says nothing more."""
+    from stimsim.utilities.io import ResultSet
+
+    out = tmp_path / "out"
+
+    def stopped_while_moving(config, out_dir, **kwargs):
+        results = ResultSet(out_dir, "percepts")
+        results.write_json("summary.json", {})
+        raise KeyboardInterrupt
+
+    def stopped_before_writing(config, out_dir, **kwargs):
+        with ResultSet(out_dir, "percepts"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("stimsim.percepts.visualize.run_visualize", stopped_while_moving)
+    assert main(["visualize", "any.toml", "--out", str(out), "--no-progress"]) == 130
+    assert capsys.readouterr().err == (f"stimsim: interrupted; {out} holds an unfinished result set (its "
+                                       "result_set.json marks it incomplete): run the same command again to write "
+                                       "it\n")
+    finished = ResultSet(out, "percepts")
+    finished.write_json("summary.json", {})
+    finished.finish()
+    monkeypatch.setattr("stimsim.percepts.visualize.run_visualize", stopped_before_writing)
+    assert main(["visualize", "any.toml", "--out", str(out), "--no-progress"]) == 130
+    assert capsys.readouterr().err == "stimsim: interrupted\n"
+
+
 @pytest.mark.parametrize("change, message", [
     ({"steps = 100": "stepz = 100"}, "unknown key 'stepz'"),
     ({"currents_uA = [100, 300, 1000]": "currents_uA = [300, 100]"},

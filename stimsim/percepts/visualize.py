@@ -70,7 +70,7 @@ from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, DataError, FileFormatError, SafetyError
 from stimsim.utilities.filemodels import validate
 from stimsim.utilities.hashing import state_sha256
-from stimsim.utilities.io import ResultSet, provenance
+from stimsim.utilities.io import ResultSet, atomic_write_json, provenance
 from stimsim.utilities.locking import DirectoryLock
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.progress import report_phase
@@ -331,10 +331,12 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
     })
     dataset = _dataset(rows, groups, originals, percepts, np.asarray(losses), p_face, p_original, labels, kinds,
                        currents, positions, record)
-    results.write(DATA_FILE, lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
-    plot_percepts(dataset, results / PNG_FILE, f"{config.name}: {config.model} (judge {config.judge})", notes)
-    results.write_json(CONFIG_FILE, record)
-    results.write_json(SUMMARY_FILE, summary)
+    title = f"{config.name}: {config.model} (judge {config.judge})"
+    results.write_together({  # an earlier run's files stay whole until every new one is made
+        DATA_FILE: lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"),
+        PNG_FILE: lambda tmp: plot_percepts(dataset, tmp, title, notes),
+        CONFIG_FILE: lambda tmp: atomic_write_json(tmp, record),
+        SUMMARY_FILE: lambda tmp: atomic_write_json(tmp, summary)})
     results.finish()
     return summary
 
