@@ -296,6 +296,44 @@ def _small_models_file(tmp_path: Path, seed: int) -> Path:
     return path
 
 
+def _not_reached(*args, **kwargs):
+    raise AssertionError("the file's problem is found before the images are read")
+
+
+@pytest.mark.parametrize("change, message, early", [
+    ({"steps = 1": "steps = 1\nlearning_rate = 2.0"}, "[inversion]: 'learning_rate' must be <= 1.0, got 2.0", True),
+    # the 32-px models: a blur reaching 3σ = 33 px to each side is wider than the image, σ ≤ (32 − 1) / 3 = 10.3 fits
+    ({"steps = 1": "steps = 1\nblur_sigma_px = 11.0"},
+     "[inversion]: blur_sigma_px = 11 px reaches 3σ = 33 px to each side, beyond the model's 32-px images; give at "
+     "most 10.3", True),
+    ({'method = "selectivity"\noutside_min_distance_mm = 5.0':
+      'method = "explicit"\nface_site_mm = [100.0, 5.0]\ncontrol_site_mm = [10.0, 10.0]'},
+     "[sites]: site(s) [(100.0, 5.0)] lie off the sheet (x in [", True),
+    ({'layer = "it"': 'layer = "it"\nmatch_layer = "v1"'},
+     ": 'match_layer': match_layer 'v1' comes before the perturbed layer 'it'", True),
+    ({'layer = "it"': 'layer = "v9"'}, ": 'layer': model 'stimsim-topo-s0': unknown layer 'v9'", True),
+    # 1e30 per Hz × 200 Hz puts the stimulated activity about 2e32 from the unstimulated: squared, beyond float32's 3e38
+    ({"activation_per_Hz = 0.01": "activation_per_Hz = 1e30"},
+     "[stimulation]: the stimulated activity of 'it' lies too far from the unstimulated activity to be matched in "
+     "float32", False),
+], ids=["learning_rate", "blur", "site_off_sheet", "match_layer", "layer", "overflow"])
+def test_bad_inversion_and_site_values_are_one_line_errors_naming_the_file(tmp_path, capsys, monkeypatch, change,
+                                                                           message, early, one_torch_thread):
+    path = _small_models_file(tmp_path, 0)
+    text = path.read_text()
+    for old, new in change.items():
+        assert old in text
+        text = text.replace(old, new)
+    path.write_text(text)
+    if early:
+        monkeypatch.setattr("stimsim.percepts.visualize._load_rows", _not_reached)
+    out = tmp_path / "out"
+    assert main(["visualize", str(path), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith(f"stimsim: error: {path}") and message in err and "Traceback" not in err
+    assert not out.exists()
+
+
 def test_a_visualization_stopped_while_writing_keeps_the_earlier_run_whole(tmp_path, capsys, monkeypatch,
                                                                           one_torch_thread):
     """Stopped (kill) while its files are made, a run replacing an earlier one leaves the earlier run's files as they

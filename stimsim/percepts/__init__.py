@@ -45,7 +45,7 @@ PARAMETRIZATIONS = ("pixels", "fourier")
 class InversionSettings(FileModel):
     """How the inversion searches (a visualisation file's ``[inversion]`` table).
 
-    steps : gradient steps per image; learning_rate : step size in pixel units ([0, 1] range);
+    steps : gradient steps per image; learning_rate : step size in pixel units ([0, 1] range; at most 1);
     optimizer : ``"adam"`` (Adam: every pixel's step normalised on its own, so that even a tiny gradient makes a
     full step) or ``"batch_normalized"`` (the gradient divided by its RMS over all pixels of all conditions of
     the batch: a condition moves in proportion to how strongly its mismatch pulls);
@@ -67,7 +67,7 @@ class InversionSettings(FileModel):
     table: ClassVar[str] = "inversion"
 
     steps: Annotated[int, Field(ge=1)] = 100
-    learning_rate: Annotated[float, Field(gt=0)] = 0.02
+    learning_rate: Annotated[float, Field(gt=0, le=1)] = 0.02
     tv_weight: Annotated[float, Field(ge=0)] = 0.05
     jitter_px: Annotated[int, Field(ge=0)] = 4
     blur_sigma_px: Annotated[float, Field(ge=0)] = 0.0
@@ -83,6 +83,13 @@ class InversionSettings(FileModel):
             raise ValueError("blur_sigma_px applies to parametrization = 'pixels'; the 'fourier' parametrization's "
                              "1/f weights are its prior against high spatial frequencies (set blur_sigma_px = 0)")
         return self
+
+    def check_image_size(self, size_px: int) -> None:
+        """The blur prior reaches 3σ to each side, which must stay within images of ``size_px`` pixels."""
+        if self.blur_sigma_px > 0 and _blur_radius(self.blur_sigma_px) >= size_px:
+            raise ConfigError(f"blur_sigma_px = {self.blur_sigma_px:g} px reaches 3σ = "
+                              f"{_blur_radius(self.blur_sigma_px)} px to each side, beyond the model's {size_px}-px "
+                              f"images; give at most {(size_px - 1) / 3:.3g}")
 
 
 def scrambled_effects(multiplier: torch.Tensor, additive: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +137,7 @@ def _matched(activity: torch.Tensor, match: str) -> torch.Tensor:
 def _gaussian_blur(sigma_px: float, channels: int, device):
     """A function blurring (K, channels, H, W) images with a Gaussian of σ = ``sigma_px`` (separable, 3σ wide,
     edges reflected)."""
-    radius = max(1, int(np.ceil(3 * sigma_px)))
+    radius = _blur_radius(sigma_px)
     taps = torch.exp(-torch.arange(-radius, radius + 1, dtype=torch.float32) ** 2 / (2 * sigma_px ** 2))
     taps = (taps / taps.sum()).to(device)
     rows = taps.view(1, 1, 1, -1).repeat(channels, 1, 1, 1)
@@ -144,11 +151,27 @@ def _gaussian_blur(sigma_px: float, channels: int, device):
     return blur
 
 
+def _blur_radius(sigma_px: float) -> int:
+    """Half-width (pixels) of the Gaussian blur of σ = ``sigma_px``: 3σ, at least 1."""
+    return max(1, int(np.ceil(3 * sigma_px)))
+
+
 def _total_variation(x: torch.Tensor) -> torch.Tensor:
     """Mean absolute difference of vertically and horizontally neighbouring pixels, per image (K,)."""
     dy = (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1)
     dx = (x[..., :, 1:] - x[..., :, :-1]).abs().flatten(1).mean(1)
     return dy + dx
+
+
+def matched_layer(model, layer: str, match_layer: str | None) -> str:
+    """The stage whose activity the inversion matches: ``match_layer`` resolved (default ``layer``), which must not
+    come before the perturbed ``layer``."""
+    match_layer = layer if match_layer is None else model.resolve_layer(match_layer)
+    names = model.stage_names
+    if names.index(match_layer) < names.index(layer):
+        raise ConfigError(f"match_layer {match_layer!r} comes before the perturbed layer {layer!r}; match the "
+                          "perturbed layer or a later one")
+    return match_layer
 
 
 def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: torch.Tensor, layer: str,
@@ -171,11 +194,8 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
     (images (K, channels, size_px, size_px) in [0, 1] on the CPU, final match loss per condition (K,)).
     """
     layer = model.resolve_layer(layer)
-    match_layer = layer if match_layer is None else model.resolve_layer(match_layer)
-    names = model.stage_names
-    if names.index(match_layer) < names.index(layer):
-        raise ConfigError(f"match_layer {match_layer!r} comes before the perturbed layer {layer!r}; match the "
-                          "perturbed layer or a later one")
+    match_layer = matched_layer(model, layer, match_layer)
+    settings.check_image_size(image.shape[-1])
     device = model.device
     k = multiplier.shape[0]
     start = image.to(device=device, dtype=torch.float32)[None]
@@ -196,6 +216,10 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
             target = _matched(target.flatten(1), settings.match)
             unperturbed = activity if match_layer == layer else _run(model, activity, match_layer, start=layer)
             scale = float(_matched(unperturbed.flatten(1), settings.match).square().mean()) or 1.0
+            if not torch.isfinite((_matched(unperturbed.flatten(1), settings.match) - target).square().sum(1)).all():
+                raise ConfigError(f"the stimulated activity of {match_layer!r} lies too far from the unstimulated "
+                                  "activity to be matched in float32 (their squared distance overflows); lower the "
+                                  "stimulation's activation_per_Hz")
         change = _ChangeParametrization(settings, k, start.shape[1:], device)
         optimiser = torch.optim.Adam([change.values], lr=settings.learning_rate) if settings.optimizer == "adam" else None
         generator = torch.Generator().manual_seed(int(seed))

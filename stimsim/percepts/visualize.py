@@ -61,7 +61,8 @@ from stimsim.engine.devices import resolve_device
 from stimsim.models.registry import load_model
 from stimsim.paradigms.experiment_file import resolve_set_paths
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
-from stimsim.percepts import FaceJudge, InversionSettings, pixel_images, scrambled_effects, synthesize
+from stimsim.percepts import (FaceJudge, InversionSettings, matched_layer, pixel_images, scrambled_effects,
+                              synthesize)
 from stimsim.percepts.figure import plot_percepts
 from stimsim.percepts.visualize_file import VisualizeFile
 from stimsim.stimulation import (Condition, SafetyLimits, additive_scale_record, check_additive_scale, check_protocol,
@@ -200,9 +201,9 @@ def check_site_separation(face_mm, control_mm, recording_radius_mm: float, where
                           "give a control site farther away")
 
 
-def _scaled_model(name: str, layer: str, what: str, device):
+def _scaled_model(name: str, layer: str, what: str, device, where: str):
     """The model ``name`` on ``device`` with its ``layer`` sheet in cortex mm (its own recorded scale); ``what`` (the
-    model or the judge) is named when it cannot be loaded."""
+    model or the judge) is named when it cannot be loaded, and the file ``where`` when it lacks ``layer``."""
     try:
         topo = load_model(name, device=device)
     except DataError as exc:
@@ -211,7 +212,7 @@ def _scaled_model(name: str, layer: str, what: str, device):
     try:
         layer = topo.resolve_layer(layer)
     except ConfigError as exc:
-        raise ConfigError(f"{what} {name!r}: {exc}") from None
+        raise ConfigError(f"{where}: 'layer': {what} {name!r}: {exc}") from None
     scale = topo.cortex_scale(layer)
     topo, _ = topo.in_cortex_mm(layer)
     return topo, layer, scale
@@ -220,8 +221,8 @@ def _scaled_model(name: str, layer: str, what: str, device):
 def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, device) -> dict:
     started = time.perf_counter()
     report_phase(f"visualize: loading model {config.model} and judge {config.judge}", progress)
-    topo, layer, scale = _scaled_model(config.model, config.layer, "model", device)
-    judge_model, judge_layer, _ = _scaled_model(config.judge, config.layer, "judge", device)
+    topo, layer, scale = _scaled_model(config.model, config.layer, "model", device, config.source)
+    judge_model, judge_layer, _ = _scaled_model(config.judge, config.layer, "judge", device, config.source)
     notes = []  # what limits the results, said on stderr and kept in summary.json, config.json and the figure
 
     def note(message: str) -> None:
@@ -232,9 +233,16 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
         note(f"the independent judge {config.judge!r} is the model itself ({topo.name!r}); its P(face) is not "
              "independent of the inversion — give another model ([judge] model or --judge)")
     try:
-        match_layer = None if config.match_layer is None else topo.resolve_layer(config.match_layer)
+        match_layer = None if config.match_layer is None else matched_layer(topo, layer, config.match_layer)
     except ConfigError as exc:
         raise ConfigError(f"{config.source}: 'match_layer': {exc}") from None
+    try:
+        config.inversion.check_image_size(topo.preprocessing.size_px)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.source} [inversion]: {exc}") from None
+    if config.sites["method"] == "explicit":  # known before the localizer's work
+        check_on_sheet([config.sites["face_site_mm"], config.sites["control_site_mm"]], topo.sheet(layer),
+                       f"{config.source} [sites]")
     rows = _load_rows(config)
     localizer, left_out = _load_localizer(config, set(rows.stimulus_id.tolist()))
     if left_out:
@@ -278,8 +286,11 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
         report_phase(f"inversion {index + 1}/{len(rows)}: {stimulus_id} × {len(labels)} conditions, "
                      f"{config.inversion.steps} steps", progress)
         tick = time.perf_counter()
-        images, loss = synthesize(topo, image, multiplier, additive, layer, match_layer, config.inversion,
-                                  seed=config.seed + index)
+        try:
+            images, loss = synthesize(topo, image, multiplier, additive, layer, match_layer, config.inversion,
+                                      seed=config.seed + index)
+        except ConfigError as exc:
+            raise ConfigError(f"{config.source} [stimulation]: {exc}") from None
         seconds.append(time.perf_counter() - tick)
         percepts.append(images)
         losses.append(loss)
@@ -426,14 +437,19 @@ def _choose_sites(config: VisualizeConfig, sheet, responses, is_face) -> dict:
     else:
         points = _plan_sites(spec, where, config.model)
     check_site_separation(points[0], points[1], spec["recording_radius_mm"], where)
+    check_on_sheet(points, sheet, where)
+    values, counts = multi_unit_dprime(responses, is_face, sheet, points, spec["recording_radius_mm"])
+    return {name: {"x_mm": float(p[0]), "y_mm": float(p[1]), "dprime": float(v), "n_units": int(n)}
+            for name, p, v, n in zip(("face", "control"), points, values, counts)}
+
+
+def check_on_sheet(points, sheet, where: str) -> None:
+    """Every site of ``points`` ([x, y] cortex mm) must lie on ``sheet``."""
     off = [tuple(round(float(v), 3) for v in p) for p in points if not sheet.contains(tuple(p))]
     if off:
         x0, x1, y0, y1 = sheet.extent_mm
         raise ConfigError(f"{where}: site(s) {off} lie off the sheet (x in [{x0:g}, {x1:g}], y in [{y0:g}, {y1:g}] "
                           "cortex mm)")
-    values, counts = multi_unit_dprime(responses, is_face, sheet, points, spec["recording_radius_mm"])
-    return {name: {"x_mm": float(p[0]), "y_mm": float(p[1]), "dprime": float(v), "n_units": int(n)}
-            for name, p, v, n in zip(("face", "control"), points, values, counts)}
 
 
 def _plan_sites(spec: dict, where: str, model: str) -> np.ndarray:
