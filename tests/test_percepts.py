@@ -312,11 +312,15 @@ def _not_reached(*args, **kwargs):
     ({'layer = "it"': 'layer = "it"\nmatch_layer = "v1"'},
      ": 'match_layer': match_layer 'v1' comes before the perturbed layer 'it'", True),
     ({'layer = "it"': 'layer = "v9"'}, ": 'layer': model 'stimsim-topo-s0': unknown layer 'v9'", True),
+    ({"steps = 1": 'steps = 1\nparametrization = "fourier"\nspectrum_decay = 13.0'},
+     "[inversion]: spectrum_decay = 13 weights the spectrum of the model's 32-px images beyond float32's range", True),
     # 1e30 per Hz × 200 Hz puts the stimulated activity about 2e32 from the unstimulated: squared, beyond float32's 3e38
     ({"activation_per_Hz = 0.01": "activation_per_Hz = 1e30"},
      "[stimulation]: the stimulated activity of 'it' lies too far from the unstimulated activity to be matched in "
      "float32", False),
-], ids=["learning_rate", "blur", "site_off_sheet", "match_layer", "layer", "overflow"])
+    ({"steps = 1": "steps = 1\ntv_weight = 1e300"},  # 1e300 is infinite in float32
+     "[inversion]: the images hold values that are not finite after the inversion's steps", False),
+], ids=["learning_rate", "blur", "site_off_sheet", "match_layer", "layer", "spectrum_decay", "overflow", "tv_weight"])
 def test_bad_inversion_and_site_values_are_one_line_errors_naming_the_file(tmp_path, capsys, monkeypatch, change,
                                                                            message, early, one_torch_thread):
     path = _small_models_file(tmp_path, 0)
@@ -332,6 +336,26 @@ def test_bad_inversion_and_site_values_are_one_line_errors_naming_the_file(tmp_p
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith(f"stimsim: error: {path}") and message in err and "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("size_px", [32, 224])
+def test_the_spectrum_decay_suggested_for_an_image_size_is_taken_and_a_steeper_one_is_refused(size_px):
+    """The spectrum's weights reach size_px^decay at the lowest frequency; squared and summed over the spectrum they
+    leave float32 (largest 3.4e38) once decay exceeds about (38.53 − 2 log10 size) / (2 log10 size): 11.8 at 32 px,
+    7.2 at 224 px. Beyond, the weights became 0 (no change: the originals came back as percepts) or NaN."""
+    from stimsim.percepts import _ChangeParametrization
+
+    bound = {32: 11.8, 224: 7.2}[size_px]
+    steep = InversionSettings(parametrization="fourier", spectrum_decay=bound + 1.5)
+    with pytest.raises(ConfigError, match=f"of the model's {size_px}-px images beyond float32's range") as refused:
+        steep.check_image_size(size_px)
+    suggested = float(re.search(r"give at most ([0-9.]+)$", str(refused.value)).group(1))
+    assert bound - 0.2 <= suggested <= bound
+    taken = InversionSettings(parametrization="fourier", spectrum_decay=suggested)
+    taken.check_image_size(size_px)
+    weight = _ChangeParametrization(taken, 1, (1, size_px, size_px), "cpu").weight
+    assert torch.isfinite(weight).all()
+    assert weight.square().mean().item() == pytest.approx(1.0, rel=1e-3)
 
 
 def test_a_visualization_stopped_while_writing_keeps_the_earlier_run_whole(tmp_path, capsys, monkeypatch,

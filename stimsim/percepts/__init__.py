@@ -22,6 +22,7 @@ measures the inversion's own drift. :class:`FaceJudge` scores images by a frozen
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
 
@@ -85,11 +86,21 @@ class InversionSettings(FileModel):
         return self
 
     def check_image_size(self, size_px: int) -> None:
-        """The blur prior reaches 3σ to each side, which must stay within images of ``size_px`` pixels."""
+        """The priors must fit images of ``size_px`` pixels: the blur reaches 3σ to each side, and the spectrum's
+        weights, up to size_px^``spectrum_decay``, are squared in float32."""
         if self.blur_sigma_px > 0 and _blur_radius(self.blur_sigma_px) >= size_px:
             raise ConfigError(f"blur_sigma_px = {self.blur_sigma_px:g} px reaches 3σ = "
                               f"{_blur_radius(self.blur_sigma_px)} px to each side, beyond the model's {size_px}-px "
                               f"images; give at most {(size_px - 1) / 3:.3g}")
+        if self.parametrization == "fourier":
+            weight = _spectrum_weights(size_px, size_px, self.spectrum_decay)
+            if not (torch.isfinite(weight).all() and weight.abs().max() > 0):
+                # the sum of the size_px² squared weights, each at most size_px^(2·decay), within float32
+                largest = (math.log10(torch.finfo(torch.float32).max) - 2 * math.log10(size_px)) \
+                    / (2 * math.log10(size_px))
+                raise ConfigError(f"spectrum_decay = {self.spectrum_decay:g} weights the spectrum of the model's "
+                                  f"{size_px}-px images beyond float32's range; give at most "
+                                  f"{math.floor(largest * 10) / 10:g}")
 
 
 def scrambled_effects(multiplier: torch.Tensor, additive: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,6 +160,16 @@ def _gaussian_blur(sigma_px: float, channels: int, device):
         return torch.nn.functional.conv2d(x, columns, groups=channels)
 
     return blur
+
+
+def _spectrum_weights(height: int, width: int, decay: float, device="cpu") -> torch.Tensor:
+    """Weights (height, width // 2 + 1) of the change's spectrum: each frequency f (cycles/pixel, at least
+    1 / max(height, width)) weighted by f^−``decay``, scaled to an RMS of 1."""
+    fy = torch.fft.fftfreq(height, device=device)[:, None]
+    fx = torch.fft.rfftfreq(width, device=device)[None, :]
+    frequency = torch.sqrt(fx ** 2 + fy ** 2).clamp_min(1.0 / max(height, width))
+    weight = frequency ** -decay
+    return (weight / weight.square().mean().sqrt()).to(torch.float32)
 
 
 def _blur_radius(sigma_px: float) -> int:
@@ -217,9 +238,9 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
             unperturbed = activity if match_layer == layer else _run(model, activity, match_layer, start=layer)
             scale = float(_matched(unperturbed.flatten(1), settings.match).square().mean()) or 1.0
             if not torch.isfinite((_matched(unperturbed.flatten(1), settings.match) - target).square().sum(1)).all():
-                raise ConfigError(f"the stimulated activity of {match_layer!r} lies too far from the unstimulated "
-                                  "activity to be matched in float32 (their squared distance overflows); lower the "
-                                  "stimulation's activation_per_Hz")
+                raise ConfigError(f"[stimulation]: the stimulated activity of {match_layer!r} lies too far from the "
+                                  "unstimulated activity to be matched in float32 (their squared distance overflows); "
+                                  "lower activation_per_Hz")
         change = _ChangeParametrization(settings, k, start.shape[1:], device)
         optimiser = torch.optim.Adam([change.values], lr=settings.learning_rate) if settings.optimizer == "adam" else None
         generator = torch.Generator().manual_seed(int(seed))
@@ -245,6 +266,9 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
                     change.values.copy_(blur(change.values))
                 change.project(start)
         pixels = change.images(start).detach()
+        if not torch.isfinite(pixels).all():
+            raise ConfigError("[inversion]: the images hold values that are not finite after the inversion's steps: "
+                              "tv_weight or learning_rate is too large for float32")
         with torch.no_grad():
             features = _matched(_run(model, _normalise(model, pixels), match_layer).flatten(1), settings.match)
             final = ((features - target).square().mean(1) / scale).cpu().numpy().astype(np.float64)
@@ -265,11 +289,7 @@ class _ChangeParametrization:
         self.channels = channels
         shared = 1 if settings.gray_change else channels
         if settings.parametrization == "fourier":
-            fy = torch.fft.fftfreq(height, device=device)[:, None]
-            fx = torch.fft.rfftfreq(width, device=device)[None, :]
-            frequency = torch.sqrt(fx ** 2 + fy ** 2).clamp_min(1.0 / max(height, width))
-            weight = frequency ** -settings.spectrum_decay
-            self.weight = (weight / weight.square().mean().sqrt()).to(torch.float32)
+            self.weight = _spectrum_weights(height, width, settings.spectrum_decay, device)
             self.size = (height, width)
             self.values = torch.zeros((k, shared, height, width // 2 + 1, 2), device=device, requires_grad=True)
         else:

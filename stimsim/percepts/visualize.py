@@ -290,7 +290,7 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
             images, loss = synthesize(topo, image, multiplier, additive, layer, match_layer, config.inversion,
                                       seed=config.seed + index)
         except ConfigError as exc:
-            raise ConfigError(f"{config.source} [stimulation]: {exc}") from None
+            raise ConfigError(f"{config.source} {exc}") from None  # the message names its table
         seconds.append(time.perf_counter() - tick)
         percepts.append(images)
         losses.append(loss)
@@ -520,7 +520,7 @@ def _conditions(config: VisualizeConfig, layer: str, sites: dict, responses: np.
         try:
             resolved = additive_scale_record(template["activation_per_Hz"], responses)
         except ConfigError as exc:
-            raise ConfigError(f"{config.source} [stimulation]: {exc}") from None
+            raise ConfigError(f"{config.source} {exc}") from None  # the message names its table
         template["activation_per_Hz"] = resolved["activation_per_Hz"]
     top = config.currents_uA[-1]
     stim = lambda site, current: perturbation_from_dict({  # noqa: E731
