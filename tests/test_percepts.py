@@ -533,6 +533,29 @@ def test_image_folders_and_tables_are_read_from_the_files_own_folder(tmp_path, m
     assert config.localizer["sets"][1]["source"] == "floc" and "path" not in config.localizer["sets"][1]
 
 
+def test_model_judge_and_plan_directories_are_read_from_the_files_own_folder(tmp_path, monkeypatch):
+    """A model, judge or plan directory the file gives by a relative path lies beside the file, as in experiment files
+    (a folder beside it named by its bare name too), whatever folder the command runs from; a shipped model's name
+    stays a name even beside a folder of that name, and --model / --judge are read from the working folder."""
+    from stimsim.percepts.visualize import load_config
+
+    project = tmp_path / "project"
+    for folder in ("mine", "stimsim-mnv2-s0", "plans/first"):
+        (project / folder).mkdir(parents=True)
+    path = _with(project, {'model = "stimsim-mnv2-s0"': 'model = "./mine"', 'model = "stimsim-effl0-s0"':
+                           'model = "mine"'})
+    monkeypatch.chdir(tmp_path)  # another folder than the file's
+    config = load_config(path.relative_to(tmp_path))
+    assert config.model == config.judge == str(project / "mine")
+    shipped = load_config(_with(project, {'method = "selectivity"': 'method = "plan"\nplan = "plans/first"\n'
+                                          'face_electrode = 1\ncontrol_electrode = 2',
+                                          "smoothing_sigma_mm = 1.0\n": "", "outside_min_distance_mm = 10.0\n": "",
+                                          "candidate_step_mm = 0.5\n": "", "margin_mm = 1.0\n": ""}))
+    assert shipped.model == "stimsim-mnv2-s0" and shipped.sites["plan"] == str(project / "plans" / "first")
+    given = load_config(path, model="./mine", judge="stimsim-topo-s1")
+    assert given.model == "./mine" and given.judge == "stimsim-topo-s1"
+
+
 def test_three_currents_are_named_in_a_list():
     from stimsim.percepts.visualize import _currents_text
 

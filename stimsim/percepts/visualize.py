@@ -2,8 +2,9 @@
 
 The file (example: ``experiments/visualize_default.toml``) names
 
-* top level: ``name``, ``description``, ``model`` (shipped name or model directory; ``--model``
-  overrides it), ``layer`` (default ``"IT"``), ``match_layer`` (default: ``layer``), ``seed`` (default 0);
+* top level: ``name``, ``description``, ``model`` (shipped name or model directory, a relative one read from
+  this file's folder; ``--model`` overrides it), ``layer`` (default ``"IT"``), ``match_layer`` (default:
+  ``layer``), ``seed`` (default 0);
 * ``[[images]]``: the rows, each a table for ``stimsim.data.stimuli.load_stimulus_source`` (a folder's or
   table's relative ``path`` read from this file's folder) plus ``group`` (row label, e.g. ``"object"``),
   optional ``n`` (the first n images, at most as many as there are) and ``only`` (a table label → value the
@@ -13,7 +14,8 @@ The file (example: ``experiments/visualize_default.toml``) names
 * ``[sites]``: ``method = "selectivity"`` (face site: the candidate point, ``candidate_step_mm`` grid
   ``margin_mm`` from the edge, where the unit face-d′ map smoothed with ``smoothing_sigma_mm`` is highest;
   control site: where it is lowest at least ``outside_min_distance_mm`` away), ``"explicit"``
-  (``face_site_mm``, ``control_site_mm``) or ``"plan"`` (``plan`` = a ``stimsim plan`` directory,
+  (``face_site_mm``, ``control_site_mm``) or ``"plan"`` (``plan`` = a ``stimsim plan`` directory, read from this
+  file's folder when relative,
   ``face_electrode``, ``control_electrode``: their ``cortex_x_mm`` / ``cortex_y_mm`` in its sites.csv).
   Every length is in cortex mm, at the model's own scale (its ``cortex_scale``);
 * ``[stimulation]``: an electrical stimulation template (``stimsim.stimulation.ElectricalStimulation``
@@ -59,7 +61,7 @@ from stimsim.cortex.topography import smoothed_values_at
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.engine.devices import resolve_device
 from stimsim.models.registry import load_model
-from stimsim.paradigms.experiment_file import resolve_set_paths
+from stimsim.paradigms.experiment_file import resolve_model_path, resolve_set_paths
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
 from stimsim.percepts import (FaceJudge, InversionSettings, matched_layer, pixel_images, scrambled_effects,
                               synthesize)
@@ -110,6 +112,7 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
     for sets in (raw.get("images"), (raw.get("localizer") or {}).get("sets") if isinstance(raw.get("localizer"), dict)
                  else None):  # image folders and tables are read from the file's own folder
         resolve_set_paths(sets, path.parent)
+    _resolve_file_paths(raw, path.parent)
     checked = validate(VisualizeFile, raw, where)
     images = [entry.model_dump() for entry in checked.images]
     groups = {entry["group"] for entry in images}
@@ -168,6 +171,19 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
                            safety=checked.safety.to_dict(), inversion=checked.inversion,
                            summary_groups=tuple(checked.summary_groups), source=where,
                            raw=json.loads(json.dumps(raw, default=str)))
+
+
+def _resolve_file_paths(raw: dict, base: Path) -> None:
+    """The model and judge directories and the ``[sites]`` plan directory a file gives by relative paths, made
+    absolute against ``base``, the file's folder (in place), as its image folders and tables are."""
+    if "model" in raw:
+        raw["model"] = resolve_model_path(raw["model"], base)
+    judge, sites = raw.get("judge"), raw.get("sites")
+    if isinstance(judge, dict) and "model" in judge:
+        judge["model"] = resolve_model_path(judge["model"], base)
+    if isinstance(sites, dict) and isinstance(sites.get("plan"), str) and sites["plan"].strip() \
+            and not Path(sites["plan"]).is_absolute():
+        sites["plan"] = str((base / sites["plan"]).absolute())
 
 
 # --- running ------------------------------------------------------------------------------------
