@@ -22,7 +22,8 @@ from stimsim.engine.devices import add_device_argument, resolve_device
 from stimsim.engine.distributed import MAX_PER_CPU, add_compute_arguments
 from stimsim.engine.jobs_bench import job_names
 from stimsim.utilities.errors import ConfigError, DataError, StimsimError, TrainingDiverged
-from stimsim.utilities.io import atomic_write_json, check_output_dir, check_output_file, output_owner
+from stimsim.utilities.io import (RESULT_SET_FILE, atomic_write_json, check_output_dir, check_output_file,
+                                  holds_unfinished_result_set, output_owner)
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.limits import check_seed
 from stimsim.utilities.locking import LOCK_FILE, DirectoryLock, missing_directories
@@ -124,10 +125,10 @@ def _cmd_data_verify(args) -> int:
 
 
 def _cmd_models_list(args) -> int:
-    from stimsim.models.registry import available_models, describe_model
+    from stimsim.models.registry import describe_model, shipped_folders
 
     models, damaged = [], []
-    for name in args.models or available_models():
+    for name in args.models or shipped_folders():
         try:
             models.append(describe_model(name))
         except StimsimError as exc:  # a damaged folder is named after the others are listed
@@ -815,8 +816,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as exc:
         stopped = "terminated" if isinstance(exc, Terminated) else "interrupted"
         kept = getattr(args, "out", None) is None or Path(args.out).exists()  # an --out removed holds nothing to resume
-        resume = "; run the same command again to resume" if args.handler in RESUMABLE and kept else ""
-        print(f"stimsim: {stopped}{resume}", file=sys.stderr)
+        advice = "; run the same command again to resume" if args.handler in RESUMABLE and kept else ""
+        if not advice and getattr(args, "out", None) is not None and holds_unfinished_result_set(args.out):
+            advice = (f"; {args.out} holds an unfinished result set (its {RESULT_SET_FILE} marks it incomplete): run "
+                      "the same command again to write it")
+        print(f"stimsim: {stopped}{advice}", file=sys.stderr)
         return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
     except BrokenPipeError:
         if not _end_on_closed_pipe():

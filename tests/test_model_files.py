@@ -275,13 +275,18 @@ def test_models_list_lists_the_healthy_models_beside_the_damaged_folders(tmp_pat
     (no_weights / "weights.pt").unlink()
     bad_json = tiny_model().save(shipped / "bad_json")
     (bad_json / "model.json").write_text("{not json")
+    no_spec = tiny_model().save(shipped / "no_spec")  # its model.json lost: a model folder all the same
+    (no_spec / "model.json").unlink()
+    (shipped / "__pycache__").mkdir()  # not a model folder
     monkeypatch.setattr(registry, "SHIPPED_DIR", shipped)
     assert main(["models", "list"]) == 2
     captured = capsys.readouterr()
     assert captured.out.startswith("tiny ") and len(captured.out.splitlines()) == 1
-    first, second = captured.err.splitlines()
+    first, second, third = captured.err.splitlines()
     assert first.startswith(f"stimsim: error: {bad_json / 'model.json'}: not valid JSON")
-    assert second == f"stimsim: error: model {no_weights}: file(s) ['weights.pt'] listed in model.json are missing"
+    assert second == (f"stimsim: error: model {no_spec}: no model.json there (a damaged shipped model folder; "
+                      "install stimsim again to restore it)")
+    assert third == f"stimsim: error: model {no_weights}: file(s) ['weights.pt'] listed in model.json are missing"
     assert main(["models", "list", str(no_weights), str(good), "--json"]) == 2
     captured = capsys.readouterr()
     assert [model["path"] for model in json.loads(captured.out)["models"]] == [str(good)]

@@ -235,6 +235,41 @@ def test_result_set_replaces_an_older_set_whole(tmp_path):
         second.claim("../escape.json")
 
 
+def _stop(tmp):
+    raise KeyboardInterrupt
+
+
+def test_files_written_together_replace_an_older_set_only_once_all_are_made(tmp_path, monkeypatch):
+    """Stopped while its files are made, a set written together leaves the older set complete and no temporary file;
+    stopped while they are moved in, it leaves a set whose manifest says it is incomplete."""
+    first = ResultSet(tmp_path, "test")
+    first.write_json("summary.json", {"run": 1})
+    first.write_json("figure.json", {"run": 1})
+    first.finish()
+    with pytest.raises(KeyboardInterrupt), ResultSet(tmp_path, "test") as second:
+        second.write_together({"summary.json": lambda tmp: atomic_write_json(tmp, {"run": 2}), "figure.json": _stop})
+    assert sorted(os.listdir(tmp_path)) == ["figure.json", RESULT_SET_FILE, "summary.json"]
+    files = read_result_set(tmp_path, required=("summary.json", "figure.json"))
+    assert [json.loads(files[name].read_text()) for name in sorted(files)] == [{"run": 1}, {"run": 1}]
+    real = os.replace
+
+    def stop_at_figure(source, target):
+        if Path(target).name == "figure.json":
+            raise KeyboardInterrupt
+        real(source, target)
+
+    monkeypatch.setattr(os, "replace", stop_at_figure)
+    with pytest.raises(KeyboardInterrupt), ResultSet(tmp_path, "test") as third:
+        third.write_together({name: lambda tmp: atomic_write_json(tmp, {"run": 3})
+                              for name in ("summary.json", "figure.json")})
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"run": 3}
+    assert json.loads((tmp_path / "figure.json").read_text()) == {"run": 1}
+    with pytest.raises(DataError, match="incomplete"):
+        read_result_set(tmp_path)
+    assert not [name for name in os.listdir(tmp_path) if ".tmp" in name]
+
+
 def test_a_set_of_other_inputs_is_replaced_with_a_warning_and_the_same_inputs_without(tmp_path, recwarn):
     first = ResultSet(tmp_path, "test", inputs={"file": {"current_uA": 50}, "model": "a"})
     first.write_json("summary.json", {"run": 1})

@@ -255,6 +255,161 @@ def _stopped(*args, **kwargs):
     raise KeyboardInterrupt
 
 
+SMALL_FILE = """name = "small"
+model = "stimsim-topo-s0"
+layer = "it"
+seed = SEED
+summary_groups = ["face"]
+
+[[images]]
+group = "face"
+source = "lfw_subset"
+n = 1
+
+[localizer]
+sets = [{ source = "lfw_subset" }]
+label = "category"
+positive = "face"
+
+[sites]
+method = "selectivity"
+outside_min_distance_mm = 5.0
+
+[stimulation]
+currents_uA = [50, 100]
+frequency_Hz = 200
+form = "additive"
+activation_per_Hz = 0.01
+
+[inversion]
+steps = 1
+
+[judge]
+model = "stimsim-topo-s1"
+"""
+
+
+def _small_models_file(tmp_path: Path, seed: int) -> Path:
+    """A visualisation on the 32-px models (no mirror needed): one LFW face, one inversion step."""
+    path = tmp_path / f"small_seed{seed}.toml"
+    path.write_text(SMALL_FILE.replace("SEED", str(seed)))
+    return path
+
+
+def _not_reached(*args, **kwargs):
+    raise AssertionError("the file's problem is found before the images are read")
+
+
+@pytest.mark.parametrize("change, message, early", [
+    ({"steps = 1": "steps = 1\nlearning_rate = 2.0"}, "[inversion]: 'learning_rate' must be <= 1.0, got 2.0", True),
+    # the 32-px models: a blur reaching 3σ = 33 px to each side is wider than the image, σ ≤ (32 − 1) / 3 = 10.3 fits
+    ({"steps = 1": "steps = 1\nblur_sigma_px = 11.0"},
+     "[inversion]: blur_sigma_px = 11 px reaches 3σ = 33 px to each side, beyond the model's 32-px images; give at "
+     "most 10.3", True),
+    ({'method = "selectivity"\noutside_min_distance_mm = 5.0':
+      'method = "explicit"\nface_site_mm = [100.0, 5.0]\ncontrol_site_mm = [10.0, 10.0]'},
+     "[sites]: site(s) [(100.0, 5.0)] lie off the sheet (x in [", True),
+    ({'layer = "it"': 'layer = "it"\nmatch_layer = "v1"'},
+     ": 'match_layer': match_layer 'v1' comes before the perturbed layer 'it'", True),
+    ({'layer = "it"': 'layer = "v9"'}, ": 'layer': model 'stimsim-topo-s0': unknown layer 'v9'", True),
+    ({"steps = 1": 'steps = 1\nparametrization = "fourier"\nspectrum_decay = 13.0'},
+     "[inversion]: spectrum_decay = 13 weights the spectrum of the model's 32-px images beyond float32's range", True),
+    # 1e30 per Hz × 200 Hz puts the stimulated activity about 2e32 from the unstimulated: squared, beyond float32's 3e38
+    ({"activation_per_Hz = 0.01": "activation_per_Hz = 1e30"},
+     "[stimulation]: the stimulated activity of 'it' lies too far from the unstimulated activity to be matched in "
+     "float32", False),
+    ({"steps = 1": "steps = 1\ntv_weight = 1e300"},  # 1e300 is infinite in float32
+     "[inversion]: the images hold values that are not finite after the inversion's steps", False),
+], ids=["learning_rate", "blur", "site_off_sheet", "match_layer", "layer", "spectrum_decay", "overflow", "tv_weight"])
+def test_bad_inversion_and_site_values_are_one_line_errors_naming_the_file(tmp_path, capsys, monkeypatch, change,
+                                                                           message, early, one_torch_thread):
+    path = _small_models_file(tmp_path, 0)
+    text = path.read_text()
+    for old, new in change.items():
+        assert old in text
+        text = text.replace(old, new)
+    path.write_text(text)
+    if early:
+        monkeypatch.setattr("stimsim.percepts.visualize._load_rows", _not_reached)
+    out = tmp_path / "out"
+    assert main(["visualize", str(path), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith(f"stimsim: error: {path}") and message in err and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("size_px", [32, 224])
+def test_the_spectrum_decay_suggested_for_an_image_size_is_taken_and_a_steeper_one_is_refused(size_px):
+    """The spectrum's weights reach size_px^decay at the lowest frequency; squared and summed over the spectrum they
+    leave float32 (largest 3.4e38) once decay exceeds about (38.53 − 2 log10 size) / (2 log10 size): 11.8 at 32 px,
+    7.2 at 224 px. Beyond, the weights became 0 (no change: the originals came back as percepts) or NaN."""
+    from stimsim.percepts import _ChangeParametrization
+
+    bound = {32: 11.8, 224: 7.2}[size_px]
+    steep = InversionSettings(parametrization="fourier", spectrum_decay=bound + 1.5)
+    with pytest.raises(ConfigError, match=f"of the model's {size_px}-px images beyond float32's range") as refused:
+        steep.check_image_size(size_px)
+    suggested = float(re.search(r"give at most ([0-9.]+)$", str(refused.value)).group(1))
+    assert bound - 0.2 <= suggested <= bound
+    taken = InversionSettings(parametrization="fourier", spectrum_decay=suggested)
+    taken.check_image_size(size_px)
+    weight = _ChangeParametrization(taken, 1, (1, size_px, size_px), "cpu").weight
+    assert torch.isfinite(weight).all()
+    assert weight.square().mean().item() == pytest.approx(1.0, rel=1e-3)
+
+
+def test_a_visualization_stopped_while_writing_keeps_the_earlier_run_whole(tmp_path, capsys, monkeypatch,
+                                                                          one_torch_thread):
+    """Stopped (kill) while its files are made, a run replacing an earlier one leaves the earlier run's files as they
+    were, still a complete set, never new files beside old ones."""
+    from stimsim.cli import Terminated
+    from stimsim.utilities.io import read_result_set
+
+    out = tmp_path / "out"
+    assert main(["visualize", str(_small_models_file(tmp_path, 0)), "--out", str(out), "--no-progress"]) == 0
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert set(before) == {"percepts.png", "percepts.nc", "summary.json", "config.json", "result_set.json"}
+
+    def killed(*args, **kwargs):
+        raise Terminated(15)
+
+    monkeypatch.setattr("stimsim.percepts.visualize.plot_percepts", killed)  # after percepts.nc is made
+    capsys.readouterr()
+    assert main(["visualize", str(_small_models_file(tmp_path, 1)), "--out", str(out), "--no-progress"]) == 143
+    assert capsys.readouterr().err.splitlines()[-1] == "stimsim: terminated"
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    assert set(read_result_set(out)) == {"percepts.png", "percepts.nc", "summary.json", "config.json"}
+
+
+def test_a_visualization_stopped_with_its_result_set_unfinished_says_so(tmp_path, capsys, monkeypatch):
+    """Stopped in the moment its files are moved in, a run leaves a set its manifest marks incomplete: the
+    command's last line says so and what to do; stopped before, it leaves the finished set and says nothing more."""
+    from stimsim.utilities.io import ResultSet
+
+    out = tmp_path / "out"
+
+    def stopped_while_moving(config, out_dir, **kwargs):
+        results = ResultSet(out_dir, "percepts")
+        results.write_json("summary.json", {})
+        raise KeyboardInterrupt
+
+    def stopped_before_writing(config, out_dir, **kwargs):
+        with ResultSet(out_dir, "percepts"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("stimsim.percepts.visualize.run_visualize", stopped_while_moving)
+    assert main(["visualize", "any.toml", "--out", str(out), "--no-progress"]) == 130
+    assert capsys.readouterr().err == (f"stimsim: interrupted; {out} holds an unfinished result set (its "
+                                       "result_set.json marks it incomplete): run the same command again to write "
+                                       "it\n")
+    finished = ResultSet(out, "percepts")
+    finished.write_json("summary.json", {})
+    finished.finish()
+    monkeypatch.setattr("stimsim.percepts.visualize.run_visualize", stopped_before_writing)
+    assert main(["visualize", "any.toml", "--out", str(out), "--no-progress"]) == 130
+    assert capsys.readouterr().err == "stimsim: interrupted\n"
+
+
 @pytest.mark.parametrize("change, message", [
     ({"steps = 100": "stepz = 100"}, "unknown key 'stepz'"),
     ({"currents_uA = [100, 300, 1000]": "currents_uA = [300, 100]"},
@@ -376,6 +531,29 @@ def test_image_folders_and_tables_are_read_from_the_files_own_folder(tmp_path, m
     assert config.images[0]["path"] == str(project / "rows")
     assert config.localizer["sets"][0]["path"] == str(project / "tables" / "localizer.csv")
     assert config.localizer["sets"][1]["source"] == "floc" and "path" not in config.localizer["sets"][1]
+
+
+def test_model_judge_and_plan_directories_are_read_from_the_files_own_folder(tmp_path, monkeypatch):
+    """A model, judge or plan directory the file gives by a relative path lies beside the file, as in experiment files
+    (a folder beside it named by its bare name too), whatever folder the command runs from; a shipped model's name
+    stays a name even beside a folder of that name, and --model / --judge are read from the working folder."""
+    from stimsim.percepts.visualize import load_config
+
+    project = tmp_path / "project"
+    for folder in ("mine", "stimsim-mnv2-s0", "plans/first"):
+        (project / folder).mkdir(parents=True)
+    path = _with(project, {'model = "stimsim-mnv2-s0"': 'model = "./mine"', 'model = "stimsim-effl0-s0"':
+                           'model = "mine"'})
+    monkeypatch.chdir(tmp_path)  # another folder than the file's
+    config = load_config(path.relative_to(tmp_path))
+    assert config.model == config.judge == str(project / "mine")
+    shipped = load_config(_with(project, {'method = "selectivity"': 'method = "plan"\nplan = "plans/first"\n'
+                                          'face_electrode = 1\ncontrol_electrode = 2',
+                                          "smoothing_sigma_mm = 1.0\n": "", "outside_min_distance_mm = 10.0\n": "",
+                                          "candidate_step_mm = 0.5\n": "", "margin_mm = 1.0\n": ""}))
+    assert shipped.model == "stimsim-mnv2-s0" and shipped.sites["plan"] == str(project / "plans" / "first")
+    given = load_config(path, model="./mine", judge="stimsim-topo-s1")
+    assert given.model == "./mine" and given.judge == "stimsim-topo-s1"
 
 
 def test_three_currents_are_named_in_a_list():

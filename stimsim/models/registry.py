@@ -30,6 +30,15 @@ def available_models() -> list[str]:
     return sorted(p.name for p in SHIPPED_DIR.iterdir() if (p / "model.json").is_file())
 
 
+def shipped_folders() -> list[str]:
+    """Names of every folder in the shipped model directory, a damaged one without ``model.json`` included (hidden
+    folders and ``__pycache__`` left out), so that ``models list`` names what it cannot describe."""
+    if not SHIPPED_DIR.is_dir():
+        return []
+    return sorted(p.name for p in SHIPPED_DIR.iterdir()
+                  if p.is_dir() and not p.name.startswith((".", "__")))
+
+
 def looks_like_path(name_or_path) -> bool:
     """Whether a model is given as a directory: a ``Path``, or text that starts with ``.``, ``/`` or ``~`` or holds a
     path separator (``./mine``, ``/models/mine``, ``runs/s0/model``); any other text is a model name."""
@@ -63,6 +72,9 @@ def model_path(name_or_path) -> Path:
         raise DataError(f"model directory {name_or_path}: no model.json there (not a model directory){hint}")
     if (SHIPPED_DIR / str(name_or_path) / "model.json").is_file():
         return SHIPPED_DIR / str(name_or_path)
+    if str(name_or_path) and (SHIPPED_DIR / str(name_or_path)).is_dir():
+        raise DataError(f"model {SHIPPED_DIR / str(name_or_path)}: no model.json there (a damaged shipped model "
+                        "folder; install stimsim again to restore it)")
     hint = f"; the folder ./{name_or_path} is a model directory: give it as a path" if (
         Path(str(name_or_path)) / "model.json").is_file() else ""
     raise DataError(f"unknown model {name_or_path!r}: not one of the shipped models {available_models()} (a model "

@@ -22,6 +22,7 @@ measures the inversion's own drift. :class:`FaceJudge` scores images by a frozen
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
 
@@ -45,7 +46,7 @@ PARAMETRIZATIONS = ("pixels", "fourier")
 class InversionSettings(FileModel):
     """How the inversion searches (a visualisation file's ``[inversion]`` table).
 
-    steps : gradient steps per image; learning_rate : step size in pixel units ([0, 1] range);
+    steps : gradient steps per image; learning_rate : step size in pixel units ([0, 1] range; at most 1);
     optimizer : ``"adam"`` (Adam: every pixel's step normalised on its own, so that even a tiny gradient makes a
     full step) or ``"batch_normalized"`` (the gradient divided by its RMS over all pixels of all conditions of
     the batch: a condition moves in proportion to how strongly its mismatch pulls);
@@ -67,7 +68,7 @@ class InversionSettings(FileModel):
     table: ClassVar[str] = "inversion"
 
     steps: Annotated[int, Field(ge=1)] = 100
-    learning_rate: Annotated[float, Field(gt=0)] = 0.02
+    learning_rate: Annotated[float, Field(gt=0, le=1)] = 0.02
     tv_weight: Annotated[float, Field(ge=0)] = 0.05
     jitter_px: Annotated[int, Field(ge=0)] = 4
     blur_sigma_px: Annotated[float, Field(ge=0)] = 0.0
@@ -83,6 +84,23 @@ class InversionSettings(FileModel):
             raise ValueError("blur_sigma_px applies to parametrization = 'pixels'; the 'fourier' parametrization's "
                              "1/f weights are its prior against high spatial frequencies (set blur_sigma_px = 0)")
         return self
+
+    def check_image_size(self, size_px: int) -> None:
+        """The priors must fit images of ``size_px`` pixels: the blur reaches 3σ to each side, and the spectrum's
+        weights, up to size_px^``spectrum_decay``, are squared in float32."""
+        if self.blur_sigma_px > 0 and _blur_radius(self.blur_sigma_px) >= size_px:
+            raise ConfigError(f"blur_sigma_px = {self.blur_sigma_px:g} px reaches 3σ = "
+                              f"{_blur_radius(self.blur_sigma_px)} px to each side, beyond the model's {size_px}-px "
+                              f"images; give at most {(size_px - 1) / 3:.3g}")
+        if self.parametrization == "fourier":
+            weight = _spectrum_weights(size_px, size_px, self.spectrum_decay)
+            if not (torch.isfinite(weight).all() and weight.abs().max() > 0):
+                # the sum of the size_px² squared weights, each at most size_px^(2·decay), within float32
+                largest = (math.log10(torch.finfo(torch.float32).max) - 2 * math.log10(size_px)) \
+                    / (2 * math.log10(size_px))
+                raise ConfigError(f"spectrum_decay = {self.spectrum_decay:g} weights the spectrum of the model's "
+                                  f"{size_px}-px images beyond float32's range; give at most "
+                                  f"{math.floor(largest * 10) / 10:g}")
 
 
 def scrambled_effects(multiplier: torch.Tensor, additive: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +148,7 @@ def _matched(activity: torch.Tensor, match: str) -> torch.Tensor:
 def _gaussian_blur(sigma_px: float, channels: int, device):
     """A function blurring (K, channels, H, W) images with a Gaussian of σ = ``sigma_px`` (separable, 3σ wide,
     edges reflected)."""
-    radius = max(1, int(np.ceil(3 * sigma_px)))
+    radius = _blur_radius(sigma_px)
     taps = torch.exp(-torch.arange(-radius, radius + 1, dtype=torch.float32) ** 2 / (2 * sigma_px ** 2))
     taps = (taps / taps.sum()).to(device)
     rows = taps.view(1, 1, 1, -1).repeat(channels, 1, 1, 1)
@@ -144,11 +162,37 @@ def _gaussian_blur(sigma_px: float, channels: int, device):
     return blur
 
 
+def _spectrum_weights(height: int, width: int, decay: float, device="cpu") -> torch.Tensor:
+    """Weights (height, width // 2 + 1) of the change's spectrum: each frequency f (cycles/pixel, at least
+    1 / max(height, width)) weighted by f^−``decay``, scaled to an RMS of 1."""
+    fy = torch.fft.fftfreq(height, device=device)[:, None]
+    fx = torch.fft.rfftfreq(width, device=device)[None, :]
+    frequency = torch.sqrt(fx ** 2 + fy ** 2).clamp_min(1.0 / max(height, width))
+    weight = frequency ** -decay
+    return (weight / weight.square().mean().sqrt()).to(torch.float32)
+
+
+def _blur_radius(sigma_px: float) -> int:
+    """Half-width (pixels) of the Gaussian blur of σ = ``sigma_px``: 3σ, at least 1."""
+    return max(1, int(np.ceil(3 * sigma_px)))
+
+
 def _total_variation(x: torch.Tensor) -> torch.Tensor:
     """Mean absolute difference of vertically and horizontally neighbouring pixels, per image (K,)."""
     dy = (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1)
     dx = (x[..., :, 1:] - x[..., :, :-1]).abs().flatten(1).mean(1)
     return dy + dx
+
+
+def matched_layer(model, layer: str, match_layer: str | None) -> str:
+    """The stage whose activity the inversion matches: ``match_layer`` resolved (default ``layer``), which must not
+    come before the perturbed ``layer``."""
+    match_layer = layer if match_layer is None else model.resolve_layer(match_layer)
+    names = model.stage_names
+    if names.index(match_layer) < names.index(layer):
+        raise ConfigError(f"match_layer {match_layer!r} comes before the perturbed layer {layer!r}; match the "
+                          "perturbed layer or a later one")
+    return match_layer
 
 
 def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: torch.Tensor, layer: str,
@@ -171,11 +215,8 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
     (images (K, channels, size_px, size_px) in [0, 1] on the CPU, final match loss per condition (K,)).
     """
     layer = model.resolve_layer(layer)
-    match_layer = layer if match_layer is None else model.resolve_layer(match_layer)
-    names = model.stage_names
-    if names.index(match_layer) < names.index(layer):
-        raise ConfigError(f"match_layer {match_layer!r} comes before the perturbed layer {layer!r}; match the "
-                          "perturbed layer or a later one")
+    match_layer = matched_layer(model, layer, match_layer)
+    settings.check_image_size(image.shape[-1])
     device = model.device
     k = multiplier.shape[0]
     start = image.to(device=device, dtype=torch.float32)[None]
@@ -196,6 +237,10 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
             target = _matched(target.flatten(1), settings.match)
             unperturbed = activity if match_layer == layer else _run(model, activity, match_layer, start=layer)
             scale = float(_matched(unperturbed.flatten(1), settings.match).square().mean()) or 1.0
+            if not torch.isfinite((_matched(unperturbed.flatten(1), settings.match) - target).square().sum(1)).all():
+                raise ConfigError(f"[stimulation]: the stimulated activity of {match_layer!r} lies too far from the "
+                                  "unstimulated activity to be matched in float32 (their squared distance overflows); "
+                                  "lower activation_per_Hz")
         change = _ChangeParametrization(settings, k, start.shape[1:], device)
         optimiser = torch.optim.Adam([change.values], lr=settings.learning_rate) if settings.optimizer == "adam" else None
         generator = torch.Generator().manual_seed(int(seed))
@@ -221,6 +266,9 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
                     change.values.copy_(blur(change.values))
                 change.project(start)
         pixels = change.images(start).detach()
+        if not torch.isfinite(pixels).all():
+            raise ConfigError("[inversion]: the images hold values that are not finite after the inversion's steps: "
+                              "tv_weight or learning_rate is too large for float32")
         with torch.no_grad():
             features = _matched(_run(model, _normalise(model, pixels), match_layer).flatten(1), settings.match)
             final = ((features - target).square().mean(1) / scale).cpu().numpy().astype(np.float64)
@@ -241,11 +289,7 @@ class _ChangeParametrization:
         self.channels = channels
         shared = 1 if settings.gray_change else channels
         if settings.parametrization == "fourier":
-            fy = torch.fft.fftfreq(height, device=device)[:, None]
-            fx = torch.fft.rfftfreq(width, device=device)[None, :]
-            frequency = torch.sqrt(fx ** 2 + fy ** 2).clamp_min(1.0 / max(height, width))
-            weight = frequency ** -settings.spectrum_decay
-            self.weight = (weight / weight.square().mean().sqrt()).to(torch.float32)
+            self.weight = _spectrum_weights(height, width, settings.spectrum_decay, device)
             self.size = (height, width)
             self.values = torch.zeros((k, shared, height, width // 2 + 1, 2), device=device, requires_grad=True)
         else:

@@ -2,8 +2,9 @@
 
 The file (example: ``experiments/visualize_default.toml``) names
 
-* top level: ``name``, ``description``, ``model`` (shipped name or model directory; ``--model``
-  overrides it), ``layer`` (default ``"IT"``), ``match_layer`` (default: ``layer``), ``seed`` (default 0);
+* top level: ``name``, ``description``, ``model`` (shipped name or model directory, a relative one read from
+  this file's folder; ``--model`` overrides it), ``layer`` (default ``"IT"``), ``match_layer`` (default:
+  ``layer``), ``seed`` (default 0);
 * ``[[images]]``: the rows, each a table for ``stimsim.data.stimuli.load_stimulus_source`` (a folder's or
   table's relative ``path`` read from this file's folder) plus ``group`` (row label, e.g. ``"object"``),
   optional ``n`` (the first n images, at most as many as there are) and ``only`` (a table label → value the
@@ -13,7 +14,8 @@ The file (example: ``experiments/visualize_default.toml``) names
 * ``[sites]``: ``method = "selectivity"`` (face site: the candidate point, ``candidate_step_mm`` grid
   ``margin_mm`` from the edge, where the unit face-d′ map smoothed with ``smoothing_sigma_mm`` is highest;
   control site: where it is lowest at least ``outside_min_distance_mm`` away), ``"explicit"``
-  (``face_site_mm``, ``control_site_mm``) or ``"plan"`` (``plan`` = a ``stimsim plan`` directory,
+  (``face_site_mm``, ``control_site_mm``) or ``"plan"`` (``plan`` = a ``stimsim plan`` directory, read from this
+  file's folder when relative,
   ``face_electrode``, ``control_electrode``: their ``cortex_x_mm`` / ``cortex_y_mm`` in its sites.csv).
   Every length is in cortex mm, at the model's own scale (its ``cortex_scale``);
 * ``[stimulation]``: an electrical stimulation template (``stimsim.stimulation.ElectricalStimulation``
@@ -59,9 +61,10 @@ from stimsim.cortex.topography import smoothed_values_at
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.engine.devices import resolve_device
 from stimsim.models.registry import load_model
-from stimsim.paradigms.experiment_file import resolve_set_paths
+from stimsim.paradigms.experiment_file import resolve_model_path, resolve_set_paths
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
-from stimsim.percepts import FaceJudge, InversionSettings, pixel_images, scrambled_effects, synthesize
+from stimsim.percepts import (FaceJudge, InversionSettings, matched_layer, pixel_images, scrambled_effects,
+                              synthesize)
 from stimsim.percepts.figure import plot_percepts
 from stimsim.percepts.visualize_file import VisualizeFile
 from stimsim.stimulation import (Condition, SafetyLimits, additive_scale_record, check_additive_scale, check_protocol,
@@ -70,7 +73,7 @@ from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, DataError, FileFormatError, SafetyError
 from stimsim.utilities.filemodels import validate
 from stimsim.utilities.hashing import state_sha256
-from stimsim.utilities.io import ResultSet, provenance
+from stimsim.utilities.io import ResultSet, atomic_write_json, provenance
 from stimsim.utilities.locking import DirectoryLock
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.progress import report_phase
@@ -109,6 +112,7 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
     for sets in (raw.get("images"), (raw.get("localizer") or {}).get("sets") if isinstance(raw.get("localizer"), dict)
                  else None):  # image folders and tables are read from the file's own folder
         resolve_set_paths(sets, path.parent)
+    _resolve_file_paths(raw, path.parent)
     checked = validate(VisualizeFile, raw, where)
     images = [entry.model_dump() for entry in checked.images]
     groups = {entry["group"] for entry in images}
@@ -169,6 +173,19 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
                            raw=json.loads(json.dumps(raw, default=str)))
 
 
+def _resolve_file_paths(raw: dict, base: Path) -> None:
+    """The model and judge directories and the ``[sites]`` plan directory a file gives by relative paths, made
+    absolute against ``base``, the file's folder (in place), as its image folders and tables are."""
+    if "model" in raw:
+        raw["model"] = resolve_model_path(raw["model"], base)
+    judge, sites = raw.get("judge"), raw.get("sites")
+    if isinstance(judge, dict) and "model" in judge:
+        judge["model"] = resolve_model_path(judge["model"], base)
+    if isinstance(sites, dict) and isinstance(sites.get("plan"), str) and sites["plan"].strip() \
+            and not Path(sites["plan"]).is_absolute():
+        sites["plan"] = str((base / sites["plan"]).absolute())
+
+
 # --- running ------------------------------------------------------------------------------------
 def run_visualize(config_path, out_dir, model: str | None = None, judge: str | None = None, progress: bool = True,
                   force: bool = False, device="cpu") -> dict:
@@ -200,9 +217,9 @@ def check_site_separation(face_mm, control_mm, recording_radius_mm: float, where
                           "give a control site farther away")
 
 
-def _scaled_model(name: str, layer: str, what: str, device):
+def _scaled_model(name: str, layer: str, what: str, device, where: str):
     """The model ``name`` on ``device`` with its ``layer`` sheet in cortex mm (its own recorded scale); ``what`` (the
-    model or the judge) is named when it cannot be loaded."""
+    model or the judge) is named when it cannot be loaded, and the file ``where`` when it lacks ``layer``."""
     try:
         topo = load_model(name, device=device)
     except DataError as exc:
@@ -211,7 +228,7 @@ def _scaled_model(name: str, layer: str, what: str, device):
     try:
         layer = topo.resolve_layer(layer)
     except ConfigError as exc:
-        raise ConfigError(f"{what} {name!r}: {exc}") from None
+        raise ConfigError(f"{where}: 'layer': {what} {name!r}: {exc}") from None
     scale = topo.cortex_scale(layer)
     topo, _ = topo.in_cortex_mm(layer)
     return topo, layer, scale
@@ -220,8 +237,8 @@ def _scaled_model(name: str, layer: str, what: str, device):
 def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, device) -> dict:
     started = time.perf_counter()
     report_phase(f"visualize: loading model {config.model} and judge {config.judge}", progress)
-    topo, layer, scale = _scaled_model(config.model, config.layer, "model", device)
-    judge_model, judge_layer, _ = _scaled_model(config.judge, config.layer, "judge", device)
+    topo, layer, scale = _scaled_model(config.model, config.layer, "model", device, config.source)
+    judge_model, judge_layer, _ = _scaled_model(config.judge, config.layer, "judge", device, config.source)
     notes = []  # what limits the results, said on stderr and kept in summary.json, config.json and the figure
 
     def note(message: str) -> None:
@@ -232,9 +249,16 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
         note(f"the independent judge {config.judge!r} is the model itself ({topo.name!r}); its P(face) is not "
              "independent of the inversion — give another model ([judge] model or --judge)")
     try:
-        match_layer = None if config.match_layer is None else topo.resolve_layer(config.match_layer)
+        match_layer = None if config.match_layer is None else matched_layer(topo, layer, config.match_layer)
     except ConfigError as exc:
         raise ConfigError(f"{config.source}: 'match_layer': {exc}") from None
+    try:
+        config.inversion.check_image_size(topo.preprocessing.size_px)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.source} [inversion]: {exc}") from None
+    if config.sites["method"] == "explicit":  # known before the localizer's work
+        check_on_sheet([config.sites["face_site_mm"], config.sites["control_site_mm"]], topo.sheet(layer),
+                       f"{config.source} [sites]")
     rows = _load_rows(config)
     localizer, left_out = _load_localizer(config, set(rows.stimulus_id.tolist()))
     if left_out:
@@ -278,8 +302,11 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
         report_phase(f"inversion {index + 1}/{len(rows)}: {stimulus_id} × {len(labels)} conditions, "
                      f"{config.inversion.steps} steps", progress)
         tick = time.perf_counter()
-        images, loss = synthesize(topo, image, multiplier, additive, layer, match_layer, config.inversion,
-                                  seed=config.seed + index)
+        try:
+            images, loss = synthesize(topo, image, multiplier, additive, layer, match_layer, config.inversion,
+                                      seed=config.seed + index)
+        except ConfigError as exc:
+            raise ConfigError(f"{config.source} {exc}") from None  # the message names its table
         seconds.append(time.perf_counter() - tick)
         percepts.append(images)
         losses.append(loss)
@@ -331,10 +358,12 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
     })
     dataset = _dataset(rows, groups, originals, percepts, np.asarray(losses), p_face, p_original, labels, kinds,
                        currents, positions, record)
-    results.write(DATA_FILE, lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
-    plot_percepts(dataset, results / PNG_FILE, f"{config.name}: {config.model} (judge {config.judge})", notes)
-    results.write_json(CONFIG_FILE, record)
-    results.write_json(SUMMARY_FILE, summary)
+    title = f"{config.name}: {config.model} (judge {config.judge})"
+    results.write_together({  # an earlier run's files stay whole until every new one is made
+        DATA_FILE: lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"),
+        PNG_FILE: lambda tmp: plot_percepts(dataset, tmp, title, notes),
+        CONFIG_FILE: lambda tmp: atomic_write_json(tmp, record),
+        SUMMARY_FILE: lambda tmp: atomic_write_json(tmp, summary)})
     results.finish()
     return summary
 
@@ -424,14 +453,19 @@ def _choose_sites(config: VisualizeConfig, sheet, responses, is_face) -> dict:
     else:
         points = _plan_sites(spec, where, config.model)
     check_site_separation(points[0], points[1], spec["recording_radius_mm"], where)
+    check_on_sheet(points, sheet, where)
+    values, counts = multi_unit_dprime(responses, is_face, sheet, points, spec["recording_radius_mm"])
+    return {name: {"x_mm": float(p[0]), "y_mm": float(p[1]), "dprime": float(v), "n_units": int(n)}
+            for name, p, v, n in zip(("face", "control"), points, values, counts)}
+
+
+def check_on_sheet(points, sheet, where: str) -> None:
+    """Every site of ``points`` ([x, y] cortex mm) must lie on ``sheet``."""
     off = [tuple(round(float(v), 3) for v in p) for p in points if not sheet.contains(tuple(p))]
     if off:
         x0, x1, y0, y1 = sheet.extent_mm
         raise ConfigError(f"{where}: site(s) {off} lie off the sheet (x in [{x0:g}, {x1:g}], y in [{y0:g}, {y1:g}] "
                           "cortex mm)")
-    values, counts = multi_unit_dprime(responses, is_face, sheet, points, spec["recording_radius_mm"])
-    return {name: {"x_mm": float(p[0]), "y_mm": float(p[1]), "dprime": float(v), "n_units": int(n)}
-            for name, p, v, n in zip(("face", "control"), points, values, counts)}
 
 
 def _plan_sites(spec: dict, where: str, model: str) -> np.ndarray:
@@ -502,7 +536,7 @@ def _conditions(config: VisualizeConfig, layer: str, sites: dict, responses: np.
         try:
             resolved = additive_scale_record(template["activation_per_Hz"], responses)
         except ConfigError as exc:
-            raise ConfigError(f"{config.source} [stimulation]: {exc}") from None
+            raise ConfigError(f"{config.source} {exc}") from None  # the message names its table
         template["activation_per_Hz"] = resolved["activation_per_Hz"]
     top = config.currents_uA[-1]
     stim = lambda site, current: perturbation_from_dict({  # noqa: E731

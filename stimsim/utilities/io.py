@@ -227,8 +227,7 @@ class ResultSet:
     def claim(self, name: str) -> Path:
         """Record ``name`` (a plain file name) as a file of this set and return its path; the caller
         writes it there atomically. ``result_set / name`` does the same."""
-        if not isinstance(name, str) or Path(name).name != name or name in (RESULT_SET_FILE, ".", ".."):
-            raise ValueError(f"result file names are plain names inside the directory, got {name!r}")
+        _check_result_name(name)
         if name not in self._claimed:
             self._claimed.append(name)
             self._write_manifest(complete=False)
@@ -242,6 +241,29 @@ class ResultSet:
 
     def write_json(self, name: str, obj, sort_keys: bool = True) -> Path:
         return atomic_write_json(self.claim(name), obj, sort_keys=sort_keys)
+
+    def write_together(self, savers: dict) -> list[Path]:
+        """Write the files ``savers`` names (name → ``save_fn(temporary path)``) as one step: every file is saved
+        to a temporary sibling before any is claimed, then all are moved into place. A run stopped while they are
+        saved leaves the directory as it found it (an older set complete, :meth:`abandon`); only one stopped in
+        the moment of the moves leaves a mixture, which the manifest marks incomplete."""
+        staged = {}
+        try:
+            for name, save_fn in savers.items():
+                _check_result_name(name)
+                staged[name] = _temp_file(self.directory / name)
+                save_fn(staged[name])
+            new = [name for name in staged if name not in self._claimed]
+            if new:
+                self._claimed += new
+                self._write_manifest(complete=False)
+            for name, tmp in staged.items():
+                os.replace(tmp, self.directory / name)
+        except BaseException:
+            for tmp in staged.values():
+                Path(tmp).unlink(missing_ok=True)
+            raise
+        return [self.directory / name for name in staged]
 
     def write_csv(self, name: str, frame) -> Path:
         """Write a DataFrame as :func:`csv_text` gives it."""
@@ -306,6 +328,12 @@ class ResultSet:
         atomic_write_json(self.directory / RESULT_SET_FILE, manifest)
 
 
+def _check_result_name(name) -> None:
+    """A result file's name must be a plain name inside the directory, not the manifest's."""
+    if not isinstance(name, str) or Path(name).name != name or name in (RESULT_SET_FILE, ".", ".."):
+        raise ValueError(f"result file names are plain names inside the directory, got {name!r}")
+
+
 def read_json(path):
     """The content of the JSON file ``path``; a file that is not UTF-8 JSON raises FileFormatError naming it."""
     path = Path(path)
@@ -354,6 +382,14 @@ def ensure_output_dir(directory) -> Path:
     except OSError as exc:
         raise ConfigError(f"cannot write into output directory {directory}: {exc.strerror or exc}") from None
     return directory
+
+
+def holds_unfinished_result_set(directory) -> bool:
+    """Whether ``directory`` holds a result set whose manifest marks it incomplete (a run stopped while writing it)."""
+    try:
+        return (Path(directory) / RESULT_SET_FILE).is_file() and not _read_manifest(Path(directory)).get("complete")
+    except (DataError, OSError):
+        return False
 
 
 def read_result_set(directory, required: tuple[str, ...] = ()) -> dict[str, Path]:
