@@ -630,3 +630,34 @@ def test_the_default_visualization_gives_the_figures_of_the_docs(tmp_path, share
         scored = np.isin(data["group"].values.astype(str), ["object", "place"])
         top = data["p_face"].sel(judge="independent").isel(condition=top_current).values[scored]
     assert len(top) == 12 and abs(int((top > 0.2).sum()) - int(above.group(1))) <= 3
+
+
+def test_the_figure_shares_its_rows_among_the_groups_when_there_are_too_many_images():
+    from stimsim.percepts.figure import shown_rows
+
+    groups = ["objects"] * 6 + ["places"] * 2 + ["faces"] * 4
+    assert shown_rows(groups, limit=12) == list(range(12))  # all fit
+    # in turn: objects 0, places 6, faces 8, objects 1, places 7, faces 9, objects 2
+    assert shown_rows(groups, limit=7) == [0, 1, 2, 6, 7, 8, 9]
+
+
+def test_a_figure_of_many_images_is_no_taller_than_its_row_limit(tmp_path):
+    from PIL import Image
+
+    from stimsim.percepts.figure import MAX_FIGURE_ROWS, plot_percepts
+
+    def dataset(n_images):
+        rng = np.random.default_rng(0)
+        ids = np.asarray([f"image{i}" for i in range(n_images)], dtype=object)
+        return xr.Dataset(
+            {"percept": (("stimulus_id", "condition", "y", "x", "channel"), rng.random((n_images, 2, 4, 4, 1))),
+             "original": (("stimulus_id", "y", "x", "channel"), rng.random((n_images, 4, 4, 1))),
+             "p_face": (("judge", "stimulus_id", "condition"), rng.random((2, n_images, 2))),
+             "p_face_original": (("judge", "stimulus_id"), rng.random((2, n_images)))},
+            coords={"stimulus_id": ids, "group": ("stimulus_id", np.asarray(["a", "b"] * (n_images // 2), dtype=object)),
+                    "condition": np.asarray(["unstimulated", "50uA"], dtype=object), "channel": ["gray"]})
+
+    plot_percepts(dataset(MAX_FIGURE_ROWS), tmp_path / "limit.png", "limit", notes=["a note"])
+    plot_percepts(dataset(MAX_FIGURE_ROWS + 40), tmp_path / "more.png", "more", notes=["a note"])
+    limit_px, more_px = (Image.open(tmp_path / name).size[1] for name in ("limit.png", "more.png"))
+    assert more_px == pytest.approx(limit_px, rel=0.05)  # as tall as the limit's (its one more note line aside)

@@ -9,10 +9,34 @@ import xarray as xr
 from stimsim.utilities.figures import pyplot, save_figure
 
 
+#: Images the figure shows at most (a taller figure passes the image size a PNG renderer can draw); every image's
+#: percepts are in ``percepts.nc``.
+MAX_FIGURE_ROWS = 40
+
+
+def shown_rows(groups, limit: int = MAX_FIGURE_ROWS) -> list[int]:
+    """Indices of the rows the figure shows, in their order: every row when there are at most ``limit``, else
+    ``limit`` rows taken in turn from each group (its first image, then its second, ...), so every group is seen."""
+    groups = [str(group) for group in groups]
+    if len(groups) <= limit:
+        return list(range(len(groups)))
+    rank = [groups[:index].count(group) for index, group in enumerate(groups)]
+    order = list(dict.fromkeys(groups))
+    taken = sorted(range(len(groups)), key=lambda index: (rank[index], order.index(groups[index])))[:limit]
+    return sorted(taken)
+
+
 def plot_percepts(dataset: xr.Dataset, path, title: str, notes=()) -> None:
-    """The grid: one row per image, columns original then every condition, P(face) (own / independent) below;
-    ``notes`` (what limits the results) under it."""
+    """The grid: one row per image (at most :data:`MAX_FIGURE_ROWS`, shared among the groups, the figure saying
+    how many it leaves out), columns original then every condition, P(face) (own / independent) below; ``notes``
+    (what limits the results) under it."""
     plt = pyplot()
+    n_images = dataset.sizes["stimulus_id"]
+    rows = shown_rows(dataset["group"].values)
+    if len(rows) < n_images:
+        dataset = dataset.isel(stimulus_id=rows)
+        notes = [*notes, f"the figure shows {len(rows)} of the {n_images} images, shared among the groups; every "
+                         "image's percepts are in percepts.nc"]
     n_rows, n_cols = dataset.sizes["stimulus_id"], dataset.sizes["condition"] + 1
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 1.75 * n_rows + 0.6), squeeze=False,
                              layout="constrained")  # room for every label whatever the number of rows
