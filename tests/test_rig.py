@@ -248,10 +248,10 @@ def test_a_trial_list_with_rows_given_twice_or_unnumbered_trials_is_refused(rig_
     unnumbered = tmp_path / "unnumbered.csv"
     unnumbered.write_text("\n".join(lines[:1] + ["0" + lines[1][lines[1].index(","):]] + lines[2:]) + "\n")
     session = tmp_path / "session.nwb"
-    for trial_list, expected in ((twice, "column 'trial': trial 2 is listed twice (data rows 2 and 4)"),
-                                 (unnumbered, "column 'trial': trial numbers are integers from 1; data row 1 has '0'")):
-        assert main(["subject", "session", str(rig_plan), "--trials", str(trial_list), "--out", str(session)]) == 2
-        assert f"{trial_list}: {expected}" in capsys.readouterr().err
+    for listed, expected in ((twice, "column 'trial': trial 2 is listed twice (data rows 2 and 4)"),
+                             (unnumbered, "column 'trial': trial numbers are integers from 1; data row 1 has '0'")):
+        assert main(["subject", "session", str(rig_plan), "--trials", str(listed), "--out", str(session)]) == 2
+        assert f"{listed}: {expected}" in capsys.readouterr().err
         assert not session.exists()
 
 
@@ -387,9 +387,9 @@ def test_sham_rows_written_in_another_case_are_simulated_as_sham(rig_plan, tmp_p
     edited = tmp_path / "trials_Sham.csv"
     trials.assign(stimulated_electrode=trials["stimulated_electrode"].replace("sham", "Sham")).to_csv(edited, index=False)
     choices = []
-    for trial_list in (rig_plan / "rig" / "trials.csv", edited):
-        out = tmp_path / f"{trial_list.stem}_session.csv"
-        assert main(["subject", "session", str(rig_plan), "--trials", str(trial_list), "--csv", str(out)]) == 0
+    for listed in (rig_plan / "rig" / "trials.csv", edited):
+        out = tmp_path / f"{listed.stem}_session.csv"
+        assert main(["subject", "session", str(rig_plan), "--trials", str(listed), "--csv", str(out)]) == 0
         choices.append(pd.read_csv(out)["choice"].tolist())
     assert choices[0] == choices[1]
 
