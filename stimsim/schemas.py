@@ -9,7 +9,7 @@ from pathlib import Path
 from stimsim.paradigms import schema as experiment_file_model
 from stimsim.paradigms.experiment_file import experiment_schema
 from stimsim.percepts import visualize_file
-from stimsim.planning import config as plan_file
+from stimsim.planning import plan_file
 from stimsim.subject import subject_file
 from stimsim.training import train_file
 
