@@ -342,6 +342,27 @@ def test_preprocessing_resizes_mixed_sizes_and_rejects_bad_input(tmp_path):
             Preprocessing(size_px=16)(images)
 
 
+def test_preprocessing_refuses_settings_that_would_feed_the_network_nan_or_another_size():
+    # a NaN mean or an infinite std turns every input pixel into NaN or 0: refused, naming the key and its value
+    for kwargs, message in ((dict(mean=(float("nan"),)), r"mean must be 1 finite number\(s\).*got \(nan,\)"),
+                            (dict(std=(float("inf"),)), r"std must be 1 finite number\(s\).*got \(inf,\)"),
+                            (dict(mean="0.5"), "mean must be 1 finite"), (dict(size_px=32.5), "integer.*got 32.5"),
+                            (dict(size_px="32"), "integer.*got '32'"), (dict(std=(0.0,)), "std values must be > 0")):
+        with pytest.raises(ConfigError, match=message):
+            Preprocessing(**{"size_px": 16, "channels": 1, "mean": (0.5,), "std": (0.5,), **kwargs})
+    assert Preprocessing(size_px=np.int64(16), channels=1, mean=np.array([0.5]), std=[0.25]).mean == (0.5,)
+
+
+def test_preprocessing_refuses_images_without_pixels_and_objects_that_are_not_images():
+    preprocessing = Preprocessing(size_px=16, channels=1, mean=(0.5,), std=(0.5,))
+    for images in (np.zeros((2, 5, 0), np.float32), torch.zeros(2, 1, 0, 4), [np.zeros((3, 0, 3), np.float32)]):
+        with pytest.raises(ValueError, match=r"at least 1 × 1 px, got \d+ × 0 px|got 0 × \d+ px"):
+            preprocessing(images)
+    for images in (5, {"a": np.zeros((4, 4))}, (image for image in [np.zeros((4, 4))])):
+        with pytest.raises(TypeError, match=f"images must be an image .* got {type(images).__name__}"):
+            preprocessing(images)
+
+
 def test_preprocessing_keeps_the_aspect_and_cuts_out_the_centre():
     """A 20 × 40 image, white but for its 5 leftmost and 5 rightmost columns: resized so its shorter
     side is 8 px (8 × 16, the square cut out is columns 10-30 of the original), it is white; squeezing
