@@ -15,6 +15,7 @@ from scipy.spatial import cKDTree
 
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.utilities.figures import pyplot, save_figure
+from stimsim.utilities.limits import check_memory
 
 #: Position shuffles evaluated together (one sparse product each batch).
 _SHUFFLE_BATCH = 100
@@ -151,11 +152,20 @@ def smoothed_values_at(values, sheet: CorticalSheet, points_mm, sigma_mm: float 
     return result
 
 
+#: Peak memory per grid point of :func:`sheet_grid` and the smoothed map on it, bytes: its (x, y) in the mesh and
+#: the points (two 8-byte numbers, each a few times over) and the map's value and its sums.
+GRID_BYTES_PER_POINT = 80
+
+
 def sheet_grid(sheet: CorticalSheet, grid_step_mm: float = 0.1):
     """A regular grid over the sheet's extent: (x_mm, y_mm, points (len(y_mm) · len(x_mm), 2) in mm, rows by y)."""
     _check_sheet(sheet)
     grid_step_mm = _positive_mm("grid_step_mm", grid_step_mm)
     x0, x1, y0, y1 = sheet.extent_mm
+    n_points = (math.floor((x1 - x0) / grid_step_mm) + 2) * (math.floor((y1 - y0) / grid_step_mm) + 2)
+    check_memory(f"a grid of step grid_step_mm = {grid_step_mm:g} mm over a {x1 - x0:.3g} × {y1 - y0:.3g} mm sheet "
+                 f"({n_points:.3g} points)", GRID_BYTES_PER_POINT * n_points,
+                 "the number of points (a larger grid_step_mm)")
     xs = np.arange(x0, x1 + grid_step_mm / 2, grid_step_mm)
     ys = np.arange(y0, y1 + grid_step_mm / 2, grid_step_mm)
     return xs, ys, np.stack(np.meshgrid(xs, ys), -1).reshape(-1, 2)
