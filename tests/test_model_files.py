@@ -181,6 +181,11 @@ def test_non_finite_weights_are_not_saved(tmp_path):
         next(model.network.parameters()).fill_(float("inf"))
     with pytest.raises(DataError, match="not finite"):
         model.save(tmp_path / "model")
+    assert not (tmp_path / "model").exists()  # no empty folder left that reads as a model directory without model.json
+    (tmp_path / "model.txt").write_text("notes")
+    with pytest.raises(ConfigError, match=r"model directory .*model.txt: a file is there; give a folder"):
+        tiny_model().save(tmp_path / "model.txt")
+    assert (tmp_path / "model.txt").read_text() == "notes"
 
 
 @pytest.mark.parametrize("architecture, message", [

@@ -371,14 +371,16 @@ class TopographicModel:
         """Write the model directory (weights, positions, model.json with checksums); its metadata is checked first as
         :meth:`load` checks it, a ``cortex_scale`` given by area label stored under its layer's name."""
         directory = Path(directory)
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"model directory {directory}: a file is there; give a folder to save the model in")
         metadata = self._metadata_to_save(directory / "model.json")
         self._check_rebuilds(directory / "model.json")
-        (directory / "positions").mkdir(parents=True, exist_ok=True)
-        files = {}
         state = self.network.state_dict()
         if self.metadata.get("weights_storage") == "float16":
             state = {key: value.half() if value.is_floating_point() else value for key, value in state.items()}
         _refuse_non_finite(state, f"model {self.name!r}")
+        (directory / "positions").mkdir(parents=True, exist_ok=True)
+        files = {}
         buffer = io.BytesIO()  # saved through memory, so no temporary file name ends up in the archive
         torch.save(state, buffer)
         atomic_write_bytes(directory / "weights.pt", buffer.getvalue())
