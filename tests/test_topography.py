@@ -16,6 +16,14 @@ def test_morans_i_of_a_hand_computed_line():
     assert morans_i([1, 0, 1, 0], LINE_MM, radius_mm=1.5) == pytest.approx(-1.0)
 
 
+def test_morans_i_refuses_a_map_with_nan_units_and_is_undefined_for_a_flat_one():
+    # one unmeasured (NaN) unit made I NaN, silently; the shuffle test already refused it
+    for test in (morans_i, clustering_test):
+        with pytest.raises(ValueError, match="needs finite values for every unit; 1 of 4 are NaN or infinite"):
+            test([1, np.nan, 0, 0], LINE_MM, radius_mm=1.5)
+    assert np.isnan(morans_i([2, 2, 2, 2], LINE_MM, radius_mm=1.5))  # Σ z² = 0: I = 0 / 0
+
+
 def _dense_morans_i(values, coordinates_mm, radius_mm):
     """Textbook Moran (1950): I = N / W · Σ_ij w_ij z_i z_j / Σ_i z_i², from a dense weight matrix."""
     weights = (squareform(pdist(coordinates_mm)) < radius_mm).astype(float)

@@ -49,11 +49,16 @@ def _check_sheet(sheet) -> None:
 
 
 def _values_at_units(values, coordinates_mm) -> tuple[np.ndarray, np.ndarray]:
-    """``values`` (N,) and ``coordinates_mm`` (N, 2) as float arrays, or ValueError naming the shapes."""
+    """``values`` (N,) and ``coordinates_mm`` (N, 2) as float arrays, or ValueError naming the shapes or the number
+    of values that are not finite (Moran's I of a map with a NaN unit is NaN)."""
     values, coordinates_mm = np.asarray(values, float), np.asarray(coordinates_mm, float)
     if coordinates_mm.ndim != 2 or coordinates_mm.shape[1] != 2 or values.shape != (len(coordinates_mm),):
         raise ValueError(f"values must hold one number per unit and coordinates_mm one (x, y) per unit: shapes (N,) "
                          f"and (N, 2), got {values.shape} and {coordinates_mm.shape}")
+    not_finite = int(np.sum(~np.isfinite(values)))
+    if not_finite:
+        raise ValueError(f"Moran's I needs finite values for every unit; {not_finite} of {len(values)} are NaN or "
+                         "infinite (leave those units out of values and coordinates_mm)")
     return values, coordinates_mm
 
 
@@ -74,7 +79,8 @@ def nearest_pair_mm(coordinates_mm: np.ndarray) -> float:
 
 
 def morans_i(values: np.ndarray, coordinates_mm: np.ndarray, radius_mm: float = 1.0) -> float:
-    """Moran's I of ``values`` (N,) at ``coordinates_mm`` (N, 2): > 0 when nearby units are alike."""
+    """Moran's I of ``values`` (N,) at ``coordinates_mm`` (N, 2): > 0 when nearby units are alike; NaN (undefined)
+    when every value is the same."""
     values, coordinates_mm = _values_at_units(values, coordinates_mm)
     return _morans_i_from_pairs(values, _neighbour_pairs(coordinates_mm, radius_mm))
 
@@ -97,8 +103,6 @@ def clustering_test(values, coordinates_mm, radius_mm: float = 1.0, n_shuffles: 
     if n_shuffles < 1:
         raise ValueError(f"n_shuffles must be >= 1, got {n_shuffles}")
     values, coordinates_mm = _values_at_units(values, coordinates_mm)
-    if not np.all(np.isfinite(values)):
-        raise ValueError("clustering_test needs finite values for every unit")
     pairs = _neighbour_pairs(coordinates_mm, radius_mm)
     observed = _morans_i_from_pairs(values, pairs)
     rng = np.random.default_rng(seed)
