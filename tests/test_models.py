@@ -242,6 +242,9 @@ def test_activations_xarray_coords(tdann_model):
     assert array.attrs["layer"] == "layer3.1"
     with pytest.raises(ValueError, match="stimulus_ids"):
         tdann_model.activations_xarray(images, "V4", stimulus_ids=["a"])
+    # two images under one id: .sel(stimulus_id="a") gave both, as simulate refuses
+    with pytest.raises(ValueError, match=r"stimulus_ids must be unique .*repeated: \['a'\]"):
+        tdann_model.activations_xarray(images, "V4", stimulus_ids=["a", "a"])
 
 
 def test_a_single_image_is_one_image_in_every_form(tdann_model, tmp_path):

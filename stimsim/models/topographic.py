@@ -37,7 +37,7 @@ from pydantic import ConfigDict, Field
 from torch import nn
 
 from stimsim.cortex.sheet import CorticalSheet
-from stimsim.data.stimuli import StimulusSet
+from stimsim.data.stimuli import StimulusSet, _duplicates
 from stimsim.models.architectures import StimsimTopoNet, build_network
 from stimsim.models.preprocessing import Preprocessing, image_sequence
 from stimsim.models.shared_trunk import SHARED_TRUNK_STAGES, trunk_digest, trunk_output
@@ -358,6 +358,9 @@ class TopographicModel:
             stimulus_ids = [f"image_{i:05d}" for i in range(len(values))]
         if len(stimulus_ids) != len(values):
             raise ValueError(f"got {len(stimulus_ids)} stimulus_ids for {len(values)} images")
+        repeated = _duplicates(stimulus_ids)
+        if repeated:
+            raise ValueError(f"stimulus_ids must be unique (each labels one image); repeated: {repeated}")
         coords = {"stimulus_id": list(stimulus_ids), "unit": np.arange(values.shape[1])}
         if layer in self.sheets:
             sheet = self.sheets[layer]
