@@ -42,6 +42,20 @@ def test_expected_correlation_is_attenuated_by_the_noise_ceiling():
     assert high == pytest.approx(np.tanh(np.arctanh(0.64) + half), abs=1e-5)
 
 
+def test_correlations_outside_minus_one_to_one_and_unpaired_effects_are_refused():
+    # r = 2 gave an expected r of 2 · sqrt(0.7) = 1.67, passed on as a correlation
+    for r in (2.0, -1.5):
+        with pytest.raises(ValueError, match=f"predicted_vs_true_r is a correlation in \\[-1, 1\\].*got {r:g}"):
+            expected_correlation(r, 0.7, 20)
+    with pytest.raises(ValueError, match="n_sites must be an integer >= 0.*got 2.5"):
+        expected_correlation(0.5, 0.7, 2.5)
+    assert np.isnan(expected_correlation(float("nan"), 0.7, 20)[0])
+    with pytest.raises(ValueError, match=r"one effect per site each, got shapes \(3,\) and \(4,\)"):
+        compare_predictions([1, 2, 4], [1, 3, 2, 4], n_perm=10)
+    with pytest.raises(ValueError, match="n_perm must be an integer >= 1.*got 0"):
+        compare_predictions([1, 2, 3, 4], [1, 3, 2, 4], n_perm=0)
+
+
 def test_weighted_pearson_counts_a_site_as_often_as_it_is_drawn():
     rng = np.random.default_rng(4)
     x, y = rng.normal(size=12), rng.normal(size=12)

@@ -35,6 +35,26 @@ def test_delta_auc_by_hand_on_a_tiny_table():
     assert effects["n_sham"].iloc[0] == 6 and effects["current_uA"].iloc[0] == 50.0
 
 
+def test_a_trial_table_the_counts_would_misread_is_refused_naming_column_position_and_value():
+    # "High" (or a lab's code) was counted as "low": this site's sham curve 0, 1/2, 1 would have read 0, 0, 0
+    rows = (trials("7", False, [(0, "low"), (1, "High"), (2, "high")])
+            + trials("7", True, [(0, "low"), (1, "high"), (2, "high")]))
+    sessions = pd.DataFrame(rows)
+    with pytest.raises(ValueError, match=r"column 'choice' must be one of \['low', 'high'\]; 1 row\(s\) are not, "
+                                         r"the first at position 1: 'High'"):
+        analyze(sessions, n_boot=10, n_perm=10)
+    sessions["choice"] = sessions["choice"].str.lower()
+    for column, value, message in (("step", -1, r"column 'step' must be an integer >= 0; 6 row\(s\).*: -1"),
+                                   ("step", 0.5, r"column 'step' must be an integer >= 0.*: 0.5")):
+        with pytest.raises(ValueError, match=message):
+            count_trials(sessions.assign(**{column: value}))
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['choice'\]"):
+        count_trials(sessions.drop(columns="choice"))
+    with pytest.raises(ValueError, match="the trial table has no rows"):
+        analyze(sessions.iloc[:0], n_boot=10, n_perm=10)
+    assert count_trials(sessions).n_high.tolist() == [[[0, 1, 1], [0, 1, 1]]]
+
+
 @pytest.fixture(scope="module")
 def planted():
     rng = np.random.default_rng(3)

@@ -110,6 +110,14 @@ def test_logistic_decoder_rejects_bad_input():
         LogisticDecoder.fit(np.full_like(features, np.nan), labels, layer="layer4.1")
     with pytest.raises(ValueError, match="layer"):
         LogisticDecoder.fit(features, labels, layer="")
+    # a missing label (NaN in a float column, None in a text one) became a choice of its own, "nan" or "None"
+    codes = np.where(labels == "face", 1.0, 0.0)
+    codes[5] = np.nan
+    text = labels.astype(object)
+    text[7] = None
+    for given, first in ((codes, 5), (text, 7)):
+        with pytest.raises(ValueError, match=f"1 are missing \\(None or NaN\\), the first at position {first}"):
+            LogisticDecoder.fit(features, given, layer="layer4.1")
     decoder = LogisticDecoder.fit(features, labels, layer="layer4.1")
     with pytest.raises(ValueError, match="K conditions, B stimuli, F features"):
         decoder.probabilities(torch.zeros(5, features.shape[1]))

@@ -102,7 +102,7 @@ def test_model_json_must_cover_every_file_inside_the_directory(saved, change, me
     (lambda spec: spec["layers"]["it"].update(positions_file=3), r"model.json: \[layers.it\]: 'positions_file' must be text"),
     (lambda spec: spec["preprocessing"].update(size_px="16"), r"\[preprocessing\]: 'size_px' must be an integer, got '16'"),
     (lambda spec: spec["preprocessing"].update(std=[0.0]), r"\[preprocessing\]: 'std' must be > 0"),
-    (lambda spec: spec["preprocessing"].update(mean=[0.5, 0.5]), r"\[preprocessing\]: .*mean and .std need 1 value"),
+    (lambda spec: spec["preprocessing"].update(mean=[0.5, 0.5]), r"\[preprocessing\]: .*mean must be 1 finite number"),
     (lambda spec: spec["files_sha256"].update({"weights.pt": "ABC"}), r"\[files_sha256\]: 'weights.pt' must match"),
     (lambda spec: spec["architecture"]["kwargs"].update(colour="red"), r"\[architecture\]: kwargs do not fit family"),
     (lambda spec: spec["metadata"].update(cortex_scale=dict(SCALE, cortex_mm_per_model_mm=-3)),
@@ -181,6 +181,11 @@ def test_non_finite_weights_are_not_saved(tmp_path):
         next(model.network.parameters()).fill_(float("inf"))
     with pytest.raises(DataError, match="not finite"):
         model.save(tmp_path / "model")
+    assert not (tmp_path / "model").exists()  # no empty folder left that reads as a model directory without model.json
+    (tmp_path / "model.txt").write_text("notes")
+    with pytest.raises(ConfigError, match=r"model directory .*model.txt: a file is there; give a folder"):
+        tiny_model().save(tmp_path / "model.txt")
+    assert (tmp_path / "model.txt").read_text() == "notes"
 
 
 @pytest.mark.parametrize("architecture, message", [

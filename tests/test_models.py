@@ -242,6 +242,9 @@ def test_activations_xarray_coords(tdann_model):
     assert array.attrs["layer"] == "layer3.1"
     with pytest.raises(ValueError, match="stimulus_ids"):
         tdann_model.activations_xarray(images, "V4", stimulus_ids=["a"])
+    # two images under one id: .sel(stimulus_id="a") gave both, as simulate refuses
+    with pytest.raises(ValueError, match=r"stimulus_ids must be unique .*repeated: \['a'\]"):
+        tdann_model.activations_xarray(images, "V4", stimulus_ids=["a", "a"])
 
 
 def test_a_single_image_is_one_image_in_every_form(tdann_model, tmp_path):
@@ -340,6 +343,27 @@ def test_preprocessing_resizes_mixed_sizes_and_rejects_bad_input(tmp_path):
                             (torch.zeros(0, 3, 20, 20), "no images given"), ([], "no images given")):
         with pytest.raises(ValueError, match=message):
             Preprocessing(size_px=16)(images)
+
+
+def test_preprocessing_refuses_settings_that_would_feed_the_network_nan_or_another_size():
+    # a NaN mean or an infinite std turns every input pixel into NaN or 0: refused, naming the key and its value
+    for kwargs, message in ((dict(mean=(float("nan"),)), r"mean must be 1 finite number\(s\).*got \(nan,\)"),
+                            (dict(std=(float("inf"),)), r"std must be 1 finite number\(s\).*got \(inf,\)"),
+                            (dict(mean="0.5"), "mean must be 1 finite"), (dict(size_px=32.5), "integer.*got 32.5"),
+                            (dict(size_px="32"), "integer.*got '32'"), (dict(std=(0.0,)), "std values must be > 0")):
+        with pytest.raises(ConfigError, match=message):
+            Preprocessing(**{"size_px": 16, "channels": 1, "mean": (0.5,), "std": (0.5,), **kwargs})
+    assert Preprocessing(size_px=np.int64(16), channels=1, mean=np.array([0.5]), std=[0.25]).mean == (0.5,)
+
+
+def test_preprocessing_refuses_images_without_pixels_and_objects_that_are_not_images():
+    preprocessing = Preprocessing(size_px=16, channels=1, mean=(0.5,), std=(0.5,))
+    for images in (np.zeros((2, 5, 0), np.float32), torch.zeros(2, 1, 0, 4), [np.zeros((3, 0, 3), np.float32)]):
+        with pytest.raises(ValueError, match=r"at least 1 × 1 px, got \d+ × 0 px|got 0 × \d+ px"):
+            preprocessing(images)
+    for images in (5, {"a": np.zeros((4, 4))}, (image for image in [np.zeros((4, 4))])):
+        with pytest.raises(TypeError, match=f"images must be an image .* got {type(images).__name__}"):
+            preprocessing(images)
 
 
 def test_preprocessing_keeps_the_aspect_and_cuts_out_the_centre():

@@ -310,9 +310,12 @@ def test_session_validation():
     for seed in (-1, 2**40):
         with pytest.raises(ConfigError, match=r"seed must be an integer from 0 to 4294967295"):
             simulate_trials(_planted_p_high(), trials_per_site=14, lapse_rate=0.0, current_uA=50.0, seed=seed)
-    for current_uA in (-50.0, 0.0):
-        with pytest.raises(ConfigError, match=r"current_uA must be the stimulation's current, a number > 0 µA"):
+    for current_uA in (-50.0, 0.0, float("inf"), float("nan"), True):  # inf was written into the session's table
+        with pytest.raises(ConfigError, match=r"current_uA must be the stimulation's current, a finite number > 0 µA"):
             simulate_trials(_planted_p_high(), trials_per_site=14, lapse_rate=0.0, current_uA=current_uA)
+    with pytest.raises(ConfigError, match=r"lapse_rate must be a number in \[0, 1\], got True"):  # True read as 1
+        simulate_trials(_planted_p_high(), trials_per_site=14, lapse_rate=True, current_uA=50.0)
+    assert len(simulate_trials(_planted_p_high(), trials_per_site=14, lapse_rate=np.float32(0.1), current_uA=50.0))
     with pytest.raises(ConfigError, match=r"p_high must be a DataArray with the dimensions \('electrode', "
                                           r"'stimulated', 'sequence', 'step'\) .*got \('electrode', 'stimulated', "
                                           r"'step'\)"):

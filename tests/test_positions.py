@@ -64,6 +64,19 @@ def test_positions_are_deterministic_and_validated():
             retinotopic_positions((8, 3, 3), **kwargs)
 
 
+def test_positions_refuse_a_sheet_size_or_dims_that_would_give_nan_or_no_units():
+    # a NaN or infinite size gave NaN positions; a layer of 0 channels or locations divided by zero
+    for size in (float("nan"), float("inf"), "5", True):
+        with pytest.raises(ConfigError, match=f"sheet_size_mm must be a finite number of mm > 0, got {size!r}"):
+            retinotopic_positions((8, 3, 3), size)
+    for dims in ((0, 1, 1), (8, 0, 3), (8, 3), (8.5, 1, 1), "831"):
+        with pytest.raises(ConfigError, match=r"dims must be a layer's \(C, H, W\), three integers >= 1"):
+            retinotopic_positions(dims, 5.0)
+    with pytest.raises(ConfigError, match="neighborhood_width_mm must be in"):
+        build_sheet("it", (8, 1, 1), 5.0, float("nan"))
+    assert retinotopic_positions(np.array([4, 1, 1]), np.float32(2.0)).shape == (4, 2)
+
+
 def test_build_sheet_adds_neighborhoods():
     sheet = build_sheet("layer3.1", (32, 4, 4), sheet_size_mm=5.0, neighborhood_width_mm=2.0, n_neighborhoods=10)
     assert sheet.dims == (32, 4, 4) and sheet.neighborhood_indices.shape[0] == 10

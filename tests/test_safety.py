@@ -24,6 +24,19 @@ def test_charge_per_phase_density_and_shannon_k_known_values():
     assert shannon_k(60.0, 2000.0) == pytest.approx(math.log10(3000) + math.log10(0.06))
 
 
+def test_charge_figures_refuse_a_negative_or_nan_protocol_instead_of_a_negative_charge_or_nan_k():
+    # -50 µA gave -10 nC, NaN gave a NaN k (which no limit refuses), 0 nC failed in math.log10
+    for call, message in ((lambda: charge_per_phase_nC(-50, 0.2), r"current_uA must be in \[0, inf\) µA, got -50"),
+                          (lambda: charge_per_phase_nC(float("nan"), 0.2), "current_uA must be finite in µA, got nan"),
+                          (lambda: charge_per_phase_nC(50, 0), r"pulse_width_ms must be in \(0, inf\) ms, got 0"),
+                          (lambda: shannon_k(0.0, 2000.0), r"charge_per_phase_nC must be in \(0, inf\) nC, got 0"),
+                          (lambda: shannon_k(float("nan"), 2000.0), "charge_per_phase_nC must be finite"),
+                          (lambda: shannon_k(10.0, -1.0), r"electrode_area_um2 must be in \(0, inf\) µm², got -1")):
+        with pytest.raises(ConfigError, match=message):
+            call()
+    assert charge_per_phase_nC(0, 0.2) == 0.0
+
+
 @pytest.mark.parametrize("current_uA", [35.0, 50.0])
 @pytest.mark.parametrize("frequency_Hz, train_ms", [(150.0, 200.0), (200.0, 50.0)])
 def test_typical_it_protocols_pass(current_uA, frequency_Hz, train_ms):

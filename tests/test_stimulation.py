@@ -333,6 +333,15 @@ def test_unknown_missing_and_mismatched_keys_are_refused():
 
 
 # --- unit effects and conditions ------------------------------------------------------------
+def test_effect_names_the_sheet_it_needs_when_given_a_model_or_nothing():
+    lesion = Ablation(sites_mm=((0.0, 0.0),), radius_mm=1.0)
+    for given in (None, SimpleNamespace(sheet=point_sheet([[0.0, 0.0]]))):
+        with pytest.raises(TypeError, match=r"ablation effect needs the CorticalSheet of the layer it acts on \(e.g. "
+                                            rf"model.sheet\('IT'\)\), got {type(given).__name__}"):
+            lesion.effect(given)
+    assert lesion.effect(point_sheet([[0.0, 0.0]])).multiplier.tolist() == [0.0, 1.0, 1.0]
+
+
 def test_unit_effect_combine_and_apply():
     first = UnitEffect([1.0, 2.0, 0.5], [0.0, 1.0, 0.0])
     second = UnitEffect([3.0, 1.0, 2.0], [1.0, 1.0, 0.0])

@@ -16,6 +16,14 @@ def test_morans_i_of_a_hand_computed_line():
     assert morans_i([1, 0, 1, 0], LINE_MM, radius_mm=1.5) == pytest.approx(-1.0)
 
 
+def test_morans_i_refuses_a_map_with_nan_units_and_is_undefined_for_a_flat_one():
+    # one unmeasured (NaN) unit made I NaN, silently; the shuffle test already refused it
+    for test in (morans_i, clustering_test):
+        with pytest.raises(ValueError, match="needs finite values for every unit; 1 of 4 are NaN or infinite"):
+            test([1, np.nan, 0, 0], LINE_MM, radius_mm=1.5)
+    assert np.isnan(morans_i([2, 2, 2, 2], LINE_MM, radius_mm=1.5))  # Σ z² = 0: I = 0 / 0
+
+
 def _dense_morans_i(values, coordinates_mm, radius_mm):
     """Textbook Moran (1950): I = N / W · Σ_ij w_ij z_i z_j / Σ_i z_i², from a dense weight matrix."""
     weights = (squareform(pdist(coordinates_mm)) < radius_mm).astype(float)
@@ -125,3 +133,19 @@ def test_smoothed_values_leave_nan_units_out_and_refuse_values_of_another_sheet(
             topography.peak_location_mm(values, sheet, sigma_mm=sigma_mm)
     with pytest.raises(TypeError, match=r"sheet must be a CorticalSheet \(e.g. model.sheet\('IT'\)\), got str"):
         topography.peak_location_mm(values, "IT")
+
+
+def test_a_map_grid_beyond_memory_is_refused_before_it_is_allocated():
+    """A grid step given in the wrong unit (1e-6 mm on a 4 mm sheet: 1.6e13 points, over 100 TB) is refused, naming
+    grid_step_mm, instead of failing in numpy; the same sheet maps at 0.5 mm on a 9 × 9 grid (0 to 4 mm)."""
+    from stimsim.cortex import topography
+    from stimsim.cortex.sheet import CorticalSheet
+    from stimsim.utilities.errors import ConfigError
+
+    coordinates = np.array([[0.0, 0.0], [4.0, 4.0], [0.0, 4.0], [4.0, 0.0]])
+    sheet = CorticalSheet("it", (4, 1, 1), coordinates)
+    values = np.array([1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(ConfigError, match=r"grid_step_mm = 1e-06 mm .* more than .* \(a larger grid_step_mm\)"):
+        topography.smoothed_map(values, sheet, grid_step_mm=1e-6)
+    xs, ys, smooth = topography.smoothed_map(values, sheet, sigma_mm=1.0, grid_step_mm=0.5)
+    assert len(xs) == len(ys) == 9 and smooth.shape == (9, 9)

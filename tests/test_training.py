@@ -315,7 +315,7 @@ SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "train
     ("it_units = 4096,", "it_unitz = 4096,", r"\[model\]: kwargs do not fit family 'stimsim_topo' .*it_unitz"),
     ("it_units = 4096,", "it_units = 4096.5,", r"\[model\]: stimsim_topo needs integers .* it_units = 4096.5"),
     ("std = [0.25]", 'std = ["a"]', r"\[model.preprocessing\]: 'std' must be a number"),
-    ("mean = [0.45]", "mean = [0.45, 0.2]", r"\[model.preprocessing\]: preprocessing.mean and .std need 1 value"),
+    ("mean = [0.45]", "mean = [0.45, 0.2]", r"\[model.preprocessing\]: preprocessing.mean must be 1 finite"),
     ("holdout_fraction = 0.3", "holdout_fraction = 1.0", r"\[data.sets\[0\]\]: 'holdout_fraction' must be < 1"),
     ("holdout_fraction = 0.3", 'holdout_fraction = "a"', r"\[data.sets\[0\]\]: 'holdout_fraction' must be a number"),
     ("n_per_class = 600", "n_per_class = -1", r"\[data\] sets\[1\]: n_per_class must be a positive integer"),

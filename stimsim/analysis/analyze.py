@@ -19,7 +19,7 @@ from scipy import stats
 from stimsim.analysis.comparison import (compare_predictions, expected_correlation, expected_correlation_reason,
                                          load_plan_predictions, load_plan_sequences, plan_effect,
                                          resampled_discrepancy)
-from stimsim.analysis.effects import (CONDITIONS, SiteCounts, across_sites, count_trials,
+from stimsim.analysis.effects import (CONDITIONS, SiteCounts, across_sites, check_session_table, count_trials,
                                       expected_fdr_discoveries_under_null, fdr_adjusted, site_effects,
                                       site_resampling_weights, spearman_brown, resampled_split_half_r,
                                       split_half_deltas, split_half_reliability)
@@ -157,6 +157,7 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
     check_seed("seed", seed)
     if not 0 < ci < 1:
         raise ConfigError(f"ci must lie strictly between 0 and 1, got {ci}")
+    check_session_table(sessions)
     parameters = {"plan_dir": str(plan_dir) if plan_dir else None, "n_boot": n_boot, "n_perm": n_perm,
                   "n_splits": n_splits, "ci": ci, "seed": seed, "site_alpha": SITE_ALPHA, "same_subject": same_subject}
     plan_sites, plan_summary, n_steps, effect = None, {}, None, None

@@ -130,6 +130,12 @@ def expected_correlation(predicted_vs_true_r: float, noise_ceiling: float, n_sit
     interval for ``n_sites`` sites that takes the ceiling as known (too narrow when the ceiling is low). NaN (all
     three) when either is undefined (NaN) or there are fewer than 4 sites (:func:`expected_correlation_reason`)."""
     noise_ceiling = _checked_noise_ceiling(noise_ceiling)
+    predicted_vs_true_r = float(predicted_vs_true_r)
+    if not (math.isnan(predicted_vs_true_r) or -1 <= predicted_vs_true_r <= 1):
+        raise ValueError(f"predicted_vs_true_r is a correlation in [-1, 1] or NaN (undefined), got "
+                         f"{predicted_vs_true_r:g}")
+    if isinstance(n_sites, bool) or not isinstance(n_sites, (int, np.integer)) or n_sites < 0:
+        raise ValueError(f"n_sites must be an integer >= 0 (sites compared), got {n_sites!r}")
     if not 0 < ci < 1:
         raise ValueError(f"ci must lie strictly between 0 and 1, got {ci}")
     if expected_correlation_reason(predicted_vs_true_r, noise_ceiling, n_sites) is not None:
@@ -183,6 +189,11 @@ def compare_predictions(predicted, observed, noise_ceiling: float = float("nan")
     noise_ceiling = _checked_noise_ceiling(noise_ceiling)
     predicted = np.asarray(predicted, dtype=float)
     observed = np.asarray(observed, dtype=float)
+    if predicted.ndim != 1 or predicted.shape != observed.shape:
+        raise ValueError(f"predicted and observed must be 1-D, one effect per site each, got shapes {predicted.shape} "
+                         f"and {observed.shape}")
+    if isinstance(n_perm, bool) or not isinstance(n_perm, (int, np.integer)) or n_perm < 1:
+        raise ValueError(f"n_perm must be an integer >= 1 (permutations), got {n_perm!r}")
     usable = np.isfinite(predicted) & np.isfinite(observed)
     a, b = predicted[usable], observed[usable]
     result = {"n_sites_compared": int(usable.sum()), "predicted_vs_observed_r_chance": 0.0, "slope_ideal": 1.0}

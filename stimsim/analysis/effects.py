@@ -29,7 +29,7 @@ import pandas as pd
 from scipy import stats
 from scipy.integrate import trapezoid
 
-from stimsim.lab.sessions import SHAM
+from stimsim.lab.sessions import CHOICES, REQUIRED, SHAM
 from stimsim.utilities.ordering import natural_key
 
 #: Condition axis of the counts.
@@ -67,10 +67,39 @@ class SiteCounts:
             return self.n_high / self.n
 
 
+def check_session_table(sessions: pd.DataFrame) -> None:
+    """Refuse a trial table the counts would misread (TypeError, ValueError naming the column, the first row and its
+    value): one that is not a DataFrame, lacks a column of a validated table
+    (:func:`stimsim.lab.sessions.load_sessions`), has no trial, a choice other than 'low'/'high' or a step that is
+    not an integer >= 0."""
+    if not isinstance(sessions, pd.DataFrame):
+        raise TypeError(f"sessions must be a trial table (a pandas DataFrame, as stimsim.lab.sessions.load_sessions "
+                        f"gives), got {type(sessions).__name__}")
+    needed = [*REQUIRED, "subject_id", "session_id"]
+    missing = [name for name in needed if name not in sessions]
+    if missing:
+        raise ValueError(f"sessions: missing column(s) {missing}; a trial table needs {needed} "
+                         "(stimsim.lab.sessions.load_sessions reads a session file into one)")
+    if len(sessions) == 0:
+        raise ValueError("sessions: the trial table has no rows")
+    bad_choice = ~sessions["choice"].isin(CHOICES).to_numpy()
+    step = pd.to_numeric(sessions["step"], errors="coerce").to_numpy(dtype=float)
+    bad_step = ~np.isfinite(step) | (step != np.round(step)) | (step < 0)
+    for column, bad, allowed in (("choice", bad_choice, f"one of {list(CHOICES)}"),
+                                 ("step", bad_step, "an integer >= 0")):
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            value = sessions[column].iloc[first]
+            value = value.item() if isinstance(value, np.generic) else value
+            raise ValueError(f"sessions: column {column!r} must be {allowed}; {int(bad.sum())} row(s) are not, the "
+                             f"first at position {first}: {value!r}")
+
+
 def count_trials(sessions: pd.DataFrame, n_steps: int | None = None) -> SiteCounts:
     """Count a validated session table (:func:`stimsim.lab.sessions.load_sessions`) over steps
     0 .. ``n_steps`` - 1 (a plan's sequences; None: up to the last step in the table). A step without
-    trials is an empty cell."""
+    trials is an empty cell; a table :func:`check_session_table` refuses is not counted."""
+    check_session_table(sessions)
     last_step = int(sessions["step"].max()) if n_steps is None else n_steps - 1
     if sessions["step"].max() > last_step:
         raise ValueError(f"trials at step {sessions['step'].max()}, beyond the {n_steps} steps counted")

@@ -312,6 +312,11 @@ class LogisticDecoder(Decoder):
         labels = np.asarray(labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else labels)
         if labels.ndim != 1 or labels.shape[0] != array.shape[0]:
             raise ValueError(f"labels must have shape ({array.shape[0]},) to match features, got {labels.shape}")
+        missing = np.flatnonzero([label is None or (isinstance(label, float) and math.isnan(label))
+                                  for label in labels.tolist()])
+        if missing.size:
+            raise ValueError(f"labels must all be given (str or int): {missing.size} are missing (None or NaN), the "
+                             f"first at position {missing[0]}")
         try:
             classes, codes = np.unique(labels, return_inverse=True)
         except TypeError as error:

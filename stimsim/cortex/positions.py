@@ -9,6 +9,7 @@ whole sheet.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -26,9 +27,13 @@ def retinotopic_positions(dims, sheet_size_mm: float, overlap: float = 0.5, jitt
     then scaled back linearly onto [0, sheet_size_mm]² (no clipping, so no units pile up at the
     borders). Row i is unit i of the (C, H, W) output flattened in C-major order.
     """
+    if isinstance(dims, (str, bytes)) or not hasattr(dims, "__len__") or len(dims) != 3 or any(
+            isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1 for d in dims):
+        raise ConfigError(f"dims must be a layer's (C, H, W), three integers >= 1, got {dims!r}")
     channels, height, width = (int(d) for d in dims)
-    if sheet_size_mm <= 0:
-        raise ConfigError(f"sheet_size_mm must be > 0, got {sheet_size_mm}")
+    if isinstance(sheet_size_mm, bool) or not isinstance(sheet_size_mm, numbers.Real) or not (
+            math.isfinite(sheet_size_mm) and sheet_size_mm > 0):
+        raise ConfigError(f"sheet_size_mm must be a finite number of mm > 0, got {sheet_size_mm!r}")
     if not 0 <= overlap <= 2:
         raise ConfigError(f"overlap must be in [0, 2] (fraction of a patch side), got {overlap}")
     if not 0 <= jitter <= 1:
@@ -55,7 +60,8 @@ def build_sheet(name: str, dims, sheet_size_mm: float, neighborhood_width_mm: fl
                 n_neighborhoods: int = 256, max_neighborhood_units: int = 500, overlap: float = 0.5,
                 jitter: float = 0.3, seed: int = 0) -> CorticalSheet:
     """A retinotopically initialised sheet with precomputed spatial-loss neighbourhoods."""
-    if neighborhood_width_mm <= 0 or neighborhood_width_mm > sheet_size_mm:
+    if isinstance(neighborhood_width_mm, bool) or not isinstance(neighborhood_width_mm, numbers.Real) or not (
+            0 < neighborhood_width_mm <= sheet_size_mm):
         raise ConfigError(
             f"sheet {name!r}: neighborhood_width_mm must be in (0, sheet_size_mm={sheet_size_mm}], "
             f"got {neighborhood_width_mm}"

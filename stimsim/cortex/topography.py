@@ -15,6 +15,7 @@ from scipy.spatial import cKDTree
 
 from stimsim.cortex.sheet import CorticalSheet
 from stimsim.utilities.figures import pyplot, save_figure
+from stimsim.utilities.limits import check_memory
 
 #: Position shuffles evaluated together (one sparse product each batch).
 _SHUFFLE_BATCH = 100
@@ -48,11 +49,16 @@ def _check_sheet(sheet) -> None:
 
 
 def _values_at_units(values, coordinates_mm) -> tuple[np.ndarray, np.ndarray]:
-    """``values`` (N,) and ``coordinates_mm`` (N, 2) as float arrays, or ValueError naming the shapes."""
+    """``values`` (N,) and ``coordinates_mm`` (N, 2) as float arrays, or ValueError naming the shapes or the number
+    of values that are not finite (Moran's I of a map with a NaN unit is NaN)."""
     values, coordinates_mm = np.asarray(values, float), np.asarray(coordinates_mm, float)
     if coordinates_mm.ndim != 2 or coordinates_mm.shape[1] != 2 or values.shape != (len(coordinates_mm),):
         raise ValueError(f"values must hold one number per unit and coordinates_mm one (x, y) per unit: shapes (N,) "
                          f"and (N, 2), got {values.shape} and {coordinates_mm.shape}")
+    not_finite = int(np.sum(~np.isfinite(values)))
+    if not_finite:
+        raise ValueError(f"Moran's I needs finite values for every unit; {not_finite} of {len(values)} are NaN or "
+                         "infinite (leave those units out of values and coordinates_mm)")
     return values, coordinates_mm
 
 
@@ -73,7 +79,8 @@ def nearest_pair_mm(coordinates_mm: np.ndarray) -> float:
 
 
 def morans_i(values: np.ndarray, coordinates_mm: np.ndarray, radius_mm: float = 1.0) -> float:
-    """Moran's I of ``values`` (N,) at ``coordinates_mm`` (N, 2): > 0 when nearby units are alike."""
+    """Moran's I of ``values`` (N,) at ``coordinates_mm`` (N, 2): > 0 when nearby units are alike; NaN (undefined)
+    when every value is the same."""
     values, coordinates_mm = _values_at_units(values, coordinates_mm)
     return _morans_i_from_pairs(values, _neighbour_pairs(coordinates_mm, radius_mm))
 
@@ -96,8 +103,6 @@ def clustering_test(values, coordinates_mm, radius_mm: float = 1.0, n_shuffles: 
     if n_shuffles < 1:
         raise ValueError(f"n_shuffles must be >= 1, got {n_shuffles}")
     values, coordinates_mm = _values_at_units(values, coordinates_mm)
-    if not np.all(np.isfinite(values)):
-        raise ValueError("clustering_test needs finite values for every unit")
     pairs = _neighbour_pairs(coordinates_mm, radius_mm)
     observed = _morans_i_from_pairs(values, pairs)
     rng = np.random.default_rng(seed)
@@ -151,11 +156,20 @@ def smoothed_values_at(values, sheet: CorticalSheet, points_mm, sigma_mm: float 
     return result
 
 
+#: Peak memory per grid point of :func:`sheet_grid` and the smoothed map on it, bytes: its (x, y) in the mesh and
+#: the points (two 8-byte numbers, each a few times over) and the map's value and its sums.
+GRID_BYTES_PER_POINT = 80
+
+
 def sheet_grid(sheet: CorticalSheet, grid_step_mm: float = 0.1):
     """A regular grid over the sheet's extent: (x_mm, y_mm, points (len(y_mm) · len(x_mm), 2) in mm, rows by y)."""
     _check_sheet(sheet)
     grid_step_mm = _positive_mm("grid_step_mm", grid_step_mm)
     x0, x1, y0, y1 = sheet.extent_mm
+    n_points = (math.floor((x1 - x0) / grid_step_mm) + 2) * (math.floor((y1 - y0) / grid_step_mm) + 2)
+    check_memory(f"a grid of step grid_step_mm = {grid_step_mm:g} mm over a {x1 - x0:.3g} × {y1 - y0:.3g} mm sheet "
+                 f"({n_points:.3g} points)", GRID_BYTES_PER_POINT * n_points,
+                 "the number of points (a larger grid_step_mm)")
     xs = np.arange(x0, x1 + grid_step_mm / 2, grid_step_mm)
     ys = np.arange(y0, y1 + grid_step_mm / 2, grid_step_mm)
     return xs, ys, np.stack(np.meshgrid(xs, ys), -1).reshape(-1, 2)

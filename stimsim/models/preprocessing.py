@@ -1,6 +1,9 @@
 """Turn plain images (files, PIL images, arrays, tensors) into a model's input tensor."""
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,16 +47,25 @@ class Preprocessing:
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
 
     def __post_init__(self):
-        if not MIN_SIZE_PX <= self.size_px <= MAX_SIZE_PX:
-            raise ConfigError(f"preprocessing.size_px must be in [{MIN_SIZE_PX}, {MAX_SIZE_PX}], got {self.size_px}")
-        if self.channels not in (1, 3):
-            raise ConfigError(f"preprocessing.channels must be 1 or 3, got {self.channels}")
-        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
-        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
-        if len(self.mean) != self.channels or len(self.std) != self.channels:
-            raise ConfigError(f"preprocessing.mean and .std need {self.channels} value(s) each")
+        if isinstance(self.size_px, bool) or not isinstance(self.size_px, numbers.Integral) or not (
+                MIN_SIZE_PX <= self.size_px <= MAX_SIZE_PX):
+            raise ConfigError(f"preprocessing.size_px must be an integer in [{MIN_SIZE_PX}, {MAX_SIZE_PX}] (px), got "
+                              f"{self.size_px!r}")
+        if isinstance(self.channels, bool) or self.channels not in (1, 3):
+            raise ConfigError(f"preprocessing.channels must be 1 or 3, got {self.channels!r}")
+        object.__setattr__(self, "size_px", int(self.size_px))
+        object.__setattr__(self, "channels", int(self.channels))
+        for name in ("mean", "std"):
+            values = getattr(self, name)
+            values = values.tolist() if isinstance(values, np.ndarray) and values.ndim == 1 else values
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != self.channels \
+                    or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+                               for v in values):
+                raise ConfigError(f"preprocessing.{name} must be {self.channels} finite number(s), one per channel "
+                                  f"(intensities in [0, 1]), got {values!r}")
+            object.__setattr__(self, name, tuple(float(v) for v in values))
         if min(self.std) <= 0:
-            raise ConfigError("preprocessing.std values must be > 0")
+            raise ConfigError(f"preprocessing.std values must be > 0, got {self.std}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -182,6 +194,7 @@ def _tensor_to_unit(images: torch.Tensor, device=None) -> torch.Tensor:
                          f"shape {tuple(images.shape)}")
     if tensor.shape[0] == 0:
         raise ValueError("no images given (a tensor of 0 images)")
+    _check_image_size(tuple(tensor.shape[-2:]))
     tensor = _unit_values(tensor if device is None else tensor.to(device))
     return tensor[:, :3]
 
@@ -198,10 +211,18 @@ def _array_to_unit(arr: np.ndarray, device=None, *, stacked: bool) -> torch.Tens
         raise ValueError(f"an image array must be (H, W) or (H, W, 1|3|4), got shape {arr.shape[1:]}")
     if arr.shape[0] == 0:
         raise ValueError("no images given (an array of 0 images)")
+    _check_image_size(arr.shape[1:3])
     if arr.dtype.byteorder not in ("=", "|"):
         arr = arr.astype(arr.dtype.newbyteorder("="))
     tensor = torch.from_numpy(np.ascontiguousarray(arr[..., :3])).permute(0, 3, 1, 2).contiguous()
     return _unit_values(tensor if device is None else tensor.to(device))
+
+
+def _check_image_size(height_width) -> None:
+    """Refuse (ValueError) images without a pixel: an image is at least 1 × 1 px."""
+    if min(height_width) < 1:
+        raise ValueError(f"images must be at least 1 × 1 px, got {height_width[1]} × {height_width[0]} px (width × "
+                         "height)")
 
 
 def _is_stacked(arr: np.ndarray) -> bool:
@@ -242,6 +263,10 @@ def image_sequence(images):
         return images if _is_stacked(images) else images[None]
     if isinstance(images, (str, Path)) or _is_pil(images):
         return [images]
+    if isinstance(images, (bytes, dict)) or not (hasattr(images, "__len__") and hasattr(images, "__getitem__")):
+        raise TypeError(f"images must be an image (a file path, a PIL image, an (H, W[, C]) array, a (C, H, W) "
+                        f"tensor), a list of images, a stacked array or tensor, or a StimulusSet; got "
+                        f"{type(images).__name__}")
     return images
 
 

@@ -37,7 +37,7 @@ from pydantic import ConfigDict, Field
 from torch import nn
 
 from stimsim.cortex.sheet import CorticalSheet
-from stimsim.data.stimuli import StimulusSet
+from stimsim.data.stimuli import StimulusSet, _duplicates
 from stimsim.models.architectures import StimsimTopoNet, build_network
 from stimsim.models.preprocessing import Preprocessing, image_sequence
 from stimsim.models.shared_trunk import SHARED_TRUNK_STAGES, trunk_digest, trunk_output
@@ -358,6 +358,9 @@ class TopographicModel:
             stimulus_ids = [f"image_{i:05d}" for i in range(len(values))]
         if len(stimulus_ids) != len(values):
             raise ValueError(f"got {len(stimulus_ids)} stimulus_ids for {len(values)} images")
+        repeated = _duplicates(stimulus_ids)
+        if repeated:
+            raise ValueError(f"stimulus_ids must be unique (each labels one image); repeated: {repeated}")
         coords = {"stimulus_id": list(stimulus_ids), "unit": np.arange(values.shape[1])}
         if layer in self.sheets:
             sheet = self.sheets[layer]
@@ -371,14 +374,16 @@ class TopographicModel:
         """Write the model directory (weights, positions, model.json with checksums); its metadata is checked first as
         :meth:`load` checks it, a ``cortex_scale`` given by area label stored under its layer's name."""
         directory = Path(directory)
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"model directory {directory}: a file is there; give a folder to save the model in")
         metadata = self._metadata_to_save(directory / "model.json")
         self._check_rebuilds(directory / "model.json")
-        (directory / "positions").mkdir(parents=True, exist_ok=True)
-        files = {}
         state = self.network.state_dict()
         if self.metadata.get("weights_storage") == "float16":
             state = {key: value.half() if value.is_floating_point() else value for key, value in state.items()}
         _refuse_non_finite(state, f"model {self.name!r}")
+        (directory / "positions").mkdir(parents=True, exist_ok=True)
+        files = {}
         buffer = io.BytesIO()  # saved through memory, so no temporary file name ends up in the archive
         torch.save(state, buffer)
         atomic_write_bytes(directory / "weights.pt", buffer.getvalue())

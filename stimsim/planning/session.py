@@ -21,6 +21,8 @@ high; the middle step: false), and in tables subject_id, session_id.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from pathlib import Path
 
 import numpy as np
@@ -49,11 +51,11 @@ def simulate_trials(p_high: xr.DataArray, trials_per_site: int, lapse_rate: floa
     """
     if isinstance(trials_per_site, bool) or not isinstance(trials_per_site, (int, np.integer)):
         raise ConfigError(f"trials_per_site must be an integer, got {trials_per_site!r}")
-    if not (isinstance(lapse_rate, (int, float)) and 0.0 <= lapse_rate <= 1.0):
-        raise ConfigError(f"lapse_rate must be in [0, 1], got {lapse_rate!r}")
+    if isinstance(lapse_rate, bool) or not (isinstance(lapse_rate, numbers.Real) and 0.0 <= lapse_rate <= 1.0):
+        raise ConfigError(f"lapse_rate must be a number in [0, 1], got {lapse_rate!r}")
     check_seed("seed", seed)
-    if not (isinstance(current_uA, (int, float)) and not isinstance(current_uA, bool) and current_uA > 0):
-        raise ConfigError(f"current_uA must be the stimulation's current, a number > 0 µA, got {current_uA!r}")
+    if isinstance(current_uA, bool) or not (isinstance(current_uA, numbers.Real) and 0 < current_uA < math.inf):
+        raise ConfigError(f"current_uA must be the stimulation's current, a finite number > 0 µA, got {current_uA!r}")
     dims = ("electrode", "stimulated", "sequence", "step")
     if not isinstance(p_high, xr.DataArray) or set(p_high.dims) != set(dims):
         raise ConfigError(f"p_high must be a DataArray with the dimensions {dims} (a plan's P(high)), got "

@@ -381,6 +381,9 @@ class Perturbation(abc.ABC):
     def effect(self, sheet: CorticalSheet) -> UnitEffect:
         """Per-unit effect on the layer whose positions are ``sheet``: :meth:`batch_effect` of this one
         perturbation, on the CPU in float64."""
+        if not isinstance(sheet, CorticalSheet):
+            raise TypeError(f"{self.kind} effect needs the CorticalSheet of the layer it acts on (e.g. "
+                            f"model.sheet({self.layer!r})), got {type(sheet).__name__}")
         multiplier, additive = type(self).batch_effect([self], sheet, device="cpu")
         return UnitEffect(multiplier[0].numpy(), additive[0].numpy())
 

@@ -24,7 +24,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from stimsim.stimulation.base import Perturbation
+from stimsim.stimulation.base import Perturbation, _in_range
 from stimsim.stimulation.electrical import CHARGE_BALANCED_WAVEFORMS
 from stimsim.utilities.errors import ConfigError, SafetyError
 
@@ -128,17 +128,23 @@ class SafetyReport:
 
 
 def charge_per_phase_nC(current_uA: float, pulse_width_ms: float) -> float:
-    """Charge per phase Q = I·PW, nC (µA × ms = nC)."""
-    return float(current_uA) * float(pulse_width_ms)
+    """Charge per phase Q = I·PW, nC (µA × ms = nC); a current >= 0 µA and a phase width > 0 ms (finite), else
+    ConfigError."""
+    return (_in_range("current_uA", current_uA, "µA", low=0.0)
+            * _in_range("pulse_width_ms", pulse_width_ms, "ms", low=0.0, low_open=True))
 
 
 def charge_density_uC_per_cm2(charge_per_phase_nC: float, electrode_area_um2: float) -> float:
-    """Charge density D = Q / A, µC/cm², for a charge per phase (nC) on an electrode area (µm²)."""
-    return (charge_per_phase_nC / _NC_PER_UC) / (electrode_area_um2 / _UM2_PER_CM2)
+    """Charge density D = Q / A, µC/cm², for a charge per phase (nC, >= 0) on an electrode area (µm², > 0)."""
+    charge = _in_range("charge_per_phase_nC", charge_per_phase_nC, "nC", low=0.0)
+    area = _in_range("electrode_area_um2", electrode_area_um2, "µm²", low=0.0, low_open=True)
+    return (charge / _NC_PER_UC) / (area / _UM2_PER_CM2)
 
 
 def shannon_k(charge_per_phase_nC: float, electrode_area_um2: float) -> float:
-    """Shannon's k = log10(D µC/cm²) + log10(Q µC) for a charge per phase (nC) on an area (µm²)."""
+    """Shannon's k = log10(D µC/cm²) + log10(Q µC) for a charge per phase (nC, > 0: k of no charge is -inf) on an
+    area (µm²)."""
+    _in_range("charge_per_phase_nC", charge_per_phase_nC, "nC", low=0.0, low_open=True)
     density = charge_density_uC_per_cm2(charge_per_phase_nC, electrode_area_um2)
     return math.log10(density) + math.log10(charge_per_phase_nC / _NC_PER_UC)
 
