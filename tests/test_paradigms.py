@@ -887,3 +887,21 @@ def test_the_site_effects_figure_says_which_sites_it_cannot_show(monkeypatch):
         assert figure._suptitle.get_text() == f"effect per site\n{title}"
         notes = [text.get_text() for ax in figure.axes for text in ax.texts]
         assert notes == (["no site's curve could be fitted"] * 2 if title.startswith("3") else [])
+
+
+def test_an_image_without_a_value_of_the_task_label_is_refused(tiny_model, tmp_path):
+    """A table row whose class is empty would otherwise count as the negative choice (or a class named '')."""
+    import tomllib
+
+    rows = ["stimulus_id,path,category"]
+    for i in range(8):
+        Image.fromarray(np.full((16, 16), 30 * i, dtype=np.uint8)).save(tmp_path / f"image{i}.png")
+        rows.append(f"image{i},image{i}.png,{'face' if i % 2 else ('nonface' if i != 4 else '')}")
+    (tmp_path / "images.csv").write_text("\n".join(rows) + "\n")
+    raw = tomllib.loads(TINY_CATEGORIZATION)
+    raw["stimuli"].update(sets=[{"source": "table", "path": str(tmp_path / "images.csv")}], n_per_choice=3)
+    spec = parse_experiment(raw, where="tiny_blank.toml")
+    with pytest.raises(ConfigError, match=r"tiny_blank.toml \[stimuli\] sets\[0\].*'category' is empty for 1 of 8 "
+                                          r"images \(image4\)"):
+        run_experiment(spec, tmp_path / "out", model=tiny_model, progress=False, figures=False)
+    assert not (tmp_path / "out").exists()

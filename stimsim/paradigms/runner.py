@@ -362,6 +362,13 @@ def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
                                                                                   f"({loaded.name})"):
             notes.append(message)
             warnings.warn(message, stacklevel=2)
+        for label in labels:
+            blank = _missing_label_values(loaded.labels[label])
+            if blank.any():
+                shown = ", ".join(loaded.stimulus_id[blank][:3].tolist()) + (", ..." if blank.sum() > 3 else "")
+                raise ConfigError(f"{where} sets[{index}] ({loaded.name}): label {label!r} is empty for "
+                                  f"{int(blank.sum())} of {len(loaded)} images ({shown}); the task sorts the images "
+                                  f"by it, so give every image a value (or leave those images out)")
         kept = {label: np.asarray(loaded.labels[label]).astype(str) for label in labels}
         kept["source_set"] = np.full(len(loaded), loaded.name)
         parts.append(StimulusSet(name=loaded.name, images=loaded.images, stimulus_id=loaded.stimulus_id,
@@ -370,6 +377,14 @@ def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
         return StimulusSet.concat(*parts)
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _missing_label_values(values) -> np.ndarray:
+    """Which images have no value of a label: empty (or blank) text, or NaN (an empty cell of a numeric column)."""
+    values = np.asarray(values)
+    if values.dtype.kind == "f":
+        return np.isnan(values)
+    return np.char.strip(values.astype(str)) == ""
 
 
 def _load_model(spec: ExperimentSpec, model):
