@@ -905,3 +905,21 @@ def test_an_image_without_a_value_of_the_task_label_is_refused(tiny_model, tmp_p
                                           r"images \(image4\)"):
         run_experiment(spec, tmp_path / "out", model=tiny_model, progress=False, figures=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("decoder_layer, message", [
+    ("V9", r"\[decoder\]: 'layer': unknown layer 'V9'"),
+    ("pit", r"\[decoder\]: 'layer' = 'pit' \(pit\) comes before the stimulated layer 'IT' \(it\)"),
+])
+def test_a_decoder_layer_the_run_cannot_use_names_the_decoder_table(tiny_model, tmp_path, monkeypatch, decoder_layer,
+                                                                    message):
+    import tomllib
+
+    raw = tomllib.loads(TINY_CATEGORIZATION)
+    raw["decoder"]["layer"] = decoder_layer
+    spec = parse_experiment(raw, where="tiny_decoder.toml")
+    # checked before any image is loaded or any activity computed
+    monkeypatch.setattr("stimsim.paradigms.runner.load_stimuli", lambda *args: pytest.fail("images were loaded"))
+    with pytest.raises(ConfigError, match=r"^tiny_decoder.toml " + message):
+        run_experiment(spec, tmp_path / "out", model=tiny_model, progress=False, figures=False)
+    assert not (tmp_path / "out").exists()

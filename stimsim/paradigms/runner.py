@@ -129,6 +129,7 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
         model_scale = topo.cortex_scale(layer)
     except ConfigError as exc:
         raise ConfigError(f"{spec.source}: 'layer': {exc}") from None
+    _check_decoder_layer(spec, topo, layer)
     topo, scale_record = topo.in_cortex_mm(layer, spec.cortex_mm_per_model_mm)
     scale, scale_overridden = scale_record["cortex_mm_per_model_mm"], scale_record["scale_overridden"]
     if scale_overridden:
@@ -266,6 +267,21 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
 
 
 # --- inputs -------------------------------------------------------------------------------------
+def _check_decoder_layer(spec: ExperimentSpec, model, layer: str) -> None:
+    """Check the file's ``[decoder] layer`` before any work: a layer of the model, at or after the stimulated one."""
+    decoder_layer = (spec.raw.get("decoder") or {}).get("layer")
+    if decoder_layer is None:
+        return
+    try:
+        resolved = model.resolve_layer(decoder_layer)
+    except ConfigError as exc:
+        raise ConfigError(f"{spec.source} [decoder]: 'layer': {exc}") from None
+    if model.stage_names.index(resolved) < model.stage_names.index(layer):
+        raise ConfigError(f"{spec.source} [decoder]: 'layer' = {decoder_layer!r} ({resolved}) comes before the "
+                          f"stimulated layer {spec.layer!r} ({layer}), so stimulation could not reach the decoder; "
+                          f"give the stimulated layer or a later one")
+
+
 def _resolve_additive_scale(spec: ExperimentSpec, responses: np.ndarray, layer: str, notes: list) -> dict:
     """What ``additive_scale`` means in this run (recorded in ``config.json``); with ``"sd"`` the
     layer's SD over the localizer images and units, and the activation_per_Hz it gives."""
