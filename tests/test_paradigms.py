@@ -177,12 +177,21 @@ def test_unknown_key_refused_and_named(table, key):
     ("sites", "recording_radius_mm", 0.0, "recording_radius_mm"),
     ("decoder", "fit_fraction", 1.0, "fit_fraction"),
     ("stimuli", "positive", 1, "positive"),
+    # a zero too many would fail for memory only after the whole simulation
+    ("analysis", "n_boot", 1_000_000, r"\[analysis\]: 'n_boot' must be <= 100000"),
+    ("analysis", "n_perm", 100_001, r"\[analysis\]: 'n_perm' must be <= 100000"),
 ])
 def test_bad_values_refused_with_what_is_allowed(table, key, value, expected):
     raw = _raw("afraz2006")
     raw[table][key] = value
     with pytest.raises(ConfigError, match=expected):
         parse_experiment(raw, where="afraz2006.toml")
+
+
+def test_the_most_resamples_allowed_are_accepted():
+    raw = _raw("afraz2006")
+    raw["analysis"].update(n_boot=100_000, n_perm=100_000)
+    assert parse_experiment(raw, where="afraz2006.toml").raw["analysis"]["n_boot"] == 100_000
 
 
 def test_bad_values_of_other_blocks_refused():
