@@ -113,11 +113,13 @@ def _cmd_data_verify(args) -> int:
     from stimsim.data.manifest import verification_passed, verify_all
 
     results = verify_all()
+    width = max((len(name) for name in results), default=0)  # the counts line up whatever the longest name
     for name, statuses in sorted(results.items()):
         counts = {}
         for _, status in statuses:
             counts[status] = counts.get(status, 0) + 1
-        print(f"{name:<24} " + ", ".join(f"{n} {'not fetched' if s == 'missing' else s}" for s, n in sorted(counts.items())))
+        shown = ", ".join(f"{n} {'not fetched' if s == 'missing' else s}" for s, n in sorted(counts.items()))
+        print(f"{name:<{width}}  {shown}")
         for rel, status in statuses:
             if status == "mismatch":
                 print(f"    checksum mismatch: {rel}")

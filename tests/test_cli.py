@@ -61,6 +61,13 @@ def test_data_fetch_and_verify(capsys):
     assert "afraz2006" in out and "mismatch" not in out
 
 
+def test_data_verify_lines_up_its_counts_after_the_longest_name(capsys):
+    main(["data", "verify"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")]
+    assert any(line.startswith("efficientnet_lite0_imagenet ") for line in lines)  # a name over 24 characters
+    assert len({len(line) - len(line.split(maxsplit=1)[1]) for line in lines}) == 1
+
+
 def test_data_fetch_of_unknown_entry_is_a_clear_error(capsys):
     assert main(["data", "fetch", "no_such_dataset"]) == 2
     assert "no_such_dataset" in capsys.readouterr().err

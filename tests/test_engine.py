@@ -476,6 +476,14 @@ def test_activations_are_cached_across_runs(model, images, decoder, tmp_path, mo
     assert len(list(cache.glob("*.pt"))) == 2
 
 
+def test_a_cache_that_cannot_be_written_warns_and_the_run_goes_on(model, images, decoder, tmp_path):
+    (tmp_path / "not_a_directory").write_text("")
+    cache = tmp_path / "not_a_directory" / "activations"
+    with pytest.warns(UserWarning, match=r"cannot keep the activations in the cache .*not_a_directory.*continuing"):
+        stored_nowhere = simulate(model, images, it_sites(3), decoder, activation_cache=cache, progress=False)
+    xr.testing.assert_identical(stored_nowhere, simulate(model, images, it_sites(3), decoder, progress=False))
+
+
 def test_devices_resolve_and_results_agree_across_devices(model, images, decoder):
     assert resolve_device("cpu") == torch.device("cpu")
     with pytest.raises(ConfigError, match="unknown device"):

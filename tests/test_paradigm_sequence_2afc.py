@@ -135,6 +135,23 @@ def prepared(model):
     return spec, selection, stimuli, trials
 
 
+@pytest.mark.parametrize("table, key", [("decoder", "n_eval"), ("decoder", "n_noise"), ("sequences", "n_steps")])
+def test_counts_whose_images_cannot_fit_in_memory_are_refused_before_any_work(model, monkeypatch, table, key):
+    # 10**9 + 1 (odd, for n_steps) noisy copies or steps of 32 px images: over 4 TB at 4 bytes a pixel
+    raw = tomllib.loads(TINY)
+    raw[table][key] = 10**9 + 1
+    spec = parse_experiment(raw, where="tiny.toml")
+    sites = tuple(Site(f"site_{i:03d}", x, y, "explicit", np.nan, 0) for i, (x, y) in enumerate(SITES_MM))
+    selection = SiteSelection(sites=sites, method="explicit", unit_dprime=np.zeros(model.sheet("IT").n_units),
+                              peak_mm=(0.0, 0.0), recording_radius_mm=0.5, smoothing_sigma_mm=0.5)
+    monkeypatch.setattr("stimsim.paradigms.sequence_2afc.build_sequences",
+                        lambda *args, **kwargs: pytest.fail("the sequences were built"))
+    with pytest.raises(ConfigError, match=rf"^tiny.toml: holding the 2AFC images .* needs about .* TiB of memory, "
+                                          rf"more than .*; lower .*{key}"):
+        get_paradigm(spec.paradigm).prepare(spec.settings(), model, load_stimulus_source({"source": "lfw_subset"}),
+                                            selection)
+
+
 def _conditions(spec, selection, **changes):
     template = dataclasses.replace(spec.perturbation, **changes)
     return [Condition(CONTROL_LABEL)] + [

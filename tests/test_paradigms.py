@@ -177,12 +177,21 @@ def test_unknown_key_refused_and_named(table, key):
     ("sites", "recording_radius_mm", 0.0, "recording_radius_mm"),
     ("decoder", "fit_fraction", 1.0, "fit_fraction"),
     ("stimuli", "positive", 1, "positive"),
+    # a zero too many would fail for memory only after the whole simulation
+    ("analysis", "n_boot", 1_000_000, r"\[analysis\]: 'n_boot' must be <= 100000"),
+    ("analysis", "n_perm", 100_001, r"\[analysis\]: 'n_perm' must be <= 100000"),
 ])
 def test_bad_values_refused_with_what_is_allowed(table, key, value, expected):
     raw = _raw("afraz2006")
     raw[table][key] = value
     with pytest.raises(ConfigError, match=expected):
         parse_experiment(raw, where="afraz2006.toml")
+
+
+def test_the_most_resamples_allowed_are_accepted():
+    raw = _raw("afraz2006")
+    raw["analysis"].update(n_boot=100_000, n_perm=100_000)
+    assert parse_experiment(raw, where="afraz2006.toml").raw["analysis"]["n_boot"] == 100_000
 
 
 def test_bad_values_of_other_blocks_refused():
@@ -887,3 +896,39 @@ def test_the_site_effects_figure_says_which_sites_it_cannot_show(monkeypatch):
         assert figure._suptitle.get_text() == f"effect per site\n{title}"
         notes = [text.get_text() for ax in figure.axes for text in ax.texts]
         assert notes == (["no site's curve could be fitted"] * 2 if title.startswith("3") else [])
+
+
+def test_an_image_without_a_value_of_the_task_label_is_refused(tiny_model, tmp_path):
+    """A table row whose class is empty would otherwise count as the negative choice (or a class named '')."""
+    import tomllib
+
+    rows = ["stimulus_id,path,category"]
+    for i in range(8):
+        Image.fromarray(np.full((16, 16), 30 * i, dtype=np.uint8)).save(tmp_path / f"image{i}.png")
+        rows.append(f"image{i},image{i}.png,{'face' if i % 2 else ('nonface' if i != 4 else '')}")
+    (tmp_path / "images.csv").write_text("\n".join(rows) + "\n")
+    raw = tomllib.loads(TINY_CATEGORIZATION)
+    raw["stimuli"].update(sets=[{"source": "table", "path": str(tmp_path / "images.csv")}], n_per_choice=3)
+    spec = parse_experiment(raw, where="tiny_blank.toml")
+    with pytest.raises(ConfigError, match=r"tiny_blank.toml \[stimuli\] sets\[0\].*'category' is empty for 1 of 8 "
+                                          r"images \(image4\)"):
+        run_experiment(spec, tmp_path / "out", model=tiny_model, progress=False, figures=False)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("decoder_layer, message", [
+    ("V9", r"\[decoder\]: 'layer': unknown layer 'V9'"),
+    ("pit", r"\[decoder\]: 'layer' = 'pit' \(pit\) comes before the stimulated layer 'IT' \(it\)"),
+])
+def test_a_decoder_layer_the_run_cannot_use_names_the_decoder_table(tiny_model, tmp_path, monkeypatch, decoder_layer,
+                                                                    message):
+    import tomllib
+
+    raw = tomllib.loads(TINY_CATEGORIZATION)
+    raw["decoder"]["layer"] = decoder_layer
+    spec = parse_experiment(raw, where="tiny_decoder.toml")
+    # checked before any image is loaded or any activity computed
+    monkeypatch.setattr("stimsim.paradigms.runner.load_stimuli", lambda *args: pytest.fail("images were loaded"))
+    with pytest.raises(ConfigError, match=r"^tiny_decoder.toml " + message):
+        run_experiment(spec, tmp_path / "out", model=tiny_model, progress=False, figures=False)
+    assert not (tmp_path / "out").exists()

@@ -231,6 +231,10 @@ def test_csv_table_round_trip(image_folder):
     table.write_text("stimulus_id,path\na,faces/f1.png\na,faces/f2.png\n")
     with pytest.raises(FileFormatError, match="repeated"):
         from_table(table)
+    # a column named twice: the csv module would keep the last one and drop the other unseen
+    table.write_text("stimulus_id,path,category,category\na,faces/f1.png,face,house\n")
+    with pytest.raises(FileFormatError, match=r"column\(s\) \['category'\] appear more than once"):
+        from_table(table)
 
 
 def test_hdf5_round_trip(tmp_path):
@@ -258,6 +262,11 @@ def test_hdf5_round_trip(tmp_path):
         handle["maps"] = np.zeros((2, 3))
     with pytest.raises(FileFormatError, match="'maps' must be a 1-D dataset"):
         from_table(tmp_path / "bad.h5")
+    with h5py.File(tmp_path / "empty.h5", "w") as handle:
+        handle["images"] = np.zeros((0, 3, 3), np.float32)
+        handle["stimulus_id"] = np.array([], dtype="S1")
+    with pytest.raises(FileFormatError, match="the table has no images"):
+        from_table(tmp_path / "empty.h5")
     with pytest.raises(ValueError, match="one shape"):
         StimulusSet("mixed", [np.zeros((2, 2)), np.zeros((3, 3))], ["a", "b"]).to_hdf5(tmp_path / "m.h5")
     with pytest.raises(ValueError, match="unknown table type"):

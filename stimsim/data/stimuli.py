@@ -311,6 +311,9 @@ def _from_csv(path: Path, name: str | None) -> StimulusSet:
         reader = csv.DictReader(handle)
         columns = reader.fieldnames or []
         rows = list(reader)
+    repeated = _duplicates(column.strip() for column in columns)
+    if repeated:  # the csv module would keep the last column of a name and drop the others unseen
+        raise FileFormatError(path, f"column(s) {repeated} appear more than once in the header; name each column once")
     missing = {"stimulus_id", "path"} - set(columns)
     if missing:
         raise FileFormatError(path, f"missing column(s) {sorted(missing)}; a stimulus table needs "
@@ -395,6 +398,8 @@ def _from_hdf5(path: Path, name: str | None) -> StimulusSet:
         raise FileFormatError(path, f"'images' must be (N, H, W) or (N, H, W, 1|3), got shape {images.shape}")
     if len(images) != len(ids):
         raise FileFormatError(path, f"{len(images)} images but {len(ids)} stimulus ids")
+    if not len(ids):
+        raise FileFormatError(path, "the table has no images")
     if images.dtype == np.uint8:
         images = images.astype(np.float32) / 255.0
     elif np.issubdtype(images.dtype, np.floating):

@@ -18,7 +18,8 @@ match the stored rows. An entry with its numbers and checksum both replaced is t
 replaced row is among those checked — always when most rows were replaced, with probability about
 ``SAMPLED_ROWS / n`` when a single one of ``n`` was; the 10 rows cost 16 ms on a shipped model, and verifying
 every row would cost the forward pass the cache saves. An entry that fails a check, or that cannot be read, is
-reported with a warning naming its file and computed again.
+reported with a warning naming its file and computed again. A cache that cannot be written (read-only, full, not a
+directory) is warned about and the activity is used without being stored.
 """
 from __future__ import annotations
 
@@ -125,9 +126,16 @@ def cached_activity(directory, key: str, compute: Callable[[], torch.Tensor], de
                     return stored.to(device)
         warnings.warn(f"cached activations {data_path} {problem}; computing them again", stacklevel=3)
     activity = compute()
-    atomic_save(data_path, lambda tmp: torch.save(activity.detach().cpu().contiguous(), tmp))
-    atomic_write_json(record_path, {"format": CACHE_FORMAT, "key": key, "sha256": sha256_of(data_path),
-                                    "shape": list(activity.shape), "dtype": str(activity.dtype), **describe})
+    try:
+        atomic_save(data_path, lambda tmp: torch.save(activity.detach().cpu().contiguous(), tmp))
+        atomic_write_json(record_path, {"format": CACHE_FORMAT, "key": key, "sha256": sha256_of(data_path),
+                                        "shape": list(activity.shape), "dtype": str(activity.dtype), **describe})
+    except OSError as exc:  # a read-only or full cache costs the reuse, not the run
+        from stimsim.data.manifest import CACHE_DIR_ENV
+
+        warnings.warn(f"cannot keep the activations in the cache {directory} ({exc.strerror or exc}: "
+                      f"{exc.filename or data_path}); continuing without storing them (make the cache writable, "
+                      f"or set {CACHE_DIR_ENV} to a writable directory, to reuse them)", stacklevel=3)
     return activity
 
 

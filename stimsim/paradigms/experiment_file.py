@@ -90,7 +90,7 @@ key, e.g. Fashion-MNIST's draw, is that set's).
 
 ``[analysis]`` (optional)
     ``n_boot`` (bootstrap resamples, default 1000), ``n_perm`` (permutations of correlation tests,
-    default 1000), ``ci`` (confidence level, default 0.95).
+    default 1000), each at most 100,000; ``ci`` (confidence level, default 0.95).
 """
 from __future__ import annotations
 

@@ -129,6 +129,7 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
         model_scale = topo.cortex_scale(layer)
     except ConfigError as exc:
         raise ConfigError(f"{spec.source}: 'layer': {exc}") from None
+    _check_decoder_layer(spec, topo, layer)
     topo, scale_record = topo.in_cortex_mm(layer, spec.cortex_mm_per_model_mm)
     scale, scale_overridden = scale_record["cortex_mm_per_model_mm"], scale_record["scale_overridden"]
     if scale_overridden:
@@ -266,6 +267,21 @@ def _run_into(results: ResultSet, spec: ExperimentSpec, model, progress: bool, f
 
 
 # --- inputs -------------------------------------------------------------------------------------
+def _check_decoder_layer(spec: ExperimentSpec, model, layer: str) -> None:
+    """Check the file's ``[decoder] layer`` before any work: a layer of the model, at or after the stimulated one."""
+    decoder_layer = (spec.raw.get("decoder") or {}).get("layer")
+    if decoder_layer is None:
+        return
+    try:
+        resolved = model.resolve_layer(decoder_layer)
+    except ConfigError as exc:
+        raise ConfigError(f"{spec.source} [decoder]: 'layer': {exc}") from None
+    if model.stage_names.index(resolved) < model.stage_names.index(layer):
+        raise ConfigError(f"{spec.source} [decoder]: 'layer' = {decoder_layer!r} ({resolved}) comes before the "
+                          f"stimulated layer {spec.layer!r} ({layer}), so stimulation could not reach the decoder; "
+                          f"give the stimulated layer or a later one")
+
+
 def _resolve_additive_scale(spec: ExperimentSpec, responses: np.ndarray, layer: str, notes: list) -> dict:
     """What ``additive_scale`` means in this run (recorded in ``config.json``); with ``"sd"`` the
     layer's SD over the localizer images and units, and the activation_per_Hz it gives."""
@@ -362,6 +378,13 @@ def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
                                                                                   f"({loaded.name})"):
             notes.append(message)
             warnings.warn(message, stacklevel=2)
+        for label in labels:
+            blank = _missing_label_values(loaded.labels[label])
+            if blank.any():
+                shown = ", ".join(loaded.stimulus_id[blank][:3].tolist()) + (", ..." if blank.sum() > 3 else "")
+                raise ConfigError(f"{where} sets[{index}] ({loaded.name}): label {label!r} is empty for "
+                                  f"{int(blank.sum())} of {len(loaded)} images ({shown}); the task sorts the images "
+                                  f"by it, so give every image a value (or leave those images out)")
         kept = {label: np.asarray(loaded.labels[label]).astype(str) for label in labels}
         kept["source_set"] = np.full(len(loaded), loaded.name)
         parts.append(StimulusSet(name=loaded.name, images=loaded.images, stimulus_id=loaded.stimulus_id,
@@ -370,6 +393,14 @@ def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
         return StimulusSet.concat(*parts)
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _missing_label_values(values) -> np.ndarray:
+    """Which images have no value of a label: empty (or blank) text, or NaN (an empty cell of a numeric column)."""
+    values = np.asarray(values)
+    if values.dtype.kind == "f":
+        return np.isnan(values)
+    return np.char.strip(values.astype(str)) == ""
 
 
 def _load_model(spec: ExperimentSpec, model):

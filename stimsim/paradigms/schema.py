@@ -26,6 +26,9 @@ SCHEMA_PATH = Path(__file__).with_name("experiment.schema.json")
 
 #: Largest seed: numpy and scikit-learn take seeds below 2³².
 MAX_SEED = 2**32 - 1
+#: Most bootstrap resamples or permutations of ``[analysis]``: p-values to 1e-5, and arrays of resamples × sites that
+#: fit in memory (one more zero is typed easily, and the analysis runs only once the simulation has finished).
+MAX_RESAMPLES = 100_000
 PositiveMM = Annotated[float, Field(gt=0)]
 
 
@@ -158,8 +161,8 @@ class ComparisonFile(FileModel):
 class AnalysisFile(FileModel):
     """``[analysis]``: bootstrap resamples, permutations, confidence level."""
 
-    n_boot: Annotated[int, Field(ge=2)] = 1000
-    n_perm: Annotated[int, Field(ge=1)] = 1000
+    n_boot: Annotated[int, Field(ge=2, le=MAX_RESAMPLES)] = 1000
+    n_perm: Annotated[int, Field(ge=1, le=MAX_RESAMPLES)] = 1000
     ci: Annotated[float, Field(gt=0, lt=1)] = 0.95
 
 

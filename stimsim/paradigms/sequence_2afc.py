@@ -63,6 +63,7 @@ from stimsim.sequences import SequenceSet, SequenceSpec, build_sequences, poolin
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.utilities.filemodels import FileModel
+from stimsim.utilities.limits import check_memory
 
 #: The two choices of every sequence's decoder ("high" end, "low" end), in the decoders' order.
 CHOICES = ("high", "low")
@@ -396,6 +397,7 @@ def prepare(task, model, stimuli, selection: SiteSelection, progress: bool = Fal
     labels = tuple(site.label for site in selection.sites)
     sites = np.array([site.position_mm for site in selection.sites], dtype=np.float64).reshape(-1, 2)
     sequence_spec = options.sequence_spec(task.sites.recording_radius_mm)
+    _check_image_memory(task, model, len(sites), sequence_spec)
     try:
         sequences = build_sequences(model, sites, stimuli.images, sequence_spec, layer=layer, seed=task.seed,
                                     progress=progress)
@@ -412,6 +414,20 @@ def prepare(task, model, stimuli, selection: SiteSelection, progress: bool = Fal
                           slope_to_noise=slope_to_noise(sequences.site_response, noise_sd),
                           start_stimulus_id=np.asarray(stimuli.stimulus_id)[sequences.start_index],
                           response_layer=layer)
+
+
+def _check_image_memory(task, model, n_sites: int, sequence_spec: SequenceSpec) -> None:
+    """Refuse (ConfigError), before any work, counts whose images cannot fit in memory: every site's sequences and
+    noisy test images (float32 at the model's input size), and one site's float64 noise draws."""
+    spec = task.options.task
+    pixels = model.preprocessing.size_px ** 2 * model.preprocessing.channels
+    per_site = sequence_spec.n_sequences * sequence_spec.n_steps
+    stored = 4 * pixels * n_sites * per_site * (1 + spec.n_eval)
+    drawn = 3 * 8 * pixels * max(per_site * spec.n_eval, 2 * sequence_spec.n_sequences * spec.n_noise)
+    check_memory(f"{task.source}: holding the 2AFC images ({n_sites} sites × {sequence_spec.n_sequences} sequences × "
+                 f"{sequence_spec.n_steps} steps, {spec.n_eval} noisy test copies and {spec.n_noise} fitting copies "
+                 f"of each, {model.preprocessing.size_px} px)", stored + drawn,
+                 "[decoder] n_eval or n_noise, or [sequences] n_sequences or n_steps")
 
 
 def simulate(trials: SequenceTrials, model, conditions: list, store, progress: bool,
