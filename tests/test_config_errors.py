@@ -142,7 +142,7 @@ def test_a_decoder_layer_the_model_lacks_names_the_file(tmp_path, capsys):
                     '[decoder]\nlayer = "V9"\n[sites]\nmethod = "explicit"\nsites_mm = [[2.0, 2.0]]\n'
                     '[stimulation]\nkind = "electrical"\ncurrent_uA = 50\n')
     assert main(["run", str(path), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
-    assert capsys.readouterr().err.startswith(f"stimsim: error: {path}: unknown layer 'V9'; stages: ")
+    assert capsys.readouterr().err.startswith(f"stimsim: error: {path} [decoder]: 'layer': unknown layer 'V9'")
 
 
 def test_a_margin_wider_than_the_sheet_names_the_file_the_table_and_the_margins_allowed(tmp_path, capsys):
