@@ -27,6 +27,7 @@ from stimsim.utilities.io import (RESULT_SET_FILE, atomic_write_json, check_outp
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.limits import check_seed
 from stimsim.utilities.locking import LOCK_FILE, DirectoryLock, missing_directories
+from stimsim.utilities.ordering import repeated
 from stimsim.utilities.progress import report_phase, write_line
 
 
@@ -413,9 +414,10 @@ def _cmd_power(args) -> int:
             raise ConfigError(f"{option} must lie strictly between 0 and 1, got {value:g}")
     _check_at_least("--sessions", args.sessions, 10)
     check_seed("--seed", args.seed)
-    repeated = sorted({count for count in args.trials if args.trials.count(count) > 1})
-    if repeated:
-        raise ConfigError(f"--trials-per-site lists {', '.join(map(str, repeated))} more than once; give each trial count once")
+    again = sorted(repeated(args.trials))
+    if again:
+        raise ConfigError(f"--trials-per-site lists {', '.join(map(str, again))} more than once; give each trial count "
+                          "once")
     out = args.out or str(Path(args.plan) / "power")
     summary = run_power(args.plan, out, target_power=args.power, alpha=args.alpha, trial_counts=args.trials,
                         n_sessions=args.sessions, seed=args.seed, force=args.force, progress=not args.no_progress)

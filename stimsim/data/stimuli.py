@@ -29,7 +29,10 @@ from stimsim.data.images import TransparentImageWarning, load_image
 from stimsim.data.manifest import entry_path, entry_paths, get_entry
 from stimsim.utilities.errors import ConfigError, FileFormatError, unreadable_reason
 from stimsim.utilities.io import atomic_save
+from stimsim.utilities.ordering import repeated
 
+#: Repeated stimulus ids (or columns) an error names at most.
+SHOWN_REPEATS = 5
 #: File name endings read as images (case-insensitive).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".gif", ".webp")
 TABLE_SUFFIXES_CSV = (".csv",)
@@ -83,7 +86,7 @@ class StimulusSet:
             raise ValueError("stimulus_id values must be strings")
         if len(ids) != len(self.images):
             raise ValueError(f"{len(self.images)} images but {len(ids)} stimulus ids")
-        duplicates = _duplicates(ids)
+        duplicates = repeated(map(str, ids), at_most=SHOWN_REPEATS)
         if duplicates:
             raise ValueError(f"stimulus ids must be unique; repeated: {duplicates}")
         images = [_unit_image(image, ids[i]) for i, image in enumerate(self.images)]
@@ -191,15 +194,6 @@ class StimulusSet:
 
         return atomic_save(path, write)
 
-
-def _duplicates(ids) -> list[str]:
-    """The first 5 ids given more than once, as text."""
-    seen, repeated = set(), []
-    for i in map(str, ids):
-        if i in seen and i not in repeated:
-            repeated.append(i)
-        seen.add(i)
-    return repeated[:5]
 
 
 def _unit_image(image, stimulus_id: str) -> np.ndarray:
@@ -311,9 +305,9 @@ def _from_csv(path: Path, name: str | None) -> StimulusSet:
         reader = csv.DictReader(handle)
         columns = reader.fieldnames or []
         rows = list(reader)
-    repeated = _duplicates(column.strip() for column in columns)
-    if repeated:  # the csv module would keep the last column of a name and drop the others unseen
-        raise FileFormatError(path, f"column(s) {repeated} appear more than once in the header; name each column once")
+    repeated_columns = repeated((column.strip() for column in columns), at_most=SHOWN_REPEATS)
+    if repeated_columns:  # the csv module would keep the last column of a name and drop the others unseen
+        raise FileFormatError(path, f"column(s) {repeated_columns} appear more than once in the header; name each column once")
     missing = {"stimulus_id", "path"} - set(columns)
     if missing:
         raise FileFormatError(path, f"missing column(s) {sorted(missing)}; a stimulus table needs "
@@ -325,7 +319,7 @@ def _from_csv(path: Path, name: str | None) -> StimulusSet:
     ids = [row["stimulus_id"].strip() for row in rows]
     if any(not i for i in ids):
         raise FileFormatError(path, "empty stimulus_id")
-    duplicates = _duplicates(ids)
+    duplicates = repeated(map(str, ids), at_most=SHOWN_REPEATS)
     if duplicates:
         raise FileFormatError(path, f"stimulus ids must be unique; repeated: {duplicates}")
     image_paths = []
@@ -407,7 +401,7 @@ def _from_hdf5(path: Path, name: str | None) -> StimulusSet:
             raise FileFormatError(path, "float images must have finite values in [0, 1]")
     else:
         raise FileFormatError(path, f"'images' must be uint8 or float, got {images.dtype}")
-    duplicates = _duplicates(ids)
+    duplicates = repeated(map(str, ids), at_most=SHOWN_REPEATS)
     if duplicates:
         raise FileFormatError(path, f"stimulus ids must be unique; repeated: {duplicates}")
     return StimulusSet(name=set_name, images=list(images), stimulus_id=np.asarray(ids), labels=labels)

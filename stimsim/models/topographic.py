@@ -37,7 +37,7 @@ from pydantic import ConfigDict, Field
 from torch import nn
 
 from stimsim.cortex.sheet import CorticalSheet
-from stimsim.data.stimuli import StimulusSet, _duplicates
+from stimsim.data.stimuli import SHOWN_REPEATS, StimulusSet
 from stimsim.models.architectures import StimsimTopoNet, build_network
 from stimsim.models.preprocessing import Preprocessing, image_sequence
 from stimsim.models.shared_trunk import SHARED_TRUNK_STAGES, trunk_digest, trunk_output
@@ -47,6 +47,7 @@ from stimsim.utilities.filemodels import FileModel, Text, validate_file
 from stimsim.utilities.hashing import sha256_of
 from stimsim.utilities.io import atomic_write_bytes, atomic_write_json, read_json
 from stimsim.utilities.jsonable import json_value
+from stimsim.utilities.ordering import repeated
 
 MODEL_FORMAT = "stimsim-model/1"
 #: Most input pixels (per channel) one batch of :meth:`TopographicModel.activations` runs at a time: 64 images of
@@ -358,9 +359,9 @@ class TopographicModel:
             stimulus_ids = [f"image_{i:05d}" for i in range(len(values))]
         if len(stimulus_ids) != len(values):
             raise ValueError(f"got {len(stimulus_ids)} stimulus_ids for {len(values)} images")
-        repeated = _duplicates(stimulus_ids)
-        if repeated:
-            raise ValueError(f"stimulus_ids must be unique (each labels one image); repeated: {repeated}")
+        again = repeated(map(str, stimulus_ids), at_most=SHOWN_REPEATS)
+        if again:
+            raise ValueError(f"stimulus_ids must be unique (each labels one image); repeated: {again}")
         coords = {"stimulus_id": list(stimulus_ids), "unit": np.arange(values.shape[1])}
         if layer in self.sheets:
             sheet = self.sheets[layer]

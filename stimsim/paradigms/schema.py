@@ -20,6 +20,7 @@ from stimsim.models.registry import DEFAULT_MODEL
 from stimsim.stimulation import ADDITIVE_SCALES, PERTURBATION_KINDS
 from stimsim.stimulation.safety import FileChargeLimit, FileElectrodeArea, FileShannonK
 from stimsim.utilities.filemodels import FileModel, Text, validate
+from stimsim.utilities.ordering import repeated
 
 #: The JSON Schema of experiment files shipped with the package.
 SCHEMA_PATH = Path(__file__).with_name("experiment.schema.json")
@@ -80,9 +81,9 @@ class ExplicitSites(_SitesCommon):
     @field_validator("sites_mm")
     @classmethod
     def _distinct(cls, sites: list) -> list:
-        again = [site for i, site in enumerate(sites) if site in sites[:i]]
+        again = repeated(tuple(site) for site in sites)
         if again:
-            raise ValueError(f"'sites_mm' gives the site {again[0]} more than once; each site once (a site given twice "
+            raise ValueError(f"'sites_mm' gives the site {list(again[0])} more than once; each site once (a site given twice "
                              "would count twice in the statistics across sites)")
         return sites
 

@@ -48,7 +48,7 @@ from stimsim.stimulation.safety import FileChargeLimit, FileElectrodeArea, FileS
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.filemodels import FileModel, Text
 from stimsim.utilities.limits import MAX_SEED
-from stimsim.utilities.ordering import natural_key
+from stimsim.utilities.ordering import natural_key, repeated
 
 #: The plan task of a file that names none.
 DEFAULT_TASK = "sequence_2afc"
@@ -102,7 +102,7 @@ class ArrayTable(FileModel):
     @classmethod
     def _once_each(cls, ids):
         texts = [str(e) for e in ids]
-        again = sorted({e for e in texts if texts.count(e) > 1}, key=natural_key)
+        again = sorted(repeated(texts), key=natural_key)
         if again:
             raise ValueError(f"'broken_electrodes' lists electrode(s) {again} more than once (a number and its text "
                              "name the same id); give each broken electrode once")

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from stimsim.utilities.filemodels import FileModel, Text
 from stimsim.utilities.limits import MAX_SEED
+from stimsim.utilities.ordering import repeated
 
 #: Where the JSON Schema of subject files ships.
 SCHEMA_PATH = Path(__file__).with_name("subject.schema.json")
@@ -73,7 +74,7 @@ class ArrayTable(FileModel):
             raise ValueError(f"'dead_electrodes' lists {odd[0]!r}; give electrode ids as the layout names them, "
                              'text or integers (e.g. ["3", "17"])')
         names = [str(i) for i in ids]
-        twice = sorted({name for i, name in enumerate(names) if name in names[:i]}, key=names.index)
+        twice = sorted(repeated(names), key=names.index)
         if twice:
             raise ValueError(f"'dead_electrodes' lists {', '.join(map(repr, twice))} more than once; give each "
                              "electrode once")

@@ -18,6 +18,21 @@ def natural_key(value) -> tuple:
     return tuple(int(part) if i % 2 else part for i, part in enumerate(parts))
 
 
+def repeated(values, at_most: int | None = None) -> list:
+    """The values (hashable) given more than once, each once, in the order their second occurrence comes; the
+    first ``at_most`` of them (None: all).
+
+    >>> repeated(["a", "b", "b", "a", "b"])
+    ['b', 'a']
+    """
+    seen, again = set(), {}
+    for value in values:
+        if value in seen:
+            again[value] = None
+        seen.add(value)
+    return list(again)[:at_most]
+
+
 def naturally_ordered(record):
     """``record`` with the keys of every dict (recursively) in natural order, for JSON written
     without ``sort_keys`` (which would put "10" before "3")."""

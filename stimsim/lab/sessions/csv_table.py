@@ -7,6 +7,7 @@ import pandas as pd
 
 from stimsim.lab.sessions.formats import SessionFormat, register_session_format
 from stimsim.utilities.errors import FileFormatError
+from stimsim.utilities.ordering import repeated
 
 
 @register_session_format("CSV")
@@ -25,7 +26,7 @@ class CSVSessions(SessionFormat):
                                         f"by commas, with '.' as the decimal mark") from None
         with open(path, newline="", encoding="utf-8") as handle:  # pandas renames a repeated column (x, x.1)
             header = next(csv.reader(handle), [])
-        twice = sorted({name for name in header if header.count(name) > 1})
+        twice = sorted(repeated(header))
         if twice:
             raise FileFormatError(path, f"the header names column(s) {twice} more than once; give each column once")
         fields = _unfinished_last_line(path)
