@@ -236,8 +236,9 @@ def synthesize(model, image: torch.Tensor, multiplier: torch.Tensor, additive: t
             target = perturbed if match_layer == layer else _run(model, perturbed, match_layer, start=layer)
             target = _matched(target.flatten(1), settings.match)
             unperturbed = activity if match_layer == layer else _run(model, activity, match_layer, start=layer)
-            scale = float(_matched(unperturbed.flatten(1), settings.match).square().mean()) or 1.0
-            if not torch.isfinite((_matched(unperturbed.flatten(1), settings.match) - target).square().sum(1)).all():
+            unperturbed = _matched(unperturbed.flatten(1), settings.match)
+            scale = float(unperturbed.square().mean()) or 1.0
+            if not torch.isfinite((unperturbed - target).square().sum(1)).all():
                 raise ConfigError(f"[stimulation]: the stimulated activity of {match_layer!r} lies too far from the "
                                   "unstimulated activity to be matched in float32 (their squared distance overflows); "
                                   "lower activation_per_Hz")
