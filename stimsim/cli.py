@@ -22,8 +22,8 @@ from stimsim.engine.devices import add_device_argument, resolve_device
 from stimsim.engine.distributed import MAX_PER_CPU, add_compute_arguments
 from stimsim.engine.jobs_bench import job_names
 from stimsim.utilities.errors import ConfigError, DataError, StimsimError, TrainingDiverged
-from stimsim.utilities.io import (RESULT_SET_FILE, atomic_write_json, check_output_dir, check_output_file,
-                                  holds_unfinished_result_set, output_owner)
+from stimsim.utilities.io import (RESULT_SET_FILE, atomic_write_json, check_not_another_commands, check_output_dir,
+                                  check_output_file, holds_unfinished_result_set, output_owner)
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.limits import check_seed
 from stimsim.utilities.locking import LOCK_FILE, DirectoryLock, missing_directories
@@ -435,7 +435,9 @@ def _cmd_power(args) -> int:
 
 def _refuse_foreign_directory(out: str, marks: tuple, what: str, force: bool) -> None:
     """An --out that holds files but none of ``marks`` (the files every directory of ``what`` has) is a
-    folder of something else: refused unless ``force``, so that nothing there is overwritten by mistake."""
+    folder of something else: refused unless ``force``, so that nothing there is overwritten by mistake; another
+    command's output is refused even then (:func:`~stimsim.utilities.io.check_not_another_commands`)."""
+    check_not_another_commands(out, marks)
     directory = Path(out)
     if force or not directory.is_dir() or any((directory / mark).is_file() for mark in marks):
         return
@@ -538,8 +540,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "resume")
     score.add_argument("--json", action="store_true", help="print scores.json instead of the table")
     score.add_argument("--force", action="store_true",
-                       help="write into --out even if it holds files stimsim did not write or another command's "
-                            "results")
+                       help="write into --out even if it holds files stimsim did not write (never into another "
+                            "command's output)")
     score.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
     _add_mirror(score)
     _add_threads(score)
@@ -551,8 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, help="output directory (results.nc, summary.json, figures)")
     run.add_argument("--model", help="model name or directory (overrides the experiment file)")
     run.add_argument("--force", action="store_true",
-                     help="write into --out even if it holds files stimsim did not write or another command's "
-                          "results (same names are overwritten), or an unfinished run's store for other inputs")
+                     help="write into --out even if it holds files stimsim did not write (same names are overwritten; "
+                          "never into another command's output), or an unfinished run's store for other inputs")
     run.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
     _add_mirror(run)
     _add_threads(run)
@@ -566,8 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
     visualize.add_argument("--model", help="model name or directory (overrides the file)")
     visualize.add_argument("--judge", help="independent judge model, name or directory (overrides the file)")
     visualize.add_argument("--force", action="store_true",
-                           help="write into --out even if it holds files stimsim did not write or another command's "
-                                "results")
+                           help="write into --out even if it holds files stimsim did not write (never into another "
+                                "command's output)")
     visualize.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     _add_mirror(visualize)
     _add_threads(visualize)
@@ -581,7 +583,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--validate", type=int, metavar="N", help="virtual subject only: repeat the closed loop on N "
                                                                 "hidden poses and write validation.json")
     plan.add_argument("--force", action="store_true",
-                      help="write into --out even if it holds files that are not a plan (same names are overwritten)")
+                      help="write into --out even if it holds files that are not a plan (same names are overwritten; "
+                           "never into another command's output)")
     plan.add_argument("--no-progress", action="store_true", help="hide progress bars and phase messages")
     _add_mirror(plan)
     _add_threads(plan)
@@ -659,8 +662,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--seed", type=int, default=0, help="seed of every resampling (default 0)")
     analyze.add_argument("--no-progress", action="store_true", help="hide the phase messages")
     analyze.add_argument("--force", action="store_true",
-                       help="write into the output directory even if it holds files stimsim did not write or "
-                            "another command's results")
+                       help="write into the output directory even if it holds files stimsim did not write "
+                            "(never into another command's output)")
     analyze.set_defaults(handler=_cmd_analyze, command_parser=analyze)
 
     power = commands.add_parser("power", help="trials per site needed to detect a plan's effects (simulated sessions)")
@@ -676,8 +679,8 @@ def build_parser() -> argparse.ArgumentParser:
     power.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     power.add_argument("--out", help="output directory (default PLAN_DIR/power)")
     power.add_argument("--force", action="store_true",
-                       help="write into the output directory even if it holds files stimsim did not write or "
-                            "another command's results")
+                       help="write into the output directory even if it holds files stimsim did not write "
+                            "(never into another command's output)")
     power.set_defaults(handler=_cmd_power, command_parser=power)
     return parser
 

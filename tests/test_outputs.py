@@ -285,30 +285,32 @@ def test_a_set_of_other_inputs_is_replaced_with_a_warning_and_the_same_inputs_wi
     assert read_result_set(tmp_path, required=("summary.json",))
 
 
-def test_another_commands_results_are_neither_replaced_nor_removed(tmp_path):
-    """A finished set of one command (an analysis of a recorded session, say) in the --out of another is refused
-    naming what it holds; forced, the new set writes beside it and removes none of its files."""
+def test_another_commands_output_is_refused_even_when_forced(tmp_path):
+    """A finished set of one command (an analysis of a recorded session, say) in the --out of another is refused,
+    forced or not, naming the command that wrote it: a forced run would replace its manifest and files of the same
+    names, and the analysis would no longer read back. A plan, a virtual subject or a training run likewise."""
     analysis = ResultSet(tmp_path, "analysis")
     analysis.write_json("summary.json", {"analysis": 1})
     analysis.write_json("sites.json", {"analysis": 1})
     analysis.finish()
-    with pytest.raises(ConfigError, match=r"holds the results of another command \(analysis\); give a new or empty "
-                                          r"directory, or force writing into it \(--force"):
-        ResultSet(tmp_path, "percepts")
-    manifest = (tmp_path / RESULT_SET_FILE).read_bytes()
-    ResultSet(tmp_path, "percepts", force=True).abandon()  # a forced run that fails early changes nothing
-    assert (tmp_path / RESULT_SET_FILE).read_bytes() == manifest
-    percepts = ResultSet(tmp_path, "percepts", force=True)
-    percepts.write_json("percepts.json", {"percepts": 1})
-    percepts.finish()
-    assert json.loads((tmp_path / "sites.json").read_text()) == {"analysis": 1}  # kept, not removed as an older set
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    for force in (False, True):
+        with pytest.raises(ConfigError, match=r"holds an analysis \(`stimsim analyze`\); give another --out "
+                                              r"directory \(--force does not"):
+            ResultSet(tmp_path, "percepts", force=force)
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+    assert sorted(read_result_set(tmp_path, required=("summary.json",))) == ["sites.json", "summary.json"]
+    ResultSet(tmp_path, "analysis", force=True).abandon()  # the same command's own set is taken
     for mark, owner in (("truth.json", r"a virtual subject \(`stimsim subject make`\)"),
-                        ("training_run.json", r"a training run \(`stimsim train`\)")):
-        other = tmp_path / mark.split(".")[0]
-        other.mkdir()
+                        ("training_run.json", r"a training run \(`stimsim train`\)"),
+                        ("cache/config_digest.txt", r"a plan \(`stimsim plan`\)")):
+        other = tmp_path / mark.split(".")[0].replace("/", "_")
+        (other / mark).parent.mkdir(parents=True)
         (other / mark).write_text("{}")
-        with pytest.raises(ConfigError, match=rf"holds {owner}; give a new"):
-            ResultSet(other, "analysis")
+        for force in (False, True):
+            with pytest.raises(ConfigError, match=rf"holds {owner}; give another --out"):
+                ResultSet(other, "analysis", force=force)
+        assert not (other / RESULT_SET_FILE).exists()
 
 
 @pytest.mark.parametrize("make, message", [

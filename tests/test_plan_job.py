@@ -581,6 +581,33 @@ def test_plan_and_subject_refuse_a_folder_of_other_files_unless_forced(tmp_path,
     assert main(["subject", "make", str(config.parent / "subject.toml"), "--out", str(notes)]) == 0  # now a subject
 
 
+def test_plan_and_subject_refuse_another_commands_output_even_when_forced(tmp_path, capsys):
+    """--force writes beside a lab's own files, never into what another command wrote: a plan into a virtual subject
+    or an analysis, a subject into a plan; the error names that command and nothing there changes."""
+    from stimsim.utilities.io import ResultSet
+
+    config = _write_plan(tmp_path / "config")
+    subject, plan, analysis = tmp_path / "subject", tmp_path / "plan", tmp_path / "analysis"
+    subject.mkdir()
+    (subject / "truth.json").write_text("{}")
+    (plan / "cache").mkdir(parents=True)
+    (plan / "cache" / "config_digest.txt").write_text("0\n")
+    (plan / "summary.json").write_text("{}")
+    with ResultSet(analysis, "analysis") as results:
+        results.write_json("summary.json", {"analysis": 1})
+        results.finish()
+    make = ["subject", "make", str(config.parent / "subject.toml")]
+    for argv, out, owner in ((["plan", str(config)], subject, "a virtual subject (`stimsim subject make`)"),
+                             (["plan", str(config)], analysis, "an analysis (`stimsim analyze`)"),
+                             (make, plan, "a plan (`stimsim plan`)"), (make, analysis, "an analysis (`stimsim analyze`)")):
+        before = {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()}
+        assert main([*argv, "--out", str(out), "--force", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err == f"stimsim: error: output directory {out} holds {owner}; give another --out directory " \
+                      "(--force does not write into another command's output, whose files would be overwritten)\n"
+        assert {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+
+
 def test_sessions_and_power_name_a_damaged_or_inconsistent_plan_file(plan_dir, tmp_path, capsys):
     """A summary naming an electrode the truth lacks, a summary or truth file that is not what the plan wrote:
     `subject session` and `power` end with an error naming the file (and field), never a traceback — their own

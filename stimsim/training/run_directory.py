@@ -16,7 +16,7 @@ from pathlib import Path
 from stimsim.training import head_training, loop, trunk_tuning
 from stimsim.utilities.errors import ConfigError, FileFormatError
 from stimsim.utilities.hashing import canonical_json, changed_keys
-from stimsim.utilities.io import atomic_write_json, check_output_dir, is_temporary_file
+from stimsim.utilities.io import atomic_write_json, check_not_another_commands, check_output_dir, is_temporary_file
 from stimsim.utilities.locking import LOCK_FILE
 
 #: The checkpoints a training run resumes from.
@@ -35,6 +35,7 @@ TRAINING_RUN_FILES = RUN_MARKERS | FINISHED_RUN_FILES | {"model", LOCK_FILE}
 def check_run_directory(directory, force: bool = False) -> Path:
     """Check that ``directory`` may receive a training run (see the module docstring); creates nothing."""
     directory = check_output_dir(directory)
+    check_not_another_commands(directory, tuple(RUN_MARKERS))
     if force or not directory.is_dir():
         return directory
     names = {entry.name for entry in directory.iterdir() if not is_temporary_file(entry.name)}

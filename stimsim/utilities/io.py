@@ -176,9 +176,11 @@ class ResultSet:
     """The files of one result, written into ``directory`` as one set.
 
     ``ResultSet(directory, kind, keep=("simulation_store",), force=False)`` checks the directory: it
-    may be new or empty, or hold a set stimsim wrote before (the files its manifest names, the
-    entries in ``keep`` and temporary files of a killed write, which are removed); anything else is refused with
-    :class:`~stimsim.utilities.errors.ConfigError` unless ``force`` is true. The caller holds the directory's
+    may be new or empty, or hold a set of the same kind stimsim wrote before (the files its manifest names, the
+    entries in ``keep`` and temporary files of a killed write, which are removed); other files are refused with
+    :class:`~stimsim.utilities.errors.ConfigError` unless ``force`` is true, and what another command keeps there (a
+    set of another kind, a plan, a virtual subject, a training run) is refused even then. The caller holds the
+    directory's
     :class:`~stimsim.utilities.locking.DirectoryLock`. :meth:`claim` (or ``result_set / name``)
     records a file's name before the caller writes it atomically, so a killed run's files stay
     recognisable as stimsim's; :meth:`write` and :meth:`write_json` claim and write in one call;
@@ -200,14 +202,11 @@ class ResultSet:
         manifest = directory / RESULT_SET_FILE
         previous = _read_manifest(directory) if manifest.is_file() else None
         owner = _other_owner(directory, kind, previous)
-        if owner is not None and not force:
-            raise ConfigError(f"output directory {directory} holds {owner}; give a new or empty directory, or force "
-                              "writing into it (--force: files of the same name are overwritten, the others kept)")
-        if owner is None and previous is not None:
+        if owner is not None:
+            raise _another_commands_directory(directory, owner)
+        if previous is not None:
             self._warn_replaced_inputs(previous)
         self._previous_manifest = manifest.read_bytes() if previous else None  # put back if the run fails early
-        if previous is not None and previous.get("kind") != kind:
-            previous = None  # forced: another command's files are kept as they are, never removed as older ones
         self._previous = set(previous["files"]) if previous else set()
         self._created = missing_directories(directory)
         if directory.is_dir():
@@ -218,7 +217,7 @@ class ResultSet:
                 shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
                 raise ConfigError(f"output directory {directory} holds files stimsim did not write ({shown}); "
                                   "give a new or empty directory, or force overwriting (--force)")
-            if not foreign and owner is None:  # only stimsim's set is there: the temporary files are its own
+            if not foreign:  # only stimsim's set is there: the temporary files are its own
                 remove_temporaries(directory)
         ensure_output_dir(directory)
         self._claimed: list[str] = []
@@ -432,6 +431,23 @@ def output_owner(directory) -> str | None:
     return _marked_owner(directory)
 
 
+def check_not_another_commands(directory, own_marks: tuple[str, ...]) -> None:
+    """Refuse, forced or not, an output ``directory`` that holds what another stimsim command keeps there
+    (:func:`output_owner`) and none of ``own_marks`` (the files every directory of the calling command holds): its
+    files would be overwritten by ones of the same names, and its result set would no longer read back."""
+    directory = Path(directory)
+    if not directory.is_dir() or any((directory / mark).is_file() for mark in own_marks):
+        return
+    owner = output_owner(directory)
+    if owner is not None:
+        raise _another_commands_directory(directory, owner)
+
+
+def _another_commands_directory(directory: Path, owner: str) -> ConfigError:
+    return ConfigError(f"output directory {directory} holds {owner}; give another --out directory (--force does not "
+                       "write into another command's output, whose files would be overwritten)")
+
+
 def _other_owner(directory: Path, kind: str, previous: dict | None) -> str | None:
     """What another stimsim command keeps in ``directory`` (a result set of another kind, a plan, a virtual subject,
     a training run), in words, or None."""
@@ -440,8 +456,17 @@ def _other_owner(directory: Path, kind: str, previous: dict | None) -> str | Non
     return _marked_owner(directory)
 
 
+#: The command that writes each kind of result set, in words.
+_KIND_OWNERS = {"experiment run": "an experiment run (`stimsim run`)",
+                "model scores": "a model's scores (`stimsim models score`)",
+                "percepts": "predicted percepts (`stimsim visualize`)",
+                "analysis": "an analysis (`stimsim analyze`)",
+                "power": "a power analysis (`stimsim power`)"}
+
+
 def _results_of(manifest: dict) -> str:
-    return f"the results of another command ({manifest.get('kind')})"
+    kind = manifest.get("kind")
+    return _KIND_OWNERS.get(kind, f"the results of another command ({kind})")
 
 
 def _marked_owner(directory: Path) -> str | None:
