@@ -2,6 +2,7 @@
 import hashlib
 import json
 import os
+import re
 import shutil
 import tomllib
 
@@ -14,7 +15,7 @@ from stimsim.lab.arrays import ArrayPose, utah_array
 from stimsim.lab.recordings import load_recordings
 from stimsim.models.registry import load_model
 from stimsim.subject import VirtualSubject
-from stimsim.utilities.errors import ConfigError, DataError
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +293,37 @@ def test_subject_make_writes_both_formats_and_the_truth(tmp_path, one_torch_thre
     bad.write_text(config.read_text().replace('dead_fraction = 0.1', 'dead_electrodes = ["0"]'))
     assert main(["subject", "make", str(bad), "--out", str(tmp_path / "bad")]) == 2
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda truth: truth.pop("pose"), "missing key.*pose"),
+    (lambda truth: truth.pop("layout"), "missing key.*layout"),
+    (lambda truth: truth.pop("gains_Hz_per_sd"), "missing key.*gains_Hz_per_sd"),
+    (lambda truth: truth["pose"].pop("x_mm"), "key 'pose' is malformed.*x_mm"),
+    (lambda truth: truth["pose"].update(x_mm="centre"), "key 'pose' is malformed.*x_mm"),
+    (lambda truth: truth["layout"].pop("positions_mm"), "key 'layout' is malformed.*positions_mm"),
+    (lambda truth: truth.update(dead_electrodes=3), "key 'dead_electrodes' is malformed"),
+    (lambda truth: truth.update(dead_electrodes=["no-such-electrode"]), "key 'dead_electrodes' names electrode"),
+    (lambda truth: truth["gains_Hz_per_sd"].pop("1"),
+     r"key 'gains_Hz_per_sd' gives no gain for electrode\(s\) \['1'\]"),
+    (lambda truth: truth.update(gains_Hz_per_sd=[60.0]), "key 'gains_Hz_per_sd' is malformed"),
+])
+def test_a_hand_edited_truth_file_is_named_with_its_key(model, tmp_path, edit, key):
+    """A subject's truth.json edited by hand (its record of checksums updated, or a subject made before that record
+    existed) is refused naming the file and the key, not with a KeyError or TypeError."""
+    out = VirtualSubject.create(_config(), model=model).save(tmp_path / "subject")
+    truth = json.loads((out / "truth.json").read_text())
+    edit(truth)
+    (out / "truth.json").write_text(json.dumps(truth))
+    checksums = json.loads((out / "subject_files.json").read_text())
+    checksums["files_sha256"]["truth.json"] = hashlib.sha256((out / "truth.json").read_bytes()).hexdigest()
+    (out / "subject_files.json").write_text(json.dumps(checksums))
+    with pytest.raises(FileFormatError, match=rf"^{re.escape(str(out / 'truth.json'))}: {key}.*stimsim subject make"):
+        VirtualSubject.load(out, model=model)
+    (out / "subject_files.json").unlink()
+    (out / "truth.json").write_text("[]")
+    with pytest.raises(FileFormatError, match=r"truth.json: not a virtual subject's truth \(a JSON object\)"):
+        VirtualSubject.load(out, model=model)
 
 
 def test_a_subject_with_no_working_electrode_or_an_implausible_scale_is_refused(model):

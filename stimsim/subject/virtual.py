@@ -57,6 +57,9 @@ SUBJECT_CHECKSUMS = "subject_files.json"
 RECORDING_BYTES_PER_RESPONSE = 120
 #: Changes a refusal to replace a subject names at most.
 SHOWN_CHANGES = 5
+#: What to do about a subject directory whose files are damaged.
+REMAKE_SUBJECT = ("make the subject again (`stimsim subject make`; a plan makes its own again when its subject/ is "
+                  "deleted)")
 #: The species NWB files give for a virtual subject.
 VIRTUAL_SPECIES = "virtual (stimsim model)"
 
@@ -193,14 +196,9 @@ class VirtualSubject:
             raise FileNotFoundError(f"{directory} is not a subject directory: missing {missing}")
         check_subject_files(directory)
         config = load_toml(directory / "subject.toml")
-        truth = read_json(directory / "truth.json")
+        layout, pose, dead, gains = read_truth(directory / "truth.json")
         subject = cls.create(config, source=str(directory / "subject.toml"), model=model)
-        layout = ArrayLayout.from_dict(truth["layout"])
-        subject.layout = layout
-        subject.pose = ArrayPose.from_dict(truth["pose"])
-        subject.dead_electrodes = tuple(truth["dead_electrodes"])
-        gains = truth["gains_Hz_per_sd"] if "gains_Hz_per_sd" in truth else truth["gains"]  # "gains" in subjects made by earlier versions
-        subject.gains_Hz_per_sd = {str(k): float(v) for k, v in gains.items()}
+        subject.layout, subject.pose, subject.dead_electrodes, subject.gains_Hz_per_sd = layout, pose, dead, gains
         subject.directory = directory
         return subject
 
@@ -367,6 +365,51 @@ def check_same_subject(directory, subject: VirtualSubject) -> None:
                           "truth.json and recordings are overwritten)")
 
 
+def read_truth(path) -> tuple[ArrayLayout, ArrayPose, tuple, dict]:
+    """The implant a subject's ``truth.json`` records: its layout, pose (cortex mm, deg), dead electrodes and each
+    electrode's gain (spikes/s per SD); a key that is missing or malformed raises FileFormatError naming the file and
+    the key."""
+    path = Path(path)
+    truth = read_json(path)
+    if not isinstance(truth, dict):
+        raise FileFormatError(path, f"not a virtual subject's truth (a JSON object), got {type(truth).__name__}; "
+                                    f"{REMAKE_SUBJECT}")
+    gains_key = "gains" if "gains_Hz_per_sd" not in truth and "gains" in truth else "gains_Hz_per_sd"  # earlier name
+    missing = [key for key in ("layout", "pose", "dead_electrodes", gains_key) if key not in truth]
+    if missing:
+        raise FileFormatError(path, f"missing key(s) {', '.join(missing)} of a virtual subject's truth; "
+                                    f"{REMAKE_SUBJECT}")
+
+    def read(key, parse):
+        try:
+            return parse(truth[key])
+        except (ConfigError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise FileFormatError(path, f"key {key!r} is malformed ({unreadable_reason(exc)}); "
+                                        f"{REMAKE_SUBJECT}") from None
+
+    layout = read("layout", ArrayLayout.from_dict)
+    pose = read("pose", ArrayPose.from_dict)
+    dead = read("dead_electrodes", lambda ids: tuple(_text_items(ids)))
+    gains = read(gains_key, lambda values: {str(k): float(v) for k, v in values.items()})
+    for key, ids in (("dead_electrodes", set(dead)), (gains_key, set(gains))):
+        unknown = sorted(ids - set(layout.electrode_ids))
+        if unknown:
+            raise FileFormatError(path, f"key {key!r} names electrode(s) {unknown[:5]} that its layout lacks; "
+                                        f"{REMAKE_SUBJECT}")
+    lacking = [i for i in layout.electrode_ids if i not in gains]
+    if lacking:
+        raise FileFormatError(path, f"key {gains_key!r} gives no gain for electrode(s) {lacking[:5]} of its layout; "
+                                    f"{REMAKE_SUBJECT}")
+    return layout, pose, dead, gains
+
+
+def _text_items(values) -> list[str]:
+    """A JSON list of electrode ids as text (a list of anything else raises TypeError)."""
+    if not isinstance(values, list) or not all(isinstance(value, str) for value in values):
+        raise TypeError(f"a list of electrode ids (text) is needed, got {values!r:.60}")
+    return values
+
+
 def check_subject_files(directory) -> None:
     """Refuse a subject directory whose files changed since it was made (checked against its
     :data:`SUBJECT_CHECKSUMS`; a directory written before that record existed is not checked)."""
@@ -379,14 +422,13 @@ def check_subject_files(directory) -> None:
         recorded = {str(name): str(sha) for name, sha in recorded.items()}
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise FileFormatError(path, f"not a subject's record of its files ({exc!r})") from None
-    remake = "make the subject again (`stimsim subject make`; a plan makes its own again when its subject/ is deleted)"
     for name, expected in recorded.items():
         file = directory / name
         if not file.is_file():
-            raise DataError(f"{directory}: {name} of the virtual subject is missing; {remake}")
+            raise DataError(f"{directory}: {name} of the virtual subject is missing; {REMAKE_SUBJECT}")
         if sha256_of(file) != expected:
             raise DataError(f"{directory}: {name} changed since the virtual subject was made (its sha256 is not the "
-                            f"one {SUBJECT_CHECKSUMS} records); {remake}")
+                            f"one {SUBJECT_CHECKSUMS} records); {REMAKE_SUBJECT}")
 
 
 # --------------------------------------------------------------------------- helpers
