@@ -428,6 +428,35 @@ def test_a_model_directory_is_read_relative_to_the_subject_file_and_saved_in_ful
     assert saved["array"] == {"layout": "8x8"} and saved["stimuli"] == [{"source": "lfw_subset"}]
 
 
+@pytest.mark.parametrize("given", ["../models/mine", "beside", "~/mine"])
+def test_subject_plan_and_experiment_files_read_a_model_directory_alike(tmp_path, monkeypatch, given):
+    """A model directory named in a subject file, a plan's candidates or an experiment file is the same directory
+    whichever of these files names it and whatever path the file is given by: relative to the file's folder (through
+    a symbolic link to that folder too), a folder beside the file by its bare name, or a path from the home folder."""
+    from stimsim.models.registry import SHIPPED_DIR
+    from stimsim.paradigms.experiment_file import load_experiment
+    from stimsim.planning.config import load_plan_config
+
+    root = tmp_path.resolve()
+    shutil.copytree(SHIPPED_DIR / "stimsim-topo-s2", root / "models" / "mine")
+    shutil.copytree(root / "models" / "mine", root / "exp" / "beside")
+    (root / "link").symlink_to(root / "exp", target_is_directory=True)
+    monkeypatch.setenv("HOME", str(root / "models"))
+    (root / "exp" / "subject.toml").write_text(f'[subject]\nmodel = "{given}"\nseed = 3\n[array]\nlayout = "8x8"\n'
+                                               '[[stimuli]]\nsource = "lfw_subset"\n')
+    (root / "exp" / "plan.toml").write_text(f'name = "p"\n[models]\ncandidates = ["{given}"]\n'
+                                            '[subject]\nconfig = "subject.toml"\n')
+    experiment = (SHIPPED_DIR.parents[1] / "experiments" / "afraz2006.toml").read_text()
+    (root / "exp" / "run.toml").write_text(experiment.replace('model = "stimsim-mnv2-s0"', f'model = "{given}"'))
+    expected = {"../models/mine": str(root / "models" / "mine"), "beside": str(root / "exp" / "beside"),
+                "~/mine": "~/mine"}[given]
+    monkeypatch.chdir(tmp_path)
+    for folder in ("exp", "link"):
+        assert VirtualSubject.from_file(f"{folder}/subject.toml").config["subject"]["model"] == expected
+        assert load_plan_config(f"{folder}/plan.toml").candidates == [expected]
+        assert load_experiment(f"{folder}/run.toml").model == expected
+
+
 def test_subject_make_refuses_the_folder_of_its_own_configuration(tmp_path, capsys):
     folder = tmp_path / "configs"  # a lab's folder: its subject file (named as a subject's is), notes
     folder.mkdir()

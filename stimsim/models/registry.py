@@ -48,6 +48,18 @@ def looks_like_path(name_or_path) -> bool:
     return text.startswith((".", "/", "~")) or any(sep in text for sep in {os.sep, os.altsep or os.sep, "/"})
 
 
+def resolve_model_path(model, base: Path):
+    """``model`` as a file in the folder ``base`` gives it: a relative model directory (:func:`looks_like_path`, or a
+    folder beside the file given by its bare name) as the absolute path of the directory it names from ``base``, its
+    symbolic links and ``..`` resolved, so that one file names one directory from any working folder or path to it;
+    a shipped model's name (even beside a folder of that name), an absolute or ``~`` path and anything else as it is."""
+    if not isinstance(model, str) or not model.strip() or Path(model).expanduser().is_absolute():
+        return model
+    if looks_like_path(model) or ((base / model).is_dir() and model not in available_models()):
+        return str((base / model).resolve())
+    return model
+
+
 def model_path(name_or_path) -> Path:
     """Directory of a shipped model name, or the given model directory (absolute). A name is only ever a shipped
     model's — a folder of that name in the working directory does not replace it; a directory is given as a path

@@ -131,27 +131,17 @@ def resolve_set_paths(sets, base: Path) -> None:
 
 def _resolve_paths(raw: dict, base: Path) -> dict:
     """``raw`` with the relative ``path`` of path-based stimulus sets and a relative model directory
-    made absolute against ``base`` (:func:`resolve_model_path`)."""
+    made absolute against ``base`` (:func:`stimsim.models.registry.resolve_model_path`)."""
     raw = json.loads(json.dumps(raw, default=str))
     for table in (raw.get("stimuli"), (raw.get("sites") or {}).get("localizer") if isinstance(raw.get("sites"), dict)
                   else None):
         if isinstance(table, dict):
             resolve_set_paths(table.get("sets"), base)
     if "model" in raw:
+        from stimsim.models.registry import resolve_model_path
+
         raw["model"] = resolve_model_path(raw["model"], base)
     return raw
-
-
-def resolve_model_path(model, base: Path):
-    """``model`` as a file in the folder ``base`` gives it: a relative model directory there made absolute (a model
-    that names a shipped model stays a name, even beside a folder of that name; a folder beside the file given by its
-    bare name is read as a directory); anything else as it is."""
-    from stimsim.models.registry import available_models, looks_like_path
-
-    if (isinstance(model, str) and model.strip() and not Path(model).is_absolute() and (base / model).is_dir()
-            and (looks_like_path(model) or model not in available_models())):
-        return str((base / model).absolute())
-    return model
 
 
 def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:

@@ -60,8 +60,8 @@ import xarray as xr
 from stimsim.cortex.topography import smoothed_values_at
 from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 from stimsim.engine.devices import resolve_device
-from stimsim.models.registry import load_model
-from stimsim.paradigms.experiment_file import resolve_model_path, resolve_set_paths
+from stimsim.models.registry import load_model, resolve_model_path
+from stimsim.paradigms.experiment_file import resolve_set_paths
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
 from stimsim.percepts import (FaceJudge, InversionSettings, matched_layer, pixel_images, scrambled_effects,
                               synthesize)

@@ -178,8 +178,9 @@ def load_plan_config(path) -> PlanConfig:
     where = str(path)
     plan_task = _plan_task(raw, where)
     checked = validate(plan_file_model([plan_task]), raw, where)
-    candidates = [str((path.parent / c).resolve()) if ("/" in c and not Path(c).is_absolute()) else c
-                  for c in checked.models.candidates]
+    from stimsim.models.registry import resolve_model_path
+
+    candidates = [resolve_model_path(c, path.parent) for c in checked.models.candidates]
     for candidate in candidates:
         _check_model(candidate, f"{where} [models] candidates")
     _check_distinct_models(candidates, f"{where} [models] candidates")

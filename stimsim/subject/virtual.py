@@ -165,7 +165,7 @@ class VirtualSubject:
     def from_file(cls, path, model=None) -> "VirtualSubject":
         """Build a subject from a configuration file (TOML); a model directory and image folders or tables named by
         relative paths are read from the file's folder."""
-        from stimsim.models.registry import looks_like_path
+        from stimsim.models.registry import resolve_model_path
 
         path = Path(path)
         config = load_toml(path)
@@ -174,11 +174,11 @@ class VirtualSubject:
         for entry in relative:  # a folder or table of the lab's images, named relative to this file's folder
             entry["path"] = str((path.parent / entry["path"]).resolve())
         table = config.get("subject")
-        directory = table.get("model") if isinstance(table, dict) else None
-        model_dir = (isinstance(directory, str) and looks_like_path(directory)
-                     and not Path(directory).expanduser().is_absolute())
+        given = table.get("model") if isinstance(table, dict) else None
+        resolved = resolve_model_path(given, path.parent)
+        model_dir = resolved != given
         if model_dir:  # a model directory, named relative to this file's folder
-            table["model"] = str((path.parent / directory).resolve())
+            table["model"] = resolved
         subject = cls.create(config, source=str(path), model=model)
         if subject.recording["repeats"] < 2:
             warnings.warn(f"{path} [recording]: repeats = 1: a plan on this subject needs [array] min_reliability "
