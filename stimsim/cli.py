@@ -23,7 +23,8 @@ from stimsim.engine.distributed import MAX_PER_CPU, add_compute_arguments
 from stimsim.engine.jobs_bench import job_names
 from stimsim.utilities.errors import ConfigError, DataError, StimsimError, TrainingDiverged
 from stimsim.utilities.io import (RESULT_SET_FILE, atomic_write_json, check_not_another_commands, check_output_dir,
-                                  check_output_file, holds_unfinished_result_set, output_owner)
+                                  check_output_file, enclosing_output_owner, holds_unfinished_result_set,
+                                  output_owner)
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.limits import check_seed
 from stimsim.utilities.locking import LOCK_FILE, DirectoryLock, missing_directories
@@ -634,7 +635,8 @@ def build_parser() -> argparse.ArgumentParser:
     session.add_argument("--seed", type=int, default=0, help="seed of the trial order and the sampled choices (default 0)")
     session.add_argument("--session-id", help="session id (default session-seedN)")
     session.add_argument("--force", action="store_true", help="replace --out or --csv even if the file there is not "
-                                                              "a session stimsim wrote")
+                                                              "a session stimsim wrote (never a file of another "
+                                                              "command's output)")
     session.add_argument("--sites", choices=("chosen", "all"),
                          help="the plan's chosen sites (default) or every rehearsed working electrode")
     session.set_defaults(handler=_cmd_subject_session, command_parser=session)
@@ -722,9 +724,14 @@ def _apply_common_options(args) -> None:
                     check_output_file(path)
                 except ConfigError as exc:
                     raise ConfigError(f"{option}: {exc}") from None
-                if Path(path).is_file() and not args.force and not is_virtual_session_file(path):
-                    raise ConfigError(f"{option} {path}: the file exists and is not a session stimsim wrote; give "
-                                      "--force to replace it")
+                if Path(path).is_file() and not is_virtual_session_file(path):
+                    owner = enclosing_output_owner(path)
+                    if owner is not None:
+                        raise ConfigError(f"{option} {path}: the file belongs to {owner}, which --force does not "
+                                          "replace; give another file name")
+                    if not args.force:
+                        raise ConfigError(f"{option} {path}: the file exists and is not a session stimsim wrote; "
+                                          "give --force to replace it")
                 if Path(path).is_file():
                     warnings.warn(f"{option} {path}: replacing the session written there before", stacklevel=2)
     elif out is not None:

@@ -767,6 +767,21 @@ def test_subject_session_files_are_checked_first_and_replaced_on_a_rerun(plan_di
         assert foreign.read_bytes() != b"a lab's own data\n"
 
 
+def test_a_session_never_replaces_a_file_of_the_plan_or_its_subject(plan_dir, capsys):
+    """--out or --csv naming a file of the plan (its sites.csv, its rig's trial list) or of its virtual subject (the
+    recordings) is refused even with --force, naming what the file belongs to; the file is kept as it was."""
+    _, out = plan_dir
+    for option, path, owner in (("--csv", out / "sites.csv", "a plan (`stimsim plan`)"),
+                                ("--csv", out / "rig" / "trials.csv", "a plan (`stimsim plan`)"),
+                                ("--out", out / "subject" / "recordings.nwb",
+                                 "a virtual subject (`stimsim subject make`)")):
+        before = path.read_bytes()
+        assert main(["subject", "session", str(out), "--trials-per-site", "14", option, str(path), "--force"]) == 2
+        assert capsys.readouterr().err == (f"stimsim: error: {option} {path}: the file belongs to {owner}, which "
+                                           "--force does not replace; give another file name\n")
+        assert path.read_bytes() == before
+
+
 def test_visualize_at_a_plans_electrodes_runs_on_its_chosen_model_and_checks_its_files(plan_dir, tmp_path, capsys):
     """[sites] method = "plan": the electrodes' cortex points of sites.csv, registered on the plan's chosen model;
     another model, a changed sites.csv or an electrode the plan left out is refused with the reason."""

@@ -431,6 +431,13 @@ def output_owner(directory) -> str | None:
     return _marked_owner(directory)
 
 
+def enclosing_output_owner(path) -> str | None:
+    """What a stimsim command keeps in the folder of the file ``path`` or the one above it (a plan's
+    ``rig/trials.csv`` is a plan's), in words, or None."""
+    folders = Path(path).absolute().parents[:2]
+    return next((owner for folder in folders if (owner := output_owner(folder)) is not None), None)
+
+
 def check_not_another_commands(directory, own_marks: tuple[str, ...]) -> None:
     """Refuse, forced or not, an output ``directory`` that holds what another stimsim command keeps there
     (:func:`output_owner`) and none of ``own_marks`` (the files every directory of the calling command holds): its
