@@ -317,6 +317,10 @@ def test_another_commands_output_is_refused_even_when_forced(tmp_path):
     (lambda root: "", "empty text"),
     (lambda root: (root / "file.txt").write_text("x") and root / "file.txt", "is a file"),
     (lambda root: (root / "file.txt").write_text("x") and root / "file.txt" / "sub", "cannot write into"),
+    (lambda root: (root / "results").symlink_to(root / "unmounted") or root / "results",
+     r"results is a symbolic link to .*unmounted, which does not exist; create that folder or give another"),
+    (lambda root: (root / "results").symlink_to(root / "unmounted") or root / "results" / "run1",
+     r"results/run1: .*results is a symbolic link to .*unmounted, which does not exist"),
 ])
 def test_unusable_output_directories_are_clear_errors(tmp_path, make, message):
     with pytest.raises(ConfigError, match=message):

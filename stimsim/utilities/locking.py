@@ -26,12 +26,17 @@ _HELD: set[str] = set()  # lock files this process holds
 
 
 def checked_output_path(directory) -> Path:
-    """``directory`` as a Path; empty text or an existing file is a ConfigError."""
+    """``directory`` as a Path; empty text, an existing file or a path through a symbolic link whose target is gone
+    (a folder on a disk not mounted) is a ConfigError."""
     if not str(directory).strip():
         raise ConfigError("the output directory is empty text; give a directory path")
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"output directory {directory} is a file, not a directory")
+    broken = next((path for path in (directory, *directory.parents) if path.is_symlink() and not path.exists()), None)
+    if broken is not None:
+        raise ConfigError(f"output directory {directory}: {broken} is a symbolic link to {os.readlink(broken)}, which "
+                          "does not exist; create that folder or give another directory")
     return directory
 
 
