@@ -303,6 +303,7 @@ def test_another_commands_output_is_refused_even_when_forced(tmp_path):
     ResultSet(tmp_path, "analysis", force=True).abandon()  # the same command's own set is taken
     for mark, owner in (("truth.json", r"a virtual subject \(`stimsim subject make`\)"),
                         ("training_run.json", r"a training run \(`stimsim train`\)"),
+                        ("training_config.json", r"a training run \(`stimsim train`\)"),  # one to resume
                         ("cache/config_digest.txt", r"a plan \(`stimsim plan`\)")):
         other = tmp_path / mark.split(".")[0].replace("/", "_")
         (other / mark).parent.mkdir(parents=True)

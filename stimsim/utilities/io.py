@@ -419,12 +419,13 @@ def read_result_set(directory, required: tuple[str, ...] = ()) -> dict[str, Path
 #: Files that mark a directory as written by a stimsim command that keeps no result set, and what it holds.
 _OWNER_MARKS = ((Path("cache") / "config_digest.txt", "a plan (`stimsim plan`)"),
                 (Path("truth.json"), "a virtual subject (`stimsim subject make`)"),
-                (Path("training_run.json"), "a training run (`stimsim train`)"))
+                (Path("training_run.json"), "a training run (`stimsim train`)"),
+                (Path("training_config.json"), "a training run (`stimsim train`)"))
 
 
 def output_owner(directory) -> str | None:
-    """What a stimsim command keeps in ``directory`` (a result set, a plan, a virtual subject, a finished training
-    run), in words, or None: a folder another command writes loose files into refuses it."""
+    """What a stimsim command keeps in ``directory`` (a result set, a plan, a virtual subject, a training run, finished
+    or to resume), in words, or None: a folder another command writes loose files into refuses it."""
     directory = Path(directory)
     if (directory / RESULT_SET_FILE).is_file():
         return _results_of(_read_manifest(directory))
