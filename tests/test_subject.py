@@ -449,12 +449,22 @@ def test_subject_plan_and_experiment_files_read_a_model_directory_alike(tmp_path
     experiment = (SHIPPED_DIR.parents[1] / "experiments" / "afraz2006.toml").read_text()
     (root / "exp" / "run.toml").write_text(experiment.replace('model = "stimsim-mnv2-s0"', f'model = "{given}"'))
     expected = {"../models/mine": str(root / "models" / "mine"), "beside": str(root / "exp" / "beside"),
-                "~/mine": "~/mine"}[given]
+                "~/mine": str(root / "models" / "mine")}[given]
     monkeypatch.chdir(tmp_path)
     for folder in ("exp", "link"):
         assert VirtualSubject.from_file(f"{folder}/subject.toml").config["subject"]["model"] == expected
         assert load_plan_config(f"{folder}/plan.toml").candidates == [expected]
         assert load_experiment(f"{folder}/run.toml").model == expected
+
+
+def test_a_model_in_the_home_folder_of_an_unknown_user_is_named(tmp_path):
+    config = tmp_path / "subject.toml"
+    config.write_text('[subject]\nmodel = "~no-such-user-of-stimsim/mine"\nseed = 3\n[array]\nlayout = "8x8"\n'
+                      '[[stimuli]]\nsource = "lfw_subset"\n')
+    with pytest.raises(ConfigError, match=r"subject.toml \[subject\]: 'model': model directory "
+                                          r"~no-such-user-of-stimsim/mine: ~no-such-user-of-stimsim names the home "
+                                          "folder of a user this machine does not know"):
+        VirtualSubject.from_file(config)
 
 
 def test_subject_make_refuses_the_folder_of_its_own_configuration(tmp_path, capsys):

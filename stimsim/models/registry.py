@@ -52,9 +52,15 @@ def resolve_model_path(model, base: Path):
     """``model`` as a file in the folder ``base`` gives it: a relative model directory (:func:`looks_like_path`, or a
     folder beside the file given by its bare name) as the absolute path of the directory it names from ``base``, its
     symbolic links and ``..`` resolved, so that one file names one directory from any working folder or path to it;
-    a shipped model's name (even beside a folder of that name), an absolute or ``~`` path and anything else as it is."""
-    if not isinstance(model, str) or not model.strip() or Path(model).expanduser().is_absolute():
+    a ``~`` path with the home folder written out (so that a file saved with it reads the same directory for anyone);
+    a shipped model's name (even beside a folder of that name), an absolute path and anything else as it is."""
+    if not isinstance(model, str) or not model.strip() or Path(model).is_absolute():
         return model
+    if model.startswith("~"):
+        try:
+            return str(Path(model).expanduser())
+        except RuntimeError:  # ~user of no such user: model_path names it
+            return model
     if looks_like_path(model) or ((base / model).is_dir() and model not in available_models()):
         return str((base / model).resolve())
     return model
@@ -65,7 +71,11 @@ def model_path(name_or_path) -> Path:
     model's — a folder of that name in the working directory does not replace it; a directory is given as a path
     (:func:`looks_like_path`)."""
     if looks_like_path(name_or_path):
-        path = Path(name_or_path).expanduser()
+        try:
+            path = Path(name_or_path).expanduser()
+        except RuntimeError:  # ~user of a user this machine does not know
+            raise DataError(f"model directory {name_or_path}: {Path(name_or_path).parts[0]} names the home folder of "
+                            "a user this machine does not know") from None
         if (path / "model.json").is_file():
             return path.absolute()
         if not path.exists():
