@@ -398,6 +398,13 @@ def test_subject_make_refuses_to_replace_a_subject_of_another_configuration_with
     assert (out / "truth.json").read_bytes() == truth and not (out / ".stimsim.lock").exists()
     assert main(["subject", "make", str(config), "--out", str(out), "--no-progress", "--force"]) == 0
     assert json.loads((out / "truth.json").read_text())["layout"] != json.loads(truth)["layout"]
+    (out / "subject.toml").write_text("[subject\n")  # the saved configuration damaged: says what --force does
+    capsys.readouterr()
+    assert main(["subject", "make", str(config), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"stimsim: error: output directory {out} holds a virtual subject whose saved configuration "
+                          "cannot be read (invalid TOML") and f"{out / 'subject.toml'}); give a new --out" in err
+    assert main(["subject", "make", str(config), "--out", str(out), "--no-progress", "--force"]) == 0
 
 
 def test_saving_a_subject_removes_the_temporary_folder_a_killed_save_left(model, tmp_path):

@@ -353,7 +353,13 @@ def check_same_subject(directory, subject: VirtualSubject) -> None:
     if not held.is_file():
         return
     text, layout_file = subject.saved_config()
-    changes = changed_keys(load_toml(held), tomllib.loads(text))
+    try:
+        saved = load_toml(held)
+    except FileFormatError as exc:  # damaged after it was made: what it held cannot be compared
+        raise ConfigError(f"output directory {directory} holds a virtual subject whose saved configuration cannot be "
+                          f"read ({exc.problem}: {held}); give a new --out directory, or --force to replace it (its "
+                          "truth.json and recordings are overwritten)") from None
+    changes = changed_keys(saved, tomllib.loads(text))
     if layout_file is not None and (directory / layout_file.name).is_file() \
             and sha256_of(directory / layout_file.name) != sha256_of(layout_file):
         changes.append(f"the layout file {layout_file.name}")
