@@ -539,3 +539,15 @@ def test_a_holdout_that_leaves_a_class_no_training_image_is_refused_naming_the_s
     with pytest.raises(ConfigError, match=r"build.toml \[data\] sets\[0\] \(\w+\): holdout_fraction = 0.95 holds out "
                                           r"all 6 image\(s\) of class '(adult|car)', leaving none to train on"):
         load_sets(config, folder, str(path))
+
+
+def test_build_sets_that_share_images_are_refused_naming_both_sets(tmp_path):
+    from stimsim.training.head_training import load_sets
+    from stimsim.utilities.errors import ConfigError
+
+    path = _config(tmp_path)  # the same folder twice: one set would train on images the other holds out
+    one = '{ source = "folder", path = "images", holdout_fraction = 0.25 }'
+    path.write_text(path.read_text().replace(one, f"{one}, {one.replace('0.25', '0.5')}"))
+    config, _, folder = load_head_config(path)
+    with pytest.raises(ConfigError, match=r"build.toml \[data\] sets\[0\] and sets\[1\] share 12 image\(s\)"):
+        load_sets(config, folder, str(path))

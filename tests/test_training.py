@@ -451,6 +451,15 @@ def test_a_holdout_that_leaves_a_class_no_training_image_is_refused_naming_the_s
         load_training_data(load_training_config(config))
 
 
+def test_image_sets_that_share_images_are_refused_naming_both_sets():
+    config = small_config()  # the LFW crops twice: set 0 would train on images set 1 holds out
+    config["data"]["sets"] = [{"source": "lfw_subset", "holdout_fraction": 0.2},
+                              {"source": "lfw_subset", "holdout_fraction": 0.5}]
+    with pytest.raises(ConfigError, match=r"training config \[data\] sets\[0\] and sets\[1\] share 200 image\(s\) "
+                                          r"\(stimulus ids e.g. \['lfw_"):
+        load_training_data(load_training_config(config))
+
+
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
 def test_a_run_stopped_before_its_first_checkpoint_leaves_nothing_that_refuses_another_configuration(
         tmp_path, monkeypatch, capsys, stop):

@@ -100,7 +100,7 @@ class HeadDataTable(FileModel):
     sets: Annotated[list[dict[str, Any]], Field(min_length=1)]
     """Image sets, each a stimulus source's table (``source`` and its own keys; a relative ``path`` is taken from the
     file's folder) with ``holdout_fraction``, the share held out in [0, 1) (default 0), and ``holdout_stratified``
-    (default true: held out per value of ``label``)."""
+    (default true: held out per value of ``label``); no image (stimulus id) in two sets."""
     label: Text = "category"
     """Stimulus label whose values ``domains`` gather and by which each set's held-out share is stratified; a set
     without it has no domain labels."""

@@ -60,7 +60,7 @@ from stimsim.models.topo_head import FAMILY, TopoHeadNet, densify, grid_position
 from stimsim.models.topographic import TopographicModel
 from stimsim.models.weights import read_run_checkpoint
 from stimsim.training.head_config import HeadConfig, load_head_config
-from stimsim.training.holdout import kept_after_holdout
+from stimsim.training.holdout import check_sets_disjoint, kept_after_holdout
 from stimsim.training.ridge_readout import ridge_readouts
 from stimsim.training.schedule import warmup_cosine_rate
 from stimsim.training.spatial_loss import layer_spatial_loss
@@ -78,7 +78,7 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
     """The training images (a StimulusSet) and the held-out stimulus ids."""
     from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 
-    kept_sets, holdout = [], []
+    kept_sets, holdout, ids = [], [], []
     for index, entry in enumerate(config.data.sets):
         entry = dict(entry)
         fraction = entry.pop("holdout_fraction", 0.0)
@@ -89,6 +89,8 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
         if "path" in entry and not Path(entry["path"]).is_absolute():
             entry["path"] = str(folder / entry["path"])
         stimuli = load_stimulus_source(entry, f"{where} [data] sets[{index}]")
+        ids.append(stimuli.stimulus_id)
+        check_sets_disjoint(ids, f"{where} [data]")
         classes = np.asarray(stimuli.labels.get(config.data.label, np.full(len(stimuli), "")), str)
         strata = classes if stratified is True else np.full(len(stimuli), "")
         keep = kept_after_holdout(strata, fraction, np.random.default_rng([config.data.seed, index]),

@@ -90,7 +90,7 @@ class DataTable(FileModel):
     """``[data]``: the training images and the label the task learns."""
 
     sets: Annotated[list[DataSet], Field(min_length=1)]
-    """The image sets whose images, pooled, are the training data; at least one."""
+    """The image sets whose images, pooled, are the training data; at least one, no image (stimulus id) in two."""
     label: Text = "category"
     """Stimulus label whose values are the classes: the targets of the supervised task, the groups that batches draw
     evenly from and the strata of each set's held-out share. Every set must have it."""
