@@ -464,8 +464,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="run directory (checkpoints, loss curves, model/; default runs/NAME); "
                                      "re-run the same command to resume")
     train.add_argument("--force", action="store_true",
-                       help="write into --out even if it holds files no training run of stimsim wrote, or a run "
-                            "of another configuration (its checkpoints, model/ and records are removed)")
+                       help="write into --out even if it holds files no training run of stimsim wrote, a run "
+                            "of another configuration, or a finished run, which is trained again from its first step "
+                            "(the other run's checkpoints, model/ and records are removed)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_threads(train)
     add_device_argument(train)

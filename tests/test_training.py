@@ -442,6 +442,26 @@ def test_running_a_finished_training_again_keeps_its_model(tmp_path, capsys):
     assert (out / "model" / "weights.pt").read_bytes() == weights
 
 
+def test_force_trains_a_finished_run_again_from_its_first_step(tmp_path, capsys, monkeypatch):
+    """--force on a finished run of the same configuration trains it again (it said so), not export its last
+    checkpoint again: every step of the file is run."""
+    from stimsim.training.loop import TrainingData
+
+    config = tmp_path / "short.toml"
+    text = SHIPPED_CONFIG.read_text().replace("n_per_class = 600", "n_per_class = 10")
+    config.write_text(re.sub(r"\nsteps = \d+", "\nsteps = 4", re.sub(r"warmup_steps = \d+", "warmup_steps = 1", text)))
+    out = tmp_path / "run"
+    assert main(["train", str(config), "--out", str(out), "--no-progress"]) == 0
+    assert main(["train", str(config), "--out", str(out), "--no-progress"]) == 0
+    assert "(--force trains it again)" in capsys.readouterr().out
+    batches = []
+    sample = TrainingData.sample
+    monkeypatch.setattr(TrainingData, "sample", lambda data, *args: batches.append(1) or sample(data, *args))
+    assert main(["train", str(config), "--out", str(out), "--no-progress", "--force"]) == 0
+    assert len(batches) == 4  # one batch per step: steps = 4 in the file
+    assert (out / "model" / "model.json").is_file() and len(_history(out)) == 4
+
+
 def test_a_holdout_that_leaves_a_class_no_training_image_is_refused_naming_the_set():
     config = small_config()
     config["data"]["sets"][0]["holdout_fraction"] = 0.999  # rounds to every image of each class
