@@ -323,6 +323,12 @@ SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "train
      r"\[data\] sets\[0\] path: stimulus folder not found"),
     ('name = "stimsim-topo-s0"', 'name = "../elsewhere"', r"'name' must be a plain name without '/'"),
     ('name = "stimsim-topo-s0"', 'name = ""', r"'name' must not be empty"),
+    ('layers = ["v1", "v2", "v4", "pit", "it"]', 'layers = ["v1", "v2", "v4", "it", "it"]',
+     r"\[spatial_loss\] layers lists \['it'\] more than once"),
+    ('l1 = 2.0\nlayers = ["it"]', 'l1 = 2.0\nlayers = ["it", "it"]',
+     r"\[activity_penalty\] layers lists \['it'\] more than once"),
+    ('area = "V2"', 'area = "V1"', r"\[model.layers\] area label\(s\) \['V1'\] given to more than one layer "
+                                   r"\(\['v1', 'v2'\]\)"),
 ])
 def test_bad_values_in_a_training_file_are_one_line_errors_naming_file_and_field(tmp_path, capsys, old, new, message):
     text = SHIPPED_CONFIG.read_text()
