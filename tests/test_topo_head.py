@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -539,6 +540,35 @@ def test_a_holdout_that_leaves_a_class_no_training_image_is_refused_naming_the_s
     with pytest.raises(ConfigError, match=r"build.toml \[data\] sets\[0\] \(\w+\): holdout_fraction = 0.95 holds out "
                                           r"all 6 image\(s\) of class '(adult|car)', leaving none to train on"):
         load_sets(config, folder, str(path))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({'object = ["car"]': 'object = ["car", "adult"]'},
+     r"\[data\]: 'domains' gives category 'adult' to more than one domain \(\['face', 'object'\]\)"),
+    ({'object = ["car"]': 'object = ["cars"]'},
+     r"\[data.domains\] object: no image of the sets has category \['cars'\]; a domain gathers values the images "
+     r"have: \['adult', 'car'\]"),
+    ({"cortex_mm_per_model_mm = 2.5": "face_cluster_cortex_mm = 4.0", 'face = ["adult"]': 'faces = ["adult"]'},
+     r"\[cortex_scale\] face_cluster_cortex_mm measures the clusters of \[data\] positive_domain 'face' .* "
+     r"domains: \['faces', 'object'\]"),
+])
+def test_domains_that_lose_images_or_cannot_set_the_scale_are_refused_before_the_build(tmp_path, capsys, changes,
+                                                                                       message):
+    """A category in two domains, one no image has, or a face-cluster scale without its domain: one line naming the
+    file and the key, before any work (they were taken silently, or failed with a traceback after training)."""
+    from stimsim.cli import main
+
+    path = _config(tmp_path)
+    text = path.read_text()
+    for old, new in changes.items():
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path.write_text(text)
+    assert main(["train", str(path), "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert re.match(rf"stimsim: error: {re.escape(str(path))}:? {message}", err), err
+    assert not (tmp_path / "run").exists()
 
 
 def test_build_sets_that_share_images_are_refused_naming_both_sets(tmp_path):

@@ -17,6 +17,7 @@ from stimsim.training.trunk_tuning import TrunkTuningTable
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.filemodels import FileModel, PlainName, Text, validate
+from stimsim.utilities.ordering import repeated
 
 _Positive = Annotated[float, Field(gt=0)]
 _Count = Annotated[int, Field(ge=1)]
@@ -121,6 +122,15 @@ class HeadDataTable(FileModel):
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
     """Seed of the held-out split and of the augmented views (those of ``[trunk_tuning]`` too)."""
 
+    @model_validator(mode="after")
+    def _one_domain_each(self):
+        again = repeated(value for values in self.domains.values() for value in values)
+        if again:
+            owners = [domain for domain, values in self.domains.items() if again[0] in values]
+            raise ValueError(f"'domains' gives {self.label} {again[0]!r} to more than one domain ({owners}); each "
+                             "value belongs to one domain")
+        return self
+
 
 class HeadTrainingTable(FileModel):
     """``[training]``: optimisation and the loss weights; ``feature_samples_per_step``: feature vectors drawn
@@ -223,6 +233,17 @@ class HeadConfig(FileModel):
     """Tuning of the trunk's last modules before IT is trained. Left out: the trunk stays as the base network's."""
     cortex_scale: CortexScaleTable
     """The physical scale of IT's sheet and the rule that sets it."""
+
+    @model_validator(mode="after")
+    def _positive_domain_measured(self):
+        if self.cortex_scale.face_cluster_cortex_mm is None:
+            return self
+        domains = sorted(self.data.domains)
+        if self.data.positive_domain not in domains or len(domains) < 2:
+            raise ValueError(f"[cortex_scale] face_cluster_cortex_mm measures the clusters of [data] positive_domain "
+                             f"{self.data.positive_domain!r} against the other domains' images, so [data.domains] "
+                             f"needs it and at least one other domain; domains: {domains}")
+        return self
 
 
 def is_head_config(raw: dict) -> bool:

@@ -78,7 +78,7 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
     """The training images (a StimulusSet) and the held-out stimulus ids."""
     from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 
-    kept_sets, holdout, ids = [], [], []
+    kept_sets, holdout, ids, values = [], [], [], set()
     for index, entry in enumerate(config.data.sets):
         entry = dict(entry)
         fraction = entry.pop("holdout_fraction", 0.0)
@@ -92,6 +92,7 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
         ids.append(stimuli.stimulus_id)
         check_sets_disjoint(ids, f"{where} [data]")
         classes = np.asarray(stimuli.labels.get(config.data.label, np.full(len(stimuli), "")), str)
+        values.update(map(str, classes))
         strata = classes if stratified is True else np.full(len(stimuli), "")
         keep = kept_after_holdout(strata, fraction, np.random.default_rng([config.data.seed, index]),
                                   f"{where} [data] sets[{index}] ({stimuli.name})")
@@ -100,6 +101,13 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
         of_category = {c: d for d, categories in config.data.domains.items() for c in categories}
         labels = {"domain": np.array([of_category.get(str(c), "") for c in classes[keep]], dtype="<U64")}
         kept_sets.append(StimulusSet(kept.name, kept.images, kept.stimulus_id, labels))
+    for domain, gathered in config.data.domains.items():
+        absent = [value for value in gathered if value not in values]
+        if absent:
+            shown = sorted(values - {""})
+            raise ConfigError(f"{where} [data.domains] {domain}: no image of the sets has {config.data.label} "
+                              f"{absent}; a domain gathers values the images have: {shown[:12]}"
+                              + (f" and {len(shown) - 12} more" if len(shown) > 12 else ""))
     return StimulusSet.concat(*kept_sets, name="training"), holdout
 
 
