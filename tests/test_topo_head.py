@@ -551,11 +551,20 @@ def test_a_holdout_that_leaves_a_class_no_training_image_is_refused_naming_the_s
     ({"cortex_mm_per_model_mm = 2.5": "face_cluster_cortex_mm = 4.0", 'face = ["adult"]': 'faces = ["adult"]'},
      r"\[cortex_scale\] face_cluster_cortex_mm measures the clusters of \[data\] positive_domain 'face' .* "
      r"domains: \['faces', 'object'\]"),
+    ({"neighborhoods_per_step = 2": "neighborhoods_per_step = 9"},
+     r"\[training\] neighborhoods_per_step \(9\) must be at most \[model\] n_neighborhoods \(8\)"),
+    ({"neighborhood_width_mm = 2.0": "neighborhood_width_mm = 4.5"},
+     r"\[model\]: neighborhood_width_mm \(4.5\) must be at most sheet_size_mm \(4\)"),
+    ({"neighborhood_width_mm = 2.0": "neighborhood_width_mm = 0.01"},  # the 8 x 8 grid's pitch is 0.5 mm
+     r"\[model\] neighborhood_width_mm: sheet 'it': neighbourhoods 0.01 mm wide hold fewer than 2 units"),
+    ({"[cortex_scale]": '[trunk_tuning]\nfirst_module = "19"\n[cortex_scale]'},  # MobileNetV2's trunk: 0-18
+     r"\[trunk_tuning\] first_module '19': '19' is not a module"),
 ])
-def test_domains_that_lose_images_or_cannot_set_the_scale_are_refused_before_the_build(tmp_path, capsys, changes,
-                                                                                       message):
-    """A category in two domains, one no image has, or a face-cluster scale without its domain: one line naming the
-    file and the key, before any work (they were taken silently, or failed with a traceback after training)."""
+def test_a_build_file_that_cannot_build_is_refused_in_one_line_before_any_work(tmp_path, capsys, changes, message):
+    """A category in two domains, one no image has, a face-cluster scale without its domain, more neighbourhoods per
+    step than prepared, neighbourhoods wider than the sheet or narrower than two units, a trunk module that is not
+    there: one line naming the file and the key, before any work (they were taken silently, or failed with a
+    traceback, some after training)."""
     from stimsim.cli import main
 
     path = _config(tmp_path)

@@ -48,7 +48,7 @@ class HeadModelTable(FileModel):
     sheet_size_mm: _Positive = 10.0
     """Side of IT's square sheet, in model mm; the trained and the final grid cover the same sheet."""
     neighborhood_width_mm: _Positive = 2.0
-    """Diameter of the spatial loss's neighbourhoods on the trained grid, in model mm."""
+    """Diameter of the spatial loss's neighbourhoods on the trained grid, in model mm; at most ``sheet_size_mm``."""
     n_neighborhoods: Annotated[int, Field(ge=1, le=100_000)] = 512
     """Neighbourhoods prepared on the trained grid (around random units), from which
     ``[training] neighborhoods_per_step`` are drawn at each step."""
@@ -76,7 +76,10 @@ class HeadModelTable(FileModel):
     the base network's as it is."""
 
     @model_validator(mode="after")
-    def _principal_rank(self):
+    def _sizes_agree(self):
+        if self.neighborhood_width_mm > self.sheet_size_mm:
+            raise ValueError(f"neighborhood_width_mm ({self.neighborhood_width_mm:g}) must be at most sheet_size_mm "
+                             f"({self.sheet_size_mm:g}): a neighbourhood is a disc on the sheet")
         if self.it_principal_rank is None:
             return self
         if self.it_projection != "principal_components":
@@ -235,7 +238,11 @@ class HeadConfig(FileModel):
     """The physical scale of IT's sheet and the rule that sets it."""
 
     @model_validator(mode="after")
-    def _positive_domain_measured(self):
+    def _tables_agree(self):
+        if self.training.neighborhoods_per_step > self.model.n_neighborhoods:
+            raise ValueError(f"[training] neighborhoods_per_step ({self.training.neighborhoods_per_step}) must be at "
+                             f"most [model] n_neighborhoods ({self.model.n_neighborhoods}), the neighbourhoods drawn "
+                             "from")
         if self.cortex_scale.face_cluster_cortex_mm is None:
             return self
         domains = sorted(self.data.domains)
