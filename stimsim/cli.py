@@ -42,6 +42,9 @@ def _cmd_train(args) -> int:
     head = is_head_config(load_toml(args.config))
     if head:
         config, raw, _ = load_head_config(args.config)
+        if resolve_device(args.device).type != "cpu":
+            raise ConfigError(f"{args.config}: a topo_head build runs on the CPU; --device {args.device} is for "
+                              "networks trained from scratch (leave --device out)")
     else:
         config = load_training_config(args.config)
         raw = config.raw

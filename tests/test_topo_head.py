@@ -580,6 +580,18 @@ def test_a_build_file_that_cannot_build_is_refused_in_one_line_before_any_work(t
     assert not (tmp_path / "run").exists()
 
 
+def test_a_build_refuses_a_device_it_does_not_run_on(tmp_path, capsys, monkeypatch):
+    """A topo_head build trains on the CPU: --device cuda is an error, not a build on the CPU unsaid."""
+    import stimsim.cli as cli
+
+    monkeypatch.setattr(cli, "resolve_device", lambda device: torch.device("cuda"))  # as on a machine with a GPU
+    path = _config(tmp_path)
+    assert cli.main(["train", str(path), "--out", str(tmp_path / "run"), "--no-progress", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err == (f"stimsim: error: {path}: a topo_head build runs on the CPU; --device cuda is "
+                                       "for networks trained from scratch (leave --device out)\n")
+    assert not (tmp_path / "run").exists()
+
+
 def test_build_sets_that_share_images_are_refused_naming_both_sets(tmp_path):
     from stimsim.training.head_training import load_sets
     from stimsim.utilities.errors import ConfigError
