@@ -43,6 +43,9 @@ def _cmd_train(args) -> int:
     head = is_head_config(load_toml(args.config))
     if head:
         config, raw, _ = load_head_config(args.config)
+        if resolve_device(args.device).type != "cpu":
+            raise ConfigError(f"{args.config}: a topo_head build runs on the CPU; --device {args.device} is for "
+                              "networks trained from scratch (leave --device out)")
     else:
         config = load_training_config(args.config)
         raw = config.raw
@@ -467,8 +470,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="run directory (checkpoints, loss curves, model/; default runs/NAME); "
                                      "re-run the same command to resume")
     train.add_argument("--force", action="store_true",
-                       help="write into --out even if it holds files no training run of stimsim wrote, or a run "
-                            "of another configuration (its checkpoints, model/ and records are removed)")
+                       help="write into --out even if it holds files no training run of stimsim wrote, a run "
+                            "of another configuration, or a finished run, which is trained again from its first step "
+                            "(the other run's checkpoints, model/ and records are removed)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_threads(train)
     add_device_argument(train)

@@ -582,7 +582,8 @@ def test_a_quick_benchmark_says_why_a_named_section_measured_nothing(model):
 
 def test_only_the_plain_section_needs_a_topographic_layer_before_it(model, monkeypatch):
     """A model whose only sheet is IT's is timed in the sections that need no pre-IT layer (``load``, ``bound``);
-    the ``plain`` section, whose pre-IT workload stimulates that layer, refuses it and says so."""
+    the ``plain`` and ``dask`` sections, whose workloads stimulate such a layer, refuse it and say so before any
+    section runs."""
     import stimsim.models.registry as registry
 
     it_only = TopographicModel(model.network, {"it": model.sheet("it")}, model.preprocessing, model.architecture,
@@ -592,9 +593,15 @@ def test_only_the_plain_section_needs_a_topographic_layer_before_it(model, monke
                            default_model_source="it_only")
     assert report["default_model_load_and_activations"]["model"] == "it_only"
     assert report["max_abs_diff_engine_vs_baseline_small"] < 1e-6
+    ran = []
     with pytest.raises(ConfigError, match="model 'it_only' has no topographic layer before its IT layer 'it'; the "
                                           "pre-IT workload of the plain section needs one"):
-        run_benchmark(quick=True, default_model=it_only, sections=["plain"])
+        run_benchmark(quick=True, default_model=it_only, sections=["bound", "plain"], on_partial=ran.append)
+    # the dask section stimulates the stage two before IT (v4 of stimsim_topo's v1, v2, v4, pit, it), a sheet here
+    with pytest.raises(ConfigError, match=r"model 'it_only' has no topographic layer two stages before its IT layer "
+                                          r"'it' \(stages: \['v1', 'v2', 'v4', 'pit', 'it', 'head'\]"):
+        run_benchmark(default_model=it_only, sections=["dask"], on_partial=ran.append)
+    assert not ran  # refused before any section ran, not after the bound section's minutes
 
 
 def test_a_stimulus_set_is_simulated_under_its_own_ids(model, images, decoder):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -538,4 +539,66 @@ def test_a_holdout_that_leaves_a_class_no_training_image_is_refused_naming_the_s
     config, _, folder = load_head_config(path)
     with pytest.raises(ConfigError, match=r"build.toml \[data\] sets\[0\] \(\w+\): holdout_fraction = 0.95 holds out "
                                           r"all 6 image\(s\) of class '(adult|car)', leaving none to train on"):
+        load_sets(config, folder, str(path))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({'object = ["car"]': 'object = ["car", "adult"]'},
+     r"\[data\]: 'domains' gives category 'adult' to more than one domain \(\['face', 'object'\]\)"),
+    ({'object = ["car"]': 'object = ["cars"]'},
+     r"\[data.domains\] object: no image of the sets has category \['cars'\]; a domain gathers values the images "
+     r"have: \['adult', 'car'\]"),
+    ({"cortex_mm_per_model_mm = 2.5": "face_cluster_cortex_mm = 4.0", 'face = ["adult"]': 'faces = ["adult"]'},
+     r"\[cortex_scale\] face_cluster_cortex_mm measures the clusters of \[data\] positive_domain 'face' .* "
+     r"domains: \['faces', 'object'\]"),
+    ({"neighborhoods_per_step = 2": "neighborhoods_per_step = 9"},
+     r"\[training\] neighborhoods_per_step \(9\) must be at most \[model\] n_neighborhoods \(8\)"),
+    ({"neighborhood_width_mm = 2.0": "neighborhood_width_mm = 4.5"},
+     r"\[model\]: neighborhood_width_mm \(4.5\) must be at most sheet_size_mm \(4\)"),
+    ({"neighborhood_width_mm = 2.0": "neighborhood_width_mm = 0.01"},  # the 8 x 8 grid's pitch is 0.5 mm
+     r"\[model\] neighborhood_width_mm: sheet 'it': neighbourhoods 0.01 mm wide hold fewer than 2 units"),
+    ({"[cortex_scale]": '[trunk_tuning]\nfirst_module = "19"\n[cortex_scale]'},  # MobileNetV2's trunk: 0-18
+     r"\[trunk_tuning\] first_module '19': '19' is not a module"),
+])
+def test_a_build_file_that_cannot_build_is_refused_in_one_line_before_any_work(tmp_path, capsys, changes, message):
+    """A category in two domains, one no image has, a face-cluster scale without its domain, more neighbourhoods per
+    step than prepared, neighbourhoods wider than the sheet or narrower than two units, a trunk module that is not
+    there: one line naming the file and the key, before any work (they were taken silently, or failed with a
+    traceback, some after training)."""
+    from stimsim.cli import main
+
+    path = _config(tmp_path)
+    text = path.read_text()
+    for old, new in changes.items():
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path.write_text(text)
+    assert main(["train", str(path), "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert re.match(rf"stimsim: error: {re.escape(str(path))}:? {message}", err), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_build_refuses_a_device_it_does_not_run_on(tmp_path, capsys, monkeypatch):
+    """A topo_head build trains on the CPU: --device cuda is an error, not a build on the CPU unsaid."""
+    import stimsim.cli as cli
+
+    monkeypatch.setattr(cli, "resolve_device", lambda device: torch.device("cuda"))  # as on a machine with a GPU
+    path = _config(tmp_path)
+    assert cli.main(["train", str(path), "--out", str(tmp_path / "run"), "--no-progress", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err == (f"stimsim: error: {path}: a topo_head build runs on the CPU; --device cuda is "
+                                       "for networks trained from scratch (leave --device out)\n")
+    assert not (tmp_path / "run").exists()
+
+
+def test_build_sets_that_share_images_are_refused_naming_both_sets(tmp_path):
+    from stimsim.training.head_training import load_sets
+    from stimsim.utilities.errors import ConfigError
+
+    path = _config(tmp_path)  # the same folder twice: one set would train on images the other holds out
+    one = '{ source = "folder", path = "images", holdout_fraction = 0.25 }'
+    path.write_text(path.read_text().replace(one, f"{one}, {one.replace('0.25', '0.5')}"))
+    config, _, folder = load_head_config(path)
+    with pytest.raises(ConfigError, match=r"build.toml \[data\] sets\[0\] and sets\[1\] share 12 image\(s\)"):
         load_sets(config, folder, str(path))

@@ -323,6 +323,12 @@ SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "train
      r"\[data\] sets\[0\] path: stimulus folder not found"),
     ('name = "stimsim-topo-s0"', 'name = "../elsewhere"', r"'name' must be a plain name without '/'"),
     ('name = "stimsim-topo-s0"', 'name = ""', r"'name' must not be empty"),
+    ('layers = ["v1", "v2", "v4", "pit", "it"]', 'layers = ["v1", "v2", "v4", "it", "it"]',
+     r"\[spatial_loss\] layers lists \['it'\] more than once"),
+    ('l1 = 2.0\nlayers = ["it"]', 'l1 = 2.0\nlayers = ["it", "it"]',
+     r"\[activity_penalty\] layers lists \['it'\] more than once"),
+    ('area = "V2"', 'area = "V1"', r"\[model.layers\] area label\(s\) \['V1'\] given to more than one layer "
+                                   r"\(\['v1', 'v2'\]\)"),
 ])
 def test_bad_values_in_a_training_file_are_one_line_errors_naming_file_and_field(tmp_path, capsys, old, new, message):
     text = SHIPPED_CONFIG.read_text()
@@ -442,12 +448,41 @@ def test_running_a_finished_training_again_keeps_its_model(tmp_path, capsys):
     assert (out / "model" / "weights.pt").read_bytes() == weights
 
 
+def test_force_trains_a_finished_run_again_from_its_first_step(tmp_path, capsys, monkeypatch):
+    """--force on a finished run of the same configuration trains it again (it said so), not export its last
+    checkpoint again: every step of the file is run."""
+    from stimsim.training.loop import TrainingData
+
+    config = tmp_path / "short.toml"
+    text = SHIPPED_CONFIG.read_text().replace("n_per_class = 600", "n_per_class = 10")
+    config.write_text(re.sub(r"\nsteps = \d+", "\nsteps = 4", re.sub(r"warmup_steps = \d+", "warmup_steps = 1", text)))
+    out = tmp_path / "run"
+    assert main(["train", str(config), "--out", str(out), "--no-progress"]) == 0
+    assert main(["train", str(config), "--out", str(out), "--no-progress"]) == 0
+    assert "(--force trains it again)" in capsys.readouterr().out
+    batches = []
+    sample = TrainingData.sample
+    monkeypatch.setattr(TrainingData, "sample", lambda data, *args: batches.append(1) or sample(data, *args))
+    assert main(["train", str(config), "--out", str(out), "--no-progress", "--force"]) == 0
+    assert len(batches) == 4  # one batch per step: steps = 4 in the file
+    assert (out / "model" / "model.json").is_file() and len(_history(out)) == 4
+
+
 def test_a_holdout_that_leaves_a_class_no_training_image_is_refused_naming_the_set():
     config = small_config()
     config["data"]["sets"][0]["holdout_fraction"] = 0.999  # rounds to every image of each class
     with pytest.raises(ConfigError, match=r"training config \[data\] sets\[0\] \(lfw_subset\): holdout_fraction = "
                                           r"0.999 holds out all 100 image\(s\) of class '\w+', leaving none to train "
                                           r"on"):
+        load_training_data(load_training_config(config))
+
+
+def test_image_sets_that_share_images_are_refused_naming_both_sets():
+    config = small_config()  # the LFW crops twice: set 0 would train on images set 1 holds out
+    config["data"]["sets"] = [{"source": "lfw_subset", "holdout_fraction": 0.2},
+                              {"source": "lfw_subset", "holdout_fraction": 0.5}]
+    with pytest.raises(ConfigError, match=r"training config \[data\] sets\[0\] and sets\[1\] share 200 image\(s\) "
+                                          r"\(stimulus ids e.g. \['lfw_"):
         load_training_data(load_training_config(config))
 
 

@@ -235,6 +235,9 @@ def run_benchmark(quick: bool = False, default_model: TopographicModel | None = 
         raise ConfigError(f"unknown benchmark section(s) {unknown}; sections: {names}")
     if "jobs" in (sections or ()):
         check_jobs(job_names, quick, work_dir=jobs_out)  # before the other sections: a typo shows at once
+    to_run = [name for name in names if (name in sections if sections is not None else name not in ON_REQUEST_SECTIONS)]
+    if default_model is not None:
+        _check_default_model(default_model, to_run, quick)
     software = software_versions()
     report = {"started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "quick": bool(quick),
               "device": str(device), "max_chunk_bytes": int(max_chunk_bytes),
@@ -248,7 +251,7 @@ def run_benchmark(quick: bool = False, default_model: TopographicModel | None = 
                            None if default_model is None else default_model.to(device), default_model_source,
                            job_names, jobs_out, lambda partial: save({**report, **partial}), tuple(sections or ()))
     for name, section in SECTIONS:
-        if name in sections if sections is not None else name not in ON_REQUEST_SECTIONS:
+        if name in to_run:
             values = section(context)
             repeated = sorted(set(values) & set(report))
             if repeated:
@@ -347,7 +350,7 @@ def dask_section(context: BenchContext) -> dict:
     n_sites, n_images = context.sizes["dask"]
     images, labels = _mirrored_face_images(n_images)
     it_layer = _it_layer(model)
-    layer = model.stage_names[model.stage_names.index(it_layer) - 2]  # two stages before IT: each pair runs them
+    layer = _dask_layer(model, it_layer)
     decoder = LogisticDecoder.fit(model.activations(images, it_layer), labels, layer=it_layer, C=DECODER_C)
     conditions = _site_conditions(model.sheet(layer), layer, n_sites, context.seed)
     chunks = {n: chunk_count(model, images, conditions, decoder, context.max_chunk_bytes, CHUNKS_PER_THREAD * n,
@@ -742,8 +745,34 @@ def _pre_it_layer(model: TopographicModel, it_layer: str) -> str:
     earlier = [layer for layer in model.layers if model.stage_names.index(layer) < model.stage_names.index(it_layer)]
     if not earlier:
         raise ConfigError(f"model {model.name!r} has no topographic layer before its IT layer {it_layer!r}; "
-                          f"the pre-IT workload of the plain section needs one (topographic layers: {model.layers})")
+                          f"the pre-IT workload of the plain section needs one (topographic layers: {model.layers}): "
+                          "give --model a model with one, or --sections without plain")
     return earlier[-1]
+
+
+def _dask_layer(model: TopographicModel, it_layer: str) -> str:
+    """The layer the Dask sweep stimulates: the stage two before ``it_layer`` (each (condition, image) pair runs
+    both), which must have a cortical sheet."""
+    index = model.stage_names.index(it_layer) - 2
+    layer = model.stage_names[index] if index >= 0 else None
+    if layer not in model.sheets:
+        raise ConfigError(f"model {model.name!r} has no topographic layer two stages before its IT layer "
+                          f"{it_layer!r} (stages: {model.stage_names}; topographic layers: {model.layers}); the dask "
+                          "section stimulates one: give --model a model with one, or --sections without dask")
+    return layer
+
+
+def _check_default_model(model: TopographicModel, sections: list[str], quick: bool) -> None:
+    """Refuse, before any section runs, a default model that one of ``sections`` cannot measure: an IT layer with a
+    sheet (``bound``, ``plain``, ``dask``, ``load``; ``maps`` and ``cache`` on the quick sizes), a topographic layer
+    before it (``plain``) and one two stages before it (``dask``, which the quick sizes skip)."""
+    if not ({"bound", "plain", "dask", "load"} | ({"maps", "cache"} if quick else set())) & set(sections):
+        return
+    it_layer = _it_layer(model)
+    if "plain" in sections:
+        _pre_it_layer(model, it_layer)
+    if "dask" in sections and (QUICK_SIZES if quick else FULL_SIZES)["dask"] is not None:
+        _dask_layer(model, it_layer)
 
 
 def _face_images(n_images: int) -> tuple[np.ndarray, np.ndarray]:

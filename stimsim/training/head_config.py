@@ -17,6 +17,7 @@ from stimsim.training.trunk_tuning import TrunkTuningTable
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.filemodels import FileModel, PlainName, Text, validate
+from stimsim.utilities.ordering import repeated
 
 _Positive = Annotated[float, Field(gt=0)]
 _Count = Annotated[int, Field(ge=1)]
@@ -47,7 +48,7 @@ class HeadModelTable(FileModel):
     sheet_size_mm: _Positive = 10.0
     """Side of IT's square sheet, in model mm; the trained and the final grid cover the same sheet."""
     neighborhood_width_mm: _Positive = 2.0
-    """Diameter of the spatial loss's neighbourhoods on the trained grid, in model mm."""
+    """Diameter of the spatial loss's neighbourhoods on the trained grid, in model mm; at most ``sheet_size_mm``."""
     n_neighborhoods: Annotated[int, Field(ge=1, le=100_000)] = 512
     """Neighbourhoods prepared on the trained grid (around random units), from which
     ``[training] neighborhoods_per_step`` are drawn at each step."""
@@ -75,7 +76,10 @@ class HeadModelTable(FileModel):
     the base network's as it is."""
 
     @model_validator(mode="after")
-    def _principal_rank(self):
+    def _sizes_agree(self):
+        if self.neighborhood_width_mm > self.sheet_size_mm:
+            raise ValueError(f"neighborhood_width_mm ({self.neighborhood_width_mm:g}) must be at most sheet_size_mm "
+                             f"({self.sheet_size_mm:g}): a neighbourhood is a disc on the sheet")
         if self.it_principal_rank is None:
             return self
         if self.it_projection != "principal_components":
@@ -100,7 +104,7 @@ class HeadDataTable(FileModel):
     sets: Annotated[list[dict[str, Any]], Field(min_length=1)]
     """Image sets, each a stimulus source's table (``source`` and its own keys; a relative ``path`` is taken from the
     file's folder) with ``holdout_fraction``, the share held out in [0, 1) (default 0), and ``holdout_stratified``
-    (default true: held out per value of ``label``)."""
+    (default true: held out per value of ``label``); no image (stimulus id) in two sets."""
     label: Text = "category"
     """Stimulus label whose values ``domains`` gather and by which each set's held-out share is stratified; a set
     without it has no domain labels."""
@@ -120,6 +124,15 @@ class HeadDataTable(FileModel):
     """Range [low, high] of the augmented views' crop area, as a share of the image's area, in (0, 1]."""
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
     """Seed of the held-out split and of the augmented views (those of ``[trunk_tuning]`` too)."""
+
+    @model_validator(mode="after")
+    def _one_domain_each(self):
+        again = repeated(value for values in self.domains.values() for value in values)
+        if again:
+            owners = [domain for domain, values in self.domains.items() if again[0] in values]
+            raise ValueError(f"'domains' gives {self.label} {again[0]!r} to more than one domain ({owners}); each "
+                             "value belongs to one domain")
+        return self
 
 
 class HeadTrainingTable(FileModel):
@@ -223,6 +236,21 @@ class HeadConfig(FileModel):
     """Tuning of the trunk's last modules before IT is trained. Left out: the trunk stays as the base network's."""
     cortex_scale: CortexScaleTable
     """The physical scale of IT's sheet and the rule that sets it."""
+
+    @model_validator(mode="after")
+    def _tables_agree(self):
+        if self.training.neighborhoods_per_step > self.model.n_neighborhoods:
+            raise ValueError(f"[training] neighborhoods_per_step ({self.training.neighborhoods_per_step}) must be at "
+                             f"most [model] n_neighborhoods ({self.model.n_neighborhoods}), the neighbourhoods drawn "
+                             "from")
+        if self.cortex_scale.face_cluster_cortex_mm is None:
+            return self
+        domains = sorted(self.data.domains)
+        if self.data.positive_domain not in domains or len(domains) < 2:
+            raise ValueError(f"[cortex_scale] face_cluster_cortex_mm measures the clusters of [data] positive_domain "
+                             f"{self.data.positive_domain!r} against the other domains' images, so [data.domains] "
+                             f"needs it and at least one other domain; domains: {domains}")
+        return self
 
 
 def is_head_config(raw: dict) -> bool:

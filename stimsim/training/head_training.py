@@ -60,12 +60,12 @@ from stimsim.models.topo_head import FAMILY, TopoHeadNet, densify, grid_position
 from stimsim.models.topographic import TopographicModel
 from stimsim.models.weights import read_run_checkpoint
 from stimsim.training.head_config import HeadConfig, load_head_config
-from stimsim.training.holdout import kept_after_holdout
+from stimsim.training.holdout import check_sets_disjoint, kept_after_holdout
 from stimsim.training.ridge_readout import ridge_readouts
 from stimsim.training.schedule import warmup_cosine_rate
 from stimsim.training.spatial_loss import layer_spatial_loss
 from stimsim.training.trunk_features import FeatureSampler, principal_projection, trunk_features
-from stimsim.training.trunk_tuning import tune_trunk
+from stimsim.training.trunk_tuning import split_trunk, tune_trunk
 from stimsim.utilities.errors import ConfigError, TrainingDiverged
 from stimsim.utilities.hashing import sha256_of
 from stimsim.utilities.io import atomic_save, atomic_write_text, provenance
@@ -78,7 +78,7 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
     """The training images (a StimulusSet) and the held-out stimulus ids."""
     from stimsim.data.stimuli import StimulusSet, load_stimulus_source
 
-    kept_sets, holdout = [], []
+    kept_sets, holdout, ids, values = [], [], [], set()
     for index, entry in enumerate(config.data.sets):
         entry = dict(entry)
         fraction = entry.pop("holdout_fraction", 0.0)
@@ -89,7 +89,10 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
         if "path" in entry and not Path(entry["path"]).is_absolute():
             entry["path"] = str(folder / entry["path"])
         stimuli = load_stimulus_source(entry, f"{where} [data] sets[{index}]")
+        ids.append(stimuli.stimulus_id)
+        check_sets_disjoint(ids, f"{where} [data]")
         classes = np.asarray(stimuli.labels.get(config.data.label, np.full(len(stimuli), "")), str)
+        values.update(map(str, classes))
         strata = classes if stratified is True else np.full(len(stimuli), "")
         keep = kept_after_holdout(strata, fraction, np.random.default_rng([config.data.seed, index]),
                                   f"{where} [data] sets[{index}] ({stimuli.name})")
@@ -98,6 +101,13 @@ def load_sets(config: HeadConfig, folder: Path, where: str):
         of_category = {c: d for d, categories in config.data.domains.items() for c in categories}
         labels = {"domain": np.array([of_category.get(str(c), "") for c in classes[keep]], dtype="<U64")}
         kept_sets.append(StimulusSet(kept.name, kept.images, kept.stimulus_id, labels))
+    for domain, gathered in config.data.domains.items():
+        absent = [value for value in gathered if value not in values]
+        if absent:
+            shown = sorted(values - {""})
+            raise ConfigError(f"{where} [data.domains] {domain}: no image of the sets has {config.data.label} "
+                              f"{absent}; a domain gathers values the images have: {shown[:12]}"
+                              + (f" and {len(shown) - 12} more" if len(shown) > 12 else ""))
     return StimulusSet.concat(*kept_sets, name="training"), holdout
 
 
@@ -270,8 +280,20 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
     base_sha256 = sha256_of(base_weights_path(config.model.base_network)) if pretrained else None
     trunk, classifier = spec.split(base)
     network.trunk.load_state_dict(trunk.state_dict())
+    side, dense_side = config.model.trained_grid_side, config.model.grid_side
+    trained_sheet = CorticalSheet("it", (side * side, 1, 1), grid_positions_mm(side, config.model.sheet_size_mm))
+    try:  # before the trunk's features: a sheet the neighbourhoods do not fit fails at once
+        trained_sheet = trained_sheet.with_neighborhoods(config.model.neighborhood_width_mm,
+                                                         config.model.n_neighborhoods,
+                                                         config.model.max_neighborhood_units, seed=config.training.seed)
+    except ValueError as exc:
+        raise ConfigError(f"{where} [model] neighborhood_width_mm: {exc}") from None
     tuning = config.trunk_tuning
     if tuning is not None:
+        try:
+            split_trunk(network.trunk, tuning.first_module)
+        except ConfigError as exc:
+            raise ConfigError(f"{where} {exc}") from None
         tuning_history = tune_trunk(tuning, config.data.seed, config.data.crop_scale, stimuli, network.trunk, trunk,
                                     preprocessing, out_dir, progress)
     cached = trunk_features(config, stimuli, network.trunk.eval(), classifier.eval(), preprocessing, base_sha256,
@@ -280,10 +302,6 @@ def build_topo_head_model(path, out_dir, progress: bool = True, stop_after_step:
         with torch.no_grad():
             rows = config.model.principal_rank
             network.it[0].weight[:rows].copy_(principal_projection(cached["features"], rows))
-    side, dense_side = config.model.trained_grid_side, config.model.grid_side
-    trained_sheet = CorticalSheet("it", (side * side, 1, 1), grid_positions_mm(side, config.model.sheet_size_mm))
-    trained_sheet = trained_sheet.with_neighborhoods(config.model.neighborhood_width_mm, config.model.n_neighborhoods,
-                                                     config.model.max_neighborhood_units, seed=config.training.seed)
     sampler = FeatureSampler(cached["features"], classifier.eval()) if config.training.feature_samples_per_step else None
     history = train_head(config, network, trained_sheet, cached, domains, out_dir, progress, stop_after_step, sampler)
     if stop_after_step is not None and len(history) < config.training.steps:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from stimsim.data.stimuli import SHOWN_REPEATS
 from stimsim.utilities.errors import ConfigError
 
 
@@ -23,3 +24,18 @@ def kept_after_holdout(strata, fraction: float, rng: np.random.Generator, where:
                               "every class")
         keep[held] = False
     return keep
+
+
+def check_sets_disjoint(stimulus_ids: list, where: str) -> None:
+    """Refuse image sets that share a stimulus id (``stimulus_ids``: one sequence per set of ``[data] sets``): such an
+    image could be held out by one set and trained on by the other, while the model's ``holdout_stimulus_ids`` would
+    still list it. ``where`` names the table, e.g. ``"FILE [data]"``."""
+    first = {}
+    for index, ids in enumerate(stimulus_ids):
+        ids = [str(stimulus_id) for stimulus_id in ids]
+        shared = [stimulus_id for stimulus_id in ids if stimulus_id in first]
+        if shared:
+            raise ConfigError(f"{where} sets[{first[shared[0]]}] and sets[{index}] share {len(shared)} image(s) "
+                              f"(stimulus ids e.g. {shared[:SHOWN_REPEATS]}); each image must be in one set, so that "
+                              "an image held out by one set is not trained on by another: give each image once")
+        first.update(dict.fromkeys(ids, index))

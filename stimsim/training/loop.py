@@ -25,7 +25,7 @@ from stimsim.cortex.positions import build_sheet
 from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
-from stimsim.training.holdout import kept_after_holdout
+from stimsim.training.holdout import check_sets_disjoint, kept_after_holdout
 from stimsim.training.schedule import warmup_cosine_rate
 from stimsim.training.spatial_loss import layer_spatial_loss
 from stimsim.training.train_file import TrainFile
@@ -247,7 +247,7 @@ def load_training_data(config: TrainingConfig) -> TrainingData:
     class-stratified fraction of each set (``holdout_fraction``) for evaluation."""
     from stimsim.data.stimuli import load_stimulus_source
 
-    images, labels, holdout = [], [], []
+    images, labels, holdout, ids = [], [], [], []
     for index, entry in enumerate(config.data_sets):
         entry = dict(entry)
         fraction = float(entry.pop("holdout_fraction", 0.0))
@@ -255,6 +255,8 @@ def load_training_data(config: TrainingConfig) -> TrainingData:
         stimuli = load_stimulus_source(entry, where)
         if config.label not in stimuli.labels:
             raise ConfigError(f"{where} ({stimuli.name}): no label {config.label!r}; labels: {list(stimuli.labels)}")
+        ids.append(stimuli.stimulus_id)
+        check_sets_disjoint(ids, f"{config.source} [data]")
         keep = kept_after_holdout(stimuli.labels[config.label], fraction, np.random.default_rng(config.seed),
                                   f"{where} ({stimuli.name})")
         holdout += [sid for sid, k in zip(stimuli.stimulus_id, keep) if not k]

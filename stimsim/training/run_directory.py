@@ -60,17 +60,20 @@ def check_run_configuration(directory: Path, raw: dict, force: bool = False) -> 
     with another one (its :data:`CONFIG_RECORD`, or a finished run's training_run.json) and left a checkpoint or a
     model, naming what changed (a run stopped before its first checkpoint trained nothing: its record is replaced);
     ``force`` starts again there instead, removing the other run's checkpoints and what it finished (its model,
-    record and loss history), so that no model of the other configuration stays beside this one. Then record
-    ``raw``."""
+    record and loss history), so that no model of the other configuration stays beside this one; a finished run of
+    this configuration is removed the same way by ``force``, so that it trains again from its first step rather than
+    export its last checkpoint again. Then record ``raw``."""
     recorded = _recorded_configuration(directory)
-    trained = has_checkpoint(directory) or (directory / "training_run.json").exists() or (directory / "model").exists()
-    if recorded is not None and trained and canonical_json(recorded) != canonical_json(raw):
-        if not force:
-            changed = changed_keys(recorded, json.loads(canonical_json(raw)))
-            shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-            raise ConfigError(f"{directory} holds a training run of another configuration (changed: {shown}); a run "
-                              "resumes only with the configuration it started with: use another --out directory, or "
-                              "--force to start this configuration again there")
+    finished = (directory / "training_run.json").exists() or (directory / "model").exists()
+    other = recorded is not None and (has_checkpoint(directory) or finished) \
+        and canonical_json(recorded) != canonical_json(raw)
+    if other and not force:
+        changed = changed_keys(recorded, json.loads(canonical_json(raw)))
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise ConfigError(f"{directory} holds a training run of another configuration (changed: {shown}); a run "
+                          "resumes only with the configuration it started with: use another --out directory, or "
+                          "--force to start this configuration again there")
+    if force and (other or finished):
         for name in CHECKPOINTS | FINISHED_RUN_FILES:
             (directory / name).unlink(missing_ok=True)
         if (directory / "model").is_dir():

@@ -14,6 +14,7 @@ from stimsim.models.preprocessing import MAX_SIZE_PX, MIN_SIZE_PX
 from stimsim.training.head_config import HeadConfig
 from stimsim.training.schedule import check_warmup
 from stimsim.utilities.filemodels import FileModel, PlainName, Text
+from stimsim.utilities.ordering import repeated
 
 #: Where the JSON Schema of training files ships.
 SCHEMA_PATH = Path(__file__).with_name("train.schema.json")
@@ -90,7 +91,7 @@ class DataTable(FileModel):
     """``[data]``: the training images and the label the task learns."""
 
     sets: Annotated[list[DataSet], Field(min_length=1)]
-    """The image sets whose images, pooled, are the training data; at least one."""
+    """The image sets whose images, pooled, are the training data; at least one, no image (stimulus id) in two."""
     label: Text = "category"
     """Stimulus label whose values are the classes: the targets of the supervised task, the groups that batches draw
     evenly from and the strata of each set's held-out share. Every set must have it."""
@@ -151,7 +152,7 @@ class SpatialLossTable(FileModel):
     alpha: _NonNegative = 0.25
     """Weight α of the spatial loss (summed over its layers) in the total loss; 0: no spatial loss."""
     layers: list[Text] = []
-    """Layers of ``[model.layers]`` the spatial loss acts on; empty: none."""
+    """Layers of ``[model.layers]`` the spatial loss acts on, each named once; empty: none."""
     neighborhoods_per_step: Annotated[int, Field(ge=1)] = 8
     """Neighbourhoods drawn per layer and step, over which the layer's spatial loss is averaged; at most 256, the
     number prepared on each sheet."""
@@ -164,7 +165,7 @@ class ActivityPenaltyTable(FileModel):
     """Weight of the L1 penalty: ``l1`` × the mean absolute activity of each listed layer is added to the loss
     (logged as ``mean_activity_LAYER``); 0: no penalty."""
     layers: list[Text] = []
-    """Layers of ``[model.layers]`` whose activity is penalised; empty: none."""
+    """Layers of ``[model.layers]`` whose activity is penalised, each named once; empty: none."""
 
 
 class TrainFile(FileModel):
@@ -197,6 +198,14 @@ class TrainFile(FileModel):
             unknown = [layer for layer in names if layer not in layers]
             if unknown:
                 raise ValueError(f"[{block}] layers {unknown} have no sheet in [model.layers]")
+            if repeated(names):
+                raise ValueError(f"[{block}] layers lists {repeated(names)} more than once; name each layer once")
+        areas = {name: layer.area for name, layer in layers.items() if layer.area is not None}
+        again = repeated(areas.values())
+        if again:
+            shared = [name for name, area in areas.items() if area in again]
+            raise ValueError(f"[model.layers] area label(s) {again} given to more than one layer ({shared}); each "
+                             "area names one layer")
         return self
 
 
