@@ -317,6 +317,9 @@ def _cmd_subject_session(args) -> int:
         trials = session_from_plan(args.plan_dir, trials_per_site, seed=args.seed,
                                    session_id=args.session_id, sites=args.sites or "chosen")
     subject_id, session_id = trials["subject_id"].iloc[0], trials["session_id"].iloc[0]
+    for option, path in (("--out", args.out), ("--csv", args.csv)):
+        if path and Path(path).is_file():  # checked before the session was made; named now that it is written
+            warnings.warn(f"{option} {path}: replacing the session written there before", stacklevel=2)
     if args.out:
         notes = session_notes(args.plan_dir, args.seed, trials_per_site, args.sites or "chosen", args.trials)
         write_session_nwb(trials, args.out, subject_id=subject_id, session_id=session_id, trial_list=args.trials,
@@ -736,8 +739,6 @@ def _apply_common_options(args) -> None:
                     if not args.force:
                         raise ConfigError(f"{option} {path}: the file exists and is not a session stimsim wrote; "
                                           "give --force to replace it")
-                if Path(path).is_file():
-                    warnings.warn(f"{option} {path}: replacing the session written there before", stacklevel=2)
     elif out is not None:
         if not out.strip():
             raise ConfigError("--out is empty; give a directory path")

@@ -96,6 +96,20 @@ def test_a_confidence_level_given_as_a_percentage_is_refused_as_a_fraction():
         parse_experiment(raw, where="x.toml")
 
 
+def test_a_bound_of_1_that_is_no_proportion_gives_no_percentage_hint():
+    """Momentum (0.9 typical) is bounded by 1 but is no proportion: 9 is most likely 0.9, not 9 %; the error
+    states the bound alone. A proportion, such as the subject's lapse rate, keeps the hint."""
+    raw = load_toml(EXPERIMENTS / "train_stimsim_topo_seed0.toml")
+    raw["training"]["momentum"] = 9
+    with pytest.raises(ConfigError, match=r"\[training\]: 'momentum' must be <= 1(\.0)?, got 9$"):
+        load_training_config(raw)
+    raw = _afraz()
+    raw["decoder"]["fit_fraction"] = 50
+    with pytest.raises(ConfigError, match=r"'fit_fraction' must be < 1(\.0)?, got 50; it is a fraction: 0\.5 for "
+                                          r"50 %$"):
+        parse_experiment(raw, where="x.toml")
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("layer", "trunk.18", "'layer': layer 'trunk.18' has no cortical sheet; topographic layers: "),
     ("layer", "V9", "'layer': unknown layer 'V9'; stages: "),

@@ -782,6 +782,18 @@ def test_a_session_never_replaces_a_file_of_the_plan_or_its_subject(plan_dir, ca
         assert path.read_bytes() == before
 
 
+def test_subject_session_warns_of_replacing_a_session_only_when_it_writes(tmp_path, capsys):
+    """A session file of an earlier run is named as replaced only when the new session is written: a run that
+    stops on an error before (here: a plan directory that does not exist) leaves the file and says nothing of it."""
+    csv = tmp_path / "session.csv"
+    csv.write_text("start_time,stop_time,electrode,stimulated_electrode,choice,correct,subject_id,session_id\n")
+    before = csv.read_bytes()
+    assert main(["subject", "session", str(tmp_path / "no_plan"), "--csv", str(csv)]) == 2
+    err = capsys.readouterr().err
+    assert "is this a directory written by `stimsim plan`?" in err and "replacing" not in err
+    assert csv.read_bytes() == before
+
+
 def test_visualize_at_a_plans_electrodes_runs_on_its_chosen_model_and_checks_its_files(plan_dir, tmp_path, capsys):
     """[sites] method = "plan": the electrodes' cortex points of sites.csv, registered on the plan's chosen model;
     another model, a changed sites.csv or an electrode the plan left out is refused with the reason."""

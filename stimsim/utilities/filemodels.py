@@ -126,7 +126,8 @@ def _problem(error: dict, model: type[BaseModel], raw_loc: list, key) -> str:
               "less_than_equal": "<= {le}"}
     if kind in bounds:
         problem = f"{key!r} must be {bounds[kind].format(**ctx)}, got {given!r}"
-        fraction = kind in ("less_than", "less_than_equal") and ctx.get("lt", ctx.get("le")) == 1
+        fraction = kind in ("less_than", "less_than_equal") and ctx.get("lt", ctx.get("le")) == 1 and \
+            _is_proportion(key)
         if fraction and isinstance(given, (int, float)) and not isinstance(given, bool) and 1 < given <= 100:
             problem += f"; it is a fraction: {given / 100:g} for {given:g} %"  # a percentage given
         return problem
@@ -149,6 +150,12 @@ def _problem(error: dict, model: type[BaseModel], raw_loc: list, key) -> str:
     if expected:
         return f"{key!r} must be {expected}, got {given!r}"
     return f"{key!r}: {error['msg']}, got {given!r}"
+
+
+def _is_proportion(key) -> bool:
+    """Whether ``key`` names a proportion (a fraction, the lapse rate, a confidence level), for which a value in
+    percent is a likely slip; other keys bounded by 1 (momentum, a learning rate, a reliability) are not."""
+    return isinstance(key, str) and (key.endswith("fraction") or key in ("ci", "lapse_rate"))
 
 
 def _location(parts) -> str:
