@@ -14,7 +14,7 @@ from stimsim.analysis.effects import delta_auc_of_counts
 from stimsim.cli import main
 from stimsim.planning.config import load_plan_config
 from stimsim.planning.detectability import forecast, subject_error_sd, with_subject_error
-from stimsim.planning.rig import RigSpec, SessionTable, sequence_images, trial_list, write_rig
+from stimsim.planning.rig import RigSpec, SessionTable, sequence_images, trial_list, write_rig, write_trials_nwb
 from stimsim.utilities.errors import ConfigError, FileFormatError
 
 #: A 4 × 4 map written by hand: comments, then electrode lines (no description line); banks A and B, labels.
@@ -226,6 +226,31 @@ def test_the_nwb_template_is_of_the_plans_subject(rig_plan):
         template = io.read()
         assert template.subject.subject_id == json.loads((rig_plan / "summary.json").read_text())["subject_id"]
         assert len(template.trials) == len(pd.read_csv(rig_plan / "rig" / "trials.csv"))
+
+
+def test_the_nwb_trials_table_reads_back_as_written(tmp_path):
+    """Every column comes back with its values and type: text (empty, non-ASCII), integers, booleans, floats with
+    the sham trials' NaN, the trial clock; each described as the trial list describes it."""
+    from pynwb import NWBHDF5IO
+
+    trials = pd.DataFrame({"start_time": [0.0, 1.5, 3.0], "stop_time": [1.0, 2.5, 4.0], "trial": [1, 2, 3],
+                           "electrode": ["07", "elec12", "07"], "stimulated_electrode": ["sham", "elec12", "sham"],
+                           "stimulus_id": ["07_seq0_step0", "elec12_seq1_step6", "µ_seq0_step3"],
+                           "step": [0, 6, 3], "current_uA": [0.0, 150.0, 0.0],
+                           "frequency_Hz": [np.nan, 200.0, np.nan], "correct": [True, False, True],
+                           "choice": ["", "", ""]})
+    path = write_trials_nwb(trials, tmp_path / "trials.nwb", subject_id="m1", session_id="planned",
+                            description="trial list", template=True)
+    with NWBHDF5IO(str(path), "r") as io:
+        table = io.read().trials
+        read = table.to_dataframe().reset_index(drop=True)
+        described = {name: table[name].description for name in ("start_time", "frequency_Hz", "choice")}
+    pd.testing.assert_frame_equal(read, trials, check_dtype=False)
+    assert [str(read[name].dtype) for name in ("trial", "step", "current_uA", "correct")] == \
+        ["int64", "int64", "float64", "bool"]
+    assert described == {"start_time": "Start time of epoch, in seconds",
+                         "frequency_Hz": "pulse frequency of the train, Hz (empty on sham trials)",
+                         "choice": "the animal's choice, 'low' or 'high' (empty in the template: fill in on the rig)"}
 
 
 def test_a_trial_list_cut_off_mid_row_is_refused_before_any_session_is_written(rig_plan, tmp_path, capsys):

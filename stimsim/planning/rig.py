@@ -250,19 +250,24 @@ def write_trials_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: st
     """``trials`` (start_time, stop_time and columns of :data:`TRIAL_COLUMNS`, :data:`SESSION_COLUMNS` and, in the
     rig's ``template`` to fill in, :data:`NWB_COLUMNS`) as the NWB trials table, written atomically; empty numbers
     (sham trials' train) as NaN; ``notes``: the file's notes."""
+    from hdmf.common import VectorData
     from pynwb import NWBHDF5IO, NWBFile
+    from pynwb.epoch import TimeIntervals
     from pynwb.file import Subject
 
-    described = {**TRIAL_COLUMNS, **(NWB_COLUMNS if template else SESSION_COLUMNS)}
+    described = {**TRIAL_COLUMNS, **(NWB_COLUMNS if template else SESSION_COLUMNS),
+                 **{column["name"]: column["description"] for column in TimeIntervals.__columns__}}
+    # Whole columns at once (a row at a time took about 20 s for 48,000 trials): numbers as arrays, text as lists.
+    columns = [trials[name] for name in ("start_time", "stop_time",
+                                         *(name for name in trials.columns if name not in ("start_time", "stop_time")))]
+    table = TimeIntervals(name="trials", description="experimental trials", id=np.arange(len(trials)), columns=[
+        VectorData(name=column.name, description=described.get(column.name, column.name),
+                   data=column.to_numpy() if pd.api.types.is_numeric_dtype(column) else column.tolist())
+        for column in columns])
     nwbfile = NWBFile(session_description=description, identifier=str(uuid.uuid4()),
                       session_start_time=datetime.now(timezone.utc), session_id=session_id, notes=notes,
-                      subject=Subject(subject_id=subject_id, species=species, description=subject_description))
-    columns = [name for name in trials.columns if name not in ("start_time", "stop_time")]
-    for name in columns:
-        nwbfile.add_trial_column(name=name, description=described.get(name, name))
-    for record in trials[["start_time", "stop_time", *columns]].itertuples(index=False):
-        nwbfile.add_trial(**{name: value.item() if isinstance(value, np.generic) else value
-                             for name, value in zip(["start_time", "stop_time", *columns], record)})
+                      subject=Subject(subject_id=subject_id, species=species, description=subject_description),
+                      trials=table)
 
     def write(tmp):
         with NWBHDF5IO(tmp, "w") as io:
