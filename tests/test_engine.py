@@ -482,6 +482,12 @@ def test_a_cache_that_cannot_be_written_warns_and_the_run_goes_on(model, images,
     with pytest.warns(UserWarning, match=r"cannot keep the activations in the cache .*not_a_directory.*continuing"):
         stored_nowhere = simulate(model, images, it_sites(3), decoder, activation_cache=cache, progress=False)
     xr.testing.assert_identical(stored_nowhere, simulate(model, images, it_sites(3), decoder, progress=False))
+    # the other entries of the run (other images, as of its next phase) are not stored either, and not said again
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        simulate(model, images[::-1].copy(), it_sites(3), decoder, activation_cache=cache, progress=False)
+        simulate(model, images[:2].copy(), it_sites(3), decoder, activation_cache=cache, progress=False)
+    assert not [str(w.message) for w in caught if "cannot keep the activations" in str(w.message)]
 
 
 def test_devices_resolve_and_results_agree_across_devices(model, images, decoder):

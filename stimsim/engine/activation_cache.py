@@ -19,7 +19,7 @@ replaced row is among those checked — always when most rows were replaced, wit
 ``SAMPLED_ROWS / n`` when a single one of ``n`` was; the 10 rows cost 16 ms on a shipped model, and verifying
 every row would cost the forward pass the cache saves. An entry that fails a check, or that cannot be read, is
 reported with a warning naming its file and computed again. A cache that cannot be written (read-only, full, not a
-directory) is warned about and the activity is used without being stored.
+directory) is warned about once per process, and the activity is used without being stored.
 """
 from __future__ import annotations
 
@@ -92,6 +92,10 @@ def cached_activations(model, images, layer: str, directory=None, batch_size: in
                            n_rows=len(images))
 
 
+#: The cache directories this process has already warned about as not writable: a run stores an entry per phase,
+#: image set and layer, and says so once.
+_UNWRITABLE: set[Path] = set()
+
 #: Rows drawn at random (besides the first and the last) whose activity is recomputed on every reuse.
 SAMPLED_ROWS = 8
 
@@ -131,11 +135,13 @@ def cached_activity(directory, key: str, compute: Callable[[], torch.Tensor], de
         atomic_write_json(record_path, {"format": CACHE_FORMAT, "key": key, "sha256": sha256_of(data_path),
                                         "shape": list(activity.shape), "dtype": str(activity.dtype), **describe})
     except OSError as exc:  # a read-only or full cache costs the reuse, not the run
-        from stimsim.data.manifest import CACHE_DIR_ENV
+        if directory not in _UNWRITABLE:
+            from stimsim.data.manifest import CACHE_DIR_ENV
 
-        warnings.warn(f"cannot keep the activations in the cache {directory} ({exc.strerror or exc}: "
-                      f"{exc.filename or data_path}); continuing without storing them (make the cache writable, "
-                      f"or set {CACHE_DIR_ENV} to a writable directory, to reuse them)", stacklevel=3)
+            _UNWRITABLE.add(directory)
+            warnings.warn(f"cannot keep the activations in the cache {directory} ({exc.strerror or exc}: "
+                          f"{exc.filename or data_path}); continuing without storing them (make the cache writable, "
+                          f"or set {CACHE_DIR_ENV} to a writable directory, to reuse them)", stacklevel=3)
     return activity
 
 
