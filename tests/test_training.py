@@ -528,9 +528,23 @@ def test_a_network_whose_training_needs_more_memory_than_available_is_refused_be
     monkeypatch.setattr(stimsim.utilities.limits, "available_memory_bytes", lambda: 1000)
     with pytest.raises(ConfigError, match=r"training config: training 'tiny' \([\d.]+ MiB of weights\) needs about "
                                           r"[\d.]+ (KiB|MiB) of memory, more than the 1000 B this machine has "
-                                          r"available; lower the layer sizes in \[model\] kwargs \(e.g. it_units\)"):
+                                          r"available; lower the layer sizes in \[model\] kwargs \(n_classes = 2, "
+                                          r"it_units = 256\)"):
         train(load_training_config(small_config()), tmp_path, progress=False, data=tiny_data)
     assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_a_layer_too_large_to_build_is_refused_with_the_memory_it_needs(tmp_path, tiny_data):
+    """10**12 IT units: building the network would itself allocate its weights (it ended in torch's allocator
+    message). Per IT unit 256 input weights, BatchNorm's 2 and the head's 2: 260 · 10**12 float32 = 945.9 TiB, the rest
+    a few MiB; with four copies for the training step, 5 × that = 4.62 PiB."""
+    config = small_config()
+    config["model"]["kwargs"]["it_units"] = 10**12
+    with pytest.raises(ConfigError, match=r"training config: training 'tiny' \(945.9 TiB of weights\) needs about "
+                                          r"4.62 PiB of memory, more than the .* this machine has available; lower "
+                                          r"the layer sizes in \[model\] kwargs \(n_classes = 2, "
+                                          r"it_units = 1000000000000\)"):
+        train(load_training_config(config), tmp_path, progress=False, data=tiny_data)
 
 
 def test_images_of_one_class_are_refused_for_the_supervised_task_naming_the_label(tmp_path, tiny_data):

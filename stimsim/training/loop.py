@@ -290,9 +290,8 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
     device = resolve_device(device)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    _check_training_memory(config, TRAINING_COPIES if device.type == "cpu" else 0)
     model = build_untrained_model(config)  # before the data: a misfit architecture fails at once
-    if device.type == "cpu":
-        _check_training_memory(model.network, config)
     model = model.to(device)
     data = data or load_training_data(config)
     if config.task == "supervised" and len(data.classes) < 2:
@@ -381,12 +380,20 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
     return out_dir / "model"
 
 
-def _check_training_memory(network, config: TrainingConfig) -> None:
-    """Refuse, before any step, a network whose training on the CPU needs more memory than is available: beside the
-    weights, :data:`TRAINING_COPIES` copies of them (bytes)."""
+def _check_training_memory(config: TrainingConfig, copies: int) -> None:
+    """Refuse, before the network is built, one whose weights and ``copies`` copies of them (training on the CPU:
+    :data:`TRAINING_COPIES`) need more memory than is available. The network is first built on torch's ``meta``
+    device, which holds no numbers: building it for real would itself allocate its weights (bytes)."""
+    try:
+        with torch.device("meta"):
+            network = build_network(config.family, **config.model_kwargs)
+    except Exception:  # a builder that cannot build there, or kwargs that do not fit: the real build says why
+        return
     weights = sum(parameter.numel() * parameter.element_size() for parameter in network.parameters())
+    sizes = ", ".join(f"{key} = {value}" for key, value in config.model_kwargs.items()
+                      if isinstance(value, int) and not isinstance(value, bool))
     check_memory(f"{config.source}: training {config.name!r} ({format_bytes(weights)} of weights)",
-                 TRAINING_COPIES * weights, "the layer sizes in [model] kwargs (e.g. it_units)")
+                 (1 + copies) * weights, f"the layer sizes in [model] kwargs{f' ({sizes})' if sizes else ''}")
 
 
 def _resume(checkpoint_path: Path, config: TrainingConfig, network, optimizer,
