@@ -520,6 +520,20 @@ def test_stimulation_a_model_cannot_take_stops_the_plan_before_any_work(tmp_path
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("key", ["n_eval", "n_noise"])
+def test_noisy_copies_whose_images_cannot_fit_in_memory_stop_the_plan_before_any_work(tmp_path, monkeypatch, key):
+    """10**9 noisy copies of 32-px images (4 KiB each as float32): terabytes, refused before the mapping (they were
+    drawn in the rehearsal, after the plan's other phases), and nothing is left behind."""
+    config = _write_plan(tmp_path / "config")
+    config.write_text(config.read_text().replace(f"{key} = ", f"{key} = 1_000_000_000 # "))
+    monkeypatch.setattr("stimsim.planning.plan._mapping_phase", lambda *args: pytest.fail("the mapping ran"))
+    with pytest.raises(ConfigError, match=rf"plan.toml: holding the 2AFC images \(\d+ sites × 2 sequences × 7 steps, "
+                                          rf".* 32 px\) needs about [\d.]+ TiB of memory, more than the .* this "
+                                          rf"machine has available; lower \[decoder\] n_eval or n_noise"):
+        run_plan(config, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_current_outside_the_spread_law_names_the_file_and_table(tmp_path):
     config = _write_plan(tmp_path / "config", current=0)
     with pytest.raises(ConfigError, match=r"plan.toml \[stimulation\]: current_uA must be in \(5.26"):

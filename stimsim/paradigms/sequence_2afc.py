@@ -397,7 +397,7 @@ def prepare(task, model, stimuli, selection: SiteSelection, progress: bool = Fal
     labels = tuple(site.label for site in selection.sites)
     sites = np.array([site.position_mm for site in selection.sites], dtype=np.float64).reshape(-1, 2)
     sequence_spec = options.sequence_spec(task.sites.recording_radius_mm)
-    _check_image_memory(task, model, len(sites), sequence_spec)
+    check_image_memory(task.source, options.task, model, len(sites), sequence_spec)
     try:
         sequences = build_sequences(model, sites, stimuli.images, sequence_spec, layer=layer, seed=task.seed,
                                     progress=progress)
@@ -416,15 +416,17 @@ def prepare(task, model, stimuli, selection: SiteSelection, progress: bool = Fal
                           response_layer=layer)
 
 
-def _check_image_memory(task, model, n_sites: int, sequence_spec: SequenceSpec) -> None:
-    """Refuse (ConfigError), before any work, counts whose images cannot fit in memory: every site's sequences and
-    noisy test images (float32 at the model's input size), and one site's float64 noise draws."""
-    spec = task.options.task
+def check_image_memory(where: str, spec: TaskSpec, model, n_sites: int, sequence_spec: SequenceSpec,
+                       tested_sites: int | None = None) -> None:
+    """Refuse (ConfigError naming ``where``), before any work, counts whose images cannot fit in memory: every
+    site's sequences and the noisy test images of ``tested_sites`` sites at once (default all; float32 at the
+    model's input size), and one site's float64 noise draws."""
     pixels = model.preprocessing.size_px ** 2 * model.preprocessing.channels
     per_site = sequence_spec.n_sequences * sequence_spec.n_steps
-    stored = 4 * pixels * n_sites * per_site * (1 + spec.n_eval)
+    tested = n_sites if tested_sites is None else tested_sites
+    stored = 4 * pixels * per_site * (n_sites + tested * spec.n_eval)
     drawn = 3 * 8 * pixels * max(per_site * spec.n_eval, 2 * sequence_spec.n_sequences * spec.n_noise)
-    check_memory(f"{task.source}: holding the 2AFC images ({n_sites} sites × {sequence_spec.n_sequences} sequences × "
+    check_memory(f"{where}: holding the 2AFC images ({n_sites} sites × {sequence_spec.n_sequences} sequences × "
                  f"{sequence_spec.n_steps} steps, {spec.n_eval} noisy test copies and {spec.n_noise} fitting copies "
                  f"of each, {model.preprocessing.size_px} px)", stored + drawn,
                  "[decoder] n_eval or n_noise, or [sequences] n_sequences or n_steps")

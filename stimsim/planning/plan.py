@@ -279,8 +279,9 @@ def _plan_once(config: PlanConfig, out_dir: Path, progress: bool, subject_seed: 
             for size_px in sorted({model.preprocessing.size_px for model in models.values()}):
                 for message in input_geometry_notes(inputs.images, size_px, f"{config.path} [recordings] images"):
                     warnings.warn(message, stacklevel=2)
-        _check_stimulation_fits(config, {**models, **({SUBJECT: inputs.load_subject().model} if inputs.subject_dir
-                                                      else {})})
+        every_model = {**models, **({SUBJECT: inputs.load_subject().model} if inputs.subject_dir else {})}
+        _check_stimulation_fits(config, every_model)
+        plan_task.check_memory(config.task_options, every_model, len(inputs.layout.electrode_ids), str(config.path))
         cache.timings["inputs"] = {"seconds": round(time.perf_counter() - started, 3),
                                    "cached": not inputs.made_subject, "compute_seconds": None}
         remove_temporaries(out_dir, Path(out_dir) / "truth")

@@ -82,6 +82,10 @@ class PlanTask(ABC):
     def check(self, options, where: str) -> None:
         """Checks that involve several of the task's tables (``ConfigError`` naming ``where``)."""
 
+    def check_memory(self, options, models: dict, n_sites: int, where: str) -> None:
+        """Refuse (``ConfigError`` naming ``where``), before any work, counts whose arrays cannot fit in memory for
+        ``n_sites`` sites on any of ``models`` (name → model)."""
+
     def steps_per_stimulus(self, options) -> int:
         """Images per stimulus that every trial list shows once sham and once stimulated (1 by default)."""
         return 1

@@ -19,9 +19,9 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from stimsim.engine import simulate
-from stimsim.paradigms.sequence_2afc import (EVAL_NOISE_STREAM, SequenceReadouts, TaskSpec, evaluation_images,
-                                             fit_readouts, p_high_curves, sequence_delta_auc, site_readouts,
-                                             slope_to_noise)
+from stimsim.paradigms.sequence_2afc import (EVAL_NOISE_STREAM, SequenceReadouts, TaskSpec, check_image_memory,
+                                             evaluation_images, fit_readouts, p_high_curves, sequence_delta_auc,
+                                             site_readouts, slope_to_noise)
 from stimsim.planning.detectability import power_forecast
 from stimsim.planning.rig import sequence_images, trial_list, write_rig
 from stimsim.planning.selection import ranking_reliability
@@ -140,6 +140,12 @@ class SequenceTask(PlanTask):
 
     def steps_per_stimulus(self, options) -> int:
         return options.sequences.n_steps
+
+    def check_memory(self, options, models: dict, n_sites: int, where: str) -> None:
+        """Every site's sequences, and one site's noisy test images at a time (the rehearsal's), at each model's
+        input size."""
+        for model in models.values():
+            check_image_memory(where, options.decoder, model, n_sites, options.sequences, tested_sites=1)
 
     def design(self, options, prepared, model, points_mm, seed, progress, companions=()) -> dict:
         sequences = build_sequences(model, points_mm, prepared.images, options.sequences, layer=IT, seed=seed,
