@@ -253,6 +253,19 @@ def test_the_nwb_trials_table_reads_back_as_written(tmp_path):
                          "choice": "the animal's choice, 'low' or 'high' (empty in the template: fill in on the rig)"}
 
 
+def test_blank_text_cells_of_a_lab_s_trial_list_are_written_as_empty_text(tmp_path):
+    """A trial list with a column of the lab's own notes, or a bank left blank, reads blank cells as NaN among
+    text: the session's NWB file holds them as "" (writing it ended in h5py's TypeError)."""
+    from pynwb import NWBHDF5IO
+
+    trials = pd.DataFrame({"start_time": [0.0, 1.5, 3.0], "stop_time": [1.0, 2.5, 4.0], "bank": ["A", np.nan, "B"],
+                           "note": [np.nan, "blinked", np.nan]})
+    path = write_trials_nwb(trials, tmp_path / "session.nwb", subject_id="m1", session_id="s1", description="session")
+    with NWBHDF5IO(str(path), "r") as io:
+        read = io.read().trials.to_dataframe()
+    assert read["bank"].tolist() == ["A", "", "B"] and read["note"].tolist() == ["", "blinked", ""]
+
+
 def test_a_trial_list_cut_off_mid_row_is_refused_before_any_session_is_written(rig_plan, tmp_path, capsys):
     text = (rig_plan / "rig" / "trials.csv").read_text()
     lines = text.splitlines()

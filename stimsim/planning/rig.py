@@ -249,7 +249,8 @@ def write_trials_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: st
                      template: bool = False, notes: str | None = None) -> Path:
     """``trials`` (start_time, stop_time and columns of :data:`TRIAL_COLUMNS`, :data:`SESSION_COLUMNS` and, in the
     rig's ``template`` to fill in, :data:`NWB_COLUMNS`) as the NWB trials table, written atomically; empty numbers
-    (sham trials' train) as NaN; ``notes``: the file's notes."""
+    (sham trials' train) as NaN, empty text (a blank cell of a lab's trial list) as ""; ``notes``: the file's
+    notes."""
     from hdmf.common import VectorData
     from pynwb import NWBHDF5IO, NWBFile
     from pynwb.epoch import TimeIntervals
@@ -258,11 +259,13 @@ def write_trials_nwb(trials: pd.DataFrame, path, subject_id: str, session_id: st
     described = {**TRIAL_COLUMNS, **(NWB_COLUMNS if template else SESSION_COLUMNS),
                  **{column["name"]: column["description"] for column in TimeIntervals.__columns__}}
     # Whole columns at once (a row at a time took about 20 s for 48,000 trials): numbers as arrays, text as lists.
+    # NWB text has no missing value: a blank cell of a lab's trial list (read as NaN) is the empty text.
     columns = [trials[name] for name in ("start_time", "stop_time",
                                          *(name for name in trials.columns if name not in ("start_time", "stop_time")))]
     table = TimeIntervals(name="trials", description="experimental trials", id=np.arange(len(trials)), columns=[
         VectorData(name=column.name, description=described.get(column.name, column.name),
-                   data=column.to_numpy() if pd.api.types.is_numeric_dtype(column) else column.tolist())
+                   data=column.to_numpy() if pd.api.types.is_numeric_dtype(column)
+                   else column.fillna("").astype(str).tolist())
         for column in columns])
     nwbfile = NWBFile(session_description=description, identifier=str(uuid.uuid4()),
                       session_start_time=datetime.now(timezone.utc), session_id=session_id, notes=notes,
