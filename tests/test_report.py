@@ -140,3 +140,20 @@ def test_a_sentence_in_a_table_cell_reads_from_the_left_and_numbers_from_the_rig
     assert '<td class="text">Wilcoxon signed-rank p across sites</td>' in html
     assert "<td>wilcoxon_p</td>" in html and "<td>0.420</td>" in html
     assert re.search(r"table\.data td\.text \{ text-align: left; \}", html)
+
+
+def test_a_long_name_without_spaces_wraps_inside_the_page(tmp_path, chromium_render, pdf_pages):
+    """A plan named in one 120-character word, a long file path in a table and a long electrode id in a caption break
+    onto new lines instead of running off the 1,200 px window or the PDF page."""
+    name = "plan_" + "_".join(f"monkey{i}" for i in range(16))
+    path = "/data/" + "/".join(f"session{i}" for i in range(14)) + "/trials.nwb"
+    table = Table(("session", "file"), [("s1", path)], caption=f"Sessions of {name}")
+    report = Report(f"Stimulation plan: {name}", [Section(name, [Paragraph(f"Plan {name}."), table])],
+                    subtitle=path, software={})
+    html_path, pdf_path = report.write(tmp_path / "out")
+    dom, _, _, _ = chromium_render(html_path)
+    scroll_px, visible_px = map(int, re.search(r'<div id="width-probe">(\d+)/(\d+)</div>', dom).groups())
+    assert scroll_px <= visible_px
+    texts, _ = pdf_pages(pdf_path)
+    joined = re.sub(r"\s+", "", "".join(texts))
+    assert joined.count(name) == 4 and joined.count(path) == 2  # title, section, paragraph, caption; subtitle, cell
