@@ -475,6 +475,25 @@ def test_power_forecast_warns_only_when_the_effects_are_too_small():
                                             "at least 5: its smallest p is 1/2^n)")
 
 
+def test_the_report_says_when_too_few_sites_make_the_test_across_sites_impossible():
+    """With 4 sites the exact one-sided Wilcoxon p is at least 1/2^4 > 0.05: the report's forecast says that no trial
+    count reaches the power across sites, rather than "more than 6,400" trials; with 6 sites it gives the count."""
+    from stimsim.planning.report import detectability_blocks
+
+    base = np.linspace(0.1, 0.8, 7)
+    for n_sites in (4, 6):
+        strong = np.stack([np.stack([base, base + 0.2]) for _ in range(n_sites)])
+        summary = forecast(strong, [f"s{i}" for i in range(n_sites)], np.full(n_sites, 0.2), 400, seed=0)
+        (paragraph,) = detectability_blocks(summary)
+        needed = summary["trials_per_site_needed"]["across_sites"]
+        if n_sites == 4:
+            assert needed is None and ("Trials per site for 80% power: no count across sites (with 4 site(s) its test "
+                                       "can never reach p < 0.05: it needs at least 5 sites)") in paragraph.text
+            assert "more than 6,400 across sites" not in paragraph.text
+        else:
+            assert f"Trials per site for 80% power: {needed:,} across sites" in paragraph.text
+
+
 def test_plan_with_tiny_effects_warns_on_stderr(rig_plan, tmp_path, capsys):
     summary = json.loads((rig_plan / "summary.json").read_text())
     if summary["power_warning"] is None:

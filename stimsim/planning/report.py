@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from stimsim.analysis.power import trials_text
+from stimsim.planning.detectability import min_sites_across
 from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png, format_value
 from stimsim.utilities.figures import pyplot
 
@@ -414,12 +415,15 @@ def detectability_blocks(summary: dict) -> list:
     target = forecast["target_power"]
     half_width = 1.96 * np.sqrt(target * (1 - target) / forecast["n_sessions"])
     edge = " (the largest count simulated)" if needed["across_sites"] == largest else ""
+    n_sites, fewest = len(needed["per_site"]), min_sites_across(forecast["alpha"])
+    across = (f"no count across sites (with {n_sites} site(s) its test can never reach p < {forecast['alpha']:g}: it "
+              f"needs at least {fewest} sites)" if n_sites < fewest else
+              f"{trials_text(needed['across_sites'], largest)}{edge} across sites")
     text = (f"Power at the planned {power['trials_per_site']:,} trials per site ([session] trials_per_site, half "
             f"sham): {power['across_sites']:.0%} across sites (one-sided Wilcoxon signed-rank of ΔAUC in the "
             f"planned direction; chance {forecast['alpha']:g}), {power['per_site_mean']:.0%} per site (mean; z test; "
             f"chance {forecast['alpha'] / 2:g}). Trials per site for {forecast['target_power']:.0%} power: "
-            f"{trials_text(needed['across_sites'], largest)}{edge} across sites, "
-            f"{trials_text(needed['per_site_median'], largest)} per site (median; "
+            f"{across}, {trials_text(needed['per_site_median'], largest)} per site (median; "
             f"{reached} of {len(needed['per_site'])} sites reach it by {largest:,}). Forecast from {forecast['source']} "
             f"(an animal that lapses needs more), {forecast['n_sessions']} simulated sessions per trial count "
             f"(power ±{half_width:.0%} near {target:.0%}).")
