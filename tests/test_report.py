@@ -142,6 +142,23 @@ def test_a_sentence_in_a_table_cell_reads_from_the_left_and_numbers_from_the_rig
     assert re.search(r"table\.data td\.text \{ text-align: left; \}", html)
 
 
+def test_every_text_cell_of_a_column_with_a_sentence_reads_from_the_left():
+    """A column of names or sentences lines up on the left, its short entries too; a column of short labels (electrode
+    ids) and a column of numbers keep to the right, short text among the numbers too (only a sentence there reads
+    from the left)."""
+    table = Table(("statistic", "meaning", "electrode", "value"),
+                  [("n_trials", "trials", "7", 9600), ("shift_in_predicted_direction", "mean ΔAUC in the direction the "
+                                                      "plan predicted", "12", 0.00647),
+                   ("split_half_r_95", "its 95 % interval", "3", "[−0.217, 0.183]"),
+                   ("noise_ceiling", "noise ceiling", "4", "undefined (see the notes)")])
+    html = Report("Scores", [Section("Scores", [table])]).to_html()
+    for text in ("n_trials", "trials", "shift_in_predicted_direction", "mean ΔAUC in the direction the plan predicted",
+                 "undefined (see the notes)"):
+        assert f'<td class="text">{text}</td>' in html
+    for cell in ("7", "12", "9600", "0.00647", "[−0.217, 0.183]"):
+        assert f"<td>{cell}</td>" in html
+
+
 def test_a_long_name_without_spaces_wraps_inside_the_page(tmp_path, chromium_render, pdf_pages):
     """A plan named in one 120-character word, a long file path in a table and a long electrode id in a caption break
     onto new lines instead of running off the 1,200 px window or the PDF page."""

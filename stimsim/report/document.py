@@ -23,6 +23,8 @@ import numpy as np
 from stimsim.utilities.io import atomic_write_bytes, atomic_write_text, software_versions
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: A table cell of text longer than this (characters) is a sentence, read from the left (:attr:`Table.text_columns`).
+SENTENCE_CHARS = 24
 
 
 def png_data_uri(png: bytes) -> str:
@@ -82,6 +84,15 @@ class Table:
         for i, row in enumerate(self.rows):
             if len(row) != len(self.columns):
                 raise ValueError(f"table row {i} has {len(row)} cells, the header has {len(self.columns)}")
+
+    @property
+    def text_columns(self) -> tuple[bool, ...]:
+        """Per column, whether it is a column of text (every cell text or None) holding a sentence (a text cell longer
+        than :data:`SENTENCE_CHARS`): its short cells then read from the left too, so that a column of names or
+        sentences lines up. In other columns only a sentence reads from the left."""
+        return tuple(all(row[i] is None or isinstance(row[i], str) for row in self.rows)
+                     and any(isinstance(row[i], str) and len(row[i]) > SENTENCE_CHARS for row in self.rows)
+                     for i in range(len(self.columns)))
 
     @classmethod
     def from_dataframe(cls, frame, caption: str = "", digits: int = 3, css_class: str = "") -> "Table":
@@ -238,5 +249,6 @@ def _environment():
         env.filters["kind"] = _kind
         env.tests["image"] = _is_image
         env.tests["image_group"] = _is_image_group
+        env.globals["SENTENCE_CHARS"] = SENTENCE_CHARS
         _ENVIRONMENT = env
     return _ENVIRONMENT
