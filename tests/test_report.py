@@ -40,6 +40,16 @@ def test_format_value_by_hand():
     assert format_value([]) == format_value({}) == "none"
 
 
+def test_the_parameters_are_listed_with_every_digit_as_given():
+    """A parameter is shown as it was given (0.123456, not 0.1235), whatever digits the report's other numbers get."""
+    html = Report("Plan", parameters={"sequences": {"noise_sd": 0.123456}, "current_uA": 12.345, "C": 1e-05,
+                                      "offsets_mm": [-0.0625, 2.5]}, software={}).to_html()
+    for name, text in (("sequences.noise_sd", "0.123456"), ("current_uA", "12.345"), ("C", "1e−05"),
+                       ("offsets_mm", "−0.0625, 2.5")):
+        assert f"<tr><th>{name}</th><td>{text}</td></tr>" in html
+    assert format_value(0.123456, digits=None) == "0.123456"
+
+
 def test_image_png_round_trip_and_validation():
     pixels = np.array([[0.0, 1.0], [0.5, 0.25]])
     decoded = np.asarray(PILImage.open(io.BytesIO(image_png(pixels, scale=2))))

@@ -103,11 +103,12 @@ class Table:
 
 @dataclass(frozen=True)
 class Listing:
-    """Name → value pairs (parameters, summary numbers); nested dicts are flattened as ``a.b``."""
+    """Name → value pairs (parameters, summary numbers); nested dicts are flattened as ``a.b``; ``digits`` None shows
+    every digit of a float (a parameter as it was given)."""
 
     items: dict
     caption: str = ""
-    digits: int = 4
+    digits: int | None = 4
 
     def flat(self) -> list[tuple[str, Any]]:
         return _flatten(self.items)
@@ -146,7 +147,8 @@ class Report:
             "title": self.title,
             "subtitle": self.subtitle,
             "sections": self.sections,
-            "parameters": Listing(self.parameters, caption="Every parameter of this result") if self.parameters else None,
+            "parameters": Listing(self.parameters, caption="Every parameter of this result", digits=None)
+            if self.parameters else None,
             "software": Listing(self.software if self.software is not None else software_versions()),
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
@@ -172,9 +174,10 @@ class Report:
 
 
 # --- rendering helpers ------------------------------------------------------------------------------
-def format_value(value, digits: int = 3) -> str:
-    """Text of a cell: floats to ``digits`` significant digits (no exponent for ordinary magnitudes),
-    NaN and None as "–", booleans as yes/no, an empty list or mapping as "none"."""
+def format_value(value, digits: int | None = 3) -> str:
+    """Text of a cell: floats to ``digits`` significant digits (no exponent for ordinary magnitudes; None: every
+    digit, the shortest text that reads back as the same float), NaN and None as "–", booleans as yes/no, an empty
+    list or mapping as "none"."""
     value = _plain(value)
     if value is None:
         return "–"
@@ -189,6 +192,8 @@ def format_value(value, digits: int = 3) -> str:
             return "–" if math.isnan(value) else ("∞" if value > 0 else "−∞")
         if value == 0:
             return "0"
+        if digits is None:
+            return repr(value).replace("-", "−")
         if 1e-3 <= abs(value) < 1e6:
             decimals = max(digits - 1 - int(math.floor(math.log10(abs(value)))), 0)
             return f"{value:.{decimals}f}".replace("-", "−")
