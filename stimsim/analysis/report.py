@@ -110,8 +110,10 @@ def _currents(sessions: pd.DataFrame) -> str:
     return f"at {', '.join(f'{c:g}' for c in currents)} µA"
 
 
-def build_report(analysis, sources=()) -> Report:
-    """A :class:`~stimsim.report.Report` of an :class:`~stimsim.analysis.analyze.Analysis`."""
+def build_report(analysis, sources, parameters: dict) -> Report:
+    """A :class:`~stimsim.report.Report` of an :class:`~stimsim.analysis.analyze.Analysis` of the session files
+    ``sources``; ``parameters``: everything it depends on, as its summary.json's provenance records them (the sessions'
+    and the plan's checksums too)."""
     summary, sites = analysis.summary, analysis.sites
     sessions = analysis.sessions.groupby(["subject_id", "session_id"], sort=False).agg(
         trials=("row", "size"), sites=("electrode", "nunique"),
@@ -176,4 +178,4 @@ def build_report(analysis, sources=()) -> Report:
         sections.append(Section("Per subject", [Table.from_dataframe(per_subject)]))
     return Report("Analysis of recorded stimulation sessions", sections=sections,
                   subtitle=", ".join(str(path) for path in sources),
-                  parameters={**analysis.parameters, "sessions": [str(path) for path in sources]})
+                  parameters=parameters)

@@ -352,7 +352,10 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                           "over candidates × poses).")]))
     if "percepts" in summary:
         sections.append(Section("Predicted percepts", percept_blocks(summary["percepts"], Path(out_dir))))
-    sections.append(Section("Model checksums", [Listing(record["model_checksums"])]))
+    sections.append(Section("Model and input checksums", [
+        Listing(record["model_checksums"], caption="The candidate models' files (sha256)"),
+        Listing(record["input_sha256"], caption="The files the plan read its inputs from (sha256): the recordings, "
+                                                "their layout, image tables and images, or the virtual subject's file")]))
     return Report(f"Stimulation plan: {config.name}", sections,
                   subtitle=config.description or "stimsim site plan", parameters=record["config"],
                   software=record["software"])
