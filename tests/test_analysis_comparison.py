@@ -403,6 +403,26 @@ def test_session_whose_halves_disagree_reports_the_noise_ceiling_as_undefined(tm
                      r"chance\)", html)
 
 
+def test_the_score_table_brackets_its_intervals_and_says_what_each_chance_interval_is():
+    """An interval reads "[low, high]" (an undefined one "–", not "–, –"), and the meaning of a score whose chance
+    or baseline is an interval says which interval it is."""
+    from stimsim.analysis.report import _score_table
+
+    rows = {row[0]: row[1:] for row in _score_table({
+        "split_half_r": 0.215, "split_half_r_95": [-0.0982, 0.447], "predicted_vs_observed_r": 0.0754,
+        "predicted_vs_observed_r_null_95": [-0.389, 0.424], "expected_predicted_vs_observed_r": 0.114,
+        "expected_predicted_vs_observed_r_95": [-0.279, 0.414]}).rows}
+    assert rows["split_half_r_95"][1] == "[−0.0982, 0.447]" and rows["split_half_r"][2] == 0.0
+    meaning, value, chance = rows["predicted_vs_observed_r"]
+    assert value == 0.0754 and chance == "[−0.389, 0.424]"
+    assert meaning.endswith("(chance: the 95 % interval of r with the predictions permuted across sites)")
+    meaning, value, baseline = rows["expected_predicted_vs_observed_r"]
+    assert value == 0.114 and baseline == "[−0.279, 0.414]"
+    assert meaning.endswith("(baseline: the 95 % interval of the observed r it expects, sites resampled)")
+    assert _score_table({"split_half_r_95": [None, float("nan")]}).rows == (
+        ("split_half_r_95", "its 95 % interval over sites resampled with replacement", None, None),)
+
+
 def test_the_reports_conclusion_says_no_correlation_when_the_permutation_p_is_large():
     from stimsim.analysis.report import _conclusion
 
