@@ -517,6 +517,27 @@ def test_model_to_subject_error_from_the_candidates_spread():
     assert np.isnan(with_subject_error([0.1], [0.09], [0.13], None)[0]).all()
 
 
+def test_the_validation_figure_keeps_its_legend_off_the_points(monkeypatch):
+    """Planned against true effects: the legend sits beside the axes, so that it hides no electrode's point (in the
+    corner a legend placed by matplotlib covered points of a face plan)."""
+    import stimsim.planning.report as plan_report
+
+    drawn = []
+    monkeypatch.setattr(plan_report, "figure_png", drawn.append)
+    rng = np.random.default_rng(0)
+    predicted = rng.normal(0, 0.005, 40)
+    plan = {"predicted": predicted, "low": predicted - 0.003, "high": predicted + 0.003}
+    truth = {"dead": np.zeros(40, dtype=bool), "delta_p_face": rng.normal(0, 0.003, (40, 2))}
+    summary = {"chosen_electrodes": ["3", "7"], "predicted_vs_true_r": 0.16}
+    plan_report.truth_figure(plan, truth, summary, "delta_p_face", "ΔP(face)", [str(i) for i in range(40)])
+    (ax,) = drawn[0].axes
+    renderer = drawn[0].canvas.get_renderer()
+    legend, axes = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert legend.x0 >= axes.x1  # wholly to the right of the axes
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == ["identity", "other working electrodes",
+                                                                         "chosen sites"]
+
+
 def test_the_map_caption_says_grey_when_the_images_have_no_face_labels():
     from types import SimpleNamespace
 

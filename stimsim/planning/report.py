@@ -227,7 +227,7 @@ def truth_figure(plan, truth, summary, effect: str, label: str, working) -> byte
     span = [max(x_limits[0], y_limits[0]), min(x_limits[1], y_limits[1])]
     ax.plot(span, span, "k--", lw=0.8, label="identity")
     ax.set(xlim=x_limits, ylim=y_limits)
-    ax.legend(frameon=False, fontsize=7)
+    ax.legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside: no point hidden
     ax.xaxis.set_major_locator(MaxNLocator(nbins=4))  # small effects have long tick labels: few keep them apart
     ax.set_xlabel(f"planned {label}")
     ax.set_ylabel(f"virtual subject's true {label}")
