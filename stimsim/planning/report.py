@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stimsim.analysis.power import trials_text
-from stimsim.planning.detectability import min_sites_across
+from stimsim.analysis.power import min_sites_across, trials_text
 from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png, format_value
 from stimsim.utilities.figures import pyplot
 
@@ -355,7 +354,7 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
     sections.append(Section("Model and input checksums", [
         Listing(record["model_checksums"], caption="The candidate models' files (sha256)"),
         Listing(record["input_sha256"], caption="The files the plan read its inputs from (sha256): the recordings, "
-                                                "their layout, image tables and images, or the virtual subject's file")]))
+                                                "their layout, image tables and images, or the subject's file")]))
     return Report(f"Stimulation plan: {config.name}", sections,
                   subtitle=config.description or "stimsim site plan", parameters=record["config"],
                   software=record["software"])
@@ -418,9 +417,8 @@ def detectability_blocks(summary: dict) -> list:
     target = forecast["target_power"]
     half_width = 1.96 * np.sqrt(target * (1 - target) / forecast["n_sessions"])
     edge = " (the largest count simulated)" if needed["across_sites"] == largest else ""
-    n_sites, fewest = len(needed["per_site"]), min_sites_across(forecast["alpha"])
-    across = (f"no count across sites (with {n_sites} site(s) its test can never reach p < {forecast['alpha']:g}: it "
-              f"needs at least {fewest} sites)" if n_sites < fewest else
+    fewest = min_sites_across(forecast["alpha"])  # the test across sites never reaches p < alpha with fewer sites
+    across = (f"none across sites (fewer than {fewest} sites)" if len(needed["per_site"]) < fewest else
               f"{trials_text(needed['across_sites'], largest)}{edge} across sites")
     text = (f"Power at the planned {power['trials_per_site']:,} trials per site ([session] trials_per_site, half "
             f"sham): {power['across_sites']:.0%} across sites (one-sided Wilcoxon signed-rank of ΔAUC in the "
