@@ -43,6 +43,9 @@ def test_analyze_lab_nwb_with_mapping_and_plan(tmp_path, capsys, chromium_render
     assert summary["predicted_vs_observed_r"] > 0.8 and summary["slope"] < 1  # the plan over-estimates
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 4 and "Predictions against outcomes" in html
+    # the report names the data and the plan it was made from by their checksums, as summary.json does
+    for name, path in (("sessions_sha256", session), ("plan_summary_sha256", plan / "summary.json")):
+        assert f"<tr><th>{name}</th><td>{hashlib.sha256(path.read_bytes()).hexdigest()}</td></tr>" in html
     _, images_ok, images_total, console = chromium_render(out / "report.html")
     assert images_total >= 4 and images_ok == images_total and not console
     texts, pngs = pdf_pages(out / "report.pdf")

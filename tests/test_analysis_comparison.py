@@ -308,6 +308,34 @@ def test_top_sites_are_the_plans_top_ranked_given_predictions_else_the_strongest
     assert order.tolist() == [1, 3, 2] and "observed" in how
 
 
+def test_figures_draw_no_value_where_a_step_has_no_trial():
+    """Sham trials are missing at step 1 of every site: the pooled sham curve has no point there (not P = 0), and the
+    top sites' panels and the predicted-vs-observed r say that there is no value (not "+nan")."""
+    from stimsim.analysis.figures import plot_overview, plot_predicted_vs_observed, plot_top_sites
+
+    rows = []
+    for electrode in ("1", "2", "3"):
+        for stimulated, steps in ((False, (0, 2)), (True, (0, 1, 2))):
+            rows += [{"subject_id": "m", "session_id": "s", "electrode": electrode, "step": step,
+                      "stimulated_electrode": electrode if stimulated else "sham",
+                      "current_uA": 50.0 if stimulated else 0.0, "choice": choice}
+                     for step in steps for choice in ("low", "high", "high", "high")[:2 + step]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        analysis = analyze(pd.DataFrame(rows), n_boot=10, n_perm=10, n_splits=2)
+    assert analysis.sites["delta_auc"].isna().all()
+    pooled = {line.get_label(): line.get_ydata() for line in plot_overview(analysis).axes[1].lines}
+    # sham: 1 "high" of 2 trials at step 0, 3 of 4 at step 2 (per site, so pooled too); stimulated 2 of 3 at step 1
+    assert np.isnan(pooled["sham"][1]) and pooled["sham"][[0, 2]] == pytest.approx([0.5, 0.75])
+    assert pooled["stimulated"] == pytest.approx([0.5, 2 / 3, 0.75])
+    titles = [ax.get_title() for ax in plot_top_sites(analysis).axes if ax.get_title()]
+    assert titles == ["site 1: no ΔAUC", "site 2: no ΔAUC", "site 3: no ΔAUC"]
+    sites = analysis.sites.assign(predicted_delta_auc=[0.01, 0.02, 0.03])
+    planned = Analysis(analysis.sessions, analysis.counts, sites,
+                       {**analysis.summary, "plan_effect": "delta_auc", "plan_effect_label": "ΔAUC"})
+    assert plot_predicted_vs_observed(planned).axes[0].get_title() == "r undefined (see the notes)"
+
+
 def test_consumers_of_an_undefined_noise_ceiling_say_why():
     rng = np.random.default_rng(0)
     predicted = rng.normal(0, 0.1, 20)
@@ -373,6 +401,26 @@ def test_session_whose_halves_disagree_reports_the_noise_ceiling_as_undefined(tm
     assert "see noise_ceiling_undefined_reason" not in html and "–, –" not in html  # no interval of undefined ends
     assert re.search(r"In short: \d+ of 8 sites differ from sham \(per-site permutation p &lt; 0.05; 0.4 expected by "
                      r"chance\)", html)
+
+
+def test_the_score_table_brackets_its_intervals_and_says_what_each_chance_interval_is():
+    """An interval reads "[low, high]" (an undefined one "–", not "–, –"), and the meaning of a score whose chance
+    or baseline is an interval says which interval it is."""
+    from stimsim.analysis.report import _score_table
+
+    rows = {row[0]: row[1:] for row in _score_table({
+        "split_half_r": 0.215, "split_half_r_95": [-0.0982, 0.447], "predicted_vs_observed_r": 0.0754,
+        "predicted_vs_observed_r_null_95": [-0.389, 0.424], "expected_predicted_vs_observed_r": 0.114,
+        "expected_predicted_vs_observed_r_95": [-0.279, 0.414]}).rows}
+    assert rows["split_half_r_95"][1] == "[−0.0982, 0.447]" and rows["split_half_r"][2] == 0.0
+    meaning, value, chance = rows["predicted_vs_observed_r"]
+    assert value == 0.0754 and chance == "[−0.389, 0.424]"
+    assert meaning.endswith("(chance: the 95 % interval of r with the predictions permuted across sites)")
+    meaning, value, baseline = rows["expected_predicted_vs_observed_r"]
+    assert value == 0.114 and baseline == "[−0.279, 0.414]"
+    assert meaning.endswith("(baseline: the 95 % interval of the observed r it expects, sites resampled)")
+    assert _score_table({"split_half_r_95": [None, float("nan")]}).rows == (
+        ("split_half_r_95", "its 95 % interval over sites resampled with replacement", None, None),)
 
 
 def test_the_reports_conclusion_says_no_correlation_when_the_permutation_p_is_large():

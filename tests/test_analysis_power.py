@@ -2,6 +2,7 @@
 import hashlib
 import html as html_module
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -224,7 +225,7 @@ def test_a_plan_summary_outside_its_range_is_refused_by_power_and_session(tmp_pa
 
 
 def test_power_report_says_when_no_trial_count_reaches_the_target(tmp_path):
-    plan = write_virtual_plan(tmp_path / "plan", np.zeros(4))  # no effect: nothing is ever detected
+    plan = write_virtual_plan(tmp_path / "plan", np.zeros(5))  # no effect: nothing is ever detected
     assert main(["power", str(plan), "--trials", "50", "100", "--sessions", "20"]) == 0
     html = (plan / "power" / "report.html").read_text()
     for label in ("across sites (Wilcoxon)", "per site, lower median", "across sites (mean)"):
@@ -232,8 +233,29 @@ def test_power_report_says_when_no_trial_count_reaches_the_target(tmp_path):
         assert row[:row.index("</tr>")].count("more than 100") == 1, label
 
 
+def test_power_report_of_too_few_sites_for_the_test_across_sites_says_so(tmp_path):
+    """Strong effects at 2 sites: the one-sided Wilcoxon p is at least 1/2^2 > 0.05 at any trial count, so the report
+    says that no count reaches the power across sites (not "more than 100"); with one site no SD of the effects, and
+    the plan's forecast quoted as its report states it."""
+    html = {}
+    for n_sites in (1, 2):
+        plan = write_virtual_plan(tmp_path / f"plan{n_sites}", np.full(n_sites, 2.0))
+        summary = json.loads((plan / "summary.json").read_text())
+        forecast = {"across_sites": None, "per_site_median": None, "per_site": {}, "largest_simulated": 6400}
+        (plan / "summary.json").write_text(json.dumps({**summary, "trials_per_site_needed": forecast}))
+        assert main(["power", str(plan), "--trials", "50", "100", "--sessions", "20"]) == 0
+        html[n_sites] = html_module.unescape((plan / "power" / "report.html").read_text())
+        row = html[n_sites][html[n_sites].index("across sites (Wilcoxon)"):]
+        assert (f"none: with {n_sites} site(s) the test across sites can never reach p < 0.05: it needs at least 5"
+                in row[:row.index("</tr>")])
+        assert (f"its report's first page: no trial count across sites, with {n_sites} site(s) the test across sites "
+                "can never reach p < 0.05: it needs at least 5)") in html[n_sites]
+    assert "no SD with one site" in html[1] and "SD nan" not in html[1]
+    assert re.search(r"SD \d\.\d{4} across the sites", html[2])
+
+
 def test_power_report_sets_its_answer_beside_the_plans_own_forecast(tmp_path):
-    plan = write_virtual_plan(tmp_path / "plan", np.array([1.0, -0.8, 0.9]))
+    plan = write_virtual_plan(tmp_path / "plan", np.array([1.0, -0.8, 0.9, 0.7, -0.6]))  # 5 sites: p < 0.05 possible
     assert main(["power", str(plan), "--trials", "50", "--sessions", "10", "--out", str(tmp_path / "bare")]) == 0
     assert "plan's own forecast" not in (tmp_path / "bare" / "report.html").read_text()  # a plan without one
     summary = json.loads((plan / "summary.json").read_text())

@@ -1,5 +1,6 @@
 """`stimsim plan` end to end on small settings: outputs, ranking and constraints, the rendered report, resuming,
 a plan killed mid-run and resumed, refusals, sessions from the virtual subject, and the validation null."""
+import hashlib
 import json
 import os
 import re
@@ -214,7 +215,7 @@ def _numbers(text: str) -> list[float]:
 
 
 def test_plan_report_states_the_drawn_effects_and_how_the_model_was_chosen(plan_dir):
-    _, out = plan_dir
+    config, out = plan_dir
     html = (out / "report.html").read_text()
     sites = pd.read_csv(out / "sites.csv", dtype={"electrode_id": str})
     summary = json.loads((out / "summary.json").read_text())
@@ -240,6 +241,8 @@ def test_plan_report_states_the_drawn_effects_and_how_the_model_was_chosen(plan_
     assert shown(sites.loc[sites["chosen"], "predicted_delta_auc"].iloc[:4].to_numpy(), predicted)
     assert stated_gap == pytest.approx(gap, rel=0.06, abs=5e-4)
     assert ("overlap at this scale" in caption) == (gap < 0.02)
+    for path in (config.parent / "subject.toml", config.parent / "view.toml"):  # the files the plan read
+        assert f"<td>{hashlib.sha256(path.read_bytes()).hexdigest()}</td>" in html
     validation = html[html.index("Validation on the virtual subject"):]
     assert "per candidate model" in validation
     assert "chosen by cross-validated predictivity of the recordings only" in validation

@@ -125,6 +125,33 @@ def test_the_map_draws_every_electrode_of_the_layout_by_its_kind():
     assert len(set(colours.values())) == len(colours)  # each kind's id reads apart from the others
 
 
+def test_the_curves_panels_titles_keep_apart_and_state_the_drawn_and_predicted_effects(monkeypatch):
+    """The P(high) panels of the four best-ranked chosen sites: each title names its electrode, the ΔAUC of the drawn
+    curves (mean over sequences) and the plan's prediction, inside its own column of the figure."""
+    from stimsim.planning.tasks import sequence_2afc
+
+    drawn_figures = []
+    monkeypatch.setattr(sequence_2afc, "figure_png", drawn_figures.append)
+    rng = np.random.default_rng(0)
+    delta_auc = rng.uniform(0.001, 0.01, (6, 1, 3))
+    rehearsals = {"m": {"p_high": rng.uniform(0, 1, (6, 2, 3, 7)), "delta_auc": delta_auc}}
+    plan = {"choice": {"chosen": np.array([4, 0, 2, 5, 1]), "order": np.arange(6)},
+            "predicted": np.array([0.0101, 0.002, 0.0089, 0.001, 0.0123, 0.007])}
+    working = [f"elec{i}" for i in (96, 1, 42, 7, 88, 13)]
+    sequence_2afc.curves_figure(rehearsals, plan, working, "m")
+    fig = drawn_figures[0]
+    renderer = fig.canvas.get_renderer()
+    titles = [ax.title for ax in fig.axes]
+    assert [t.get_text().splitlines()[0] for t in titles] == ["electrode elec88", "electrode elec96",
+                                                              "electrode elec42", "electrode elec13"]
+    for title, site in zip(titles, (4, 0, 2, 5)):
+        assert f"ΔAUC of these curves {delta_auc[site, 0].mean():.3f}" in title.get_text()
+        assert f"plan (mean over candidates) {plan['predicted'][site]:.3f}" in title.get_text()
+    boxes = [title.get_window_extent(renderer) for title in titles]
+    for left, right in zip(boxes, boxes[1:]):
+        assert left.x1 < right.x0  # no two titles overlap
+
+
 def test_unknown_broken_electrode_is_an_error():
     with pytest.raises(ConfigError, match=r"unknown electrode id\(s\) \['99'\]"):
         choose_sites(["1", "2"], np.zeros((2, 2)), np.zeros(2), SelectionSpec(broken_electrodes=("99",)))

@@ -40,6 +40,16 @@ def test_format_value_by_hand():
     assert format_value([]) == format_value({}) == "none"
 
 
+def test_the_parameters_are_listed_with_every_digit_as_given():
+    """A parameter is shown as it was given (0.123456, not 0.1235), whatever digits the report's other numbers get."""
+    html = Report("Plan", parameters={"sequences": {"noise_sd": 0.123456}, "current_uA": 12.345, "C": 1e-05,
+                                      "offsets_mm": [-0.0625, 2.5]}, software={}).to_html()
+    for name, text in (("sequences.noise_sd", "0.123456"), ("current_uA", "12.345"), ("C", "1e−05"),
+                       ("offsets_mm", "−0.0625, 2.5")):
+        assert f"<tr><th>{name}</th><td>{text}</td></tr>" in html
+    assert format_value(0.123456, digits=None) == "0.123456"
+
+
 def test_image_png_round_trip_and_validation():
     pixels = np.array([[0.0, 1.0], [0.5, 0.25]])
     decoded = np.asarray(PILImage.open(io.BytesIO(image_png(pixels, scale=2))))
@@ -140,3 +150,37 @@ def test_a_sentence_in_a_table_cell_reads_from_the_left_and_numbers_from_the_rig
     assert '<td class="text">Wilcoxon signed-rank p across sites</td>' in html
     assert "<td>wilcoxon_p</td>" in html and "<td>0.420</td>" in html
     assert re.search(r"table\.data td\.text \{ text-align: left; \}", html)
+
+
+def test_every_text_cell_of_a_column_with_a_sentence_reads_from_the_left():
+    """A column of names or sentences lines up on the left, its short entries too; a column of short labels (electrode
+    ids) and a column of numbers keep to the right, short text among the numbers too (only a sentence there reads
+    from the left)."""
+    table = Table(("statistic", "meaning", "electrode", "value"),
+                  [("n_trials", "trials", "7", 9600), ("shift_in_predicted_direction", "mean ΔAUC in the direction the "
+                                                      "plan predicted", "12", 0.00647),
+                   ("split_half_r_95", "its 95 % interval", "3", "[−0.217, 0.183]"),
+                   ("noise_ceiling", "noise ceiling", "4", "undefined (see the notes)")])
+    html = Report("Scores", [Section("Scores", [table])]).to_html()
+    for text in ("n_trials", "trials", "shift_in_predicted_direction", "mean ΔAUC in the direction the plan predicted",
+                 "undefined (see the notes)"):
+        assert f'<td class="text">{text}</td>' in html
+    for cell in ("7", "12", "9600", "0.00647", "[−0.217, 0.183]"):
+        assert f"<td>{cell}</td>" in html
+
+
+def test_a_long_name_without_spaces_wraps_inside_the_page(tmp_path, chromium_render, pdf_pages):
+    """A plan named in one 120-character word, a long file path in a table and a long electrode id in a caption break
+    onto new lines instead of running off the 1,200 px window or the PDF page."""
+    name = "plan_" + "_".join(f"monkey{i}" for i in range(16))
+    path = "/data/" + "/".join(f"session{i}" for i in range(14)) + "/trials.nwb"
+    table = Table(("session", "file"), [("s1", path)], caption=f"Sessions of {name}")
+    report = Report(f"Stimulation plan: {name}", [Section(name, [Paragraph(f"Plan {name}."), table])],
+                    subtitle=path, software={})
+    html_path, pdf_path = report.write(tmp_path / "out")
+    dom, _, _, _ = chromium_render(html_path)
+    scroll_px, visible_px = map(int, re.search(r'<div id="width-probe">(\d+)/(\d+)</div>', dom).groups())
+    assert scroll_px <= visible_px
+    texts, _ = pdf_pages(pdf_path)
+    joined = re.sub(r"\s+", "", "".join(texts))
+    assert joined.count(name) == 4 and joined.count(path) == 2  # title, section, paragraph, caption; subtitle, cell

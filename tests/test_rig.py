@@ -513,6 +513,25 @@ def test_power_forecast_warns_only_when_the_effects_are_too_small():
                                             "at least 5: its smallest p is 1/2^n)")
 
 
+def test_the_report_says_when_too_few_sites_make_the_test_across_sites_impossible():
+    """With 4 sites the exact one-sided Wilcoxon p is at least 1/2^4 > 0.05: the report's forecast says that no trial
+    count reaches the power across sites, rather than "more than 6,400" trials; with 6 sites it gives the count."""
+    from stimsim.planning.report import detectability_blocks
+
+    base = np.linspace(0.1, 0.8, 7)
+    for n_sites in (4, 6):
+        strong = np.stack([np.stack([base, base + 0.2]) for _ in range(n_sites)])
+        summary = forecast(strong, [f"s{i}" for i in range(n_sites)], np.full(n_sites, 0.2), 400, seed=0)
+        (paragraph,) = detectability_blocks(summary)
+        needed = summary["trials_per_site_needed"]["across_sites"]
+        if n_sites == 4:
+            assert needed is None and ("Trials per site for 80% power: none across sites (fewer than 5 sites)"
+                                       in paragraph.text)
+            assert "more than 6,400 across sites" not in paragraph.text
+        else:
+            assert f"Trials per site for 80% power: {needed:,} across sites" in paragraph.text
+
+
 def test_plan_with_tiny_effects_warns_on_stderr(rig_plan, tmp_path, capsys):
     summary = json.loads((rig_plan / "summary.json").read_text())
     if summary["power_warning"] is None:
@@ -534,6 +553,27 @@ def test_model_to_subject_error_from_the_candidates_spread():
     assert high[0] == pytest.approx(0.1 + math.hypot(0.03, 1.959964 * sd), rel=1e-6)
     assert subject_error_sd(fitted[:1]) is None
     assert np.isnan(with_subject_error([0.1], [0.09], [0.13], None)[0]).all()
+
+
+def test_the_validation_figure_keeps_its_legend_off_the_points(monkeypatch):
+    """Planned against true effects: the legend sits beside the axes, so that it hides no electrode's point (in the
+    corner a legend placed by matplotlib covered points of a face plan)."""
+    import stimsim.planning.report as plan_report
+
+    drawn = []
+    monkeypatch.setattr(plan_report, "figure_png", drawn.append)
+    rng = np.random.default_rng(0)
+    predicted = rng.normal(0, 0.005, 40)
+    plan = {"predicted": predicted, "low": predicted - 0.003, "high": predicted + 0.003}
+    truth = {"dead": np.zeros(40, dtype=bool), "delta_p_face": rng.normal(0, 0.003, (40, 2))}
+    summary = {"chosen_electrodes": ["3", "7"], "predicted_vs_true_r": 0.16}
+    plan_report.truth_figure(plan, truth, summary, "delta_p_face", "ΔP(face)", [str(i) for i in range(40)])
+    (ax,) = drawn[0].axes
+    renderer = drawn[0].canvas.get_renderer()
+    legend, axes = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert legend.x0 >= axes.x1  # wholly to the right of the axes
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == ["identity", "other working electrodes",
+                                                                         "chosen sites"]
 
 
 def test_the_map_caption_says_grey_when_the_images_have_no_face_labels():

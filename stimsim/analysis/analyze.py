@@ -452,7 +452,7 @@ def _write_analysis(analysis: Analysis, results, sources, report: bool) -> Path:
 
         results.claim("report.html")
         results.claim("report.pdf")
-        build_report(analysis, sources).write(results.directory)
+        build_report(analysis, sources, record["config"]).write(results.directory)
     results.write_json("summary.json", naturally_ordered({**json_ready(analysis.summary), "provenance": record}),
                        sort_keys=False)
     results.finish()

@@ -28,7 +28,8 @@ def plot_overview(analysis):
     left.legend(frameon=False, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
     # sites with trials in both conditions only, so that the two curves pool the same sites
     both = (counts.n[:, 0].sum(axis=1) > 0) & (counts.n[:, 1].sum(axis=1) > 0)
-    pooled = counts.n_high[both].sum(axis=0) / np.maximum(counts.n[both].sum(axis=0), 1)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a step without trials in a condition: no point, not 0
+        pooled = counts.n_high[both].sum(axis=0) / counts.n[both].sum(axis=0)
     right.plot(counts.steps, pooled[0], "o-", color="0.4", label="sham")
     right.plot(counts.steps, pooled[1], "o-", color="C3", label="stimulated")
     right.set_title(f"pooled over the {int(both.sum())} sites with both conditions" if not both.all()
@@ -90,7 +91,8 @@ def plot_top_sites(analysis, n_top: int = 6):
         for condition, colour, label in ((0, "0.4", "sham"), (1, "C3", "stimulated")):
             ax.errorbar(analysis.counts.steps, p_high[i, condition], yerr=np.nan_to_num(standard_error[i, condition]),
                         fmt="o-", ms=4, capsize=2, color=colour, label=label)
-        title = f"site {labels[i]}: ΔAUC {analysis.sites['delta_auc'].iloc[i]:+.3f}"
+        observed = analysis.sites["delta_auc"].iloc[i]
+        title = f"site {labels[i]}: " + (f"ΔAUC {observed:+.3f}" if np.isfinite(observed) else "no ΔAUC")
         if analysis.predicted_column is not None:
             title += f" (plan {analysis.predicted_label} {analysis.sites[analysis.predicted_column].iloc[i]:+.3f})"
         ax.set_title(title, fontsize=8)
@@ -138,8 +140,9 @@ def plot_predicted_vs_observed(analysis):
     ax.xaxis.set_major_locator(MaxNLocator(5))  # the predictions' narrow range has long tick labels
     ax.set_xlabel(f"predicted {analysis.predicted_label} (plan)")
     ax.set_ylabel("observed ΔAUC")
-    ax.set_title(f"r = {summary.get('predicted_vs_observed_r', float('nan')):.2f}, "
-                 f"permutation p = {summary.get('permutation_p', float('nan')):.3g}", fontsize=9)
+    r, p = (summary.get(key) for key in ("predicted_vs_observed_r", "permutation_p"))
+    defined = all(isinstance(value, (int, float)) and np.isfinite(value) for value in (r, p))
+    ax.set_title(f"r = {r:.2f}, permutation p = {p:.3g}" if defined else "r undefined (see the notes)", fontsize=9)
     ax.legend(frameon=False, fontsize=8)
     fig.tight_layout()
     return fig

@@ -20,6 +20,7 @@ to the exact choice probabilities, every cell weighted equally), which uses ever
 """
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -272,15 +273,35 @@ def trials_text(count, largest: int) -> str:
     return f"more than {largest:,}" if count is None else f"{int(count):,}"
 
 
-def _forecast_note(forecast: dict | None, source: str) -> str:
-    """How the plan's own power forecast differs from this one ('' for a plan without one)."""
+def min_sites_across(alpha: float) -> int:
+    """Fewest sites with which the one-sided exact Wilcoxon signed-rank test can reach p < ``alpha``: its smallest p
+    is 1 / 2^n (every site in the planned direction)."""
+    return math.floor(math.log2(1 / alpha)) + 1
+
+
+def too_few_sites(n_sites: int, alpha: float) -> str | None:
+    """Why no trial count gives the test across sites its power with ``n_sites`` sites (fewer than
+    :func:`min_sites_across`), in words; None with enough sites."""
+    fewest = min_sites_across(alpha)
+    if n_sites >= fewest:
+        return None
+    return f"with {n_sites} site(s) the test across sites can never reach p < {alpha:g}: it needs at least {fewest}"
+
+
+def _forecast_note(forecast: dict | None, source: str, n_sites: int) -> str:
+    """How the plan's own power forecast of its ``n_sites`` chosen sites differs from this one ('' for a plan without
+    one)."""
+    from stimsim.planning.detectability import ALPHA
+
     if not isinstance(forecast, dict) or not isinstance(forecast.get("largest_simulated"), int):
         return ""
-    stated = trials_text(forecast.get("across_sites"), forecast["largest_simulated"])
+    few = too_few_sites(n_sites, ALPHA) if forecast.get("across_sites") is None else None
+    count = trials_text(forecast.get("across_sites"), forecast["largest_simulated"])
+    stated = f"no trial count across sites, {few}" if few else f"{count} trials per site across sites"
     this = (f"this one simulates the {source}, so the two numbers answer different questions"
             if source.startswith("virtual subject") else
             f"this one simulates the {source} alone, so the two agree when the plan had one candidate")
-    return (f" The plan's own forecast (its report's first page: {stated} trials per site across sites) simulates the "
+    return (f" The plan's own forecast (its report's first page: {stated}) simulates the "
             f"mean of the candidate models' predicted curves without lapses, made before any session; {this}.")
 
 
@@ -315,6 +336,9 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
                       "alpha": alpha, "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions,
                       "seed": seed}
         beyond = f"more than {max(summary['trial_counts'])}"
+        few = too_few_sites(summary["n_sites"], alpha)
+        spread = summary["true_delta_auc_sd"]
+        spread = f"SD {spread:.4f} across the sites" if math.isfinite(spread) else "no SD with one site"
         report = Report("Power of the planned session", subtitle=str(plan_dir), parameters=parameters, sections=[
             Section("Trials per site needed", [
                 Paragraph(f"Sessions simulated from the {planned['source']}: stimulation and sham 50/50, "
@@ -322,16 +346,16 @@ def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
                           f"in the planned direction (one-sided, α = {alpha:g}: chance {alpha:g}); per site: z test "
                           f"of ΔAUC, two-sided at α = {alpha:g}, a detection counted only in the planned direction "
                           f"(chance per site {alpha / 2:g})."
-                          + _forecast_note(planned["plan_forecast"], planned["source"])),
+                          + _forecast_note(planned["plan_forecast"], planned["source"], summary["n_sites"])),
                 Table((("statistic", "trials per site")), (
-                    ("across sites (Wilcoxon)", summary["wilcoxon_trials_needed"] or beyond),
+                    ("across sites (Wilcoxon)", f"none: {few}" if few else summary["wilcoxon_trials_needed"] or beyond),
                     ("per site, lower median over the sites reaching the target",
                      summary["median_site_trials_needed"] or beyond),
                     ("sites reaching the target power", f"{summary['n_sites_detectable']} of {summary['n_sites']}"),
                     (f"observed vs true ΔAUC r ≥ {TARGET_OBSERVED_VS_TRUE_R:g} across sites (mean)",
                      summary["observed_vs_true_r_trials_needed"] or beyond))),
                 Paragraph(f"\"True\" ΔAUC here is the ΔAUC of the curves the sessions are simulated from (the "
-                          f"{planned['source']}): SD {summary['true_delta_auc_sd']:.4f} across the sites. The power "
+                          f"{planned['source']}): {spread}. The power "
                           "curve table also gives, per trial count, the mean r across sites of the observed ΔAUC with "
                           "that true ΔAUC (chance 0; its square is the reliability of the per-site effects) and with "
                           "the plan's predicted ΔAUC."),

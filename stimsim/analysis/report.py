@@ -8,7 +8,7 @@ import pandas as pd
 
 from stimsim.analysis import figures
 from stimsim.lab.sessions import SHAM
-from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
+from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png, format_value
 from stimsim.utilities.ordering import natural_key
 
 #: p below which the report says that the plan's predictions correlate with the observed effects.
@@ -36,16 +36,27 @@ _SCORES = (
      "ΔAUC)", "shift_in_predicted_direction_chance"),
     ("shift_in_predicted_direction_wilcoxon_p", "Wilcoxon signed-rank p of that shift (one-sided, > 0: the test the "
      "plan's power forecast is for)", None),
-    ("predicted_vs_observed_r", "Pearson r, predicted vs observed ΔAUC", "predicted_vs_observed_r_null_95"),
+    ("predicted_vs_observed_r", "Pearson r, predicted vs observed ΔAUC (chance: the 95 % interval of r with the "
+     "predictions permuted across sites)", "predicted_vs_observed_r_null_95"),
     ("permutation_p", "permutation p of that r (two-sided)", None),
     ("noise_ceiled_r", "r / sqrt(noise ceiling)", None),
     ("slope", "slope of observed on predicted (< 1: the plan over-estimates)", "slope_ideal"),
     ("plan_predicted_vs_true_r", "the plan's predicted vs true r (virtual subject; all rehearsed sites)",
      "plan_predicted_vs_true_r_chance"),
     ("plan_predicted_vs_true_r_these_sites", "the same over the analysed sites", "plan_predicted_vs_true_r_chance"),
-    ("expected_predicted_vs_observed_r", "expected r: plan r on these sites × sqrt(noise ceiling)",
-     "expected_predicted_vs_observed_r_95"),
+    ("expected_predicted_vs_observed_r", "expected r: plan r on these sites × sqrt(noise ceiling) (baseline: the "
+     "95 % interval of the observed r it expects, sites resampled)", "expected_predicted_vs_observed_r_95"),
 )
+
+
+def _interval(value):
+    """An interval (a pair) as "[low, high]", None (shown "–") where both ends are undefined; any other value as it
+    is."""
+    if not isinstance(value, (list, tuple)):
+        return value
+    if all(end is None or end != end for end in value):
+        return None
+    return "[" + ", ".join(format_value(end) for end in value) + "]"
 
 
 def _score_table(summary: dict) -> Table:
@@ -54,10 +65,8 @@ def _score_table(summary: dict) -> Table:
         if key not in summary:
             continue
         reference = summary.get(baseline) if isinstance(baseline, str) else baseline
-        if isinstance(reference, (list, tuple)) and all(value is None or value != value for value in reference):
-            reference = None  # an interval left undefined with its score
         value = "undefined (see the notes)" if summary.get(f"{key}_undefined_reason") else summary[key]
-        rows.append((key, meaning, value, reference))
+        rows.append((key, meaning, _interval(value), _interval(reference)))
     return Table(("statistic", "meaning", "value", "chance / baseline"), tuple(rows), digits=3)
 
 
@@ -110,8 +119,10 @@ def _currents(sessions: pd.DataFrame) -> str:
     return f"at {', '.join(f'{c:g}' for c in currents)} µA"
 
 
-def build_report(analysis, sources=()) -> Report:
-    """A :class:`~stimsim.report.Report` of an :class:`~stimsim.analysis.analyze.Analysis`."""
+def build_report(analysis, sources, parameters: dict) -> Report:
+    """A :class:`~stimsim.report.Report` of an :class:`~stimsim.analysis.analyze.Analysis` of the session files
+    ``sources``; ``parameters``: everything it depends on, as its summary.json's provenance records them (the sessions'
+    and the plan's checksums too)."""
     summary, sites = analysis.summary, analysis.sites
     sessions = analysis.sessions.groupby(["subject_id", "session_id"], sort=False).agg(
         trials=("row", "size"), sites=("electrode", "nunique"),
@@ -176,4 +187,4 @@ def build_report(analysis, sources=()) -> Report:
         sections.append(Section("Per subject", [Table.from_dataframe(per_subject)]))
     return Report("Analysis of recorded stimulation sessions", sections=sections,
                   subtitle=", ".join(str(path) for path in sources),
-                  parameters={**analysis.parameters, "sessions": [str(path) for path in sources]})
+                  parameters=parameters)

@@ -12,12 +12,11 @@
 """
 from __future__ import annotations
 
-import math
 import warnings
 
 import numpy as np
 
-from stimsim.analysis.power import power_analysis, trials_text
+from stimsim.analysis.power import min_sites_across, power_analysis, trials_text
 
 #: Trials per site the plan's forecast simulates (with the planned count added).
 FORECAST_TRIAL_COUNTS = (50, 100, 200, 400, 800, 1600, 3200, 6400)
@@ -78,19 +77,13 @@ def power_forecast(rehearsals: dict, plan: dict, working: list, trials_per_site:
     return result
 
 
-def min_sites_across(alpha: float = ALPHA) -> int:
-    """Fewest sites with which the one-sided exact Wilcoxon signed-rank test can reach p < ``alpha``: its smallest p
-    is 1 / 2^n (every site in the planned direction)."""
-    return math.floor(math.log2(1 / alpha)) + 1
-
-
 def power_warning(power: dict, needed: dict) -> str | None:
     """In words, why the chosen sites cannot show their effects at the planned trial count; None when the across-site
     test reaches :data:`TARGET_POWER` there."""
     if power["across_sites"] >= TARGET_POWER:
         return None
     largest = needed["largest_simulated"]
-    few = len(power["per_site"]) < min_sites_across()
+    few = len(power["per_site"]) < min_sites_across(ALPHA)
     return (f"at the planned {power['trials_per_site']:,} trials per site the chosen sites' predicted effects are "
             f"detected with {power['across_sites']:.0%} power across sites and {power['per_site_mean']:.0%} per site "
             f"(mean); {TARGET_POWER:.0%} power needs {trials_text(needed['across_sites'], largest)} trials per site "
@@ -98,7 +91,7 @@ def power_warning(power: dict, needed: dict) -> str | None:
             "predicted effects (on a virtual subject `stimsim power` simulates its true ones, which may need another "
             "count)"
             + (f"; with {len(power['per_site'])} site(s) the test across sites can never reach p < {ALPHA:g} (it "
-               f"needs at least {min_sites_across()}: its smallest p is 1/2^n)" if few else ""))
+               f"needs at least {min_sites_across(ALPHA)}: its smallest p is 1/2^n)" if few else ""))
 
 
 def subject_error_sd(fitted: np.ndarray) -> float | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stimsim.analysis.power import trials_text
+from stimsim.analysis.power import min_sites_across, trials_text
 from stimsim.report import Image, Listing, Paragraph, Report, Section, Table, figure_png, format_value
 from stimsim.utilities.figures import pyplot
 
@@ -226,7 +226,7 @@ def truth_figure(plan, truth, summary, effect: str, label: str, working) -> byte
     span = [max(x_limits[0], y_limits[0]), min(x_limits[1], y_limits[1])]
     ax.plot(span, span, "k--", lw=0.8, label="identity")
     ax.set(xlim=x_limits, ylim=y_limits)
-    ax.legend(frameon=False, fontsize=7)
+    ax.legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside: no point hidden
     ax.xaxis.set_major_locator(MaxNLocator(nbins=4))  # small effects have long tick labels: few keep them apart
     ax.set_xlabel(f"planned {label}")
     ax.set_ylabel(f"virtual subject's true {label}")
@@ -351,7 +351,10 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                           "over candidates × poses).")]))
     if "percepts" in summary:
         sections.append(Section("Predicted percepts", percept_blocks(summary["percepts"], Path(out_dir))))
-    sections.append(Section("Model checksums", [Listing(record["model_checksums"])]))
+    sections.append(Section("Model and input checksums", [
+        Listing(record["model_checksums"], caption="The candidate models' files (sha256)"),
+        Listing(record["input_sha256"], caption="The files the plan read its inputs from (sha256): the recordings, "
+                                                "their layout, image tables and images, or the subject's file")]))
     return Report(f"Stimulation plan: {config.name}", sections,
                   subtitle=config.description or "stimsim site plan", parameters=record["config"],
                   software=record["software"])
@@ -414,12 +417,14 @@ def detectability_blocks(summary: dict) -> list:
     target = forecast["target_power"]
     half_width = 1.96 * np.sqrt(target * (1 - target) / forecast["n_sessions"])
     edge = " (the largest count simulated)" if needed["across_sites"] == largest else ""
+    fewest = min_sites_across(forecast["alpha"])  # the test across sites never reaches p < alpha with fewer sites
+    across = (f"none across sites (fewer than {fewest} sites)" if len(needed["per_site"]) < fewest else
+              f"{trials_text(needed['across_sites'], largest)}{edge} across sites")
     text = (f"Power at the planned {power['trials_per_site']:,} trials per site ([session] trials_per_site, half "
             f"sham): {power['across_sites']:.0%} across sites (one-sided Wilcoxon signed-rank of ΔAUC in the "
             f"planned direction; chance {forecast['alpha']:g}), {power['per_site_mean']:.0%} per site (mean; z test; "
             f"chance {forecast['alpha'] / 2:g}). Trials per site for {forecast['target_power']:.0%} power: "
-            f"{trials_text(needed['across_sites'], largest)}{edge} across sites, "
-            f"{trials_text(needed['per_site_median'], largest)} per site (median; "
+            f"{across}, {trials_text(needed['per_site_median'], largest)} per site (median; "
             f"{reached} of {len(needed['per_site'])} sites reach it by {largest:,}). Forecast from {forecast['source']} "
             f"(an animal that lapses needs more), {forecast['n_sessions']} simulated sessions per trial count "
             f"(power ±{half_width:.0%} near {target:.0%}).")

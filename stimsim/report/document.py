@@ -23,6 +23,8 @@ import numpy as np
 from stimsim.utilities.io import atomic_write_bytes, atomic_write_text, software_versions
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: A table cell of text longer than this (characters) is a sentence, read from the left (:attr:`Table.text_columns`).
+SENTENCE_CHARS = 24
 
 
 def png_data_uri(png: bytes) -> str:
@@ -83,6 +85,15 @@ class Table:
             if len(row) != len(self.columns):
                 raise ValueError(f"table row {i} has {len(row)} cells, the header has {len(self.columns)}")
 
+    @property
+    def text_columns(self) -> tuple[bool, ...]:
+        """Per column, whether it is a column of text (every cell text or None) holding a sentence (a text cell longer
+        than :data:`SENTENCE_CHARS`): its short cells then read from the left too, so that a column of names or
+        sentences lines up. In other columns only a sentence reads from the left."""
+        return tuple(all(row[i] is None or isinstance(row[i], str) for row in self.rows)
+                     and any(isinstance(row[i], str) and len(row[i]) > SENTENCE_CHARS for row in self.rows)
+                     for i in range(len(self.columns)))
+
     @classmethod
     def from_dataframe(cls, frame, caption: str = "", digits: int = 3, css_class: str = "") -> "Table":
         """A table of a pandas DataFrame's columns (the index is dropped; keep it as a column if needed)."""
@@ -92,11 +103,12 @@ class Table:
 
 @dataclass(frozen=True)
 class Listing:
-    """Name → value pairs (parameters, summary numbers); nested dicts are flattened as ``a.b``."""
+    """Name → value pairs (parameters, summary numbers); nested dicts are flattened as ``a.b``; ``digits`` None shows
+    every digit of a float (a parameter as it was given)."""
 
     items: dict
     caption: str = ""
-    digits: int = 4
+    digits: int | None = 4
 
     def flat(self) -> list[tuple[str, Any]]:
         return _flatten(self.items)
@@ -135,7 +147,8 @@ class Report:
             "title": self.title,
             "subtitle": self.subtitle,
             "sections": self.sections,
-            "parameters": Listing(self.parameters, caption="Every parameter of this result") if self.parameters else None,
+            "parameters": Listing(self.parameters, caption="Every parameter of this result", digits=None)
+            if self.parameters else None,
             "software": Listing(self.software if self.software is not None else software_versions()),
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
@@ -161,9 +174,10 @@ class Report:
 
 
 # --- rendering helpers ------------------------------------------------------------------------------
-def format_value(value, digits: int = 3) -> str:
-    """Text of a cell: floats to ``digits`` significant digits (no exponent for ordinary magnitudes),
-    NaN and None as "–", booleans as yes/no, an empty list or mapping as "none"."""
+def format_value(value, digits: int | None = 3) -> str:
+    """Text of a cell: floats to ``digits`` significant digits (no exponent for ordinary magnitudes; None: every
+    digit, the shortest text that reads back as the same float), NaN and None as "–", booleans as yes/no, an empty
+    list or mapping as "none"."""
     value = _plain(value)
     if value is None:
         return "–"
@@ -178,6 +192,8 @@ def format_value(value, digits: int = 3) -> str:
             return "–" if math.isnan(value) else ("∞" if value > 0 else "−∞")
         if value == 0:
             return "0"
+        if digits is None:
+            return repr(value).replace("-", "−")
         if 1e-3 <= abs(value) < 1e6:
             decimals = max(digits - 1 - int(math.floor(math.log10(abs(value)))), 0)
             return f"{value:.{decimals}f}".replace("-", "−")
@@ -238,5 +254,6 @@ def _environment():
         env.filters["kind"] = _kind
         env.tests["image"] = _is_image
         env.tests["image_group"] = _is_image_group
+        env.globals["SENTENCE_CHARS"] = SENTENCE_CHARS
         _ENVIRONMENT = env
     return _ENVIRONMENT

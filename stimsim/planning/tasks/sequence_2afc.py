@@ -289,8 +289,9 @@ def curves_figure(rehearsals, plan, working, chosen_model: str, n_top: int = N_C
         ax.plot(steps, p[0].mean(0), "k-o", ms=3, label="no stimulation")
         ax.plot(steps, p[1].mean(0), "r-o", ms=3, label="stimulated")
         drawn = np.nanmean(rehearsals[chosen_model]["delta_auc"][site, 0])
-        ax.set_title(f"electrode {working[site]}: these curves' ΔAUC {drawn:.3f}\n(plan's prediction, mean over "
-                     f"candidates: {plan['predicted'][site]:.3f})", fontsize=8)
+        # one short line each, so that the titles of neighbouring panels keep apart
+        ax.set_title(f"electrode {working[site]}\nΔAUC of these curves {drawn:.3f}\nplan (mean over candidates) "
+                     f"{plan['predicted'][site]:.3f}", fontsize=8)
         ax.set_xlabel("step")
         ax.set_ylim(-0.02, 1.02)
     axes[0][0].set_ylabel(f"P(high), {chosen_model}")
