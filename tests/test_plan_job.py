@@ -530,9 +530,9 @@ def test_noisy_copies_whose_images_cannot_fit_in_memory_stop_the_plan_before_any
     config = _write_plan(tmp_path / "config")
     config.write_text(config.read_text().replace(f"{key} = ", f"{key} = 1_000_000_000 # "))
     monkeypatch.setattr("stimsim.planning.plan._mapping_phase", lambda *args: pytest.fail("the mapping ran"))
-    with pytest.raises(ConfigError, match=rf"plan.toml: holding the 2AFC images \(\d+ sites × 2 sequences × 7 steps, "
-                                          rf".* 32 px\) needs about [\d.]+ TiB of memory, more than the .* this "
-                                          rf"machine has available; lower \[decoder\] n_eval or n_noise"):
+    with pytest.raises(ConfigError, match=r"plan.toml: holding the 2AFC images \(\d+ sites × 2 sequences × 7 steps, "
+                                          r".* 32 px\) needs about [\d.]+ TiB of memory, more than the .* this "
+                                          r"machine has available; lower \[decoder\] n_eval or n_noise"):
         run_plan(config, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
 

@@ -34,6 +34,9 @@ from stimsim.analysis.effects import delta_auc_of_counts, fit_grouped_logistic
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.limits import check_memory, check_seed
 
+#: Power sought and significance level of the tests, unless told otherwise (the plan's forecast uses them as well).
+TARGET_POWER, ALPHA = 0.8, 0.05
+
 #: Trials per site simulated by default (stimulated + sham).
 DEFAULT_TRIAL_COUNTS = (50, 100, 200, 400, 800, 1600)
 
@@ -80,7 +83,7 @@ def site_z_p(n_high: np.ndarray, n: np.ndarray, positions: np.ndarray) -> tuple[
 
 
 def power_analysis(p_high, electrodes=None, planned_effect=None, trial_counts=DEFAULT_TRIAL_COUNTS,
-                   n_sessions: int = 200, alpha: float = 0.05, target_power: float = 0.8,
+                   n_sessions: int = 200, alpha: float = ALPHA, target_power: float = TARGET_POWER,
                    seed: int = 0, progress: bool = False,
                    effect: str = "delta_auc") -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Simulate ``n_sessions`` sessions at every count of ``trial_counts`` (trials per site) from
@@ -291,8 +294,6 @@ def too_few_sites(n_sites: int, alpha: float) -> str | None:
 def _forecast_note(forecast: dict | None, source: str, n_sites: int) -> str:
     """How the plan's own power forecast of its ``n_sites`` chosen sites differs from this one ('' for a plan without
     one)."""
-    from stimsim.planning.detectability import ALPHA
-
     if not isinstance(forecast, dict) or not isinstance(forecast.get("largest_simulated"), int):
         return ""
     few = too_few_sites(n_sites, ALPHA) if forecast.get("across_sites") is None else None
@@ -305,7 +306,7 @@ def _forecast_note(forecast: dict | None, source: str, n_sites: int) -> str:
             f"mean of the candidate models' predicted curves without lapses, made before any session; {this}.")
 
 
-def run_power(plan_dir, out_dir, target_power: float = 0.8, alpha: float = 0.05,
+def run_power(plan_dir, out_dir, target_power: float = TARGET_POWER, alpha: float = ALPHA,
               trial_counts=DEFAULT_TRIAL_COUNTS, n_sessions: int = 200, seed: int = 0, force: bool = False,
               progress: bool = False) -> dict:
     """Power of the plan's chosen sites; writes ``power_curve.csv``, ``power_sites.csv``,

@@ -16,14 +16,12 @@ import warnings
 
 import numpy as np
 
-from stimsim.analysis.power import min_sites_across, power_analysis, trials_text
+from stimsim.analysis.power import ALPHA, TARGET_POWER, min_sites_across, power_analysis, trials_text
 
 #: Trials per site the plan's forecast simulates (with the planned count added).
 FORECAST_TRIAL_COUNTS = (50, 100, 200, 400, 800, 1600, 3200, 6400)
 #: Simulated sessions per trial count in the plan's forecast.
 FORECAST_SESSIONS = 100
-#: Power the plan's sites should reach at the planned trial count; significance level of the tests.
-TARGET_POWER, ALPHA = 0.8, 0.05
 #: The normal quantile of a two-sided 95 % interval.
 Z95 = 1.959963984540054
 
