@@ -49,6 +49,11 @@ def sweep():
     return model, images, decoder, conditions
 
 
+#: Seconds a killed worker process may take to be started again (it imports torch and stimsim: a minute or more on
+#: a loaded machine).
+WORKERS_BACK_S = 180
+
+
 @pytest.fixture(scope="module")
 def client():
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
@@ -81,7 +86,7 @@ def test_killed_worker_is_replaced_and_the_result_equals_one_process(victims, sw
 
     model, images, decoder, conditions = sweep
     single = simulate(model, images, conditions, decoder, progress=False)
-    client.wait_for_workers(2, timeout=60)  # those an earlier test killed are back
+    client.wait_for_workers(2, timeout=WORKERS_BACK_S)  # those an earlier test killed are back
     workers = client.run(os.getpid)
     assert len(workers) == 2 and all(address.startswith("tcp://127.0.0.1:") for address in workers)
     killed = sorted(workers.values())[:1 if victims == "one" else None]
@@ -111,7 +116,7 @@ def test_killed_worker_is_replaced_and_the_result_equals_one_process(victims, sw
     every = sorted(i for chunk in written for i in chunk)
     assert every == list(range(len(conditions)))  # each condition written exactly once
     assert len(list(store.glob("chunk_*.nc"))) == n_chunks
-    client.wait_for_workers(2, timeout=60)  # the tests after this one find both workers
+    client.wait_for_workers(2, timeout=WORKERS_BACK_S)  # the tests after this one find both workers
 
 
 def test_the_plan_s_tasks_complete_when_every_worker_is_lost(client):
@@ -126,7 +131,7 @@ def test_the_plan_s_tasks_complete_when_every_worker_is_lost(client):
         time.sleep(settings["sleep_s"])
         return shared + job
 
-    client.wait_for_workers(2, timeout=60)  # those an earlier test killed are back
+    client.wait_for_workers(2, timeout=WORKERS_BACK_S)  # those an earlier test killed are back
     results = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -137,7 +142,7 @@ def test_the_plan_s_tasks_complete_when_every_worker_is_lost(client):
                     os.kill(pid, signal.SIGKILL)
     assert results == {f"site_{i}": 100 + i for i in range(12)}
     assert sum("lost every copy of the model" in str(w.message) for w in caught) == 1
-    client.wait_for_workers(2, timeout=60)  # the tests after this one find both workers
+    client.wait_for_workers(2, timeout=WORKERS_BACK_S)  # the tests after this one find both workers
 
 
 def test_interrupted_dask_run_resumes_without_writing_twice(sweep, client, tmp_path, monkeypatch):
@@ -303,9 +308,11 @@ def test_a_scheduler_address_that_accepts_but_never_answers_is_refused_within_th
 
     import stimsim.engine.distributed as dask_pool
 
+    client.wait_for_workers(2, timeout=WORKERS_BACK_S)  # those an earlier test killed are back
     pool = dask_pool.ChunkPool(client.scheduler.address)
-    assert pool.threads == 2
-    pool.close()
+    threads = pool.threads
+    pool.close()  # before asserting: a Client left open stays Dask's default scheduler for the tests after this one
+    assert threads == 2
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(4)

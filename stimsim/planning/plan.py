@@ -91,7 +91,7 @@ class PlanInputs:
         self.made_subject = False
         if config.recordings is None:
             from stimsim.subject import VirtualSubject
-            from stimsim.subject.virtual import check_subject_files, read_stimuli_npz
+            from stimsim.subject.directory import check_subject_files, read_stimuli_npz
 
             if config.subject_dir is not None:
                 self.subject_dir = config.subject_dir
