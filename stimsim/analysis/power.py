@@ -96,7 +96,8 @@ def power_analysis(p_high, electrodes=None, planned_effect=None, trial_counts=DE
     ``sites`` (one row per site: ``planned_<effect>``, ``simulated_delta_auc`` — the ΔAUC of ``p_high`` itself, the
     effect the sessions are drawn from —, power at every count, ``trials_needed``) and a
     summary (``wilcoxon_trials_needed``, ``median_site_trials_needed``,
-    ``observed_vs_true_r_trials_needed`` for a mean r of :data:`TARGET_OBSERVED_VS_TRUE_R`, parameters).
+    ``observed_vs_true_r_trials_needed`` for a mean r of :data:`TARGET_OBSERVED_VS_TRUE_R`, parameters;
+    ``wilcoxon_trials_needed_undefined_reason``: why no trial count reaches it with so few sites, else None).
     ``median_site_trials_needed`` is the lower median of the ``trials_needed`` of the sites that reach the
     target power (:func:`lower_median`): a simulated count, the fewest trials per site at which at least half of
     those sites reach it. A count that is never enough is reported as None. ``progress`` shows a bar over the trial counts.
@@ -164,6 +165,7 @@ def power_analysis(p_high, electrodes=None, planned_effect=None, trial_counts=DE
     summary = {"alpha": alpha, "target_power": target_power, "n_sessions": n_sessions, "seed": seed,
                "trial_counts": counts, "n_sites": n_sites,
                "wilcoxon_trials_needed": needed(wilcoxon_power),
+               "wilcoxon_trials_needed_undefined_reason": too_few_sites(n_sites, alpha),
                "median_site_trials_needed": lower_median(site_needs) if site_needs else None,
                "n_sites_detectable": len(site_needs),
                "site_power_chance": alpha / 2,
@@ -337,7 +339,7 @@ def run_power(plan_dir, out_dir, target_power: float = TARGET_POWER, alpha: floa
                       "alpha": alpha, "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions,
                       "seed": seed}
         beyond = f"more than {max(summary['trial_counts'])}"
-        few = too_few_sites(summary["n_sites"], alpha)
+        few = summary["wilcoxon_trials_needed_undefined_reason"]
         spread = summary["true_delta_auc_sd"]
         spread = f"SD {spread:.4f} across the sites" if math.isfinite(spread) else "no SD with one site"
         report = Report("Power of the planned session", subtitle=str(plan_dir), parameters=parameters, sections=[
