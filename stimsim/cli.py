@@ -431,7 +431,7 @@ def _cmd_power(args) -> int:
     shown = ("simulated_from", "target_power", "alpha", "n_sites", "wilcoxon_trials_needed",
              "wilcoxon_trials_needed_undefined_reason", "median_site_trials_needed", "n_sites_detectable",
              "site_power_chance", "true_delta_auc_sd", "observed_vs_true_r_target", "observed_vs_true_r_trials_needed",
-             "trial_counts")
+             "observed_vs_true_r_trials_needed_undefined_reason", "trial_counts")
     print(json.dumps(json_ready({key: summary[key] for key in shown}), indent=2))
     most = f"more than {max(summary['trial_counts'])}"
     few = summary["wilcoxon_trials_needed_undefined_reason"]
