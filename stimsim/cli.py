@@ -429,12 +429,16 @@ def _cmd_power(args) -> int:
     summary = run_power(args.plan, out, target_power=args.power, alpha=args.alpha, trial_counts=args.trials,
                         n_sessions=args.sessions, seed=args.seed, force=args.force, progress=not args.no_progress)
     shown = ("simulated_from", "target_power", "alpha", "n_sites", "wilcoxon_trials_needed",
-             "median_site_trials_needed", "n_sites_detectable", "site_power_chance", "true_delta_auc_sd",
-             "observed_vs_true_r_target", "observed_vs_true_r_trials_needed", "trial_counts")
+             "wilcoxon_trials_needed_undefined_reason", "median_site_trials_needed", "n_sites_detectable",
+             "site_power_chance", "true_delta_auc_sd", "observed_vs_true_r_target", "observed_vs_true_r_trials_needed",
+             "observed_vs_true_r_trials_needed_undefined_reason", "trial_counts")
     print(json.dumps(json_ready({key: summary[key] for key in shown}), indent=2))
     most = f"more than {max(summary['trial_counts'])}"
+    few = summary["wilcoxon_trials_needed_undefined_reason"]
+    across = (f"no trial count reaches it ({few})" if few else
+              f"{summary['wilcoxon_trials_needed'] or most} trials per site")
     report_phase(f"power {args.power:g} at alpha {args.alpha:g}, simulated from the {summary['simulated_from']}: "
-                 f"across sites (Wilcoxon) {summary['wilcoxon_trials_needed'] or most} trials per site; per site "
+                 f"across sites (Wilcoxon) {across}; per site "
                  f"(lower median) {summary['median_site_trials_needed'] or most} ({summary['n_sites_detectable']} of "
                  f"{summary['n_sites']} sites reach it); table, curve and report in {out}")
     return 0

@@ -233,12 +233,13 @@ def test_power_report_says_when_no_trial_count_reaches_the_target(tmp_path):
         assert row[:row.index("</tr>")].count("more than 100") == 1, label
 
 
-def test_power_report_of_too_few_sites_for_the_test_across_sites_says_so(tmp_path):
+def test_power_report_of_too_few_sites_for_the_test_across_sites_says_so(tmp_path, capsys):
     """Strong effects at 2 sites: the one-sided Wilcoxon p is at least 1/2^2 > 0.05 at any trial count, so the report
-    says that no count reaches the power across sites (not "more than 100"); with one site no SD of the effects, and
-    the plan's forecast quoted as its report states it."""
+    and the sentence on stderr say that no count reaches the power across sites (not "more than 100"); with one site
+    no SD of the effects, and the plan's forecast quoted as its report states it. Below 3 sites r across sites is
+    undefined, and the report says so rather than "more than 100"."""
     html = {}
-    for n_sites in (1, 2):
+    for n_sites in (1, 2, 3):
         plan = write_virtual_plan(tmp_path / f"plan{n_sites}", np.full(n_sites, 2.0))
         summary = json.loads((plan / "summary.json").read_text())
         forecast = {"across_sites": None, "per_site_median": None, "per_site": {}, "largest_simulated": 6400}
@@ -250,6 +251,16 @@ def test_power_report_of_too_few_sites_for_the_test_across_sites_says_so(tmp_pat
                 in row[:row.index("</tr>")])
         assert (f"its report's first page: no trial count across sites, with {n_sites} site(s) the test across sites "
                 "can never reach p < 0.05: it needs at least 5)") in html[n_sites]
+        err = capsys.readouterr().err
+        assert (f"across sites (Wilcoxon) no trial count reaches it (with {n_sites} site(s) the test across sites can "
+                "never reach p < 0.05: it needs at least 5); per site") in err and "more than 100 trials" not in err
+        row = html[n_sites][html[n_sites].index("observed vs true ΔAUC r ≥ 0.8"):]
+        undefined = f"with {n_sites} site(s) r across sites is undefined: it needs at least 3"
+        assert (f"none: {undefined}" in row[:row.index("</tr>")]) == (n_sites < 3)
+        power = json.loads((plan / "power" / "summary.json").read_text())
+        assert power["wilcoxon_trials_needed_undefined_reason"] == (f"with {n_sites} site(s) the test across sites "
+                                                                    "can never reach p < 0.05: it needs at least 5")
+        assert power["observed_vs_true_r_trials_needed_undefined_reason"] == (undefined if n_sites < 3 else None)
     assert "no SD with one site" in html[1] and "SD nan" not in html[1]
     assert re.search(r"SD \d\.\d{4} across the sites", html[2])
 

@@ -737,6 +737,23 @@ def test_correct_that_disagrees_with_the_choice_is_refused(tmp_path, table):
     assert len(load_sessions(write_csv(swapped.drop(columns="correct"), tmp_path / "no.csv"))) == len(table)
 
 
+def test_correct_may_be_left_empty_only_at_the_centre_step(tmp_path, table):
+    """The centre step of 7 (step 3) has no correct answer: a rig's CSV that leaves 'correct' empty there loads (read
+    as None); an empty cell at step 0 ('low' is correct there) is refused naming its rows."""
+    blank = table.assign(correct=table["correct"].astype(object).where(table["step"] != 3, ""))
+    loaded = load_sessions(write_csv(blank, tmp_path / "blank.csv"))
+    centre = (loaded["step"] == 3).to_numpy()
+    assert centre.any() and all(value is None for value in loaded["correct"][centre])
+    assert loaded["correct"][~centre].tolist() == table["correct"][~centre].tolist()
+    rows = np.flatnonzero(table["step"].to_numpy() == 0)
+    blank.loc[rows, "correct"] = ""
+    shown = ", ".join(str(row + 1) for row in rows[:5])
+    with pytest.raises(FileFormatError, match=rf"column 'correct', row\(s\) {shown} \(\+{rows.size - 5} more\): "
+                                              r"empty 'correct' at a step that has a correct answer \(only the "
+                                              r"sequence's centre step, 3, may leave it empty\)"):
+        load_sessions(write_csv(blank, tmp_path / "blank_low.csv"))
+
+
 def test_image_ids_that_disagree_with_electrode_step_or_sequence_are_refused(tmp_path, table):
     shifted = table.assign(step=table["step"] + 1)  # steps counted from 1 in the step column only
     with pytest.raises(FileFormatError, match=r"column 'stimulus_id', row\(s\) 1, 2, 3, 4, 5 \(\+115 more\): the "

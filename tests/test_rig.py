@@ -509,8 +509,10 @@ def test_power_forecast_warns_only_when_the_effects_are_too_small():
     strong = np.stack([np.stack([base, base + 0.2]) for _ in range(4)])
     result = forecast(strong, ["a", "b", "c", "d"], np.full(4, 0.2), 400, seed=0)
     assert result["power_at_planned_trials"]["across_sites"] == 0
-    assert result["power_warning"].endswith("with 4 site(s) the test across sites can never reach p < 0.05 (it needs "
-                                            "at least 5: its smallest p is 1/2^n)")
+    assert ("(mean); no trial count reaches 80% power across sites (with 4 site(s) the test across sites can never "
+            "reach p < 0.05: it needs at least 5; its smallest p is 1/2^n), and per site it needs"
+            in result["power_warning"])
+    assert "trials per site across sites" not in result["power_warning"]  # no "more than 6,400 ... across sites"
 
 
 def test_the_report_says_when_too_few_sites_make_the_test_across_sites_impossible():

@@ -50,6 +50,9 @@ MAX_TRIALS_PER_SITE = 1_000_000
 #: Observed-vs-true r across sites that a session should reach (the closed-loop target).
 TARGET_OBSERVED_VS_TRUE_R = 0.8
 
+#: Fewest sites across which a Pearson r is computed (with 2, r is ±1 whatever the effects).
+MIN_SITES_FOR_R = 3
+
 
 def simulate_counts(p_high: np.ndarray, trials_per_site: int, n_sessions: int, rng) -> tuple[np.ndarray, np.ndarray]:
     """(n_high, n), each (n_sessions, n_sites, 2, n_steps): ``trials_per_site`` trials per site split
@@ -96,7 +99,9 @@ def power_analysis(p_high, electrodes=None, planned_effect=None, trial_counts=DE
     ``sites`` (one row per site: ``planned_<effect>``, ``simulated_delta_auc`` — the ΔAUC of ``p_high`` itself, the
     effect the sessions are drawn from —, power at every count, ``trials_needed``) and a
     summary (``wilcoxon_trials_needed``, ``median_site_trials_needed``,
-    ``observed_vs_true_r_trials_needed`` for a mean r of :data:`TARGET_OBSERVED_VS_TRUE_R`, parameters).
+    ``observed_vs_true_r_trials_needed`` for a mean r of :data:`TARGET_OBSERVED_VS_TRUE_R`, parameters;
+    ``wilcoxon_trials_needed_undefined_reason`` and ``observed_vs_true_r_trials_needed_undefined_reason``: why no
+    trial count reaches it with so few sites, else None).
     ``median_site_trials_needed`` is the lower median of the ``trials_needed`` of the sites that reach the
     target power (:func:`lower_median`): a simulated count, the fewest trials per site at which at least half of
     those sites reach it. A count that is never enough is reported as None. ``progress`` shows a bar over the trial counts.
@@ -164,12 +169,16 @@ def power_analysis(p_high, electrodes=None, planned_effect=None, trial_counts=DE
     summary = {"alpha": alpha, "target_power": target_power, "n_sessions": n_sessions, "seed": seed,
                "trial_counts": counts, "n_sites": n_sites,
                "wilcoxon_trials_needed": needed(wilcoxon_power),
+               "wilcoxon_trials_needed_undefined_reason": too_few_sites(n_sites, alpha),
                "median_site_trials_needed": lower_median(site_needs) if site_needs else None,
                "n_sites_detectable": len(site_needs),
                "site_power_chance": alpha / 2,
                "true_delta_auc_sd": float(np.std(true_delta, ddof=1)) if n_sites > 1 else float("nan"),
                "observed_vs_true_r_target": TARGET_OBSERVED_VS_TRUE_R,
                "observed_vs_true_r_trials_needed": _first_reaching(counts, versus_true, TARGET_OBSERVED_VS_TRUE_R),
+               "observed_vs_true_r_trials_needed_undefined_reason": (
+                   f"with {n_sites} site(s) r across sites is undefined: it needs at least {MIN_SITES_FOR_R}"
+                   if n_sites < MIN_SITES_FOR_R else None),
                "observed_vs_true_r_chance": 0.0}
     return curve, sites, summary
 
@@ -187,11 +196,12 @@ def _first_reaching(counts, values, target: float):
 
 def _mean_r_across_sites(observed: np.ndarray, reference: np.ndarray) -> float:
     """Mean over simulated sessions (rows of ``observed``) of Pearson r across sites with ``reference``,
-    each over the sites where both are finite; NaN when no session has 3 such sites with spread."""
+    each over the sites where both are finite; NaN when no session has :data:`MIN_SITES_FOR_R` such sites with
+    spread."""
     correlations = []
     for row in observed:
         usable = np.isfinite(row) & np.isfinite(reference)
-        if usable.sum() >= 3 and np.ptp(row[usable]) > 0 and np.ptp(reference[usable]) > 0:
+        if usable.sum() >= MIN_SITES_FOR_R and np.ptp(row[usable]) > 0 and np.ptp(reference[usable]) > 0:
             correlations.append(stats.pearsonr(row[usable], reference[usable]).statistic)
     return float(np.mean(correlations)) if correlations else float("nan")
 
@@ -337,7 +347,8 @@ def run_power(plan_dir, out_dir, target_power: float = TARGET_POWER, alpha: floa
                       "alpha": alpha, "trial_counts": list(summary["trial_counts"]), "n_sessions": n_sessions,
                       "seed": seed}
         beyond = f"more than {max(summary['trial_counts'])}"
-        few = too_few_sites(summary["n_sites"], alpha)
+        few = summary["wilcoxon_trials_needed_undefined_reason"]
+        no_r = summary["observed_vs_true_r_trials_needed_undefined_reason"]
         spread = summary["true_delta_auc_sd"]
         spread = f"SD {spread:.4f} across the sites" if math.isfinite(spread) else "no SD with one site"
         report = Report("Power of the planned session", subtitle=str(plan_dir), parameters=parameters, sections=[
@@ -354,7 +365,7 @@ def run_power(plan_dir, out_dir, target_power: float = TARGET_POWER, alpha: floa
                      summary["median_site_trials_needed"] or beyond),
                     ("sites reaching the target power", f"{summary['n_sites_detectable']} of {summary['n_sites']}"),
                     (f"observed vs true ΔAUC r ≥ {TARGET_OBSERVED_VS_TRUE_R:g} across sites (mean)",
-                     summary["observed_vs_true_r_trials_needed"] or beyond))),
+                     f"none: {no_r}" if no_r else summary["observed_vs_true_r_trials_needed"] or beyond))),
                 Paragraph(f"\"True\" ΔAUC here is the ΔAUC of the curves the sessions are simulated from (the "
                           f"{planned['source']}): {spread}. The power "
                           "curve table also gives, per trial count, the mean r across sites of the observed ΔAUC with "

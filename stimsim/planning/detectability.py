@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from stimsim.analysis.power import ALPHA, TARGET_POWER, min_sites_across, power_analysis, trials_text
+from stimsim.analysis.power import ALPHA, TARGET_POWER, power_analysis, too_few_sites, trials_text
 
 #: Trials per site the plan's forecast simulates (with the planned count added).
 FORECAST_TRIAL_COUNTS = (50, 100, 200, 400, 800, 1600, 3200, 6400)
@@ -81,15 +81,16 @@ def power_warning(power: dict, needed: dict) -> str | None:
     if power["across_sites"] >= TARGET_POWER:
         return None
     largest = needed["largest_simulated"]
-    few = len(power["per_site"]) < min_sites_across(ALPHA)
+    few = too_few_sites(len(power["per_site"]), ALPHA)
+    per_site = trials_text(needed["per_site_median"], largest)
+    needs = (f"no trial count reaches {TARGET_POWER:.0%} power across sites ({few}; its smallest p is 1/2^n), and "
+             f"per site it needs {per_site} trials" if few else
+             f"{TARGET_POWER:.0%} power needs {trials_text(needed['across_sites'], largest)} trials per site across "
+             f"sites and {per_site} per site")
     return (f"at the planned {power['trials_per_site']:,} trials per site the chosen sites' predicted effects are "
             f"detected with {power['across_sites']:.0%} power across sites and {power['per_site_mean']:.0%} per site "
-            f"(mean); {TARGET_POWER:.0%} power needs {trials_text(needed['across_sites'], largest)} trials per site "
-            f"across sites and {trials_text(needed['per_site_median'], largest)} per site (median), forecast from the "
-            "predicted effects (on a virtual subject `stimsim power` simulates its true ones, which may need another "
-            "count)"
-            + (f"; with {len(power['per_site'])} site(s) the test across sites can never reach p < {ALPHA:g} (it "
-               f"needs at least {min_sites_across(ALPHA)}: its smallest p is 1/2^n)" if few else ""))
+            f"(mean); {needs} (median), forecast from the predicted effects (on a virtual subject `stimsim power` "
+            "simulates its true ones, which may need another count)")
 
 
 def subject_error_sd(fitted: np.ndarray) -> float | None:

@@ -48,7 +48,7 @@ COLUMNS = {
     "stop_time": (False, "trial stop, s"),
     "stimulus_id": (False, "image id, e.g. '17_seq0_step3'"),
     "sequence": (False, "index of the site's sequence (integer)"),
-    "correct": (False, "choice matches the nearer end (bool; middle step: false)"),
+    "correct": (False, "choice matches the nearer end (bool; the centre step has none: empty or any value)"),
     "subject_id": (False, "subject (tables; NWB: subject.subject_id). Default 'subject'"),
     "session_id": (False, "session (tables; NWB: session_id). Default: the file name"),
 }
@@ -262,7 +262,8 @@ def load_sessions(paths, columns: dict[str, str] | None = None, electrodes=None,
     -------
     pandas.DataFrame
         The columns of :data:`COLUMNS` (optional ones filled: ``subject_id`` 'subject', ``session_id``
-        the file stem, times/sequence/stimulus_id NaN or empty where absent), plus ``file`` and ``row``
+        the file stem, times/sequence/stimulus_id/correct NaN or empty where absent, ``correct`` None in an empty
+        cell), plus ``file`` and ``row``
         (1-based data row in its file), and those of :data:`PROTOCOL_COLUMNS` a file gives (NaN in the other files'
         rows). Any problem raises FileFormatError.
     """
@@ -339,11 +340,18 @@ def _check_step_gaps(sessions: pd.DataFrame, steps: np.ndarray) -> None:
 
 def _check_correct(sessions: pd.DataFrame, last_step: int) -> None:
     """Where a file gives ``correct``, it must agree with the choice: below the sequence's centre
-    (step < last/2) "low" is correct, above it (step > (last + 1)/2) "high"; the centre step(s) are not
-    checked. Disagreement means choices coded the other way round (e.g. 0/1 swapped) or rows mixed up."""
+    (step < last/2) "low" is correct, above it (step > (last + 1)/2) "high"; the centre step(s) have no correct
+    answer and are not checked, and only there may a cell be empty (None; NaN: the file has no such column).
+    Disagreement means choices coded the other way round (e.g. 0/1 swapped) or rows mixed up."""
     given = sessions["correct"].map(lambda value: isinstance(value, (bool, np.bool_))).to_numpy()
     step = sessions["step"].to_numpy()
-    below, above = given & (step < last_step / 2), given & (step > (last_step + 1) / 2)
+    lower, upper = step < last_step / 2, step > (last_step + 1) / 2
+    empty = sessions["correct"].map(lambda value: value is None).to_numpy() & (lower | upper)
+    if empty.any():
+        _refuse(sessions, _row_problems(sessions.assign(correct=sessions["correct"].fillna("")), empty, "correct",
+                                        "empty 'correct' at a step that has a correct answer (only the sequence's "
+                                        f"centre step, {last_step // 2}, may leave it empty)"))
+    below, above = given & lower, given & upper
     expected = np.where(below, sessions["choice"] == "low", sessions["choice"] == "high")
     wrong = (below | above) & (sessions["correct"].to_numpy() != expected)
     if not wrong.any():
@@ -663,8 +671,10 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
         table["sequence"] = 0
     if "correct" in raw:
         correct = raw["correct"].map(_as_bool)
-        report(correct.isna().to_numpy(), "correct", "correct must be true/false", raw["correct"].to_numpy())
-        table["correct"] = correct.fillna(False).astype(bool).to_numpy()
+        blank = (raw["correct"].map(_as_text) == "").to_numpy()  # left empty: allowed at the centre step only
+        report(correct.isna().to_numpy() & ~blank, "correct", "correct must be true/false (or 1/0; empty only at "
+               "the sequence's centre step, which has no correct answer)", raw["correct"].to_numpy())
+        table["correct"] = np.where(blank, None, correct.to_numpy(dtype=object))
     else:
         table["correct"] = np.nan
     table["stimulus_id"] = raw["stimulus_id"].map(_as_text).to_numpy(dtype=object) if "stimulus_id" in raw else ""
