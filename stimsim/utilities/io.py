@@ -185,7 +185,9 @@ class ResultSet:
     records a file's name before the caller writes it atomically, so a killed run's files stay
     recognisable as stimsim's; :meth:`write` and :meth:`write_json` claim and write in one call;
     :meth:`finish` removes the files of an older set that this one did not write, and writes the
-    manifest with the sha256 of every file last. Until then the directory holds no complete set.
+    manifest with the sha256 of every file last. A finished older set stays complete (and readable, even after a
+    ``kill -9``) until this set claims its first file; from then until :meth:`finish` the directory holds no complete
+    set, so :meth:`write_together` saves all files before it claims any.
     Used as a context manager (``with ResultSet(...) as results:``), a run that fails before it wrote
     any file of the set leaves the directory as it found it (:meth:`abandon`).
 
@@ -221,7 +223,8 @@ class ResultSet:
                 remove_temporaries(directory)
         ensure_output_dir(directory)
         self._claimed: list[str] = []
-        self._write_manifest(complete=False)
+        if not (previous or {}).get("complete"):  # a finished set stays readable until a file of this one is claimed
+            self._write_manifest(complete=False)
 
     def claim(self, name: str) -> Path:
         """Record ``name`` (a plain file name) as a file of this set and return its path; the caller
