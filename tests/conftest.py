@@ -88,6 +88,29 @@ def base_network():
     return load
 
 
+@pytest.fixture
+def stop_at_a_table(monkeypatch):
+    """``arm(out, module) -> seen``: writing a CSV table (``module.csv_text``) stops the run (Ctrl-C); ``seen`` gets,
+    at that moment (one a ``kill -9`` could take), the files of the result set ``out`` holds (name → bytes), or the
+    error reading it."""
+    from stimsim.utilities.io import read_result_set
+
+    def arm(out, module) -> list:
+        seen = []
+
+        def stop(*args, **kwargs):
+            try:
+                seen.append({name: path.read_bytes() for name, path in read_result_set(out).items()})
+            except Exception as exc:
+                seen.append(str(exc))
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(module, "csv_text", stop)
+        return seen
+
+    return arm
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Small tensors on a shared 2-core machine run faster on one intra-op thread."""

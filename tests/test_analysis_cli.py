@@ -12,6 +12,7 @@ from test_analysis_sessions import LAB_MAPPING, write_lab_nwb
 from stimsim.analysis.effects import expected_fdr_discoveries_under_null
 from stimsim.analysis.synthetic import planted_curves, planted_session
 from stimsim.cli import main
+from stimsim.utilities import io
 from stimsim.utilities.io import read_result_set
 
 
@@ -320,3 +321,22 @@ def test_analyze_refuses_currents_in_mA_or_nA_naming_file_rows_and_the_conversio
                  "--splits", "5", "--no-progress"]) == 0
     error = capsys.readouterr().err
     assert "below 1 µA" not in error and "above 5000 µA" not in error
+
+
+def test_an_analysis_run_again_and_stopped_while_writing_keeps_the_earlier_one(tmp_path, capsys, stop_at_a_table):
+    """An analysis run again into its --out with other sessions and stopped (Ctrl-C, or killed) while it writes its
+    files leaves the earlier analysis whole and readable, during the run and after it."""
+    first, second = tmp_path / "first.csv", tmp_path / "second.csv"
+    planted_session([1.0, -0.5], trials_per_site=100, seed=1).to_csv(first, index=False)
+    planted_session([0.5, 0.5, -1.0], trials_per_site=100, seed=2).to_csv(second, index=False)
+    out = tmp_path / "analysis"
+    options = ["--out", str(out), "--boot", "10", "--perm", "10", "--splits", "4", "--no-progress"]
+    assert main(["analyze", str(first), *options]) == 0
+    earlier = {name: path.read_bytes() for name, path in read_result_set(out).items()}
+    seen = stop_at_a_table(out, io)
+    capsys.readouterr()
+    assert main(["analyze", str(second), *options]) == 130
+    assert seen == [earlier]
+    assert capsys.readouterr().err.endswith("stimsim: interrupted\n")  # and no unfinished set to write again
+    assert {name: path.read_bytes() for name, path in read_result_set(out).items()} == earlier
+    assert sorted(path.name for path in out.iterdir()) == sorted([*earlier, "result_set.json"])  # no temporary file

@@ -14,6 +14,8 @@ from stimsim.analysis.power import curves_from_plan, lower_median, power_analysi
 from stimsim.analysis.synthetic import planted_curves
 from stimsim.cli import main
 from stimsim.utilities.errors import ConfigError, FileFormatError
+from stimsim.utilities import io
+from stimsim.utilities.io import read_result_set
 
 
 def analytic_site_power(curves, trials_per_site, alpha=0.05):
@@ -306,3 +308,21 @@ def test_without_a_virtual_subject_the_plan_predictions_are_simulated(tmp_path):
                                               r"no probability in \[0, 1\] \(NaN: off its sheet\) at chosen "
                                               r"electrode\(s\) \['11'\]"):
         curves_from_plan(plan)
+
+
+def test_a_power_analysis_run_again_and_stopped_while_writing_keeps_the_earlier_one(tmp_path, capsys,
+                                                                                     stop_at_a_table):
+    """Power run again into its --out with other trial counts and stopped (Ctrl-C, or killed) while it writes its
+    files (report, tables, summary) leaves the earlier power analysis whole and readable, during the run and after."""
+    plan = write_virtual_plan(tmp_path / "plan", np.array([1.0, -0.8]))
+    out = tmp_path / "power"
+    assert main(["power", str(plan), "--trials", "50", "--sessions", "10", "--out", str(out), "--no-progress"]) == 0
+    earlier = {name: path.read_bytes() for name, path in read_result_set(out).items()}
+    seen = stop_at_a_table(out, io)
+    capsys.readouterr()
+    assert main(["power", str(plan), "--trials", "50", "100", "--sessions", "10", "--out", str(out),
+                 "--no-progress"]) == 130
+    assert seen == [earlier]
+    assert capsys.readouterr().err.endswith("stimsim: interrupted\n")  # and no unfinished set to write again
+    assert {name: path.read_bytes() for name, path in read_result_set(out).items()} == earlier
+    assert sorted(path.name for path in out.iterdir()) == sorted([*earlier, "result_set.json"])  # no temporary file

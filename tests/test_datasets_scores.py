@@ -12,6 +12,7 @@ from scipy.stats import binom
 from stimsim.cli import main
 from stimsim.datasets import afraz2006, get_dataset, moeller2017
 from stimsim.paradigms.scoring import benchmark_experiments
+from stimsim.utilities.io import read_result_set
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
@@ -221,6 +222,24 @@ def test_models_score_on_the_small_model_writes_the_table_and_resumes(tmp_path, 
     assert main(["models", "score", "stimsim-topo-s0", str(other), "--out", str(out), "--no-progress"]) == 0
     assert [e["run_dir"] for e in json.loads((out / "scores.json").read_text())["experiments"]] == ["afraz_b"]
     assert (run_dir / "summary.json").is_file() and pd.read_csv(out / "scores.csv")["run_dir"].tolist() == ["afraz_b"]
+
+
+def test_models_score_run_again_and_stopped_while_writing_keeps_the_earlier_table(tmp_path, shared_data,
+                                                                                  one_torch_thread, stop_at_a_table):
+    """Scores run again into their --out and stopped (Ctrl-C, or killed) while they write the table leave the earlier
+    scores whole and readable, during the run and after it."""
+    from stimsim.paradigms import scoring
+
+    shared_data("afraz2006")
+    out = tmp_path / "scores"
+    argv = ["models", "score", "stimsim-topo-s0", str(_small_afraz(tmp_path / "experiments" / "afraz2006.toml")),
+            "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    earlier = {name: path.read_bytes() for name, path in read_result_set(out).items()}
+    seen = stop_at_a_table(out, scoring)
+    assert main(argv) == 130
+    assert seen == [earlier]
+    assert {name: path.read_bytes() for name, path in read_result_set(out).items()} == earlier
 
 
 def test_models_score_refuses_bad_input_and_leaves_no_directory(tmp_path, capsys, monkeypatch):

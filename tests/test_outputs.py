@@ -270,6 +270,21 @@ def test_files_written_together_replace_an_older_set_only_once_all_are_made(tmp_
     assert not [name for name in os.listdir(tmp_path) if ".tmp" in name]
 
 
+def test_a_finished_set_stays_readable_until_a_new_set_claims_a_file(tmp_path):
+    """A set under way in the directory of a finished one (what a ``kill -9`` during its work leaves) keeps the
+    finished set readable until it claims its first file."""
+    first = ResultSet(tmp_path, "test")
+    first.write_json("summary.json", {"run": 1})
+    first.finish()
+    second = ResultSet(tmp_path, "test")
+    assert json.loads(read_result_set(tmp_path)["summary.json"].read_text()) == {"run": 1}
+    second.write_json("summary.json", {"run": 2})
+    with pytest.raises(DataError, match="incomplete"):
+        read_result_set(tmp_path)
+    second.finish()
+    assert json.loads(read_result_set(tmp_path)["summary.json"].read_text()) == {"run": 2}
+
+
 def test_a_set_of_other_inputs_is_replaced_with_a_warning_and_the_same_inputs_without(tmp_path, recwarn):
     first = ResultSet(tmp_path, "test", inputs={"file": {"current_uA": 50}, "model": "a"})
     first.write_json("summary.json", {"run": 1})

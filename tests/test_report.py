@@ -84,6 +84,23 @@ def test_write_is_atomic_pair(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.html", "report.pdf"]  # no temp files
 
 
+def test_a_report_stopped_while_writing_keeps_the_earlier_pair(tmp_path, monkeypatch):
+    """A report written again and stopped while its PDF is saved leaves the earlier HTML and PDF, as a pair."""
+    from stimsim.report import document
+
+    html_path, pdf_path = Report("First", [Section("Sites", [Paragraph("Two sites.")])]).write(tmp_path)
+    earlier = html_path.read_bytes(), pdf_path.read_bytes()
+
+    def stop(path, data):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(document, "atomic_write_bytes", stop)
+    with pytest.raises(KeyboardInterrupt):
+        Report("Second", [Section("Sites", [Paragraph("Three sites.")])]).write(tmp_path)
+    assert (html_path.read_bytes(), pdf_path.read_bytes()) == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html", "report.pdf"]  # no temp files
+
+
 def test_report_renders_in_chromium(tmp_path, chromium_render):
     html_path, _ = _example_report().write(tmp_path)
     dom, images_ok, images_total, console = chromium_render(html_path, screenshot=tmp_path / "page.png")

@@ -438,23 +438,22 @@ def save_analysis(analysis: Analysis, out_dir, sources=(), report: bool = True, 
 def _write_analysis(analysis: Analysis, results, sources, report: bool) -> Path:
     from stimsim.analysis.plan_readback import plan_checksum
     from stimsim.utilities.hashing import sha256_of
-    from stimsim.utilities.io import provenance
+    from stimsim.utilities.io import atomic_write_json, atomic_write_text, csv_text, provenance
 
     record = provenance({**analysis.parameters, "sessions": [str(path) for path in sources],
                          "sessions_sha256": [sha256_of(path) for path in sources],
                          **plan_checksum(analysis.parameters["plan_dir"])})
     dataset = analysis.to_dataset()
     dataset.attrs["provenance_json"] = json.dumps(record, default=str)
-    results.write("results.nc", lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"))
-    results.write_csv("sites.csv", analysis.sites)
+    summary = naturally_ordered({**json_ready(analysis.summary), "provenance": record})
+    savers = {"results.nc": lambda tmp: dataset.to_netcdf(tmp, engine="h5netcdf"),
+              "sites.csv": lambda tmp: atomic_write_text(tmp, csv_text(analysis.sites))}
     if report:
         from stimsim.analysis.report import build_report
 
-        results.claim("report.html")
-        results.claim("report.pdf")
-        build_report(analysis, sources, record["config"]).write(results.directory)
-    results.write_json("summary.json", naturally_ordered({**json_ready(analysis.summary), "provenance": record}),
-                       sort_keys=False)
+        savers.update(build_report(analysis, sources, record["config"]).savers())
+    # an earlier analysis stays whole and readable until every new file is made
+    results.write_together({**savers, "summary.json": lambda tmp: atomic_write_json(tmp, summary, sort_keys=False)})
     results.finish()
     return results.directory
 

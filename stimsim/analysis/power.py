@@ -325,7 +325,7 @@ def run_power(plan_dir, out_dir, target_power: float = TARGET_POWER, alpha: floa
     from stimsim.analysis.figures import plot_power_curve
     from stimsim.analysis.plan_readback import plan_checksum, refuse_output_into_plan
     from stimsim.report import Image, Paragraph, Report, Section, Table, figure_png
-    from stimsim.utilities.io import ResultSet, provenance
+    from stimsim.utilities.io import ResultSet, atomic_write_json, atomic_write_text, csv_text, provenance
     from stimsim.utilities.jsonable import json_ready
     from stimsim.utilities.locking import DirectoryLock
 
@@ -379,11 +379,11 @@ def run_power(plan_dir, out_dir, target_power: float = TARGET_POWER, alpha: floa
                                                                       "are simulated from, power at every trial "
                                                                       "count, trials needed (– : not within the "
                                                                       "counts)")])])
-        results.claim("report.html")
-        results.claim("report.pdf")
-        report.write(results.directory)
-        results.write_csv("power_curve.csv", curve)
-        results.write_csv("power_sites.csv", sites)
-        results.write_json("summary.json", {**json_ready(summary), "provenance": provenance(parameters)})
+        record = {**json_ready(summary), "provenance": provenance(parameters)}
+        results.write_together({  # an earlier power analysis stays whole and readable until every new file is made
+            **report.savers(),
+            "power_curve.csv": lambda tmp: atomic_write_text(tmp, csv_text(curve)),
+            "power_sites.csv": lambda tmp: atomic_write_text(tmp, csv_text(sites)),
+            "summary.json": lambda tmp: atomic_write_json(tmp, record)})
         results.finish()
     return summary

@@ -32,7 +32,8 @@ from stimsim.paradigms.experiment_file import load_experiment
 from stimsim.paradigms.runner import CONFIG_FILE, run_experiment
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError
-from stimsim.utilities.io import RESULT_SET_FILE, ResultSet, provenance, read_result_set
+from stimsim.utilities.io import (RESULT_SET_FILE, ResultSet, atomic_write_json, atomic_write_text, csv_text,
+                                  provenance, read_result_set)
 from stimsim.utilities.jsonable import json_ready
 from stimsim.utilities.locking import DirectoryLock
 from stimsim.utilities.progress import report_phase
@@ -103,9 +104,10 @@ def score_model(model, experiments, out_dir, progress: bool = True, force: bool 
         created = provenance()
         config = json_ready({"model": records[0]["model"], "model_source": str(model), "experiments": records,
                              "created_utc": created["created_utc"], "software": created["software"]})
-        results.write_json(SCORES_JSON, scores, sort_keys=False)
-        results.write_csv(SCORES_CSV, score_table(scores))
-        results.write_json(CONFIG_FILE, config)
+        results.write_together({  # an earlier table of scores stays whole and readable until every new file is made
+            SCORES_JSON: lambda tmp: atomic_write_json(tmp, scores, sort_keys=False),
+            SCORES_CSV: lambda tmp: atomic_write_text(tmp, csv_text(score_table(scores))),
+            CONFIG_FILE: lambda tmp: atomic_write_json(tmp, config)})
         results.finish()
     return scores
 

@@ -2,8 +2,8 @@
 templates (shipped as package data) into one self-contained HTML file and a PDF of the same content.
 
 Images are embedded as base64 PNG data URIs, so ``report.html`` can be mailed or copied to the rig
-without any side files. The PDF is printed from the same HTML by WeasyPrint. Both files are written
-atomically (a killed process leaves the old file or the new one).
+without any side files. The PDF is printed from the same HTML by WeasyPrint. Both files are made before
+either replaces an earlier one (a killed process leaves the old pair or the new one).
 
 >>> report = Report("Plan", sections=[Section("Sites", [Paragraph("Two sites.")])])
 >>> "Two sites." in report.to_html()
@@ -20,7 +20,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from stimsim.utilities.io import atomic_write_bytes, atomic_write_text, software_versions
+from stimsim.utilities.io import atomic_write_bytes, atomic_write_text, save_together, software_versions
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: A table cell of text longer than this (characters) is a sentence, read from the left (:attr:`Table.text_columns`).
@@ -163,13 +163,18 @@ class Report:
 
         return HTML(string=html if html is not None else self.to_html()).write_pdf()
 
-    def write(self, directory, stem: str = "report") -> tuple[Path, Path]:
-        """Write ``DIR/{stem}.html`` and ``DIR/{stem}.pdf`` atomically; returns their paths."""
-        directory = Path(directory)
+    def savers(self, stem: str = "report") -> dict:
+        """``{stem}.html`` and ``{stem}.pdf``, rendered now, as savers (name → ``save_fn(path)``) for
+        :func:`stimsim.utilities.io.save_together` or :meth:`stimsim.utilities.io.ResultSet.write_together`."""
         html = self.to_html()
         pdf = self.to_pdf(html)
-        html_path = atomic_write_text(directory / f"{stem}.html", html)
-        pdf_path = atomic_write_bytes(directory / f"{stem}.pdf", pdf)
+        return {f"{stem}.html": lambda path: atomic_write_text(path, html),
+                f"{stem}.pdf": lambda path: atomic_write_bytes(path, pdf)}
+
+    def write(self, directory, stem: str = "report") -> tuple[Path, Path]:
+        """Write ``DIR/{stem}.html`` and ``DIR/{stem}.pdf`` together (:func:`~stimsim.utilities.io.save_together`:
+        both are made before either replaces an earlier one); returns their paths."""
+        html_path, pdf_path = save_together(directory, self.savers(stem))
         return html_path, pdf_path
 
 

@@ -5,7 +5,10 @@ permissions the user's umask gives new files (colleagues on a shared server can 
 the umask allows it). :class:`ResultSet` writes the files of one result (a run's results, summary,
 config and figures) as one set: a manifest ``result_set.json`` is written last with the sha256 of
 every file, :func:`read_result_set` refuses a set whose files do not match it, and a directory that
-holds files stimsim did not write is refused unless the caller forces it."""
+holds files stimsim did not write is refused unless the caller forces it.
+
+Over 500 lines: the atomic writes, the result sets and the checks of output directories share one convention of
+temporary files (the checks recognise and remove those a killed write left)."""
 from __future__ import annotations
 
 import json
@@ -108,6 +111,28 @@ def atomic_save(path, save_fn) -> Path:
     return path
 
 
+def save_together(directory, savers: dict, before_moves=None) -> list[Path]:
+    """Write the files ``savers`` names (name → ``save_fn(temporary path)``) into ``directory`` as one step: every
+    file is saved to a temporary sibling, then ``before_moves()`` (when given) runs and all are moved into place, so
+    a process stopped while they are saved leaves the earlier files of those names as they were."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    staged = {}
+    try:
+        for name, save_fn in savers.items():
+            staged[name] = _temp_file(directory / name)
+            save_fn(staged[name])
+        if before_moves is not None:
+            before_moves()
+        for name, tmp in staged.items():
+            os.replace(tmp, directory / name)
+    except BaseException:
+        for tmp in staged.values():
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    return [directory / name for name in staged]
+
+
 def software_versions() -> dict:
     """Versions of Python, stimsim and the libraries results depend on, stimsim's ``commit`` (:func:`checkout_commit`
     of the checkout it runs from; None when installed), and ``plugins``: the packages whose plug-ins (paradigms,
@@ -185,7 +210,9 @@ class ResultSet:
     records a file's name before the caller writes it atomically, so a killed run's files stay
     recognisable as stimsim's; :meth:`write` and :meth:`write_json` claim and write in one call;
     :meth:`finish` removes the files of an older set that this one did not write, and writes the
-    manifest with the sha256 of every file last. Until then the directory holds no complete set.
+    manifest with the sha256 of every file last. A finished older set stays complete (and readable, even after a
+    ``kill -9``) until this set claims its first file; from then until :meth:`finish` the directory holds no complete
+    set, so :meth:`write_together` saves all files before it claims any.
     Used as a context manager (``with ResultSet(...) as results:``), a run that fails before it wrote
     any file of the set leaves the directory as it found it (:meth:`abandon`).
 
@@ -221,7 +248,8 @@ class ResultSet:
                 remove_temporaries(directory)
         ensure_output_dir(directory)
         self._claimed: list[str] = []
-        self._write_manifest(complete=False)
+        if not (previous or {}).get("complete"):  # a finished set stays readable until a file of this one is claimed
+            self._write_manifest(complete=False)
 
     def claim(self, name: str) -> Path:
         """Record ``name`` (a plain file name) as a file of this set and return its path; the caller
@@ -242,27 +270,20 @@ class ResultSet:
         return atomic_write_json(self.claim(name), obj, sort_keys=sort_keys)
 
     def write_together(self, savers: dict) -> list[Path]:
-        """Write the files ``savers`` names (name → ``save_fn(temporary path)``) as one step: every file is saved
-        to a temporary sibling before any is claimed, then all are moved into place. A run stopped while they are
-        saved leaves the directory as it found it (an older set complete, :meth:`abandon`); only one stopped in
-        the moment of the moves leaves a mixture, which the manifest marks incomplete."""
-        staged = {}
-        try:
-            for name, save_fn in savers.items():
-                _check_result_name(name)
-                staged[name] = _temp_file(self.directory / name)
-                save_fn(staged[name])
-            new = [name for name in staged if name not in self._claimed]
+        """Write the files ``savers`` names (name → ``save_fn(temporary path)``) as one step (:func:`save_together`),
+        claiming them only once all are saved. A run stopped while they are saved leaves the directory as it found
+        it (an older set complete, :meth:`abandon`); only one stopped in the moment of the moves leaves a mixture,
+        which the manifest marks incomplete."""
+        for name in savers:
+            _check_result_name(name)
+
+        def claim_all():
+            new = [name for name in savers if name not in self._claimed]
             if new:
                 self._claimed += new
                 self._write_manifest(complete=False)
-            for name, tmp in staged.items():
-                os.replace(tmp, self.directory / name)
-        except BaseException:
-            for tmp in staged.values():
-                Path(tmp).unlink(missing_ok=True)
-            raise
-        return [self.directory / name for name in staged]
+
+        return save_together(self.directory, savers, before_moves=claim_all)
 
     def write_csv(self, name: str, frame) -> Path:
         """Write a DataFrame as :func:`csv_text` gives it."""
