@@ -230,9 +230,11 @@ def test_power_report_says_when_no_trial_count_reaches_the_target(tmp_path):
     plan = write_virtual_plan(tmp_path / "plan", np.zeros(5))  # no effect: nothing is ever detected
     assert main(["power", str(plan), "--trials", "50", "100", "--sessions", "20"]) == 0
     html = (plan / "power" / "report.html").read_text()
-    for label in ("across sites (Wilcoxon)", "per site, lower median", "across sites (mean)"):
+    for label in ("across sites (Wilcoxon)", "per site, lower median"):
         row = html[html.index(label):]
         assert row[:row.index("</tr>")].count("more than 100") == 1, label
+    row = html[html.index("across sites (mean)"):]  # equal true effects: r across sites has nothing to follow
+    assert "none: the sites&#39; true ΔAUC do not vary (0), so r across sites is undefined" in row[:row.index("</tr>")]
 
 
 def test_power_report_of_too_few_sites_for_the_test_across_sites_says_so(tmp_path, capsys):
@@ -262,9 +264,30 @@ def test_power_report_of_too_few_sites_for_the_test_across_sites_says_so(tmp_pat
         power = json.loads((plan / "power" / "summary.json").read_text())
         assert power["wilcoxon_trials_needed_undefined_reason"] == (f"with {n_sites} site(s) the test across sites "
                                                                     "can never reach p < 0.05: it needs at least 5")
-        assert power["observed_vs_true_r_trials_needed_undefined_reason"] == (undefined if n_sites < 3 else None)
+        if n_sites < 3:
+            assert power["observed_vs_true_r_trials_needed_undefined_reason"] == undefined
+        else:  # three sites with one planted effect: r is undefined for want of spread, not of sites
+            assert "true ΔAUC do not vary" in power["observed_vs_true_r_trials_needed_undefined_reason"]
     assert "no SD with one site" in html[1] and "SD nan" not in html[1]
     assert re.search(r"SD \d\.\d{4} across the sites", html[2])
+
+
+def test_power_with_equal_true_effects_says_r_across_sites_is_undefined(tmp_path):
+    """Five sites with the same planted shift have the same true ΔAUC, so r of observed against true ΔAUC across sites
+    has no spread to correlate with at any trial count: the summary and report say why, not "more than 100"."""
+    plan = write_virtual_plan(tmp_path / "plan", np.full(5, 1.0))
+    assert main(["power", str(plan), "--trials", "50", "100", "--sessions", "20"]) == 0
+    power = json.loads((plan / "power" / "summary.json").read_text())
+    reason = power["observed_vs_true_r_trials_needed_undefined_reason"]
+    assert reason.startswith("the sites' true ΔAUC do not vary (") and reason.endswith("), so r across sites is undefined")
+    assert power["observed_vs_true_r_trials_needed"] is None and power["true_delta_auc_sd"] == 0
+    html = html_module.unescape((plan / "power" / "report.html").read_text())
+    row = html[html.index("observed vs true ΔAUC r ≥ 0.8"):]
+    assert f"none: {reason}" in row[:row.index("</tr>")]
+    different = write_virtual_plan(tmp_path / "different", np.array([1.0, 0.5, 0.0, -0.5, 1.5]))
+    assert main(["power", str(different), "--trials", "50", "--sessions", "20"]) == 0
+    summary = json.loads((different / "power" / "summary.json").read_text())
+    assert summary["observed_vs_true_r_trials_needed_undefined_reason"] is None
 
 
 def test_power_report_sets_its_answer_beside_the_plans_own_forecast(tmp_path):

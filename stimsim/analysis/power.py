@@ -176,11 +176,21 @@ def power_analysis(p_high, electrodes=None, planned_effect=None, trial_counts=DE
                "true_delta_auc_sd": float(np.std(true_delta, ddof=1)) if n_sites > 1 else float("nan"),
                "observed_vs_true_r_target": TARGET_OBSERVED_VS_TRUE_R,
                "observed_vs_true_r_trials_needed": _first_reaching(counts, versus_true, TARGET_OBSERVED_VS_TRUE_R),
-               "observed_vs_true_r_trials_needed_undefined_reason": (
-                   f"with {n_sites} site(s) r across sites is undefined: it needs at least {MIN_SITES_FOR_R}"
-                   if n_sites < MIN_SITES_FOR_R else None),
+               "observed_vs_true_r_trials_needed_undefined_reason": _r_undefined_reason(true_delta),
                "observed_vs_true_r_chance": 0.0}
     return curve, sites, summary
+
+
+def _r_undefined_reason(true_delta: np.ndarray) -> str | None:
+    """Why r across sites with the sites' true ΔAUC is undefined at any trial count, in words; None when it is
+    defined (at least :data:`MIN_SITES_FOR_R` sites whose true ΔAUC differ)."""
+    if len(true_delta) < MIN_SITES_FOR_R:
+        return f"with {len(true_delta)} site(s) r across sites is undefined: it needs at least {MIN_SITES_FOR_R}"
+    finite = true_delta[np.isfinite(true_delta)]
+    if finite.size < MIN_SITES_FOR_R or np.ptp(finite) == 0:
+        return (f"the sites' true ΔAUC do not vary ({', '.join(sorted({f'{value:.4g}' for value in finite}))}), "
+                "so r across sites is undefined")
+    return None
 
 
 def lower_median(values) -> int:
