@@ -309,6 +309,8 @@ SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "train
 
 @pytest.mark.parametrize("old, new, message", [
     ("learning_rate = 0.05", "learning_rate = nan", r"\[training\]: 'learning_rate' must be a finite number, got nan"),
+    ("learning_rate = 0.05", "learning_rate = 1e300",  # beyond float32: SGD could not apply it to the weights
+     r"\[training\]: 'learning_rate' must be <= 3.40\d*e\+38, got 1e\+300"),
     ("alpha = 4.0\nlayers", "alpha = inf\nlayers", r"\[spatial_loss\]: 'alpha' must be a finite number, got inf"),
     ("neighborhoods_per_step = 8", "neighborhoods_per_step = 100000",
      r"\[spatial_loss\]: 'neighborhoods_per_step' must be <= \d+, the number of neighbourhoods on the sheet of layer"),

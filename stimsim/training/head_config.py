@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from stimsim.models.base_networks import base_network_spec
 from stimsim.models.preprocessing import Preprocessing
-from stimsim.training.schedule import check_warmup
+from stimsim.training.schedule import LearningRate, check_warmup
 from stimsim.training.trunk_tuning import TrunkTuningTable
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError
@@ -150,7 +150,7 @@ class HeadTrainingTable(FileModel):
     """Training steps of IT on the trained grid."""
     batch_size: Annotated[int, Field(ge=2, le=4096)] = 256
     """Training images per step (all of them when there are fewer), each at a random view."""
-    learning_rate: _Positive = 1e-3
+    learning_rate: LearningRate = 1e-3
     """Peak learning rate of Adam: reached at the end of the warm-up, then decayed to 0 at ``steps`` on a cosine; the
     distilled readouts use a quarter of it."""
     warmup_steps: Annotated[int, Field(ge=0)] = 50

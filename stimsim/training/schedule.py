@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Annotated
+
+import torch
+from pydantic import Field
+
+#: A peak learning rate as files give it: above 0 and within float32, the precision of the weights it updates (a
+#: larger one cannot be applied to them at all).
+LearningRate = Annotated[float, Field(gt=0, le=torch.finfo(torch.float32).max)]
 
 
 def warmup_cosine_rate(training, step: int) -> float:

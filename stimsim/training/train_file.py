@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, model_validator
 
 from stimsim.models.preprocessing import MAX_SIZE_PX, MIN_SIZE_PX
 from stimsim.training.head_config import HeadConfig
-from stimsim.training.schedule import check_warmup
+from stimsim.training.schedule import LearningRate, check_warmup
 from stimsim.utilities.filemodels import FileModel, PlainName, Text
 from stimsim.utilities.ordering import repeated
 
@@ -119,7 +119,7 @@ class TrainingTable(FileModel):
     """Number of optimisation steps (batches)."""
     batch_size: Annotated[int, Field(ge=2, le=4096)] = 128
     """Images per step, drawn class-balanced (a class drawn uniformly, then an image of that class)."""
-    learning_rate: Annotated[float, Field(gt=0)] = 0.05
+    learning_rate: LearningRate = 0.05
     """Peak learning rate of SGD: reached at the end of the warm-up, then decayed to 0 at ``steps`` on a cosine."""
     momentum: Annotated[float, Field(ge=0, le=1)] = 0.9
     """Momentum of SGD (Nesterov momentum when above 0)."""

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.weights import read_run_checkpoint
+from stimsim.training.schedule import LearningRate
 from stimsim.training.trunk_features import augmented_view, normalised_batch, rgb_geometry
 from stimsim.utilities.errors import ConfigError
 from stimsim.utilities.filemodels import FileModel, Text
@@ -54,7 +55,7 @@ class TrunkTuningTable(FileModel):
     min_signal_percent: Annotated[float, Field(ge=0, le=100)] = 0.0
     """Lowest visual signal of the noisy versions, in %: each keeps a share of its pixels drawn in
     [``min_signal_percent``, 100] % (default 0: up to every pixel replaced by noise)."""
-    learning_rate: Annotated[float, Field(gt=0)] = 1e-4
+    learning_rate: LearningRate = 1e-4
     """Peak learning rate of Adam, decayed to 0 on a cosine over all epochs (no warm-up)."""
     batch_size: Annotated[int, Field(ge=2, le=4096)] = 64
     """Image versions per step; at most the number of versions (images × ``views``)."""
