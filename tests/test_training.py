@@ -549,6 +549,46 @@ def test_a_layer_too_large_to_build_is_refused_with_the_memory_it_needs(tmp_path
         train(load_training_config(config), tmp_path, progress=False, data=tiny_data)
 
 
+def test_activations_kept_for_the_backward_pass_are_counted_on_the_meta_device():
+    """5 images of 8 × 8 px through conv(1 → 4 channels, same size), ReLU, flatten and a 256 → 2 linear layer: 1,280
+    values out of each of the first three modules and 10 out of the last, float32: 3,850 · 4 = 15,400 bytes."""
+    from stimsim.models.preprocessing import Preprocessing
+    from stimsim.training.memory import activation_bytes
+
+    with torch.device("meta"):
+        network = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                      torch.nn.Linear(4 * 8 * 8, 2))
+    assert activation_bytes(network, 5, Preprocessing(size_px=8, channels=1, mean=(0.5,), std=(0.5,))) == 15_400
+
+
+def test_batches_whose_activations_exceed_the_memory_are_refused_before_any_step(tmp_path, monkeypatch, tiny_data):
+    """The weights of the small network fit in 1 GiB; 32 images at 512 px through its convolutions do not."""
+    import stimsim.utilities.limits
+
+    monkeypatch.setattr(stimsim.utilities.limits, "available_memory_bytes", lambda: 2**30)
+    config = small_config()
+    config["model"]["preprocessing"]["size_px"] = 512
+    with pytest.raises(ConfigError, match=r"training 'tiny' on batches of 32 images at 512 px \([\d.]+ GiB of "
+                                          r"activations kept for the backward pass\) needs about [\d.]+ GiB of memory, "
+                                          r"more than the 1.0 GiB .* lower \[training\] batch_size or "
+                                          r"\[model.preprocessing\] size_px"):
+        train(load_training_config(config), tmp_path, progress=False, data=tiny_data)
+    assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_training_images_that_exceed_the_memory_at_their_size_are_refused_before_they_are_made(monkeypatch):
+    """160 LFW crops kept of 200 at 2048 px, one float32 channel: 2.5 GiB, twice that with the joined copy."""
+    import stimsim.utilities.limits
+
+    monkeypatch.setattr(stimsim.utilities.limits, "available_memory_bytes", lambda: 2**30)
+    config = small_config()
+    config["model"]["preprocessing"]["size_px"] = 2048
+    with pytest.raises(ConfigError, match=r"\[data\] sets\[0\] \(lfw_subset\): 160 training images at 2048 px "
+                                          r"needs about 5.0 GiB of memory, more than the 1.0 GiB .* lower "
+                                          r"\[model.preprocessing\] size_px or the number of training images"):
+        load_training_data(load_training_config(config))
+
+
 def test_images_of_one_class_are_refused_for_the_supervised_task_naming_the_label(tmp_path, tiny_data):
     from stimsim.training.loop import TrainingData
 

@@ -26,6 +26,7 @@ from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
 from stimsim.training.holdout import check_sets_disjoint, kept_after_holdout
+from stimsim.training.memory import TRAINING_COPIES, check_training_memory
 from stimsim.training.schedule import warmup_cosine_rate
 from stimsim.training.spatial_loss import layer_spatial_loss
 from stimsim.training.train_file import TrainFile
@@ -35,14 +36,9 @@ from stimsim.utilities.figures import pyplot, save_figure
 from stimsim.utilities.filemodels import validate
 from stimsim.utilities.hashing import canonical_json, changed_keys, json_sha256
 from stimsim.utilities.io import atomic_save, atomic_write_json, atomic_write_text, provenance
-from stimsim.utilities.limits import check_memory, format_bytes
+from stimsim.utilities.limits import check_memory
 
 CHECKPOINT_NAME = "checkpoint.pt"
-#: Copies of the network's weights that a training step holds beside them: the gradients, SGD's momentum and the two
-#: temporaries of its update (weight decay, Nesterov momentum).
-TRAINING_COPIES = 4
-
-
 @dataclass
 class LayerSheetSpec:
     """Sheet of one topographic layer: side (mm), spatial-loss neighbourhood width (mm), area label."""
@@ -261,7 +257,13 @@ def load_training_data(config: TrainingConfig) -> TrainingData:
                                   f"{where} ({stimuli.name})")
         holdout += [sid for sid, k in zip(stimuli.stimulus_id, keep) if not k]
         kept = stimuli.subset(np.flatnonzero(keep))
-        images.append(config.preprocessing(kept.images))
+        pre = config.preprocessing
+        held = sum(block.numel() * block.element_size() for block in images)
+        # float32 inputs of these images beside those before them, and the copy that joins them at the end
+        check_memory(f"{where} ({stimuli.name}): {len(kept)} training images at {pre.size_px} px",
+                     2 * (held + len(kept) * pre.channels * pre.size_px ** 2 * 4),
+                     "[model.preprocessing] size_px or the number of training images ([data] sets)")
+        images.append(pre(kept.images))
         labels += list(kept.labels[config.label])
     classes = sorted(set(labels))
     index = {c: i for i, c in enumerate(classes)}
@@ -290,7 +292,7 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
     device = resolve_device(device)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _check_training_memory(config, TRAINING_COPIES if device.type == "cpu" else 0)
+    check_training_memory(config, TRAINING_COPIES if device.type == "cpu" else 0)
     model = build_untrained_model(config)  # before the data: a misfit architecture fails at once
     model = model.to(device)
     data = data or load_training_data(config)
@@ -378,22 +380,6 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
     atomic_write_json(out_dir / "training_run.json", {**provenance(config.raw), "cpu_seconds": round(cpu_seconds, 1),
                                                       "steps": config.steps})
     return out_dir / "model"
-
-
-def _check_training_memory(config: TrainingConfig, copies: int) -> None:
-    """Refuse, before the network is built, one whose weights and ``copies`` copies of them (training on the CPU:
-    :data:`TRAINING_COPIES`) need more memory than is available. The network is first built on torch's ``meta``
-    device, which holds no numbers: building it for real would itself allocate its weights (bytes)."""
-    try:
-        with torch.device("meta"):
-            network = build_network(config.family, **config.model_kwargs)
-    except Exception:  # a builder that cannot build there, or kwargs that do not fit: the real build says why
-        return
-    weights = sum(parameter.numel() * parameter.element_size() for parameter in network.parameters())
-    sizes = ", ".join(f"{key} = {value}" for key, value in config.model_kwargs.items()
-                      if isinstance(value, int) and not isinstance(value, bool))
-    check_memory(f"{config.source}: training {config.name!r} ({format_bytes(weights)} of weights)",
-                 (1 + copies) * weights, f"the layer sizes in [model] kwargs{f' ({sizes})' if sizes else ''}")
 
 
 def _resume(checkpoint_path: Path, config: TrainingConfig, network, optimizer,
