@@ -26,7 +26,7 @@ from stimsim.models.architectures import build_network
 from stimsim.models.preprocessing import Preprocessing
 from stimsim.models.topographic import TopographicModel
 from stimsim.training.holdout import check_sets_disjoint, kept_after_holdout
-from stimsim.training.memory import TRAINING_COPIES, check_training_memory
+from stimsim.training.memory import check_training_memory
 from stimsim.training.schedule import warmup_cosine_rate
 from stimsim.training.spatial_loss import layer_spatial_loss
 from stimsim.training.train_file import TrainFile
@@ -292,7 +292,7 @@ def train(config: TrainingConfig, out_dir, progress: bool = True, stop_after_ste
     device = resolve_device(device)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    check_training_memory(config, TRAINING_COPIES if device.type == "cpu" else 0)
+    check_training_memory(config, on_cpu=device.type == "cpu")
     model = build_untrained_model(config)  # before the data: a misfit architecture fails at once
     model = model.to(device)
     data = data or load_training_data(config)

@@ -13,10 +13,10 @@ from stimsim.utilities.limits import check_memory, format_bytes
 TRAINING_COPIES = 4
 
 
-def check_training_memory(config, copies: int) -> None:
+def check_training_memory(config, on_cpu: bool) -> None:
     """Refuse (ConfigError), before the network of ``config`` (a :class:`~stimsim.training.loop.TrainingConfig`) is
-    built, one whose weights and ``copies`` copies of them (training on the CPU: :data:`TRAINING_COPIES`), or whose
-    activations for a training batch, need more memory than is available. The network is first built on torch's ``meta``
+    built, one whose weights need more memory than is available, with :data:`TRAINING_COPIES` copies of them and the
+    activations of a training batch when it trains ``on_cpu`` (on another device those are held there). The network is first built on torch's ``meta``
     device, which holds no numbers: building it for real would itself allocate its weights (bytes)."""
     try:
         with torch.device("meta"):
@@ -26,8 +26,11 @@ def check_training_memory(config, copies: int) -> None:
     weights = sum(parameter.numel() * parameter.element_size() for parameter in network.parameters())
     sizes = ", ".join(f"{key} = {value}" for key, value in config.model_kwargs.items()
                       if isinstance(value, int) and not isinstance(value, bool))
+    copies = TRAINING_COPIES if on_cpu else 0
     check_memory(f"{config.source}: training {config.name!r} ({format_bytes(weights)} of weights)",
                  (1 + copies) * weights, f"the layer sizes in [model] kwargs{f' ({sizes})' if sizes else ''}")
+    if not on_cpu:
+        return
     batch = config.batch_size * (1 if config.task == "supervised" else 2)  # SimCLR passes two views of each image
     activations = activation_bytes(network, batch, config.preprocessing)
     check_memory(f"{config.source}: training {config.name!r} on batches of {batch} images at "
