@@ -444,6 +444,26 @@ def test_duplicate_trial_rows_are_refused(tmp_path, table):
     assert len(load_sessions(write_csv(other_session, tmp_path / "two.csv"))) == n + 1
 
 
+def test_trials_of_a_rig_trial_list_given_twice_are_refused(tmp_path, table):
+    """The rig package's trial list numbers every trial once (``trial``, with ``block``): a file without start times
+    whose rows were written twice would count those trials twice."""
+    rig = table.drop(columns=["start_time", "stop_time"]).assign(trial=np.arange(1, len(table) + 1),
+                                                                  block=np.arange(len(table)) // 6 + 1)
+    n = len(rig)
+    assert len(load_sessions(write_csv(rig, tmp_path / "rig.csv"))) == n
+    doubled = pd.concat([rig, rig.iloc[[4, 9]]], ignore_index=True)
+    with pytest.raises(FileFormatError, match=rf"column 'trial', row\(s\) {n + 1}, {n + 2}: a trial number of the same "
+                                              r"session and block as an earlier row \(the trial given twice, or two "
+                                              r"runs of the trial list in one file without a session_id column "
+                                              r"telling them apart\?\); e.g. '5'"):
+        load_sessions(write_csv(doubled, tmp_path / "doubled.csv"))
+    # trials numbered within each block (a lab's own numbering) repeat across blocks only
+    per_block = rig.assign(trial=np.arange(len(rig)) % 6 + 1)
+    assert len(load_sessions(write_csv(per_block, tmp_path / "per_block.csv"))) == n
+    two_days = pd.concat([rig.assign(session_id="day1"), rig.assign(session_id="day2")], ignore_index=True)
+    assert len(load_sessions(write_csv(two_days, tmp_path / "two_days.csv"))) == 2 * n
+
+
 def test_sessions_at_step_0_only_are_refused(tmp_path, table):
     with pytest.raises(FileFormatError, match=r"s\.csv: every trial is at step 0"):
         load_sessions(write_csv(table.assign(step=0).drop(columns="stimulus_id"), tmp_path / "s.csv"))

@@ -692,6 +692,13 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
                & np.isfinite(table["start_time"].to_numpy()), "start_time",
                "a trial of the same session starts at the same time as an earlier row (the trial given twice?)",
                table["start_time"].to_numpy())
+    if "trial" in raw and "block" in raw:  # the rig package's trial list numbers every trial of a session once
+        numbered = table.assign(trial=_code_keys(raw["trial"]).to_numpy(), block=_code_keys(raw["block"]).to_numpy())
+        report(numbered.duplicated(["subject_id", "session_id", "block", "trial"]).to_numpy()
+               & (numbered["trial"] != "").to_numpy(), "trial",
+               "a trial number of the same session and block as an earlier row (the trial given twice, or two runs "
+               "of the trial list in one file without a session_id column telling them apart?)",
+               raw["trial"].to_numpy())
 
     if problems:
         listed = problems[:_MAX_PROBLEMS_LISTED]
