@@ -518,6 +518,20 @@ def test_unreadable_csv_is_one_line(tmp_path):
         load_sessions(tmp_path / "semicolons.csv")
 
 
+def test_csv_rows_with_more_values_than_the_header_are_refused_saying_why(tmp_path, table):
+    """pandas would make the values beyond the header an index and shift every column: a decimal comma, or a
+    separator at the end of each line, read as columns moved one place."""
+    text = write_csv(table[["electrode", "step", "stimulated_electrode", "current_uA", "choice"]],
+                     tmp_path / "whole.csv").read_text()
+    header, *rows = text.splitlines()
+    n = len(rows)
+    for name, lines in (("comma.csv", [row.replace(".", ",") for row in rows]),  # 50.0 written 50,0
+                        ("trailing.csv", [row + "," for row in rows])):
+        (tmp_path / name).write_text("\n".join([header, *lines]) + "\n")
+        with pytest.raises(FileFormatError, match=rf"{name}: row\(s\) 1, 2, 3, 4, 5 \(\+{n - 5} more\) hold more "
+                                                  r"values than the header's 5 columns \(row 1: 6\): a decimal comma"):
+            load_sessions(tmp_path / name)
+
 def test_csv_without_header_is_an_empty_session(tmp_path):
     (tmp_path / "s.csv").write_text("\n")
     with pytest.raises(FileFormatError, match=r"s\.csv: empty session"):
