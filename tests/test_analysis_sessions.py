@@ -308,6 +308,16 @@ def test_choice_outside_the_options(tmp_path, table):
         load_sessions(write_csv(broken, tmp_path / "s.csv"))
 
 
+def test_a_trial_list_without_any_choice_is_named_as_one(tmp_path, table):
+    aborted = table.astype({"choice": object})
+    aborted.loc[3, "choice"] = ""
+    with pytest.raises(FileFormatError, match=r"column 'choice', row\(s\) 4: empty value \(an aborted trial has no "
+                                              r"choice: remove aborted trials"):
+        load_sessions(write_csv(aborted, tmp_path / "aborted.csv"))
+    with pytest.raises(FileFormatError, match=r"column 'choice', row\(s\) 1, 2, 3, 4, 5 \(\+\d+ more\): empty value in "
+                                              r"every row: a trial list before its session"):
+        load_sessions(write_csv(table.assign(choice=""), tmp_path / "trials.csv"))
+
 def test_empty_session(tmp_path, table):
     with pytest.raises(FileFormatError, match="empty session"):
         load_sessions(write_csv(table.iloc[:0], tmp_path / "s.csv"))

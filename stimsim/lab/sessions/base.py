@@ -602,7 +602,9 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
             ids = text.unique()  # the float 42.0 of an NWB column does
             text = text.map(dict(zip(ids, (re.sub(_WHOLE_FLOAT, r"\1", id_text) for id_text in ids))))
         text = text.to_numpy(dtype=object)
-        hint = {"choice": " (an aborted trial has no choice: remove aborted trials from the table first)",
+        hint = {"choice": " (an aborted trial has no choice: remove aborted trials from the table first)" if
+                (text != "").any() else " in every row: a trial list before its session, such as a plan's "
+                                        "rig/trials.nwb? give the session's file, which holds the choices",
                 "stimulated_electrode": " (sham trials left empty map with --values stimulated_electrode:nan=sham)"}
         report(text == "", name, "empty value" + hint.get(name, ""))
         table[name] = text
