@@ -542,6 +542,14 @@ def test_csv_rows_with_more_values_than_the_header_are_refused_saying_why(tmp_pa
                                                   r"values than the header's 5 columns \(row 1: 6\): a decimal comma"):
             load_sessions(tmp_path / name)
 
+def test_a_csv_table_in_another_encoding_than_utf8_is_refused_saying_how_to_save_it(tmp_path, table):
+    text = table.rename(columns={"current_uA": "current_µA"}).to_csv(index=False)
+    for encoding in ("cp1252", "utf-16"):  # Excel's 'CSV' on Windows, and its 'Unicode text'
+        (tmp_path / f"{encoding}.csv").write_text(text, encoding=encoding)
+        with pytest.raises(FileFormatError, match=rf"{encoding}.csv: not UTF-8 text \(invalid start byte: .+\); stimsim "
+                                                  r"reads CSV tables in UTF-8: save the table as UTF-8"):
+            load_sessions(tmp_path / f"{encoding}.csv")
+
 def test_csv_without_header_is_an_empty_session(tmp_path):
     (tmp_path / "s.csv").write_text("\n")
     with pytest.raises(FileFormatError, match=r"s\.csv: empty session"):

@@ -21,7 +21,11 @@ class CSVSessions(SessionFormat):
             table = pd.read_csv(path, dtype=str, keep_default_na=False)
         except pd.errors.EmptyDataError:
             raise FileFormatError(path, "empty session: the file holds no table (no header, no rows)") from None
-        except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError as exc:
+            around = exc.object[max(exc.start - 8, 0):exc.start + 8]
+            raise FileFormatError(path, f"not UTF-8 text ({exc.reason}: {around!r}); stimsim reads CSV tables in "
+                                        "UTF-8: save the table as UTF-8 (in Excel: 'CSV UTF-8')") from None
+        except pd.errors.ParserError as exc:
             raise FileFormatError(path, f"not a readable CSV table ({str(exc).strip()}); stimsim reads values separated "
                                         f"by commas, with '.' as the decimal mark") from None
         with open(path, newline="", encoding="utf-8") as handle:  # pandas renames a repeated column (x, x.1)
@@ -29,10 +33,10 @@ class CSVSessions(SessionFormat):
         twice = sorted(repeated(header))
         if twice:
             raise FileFormatError(path, f"the header names column(s) {twice} more than once; give each column once")
-        if not isinstance(table.index, pd.RangeIndex):  # pandas makes the values a row holds beyond the header an index
+        if not isinstance(table.index, pd.RangeIndex):  # pandas makes the values beyond the header an index
             longer = _rows_longer_than(path, len(header))
-            shown = ", ".join(str(row) for row, _ in longer[:5]) + (f" (+{len(longer) - 5} more)" if len(longer) > 5
-                                                                     else "")
+            shown = ", ".join(str(row) for row, _ in longer[:5])
+            shown += f" (+{len(longer) - 5} more)" if len(longer) > 5 else ""
             raise FileFormatError(path, f"row(s) {shown} hold more values than the header's {len(header)} columns "
                                         f"(row {longer[0][0]}: {longer[0][1]}): a decimal comma ('50,5' for 50.5), a "
                                         "comma in an unquoted value or a separator at the end of each line? stimsim "
