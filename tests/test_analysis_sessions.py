@@ -160,6 +160,13 @@ def test_mapping_from_command_line_text_and_toml(tmp_path):
     assert parse_column_mapping("a=electrode,b=electrode") == {"a": "electrode", "b": "electrode"}  # two rigs' names
 
 
+def test_a_lab_column_given_twice_on_the_command_line_is_refused():
+    """The second would silently replace the first (here the sessions would then lack 'electrode')."""
+    with pytest.raises(ConfigError, match=r"--columns: lab column 'site' is given twice \(onto 'electrode' and "
+                                          r"'stimulated_electrode'\)"):
+        parse_column_mapping("site=electrode,response=choice,site=stimulated_electrode")
+
+
 def test_mapping_naming_an_absent_column_is_refused(tmp_path, table):
     with pytest.raises(FileFormatError, match=r"mapping names column\(s\) \['chan'\]"):
         load_sessions(write_csv(table, tmp_path / "s.csv"), columns={"chan": "electrode"})

@@ -100,6 +100,9 @@ def parse_column_mapping(text: str) -> dict[str, str]:
         lab, sep, ours = (piece.strip() for piece in item.partition("="))
         if not sep or not lab or not ours:
             raise ConfigError(f"--columns: {item!r} is not of the form lab_name=stimsim_name")
+        if lab in mapping:
+            raise ConfigError(f"--columns: lab column {lab!r} is given twice (onto {mapping[lab]!r} and {ours!r}); a "
+                              "lab column maps onto one stimsim column")
         mapping[lab] = ours
     return _checked_mapping(mapping, "--columns")
 
