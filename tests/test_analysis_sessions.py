@@ -222,6 +222,18 @@ def test_missing_columns_named(tmp_path, table):
         load_sessions(path)
 
 
+
+def test_a_missing_column_named_almost_so_is_pointed_at(tmp_path, table):
+    """A header cell with another case or a space around the name reads as another column; the error says which."""
+    path = write_csv(table.rename(columns={"choice": "choice ", "step": "Step"}), tmp_path / "s.csv")
+    with pytest.raises(FileFormatError, match=r"missing column\(s\) \['step', 'choice'\]; did you mean 'Step' for "
+                                              r"'step', 'choice ' for 'choice'\?; a session table needs"):
+        load_sessions(path)
+    site = write_csv(table.rename(columns={"electrode": "site"}), tmp_path / "site.csv")
+    with pytest.raises(FileFormatError, match=r"missing column\(s\) \['electrode'\]; a session table needs"):
+        load_sessions(site)  # not 'stimulated_electrode', a column of its own
+
+
 def test_unknown_electrodes_named_with_row(tmp_path, table):
     path = write_csv(table, tmp_path / "s.csv")
     assert len(load_sessions(path, electrodes=["1", "2", "3"])) == len(table)

@@ -568,7 +568,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     missing = [name for name in REQUIRED if name not in present]
     if missing:
         separated = any(mark in str(name) for name in raw.columns for mark in (";", "\t"))
-        raise FileFormatError(path, f"missing column(s) {missing}; a session table needs {list(REQUIRED)} "
+        hint = did_you_mean(missing, [name for name in raw.columns if name not in COLUMNS])  # 'Choice', 'choice '
+        raise FileFormatError(path, f"missing column(s) {missing}{hint}; a session table needs {list(REQUIRED)} "
                                     f"(its columns: {', '.join(map(str, raw.columns))}; map lab names with "
                                     f"--columns lab_name=stimsim_name)" + (
                                         "; the header holds ';' or tabs: a CSV table's values are separated by "
