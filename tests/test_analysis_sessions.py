@@ -473,6 +473,15 @@ def test_duplicate_trial_rows_are_refused(tmp_path, table):
     assert len(load_sessions(write_csv(other_session, tmp_path / "two.csv"))) == n + 1
 
 
+def test_a_session_whose_trials_all_start_at_one_time_is_named_as_one_without_trial_times(tmp_path, table):
+    """An NWB trials table must have start times; a file that writes one for every trial is not 'given twice'."""
+    n = len(table)
+    with pytest.raises(FileFormatError, match=rf"column 'start_time', row\(s\) 2, 3, 4, 5, 6 \(\+{n - 6} more\): every "
+                                              r"trial of the session starts at the same time: the file gives no trial "
+                                              r"times; give each trial its own start time \(s\); e.g. 0.0$"):
+        load_sessions(write_csv(table.assign(start_time=0.0, stop_time=0.0), tmp_path / "untimed.csv"))
+
+
 def test_trials_of_a_rig_trial_list_given_twice_are_refused(tmp_path, table):
     """The rig package's trial list numbers every trial once (``trial``, with ``block``): a file without start times
     whose rows were written twice would count those trials twice."""

@@ -694,10 +694,14 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
                "that names none)")
         table[name] = ids.replace("", default).to_numpy(dtype=object)
     if "start_time" in raw:
-        report(table.duplicated(["subject_id", "session_id", "start_time"]).to_numpy()
-               & np.isfinite(table["start_time"].to_numpy()), "start_time",
+        again = (table.duplicated(["subject_id", "session_id", "start_time"]).to_numpy()
+                 & np.isfinite(table["start_time"].to_numpy()))
+        untimed = table.groupby(["subject_id", "session_id"])["start_time"].transform("nunique").to_numpy() == 1
+        report(again & ~untimed, "start_time",
                "a trial of the same session starts at the same time as an earlier row (the trial given twice?)",
                table["start_time"].to_numpy())
+        report(again & untimed, "start_time", "every trial of the session starts at the same time: the file gives no "
+               "trial times; give each trial its own start time (s)", table["start_time"].to_numpy())
     if "trial" in raw and "block" in raw:  # the rig package's trial list numbers every trial of a session once
         numbered = table.assign(trial=_code_keys(raw["trial"]).to_numpy(), block=_code_keys(raw["block"]).to_numpy())
         report(numbered.duplicated(["subject_id", "session_id", "block", "trial"]).to_numpy()
