@@ -251,6 +251,19 @@ def test_plan_without_predictions_is_refused(tmp_path):
         analyze(sessions, plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
 
 
+@pytest.mark.filterwarnings("ignore:noise ceiling undefined")
+def test_the_mean_psychometric_shift_is_over_the_sites_with_a_delta_auc_only():
+    """A site left out of the statistics across sites (an empty step × condition cell) still has a logistic shift of
+    its own; the mean shift is over the same sites as every other score across sites."""
+    table = planted_session([0.0, 0.0, 0.0, 3.0], trials_per_site=280, seed=3)
+    empty_cell = (table["electrode"] == "4") & (table["stimulated_electrode"] == "sham") & (table["step"] == 2)
+    with pytest.warns(UserWarning, match="1 of 4 sites have no ΔAUC"):
+        result = analyze(table[~empty_cell].reset_index(drop=True), n_boot=20, n_perm=20, n_splits=5)
+    shifts = result.sites.set_index("electrode")["shift_steps"]
+    assert np.isfinite(shifts["4"]) and shifts["4"] > 0.2  # its strong effect has a shift, but no ΔAUC
+    assert result.summary["n_sites"] == 3
+    assert result.summary["mean_psychometric_shift_steps"] == pytest.approx(shifts[["1", "2", "3"]].mean())
+
 @pytest.mark.filterwarnings("ignore:noise ceiling undefined")  # 3 sites: expected, not the subject here
 def test_plan_of_another_subject_or_sessions_of_several_subjects_are_refused(tmp_path):
     plan = write_plan(tmp_path / "plan", ["1", "2", "3"], [0.02, 0.01, 0.0])

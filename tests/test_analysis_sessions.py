@@ -160,6 +160,13 @@ def test_mapping_from_command_line_text_and_toml(tmp_path):
     assert parse_column_mapping("a=electrode,b=electrode") == {"a": "electrode", "b": "electrode"}  # two rigs' names
 
 
+def test_a_lab_column_given_twice_on_the_command_line_is_refused():
+    """The second would silently replace the first (here the sessions would then lack 'electrode')."""
+    with pytest.raises(ConfigError, match=r"--columns: lab column 'site' is given twice \(onto 'electrode' and "
+                                          r"'stimulated_electrode'\)"):
+        parse_column_mapping("site=electrode,response=choice,site=stimulated_electrode")
+
+
 def test_mapping_naming_an_absent_column_is_refused(tmp_path, table):
     with pytest.raises(FileFormatError, match=r"mapping names column\(s\) \['chan'\]"):
         load_sessions(write_csv(table, tmp_path / "s.csv"), columns={"chan": "electrode"})
@@ -213,6 +220,18 @@ def test_missing_columns_named(tmp_path, table):
     path = write_csv(table.drop(columns=["choice", "step"]), tmp_path / "s.csv")
     with pytest.raises(FileFormatError, match=r"s\.csv: missing column\(s\) \['step', 'choice'\]"):
         load_sessions(path)
+
+
+
+def test_a_missing_column_named_almost_so_is_pointed_at(tmp_path, table):
+    """A header cell with another case or a space around the name reads as another column; the error says which."""
+    path = write_csv(table.rename(columns={"choice": "choice ", "step": "Step"}), tmp_path / "s.csv")
+    with pytest.raises(FileFormatError, match=r"missing column\(s\) \['step', 'choice'\]; did you mean 'Step' for "
+                                              r"'step', 'choice ' for 'choice'\?; a session table needs"):
+        load_sessions(path)
+    site = write_csv(table.rename(columns={"electrode": "site"}), tmp_path / "site.csv")
+    with pytest.raises(FileFormatError, match=r"missing column\(s\) \['electrode'\]; a session table needs"):
+        load_sessions(site)  # not 'stimulated_electrode', a column of its own
 
 
 def test_unknown_electrodes_named_with_row(tmp_path, table):
@@ -307,6 +326,16 @@ def test_choice_outside_the_options(tmp_path, table):
                                               r"choice:CODE=low,CODE=high\); e\.g\. 'left'"):
         load_sessions(write_csv(broken, tmp_path / "s.csv"))
 
+
+def test_a_trial_list_without_any_choice_is_named_as_one(tmp_path, table):
+    aborted = table.astype({"choice": object})
+    aborted.loc[3, "choice"] = ""
+    with pytest.raises(FileFormatError, match=r"column 'choice', row\(s\) 4: empty value \(an aborted trial has no "
+                                              r"choice: remove aborted trials"):
+        load_sessions(write_csv(aborted, tmp_path / "aborted.csv"))
+    with pytest.raises(FileFormatError, match=r"column 'choice', row\(s\) 1, 2, 3, 4, 5 \(\+\d+ more\): empty value in "
+                                              r"every row: a trial list before its session"):
+        load_sessions(write_csv(table.assign(choice=""), tmp_path / "trials.csv"))
 
 def test_empty_session(tmp_path, table):
     with pytest.raises(FileFormatError, match="empty session"):
@@ -444,6 +473,35 @@ def test_duplicate_trial_rows_are_refused(tmp_path, table):
     assert len(load_sessions(write_csv(other_session, tmp_path / "two.csv"))) == n + 1
 
 
+def test_a_session_whose_trials_all_start_at_one_time_is_named_as_one_without_trial_times(tmp_path, table):
+    """An NWB trials table must have start times; a file that writes one for every trial is not 'given twice'."""
+    n = len(table)
+    with pytest.raises(FileFormatError, match=rf"column 'start_time', row\(s\) 2, 3, 4, 5, 6 \(\+{n - 6} more\): every "
+                                              r"trial of the session starts at the same time: the file gives no trial "
+                                              r"times; give each trial its own start time \(s\); e.g. 0.0$"):
+        load_sessions(write_csv(table.assign(start_time=0.0, stop_time=0.0), tmp_path / "untimed.csv"))
+
+
+def test_trials_of_a_rig_trial_list_given_twice_are_refused(tmp_path, table):
+    """The rig package's trial list numbers every trial once (``trial``, with ``block``): a file without start times
+    whose rows were written twice would count those trials twice."""
+    rig = table.drop(columns=["start_time", "stop_time"]).assign(trial=np.arange(1, len(table) + 1),
+                                                                  block=np.arange(len(table)) // 6 + 1)
+    n = len(rig)
+    assert len(load_sessions(write_csv(rig, tmp_path / "rig.csv"))) == n
+    doubled = pd.concat([rig, rig.iloc[[4, 9]]], ignore_index=True)
+    with pytest.raises(FileFormatError, match=rf"column 'trial', row\(s\) {n + 1}, {n + 2}: a trial number of the same "
+                                              r"session and block as an earlier row \(the trial given twice, or two "
+                                              r"runs of the trial list in one file without a session_id column "
+                                              r"telling them apart\?\); e.g. '5'"):
+        load_sessions(write_csv(doubled, tmp_path / "doubled.csv"))
+    # trials numbered within each block (a lab's own numbering) repeat across blocks only
+    per_block = rig.assign(trial=np.arange(len(rig)) % 6 + 1)
+    assert len(load_sessions(write_csv(per_block, tmp_path / "per_block.csv"))) == n
+    two_days = pd.concat([rig.assign(session_id="day1"), rig.assign(session_id="day2")], ignore_index=True)
+    assert len(load_sessions(write_csv(two_days, tmp_path / "two_days.csv"))) == 2 * n
+
+
 def test_sessions_at_step_0_only_are_refused(tmp_path, table):
     with pytest.raises(FileFormatError, match=r"s\.csv: every trial is at step 0"):
         load_sessions(write_csv(table.assign(step=0).drop(columns="stimulus_id"), tmp_path / "s.csv"))
@@ -497,6 +555,28 @@ def test_unreadable_csv_is_one_line(tmp_path):
                                               "commas"):
         load_sessions(tmp_path / "semicolons.csv")
 
+
+def test_csv_rows_with_more_values_than_the_header_are_refused_saying_why(tmp_path, table):
+    """pandas would make the values beyond the header an index and shift every column: a decimal comma, or a
+    separator at the end of each line, read as columns moved one place."""
+    text = write_csv(table[["electrode", "step", "stimulated_electrode", "current_uA", "choice"]],
+                     tmp_path / "whole.csv").read_text()
+    header, *rows = text.splitlines()
+    n = len(rows)
+    for name, lines in (("comma.csv", [row.replace(".", ",") for row in rows]),  # 50.0 written 50,0
+                        ("trailing.csv", [row + "," for row in rows])):
+        (tmp_path / name).write_text("\n".join([header, *lines]) + "\n")
+        with pytest.raises(FileFormatError, match=rf"{name}: row\(s\) 1, 2, 3, 4, 5 \(\+{n - 5} more\) hold more "
+                                                  r"values than the header's 5 columns \(row 1: 6\): a decimal comma"):
+            load_sessions(tmp_path / name)
+
+def test_a_csv_table_in_another_encoding_than_utf8_is_refused_saying_how_to_save_it(tmp_path, table):
+    text = table.rename(columns={"current_uA": "current_µA"}).to_csv(index=False)
+    for encoding in ("cp1252", "utf-16"):  # Excel's 'CSV' on Windows, and its 'Unicode text'
+        (tmp_path / f"{encoding}.csv").write_text(text, encoding=encoding)
+        with pytest.raises(FileFormatError, match=rf"{encoding}.csv: not UTF-8 text \(invalid start byte: .+\); stimsim "
+                                                  r"reads CSV tables in UTF-8: save the table as UTF-8"):
+            load_sessions(tmp_path / f"{encoding}.csv")
 
 def test_csv_without_header_is_an_empty_session(tmp_path):
     (tmp_path / "s.csv").write_text("\n")

@@ -329,6 +329,23 @@ def test_another_commands_output_is_refused_even_when_forced(tmp_path):
         assert not (other / RESULT_SET_FILE).exists()
 
 
+
+def test_a_folder_a_plan_writes_inside_its_directory_is_refused_as_the_plans_even_when_forced(tmp_path):
+    """A plan's rig package (the folder copied to the rig), its images, cache or truth take no other command's files;
+    a folder of the lab's own inside the plan (its power analysis, say) is free."""
+    plan = tmp_path / "plan"
+    for path in ("cache/config_digest.txt", "rig/trials.csv", "rig/images/42_seq0_step0.png", "truth/truth.npz"):
+        (plan / path).parent.mkdir(parents=True, exist_ok=True)
+        (plan / path).write_text("0\n")
+    for folder in ("rig", "rig/images", "truth", "cache", "rig/new"):
+        before = sorted(path.relative_to(plan) for path in plan.rglob("*"))
+        with pytest.raises(ConfigError, match=r"holds a plan \(`stimsim plan`\); give another --out directory"):
+            ResultSet(plan / folder, "analysis", force=True)
+        assert sorted(path.relative_to(plan) for path in plan.rglob("*")) == before
+    for power in (plan / "power", plan / "rig" / ".." / "power"):
+        ResultSet(power, "power").abandon()
+        assert not (plan / "power").exists()
+
 @pytest.mark.parametrize("make, message", [
     (lambda root: "", "empty text"),
     (lambda root: (root / "file.txt").write_text("x") and root / "file.txt", "is a file"),

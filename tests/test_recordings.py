@@ -366,6 +366,24 @@ def test_an_electrode_position_that_is_not_a_number_is_an_error_naming_the_elect
         load_recordings(path, names=names)
 
 
+
+def test_text_where_a_number_belongs_is_an_error_naming_the_field_row_and_value(tmp_path):
+    recordings, *_ = _planted()
+    names = {"presentation": "image_presentations", "response": "mua", "stimulus_id": "image_name",
+             "electrode": "channel_name", "x_mm": "pos_x", "y_mm": "pos_y"}
+    text = recordings.response.values.astype(str).astype(object)
+    text[4, 1] = "NA"
+    _write_plain_nwb(tmp_path / "na.nwb", text, recordings.response.stimulus_id.values,
+                     ["e1", "e2", "e3", "e4", "e5"], [0.0, 400.0, 800.0, 0.0, 400.0], [0.0, 0.0, 0.0, 400.0, 400.0])
+    with pytest.raises(FileFormatError, match=r"na.nwb: table 'image_presentations', column 'mua', row 4, column 1 "
+                                              r"\(0-based\): 'NA' is not a number"):
+        load_recordings(tmp_path / "na.nwb", names=names)
+    dataset = recordings.response.to_dataset(name="response").assign_coords(
+        x_mm=("electrode", ["0", "0.4", "0.8", "0", "0.4 mm"]), y_mm=("electrode", [0.0, 0.0, 0.0, 0.4, 0.4]))
+    dataset.to_netcdf(tmp_path / "units.nc", engine="h5netcdf")
+    with pytest.raises(FileFormatError, match=r"units.nc: variable 'x_mm', row 4 \(0-based\): '0.4 mm' is not a number"):
+        load_recordings(tmp_path / "units.nc")
+
 #: A recording format from outside stimsim, in one module: NumPy archives.
 NPZ_FORMAT = '''
 import numpy as np

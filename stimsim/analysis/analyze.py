@@ -334,7 +334,8 @@ def _group_summary(sites: pd.DataFrame, counts: SiteCounts, plan_summary: dict, 
     halves = split_half_deltas(counts, n_splits, seed)
     n_tested = int(np.isfinite(sites["permutation_p"]).sum())
     summary = {"n_sites_recorded": int(len(sites)), **across_sites(sites["delta_auc"], n_perm=10 * n_perm, seed=seed),
-               "mean_psychometric_shift_steps": _nanmean(sites["shift_steps"]),
+               # over the statistics' sample, the sites with a ΔAUC, as every other score across sites
+               "mean_psychometric_shift_steps": _nanmean(sites["shift_steps"][np.isfinite(sites["delta_auc"])]),
                "mean_psychometric_shift_steps_chance": 0.0,
                "n_sites_significant": int(significant.sum()), "site_alpha": SITE_ALPHA,
                # expected false positives; rounded so that 0.05 × 24 reads 1.2, not 1.2000000000000002

@@ -498,9 +498,22 @@ def _results_of(manifest: dict) -> str:
     return _KIND_OWNERS.get(kind, f"the results of another command ({kind})")
 
 
+#: The folders a plan writes inside its own directory (its cache, rig package, subject and truth): a folder in one of
+#: them is the plan's, as the directory is (a plan's other sub-folders, such as ``power``, are free for outputs).
+_PLAN_FOLDERS = ("cache", "rig", "subject", "truth")
+
+
 def _marked_owner(directory: Path) -> str | None:
-    """The command whose mark file (:data:`_OWNER_MARKS`) ``directory`` holds, in words, or None."""
-    return next((owner for mark, owner in _OWNER_MARKS if (directory / mark).is_file()), None)
+    """The command whose mark file (:data:`_OWNER_MARKS`) ``directory`` holds, in words, or None; a folder in one of a
+    plan's own folders (:data:`_PLAN_FOLDERS`) is the plan's."""
+    owner = next((owner for mark, owner in _OWNER_MARKS if (directory / mark).is_file()), None)
+    if owner is None:
+        path = Path(os.path.abspath(directory))  # "plan/rig/../power" is the plan's power folder
+        plan_mark, plan_owner = _OWNER_MARKS[0]
+        plan = next((folder for folder in path.parents if (folder / plan_mark).is_file()), None)
+        if plan is not None and path.parts[len(plan.parts)] in _PLAN_FOLDERS:
+            owner = plan_owner
+    return owner
 
 
 def _read_manifest(directory: Path) -> dict:

@@ -104,6 +104,24 @@ def positions_where(kind: str, names: dict, position_names) -> str:
     return f"{kind} {x_name!r}, {y_name!r}"
 
 
+def as_numbers(values, path: Path, where: str, axes=("row",)) -> np.ndarray:
+    """``values`` as float64; a value that is not a number (text such as '0.4mm' or 'NA') is a FileFormatError naming
+    ``where``, its position (0-based, along ``axes``) and the value."""
+    try:
+        return np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        cells = np.asarray(values, dtype=object)
+    for index in np.ndindex(cells.shape):
+        try:
+            float(cells[index])
+        except (TypeError, ValueError):
+            break
+    value = cells[index].item() if isinstance(cells[index], np.generic) else cells[index]
+    at = ", ".join(f"{axis} {i}" for axis, i in zip(axes, index))
+    raise FileFormatError(path, f"{where}, {at} (0-based): {value!r} is not a number; every value must be a number "
+                                "(no unit or other text in a value)")
+
+
 def id_text(value) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8")

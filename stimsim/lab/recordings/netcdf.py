@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from stimsim.lab.recordings.formats import (RecordingFormat, RecordingTable, id_text, position_fields, positions_where,
-                                            register_recording_format)
+from stimsim.lab.recordings.formats import (RecordingFormat, RecordingTable, as_numbers, id_text, position_fields,
+                                            positions_where, register_recording_format)
 from stimsim.utilities.errors import FileFormatError
 
 
@@ -58,9 +58,10 @@ def _read_netcdf(path: Path, names: dict, mapped=frozenset()):
         positions = None
         if position_names is not None:
             (x_name, y_name), to_mm = position_names
-            positions = np.column_stack([dataset[x_name].values, dataset[y_name].values]).astype(float) * to_mm
+            positions = np.column_stack([as_numbers(dataset[name].values, path, f"variable {name!r}")
+                                         for name in (x_name, y_name)]) * to_mm
         attrs = {k: v for k, v in response.attrs.items() if isinstance(v, (str, int, float))}
-        values = np.asarray(response.values, dtype=np.float64)
+        values = as_numbers(response.values, path, f"variable {response_name!r}", ("row", "column"))
         stimulus_values = [id_text(s) for s in stimulus_id.values]
     where = {"response": f"variable {names['response']!r}", "electrode": f"coordinate {names['electrode']!r}",
              "stimulus_id": f"coordinate {names['stimulus_id']!r}",

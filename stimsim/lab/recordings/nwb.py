@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stimsim.lab.recordings.formats import (RecordingFormat, RecordingTable, id_text, position_fields, positions_where,
-                                            register_recording_format)
+from stimsim.lab.recordings.formats import (RecordingFormat, RecordingTable, as_numbers, id_text, position_fields,
+                                            positions_where, register_recording_format)
 from stimsim.utilities.errors import FileFormatError, unreadable_reason
 
 
@@ -59,8 +59,8 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset(), electrode_group: str 
         positions = None
         if position_names is not None:
             (x_name, y_name), to_mm = position_names
-            positions = np.column_stack([np.asarray(electrodes[x_name].data[:], dtype=float),
-                                         np.asarray(electrodes[y_name].data[:], dtype=float)]) * to_mm
+            positions = np.column_stack([as_numbers(electrodes[name].data[:], path, f"electrodes table, column {name!r}")
+                                         for name in (x_name, y_name)]) * to_mm
         table_name = names["presentation"]
         candidates = [obj for obj in nwbfile.objects.values()
                       if isinstance(obj, DynamicTable) and obj.name == table_name]
@@ -88,14 +88,15 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset(), electrode_group: str 
             if len(candidates) > 1:
                 arrays += f"; the file holds {len(candidates)} tables named {table_name!r}, and the first was read"
         if hasattr(column, "target"):  # a ragged column: VectorIndex over VectorData
-            rows = [np.asarray(column[i], dtype=float) for i in range(len(table))]
+            rows = [as_numbers(column[i], path, f"{where_table}, column {names['response']!r}, row {i}", ("value",))
+                    for i in range(len(table))]
             for i, row in enumerate(rows):
                 if row.shape != (n_electrodes,):
                     raise FileFormatError(path, f"{where_table}, column {names['response']!r}, row {i} (0-based): "
                                                 f"{row.size} values for {n_electrodes} electrodes{arrays}")
             values = np.stack(rows) if rows else np.zeros((0, n_electrodes))
         else:
-            values = np.asarray(column.data[:], dtype=float)
+            values = as_numbers(column.data[:], path, f"{where_table}, column {names['response']!r}", ("row", "column"))
             if values.ndim == 1 and n_electrodes == 1:
                 values = values[:, None]
             if values.ndim != 2 or values.shape[1] != n_electrodes:
@@ -103,7 +104,8 @@ def _read_nwb(path: Path, names: dict, mapped=frozenset(), electrode_group: str 
                                             f"expected (presentations, {n_electrodes} electrodes of the "
                                             f"electrodes table){arrays}")
         if "start_time" in table.colnames:
-            _refuse_repeated_onsets(path, where_table, np.asarray(table["start_time"].data[:], dtype=float))
+            _refuse_repeated_onsets(path, where_table, as_numbers(table["start_time"].data[:], path,
+                                                                  f"{where_table}, column 'start_time'"))
         attrs = {"units_description": column.description}
         if electrode_group is not None or len(counts) > 1:
             if electrode_group is None:

@@ -100,6 +100,9 @@ def parse_column_mapping(text: str) -> dict[str, str]:
         lab, sep, ours = (piece.strip() for piece in item.partition("="))
         if not sep or not lab or not ours:
             raise ConfigError(f"--columns: {item!r} is not of the form lab_name=stimsim_name")
+        if lab in mapping:
+            raise ConfigError(f"--columns: lab column {lab!r} is given twice (onto {mapping[lab]!r} and {ours!r}); a "
+                              "lab column maps onto one stimsim column")
         mapping[lab] = ours
     return _checked_mapping(mapping, "--columns")
 
@@ -565,7 +568,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
     missing = [name for name in REQUIRED if name not in present]
     if missing:
         separated = any(mark in str(name) for name in raw.columns for mark in (";", "\t"))
-        raise FileFormatError(path, f"missing column(s) {missing}; a session table needs {list(REQUIRED)} "
+        hint = did_you_mean(missing, [name for name in raw.columns if name not in COLUMNS])  # 'Choice', 'choice '
+        raise FileFormatError(path, f"missing column(s) {missing}{hint}; a session table needs {list(REQUIRED)} "
                                     f"(its columns: {', '.join(map(str, raw.columns))}; map lab names with "
                                     f"--columns lab_name=stimsim_name)" + (
                                         "; the header holds ';' or tabs: a CSV table's values are separated by "
@@ -602,7 +606,9 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
             ids = text.unique()  # the float 42.0 of an NWB column does
             text = text.map(dict(zip(ids, (re.sub(_WHOLE_FLOAT, r"\1", id_text) for id_text in ids))))
         text = text.to_numpy(dtype=object)
-        hint = {"choice": " (an aborted trial has no choice: remove aborted trials from the table first)",
+        hint = {"choice": " (an aborted trial has no choice: remove aborted trials from the table first)" if
+                (text != "").any() else " in every row: a trial list before its session, such as a plan's "
+                                        "rig/trials.nwb? give the session's file, which holds the choices",
                 "stimulated_electrode": " (sham trials left empty map with --values stimulated_electrode:nan=sham)"}
         report(text == "", name, "empty value" + hint.get(name, ""))
         table[name] = text
@@ -688,10 +694,21 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
                "that names none)")
         table[name] = ids.replace("", default).to_numpy(dtype=object)
     if "start_time" in raw:
-        report(table.duplicated(["subject_id", "session_id", "start_time"]).to_numpy()
-               & np.isfinite(table["start_time"].to_numpy()), "start_time",
+        again = (table.duplicated(["subject_id", "session_id", "start_time"]).to_numpy()
+                 & np.isfinite(table["start_time"].to_numpy()))
+        untimed = table.groupby(["subject_id", "session_id"])["start_time"].transform("nunique").to_numpy() == 1
+        report(again & ~untimed, "start_time",
                "a trial of the same session starts at the same time as an earlier row (the trial given twice?)",
                table["start_time"].to_numpy())
+        report(again & untimed, "start_time", "every trial of the session starts at the same time: the file gives no "
+               "trial times; give each trial its own start time (s)", table["start_time"].to_numpy())
+    if "trial" in raw and "block" in raw:  # the rig package's trial list numbers every trial of a session once
+        numbered = table.assign(trial=_code_keys(raw["trial"]).to_numpy(), block=_code_keys(raw["block"]).to_numpy())
+        report(numbered.duplicated(["subject_id", "session_id", "block", "trial"]).to_numpy()
+               & (numbered["trial"] != "").to_numpy(), "trial",
+               "a trial number of the same session and block as an earlier row (the trial given twice, or two runs "
+               "of the trial list in one file without a session_id column telling them apart?)",
+               raw["trial"].to_numpy())
 
     if problems:
         listed = problems[:_MAX_PROBLEMS_LISTED]
