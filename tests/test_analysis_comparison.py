@@ -264,6 +264,7 @@ def test_the_mean_psychometric_shift_is_over_the_sites_with_a_delta_auc_only():
     assert result.summary["n_sites"] == 3
     assert result.summary["mean_psychometric_shift_steps"] == pytest.approx(shifts[["1", "2", "3"]].mean())
 
+
 @pytest.mark.filterwarnings("ignore:noise ceiling undefined")  # 3 sites: expected, not the subject here
 def test_plan_of_another_subject_or_sessions_of_several_subjects_are_refused(tmp_path):
     plan = write_plan(tmp_path / "plan", ["1", "2", "3"], [0.02, 0.01, 0.0])
