@@ -203,18 +203,20 @@ def test_analyze_warns_when_the_session_ran_another_protocol_than_the_plans(rig_
     table.loc[stimulated, "frequency_Hz"] = 50.0
     table.loc[stimulated, "pulse_width_ms"] = 1.0
     table.loc[stimulated, "train_onset_ms"] = 0.0  # the plan's trains start 20 ms before the image
+    table.loc[stimulated.to_numpy().nonzero()[0][:3], "train_ms"] = np.nan  # three trials that give no train
     table.to_csv(session, index=False)
     assert main(["analyze", str(session), "--plan", str(rig_plan), "--out", str(tmp_path / "other"),
                  "--boot", "10", "--perm", "10", "--splits", "5", "--no-progress"]) == 0
     error = capsys.readouterr().err
     n = int(stimulated.sum())
-    for expected in (f"frequency_Hz: {n} of {n} stimulation trials give 50 Hz (no value: nan), where the plan "
-                     f"stimulates at 200 Hz", f"pulse_width_ms: {n} of {n} stimulation trials give 1 ms",
-                     f"train_onset_ms: {n} of {n} stimulation trials give 0 ms (no value: nan), where the plan's "
+    for expected in (f"frequency_Hz: {n} of {n} stimulation trials give 50 Hz, where the plan stimulates at 200 Hz",
+                     f"pulse_width_ms: {n} of {n} stimulation trials give 1 ms",
+                     f"train_ms: 3 of {n} stimulation trials give nan ms (nan: no value), where",
+                     f"train_onset_ms: {n} of {n} stimulation trials give 0 ms, where the plan's "
                      "trains start at -20 ms from image onset"):
         assert f"stimsim: warning: {expected}" in error, error
     warned = json.loads((tmp_path / "other" / "summary.json").read_text())["warnings"]
-    assert sum("where the plan stimulates at" in message for message in warned) == 2
+    assert sum("where the plan stimulates at" in message for message in warned) == 3
 
 
 def test_the_nwb_template_is_of_the_plans_subject(rig_plan):

@@ -312,9 +312,11 @@ def _protocol_warnings(sessions: pd.DataFrame, stimulation: dict) -> list[str]:
         given = sessions[column].to_numpy(dtype=float)
         other = off_protocol(given, stimulated, planned)
         if other.any():
-            values = ", ".join(f"{value:g}" for value in np.unique(given[other])[:5])
+            listed = np.unique(given[other])[:5]
+            values = ", ".join(f"{value:g}" for value in listed) + f" {unit}"
+            values += " (nan: no value)" if np.isnan(listed).any() else ""
             messages.append(f"{column}: {int(other.sum())} of {int(stimulated.sum())} stimulation trials give "
-                            f"{values} {unit} (no value: nan), where {planned_setting(column, planned, unit)}; "
+                            f"{values}, where {planned_setting(column, planned, unit)}; "
                             f"its predicted effects are for its own protocol")
     return messages
 
