@@ -180,6 +180,22 @@ def test_expectation_uses_the_plans_truth_on_the_analysed_sites_only(tmp_path):
     assert result["expected_predicted_vs_observed_r"] == pytest.approx(on_top * np.sqrt(result["noise_ceiling"]))
 
 
+@pytest.mark.filterwarnings("ignore:noise ceiling undefined")
+def test_the_plans_chosen_sites_that_the_session_never_stimulated_are_named(tmp_path):
+    """A plan of five sites and a session that stimulated three of them: the two others are named in a warning and
+    in the summary's warnings, in natural order; a session of every chosen site gets no such warning."""
+    plan = write_plan(tmp_path / "plan", ["12", "3", "7", "10", "2"], [0.05, 0.04, 0.03, 0.02, 0.01])
+    with pytest.warns(UserWarning, match=r"2 of the plan's 5 chosen sites have no stimulation trial in the session\(s\) "
+                                         r"and are not analysed: 3, 12$"):
+        result = analyze(planted_session([0.5, 0.0, -0.5], trials_per_site=140, electrodes=["7", "10", "2"]),
+                         plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    assert sum("chosen sites have no stimulation trial" in message for message in result.summary["warnings"]) == 1
+    every = analyze(planted_session([0.5, 0.0, -0.5, 0.2, 0.1], trials_per_site=140,
+                                    electrodes=["12", "3", "7", "10", "2"]),
+                    plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
+    assert not any("chosen sites have no stimulation trial" in message for message in every.summary["warnings"])
+
+
 def test_a_plan_truth_without_a_number_at_an_analysed_site_is_refused_not_left_out(tmp_path):
     """The plan lists a finite true and predicted ΔAUC for every electrode it rehearsed: a NaN, null, text or missing
     one at a site of the sessions would silently shrink the r over these sites; at a site not analysed it is not

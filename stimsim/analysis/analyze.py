@@ -186,8 +186,8 @@ def analyze(sessions: pd.DataFrame, plan_dir=None, n_boot: int = 1000, n_perm: i
                **_group_summary(sites, counts, plan_summary, n_boot, n_perm, n_splits, seed, effect)}
     given = [column for column in PROTOCOL_COLUMNS if column in sessions]  # the rig's columns, when a session has them
     protocol = [] if plan_dir is None or not given else _protocol_warnings(sessions, read_plan_protocol(plan_dir))
-    summary["warnings"] = (_warnings(sites, summary) + _current_warnings(sessions, sites, plan_sites) + protocol
-                           + _falling_curve_warning(counts))
+    summary["warnings"] = (_warnings(sites, summary) + _unrecorded_plan_sites(sessions, plan_sites)
+                           + _current_warnings(sessions, sites, plan_sites) + protocol + _falling_curve_warning(counts))
     for message in summary["warnings"]:
         warnings.warn(message, stacklevel=2)
     subjects = sorted(sites["subject_id"].unique(), key=natural_key)
@@ -242,6 +242,18 @@ def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
                        if "noise_ceiled_r" in summary else "")
         messages.append(f"noise ceiling undefined: {summary['noise_ceiling_undefined_reason']}.{consequence}")
     return messages
+
+
+def _unrecorded_plan_sites(sessions: pd.DataFrame, plan_sites: pd.DataFrame | None) -> list[str]:
+    """The plan's chosen sites that no trial of the sessions stimulates (in natural order)."""
+    if plan_sites is None:
+        return []
+    stimulated = set(sessions.loc[sessions["stimulated_electrode"] != SHAM, "electrode"])
+    absent = sorted(set(plan_sites["electrode_id"]) - stimulated, key=natural_key)
+    if not absent:
+        return []
+    return [f"{len(absent)} of the plan's {len(plan_sites)} chosen sites have no stimulation trial in the session(s) "
+            f"and are not analysed: {', '.join(absent)}"]
 
 
 def _current_warnings(sessions: pd.DataFrame, sites: pd.DataFrame, plan_sites: pd.DataFrame | None) -> list[str]:
