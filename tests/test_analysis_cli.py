@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+from test_analysis_comparison import write_plan
 from test_analysis_sessions import LAB_MAPPING, write_lab_nwb
 
 from stimsim.analysis.effects import expected_fdr_discoveries_under_null
@@ -110,9 +111,23 @@ def test_an_analysis_folder_given_as_the_plan_is_named_as_one(tmp_path, capsys):
     analysis = str(tmp_path / "analysis")
     for command in (["analyze", str(session), "--plan", analysis, *quick], ["power", analysis]):
         assert main([*command, "--out", str(tmp_path / "out")]) == 2
-        assert capsys.readouterr().err.endswith(f"'predicted_delta_auc']; {tmp_path / 'analysis'} holds the results "
-                                                "of a stimsim analysis, not a plan: give the directory `stimsim plan` "
+        assert capsys.readouterr().err.endswith(f"'predicted_delta_auc']; {tmp_path / 'analysis'} holds an analysis "
+                                                "(`stimsim analyze`), not a plan: give the directory `stimsim plan` "
                                                 "wrote\n")
+
+
+def test_a_folder_inside_a_plan_given_as_the_plan_points_to_the_plan(tmp_path, capsys):
+    """A plan's rig package or virtual subject given as --plan: the error names the plan directory above it."""
+    session = tmp_path / "s.csv"
+    planted_session([0.5, 0.5], trials_per_site=20).to_csv(session, index=False)
+    plan = write_plan(tmp_path / "plan", ["1", "2"], [0.02, 0.01])
+    for inner in ("rig", "subject"):
+        (plan / inner).mkdir()
+        assert main(["analyze", str(session), "--plan", str(plan / inner), "--out", str(tmp_path / "out"),
+                     "--no-progress"]) == 2
+        assert capsys.readouterr().err == (f"stimsim: error: plan directory {plan / inner} has no sites.csv (made by "
+                                           f"`stimsim plan`); {plan / inner} is a folder inside the plan directory "
+                                           f"{plan}: give that directory\n")
 
 
 @pytest.mark.parametrize("argv, message", [

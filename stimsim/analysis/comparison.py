@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from scipy import stats
 
 from stimsim.analysis.effects import weighted_pearson
 from stimsim.analysis.plan_readback import check_plan_files
-from stimsim.utilities.errors import FileFormatError
+from stimsim.utilities.errors import DataError, FileFormatError
 
 #: The per-site effect of a plan whose summary names none (plans made before ``effect`` was recorded).
 DEFAULT_PLAN_EFFECT = "delta_auc"
@@ -36,16 +37,19 @@ def plan_effect(summary: dict, summary_path="summary.json") -> str:
 
 
 def _not_a_plan(directory: Path) -> str:
-    """'; ... not a plan' when ``directory`` holds another command's result set (an analysis, a power
-    estimate), else ''."""
-    from stimsim.utilities.io import RESULT_SET_FILE
+    """'; ...' naming what ``directory`` is instead of a plan (a folder inside a plan's directory, another command's
+    output), else ''."""
+    from stimsim.utilities.io import output_owner
 
+    plan = next((folder for folder in Path(os.path.abspath(directory)).parents
+                 if (folder / "sites.csv").is_file() and (folder / "plan.nc").is_file()), None)
+    if plan is not None:
+        return f"; {directory} is a folder inside the plan directory {plan}: give that directory"
     try:
-        kind = json.loads((directory / RESULT_SET_FILE).read_text(encoding="utf-8")).get("kind")
-    except (OSError, ValueError, AttributeError):
+        owner = None if (directory / "plan.nc").is_file() else output_owner(directory)
+    except DataError:  # a damaged manifest: nothing to name
         return ""
-    return (f"; {directory} holds the results of a stimsim {kind}, not a plan: give the directory `stimsim plan` "
-            f"wrote" if isinstance(kind, str) else "")
+    return f"; {directory} holds {owner}, not a plan: give the directory `stimsim plan` wrote" if owner else ""
 
 
 def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
@@ -58,7 +62,8 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
     check_plan_files(plan_dir)  # first: a plan stopped while writing its outputs is said to be one
     for path in (sites_path, summary_path):
         if not path.is_file():
-            raise FileNotFoundError(f"plan directory {plan_dir} has no {path.name} (made by `stimsim plan`)")
+            raise FileNotFoundError(f"plan directory {plan_dir} has no {path.name} (made by `stimsim plan`)"
+                                    f"{_not_a_plan(plan_dir)}")
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
