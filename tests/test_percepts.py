@@ -414,6 +414,8 @@ def test_a_visualization_stopped_with_its_result_set_unfinished_says_so(tmp_path
     ({"steps = 100": "stepz = 100"}, "unknown key 'stepz'"),
     ({"currents_uA = [100, 300, 1000]": "currents_uA = [300, 100]"},
      "in rising order, each once, got [300.0, 100.0] (e.g. [100.0, 300.0])"),
+    ({"currents_uA = [100, 300, 1000]": "currents_uA = [300, 300]"},
+     "in rising order, each once, got [300.0, 300.0] (at least two different currents)"),
     ({'model = "stimsim-effl0-s0"': 'model = "stimsim-efl0-s0"'},
      "the judge ([judge] model or --judge): unknown model 'stimsim-efl0-s0': not one of the shipped models"),
     ({'method = "selectivity"': 'method = "random"'}, "'method' must be one of"),

@@ -131,8 +131,9 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
         raise ConfigError(f"{where} [stimulation]: 'kind' must be \"electrical\", got {template.get('kind')!r}")
     template["kind"] = "electrical"
     if list(currents) != sorted(set(currents)):
+        hint = f"e.g. {sorted(set(currents))}" if len(set(currents)) > 1 else "at least two different currents"
         raise ConfigError(f"{where} [stimulation]: 'currents_uA' must list its currents (µA) in rising order, each "
-                          f"once, got {list(currents)} (e.g. {sorted(set(currents))})")
+                          f"once, got {list(currents)} ({hint})")
     labels = [_current_label(current) for current in currents]
     alike = next((i for i in range(1, len(labels)) if labels[i] == labels[i - 1]), None)
     if alike is not None:
