@@ -643,23 +643,36 @@ def test_the_figure_shares_its_rows_among_the_groups_when_there_are_too_many_ima
     assert shown_rows(groups, limit=7) == [0, 1, 2, 6, 7, 8, 9]
 
 
+def _percepts_dataset(n_images: int) -> xr.Dataset:
+    """A percepts dataset of ``n_images`` random 4-px gray images in two groups, two conditions."""
+    rng = np.random.default_rng(0)
+    ids = np.asarray([f"image{i}" for i in range(n_images)], dtype=object)
+    return xr.Dataset(
+        {"percept": (("stimulus_id", "condition", "y", "x", "channel"), rng.random((n_images, 2, 4, 4, 1))),
+         "original": (("stimulus_id", "y", "x", "channel"), rng.random((n_images, 4, 4, 1))),
+         "p_face": (("judge", "stimulus_id", "condition"), rng.random((2, n_images, 2))),
+         "p_face_original": (("judge", "stimulus_id"), rng.random((2, n_images)))},
+        coords={"stimulus_id": ids, "group": ("stimulus_id", np.asarray(["a", "b"] * (n_images // 2), dtype=object)),
+                "condition": np.asarray(["unstimulated", "50uA"], dtype=object), "channel": ["gray"]})
+
+
 def test_a_figure_of_many_images_is_no_taller_than_its_row_limit(tmp_path):
     from PIL import Image
 
     from stimsim.percepts.figure import MAX_FIGURE_ROWS, plot_percepts
 
-    def dataset(n_images):
-        rng = np.random.default_rng(0)
-        ids = np.asarray([f"image{i}" for i in range(n_images)], dtype=object)
-        return xr.Dataset(
-            {"percept": (("stimulus_id", "condition", "y", "x", "channel"), rng.random((n_images, 2, 4, 4, 1))),
-             "original": (("stimulus_id", "y", "x", "channel"), rng.random((n_images, 4, 4, 1))),
-             "p_face": (("judge", "stimulus_id", "condition"), rng.random((2, n_images, 2))),
-             "p_face_original": (("judge", "stimulus_id"), rng.random((2, n_images)))},
-            coords={"stimulus_id": ids, "group": ("stimulus_id", np.asarray(["a", "b"] * (n_images // 2), dtype=object)),
-                    "condition": np.asarray(["unstimulated", "50uA"], dtype=object), "channel": ["gray"]})
-
-    plot_percepts(dataset(MAX_FIGURE_ROWS), tmp_path / "limit.png", "limit", notes=["a note"])
-    plot_percepts(dataset(MAX_FIGURE_ROWS + 40), tmp_path / "more.png", "more", notes=["a note"])
+    plot_percepts(_percepts_dataset(MAX_FIGURE_ROWS), tmp_path / "limit.png", "limit", notes=["a note"])
+    plot_percepts(_percepts_dataset(MAX_FIGURE_ROWS + 40), tmp_path / "more.png", "more", notes=["a note"])
     limit_px, more_px = (Image.open(tmp_path / name).size[1] for name in ("limit.png", "more.png"))
     assert more_px == pytest.approx(limit_px, rel=0.05)  # as tall as the limit's (its one more note line aside)
+
+
+def test_each_note_under_the_figure_starts_a_line_of_its_own(tmp_path, monkeypatch):
+    from stimsim.percepts import figure
+
+    figures = []
+    monkeypatch.setattr(figure, "save_figure", lambda fig, path: figures.append(fig))
+    notes = ["the face site's face d′ is 0.49, below 1", "the protocol is outside the safety limits"]
+    figure.plot_percepts(_percepts_dataset(2), tmp_path / "notes.png", "notes", notes=notes)
+    lines = figures[0].get_supxlabel().splitlines()
+    assert [line for line in lines if "Note:" in line] == [f"Note: {note}" for note in notes]

@@ -58,8 +58,8 @@ def plot_percepts(dataset: xr.Dataset, path, title: str, notes=()) -> None:
                                 fontsize=7)
     fig.suptitle(f"{title}\nP(face): own decoder / independent judge", fontsize=8)
     if notes:
-        fig.supxlabel("\n".join(textwrap.wrap("Note: " + " Note: ".join(notes), width=int(18 * n_cols))),
-                      fontsize=7, color="C3")
+        lines = [line for note in notes for line in textwrap.wrap(f"Note: {note}", width=int(18 * n_cols))]
+        fig.supxlabel("\n".join(lines), fontsize=7, color="C3")
     save_figure(fig, path)
 
 
