@@ -320,7 +320,13 @@ def _not_reached(*args, **kwargs):
      "float32", False),
     ({"steps = 1": "steps = 1\ntv_weight = 1e300"},  # 1e300 is infinite in float32
      "[inversion]: the images hold values that are not finite after the inversion's steps", False),
-], ids=["learning_rate", "blur", "site_off_sheet", "match_layer", "layer", "spectrum_decay", "overflow", "tv_weight"])
+    # the first LFW image in two rows; LFW twice in the localizer (the row's image left out of both)
+    ({"n = 1\n": 'n = 1\n\n[[images]]\ngroup = "face"\nsource = "lfw_subset"\nn = 1\n'},
+     "[[images]]: image id(s) ['lfw_face_000'] come more than once", False),
+    ({'sets = [{ source = "lfw_subset" }]': 'sets = [{ source = "lfw_subset" }, { source = "lfw_subset" }]'},
+     "[localizer] sets: image id(s) ['lfw_face_001', 'lfw_face_002', ", False),
+], ids=["learning_rate", "blur", "site_off_sheet", "match_layer", "layer", "spectrum_decay", "overflow", "tv_weight",
+        "rows_same_id", "localizer_same_id"])
 def test_bad_inversion_and_site_values_are_one_line_errors_naming_the_file(tmp_path, capsys, monkeypatch, change,
                                                                            message, early, one_torch_thread):
     path = _small_models_file(tmp_path, 0)

@@ -58,7 +58,7 @@ import torch
 import xarray as xr
 
 from stimsim.cortex.topography import smoothed_values_at
-from stimsim.data.stimuli import StimulusSet, load_stimulus_source
+from stimsim.data.stimuli import SHOWN_REPEATS, StimulusSet, load_stimulus_source
 from stimsim.engine.devices import resolve_device
 from stimsim.models.registry import load_model, resolve_model_path
 from stimsim.paradigms.experiment_file import resolve_set_paths
@@ -76,6 +76,7 @@ from stimsim.utilities.hashing import state_sha256
 from stimsim.utilities.io import ResultSet, atomic_write_json, provenance
 from stimsim.utilities.locking import DirectoryLock
 from stimsim.utilities.jsonable import json_ready
+from stimsim.utilities.ordering import repeated
 from stimsim.utilities.progress import report_phase
 
 PNG_FILE, DATA_FILE, SUMMARY_FILE, CONFIG_FILE = "percepts.png", "percepts.nc", "summary.json", "config.json"
@@ -403,8 +404,7 @@ def _load_rows(config: VisualizeConfig) -> StimulusSet:
         images += [stimuli.images[i] for i in chosen]
         ids += [str(stimuli.stimulus_id[i]) for i in chosen]
         groups += [group] * len(chosen)
-    if len(set(ids)) != len(ids):
-        raise ConfigError(f"{config.source} [[images]]: an image is listed twice")
+    _check_unique_ids(ids, f"{config.source} [[images]]")
     return StimulusSet(name="rows", images=images, stimulus_id=np.asarray(ids), labels={"group": np.asarray(groups)})
 
 
@@ -426,9 +426,18 @@ def _load_localizer(config: VisualizeConfig, shown: set) -> tuple[StimulusSet, l
                 images.append(image)
                 ids.append(str(stimulus_id))
                 values.append(str(value))
+    _check_unique_ids(ids, f"{config.source} [localizer] sets")
     stimuli = StimulusSet(name="localizer", images=images, stimulus_id=np.asarray(ids),
                           labels={label: np.asarray(values)})
     return stimuli, left_out
+
+
+def _check_unique_ids(ids: list, where: str) -> None:
+    """Refuse image ids given more than once, naming them."""
+    twice = repeated(ids, at_most=SHOWN_REPEATS)
+    if twice:
+        raise ConfigError(f"{where}: image id(s) {twice} come more than once (an image listed twice, or images of "
+                          "two sources with one id); every image needs an id of its own")
 
 
 def _choose_sites(config: VisualizeConfig, sheet, responses, is_face) -> dict:
