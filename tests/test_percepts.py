@@ -463,6 +463,26 @@ def _with(tmp_path: Path, change: dict) -> Path:
     return path
 
 
+PLAN_SITES = 'method = "plan"\nplan = "plan"\nface_electrode = 1\ncontrol_electrode = 2\n'
+
+
+@pytest.mark.parametrize("sites, message", [
+    (PLAN_SITES.replace('plan = "plan"\n', ""), "visualize.toml [sites]: missing required key 'plan'"),
+    (PLAN_SITES + "outside_min_distance_mm = 10.0\n",
+     "visualize.toml [sites]: unknown key 'outside_min_distance_mm'; allowed: ['control_electrode', "
+     "'face_electrode', 'method', 'plan', 'recording_radius_mm']"),
+], ids=["missing_key", "unknown_key"])
+def test_a_plan_sites_table_is_named_sites_in_its_errors(tmp_path, sites, message):
+    """The member of [sites] is chosen by method = "plan", which is also the name of its key 'plan'."""
+    from stimsim.percepts.visualize import load_config
+
+    selectivity = ('method = "selectivity"\nsmoothing_sigma_mm = 1.0\noutside_min_distance_mm = 10.0\n'
+                   'candidate_step_mm = 0.5\nmargin_mm = 1.0\n')
+    with pytest.raises(ConfigError) as raised:
+        load_config(_with(tmp_path, {selectivity: sites}))
+    assert str(raised.value).endswith(message), str(raised.value)
+
+
 @pytest.mark.parametrize("currents, outside, at", [
     ("[100, 300, 1000]", [300.0, 1000.0], "at 300 and 1000 µA, run under"),
     ("[100, 300]", [300.0], "at 300 µA, run under"),

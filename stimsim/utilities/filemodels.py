@@ -180,14 +180,14 @@ def _step(current: list, part):
     union member a tag names); None when ``part`` is a union tag rather than a key."""
     if isinstance(part, int):
         return current
+    tagged = [m for m in current if "method" in m.model_fields
+              and part in getattr(m.model_fields["method"].annotation, "__args__", ())]
+    if tagged and len(current) > 1:  # before the fields: a tag may also be a key of its member ("plan")
+        current[:] = tagged
+        return None
     fields = [m.model_fields[part] for m in current if part in m.model_fields]
     if fields:
         return _models_in(fields[0].annotation)
-    tagged = [m for m in current if "method" in m.model_fields
-              and part in getattr(m.model_fields["method"].annotation, "__args__", ())]
-    if tagged:
-        current[:] = tagged
-        return None
     return current
 
 
