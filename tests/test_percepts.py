@@ -471,7 +471,9 @@ PLAN_SITES = 'method = "plan"\nplan = "plan"\nface_electrode = 1\ncontrol_electr
     (PLAN_SITES + "outside_min_distance_mm = 10.0\n",
      "visualize.toml [sites]: unknown key 'outside_min_distance_mm'; allowed: ['control_electrode', "
      "'face_electrode', 'method', 'plan', 'recording_radius_mm']"),
-], ids=["missing_key", "unknown_key"])
+    (PLAN_SITES.replace("face_electrode = 1", "face_electrode = 1.5"),
+     "visualize.toml [sites]: 'face_electrode' must be an integer or text, got 1.5"),
+], ids=["missing_key", "unknown_key", "electrode_id"])
 def test_a_plan_sites_table_is_named_sites_in_its_errors(tmp_path, sites, message):
     """The member of [sites] is chosen by method = "plan", which is also the name of its key 'plan'."""
     from stimsim.percepts.visualize import load_config
