@@ -312,6 +312,10 @@ def _not_reached(*args, **kwargs):
     ({'layer = "it"': 'layer = "it"\nmatch_layer = "v1"'},
      ": 'match_layer': match_layer 'v1' comes before the perturbed layer 'it'", True),
     ({'layer = "it"': 'layer = "v9"'}, ": 'layer': model 'stimsim-topo-s0': unknown layer 'v9'", True),
+    # a shift by the image's size rolls it round to itself: at most 32 − 1 px on the 32-px models
+    ({"steps = 1": "steps = 1\njitter_px = 32"},
+     "[inversion]: jitter_px = 32 px shifts the model's 32-px images by their size or more (a shift wraps them "
+     "round); give at most 31", True),
     ({"steps = 1": 'steps = 1\nparametrization = "fourier"\nspectrum_decay = 13.0'},
      "[inversion]: spectrum_decay = 13 weights the spectrum of the model's 32-px images beyond float32's range", True),
     # 1e30 per Hz × 200 Hz puts the stimulated activity about 2e32 from the unstimulated: squared, beyond float32's 3e38
@@ -325,8 +329,8 @@ def _not_reached(*args, **kwargs):
      "[[images]]: image id(s) ['lfw_face_000'] come more than once", False),
     ({'sets = [{ source = "lfw_subset" }]': 'sets = [{ source = "lfw_subset" }, { source = "lfw_subset" }]'},
      "[localizer] sets: image id(s) ['lfw_face_001', 'lfw_face_002', ", False),
-], ids=["learning_rate", "blur", "site_off_sheet", "match_layer", "layer", "spectrum_decay", "overflow", "tv_weight",
-        "rows_same_id", "localizer_same_id"])
+], ids=["learning_rate", "blur", "site_off_sheet", "match_layer", "layer", "jitter", "spectrum_decay", "overflow",
+        "tv_weight", "rows_same_id", "localizer_same_id"])
 def test_bad_inversion_and_site_values_are_one_line_errors_naming_the_file(tmp_path, capsys, monkeypatch, change,
                                                                            message, early, one_torch_thread):
     path = _small_models_file(tmp_path, 0)
