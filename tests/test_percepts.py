@@ -296,6 +296,23 @@ def _small_models_file(tmp_path: Path, seed: int) -> Path:
     return path
 
 
+def test_row_images_the_model_sees_only_in_part_are_noted(tmp_path, one_torch_thread):
+    """A 40 × 10 px image: over twice as long as wide, so the 32-px model sees only its centre 10 × 10 square."""
+    from PIL import Image
+
+    (tmp_path / "images" / "wide").mkdir(parents=True)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (10, 40), dtype=np.uint8)).save(
+        tmp_path / "images" / "wide" / "long.png")
+    path = _small_models_file(tmp_path, 0)
+    path.write_text(path.read_text().replace('summary_groups = ["face"]', 'summary_groups = ["wide"]').replace(
+        'group = "face"\nsource = "lfw_subset"\nn = 1', 'group = "wide"\nsource = "folder"\npath = "images"'))
+    out = tmp_path / "out"
+    assert main(["visualize", str(path), "--out", str(out), "--no-progress"]) == 0
+    notes = json.loads((out / "summary.json").read_text())["notes"]
+    assert f"{path} [[images]]: 1 of 1 images are over twice as long as wide, and the model sees only their centre " \
+           "square (e.g. wide/long.png, 40 × 10 px)" in notes, notes
+
+
 def _not_reached(*args, **kwargs):
     raise AssertionError("the file's problem is found before the images are read")
 

@@ -60,6 +60,7 @@ import xarray as xr
 from stimsim.cortex.topography import smoothed_values_at
 from stimsim.data.stimuli import SHOWN_REPEATS, StimulusSet, load_stimulus_source
 from stimsim.engine.devices import resolve_device
+from stimsim.models.preprocessing import input_geometry_notes
 from stimsim.models.registry import load_model, resolve_model_path
 from stimsim.paradigms.experiment_file import resolve_set_paths
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
@@ -263,6 +264,9 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
                        f"{config.source} [sites]")
     rows = _load_rows(config)
     localizer, left_out = _load_localizer(config, set(rows.stimulus_id.tolist()))
+    for images, where in ((rows, "[[images]]"), (localizer, "[localizer] sets")):
+        for message in input_geometry_notes(images, topo.preprocessing.size_px, f"{config.source} {where}"):
+            note(message)
     if left_out:
         note(f"{len(left_out)} image(s) shown in the rows are also in [localizer] sets and were left out of the "
              f"localizer, which fits the face decoders and the face-d′ map on the other {len(localizer)}: "
