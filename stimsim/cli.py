@@ -166,6 +166,9 @@ def _cmd_models_check(args) -> int:
                           "'face') and --heldout (LFW + Fashion-MNIST by category, positive 'face') set their own")
     if args.figure is not None:
         _check_output_path("--figure", args.figure, "png")
+        owner = enclosing_output_owner(args.figure) if Path(args.figure).is_file() else None
+        if owner is not None:
+            raise ConfigError(f"--figure {args.figure}: the file belongs to {owner}; give another file name")
     owner = None if args.out is None or not Path(args.out).is_dir() else output_owner(args.out)
     if owner is not None:
         raise ConfigError(f"--out {args.out} holds {owner}; give the figures a folder of their own")

@@ -367,6 +367,22 @@ def test_models_check_writes_its_figure_only_over_a_png(tmp_path, capsys):
     assert config.read_text() == "[subject]\n" and disguised.read_text() == "not an image"
 
 
+def test_models_check_leaves_a_figure_of_another_commands_output_alone(tmp_path, capsys):
+    """--figure onto the percepts.png of a `stimsim visualize` result set is refused: its result set would no longer
+    read back."""
+    from stimsim.cli import main
+    from stimsim.utilities.io import ResultSet
+
+    results = ResultSet(tmp_path / "percepts", "percepts")
+    results.write_json("summary.json", {})
+    results.finish()
+    figure = tmp_path / "percepts" / "percepts.png"
+    figure.write_bytes(b"\x89PNG\r\n\x1a\n the percepts")
+    assert main(["models", "check", "stimsim-topo-s0", "--figure", str(figure), "--no-progress"]) == 2
+    assert f"--figure {figure}: the file belongs to predicted percepts (`stimsim visualize`)" in capsys.readouterr().err
+    assert figure.read_bytes() == b"\x89PNG\r\n\x1a\n the percepts"
+
+
 def test_a_training_runs_folder_given_as_a_model_points_to_its_model(tmp_path, capsys):
     from stimsim.cli import main
 
