@@ -535,6 +535,8 @@ def test_the_safety_record_names_every_current_outside_the_limits(tmp_path, curr
      "[[images]] #1: n_per_category = 100000 asks for more images of category 'car' than the 144 it has; give at most "
      "144"),
     ({"n = 2": "n = 500"}, "[[images]] #3: 'n' = 500 asks for more images than the 12 there are; give at most 12"),
+    ({'only = { category = "object" }': 'only = { category = "objects" }'},
+     "[[images]] #3: 'only' category = 'objects' matches none of the images; their values: face, object"),
 ])
 def test_rows_asking_for_more_images_than_there_are_are_refused(tmp_path, shared_data, change, message):
     """fLoc has 144 images per category; Moeller et al.'s Eliciting_Face_Response folder 12 objects (3

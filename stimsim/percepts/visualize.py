@@ -394,7 +394,12 @@ def _load_rows(config: VisualizeConfig) -> StimulusSet:
         for label, value in only.items():
             if label not in stimuli.labels:
                 raise ConfigError(f"{where}: 'only' names label {label!r}; the images have {sorted(stimuli.labels)}")
-            keep &= np.asarray(stimuli.labels[label]).astype(str) == str(value)
+            values = np.asarray(stimuli.labels[label]).astype(str)
+            if not (values == str(value)).any():
+                kinds = sorted(set(values.tolist()))
+                raise ConfigError(f"{where}: 'only' {label} = {value!r} matches none of the images; their values: "
+                                  f"{', '.join(kinds[:10])}{' …' if len(kinds) > 10 else ''}")
+            keep &= values == str(value)
         chosen = np.flatnonzero(keep)
         if count is not None:
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
