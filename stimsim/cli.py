@@ -152,6 +152,7 @@ def _cmd_models_list(args) -> int:
 
 
 def _cmd_models_check(args) -> int:
+    from stimsim.models.preprocessing import input_geometry_notes
     from stimsim.models.registry import load_model
     from stimsim.training.evaluation import check_model, check_shuffles, report_lines
 
@@ -179,6 +180,8 @@ def _cmd_models_check(args) -> int:
         from stimsim.data.stimuli import from_folder, from_table
 
         stimuli = from_folder(args.stimuli) if Path(args.stimuli).is_dir() else from_table(args.stimuli)
+        for message in input_geometry_notes(stimuli, model.preprocessing.size_px, f"--stimuli {args.stimuli}"):
+            warnings.warn(message)
     if args.figure is not None:
         Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
     if args.out is not None:

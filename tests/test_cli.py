@@ -383,6 +383,23 @@ def test_models_check_leaves_a_figure_of_another_commands_output_alone(tmp_path,
     assert figure.read_bytes() == b"\x89PNG\r\n\x1a\n the percepts"
 
 
+def test_models_check_notes_images_the_model_sees_only_in_part(tmp_path, capsys, monkeypatch):
+    """--stimuli of 60 × 10 px images: over twice as long as wide, so the model sees only their centre square."""
+    from PIL import Image
+
+    from stimsim.cli import main
+
+    for category in ("face", "car"):
+        (tmp_path / "images" / category).mkdir(parents=True)
+        Image.new("L", (60, 10)).save(tmp_path / "images" / category / "wide.png")
+    monkeypatch.setattr("stimsim.training.evaluation.check_model", lambda *args, **kwargs: {"model": "checked"})
+    assert main(["models", "check", "stimsim-topo-s0", "--stimuli", str(tmp_path / "images"), "--json",
+                 "--no-progress"]) == 0
+    images = tmp_path / "images"
+    assert f"stimsim: warning: --stimuli {images}: 2 of 2 images are over twice as long as wide, and the model sees " \
+           "only their centre square (e.g. car/wide.png, 60 × 10 px)" in capsys.readouterr().err
+
+
 def test_a_training_runs_folder_given_as_a_model_points_to_its_model(tmp_path, capsys):
     from stimsim.cli import main
 
