@@ -226,12 +226,15 @@ def _check_output_path(option: str, path, kind: str) -> None:
 
 
 def _cmd_models_resting(args) -> int:
-    from stimsim.models.registry import SHIPPED_DIR
+    from stimsim.models.registry import SHIPPED_DIR, available_models
     from stimsim.models.resting import write_resting_activity
 
     directory = Path(args.directory)
+    if not directory.exists() and args.directory in available_models():
+        directory = SHIPPED_DIR / args.directory  # refused below as a shipped model, not as a missing folder
     if not (directory / "model.json").is_file():
-        raise ConfigError(f"{directory} is not a model directory (no model.json); give the folder of a model")
+        why = "no model.json" if directory.is_dir() else "no such folder"
+        raise ConfigError(f"{directory} is not a model directory ({why}); give the folder of a model")
     if directory.resolve().is_relative_to(SHIPPED_DIR.resolve()):
         raise ConfigError(f"{directory} is a shipped model, whose files the package's manifest verifies; copy its "
                           "folder and give the copy")

@@ -489,3 +489,6 @@ def test_resting_activity_is_measured_on_the_reference_set_and_listed_in_model_j
     shipped = str(SHIPPED_DIR / "stimsim-mnv2-s0")  # the package's files stay as its manifest lists them
     assert main(["models", "resting", shipped]) == 2 and "is a shipped model" in capsys.readouterr().err
     assert main(["models", "resting", str(tmp_path)]) == 2 and "not a model directory" in capsys.readouterr().err
+    assert main(["models", "resting", "stimsim-topo-s0"]) == 2 and "is a shipped model" in capsys.readouterr().err
+    assert main(["models", "resting", str(tmp_path / "none")]) == 2
+    assert "is not a model directory (no such folder)" in capsys.readouterr().err
