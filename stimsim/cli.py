@@ -182,10 +182,6 @@ def _cmd_models_check(args) -> int:
         stimuli = from_folder(args.stimuli) if Path(args.stimuli).is_dir() else from_table(args.stimuli)
         for message in input_geometry_notes(stimuli, model.preprocessing.size_px, f"--stimuli {args.stimuli}"):
             warnings.warn(message)
-    if args.figure is not None:
-        Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
-    if args.out is not None:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
     report = check_model(model, n_shuffles=args.shuffles, figure_path=args.figure, progress=progress, stimuli=stimuli,
                          label=args.label, positive=args.positive, figure_dir=args.out, heldout=args.heldout,
                          imagenet=not args.no_imagenet)

@@ -400,6 +400,24 @@ def test_models_check_notes_images_the_model_sees_only_in_part(tmp_path, capsys,
            "only their centre square (e.g. car/wide.png, 60 × 10 px)" in capsys.readouterr().err
 
 
+def test_models_check_refusing_its_images_leaves_no_figure_folder(tmp_path, capsys):
+    """Two classes of 3 images each, fewer than the 5 its cross-validation needs: an error, and neither --out nor
+    --figure's folder is made."""
+    from PIL import Image
+
+    from stimsim.cli import main
+
+    for category in ("face", "car"):
+        (tmp_path / "images" / category).mkdir(parents=True)
+        for index in range(3):
+            Image.new("L", (32, 32), color=40 * index).save(tmp_path / "images" / category / f"{index}.png")
+    assert main(["models", "check", "stimsim-topo-s0", "--stimuli", str(tmp_path / "images"), "--no-imagenet",
+                 "--out", str(tmp_path / "maps"), "--figure", str(tmp_path / "figures" / "face.png"),
+                 "--no-progress"]) == 2
+    assert "needs >= 5 images" in capsys.readouterr().err
+    assert not (tmp_path / "maps").exists() and not (tmp_path / "figures").exists()
+
+
 def test_a_training_runs_folder_given_as_a_model_points_to_its_model(tmp_path, capsys):
     from stimsim.cli import main
 
