@@ -535,6 +535,8 @@ def test_the_safety_record_names_every_current_outside_the_limits(tmp_path, curr
      "[[images]] #1: n_per_category = 100000 asks for more images of category 'car' than the 144 it has; give at most "
      "144"),
     ({"n = 2": "n = 500"}, "[[images]] #3: 'n' = 500 asks for more images than the 12 there are; give at most 12"),
+    ({"n_per_category = 3": "n_per_category = 0"},
+     "[[images]] #1: n_per_category must be a positive integer (or left out, for all), got 0"),
     ({'only = { category = "object" }': 'only = { category = "objects" }'},
      "[[images]] #3: 'only' category = 'objects' matches none of the images; their values: face, object"),
 ])
