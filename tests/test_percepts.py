@@ -729,3 +729,17 @@ def test_each_note_under_the_figure_starts_a_line_of_its_own(tmp_path, monkeypat
     figure.plot_percepts(_percepts_dataset(2), tmp_path / "notes.png", "notes", notes=notes)
     lines = figures[0].get_supxlabel().splitlines()
     assert [line for line in lines if "Note:" in line] == [f"Note: {note}" for note in notes]
+
+
+def test_a_long_title_is_wrapped_to_the_figure_width(tmp_path, monkeypatch):
+    """Three columns (original and two conditions) hold 3 × 18 = 54 characters a line: the title of a long file name
+    and its models is wrapped, every word kept."""
+    from stimsim.percepts import figure
+
+    figures = []
+    monkeypatch.setattr(figure, "save_figure", lambda fig, path: figures.append(fig))
+    title = "a long name a lab gives to the condition set of today, with the array and the date: model (judge other)"
+    figure.plot_percepts(_percepts_dataset(2), tmp_path / "title.png", title)
+    lines = figures[0].get_suptitle().splitlines()
+    assert len(lines) > 2 and all(len(line) <= 54 for line in lines)
+    assert " ".join(lines[:-1]) == title and lines[-1] == "P(face): own decoder / independent judge"
