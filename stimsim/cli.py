@@ -132,7 +132,7 @@ def _cmd_data_verify(args) -> int:
 
 
 def _cmd_models_list(args) -> int:
-    from stimsim.models.registry import describe_model, shipped_folders
+    from stimsim.models.registry import SHIPPED_DIR, describe_model, shipped_folders
 
     models, damaged = [], []
     for name in args.models or shipped_folders():
@@ -145,7 +145,9 @@ def _cmd_models_list(args) -> int:
     else:
         for model in models:
             layers = ", ".join(f"{layer} ({area or '-'})" for layer, area in model["layers"].items())
-            print(f"{model['name']:<20} {model['family']:<14} layers: {layers}")
+            own = Path(model["path"]).resolve().parent != SHIPPED_DIR.resolve()  # named as it names itself
+            where = f"  in {model['path']}" if own else ""
+            print(f"{model['name']:<20} {model['family']:<14} layers: {layers}{where}")
     for exc in damaged:
         print(f"stimsim: error: {exc}", file=sys.stderr)
     return 2 if damaged else 0

@@ -80,6 +80,19 @@ def test_models_list(capsys):
     assert "stimsim-topo-s0" in capsys.readouterr().out
 
 
+def test_models_list_names_the_folder_of_a_model_of_ones_own(tmp_path, capsys):
+    """A copy of a shipped model keeps its name: the list says where the copy is."""
+    import shutil
+
+    from stimsim.models.registry import SHIPPED_DIR
+
+    copy = shutil.copytree(SHIPPED_DIR / "stimsim-topo-s0", tmp_path / "my model")
+    assert main(["models", "list", str(copy), "stimsim-topo-s0"]) == 0
+    own, shipped = capsys.readouterr().out.splitlines()
+    assert own.startswith("stimsim-topo-s0 ") and own.endswith(f"  in {copy}")
+    assert shipped.startswith("stimsim-topo-s0 ") and " in " not in shipped
+
+
 def test_run_reports_a_missing_experiment_file(tmp_path, capsys):
     assert main(["run", str(tmp_path / "missing.toml"), "--out", str(tmp_path / "out")]) == 2
     assert "missing.toml" in capsys.readouterr().err
