@@ -132,7 +132,7 @@ def _cmd_data_verify(args) -> int:
 
 
 def _cmd_models_list(args) -> int:
-    from stimsim.models.registry import describe_model, shipped_folders
+    from stimsim.models.registry import SHIPPED_DIR, describe_model, shipped_folders
 
     models, damaged = [], []
     for name in args.models or shipped_folders():
@@ -145,13 +145,16 @@ def _cmd_models_list(args) -> int:
     else:
         for model in models:
             layers = ", ".join(f"{layer} ({area or '-'})" for layer, area in model["layers"].items())
-            print(f"{model['name']:<20} {model['family']:<14} layers: {layers}")
+            own = Path(model["path"]).resolve().parent != SHIPPED_DIR.resolve()  # named as it names itself
+            where = f"  in {model['path']}" if own else ""
+            print(f"{model['name']:<20} {model['family']:<14} layers: {layers}{where}")
     for exc in damaged:
         print(f"stimsim: error: {exc}", file=sys.stderr)
     return 2 if damaged else 0
 
 
 def _cmd_models_check(args) -> int:
+    from stimsim.models.preprocessing import input_geometry_notes
     from stimsim.models.registry import load_model
     from stimsim.training.evaluation import check_model, check_shuffles, report_lines
 
@@ -166,6 +169,9 @@ def _cmd_models_check(args) -> int:
                           "'face') and --heldout (LFW + Fashion-MNIST by category, positive 'face') set their own")
     if args.figure is not None:
         _check_output_path("--figure", args.figure, "png")
+        owner = enclosing_output_owner(args.figure) if Path(args.figure).is_file() else None
+        if owner is not None:
+            raise ConfigError(f"--figure {args.figure}: the file belongs to {owner}; give another file name")
     owner = None if args.out is None or not Path(args.out).is_dir() else output_owner(args.out)
     if owner is not None:
         raise ConfigError(f"--out {args.out} holds {owner}; give the figures a folder of their own")
@@ -176,10 +182,8 @@ def _cmd_models_check(args) -> int:
         from stimsim.data.stimuli import from_folder, from_table
 
         stimuli = from_folder(args.stimuli) if Path(args.stimuli).is_dir() else from_table(args.stimuli)
-    if args.figure is not None:
-        Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
-    if args.out is not None:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
+        for message in input_geometry_notes(stimuli, model.preprocessing.size_px, f"--stimuli {args.stimuli}"):
+            warnings.warn(message)
     report = check_model(model, n_shuffles=args.shuffles, figure_path=args.figure, progress=progress, stimuli=stimuli,
                          label=args.label, positive=args.positive, figure_dir=args.out, heldout=args.heldout,
                          imagenet=not args.no_imagenet)
@@ -220,12 +224,15 @@ def _check_output_path(option: str, path, kind: str) -> None:
 
 
 def _cmd_models_resting(args) -> int:
-    from stimsim.models.registry import SHIPPED_DIR
+    from stimsim.models.registry import SHIPPED_DIR, available_models
     from stimsim.models.resting import write_resting_activity
 
     directory = Path(args.directory)
+    if not directory.exists() and args.directory in available_models():
+        directory = SHIPPED_DIR / args.directory  # refused below as a shipped model, not as a missing folder
     if not (directory / "model.json").is_file():
-        raise ConfigError(f"{directory} is not a model directory (no model.json); give the folder of a model")
+        why = "no model.json" if directory.is_dir() else "no such folder"
+        raise ConfigError(f"{directory} is not a model directory ({why}); give the folder of a model")
     if directory.resolve().is_relative_to(SHIPPED_DIR.resolve()):
         raise ConfigError(f"{directory} is a shipped model, whose files the package's manifest verifies; copy its "
                           "folder and give the copy")

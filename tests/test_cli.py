@@ -80,6 +80,19 @@ def test_models_list(capsys):
     assert "stimsim-topo-s0" in capsys.readouterr().out
 
 
+def test_models_list_names_the_folder_of_a_model_of_ones_own(tmp_path, capsys):
+    """A copy of a shipped model keeps its name: the list says where the copy is."""
+    import shutil
+
+    from stimsim.models.registry import SHIPPED_DIR
+
+    copy = shutil.copytree(SHIPPED_DIR / "stimsim-topo-s0", tmp_path / "my model")
+    assert main(["models", "list", str(copy), "stimsim-topo-s0"]) == 0
+    own, shipped = capsys.readouterr().out.splitlines()
+    assert own.startswith("stimsim-topo-s0 ") and own.endswith(f"  in {copy}")
+    assert shipped.startswith("stimsim-topo-s0 ") and " in " not in shipped
+
+
 def test_run_reports_a_missing_experiment_file(tmp_path, capsys):
     assert main(["run", str(tmp_path / "missing.toml"), "--out", str(tmp_path / "out")]) == 2
     assert "missing.toml" in capsys.readouterr().err
@@ -365,6 +378,57 @@ def test_models_check_writes_its_figure_only_over_a_png(tmp_path, capsys):
         assert main(["models", "check", "stimsim-topo-s0", "--figure", str(figure), "--no-progress"]) == 2
         assert f"--figure {figure}: {message}" in capsys.readouterr().err
     assert config.read_text() == "[subject]\n" and disguised.read_text() == "not an image"
+
+
+def test_models_check_leaves_a_figure_of_another_commands_output_alone(tmp_path, capsys):
+    """--figure onto the percepts.png of a `stimsim visualize` result set is refused: its result set would no longer
+    read back."""
+    from stimsim.cli import main
+    from stimsim.utilities.io import ResultSet
+
+    results = ResultSet(tmp_path / "percepts", "percepts")
+    results.write_json("summary.json", {})
+    results.finish()
+    figure = tmp_path / "percepts" / "percepts.png"
+    figure.write_bytes(b"\x89PNG\r\n\x1a\n the percepts")
+    assert main(["models", "check", "stimsim-topo-s0", "--figure", str(figure), "--no-progress"]) == 2
+    assert f"--figure {figure}: the file belongs to predicted percepts (`stimsim visualize`)" in capsys.readouterr().err
+    assert figure.read_bytes() == b"\x89PNG\r\n\x1a\n the percepts"
+
+
+def test_models_check_notes_images_the_model_sees_only_in_part(tmp_path, capsys, monkeypatch):
+    """--stimuli of 60 × 10 px images: over twice as long as wide, so the model sees only their centre square."""
+    from PIL import Image
+
+    from stimsim.cli import main
+
+    for category in ("face", "car"):
+        (tmp_path / "images" / category).mkdir(parents=True)
+        Image.new("L", (60, 10)).save(tmp_path / "images" / category / "wide.png")
+    monkeypatch.setattr("stimsim.training.evaluation.check_model", lambda *args, **kwargs: {"model": "checked"})
+    assert main(["models", "check", "stimsim-topo-s0", "--stimuli", str(tmp_path / "images"), "--json",
+                 "--no-progress"]) == 0
+    images = tmp_path / "images"
+    assert f"stimsim: warning: --stimuli {images}: 2 of 2 images are over twice as long as wide, and the model sees " \
+           "only their centre square (e.g. car/wide.png, 60 × 10 px)" in capsys.readouterr().err
+
+
+def test_models_check_refusing_its_images_leaves_no_figure_folder(tmp_path, capsys):
+    """Two classes of 3 images each, fewer than the 5 its cross-validation needs: an error, and neither --out nor
+    --figure's folder is made."""
+    from PIL import Image
+
+    from stimsim.cli import main
+
+    for category in ("face", "car"):
+        (tmp_path / "images" / category).mkdir(parents=True)
+        for index in range(3):
+            Image.new("L", (32, 32), color=40 * index).save(tmp_path / "images" / category / f"{index}.png")
+    assert main(["models", "check", "stimsim-topo-s0", "--stimuli", str(tmp_path / "images"), "--no-imagenet",
+                 "--out", str(tmp_path / "maps"), "--figure", str(tmp_path / "figures" / "face.png"),
+                 "--no-progress"]) == 2
+    assert "needs >= 5 images" in capsys.readouterr().err
+    assert not (tmp_path / "maps").exists() and not (tmp_path / "figures").exists()
 
 
 def test_a_training_runs_folder_given_as_a_model_points_to_its_model(tmp_path, capsys):

@@ -481,6 +481,14 @@ def test_resting_activity_is_measured_on_the_reference_set_and_listed_in_model_j
     assert loaded.sheet("IT").resting_reference == reference
     one_by_one = np.mean([loaded.activations([image], "it")[0].double().numpy() for image in images], axis=0)
     np.testing.assert_allclose(loaded.sheet("IT").resting_activity, one_by_one, rtol=1e-5, atol=1e-7)
+    (directory / "resting" / "it.npz").write_bytes(b"truncated")  # damaged: measured again, not a dead end
+    assert main(["models", "resting", str(directory), "--layer", "IT", "--no-progress"]) == 0
+    assert "resting-activity file(s) ['resting/it.npz'] missing or not matching" in capsys.readouterr().err
+    np.testing.assert_allclose(TopographicModel.load(directory).sheet("IT").resting_activity, one_by_one, rtol=1e-5,
+                               atol=1e-7)
     shipped = str(SHIPPED_DIR / "stimsim-mnv2-s0")  # the package's files stay as its manifest lists them
     assert main(["models", "resting", shipped]) == 2 and "is a shipped model" in capsys.readouterr().err
     assert main(["models", "resting", str(tmp_path)]) == 2 and "not a model directory" in capsys.readouterr().err
+    assert main(["models", "resting", "stimsim-topo-s0"]) == 2 and "is a shipped model" in capsys.readouterr().err
+    assert main(["models", "resting", str(tmp_path / "none")]) == 2
+    assert "is not a model directory (no such folder)" in capsys.readouterr().err

@@ -296,6 +296,23 @@ def _small_models_file(tmp_path: Path, seed: int) -> Path:
     return path
 
 
+def test_row_images_the_model_sees_only_in_part_are_noted(tmp_path, one_torch_thread):
+    """A 40 × 10 px image: over twice as long as wide, so the 32-px model sees only its centre 10 × 10 square."""
+    from PIL import Image
+
+    (tmp_path / "images" / "wide").mkdir(parents=True)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (10, 40), dtype=np.uint8)).save(
+        tmp_path / "images" / "wide" / "long.png")
+    path = _small_models_file(tmp_path, 0)
+    path.write_text(path.read_text().replace('summary_groups = ["face"]', 'summary_groups = ["wide"]').replace(
+        'group = "face"\nsource = "lfw_subset"\nn = 1', 'group = "wide"\nsource = "folder"\npath = "images"'))
+    out = tmp_path / "out"
+    assert main(["visualize", str(path), "--out", str(out), "--no-progress"]) == 0
+    notes = json.loads((out / "summary.json").read_text())["notes"]
+    assert f"{path} [[images]]: 1 of 1 images are over twice as long as wide, and the model sees only their centre " \
+           "square (e.g. wide/long.png, 40 × 10 px)" in notes, notes
+
+
 def _not_reached(*args, **kwargs):
     raise AssertionError("the file's problem is found before the images are read")
 
@@ -312,6 +329,10 @@ def _not_reached(*args, **kwargs):
     ({'layer = "it"': 'layer = "it"\nmatch_layer = "v1"'},
      ": 'match_layer': match_layer 'v1' comes before the perturbed layer 'it'", True),
     ({'layer = "it"': 'layer = "v9"'}, ": 'layer': model 'stimsim-topo-s0': unknown layer 'v9'", True),
+    # a shift by the image's size rolls it round to itself: at most 32 − 1 px on the 32-px models
+    ({"steps = 1": "steps = 1\njitter_px = 32"},
+     "[inversion]: jitter_px = 32 px shifts the model's 32-px images by their size or more (a shift wraps them "
+     "round); give at most 31", True),
     ({"steps = 1": 'steps = 1\nparametrization = "fourier"\nspectrum_decay = 13.0'},
      "[inversion]: spectrum_decay = 13 weights the spectrum of the model's 32-px images beyond float32's range", True),
     # 1e30 per Hz × 200 Hz puts the stimulated activity about 2e32 from the unstimulated: squared, beyond float32's 3e38
@@ -320,7 +341,13 @@ def _not_reached(*args, **kwargs):
      "float32", False),
     ({"steps = 1": "steps = 1\ntv_weight = 1e300"},  # 1e300 is infinite in float32
      "[inversion]: the images hold values that are not finite after the inversion's steps", False),
-], ids=["learning_rate", "blur", "site_off_sheet", "match_layer", "layer", "spectrum_decay", "overflow", "tv_weight"])
+    # the first LFW image in two rows; LFW twice in the localizer (the row's image left out of both)
+    ({"n = 1\n": 'n = 1\n\n[[images]]\ngroup = "face"\nsource = "lfw_subset"\nn = 1\n'},
+     "[[images]]: image id(s) ['lfw_face_000'] come more than once", False),
+    ({'sets = [{ source = "lfw_subset" }]': 'sets = [{ source = "lfw_subset" }, { source = "lfw_subset" }]'},
+     "[localizer] sets: image id(s) ['lfw_face_001', 'lfw_face_002', ", False),
+], ids=["learning_rate", "blur", "site_off_sheet", "match_layer", "layer", "jitter", "spectrum_decay", "overflow",
+        "tv_weight", "rows_same_id", "localizer_same_id"])
 def test_bad_inversion_and_site_values_are_one_line_errors_naming_the_file(tmp_path, capsys, monkeypatch, change,
                                                                            message, early, one_torch_thread):
     path = _small_models_file(tmp_path, 0)
@@ -414,6 +441,8 @@ def test_a_visualization_stopped_with_its_result_set_unfinished_says_so(tmp_path
     ({"steps = 100": "stepz = 100"}, "unknown key 'stepz'"),
     ({"currents_uA = [100, 300, 1000]": "currents_uA = [300, 100]"},
      "in rising order, each once, got [300.0, 100.0] (e.g. [100.0, 300.0])"),
+    ({"currents_uA = [100, 300, 1000]": "currents_uA = [300, 300]"},
+     "in rising order, each once, got [300.0, 300.0] (at least two different currents)"),
     ({'model = "stimsim-effl0-s0"': 'model = "stimsim-efl0-s0"'},
      "the judge ([judge] model or --judge): unknown model 'stimsim-efl0-s0': not one of the shipped models"),
     ({'method = "selectivity"': 'method = "random"'}, "'method' must be one of"),
@@ -455,6 +484,28 @@ def _with(tmp_path: Path, change: dict) -> Path:
     return path
 
 
+PLAN_SITES = 'method = "plan"\nplan = "plan"\nface_electrode = 1\ncontrol_electrode = 2\n'
+
+
+@pytest.mark.parametrize("sites, message", [
+    (PLAN_SITES.replace('plan = "plan"\n', ""), "visualize.toml [sites]: missing required key 'plan'"),
+    (PLAN_SITES + "outside_min_distance_mm = 10.0\n",
+     "visualize.toml [sites]: unknown key 'outside_min_distance_mm'; allowed: ['control_electrode', "
+     "'face_electrode', 'method', 'plan', 'recording_radius_mm']"),
+    (PLAN_SITES.replace("face_electrode = 1", "face_electrode = 1.5"),
+     "visualize.toml [sites]: 'face_electrode' must be an integer or text, got 1.5"),
+], ids=["missing_key", "unknown_key", "electrode_id"])
+def test_a_plan_sites_table_is_named_sites_in_its_errors(tmp_path, sites, message):
+    """The member of [sites] is chosen by method = "plan", which is also the name of its key 'plan'."""
+    from stimsim.percepts.visualize import load_config
+
+    selectivity = ('method = "selectivity"\nsmoothing_sigma_mm = 1.0\noutside_min_distance_mm = 10.0\n'
+                   'candidate_step_mm = 0.5\nmargin_mm = 1.0\n')
+    with pytest.raises(ConfigError) as raised:
+        load_config(_with(tmp_path, {selectivity: sites}))
+    assert str(raised.value).endswith(message), str(raised.value)
+
+
 @pytest.mark.parametrize("currents, outside, at", [
     ("[100, 300, 1000]", [300.0, 1000.0], "at 300 and 1000 µA, run under"),
     ("[100, 300]", [300.0], "at 300 µA, run under"),
@@ -484,6 +535,10 @@ def test_the_safety_record_names_every_current_outside_the_limits(tmp_path, curr
      "[[images]] #1: n_per_category = 100000 asks for more images of category 'car' than the 144 it has; give at most "
      "144"),
     ({"n = 2": "n = 500"}, "[[images]] #3: 'n' = 500 asks for more images than the 12 there are; give at most 12"),
+    ({"n_per_category = 3": "n_per_category = 0"},
+     "[[images]] #1: n_per_category must be a positive integer (or left out, for all), got 0"),
+    ({'only = { category = "object" }': 'only = { category = "objects" }'},
+     "[[images]] #3: 'only' category = 'objects' matches none of the images; their values: face, object"),
 ])
 def test_rows_asking_for_more_images_than_there_are_are_refused(tmp_path, shared_data, change, message):
     """fLoc has 144 images per category; Moeller et al.'s Eliciting_Face_Response folder 12 objects (3
@@ -641,23 +696,50 @@ def test_the_figure_shares_its_rows_among_the_groups_when_there_are_too_many_ima
     assert shown_rows(groups, limit=7) == [0, 1, 2, 6, 7, 8, 9]
 
 
+def _percepts_dataset(n_images: int) -> xr.Dataset:
+    """A percepts dataset of ``n_images`` random 4-px gray images in two groups, two conditions."""
+    rng = np.random.default_rng(0)
+    ids = np.asarray([f"image{i}" for i in range(n_images)], dtype=object)
+    return xr.Dataset(
+        {"percept": (("stimulus_id", "condition", "y", "x", "channel"), rng.random((n_images, 2, 4, 4, 1))),
+         "original": (("stimulus_id", "y", "x", "channel"), rng.random((n_images, 4, 4, 1))),
+         "p_face": (("judge", "stimulus_id", "condition"), rng.random((2, n_images, 2))),
+         "p_face_original": (("judge", "stimulus_id"), rng.random((2, n_images)))},
+        coords={"stimulus_id": ids, "group": ("stimulus_id", np.asarray(["a", "b"] * (n_images // 2), dtype=object)),
+                "condition": np.asarray(["unstimulated", "50uA"], dtype=object), "channel": ["gray"]})
+
+
 def test_a_figure_of_many_images_is_no_taller_than_its_row_limit(tmp_path):
     from PIL import Image
 
     from stimsim.percepts.figure import MAX_FIGURE_ROWS, plot_percepts
 
-    def dataset(n_images):
-        rng = np.random.default_rng(0)
-        ids = np.asarray([f"image{i}" for i in range(n_images)], dtype=object)
-        return xr.Dataset(
-            {"percept": (("stimulus_id", "condition", "y", "x", "channel"), rng.random((n_images, 2, 4, 4, 1))),
-             "original": (("stimulus_id", "y", "x", "channel"), rng.random((n_images, 4, 4, 1))),
-             "p_face": (("judge", "stimulus_id", "condition"), rng.random((2, n_images, 2))),
-             "p_face_original": (("judge", "stimulus_id"), rng.random((2, n_images)))},
-            coords={"stimulus_id": ids, "group": ("stimulus_id", np.asarray(["a", "b"] * (n_images // 2), dtype=object)),
-                    "condition": np.asarray(["unstimulated", "50uA"], dtype=object), "channel": ["gray"]})
-
-    plot_percepts(dataset(MAX_FIGURE_ROWS), tmp_path / "limit.png", "limit", notes=["a note"])
-    plot_percepts(dataset(MAX_FIGURE_ROWS + 40), tmp_path / "more.png", "more", notes=["a note"])
+    plot_percepts(_percepts_dataset(MAX_FIGURE_ROWS), tmp_path / "limit.png", "limit", notes=["a note"])
+    plot_percepts(_percepts_dataset(MAX_FIGURE_ROWS + 40), tmp_path / "more.png", "more", notes=["a note"])
     limit_px, more_px = (Image.open(tmp_path / name).size[1] for name in ("limit.png", "more.png"))
     assert more_px == pytest.approx(limit_px, rel=0.05)  # as tall as the limit's (its one more note line aside)
+
+
+def test_each_note_under_the_figure_starts_a_line_of_its_own(tmp_path, monkeypatch):
+    from stimsim.percepts import figure
+
+    figures = []
+    monkeypatch.setattr(figure, "save_figure", lambda fig, path: figures.append(fig))
+    notes = ["the face site's face d′ is 0.49, below 1", "the protocol is outside the safety limits"]
+    figure.plot_percepts(_percepts_dataset(2), tmp_path / "notes.png", "notes", notes=notes)
+    lines = figures[0].get_supxlabel().splitlines()
+    assert [line for line in lines if "Note:" in line] == [f"Note: {note}" for note in notes]
+
+
+def test_a_long_title_is_wrapped_to_the_figure_width(tmp_path, monkeypatch):
+    """Three columns (original and two conditions) hold 3 × 18 = 54 characters a line: the title of a long file name
+    and its models is wrapped, every word kept."""
+    from stimsim.percepts import figure
+
+    figures = []
+    monkeypatch.setattr(figure, "save_figure", lambda fig, path: figures.append(fig))
+    title = "a long name a lab gives to the condition set of today, with the array and the date: model (judge other)"
+    figure.plot_percepts(_percepts_dataset(2), tmp_path / "title.png", title)
+    lines = figures[0].get_suptitle().splitlines()
+    assert len(lines) > 2 and all(len(line) <= 54 for line in lines)
+    assert " ".join(lines[:-1]) == title and lines[-1] == "P(face): own decoder / independent judge"

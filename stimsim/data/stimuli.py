@@ -472,7 +472,7 @@ def fashion_mnist(split: str = "train", n_per_class: int | None = None, seed: in
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if n_per_class is not None and (isinstance(n_per_class, bool) or not isinstance(n_per_class, (int, np.integer))
                                     or n_per_class < 1):
-        raise ValueError(f"n_per_class must be a positive integer or None, got {n_per_class!r}")
+        raise ValueError(f"n_per_class must be a positive integer (or left out, for all), got {n_per_class!r}")
     prefix = _FASHION_MNIST_PREFIX[split]
     images_path, labels_path = entry_paths(
         "fashion_mnist", [f"{prefix}-images-idx3-ubyte.gz", f"{prefix}-labels-idx1-ubyte.gz"], mirror=mirror)
@@ -567,7 +567,7 @@ def moeller2017(folders=("Faces", "Objects"), mirror=None) -> StimulusSet:
 
 def _count_or_none(value, key: str):
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
-        raise ValueError(f"{key} must be a positive integer or None, got {value!r}")
+        raise ValueError(f"{key} must be a positive integer (or left out, for all), got {value!r}")
     return value
 
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from stimsim.models.topographic import TopographicModel
+from stimsim.utilities.errors import DataError
 from stimsim.utilities.hashing import sha256_of
 from stimsim.utilities.io import atomic_write_json
 from stimsim.utilities.progress import report_phase
@@ -45,6 +47,26 @@ def resting_activity(model, layer: str, images) -> np.ndarray:
     return model.activations(images, layer).double().mean(dim=0).numpy()
 
 
+def _unlist_damaged_resting(directory: Path) -> list[str]:
+    """Unlist from ``model.json`` (layer entry and sha256) every resting-activity file that is missing or does not
+    match its sha256, what this module writes again; the files unlisted."""
+    spec_path = directory / "model.json"
+    if not spec_path.is_file():
+        return []
+    spec = json.loads(spec_path.read_text(encoding="utf-8"))
+    damaged = []
+    for info in spec["layers"].values():
+        rel = info.get("resting_activity_file")
+        if rel is not None and not ((directory / rel).is_file()
+                                    and sha256_of(directory / rel) == spec["files_sha256"].get(rel)):
+            damaged.append(rel)
+            del info["resting_activity_file"]
+            spec["files_sha256"].pop(rel, None)
+    if damaged:
+        atomic_write_json(spec_path, spec)
+    return damaged
+
+
 def write_resting_activity(directory, layer: str = "IT", mirror=None, device="cpu", progress: bool = False) -> Path:
     """Measure the resting activity of ``layer`` of the model in ``directory`` on the reference set
     (:func:`reference_images`), computed on ``device``, write ``resting/<layer>.npz`` and list it in ``model.json``
@@ -52,7 +74,16 @@ def write_resting_activity(directory, layer: str = "IT", mirror=None, device="cp
     phases on stderr."""
     directory = Path(directory)
     report_phase(f"models resting: loading the model in {directory} (checksums included)", progress)
-    model = TopographicModel.load(directory, device=device)
+    try:
+        model = TopographicModel.load(directory, device=device)
+    except DataError:
+        damaged = _unlist_damaged_resting(directory)
+        if not damaged:
+            raise
+        warnings.warn(f"model {directory}: resting-activity file(s) {damaged} missing or not matching their sha256 "
+                      "were unlisted from model.json so that the model loads (measure a layer's again with "
+                      "`stimsim models resting DIR --layer LAYER`)")
+        model = TopographicModel.load(directory, device=device)
     layer = model.resolve_layer(layer)
     report_phase("models resting: reading the reference images (fLoc)", progress)
     images, reference = reference_images(mirror)

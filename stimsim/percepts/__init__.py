@@ -86,8 +86,12 @@ class InversionSettings(FileModel):
         return self
 
     def check_image_size(self, size_px: int) -> None:
-        """The priors must fit images of ``size_px`` pixels: the blur reaches 3σ to each side, and the spectrum's
-        weights, up to size_px^``spectrum_decay``, are squared in float32."""
+        """The priors must fit images of ``size_px`` pixels: the jitter shifts (rolls) them by less than their size,
+        the blur reaches 3σ to each side, and the spectrum's weights, up to size_px^``spectrum_decay``, are squared
+        in float32."""
+        if self.jitter_px >= size_px:
+            raise ConfigError(f"jitter_px = {self.jitter_px} px shifts the model's {size_px}-px images by their size "
+                              f"or more (a shift wraps them round); give at most {size_px - 1}")
         if self.blur_sigma_px > 0 and _blur_radius(self.blur_sigma_px) >= size_px:
             raise ConfigError(f"blur_sigma_px = {self.blur_sigma_px:g} px reaches 3σ = "
                               f"{_blur_radius(self.blur_sigma_px)} px to each side, beyond the model's {size_px}-px "

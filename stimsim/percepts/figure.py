@@ -56,10 +56,11 @@ def plot_percepts(dataset: xr.Dataset, path, title: str, notes=()) -> None:
                 ax.set_title(heading, fontsize=7)
         axes[row, 0].set_ylabel(f"{dataset['group'].values[row]}\n{short_image_id(dataset['stimulus_id'].values[row])}",
                                 fontsize=7)
-    fig.suptitle(f"{title}\nP(face): own decoder / independent judge", fontsize=8)
+    width = int(18 * n_cols)  # characters a line of small text holds across the figure
+    fig.suptitle("\n".join(textwrap.wrap(title, width) + ["P(face): own decoder / independent judge"]), fontsize=8)
     if notes:
-        fig.supxlabel("\n".join(textwrap.wrap("Note: " + " Note: ".join(notes), width=int(18 * n_cols))),
-                      fontsize=7, color="C3")
+        lines = [line for note in notes for line in textwrap.wrap(f"Note: {note}", width)]
+        fig.supxlabel("\n".join(lines), fontsize=7, color="C3")
     save_figure(fig, path)
 
 

@@ -58,8 +58,9 @@ import torch
 import xarray as xr
 
 from stimsim.cortex.topography import smoothed_values_at
-from stimsim.data.stimuli import StimulusSet, load_stimulus_source
+from stimsim.data.stimuli import SHOWN_REPEATS, StimulusSet, load_stimulus_source
 from stimsim.engine.devices import resolve_device
+from stimsim.models.preprocessing import input_geometry_notes
 from stimsim.models.registry import load_model, resolve_model_path
 from stimsim.paradigms.experiment_file import resolve_set_paths
 from stimsim.paradigms.sites import candidate_points_mm, multi_unit_dprime, unit_dprime
@@ -76,6 +77,7 @@ from stimsim.utilities.hashing import state_sha256
 from stimsim.utilities.io import ResultSet, atomic_write_json, provenance
 from stimsim.utilities.locking import DirectoryLock
 from stimsim.utilities.jsonable import json_ready
+from stimsim.utilities.ordering import repeated
 from stimsim.utilities.progress import report_phase
 
 PNG_FILE, DATA_FILE, SUMMARY_FILE, CONFIG_FILE = "percepts.png", "percepts.nc", "summary.json", "config.json"
@@ -131,8 +133,9 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
         raise ConfigError(f"{where} [stimulation]: 'kind' must be \"electrical\", got {template.get('kind')!r}")
     template["kind"] = "electrical"
     if list(currents) != sorted(set(currents)):
+        hint = f"e.g. {sorted(set(currents))}" if len(set(currents)) > 1 else "at least two different currents"
         raise ConfigError(f"{where} [stimulation]: 'currents_uA' must list its currents (µA) in rising order, each "
-                          f"once, got {list(currents)} (e.g. {sorted(set(currents))})")
+                          f"once, got {list(currents)} ({hint})")
     labels = [_current_label(current) for current in currents]
     alike = next((i for i in range(1, len(labels)) if labels[i] == labels[i - 1]), None)
     if alike is not None:
@@ -261,6 +264,9 @@ def _run_into(results: ResultSet, config: VisualizeConfig, progress: bool, devic
                        f"{config.source} [sites]")
     rows = _load_rows(config)
     localizer, left_out = _load_localizer(config, set(rows.stimulus_id.tolist()))
+    for images, where in ((rows, "[[images]]"), (localizer, "[localizer] sets")):
+        for message in input_geometry_notes(images, topo.preprocessing.size_px, f"{config.source} {where}"):
+            note(message)
     if left_out:
         note(f"{len(left_out)} image(s) shown in the rows are also in [localizer] sets and were left out of the "
              f"localizer, which fits the face decoders and the face-d′ map on the other {len(localizer)}: "
@@ -388,7 +394,12 @@ def _load_rows(config: VisualizeConfig) -> StimulusSet:
         for label, value in only.items():
             if label not in stimuli.labels:
                 raise ConfigError(f"{where}: 'only' names label {label!r}; the images have {sorted(stimuli.labels)}")
-            keep &= np.asarray(stimuli.labels[label]).astype(str) == str(value)
+            values = np.asarray(stimuli.labels[label]).astype(str)
+            if not (values == str(value)).any():
+                kinds = sorted(set(values.tolist()))
+                raise ConfigError(f"{where}: 'only' {label} = {value!r} matches none of the images; their values: "
+                                  f"{', '.join(kinds[:10])}{' …' if len(kinds) > 10 else ''}")
+            keep &= values == str(value)
         chosen = np.flatnonzero(keep)
         if count is not None:
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -402,8 +413,7 @@ def _load_rows(config: VisualizeConfig) -> StimulusSet:
         images += [stimuli.images[i] for i in chosen]
         ids += [str(stimuli.stimulus_id[i]) for i in chosen]
         groups += [group] * len(chosen)
-    if len(set(ids)) != len(ids):
-        raise ConfigError(f"{config.source} [[images]]: an image is listed twice")
+    _check_unique_ids(ids, f"{config.source} [[images]]")
     return StimulusSet(name="rows", images=images, stimulus_id=np.asarray(ids), labels={"group": np.asarray(groups)})
 
 
@@ -425,9 +435,18 @@ def _load_localizer(config: VisualizeConfig, shown: set) -> tuple[StimulusSet, l
                 images.append(image)
                 ids.append(str(stimulus_id))
                 values.append(str(value))
+    _check_unique_ids(ids, f"{config.source} [localizer] sets")
     stimuli = StimulusSet(name="localizer", images=images, stimulus_id=np.asarray(ids),
                           labels={label: np.asarray(values)})
     return stimuli, left_out
+
+
+def _check_unique_ids(ids: list, where: str) -> None:
+    """Refuse image ids given more than once, naming them."""
+    twice = repeated(ids, at_most=SHOWN_REPEATS)
+    if twice:
+        raise ConfigError(f"{where}: image id(s) {twice} come more than once (an image listed twice, or images of "
+                          "two sources with one id); every image needs an id of its own")
 
 
 def _choose_sites(config: VisualizeConfig, sheet, responses, is_face) -> dict:

@@ -21,6 +21,7 @@ stimsim.utilities.errors.ConfigError: disc.toml: unknown key 'colour'; allowed: 
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, ClassVar
 
@@ -57,8 +58,8 @@ class FileModel(BaseModel):
         try:
             super().__init__(**values)
         except ValidationError as exc:
-            raise ConfigError(describe_error(exc.errors()[0], type(self), f"[{self.table}]" if self.table else "")
-                              ) from None
+            where = f"[{self.table}]" if self.table else ""
+            raise ConfigError(describe_error(_first_error(exc.errors()), type(self), where)) from None
 
     # validating a file builds nested tables without this constructor, so their errors keep their place in the file
     __init__.__pydantic_base_init__ = True
@@ -74,7 +75,7 @@ def validate(model: type[BaseModel], raw, where: str):
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(describe_error(exc.errors()[0], model, where)) from None
+        raise ConfigError(describe_error(_first_error(exc.errors()), model, where)) from None
 
 
 def validate_file(model: type[BaseModel], raw, path):
@@ -83,7 +84,29 @@ def validate_file(model: type[BaseModel], raw, path):
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        raise FileFormatError(Path(path), describe_error(exc.errors()[0], model, "")) from None
+        raise FileFormatError(Path(path), describe_error(_first_error(exc.errors()), model, "")) from None
+
+
+#: What each type error asks for.
+_EXPECTED = {"float_type": "a number", "int_type": "an integer", "string_type": "text", "bool_type": "true or false",
+             "list_type": "a list", "model_type": "a table", "dict_type": "a table", "finite_number": "a finite number"}
+#: The names pydantic gives the members of a union of plain values (an electrode id: ``int | Text``).
+_PLAIN_MEMBER = re.compile(r"(constrained-)?(int|float|str|bool)")
+
+
+def _first_error(errors: list) -> dict:
+    """The first of pydantic's ``errors``; for a value that no member of a union of plain values takes, one error at
+    the key itself: the member whose type the value has says what is wrong, else every member's type is named."""
+    first = errors[0]
+    loc = tuple(first["loc"])
+    if not loc or not isinstance(loc[-1], str) or not _PLAIN_MEMBER.fullmatch(loc[-1]):
+        return first
+    members = [error for error in errors if tuple(error["loc"][:-1]) == loc[:-1]]
+    typed = [error for error in members if error["type"] not in _EXPECTED]
+    if typed:
+        return {**typed[0], "loc": loc[:-1]}
+    return {**first, "loc": loc[:-1], "type": "union_type",
+            "ctx": {"expected": " or ".join(dict.fromkeys(_EXPECTED[error["type"]] for error in members))}}
 
 
 def describe_error(error: dict, model: type[BaseModel], where: str) -> str:
@@ -144,9 +167,7 @@ def _problem(error: dict, model: type[BaseModel], raw_loc: list, key) -> str:
         return f"{key!r} must hold at least {ctx.get('min_length')} item(s), got {given!r}"
     if kind == "too_long":
         return f"{key!r} must hold at most {ctx.get('max_length')} item(s), got {given!r}"
-    expected = {"float_type": "a number", "int_type": "an integer", "string_type": "text",
-                "bool_type": "true or false", "list_type": "a list", "model_type": "a table",
-                "dict_type": "a table", "finite_number": "a finite number"}.get(kind)
+    expected = ctx.get("expected") if kind == "union_type" else _EXPECTED.get(kind)
     if expected:
         return f"{key!r} must be {expected}, got {given!r}"
     return f"{key!r}: {error['msg']}, got {given!r}"
@@ -180,14 +201,14 @@ def _step(current: list, part):
     union member a tag names); None when ``part`` is a union tag rather than a key."""
     if isinstance(part, int):
         return current
+    tagged = [m for m in current if "method" in m.model_fields
+              and part in getattr(m.model_fields["method"].annotation, "__args__", ())]
+    if tagged and len(current) > 1:  # before the fields: a tag may also be a key of its member ("plan")
+        current[:] = tagged
+        return None
     fields = [m.model_fields[part] for m in current if part in m.model_fields]
     if fields:
         return _models_in(fields[0].annotation)
-    tagged = [m for m in current if "method" in m.model_fields
-              and part in getattr(m.model_fields["method"].annotation, "__args__", ())]
-    if tagged:
-        current[:] = tagged
-        return None
     return current
 
 
