@@ -204,3 +204,27 @@ def test_an_unknown_stimulation_key_lists_the_keys_the_file_may_give():
     assert str(caught.value).startswith("x.toml [stimulation]: unknown key(s) ['curent_uA']")
     assert {"kind", "current_uA", "frequency_Hz", "additive_scale"} <= set(allowed)
     assert not {"sites_mm", "layer"} & set(allowed)
+
+
+@pytest.mark.parametrize("command, file, kind, reader", [
+    (["run"], "plan_default.toml", "a plan file", "stimsim plan"),
+    (["run"], "train_stimsim_topo_seed0.toml", "a training or build file", "stimsim train"),
+    (["plan"], "afraz2006.toml", "an experiment file", "stimsim run"),
+    (["plan"], "subject_default.toml", "a virtual subject file", "stimsim subject make"),
+    (["visualize"], "moeller2017.toml", "an experiment file", "stimsim run"),
+    (["subject", "make"], "plan_default.toml", "a plan file", "stimsim plan"),
+    (["train"], "visualize_default.toml", "a percept visualisation file", "stimsim visualize"),
+    (["train"], "build_stimsim_mnv2_s0.toml", None, None),  # its own kind: no hint
+])
+def test_a_file_given_to_another_command_than_its_own_is_named_as_what_it_is(tmp_path, capsys, command, file, kind,
+                                                                            reader):
+    from stimsim.cli import main
+
+    bad = tmp_path / "file.toml"  # a copy, so that the error comes from the file's keys alone
+    text = (EXPERIMENTS / file).read_text()
+    bad.write_text(text.replace("steps = 2000", "steps = 0") if kind is None else text)
+    assert main([*command, str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.strip().endswith(f"(the file looks like {kind}: give it to `{reader}`)") == (kind is not None), err
+    assert "looks like" not in err or kind is not None

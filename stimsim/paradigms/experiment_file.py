@@ -108,6 +108,7 @@ from stimsim.paradigms.spec import ExperimentSpec
 from stimsim.stimulation import SafetyLimits, check_additive_scale, enforce, perturbation_from_dict
 from stimsim.utilities.config import load_toml
 from stimsim.utilities.errors import ConfigError, SafetyError
+from stimsim.utilities.file_kinds import wrong_kind_hint
 
 #: Stimulus sources whose ``path`` names a file or folder.
 _PATH_SOURCES = ("table", "folder")
@@ -153,7 +154,7 @@ def parse_experiment(raw: dict, where: str = "experiment") -> ExperimentSpec:
     if name not in PARADIGMS.names():
         problem = "missing required key 'paradigm'" if name is None else f"'paradigm' must be one of " \
                   f"{PARADIGMS.names()}, got {name!r}"
-        raise ConfigError(f"{where}: {problem}")
+        raise ConfigError(f"{where}: {problem}{wrong_kind_hint(raw, 'stimsim run') if name is None else ''}")
     try:
         paradigm = PARADIGMS.get(name)
     except ConfigError as exc:

@@ -115,7 +115,7 @@ def load_config(path, model: str | None = None, judge: str | None = None) -> Vis
                  else None):  # image folders and tables are read from the file's own folder
         resolve_set_paths(sets, path.parent)
     _resolve_file_paths(raw, path.parent)
-    checked = validate(VisualizeFile, raw, where)
+    checked = validate(VisualizeFile, raw, where, "stimsim visualize")
     images = [entry.model_dump() for entry in checked.images]
     groups = {entry["group"] for entry in images}
     missing = [g for g in checked.summary_groups if g not in groups]

@@ -177,7 +177,7 @@ def load_plan_config(path) -> PlanConfig:
     raw = load_toml(path)
     where = str(path)
     plan_task = _plan_task(raw, where)
-    checked = validate(plan_file_model([plan_task]), raw, where)
+    checked = validate(plan_file_model([plan_task]), raw, where, "stimsim plan")
     from stimsim.models.registry import resolve_model_path
 
     candidates = [resolve_model_path(c, path.parent) for c in checked.models.candidates]

@@ -93,7 +93,7 @@ class VirtualSubject:
         (an already loaded TopographicModel, e.g. in tests)."""
         from stimsim.models.registry import load_model, model_path
 
-        checked = validate(SubjectFile, config, source)
+        checked = validate(SubjectFile, config, source, "stimsim subject make")
         seed, lapse_rate = checked.subject.seed, checked.subject.lapse_rate
         if model is None:
             try:

@@ -88,7 +88,7 @@ def load_training_config(path_or_dict) -> TrainingConfig:
     of a ``folder`` or ``table`` image set in a file is taken relative to the file's own folder."""
     raw = load_toml(path_or_dict) if isinstance(path_or_dict, (str, Path)) else dict(path_or_dict)
     where = str(path_or_dict) if isinstance(path_or_dict, (str, Path)) else "training config"
-    checked = validate(TrainFile, raw, where)
+    checked = validate(TrainFile, raw, where, "stimsim train")
     pre = checked.model.preprocessing
     try:
         preprocessing = Preprocessing(size_px=pre.size_px, channels=pre.channels, mean=tuple(pre.mean),

@@ -28,6 +28,7 @@ from typing import Annotated, ClassVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from stimsim.utilities.errors import ConfigError, FileFormatError
+from stimsim.utilities.file_kinds import wrong_kind_hint
 
 #: Non-empty, printable text (no control characters such as NUL or newline).
 TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*[^\x00-\x20\x7f][^\x00-\x1f\x7f]*$"
@@ -69,13 +70,15 @@ class FileModel(BaseModel):
         return self.model_dump(mode="json")
 
 
-def validate(model: type[BaseModel], raw, where: str):
+def validate(model: type[BaseModel], raw, where: str, command: str | None = None):
     """``raw`` checked against ``model``; the first problem is a ``ConfigError`` naming ``where``,
-    the table, the key and what is allowed."""
+    the table, the key and what is allowed, and the file's kind when it is recognisably another than the one
+    ``command`` reads (:func:`~stimsim.utilities.file_kinds.wrong_kind_hint`)."""
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(describe_error(_first_error(exc.errors()), model, where)) from None
+        hint = "" if command is None else wrong_kind_hint(raw, command)
+        raise ConfigError(describe_error(_first_error(exc.errors()), model, where) + hint) from None
 
 
 def validate_file(model: type[BaseModel], raw, path):
