@@ -337,6 +337,7 @@ def test_a_trial_list_without_any_choice_is_named_as_one(tmp_path, table):
                                               r"every row: a trial list before its session"):
         load_sessions(write_csv(table.assign(choice=""), tmp_path / "trials.csv"))
 
+
 def test_empty_session(tmp_path, table):
     with pytest.raises(FileFormatError, match="empty session"):
         load_sessions(write_csv(table.iloc[:0], tmp_path / "s.csv"))
@@ -570,6 +571,17 @@ def test_csv_rows_with_more_values_than_the_header_are_refused_saying_why(tmp_pa
                                                   r"values than the header's 5 columns \(row 1: 6\): a decimal comma"):
             load_sessions(tmp_path / name)
 
+
+def test_a_quoted_decimal_comma_is_named_as_one(tmp_path, table):
+    """A spreadsheet in a locale with a decimal comma quotes "50,0" in its CSV export: one column, read as text."""
+    text = write_csv(table[["electrode", "step", "stimulated_electrode", "current_uA", "choice"]],
+                     tmp_path / "whole.csv").read_text()
+    (tmp_path / "quoted.csv").write_text(text.replace(",50.0,", ',"50,0",'))
+    with pytest.raises(FileFormatError, match=r"column 'current_uA', row\(s\) .*: current must be a number >= 0 µA .*; "
+                                              r"e.g. '50,0' \(a decimal comma: write 50.0\)"):
+        load_sessions(tmp_path / "quoted.csv")
+
+
 def test_a_csv_table_in_another_encoding_than_utf8_is_refused_saying_how_to_save_it(tmp_path, table):
     text = table.rename(columns={"current_uA": "current_µA"}).to_csv(index=False)
     for encoding in ("cp1252", "utf-16"):  # Excel's 'CSV' on Windows, and its 'Unicode text'
@@ -577,6 +589,7 @@ def test_a_csv_table_in_another_encoding_than_utf8_is_refused_saying_how_to_save
         with pytest.raises(FileFormatError, match=rf"{encoding}.csv: not UTF-8 text \(invalid start byte: .+\); stimsim "
                                                   r"reads CSV tables in UTF-8: save the table as UTF-8"):
             load_sessions(tmp_path / f"{encoding}.csv")
+
 
 def test_csv_without_header_is_an_empty_session(tmp_path):
     (tmp_path / "s.csv").write_text("\n")

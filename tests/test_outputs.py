@@ -346,6 +346,7 @@ def test_a_folder_a_plan_writes_inside_its_directory_is_refused_as_the_plans_eve
         ResultSet(power, "power").abandon()
         assert not (plan / "power").exists()
 
+
 @pytest.mark.parametrize("make, message", [
     (lambda root: "", "empty text"),
     (lambda root: (root / "file.txt").write_text("x") and root / "file.txt", "is a file"),

@@ -591,6 +591,8 @@ def _validated(raw: pd.DataFrame, path: Path, known: set[str] | None,
             if values is not None:
                 value = values[mask][0]
                 example = f"; e.g. {value.item() if isinstance(value, np.generic) else value!r}"
+                if isinstance(value, str) and re.fullmatch(_DECIMAL_COMMA, value):
+                    example += f" (a decimal comma: write {value.strip().replace(',', '.')})"
             if columns is not None:
                 first = int(np.flatnonzero(mask)[0])
                 example = "; e.g. " + ", ".join(f"{name} {np.asarray(column_values)[first]!r}"
@@ -725,6 +727,9 @@ def _counted(column: pd.Series, name: str, report) -> np.ndarray:
     report(bad, name, f"{name} must be an integer >= 0", column.to_numpy())
     return np.where(bad, -1, values).astype(int)
 
+
+#: A number written with a decimal comma ("50,5", quoted in a CSV table), which a '.' decimal mark reads as text.
+_DECIMAL_COMMA = r"\s*-?\d+,\d+\s*"
 
 #: A whole number written as a float ("42.0", "-1.00"): its integer part is group 1.
 _WHOLE_FLOAT = r"^(-?\d+)\.0+$"
