@@ -591,3 +591,12 @@ def test_the_map_caption_says_grey_when_the_images_have_no_face_labels():
     caption = sheet_caption(unlabelled, 0.3, banks=False)
     assert "coloured by face selectivity" not in caption and "in grey (the images have no 'domain' or 'category' labels" in caption
     assert "cells coloured by Cerebus bank" not in caption
+
+
+def test_the_registration_caption_gives_one_consistency_radius_or_names_each_candidate():
+    from stimsim.planning.report import consistency_radius_text
+
+    same = {"a": {"consistency_radius_mm": 0.2}, "b": {"consistency_radius_mm": 0.2}}
+    assert consistency_radius_text(same, ["a", "b"]) == "0.2 mm"
+    differing = {"a": {"consistency_radius_mm": 0.2}, "b": {"consistency_radius_mm": 0.3}}
+    assert consistency_radius_text(differing, ["a", "b"]) == "0.2 mm (a), 0.3 mm (b)"
