@@ -600,3 +600,15 @@ def test_the_registration_caption_gives_one_consistency_radius_or_names_each_can
     assert consistency_radius_text(same, ["a", "b"]) == "0.2 mm"
     differing = {"a": {"consistency_radius_mm": 0.2}, "b": {"consistency_radius_mm": 0.3}}
     assert consistency_radius_text(differing, ["a", "b"]) == "0.2 mm (a), 0.3 mm (b)"
+
+
+def test_the_trial_lists_step_of_a_face_plan_is_described_as_the_index_of_its_signal_level():
+    """A face plan's trial list holds the index of each image's signed visual-signal level (an image at -40 % of
+    the levels -40, 0, 40 is step 0), and the column's description says so rather than calling it the level."""
+    from stimsim.planning.rig import TRIAL_COLUMNS
+    from stimsim.planning.tasks.face_categorization import steps_of
+
+    assert steps_of([-40.0, 0.0, 40.0], np.array([-40.0, 0.0, 40.0])).tolist() == [0, 1, 2]
+    description = TRIAL_COLUMNS["step"]
+    assert "face task: index of the signed visual-signal level" in description
+    assert "signed_signal_percent" in description
