@@ -130,6 +130,18 @@ def test_a_folder_inside_a_plan_given_as_the_plan_points_to_the_plan(tmp_path, c
                                            f"{plan}: give that directory\n")
 
 
+def test_a_folder_inside_a_plan_given_to_subject_session_points_to_the_plan(tmp_path, capsys):
+    """`subject session` on a plan's rig package or virtual subject: the error names the plan directory above it,
+    as `analyze --plan` does."""
+    plan = write_plan(tmp_path / "plan", ["1", "2"], [0.02, 0.01])
+    for inner in ("rig", "subject"):
+        (plan / inner).mkdir()
+        assert main(["subject", "session", str(plan / inner), "--out", str(tmp_path / "s.nwb")]) == 2
+        assert capsys.readouterr().err.endswith(f"{plan / inner} is a folder inside the plan directory {plan}: give "
+                                                "that directory\n")
+    assert not (tmp_path / "s.nwb").exists()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["analyze", "s.csv", "--boot", "1"], "--boot must be at least 2, got 1"),
     (["analyze", "s.csv", "--perm", "0"], "--perm must be at least 1, got 0"),

@@ -122,7 +122,7 @@ def test_report_pdf_pages_have_the_table(tmp_path, pdf_pages):
 
 
 def test_a_warning_paragraph_is_boxed_and_a_first_page_figure_prints_smaller(tmp_path, pdf_pages):
-    """css_class "warning" draws a paragraph in a box; "first-page" prints a figure 190 mm wide so that the title
+    """css_class "warning" draws a paragraph in a box; "first-page" prints a figure 170 mm wide so that the title
     and a few paragraphs fit above it on PDF page 1."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(12, 4))
@@ -137,6 +137,20 @@ def test_a_warning_paragraph_is_boxed_and_a_first_page_figure_prints_smaller(tmp
     _, pdf = report.write(tmp_path / "out")
     texts, _ = pdf_pages(pdf)
     assert "the wide figure" in texts[0]
+
+
+def test_a_plan_map_of_a_cmp_layout_prints_on_page_1_below_a_two_line_description(tmp_path, pdf_pages):
+    """The first page of a plan on a .cmp layout: title, a description of two lines, the plan's paragraph and power
+    warning (about 680 characters each) and the map (1394 × 491 px, its bank legend under the pedestal) with its
+    caption of about 750 characters. At 190 mm wide the map went to page 2; it and its caption print on page 1."""
+    buffer = io.BytesIO()
+    PILImage.new("RGB", (1394, 491), "white").save(buffer, format="PNG")
+    blocks = [Paragraph("plan " * 135), Paragraph("warn " * 137, css_class="warning"),
+              Image(buffer.getvalue(), caption="caption " * 93 + "end of the map caption", css_class="first-page")]
+    report = Report("Stimulation plan: plan_default", [Section("Plan", blocks)], subtitle="description " * 18)
+    _, pdf = report.write(tmp_path / "out")
+    texts, _ = pdf_pages(pdf)
+    assert "end of the map caption" in texts[0]
 
 
 def test_a_table_caption_is_never_left_alone_at_the_foot_of_a_pdf_page(tmp_path):

@@ -591,3 +591,24 @@ def test_the_map_caption_says_grey_when_the_images_have_no_face_labels():
     caption = sheet_caption(unlabelled, 0.3, banks=False)
     assert "coloured by face selectivity" not in caption and "in grey (the images have no 'domain' or 'category' labels" in caption
     assert "cells coloured by Cerebus bank" not in caption
+
+
+def test_the_registration_caption_gives_one_consistency_radius_or_names_each_candidate():
+    from stimsim.planning.report import consistency_radius_text
+
+    same = {"a": {"consistency_radius_mm": 0.2}, "b": {"consistency_radius_mm": 0.2}}
+    assert consistency_radius_text(same, ["a", "b"]) == "0.2 mm"
+    differing = {"a": {"consistency_radius_mm": 0.2}, "b": {"consistency_radius_mm": 0.3}}
+    assert consistency_radius_text(differing, ["a", "b"]) == "0.2 mm (a), 0.3 mm (b)"
+
+
+def test_the_trial_lists_step_of_a_face_plan_is_described_as_the_index_of_its_signal_level():
+    """A face plan's trial list holds the index of each image's signed visual-signal level (an image at -40 % of
+    the levels -40, 0, 40 is step 0), and the column's description says so rather than calling it the level."""
+    from stimsim.planning.rig import TRIAL_COLUMNS
+    from stimsim.planning.tasks.face_categorization import steps_of
+
+    assert steps_of([-40.0, 0.0, 40.0], np.array([-40.0, 0.0, 40.0])).tolist() == [0, 1, 2]
+    description = TRIAL_COLUMNS["step"]
+    assert "face task: index of the signed visual-signal level" in description
+    assert "signed_signal_percent" in description

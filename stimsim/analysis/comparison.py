@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +16,8 @@ import pandas as pd
 from scipy import stats
 
 from stimsim.analysis.effects import weighted_pearson
-from stimsim.analysis.plan_readback import check_plan_files
-from stimsim.utilities.errors import DataError, FileFormatError
+from stimsim.analysis.plan_readback import check_plan_files, not_a_plan
+from stimsim.utilities.errors import FileFormatError
 
 #: The per-site effect of a plan whose summary names none (plans made before ``effect`` was recorded).
 DEFAULT_PLAN_EFFECT = "delta_auc"
@@ -36,22 +35,6 @@ def plan_effect(summary: dict, summary_path="summary.json") -> str:
     return effect
 
 
-def _not_a_plan(directory: Path) -> str:
-    """'; ...' naming what ``directory`` is instead of a plan (a folder inside a plan's directory, another command's
-    output), else ''."""
-    from stimsim.utilities.io import output_owner
-
-    plan = next((folder for folder in Path(os.path.abspath(directory)).parents
-                 if (folder / "sites.csv").is_file() and (folder / "plan.nc").is_file()), None)
-    if plan is not None:
-        return f"; {directory} is a folder inside the plan directory {plan}: give that directory"
-    try:
-        owner = None if (directory / "plan.nc").is_file() else output_owner(directory)
-    except DataError:  # a damaged manifest: nothing to name
-        return ""
-    return f"; {directory} holds {owner}, not a plan: give the directory `stimsim plan` wrote" if owner else ""
-
-
 def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
     """``sites.csv`` (electrode_id as text, the predicted effect of :func:`plan_effect` with its interval, ...)
     and ``summary.json`` of a plan."""
@@ -63,7 +46,7 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
     for path in (sites_path, summary_path):
         if not path.is_file():
             raise FileNotFoundError(f"plan directory {plan_dir} has no {path.name} (made by `stimsim plan`)"
-                                    f"{_not_a_plan(plan_dir)}")
+                                    f"{not_a_plan(plan_dir)}")
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -73,7 +56,7 @@ def load_plan_predictions(plan_dir) -> tuple[pd.DataFrame, dict]:
     sites = pd.read_csv(sites_path, dtype={"electrode_id": str})
     missing = [name for name in ("electrode_id", predicted) if name not in sites]
     if missing:
-        raise FileFormatError(sites_path, f"missing column(s) {missing}{_not_a_plan(plan_dir)}")
+        raise FileFormatError(sites_path, f"missing column(s) {missing}{not_a_plan(plan_dir)}")
     if sites["electrode_id"].duplicated().any():
         raise FileFormatError(sites_path, "an electrode_id appears twice")
     problems = []

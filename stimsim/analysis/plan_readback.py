@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
-from stimsim.utilities.errors import ConfigError, FileFormatError
+from stimsim.utilities.errors import ConfigError, DataError, FileFormatError
 from stimsim.utilities.hashing import sha256_of
 from stimsim.utilities.io import atomic_write_json
 
@@ -91,12 +92,29 @@ def plan_checksum(plan_dir) -> dict:
     return {"plan_summary_sha256": sha256_of(Path(plan_dir) / "summary.json")}
 
 
+def not_a_plan(directory: Path) -> str:
+    """'; ...' naming what ``directory`` is instead of a plan (a folder inside a plan's directory, another command's
+    output), else ''."""
+    from stimsim.utilities.io import output_owner
+
+    plan = next((folder for folder in Path(os.path.abspath(directory)).parents
+                 if (folder / "sites.csv").is_file() and (folder / "plan.nc").is_file()), None)
+    if plan is not None:
+        return f"; {directory} is a folder inside the plan directory {plan}: give that directory"
+    try:
+        owner = None if (directory / "plan.nc").is_file() else output_owner(directory)
+    except DataError:  # a damaged manifest: nothing to name
+        return ""
+    return f"; {directory} holds {owner}, not a plan: give the directory `stimsim plan` wrote" if owner else ""
+
+
 def read_plan_protocol(plan_dir) -> dict:
     """The protocol the plan's trials run, from its ``config.json``: its resolved ``[stimulation]`` (current_uA,
     frequency_Hz, pulse_width_ms, train_ms, ...) with its ``[session]`` train_onset_ms (ms from image onset)."""
     path = Path(plan_dir) / "config.json"
     if not path.is_file():
-        raise FileFormatError(path, "not found; is this a directory written by `stimsim plan`?")
+        raise FileFormatError(path, "not found; is this a directory written by `stimsim plan`?"
+                                    f"{not_a_plan(Path(plan_dir))}")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))["config"]
         stimulation, session = config["stimulation"], config["session"]
@@ -117,7 +135,8 @@ def read_summary(plan_dir) -> tuple[Path, dict]:
     path = Path(plan_dir) / "summary.json"
     check_plan_files(plan_dir)  # first: a plan stopped while writing its outputs is said to be one
     if not path.is_file():
-        raise FileFormatError(path, "not found; is this a directory written by `stimsim plan`?")
+        raise FileFormatError(path, "not found; is this a directory written by `stimsim plan`?"
+                                    f"{not_a_plan(Path(plan_dir))}")
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

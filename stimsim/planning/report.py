@@ -234,6 +234,15 @@ def truth_figure(plan, truth, summary, effect: str, label: str, working) -> byte
     return figure_png(fig)
 
 
+def consistency_radius_text(bootstraps: dict, names) -> str:
+    """The radius (mm) within which a bootstrap refit counts an electrode as mapped consistently: once when every
+    candidate's is the same, else each with its candidate's name."""
+    radii = {name: bootstraps[name]["consistency_radius_mm"] for name in names}
+    if len(set(radii.values())) == 1:
+        return f"{next(iter(radii.values())):g} mm"
+    return ", ".join(f"{radius:g} mm ({name})" for name, radius in radii.items())
+
+
 def _selection_note(chosen_model: str, p_ranked_first: dict) -> list:
     """A sentence when resampling the electrodes often ranks another candidate first (chosen first in < 95 %)."""
     if len(p_ranked_first) < 2 or p_ranked_first[chosen_model] >= 0.95:
@@ -328,8 +337,8 @@ def build_report(config, inputs, mapping, chosen_model, task, rehearsals, plan, 
                       "across images of each electrode's recorded responses with the model's at its mapped point, "
                       "averaged over electrodes (chance: its 95th percentile over the poses of the coarse search); "
                       "electrode consistency: the mean fraction of bootstrap refits that map an electrode within "
-                      + " / ".join(f"{mapping['bootstraps'][name]['consistency_radius_mm']:g}" for name in names)
-                      + " mm of its fitted point. Sheet lengths are cortex mm: "
+                      + consistency_radius_text(mapping["bootstraps"], names)
+                      + " of its fitted point. Sheet lengths are cortex mm: "
                       + "; ".join(f"{name} {scale['cortex_mm_per_model_mm']:g} cortex mm per model mm"
                                   + (" (overridden)" if scale["scale_overridden"] else "")
                                   for name, scale in summary["cortex_scale"].items()))]))

@@ -48,7 +48,9 @@ TRIAL_COLUMNS = {
     "condition": "'sham' or 'stimulation'",
     "stimulated_electrode": "electrode id stimulated on this trial, or 'sham'",
     "sequence": "index of the site's sequence",
-    "step": "position along the sequence (0 = 'low' end, last = 'high' end; face task: signed signal level)",
+    "step": "position along the sequence (0 = 'low' end, last = 'high' end; face task: index of the signed "
+            "visual-signal level, 0 = the clearest non-face level, the levels in % are summary.json's "
+            "signed_signal_percent)",
     "stimulus_id": "image shown: '{electrode}_seq{sequence}_step{step}' (face task: the noisy image's id)",
     "image_file": "the image's PNG, relative to the rig folder",
     "current_uA": "stimulation current, microamperes (0 on sham trials)",
