@@ -455,6 +455,19 @@ def test_a_trial_list_session_takes_no_trial_count_or_site_choice(tmp_path, caps
     assert not (tmp_path / "s.csv").exists()
 
 
+@pytest.mark.parametrize("distance, message", [
+    ("0.57", r"'viewing_distance_cm' must lie between 10 and 500 cm, .* got 0.57 \(a distance in metres\? 0.57 m is 57 "
+             r"cm\)"),
+    ("5700", r"'viewing_distance_cm' must lie between 10 and 500 cm, .* got 5700$"),
+])
+def test_a_viewing_distance_in_other_units_than_cm_is_refused(tmp_path, distance, message):
+    """0.57 (metres for the usual 57 cm) would make every image 100 times smaller on the screen than planned."""
+    path = _write(tmp_path)
+    path.write_text(path.read_text().replace("viewing_distance_cm = 50", f"viewing_distance_cm = {distance}"))
+    with pytest.raises(ConfigError, match=r"plan.toml \[display\]: " + message):
+        load_plan_config(path)
+
+
 def test_trial_list_is_seeded_and_session_table_settings_are_checked(tmp_path):
     stimulation = {"current_uA": 50, "frequency_Hz": 200, "pulse_width_ms": 0.2, "train_ms": 50}
     spec = RigSpec(session=SessionTable(trials_per_site=28))

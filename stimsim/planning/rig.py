@@ -97,6 +97,10 @@ class SessionTable(FileModel):
         return trials
 
 
+#: Eye-to-screen distances accepted, cm: a value outside them is almost surely in other units.
+MIN_VIEWING_DISTANCE_CM, MAX_VIEWING_DISTANCE_CM = 10.0, 500.0
+
+
 class DisplayTable(FileModel):
     """A plan's ``[display]``: images ``size_deg`` wide (degrees of visual angle) at ``viewing_distance_cm``."""
 
@@ -104,6 +108,16 @@ class DisplayTable(FileModel):
 
     size_deg: Annotated[float, Field(gt=0, lt=180)] = 8.0
     viewing_distance_cm: Annotated[float, Field(gt=0)] = 57.0
+
+    @field_validator("viewing_distance_cm")
+    @classmethod
+    def _in_cm(cls, distance_cm: float) -> float:
+        if not MIN_VIEWING_DISTANCE_CM <= distance_cm <= MAX_VIEWING_DISTANCE_CM:
+            hint = f" (a distance in metres? {distance_cm:g} m is {100 * distance_cm:g} cm)" if distance_cm < 10 else ""
+            raise ValueError(f"'viewing_distance_cm' must lie between {MIN_VIEWING_DISTANCE_CM:g} and "
+                             f"{MAX_VIEWING_DISTANCE_CM:g} cm, the eye-to-screen distances of a rig (57 cm puts 1 cm "
+                             f"on 1°), got {distance_cm:g}{hint}")
+        return distance_cm
 
 
 @dataclass(frozen=True)
