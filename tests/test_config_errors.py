@@ -203,7 +203,16 @@ def test_an_unknown_stimulation_key_lists_the_keys_the_file_may_give():
     allowed = str(caught.value).split("allowed keys: ")[1].split(", ")
     assert str(caught.value).startswith("x.toml [stimulation]: unknown key(s) ['curent_uA']")
     assert {"kind", "current_uA", "frequency_Hz", "additive_scale"} <= set(allowed)
-    assert not {"sites_mm", "layer"} & set(allowed)
+    assert not {"sites_mm", "layer", "combine"} & set(allowed)
+
+
+def test_combine_is_refused_since_an_experiment_stimulates_one_site_at_a_time():
+    """'combine' joins the electrodes of one perturbation; each condition of an experiment has one, so the key would
+    change nothing."""
+    raw = _afraz()
+    raw["stimulation"]["combine"] = "max"
+    with pytest.raises(ConfigError, match=r"x.toml \[stimulation\]: 'combine' joins several electrodes .* remove it"):
+        parse_experiment(raw, where="x.toml")
 
 
 @pytest.mark.parametrize("command, file, kind, reader", [

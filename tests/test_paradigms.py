@@ -916,6 +916,28 @@ def test_an_image_without_a_value_of_the_task_label_is_refused(tiny_model, tmp_p
     assert not (tmp_path / "out").exists()
 
 
+def test_an_image_repeated_under_another_id_is_noted(tmp_path):
+    """The same picture under two stimulus ids could be among both the decoder's fitting images and its test images:
+    the run says which ids repeat which."""
+    from types import SimpleNamespace
+
+    from stimsim.paradigms.runner import load_stimuli
+
+    rows = ["stimulus_id,path,category"]
+    for i in range(4):
+        Image.fromarray(np.full((16, 16), 30 * i, dtype=np.uint8)).save(tmp_path / f"image{i}.png")
+        rows.append(f"image{i},image{i}.png,{'face' if i % 2 else 'nonface'}")
+    rows.append("copy,image1.png,face")
+    (tmp_path / "images.csv").write_text("\n".join(rows) + "\n")
+    model = SimpleNamespace(name="m", preprocessing=SimpleNamespace(size_px=16), metadata={})
+    notes = []
+    with pytest.warns(UserWarning, match=r"1 image\(s\) have the same pixels as another image under another "
+                                         r"stimulus id \(copy = image1\)"):
+        load_stimuli([{"source": "table", "path": str(tmp_path / "images.csv")}], ["category"], model, notes,
+                     "exp.toml [stimuli]")
+    assert len(notes) == 1 and notes[0].startswith("exp.toml [stimuli]: 1 image(s) have the same pixels")
+
+
 @pytest.mark.parametrize("decoder_layer, message", [
     ("V9", r"\[decoder\]: 'layer': unknown layer 'V9'"),
     ("pit", r"\[decoder\]: 'layer' = 'pit' \(pit\) comes before the stimulated layer 'IT' \(it\)"),

@@ -157,6 +157,27 @@ def test_additive_form_needs_an_explicit_activation_scale():
         ElectricalStimulation(((0.0, 0.0),), form="additive", activation_per_Hz=0.1, rate_base_Hz=250)
 
 
+@pytest.mark.parametrize("given, message", [
+    ({"tehovnik_K_uA_per_mm2": 1000}, "tehovnik_K_uA_per_mm2 applies to spread='tehovnik' only, and this stimulation "
+                                      "has spread='kumaravelu'; leave it at its default 1292"),
+    ({"rate_max_Hz": 150}, "rate_max_Hz applies to form='additive' only"),
+    ({"rate_max_Hz": 10}, "rate_max_Hz applies to form='additive' only"),
+    ({"rate_gain_Hz_per_Hz": 2}, "rate_gain_Hz_per_Hz applies to form='additive' only"),
+    ({"form": "additive", "activation_per_Hz": 0.1, "baseline_frequency_Hz": 50},
+     "baseline_frequency_Hz applies to form='multiplicative' only, and this stimulation has form='additive'"),
+])
+def test_a_parameter_the_form_or_spread_law_ignores_is_refused(given, message):
+    """A value that the chosen form or spread law never reads would change nothing in the results: refused, as
+    gain_cap and activation_per_Hz are."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ElectricalStimulation(((0.0, 0.0),), **given)
+    additive = {"form": "additive", "activation_per_Hz": 0.1}
+    used = {"tehovnik_K_uA_per_mm2": {"spread": "tehovnik"}, "rate_max_Hz": additive, "rate_gain_Hz_per_Hz": additive}
+    name = next(iter(given))
+    if name in used and given[name] != 10:
+        ElectricalStimulation(((0.0, 0.0),), **{**used[name], **given})
+
+
 def test_gain_cap_is_respected_and_recorded():
     lam = kumaravelu_length_mm(50)
     sheet = point_sheet([[0.0, 0.0], [lam, 0.0], [4 * lam, 0.0]])

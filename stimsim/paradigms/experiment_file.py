@@ -205,9 +205,12 @@ def _stimulation_template(checked, where: str):
     for key, origin in (("sites_mm", "[sites]"), ("layer", "the top-level 'layer'")):
         if key in template:
             raise ConfigError(f"{where} [stimulation]: {key!r} is not set here; it comes from {origin}")
+    if "combine" in template:
+        raise ConfigError(f"{where} [stimulation]: 'combine' joins several electrodes of one perturbation, and an "
+                          "experiment stimulates one site of [sites] at a time, so it would change nothing: remove it")
     try:
         perturbation = perturbation_from_dict({**template, "sites_mm": [[0.0, 0.0]], "layer": checked.layer},
-                                              supplied=("sites_mm", "layer"), file_keys=("additive_scale",))
+                                              supplied=("sites_mm", "layer", "combine"), file_keys=("additive_scale",))
         perturbation.check_delivers()
         if "additive_scale" in checked.stimulation.model_fields_set and not hasattr(perturbation, "form"):
             raise ConfigError(f"additive_scale sets the scale of electrical stimulation's additive form; kind "

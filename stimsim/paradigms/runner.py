@@ -44,6 +44,7 @@ figures (PNG)
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -390,9 +391,29 @@ def load_stimuli(sets, labels, model, notes: list, where: str) -> StimulusSet:
         parts.append(StimulusSet(name=loaded.name, images=loaded.images, stimulus_id=loaded.stimulus_id,
                                  labels=kept))
     try:
-        return StimulusSet.concat(*parts)
+        stimuli = StimulusSet.concat(*parts)
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    _note_repeated_images(stimuli, notes, where)
+    return stimuli
+
+
+def _note_repeated_images(stimuli: StimulusSet, notes: list, where: str) -> None:
+    """Warn (and note) images whose pixels repeat another's under another stimulus id: such a picture may be among
+    both the images that fit the frozen decoder and the images it is tested on."""
+    first, repeats = {}, []
+    for stimulus_id, image in zip(stimuli.stimulus_id, stimuli.images):
+        key = hashlib.sha256(str(image.shape).encode() + np.ascontiguousarray(image).tobytes()).digest()
+        if key in first:
+            repeats.append(f"{stimulus_id} = {first[key]}")
+        first.setdefault(key, stimulus_id)
+    if repeats:
+        shown = ", ".join(repeats[:3]) + (f" and {len(repeats) - 3} more" if len(repeats) > 3 else "")
+        message = (f"{where}: {len(repeats)} image(s) have the same pixels as another image under another stimulus "
+                   f"id ({shown}); a repeated picture may be both among the images that fit the decoder and among "
+                   "those it is tested on (leave the copies out)")
+        notes.append(message)
+        warnings.warn(message, stacklevel=3)
 
 
 def _missing_label_values(values) -> np.ndarray:

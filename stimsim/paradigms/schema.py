@@ -135,6 +135,7 @@ def _one_alternative_per_kind(schema: dict) -> None:
     alternatives = []
     for _, kind in PERTURBATION_KINDS.items():
         alternative = kind.parameters_schema()
+        alternative["properties"].pop("combine", None)  # one site at a time: no electrodes to combine
         if "additive" in alternative["properties"].get("form", {}).get("enum", ()):
             alternative["properties"]["additive_scale"] = schema["properties"]["additive_scale"]
         alternative["additionalProperties"] = False

@@ -147,6 +147,14 @@ class ElectricalStimulation(Perturbation):
                     f"a biphasic pulse (2 × pulse_width_ms + interphase_ms = {pulse_ms:g} ms) must fit in the "
                     f"pulse period 1000 / frequency_Hz = {period_ms:g} ms"
                 )
+        for name, key, needed in (("baseline_frequency_Hz", "form", "multiplicative"),
+                                  ("rate_base_Hz", "form", "additive"), ("rate_max_Hz", "form", "additive"),
+                                  ("rate_gain_Hz_per_Hz", "form", "additive"),
+                                  ("tehovnik_K_uA_per_mm2", "spread", "tehovnik")):
+            default = self.__dataclass_fields__[name].default  # a value the other form or law ignores is refused
+            if getattr(self, key) != needed and getattr(self, name) != default:
+                raise ConfigError(f"{name} applies to {key}={needed!r} only, and this stimulation has "
+                                  f"{key}={getattr(self, key)!r}; leave it at its default {default:g}")
         put("rate_base_Hz", _in_range("rate_base_Hz", self.rate_base_Hz, "Hz (at most rate_max_Hz)",
                                       0.0, self.rate_max_Hz))
         if self.gain_cap is not None and self.form != "multiplicative":
