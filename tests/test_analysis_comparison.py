@@ -194,6 +194,11 @@ def test_the_plans_chosen_sites_that_the_session_never_stimulated_are_named(tmp_
                                     electrodes=["12", "3", "7", "10", "2"]),
                     plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)
     assert not any("chosen sites have no stimulation trial" in message for message in every.summary["warnings"])
+    ranked = pd.read_csv(plan / "sites.csv", dtype={"electrode_id": str})  # as `stimsim plan` writes it: every
+    ranked.assign(chosen=ranked["electrode_id"].isin(["7", "10", "2"])).to_csv(plan / "sites.csv", index=False)
+    only_chosen = analyze(planted_session([0.5, 0.0, -0.5], trials_per_site=140, electrodes=["7", "10", "2"]),
+                          plan_dir=plan, n_boot=10, n_perm=10, n_splits=2)  # working electrode ranked, 3 chosen
+    assert not any("chosen sites have no stimulation trial" in message for message in only_chosen.summary["warnings"])
 
 
 def test_a_plan_truth_without_a_number_at_an_analysed_site_is_refused_not_left_out(tmp_path):

@@ -245,14 +245,17 @@ def _warnings(sites: pd.DataFrame, summary: dict) -> list[str]:
 
 
 def _unrecorded_plan_sites(sessions: pd.DataFrame, plan_sites: pd.DataFrame | None) -> list[str]:
-    """The plan's chosen sites that no trial of the sessions stimulates (in natural order)."""
+    """The plan's chosen sites (its ``sites.csv`` rows with ``chosen`` true, every row of a plan without the column)
+    that no trial of the sessions stimulates (in natural order)."""
     if plan_sites is None:
         return []
+    chosen = plan_sites["electrode_id"] if "chosen" not in plan_sites else \
+        plan_sites.loc[plan_sites["chosen"].astype(str).str.strip().str.lower() == "true", "electrode_id"]
     stimulated = set(sessions.loc[sessions["stimulated_electrode"] != SHAM, "electrode"])
-    absent = sorted(set(plan_sites["electrode_id"]) - stimulated, key=natural_key)
+    absent = sorted(set(chosen) - stimulated, key=natural_key)
     if not absent:
         return []
-    return [f"{len(absent)} of the plan's {len(plan_sites)} chosen sites have no stimulation trial in the session(s) "
+    return [f"{len(absent)} of the plan's {len(chosen)} chosen sites have no stimulation trial in the session(s) "
             f"and are not analysed: {', '.join(absent)}"]
 
 
